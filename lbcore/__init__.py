@@ -1,0 +1,59 @@
+"""cslb's routing core: pure routing math over NumPy arrays.
+
+Skipper-exact consistent hashing (:class:`Ring`), bounded load (:mod:`lbcore.bounded`),
+N-ring and Skipper fade-in (:mod:`lbcore.fade`), the rollout gate (:mod:`lbcore.gate`)
+and load signals (:mod:`lbcore.signals`). No I/O, no processes, no implicit clocks: time
+and loads are arguments.
+"""
+
+from lbcore import bounded, fade, gate, signals
+from lbcore.bounded import redirect_table
+from lbcore.clientkey import default_key
+from lbcore.errors import (
+    BalanceFactorError,
+    CandidatesError,
+    EndpointError,
+    FadeError,
+    GateError,
+    KeyEncodingError,
+    KeyTooLongError,
+    KeyTypeError,
+    LBCoreError,
+    LoadError,
+)
+from lbcore.fade import RingSet, fade_share, fadein_filter, fadein_score
+from lbcore.gate import FALLBACK, Gate
+from lbcore.hashing import MAX_KEY_BYTES, hash_keys
+from lbcore.ring import DEFAULT_VNODES, Ring
+from lbcore.signals import effective_load, occupancy
+
+__all__ = [
+    "DEFAULT_VNODES",
+    "FALLBACK",
+    "MAX_KEY_BYTES",
+    "BalanceFactorError",
+    "CandidatesError",
+    "EndpointError",
+    "FadeError",
+    "Gate",
+    "GateError",
+    "KeyEncodingError",
+    "KeyTooLongError",
+    "KeyTypeError",
+    "LBCoreError",
+    "LoadError",
+    "Ring",
+    "RingSet",
+    "bounded",
+    "default_key",
+    "effective_load",
+    "fade",
+    "fade_share",
+    "fadein_filter",
+    "fadein_score",
+    "gate",
+    "hash_keys",
+    "occupancy",
+    "redirect_table",
+    "signals",
+]

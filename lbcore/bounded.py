@@ -1,0 +1,375 @@
+"""Bounded load over any ring: walk on from a key's position while endpoints are too busy.
+
+This is consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, 2016) in
+the form Skipper implements it (``boundedLoadSearch``): the bar is
+
+    target = (1.0 + Σ load over candidates, summed in list order) / n_candidates × balance_factor
+
+computed in float64 in exactly that order, because the true target is often an integer
+that another evaluation order misses by one ulp; an endpoint is acceptable when
+``float64(load) <= target`` (``<=``: a load equal to the bar is accepted). The ``1.0``
+counts the request being routed.
+
+Like Envoy's ``BoundedLoadHashingLoadBalancer`` this decorates a table: it needs only
+ring positions and their owners, so the same code bounds the plain ring, every ring of
+a fade-in ring set and a zone's ring.
+
+Walks run over the whole batch at once: each step advances only the keys that are still
+looking, and a key that has walked further than a few steps is finished with one search
+over the positions of acceptable endpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lbcore.errors import BalanceFactorError, CandidatesError, LoadError
+
+if TYPE_CHECKING:
+    from lbcore.ring import Ring
+
+__all__ = [
+    "advance_distinct",
+    "check_balance_factor",
+    "check_loads",
+    "check_max_hops",
+    "redirect_table",
+    "skip_to_eligible",
+    "target_load",
+    "walk_sequential",
+    "walk_snapshot",
+]
+
+# Masked single steps before a key is finished with a search over acceptable positions.
+_STEPS_BEFORE_SEARCH = 8
+
+
+def check_balance_factor(balance_factor: Any) -> float:
+    """Validate a balance factor: a finite float ``>= 1`` (Skipper rejects smaller ones)."""
+    if isinstance(balance_factor, bool) or not isinstance(
+        balance_factor, (int, float, np.integer, np.floating)
+    ):
+        raise BalanceFactorError(
+            f"balance factor must be a number >= 1, got {type(balance_factor).__name__}"
+        )
+    bf = float(balance_factor)
+    if not math.isfinite(bf) or bf < 1.0:
+        raise BalanceFactorError(
+            f"balance factor must be a finite number >= 1 (Skipper rejects smaller), got {bf!r}"
+        )
+    return bf
+
+
+def check_loads(loads: Any, n_endpoints: int) -> np.ndarray:
+    """Validate a per-endpoint load vector: ``n_endpoints`` finite non-negative numbers."""
+    try:
+        arr = np.asarray(loads, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise LoadError(f"loads must be numbers, one per endpoint: {exc}") from None
+    if arr.shape != (n_endpoints,):
+        raise LoadError(
+            f"loads has shape {arr.shape}, expected ({n_endpoints},): one load per endpoint"
+        )
+    bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise LoadError(
+            f"load of endpoint {i} is {arr[i]!r}; loads must be finite and >= 0 "
+            f"({bad.size} bad value(s))"
+        )
+    return arr
+
+
+def check_max_hops(max_hops: Any) -> int | None:
+    """Validate a hop cap: ``None`` (Skipper's full lap) or a positive integer."""
+    if max_hops is None:
+        return None
+    if isinstance(max_hops, bool) or not isinstance(max_hops, (int, np.integer)) or max_hops < 1:
+        raise CandidatesError(f"max_hops must be a positive integer or None, got {max_hops!r}")
+    return int(max_hops)
+
+
+def target_load(loads: np.ndarray, eligible: np.ndarray, balance_factor: float) -> float:
+    """Skipper's bar: ``(1.0 + Σ loads of candidates in list order) / n × balance_factor``.
+
+    The sum is a left-to-right float64 accumulation starting at 1.0 (``np.cumsum`` adds in
+    that order; ``np.sum`` would add pairwise and round differently).
+    """
+    cand = loads[eligible]
+    total = float(np.cumsum(np.concatenate(([1.0], cand)))[-1])
+    average = total / float(cand.size)
+    return average * balance_factor
+
+
+def _next_marked(marked_positions: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """First marked ring position at or after each of ``cur``, cyclically."""
+    idx = np.searchsorted(marked_positions, cur, side="left")
+    idx[idx == marked_positions.size] = 0
+    return marked_positions[idx]
+
+
+def skip_to_eligible(ring: Ring, pos: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    """Skipper's skip rule: step each position on until its endpoint is a candidate.
+
+    ``eligible`` must have at least one ``True``.
+    """
+    owners = ring.owners
+    size = owners.size
+    bad = np.flatnonzero(~eligible[owners.take(pos)])
+    step = 0
+    while bad.size:
+        if step == _STEPS_BEFORE_SEARCH:
+            marked = np.flatnonzero(eligible[owners])
+            pos[bad] = _next_marked(marked, pos[bad])
+            break
+        cur = pos[bad] + 1
+        cur[cur == size] = 0
+        pos[bad] = cur
+        bad = bad[~eligible[owners.take(cur)]]
+        step += 1
+    return pos
+
+
+def advance_distinct(ring: Ring, pos: np.ndarray, eligible: np.ndarray, attempt: int) -> np.ndarray:
+    """From each primary position, the position of the ``attempt``-th next distinct endpoint.
+
+    Walks on along the ring over eligible endpoints, counting each endpoint once; the
+    caller guarantees at least ``attempt + 1`` eligible endpoints exist.
+    """
+    owners = ring.owners
+    size = owners.size
+    n = pos.size
+    seen = np.full((n, attempt + 1), -1, dtype=np.int64)
+    seen[:, 0] = owners.take(pos)
+    found = np.ones(n, dtype=np.intp)
+    active = np.arange(n)
+    cur = pos.copy()
+    for _ in range(size):
+        if not active.size:
+            break
+        c = cur[active] + 1
+        c[c == size] = 0
+        cur[active] = c
+        own = owners.take(c)
+        new = eligible[own] & ~(seen[active] == own[:, None]).any(axis=1)
+        rows = active[new]
+        seen[rows, found[rows]] = own[new]
+        found[rows] += 1
+        active = active[found[active] <= attempt]
+    return cur
+
+
+def _walk(
+    ring: Ring,
+    pos: np.ndarray,
+    eligible: np.ndarray,
+    good: np.ndarray,
+    loads: np.ndarray,
+    max_hops: int | None,
+    exclude: np.ndarray | None,
+) -> np.ndarray:
+    """Vectorized bounded walk on one load snapshot.
+
+    Each key steps from ``pos`` over the ring; non-eligible endpoints and the key's
+    ``exclude`` row are stepped over; the first ``good`` endpoint wins. With ``max_hops``
+    the walk gives up after that many distinct endpoints and takes the least loaded one it
+    saw. Returns ``int32`` endpoint indices (``-1`` where nothing was eligible).
+    """
+    owners = ring.owners
+    size = owners.size
+    n = pos.size
+    result = np.full(n, -1, dtype=np.int32)
+    if max_hops is None and exclude is None:
+        own = owners.take(pos)
+        ok = good[own]
+        result[ok] = own[ok]
+        active = np.flatnonzero(~ok)
+        cur = pos[active]
+        for _ in range(_STEPS_BEFORE_SEARCH):
+            if not active.size:
+                return result
+            cur += 1
+            cur[cur == size] = 0
+            own = owners.take(cur)
+            ok = good[own]
+            result[active[ok]] = own[ok]
+            active = active[~ok]
+            cur = cur[~ok]
+        if active.size:
+            marked = np.flatnonzero(good[owners])
+            if marked.size:
+                result[active] = owners.take(_next_marked(marked, cur))
+            else:  # nothing under the bar (only possible with float rounding): stay put
+                result[active] = owners.take(pos[active])
+        return result
+
+    hops = size if max_hops is None else max_hops
+    width = min(hops, int(eligible.sum()))
+    seen = np.full((n, max(width, 1)), -1, dtype=np.int64)
+    nseen = np.zeros(n, dtype=np.intp)
+    best = np.full(n, -1, dtype=np.int64)
+    best_load = np.full(n, np.inf)
+    active = np.arange(n)
+    cur = pos.copy()
+    first = True
+    for _ in range(size):
+        if not active.size:
+            break
+        if first:
+            c = cur
+            first = False
+        else:
+            c = cur[active] + 1
+            c[c == size] = 0
+            cur[active] = c
+        own = owners.take(c)
+        new = eligible[own] & ~(seen[active] == own[:, None]).any(axis=1)
+        if exclude is not None:
+            new &= ~(exclude[active] == own[:, None]).any(axis=1)
+        rows = active[new]
+        own_new = own[new]
+        take = good[own_new]
+        result[rows[take]] = own_new[take]
+        lighter = loads[own_new] < best_load[rows]
+        best[rows[lighter]] = own_new[lighter]
+        best_load[rows[lighter]] = loads[own_new[lighter]]
+        slot = nseen[rows]
+        fits = slot < seen.shape[1]
+        seen[rows[fits], slot[fits]] = own_new[fits]
+        nseen[rows] += 1
+        done = np.zeros(n, dtype=np.bool_)
+        done[rows[take]] = True
+        done[rows[nseen[rows] >= width]] = True
+        active = active[~done[active]]
+    unresolved = result < 0
+    result[unresolved] = best[unresolved]
+    return result
+
+
+def walk_snapshot(
+    ring: Ring,
+    pos: np.ndarray,
+    eligible: np.ndarray,
+    loads: np.ndarray,
+    balance_factor: float,
+    max_hops: int | None,
+    attempt: int = 0,
+) -> np.ndarray:
+    """Bounded-load choice for every key on one load snapshot (see module docs)."""
+    target = target_load(loads, eligible, balance_factor)
+    good = eligible & (loads <= target)
+    result = _walk(ring, pos, eligible, good, loads, max_hops, None)
+    if attempt:
+        chosen = result[:, None].astype(np.int64)
+        for _ in range(attempt):
+            nxt = _walk(ring, pos, eligible, good, loads, max_hops, chosen)
+            chosen = np.concatenate((chosen, nxt[:, None].astype(np.int64)), axis=1)
+        result = chosen[:, -1].astype(np.int32)
+    return result
+
+
+def walk_sequential(
+    ring: Ring,
+    pos: np.ndarray,
+    eligible: np.ndarray,
+    loads: np.ndarray,
+    balance_factor: float,
+    max_hops: int | None,
+    attempt: int = 0,
+) -> np.ndarray:
+    """Bounded-load choice key by key, each choice adding 1 to its endpoint's load first.
+
+    This is Skipper under request-by-request traffic: every request recomputes the
+    average from the current in-flight counts, so the bar rises by ``balance_factor / n``
+    per routed key. Inherently sequential; meant for parity checks and simulation, not
+    for the hot path (which routes a batch on one snapshot).
+    """
+    _, _, owners = ring._scalar_lists()
+    size = len(owners)
+    load = loads.tolist()
+    elig = eligible.tolist()
+    cand = np.flatnonzero(eligible).tolist()
+    count = float(len(cand))
+    integral = all(float(x).is_integer() for x in (load[i] for i in cand))
+    total = 1.0
+    for i in cand:
+        total += load[i]
+    hops = size if max_hops is None else max_hops
+    out = np.empty(pos.size, dtype=np.int32)
+    for k, start in enumerate(pos.tolist()):
+        if not integral:
+            total = 1.0
+            for i in cand:
+                total += load[i]
+        target = total / count * balance_factor
+        excluded: list[int] = []
+        for _ in range(attempt + 1):
+            chosen = _walk_one(owners, size, elig, load, target, start, hops, excluded)
+            excluded.append(chosen)
+        chosen = excluded[-1]
+        out[k] = chosen
+        if chosen >= 0:
+            load[chosen] += 1.0
+            total += 1.0
+    return out
+
+
+def _walk_one(
+    owners: list[int],
+    size: int,
+    elig: list[bool],
+    load: list[float],
+    target: float,
+    start: int,
+    hops: int,
+    excluded: list[int],
+) -> int:
+    p = start
+    seen: set[int] = set()
+    best, best_load = -1, math.inf
+    for _ in range(size):
+        e = owners[p]
+        if elig[e] and e not in seen and e not in excluded:
+            if load[e] <= target:
+                return e
+            seen.add(e)
+            if load[e] < best_load:
+                best, best_load = e, load[e]
+            if len(seen) >= hops:
+                return best
+        p += 1
+        if p == size:
+            p = 0
+    return best if hops < size or best < 0 else owners[start]
+
+
+def redirect_table(
+    ring: Ring,
+    loads: Any,
+    balance_factor: float,
+    *,
+    candidates: Any = None,
+    max_hops: int | None = None,
+) -> np.ndarray:
+    """Bounded-load answer for every ring position on one load snapshot.
+
+    A worker that refreshes its load snapshot on a cadence builds this once per refresh;
+    routing a key is then ``table[ring.positions(hash)]``, with no walk per key.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``int32`` endpoint index per ring position (``-1`` if no endpoint is eligible).
+    """
+    bf = check_balance_factor(balance_factor)
+    load = check_loads(loads, len(ring.endpoints))
+    hops = check_max_hops(max_hops)
+    mask = ring.candidate_mask(candidates)
+    eligible = ring.present.copy() if mask is None else mask
+    if not eligible.any():
+        return np.full(len(ring), -1, dtype=np.int32)
+    pos = skip_to_eligible(ring, np.arange(len(ring), dtype=np.intp), eligible)
+    return walk_snapshot(ring, pos, eligible, load, bf, hops)

@@ -1,0 +1,402 @@
+"""Fade-in: bringing new pods in without a cache-miss storm.
+
+Two mechanisms live here, both pure functions of the time passed in:
+
+* **Skipper's fade-in** (``proxy/fadein.go``), the compatibility mode: per request one
+  uniform random threshold; an endpoint stays a candidate iff
+  ``threshold < (age / duration) ** exponent``; if none stays, all do.
+* **N-ring fade-in**, cslb's default: every scale-up event (one debounced batch of new
+  pods) opens a ring that is the newest ring plus the new pods; ring ``k`` started at
+  ``t_k`` carries share ``s_k(t) = clamp((t - t_k) / D, 0, 1) ** E``. A key draws
+  ``u`` in ``[0, 1)`` from an independent re-mix of its hash and uses the newest ring
+  with ``u < s_k(t)``, else the established ring. Shares of older rings are never below
+  those of newer ones, so a key only ever moves forward (established → ring 1 → ring
+  2 ...), moves only when its new ring puts it on a new pod, and never returns: each key
+  moves at most once per scale event, and only to a pod it keeps in steady state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from lbcore.errors import CandidatesError, EndpointError, FadeError
+from lbcore.hashing import hash_keys, unit_interval
+from lbcore.ring import DEFAULT_VNODES, Ring
+
+__all__ = [
+    "DEFAULT_FADE_DURATION_NS",
+    "DEFAULT_FADE_EXPONENT",
+    "FADE_SALT",
+    "RingSet",
+    "fade_share",
+    "fadein_filter",
+    "fadein_score",
+    "skipper_fadein_candidates",
+]
+
+#: Default fade window D: 30 s, in nanoseconds.
+DEFAULT_FADE_DURATION_NS = 30_000_000_000
+#: Default fade exponent E: 0.3 % of keys at 10 % of the window, 17.7 % at 50 %, 76.8 % at 90 %.
+DEFAULT_FADE_EXPONENT = 2.5
+#: Salt of the per-key draw ``u`` that chooses a ring (see :func:`lbcore.hashing.unit_interval`).
+FADE_SALT = 0x6661646520696E21
+
+# Go's time.Duration saturates at the maximum int64; an endpoint with a zero detected time
+# has that age, so it is fully faded in.
+_MAX_DURATION_NS = (1 << 63) - 1
+
+
+# --------------------------------------------------------------------------------------
+# Skipper's fade-in (compatibility mode).
+
+
+def fadein_score(lifetime_ns: int, duration_ns: int, exponent: float) -> float:
+    """Skipper's ``fadeInScore``: ``(lifetime / duration) ** exponent`` while fading, else 1.
+
+    Parameters
+    ----------
+    lifetime_ns
+        Time since the endpoint was detected, in nanoseconds.
+    duration_ns
+        Fade-in duration, in nanoseconds.
+    exponent
+        Curve exponent.
+    """
+    if not (0 < lifetime_ns < duration_ns):
+        return 1.0
+    return math.pow(float(lifetime_ns) / float(duration_ns), exponent)
+
+
+def fadein_filter(
+    ages_ns: Sequence[int | None], duration_ns: int, exponent: float, threshold: float
+) -> np.ndarray:
+    """Skipper's ``filterFadeIn`` for one request.
+
+    Parameters
+    ----------
+    ages_ns
+        Per endpoint, ``now - detected time`` in nanoseconds; ``None`` for a zero detected
+        time (fully in).
+    duration_ns
+        Fade-in duration in nanoseconds; ``<= 0`` disables fade-in (nothing filtered).
+    exponent
+        Curve exponent.
+    threshold
+        The request's uniform random draw in ``[0, 1)``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Indices of the endpoints that stay candidates (all of them if none would).
+    """
+    n = len(ages_ns)
+    if duration_ns <= 0:
+        return np.arange(n)
+    keep = [
+        i
+        for i, age in enumerate(ages_ns)
+        if threshold < fadein_score(_MAX_DURATION_NS if age is None else age, duration_ns, exponent)
+    ]
+    return np.array(keep, dtype=np.intp) if keep else np.arange(n)
+
+
+def skipper_fadein_candidates(
+    scores: np.ndarray, thresholds: np.ndarray
+) -> Iterable[tuple[np.ndarray, np.ndarray]]:
+    """Group a batch by the candidate set Skipper's fade-in gives each key.
+
+    Every key is a request with its own threshold; its candidates are the endpoints with
+    ``threshold < score`` (all if none). The sets are nested, so there are at most as many
+    groups as distinct scores.
+
+    Yields
+    ------
+    (rows, mask)
+        Positions of the keys in the batch and the boolean candidate mask they share.
+    """
+    levels = np.unique(scores)
+    group = np.searchsorted(levels, thresholds, side="right")
+    for g in np.unique(group).tolist():
+        rows = np.flatnonzero(group == g)
+        mask = scores >= levels[g] if g < levels.size else np.ones(scores.size, dtype=np.bool_)
+        yield rows, mask
+
+
+# --------------------------------------------------------------------------------------
+# N-ring fade-in.
+
+
+def fade_share(elapsed_ns: Any, duration_ns: int, exponent: float) -> np.ndarray | float:
+    """Share of keys a fading ring carries: ``clamp(elapsed / duration, 0, 1) ** exponent``.
+
+    Parameters
+    ----------
+    elapsed_ns
+        Time since the ring's scale event, in nanoseconds (scalar or array).
+    duration_ns
+        Fade window ``D`` in nanoseconds (``<= 0``: no fade, share 1 at once).
+    exponent
+        Curve exponent ``E``.
+    """
+    if duration_ns <= 0:
+        return np.ones_like(np.asarray(elapsed_ns, dtype=np.float64)) if np.ndim(elapsed_ns) else 1.0
+    frac = np.clip(np.asarray(elapsed_ns, dtype=np.float64) / float(duration_ns), 0.0, 1.0)
+    share = frac**exponent
+    return share if np.ndim(share) else float(share)
+
+
+def _check_fade_params(duration_ns: Any, exponent: Any) -> tuple[int, float]:
+    if isinstance(duration_ns, bool) or not isinstance(duration_ns, (int, np.integer)):
+        raise FadeError(f"fade duration must be an integer number of nanoseconds, got {duration_ns!r}")
+    if duration_ns < 0:
+        raise FadeError(f"fade duration must be >= 0 ns, got {duration_ns}")
+    e = float(exponent)
+    if not math.isfinite(e) or e <= 0:
+        raise FadeError(f"fade exponent must be a finite number > 0, got {exponent!r}")
+    return int(duration_ns), e
+
+
+class RingSet:
+    """An established ring plus fading rings, one per scale-up event. Immutable.
+
+    Endpoints share one index space (:attr:`endpoints`); ring ``k`` holds the endpoints
+    whose :attr:`tiers` value is ``<= k`` (tier 0: established; tier ``k``: added by the
+    ``k``-th fading event still in progress). Operations return new sets.
+
+    Parameters
+    ----------
+    endpoints
+        Endpoint addresses, unique.
+    tiers
+        Per endpoint, 0 (established) or the 1-based fading event that added it.
+    starts_ns
+        Start time of each fading event, oldest first (CLOCK_MONOTONIC nanoseconds).
+    duration_ns, exponent
+        The fade curve.
+    vnodes
+        Virtual nodes per endpoint.
+    master
+        Optionally, the ring of all ``endpoints`` (reused instead of rebuilt).
+    """
+
+    __slots__ = ("endpoints", "tiers", "starts_ns", "duration_ns", "exponent", "vnodes", "rings")
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        tiers: Sequence[int] | np.ndarray | None = None,
+        starts_ns: Sequence[int] = (),
+        *,
+        duration_ns: int = DEFAULT_FADE_DURATION_NS,
+        exponent: float = DEFAULT_FADE_EXPONENT,
+        vnodes: int = DEFAULT_VNODES,
+        master: Ring | None = None,
+    ) -> None:
+        self.duration_ns, self.exponent = _check_fade_params(duration_ns, exponent)
+        eps = tuple(endpoints)
+        tier = np.zeros(len(eps), dtype=np.int32) if tiers is None else np.array(tiers, np.int32)
+        starts = tuple(int(s) for s in starts_ns)
+        if tier.shape != (len(eps),):
+            raise FadeError(f"tiers has {tier.size} entries for {len(eps)} endpoints")
+        if tier.size and (int(tier.min()) < 0 or int(tier.max()) > len(starts)):
+            raise FadeError(f"tiers must be in 0..{len(starts)} (one per fading event)")
+        if any(b < a for a, b in zip(starts, starts[1:], strict=False)):
+            raise FadeError(f"fading events must be ordered oldest first, got {starts}")
+        # Normalize: drop events that added no live endpoint; if nothing is established,
+        # the oldest fading ring is the only place for keys, so it becomes established.
+        live = [k for k in range(1, len(starts) + 1) if (tier == k).any()]
+        if len(live) != len(starts):
+            remap = np.zeros(len(starts) + 1, dtype=np.int32)
+            for new, old in enumerate(live, start=1):
+                remap[old] = new
+            tier = remap[tier]
+            starts = tuple(starts[k - 1] for k in live)
+        while starts and not (tier == 0).any():
+            tier = np.maximum(tier - 1, 0).astype(np.int32)
+            starts = starts[1:]
+        self.endpoints = eps
+        self.tiers = tier
+        self.starts_ns = starts
+        self.vnodes = vnodes
+        rings: list[Ring] = []
+        if eps:
+            full = master if master is not None else Ring(eps, vnodes)
+            if full.endpoints != eps:
+                raise FadeError("master ring endpoints differ from the ring set's endpoints")
+            for k in range(len(starts) + 1):
+                rings.append(full if k == len(starts) else full.subset(tier <= k))
+        self.rings: tuple[Ring, ...] = tuple(rings)
+
+    # ---------------------------------------------------------------------------------
+    # Derived values.
+
+    def __repr__(self) -> str:
+        return (
+            f"RingSet({len(self.endpoints)} endpoints, {len(self.starts_ns)} fading ring(s), "
+            f"D={self.duration_ns / 1e9:g}s, E={self.exponent:g})"
+        )
+
+    @property
+    def master(self) -> Ring | None:
+        """The ring of all endpoints (the newest ring), or ``None`` when empty."""
+        return self.rings[-1] if self.rings else None
+
+    def shares(self, now_ns: int) -> np.ndarray:
+        """Current share of each fading ring, oldest first."""
+        if not self.starts_ns:
+            return np.empty(0, dtype=np.float64)
+        elapsed = now_ns - np.array(self.starts_ns, dtype=np.int64)
+        return np.asarray(fade_share(elapsed, self.duration_ns, self.exponent))
+
+    def ring_choice(self, hashes: np.ndarray, now_ns: int) -> np.ndarray:
+        """Index of the ring each key uses: the newest ring ``k`` with ``u < s_k``, else 0."""
+        choice = np.zeros(hashes.size, dtype=np.intp)
+        if not self.starts_ns:
+            return choice
+        u = unit_interval(hashes, FADE_SALT)
+        for k, share in enumerate(self.shares(now_ns).tolist(), start=1):
+            # Shares fall from older to newer rings, so later (newer) rings overwrite.
+            if share > 0.0:
+                choice[u < share] = k
+        return choice
+
+    # ---------------------------------------------------------------------------------
+    # Events.
+
+    def scale_up(self, new_endpoints: Sequence[str], now_ns: int) -> RingSet:
+        """A new ring: the newest ring plus ``new_endpoints``, fading in from ``now_ns``."""
+        new = tuple(new_endpoints)
+        if not new:
+            return self
+        if not self.endpoints:
+            return RingSet(new, duration_ns=self.duration_ns, exponent=self.exponent, vnodes=self.vnodes)
+        dup = sorted(set(new) & set(self.endpoints)) or sorted({e for e in new if new.count(e) > 1})
+        if dup:
+            raise EndpointError(f"scale-up adds endpoints that already exist: {dup[:5]}")
+        if self.starts_ns and now_ns < self.starts_ns[-1]:
+            raise FadeError(
+                f"scale-up at {now_ns} ns is earlier than the newest fading event "
+                f"({self.starts_ns[-1]} ns); time must not run backwards"
+            )
+        tiers = np.concatenate((self.tiers, np.full(len(new), len(self.starts_ns) + 1, np.int32)))
+        return RingSet(
+            self.endpoints + new,
+            tiers,
+            self.starts_ns + (int(now_ns),),
+            duration_ns=self.duration_ns,
+            exponent=self.exponent,
+            vnodes=self.vnodes,
+        )
+
+    def remove(self, endpoints: Iterable[str]) -> RingSet:
+        """Drop endpoints from every ring at once (deleted pods get nothing from now on)."""
+        gone = set(endpoints)
+        if not gone & set(self.endpoints):
+            return self
+        keep = np.array([ep not in gone for ep in self.endpoints], dtype=np.bool_)
+        eps = tuple(ep for ep in self.endpoints if ep not in gone)
+        master = self.master.subset(keep) if self.master is not None and keep.any() else None
+        if master is not None:
+            # Re-index the kept nodes into the compacted endpoint list.
+            new_index = np.cumsum(keep) - 1
+            master = Ring.from_arrays(
+                eps, master.hashes, new_index[master.owners].astype(np.int32), vnodes=self.vnodes
+            )
+        return RingSet(
+            eps,
+            self.tiers[keep],
+            self.starts_ns,
+            duration_ns=self.duration_ns,
+            exponent=self.exponent,
+            vnodes=self.vnodes,
+            master=master,
+        )
+
+    def advance(self, now_ns: int) -> RingSet:
+        """Collapse completed fades: the newest ring at share 1 becomes the established ring."""
+        if not self.starts_ns:
+            return self
+        done = [k for k, s in enumerate(self.starts_ns, start=1) if now_ns - s >= self.duration_ns]
+        if not done:
+            return self
+        k = done[-1]
+        tiers = np.where(self.tiers <= k, 0, self.tiers - k).astype(np.int32)
+        return RingSet(
+            self.endpoints,
+            tiers,
+            self.starts_ns[k:],
+            duration_ns=self.duration_ns,
+            exponent=self.exponent,
+            vnodes=self.vnodes,
+            master=self.master,
+        )
+
+    def with_endpoints(self, endpoints: Sequence[str], now_ns: int) -> RingSet:
+        """Apply a new endpoint list: deletions at once, additions as one scale-up event."""
+        wanted = list(dict.fromkeys(endpoints))
+        current = set(self.endpoints)
+        gone = current - set(wanted)
+        added = [ep for ep in wanted if ep not in current]
+        out = self.remove(gone) if gone else self
+        return out.scale_up(added, now_ns) if added else out
+
+    # ---------------------------------------------------------------------------------
+    # Routing.
+
+    def route(
+        self,
+        keys: Any,
+        now_ns: int,
+        *,
+        loads: Any = None,
+        balance_factor: float | None = None,
+        candidates: Any = None,
+        max_hops: int | None = None,
+        attempt: int = 0,
+        hashes: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Route a batch through the ring set at time ``now_ns``.
+
+        Each key is looked up on the ring :meth:`ring_choice` gives it, with bounded load
+        when ``balance_factor`` is set (the bar is computed over that ring's endpoints).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``int32`` indices into :attr:`endpoints`; ``-1`` (fallback) when the set is
+            empty or nothing is eligible.
+        """
+        h = hash_keys(keys) if hashes is None else hashes
+        if not self.rings:
+            return np.full(h.size, -1, dtype=np.int32)
+        user = self.rings[-1].candidate_mask(candidates)
+        choice = self.ring_choice(h, now_ns)
+        if not self.starts_ns:
+            groups: list[tuple[int, Any]] = [(0, None)]
+        else:
+            groups = [(k, np.flatnonzero(choice == k)) for k in range(len(self.rings))]
+        out = np.empty(h.size, dtype=np.int32)
+        for k, rows in groups:
+            if rows is not None and rows.size == 0:
+                continue
+            ring = self.rings[k]
+            mask = user  # ring k holds only its members; the ring narrows the mask to them
+            hk = h if rows is None else h[rows]
+            if balance_factor is None:
+                res = ring.lookup(None, candidates=mask, attempt=attempt, hashes=hk)
+            else:
+                if loads is None:
+                    raise CandidatesError("bounded-load routing needs loads")
+                res = ring.lookup_bounded(
+                    None, loads, balance_factor, candidates=mask, max_hops=max_hops,
+                    attempt=attempt, hashes=hk,
+                )
+            if rows is None:
+                out[:] = res
+            else:
+                out[rows] = res
+        return out

@@ -1,0 +1,561 @@
+"""Key hashing: XXH64 (seed 0) over whole batches of keys.
+
+Skipper hashes keys and ring nodes with ``xxhash.Sum64String`` (XXH64, seed 0, over the
+UTF-8 bytes), so cslb must produce exactly the same 64-bit values.
+
+Two strategies, picked per batch (see ``../shared/PERF-NOTES.md``):
+
+* small batches: one C call of the ``xxhash`` package per key. Vectorized hashing pays
+  ~30 µs of NumPy call overhead per batch, which only amortises above a few hundred keys;
+* large batches: the XXH64 algorithm written as NumPy array arithmetic over a matrix of
+  8-byte lanes, one row per key, keys grouped by length so every row of a group runs the
+  same sequence of rounds. The algorithm's constants and rounds are those of the XXH64
+  specification (Yann Collet, ``xxhash.h`` / ``doc/xxhash_spec.md``).
+
+Keys may be ``str`` (hashed as UTF-8), ``bytes``-like, or integers (hashed as their
+decimal string, so ``123`` and ``"123"`` route alike), in a sequence or a NumPy array.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from lbcore.errors import KeyEncodingError, KeyTooLongError, KeyTypeError
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "VECTOR_MIN_BATCH",
+    "encode_key",
+    "hash_keys",
+    "unit_interval",
+    "xxh64_bytes",
+]
+
+#: The longest key every cslb surface accepts, in bytes (UTF-8 for ``str`` keys).
+MAX_KEY_BYTES = 4096
+
+#: Batches at least this long are hashed with NumPy; shorter ones key by key.
+VECTOR_MIN_BATCH = 512
+
+# Below this many keys a group of equal-length keys is cheaper to hash key by key.
+_GROUP_MIN = 48
+
+_U64 = np.uint64
+_P1 = _U64(11400714785074694791)
+_P2 = _U64(14029467366897019727)
+_P3 = _U64(1609587929392839161)
+_P4 = _U64(9650029242287828579)
+_P5 = _U64(2870177450012600261)
+_V1_INIT = _U64((int(_P1) + int(_P2)) & 0xFFFFFFFFFFFFFFFF)  # seed 0
+_V4_INIT = _U64((-int(_P1)) & 0xFFFFFFFFFFFFFFFF)
+_LE_U64 = np.dtype("<u8")
+_NATIVE_LE = sys.byteorder == "little"
+
+_xxh64 = xxhash.xxh64_intdigest
+
+
+def xxh64_bytes(data: bytes) -> int:
+    """Return XXH64 (seed 0) of ``data`` as an unsigned 64-bit Python int."""
+    return _xxh64(data)
+
+
+def _type_error(i: int, key: Any) -> KeyTypeError:
+    return KeyTypeError(
+        f"key {i} has type {type(key).__name__}; expected str, bytes or int "
+        "(a product ID: str is hashed as UTF-8, int as its decimal string)"
+    )
+
+
+def encode_key(key: Any, i: int = 0) -> bytes:
+    """Return the bytes that are hashed for one key.
+
+    Parameters
+    ----------
+    key
+        ``str`` (UTF-8), ``bytes``-like, or an integer (decimal string, ``-`` for negatives).
+    i
+        Position of the key in its batch, used in error messages.
+
+    Raises
+    ------
+    KeyTypeError
+        For ``bool``, ``float``, ``None`` and every other type.
+    KeyEncodingError
+        For a ``str`` that is not valid Unicode (a lone surrogate).
+    """
+    if isinstance(key, str):
+        try:
+            return key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise KeyEncodingError(
+                f"key {i} is not valid Unicode and cannot be encoded as UTF-8: {exc.reason} "
+                f"at character {exc.start}"
+            ) from None
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key)
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        return str(int(key)).encode("ascii")
+    raise _type_error(i, key)
+
+
+def _check_lengths(lengths: np.ndarray, max_key_bytes: int | None) -> None:
+    if max_key_bytes is None or lengths.size == 0:
+        return
+    too_long = np.flatnonzero(lengths > max_key_bytes)
+    if too_long.size:
+        i = int(too_long[0])
+        raise KeyTooLongError(
+            f"key {i} is {int(lengths[i])} bytes long; keys may be at most {max_key_bytes} bytes "
+            f"({too_long.size} key(s) too long in this batch)"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Vectorized XXH64 over a matrix of little-endian 8-byte lanes.
+
+
+def _rotl(x: np.ndarray, r: int, tmp: np.ndarray) -> np.ndarray:
+    """Rotate ``x`` left by ``r`` bits in place, using ``tmp`` as scratch."""
+    np.right_shift(x, _U64(64 - r), out=tmp)
+    np.left_shift(x, _U64(r), out=x)
+    np.bitwise_or(x, tmp, out=x)
+    return x
+
+
+def _round(acc: np.ndarray, lane: np.ndarray, tmp: np.ndarray) -> np.ndarray:
+    """XXH64 round: ``acc = rotl(acc + lane * P2, 31) * P1`` in place."""
+    np.multiply(lane, _P2, out=tmp)
+    np.add(acc, tmp, out=acc)
+    _rotl(acc, 31, tmp)
+    np.multiply(acc, _P1, out=acc)
+    return acc
+
+
+def _xxh64_lanes(words: np.ndarray, length: int) -> np.ndarray:
+    """XXH64 (seed 0) of ``n`` keys of ``length`` bytes each.
+
+    Parameters
+    ----------
+    words
+        ``(n, ceil(length / 8))`` native uint64 matrix: each row the key's bytes read as
+        little-endian 8-byte lanes, the last lane zero-padded.
+    length
+        Length of every key, in bytes.
+    """
+    n = words.shape[0]
+    tmp = np.empty(n, dtype=np.uint64)
+    k1 = np.empty(n, dtype=np.uint64)
+    offset = 0  # bytes consumed so far
+    if length >= 32:
+        v1 = np.full(n, _V1_INIT, dtype=np.uint64)
+        v2 = np.full(n, _P2, dtype=np.uint64)
+        v3 = np.zeros(n, dtype=np.uint64)
+        v4 = np.full(n, _V4_INIT, dtype=np.uint64)
+        accs = (v1, v2, v3, v4)
+        while length - offset >= 32:
+            w = offset // 8
+            for j in range(4):
+                _round(accs[j], words[:, w + j], tmp)
+            offset += 32
+        h = np.empty(n, dtype=np.uint64)
+        for j, r in enumerate((1, 7, 12, 18)):
+            np.copyto(k1, accs[j])
+            _rotl(k1, r, tmp)
+            if j == 0:
+                np.copyto(h, k1)
+            else:
+                np.add(h, k1, out=h)
+        for acc in accs:  # merge rounds
+            k1.fill(0)
+            _round(k1, acc, tmp)
+            np.bitwise_xor(h, k1, out=h)
+            np.multiply(h, _P1, out=h)
+            np.add(h, _P4, out=h)
+    else:
+        h = np.full(n, _P5, dtype=np.uint64)
+    np.add(h, _U64(length), out=h)
+    while length - offset >= 8:
+        k1.fill(0)
+        _round(k1, words[:, offset // 8], tmp)
+        np.bitwise_xor(h, k1, out=h)
+        _rotl(h, 27, tmp)
+        np.multiply(h, _P1, out=h)
+        np.add(h, _P4, out=h)
+        offset += 8
+    rest = length - offset
+    if rest:
+        last = words[:, offset // 8]
+        shift = 0
+        if rest >= 4:
+            np.bitwise_and(last, _U64(0xFFFFFFFF), out=k1)
+            np.multiply(k1, _P1, out=k1)
+            np.bitwise_xor(h, k1, out=h)
+            _rotl(h, 23, tmp)
+            np.multiply(h, _P2, out=h)
+            np.add(h, _P3, out=h)
+            shift = 32
+            rest -= 4
+        for _ in range(rest):
+            np.right_shift(last, _U64(shift), out=k1)
+            np.bitwise_and(k1, _U64(0xFF), out=k1)
+            np.multiply(k1, _P5, out=k1)
+            np.bitwise_xor(h, k1, out=h)
+            _rotl(h, 11, tmp)
+            np.multiply(h, _P1, out=h)
+            shift += 8
+    # avalanche
+    np.right_shift(h, _U64(33), out=tmp)
+    np.bitwise_xor(h, tmp, out=h)
+    np.multiply(h, _P2, out=h)
+    np.right_shift(h, _U64(29), out=tmp)
+    np.bitwise_xor(h, tmp, out=h)
+    np.multiply(h, _P3, out=h)
+    np.right_shift(h, _U64(32), out=tmp)
+    np.bitwise_xor(h, tmp, out=h)
+    return h
+
+
+def _lanes_from_rows(rows: np.ndarray, length: int) -> np.ndarray:
+    """Copy an ``(n, length)`` uint8 matrix (any strides) into zero-padded uint64 lanes."""
+    n = rows.shape[0]
+    width = (length + 7) // 8
+    padded = np.zeros((n, width * 8), dtype=np.uint8)
+    if length:
+        padded[:, :length] = rows
+    words = padded.view(_LE_U64)
+    return words if _NATIVE_LE else words.astype(np.uint64)
+
+
+def _hash_rows(rows: np.ndarray, length: int) -> np.ndarray:
+    if length == 0:
+        return np.full(rows.shape[0], _xxh64(b""), dtype=np.uint64)
+    return _xxh64_lanes(_lanes_from_rows(rows, length), length)
+
+
+def _hash_flat(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Hash keys stored as byte ranges ``buf[starts[i] : starts[i] + lengths[i]]``."""
+    n = lengths.size
+    out = np.empty(n, dtype=np.uint64)
+    if n == 0:
+        return out
+    lmin = int(lengths.min())
+    lmax = int(lengths.max())
+    if lmin == lmax:
+        groups = [(lmin, None)]
+    else:
+        order = np.argsort(lengths, kind="stable")
+        sorted_len = lengths[order]
+        cuts = np.flatnonzero(np.diff(sorted_len)) + 1
+        bounds = np.concatenate(([0], cuts, [n]))
+        groups = [
+            (int(sorted_len[a]), order[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+    raw = buf.tobytes() if any(g is not None and g.size < _GROUP_MIN for _, g in groups) else b""
+    for length, members in groups:
+        sel_starts = starts if members is None else starts[members]
+        if members is not None and members.size < _GROUP_MIN:
+            out[members] = [_xxh64(raw[s : s + length]) for s in sel_starts.tolist()]
+            continue
+        if length == 0:
+            rows = np.empty((sel_starts.size, 0), dtype=np.uint8)
+        else:
+            rows = buf[sel_starts[:, None] + np.arange(length)]
+        h = _hash_rows(rows, length)
+        if members is None:
+            out[:] = h
+        else:
+            out[members] = h
+    return out
+
+
+def _hash_separated(
+    buf: bytes, n: int, sep: int, max_key_bytes: int | None
+) -> np.ndarray | None:
+    """Hash ``n`` keys joined by the byte ``sep`` (which occurs in no key); ``None`` if it does."""
+    if buf.count(bytes((sep,))) != n - 1:
+        return None
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    seps = np.flatnonzero(arr == sep)
+    starts = np.empty(n, dtype=np.intp)
+    starts[0] = 0
+    starts[1:] = seps + 1
+    ends = np.empty(n, dtype=np.intp)
+    ends[:-1] = seps
+    ends[-1] = arr.size
+    lengths = ends - starts
+    _check_lengths(lengths, max_key_bytes)
+    if n > 1 and int(lengths.min()) == int(lengths.max()):
+        length = int(lengths[0])
+        # Equal lengths: the buffer is an (n, length + 1) matrix whose last column holds the
+        # separators, so a strided view replaces the gather.
+        full = np.empty(n * (length + 1), dtype=np.uint8)
+        full[:-1] = arr
+        full[-1] = sep
+        return _hash_rows(full.reshape(n, length + 1)[:, :length], length)
+    return _hash_flat(arr, starts, lengths)
+
+
+def _hash_bytes_list(encoded: list[bytes], max_key_bytes: int | None) -> np.ndarray:
+    n = len(encoded)
+    lengths = np.fromiter(map(len, encoded), dtype=np.intp, count=n)
+    _check_lengths(lengths, max_key_bytes)
+    starts = np.zeros(n, dtype=np.intp)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    buf = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    return _hash_flat(buf, starts, lengths)
+
+
+def _encode_all(keys: Sequence[Any]) -> list[bytes]:
+    return [encode_key(k, i) for i, k in enumerate(keys)]
+
+
+def _decimal_digits(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Decimal strings of integers, right-aligned in a byte matrix.
+
+    Returns ``(buf, starts, lengths, width)``: row ``i`` of the ``(n, width)`` matrix
+    flattened into ``buf`` holds the decimal string (with ``-`` for negatives) of
+    ``values[i]`` in its last ``lengths[i]`` bytes.
+    """
+    n = values.size
+    if values.dtype.kind == "i":
+        signed = values.astype(np.int64, copy=False)
+        negative = signed < 0
+        magnitude = signed.view(np.uint64).copy()
+        np.negative(magnitude, out=magnitude, where=negative)  # two's complement, wraps
+    else:
+        magnitude = values.astype(np.uint64, copy=True)
+        negative = None
+    top = int(magnitude.max()) if n else 0
+    ndigits_max = len(str(top))
+    width = ndigits_max + 1
+    mat = np.zeros((n, width), dtype=np.uint8)
+    ndigits = np.ones(n, dtype=np.intp)
+    rem = magnitude
+    quo = np.empty(n, dtype=np.uint64)
+    digit = np.empty(n, dtype=np.uint64)
+    ten = _U64(10)
+    for col in range(width - 1, 0, -1):
+        np.floor_divide(rem, ten, out=quo)
+        np.multiply(quo, ten, out=digit)
+        np.subtract(rem, digit, out=digit)
+        np.add(digit, _U64(48), out=digit)
+        mat[:, col] = digit
+        if col < width - 1:
+            ndigits += rem > 0
+        rem, quo = quo, rem
+    lengths = ndigits
+    if negative is not None and negative.any():
+        lengths = ndigits + negative
+        rows = np.flatnonzero(negative)
+        mat[rows, width - lengths[rows]] = ord("-")
+    starts = np.arange(n, dtype=np.intp) * width + (width - lengths)
+    return mat.reshape(-1), starts, lengths, width
+
+
+def _hash_int_array(values: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
+    if values.size < VECTOR_MIN_BATCH:
+        return _hash_small(values.tolist(), max_key_bytes)
+    buf, starts, lengths, _ = _decimal_digits(values)
+    _check_lengths(lengths, max_key_bytes)
+    return _hash_flat(buf, starts, lengths)
+
+
+def _hash_fixed_bytes_array(arr: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
+    """Hash a NumPy ``S`` array; like NumPy itself, trailing NUL bytes are padding."""
+    n = arr.size
+    width = arr.dtype.itemsize
+    if n < VECTOR_MIN_BATCH:
+        return _hash_small(arr.tolist(), max_key_bytes)
+    lengths = np.strings.str_len(arr).astype(np.intp, copy=False)
+    _check_lengths(lengths, max_key_bytes)
+    flat = np.ascontiguousarray(arr).view(np.uint8)
+    if width == 0:
+        return np.full(n, _xxh64(b""), dtype=np.uint64)
+    lmin = int(lengths.min())
+    if lmin == int(lengths.max()):
+        return _hash_rows(flat.reshape(n, width)[:, :lmin], lmin)
+    starts = np.arange(n, dtype=np.intp) * width
+    return _hash_flat(flat, starts, lengths)
+
+
+def _hash_unicode_array(arr: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
+    n = arr.size
+    width = arr.dtype.itemsize // 4
+    codes = np.ascontiguousarray(arr).view(np.uint32).reshape(n, width)
+    if n < VECTOR_MIN_BATCH:
+        return _hash_small(arr.tolist(), max_key_bytes)
+    if width and int(codes.max()) < 128:
+        # ASCII: UTF-8 is one byte per code point.
+        as_bytes = codes.astype(np.uint8).view(f"S{width}").reshape(n)
+        return _hash_fixed_bytes_array(as_bytes, max_key_bytes)
+    return _hash_bytes_list(_encode_all(arr.tolist()), max_key_bytes)
+
+
+def _int_reprs(keys: Sequence[Any]) -> list[str] | None:
+    """Decimal strings of a list of ints, or ``None`` if any key is not an int (or is a bool)."""
+    try:
+        reprs = list(map(int.__repr__, keys))
+    except TypeError:
+        return None
+    if ("0" in reprs or "1" in reprs) and any(type(k) is bool for k in keys):
+        return None  # bool is an int subclass; the general path names it
+    return reprs
+
+
+def _hash_small(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray:
+    """Key-by-key hashing for short batches: a few C calls per key, no NumPy temporaries."""
+    t = type(keys[0])
+    encoded: Any = None
+    try:
+        if t is str:
+            encoded = [k.encode() for k in keys]
+        elif t is bytes:
+            b"".join(keys)  # TypeError unless every key is bytes-like
+            encoded = keys
+        elif t is int:
+            reprs = _int_reprs(keys)
+            if reprs is not None:
+                encoded = list(map(str.encode, reprs))
+    except (AttributeError, TypeError, UnicodeEncodeError):
+        encoded = None
+    if encoded is None:
+        encoded = _encode_all(keys)  # names the offending key
+    if max_key_bytes is not None and max(map(len, encoded)) > max_key_bytes:
+        _check_lengths(np.array([len(e) for e in encoded], dtype=np.intp), max_key_bytes)
+    return np.array(list(map(_xxh64, encoded)), dtype=np.uint64)
+
+
+def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray:
+    n = len(keys)
+    if n < VECTOR_MIN_BATCH:
+        return _hash_small(keys, max_key_bytes)
+    first = keys[0]
+    if type(first) is str:
+        try:
+            joined = "\n".join(keys).encode("utf-8")
+        except (TypeError, UnicodeEncodeError):
+            joined = None  # mixed types or a lone surrogate: the general path names it
+        if joined is not None:
+            out = _hash_separated(joined, n, 0x0A, max_key_bytes)
+            if out is not None:
+                return out
+    elif type(first) is int:
+        try:
+            values = np.array(keys)
+        except (OverflowError, ValueError):
+            values = None
+        if values is not None and values.dtype.kind in "iu" and values.ndim == 1:
+            # bool is an int subclass that NumPy folds silently into 0/1: find any.
+            small = np.flatnonzero((values == 0) | (values == 1))
+            for i in small.tolist():
+                if type(keys[i]) is not int and not isinstance(keys[i], np.integer):
+                    raise _type_error(i, keys[i])
+            return _hash_int_array(values, max_key_bytes)
+    return _hash_bytes_list(_encode_all(keys), max_key_bytes)
+
+
+def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
+    """XXH64 (seed 0) of every key of a batch.
+
+    Parameters
+    ----------
+    keys
+        A sequence or 1-D NumPy array of ``str`` (hashed as UTF-8), ``bytes``-like, or
+        integers (hashed as their decimal string, so ``123`` and ``"123"`` hash alike).
+        A single ``str``, ``bytes`` or ``int`` is treated as a batch of one.
+    max_key_bytes
+        If given, a key longer than this many bytes raises :class:`KeyTooLongError`.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array, one hash per key, in order.
+
+    Raises
+    ------
+    KeyTypeError
+        A key is of another type (``bool``, ``float``, ``None``, ...), or a NumPy array
+        has an unsupported dtype.
+    KeyEncodingError
+        A ``str`` key is not valid Unicode.
+    KeyTooLongError
+        A key is longer than ``max_key_bytes``.
+    """
+    tk = type(keys)
+    if tk is list or tk is tuple:
+        return _hash_sequence(keys, max_key_bytes) if keys else np.empty(0, dtype=np.uint64)
+    if isinstance(keys, (str, bytes, bytearray, memoryview, int, np.integer)):
+        keys = [keys]
+    if isinstance(keys, np.ndarray):
+        if keys.ndim != 1:
+            keys = keys.reshape(-1) if keys.ndim == 0 else keys
+            if keys.ndim != 1:
+                raise KeyTypeError(f"keys must be a 1-D array, got shape {keys.shape}")
+        if keys.size == 0:
+            return np.empty(0, dtype=np.uint64)
+        kind = keys.dtype.kind
+        if kind in "iu":
+            return _hash_int_array(keys, max_key_bytes)
+        if kind == "S":
+            return _hash_fixed_bytes_array(keys, max_key_bytes)
+        if kind == "U":
+            return _hash_unicode_array(keys, max_key_bytes)
+        if kind == "O" or kind == "T":
+            return _hash_sequence(keys.tolist(), max_key_bytes)
+        raise KeyTypeError(
+            f"keys array has dtype {keys.dtype}; expected str (U/T), bytes (S), integer or object"
+        )
+    if not isinstance(keys, Sequence):
+        keys = list(keys)
+    if len(keys) == 0:
+        return np.empty(0, dtype=np.uint64)
+    return _hash_sequence(keys, max_key_bytes)
+
+
+# --------------------------------------------------------------------------------------
+# Derived per-key values.
+
+_FMIX_C1 = _U64(0xFF51AFD7ED558CCD)
+_FMIX_C2 = _U64(0xC4CEB9FE1A85EC53)
+_INV_2_53 = 1.0 / float(1 << 53)
+
+
+def unit_interval(hashes: np.ndarray, salt: int) -> np.ndarray:
+    """Map key hashes to ``[0, 1)`` independently of their ring position.
+
+    The ring orders keys by the raw hash; the fade-in ring choice and the rollout gate
+    need a second value per key that is uncorrelated with that order, so the hash is
+    re-mixed with MurmurHash3's 64-bit finalizer (``fmix64``, a bijection with full
+    avalanche) after XOR with a per-purpose ``salt``. Costs a few array operations
+    instead of hashing the key bytes a second time.
+
+    Parameters
+    ----------
+    hashes
+        ``uint64`` key hashes from :func:`hash_keys`.
+    salt
+        A 64-bit constant per purpose, so fade-in and gate draws are independent.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64`` values in ``[0, 1)``, from the top 53 bits of the mixed hash.
+    """
+    x = np.bitwise_xor(hashes, _U64(salt & 0xFFFFFFFFFFFFFFFF))
+    tmp = np.right_shift(x, _U64(33))
+    np.bitwise_xor(x, tmp, out=x)
+    np.multiply(x, _FMIX_C1, out=x)
+    np.right_shift(x, _U64(33), out=tmp)
+    np.bitwise_xor(x, tmp, out=x)
+    np.multiply(x, _FMIX_C2, out=x)
+    np.right_shift(x, _U64(33), out=tmp)
+    np.bitwise_xor(x, tmp, out=x)
+    np.right_shift(x, _U64(11), out=x)
+    out = x.astype(np.float64)
+    out *= _INV_2_53
+    return out

@@ -1,0 +1,457 @@
+"""Skipper's consistent-hash ring, looked up a whole batch at a time.
+
+The ring is Skipper's ``consistentHash`` (``loadbalancer/algorithm.go``): for endpoint
+``i`` with address ``ep`` and ``j = 0 .. vnodes-1`` a node ``(XXH64(f"{ep}-{j}"), i)``;
+nodes sorted ascending by hash; a key goes to the first node whose hash is ``>=`` the
+key's hash, wrapping to node 0 past the end; nodes of endpoints that are not candidates
+are stepped over.
+
+Lookups do not binary-search the ring. A *bucket table* indexed by the top bits of the
+hash holds, for every bucket without a ring node, the ring position every hash of that
+bucket maps to; only hashes that fall into one of the few buckets holding a node need a
+search. With ~2^7 buckets per node about 99 % of keys cost one table load (see
+``../shared/PERF-NOTES.md``: binary search is bound by memory latency even in C). The
+table is built once per ring, so a publisher builds it once per generation and every
+worker shares it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from lbcore import bounded as _bounded
+from lbcore.errors import CandidatesError, EndpointError
+from lbcore.hashing import hash_keys
+
+__all__ = ["DEFAULT_VNODES", "Ring", "bucket_bits_for", "build_bucket_table", "host_key"]
+
+#: Skipper's production constructor always uses 100 virtual nodes per endpoint.
+DEFAULT_VNODES = 100
+
+_MAX_BUCKET_BITS = 22  # 2^22 int32 entries = 16 MiB: the size where the table stops paying
+_MIN_BUCKET_BITS = 8
+_DEFAULT_PORTS = {"http": 80, "https": 443, "h2c": 80, "ws": 80, "wss": 443}
+
+# Batches shorter than this are looked up key by key in Python (a few hundred ns per key)
+# instead of paying ~10 NumPy calls of ~0.5-1 µs each.
+_SCALAR_MAX = 4
+
+
+def bucket_bits_for(ring_size: int) -> int:
+    """Number of top hash bits that index the bucket table of a ring of ``ring_size`` nodes."""
+    if ring_size <= 1:
+        return _MIN_BUCKET_BITS
+    bits = math.ceil(math.log2(ring_size)) + 7
+    return max(_MIN_BUCKET_BITS, min(_MAX_BUCKET_BITS, bits))
+
+
+def build_bucket_table(hashes: np.ndarray, bits: int) -> np.ndarray:
+    """Bucket table of a sorted ring.
+
+    Parameters
+    ----------
+    hashes
+        Sorted ``uint64`` ring hashes.
+    bits
+        Number of top hash bits that select a bucket.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``int32`` array of ``2**bits`` entries: for a bucket holding no ring node, the ring
+        position (already wrapped to 0 past the end) that every hash of the bucket maps to;
+        ``-1`` for a bucket holding at least one node, whose hashes need a search.
+    """
+    size = hashes.size
+    counts = np.bincount((hashes >> np.uint64(64 - bits)).astype(np.intp), minlength=1 << bits)
+    first = np.zeros(1 << bits, dtype=np.int64)
+    np.cumsum(counts[:-1], out=first[1:])
+    first[first == size] = 0  # hashes above the last node roll over to position 0
+    first[counts > 0] = -1
+    return first.astype(np.int32)
+
+
+def host_key(endpoint: str) -> str:
+    """Skipper's identity of an endpoint for the skip rule: lower-cased ``host:port``.
+
+    Skipper compares candidates by the parsed ``Host`` of the LB endpoint (with the
+    scheme's default port filled in), so ``http://A:80`` and ``http://a`` are one host.
+    An address without a scheme (only valid for the ring function) is its own identity.
+    """
+    if "://" not in endpoint:
+        return endpoint.lower()
+    try:
+        parts = urlsplit(endpoint)
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        return endpoint.lower()
+    if not host:
+        return endpoint.lower()
+    scheme = parts.scheme.lower()
+    if port is None:
+        port = _DEFAULT_PORTS.get(scheme)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{port}" if port is not None else host
+
+
+def _validate_endpoints(endpoints: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(endpoints, str):
+        raise EndpointError("endpoints must be a sequence of address strings, got one string")
+    eps = tuple(endpoints)
+    if not eps:
+        raise EndpointError("endpoint list is empty; a ring needs at least one endpoint")
+    seen: dict[str, int] = {}
+    for i, ep in enumerate(eps):
+        if not isinstance(ep, str):
+            raise EndpointError(f"endpoint {i} is {type(ep).__name__}, expected an address string")
+        if not ep:
+            raise EndpointError(f"endpoint {i} is an empty string")
+        if ep in seen:
+            raise EndpointError(
+                f"endpoint {ep!r} appears twice (positions {seen[ep]} and {i}); "
+                "endpoint addresses must be unique"
+            )
+        seen[ep] = i
+    return eps
+
+
+def _node_hashes(endpoints: tuple[str, ...], vnodes: int) -> np.ndarray:
+    suffixes = [f"-{j}" for j in range(vnodes)]
+    names = [ep + sfx for ep in endpoints for sfx in suffixes]
+    return hash_keys(names)
+
+
+class Ring:
+    """Skipper's consistent-hash ring over a list of endpoint addresses.
+
+    Parameters
+    ----------
+    endpoints
+        Endpoint address strings, verbatim (Skipper hashes ``scheme://host:port``; a
+        different spelling gives different positions). Must be non-empty and unique.
+    vnodes
+        Virtual nodes per endpoint; Skipper's production value is 100.
+
+    Attributes
+    ----------
+    endpoints : tuple[str, ...]
+        The endpoints, in the order given; results are indices into this tuple.
+    hashes : numpy.ndarray
+        ``uint64`` node hashes sorted ascending (Skipper's ring).
+    owners : numpy.ndarray
+        ``int32`` endpoint index of each ring position.
+    """
+
+    __slots__ = (
+        "endpoints",
+        "vnodes",
+        "hashes",
+        "owners",
+        "bucket_bits",
+        "buckets",
+        "_shift",
+        "_host_of",
+        "_aliases",
+        "present",
+        "_all_present",
+        "_hash_list",
+        "_bucket_list",
+        "_owner_list",
+    )
+
+    def __init__(self, endpoints: Sequence[str], vnodes: int = DEFAULT_VNODES) -> None:
+        eps = _validate_endpoints(endpoints)
+        if isinstance(vnodes, bool) or not isinstance(vnodes, int) or vnodes < 1:
+            raise EndpointError(f"vnodes must be a positive integer, got {vnodes!r}")
+        hashes = _node_hashes(eps, vnodes)
+        owners = np.repeat(np.arange(len(eps), dtype=np.int32), vnodes)
+        order = np.argsort(hashes, kind="stable")
+        self._init(eps, vnodes, hashes[order], owners[order])
+
+    @classmethod
+    def from_arrays(
+        cls,
+        endpoints: Sequence[str],
+        hashes: np.ndarray,
+        owners: np.ndarray,
+        *,
+        vnodes: int = DEFAULT_VNODES,
+        buckets: np.ndarray | None = None,
+    ) -> Ring:
+        """Wrap ring arrays that were built elsewhere (a published table) without copying.
+
+        ``hashes`` must be sorted and ``owners`` index ``endpoints``; ``buckets`` is the
+        matching :func:`build_bucket_table` output, built here when not given. A reader
+        of shared memory validates these before calling.
+        """
+        ring = cls.__new__(cls)
+        ring._init(tuple(endpoints), vnodes, hashes, owners, buckets)
+        return ring
+
+    def _init(
+        self,
+        eps: tuple[str, ...],
+        vnodes: int,
+        hashes: np.ndarray,
+        owners: np.ndarray,
+        buckets: np.ndarray | None = None,
+    ) -> None:
+        self.endpoints = eps
+        self.vnodes = vnodes
+        self.hashes = hashes
+        self.owners = owners
+        self.bucket_bits = bucket_bits_for(hashes.size)
+        self.buckets = build_bucket_table(hashes, self.bucket_bits) if buckets is None else buckets
+        self._shift = np.uint64(64 - self.bucket_bits)
+        hosts = [host_key(ep) for ep in eps]
+        ids: dict[str, int] = {}
+        self._host_of = np.array([ids.setdefault(h, len(ids)) for h in hosts], dtype=np.intp)
+        self._aliases = len(ids) != len(eps)
+        self.present = np.bincount(owners, minlength=len(eps)) > 0
+        self._all_present = bool(self.present.all())
+        self._hash_list: list[int] | None = None
+        self._bucket_list: list[int] | None = None
+        self._owner_list: list[int] | None = None
+
+    def __len__(self) -> int:
+        return int(self.hashes.size)
+
+    def __repr__(self) -> str:
+        return f"Ring({len(self.endpoints)} endpoints, {self.hashes.size} nodes)"
+
+    def subset(self, members: Any) -> Ring:
+        """The ring of only some endpoints, keeping the same endpoint indices.
+
+        Each endpoint keeps its node positions, so this equals ``Ring`` built from the
+        member endpoints alone (Skipper's skip rule is "equivalent to building the ring
+        from only the candidate endpoints"), but no node is hashed or sorted again.
+        """
+        mask = self.candidate_mask(members)
+        if mask is None:
+            return self
+        if not mask.any():
+            raise CandidatesError("a ring subset needs at least one endpoint")
+        keep = mask[self.owners]
+        ring = Ring.__new__(Ring)
+        ring._init(self.endpoints, self.vnodes, self.hashes[keep], self.owners[keep])
+        return ring
+
+    # ---------------------------------------------------------------------------------
+    # Candidate sets.
+
+    def candidate_mask(self, candidates: Any) -> np.ndarray | None:
+        """Boolean mask over endpoints from indices or a mask; ``None`` means all endpoints.
+
+        Endpoints that share a host with a candidate are candidates too (Skipper's skip
+        rule compares hosts, not list positions).
+        """
+        if candidates is None:
+            return None
+        n = len(self.endpoints)
+        arr = np.asarray(candidates)
+        if arr.dtype == np.bool_:
+            if arr.shape != (n,):
+                raise CandidatesError(
+                    f"candidate mask has shape {arr.shape}, expected ({n},) for {n} endpoints"
+                )
+            mask = arr.copy()
+        else:
+            if arr.size == 0:
+                return np.zeros(n, dtype=np.bool_)
+            if arr.ndim != 1 or arr.dtype.kind not in "iu":
+                raise CandidatesError(
+                    f"candidates must be endpoint indices or a boolean mask, got {arr.dtype} "
+                    f"array of shape {arr.shape}"
+                )
+            if int(arr.min()) < 0 or int(arr.max()) >= n:
+                raise CandidatesError(
+                    f"candidate index out of range: {arr.tolist()} for {n} endpoints"
+                )
+            mask = np.zeros(n, dtype=np.bool_)
+            mask[arr] = True
+        if self._aliases:
+            mask = np.bincount(self._host_of, weights=mask, minlength=n)[self._host_of] > 0
+        if not self._all_present:
+            mask &= self.present
+        return mask
+
+    def _eligible(self, mask: np.ndarray | None) -> np.ndarray:
+        return self.present.copy() if mask is None else mask
+
+    # ---------------------------------------------------------------------------------
+    # Position lookup.
+
+    def positions(self, hashes: np.ndarray) -> np.ndarray:
+        """Ring position of each key hash: the first node with ``hash >= key``, wrapped.
+
+        Parameters
+        ----------
+        hashes
+            ``uint64`` key hashes.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``intp`` ring positions.
+        """
+        pos = self.buckets.take((hashes >> self._shift).astype(np.intp)).astype(np.intp)
+        miss = np.flatnonzero(pos < 0)
+        if miss.size:
+            found = np.searchsorted(self.hashes, hashes[miss], side="left")
+            found[found == self.hashes.size] = 0
+            pos[miss] = found
+        return pos
+
+    def _scalar_lists(self) -> tuple[list[int], list[int], list[int]]:
+        if self._hash_list is None:
+            self._hash_list = self.hashes.tolist()
+            self._owner_list = self.owners.tolist()
+            self._bucket_list = self.buckets.tolist()
+        assert self._bucket_list is not None and self._owner_list is not None
+        return self._hash_list, self._bucket_list, self._owner_list
+
+    def _positions_scalar(self, hashes: list[int]) -> list[int]:
+        import bisect
+
+        ring, buckets, _ = self._scalar_lists()
+        shift = 64 - self.bucket_bits
+        out = []
+        for h in hashes:
+            p = buckets[h >> shift]
+            if p < 0:
+                p = bisect.bisect_left(ring, h)
+                if p == len(ring):
+                    p = 0
+            out.append(p)
+        return out
+
+    # ---------------------------------------------------------------------------------
+    # Public lookups.
+
+    def lookup(
+        self, keys: Any, *, candidates: Any = None, attempt: int = 0, hashes: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Endpoint index for every key, exactly as Skipper's ``consistentHash`` picks it.
+
+        Parameters
+        ----------
+        keys
+            A batch of keys (see :func:`lbcore.hash_keys`); ignored when ``hashes`` is given.
+        candidates
+            Endpoint indices or a boolean mask of the endpoints still eligible; the others
+            are stepped over as Skipper's skip rule does. ``None``: all endpoints. If
+            exactly one endpoint is a candidate it is returned for every key (Skipper's
+            ``Apply`` shortcut); if none is, every key gets ``-1``.
+        attempt
+            ``0`` for the primary choice; ``a > 0`` for the ``a``-th distinct eligible
+            endpoint after it along the ring (a retry on a different pod), ``-1`` if
+            fewer than ``a + 1`` endpoints are eligible.
+        hashes
+            Precomputed ``uint64`` key hashes, to skip hashing.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``int32`` endpoint indices, ``-1`` for fallback.
+        """
+        h = hash_keys(keys) if hashes is None else hashes
+        mask = self.candidate_mask(candidates)
+        attempt = _check_attempt(attempt)
+        n = h.size
+        if mask is None and attempt == 0:
+            if n <= _SCALAR_MAX:
+                owners = self._scalar_lists()[2]
+                return np.array(
+                    [owners[p] for p in self._positions_scalar(h.tolist())], dtype=np.int32
+                )
+            return self.owners.take(self.positions(h))
+        eligible = self._eligible(mask)
+        count = int(eligible.sum())
+        if count == 0 or attempt >= count:
+            return np.full(n, -1, dtype=np.int32)
+        if count == 1 and attempt == 0:
+            return np.full(n, int(np.flatnonzero(eligible)[0]), dtype=np.int32)
+        pos = self.positions(h)
+        pos = _bounded.skip_to_eligible(self, pos, eligible)
+        if attempt:
+            pos = _bounded.advance_distinct(self, pos, eligible, attempt)
+        return self.owners.take(pos)
+
+    def lookup_bounded(
+        self,
+        keys: Any,
+        loads: Any,
+        balance_factor: float | None,
+        *,
+        candidates: Any = None,
+        max_hops: int | None = None,
+        sequential: bool = False,
+        attempt: int = 0,
+        hashes: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Consistent hashing with bounded load (Skipper's ``boundedLoadSearch``).
+
+        Parameters
+        ----------
+        keys
+            A batch of keys; ignored when ``hashes`` is given.
+        loads
+            Per-endpoint load, non-negative and finite (in-flight counts, occupancy or
+            effective load), indexed like :attr:`endpoints`.
+        balance_factor
+            An endpoint is acceptable while ``load <= (1 + Σ candidate loads) / n_candidates
+            × balance_factor`` (float64, in Skipper's order). Must be ``>= 1``. ``None``
+            means plain :meth:`lookup` (Skipper without ``consistentHashBalanceFactor``).
+        candidates
+            As in :meth:`lookup`.
+        max_hops
+            ``None``: Skipper's walk, at most one lap of the ring. An integer: stop after
+            that many distinct endpoints and, if none was acceptable, take the least loaded
+            one visited (the first visited among equals).
+        sequential
+            ``True``: keys arrive one by one and each choice adds 1 to its endpoint's load
+            before the next key (Skipper under request-by-request traffic). ``False``: the
+            whole batch is routed on one load snapshot.
+        attempt
+            ``a > 0`` excludes the endpoints chosen by attempts ``0 .. a-1`` and routes
+            on the rest (a retry on a different pod); ``-1`` where none is left.
+        hashes
+            Precomputed ``uint64`` key hashes.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``int32`` endpoint indices, ``-1`` for fallback.
+        """
+        if balance_factor is None:
+            return self.lookup(keys, candidates=candidates, attempt=attempt, hashes=hashes)
+        bf = _bounded.check_balance_factor(balance_factor)
+        load = _bounded.check_loads(loads, len(self.endpoints))
+        hops = _bounded.check_max_hops(max_hops)
+        attempt = _check_attempt(attempt)
+        h = hash_keys(keys) if hashes is None else hashes
+        mask = self.candidate_mask(candidates)
+        eligible = self._eligible(mask)
+        count = int(eligible.sum())
+        n = h.size
+        if count == 0 or attempt >= count:
+            return np.full(n, -1, dtype=np.int32)
+        if count == 1 and attempt == 0:
+            return np.full(n, int(np.flatnonzero(eligible)[0]), dtype=np.int32)
+        pos = _bounded.skip_to_eligible(self, self.positions(h), eligible)
+        if sequential:
+            return _bounded.walk_sequential(self, pos, eligible, load, bf, hops, attempt)
+        return _bounded.walk_snapshot(self, pos, eligible, load, bf, hops, attempt)
+
+
+def _check_attempt(attempt: Any) -> int:
+    if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 0:
+        raise CandidatesError(f"attempt must be a non-negative integer, got {attempt!r}")
+    return int(attempt)

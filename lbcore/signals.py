@@ -1,0 +1,133 @@
+"""Load signals: occupancy and the effective load bounded load compares.
+
+* **in-flight**: open requests per endpoint (Skipper's signal).
+* **occupancy**: busy-seconds per second over a sliding window: the time the host's
+  workers spent waiting on a pod divided by the window. A pod kept busy one full second
+  every second reads 1.0. Unlike in-flight counts it stays meaningful between bursts and
+  tells a warm pod doing many fast requests from a cold one doing few slow ones.
+* **effective load**: ``max(in_flight, occupancy) × min(pod_latency / global_latency, 5)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_LATENCY_CAP",
+    "DEFAULT_WINDOW_NS",
+    "LOAD_SIGNALS",
+    "effective_load",
+    "mean_latency",
+    "occupancy",
+    "window_weights",
+]
+
+#: Default occupancy window: 10 s, in nanoseconds.
+DEFAULT_WINDOW_NS = 10_000_000_000
+#: Cap on the latency factor of the effective load.
+DEFAULT_LATENCY_CAP = 5.0
+#: Names of the load signals a knob may select.
+LOAD_SIGNALS = ("occupancy", "in-flight", "effective")
+
+
+def window_weights(bucket_starts_ns: Any, bucket_ns: int, now_ns: int, window_ns: int) -> np.ndarray:
+    """Fraction of each time bucket that lies inside the window ``(now - window, now]``.
+
+    Parameters
+    ----------
+    bucket_starts_ns
+        Start of each bucket, in nanoseconds (CLOCK_MONOTONIC).
+    bucket_ns
+        Width of every bucket, in nanoseconds.
+    now_ns
+        The present, in nanoseconds.
+    window_ns
+        Window length, in nanoseconds.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64`` weights in ``[0, 1]``; a bucket wholly outside the window weighs 0.
+    """
+    starts = np.asarray(bucket_starts_ns, dtype=np.int64)
+    lo = np.maximum(starts, now_ns - window_ns)
+    hi = np.minimum(starts + bucket_ns, now_ns)
+    return np.clip((hi - lo).astype(np.float64) / float(bucket_ns), 0.0, 1.0)
+
+
+def occupancy(busy_ns: Any, window_ns: int, weights: Any = None) -> np.ndarray:
+    """Busy-seconds per second over a window.
+
+    Parameters
+    ----------
+    busy_ns
+        Busy time per endpoint in nanoseconds: shape ``(endpoints,)`` already summed over
+        the window, or ``(endpoints, buckets)`` per time bucket.
+    window_ns
+        Window length, in nanoseconds.
+    weights
+        For per-bucket input, the share of each bucket inside the window
+        (:func:`window_weights`); default: every bucket counts fully.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64`` occupancy per endpoint (1.0 = busy the whole window; above 1 when
+        several requests overlap).
+    """
+    if window_ns <= 0:
+        raise ValueError(f"occupancy window must be > 0 ns, got {window_ns}")
+    busy = np.asarray(busy_ns, dtype=np.float64)
+    if busy.ndim == 2:
+        busy = busy @ (np.ones(busy.shape[1]) if weights is None else np.asarray(weights, np.float64))
+    return busy / float(window_ns)
+
+
+def mean_latency(latency_sum_s: Any, completed: Any) -> np.ndarray:
+    """Mean latency per endpoint in seconds; NaN where nothing completed."""
+    total = np.asarray(latency_sum_s, dtype=np.float64)
+    count = np.asarray(completed, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
+
+
+def effective_load(
+    in_flight: Any,
+    occupancy_: Any,
+    pod_latency_s: Any = None,
+    global_latency_s: float | None = None,
+    *,
+    cap: float = DEFAULT_LATENCY_CAP,
+) -> np.ndarray:
+    """``max(in_flight, occupancy) × min(pod_latency / global_latency, cap)``.
+
+    Parameters
+    ----------
+    in_flight
+        Open requests per endpoint.
+    occupancy_
+        Busy-seconds per second per endpoint.
+    pod_latency_s
+        Mean latency per endpoint in seconds; NaN or 0 (no data yet) weighs 1.
+    global_latency_s
+        Mean latency over all endpoints in seconds; ``None``, NaN or 0 weighs every
+        endpoint 1 (no latency information).
+    cap
+        Upper bound of the latency factor (default 5).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64`` effective load per endpoint, finite and ``>= 0``.
+    """
+    base = np.maximum(np.asarray(in_flight, dtype=np.float64), np.asarray(occupancy_, dtype=np.float64))
+    if pod_latency_s is None or global_latency_s is None:
+        return base
+    g = float(global_latency_s)
+    if not np.isfinite(g) or g <= 0.0:
+        return base
+    lat = np.asarray(pod_latency_s, dtype=np.float64)
+    ratio = np.where(np.isfinite(lat) & (lat > 0.0), lat / g, 1.0)
+    return base * np.minimum(ratio, cap)

@@ -1,0 +1,1 @@
+"""Benchmarks and the routing simulator. Never imported by lbcore, shm, discovery or workers."""
