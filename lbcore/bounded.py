@@ -77,7 +77,7 @@ def check_loads(loads: Any, n_endpoints: int) -> np.ndarray:
     if bad.size:
         i = int(bad[0])
         raise LoadError(
-            f"load of endpoint {i} is {arr[i]!r}; loads must be finite and >= 0 "
+            f"load of endpoint {i} is {float(arr[i])!r}; loads must be finite and >= 0 "
             f"({bad.size} bad value(s))"
         )
     return arr

@@ -17,6 +17,7 @@ Two mechanisms live here, both pure functions of the time passed in:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -143,7 +144,9 @@ def fade_share(elapsed_ns: Any, duration_ns: int, exponent: float) -> np.ndarray
         Curve exponent ``E``.
     """
     if duration_ns <= 0:
-        return np.ones_like(np.asarray(elapsed_ns, dtype=np.float64)) if np.ndim(elapsed_ns) else 1.0
+        return (
+            np.ones_like(np.asarray(elapsed_ns, dtype=np.float64)) if np.ndim(elapsed_ns) else 1.0
+        )
     frac = np.clip(np.asarray(elapsed_ns, dtype=np.float64) / float(duration_ns), 0.0, 1.0)
     share = frac**exponent
     return share if np.ndim(share) else float(share)
@@ -151,7 +154,9 @@ def fade_share(elapsed_ns: Any, duration_ns: int, exponent: float) -> np.ndarray
 
 def _check_fade_params(duration_ns: Any, exponent: Any) -> tuple[int, float]:
     if isinstance(duration_ns, bool) or not isinstance(duration_ns, (int, np.integer)):
-        raise FadeError(f"fade duration must be an integer number of nanoseconds, got {duration_ns!r}")
+        raise FadeError(
+            f"fade duration must be an integer number of nanoseconds, got {duration_ns!r}"
+        )
     if duration_ns < 0:
         raise FadeError(f"fade duration must be >= 0 ns, got {duration_ns}")
     e = float(exponent)
@@ -183,7 +188,7 @@ class RingSet:
         Optionally, the ring of all ``endpoints`` (reused instead of rebuilt).
     """
 
-    __slots__ = ("endpoints", "tiers", "starts_ns", "duration_ns", "exponent", "vnodes", "rings")
+    __slots__ = ("duration_ns", "endpoints", "exponent", "rings", "starts_ns", "tiers", "vnodes")
 
     def __init__(
         self,
@@ -204,7 +209,7 @@ class RingSet:
             raise FadeError(f"tiers has {tier.size} entries for {len(eps)} endpoints")
         if tier.size and (int(tier.min()) < 0 or int(tier.max()) > len(starts)):
             raise FadeError(f"tiers must be in 0..{len(starts)} (one per fading event)")
-        if any(b < a for a, b in zip(starts, starts[1:], strict=False)):
+        if any(b < a for a, b in itertools.pairwise(starts)):
             raise FadeError(f"fading events must be ordered oldest first, got {starts}")
         # Normalize: drop events that added no live endpoint; if nothing is established,
         # the oldest fading ring is the only place for keys, so it becomes established.
@@ -273,7 +278,9 @@ class RingSet:
         if not new:
             return self
         if not self.endpoints:
-            return RingSet(new, duration_ns=self.duration_ns, exponent=self.exponent, vnodes=self.vnodes)
+            return RingSet(
+                new, duration_ns=self.duration_ns, exponent=self.exponent, vnodes=self.vnodes
+            )
         dup = sorted(set(new) & set(self.endpoints)) or sorted({e for e in new if new.count(e) > 1})
         if dup:
             raise EndpointError(f"scale-up adds endpoints that already exist: {dup[:5]}")
@@ -286,7 +293,7 @@ class RingSet:
         return RingSet(
             self.endpoints + new,
             tiers,
-            self.starts_ns + (int(now_ns),),
+            (*self.starts_ns, int(now_ns)),
             duration_ns=self.duration_ns,
             exponent=self.exponent,
             vnodes=self.vnodes,
@@ -392,8 +399,13 @@ class RingSet:
                 if loads is None:
                     raise CandidatesError("bounded-load routing needs loads")
                 res = ring.lookup_bounded(
-                    None, loads, balance_factor, candidates=mask, max_hops=max_hops,
-                    attempt=attempt, hashes=hk,
+                    None,
+                    loads,
+                    balance_factor,
+                    candidates=mask,
+                    max_hops=max_hops,
+                    attempt=attempt,
+                    hashes=hk,
                 )
             if rows is None:
                 out[:] = res

@@ -27,7 +27,9 @@ GATE_SALT = 0x726F6C6C6F757421
 
 
 def _check_percentage(percentage: Any) -> float:
-    if isinstance(percentage, bool) or not isinstance(percentage, (int, float, np.integer, np.floating)):
+    if isinstance(percentage, bool) or not isinstance(
+        percentage, (int, float, np.integer, np.floating)
+    ):
         raise GateError(f"percentage must be a number from 0 to 100, got {percentage!r}")
     p = float(percentage)
     if not math.isfinite(p) or p < 0.0 or p > 100.0:
@@ -90,7 +92,9 @@ def gate_mask(hashes: np.ndarray, enabled: bool, percentage: float) -> np.ndarra
     return unit_interval(hashes, GATE_SALT) < p / 100.0
 
 
-def apply_gate(indices: np.ndarray, hashes: np.ndarray, enabled: bool, percentage: float) -> np.ndarray:
+def apply_gate(
+    indices: np.ndarray, hashes: np.ndarray, enabled: bool, percentage: float
+) -> np.ndarray:
     """Set the keys the gate excludes to :data:`FALLBACK` in ``indices`` (in place)."""
     if enabled and _check_percentage(percentage) >= 100.0:
         return indices

@@ -18,6 +18,7 @@ decimal string, so ``123`` and ``"123"`` route alike), in a sequence or a NumPy 
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -252,9 +253,7 @@ def _hash_flat(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
         sorted_len = lengths[order]
         cuts = np.flatnonzero(np.diff(sorted_len)) + 1
         bounds = np.concatenate(([0], cuts, [n]))
-        groups = [
-            (int(sorted_len[a]), order[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-        ]
+        groups = [(int(sorted_len[a]), order[a:b]) for a, b in itertools.pairwise(bounds)]
     raw = buf.tobytes() if any(g is not None and g.size < _GROUP_MIN for _, g in groups) else b""
     for length, members in groups:
         sel_starts = starts if members is None else starts[members]
@@ -273,9 +272,7 @@ def _hash_flat(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
     return out
 
 
-def _hash_separated(
-    buf: bytes, n: int, sep: int, max_key_bytes: int | None
-) -> np.ndarray | None:
+def _hash_separated(buf: bytes, n: int, sep: int, max_key_bytes: int | None) -> np.ndarray | None:
     """Hash ``n`` keys joined by the byte ``sep`` (which occurs in no key); ``None`` if it does."""
     if buf.count(bytes((sep,))) != n - 1:
         return None

@@ -150,20 +150,20 @@ class Ring:
     """
 
     __slots__ = (
-        "endpoints",
-        "vnodes",
-        "hashes",
-        "owners",
+        "_aliases",
+        "_all_present",
+        "_bucket_list",
+        "_hash_list",
+        "_host_of",
+        "_owner_list",
+        "_shift",
         "bucket_bits",
         "buckets",
-        "_shift",
-        "_host_of",
-        "_aliases",
+        "endpoints",
+        "hashes",
+        "owners",
         "present",
-        "_all_present",
-        "_hash_list",
-        "_bucket_list",
-        "_owner_list",
+        "vnodes",
     )
 
     def __init__(self, endpoints: Sequence[str], vnodes: int = DEFAULT_VNODES) -> None:
@@ -336,7 +336,12 @@ class Ring:
     # Public lookups.
 
     def lookup(
-        self, keys: Any, *, candidates: Any = None, attempt: int = 0, hashes: np.ndarray | None = None
+        self,
+        keys: Any,
+        *,
+        candidates: Any = None,
+        attempt: int = 0,
+        hashes: np.ndarray | None = None,
     ) -> np.ndarray:
         """Endpoint index for every key, exactly as Skipper's ``consistentHash`` picks it.
 

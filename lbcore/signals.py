@@ -32,7 +32,9 @@ DEFAULT_LATENCY_CAP = 5.0
 LOAD_SIGNALS = ("occupancy", "in-flight", "effective")
 
 
-def window_weights(bucket_starts_ns: Any, bucket_ns: int, now_ns: int, window_ns: int) -> np.ndarray:
+def window_weights(
+    bucket_starts_ns: Any, bucket_ns: int, now_ns: int, window_ns: int
+) -> np.ndarray:
     """Fraction of each time bucket that lies inside the window ``(now - window, now]``.
 
     Parameters
@@ -81,7 +83,9 @@ def occupancy(busy_ns: Any, window_ns: int, weights: Any = None) -> np.ndarray:
         raise ValueError(f"occupancy window must be > 0 ns, got {window_ns}")
     busy = np.asarray(busy_ns, dtype=np.float64)
     if busy.ndim == 2:
-        busy = busy @ (np.ones(busy.shape[1]) if weights is None else np.asarray(weights, np.float64))
+        busy = busy @ (
+            np.ones(busy.shape[1]) if weights is None else np.asarray(weights, np.float64)
+        )
     return busy / float(window_ns)
 
 
@@ -122,7 +126,9 @@ def effective_load(
     numpy.ndarray
         ``float64`` effective load per endpoint, finite and ``>= 0``.
     """
-    base = np.maximum(np.asarray(in_flight, dtype=np.float64), np.asarray(occupancy_, dtype=np.float64))
+    base = np.maximum(
+        np.asarray(in_flight, dtype=np.float64), np.asarray(occupancy_, dtype=np.float64)
+    )
     if pod_latency_s is None or global_latency_s is None:
         return base
     g = float(global_latency_s)

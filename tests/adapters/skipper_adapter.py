@@ -20,11 +20,16 @@ def route(endpoints, keys, hashes_per_endpoint):
     return lbcore.Ring(endpoints, vnodes=hashes_per_endpoint).lookup(keys).tolist()
 
 
-def route_bounded(endpoints, keys, hashes_per_endpoint, available, inflight, balance_factor, sequential):
+def route_bounded(
+    endpoints, keys, hashes_per_endpoint, available, inflight, balance_factor, sequential
+):
     r = lbcore.Ring(endpoints, vnodes=hashes_per_endpoint)
     return r.lookup_bounded(
-        keys, np.asarray(inflight, dtype=np.float64), balance_factor,
-        candidates=available, sequential=sequential,
+        keys,
+        np.asarray(inflight, dtype=np.float64),
+        balance_factor,
+        candidates=available,
+        sequential=sequential,
     ).tolist()
 
 

@@ -1,0 +1,1 @@
+"""The ``cslb`` command line: one entry point, each subcommand implemented by its room."""

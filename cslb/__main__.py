@@ -1,0 +1,5 @@
+import sys
+
+from cslb.cli import main
+
+sys.exit(main())

@@ -1,0 +1,41 @@
+"""``cslb`` command dispatcher.
+
+Subcommands are imported only when used, so ``cslb route`` never loads the Kubernetes
+client and ``cslb discovery`` never loads gunicorn.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module with main(argv) -> int, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "route": ("cslb.route_cmd", "print which endpoint each key goes to (Skipper's ring)"),
+}
+
+
+def _usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: cslb COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += ["", "Run 'cslb COMMAND --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``cslb``; returns the process exit status."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"cslb: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

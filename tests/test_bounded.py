@@ -1,0 +1,157 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lbcore
+from lbcore.bounded import redirect_table, target_load
+from tests import reference as ref
+
+EPS = [f"http://10.8.0.{i}:8080" for i in range(1, 13)]
+KEYS = [f"SKU{i:05d}" for i in range(400)]
+RING = lbcore.Ring(EPS)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    loads=st.lists(st.integers(0, 30), min_size=12, max_size=12),
+    bf=st.sampled_from([1.0, 1.1, 1.25, 1.35, 2.0]),
+    cands=st.one_of(st.none(), st.sets(st.integers(0, 11), min_size=1)),
+    sequential=st.booleans(),
+)
+def test_integer_loads_match_skipper_exactly(loads, bf, cands, sequential):
+    got = RING.lookup_bounded(
+        KEYS[:120],
+        np.array(loads, float),
+        bf,
+        candidates=None if cands is None else sorted(cands),
+        sequential=sequential,
+    )
+    want = ref.bounded(EPS, KEYS[:120], loads, bf, candidates=cands, sequential=sequential)
+    assert got.tolist() == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    loads=st.lists(st.floats(0, 3, allow_nan=False), min_size=12, max_size=12),
+    bf=st.floats(1.0, 2.0),
+    hops=st.integers(1, 13),
+    cands=st.one_of(st.none(), st.sets(st.integers(0, 11), min_size=2)),
+)
+def test_hop_cap_takes_least_loaded_visited(loads, bf, hops, cands):
+    c = None if cands is None else sorted(cands)
+    got = RING.lookup_bounded(KEYS[:150], np.array(loads), bf, candidates=c, max_hops=hops)
+    want = ref.bounded(EPS, KEYS[:150], loads, bf, candidates=cands, max_hops=hops)
+    assert got.tolist() == want
+
+
+def test_float_loads_unlimited_walk_matches_reference():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        loads = rng.pareto(1.5, size=12)
+        bf = float(rng.choice([1.05, 1.25, 1.5]))
+        assert RING.lookup_bounded(KEYS, loads, bf).tolist() == ref.bounded(
+            EPS, KEYS, loads.tolist(), bf
+        )
+
+
+def test_target_is_computed_in_skippers_order():
+    # (1 + 0.1 + 0.2) / 3 * 1.5 differs in the last bit from (1 + 0.1 + 0.2) * 1.5 / 3.
+    loads = np.array([0.1, 0.2, 0.0])
+    t = target_load(loads, np.ones(3, bool), 1.5)
+    assert t == ((1.0 + 0.1) + 0.2) / 3.0 * 1.5
+
+
+def test_load_equal_to_the_target_is_accepted():
+    eps = EPS[:4]
+    ring = lbcore.Ring(eps)
+    # average = (1 + 3 + 1 + 1 + 1) / 4 = 1.75; bf 2 -> target 3.5... use loads making target exact.
+    loads = np.array([3.0, 1.0, 1.0, 1.0])
+    bf = 2.0  # target = 7/4*2 = 3.5 -> all accepted
+    assert ring.lookup_bounded(KEYS, loads, bf).tolist() == ring.lookup(KEYS).tolist()
+    loads = np.array([4.0, 0.0, 0.0, 0.0])  # target = 5/4*... with bf 3.2 = 4.0 exactly
+    got = ring.lookup_bounded(KEYS, loads, 3.2)
+    assert got.tolist() == ring.lookup(KEYS).tolist()
+    got = ring.lookup_bounded(KEYS, loads, 3.1)
+    assert 0 not in got.tolist()
+
+
+def test_hot_endpoint_sheds_to_the_next_endpoints_on_the_ring():
+    loads = np.zeros(12)
+    loads[5] = 100
+    plain = RING.lookup(KEYS)
+    got = RING.lookup_bounded(KEYS, loads, 1.25)
+    assert 5 not in got.tolist()
+    assert np.array_equal(got[plain != 5], plain[plain != 5])
+    assert np.array_equal(got[plain == 5], RING.lookup(KEYS, attempt=1)[plain == 5])
+
+
+def test_snapshot_attempt_excludes_the_first_choice():
+    loads = np.zeros(12)
+    loads[[1, 2]] = 50
+    first = RING.lookup_bounded(KEYS, loads, 1.25)
+    second = RING.lookup_bounded(KEYS, loads, 1.25, attempt=1)
+    assert np.all(first != second)
+    assert not set(second.tolist()) & {1, 2}
+    third = RING.lookup_bounded(KEYS, loads, 1.25, attempt=2)
+    assert np.all((third != first) & (third != second))
+
+
+def test_many_endpoints_over_the_bar_use_the_search_fallback():
+    eps = [f"http://10.9.0.{i}:80" for i in range(1, 61)]
+    ring = lbcore.Ring(eps)
+    loads = np.full(60, 100.0)
+    loads[[7, 33]] = 0.0
+    keys = [f"k{i}" for i in range(2000)]
+    # target = (1 + 5800) / 60 * 1.0 = 96.7: only the two idle endpoints qualify.
+    got = ring.lookup_bounded(keys, loads, 1.0)
+    assert set(got.tolist()) == {7, 33}
+    assert got.tolist() == ref.bounded(eps, keys, loads.tolist(), 1.0)
+
+
+def test_redirect_table_equals_per_key_walk():
+    rng = np.random.default_rng(5)
+    keys = [f"R{i}" for i in range(3000)]
+    h = lbcore.hash_keys(keys)
+    for hops in (None, 3):
+        loads = rng.exponential(1.0, 12)
+        table = redirect_table(RING, loads, 1.25, max_hops=hops)
+        via_table = table[RING.positions(h)]
+        assert (
+            via_table.tolist()
+            == RING.lookup_bounded(None, loads, 1.25, max_hops=hops, hashes=h).tolist()
+        )
+
+
+def test_balance_factor_none_is_plain_lookup():
+    assert RING.lookup_bounded(KEYS, np.arange(12.0), None).tolist() == RING.lookup(KEYS).tolist()
+
+
+@pytest.mark.parametrize("bf", [0.99, 0.0, -1.0, float("nan"), float("inf"), "1.2", True])
+def test_bad_balance_factor(bf):
+    with pytest.raises(lbcore.BalanceFactorError, match="balance factor"):
+        RING.lookup_bounded(KEYS, np.zeros(12), bf)
+
+
+@pytest.mark.parametrize(
+    ("loads", "match"),
+    [
+        (np.zeros(11), "shape"),
+        (np.array([0.0] * 11 + [-1.0]), "endpoint 11 is -1.0"),
+        (np.array([0.0] * 11 + [np.nan]), "finite"),
+        (np.array([np.inf] + [0.0] * 11), "endpoint 0"),
+        (["a"] * 12, "numbers"),
+    ],
+)
+def test_bad_loads(loads, match):
+    with pytest.raises(lbcore.LoadError, match=match):
+        RING.lookup_bounded(KEYS, loads, 1.25)
+
+
+def test_bad_max_hops():
+    with pytest.raises(lbcore.CandidatesError, match="max_hops"):
+        RING.lookup_bounded(KEYS, np.zeros(12), 1.25, max_hops=0)
+
+
+def test_no_candidates_is_fallback():
+    assert RING.lookup_bounded(KEYS[:3], np.zeros(12), 1.25, candidates=[]).tolist() == [-1] * 3

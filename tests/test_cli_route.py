@@ -1,0 +1,72 @@
+import json
+import pathlib
+import subprocess
+import sys
+
+import lbcore
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "endpoints.json"
+
+
+def cslb(*args, stdin=None):
+    return subprocess.run(
+        [sys.executable, "-m", "cslb", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
+def test_route_prints_lbcores_answer():
+    eps = [e["address"] for e in json.loads(EXAMPLE.read_text())["endpoints"]]
+    keys = ["AD112G0AB-K11", "12345", "ürün-42", ""]
+    p = cslb("route", "--endpoints-file", str(EXAMPLE), "--json", *keys)
+    assert p.returncode == 0, p.stderr
+    routes = json.loads(p.stdout)["routes"]
+    want = lbcore.Ring(eps).lookup(keys).tolist()
+    assert [r["endpoint"] for r in routes] == [eps[i] for i in want]
+    assert routes[0]["zone"].startswith("eu-central-1")
+
+
+def test_route_reads_stdin_and_explicit_endpoints():
+    p = cslb("route", "-e", "http://10.0.0.1:80", "-e", "http://10.0.0.2:80", "-", stdin="a\nb\n")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("a ") and "http://10.0.0." in lines[0]
+
+
+def test_route_attempt_one_names_a_different_pod():
+    a = cslb("route", "-f", str(EXAMPLE), "--json", "K1")
+    b = cslb("route", "-f", str(EXAMPLE), "--json", "--attempt", "1", "K1")
+    assert (
+        json.loads(a.stdout)["routes"][0]["endpoint"]
+        != json.loads(b.stdout)["routes"][0]["endpoint"]
+    )
+
+
+def test_route_errors_are_clear(tmp_path):
+    p = cslb("route", "K1")
+    assert p.returncode == 2 and "no endpoints" in p.stderr
+    bad = tmp_path / "eps.json"
+    bad.write_text("{not json")
+    p = cslb("route", "-f", str(bad), "K1")
+    assert p.returncode == 2 and "not valid JSON" in p.stderr
+    dup = tmp_path / "dup.json"
+    dup.write_text(json.dumps(["http://a:80", "http://a:80"]))
+    p = cslb("route", "-f", str(dup), "K1")
+    assert p.returncode == 2 and "listed twice" in p.stderr
+    p = cslb("nope")
+    assert p.returncode == 2 and "unknown command" in p.stderr
+
+
+def test_yaml_endpoints_file(tmp_path):
+    f = tmp_path / "eps.yaml"
+    f.write_text(
+        "endpoints:\n  - address: http://10.0.0.1:80\n    zone: z1\n  - http://10.0.0.2:80\n"
+    )
+    p = cslb("route", "-f", str(f), "--json", "x")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["routes"][0]["endpoint"].startswith("http://10.0.0.")

@@ -1,0 +1,171 @@
+import numpy as np
+import pytest
+
+import lbcore
+from lbcore.fade import RingSet, fade_share, skipper_fadein_candidates
+from tests import reference as ref
+
+S = 1_000_000_000
+D = 30 * S
+BASE = [f"http://10.10.0.{i}:8080" for i in range(1, 21)]
+NEW1 = [f"http://10.10.1.{i}:8080" for i in range(1, 11)]
+NEW2 = [f"http://10.10.2.{i}:8080" for i in range(1, 6)]
+KEYS = np.arange(60_000, dtype=np.int64) * 104729 + 7
+T0 = 1_000 * S
+
+
+def names(rs, idx):
+    eps = np.array(rs.endpoints, dtype=object)
+    return eps[idx]
+
+
+@pytest.mark.parametrize(
+    ("frac", "share"),
+    [(0.1, 0.003), (0.3, 0.049), (0.5, 0.177), (0.7, 0.410), (0.9, 0.768), (1.0, 1.0)],
+)
+def test_published_share_table(frac, share):
+    assert round(fade_share(int(frac * D), D, 2.5), 3) == share
+
+
+def test_share_clamps_before_start_and_after_the_window():
+    assert fade_share(-5 * S, D, 2.5) == 0.0
+    assert fade_share(10 * D, D, 2.5) == 1.0
+    assert fade_share(5 * S, 0, 2.5) == 1.0
+
+
+def test_share_of_keys_on_the_new_ring_follows_the_curve():
+    rs = RingSet(BASE).scale_up(NEW1, T0)
+    h = lbcore.hash_keys(KEYS)
+    for frac in (0.1, 0.5, 0.9):
+        on_new = (rs.ring_choice(h, T0 + int(frac * D)) == 1).mean()
+        assert abs(on_new - frac**2.5) < 0.01
+
+
+def test_each_key_moves_at_most_once_and_only_to_new_pods():
+    rs = RingSet(BASE).scale_up(NEW1, T0)
+    steady = lbcore.Ring(BASE + NEW1).lookup(KEYS)
+    before = RingSet(BASE).route(KEYS, T0)
+    prev = names(rs, before)
+    changes = np.zeros(KEYS.size, dtype=int)
+    for t in range(T0, T0 + D + S, S):
+        cur = names(rs, rs.route(KEYS, t))
+        moved = cur != prev
+        assert set(cur[moved].tolist()) <= set(NEW1)
+        changes += moved
+        prev = cur
+    assert changes.max() == 1
+    # At the end of the window every key is where the steady-state ring puts it.
+    assert np.array_equal(prev, np.array(rs.endpoints, dtype=object)[steady])
+    assert changes.sum() == np.isin(prev, NEW1).sum()
+
+
+def test_overlapping_events_each_follow_their_own_curve():
+    t2 = T0 + 10 * S
+    rs = RingSet(BASE).scale_up(NEW1, T0).scale_up(NEW2, t2)
+    assert rs.starts_ns == (T0, t2)
+    h = lbcore.hash_keys(KEYS)
+    prev = names(rs, rs.route(KEYS, T0))
+    first_moves = np.zeros(KEYS.size, dtype=int)
+    second_moves = np.zeros(KEYS.size, dtype=int)
+    for t in range(T0, t2 + D + S, S):
+        shares = rs.shares(t)
+        assert np.allclose(shares, [ref.fade_share(t - T0, D, 2.5), ref.fade_share(t - t2, D, 2.5)])
+        choice = rs.ring_choice(h, t)
+        assert abs((choice >= 1).mean() - shares[0]) < 0.01
+        assert abs((choice == 2).mean() - shares[1]) < 0.01
+        cur = names(rs, rs.route(KEYS, t))
+        moved = cur != prev
+        first_moves += moved & np.isin(cur, NEW1)
+        second_moves += moved & np.isin(cur, NEW2)
+        assert not (moved & ~np.isin(cur, NEW1 + NEW2)).any()
+        prev = cur
+    assert first_moves.max() == 1 and second_moves.max() == 1
+    assert np.array_equal(prev, names(rs, lbcore.Ring(BASE + NEW1 + NEW2).lookup(KEYS)))
+
+
+def test_deleted_pod_receives_nothing_from_the_moment_it_is_deleted():
+    rs = RingSet(BASE).scale_up(NEW1, T0)
+    t = T0 + 15 * S
+    for gone in (BASE[3], NEW1[2]):
+        after = rs.remove([gone])
+        got = names(after, after.route(KEYS, t))
+        assert gone not in set(got.tolist())
+        assert gone not in after.endpoints
+        # Keys of other pods stay where they were.
+        was = names(rs, rs.route(KEYS, t))
+        assert np.array_equal(got[was != gone], was[was != gone])
+
+
+def test_deleting_every_new_pod_drops_the_fading_ring():
+    rs = RingSet(BASE).scale_up(NEW1, T0).remove(NEW1)
+    assert rs.starts_ns == () and rs.endpoints == tuple(BASE)
+
+
+def test_deleting_every_established_pod_promotes_the_oldest_fading_ring():
+    rs = RingSet(BASE).scale_up(NEW1, T0).remove(BASE)
+    assert rs.starts_ns == () and set(rs.endpoints) == set(NEW1)
+    assert (rs.route(KEYS[:100], T0 + S) >= 0).all()
+
+
+def test_advance_collapses_completed_fades():
+    t2 = T0 + 10 * S
+    rs = RingSet(BASE).scale_up(NEW1, T0).scale_up(NEW2, t2)
+    assert rs.advance(T0 + D - 1).starts_ns == (T0, t2)
+    mid = rs.advance(T0 + D)
+    assert mid.starts_ns == (t2,)
+    assert sorted(mid.tiers.tolist()) == [0] * 30 + [1] * 5
+    t = T0 + D + 3 * S
+    assert np.array_equal(names(mid, mid.route(KEYS, t)), names(rs, rs.route(KEYS, t)))
+    done = rs.advance(t2 + D)
+    assert done.starts_ns == ()
+
+
+def test_with_endpoints_applies_deletions_and_one_scale_event():
+    rs = RingSet(BASE)
+    nxt = rs.with_endpoints(BASE[2:] + NEW1, T0)
+    assert nxt.starts_ns == (T0,)
+    assert set(nxt.endpoints) == set(BASE[2:] + NEW1)
+
+
+def test_bounded_routing_through_the_ring_set():
+    rs = RingSet(BASE).scale_up(NEW1, T0)
+    loads = np.zeros(len(rs.endpoints))
+    loads[0] = 1000.0
+    got = rs.route(KEYS[:5000], T0 + 20 * S, loads=loads, balance_factor=1.25)
+    assert 0 not in set(got.tolist())
+    plain = rs.route(KEYS[:5000], T0 + 20 * S)
+    assert np.array_equal(got[plain != 0], plain[plain != 0])
+
+
+def test_empty_ring_set_is_fallback():
+    assert RingSet([]).route(["a", "b"], T0).tolist() == [-1, -1]
+    assert RingSet([]).scale_up(NEW1, T0).starts_ns == ()
+
+
+def test_bad_fade_parameters_and_events():
+    with pytest.raises(lbcore.FadeError, match="exponent"):
+        RingSet(BASE, exponent=0)
+    with pytest.raises(lbcore.FadeError, match="duration"):
+        RingSet(BASE, duration_ns=-1)
+    rs = RingSet(BASE).scale_up(NEW1, T0)
+    with pytest.raises(lbcore.FadeError, match="backwards"):
+        rs.scale_up(NEW2, T0 - S)
+    with pytest.raises(lbcore.EndpointError, match="already exist"):
+        rs.scale_up([BASE[0]], T0 + S)
+
+
+def test_skipper_fade_in_groups_equal_per_request_filtering():
+    eps = BASE[:6]
+    ring = lbcore.Ring(eps)
+    ages = [None, 5 * S, 25 * S, -S, 40 * S, 12 * S]
+    scores = np.array([lbcore.fadein_score(2**63 - 1 if a is None else a, D, 2.0) for a in ages])
+    rng = np.random.default_rng(9)
+    thresholds = rng.random(2000)
+    keys = [f"F{i}" for i in range(2000)]
+    h = lbcore.hash_keys(keys)
+    got = np.empty(2000, dtype=np.int32)
+    for rows, mask in skipper_fadein_candidates(scores, thresholds):
+        got[rows] = ring.lookup(None, candidates=mask, hashes=h[rows])
+    for i in range(0, 2000, 37):
+        cands = lbcore.fadein_filter(ages, D, 2.0, float(thresholds[i]))
+        assert got[i] == ring.lookup([keys[i]], candidates=cands)[0]

@@ -1,0 +1,160 @@
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lbcore
+from lbcore.hashing import VECTOR_MIN_BATCH, unit_interval
+
+
+def ref(k):
+    if isinstance(k, str):
+        k = k.encode("utf-8")
+    elif isinstance(k, int):
+        k = str(k).encode()
+    return xxhash.xxh64_intdigest(k)
+
+
+text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=1024)
+blobs = st.binary(max_size=1024)
+ints = st.integers(min_value=-(2**63), max_value=2**64 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(text, max_size=40))
+def test_str_keys_match_xxhash(keys):
+    assert lbcore.hash_keys(keys).tolist() == [ref(k) for k in keys]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(blobs, max_size=40))
+def test_bytes_keys_match_xxhash_including_nul_bytes(keys):
+    assert lbcore.hash_keys(keys).tolist() == [ref(k) for k in keys]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ints, max_size=40))
+def test_int_keys_hash_as_decimal_strings(keys):
+    assert lbcore.hash_keys(keys).tolist() == [ref(str(k)) for k in keys]
+
+
+# The vectorized strategy only runs from VECTOR_MIN_BATCH keys on: pad hypothesis' examples
+# up to that size so both strategies see arbitrary keys.
+@settings(max_examples=60, deadline=None)
+@given(st.lists(text, min_size=1, max_size=30), st.integers(0, 3))
+def test_vectorized_str_path_matches(keys, seed):
+    rng = np.random.default_rng(seed)
+    batch = [keys[i] for i in rng.integers(0, len(keys), VECTOR_MIN_BATCH + 17)]
+    assert lbcore.hash_keys(batch).tolist() == [ref(k) for k in batch]
+    as_array = np.array(batch, dtype=object)
+    assert lbcore.hash_keys(as_array).tolist() == [ref(k) for k in batch]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(blobs, min_size=1, max_size=30), st.integers(0, 3))
+def test_vectorized_bytes_path_matches(keys, seed):
+    rng = np.random.default_rng(seed)
+    batch = [keys[i] for i in rng.integers(0, len(keys), VECTOR_MIN_BATCH + 5)]
+    assert lbcore.hash_keys(batch).tolist() == [ref(k) for k in batch]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=30), st.integers(0, 3))
+def test_vectorized_int_paths_match(keys, seed):
+    rng = np.random.default_rng(seed)
+    batch = [keys[i] for i in rng.integers(0, len(keys), VECTOR_MIN_BATCH + 3)]
+    want = [ref(str(k)) for k in batch]
+    assert lbcore.hash_keys(batch).tolist() == want
+    assert lbcore.hash_keys(np.array(batch, dtype=np.int64)).tolist() == want
+
+
+def test_uint64_extremes_and_mixed_int_lengths():
+    vals = np.array([0, 1, 9, 10, 99, 100, 2**63, 2**64 - 1] * 100, dtype=np.uint64)
+    assert lbcore.hash_keys(vals).tolist() == [ref(str(int(v))) for v in vals]
+    neg = np.array([-(2**63), -1, -10, 0, 7] * 120, dtype=np.int64)
+    assert lbcore.hash_keys(neg).tolist() == [ref(str(int(v))) for v in neg]
+
+
+@pytest.mark.parametrize("n", [1, 3, VECTOR_MIN_BATCH - 1, VECTOR_MIN_BATCH, 3000])
+def test_numpy_string_arrays(n):
+    rng = np.random.default_rng(n)
+    keys = [
+        "".join(rng.choice(list("ABCDEF0123-"), size=int(rng.integers(0, 40)))) for _ in range(n)
+    ]
+    want = [ref(k) for k in keys]
+    assert lbcore.hash_keys(np.array(keys)).tolist() == want
+    assert lbcore.hash_keys(np.array([k.encode() for k in keys], dtype="S")).tolist() == want
+    assert lbcore.hash_keys(np.array(keys, dtype=np.dtypes.StringDType())).tolist() == want
+
+
+def test_non_ascii_unicode_array_vectorized():
+    keys = ["ürün-42", "商品", "é", "e\u0301", "\u200b", "🙂"] * 100
+    assert lbcore.hash_keys(np.array(keys)).tolist() == [ref(k) for k in keys]
+
+
+def test_keys_with_newlines_and_long_keys_take_the_general_path():
+    keys = ["a\nb", "line\n", "", "x" * 4096] * 200
+    assert lbcore.hash_keys(keys).tolist() == [ref(k) for k in keys]
+
+
+def test_123_and_str_123_route_alike():
+    assert lbcore.hash_keys([123]).tolist() == lbcore.hash_keys(["123"]).tolist()
+    assert lbcore.hash_keys(np.array([123])).tolist() == lbcore.hash_keys([b"123"]).tolist()
+
+
+def test_scalar_key_is_a_batch_of_one():
+    assert lbcore.hash_keys("abc").tolist() == [ref("abc")]
+    assert lbcore.hash_keys(5).tolist() == [ref("5")]
+
+
+@pytest.mark.parametrize("bad", [1.5, None, True, object(), [1], {"a": 1}])
+@pytest.mark.parametrize("n", [3, VECTOR_MIN_BATCH + 1])
+def test_unsupported_key_types_name_the_key(bad, n):
+    for base in ("abc", 7, b"abc"):
+        keys = [base] * n
+        keys[1] = bad
+        with pytest.raises(lbcore.KeyTypeError, match="key 1 has type"):
+            lbcore.hash_keys(keys)
+
+
+def test_bool_array_and_float_array_rejected():
+    with pytest.raises(lbcore.KeyTypeError, match="dtype"):
+        lbcore.hash_keys(np.array([1.0, 2.0]))
+    with pytest.raises(lbcore.KeyTypeError, match="dtype"):
+        lbcore.hash_keys(np.array([True]))
+
+
+@pytest.mark.parametrize("n", [2, VECTOR_MIN_BATCH + 2])
+def test_lone_surrogate_is_a_clear_error(n):
+    keys = ["ok"] * n
+    keys[-1] = "bad\ud800"
+    with pytest.raises(lbcore.KeyEncodingError, match=f"key {n - 1} is not valid Unicode"):
+        lbcore.hash_keys(keys)
+
+
+@pytest.mark.parametrize("n", [2, VECTOR_MIN_BATCH + 2])
+def test_max_key_bytes(n):
+    keys = ["k"] * n
+    keys[1] = "é" * 2049  # 4098 UTF-8 bytes
+    with pytest.raises(lbcore.KeyTooLongError, match="key 1 is 4098 bytes long"):
+        lbcore.hash_keys(keys, max_key_bytes=lbcore.MAX_KEY_BYTES)
+    keys[1] = "é" * 2048
+    assert lbcore.hash_keys(keys, max_key_bytes=lbcore.MAX_KEY_BYTES).size == n
+
+
+def test_empty_batch():
+    assert lbcore.hash_keys([]).dtype == np.uint64 and lbcore.hash_keys([]).size == 0
+    assert lbcore.hash_keys(np.array([], dtype="U1")).size == 0
+
+
+def test_unit_interval_is_uniform_and_salted():
+    h = lbcore.hash_keys([f"SKU-{i}" for i in range(200_000)])
+    u = unit_interval(h, 1)
+    v = unit_interval(h, 2)
+    assert u.min() >= 0.0 and u.max() < 1.0
+    counts = np.histogram(u, bins=10, range=(0, 1))[0]
+    assert np.all(np.abs(counts - 20_000) < 1_000)
+    assert abs(np.corrcoef(u, v)[0, 1]) < 0.01
+    # Independent of the ring position (the raw hash order).
+    assert abs(np.corrcoef(u, h.astype(np.float64))[0, 1]) < 0.01

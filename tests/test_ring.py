@@ -1,0 +1,185 @@
+import numpy as np
+import pytest
+
+import lbcore
+from lbcore.bounded import redirect_table
+from tests import reference as ref
+
+ENDPOINT_SETS = {
+    "ipv4": [f"http://10.2.{i // 250}.{i % 250 + 1}:8080" for i in range(40)],
+    "ipv6": [f"http://[2001:db8::{i:x}]:8080" for i in range(1, 13)],
+    "https-h2c": [f"https://10.9.0.{i}:8443" for i in range(1, 6)]
+    + [f"h2c://10.9.1.{i}:9000" for i in range(1, 6)],
+    "dns": [f"http://product-{i}.product.svc.cluster.local:8080" for i in range(7)],
+}
+KEYS = (
+    [f"AD112G0AB-K{i:03d}" for i in range(300)]
+    + [str(i) for i in range(300)]
+    + ["", " ", "ürün-42", "\n"]
+)
+
+
+@pytest.mark.parametrize("name", list(ENDPOINT_SETS))
+def test_lookup_matches_reference(name):
+    eps = ENDPOINT_SETS[name]
+    assert lbcore.Ring(eps).lookup(KEYS).tolist() == ref.lookup(eps, KEYS)
+
+
+def test_thousand_vnodes_and_two_hundred_endpoints_match_reference():
+    eps = [f"http://10.3.{i // 200}.{i % 200 + 1}:8080" for i in range(200)]
+    r = lbcore.Ring(eps)
+    assert r.lookup(KEYS).tolist() == ref.lookup(eps, KEYS)
+    eps10 = eps[:10]
+    r1000 = lbcore.Ring(eps10, vnodes=1000)
+    assert len(r1000) == 10_000
+    assert r1000.lookup(KEYS).tolist() == ref.lookup(eps10, KEYS, vnodes=1000)
+
+
+def test_ring_attributes():
+    eps = ENDPOINT_SETS["ipv4"][:5]
+    r = lbcore.Ring(eps)
+    assert r.endpoints == tuple(eps)
+    assert r.hashes.dtype == np.uint64 and r.owners.dtype == np.int32
+    assert np.all(np.diff(r.hashes.astype(object)) > 0)
+    assert sorted(np.bincount(r.owners).tolist()) == [100] * 5
+
+
+@pytest.mark.parametrize("cands", [[0], [1, 3], [0, 2, 4, 6], list(range(1, 40, 3))])
+def test_candidates_match_reference_skip_rule(cands):
+    eps = ENDPOINT_SETS["ipv4"]
+    r = lbcore.Ring(eps)
+    got = r.lookup(KEYS, candidates=cands)
+    assert got.tolist() == ref.lookup(eps, KEYS, candidates=set(cands))
+    mask = np.zeros(len(eps), dtype=bool)
+    mask[cands] = True
+    assert r.lookup(KEYS, candidates=mask).tolist() == got.tolist()
+
+
+def test_skipping_equals_building_the_ring_from_candidates_only():
+    eps = ENDPOINT_SETS["ipv4"]
+    cands = [2, 5, 11, 17, 30]
+    full = lbcore.Ring(eps).lookup(KEYS, candidates=cands)
+    small = lbcore.Ring([eps[i] for i in cands]).lookup(KEYS)
+    assert [eps[i] for i in full.tolist()] == [eps[cands[i]] for i in small.tolist()]
+    sub = lbcore.Ring(eps).subset(cands)
+    assert sub.lookup(KEYS).tolist() == full.tolist()
+
+
+def test_long_runs_of_skipped_nodes_use_the_search_fallback():
+    eps = [f"http://10.4.0.{i}:80" for i in range(1, 101)]
+    r = lbcore.Ring(eps)
+    keys = [f"k{i}" for i in range(3000)]
+    assert (
+        r.lookup(keys, candidates=[42]).tolist() == [42] * 3000
+    )  # Skipper's single-candidate shortcut
+    assert r.lookup(keys, candidates=[42, 77]).tolist() == ref.lookup(
+        eps, keys, candidates={42, 77}
+    )
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3])
+def test_attempt_is_the_next_distinct_eligible_endpoint(attempt):
+    eps = ENDPOINT_SETS["ipv4"][:8]
+    r = lbcore.Ring(eps)
+    got = r.lookup(KEYS, attempt=attempt)
+    assert got.tolist() == ref.lookup(eps, KEYS, attempt=attempt)
+    first = r.lookup(KEYS)
+    assert np.all(got != first)
+    cands = [1, 2, 5, 6]
+    assert r.lookup(KEYS, candidates=cands, attempt=attempt).tolist() == ref.lookup(
+        eps, KEYS, candidates=set(cands), attempt=attempt
+    )
+
+
+def test_attempt_beyond_available_endpoints_is_fallback():
+    r = lbcore.Ring(["http://a:80", "http://b:80"])
+    assert set(r.lookup(KEYS, attempt=1).tolist()) <= {0, 1}
+    assert r.lookup(KEYS, attempt=2).tolist() == [-1] * len(KEYS)
+    assert r.lookup(KEYS, candidates=[1], attempt=1).tolist() == [-1] * len(KEYS)
+
+
+def test_no_candidates_is_fallback_not_an_error():
+    r = lbcore.Ring(ENDPOINT_SETS["dns"])
+    assert r.lookup(["a", "b"], candidates=[]).tolist() == [-1, -1]
+    assert r.lookup(["a"], candidates=np.zeros(7, bool)).tolist() == [-1]
+
+
+def _moves(before, after, keys):
+    a = np.array([before.endpoints[i] for i in before.lookup(keys).tolist()])
+    b = np.array([after.endpoints[i] for i in after.lookup(keys).tolist()])
+    return a, b
+
+
+def test_adding_one_endpoint_moves_about_one_in_n_plus_one_keys_all_to_it():
+    keys = np.arange(100_000, dtype=np.int64) * 7919 + 13
+    eps = [f"http://10.5.0.{i}:8080" for i in range(1, 21)]
+    new = "http://10.5.1.1:8080"
+    a, b = _moves(lbcore.Ring(eps), lbcore.Ring([*eps, new]), keys)
+    moved = a != b
+    assert set(b[moved].tolist()) == {new}
+    share = moved.mean()
+    assert abs(share - 1 / 21) < 0.35 / 21, share  # 100 vnodes: within ~35 % of the ideal
+
+
+def test_removing_one_endpoint_moves_only_its_keys():
+    keys = [f"SKU-{i}" for i in range(100_000)]
+    eps = [f"http://10.6.0.{i}:8080" for i in range(1, 31)]
+    gone = eps[11]
+    a, b = _moves(lbcore.Ring(eps), lbcore.Ring([e for e in eps if e != gone]), keys)
+    moved = a != b
+    assert set(a[moved].tolist()) == {gone}
+    assert np.all(moved == (a == gone))
+
+
+def test_host_aliases_count_as_one_host_for_the_skip_rule():
+    eps = ["http://10.7.0.1:80", "http://10.7.0.1", "http://10.7.0.2:80", "http://10.7.0.3:80"]
+    r = lbcore.Ring(eps)
+    got = r.lookup(KEYS, candidates=[0, 2])
+    # Endpoint 1 has host 10.7.0.1:80 like the candidate 0, so Skipper does not skip it.
+    assert set(got.tolist()) == {0, 1, 2}
+    assert got.tolist() == ref.lookup(eps, KEYS, candidates={0, 1, 2})
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "match"),
+    [
+        ([], "empty"),
+        (["http://a:80", "http://a:80"], "appears twice"),
+        (["http://a:80", 5], "endpoint 1 is int"),
+        ("http://a:80", "got one string"),
+        (["http://a:80", ""], "empty string"),
+    ],
+)
+def test_bad_endpoint_lists(endpoints, match):
+    with pytest.raises(lbcore.EndpointError, match=match):
+        lbcore.Ring(endpoints)
+
+
+def test_bad_vnodes_and_candidates():
+    with pytest.raises(lbcore.EndpointError, match="vnodes"):
+        lbcore.Ring(["http://a:80"], vnodes=0)
+    r = lbcore.Ring(["http://a:80", "http://b:80"])
+    with pytest.raises(lbcore.CandidatesError, match="out of range"):
+        r.lookup(["k"], candidates=[2])
+    with pytest.raises(lbcore.CandidatesError, match="shape"):
+        r.lookup(["k"], candidates=np.ones(3, bool))
+    with pytest.raises(lbcore.CandidatesError, match="attempt"):
+        r.lookup(["k"], attempt=-1)
+
+
+def test_small_and_large_batches_agree():
+    eps = ENDPOINT_SETS["ipv4"]
+    r = lbcore.Ring(eps)
+    keys = [f"P{i}" for i in range(2000)]
+    big = r.lookup(keys)
+    assert [int(r.lookup([k])[0]) for k in keys[:300]] == big[:300].tolist()
+    assert r.lookup(keys[:3]).tolist() == big[:3].tolist()
+
+
+def test_from_arrays_wraps_published_arrays():
+    r = lbcore.Ring(ENDPOINT_SETS["dns"])
+    copy = lbcore.Ring.from_arrays(
+        r.endpoints, r.hashes.copy(), r.owners.copy(), buckets=r.buckets.copy()
+    )
+    assert copy.lookup(KEYS).tolist() == r.lookup(KEYS).tolist()
+    assert redirect_table(copy, np.zeros(7), 1.25).tolist() == copy.owners.tolist()
