@@ -272,12 +272,55 @@ def _hash_flat(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
     return out
 
 
+def _hash_aligned(mat: np.ndarray, lengths: np.ndarray, right: bool) -> np.ndarray:
+    """Hash keys stored one per row of a fixed-width ``(n, width)`` uint8 matrix.
+
+    Key ``i`` is the first (``right=False``) or last (``right=True``) ``lengths[i]``
+    bytes of row ``i``. Rows are grouped by length; a group is a strided column slice of
+    the matrix (after a row gather when lengths are mixed), never a byte-level gather.
+    """
+    n, width = mat.shape
+    out = np.empty(n, dtype=np.uint64)
+    if n == 0:
+        return out
+    counts = np.bincount(lengths, minlength=width + 1)
+    present = np.flatnonzero(counts)
+    if present.size == 1:
+        length = int(present[0])
+        return _hash_rows(mat[:, width - length :] if right else mat[:, :length], length)
+    order = np.argsort(lengths, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(counts[present])))
+    for length, lo, hi in zip(
+        present.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True
+    ):
+        members = order[lo:hi]
+        if members.size < _GROUP_MIN:
+            cols = slice(width - length, width) if right else slice(0, length)
+            out[members] = [_xxh64(row.tobytes()) for row in mat[members, cols]]
+            continue
+        rows = mat[members]
+        out[members] = _hash_rows(rows[:, width - length :] if right else rows[:, :length], length)
+    return out
+
+
 def _hash_separated(buf: bytes, n: int, sep: int, max_key_bytes: int | None) -> np.ndarray | None:
-    """Hash ``n`` keys joined by the byte ``sep`` (which occurs in no key); ``None`` if it does."""
-    if buf.count(bytes((sep,))) != n - 1:
-        return None
+    """Hash ``n`` keys joined by the byte ``sep``; ``None`` if some key contains ``sep``."""
     arr = np.frombuffer(buf, dtype=np.uint8)
-    seps = np.flatnonzero(arr == sep)
+    is_sep = arr == sep
+    seps = np.flatnonzero(is_sep)
+    if seps.size != n - 1:
+        return None
+    if n > 1:
+        length = int(seps[0])
+        if arr.size == n * (length + 1) - 1 and int(seps[-1]) == arr.size - length - 1:
+            # Equal lengths (n - 1 separators, evenly spaced): the buffer is an (n, length)
+            # matrix with a row stride of length + 1, read in place.
+            if bool(is_sep[length :: length + 1].all()):
+                _check_lengths(np.array([length]), max_key_bytes)
+                rows = np.lib.stride_tricks.as_strided(
+                    arr, shape=(n, length), strides=(length + 1, 1), writeable=False
+                )
+                return _hash_rows(rows, length)
     starts = np.empty(n, dtype=np.intp)
     starts[0] = 0
     starts[1:] = seps + 1
@@ -286,14 +329,6 @@ def _hash_separated(buf: bytes, n: int, sep: int, max_key_bytes: int | None) -> 
     ends[-1] = arr.size
     lengths = ends - starts
     _check_lengths(lengths, max_key_bytes)
-    if n > 1 and int(lengths.min()) == int(lengths.max()):
-        length = int(lengths[0])
-        # Equal lengths: the buffer is an (n, length + 1) matrix whose last column holds the
-        # separators, so a strided view replaces the gather.
-        full = np.empty(n * (length + 1), dtype=np.uint8)
-        full[:-1] = arr
-        full[-1] = sep
-        return _hash_rows(full.reshape(n, length + 1)[:, :length], length)
     return _hash_flat(arr, starts, lengths)
 
 
@@ -311,12 +346,20 @@ def _encode_all(keys: Sequence[Any]) -> list[bytes]:
     return [encode_key(k, i) for i, k in enumerate(keys)]
 
 
+# Four ASCII digits per uint32 ("0000" .. "9999"), little-endian so the bytes read in order.
+_DIGITS4 = np.frombuffer(
+    "".join(f"{i:04d}" for i in range(10_000)).encode("ascii"), dtype="<u4"
+).astype(np.uint32)
+_POW10 = np.array([10**k for k in range(1, 20)], dtype=np.uint64)
+
+
 def _decimal_digits(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Decimal strings of integers, right-aligned in a byte matrix.
 
     Returns ``(buf, starts, lengths, width)``: row ``i`` of the ``(n, width)`` matrix
     flattened into ``buf`` holds the decimal string (with ``-`` for negatives) of
-    ``values[i]`` in its last ``lengths[i]`` bytes.
+    ``values[i]`` in its last ``lengths[i]`` bytes. Digits are produced four at a time
+    from a 10,000-entry table, so a 12-digit ID costs three divisions, not twelve.
     """
     n = values.size
     if values.dtype.kind == "i":
@@ -324,42 +367,121 @@ def _decimal_digits(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         negative = signed < 0
         magnitude = signed.view(np.uint64).copy()
         np.negative(magnitude, out=magnitude, where=negative)  # two's complement, wraps
+        if not negative.any():
+            negative = None
     else:
         magnitude = values.astype(np.uint64, copy=True)
         negative = None
-    top = int(magnitude.max()) if n else 0
-    ndigits_max = len(str(top))
-    width = ndigits_max + 1
-    mat = np.zeros((n, width), dtype=np.uint8)
-    ndigits = np.ones(n, dtype=np.intp)
+    ndigits = np.searchsorted(_POW10, magnitude, side="right") + 1
+    groups = (int(ndigits.max()) + 3) // 4
+    width = 4 * groups + (0 if negative is None else 4)
+    mat = np.empty((n, width // 4), dtype=np.uint32)
     rem = magnitude
     quo = np.empty(n, dtype=np.uint64)
-    digit = np.empty(n, dtype=np.uint64)
-    ten = _U64(10)
-    for col in range(width - 1, 0, -1):
-        np.floor_divide(rem, ten, out=quo)
-        np.multiply(quo, ten, out=digit)
-        np.subtract(rem, digit, out=digit)
-        np.add(digit, _U64(48), out=digit)
-        mat[:, col] = digit
-        if col < width - 1:
-            ndigits += rem > 0
+    low = np.empty(n, dtype=np.uint64)
+    for g in range(width // 4 - 1, width // 4 - 1 - groups, -1):
+        np.floor_divide(rem, _U64(10_000), out=quo)
+        np.multiply(quo, _U64(10_000), out=low)
+        np.subtract(rem, low, out=low)
+        np.take(_DIGITS4, low.view(np.int64), out=mat[:, g])
         rem, quo = quo, rem
+    buf = (
+        mat.view(np.uint8).reshape(-1)
+        if _NATIVE_LE
+        else mat.astype("<u4").view(np.uint8).reshape(-1)
+    )
     lengths = ndigits
-    if negative is not None and negative.any():
+    if negative is not None:
         lengths = ndigits + negative
         rows = np.flatnonzero(negative)
-        mat[rows, width - lengths[rows]] = ord("-")
+        buf[rows * width + (width - lengths[rows])] = ord("-")
     starts = np.arange(n, dtype=np.intp) * width + (width - lengths)
-    return mat.reshape(-1), starts, lengths, width
+    return buf, starts, lengths, width
+
+
+# Tails of 1-3 digits, zero-padded in the high bytes, for the last partial 4-digit chunk.
+_DIGITS_TAIL = {
+    r: np.frombuffer(
+        b"".join(f"{i:0{r}d}".encode("ascii").ljust(4, b"\0") for i in range(10**r)), dtype="<u4"
+    ).astype(np.uint32)
+    for r in (1, 2, 3)
+}
+
+
+def _lanes_of_decimal(values: np.ndarray, length: int) -> np.ndarray:
+    """Little-endian 8-byte lanes of the ``length``-digit decimal strings of ``values``.
+
+    Every value has exactly ``length`` digits. The string is built left-aligned four
+    digits at a time: chunk ``k`` is ``(v // 10**(length - 4k - 4)) % 10**4``, looked up
+    in a table of four ASCII digits, so no byte is moved after it is written.
+    """
+    m = values.size
+    width = (length + 7) // 8
+    words = np.zeros((m, 2 * width), dtype=np.uint32)
+    full, tail = divmod(length, 4)
+    prev: np.ndarray | None = None
+    quo = np.empty(m, dtype=np.uint64)
+    chunk = np.empty(m, dtype=np.uint64)
+    for k in range(full):
+        np.floor_divide(values, _U64(10 ** (length - 4 * k - 4)), out=quo)
+        if prev is None:
+            np.copyto(chunk, quo)
+        else:
+            np.multiply(prev, _U64(10_000), out=chunk)
+            np.subtract(quo, chunk, out=chunk)
+        np.take(_DIGITS4, chunk.view(np.int64), out=words[:, k])
+        prev = quo.copy() if k + 1 < full or tail else None
+    if tail:
+        if prev is None:
+            np.copyto(chunk, values)
+        else:
+            np.multiply(prev, _U64(10**tail), out=chunk)
+            np.subtract(values, chunk, out=chunk)
+        np.take(_DIGITS_TAIL[tail], chunk.view(np.int64), out=words[:, full])
+    lanes = words.view(_LE_U64)
+    return lanes if _NATIVE_LE else lanes.astype(np.uint64)
+
+
+def _hash_nonnegative(values: np.ndarray) -> np.ndarray:
+    """XXH64 of the decimal strings of non-negative integers (uint64 array)."""
+    n = values.size
+    top = int(values.max())
+    ndigits = np.ones(n, dtype=np.uint8)
+    for k in range(1, len(str(top))):
+        ndigits += values >= _U64(10**k)
+    counts = np.bincount(ndigits, minlength=21)
+    present = np.flatnonzero(counts)
+    if present.size == 1:
+        length = int(present[0])
+        return _xxh64_lanes(_lanes_of_decimal(values, length), length)
+    out = np.empty(n, dtype=np.uint64)
+    order = np.argsort(ndigits, kind="stable")  # radix sort on uint8
+    bounds = np.concatenate(([0], np.cumsum(counts[present])))
+    for length, lo, hi in zip(
+        present.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True
+    ):
+        members = order[lo:hi]
+        sub = values[members]
+        if members.size < _GROUP_MIN:
+            out[members] = [_xxh64(str(v).encode("ascii")) for v in sub.tolist()]
+        else:
+            out[members] = _xxh64_lanes(_lanes_of_decimal(sub, length), length)
+    return out
 
 
 def _hash_int_array(values: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
     if values.size < VECTOR_MIN_BATCH:
         return _hash_small(values.tolist(), max_key_bytes)
-    buf, starts, lengths, _ = _decimal_digits(values)
-    _check_lengths(lengths, max_key_bytes)
-    return _hash_flat(buf, starts, lengths)
+    if max_key_bytes is not None and max_key_bytes < 20:
+        _, _, lengths, _ = _decimal_digits(values)
+        _check_lengths(lengths, max_key_bytes)
+    if values.dtype.kind == "u":
+        return _hash_nonnegative(values.astype(np.uint64, copy=False))
+    signed = values.astype(np.int64, copy=False)
+    if int(signed.min()) >= 0:
+        return _hash_nonnegative(signed.view(np.uint64))
+    buf, _, lengths, width = _decimal_digits(values)
+    return _hash_aligned(buf.reshape(-1, width), lengths, right=True)
 
 
 def _hash_fixed_bytes_array(arr: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
@@ -373,11 +495,7 @@ def _hash_fixed_bytes_array(arr: np.ndarray, max_key_bytes: int | None) -> np.nd
     flat = np.ascontiguousarray(arr).view(np.uint8)
     if width == 0:
         return np.full(n, _xxh64(b""), dtype=np.uint64)
-    lmin = int(lengths.min())
-    if lmin == int(lengths.max()):
-        return _hash_rows(flat.reshape(n, width)[:, :lmin], lmin)
-    starts = np.arange(n, dtype=np.intp) * width
-    return _hash_flat(flat, starts, lengths)
+    return _hash_aligned(flat.reshape(n, width), lengths, right=False)
 
 
 def _hash_unicode_array(arr: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
@@ -405,26 +523,31 @@ def _int_reprs(keys: Sequence[Any]) -> list[str] | None:
 
 
 def _hash_small(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray:
-    """Key-by-key hashing for short batches: a few C calls per key, no NumPy temporaries."""
+    """Key-by-key hashing for short batches: C-level ``map`` calls, no NumPy temporaries."""
+    n = len(keys)
     t = type(keys[0])
     encoded: Any = None
     try:
         if t is str:
-            encoded = [k.encode() for k in keys]
+            if max_key_bytes is None:
+                return np.fromiter(map(_xxh64, map(str.encode, keys)), np.uint64, n)
+            encoded = list(map(str.encode, keys))
         elif t is bytes:
-            b"".join(keys)  # TypeError unless every key is bytes-like
-            encoded = keys
+            if max_key_bytes is None:  # xxhash takes any bytes-like key, rejects the rest
+                return np.fromiter(map(_xxh64, keys), np.uint64, n)
+            encoded = list(keys)
+            b"".join(encoded)  # TypeError unless every key is bytes-like
         elif t is int:
             reprs = _int_reprs(keys)
             if reprs is not None:
                 encoded = list(map(str.encode, reprs))
-    except (AttributeError, TypeError, UnicodeEncodeError):
+    except (TypeError, UnicodeEncodeError):
         encoded = None
     if encoded is None:
         encoded = _encode_all(keys)  # names the offending key
     if max_key_bytes is not None and max(map(len, encoded)) > max_key_bytes:
         _check_lengths(np.array([len(e) for e in encoded], dtype=np.intp), max_key_bytes)
-    return np.array(list(map(_xxh64, encoded)), dtype=np.uint64)
+    return np.fromiter(map(_xxh64, encoded), np.uint64, n)
 
 
 def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray:
