@@ -73,6 +73,8 @@ def check_loads(loads: Any, n_endpoints: int) -> np.ndarray:
         raise LoadError(
             f"loads has shape {arr.shape}, expected ({n_endpoints},): one load per endpoint"
         )
+    if arr.size and arr.min() >= 0.0 and arr.max() < np.inf:  # False for NaN too
+        return arr
     bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
     if bad.size:
         i = int(bad[0])
@@ -99,7 +101,10 @@ def target_load(loads: np.ndarray, eligible: np.ndarray, balance_factor: float) 
     that order; ``np.sum`` would add pairwise and round differently).
     """
     cand = loads[eligible]
-    total = float(np.cumsum(np.concatenate(([1.0], cand)))[-1])
+    acc = np.empty(cand.size + 1)
+    acc[0] = 1.0
+    acc[1:] = cand
+    total = float(np.cumsum(acc, out=acc)[-1])
     average = total / float(cand.size)
     return average * balance_factor
 
@@ -170,6 +175,7 @@ def _walk(
     loads: np.ndarray,
     max_hops: int | None,
     exclude: np.ndarray | None,
+    _first: bool = True,
 ) -> np.ndarray:
     """Vectorized bounded walk on one load snapshot.
 
@@ -181,6 +187,17 @@ def _walk(
     owners = ring.owners
     size = owners.size
     n = pos.size
+    if exclude is None and _first:
+        # Most keys' own endpoint is under the bar: answer those from one gather.
+        first = owners.take(pos)
+        ok = good.take(first)
+        if ok.all():
+            return first
+        rest = np.flatnonzero(~ok)
+        first[rest] = _walk(
+            ring, pos[rest], eligible, good, loads, max_hops, exclude=None, _first=False
+        )
+        return first
     result = np.full(n, -1, dtype=np.int32)
     if max_hops is None and exclude is None:
         own = owners.take(pos)
@@ -287,7 +304,7 @@ def walk_sequential(
     per routed key. Inherently sequential; meant for parity checks and simulation, not
     for the hot path (which routes a batch on one snapshot).
     """
-    _, _, owners = ring._scalar_lists()
+    owners = ring.owner_list()
     size = len(owners)
     load = loads.tolist()
     elig = eligible.tolist()
@@ -372,4 +389,12 @@ def redirect_table(
     if not eligible.any():
         return np.full(len(ring), -1, dtype=np.int32)
     pos = skip_to_eligible(ring, np.arange(len(ring), dtype=np.intp), eligible)
-    return walk_snapshot(ring, pos, eligible, load, bf, hops)
+    return redirect_from(ring, eligible, load, bf, hops)
+
+
+def redirect_from(
+    ring: Ring, eligible: np.ndarray, loads: np.ndarray, balance_factor: float, max_hops: int | None
+) -> np.ndarray:
+    """:func:`redirect_table` on validated inputs (``eligible`` has at least one ``True``)."""
+    pos = skip_to_eligible(ring, np.arange(len(ring), dtype=np.intp), eligible)
+    return walk_snapshot(ring, pos, eligible, loads, balance_factor, max_hops)

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from lbcore.errors import CandidatesError, EndpointError, FadeError
-from lbcore.hashing import hash_keys, unit_interval
-from lbcore.ring import DEFAULT_VNODES, Ring
+from lbcore.bounded import check_loads, redirect_table
+from lbcore.hashing import hash_keys, unit_interval, unit_interval_of
+from lbcore.ring import DEFAULT_VNODES, SCALAR_MAX, Ring
 
 __all__ = [
     "DEFAULT_FADE_DURATION_NS",
@@ -165,6 +166,35 @@ def _check_fade_params(duration_ns: Any, exponent: Any) -> tuple[int, float]:
     return int(duration_ns), e
 
 
+def _position_maps(rings: Sequence[Ring], tiers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per ring, where each position of the newest (master) ring lands.
+
+    Ring ``k`` is the master ring with the nodes of tiers above ``k`` left out, in the same
+    order, so a key at master position ``p`` is at ring-``k`` position
+    ``ring_pos[k, p]``: the first ring-``k`` node at or after ``p``, wrapped. With
+    ``owner_table[k, p]`` the endpoint there, routing a key on any ring is one gather
+    from its master position.
+    """
+    if not rings:
+        empty = np.empty((0, 0), dtype=np.int32)
+        return empty, empty
+    master = rings[-1]
+    size = len(master)
+    node_tier = tiers[master.owners]
+    ring_pos = np.empty((len(rings), size), dtype=np.int32)
+    owner_table = np.empty((len(rings), size), dtype=np.int32)
+    for k, ring in enumerate(rings):
+        if k == len(rings) - 1:
+            ring_pos[k] = np.arange(size, dtype=np.int32)
+        else:
+            marked = node_tier <= k
+            before = np.cumsum(marked) - marked  # ring-k nodes strictly before p
+            before[before == len(ring)] = 0
+            ring_pos[k] = before
+        owner_table[k] = ring.owners.take(ring_pos[k])
+    return ring_pos, owner_table
+
+
 class RingSet:
     """An established ring plus fading rings, one per scale-up event. Immutable.
 
@@ -188,7 +218,19 @@ class RingSet:
         Optionally, the ring of all ``endpoints`` (reused instead of rebuilt).
     """
 
-    __slots__ = ("duration_ns", "endpoints", "exponent", "rings", "starts_ns", "tiers", "vnodes")
+    __slots__ = (
+        "_bounded",
+        "_seen_snapshot",
+        "duration_ns",
+        "endpoints",
+        "exponent",
+        "owner_table",
+        "ring_pos",
+        "rings",
+        "starts_ns",
+        "tiers",
+        "vnodes",
+    )
 
     def __init__(
         self,
@@ -235,6 +277,9 @@ class RingSet:
             for k in range(len(starts) + 1):
                 rings.append(full if k == len(starts) else full.subset(tier <= k))
         self.rings: tuple[Ring, ...] = tuple(rings)
+        self.ring_pos, self.owner_table = _position_maps(self.rings, tier)
+        self._bounded: tuple[tuple[Any, ...], np.ndarray] | None = None
+        self._seen_snapshot: tuple[Any, ...] | None = None
 
     # ---------------------------------------------------------------------------------
     # Derived values.
@@ -354,6 +399,38 @@ class RingSet:
     # ---------------------------------------------------------------------------------
     # Routing.
 
+    def _choice_of(self, hashes: np.ndarray, now_ns: int) -> np.ndarray | list[int]:
+        """Ring per key (like :meth:`ring_choice`), as a list for a few keys."""
+        if hashes.size > SCALAR_MAX:
+            return self.ring_choice(hashes, now_ns)
+        shares = self.shares(now_ns).tolist()
+        out = []
+        for u in unit_interval_of(hashes.tolist(), FADE_SALT):
+            k = 0
+            for j, share in enumerate(shares, start=1):
+                if u < share:
+                    k = j
+            out.append(k)
+        return out
+
+    def _bounded_table(
+        self, loads: np.ndarray, balance_factor: float, max_hops: int | None
+    ) -> np.ndarray | None:
+        """Bounded-load answer per (ring, master position) for a load snapshot seen twice."""
+        snapshot = (loads.tobytes(), balance_factor, max_hops)
+        cached = self._bounded
+        if cached is not None and cached[0] == snapshot:
+            return cached[1]
+        if snapshot != self._seen_snapshot:
+            self._seen_snapshot = snapshot
+            return None
+        table = np.empty_like(self.owner_table)
+        for k, ring in enumerate(self.rings):
+            redirect = redirect_table(ring, loads, balance_factor, max_hops=max_hops)
+            table[k] = redirect.take(self.ring_pos[k])
+        self._bounded = (snapshot, table)
+        return table
+
     def route(
         self,
         keys: Any,
@@ -380,29 +457,61 @@ class RingSet:
         h = hash_keys(keys) if hashes is None else hashes
         if not self.rings:
             return np.full(h.size, -1, dtype=np.int32)
+        table: np.ndarray | None = self.owner_table
+        if balance_factor is not None:
+            if loads is None:
+                raise CandidatesError("bounded-load routing needs loads")
+            load = loads
+            if type(load) is not np.ndarray or load.dtype != np.float64:
+                load = check_loads(loads, len(self.endpoints))
+            table = self._bounded_table(load, balance_factor, max_hops)
+        if candidates is None and attempt == 0 and table is not None:
+            # One gather from the master position, in the row of the key's ring.
+            master = self.rings[-1]
+            choice = self._choice_of(h, now_ns)
+            if h.size <= SCALAR_MAX:
+                size = table.shape[1]
+                item = table.item
+                pos = master.positions_of(h.tolist())
+                return np.array(
+                    [item(k * size + p) for k, p in zip(choice, pos, strict=True)], np.int32
+                )
+            pos = master.positions(h)
+            if not self.starts_ns:
+                return table[0].take(pos)
+            flat = np.asarray(choice, dtype=np.intp) * table.shape[1]
+            flat += pos
+            return table.take(flat)
+        return self._route_grouped(h, now_ns, loads, balance_factor, candidates, max_hops, attempt)
+
+    def _route_grouped(
+        self,
+        h: np.ndarray,
+        now_ns: int,
+        loads: Any,
+        balance_factor: float | None,
+        candidates: Any,
+        max_hops: int | None,
+        attempt: int,
+    ) -> np.ndarray:
+        """General routing: group keys by ring and ask each ring (candidates, retries)."""
         user = self.rings[-1].candidate_mask(candidates)
         choice = self.ring_choice(h, now_ns)
-        if not self.starts_ns:
-            groups: list[tuple[int, Any]] = [(0, None)]
-        else:
-            groups = [(k, np.flatnonzero(choice == k)) for k in range(len(self.rings))]
         out = np.empty(h.size, dtype=np.int32)
-        for k, rows in groups:
+        for k, ring in enumerate(self.rings):
+            rows = np.flatnonzero(choice == k) if self.starts_ns else None
             if rows is not None and rows.size == 0:
                 continue
-            ring = self.rings[k]
-            mask = user  # ring k holds only its members; the ring narrows the mask to them
             hk = h if rows is None else h[rows]
+            # Ring k holds only its members; it narrows the candidate mask to them.
             if balance_factor is None:
-                res = ring.lookup(None, candidates=mask, attempt=attempt, hashes=hk)
+                res = ring.lookup(None, candidates=user, attempt=attempt, hashes=hk)
             else:
-                if loads is None:
-                    raise CandidatesError("bounded-load routing needs loads")
                 res = ring.lookup_bounded(
                     None,
                     loads,
                     balance_factor,
-                    candidates=mask,
+                    candidates=user,
                     max_hops=max_hops,
                     attempt=attempt,
                     hashes=hk,

@@ -645,6 +645,24 @@ _FMIX_C2 = _U64(0xC4CEB9FE1A85EC53)
 _INV_2_53 = 1.0 / float(1 << 53)
 
 
+_M64 = 0xFFFFFFFFFFFFFFFF
+
+
+def unit_interval_of(hashes: list[int], salt: int) -> list[float]:
+    """:func:`unit_interval` for a few hashes given as Python ints (bit-identical results)."""
+    out = []
+    c1, c2 = int(_FMIX_C1), int(_FMIX_C2)
+    for h in hashes:
+        x = h ^ (salt & _M64)
+        x ^= x >> 33
+        x = (x * c1) & _M64
+        x ^= x >> 33
+        x = (x * c2) & _M64
+        x ^= x >> 33
+        out.append((x >> 11) * _INV_2_53)
+    return out
+
+
 def unit_interval(hashes: np.ndarray, salt: int) -> np.ndarray:
     """Map key hashes to ``[0, 1)`` independently of their ring position.
 

@@ -37,9 +37,9 @@ _MAX_BUCKET_BITS = 22  # 2^22 int32 entries = 16 MiB: the size where the table s
 _MIN_BUCKET_BITS = 8
 _DEFAULT_PORTS = {"http": 80, "https": 443, "h2c": 80, "ws": 80, "wss": 443}
 
-# Batches shorter than this are looked up key by key in Python (a few hundred ns per key)
-# instead of paying ~10 NumPy calls of ~0.5-1 µs each.
-_SCALAR_MAX = 4
+#: Batches this short are looked up key by key in Python (a few hundred ns per key)
+#: instead of paying ~10 NumPy calls of ~0.5-1 µs each.
+SCALAR_MAX = 4
 
 
 def bucket_bits_for(ring_size: int) -> int:
@@ -152,10 +152,10 @@ class Ring:
     __slots__ = (
         "_aliases",
         "_all_present",
-        "_bucket_list",
-        "_hash_list",
         "_host_of",
         "_owner_list",
+        "_redirect",
+        "_seen_snapshot",
         "_shift",
         "bucket_bits",
         "buckets",
@@ -216,9 +216,10 @@ class Ring:
         self._aliases = len(ids) != len(eps)
         self.present = np.bincount(owners, minlength=len(eps)) > 0
         self._all_present = bool(self.present.all())
-        self._hash_list: list[int] | None = None
-        self._bucket_list: list[int] | None = None
         self._owner_list: list[int] | None = None
+        # Bounded-load redirect table of the last load snapshot seen twice: (key, table).
+        self._redirect: tuple[tuple[Any, ...], np.ndarray] | None = None
+        self._seen_snapshot: tuple[Any, ...] | None = None
 
     def __len__(self) -> int:
         return int(self.hashes.size)
@@ -301,34 +302,29 @@ class Ring:
         numpy.ndarray
             ``intp`` ring positions.
         """
-        pos = self.buckets.take((hashes >> self._shift).astype(np.intp)).astype(np.intp)
+        pos = self.buckets.take((hashes >> self._shift).view(np.int64))
         miss = np.flatnonzero(pos < 0)
         if miss.size:
             found = np.searchsorted(self.hashes, hashes[miss], side="left")
-            found[found == self.hashes.size] = 0
+            found %= self.hashes.size  # past the last node: roll over to position 0
             pos[miss] = found
         return pos
 
-    def _scalar_lists(self) -> tuple[list[int], list[int], list[int]]:
-        if self._hash_list is None:
-            self._hash_list = self.hashes.tolist()
+    def owner_list(self) -> list[int]:
+        """:attr:`owners` as a Python list (built once; for key-by-key walks)."""
+        if self._owner_list is None:
             self._owner_list = self.owners.tolist()
-            self._bucket_list = self.buckets.tolist()
-        assert self._bucket_list is not None and self._owner_list is not None
-        return self._hash_list, self._bucket_list, self._owner_list
+        return self._owner_list
 
-    def _positions_scalar(self, hashes: list[int]) -> list[int]:
-        import bisect
-
-        ring, buckets, _ = self._scalar_lists()
+    def positions_of(self, hashes: list[int]) -> list[int]:
+        """:meth:`positions` for a few hashes given as Python ints, without NumPy temporaries."""
         shift = 64 - self.bucket_bits
+        item = self.buckets.item
         out = []
         for h in hashes:
-            p = buckets[h >> shift]
+            p = item(h >> shift)
             if p < 0:
-                p = bisect.bisect_left(ring, h)
-                if p == len(ring):
-                    p = 0
+                p = int(np.searchsorted(self.hashes, np.uint64(h))) % self.hashes.size
             out.append(p)
         return out
 
@@ -371,11 +367,9 @@ class Ring:
         attempt = _check_attempt(attempt)
         n = h.size
         if mask is None and attempt == 0:
-            if n <= _SCALAR_MAX:
-                owners = self._scalar_lists()[2]
-                return np.array(
-                    [owners[p] for p in self._positions_scalar(h.tolist())], dtype=np.int32
-                )
+            if n <= SCALAR_MAX:
+                item = self.owners.item
+                return np.array([item(p) for p in self.positions_of(h.tolist())], dtype=np.int32)
             return self.owners.take(self.positions(h))
         eligible = self._eligible(mask)
         count = int(eligible.sum())
@@ -383,7 +377,7 @@ class Ring:
             return np.full(n, -1, dtype=np.int32)
         if count == 1 and attempt == 0:
             return np.full(n, int(np.flatnonzero(eligible)[0]), dtype=np.int32)
-        pos = self.positions(h)
+        pos = self.positions(h).astype(np.intp)
         pos = _bounded.skip_to_eligible(self, pos, eligible)
         if attempt:
             pos = _bounded.advance_distinct(self, pos, eligible, attempt)
@@ -437,11 +431,29 @@ class Ring:
         """
         if balance_factor is None:
             return self.lookup(keys, candidates=candidates, attempt=attempt, hashes=hashes)
+        h = hash_keys(keys) if hashes is None else hashes
+        load = loads
+        if type(load) is not np.ndarray or load.dtype != np.float64:
+            load = _bounded.check_loads(loads, len(self.endpoints))
+        snapshot: tuple[Any, ...] | None = None
+        if not sequential and attempt == 0 and load.flags.c_contiguous:
+            cand = None if candidates is None else np.asarray(candidates)
+            snapshot = (
+                load.tobytes(),
+                balance_factor,
+                max_hops,
+                None if cand is None else (cand.dtype.str, cand.shape, cand.tobytes()),
+            )
+            cached = self._redirect
+            if cached is not None and cached[0] == snapshot:
+                if h.size <= SCALAR_MAX:
+                    item = cached[1].item
+                    return np.array([item(p) for p in self.positions_of(h.tolist())], np.int32)
+                return cached[1].take(self.positions(h))
         bf = _bounded.check_balance_factor(balance_factor)
-        load = _bounded.check_loads(loads, len(self.endpoints))
+        load = _bounded.check_loads(load, len(self.endpoints))
         hops = _bounded.check_max_hops(max_hops)
         attempt = _check_attempt(attempt)
-        h = hash_keys(keys) if hashes is None else hashes
         mask = self.candidate_mask(candidates)
         eligible = self._eligible(mask)
         count = int(eligible.sum())
@@ -450,7 +462,14 @@ class Ring:
             return np.full(n, -1, dtype=np.int32)
         if count == 1 and attempt == 0:
             return np.full(n, int(np.flatnonzero(eligible)[0]), dtype=np.int32)
-        pos = _bounded.skip_to_eligible(self, self.positions(h), eligible)
+        if snapshot is not None and snapshot == self._seen_snapshot:
+            # The same load snapshot a second time: a worker routes many batches on one
+            # snapshot, so answer every ring position once and look keys up in that.
+            table = _bounded.redirect_from(self, eligible, load, bf, hops)
+            self._redirect = (snapshot, table)
+            return table.take(self.positions(h))
+        self._seen_snapshot = snapshot
+        pos = _bounded.skip_to_eligible(self, self.positions(h).astype(np.intp), eligible)
         if sequential:
             return _bounded.walk_sequential(self, pos, eligible, load, bf, hops, attempt)
         return _bounded.walk_snapshot(self, pos, eligible, load, bf, hops, attempt)
