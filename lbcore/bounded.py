@@ -388,7 +388,6 @@ def redirect_table(
     eligible = ring.present.copy() if mask is None else mask
     if not eligible.any():
         return np.full(len(ring), -1, dtype=np.int32)
-    pos = skip_to_eligible(ring, np.arange(len(ring), dtype=np.intp), eligible)
     return redirect_from(ring, eligible, load, bf, hops)
 
 

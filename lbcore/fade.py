@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from lbcore.errors import CandidatesError, EndpointError, FadeError
 from lbcore.bounded import check_loads, redirect_table
+from lbcore.errors import CandidatesError, EndpointError, FadeError
 from lbcore.hashing import hash_keys, unit_interval, unit_interval_of
 from lbcore.ring import DEFAULT_VNODES, SCALAR_MAX, Ring
 
