@@ -26,7 +26,7 @@ import numpy as np
 
 from lbcore.bounded import check_loads, redirect_table
 from lbcore.errors import CandidatesError, EndpointError, FadeError
-from lbcore.hashing import hash_keys, unit_interval, unit_interval_of
+from lbcore.hashing import below, hash_keys, unit_interval_of
 from lbcore.ring import DEFAULT_VNODES, SCALAR_MAX, Ring
 
 __all__ = [
@@ -295,23 +295,26 @@ class RingSet:
         """The ring of all endpoints (the newest ring), or ``None`` when empty."""
         return self.rings[-1] if self.rings else None
 
+    def share_list(self, now_ns: int) -> list[float]:
+        """Current share of each fading ring, oldest first, as Python floats."""
+        d, e = self.duration_ns, self.exponent
+        if d <= 0:
+            return [1.0] * len(self.starts_ns)
+        return [min(max((now_ns - s) / d, 0.0), 1.0) ** e for s in self.starts_ns]
+
     def shares(self, now_ns: int) -> np.ndarray:
         """Current share of each fading ring, oldest first."""
-        if not self.starts_ns:
-            return np.empty(0, dtype=np.float64)
-        elapsed = now_ns - np.array(self.starts_ns, dtype=np.int64)
-        return np.asarray(fade_share(elapsed, self.duration_ns, self.exponent))
+        return np.array(self.share_list(now_ns), dtype=np.float64)
 
     def ring_choice(self, hashes: np.ndarray, now_ns: int) -> np.ndarray:
         """Index of the ring each key uses: the newest ring ``k`` with ``u < s_k``, else 0."""
         choice = np.zeros(hashes.size, dtype=np.intp)
         if not self.starts_ns:
             return choice
-        u = unit_interval(hashes, FADE_SALT)
-        for k, share in enumerate(self.shares(now_ns).tolist(), start=1):
+        for k, share in enumerate(self.share_list(now_ns), start=1):
             # Shares fall from older to newer rings, so later (newer) rings overwrite.
             if share > 0.0:
-                choice[u < share] = k
+                choice[below(hashes, FADE_SALT, share)] = k
         return choice
 
     # ---------------------------------------------------------------------------------
@@ -403,7 +406,7 @@ class RingSet:
         """Ring per key (like :meth:`ring_choice`), as a list for a few keys."""
         if hashes.size > SCALAR_MAX:
             return self.ring_choice(hashes, now_ns)
-        shares = self.shares(now_ns).tolist()
+        shares = self.share_list(now_ns)
         out = []
         for u in unit_interval_of(hashes.tolist(), FADE_SALT):
             k = 0

@@ -19,6 +19,7 @@ decimal string, so ``123`` and ``"123"`` route alike), in a sequence or a NumPy 
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -137,18 +138,24 @@ def _round(acc: np.ndarray, lane: np.ndarray, tmp: np.ndarray) -> np.ndarray:
     return acc
 
 
-def _xxh64_lanes(words: np.ndarray, length: int) -> np.ndarray:
+def _xxh64_lanes(words: Any, length: int, out: np.ndarray | None = None) -> np.ndarray:
     """XXH64 (seed 0) of ``n`` keys of ``length`` bytes each.
 
     Parameters
     ----------
     words
-        ``(n, ceil(length / 8))`` native uint64 matrix: each row the key's bytes read as
-        little-endian 8-byte lanes, the last lane zero-padded.
+        The keys' bytes read as little-endian 8-byte lanes: an ``(n, ceil(length / 8))``
+        uint64 matrix, or a sequence of ``ceil(length / 8)`` uint64 columns (possibly
+        unaligned strided views of a byte buffer). Bytes of the last lane beyond
+        ``length`` are ignored, so they need not be zero.
     length
         Length of every key, in bytes.
+    out
+        Optional ``uint64`` array of ``n`` elements for the result.
     """
-    n = words.shape[0]
+    if isinstance(words, np.ndarray):
+        words = [words[:, j] for j in range(words.shape[1])]
+    n = words[0].shape[0]
     tmp = np.empty(n, dtype=np.uint64)
     k1 = np.empty(n, dtype=np.uint64)
     offset = 0  # bytes consumed so far
@@ -161,9 +168,9 @@ def _xxh64_lanes(words: np.ndarray, length: int) -> np.ndarray:
         while length - offset >= 32:
             w = offset // 8
             for j in range(4):
-                _round(accs[j], words[:, w + j], tmp)
+                _round(accs[j], words[w + j], tmp)
             offset += 32
-        h = np.empty(n, dtype=np.uint64)
+        h = np.empty(n, dtype=np.uint64) if out is None else out
         for j, r in enumerate((1, 7, 12, 18)):
             np.copyto(k1, accs[j])
             _rotl(k1, r, tmp)
@@ -178,11 +185,12 @@ def _xxh64_lanes(words: np.ndarray, length: int) -> np.ndarray:
             np.multiply(h, _P1, out=h)
             np.add(h, _P4, out=h)
     else:
-        h = np.full(n, _P5, dtype=np.uint64)
+        h = np.empty(n, dtype=np.uint64) if out is None else out
+        h.fill(_P5)
     np.add(h, _U64(length), out=h)
     while length - offset >= 8:
         k1.fill(0)
-        _round(k1, words[:, offset // 8], tmp)
+        _round(k1, words[offset // 8], tmp)
         np.bitwise_xor(h, k1, out=h)
         _rotl(h, 27, tmp)
         np.multiply(h, _P1, out=h)
@@ -190,7 +198,7 @@ def _xxh64_lanes(words: np.ndarray, length: int) -> np.ndarray:
         offset += 8
     rest = length - offset
     if rest:
-        last = words[:, offset // 8]
+        last = words[offset // 8]
         shift = 0
         if rest >= 4:
             np.bitwise_and(last, _U64(0xFFFFFFFF), out=k1)
@@ -307,20 +315,32 @@ def _hash_separated(buf: bytes, n: int, sep: int, max_key_bytes: int | None) -> 
     """Hash ``n`` keys joined by the byte ``sep``; ``None`` if some key contains ``sep``."""
     arr = np.frombuffer(buf, dtype=np.uint8)
     is_sep = arr == sep
+    length = buf.find(bytes((sep,))) if n > 1 else arr.size
+    stride = length + 1
+    if arr.size == n * stride - 1 and bool(is_sep[length::stride].all()):
+        # Every key has the same length: if these are the only separators, key i starts
+        # at i * stride and its 8-byte lanes are read in place, as unaligned strided
+        # uint64 views of the buffer, for every row whose reads stay inside the buffer.
+        if int(np.count_nonzero(is_sep)) != n - 1:
+            return None
+        _check_lengths(np.array([length]), max_key_bytes)
+        out = np.empty(n, dtype=np.uint64)
+        width = (length + 7) // 8
+        inside = 0 if length == 0 else max(0, min(n, (arr.size - 8 * width) // stride + 1))
+        if inside:
+            lanes = [
+                np.ndarray((inside,), dtype=_LE_U64, buffer=buf, offset=8 * j, strides=(stride,))
+                for j in range(width)
+            ]
+            if not _NATIVE_LE:
+                lanes = [lane.astype(np.uint64) for lane in lanes]
+            _xxh64_lanes(lanes, length, out=out[:inside])
+        for i in range(inside, n):
+            out[i] = _xxh64(buf[i * stride : i * stride + length])
+        return out
     seps = np.flatnonzero(is_sep)
     if seps.size != n - 1:
         return None
-    if n > 1:
-        length = int(seps[0])
-        if arr.size == n * (length + 1) - 1 and int(seps[-1]) == arr.size - length - 1:
-            # Equal lengths (n - 1 separators, evenly spaced): the buffer is an (n, length)
-            # matrix with a row stride of length + 1, read in place.
-            if bool(is_sep[length :: length + 1].all()):
-                _check_lengths(np.array([length]), max_key_bytes)
-                rows = np.lib.stride_tricks.as_strided(
-                    arr, shape=(n, length), strides=(length + 1, 1), writeable=False
-                )
-                return _hash_rows(rows, length)
     starts = np.empty(n, dtype=np.intp)
     starts[0] = 0
     starts[1:] = seps + 1
@@ -445,10 +465,12 @@ def _lanes_of_decimal(values: np.ndarray, length: int) -> np.ndarray:
 def _hash_nonnegative(values: np.ndarray) -> np.ndarray:
     """XXH64 of the decimal strings of non-negative integers (uint64 array)."""
     n = values.size
-    top = int(values.max())
-    ndigits = np.ones(n, dtype=np.uint8)
-    for k in range(1, len(str(top))):
-        ndigits += values >= _U64(10**k)
+    low, top = len(str(int(values.min()))), len(str(int(values.max())))
+    ndigits = np.full(n, low, dtype=np.uint8)
+    ge = np.empty(n, dtype=np.bool_)
+    for k in range(low, top):  # only the digit counts this batch spans
+        np.greater_equal(values, _U64(10**k), out=ge)
+        np.add(ndigits, ge, out=ndigits)
     counts = np.bincount(ndigits, minlength=21)
     present = np.flatnonzero(counts)
     if present.size == 1:
@@ -471,6 +493,10 @@ def _hash_nonnegative(values: np.ndarray) -> np.ndarray:
 
 def _hash_int_array(values: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
     if values.size < VECTOR_MIN_BATCH:
+        if max_key_bytes is None or max_key_bytes >= 20:  # no int64 decimal is longer
+            return np.fromiter(
+                map(_xxh64, map(b"%d".__mod__, values.tolist())), np.uint64, values.size
+            )
         return _hash_small(values.tolist(), max_key_bytes)
     if max_key_bytes is not None and max_key_bytes < 20:
         _, _, lengths, _ = _decimal_digits(values)
@@ -648,19 +674,55 @@ _INV_2_53 = 1.0 / float(1 << 53)
 _M64 = 0xFFFFFFFFFFFFFFFF
 
 
+def _fmix(hashes: np.ndarray, salt: int) -> np.ndarray:
+    """MurmurHash3's ``fmix64`` of ``hashes ^ salt`` (a new uint64 array)."""
+    x = np.bitwise_xor(hashes, _U64(salt & _M64))
+    tmp = np.right_shift(x, _U64(33))
+    np.bitwise_xor(x, tmp, out=x)
+    np.multiply(x, _FMIX_C1, out=x)
+    np.right_shift(x, _U64(33), out=tmp)
+    np.bitwise_xor(x, tmp, out=x)
+    np.multiply(x, _FMIX_C2, out=x)
+    np.right_shift(x, _U64(33), out=tmp)
+    np.bitwise_xor(x, tmp, out=x)
+    return x
+
+
+def _fmix_of(h: int, salt: int) -> int:
+    x = h ^ (salt & _M64)
+    x ^= x >> 33
+    x = (x * int(_FMIX_C1)) & _M64
+    x ^= x >> 33
+    x = (x * int(_FMIX_C2)) & _M64
+    return x ^ (x >> 33)
+
+
+def unit_threshold(share: float) -> int:
+    """Integer form of ``u < share`` for :func:`below`: ``ceil(share * 2**53) << 11``.
+
+    ``u = (m >> 11) / 2**53`` and ``share * 2**53`` is exact in float64, so
+    ``u < share`` holds exactly when ``m < ceil(share * 2**53) << 11``.
+    """
+    if share <= 0.0:
+        return 0
+    if share >= 1.0:
+        return 1 << 64
+    return math.ceil(share * float(1 << 53)) << 11
+
+
+def below(hashes: np.ndarray, salt: int, share: float) -> np.ndarray:
+    """Per key, ``unit_interval(hashes, salt) < share``, without the float conversion."""
+    t = unit_threshold(share)
+    if t == 0:
+        return np.zeros(hashes.size, dtype=np.bool_)
+    if t > _M64:
+        return np.ones(hashes.size, dtype=np.bool_)
+    return _fmix(hashes, salt) < _U64(t)
+
+
 def unit_interval_of(hashes: list[int], salt: int) -> list[float]:
     """:func:`unit_interval` for a few hashes given as Python ints (bit-identical results)."""
-    out = []
-    c1, c2 = int(_FMIX_C1), int(_FMIX_C2)
-    for h in hashes:
-        x = h ^ (salt & _M64)
-        x ^= x >> 33
-        x = (x * c1) & _M64
-        x ^= x >> 33
-        x = (x * c2) & _M64
-        x ^= x >> 33
-        out.append((x >> 11) * _INV_2_53)
-    return out
+    return [(_fmix_of(h, salt) >> 11) * _INV_2_53 for h in hashes]
 
 
 def unit_interval(hashes: np.ndarray, salt: int) -> np.ndarray:
@@ -684,15 +746,7 @@ def unit_interval(hashes: np.ndarray, salt: int) -> np.ndarray:
     numpy.ndarray
         ``float64`` values in ``[0, 1)``, from the top 53 bits of the mixed hash.
     """
-    x = np.bitwise_xor(hashes, _U64(salt & 0xFFFFFFFFFFFFFFFF))
-    tmp = np.right_shift(x, _U64(33))
-    np.bitwise_xor(x, tmp, out=x)
-    np.multiply(x, _FMIX_C1, out=x)
-    np.right_shift(x, _U64(33), out=tmp)
-    np.bitwise_xor(x, tmp, out=x)
-    np.multiply(x, _FMIX_C2, out=x)
-    np.right_shift(x, _U64(33), out=tmp)
-    np.bitwise_xor(x, tmp, out=x)
+    x = _fmix(hashes, salt)
     np.right_shift(x, _U64(11), out=x)
     out = x.astype(np.float64)
     out *= _INV_2_53
