@@ -233,7 +233,8 @@ def _lanes_from_rows(rows: np.ndarray, length: int) -> np.ndarray:
     """Copy an ``(n, length)`` uint8 matrix (any strides) into zero-padded uint64 lanes."""
     n = rows.shape[0]
     width = (length + 7) // 8
-    padded = np.zeros((n, width * 8), dtype=np.uint8)
+    padded = np.empty((n, width * 8), dtype=np.uint8)
+    padded[:, length:] = 0
     if length:
         padded[:, :length] = rows
     words = padded.view(_LE_U64)
@@ -403,7 +404,7 @@ def _decimal_digits(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         np.floor_divide(rem, _U64(10_000), out=quo)
         np.multiply(quo, _U64(10_000), out=low)
         np.subtract(rem, low, out=low)
-        np.take(_DIGITS4, low.view(np.int64), out=mat[:, g])
+        np.take(_DIGITS4, low.view(np.int64), out=mat[:, g], mode="clip")
         rem, quo = quo, rem
     buf = (
         mat.view(np.uint8).reshape(-1)
@@ -428,38 +429,57 @@ _DIGITS_TAIL = {
 }
 
 
-def _lanes_of_decimal(values: np.ndarray, length: int) -> np.ndarray:
+# The same tables as uint64 lane halves: [low 32 bits, high 32 bits] (little-endian order).
+_DIGITS4_LANE = (_DIGITS4.astype(np.uint64), _DIGITS4.astype(np.uint64) << _U64(32))
+_DIGITS_TAIL_LANE = {
+    r: (t.astype(np.uint64), t.astype(np.uint64) << _U64(32)) for r, t in _DIGITS_TAIL.items()
+}
+
+
+def _lanes_of_decimal(values: np.ndarray, length: int) -> list[np.ndarray]:
     """Little-endian 8-byte lanes of the ``length``-digit decimal strings of ``values``.
 
     Every value has exactly ``length`` digits. The string is built left-aligned four
     digits at a time: chunk ``k`` is ``(v // 10**(length - 4k - 4)) % 10**4``, looked up
-    in a table of four ASCII digits, so no byte is moved after it is written.
+    in a table of four ASCII digits already shifted into the low or high half of a lane,
+    so a lane is two table gathers and an add, and no byte is moved after it is written.
     """
     m = values.size
-    width = (length + 7) // 8
-    words = np.zeros((m, 2 * width), dtype=np.uint32)
     full, tail = divmod(length, 4)
+    nchunks = full + (1 if tail else 0)
+    # np.empty, not np.zeros: calloc'ed pages fault on first write, which costs more here
+    # than the arithmetic (see PERF-NOTES); every lane is fully written below.
+    lanes = [np.empty(m, dtype=np.uint64) for _ in range((nchunks + 1) // 2)]
     prev: np.ndarray | None = None
     quo = np.empty(m, dtype=np.uint64)
     chunk = np.empty(m, dtype=np.uint64)
-    for k in range(full):
-        np.floor_divide(values, _U64(10 ** (length - 4 * k - 4)), out=quo)
-        if prev is None:
-            np.copyto(chunk, quo)
+    part = np.empty(m, dtype=np.uint64)
+    for k in range(nchunks):
+        last = k == full  # the partial tail chunk
+        if last:
+            if prev is None:
+                np.copyto(chunk, values)
+            else:
+                np.multiply(prev, _U64(10**tail), out=chunk)
+                np.subtract(values, chunk, out=chunk)
+            table = _DIGITS_TAIL_LANE[tail][k % 2]
         else:
-            np.multiply(prev, _U64(10_000), out=chunk)
-            np.subtract(quo, chunk, out=chunk)
-        np.take(_DIGITS4, chunk.view(np.int64), out=words[:, k])
-        prev = quo.copy() if k + 1 < full or tail else None
-    if tail:
-        if prev is None:
-            np.copyto(chunk, values)
+            np.floor_divide(values, _U64(10 ** (length - 4 * k - 4)), out=quo)
+            if prev is None:
+                np.copyto(chunk, quo)
+            else:
+                np.multiply(prev, _U64(10_000), out=chunk)
+                np.subtract(quo, chunk, out=chunk)
+            table = _DIGITS4_LANE[k % 2]
+            prev, quo = quo, (prev if prev is not None else np.empty(m, dtype=np.uint64))
+        # mode="clip": indices are in range by construction, and "raise" with out= makes
+        # NumPy buffer the output in a fresh temporary.
+        if k % 2 == 0:
+            np.take(table, chunk.view(np.int64), out=lanes[k // 2], mode="clip")
         else:
-            np.multiply(prev, _U64(10**tail), out=chunk)
-            np.subtract(values, chunk, out=chunk)
-        np.take(_DIGITS_TAIL[tail], chunk.view(np.int64), out=words[:, full])
-    lanes = words.view(_LE_U64)
-    return lanes if _NATIVE_LE else lanes.astype(np.uint64)
+            np.take(table, chunk.view(np.int64), out=part, mode="clip")
+            np.add(lanes[k // 2], part, out=lanes[k // 2])
+    return lanes
 
 
 def _hash_nonnegative(values: np.ndarray) -> np.ndarray:
