@@ -26,7 +26,7 @@ import numpy as np
 
 from lbcore.bounded import check_loads, redirect_table
 from lbcore.errors import CandidatesError, EndpointError, FadeError
-from lbcore.hashing import below, hash_keys, unit_interval_of
+from lbcore.hashing import below, hash_keys, in_blocks, is_long_batch, unit_interval_of
 from lbcore.ring import DEFAULT_VNODES, SCALAR_MAX, Ring
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "fadein_filter",
     "fadein_score",
     "skipper_fadein_candidates",
+    "skipper_fadein_route",
 ]
 
 #: Default fade window D: 30 s, in nanoseconds.
@@ -126,6 +127,66 @@ def skipper_fadein_candidates(
         rows = np.flatnonzero(group == g)
         mask = scores >= levels[g] if g < levels.size else np.ones(scores.size, dtype=np.bool_)
         yield rows, mask
+
+
+def skipper_fadein_route(
+    ring: Ring,
+    keys: Any,
+    ages_ns: Sequence[int | None],
+    duration_ns: int,
+    exponent: float,
+    thresholds: Any,
+    *,
+    loads: Any = None,
+    balance_factor: float | None = None,
+    hashes: np.ndarray | None = None,
+) -> np.ndarray:
+    """Route a batch with Skipper's fade-in (compatibility mode): each key is one request.
+
+    Parameters
+    ----------
+    ring
+        The ring of all endpoints (Skipper builds it from every route endpoint).
+    keys
+        The batch; ignored when ``hashes`` is given.
+    ages_ns
+        Per endpoint, ``now - detected time`` in nanoseconds (``None``: fully in).
+    duration_ns, exponent
+        Skipper's ``fadeIn(duration, exponent)``; ``duration_ns <= 0`` disables it.
+    thresholds
+        One uniform draw in ``[0, 1)`` per key (the caller's seeded generator).
+    loads, balance_factor
+        Optional bounded load, as in :meth:`lbcore.Ring.lookup_bounded`.
+    hashes
+        Precomputed ``uint64`` key hashes.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``int32`` endpoint indices.
+    """
+    h = hash_keys(keys) if hashes is None else hashes
+    thr = np.asarray(thresholds, dtype=np.float64)
+    if thr.shape != h.shape:
+        raise FadeError(f"need one threshold per key: {thr.shape} for {h.size} keys")
+    if duration_ns <= 0:
+        scores = np.ones(len(ring.endpoints))
+    else:
+        scores = np.array(
+            [
+                fadein_score(_MAX_DURATION_NS if a is None else a, duration_ns, exponent)
+                for a in ages_ns
+            ]
+        )
+    out = np.empty(h.size, dtype=np.int32)
+    for rows, mask in skipper_fadein_candidates(scores, thr):
+        if balance_factor is None:
+            out[rows] = ring.lookup(None, candidates=mask, hashes=h[rows])
+        else:
+            out[rows] = ring.lookup_bounded(
+                None, loads, balance_factor, candidates=mask, hashes=h[rows]
+            )
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -457,6 +518,20 @@ class RingSet:
             ``int32`` indices into :attr:`endpoints`; ``-1`` (fallback) when the set is
             empty or nothing is eligible.
         """
+        if hashes is None and is_long_batch(keys):
+            return in_blocks(
+                lambda b: self.route(
+                    b,
+                    now_ns,
+                    loads=loads,
+                    balance_factor=balance_factor,
+                    candidates=candidates,
+                    max_hops=max_hops,
+                    attempt=attempt,
+                ),
+                keys,
+                np.int32,
+            )
         h = hash_keys(keys) if hashes is None else hashes
         if not self.rings:
             return np.full(h.size, -1, dtype=np.int32)

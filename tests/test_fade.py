@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import lbcore
-from lbcore.fade import RingSet, fade_share, skipper_fadein_candidates
+from lbcore.fade import RingSet, fade_share, skipper_fadein_candidates, skipper_fadein_route
 from tests import reference as ref
 
 S = 1_000_000_000
@@ -169,6 +169,14 @@ def test_skipper_fade_in_groups_equal_per_request_filtering():
     for i in range(0, 2000, 37):
         cands = lbcore.fadein_filter(ages, D, 2.0, float(thresholds[i]))
         assert got[i] == ring.lookup([keys[i]], candidates=cands)[0]
+    assert np.array_equal(skipper_fadein_route(ring, keys, ages, D, 2.0, thresholds), got)
+    loads = rng.integers(0, 5, 6).astype(float)
+    bounded = skipper_fadein_route(
+        ring, keys, ages, D, 2.0, thresholds, loads=loads, balance_factor=1.1
+    )
+    for i in range(0, 2000, 41):
+        cands = lbcore.fadein_filter(ages, D, 2.0, float(thresholds[i]))
+        assert bounded[i] == ring.lookup_bounded([keys[i]], loads, 1.1, candidates=cands)[0]
 
 
 def test_fast_paths_equal_the_grouped_path():

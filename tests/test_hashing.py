@@ -172,3 +172,16 @@ def test_below_equals_the_float_comparison_exactly():
     x = float(u[123])
     assert not below(h[123:124], 77, x)[0] and below(h[123:124], 77, np.nextafter(x, 2))[0]
     assert unit_threshold(0.0) == 0 and unit_threshold(1.0) == 1 << 64
+
+
+def test_long_batches_are_hashed_in_blocks_with_batch_wide_error_positions():
+    from lbcore.hashing import BLOCK
+
+    n = 2 * BLOCK + 123
+    keys = [f"B{i}" for i in range(n)]
+    assert lbcore.hash_keys(keys).tolist() == [ref(k) for k in keys]
+    ids = np.arange(n, dtype=np.int64) * 7
+    assert lbcore.hash_keys(ids)[-5:].tolist() == [ref(str(int(v))) for v in ids[-5:]]
+    keys[BLOCK + 7] = None
+    with pytest.raises(lbcore.KeyTypeError, match=f"key {BLOCK + 7} has type NoneType"):
+        lbcore.hash_keys(keys)

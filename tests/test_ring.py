@@ -183,3 +183,28 @@ def test_from_arrays_wraps_published_arrays():
     )
     assert copy.lookup(KEYS).tolist() == r.lookup(KEYS).tolist()
     assert redirect_table(copy, np.zeros(7), 1.25).tolist() == copy.owners.tolist()
+
+
+@pytest.mark.parametrize("bits", [8, 10, 12, 14])
+def test_bucket_table_resolution_paths_agree_with_binary_search(bits):
+    from lbcore.ring import build_bucket_table
+
+    r = lbcore.Ring(ENDPOINT_SETS["ipv4"])
+    small = lbcore.Ring.from_arrays(
+        r.endpoints, r.hashes, r.owners, buckets=build_bucket_table(r.hashes, bits)
+    )
+    small.bucket_bits = bits
+    small._shift = np.uint64(64 - bits)
+    rng = np.random.default_rng(bits)
+    h = np.concatenate(
+        (
+            rng.integers(0, 2**63, 5000, dtype=np.int64).view(np.uint64) * np.uint64(2),
+            r.hashes,
+            r.hashes + np.uint64(1),
+            np.array([0, 2**64 - 1], dtype=np.uint64),
+        )
+    )
+    want = np.searchsorted(r.hashes, h, side="left") % len(r)
+    assert np.array_equal(small.positions(h), want)  # many misses: comparison path
+    assert np.array_equal(small.positions(h[:40]), want[:40])  # few misses: search path
+    assert small.positions_of(h[:300].tolist()) == want[:300].tolist()  # key-by-key path
