@@ -35,7 +35,6 @@ __all__ = [
     "encode_key",
     "hash_keys",
     "unit_interval",
-    "xxh64_bytes",
 ]
 
 #: The longest key every cslb surface accepts, in bytes (UTF-8 for ``str`` keys).
@@ -62,11 +61,6 @@ _LE_U64 = np.dtype("<u8")
 _NATIVE_LE = sys.byteorder == "little"
 
 _xxh64 = xxhash.xxh64_intdigest
-
-
-def xxh64_bytes(data: bytes) -> int:
-    """Return XXH64 (seed 0) of ``data`` as an unsigned 64-bit Python int."""
-    return _xxh64(data)
 
 
 def _type_error(i: int, key: Any) -> KeyTypeError:
