@@ -218,8 +218,14 @@ class Ring:
         self.vnodes = vnodes
         self.hashes = hashes
         self.owners = owners
-        self.bucket_bits = bucket_bits_for(hashes.size)
-        self.buckets = build_bucket_table(hashes, self.bucket_bits) if buckets is None else buckets
+        if buckets is None:
+            self.bucket_bits = bucket_bits_for(hashes.size)
+            self.buckets = build_bucket_table(hashes, self.bucket_bits)
+        else:
+            bits = buckets.size.bit_length() - 1
+            if buckets.size != 1 << bits or not 0 < bits <= 32:
+                raise EndpointError(f"bucket table has {buckets.size} entries, not a power of two")
+            self.bucket_bits, self.buckets = bits, buckets
         self._shift = np.uint64(64 - self.bucket_bits)
         hosts = [host_key(ep) for ep in eps]
         ids: dict[str, int] = {}

@@ -176,6 +176,12 @@ def test_small_and_large_batches_agree():
     assert r.lookup(keys[:3]).tolist() == big[:3].tolist()
 
 
+def test_from_arrays_rejects_a_bucket_table_of_the_wrong_size():
+    r = lbcore.Ring(ENDPOINT_SETS["dns"])
+    with pytest.raises(lbcore.EndpointError, match="power of two"):
+        lbcore.Ring.from_arrays(r.endpoints, r.hashes, r.owners, buckets=r.buckets[:-1])
+
+
 def test_from_arrays_wraps_published_arrays():
     r = lbcore.Ring(ENDPOINT_SETS["dns"])
     copy = lbcore.Ring.from_arrays(
@@ -193,8 +199,7 @@ def test_bucket_table_resolution_paths_agree_with_binary_search(bits):
     small = lbcore.Ring.from_arrays(
         r.endpoints, r.hashes, r.owners, buckets=build_bucket_table(r.hashes, bits)
     )
-    small.bucket_bits = bits
-    small._shift = np.uint64(64 - bits)
+    assert small.bucket_bits == bits
     rng = np.random.default_rng(bits)
     h = np.concatenate(
         (
