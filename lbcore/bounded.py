@@ -175,73 +175,86 @@ def _walk(
     loads: np.ndarray,
     max_hops: int | None,
     exclude: np.ndarray | None,
-    _first: bool = True,
 ) -> np.ndarray:
     """Vectorized bounded walk on one load snapshot.
 
-    Each key steps from ``pos`` over the ring; non-eligible endpoints and the key's
-    ``exclude`` row are stepped over; the first ``good`` endpoint wins. With ``max_hops``
-    the walk gives up after that many distinct endpoints and takes the least loaded one it
-    saw. Returns ``int32`` endpoint indices (``-1`` where nothing was eligible).
+    Each key steps from ``pos`` over the ring; non-eligible endpoints and the endpoints in
+    the key's ``exclude`` row are stepped over; the first ``good`` endpoint wins. With
+    ``max_hops`` the walk gives up after that many distinct endpoints and takes the least
+    loaded one it saw. Returns ``int32`` endpoint indices.
     """
+    if exclude is not None:
+        return _walk_distinct(ring, pos, eligible, good, loads, max_hops, exclude)
+    # Most keys' own endpoint is under the bar: answer those from one gather.
+    first = ring.owners.take(pos)
+    ok = good.take(first)
+    if ok.all():
+        return first
+    rest = np.flatnonzero(~ok)
+    if max_hops is None:
+        first[rest] = _walk_to_good(ring, pos[rest], good)
+    else:
+        first[rest] = _walk_distinct(ring, pos[rest], eligible, good, loads, max_hops, None)
+    return first
+
+
+def _walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
+    """Skipper's walk: the first ``good`` endpoint at or after each position, one lap at most."""
+    owners = ring.owners
+    size = owners.size
+    result = np.empty(pos.size, dtype=np.int32)
+    active = np.arange(pos.size)
+    cur = pos.copy()
+    for step in range(_STEPS_BEFORE_SEARCH + 1):
+        if step:
+            cur += 1
+            cur[cur == size] = 0
+        own = owners.take(cur)
+        ok = good[own]
+        result[active[ok]] = own[ok]
+        active = active[~ok]
+        cur = cur[~ok]
+        if not active.size:
+            return result
+    marked = np.flatnonzero(good[owners])
+    if marked.size:
+        result[active] = owners.take(_next_marked(marked, cur))
+    else:  # nothing under the bar (only possible with float rounding): stay at the start
+        result[active] = owners.take(pos[active])
+    return result
+
+
+def _walk_distinct(
+    ring: Ring,
+    pos: np.ndarray,
+    eligible: np.ndarray,
+    good: np.ndarray,
+    loads: np.ndarray,
+    max_hops: int | None,
+    exclude: np.ndarray | None,
+) -> np.ndarray:
+    """The walk counting distinct endpoints: hop cap, least loaded fallback, exclusions."""
     owners = ring.owners
     size = owners.size
     n = pos.size
-    if exclude is None and _first:
-        # Most keys' own endpoint is under the bar: answer those from one gather.
-        first = owners.take(pos)
-        ok = good.take(first)
-        if ok.all():
-            return first
-        rest = np.flatnonzero(~ok)
-        first[rest] = _walk(
-            ring, pos[rest], eligible, good, loads, max_hops, exclude=None, _first=False
-        )
-        return first
     result = np.full(n, -1, dtype=np.int32)
-    if max_hops is None and exclude is None:
-        own = owners.take(pos)
-        ok = good[own]
-        result[ok] = own[ok]
-        active = np.flatnonzero(~ok)
-        cur = pos[active]
-        for _ in range(_STEPS_BEFORE_SEARCH):
-            if not active.size:
-                return result
-            cur += 1
-            cur[cur == size] = 0
-            own = owners.take(cur)
-            ok = good[own]
-            result[active[ok]] = own[ok]
-            active = active[~ok]
-            cur = cur[~ok]
-        if active.size:
-            marked = np.flatnonzero(good[owners])
-            if marked.size:
-                result[active] = owners.take(_next_marked(marked, cur))
-            else:  # nothing under the bar (only possible with float rounding): stay put
-                result[active] = owners.take(pos[active])
-        return result
-
     hops = size if max_hops is None else max_hops
-    width = min(hops, int(eligible.sum()))
-    seen = np.full((n, max(width, 1)), -1, dtype=np.int64)
+    width = max(1, min(hops, int(eligible.sum())))
+    seen = np.full((n, width), -1, dtype=np.int64)
     nseen = np.zeros(n, dtype=np.intp)
     best = np.full(n, -1, dtype=np.int64)
     best_load = np.full(n, np.inf)
     active = np.arange(n)
     cur = pos.copy()
-    first = True
-    for _ in range(size):
+    for step in range(size):
         if not active.size:
             break
-        if first:
-            c = cur
-            first = False
-        else:
+        if step:
             c = cur[active] + 1
             c[c == size] = 0
             cur[active] = c
+        else:
+            c = cur
         own = owners.take(c)
         new = eligible[own] & ~(seen[active] == own[:, None]).any(axis=1)
         if exclude is not None:
@@ -254,7 +267,7 @@ def _walk(
         best[rows[lighter]] = own_new[lighter]
         best_load[rows[lighter]] = loads[own_new[lighter]]
         slot = nseen[rows]
-        fits = slot < seen.shape[1]
+        fits = slot < width
         seen[rows[fits], slot[fits]] = own_new[fits]
         nseen[rows] += 1
         done = np.zeros(n, dtype=np.bool_)
