@@ -105,7 +105,7 @@ def target_load(loads: np.ndarray, listed: np.ndarray, balance_factor: float) ->
     The sum is a left-to-right float64 accumulation starting at 1.0 (``np.cumsum`` adds in
     that order; ``np.sum`` would add pairwise and round differently).
     """
-    cand = loads[listed]
+    cand = loads if listed.all() else loads[listed]
     acc = np.empty(cand.size + 1)
     acc[0] = 1.0
     acc[1:] = cand
@@ -129,6 +129,8 @@ def skip_to_eligible(ring: Ring, pos: np.ndarray, eligible: np.ndarray) -> np.nd
 
     ``eligible`` must have at least one ``True``.
     """
+    if eligible is ring.present and ring.all_present:
+        return pos  # every endpoint on the ring is a candidate: nothing to skip
     owners = ring.owners
     size = owners.size
     bad = np.flatnonzero(~eligible[owners.take(pos)])
@@ -409,6 +411,36 @@ def _walk_one(
         if p == size:
             p = 0
     return best if hops < size or best < 0 else owner(start)
+
+
+def walk_few(
+    ring: Ring,
+    hashes: list[int],
+    listed: np.ndarray,
+    eligible: np.ndarray,
+    loads: np.ndarray,
+    balance_factor: float,
+    max_hops: int | None,
+    attempt: int = 0,
+) -> np.ndarray:
+    """:func:`walk_snapshot` for a few keys given as Python ints, key by key in Python."""
+    target = target_load(loads, listed, balance_factor)
+    owner, elig, load = ring.owners.item, eligible.item, loads.item
+    size = len(ring)
+    hops = size if max_hops is None else max_hops
+
+    def is_good(e: int) -> bool:
+        return load(e) <= target
+
+    out = []
+    for p in ring.positions_of(hashes):
+        while not elig(owner(p)):  # Skipper's skip rule: the walk starts on a candidate
+            p = p + 1 if p + 1 < size else 0
+        chosen: list[int] = []
+        for _ in range(attempt + 1):
+            chosen.append(_walk_one(owner, size, elig, load, is_good, p, hops, chosen))
+        out.append(chosen[-1])
+    return np.array(out, dtype=np.int32)
 
 
 def redirect_table(

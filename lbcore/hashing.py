@@ -607,17 +607,12 @@ def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray
             out = _hash_separated(joined, n, 0x0A, max_key_bytes)
             if out is not None:
                 return out
-    elif type(first) is int:
+    elif type(first) is int and set(map(type, keys)) == {int}:  # bool is not int here
         try:
-            values = np.array(keys)
-        except (OverflowError, ValueError):
-            values = None
-        if values is not None and values.dtype.kind in "iu" and values.ndim == 1:
-            # bool is an int subclass that NumPy folds silently into 0/1: find any.
-            small = np.flatnonzero((values == 0) | (values == 1))
-            for i in small.tolist():
-                if type(keys[i]) is not int and not isinstance(keys[i], np.integer):
-                    raise _type_error(i, keys[i])
+            values = np.fromiter(keys, dtype=np.int64, count=n)
+        except OverflowError:
+            values = None  # beyond int64: the general path formats them one by one
+        if values is not None:
             return _hash_int_array(values, max_key_bytes)
     return _hash_bytes_list(_encode_all(keys), max_key_bytes)
 

@@ -174,12 +174,12 @@ class Ring:
 
     __slots__ = (
         "_aliases",
-        "_all_present",
         "_host_of",
         "_owner_list",
         "_redirect",
         "_seen_snapshot",
         "_shift",
+        "all_present",
         "bucket_bits",
         "buckets",
         "endpoints",
@@ -244,7 +244,7 @@ class Ring:
         self._host_of = np.array([ids.setdefault(h, len(ids)) for h in hosts], dtype=np.intp)
         self._aliases = len(ids) != len(eps)
         self.present = np.bincount(owners, minlength=len(eps)) > 0
-        self._all_present = bool(self.present.all())
+        self.all_present = bool(self.present.all())
         self._owner_list: list[int] | None = None
         # Bounded-load redirect table of the last load snapshot seen twice: (key, table).
         self._redirect: tuple[tuple[Any, ...], np.ndarray] | None = None
@@ -327,7 +327,7 @@ class Ring:
         if self._aliases:
             n = len(self.endpoints)
             mask = np.bincount(self._host_of, weights=mask, minlength=n)[self._host_of] > 0
-        if not self._all_present:
+        if not self.all_present:
             mask = mask & self.present
         return mask
 
@@ -336,7 +336,7 @@ class Ring:
         listed = self.listed_mask(candidates)
         if listed is None:
             return self.present, self.present
-        if not self._all_present:
+        if not self.all_present:
             listed &= self.present
         return listed, self._widen(listed)
 
@@ -554,6 +554,10 @@ class Ring:
             return np.full(n, -1, dtype=np.int32)
         if count == 1 and attempt == 0:
             return np.full(n, int(np.flatnonzero(listed)[0]), dtype=np.int32)
+        if n <= SCALAR_MAX and not sequential:
+            if snapshot is not None:
+                self._amortized(snapshot, n)
+            return _bounded.walk_few(self, h.tolist(), listed, eligible, load, bf, hops, attempt)
         if snapshot is not None and self._amortized(snapshot, n):
             # Enough keys have been routed on this snapshot to pay for answering every
             # ring position once: look keys up in that table from now on.

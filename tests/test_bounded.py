@@ -225,3 +225,20 @@ def test_few_keys_over_the_bar_walk_key_by_key_like_the_vectorized_walk():
         keys = [f"w{trial}-{i}" for i in range(int(rng.integers(5, 60)))]
         want = ref.bounded(EPS, keys, loads.tolist(), 1.1, max_hops=hops)
         assert lbcore.Ring(EPS).lookup_bounded(keys, loads, 1.1, max_hops=hops).tolist() == want
+
+
+def test_tiny_batches_walk_key_by_key_like_the_batch():
+    rng = np.random.default_rng(12)
+    for trial in range(40):
+        loads = rng.integers(0, 8, 12).astype(float)
+        hops = [None, 1, 3][trial % 3]
+        cands = None if trial % 2 else sorted(rng.choice(12, 7, replace=False).tolist())
+        ring = lbcore.Ring(EPS)  # fresh: no redirect table, the walk itself answers
+        batch = ring.lookup_bounded(
+            KEYS[:60], loads, 1.25, max_hops=hops, candidates=cands, attempt=trial % 2
+        )
+        for i in range(0, 60, 3):
+            one = lbcore.Ring(EPS).lookup_bounded(
+                KEYS[i : i + 3], loads, 1.25, max_hops=hops, candidates=cands, attempt=trial % 2
+            )
+            assert one.tolist() == batch[i : i + 3].tolist(), (trial, i)
