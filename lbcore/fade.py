@@ -31,7 +31,7 @@ from lbcore.hashing import (
     in_blocks,
     is_long_batch,
     mix64,
-    unit_interval_of,
+    mix64_of,
     unit_threshold,
 )
 from lbcore.ring import DEFAULT_VNODES, SCALAR_MAX, Ring, check_hashes, endpoint_tuple
@@ -491,12 +491,14 @@ class RingSet:
         """Ring per key (like :meth:`ring_choice`), as a list for a few keys."""
         if hashes.size > SCALAR_MAX:
             return self.ring_choice(hashes, now_ns)
-        shares = self.share_list(now_ns)
+        thresholds = [unit_threshold(s) for s in self.share_list(now_ns)]
+        if not any(thresholds):
+            return [0] * hashes.size
         out = []
-        for u in unit_interval_of(hashes.tolist(), FADE_SALT):
+        for m in mix64_of(hashes.tolist(), FADE_SALT):
             k = 0
-            for j, share in enumerate(shares, start=1):
-                if u < share:
+            for j, t in enumerate(thresholds, start=1):
+                if m < t:  # u < share, in integers (see unit_threshold)
                     k = j
             out.append(k)
         return out

@@ -784,6 +784,11 @@ def below(hashes: np.ndarray, salt: int, share: float) -> np.ndarray:
     return mix64(hashes, salt) < _U64(t)
 
 
+def mix64_of(hashes: list[int], salt: int) -> list[int]:
+    """:func:`mix64` for a few hashes given as Python ints."""
+    return [_fmix_of(h, salt) for h in hashes]
+
+
 def unit_interval_of(hashes: list[int], salt: int) -> list[float]:
     """:func:`unit_interval` for a few hashes given as Python ints (bit-identical results)."""
     return [(_fmix_of(h, salt) >> 11) * _INV_2_53 for h in hashes]

@@ -372,9 +372,10 @@ class Ring:
             found %= self.hashes.size  # past the last node: roll over to position 0
             pos[miss] = found
         elif miss.size:
-            found = np.searchsorted(self.hashes, hashes[miss], side="left")
-            found %= self.hashes.size
-            pos[miss] = found
+            # A few keys (small batches): settle each in Python, cheaper than the array calls.
+            rows = miss.tolist()
+            for i, p in zip(rows, self.positions_of([hashes.item(i) for i in rows]), strict=True):
+                pos[i] = p
         return pos
 
     def owner_list(self) -> list[int]:
