@@ -109,6 +109,7 @@ class SimConfig:
     balance_factor: float | None = None
     signal: str = "occupancy"
     max_hops: int | None = 10
+    clients: int = 8
     window_s: float = 10.0
     bucket_s: float = 0.1
     tick_s: float = 0.01
@@ -141,6 +142,7 @@ class SimConfig:
         need(self.cache_size >= 1, f"cache_size must be >= 1 product, got {self.cache_size}")
         need(self.hit_s > 0 and self.miss_s > 0, "hit_s and miss_s must be > 0 seconds")
         need(self.concurrency >= 1, f"concurrency must be >= 1, got {self.concurrency}")
+        need(1 <= self.clients <= 64, f"clients must be 1..64 hosts, got {self.clients}")
         need(self.fade in FADE_MODES, f"fade must be one of {FADE_MODES}, got {self.fade!r}")
         need(self.fade_s >= 0, f"fade_s must be >= 0 seconds, got {self.fade_s}")
         need(self.fade_exponent > 0, f"fade_exponent must be > 0, got {self.fade_exponent}")
@@ -371,17 +373,21 @@ class Simulation:
         is_new = np.zeros(n_pods, dtype=np.bool_)
         is_new[sched.new_pods] = True
         slow_factor = np.ones(n_pods)
-        arrived = np.zeros(n_pods, dtype=np.int64)
-        completed = np.zeros(n_pods, dtype=np.int64)
-        fut_busy = np.zeros((n_pods, horizon))
-        fut_count = np.zeros((n_pods, horizon), dtype=np.int64)
-        busy_buckets = np.zeros((n_pods, n_buckets))  # ns
-        count_buckets = np.zeros((n_pods, n_buckets))
+        # Every client host keeps its own counters (cslb pools a host's workers, not hosts):
+        # a "lane" is one (client, pod) pair, lane = client * n_pods + pod.
+        n_cl = cfg.clients
+        n_lanes = n_cl * n_pods
+        arrived = np.zeros(n_lanes, dtype=np.int64)
+        completed = np.zeros(n_lanes, dtype=np.int64)
+        fut_busy = np.zeros((n_lanes, horizon))
+        fut_count = np.zeros((n_lanes, horizon), dtype=np.int64)
+        busy_buckets = np.zeros((n_lanes, n_buckets))  # ns
+        count_buckets = np.zeros((n_lanes, n_buckets))
         bucket_starts = np.full(n_buckets, -(10**18), dtype=np.int64)
         cur_bucket = -1
         last_pod = np.full(cat.size, -1, dtype=np.int32)
         moved = np.zeros(cat.size, dtype=np.bool_)
-        zeros = np.zeros(n_pods)
+        zeros = np.zeros((n_cl, n_pods))
 
         # Per-interval accumulators.
         pod_calls = np.zeros((n_pods, n_intervals), dtype=np.int64)
@@ -414,12 +420,13 @@ class Simulation:
         new_fetch = {"all": 0, "foreign": 0}
         checkpoint_s = None
         if sched.last_publish_s is not None:
-            checkpoint_s = sched.last_publish_s + (cfg.fade_s if cfg.fade != "none" else 0.0)
+            checkpoint_s = sched.last_publish_s + cfg.fade_s
         checkpoint: dict[str, Any] = {}
         table_events = list(sched.table)
         slow_events = sorted(sched.slow)
         stamp0 = _PREFILL_COHORTS + 1
         occ_now = np.zeros(n_pods)
+        occ_lanes = np.zeros((n_cl, n_pods))
 
         for m in range(total_ticks):
             t_abs = m * dt
@@ -443,7 +450,9 @@ class Simulation:
                 busy_buckets[:, bslot] += done_b
                 count_buckets[:, bslot] += done_n
                 if m - 1 >= warm_ticks:
-                    pod_busy[:, (m - 1 - warm_ticks) // per_report] += done_b * 1e-9
+                    pod_busy[:, (m - 1 - warm_ticks) // per_report] += (
+                        done_b.reshape(n_cl, n_pods).sum(axis=0) * 1e-9
+                    )
                 fut_count[:, slot] = 0
                 fut_busy[:, slot] = 0.0
 
@@ -463,37 +472,52 @@ class Simulation:
             need_occ = cfg.balance_factor is not None or (m - warm_ticks + 1) % per_report == 0
             if need_occ:
                 weights = signals.window_weights(bucket_starts, bucket_ns, now_ns, window_ns)
-                occ_now = signals.occupancy(busy_buckets, window_ns, weights)
+                occ_lanes = signals.occupancy(busy_buckets, window_ns, weights).reshape(
+                    n_cl, n_pods
+                )
+                occ_now = occ_lanes.sum(axis=0)
             loads = None
             if cfg.balance_factor is not None:
-                in_flight = (arrived - completed).astype(np.float64)
+                in_flight = (arrived - completed).astype(np.float64).reshape(n_cl, n_pods)
                 if cfg.signal == "in-flight":
                     loads = signals.effective_load(in_flight, zeros)
                 elif cfg.signal == "occupancy":
-                    loads = signals.effective_load(zeros, occ_now)
+                    loads = signals.effective_load(zeros, occ_lanes)
                 else:
-                    n_done = count_buckets @ weights
-                    busy_s = (busy_buckets @ weights) * 1e-9
+                    n_done = (count_buckets @ weights).reshape(n_cl, n_pods)
+                    busy_s = (busy_buckets @ weights).reshape(n_cl, n_pods) * 1e-9
                     pod_lat = signals.mean_latency(busy_s, n_done)
-                    total_done = float(n_done.sum())
-                    glob = float(busy_s.sum()) / total_done if total_done else None
-                    loads = signals.effective_load(in_flight, occ_now, pod_lat, glob)
+                    loads = np.empty((n_cl, n_pods))
+                    for c in range(n_cl):
+                        total_done = float(n_done[c].sum())
+                        glob = float(busy_s[c].sum()) / total_done if total_done else None
+                        loads[c] = signals.effective_load(
+                            in_flight[c], occ_lanes[c], pod_lat[c], glob
+                        )
 
             # 4.-5. arrivals, routing, caches, service.
-            batch = Batches.draw(work_rng, cat, cfg.total_rate, cfg.max_batch, t_abs, dt)
+            batch = Batches.draw(work_rng, cat, cfg.total_rate, cfg.max_batch, t_abs, dt, n_cl)
             keys = batch.keys
             n = keys.size
             if n:
-                pods = router.route(cat.hashes[keys], t_abs, loads)
+                hashes = cat.hashes[keys]
+                if loads is None or n_cl == 1:
+                    pods = router.route(hashes, t_abs, None if loads is None else loads[0])
+                else:
+                    pods = np.empty(n, dtype=np.int64)
+                    for c in np.unique(batch.client).tolist():
+                        rows = np.flatnonzero(batch.client == c)
+                        pods[rows] = router.route(hashes[rows], t_abs, loads[c])
+                lanes = batch.client * n_pods + pods
                 hit = cache.access(pods, keys, stamp0 + m)
                 service = np.where(hit, cfg.hit_s, cfg.miss_s) * slow_factor[pods]
                 done_at = queues.serve(pods, batch.arrival, service)
                 latency = done_at - batch.arrival
                 ctick = np.minimum(np.floor(done_at / dt).astype(np.int64), m + horizon - 1)
-                np.add.at(fut_busy, (pods, ctick % horizon), latency * 1e9)
-                np.add.at(fut_count, (pods, ctick % horizon), 1)
+                np.add.at(fut_busy, (lanes, ctick % horizon), latency * 1e9)
+                np.add.at(fut_count, (lanes, ctick % horizon), 1)
+                arrived += np.bincount(lanes, minlength=n_lanes)
                 per_pod = np.bincount(pods, minlength=n_pods)
-                arrived += per_pod
 
                 # Key moves: consecutive requests of a key served by different pods.
                 order = np.argsort(keys, kind="stable")

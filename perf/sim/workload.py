@@ -71,14 +71,19 @@ class Batches:
         the client together: the fan-out is parallel).
     starts : numpy.ndarray
         Index of the first call of every batch (for ``np.maximum.reduceat``).
+    client : numpy.ndarray
+        Client host (0-based) every call comes from.
     """
 
-    __slots__ = ("arrival", "keys", "starts")
+    __slots__ = ("arrival", "client", "keys", "starts")
 
-    def __init__(self, keys: np.ndarray, arrival: np.ndarray, starts: np.ndarray) -> None:
+    def __init__(
+        self, keys: np.ndarray, arrival: np.ndarray, starts: np.ndarray, client: np.ndarray
+    ) -> None:
         self.keys = keys
         self.arrival = arrival
         self.starts = starts
+        self.client = client
 
     @classmethod
     def draw(
@@ -89,21 +94,28 @@ class Batches:
         max_batch: int,
         t0: float,
         dt: float,
+        clients: int = 1,
     ) -> Batches:
         """Poisson batch arrivals over ``[t0, t0 + dt)`` carrying ``rate`` calls/s on average.
 
         Batch sizes are uniform in ``1 .. max_batch``; the number of batches is Poisson
-        with mean ``rate * dt / mean_batch_size``.
+        with mean ``rate * dt / mean_batch_size``; each batch comes from one of
+        ``clients`` client hosts, uniformly.
         """
         mean_size = (1 + max_batch) / 2.0
         nb = int(rng.poisson(rate * dt / mean_size))
         if nb == 0:
             empty = np.empty(0, dtype=np.int64)
-            return cls(empty, np.empty(0, dtype=np.float64), empty)
+            return cls(empty, np.empty(0, dtype=np.float64), empty, empty)
         sizes = rng.integers(1, max_batch + 1, nb)
         when = t0 + np.sort(rng.random(nb)) * dt
         starts = np.zeros(nb, dtype=np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
         n = int(sizes.sum())
         keys = catalogue.sample(rng, n)
-        return cls(keys, np.repeat(when, sizes), starts)
+        client = (
+            np.zeros(n, dtype=np.int64)
+            if clients == 1
+            else np.repeat(rng.integers(0, clients, nb), sizes)
+        )
+        return cls(keys, np.repeat(when, sizes), starts, client)
