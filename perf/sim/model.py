@@ -95,7 +95,7 @@ class SimConfig:
 
     pods: int = 50
     catalogue: int = 1_000_000
-    zipf: float = 0.9
+    zipf: float = 1.0
     rate: float | None = None
     rate_per_pod: float = 700.0
     max_batch: int = 100
