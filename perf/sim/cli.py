@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, help="calls per second over all clients")
     p.add_argument("--zipf", type=float, help="Zipf exponent of product popularity (1.0)")
     p.add_argument("--catalogue", type=int, help="number of product IDs (1,000,000)")
-    p.add_argument("--cache-size", type=int, help="products per pod cache (5,000)")
+    p.add_argument("--cache-size", type=int, help="products per pod cache (2,000)")
     p.add_argument("--concurrency", type=int, help="calls a pod serves at once (8)")
     p.add_argument("--clients", type=int, help="client hosts, each with its own counters (8)")
     p.add_argument(

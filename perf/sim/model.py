@@ -99,7 +99,7 @@ class SimConfig:
     rate: float | None = None
     rate_per_pod: float = 700.0
     max_batch: int = 100
-    cache_size: int = 5_000
+    cache_size: int = 2_000
     hit_s: float = 0.001
     miss_s: float = 0.015
     concurrency: int = 8
