@@ -150,14 +150,28 @@ def test_routers_answer_exactly_what_lbcore_answers():
     names = [endpoint_name(p) for p in pods]
     rng = np.random.default_rng(0)
     plain = make_router(
-        "none", pods, balance_factor=None, max_hops=10, vnodes=100, fade_s=30.0,
-        fade_exponent=2.5, rng=rng,
+        "none",
+        pods,
+        balance_factor=None,
+        max_hops=10,
+        vnodes=100,
+        fade_s=30.0,
+        fade_exponent=2.5,
+        rng=rng,
     )
-    np.testing.assert_array_equal(plain.route(h, 0.0, None), lbcore.Ring(names).lookup(None, hashes=h))
+    np.testing.assert_array_equal(
+        plain.route(h, 0.0, None), lbcore.Ring(names).lookup(None, hashes=h)
+    )
 
     nring = make_router(
-        "nring", pods[:5], balance_factor=1.25, max_hops=10, vnodes=100, fade_s=30.0,
-        fade_exponent=2.5, rng=rng,
+        "nring",
+        pods[:5],
+        balance_factor=1.25,
+        max_hops=10,
+        vnodes=100,
+        fade_s=30.0,
+        fade_exponent=2.5,
+        rng=rng,
     )
     nring.publish(pods[5:], 1.0)
     loads = np.linspace(0.0, 2.0, 8)
@@ -194,8 +208,13 @@ def test_every_request_is_counted_once(fade):
 
 
 def test_same_seed_same_result_other_seed_other_result():
-    cfg = replace(SMALL, fade="skipper", balance_factor=1.1, signal="in-flight",
-                  events=(ScaleUp(2.0, 3, 1.0),))
+    cfg = replace(
+        SMALL,
+        fade="skipper",
+        balance_factor=1.1,
+        signal="in-flight",
+        events=(ScaleUp(2.0, 3, 1.0),),
+    )
     a, b = run(cfg).to_dict(per_pod=True), run(cfg).to_dict(per_pod=True)
     c = run(replace(cfg, seed=2)).to_dict(per_pod=True)
     for d in (a, b, c):
@@ -207,7 +226,7 @@ def test_same_seed_same_result_other_seed_other_result():
 def test_bad_config_is_named():
     with pytest.raises(ValueError, match="fade must be one of"):
         run(replace(SMALL, fade="linear"))
-    with pytest.raises(ValueError, match="report_s .* whole multiple of tick_s"):
+    with pytest.raises(ValueError, match=r"report_s .* whole multiple of tick_s"):
         run(replace(SMALL, report_s=0.015))
     with pytest.raises(lbcore.BalanceFactorError):
         run(replace(SMALL, balance_factor=0.9))

@@ -44,8 +44,8 @@ __all__ = [
     "ScaleUp",
     "SimConfig",
     "SimResult",
-    "SlowPod",
     "Simulation",
+    "SlowPod",
     "run",
 ]
 
@@ -272,9 +272,7 @@ def _schedule(cfg: SimConfig) -> _Schedule:
             slow.append((ev.at_s, ev.until_s, ev.pod, ev.factor))
     table.sort(key=lambda x: x[0])
     publishes = [t for t, kind, _ in table if kind == "publish"]
-    return _Schedule(
-        initial, active, new_pods, table, slow, max(publishes) if publishes else None
-    )
+    return _Schedule(initial, active, new_pods, table, slow, max(publishes) if publishes else None)
 
 
 def _detections(
@@ -332,7 +330,8 @@ class Simulation:
 
     # ---------------------------------------------------------------------------------
 
-    def run(self) -> SimResult:  # noqa: PLR0915 - one loop reads best in one place
+    def run(self) -> SimResult:
+        """Run the whole simulation once and return what it measured."""
         cfg = self.cfg
         wall0 = time.perf_counter()
         dt = cfg.tick_s
@@ -548,7 +547,9 @@ class Simulation:
                             (final_owner[keys[new_miss]] != pods[new_miss]).sum()
                         )
                     lat_parts.append(latency.astype(np.float32))
-                    batch_parts.append(np.maximum.reduceat(latency, batch.starts).astype(np.float32))
+                    batch_parts.append(
+                        np.maximum.reduceat(latency, batch.starts).astype(np.float32)
+                    )
 
             # 6. close a report interval.
             if m >= warm_ticks and (m - warm_ticks + 1) % per_report == 0:
@@ -567,15 +568,22 @@ class Simulation:
         if lat_parts:  # a last partial interval
             t_end = cfg.seconds
             self._close_interval(
-                ser, acc, t_end - (run_ticks % per_report) * dt, lat_parts, batch_parts,
-                occ_now, router,
+                ser,
+                acc,
+                t_end - (run_ticks % per_report) * dt,
+                lat_parts,
+                batch_parts,
+                occ_now,
+                router,
             )
             all_lat += lat_parts
             all_batch += batch_parts
 
         series = {k: np.asarray(v) for k, v in ser.items()}
         calls = series["calls"].astype(np.float64)
-        series["hit_rate"] = np.divide(series["hits"], calls, out=np.zeros_like(calls), where=calls > 0)
+        series["hit_rate"] = np.divide(
+            series["hits"], calls, out=np.zeros_like(calls), where=calls > 0
+        )
         series["db_reads_per_s"] = series["db_reads"] / cfg.report_s
         series["new_pod_share"] = np.divide(
             series["new_pod_calls"], calls, out=np.zeros_like(calls), where=calls > 0

@@ -85,7 +85,9 @@ def _load_signal(plt: Any, result: ScenarioResult) -> Any:
         axes[0].plot(np.arange(occ.size), occ, label=r.label, lw=1.6)
         s = r.series
         line = axes[1].plot(s["t"], s["occ_p50"], label=f"{r.label} p50", lw=1.4)
-        axes[1].fill_between(s["t"], s["occ_p5"], s["occ_p95"], alpha=0.2, color=line[0].get_color())
+        axes[1].fill_between(
+            s["t"], s["occ_p5"], s["occ_p95"], alpha=0.2, color=line[0].get_color()
+        )
     axes[0].set_xlabel("pods, busiest first")
     axes[0].set_ylabel("occupancy (busy-s per s)")
     axes[0].set_title("per-pod occupancy over the run")

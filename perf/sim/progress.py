@@ -40,10 +40,7 @@ class ProgressBar:
         self._last = now
         frac = 0.0 if total <= 0 else min(1.0, done / total)
         bar = "#" * round(frac * self.width)
-        line = (
-            f"\r{label[:40]:<40} [{bar:<{self.width}}] {done:5.0f}/{total:.0f}  "
-            f"{elapsed:6.1f} s"
-        )
+        line = f"\r{label[:40]:<40} [{bar:<{self.width}}] {done:5.0f}/{total:.0f}  {elapsed:6.1f} s"
         self.stream.write(line)
         self.stream.flush()
         self._drawn = True

@@ -91,7 +91,9 @@ def _table(cols: dict[str, dict[str, Any]], rows: list[tuple[str, Any, str]]) ->
     out = [" " * label_w + "  " + "  ".join(n.rjust(w) for n, w in zip(names, widths, strict=True))]
     for (label, _, _), line in zip(rows, cells, strict=True):
         out.append(
-            label.ljust(label_w) + "  " + "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True))
+            label.ljust(label_w)
+            + "  "
+            + "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True))
         )
     return "\n".join(out)
 

@@ -192,9 +192,7 @@ class NRingRouter(Router):
         self._sync()
 
     def _sync(self) -> None:
-        self.pod_of = np.array(
-            [self._pod_by_name[e] for e in self.rings.endpoints], dtype=np.int64
-        )
+        self.pod_of = np.array([self._pod_by_name[e] for e in self.rings.endpoints], dtype=np.int64)
 
     def publish(self, pods: Sequence[int], now_s: float) -> None:
         self._pod_by_name.update({endpoint_name(p): p for p in pods})

@@ -131,9 +131,7 @@ def scale_up(
         "owned share = share of the new pods' cache entries, at the end of the fade, "
         "that are keys they own in steady state",
     ]
-    return ScenarioResult(
-        "scale-up", runs, {"by_mode": rows}, time.perf_counter() - t0, notes
-    )
+    return ScenarioResult("scale-up", runs, {"by_mode": rows}, time.perf_counter() - t0, notes)
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> float:
@@ -248,9 +246,7 @@ def load_signal(
             cb = None
             if progress is not None:
                 cb = _search_progress(progress, label, base.pods)
-            row["pods_needed"] = pods_needed(
-                cfg, slo_p99_ms, seconds=search_seconds, progress=cb
-            )
+            row["pods_needed"] = pods_needed(cfg, slo_p99_ms, seconds=search_seconds, progress=cb)
         rows[label] = row
     notes = [
         f"{base.pods} pods, {base.total_rate:,.0f} calls/s, {base.clients} client hosts "
@@ -265,8 +261,11 @@ def load_signal(
             f"rate, bisected with {search_seconds:g}-s runs"
         )
     return ScenarioResult(
-        "load-signal", runs, {"by_variant": rows, "slo_p99_ms": slo_p99_ms},
-        time.perf_counter() - t0, notes,
+        "load-signal",
+        runs,
+        {"by_variant": rows, "slo_p99_ms": slo_p99_ms},
+        time.perf_counter() - t0,
+        notes,
     )
 
 
@@ -318,10 +317,11 @@ def slow_pod(
         runs.append(r)
         share = slow_pod_share(r, pod)
         t = r.series["t"]
+        w = base.window_s  # the occupancy window needs this long to see a change
         phases = {
-            "before": (t >= 5.0) & (t < at_s),
-            "slow": (t >= at_s + 10.0) & (t < until_s),  # after the 10-s window has seen it
-            "after": t >= until_s + 15.0,
+            "before": (t >= min(5.0, at_s / 2)) & (t < at_s),
+            "slow": (t >= at_s + w) & (t < until_s),
+            "after": t >= until_s + w,
         }
         row: dict[str, Any] = {}
         for name, mask in phases.items():
@@ -338,21 +338,22 @@ def slow_pod(
     notes = [
         f"pod {pod} of {base.pods} serves {factor:g}x slower from t={at_s:g} s to "
         f"t={until_s:g} s; share = its fraction of all calls per second",
-        "phases: before = 5 s..start, slow = start+10 s..end (the 10-s window has "
-        "caught up), after = end+15 s..run end",
+        f"phases: before = up to the start, slow = start+{base.window_s:g} s..end (the "
+        f"occupancy window has caught up), after = end+{base.window_s:g} s..run end",
     ]
     return ScenarioResult(
-        "slow-pod", runs, {"by_variant": rows, "pod": pod, "factor": factor},
-        time.perf_counter() - t0, notes,
+        "slow-pod",
+        runs,
+        {"by_variant": rows, "pod": pod, "factor": factor},
+        time.perf_counter() - t0,
+        notes,
     )
 
 
 def slow_pod_share(result: SimResult, pod: int) -> np.ndarray:
     """Fraction of all calls that went to ``pod`` in every report interval."""
     calls = result.pod_calls.sum(axis=0).astype(np.float64)
-    return np.divide(
-        result.pod_calls[pod], calls, out=np.zeros_like(calls), where=calls > 0
-    )
+    return np.divide(result.pod_calls[pod], calls, out=np.zeros_like(calls), where=calls > 0)
 
 
 SCENARIOS: dict[str, Callable[..., ScenarioResult]] = {
