@@ -7,11 +7,13 @@ Time advances in ticks (default 10 ms). In every tick:
    returns);
 2. scheduled events apply (pods published into the routing table, pods deleted, a pod
    turning slow or recovering);
-3. if bounded load is on, one load snapshot is taken: in-flight counts, occupancy
+3. if bounded load is on, every client host takes one load snapshot of its own
+   counters (cslb pools the workers of a host, not hosts): in-flight counts, occupancy
    (:func:`lbcore.signals.occupancy` over the busy-time buckets of the last window) and
    per-pod latency, combined by :func:`lbcore.signals.effective_load`;
 4. the tick's batch requests arrive (Poisson batches of 1..100 product IDs with Zipf
-   popularity) and all their calls are routed at once on that snapshot by lbcore;
+   popularity, each from one of ``clients`` hosts) and all calls of a host are routed
+   at once on its snapshot by lbcore;
 5. each pod's cache answers hit or miss (a miss is a database read); the service time
    is the hit or miss time, times the pod's slow factor; each pod serves at most
    ``concurrency`` calls at once and queues the rest (FIFO);
