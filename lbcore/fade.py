@@ -361,6 +361,44 @@ class RingSet:
         self._bounded: tuple[tuple[Any, ...], np.ndarray] | None = None
         self._seen_snapshot: tuple[Any, ...] | None = None
 
+    @classmethod
+    def from_parts(
+        cls,
+        endpoints: tuple[str, ...],
+        tiers: np.ndarray,
+        starts_ns: tuple[int, ...],
+        rings: tuple[Ring, ...],
+        ring_pos: np.ndarray,
+        owner_table: np.ndarray,
+        *,
+        duration_ns: int,
+        exponent: float,
+        vnodes: int = DEFAULT_VNODES,
+    ) -> RingSet:
+        """Wrap a ring set that was built elsewhere (a published table) without rebuilding.
+
+        The parts are what a built set holds (:attr:`rings`, :attr:`ring_pos`,
+        :attr:`owner_table`, ...); a reader of shared memory validates them first. Only
+        shapes are checked here.
+        """
+        duration, exp = _check_fade_params(duration_ns, exponent)
+        n_rings = len(rings)
+        if n_rings != len(starts_ns) + 1 or tiers.shape != (len(endpoints),):
+            raise FadeError(
+                f"ring set parts disagree: {n_rings} rings for {len(starts_ns)} fading events, "
+                f"{tiers.size} tiers for {len(endpoints)} endpoints"
+            )
+        size = len(rings[-1])
+        if ring_pos.shape != (n_rings, size) or owner_table.shape != (n_rings, size):
+            raise FadeError(f"position maps must have shape ({n_rings}, {size})")
+        rs = cls.__new__(cls)
+        rs.endpoints, rs.tiers, rs.starts_ns = endpoints, tiers, starts_ns
+        rs.duration_ns, rs.exponent, rs.vnodes = duration, exp, vnodes
+        rs.rings, rs.ring_pos, rs.owner_table = rings, ring_pos, owner_table
+        rs._bounded = None
+        rs._seen_snapshot = None
+        return rs
+
     # ---------------------------------------------------------------------------------
     # Derived values.
 

@@ -35,8 +35,10 @@ DEFAULT_VNODES = 100
 
 # Misses in a batch above which one-node buckets are resolved by comparison, not search.
 _RESOLVE_MIN = 64
-_MAX_BUCKET_BITS = 22  # 2^22 int32 entries = 16 MiB: the size where the table stops paying
-_MIN_BUCKET_BITS = 8
+# 2^21 int32 entries = 8 MiB per ring; 2^22 measured no faster on a 100,000-node ring and
+# two buffers of such tables would not fit a container's default 64 MiB /dev/shm.
+MAX_BUCKET_BITS = 21
+MIN_BUCKET_BITS = 8
 _DEFAULT_PORTS = {"http": 80, "https": 443}  # what Skipper's net.SchemeHost fills in
 
 #: Batches this short are looked up key by key in Python (a few hundred ns per key)
@@ -52,9 +54,9 @@ def bucket_bits_for(ring_size: int) -> int:
     measured slower on this machine kind because the table spills out of them.
     """
     if ring_size <= 1:
-        return _MIN_BUCKET_BITS
+        return MIN_BUCKET_BITS
     bits = math.ceil(math.log2(ring_size)) + 5
-    return max(_MIN_BUCKET_BITS, min(_MAX_BUCKET_BITS, bits))
+    return max(MIN_BUCKET_BITS, min(MAX_BUCKET_BITS, bits))
 
 
 def build_bucket_table(hashes: np.ndarray, bits: int) -> np.ndarray:
@@ -174,7 +176,6 @@ class Ring:
 
     __slots__ = (
         "_aliases",
-        "_host_of",
         "_owner_list",
         "_redirect",
         "_seen_snapshot",
@@ -184,6 +185,7 @@ class Ring:
         "buckets",
         "endpoints",
         "hashes",
+        "host_ids",
         "owners",
         "present",
         "vnodes",
@@ -207,15 +209,18 @@ class Ring:
         *,
         vnodes: int = DEFAULT_VNODES,
         buckets: np.ndarray | None = None,
+        host_ids: np.ndarray | None = None,
     ) -> Ring:
         """Wrap ring arrays that were built elsewhere (a published table) without copying.
 
         ``hashes`` must be sorted and ``owners`` index ``endpoints``; ``buckets`` is the
-        matching :func:`build_bucket_table` output, built here when not given. A reader
-        of shared memory validates these before calling.
+        matching :func:`build_bucket_table` output, built here when not given;
+        ``host_ids`` is another ring's :attr:`host_ids` for the same endpoints (parsing
+        thousands of addresses costs milliseconds). A reader of shared memory validates
+        these before calling.
         """
         ring = cls.__new__(cls)
-        ring._init(tuple(endpoints), vnodes, hashes, owners, buckets)
+        ring._init(tuple(endpoints), vnodes, hashes, owners, buckets, host_ids)
         return ring
 
     def _init(
@@ -225,6 +230,7 @@ class Ring:
         hashes: np.ndarray,
         owners: np.ndarray,
         buckets: np.ndarray | None = None,
+        host_ids: np.ndarray | None = None,
     ) -> None:
         self.endpoints = eps
         self.vnodes = vnodes
@@ -239,10 +245,13 @@ class Ring:
                 raise EndpointError(f"bucket table has {buckets.size} entries, not a power of two")
             self.bucket_bits, self.buckets = bits, buckets
         self._shift = np.uint64(64 - self.bucket_bits)
-        hosts = [host_key(ep) for ep in eps]
-        ids: dict[str, int] = {}
-        self._host_of = np.array([ids.setdefault(h, len(ids)) for h in hosts], dtype=np.intp)
-        self._aliases = len(ids) != len(eps)
+        if host_ids is None:
+            ids: dict[str, int] = {}
+            host_ids = np.array([ids.setdefault(host_key(e), len(ids)) for e in eps], np.intp)
+        elif host_ids.shape != (len(eps),):
+            raise EndpointError(f"host_ids has {host_ids.size} entries for {len(eps)} endpoints")
+        self.host_ids = host_ids
+        self._aliases = bool(host_ids.size) and int(host_ids.max()) + 1 != len(eps)
         self.present = np.bincount(owners, minlength=len(eps)) > 0
         self.all_present = bool(self.present.all())
         self._owner_list: list[int] | None = None
@@ -270,7 +279,13 @@ class Ring:
             raise CandidatesError("a ring subset needs at least one endpoint")
         keep = mask[self.owners]
         ring = Ring.__new__(Ring)
-        ring._init(self.endpoints, self.vnodes, self.hashes[keep], self.owners[keep])
+        ring._init(
+            self.endpoints,
+            self.vnodes,
+            self.hashes[keep],
+            self.owners[keep],
+            host_ids=self.host_ids,
+        )
         return ring
 
     # ---------------------------------------------------------------------------------
@@ -326,7 +341,7 @@ class Ring:
         mask = listed
         if self._aliases:
             n = len(self.endpoints)
-            mask = np.bincount(self._host_of, weights=mask, minlength=n)[self._host_of] > 0
+            mask = np.bincount(self.host_ids, weights=mask, minlength=n)[self.host_ids] > 0
         if not self.all_present:
             mask = mask & self.present
         return mask

@@ -37,7 +37,11 @@ LOAD_SIGNALS = ("effective", "occupancy", "in-flight")
 def window_weights(
     bucket_starts_ns: Any, bucket_ns: int, now_ns: int, window_ns: int
 ) -> np.ndarray:
-    """Fraction of each time bucket that lies inside the window ``(now - window, now]``.
+    """Share of each time bucket's counts that fall inside the window ``(now - window, now]``.
+
+    A bucket's counts are taken as spread evenly over the part of it that has elapsed:
+    ``[start, min(start + bucket_ns, now))``. So the bucket in progress counts fully, and
+    the oldest bucket only by its overlap with the window.
 
     Parameters
     ----------
@@ -56,9 +60,12 @@ def window_weights(
         ``float64`` weights in ``[0, 1]``; a bucket wholly outside the window weighs 0.
     """
     starts = np.asarray(bucket_starts_ns, dtype=np.int64)
+    end = np.minimum(starts + bucket_ns, now_ns)
     lo = np.maximum(starts, now_ns - window_ns)
-    hi = np.minimum(starts + bucket_ns, now_ns)
-    return np.clip((hi - lo).astype(np.float64) / float(bucket_ns), 0.0, 1.0)
+    span = (end - starts).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = np.where(span > 0, (end - lo) / np.where(span > 0, span, 1.0), 0.0)
+    return np.clip(w, 0.0, 1.0)
 
 
 def occupancy(busy_ns: Any, window_ns: int, weights: Any = None) -> np.ndarray:

@@ -251,3 +251,30 @@ def test_ring_set_cache_keys_cover_every_parameter():
         assert np.array_equal(got, want), (bf, hops)
     with pytest.raises(lbcore.ArgumentError, match="needs loads"):
         rs.route(keys, t, balance_factor=1.25)
+
+
+def test_from_parts_wraps_a_built_set():
+    rs = RingSet(BASE).scale_up(NEW1, T0)
+    parts = RingSet.from_parts(
+        rs.endpoints,
+        rs.tiers,
+        rs.starts_ns,
+        rs.rings,
+        rs.ring_pos,
+        rs.owner_table,
+        duration_ns=rs.duration_ns,
+        exponent=rs.exponent,
+    )
+    t = T0 + 9 * S
+    assert np.array_equal(parts.route(KEYS[:5000], t), rs.route(KEYS[:5000], t))
+    with pytest.raises(lbcore.FadeError, match="disagree"):
+        RingSet.from_parts(
+            rs.endpoints,
+            rs.tiers,
+            (),
+            rs.rings,
+            rs.ring_pos,
+            rs.owner_table,
+            duration_ns=rs.duration_ns,
+            exponent=rs.exponent,
+        )

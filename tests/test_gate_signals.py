@@ -62,8 +62,13 @@ def test_occupancy_is_busy_seconds_per_second():
 def test_window_weights_cover_partial_buckets():
     starts = np.arange(0, 12 * 10**9, 10**9)  # buckets [0,1) .. [11,12) s
     w = window_weights(starts, 10**9, now_ns=11_500_000_000, window_ns=10 * 10**9)
-    assert w[0] == 0.0 and w[1] == 0.5 and w[11] == 0.5 and w[5] == 1.0
-    assert w.sum() == pytest.approx(10.0)
+    # The oldest bucket counts by its overlap; the one in progress (half elapsed) fully.
+    assert w[0] == 0.0 and w[1] == 0.5 and w[11] == 1.0 and w[5] == 1.0
+    assert w.sum() == pytest.approx(10.5)
+    # A busy half second in the elapsed half of the current bucket is all in the window.
+    busy = np.zeros((1, 12))
+    busy[0, 11] = 0.5e9
+    assert occupancy(busy, 10 * 10**9, w)[0] == pytest.approx(0.05)
 
 
 def test_effective_load():
