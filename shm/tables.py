@@ -842,6 +842,13 @@ class _TablesView:
                         table = self._decode(data, b, off, w)
                     except SegmentCorruptError as exc:
                         bad, last = exc, str(exc)
+                    except Exception as exc:
+                        # Content rewritten under our feet can fail any check in any
+                        # way; if seq stayed put, it is simply bad content.
+                        bad = SegmentLayoutError(
+                            data.name, f"buffer {b}: content cannot be decoded: {exc!r}"
+                        )
+                        last = str(bad)
                 if _WEAK:
                     fence()
                 if w[si] == seq1:
