@@ -824,9 +824,11 @@ class Recorder:
             return
         b = self._bucket_ns
         period = now_ns // b
-        if period != self._period:
+        if period > self._period:
             self._rotate(period)
-        if scalar_start and started_ns >= period * b:
+        # Threads sharing a row (LockedRecorder) may record slightly out of time order:
+        # a period the row has moved past is still fine while its bucket is retained.
+        if scalar_start and started_ns >= period * b and period > self._period - self._k:
             # Every call started in this bucket (and ended by now_ns): all of it is here.
             k = period % self._k
             _add_at(self._in_flight, s, -1)
@@ -838,31 +840,32 @@ class Recorder:
                 _add_at(self._failures[k], s, failed)
             return
         st = np.full(n, started_ns, dtype=np.int64) if scalar_start else st_arr
-        self._record_end_spread(s, st, d, period, failed)
+        self._record_end_spread(s, st, d, failed)
 
     def _record_end_spread(
-        self, s: np.ndarray, st: np.ndarray, d: np.ndarray, period: int, failed: Any
+        self, s: np.ndarray, st: np.ndarray, d: np.ndarray, failed: np.ndarray | None
     ) -> None:
+        """General case: calls spanning buckets, or ending in older retained buckets."""
         b, kk = self._bucket_ns, self._k
-        np.add.at(self._in_flight, s, -1)
-        np.add.at(self._start_sum, s, self._base - st)
+        newest = self._period
+        oldest = newest - kk + 1  # the buckets this row holds; older time is forgotten
+        _add_at(self._in_flight, s, -1)
+        _add_at(self._start_sum, s, self._base - st)
         end = st + d
-        oldest = period - kk + 1
-        for q in range(oldest, period + 1):
-            lo = np.maximum(st, q * b)
-            part = np.minimum(end, (q + 1) * b) - lo
+        for q in range(max(oldest, int(st.min()) // b), newest + 1):
+            part = np.minimum(end, (q + 1) * b) - np.maximum(st, q * b)
             np.maximum(part, 0, out=part)
             if part.any():
-                np.add.at(self._busy[q % kk], s, part)
-        qend = np.clip(end // b, oldest, period)
+                _add_at(self._busy[q % kk], s, part)
+        qend = np.clip(end // b, oldest, newest)
         for q in np.unique(qend).tolist():
             sel = qend == q
             j = q % kk
             ss = s[sel]
-            np.add.at(self._completed[j], ss, 1)
-            np.add.at(self._latency[j], ss, d[sel])
+            _add_at(self._completed[j], ss, 1)
+            _add_at(self._latency[j], ss, d[sel])
             if failed is not None:
-                np.add.at(self._failures[j], ss, failed[sel])
+                _add_at(self._failures[j], ss, failed[sel])
 
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back (its in-flight counts are zeroed, history stays)."""
