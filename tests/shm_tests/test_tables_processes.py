@@ -121,12 +121,23 @@ def killable_writer(ns, conn):
 
 
 def idle_buffer_seq(ns):
+    """``seq`` of the buffer the writer writes next (odd: a publish is under way)."""
     ctl = Segment.attach(segment_name(ns, "tables"))
     cur = ctl.words[word(TABLES_CONTROL, "current")]
     data = Segment.attach(f"{ctl.name}.{cur >> 1}")
     idle = 1 - (cur & 1)
     off = data.words[word(TABLES_DATA, f"buffer_offset{idle}")]
     return data.words[off // 8]
+
+
+def wait_until_mid_publish(ns, timeout_s=2.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if idle_buffer_seq(ns) & 1:
+                return
+        except Exception:  # the writer switched segments under us: look again
+            pass
 
 
 def test_sigkilled_writers_leave_the_last_complete_generation(namespace, procs):
@@ -137,7 +148,7 @@ def test_sigkilled_writers_leave_the_last_complete_generation(namespace, procs):
     reader = TableReader(namespace)
     last = 1
     mid_publish = 0
-    for _ in range(100):
+    for i in range(100):
         a, b = procs.ctx.Pipe(duplex=False)
         p = procs.start(killable_writer, namespace, b)
         assert a.poll(30), "writer did not start"
@@ -145,6 +156,8 @@ def test_sigkilled_writers_leave_the_last_complete_generation(namespace, procs):
         assert a.poll(30)
         assert a.recv() == last + 1
         time.sleep(rng.uniform(0, 0.004))
+        if i % 2:
+            wait_until_mid_publish(namespace)  # aim at the inside of a publish
         os.kill(p.pid, signal.SIGKILL)
         p.join(10)
         t = reader.table()
@@ -157,8 +170,8 @@ def test_sigkilled_writers_leave_the_last_complete_generation(namespace, procs):
     for s in stats:
         assert s["errors"] == [] and s["backwards"] == 0, s
         assert s["checked"] > 0, s
-    # Random kill times hit the writer inside publish (odd seq left behind) often.
-    assert mid_publish >= 10, mid_publish
+    # Half the kills aim at the inside of a publish (odd seq left behind); most land.
+    assert mid_publish >= 25, mid_publish
     with TableWriter(namespace) as w:
         assert w.generation == last
         assert publish_generation(w, RING_SETS) == last + 1
