@@ -1092,29 +1092,27 @@ class CounterReader:
         ctl = self._ctl
         m = ctl.current()
         n = m.columns if columns is None else min(int(columns), m.columns)
-        rows = np.flatnonzero(ctl.slots["used"] != 0)
+        used = np.flatnonzero(ctl.slots["used"] != 0)
         k = ctl.buckets
         w_ns = ctl.window_ns
-        if rows.size == 0 or n == 0:
+        if used.size == 0 or n == 0:
             z = np.zeros(n)
             nan = np.full(n, np.nan)
             return HostLoads(now_ns, w_ns, np.zeros(n, np.int64), z, z, nan, nan, float("nan"))
-        cells = m.fields[rows, :, :n]  # copy: (rows, 2 + 4k, n)
-        periods = m.periods[rows]
-        weights = bucket_weights(periods, ctl.bucket_ns, now_ns, w_ns)
+        # Rows are claimed lowest first, so the used rows are (nearly) a prefix: read them
+        # as one strided view, no copy; rows never used hold zeros and weigh nothing.
+        hi = int(used[-1]) + 1
+        cells = m.fields[:hi, :, :n]
+        weights = bucket_weights(m.periods[:hi], ctl.bucket_ns, now_ns, w_ns)
         in_flight_rows = cells[:, 0, :]
         open_ns = np.clip(
             in_flight_rows * (now_ns - ctl.base_ns) - cells[:, 1, :], 0, in_flight_rows * w_ns
         ).sum(axis=0)
         in_flight = np.maximum(in_flight_rows.sum(axis=0), 0)
-
-        def windowed(i: int) -> np.ndarray:
-            return np.einsum("rk,rkc->c", weights, cells[:, 2 + i * k : 2 + (i + 1) * k, :])
-
-        busy = windowed(0)
-        completed = windowed(1)
-        latency_ns = windowed(2)
-        failures = windowed(3)
+        # (rows, field, bucket, slot) weighted over rows and buckets, all four fields at once.
+        busy, completed, latency_ns, failures = np.einsum(
+            "rk,rfkc->fc", weights, cells[:, 2:, :].reshape(hi, 4, k, n)
+        )
         with np.errstate(invalid="ignore", divide="ignore"):
             failure_rate = np.where(
                 completed > 0, failures / np.where(completed > 0, completed, 1), np.nan
