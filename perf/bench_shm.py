@@ -274,7 +274,7 @@ def bench_recording(ns: str) -> None:
     per_thread.release()
 
     reader = store.reader()
-    for r in range(8):
+    for _ in range(8):
         store.claim().record_start(slots, time.monotonic_ns())
     for cols in (100, 1000):
         store.ensure_columns(cols)
@@ -289,15 +289,16 @@ def bench_recording(ns: str) -> None:
 # 5. Memory.
 
 
-def _memory(path: str = "/proc/self/smaps_rollup") -> tuple[int, int]:
-    pss = rss = 0
-    with open(path) as f:
+def _memory() -> dict[str, int]:
+    """Rss, Pss and USS (private pages) of this process from smaps_rollup, in bytes."""
+    out = {}
+    with open("/proc/self/smaps_rollup") as f:
         for line in f:
-            if line.startswith("Pss:"):
-                pss = int(line.split()[1]) * 1024
-            elif line.startswith("Rss:"):
-                rss = int(line.split()[1]) * 1024
-    return pss, rss
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                out[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    out["Uss"] = out.get("Private_Clean", 0) + out.get("Private_Dirty", 0)
+    return out
 
 
 def _shm_pss() -> int:
@@ -306,7 +307,8 @@ def _shm_pss() -> int:
     inside = False
     with open("/proc/self/smaps") as f:
         for line in f:
-            if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):
                 inside = "/dev/shm/cslb." in line
             elif inside and line.startswith("Pss:"):
                 total += int(line.split()[1]) * 1024
@@ -315,31 +317,32 @@ def _shm_pss() -> int:
 
 def _worker_memory(ns: str, ready, go, conn) -> None:
     gc.collect()
-    pss0, rss0 = _memory()
+    before = _memory()
     reader = TableReader(ns)
     t = reader.table()
-    keys = _keys(1000, 5)
-    t.ring_set.route(keys, 0)
+    t.ring_set.route(_keys(1000, 5), 0)
     rec = CounterStore.attach(ns).claim()
     rec.record_start(t.slots[:100], time.monotonic_ns())
     gc.collect()
-    pss1, rss1 = _memory()
+    alone = _memory()
+    shm_alone = _shm_pss()
     ready.set()
     go.wait(60)
-    pss2, rss2 = _memory()
-    conn.send((pss1 - pss0, rss1 - rss0, pss2 - pss0, _shm_pss()))
+    together = _memory()
+    conn.send((before, alone, shm_alone, together, _shm_pss()))
     time.sleep(60)
 
 
 def bench_memory(ns: str) -> None:
     print("\n== 5. memory a worker adds by attaching (1,000 endpoints, 2 rings)")
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: nothing shared by fork
     counters = CounterStore.create(ns, rows=16)
     eps = _eps(1000)
     rs = lbcore.RingSet(eps[:900]).scale_up(eps[900:], 10**12)
     with TableWriter(ns, counters=counters) as w:
         w.publish(rs)
-        table_bytes = w._view.buffer_bytes
+        cur = w._view
+        payload = int(cur.data.words[cur.offsets[1 - w.generation % 2] // 8 + 2])
         workers = 4
         go = ctx.Event()
         procs, pipes = [], []
@@ -348,7 +351,7 @@ def bench_memory(ns: str) -> None:
             a, b = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker_memory, args=(ns, ready, go, b), daemon=True)
             p.start()
-            ready.wait(60)  # one at a time: the first PSS reading sees only the writer
+            ready.wait(120)  # one at a time: the first "alone" reading sees only the writer
             procs.append(p)
             pipes.append(a)
         go.set()
@@ -357,20 +360,30 @@ def bench_memory(ns: str) -> None:
             p.kill()
             p.join(10)
     counters.close()
-    first = results[0]
-    print(f"  one table buffer: {table_bytes / 2**20:.1f} MiB (the writer has two)")
+    mib = 2**20
     print(
-        f"  first worker alone:  RSS +{first[1] / 2**20:5.1f} MiB, PSS +{first[0] / 2**20:5.1f} "
-        "MiB (shared pages split with the writer)"
+        f"  table payload {payload / mib:.1f} MiB (in a buffer of {cur.buffer_bytes / mib:.1f} "
+        f"MiB; the writer keeps two); counters {counters.memory_bytes() / mib:.1f} MiB"
     )
-    for i, (_, rss, pss_all, shm_pss) in enumerate(results):
+
+    def grew(after, before, key):
+        return (after[key] - before[key]) / mib
+
+    before, alone, shm_alone, _, _ = results[0]
+    print(
+        f"  first worker, only the writer also mapping: RSS +{grew(alone, before, 'Rss'):.1f} "
+        f"MiB, PSS +{grew(alone, before, 'Pss'):.1f} MiB, private +"
+        f"{grew(alone, before, 'Uss'):.1f} MiB, /dev/shm PSS {shm_alone / mib:.1f} MiB"
+    )
+    for i, (before, _, _, together, shm) in enumerate(results):
         print(
-            f"  worker {i} with {workers} attached: RSS +{rss / 2**20:5.1f} MiB, PSS "
-            f"+{pss_all / 2**20:5.1f} MiB, of which /dev/shm mappings {shm_pss / 2**20:.1f} MiB"
+            f"  worker {i}, {workers} workers attached: RSS +{grew(together, before, 'Rss'):.1f}"
+            f" MiB, PSS +{grew(together, before, 'Pss'):.1f} MiB, private +"
+            f"{grew(together, before, 'Uss'):.1f} MiB, /dev/shm PSS {shm / mib:.1f} MiB"
         )
     print(
-        f"  baseline: a private copy of the table would add {table_bytes / 2**20:.1f} MiB "
-        "PSS to every worker"
+        f"  baseline: a private copy of the table would add {payload / mib:.1f} MiB of PSS to "
+        "every worker;\n  shared, the /dev/shm part is divided among the mappers"
     )
 
 
@@ -381,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         "--only", choices=["publish", "latency", "validation", "recording", "memory"]
     )
     args = parser.parse_args(argv)
-    print(f"shm benchmark: CPython {sys.version.split()[0]}, NumPy {np.__version__}, pid {os.getpid()}")
+    version = sys.version.split()[0]
+    print(f"shm benchmark: CPython {version}, NumPy {np.__version__}, {os.cpu_count()} CPUs")
     ns = f"bench{os.getpid()}{uuid.uuid4().hex[:4]}"
     steps = {
         "publish": bench_publish,
