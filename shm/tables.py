@@ -1225,6 +1225,7 @@ class TableWriter:
         )
         if self._counters is not None:
             self._counters.ensure_columns(alloc.n_slots)
+        cur_before = self._cw[_C_CURRENT]
         data, b, old = self._target(enc.payload_bytes)
         off = self._view.offsets[b]
         words = data.words
@@ -1246,8 +1247,10 @@ class TableWriter:
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
         self.generation = gen
         self._slots = alloc
+        if cur_before and (cur_before >> 1) != self._view.data_epoch:
+            # Grown (or replaced a lost or damaged segment): the old one is nobody's now.
+            unlink_name(f"{self.name}.{cur_before >> 1}")
         if old is not None:
-            old.unlink()
             old.close()
         return gen
 
@@ -1260,8 +1263,11 @@ class TableWriter:
         cur = self._cw[_C_CURRENT]
         data = self._view.data
         if cur and data is None:
-            data = self._view.data_segment(cur >> 1)
-        capacity = self._view.buffer_bytes - BUFFER_HEADER_BYTES
+            try:
+                data = self._view.data_segment(cur >> 1)
+            except SegmentError:
+                data = None  # missing or corrupt: publish into a fresh segment instead
+        capacity = self._view.buffer_bytes - BUFFER_HEADER_BYTES if data is not None else 0
         if cur and data is not None and payload_bytes <= capacity:
             return data, 1 - (cur & 1), None
         epoch = (cur >> 1) + 1 if cur else 1

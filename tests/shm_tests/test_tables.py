@@ -234,6 +234,27 @@ def test_a_second_writer_is_refused_and_a_new_one_continues(namespace):
         w2.close()
 
 
+@pytest.mark.parametrize("damage", ["missing", "foreign"])
+def test_a_new_writer_replaces_a_lost_or_damaged_data_segment(namespace, damage):
+    w = TableWriter(namespace)
+    w.publish(lbcore.RingSet(EPS[:5]))
+    data = segment_name(namespace, "tables", 1)
+    w.close(unlink=False)
+    if damage == "missing":
+        os.unlink(SHM_DIR + data)
+    else:
+        seg = Segment.attach(data, writable=True)
+        seg.buf[:8] = b"NOTCSLB!"
+    with pytest.raises((SegmentMissingError, SegmentMagicError)):
+        TableReader(namespace).table()
+    with TableWriter(namespace) as w2:
+        assert w2.recovered is None and w2.generation == 1  # the count survives in control
+        assert w2.publish(lbcore.RingSet(EPS[:6])) == 2
+        t = TableReader(namespace).table()
+        assert t.generation == 2 and t.segment == segment_name(namespace, "tables", 2)
+        assert data not in list_segments(namespace)
+
+
 def test_close_unlinks_everything_and_mapped_tables_keep_working(namespace):
     w = TableWriter(namespace)
     w.publish(lbcore.RingSet(EPS))
