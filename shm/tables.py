@@ -1169,6 +1169,7 @@ class TableWriter:
         ejected: Any = None,
         knobs: Knobs | None = None,
         now_ns: int | None = None,
+        skip_unchanged: bool = False,
     ) -> int:
         """Publish a new generation; returns its number (previous + 1).
 
@@ -1186,6 +1187,10 @@ class TableWriter:
             Runtime knobs (default :class:`Knobs()`).
         now_ns
             CLOCK_MONOTONIC publish time (default: the writer's clock), in nanoseconds.
+        skip_unchanged
+            If the table equals the current one in everything but its publish time,
+            publish nothing and return the current generation (only the heartbeat is
+            written): a knob read back unchanged does not count as a change.
 
         Raises
         ------
@@ -1223,6 +1228,9 @@ class TableWriter:
             ejected=ej,
             knobs=knobs,
         )
+        if skip_unchanged and self._unchanged(enc):
+            self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
+            return self.generation
         if self._counters is not None:
             self._counters.ensure_columns(alloc.n_slots)
         cur_before = self._cw[_C_CURRENT]
@@ -1253,6 +1261,32 @@ class TableWriter:
         if old is not None:
             old.close()
         return gen
+
+    def _unchanged(self, enc: _Encoded) -> bool:
+        """True if ``enc`` holds what the current buffer holds, publish details aside."""
+        cur = self._cw[_C_CURRENT]
+        data = self._view.data
+        if not cur or data is None or (cur >> 1) != self._view.data_epoch:
+            return False
+        off = self._view.offsets[cur & 1]
+        words = data.words
+        if words[off // 8 + _B_PAYLOAD] != enc.payload_bytes:
+            return False
+        start = off + BUFFER_HEADER_BYTES
+        current = data.array(PAYLOAD_HEADER, start, 1)[0]
+        mine = enc.header.copy()
+        for field in ("generation", "published_ns", "publisher_pid"):
+            mine[0][field] = current[field]
+        if bytes(memoryview(mine).cast("B")) != bytes(data.buf[start : start + mine.nbytes]):
+            return False
+        pos = start + _DIR_OFFSET
+        dir_bytes = memoryview(enc.directory).cast("B")
+        if data.buf[pos : pos + dir_bytes.nbytes] != dir_bytes:
+            return False
+        for (_, section), (off_s, nbytes) in zip(enc.sections, enc.directory.tolist(), strict=True):
+            if data.buf[start + off_s : start + off_s + nbytes] != section:
+                return False
+        return True
 
     def _target(self, payload_bytes: int) -> tuple[Segment, int, Segment | None]:
         """Data segment and buffer to write (and the old segment if it had to grow).

@@ -138,6 +138,24 @@ def test_generation_counts_publishes_exactly(namespace):
         assert reader.writer_pid() == os.getpid() and reader.writer_alive()
 
 
+def test_an_unchanged_table_is_not_a_new_generation(namespace):
+    clock = [100]
+    with TableWriter(namespace, clock=lambda: clock[0]) as w:
+        reader = TableReader(namespace)
+        rs = fading_set()
+        assert w.publish(rs, knobs=Knobs(percentage=50), skip_unchanged=True) == 1
+        clock[0] = 200
+        same = fading_set()  # rebuilt, equal content
+        assert w.publish(same, knobs=Knobs(percentage=50), skip_unchanged=True) == 1
+        assert reader.table().generation == 1 and reader.heartbeat_ns() == 200
+        assert w.publish(same, knobs=Knobs(percentage=60), skip_unchanged=True) == 2
+        zones = ["z"] * len(same.endpoints)
+        assert w.publish(same, knobs=Knobs(percentage=60), zones=zones, skip_unchanged=True) == 3
+        assert w.publish(same, knobs=Knobs(percentage=60), zones=zones, skip_unchanged=True) == 3
+        assert w.publish(same, knobs=Knobs(percentage=60), zones=zones) == 4  # forced
+        assert reader.generation() == 4
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -258,9 +276,12 @@ def test_a_new_writer_replaces_a_lost_or_damaged_data_segment(namespace, damage)
 def test_close_unlinks_everything_and_mapped_tables_keep_working(namespace):
     w = TableWriter(namespace)
     w.publish(lbcore.RingSet(EPS))
-    t = TableReader(namespace).table()
+    reader = TableReader(namespace)
+    t = reader.table()
+    assert not reader.replaced()
     w.close()
     assert list_segments(namespace) == []
+    assert reader.replaced()
     assert t.valid()
     assert np.array_equal(t.ring_set.route(KEYS, 0), lbcore.RingSet(EPS).route(KEYS, 0))
     with pytest.raises(SegmentMissingError):
