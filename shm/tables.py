@@ -60,10 +60,12 @@ Why it is correct:
   so whatever the CPU did with the order in which the writer's stores became visible,
   a generation is only ever used after the reader has seen all of it exactly as the
   writer wrote it (a mismatch with a stable ``seq`` is retried briefly, then reported
-  as :class:`~shm.errors.TableChecksumError`). The same check catches a corrupted or
-  foreign segment. The barriers are then needed only for the rare case a reader keeps
-  routing on a buffer the writer is reusing two publishes later, where ``seq`` must
-  be ordered around the payload loads.
+  as :class:`~shm.errors.TableChecksumError`). Cache coherence, which every CPU keeps
+  per memory location, then guarantees that the reader's later loads of those bytes
+  return these values or newer ones (a rewrite), never older ones. The same check
+  catches a corrupted or foreign segment. The barriers are then needed only for the
+  rare case of a reader still routing on a buffer the writer reuses two publishes
+  later, where ``seq`` must be ordered around the payload loads.
 
 Capacity: a table larger than the buffers goes to a new data segment
 ``/cslb.<ns>.tables.<epoch+1>`` with larger buffers; ``current`` then names the new

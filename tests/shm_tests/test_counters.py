@@ -316,3 +316,19 @@ def test_host_loads_per_endpoint_and_signals(store):
     assert eff[1] == pytest.approx(2 * min(0.1 / loads.global_latency_s, 5))
     with pytest.raises(CounterInputError, match="unknown load signal"):
         loads.signal("cpu")
+
+
+def test_the_table_writer_grows_the_counters_before_publishing(namespace):
+    import lbcore
+    from shm import TableReader, TableWriter
+
+    store = CounterStore.create(namespace, rows=2, columns=8)
+    with TableWriter(namespace, counters=store) as w:
+        w.publish(lbcore.RingSet([f"http://10.5.0.{i}:80" for i in range(1, 101)]))
+        assert store.columns >= 100
+        t = TableReader(namespace).table()
+        worker = CounterStore.attach(namespace).claim()
+        worker.record_start(t.slots, T0)  # every slot of the table has a column
+        assert store.reader().read(T0, t.n_slots).in_flight.sum() == 100
+    store.close()
+    assert list_segments(namespace) == []
