@@ -73,6 +73,8 @@ def check_loads(loads: Any, n_endpoints: int) -> np.ndarray:
         raise LoadError(
             f"loads has shape {arr.shape}, expected ({n_endpoints},): one load per endpoint"
         )
+    if arr.size and arr.min() >= 0.0 and arr.max() < np.inf:  # False for NaN too
+        return arr
     bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
     if bad.size:
         i = int(bad[0])
@@ -99,7 +101,10 @@ def target_load(loads: np.ndarray, eligible: np.ndarray, balance_factor: float) 
     that order; ``np.sum`` would add pairwise and round differently).
     """
     cand = loads[eligible]
-    total = float(np.cumsum(np.concatenate(([1.0], cand)))[-1])
+    acc = np.empty(cand.size + 1)
+    acc[0] = 1.0
+    acc[1:] = cand
+    total = float(np.cumsum(acc, out=acc)[-1])
     average = total / float(cand.size)
     return average * balance_factor
 
@@ -173,58 +178,83 @@ def _walk(
 ) -> np.ndarray:
     """Vectorized bounded walk on one load snapshot.
 
-    Each key steps from ``pos`` over the ring; non-eligible endpoints and the key's
-    ``exclude`` row are stepped over; the first ``good`` endpoint wins. With ``max_hops``
-    the walk gives up after that many distinct endpoints and takes the least loaded one it
-    saw. Returns ``int32`` endpoint indices (``-1`` where nothing was eligible).
+    Each key steps from ``pos`` over the ring; non-eligible endpoints and the endpoints in
+    the key's ``exclude`` row are stepped over; the first ``good`` endpoint wins. With
+    ``max_hops`` the walk gives up after that many distinct endpoints and takes the least
+    loaded one it saw. Returns ``int32`` endpoint indices.
     """
+    if exclude is not None:
+        return _walk_distinct(ring, pos, eligible, good, loads, max_hops, exclude)
+    # Most keys' own endpoint is under the bar: answer those from one gather.
+    first = ring.owners.take(pos)
+    ok = good.take(first)
+    if ok.all():
+        return first
+    rest = np.flatnonzero(~ok)
+    if max_hops is None:
+        first[rest] = _walk_to_good(ring, pos[rest], good)
+    else:
+        first[rest] = _walk_distinct(ring, pos[rest], eligible, good, loads, max_hops, None)
+    return first
+
+
+def _walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
+    """Skipper's walk: the first ``good`` endpoint at or after each position, one lap at most."""
+    owners = ring.owners
+    size = owners.size
+    result = np.empty(pos.size, dtype=np.int32)
+    active = np.arange(pos.size)
+    cur = pos.copy()
+    for step in range(_STEPS_BEFORE_SEARCH + 1):
+        if step:
+            cur += 1
+            cur[cur == size] = 0
+        own = owners.take(cur)
+        ok = good[own]
+        result[active[ok]] = own[ok]
+        active = active[~ok]
+        cur = cur[~ok]
+        if not active.size:
+            return result
+    marked = np.flatnonzero(good[owners])
+    if marked.size:
+        result[active] = owners.take(_next_marked(marked, cur))
+    else:  # nothing under the bar (only possible with float rounding): stay at the start
+        result[active] = owners.take(pos[active])
+    return result
+
+
+def _walk_distinct(
+    ring: Ring,
+    pos: np.ndarray,
+    eligible: np.ndarray,
+    good: np.ndarray,
+    loads: np.ndarray,
+    max_hops: int | None,
+    exclude: np.ndarray | None,
+) -> np.ndarray:
+    """The walk counting distinct endpoints: hop cap, least loaded fallback, exclusions."""
     owners = ring.owners
     size = owners.size
     n = pos.size
     result = np.full(n, -1, dtype=np.int32)
-    if max_hops is None and exclude is None:
-        own = owners.take(pos)
-        ok = good[own]
-        result[ok] = own[ok]
-        active = np.flatnonzero(~ok)
-        cur = pos[active]
-        for _ in range(_STEPS_BEFORE_SEARCH):
-            if not active.size:
-                return result
-            cur += 1
-            cur[cur == size] = 0
-            own = owners.take(cur)
-            ok = good[own]
-            result[active[ok]] = own[ok]
-            active = active[~ok]
-            cur = cur[~ok]
-        if active.size:
-            marked = np.flatnonzero(good[owners])
-            if marked.size:
-                result[active] = owners.take(_next_marked(marked, cur))
-            else:  # nothing under the bar (only possible with float rounding): stay put
-                result[active] = owners.take(pos[active])
-        return result
-
     hops = size if max_hops is None else max_hops
-    width = min(hops, int(eligible.sum()))
-    seen = np.full((n, max(width, 1)), -1, dtype=np.int64)
+    width = max(1, min(hops, int(eligible.sum())))
+    seen = np.full((n, width), -1, dtype=np.int64)
     nseen = np.zeros(n, dtype=np.intp)
     best = np.full(n, -1, dtype=np.int64)
     best_load = np.full(n, np.inf)
     active = np.arange(n)
     cur = pos.copy()
-    first = True
-    for _ in range(size):
+    for step in range(size):
         if not active.size:
             break
-        if first:
-            c = cur
-            first = False
-        else:
+        if step:
             c = cur[active] + 1
             c[c == size] = 0
             cur[active] = c
+        else:
+            c = cur
         own = owners.take(c)
         new = eligible[own] & ~(seen[active] == own[:, None]).any(axis=1)
         if exclude is not None:
@@ -237,7 +267,7 @@ def _walk(
         best[rows[lighter]] = own_new[lighter]
         best_load[rows[lighter]] = loads[own_new[lighter]]
         slot = nseen[rows]
-        fits = slot < seen.shape[1]
+        fits = slot < width
         seen[rows[fits], slot[fits]] = own_new[fits]
         nseen[rows] += 1
         done = np.zeros(n, dtype=np.bool_)
@@ -287,7 +317,7 @@ def walk_sequential(
     per routed key. Inherently sequential; meant for parity checks and simulation, not
     for the hot path (which routes a batch on one snapshot).
     """
-    _, _, owners = ring._scalar_lists()
+    owners = ring.owner_list()
     size = len(owners)
     load = loads.tolist()
     elig = eligible.tolist()
@@ -371,5 +401,12 @@ def redirect_table(
     eligible = ring.present.copy() if mask is None else mask
     if not eligible.any():
         return np.full(len(ring), -1, dtype=np.int32)
+    return redirect_from(ring, eligible, load, bf, hops)
+
+
+def redirect_from(
+    ring: Ring, eligible: np.ndarray, loads: np.ndarray, balance_factor: float, max_hops: int | None
+) -> np.ndarray:
+    """:func:`redirect_table` on validated inputs (``eligible`` has at least one ``True``)."""
     pos = skip_to_eligible(ring, np.arange(len(ring), dtype=np.intp), eligible)
-    return walk_snapshot(ring, pos, eligible, load, bf, hops)
+    return walk_snapshot(ring, pos, eligible, loads, balance_factor, max_hops)

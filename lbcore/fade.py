@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.bounded import check_loads, redirect_table
 from lbcore.errors import CandidatesError, EndpointError, FadeError
-from lbcore.hashing import hash_keys, unit_interval
-from lbcore.ring import DEFAULT_VNODES, Ring
+from lbcore.hashing import below, hash_keys, in_blocks, is_long_batch, unit_interval_of
+from lbcore.ring import DEFAULT_VNODES, SCALAR_MAX, Ring
 
 __all__ = [
     "DEFAULT_FADE_DURATION_NS",
@@ -37,6 +38,7 @@ __all__ = [
     "fadein_filter",
     "fadein_score",
     "skipper_fadein_candidates",
+    "skipper_fadein_route",
 ]
 
 #: Default fade window D: 30 s, in nanoseconds.
@@ -127,6 +129,66 @@ def skipper_fadein_candidates(
         yield rows, mask
 
 
+def skipper_fadein_route(
+    ring: Ring,
+    keys: Any,
+    ages_ns: Sequence[int | None],
+    duration_ns: int,
+    exponent: float,
+    thresholds: Any,
+    *,
+    loads: Any = None,
+    balance_factor: float | None = None,
+    hashes: np.ndarray | None = None,
+) -> np.ndarray:
+    """Route a batch with Skipper's fade-in (compatibility mode): each key is one request.
+
+    Parameters
+    ----------
+    ring
+        The ring of all endpoints (Skipper builds it from every route endpoint).
+    keys
+        The batch; ignored when ``hashes`` is given.
+    ages_ns
+        Per endpoint, ``now - detected time`` in nanoseconds (``None``: fully in).
+    duration_ns, exponent
+        Skipper's ``fadeIn(duration, exponent)``; ``duration_ns <= 0`` disables it.
+    thresholds
+        One uniform draw in ``[0, 1)`` per key (the caller's seeded generator).
+    loads, balance_factor
+        Optional bounded load, as in :meth:`lbcore.Ring.lookup_bounded`.
+    hashes
+        Precomputed ``uint64`` key hashes.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``int32`` endpoint indices.
+    """
+    h = hash_keys(keys) if hashes is None else hashes
+    thr = np.asarray(thresholds, dtype=np.float64)
+    if thr.shape != h.shape:
+        raise FadeError(f"need one threshold per key: {thr.shape} for {h.size} keys")
+    if duration_ns <= 0:
+        scores = np.ones(len(ring.endpoints))
+    else:
+        scores = np.array(
+            [
+                fadein_score(_MAX_DURATION_NS if a is None else a, duration_ns, exponent)
+                for a in ages_ns
+            ]
+        )
+    out = np.empty(h.size, dtype=np.int32)
+    for rows, mask in skipper_fadein_candidates(scores, thr):
+        if balance_factor is None:
+            out[rows] = ring.lookup(None, candidates=mask, hashes=h[rows])
+        else:
+            out[rows] = ring.lookup_bounded(
+                None, loads, balance_factor, candidates=mask, hashes=h[rows]
+            )
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # N-ring fade-in.
 
@@ -165,6 +227,35 @@ def _check_fade_params(duration_ns: Any, exponent: Any) -> tuple[int, float]:
     return int(duration_ns), e
 
 
+def _position_maps(rings: Sequence[Ring], tiers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per ring, where each position of the newest (master) ring lands.
+
+    Ring ``k`` is the master ring with the nodes of tiers above ``k`` left out, in the same
+    order, so a key at master position ``p`` is at ring-``k`` position
+    ``ring_pos[k, p]``: the first ring-``k`` node at or after ``p``, wrapped. With
+    ``owner_table[k, p]`` the endpoint there, routing a key on any ring is one gather
+    from its master position.
+    """
+    if not rings:
+        empty = np.empty((0, 0), dtype=np.int32)
+        return empty, empty
+    master = rings[-1]
+    size = len(master)
+    node_tier = tiers[master.owners]
+    ring_pos = np.empty((len(rings), size), dtype=np.int32)
+    owner_table = np.empty((len(rings), size), dtype=np.int32)
+    for k, ring in enumerate(rings):
+        if k == len(rings) - 1:
+            ring_pos[k] = np.arange(size, dtype=np.int32)
+        else:
+            marked = node_tier <= k
+            before = np.cumsum(marked) - marked  # ring-k nodes strictly before p
+            before[before == len(ring)] = 0
+            ring_pos[k] = before
+        owner_table[k] = ring.owners.take(ring_pos[k])
+    return ring_pos, owner_table
+
+
 class RingSet:
     """An established ring plus fading rings, one per scale-up event. Immutable.
 
@@ -188,7 +279,19 @@ class RingSet:
         Optionally, the ring of all ``endpoints`` (reused instead of rebuilt).
     """
 
-    __slots__ = ("duration_ns", "endpoints", "exponent", "rings", "starts_ns", "tiers", "vnodes")
+    __slots__ = (
+        "_bounded",
+        "_seen_snapshot",
+        "duration_ns",
+        "endpoints",
+        "exponent",
+        "owner_table",
+        "ring_pos",
+        "rings",
+        "starts_ns",
+        "tiers",
+        "vnodes",
+    )
 
     def __init__(
         self,
@@ -235,6 +338,9 @@ class RingSet:
             for k in range(len(starts) + 1):
                 rings.append(full if k == len(starts) else full.subset(tier <= k))
         self.rings: tuple[Ring, ...] = tuple(rings)
+        self.ring_pos, self.owner_table = _position_maps(self.rings, tier)
+        self._bounded: tuple[tuple[Any, ...], np.ndarray] | None = None
+        self._seen_snapshot: tuple[Any, ...] | None = None
 
     # ---------------------------------------------------------------------------------
     # Derived values.
@@ -250,23 +356,26 @@ class RingSet:
         """The ring of all endpoints (the newest ring), or ``None`` when empty."""
         return self.rings[-1] if self.rings else None
 
+    def share_list(self, now_ns: int) -> list[float]:
+        """Current share of each fading ring, oldest first, as Python floats."""
+        d, e = self.duration_ns, self.exponent
+        if d <= 0:
+            return [1.0] * len(self.starts_ns)
+        return [min(max((now_ns - s) / d, 0.0), 1.0) ** e for s in self.starts_ns]
+
     def shares(self, now_ns: int) -> np.ndarray:
         """Current share of each fading ring, oldest first."""
-        if not self.starts_ns:
-            return np.empty(0, dtype=np.float64)
-        elapsed = now_ns - np.array(self.starts_ns, dtype=np.int64)
-        return np.asarray(fade_share(elapsed, self.duration_ns, self.exponent))
+        return np.array(self.share_list(now_ns), dtype=np.float64)
 
     def ring_choice(self, hashes: np.ndarray, now_ns: int) -> np.ndarray:
         """Index of the ring each key uses: the newest ring ``k`` with ``u < s_k``, else 0."""
         choice = np.zeros(hashes.size, dtype=np.intp)
         if not self.starts_ns:
             return choice
-        u = unit_interval(hashes, FADE_SALT)
-        for k, share in enumerate(self.shares(now_ns).tolist(), start=1):
+        for k, share in enumerate(self.share_list(now_ns), start=1):
             # Shares fall from older to newer rings, so later (newer) rings overwrite.
             if share > 0.0:
-                choice[u < share] = k
+                choice[below(hashes, FADE_SALT, share)] = k
         return choice
 
     # ---------------------------------------------------------------------------------
@@ -354,6 +463,38 @@ class RingSet:
     # ---------------------------------------------------------------------------------
     # Routing.
 
+    def _choice_of(self, hashes: np.ndarray, now_ns: int) -> np.ndarray | list[int]:
+        """Ring per key (like :meth:`ring_choice`), as a list for a few keys."""
+        if hashes.size > SCALAR_MAX:
+            return self.ring_choice(hashes, now_ns)
+        shares = self.share_list(now_ns)
+        out = []
+        for u in unit_interval_of(hashes.tolist(), FADE_SALT):
+            k = 0
+            for j, share in enumerate(shares, start=1):
+                if u < share:
+                    k = j
+            out.append(k)
+        return out
+
+    def _bounded_table(
+        self, loads: np.ndarray, balance_factor: float, max_hops: int | None
+    ) -> np.ndarray | None:
+        """Bounded-load answer per (ring, master position) for a load snapshot seen twice."""
+        snapshot = (loads.tobytes(), balance_factor, max_hops)
+        cached = self._bounded
+        if cached is not None and cached[0] == snapshot:
+            return cached[1]
+        if snapshot != self._seen_snapshot:
+            self._seen_snapshot = snapshot
+            return None
+        table = np.empty_like(self.owner_table)
+        for k, ring in enumerate(self.rings):
+            redirect = redirect_table(ring, loads, balance_factor, max_hops=max_hops)
+            table[k] = redirect.take(self.ring_pos[k])
+        self._bounded = (snapshot, table)
+        return table
+
     def route(
         self,
         keys: Any,
@@ -377,32 +518,78 @@ class RingSet:
             ``int32`` indices into :attr:`endpoints`; ``-1`` (fallback) when the set is
             empty or nothing is eligible.
         """
+        if hashes is None and is_long_batch(keys):
+            return in_blocks(
+                lambda b: self.route(
+                    b,
+                    now_ns,
+                    loads=loads,
+                    balance_factor=balance_factor,
+                    candidates=candidates,
+                    max_hops=max_hops,
+                    attempt=attempt,
+                ),
+                keys,
+                np.int32,
+            )
         h = hash_keys(keys) if hashes is None else hashes
         if not self.rings:
             return np.full(h.size, -1, dtype=np.int32)
+        table: np.ndarray | None = self.owner_table
+        if balance_factor is not None:
+            if loads is None:
+                raise CandidatesError("bounded-load routing needs loads")
+            load = loads
+            if type(load) is not np.ndarray or load.dtype != np.float64:
+                load = check_loads(loads, len(self.endpoints))
+            table = self._bounded_table(load, balance_factor, max_hops)
+        if candidates is None and attempt == 0 and table is not None:
+            # One gather from the master position, in the row of the key's ring.
+            master = self.rings[-1]
+            choice = self._choice_of(h, now_ns)
+            if h.size <= SCALAR_MAX:
+                size = table.shape[1]
+                item = table.item
+                pos = master.positions_of(h.tolist())
+                return np.array(
+                    [item(k * size + p) for k, p in zip(choice, pos, strict=True)], np.int32
+                )
+            pos = master.positions(h)
+            if not self.starts_ns:
+                return table[0].take(pos)
+            flat = np.asarray(choice, dtype=np.intp) * table.shape[1]
+            flat += pos
+            return table.take(flat)
+        return self._route_grouped(h, now_ns, loads, balance_factor, candidates, max_hops, attempt)
+
+    def _route_grouped(
+        self,
+        h: np.ndarray,
+        now_ns: int,
+        loads: Any,
+        balance_factor: float | None,
+        candidates: Any,
+        max_hops: int | None,
+        attempt: int,
+    ) -> np.ndarray:
+        """General routing: group keys by ring and ask each ring (candidates, retries)."""
         user = self.rings[-1].candidate_mask(candidates)
         choice = self.ring_choice(h, now_ns)
-        if not self.starts_ns:
-            groups: list[tuple[int, Any]] = [(0, None)]
-        else:
-            groups = [(k, np.flatnonzero(choice == k)) for k in range(len(self.rings))]
         out = np.empty(h.size, dtype=np.int32)
-        for k, rows in groups:
+        for k, ring in enumerate(self.rings):
+            rows = np.flatnonzero(choice == k) if self.starts_ns else None
             if rows is not None and rows.size == 0:
                 continue
-            ring = self.rings[k]
-            mask = user  # ring k holds only its members; the ring narrows the mask to them
             hk = h if rows is None else h[rows]
+            # Ring k holds only its members; it narrows the candidate mask to them.
             if balance_factor is None:
-                res = ring.lookup(None, candidates=mask, attempt=attempt, hashes=hk)
+                res = ring.lookup(None, candidates=user, attempt=attempt, hashes=hk)
             else:
-                if loads is None:
-                    raise CandidatesError("bounded-load routing needs loads")
                 res = ring.lookup_bounded(
                     None,
                     loads,
                     balance_factor,
-                    candidates=mask,
+                    candidates=user,
                     max_hops=max_hops,
                     attempt=attempt,
                     hashes=hk,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lbcore.errors import GateError
-from lbcore.hashing import unit_interval
+from lbcore.hashing import below
 
 __all__ = ["FALLBACK", "GATE_SALT", "Gate", "apply_gate", "gate_mask"]
 
@@ -89,7 +89,7 @@ def gate_mask(hashes: np.ndarray, enabled: bool, percentage: float) -> np.ndarra
         return np.zeros(n, dtype=np.bool_)
     if p >= 100.0:
         return np.ones(n, dtype=np.bool_)
-    return unit_interval(hashes, GATE_SALT) < p / 100.0
+    return below(hashes, GATE_SALT, p / 100.0)
 
 
 def apply_gate(

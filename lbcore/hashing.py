@@ -19,6 +19,7 @@ decimal string, so ``123`` and ``"123"`` route alike), in a sequence or a NumPy 
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +35,6 @@ __all__ = [
     "encode_key",
     "hash_keys",
     "unit_interval",
-    "xxh64_bytes",
 ]
 
 #: The longest key every cslb surface accepts, in bytes (UTF-8 for ``str`` keys).
@@ -42,6 +42,9 @@ MAX_KEY_BYTES = 4096
 
 #: Batches at least this long are hashed with NumPy; shorter ones key by key.
 VECTOR_MIN_BATCH = 512
+
+#: Batches longer than two blocks are hashed a block of this many keys at a time.
+BLOCK = 1 << 15
 
 # Below this many keys a group of equal-length keys is cheaper to hash key by key.
 _GROUP_MIN = 48
@@ -58,11 +61,6 @@ _LE_U64 = np.dtype("<u8")
 _NATIVE_LE = sys.byteorder == "little"
 
 _xxh64 = xxhash.xxh64_intdigest
-
-
-def xxh64_bytes(data: bytes) -> int:
-    """Return XXH64 (seed 0) of ``data`` as an unsigned 64-bit Python int."""
-    return _xxh64(data)
 
 
 def _type_error(i: int, key: Any) -> KeyTypeError:
@@ -137,18 +135,24 @@ def _round(acc: np.ndarray, lane: np.ndarray, tmp: np.ndarray) -> np.ndarray:
     return acc
 
 
-def _xxh64_lanes(words: np.ndarray, length: int) -> np.ndarray:
+def _xxh64_lanes(words: Any, length: int, out: np.ndarray | None = None) -> np.ndarray:
     """XXH64 (seed 0) of ``n`` keys of ``length`` bytes each.
 
     Parameters
     ----------
     words
-        ``(n, ceil(length / 8))`` native uint64 matrix: each row the key's bytes read as
-        little-endian 8-byte lanes, the last lane zero-padded.
+        The keys' bytes read as little-endian 8-byte lanes: an ``(n, ceil(length / 8))``
+        uint64 matrix, or a sequence of ``ceil(length / 8)`` uint64 columns (possibly
+        unaligned strided views of a byte buffer). Bytes of the last lane beyond
+        ``length`` are ignored, so they need not be zero.
     length
         Length of every key, in bytes.
+    out
+        Optional ``uint64`` array of ``n`` elements for the result.
     """
-    n = words.shape[0]
+    if isinstance(words, np.ndarray):
+        words = [words[:, j] for j in range(words.shape[1])]
+    n = words[0].shape[0]
     tmp = np.empty(n, dtype=np.uint64)
     k1 = np.empty(n, dtype=np.uint64)
     offset = 0  # bytes consumed so far
@@ -161,9 +165,9 @@ def _xxh64_lanes(words: np.ndarray, length: int) -> np.ndarray:
         while length - offset >= 32:
             w = offset // 8
             for j in range(4):
-                _round(accs[j], words[:, w + j], tmp)
+                _round(accs[j], words[w + j], tmp)
             offset += 32
-        h = np.empty(n, dtype=np.uint64)
+        h = np.empty(n, dtype=np.uint64) if out is None else out
         for j, r in enumerate((1, 7, 12, 18)):
             np.copyto(k1, accs[j])
             _rotl(k1, r, tmp)
@@ -178,11 +182,12 @@ def _xxh64_lanes(words: np.ndarray, length: int) -> np.ndarray:
             np.multiply(h, _P1, out=h)
             np.add(h, _P4, out=h)
     else:
-        h = np.full(n, _P5, dtype=np.uint64)
+        h = np.empty(n, dtype=np.uint64) if out is None else out
+        h.fill(_P5)
     np.add(h, _U64(length), out=h)
     while length - offset >= 8:
         k1.fill(0)
-        _round(k1, words[:, offset // 8], tmp)
+        _round(k1, words[offset // 8], tmp)
         np.bitwise_xor(h, k1, out=h)
         _rotl(h, 27, tmp)
         np.multiply(h, _P1, out=h)
@@ -190,7 +195,7 @@ def _xxh64_lanes(words: np.ndarray, length: int) -> np.ndarray:
         offset += 8
     rest = length - offset
     if rest:
-        last = words[:, offset // 8]
+        last = words[offset // 8]
         shift = 0
         if rest >= 4:
             np.bitwise_and(last, _U64(0xFFFFFFFF), out=k1)
@@ -225,7 +230,8 @@ def _lanes_from_rows(rows: np.ndarray, length: int) -> np.ndarray:
     """Copy an ``(n, length)`` uint8 matrix (any strides) into zero-padded uint64 lanes."""
     n = rows.shape[0]
     width = (length + 7) // 8
-    padded = np.zeros((n, width * 8), dtype=np.uint8)
+    padded = np.empty((n, width * 8), dtype=np.uint8)
+    padded[:, length:] = 0
     if length:
         padded[:, :length] = rows
     words = padded.view(_LE_U64)
@@ -272,12 +278,67 @@ def _hash_flat(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
     return out
 
 
+def _hash_aligned(mat: np.ndarray, lengths: np.ndarray, right: bool) -> np.ndarray:
+    """Hash keys stored one per row of a fixed-width ``(n, width)`` uint8 matrix.
+
+    Key ``i`` is the first (``right=False``) or last (``right=True``) ``lengths[i]``
+    bytes of row ``i``. Rows are grouped by length; a group is a strided column slice of
+    the matrix (after a row gather when lengths are mixed), never a byte-level gather.
+    """
+    n, width = mat.shape
+    out = np.empty(n, dtype=np.uint64)
+    if n == 0:
+        return out
+    counts = np.bincount(lengths, minlength=width + 1)
+    present = np.flatnonzero(counts)
+    if present.size == 1:
+        length = int(present[0])
+        return _hash_rows(mat[:, width - length :] if right else mat[:, :length], length)
+    order = np.argsort(lengths, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(counts[present])))
+    for length, lo, hi in zip(
+        present.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True
+    ):
+        members = order[lo:hi]
+        if members.size < _GROUP_MIN:
+            cols = slice(width - length, width) if right else slice(0, length)
+            out[members] = [_xxh64(row.tobytes()) for row in mat[members, cols]]
+            continue
+        rows = mat[members]
+        out[members] = _hash_rows(rows[:, width - length :] if right else rows[:, :length], length)
+    return out
+
+
 def _hash_separated(buf: bytes, n: int, sep: int, max_key_bytes: int | None) -> np.ndarray | None:
-    """Hash ``n`` keys joined by the byte ``sep`` (which occurs in no key); ``None`` if it does."""
-    if buf.count(bytes((sep,))) != n - 1:
-        return None
+    """Hash ``n`` keys joined by the byte ``sep``; ``None`` if some key contains ``sep``."""
     arr = np.frombuffer(buf, dtype=np.uint8)
-    seps = np.flatnonzero(arr == sep)
+    is_sep = arr == sep
+    length = buf.find(bytes((sep,))) if n > 1 else arr.size
+    stride = length + 1
+    if arr.size == n * stride - 1 and bool(is_sep[length::stride].all()):
+        # Every key has the same length: if these are the only separators, key i starts
+        # at i * stride and its 8-byte lanes are read in place, as unaligned strided
+        # uint64 views of the buffer, for every row whose reads stay inside the buffer.
+        if int(np.count_nonzero(is_sep)) != n - 1:
+            return None
+        _check_lengths(np.array([length]), max_key_bytes)
+        out = np.empty(n, dtype=np.uint64)
+        width = (length + 7) // 8
+        inside = 0 if length == 0 else max(0, min(n, (arr.size - 8 * width) // stride + 1))
+        if inside:
+            lanes = [
+                np.ndarray((inside,), dtype=_LE_U64, buffer=buf, offset=8 * j, strides=(stride,))
+                for j in range(width)
+            ]
+            if not _NATIVE_LE:
+                lanes = [lane.astype(np.uint64) for lane in lanes]
+            _xxh64_lanes(lanes, length, out=out[:inside])
+        for i in range(inside, n):
+            out[i] = _xxh64(buf[i * stride : i * stride + length])
+        return out
+    seps = np.flatnonzero(is_sep)
+    if seps.size != n - 1:
+        return None
     starts = np.empty(n, dtype=np.intp)
     starts[0] = 0
     starts[1:] = seps + 1
@@ -286,14 +347,6 @@ def _hash_separated(buf: bytes, n: int, sep: int, max_key_bytes: int | None) -> 
     ends[-1] = arr.size
     lengths = ends - starts
     _check_lengths(lengths, max_key_bytes)
-    if n > 1 and int(lengths.min()) == int(lengths.max()):
-        length = int(lengths[0])
-        # Equal lengths: the buffer is an (n, length + 1) matrix whose last column holds the
-        # separators, so a strided view replaces the gather.
-        full = np.empty(n * (length + 1), dtype=np.uint8)
-        full[:-1] = arr
-        full[-1] = sep
-        return _hash_rows(full.reshape(n, length + 1)[:, :length], length)
     return _hash_flat(arr, starts, lengths)
 
 
@@ -311,12 +364,20 @@ def _encode_all(keys: Sequence[Any]) -> list[bytes]:
     return [encode_key(k, i) for i, k in enumerate(keys)]
 
 
+# Four ASCII digits per uint32 ("0000" .. "9999"), little-endian so the bytes read in order.
+_DIGITS4 = np.frombuffer(
+    "".join(f"{i:04d}" for i in range(10_000)).encode("ascii"), dtype="<u4"
+).astype(np.uint32)
+_POW10 = np.array([10**k for k in range(1, 20)], dtype=np.uint64)
+
+
 def _decimal_digits(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Decimal strings of integers, right-aligned in a byte matrix.
 
     Returns ``(buf, starts, lengths, width)``: row ``i`` of the ``(n, width)`` matrix
     flattened into ``buf`` holds the decimal string (with ``-`` for negatives) of
-    ``values[i]`` in its last ``lengths[i]`` bytes.
+    ``values[i]`` in its last ``lengths[i]`` bytes. Digits are produced four at a time
+    from a 10,000-entry table, so a 12-digit ID costs three divisions, not twelve.
     """
     n = values.size
     if values.dtype.kind == "i":
@@ -324,42 +385,146 @@ def _decimal_digits(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         negative = signed < 0
         magnitude = signed.view(np.uint64).copy()
         np.negative(magnitude, out=magnitude, where=negative)  # two's complement, wraps
+        if not negative.any():
+            negative = None
     else:
         magnitude = values.astype(np.uint64, copy=True)
         negative = None
-    top = int(magnitude.max()) if n else 0
-    ndigits_max = len(str(top))
-    width = ndigits_max + 1
-    mat = np.zeros((n, width), dtype=np.uint8)
-    ndigits = np.ones(n, dtype=np.intp)
+    ndigits = np.searchsorted(_POW10, magnitude, side="right") + 1
+    groups = (int(ndigits.max()) + 3) // 4
+    width = 4 * groups + (0 if negative is None else 4)
+    mat = np.empty((n, width // 4), dtype=np.uint32)
     rem = magnitude
     quo = np.empty(n, dtype=np.uint64)
-    digit = np.empty(n, dtype=np.uint64)
-    ten = _U64(10)
-    for col in range(width - 1, 0, -1):
-        np.floor_divide(rem, ten, out=quo)
-        np.multiply(quo, ten, out=digit)
-        np.subtract(rem, digit, out=digit)
-        np.add(digit, _U64(48), out=digit)
-        mat[:, col] = digit
-        if col < width - 1:
-            ndigits += rem > 0
+    low = np.empty(n, dtype=np.uint64)
+    for g in range(width // 4 - 1, width // 4 - 1 - groups, -1):
+        np.floor_divide(rem, _U64(10_000), out=quo)
+        np.multiply(quo, _U64(10_000), out=low)
+        np.subtract(rem, low, out=low)
+        np.take(_DIGITS4, low.view(np.int64), out=mat[:, g], mode="clip")
         rem, quo = quo, rem
+    buf = (
+        mat.view(np.uint8).reshape(-1)
+        if _NATIVE_LE
+        else mat.astype("<u4").view(np.uint8).reshape(-1)
+    )
     lengths = ndigits
-    if negative is not None and negative.any():
+    if negative is not None:
         lengths = ndigits + negative
         rows = np.flatnonzero(negative)
-        mat[rows, width - lengths[rows]] = ord("-")
+        buf[rows * width + (width - lengths[rows])] = ord("-")
     starts = np.arange(n, dtype=np.intp) * width + (width - lengths)
-    return mat.reshape(-1), starts, lengths, width
+    return buf, starts, lengths, width
+
+
+# Tails of 1-3 digits, zero-padded in the high bytes, for the last partial 4-digit chunk.
+_DIGITS_TAIL = {
+    r: np.frombuffer(
+        b"".join(f"{i:0{r}d}".encode("ascii").ljust(4, b"\0") for i in range(10**r)), dtype="<u4"
+    ).astype(np.uint32)
+    for r in (1, 2, 3)
+}
+
+
+# The same tables as uint64 lane halves: [low 32 bits, high 32 bits] (little-endian order).
+_DIGITS4_LANE = (_DIGITS4.astype(np.uint64), _DIGITS4.astype(np.uint64) << _U64(32))
+_DIGITS_TAIL_LANE = {
+    r: (t.astype(np.uint64), t.astype(np.uint64) << _U64(32)) for r, t in _DIGITS_TAIL.items()
+}
+
+
+def _lanes_of_decimal(values: np.ndarray, length: int) -> list[np.ndarray]:
+    """Little-endian 8-byte lanes of the ``length``-digit decimal strings of ``values``.
+
+    Every value has exactly ``length`` digits. The string is built left-aligned four
+    digits at a time: chunk ``k`` is ``(v // 10**(length - 4k - 4)) % 10**4``, looked up
+    in a table of four ASCII digits already shifted into the low or high half of a lane,
+    so a lane is two table gathers and an add, and no byte is moved after it is written.
+    """
+    m = values.size
+    full, tail = divmod(length, 4)
+    nchunks = full + (1 if tail else 0)
+    # np.empty, not np.zeros: calloc'ed pages fault on first write, which costs more here
+    # than the arithmetic (see PERF-NOTES); every lane is fully written below.
+    lanes = [np.empty(m, dtype=np.uint64) for _ in range((nchunks + 1) // 2)]
+    prev: np.ndarray | None = None
+    quo = np.empty(m, dtype=np.uint64)
+    chunk = np.empty(m, dtype=np.uint64)
+    part = np.empty(m, dtype=np.uint64)
+    for k in range(nchunks):
+        last = k == full  # the partial tail chunk
+        if last:
+            if prev is None:
+                np.copyto(chunk, values)
+            else:
+                np.multiply(prev, _U64(10**tail), out=chunk)
+                np.subtract(values, chunk, out=chunk)
+            table = _DIGITS_TAIL_LANE[tail][k % 2]
+        else:
+            np.floor_divide(values, _U64(10 ** (length - 4 * k - 4)), out=quo)
+            if prev is None:
+                np.copyto(chunk, quo)
+            else:
+                np.multiply(prev, _U64(10_000), out=chunk)
+                np.subtract(quo, chunk, out=chunk)
+            table = _DIGITS4_LANE[k % 2]
+            prev, quo = quo, (prev if prev is not None else np.empty(m, dtype=np.uint64))
+        # mode="clip": indices are in range by construction, and "raise" with out= makes
+        # NumPy buffer the output in a fresh temporary.
+        if k % 2 == 0:
+            np.take(table, chunk.view(np.int64), out=lanes[k // 2], mode="clip")
+        else:
+            np.take(table, chunk.view(np.int64), out=part, mode="clip")
+            np.add(lanes[k // 2], part, out=lanes[k // 2])
+    return lanes
+
+
+def _hash_nonnegative(values: np.ndarray) -> np.ndarray:
+    """XXH64 of the decimal strings of non-negative integers (uint64 array)."""
+    n = values.size
+    low, top = len(str(int(values.min()))), len(str(int(values.max())))
+    ndigits = np.full(n, low, dtype=np.uint8)
+    ge = np.empty(n, dtype=np.bool_)
+    for k in range(low, top):  # only the digit counts this batch spans
+        np.greater_equal(values, _U64(10**k), out=ge)
+        np.add(ndigits, ge, out=ndigits)
+    counts = np.bincount(ndigits, minlength=21)
+    present = np.flatnonzero(counts)
+    if present.size == 1:
+        length = int(present[0])
+        return _xxh64_lanes(_lanes_of_decimal(values, length), length)
+    out = np.empty(n, dtype=np.uint64)
+    order = np.argsort(ndigits, kind="stable")  # radix sort on uint8
+    bounds = np.concatenate(([0], np.cumsum(counts[present])))
+    for length, lo, hi in zip(
+        present.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True
+    ):
+        members = order[lo:hi]
+        sub = values[members]
+        if members.size < _GROUP_MIN:
+            out[members] = [_xxh64(str(v).encode("ascii")) for v in sub.tolist()]
+        else:
+            out[members] = _xxh64_lanes(_lanes_of_decimal(sub, length), length)
+    return out
 
 
 def _hash_int_array(values: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
     if values.size < VECTOR_MIN_BATCH:
+        if max_key_bytes is None or max_key_bytes >= 20:  # no int64 decimal is longer
+            return np.fromiter(
+                map(_xxh64, map(b"%d".__mod__, values.tolist())), np.uint64, values.size
+            )
         return _hash_small(values.tolist(), max_key_bytes)
-    buf, starts, lengths, _ = _decimal_digits(values)
-    _check_lengths(lengths, max_key_bytes)
-    return _hash_flat(buf, starts, lengths)
+    if max_key_bytes is not None and max_key_bytes < 20:
+        _, _, lengths, _ = _decimal_digits(values)
+        _check_lengths(lengths, max_key_bytes)
+    if values.dtype.kind == "u":
+        return _hash_nonnegative(values.astype(np.uint64, copy=False))
+    signed = values.astype(np.int64, copy=False)
+    if int(signed.min()) >= 0:
+        return _hash_nonnegative(signed.view(np.uint64))
+    buf, _, lengths, width = _decimal_digits(values)
+    return _hash_aligned(buf.reshape(-1, width), lengths, right=True)
 
 
 def _hash_fixed_bytes_array(arr: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
@@ -373,11 +538,7 @@ def _hash_fixed_bytes_array(arr: np.ndarray, max_key_bytes: int | None) -> np.nd
     flat = np.ascontiguousarray(arr).view(np.uint8)
     if width == 0:
         return np.full(n, _xxh64(b""), dtype=np.uint64)
-    lmin = int(lengths.min())
-    if lmin == int(lengths.max()):
-        return _hash_rows(flat.reshape(n, width)[:, :lmin], lmin)
-    starts = np.arange(n, dtype=np.intp) * width
-    return _hash_flat(flat, starts, lengths)
+    return _hash_aligned(flat.reshape(n, width), lengths, right=False)
 
 
 def _hash_unicode_array(arr: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
@@ -405,26 +566,31 @@ def _int_reprs(keys: Sequence[Any]) -> list[str] | None:
 
 
 def _hash_small(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray:
-    """Key-by-key hashing for short batches: a few C calls per key, no NumPy temporaries."""
+    """Key-by-key hashing for short batches: C-level ``map`` calls, no NumPy temporaries."""
+    n = len(keys)
     t = type(keys[0])
     encoded: Any = None
     try:
         if t is str:
-            encoded = [k.encode() for k in keys]
+            if max_key_bytes is None:
+                return np.fromiter(map(_xxh64, map(str.encode, keys)), np.uint64, n)
+            encoded = list(map(str.encode, keys))
         elif t is bytes:
-            b"".join(keys)  # TypeError unless every key is bytes-like
-            encoded = keys
+            if max_key_bytes is None:  # xxhash takes any bytes-like key, rejects the rest
+                return np.fromiter(map(_xxh64, keys), np.uint64, n)
+            encoded = list(keys)
+            b"".join(encoded)  # TypeError unless every key is bytes-like
         elif t is int:
             reprs = _int_reprs(keys)
             if reprs is not None:
                 encoded = list(map(str.encode, reprs))
-    except (AttributeError, TypeError, UnicodeEncodeError):
+    except (TypeError, UnicodeEncodeError):
         encoded = None
     if encoded is None:
         encoded = _encode_all(keys)  # names the offending key
     if max_key_bytes is not None and max(map(len, encoded)) > max_key_bytes:
         _check_lengths(np.array([len(e) for e in encoded], dtype=np.intp), max_key_bytes)
-    return np.array(list(map(_xxh64, encoded)), dtype=np.uint64)
+    return np.fromiter(map(_xxh64, encoded), np.uint64, n)
 
 
 def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray:
@@ -456,6 +622,43 @@ def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray
     return _hash_bytes_list(_encode_all(keys), max_key_bytes)
 
 
+def is_long_batch(keys: Any) -> bool:
+    """True for a list, tuple or array of keys that routing should take in blocks."""
+    t = type(keys)
+    return (t is list or t is tuple or t is np.ndarray) and len(keys) > 2 * BLOCK
+
+
+def in_blocks(fn: Any, keys: Any, dtype: Any) -> np.ndarray:
+    """Apply ``fn`` to a long batch a :data:`BLOCK` of keys at a time.
+
+    Vectorized rounds stream their temporaries through memory; blocks keep them in the
+    CPU caches, so a million keys cost per key what a hundred thousand do. Errors name
+    the key's index in the whole batch.
+    """
+    n = len(keys)
+    out = np.empty(n, dtype=dtype)
+    for a in range(0, n, BLOCK):
+        try:
+            out[a : a + BLOCK] = fn(keys[a : a + BLOCK])
+        except (KeyTypeError, KeyEncodingError, KeyTooLongError) as exc:
+            raise type(exc)(_shift_key_index(str(exc), a)) from None
+    return out
+
+
+def _blocked(keys: Any, max_key_bytes: int | None) -> np.ndarray:
+    """Hash a long batch in blocks of :data:`BLOCK` keys (see :func:`in_blocks`)."""
+    return in_blocks(lambda block: hash_keys(block, max_key_bytes=max_key_bytes), keys, np.uint64)
+
+
+def _shift_key_index(message: str, offset: int) -> str:
+    """Rewrite "key 12 ..." in a block's error message to the key's index in the batch."""
+    head, sep, rest = message.partition("key ")
+    number, space, tail = rest.partition(" ")
+    if sep and not head and number.isdigit():
+        return f"key {int(number) + offset}{space}{tail}"
+    return message
+
+
 def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
     """XXH64 (seed 0) of every key of a batch.
 
@@ -485,6 +688,8 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
     """
     tk = type(keys)
     if tk is list or tk is tuple:
+        if len(keys) > 2 * BLOCK:
+            return _blocked(keys, max_key_bytes)
         return _hash_sequence(keys, max_key_bytes) if keys else np.empty(0, dtype=np.uint64)
     if isinstance(keys, (str, bytes, bytearray, memoryview, int, np.integer)):
         keys = [keys]
@@ -495,6 +700,8 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
                 raise KeyTypeError(f"keys must be a 1-D array, got shape {keys.shape}")
         if keys.size == 0:
             return np.empty(0, dtype=np.uint64)
+        if keys.size > 2 * BLOCK:
+            return _blocked(keys, max_key_bytes)
         kind = keys.dtype.kind
         if kind in "iu":
             return _hash_int_array(keys, max_key_bytes)
@@ -522,6 +729,60 @@ _FMIX_C2 = _U64(0xC4CEB9FE1A85EC53)
 _INV_2_53 = 1.0 / float(1 << 53)
 
 
+_M64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _fmix(hashes: np.ndarray, salt: int) -> np.ndarray:
+    """MurmurHash3's ``fmix64`` of ``hashes ^ salt`` (a new uint64 array)."""
+    x = np.bitwise_xor(hashes, _U64(salt & _M64))
+    tmp = np.right_shift(x, _U64(33))
+    np.bitwise_xor(x, tmp, out=x)
+    np.multiply(x, _FMIX_C1, out=x)
+    np.right_shift(x, _U64(33), out=tmp)
+    np.bitwise_xor(x, tmp, out=x)
+    np.multiply(x, _FMIX_C2, out=x)
+    np.right_shift(x, _U64(33), out=tmp)
+    np.bitwise_xor(x, tmp, out=x)
+    return x
+
+
+def _fmix_of(h: int, salt: int) -> int:
+    x = h ^ (salt & _M64)
+    x ^= x >> 33
+    x = (x * int(_FMIX_C1)) & _M64
+    x ^= x >> 33
+    x = (x * int(_FMIX_C2)) & _M64
+    return x ^ (x >> 33)
+
+
+def unit_threshold(share: float) -> int:
+    """Integer form of ``u < share`` for :func:`below`: ``ceil(share * 2**53) << 11``.
+
+    ``u = (m >> 11) / 2**53`` and ``share * 2**53`` is exact in float64, so
+    ``u < share`` holds exactly when ``m < ceil(share * 2**53) << 11``.
+    """
+    if share <= 0.0:
+        return 0
+    if share >= 1.0:
+        return 1 << 64
+    return math.ceil(share * float(1 << 53)) << 11
+
+
+def below(hashes: np.ndarray, salt: int, share: float) -> np.ndarray:
+    """Per key, ``unit_interval(hashes, salt) < share``, without the float conversion."""
+    t = unit_threshold(share)
+    if t == 0:
+        return np.zeros(hashes.size, dtype=np.bool_)
+    if t > _M64:
+        return np.ones(hashes.size, dtype=np.bool_)
+    return _fmix(hashes, salt) < _U64(t)
+
+
+def unit_interval_of(hashes: list[int], salt: int) -> list[float]:
+    """:func:`unit_interval` for a few hashes given as Python ints (bit-identical results)."""
+    return [(_fmix_of(h, salt) >> 11) * _INV_2_53 for h in hashes]
+
+
 def unit_interval(hashes: np.ndarray, salt: int) -> np.ndarray:
     """Map key hashes to ``[0, 1)`` independently of their ring position.
 
@@ -543,15 +804,7 @@ def unit_interval(hashes: np.ndarray, salt: int) -> np.ndarray:
     numpy.ndarray
         ``float64`` values in ``[0, 1)``, from the top 53 bits of the mixed hash.
     """
-    x = np.bitwise_xor(hashes, _U64(salt & 0xFFFFFFFFFFFFFFFF))
-    tmp = np.right_shift(x, _U64(33))
-    np.bitwise_xor(x, tmp, out=x)
-    np.multiply(x, _FMIX_C1, out=x)
-    np.right_shift(x, _U64(33), out=tmp)
-    np.bitwise_xor(x, tmp, out=x)
-    np.multiply(x, _FMIX_C2, out=x)
-    np.right_shift(x, _U64(33), out=tmp)
-    np.bitwise_xor(x, tmp, out=x)
+    x = _fmix(hashes, salt)
     np.right_shift(x, _U64(11), out=x)
     out = x.astype(np.float64)
     out *= _INV_2_53

@@ -26,27 +26,34 @@ import numpy as np
 
 from lbcore import bounded as _bounded
 from lbcore.errors import CandidatesError, EndpointError
-from lbcore.hashing import hash_keys
+from lbcore.hashing import hash_keys, in_blocks, is_long_batch
 
 __all__ = ["DEFAULT_VNODES", "Ring", "bucket_bits_for", "build_bucket_table", "host_key"]
 
 #: Skipper's production constructor always uses 100 virtual nodes per endpoint.
 DEFAULT_VNODES = 100
 
+# Misses in a batch above which one-node buckets are resolved by comparison, not search.
+_RESOLVE_MIN = 64
 _MAX_BUCKET_BITS = 22  # 2^22 int32 entries = 16 MiB: the size where the table stops paying
 _MIN_BUCKET_BITS = 8
 _DEFAULT_PORTS = {"http": 80, "https": 443, "h2c": 80, "ws": 80, "wss": 443}
 
-# Batches shorter than this are looked up key by key in Python (a few hundred ns per key)
-# instead of paying ~10 NumPy calls of ~0.5-1 µs each.
-_SCALAR_MAX = 4
+#: Batches this short are looked up key by key in Python (a few hundred ns per key)
+#: instead of paying ~10 NumPy calls of ~0.5-1 µs each.
+SCALAR_MAX = 4
 
 
 def bucket_bits_for(ring_size: int) -> int:
-    """Number of top hash bits that index the bucket table of a ring of ``ring_size`` nodes."""
+    """Number of top hash bits that index the bucket table of a ring of ``ring_size`` nodes.
+
+    About 32 buckets per node: ~97 % of keys land in a bucket without a node and cost one
+    table load, and the table (4 bytes per bucket) still fits the CPU caches; more bits
+    measured slower on this machine kind because the table spills out of them.
+    """
     if ring_size <= 1:
         return _MIN_BUCKET_BITS
-    bits = math.ceil(math.log2(ring_size)) + 7
+    bits = math.ceil(math.log2(ring_size)) + 5
     return max(_MIN_BUCKET_BITS, min(_MAX_BUCKET_BITS, bits))
 
 
@@ -63,16 +70,20 @@ def build_bucket_table(hashes: np.ndarray, bits: int) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        ``int32`` array of ``2**bits`` entries: for a bucket holding no ring node, the ring
-        position (already wrapped to 0 past the end) that every hash of the bucket maps to;
-        ``-1`` for a bucket holding at least one node, whose hashes need a search.
+        ``int32`` array of ``2**bits`` entries. ``e >= 0``: the bucket holds no node and
+        every hash in it maps to ring position ``e`` (already wrapped to 0 past the last
+        node). ``e <= -2``: the bucket holds exactly one node, at position ``p = -e - 2``;
+        a hash maps to ``p`` if it is ``<= hashes[p]``, else to ``p + 1`` (wrapped).
+        ``e == -1``: several nodes; the hash needs a search.
     """
     size = hashes.size
     counts = np.bincount((hashes >> np.uint64(64 - bits)).astype(np.intp), minlength=1 << bits)
     first = np.zeros(1 << bits, dtype=np.int64)
     np.cumsum(counts[:-1], out=first[1:])
     first[first == size] = 0  # hashes above the last node roll over to position 0
-    first[counts > 0] = -1
+    one = counts == 1
+    first[one] = -first[one] - 2
+    first[counts > 1] = -1
     return first.astype(np.int32)
 
 
@@ -152,10 +163,10 @@ class Ring:
     __slots__ = (
         "_aliases",
         "_all_present",
-        "_bucket_list",
-        "_hash_list",
         "_host_of",
         "_owner_list",
+        "_redirect",
+        "_seen_snapshot",
         "_shift",
         "bucket_bits",
         "buckets",
@@ -207,8 +218,14 @@ class Ring:
         self.vnodes = vnodes
         self.hashes = hashes
         self.owners = owners
-        self.bucket_bits = bucket_bits_for(hashes.size)
-        self.buckets = build_bucket_table(hashes, self.bucket_bits) if buckets is None else buckets
+        if buckets is None:
+            self.bucket_bits = bucket_bits_for(hashes.size)
+            self.buckets = build_bucket_table(hashes, self.bucket_bits)
+        else:
+            bits = buckets.size.bit_length() - 1
+            if buckets.size != 1 << bits or not 0 < bits <= 32:
+                raise EndpointError(f"bucket table has {buckets.size} entries, not a power of two")
+            self.bucket_bits, self.buckets = bits, buckets
         self._shift = np.uint64(64 - self.bucket_bits)
         hosts = [host_key(ep) for ep in eps]
         ids: dict[str, int] = {}
@@ -216,9 +233,10 @@ class Ring:
         self._aliases = len(ids) != len(eps)
         self.present = np.bincount(owners, minlength=len(eps)) > 0
         self._all_present = bool(self.present.all())
-        self._hash_list: list[int] | None = None
-        self._bucket_list: list[int] | None = None
         self._owner_list: list[int] | None = None
+        # Bounded-load redirect table of the last load snapshot seen twice: (key, table).
+        self._redirect: tuple[tuple[Any, ...], np.ndarray] | None = None
+        self._seen_snapshot: tuple[Any, ...] | None = None
 
     def __len__(self) -> int:
         return int(self.hashes.size)
@@ -301,34 +319,47 @@ class Ring:
         numpy.ndarray
             ``intp`` ring positions.
         """
-        pos = self.buckets.take((hashes >> self._shift).astype(np.intp)).astype(np.intp)
+        pos = self.buckets.take((hashes >> self._shift).view(np.int64))
         miss = np.flatnonzero(pos < 0)
-        if miss.size:
+        if miss.size > _RESOLVE_MIN:
+            # Buckets with one node: compare with that node instead of searching.
+            hm = hashes[miss]
+            node = -pos[miss] - 2
+            one = np.flatnonzero(node >= 0)
+            found = np.empty(miss.size, dtype=np.int64)
+            p1 = node[one]
+            found[one] = p1 + (hm[one] > self.hashes[p1])
+            several = np.flatnonzero(node < 0)
+            if several.size:
+                found[several] = np.searchsorted(self.hashes, hm[several], side="left")
+            found %= self.hashes.size  # past the last node: roll over to position 0
+            pos[miss] = found
+        elif miss.size:
             found = np.searchsorted(self.hashes, hashes[miss], side="left")
-            found[found == self.hashes.size] = 0
+            found %= self.hashes.size
             pos[miss] = found
         return pos
 
-    def _scalar_lists(self) -> tuple[list[int], list[int], list[int]]:
-        if self._hash_list is None:
-            self._hash_list = self.hashes.tolist()
+    def owner_list(self) -> list[int]:
+        """:attr:`owners` as a Python list (built once; for key-by-key walks)."""
+        if self._owner_list is None:
             self._owner_list = self.owners.tolist()
-            self._bucket_list = self.buckets.tolist()
-        assert self._bucket_list is not None and self._owner_list is not None
-        return self._hash_list, self._bucket_list, self._owner_list
+        return self._owner_list
 
-    def _positions_scalar(self, hashes: list[int]) -> list[int]:
-        import bisect
-
-        ring, buckets, _ = self._scalar_lists()
+    def positions_of(self, hashes: list[int]) -> list[int]:
+        """:meth:`positions` for a few hashes given as Python ints, without NumPy temporaries."""
         shift = 64 - self.bucket_bits
+        item = self.buckets.item
         out = []
+        size = self.hashes.size
         for h in hashes:
-            p = buckets[h >> shift]
-            if p < 0:
-                p = bisect.bisect_left(ring, h)
-                if p == len(ring):
-                    p = 0
+            p = item(h >> shift)
+            if p <= -2:
+                p = -p - 2
+                if h > self.hashes.item(p):
+                    p = (p + 1) % size
+            elif p < 0:
+                p = int(np.searchsorted(self.hashes, np.uint64(h))) % size
             out.append(p)
         return out
 
@@ -366,16 +397,18 @@ class Ring:
         numpy.ndarray
             ``int32`` endpoint indices, ``-1`` for fallback.
         """
+        if hashes is None and is_long_batch(keys):
+            return in_blocks(
+                lambda b: self.lookup(b, candidates=candidates, attempt=attempt), keys, np.int32
+            )
         h = hash_keys(keys) if hashes is None else hashes
         mask = self.candidate_mask(candidates)
         attempt = _check_attempt(attempt)
         n = h.size
         if mask is None and attempt == 0:
-            if n <= _SCALAR_MAX:
-                owners = self._scalar_lists()[2]
-                return np.array(
-                    [owners[p] for p in self._positions_scalar(h.tolist())], dtype=np.int32
-                )
+            if n <= SCALAR_MAX:
+                item = self.owners.item
+                return np.array([item(p) for p in self.positions_of(h.tolist())], dtype=np.int32)
             return self.owners.take(self.positions(h))
         eligible = self._eligible(mask)
         count = int(eligible.sum())
@@ -383,7 +416,7 @@ class Ring:
             return np.full(n, -1, dtype=np.int32)
         if count == 1 and attempt == 0:
             return np.full(n, int(np.flatnonzero(eligible)[0]), dtype=np.int32)
-        pos = self.positions(h)
+        pos = self.positions(h).astype(np.intp)
         pos = _bounded.skip_to_eligible(self, pos, eligible)
         if attempt:
             pos = _bounded.advance_distinct(self, pos, eligible, attempt)
@@ -437,11 +470,42 @@ class Ring:
         """
         if balance_factor is None:
             return self.lookup(keys, candidates=candidates, attempt=attempt, hashes=hashes)
+        if hashes is None and not sequential and is_long_batch(keys):
+            return in_blocks(
+                lambda b: self.lookup_bounded(
+                    b,
+                    loads,
+                    balance_factor,
+                    candidates=candidates,
+                    max_hops=max_hops,
+                    attempt=attempt,
+                ),
+                keys,
+                np.int32,
+            )
+        h = hash_keys(keys) if hashes is None else hashes
+        load = loads
+        if type(load) is not np.ndarray or load.dtype != np.float64:
+            load = _bounded.check_loads(loads, len(self.endpoints))
+        snapshot: tuple[Any, ...] | None = None
+        if not sequential and attempt == 0 and load.flags.c_contiguous:
+            cand = None if candidates is None else np.asarray(candidates)
+            snapshot = (
+                load.tobytes(),
+                balance_factor,
+                max_hops,
+                None if cand is None else (cand.dtype.str, cand.shape, cand.tobytes()),
+            )
+            cached = self._redirect
+            if cached is not None and cached[0] == snapshot:
+                if h.size <= SCALAR_MAX:
+                    item = cached[1].item
+                    return np.array([item(p) for p in self.positions_of(h.tolist())], np.int32)
+                return cached[1].take(self.positions(h))
         bf = _bounded.check_balance_factor(balance_factor)
-        load = _bounded.check_loads(loads, len(self.endpoints))
+        load = _bounded.check_loads(load, len(self.endpoints))
         hops = _bounded.check_max_hops(max_hops)
         attempt = _check_attempt(attempt)
-        h = hash_keys(keys) if hashes is None else hashes
         mask = self.candidate_mask(candidates)
         eligible = self._eligible(mask)
         count = int(eligible.sum())
@@ -450,7 +514,14 @@ class Ring:
             return np.full(n, -1, dtype=np.int32)
         if count == 1 and attempt == 0:
             return np.full(n, int(np.flatnonzero(eligible)[0]), dtype=np.int32)
-        pos = _bounded.skip_to_eligible(self, self.positions(h), eligible)
+        if snapshot is not None and snapshot == self._seen_snapshot:
+            # The same load snapshot a second time: a worker routes many batches on one
+            # snapshot, so answer every ring position once and look keys up in that.
+            table = _bounded.redirect_from(self, eligible, load, bf, hops)
+            self._redirect = (snapshot, table)
+            return table.take(self.positions(h))
+        self._seen_snapshot = snapshot
+        pos = _bounded.skip_to_eligible(self, self.positions(h).astype(np.intp), eligible)
         if sequential:
             return _bounded.walk_sequential(self, pos, eligible, load, bf, hops, attempt)
         return _bounded.walk_snapshot(self, pos, eligible, load, bf, hops, attempt)

@@ -29,7 +29,7 @@ DEFAULT_WINDOW_NS = 10_000_000_000
 #: Cap on the latency factor of the effective load.
 DEFAULT_LATENCY_CAP = 5.0
 #: Names of the load signals a knob may select.
-LOAD_SIGNALS = ("occupancy", "in-flight", "effective")
+LOAD_SIGNALS = ("effective", "occupancy", "in-flight")
 
 
 def window_weights(

@@ -155,3 +155,33 @@ def test_bad_max_hops():
 
 def test_no_candidates_is_fallback():
     assert RING.lookup_bounded(KEYS[:3], np.zeros(12), 1.25, candidates=[]).tolist() == [-1] * 3
+
+
+def test_repeated_snapshots_use_a_redirect_table_with_identical_answers():
+    ring = lbcore.Ring(EPS)
+    rng = np.random.default_rng(11)
+    keys = [f"C{i}" for i in range(500)]
+    for _ in range(3):
+        loads = rng.exponential(1.0, 12)
+        cands = sorted(rng.choice(12, 8, replace=False).tolist())
+        want = ref.bounded(EPS, keys, loads.tolist(), 1.25, candidates=set(cands), max_hops=4)
+        for _ in range(4):  # walk, then build the table, then use it
+            got = ring.lookup_bounded(keys, loads, 1.25, candidates=cands, max_hops=4)
+            assert got.tolist() == want
+        assert ring._redirect is not None
+        for i in range(0, 40, 3):  # the key-by-key path of tiny batches reads the same table
+            small = ring.lookup_bounded(keys[i : i + 3], loads, 1.25, candidates=cands, max_hops=4)
+            assert small.tolist() == want[i : i + 3]
+        # A changed load invalidates the table at once.
+        loads2 = loads.copy()
+        loads2[int(np.argmin(loads))] = 50.0
+        want2 = ref.bounded(EPS, keys, loads2.tolist(), 1.25, candidates=set(cands), max_hops=4)
+        assert (
+            ring.lookup_bounded(keys, loads2, 1.25, candidates=cands, max_hops=4).tolist() == want2
+        )
+        # Other candidates or balance factor: different answers, never the cached ones.
+        other = ref.bounded(EPS, keys, loads.tolist(), 1.25, max_hops=4)
+        assert ring.lookup_bounded(keys, loads, 1.25, max_hops=4).tolist() == other
+        assert ring.lookup_bounded(
+            keys, loads, 1.5, candidates=cands, max_hops=4
+        ).tolist() == ref.bounded(EPS, keys, loads.tolist(), 1.5, candidates=set(cands), max_hops=4)

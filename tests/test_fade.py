@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import lbcore
-from lbcore.fade import RingSet, fade_share, skipper_fadein_candidates
+from lbcore.fade import RingSet, fade_share, skipper_fadein_candidates, skipper_fadein_route
 from tests import reference as ref
 
 S = 1_000_000_000
@@ -169,3 +169,42 @@ def test_skipper_fade_in_groups_equal_per_request_filtering():
     for i in range(0, 2000, 37):
         cands = lbcore.fadein_filter(ages, D, 2.0, float(thresholds[i]))
         assert got[i] == ring.lookup([keys[i]], candidates=cands)[0]
+    assert np.array_equal(skipper_fadein_route(ring, keys, ages, D, 2.0, thresholds), got)
+    loads = rng.integers(0, 5, 6).astype(float)
+    bounded = skipper_fadein_route(
+        ring, keys, ages, D, 2.0, thresholds, loads=loads, balance_factor=1.1
+    )
+    for i in range(0, 2000, 41):
+        cands = lbcore.fadein_filter(ages, D, 2.0, float(thresholds[i]))
+        assert bounded[i] == ring.lookup_bounded([keys[i]], loads, 1.1, candidates=cands)[0]
+
+
+def test_fast_paths_equal_the_grouped_path():
+    t2 = T0 + 10 * S
+    rs = RingSet(BASE).scale_up(NEW1, T0).scale_up(NEW2, t2)
+    everyone = np.ones(len(rs.endpoints), dtype=bool)  # forces the general, grouped path
+    keys = KEYS[:4000]
+    rng = np.random.default_rng(2)
+    for t in (T0, T0 + 7 * S, t2 + 5 * S, t2 + D):
+        grouped = rs.route(keys, t, candidates=everyone)
+        assert np.array_equal(rs.route(keys, t), grouped)
+        assert [int(rs.route(keys[i : i + 1], t)[0]) for i in range(0, 400, 7)] == grouped[
+            :400:7
+        ].tolist()
+        loads = rng.exponential(1.0, len(rs.endpoints))
+        want = rs.route(keys, t, loads=loads, balance_factor=1.25, max_hops=5, candidates=everyone)
+        for _ in range(3):  # walk per ring, then build the bounded table, then use it
+            got = rs.route(keys, t, loads=loads, balance_factor=1.25, max_hops=5)
+            assert np.array_equal(got, want)
+        assert (
+            rs.route(keys[:3], t, loads=loads, balance_factor=1.25, max_hops=5).tolist()
+            == want[:3].tolist()
+        )
+
+
+def test_position_maps_match_each_ring():
+    rs = RingSet(BASE).scale_up(NEW1, T0).scale_up(NEW2, T0 + S)
+    h = lbcore.hash_keys(KEYS[:5000])
+    pos = rs.rings[-1].positions(h)
+    for k, ring in enumerate(rs.rings):
+        assert np.array_equal(rs.owner_table[k][pos], ring.lookup(None, hashes=h))

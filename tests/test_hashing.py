@@ -158,3 +158,30 @@ def test_unit_interval_is_uniform_and_salted():
     assert abs(np.corrcoef(u, v)[0, 1]) < 0.01
     # Independent of the ring position (the raw hash order).
     assert abs(np.corrcoef(u, h.astype(np.float64))[0, 1]) < 0.01
+
+
+def test_below_equals_the_float_comparison_exactly():
+    from lbcore.hashing import below, unit_interval_of, unit_threshold
+
+    h = lbcore.hash_keys(np.arange(200_000))
+    u = unit_interval(h, 77)
+    assert unit_interval_of(h[:50].tolist(), 77) == u[:50].tolist()
+    for share in (0.0, 1e-9, 0.003, 0.17677669529663687, 0.5, 0.768, 1 - 1e-16, 1.0):
+        assert np.array_equal(below(h, 77, share), u < share), share
+    # At the boundary: a u exactly equal to the share is not below it.
+    x = float(u[123])
+    assert not below(h[123:124], 77, x)[0] and below(h[123:124], 77, np.nextafter(x, 2))[0]
+    assert unit_threshold(0.0) == 0 and unit_threshold(1.0) == 1 << 64
+
+
+def test_long_batches_are_hashed_in_blocks_with_batch_wide_error_positions():
+    from lbcore.hashing import BLOCK
+
+    n = 2 * BLOCK + 123
+    keys = [f"B{i}" for i in range(n)]
+    assert lbcore.hash_keys(keys).tolist() == [ref(k) for k in keys]
+    ids = np.arange(n, dtype=np.int64) * 7
+    assert lbcore.hash_keys(ids)[-5:].tolist() == [ref(str(int(v))) for v in ids[-5:]]
+    keys[BLOCK + 7] = None
+    with pytest.raises(lbcore.KeyTypeError, match=f"key {BLOCK + 7} has type NoneType"):
+        lbcore.hash_keys(keys)

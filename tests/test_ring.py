@@ -176,6 +176,12 @@ def test_small_and_large_batches_agree():
     assert r.lookup(keys[:3]).tolist() == big[:3].tolist()
 
 
+def test_from_arrays_rejects_a_bucket_table_of_the_wrong_size():
+    r = lbcore.Ring(ENDPOINT_SETS["dns"])
+    with pytest.raises(lbcore.EndpointError, match="power of two"):
+        lbcore.Ring.from_arrays(r.endpoints, r.hashes, r.owners, buckets=r.buckets[:-1])
+
+
 def test_from_arrays_wraps_published_arrays():
     r = lbcore.Ring(ENDPOINT_SETS["dns"])
     copy = lbcore.Ring.from_arrays(
@@ -183,3 +189,27 @@ def test_from_arrays_wraps_published_arrays():
     )
     assert copy.lookup(KEYS).tolist() == r.lookup(KEYS).tolist()
     assert redirect_table(copy, np.zeros(7), 1.25).tolist() == copy.owners.tolist()
+
+
+@pytest.mark.parametrize("bits", [8, 10, 12, 14])
+def test_bucket_table_resolution_paths_agree_with_binary_search(bits):
+    from lbcore.ring import build_bucket_table
+
+    r = lbcore.Ring(ENDPOINT_SETS["ipv4"])
+    small = lbcore.Ring.from_arrays(
+        r.endpoints, r.hashes, r.owners, buckets=build_bucket_table(r.hashes, bits)
+    )
+    assert small.bucket_bits == bits
+    rng = np.random.default_rng(bits)
+    h = np.concatenate(
+        (
+            rng.integers(0, 2**63, 5000, dtype=np.int64).view(np.uint64) * np.uint64(2),
+            r.hashes,
+            r.hashes + np.uint64(1),
+            np.array([0, 2**64 - 1], dtype=np.uint64),
+        )
+    )
+    want = np.searchsorted(r.hashes, h, side="left") % len(r)
+    assert np.array_equal(small.positions(h), want)  # many misses: comparison path
+    assert np.array_equal(small.positions(h[:40]), want[:40])  # few misses: search path
+    assert small.positions_of(h[:300].tolist()) == want[:300].tolist()  # key-by-key path

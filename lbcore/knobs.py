@@ -1,0 +1,348 @@
+"""Runtime knobs, each declared once: environment variable, CLI flag, default, validation, docs.
+
+Like gunicorn's settings, a knob is one small declaration, and everything else — the
+``argparse`` options, reading ``CSLB_*`` variables, reading a ConfigMap's data, the docs
+table in the README — is derived from the declarations, so code, ``--help`` and docs
+cannot disagree. This module declares the *routing* knobs (the ones published with the
+tables so every worker of a host flips at the same generation); other rooms declare
+their own process settings with the same :class:`Knob` type.
+
+Pure: values come in as mappings and strings; nothing here reads the environment itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lbcore.errors import LBCoreError
+from lbcore.signals import LOAD_SIGNALS
+
+__all__ = [
+    "FADE_MODES",
+    "ROUTING_KNOBS",
+    "Knob",
+    "KnobError",
+    "add_arguments",
+    "defaults",
+    "docs_table",
+    "from_args",
+    "from_mapping",
+    "knob",
+    "parse_bool",
+]
+
+#: Fade-in mechanisms: cslb's N-ring fade-in, Skipper's probabilistic one, or none.
+FADE_MODES = ("n-ring", "skipper", "off")
+
+
+class KnobError(LBCoreError, ValueError):
+    """A knob value cannot be parsed or is out of range; the message names the knob."""
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One setting: where it comes from, its default, how it is checked, what it means.
+
+    Parameters
+    ----------
+    name
+        Python name (``balance_factor``); the key in value dictionaries.
+    env
+        Environment variable (``CSLB_BALANCE_FACTOR``); also accepted as a ConfigMap key.
+    flag
+        Command-line flag (``--balance-factor``).
+    default
+        Value when nothing sets it.
+    parse
+        Turns a string (environment, flag, ConfigMap) into a value; raises ``ValueError``
+        with a message saying what was expected.
+    doc
+        One paragraph for ``--help`` and the README.
+    metavar
+        Placeholder shown in ``--help``.
+    """
+
+    name: str
+    env: str
+    flag: str
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+    metavar: str = "VALUE"
+
+    def convert(self, raw: Any, source: str) -> Any:
+        """Parse and validate ``raw`` (a string, or an already typed value)."""
+        try:
+            return self.parse(raw if isinstance(raw, str) else _typed_to_str(raw))
+        except (TypeError, ValueError) as exc:
+            raise KnobError(f"{source}: invalid {self.env}={raw!r}: {exc}") from None
+
+
+def _typed_to_str(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    return str(value)
+
+
+# --------------------------------------------------------------------------------------
+# Parsers. Each raises ValueError saying what it expected.
+
+
+def parse_bool(text: str) -> bool:
+    """``true/false``, ``1/0``, ``yes/no``, ``on/off`` (any case)."""
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("expected a number") from None
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
+
+
+def _percentage(text: str) -> float:
+    value = _number(text.strip().rstrip("%"))
+    if not 0.0 <= value <= 100.0:
+        raise ValueError("expected a percentage from 0 to 100")
+    return value
+
+
+def _balance_factor(text: str) -> float | None:
+    if text.strip().lower() in ("none", "off", ""):
+        return None
+    value = _number(text)
+    if value < 1.0:
+        raise ValueError("expected a number >= 1 (or 'off' for no load bound)")
+    return value
+
+
+def _max_hops(text: str) -> int | None:
+    if text.strip().lower() in ("none", "unlimited", ""):
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("expected a positive integer (or 'unlimited')") from None
+    if value < 1:
+        raise ValueError("expected a positive integer (or 'unlimited')")
+    return value
+
+
+def _choice(options: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        t = text.strip().lower()
+        if t not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return t
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    value = _number(text.strip().removesuffix("s"))
+    if value < 0:
+        raise ValueError("expected seconds >= 0")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise ValueError("expected a number > 0")
+    return value
+
+
+def _vnodes(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("expected a positive integer") from None
+    if not 1 <= value <= 10_000:
+        raise ValueError("expected an integer from 1 to 10000")
+    return value
+
+
+# --------------------------------------------------------------------------------------
+# The routing knobs.
+
+ROUTING_KNOBS: tuple[Knob, ...] = (
+    Knob(
+        "enabled",
+        "CSLB_ENABLED",
+        "--enabled",
+        True,
+        parse_bool,
+        "Kill switch. 'false' sends every key to fallback (index -1: the caller uses the "
+        "ingress as before) on every worker of the host at the same table generation.",
+        "BOOL",
+    ),
+    Knob(
+        "percentage",
+        "CSLB_PERCENTAGE",
+        "--percentage",
+        100.0,
+        _percentage,
+        "Share of keys (0-100) routed client-side, chosen per key and deterministically; "
+        "raising it only adds keys, lowering it only removes them.",
+        "PCT",
+    ),
+    Knob(
+        "balance_factor",
+        "CSLB_BALANCE_FACTOR",
+        "--balance-factor",
+        1.25,
+        _balance_factor,
+        "Bounded load: an endpoint above balance_factor × average load passes the key on "
+        "along the ring. Must be >= 1; 'off' disables the bound (plain consistent hashing).",
+        "F",
+    ),
+    Knob(
+        "max_hops",
+        "CSLB_MAX_HOPS",
+        "--max-hops",
+        10,
+        _max_hops,
+        "Distinct endpoints the bounded-load walk visits before it takes the least loaded "
+        "one it saw; 'unlimited' is Skipper's full lap.",
+        "N",
+    ),
+    Knob(
+        "load_signal",
+        "CSLB_LOAD_SIGNAL",
+        "--load-signal",
+        "effective",
+        _choice(LOAD_SIGNALS),
+        "Load that bounded load compares: 'effective' = max(in-flight, occupancy) × "
+        "min(pod latency / global latency, 5); 'occupancy' = busy-seconds per second over "
+        "the window; 'in-flight' = open requests (Skipper's signal).",
+        "SIGNAL",
+    ),
+    Knob(
+        "fade_mode",
+        "CSLB_FADE_MODE",
+        "--fade-mode",
+        "n-ring",
+        _choice(FADE_MODES),
+        "How new pods are brought in: 'n-ring' (each scale-up event gets its own ring and "
+        "curve, each key moves once), 'skipper' (Skipper's per-request random filter) or "
+        "'off' (new pods take their full share at once).",
+        "MODE",
+    ),
+    Knob(
+        "fade_duration_s",
+        "CSLB_FADE_DURATION",
+        "--fade-duration",
+        30.0,
+        _seconds,
+        "Fade-in window D in seconds: a new ring carries clamp(t / D, 0, 1) ** E of the "
+        "keys. 0 disables fade-in.",
+        "SECONDS",
+    ),
+    Knob(
+        "fade_exponent",
+        "CSLB_FADE_EXPONENT",
+        "--fade-exponent",
+        2.5,
+        _positive,
+        "Fade-in exponent E: with 2.5 a new ring carries 0.3 % of keys at 10 % of the "
+        "window, 17.7 % at 50 % and 76.8 % at 90 %.",
+        "E",
+    ),
+    Knob(
+        "vnodes",
+        "CSLB_VNODES",
+        "--vnodes",
+        100,
+        _vnodes,
+        "Virtual nodes per endpoint. Skipper always uses 100; change it only when no "
+        "Skipper shares the pods' caches.",
+        "N",
+    ),
+)
+
+_BY_NAME = {k.name: k for k in ROUTING_KNOBS}
+
+
+def knob(name: str) -> Knob:
+    """The routing knob called ``name``."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KnobError(f"no routing knob named {name!r}") from None
+
+
+def defaults(knobs: Iterable[Knob] = ROUTING_KNOBS) -> dict[str, Any]:
+    """Every knob's default value, by name."""
+    return {k.name: k.default for k in knobs}
+
+
+def from_mapping(
+    data: Mapping[str, Any], knobs: Iterable[Knob] = ROUTING_KNOBS, *, source: str = "environment"
+) -> dict[str, Any]:
+    """Values set in ``data`` (environment or ConfigMap data), by knob name.
+
+    Keys may be the environment variable (``CSLB_PERCENTAGE``) or the knob name
+    (``percentage``). Knobs not in ``data`` are left out, so mappings can be layered.
+
+    Raises
+    ------
+    KnobError
+        Naming the source, the variable and what was expected.
+    """
+    out: dict[str, Any] = {}
+    for k in knobs:
+        for key in (k.env, k.name):
+            if key in data:
+                out[k.name] = k.convert(data[key], source)
+                break
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser, knobs: Iterable[Knob] = ROUTING_KNOBS) -> None:
+    """Add one ``--flag`` per knob, with its doc and environment variable in the help."""
+    for k in knobs:
+        parser.add_argument(
+            k.flag,
+            dest=k.name,
+            default=None,
+            metavar=k.metavar,
+            help=f"{k.doc} [env {k.env}, default {_typed_to_str(k.default)}]".replace("%", "%%"),
+        )
+
+
+def from_args(
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    knobs: Iterable[Knob] = ROUTING_KNOBS,
+) -> dict[str, Any]:
+    """Resolve every knob: command-line flag, else environment variable, else default."""
+    knobs = tuple(knobs)
+    values = defaults(knobs)
+    values.update(from_mapping(environ, knobs, source="environment"))
+    for k in knobs:
+        raw = getattr(args, k.name, None)
+        if raw is not None:
+            values[k.name] = k.convert(raw, f"flag {k.flag}")
+    return values
+
+
+def docs_table(knobs: Iterable[Knob] = ROUTING_KNOBS) -> str:
+    """A Markdown table of the knobs (variable, flag, default, meaning) for the README."""
+    rows = ["| variable | flag | default | meaning |", "|---|---|---|---|"]
+    for k in knobs:
+        rows.append(f"| `{k.env}` | `{k.flag}` | `{_typed_to_str(k.default)}` | {k.doc} |")
+    return "\n".join(rows)

@@ -1,0 +1,211 @@
+"""Benchmark lbcore's batch routing against the pure-Python loop a user would write.
+
+Prints ns per key for ``Ring.lookup``, ``Ring.lookup_bounded`` (10 % of endpoints over
+the bar) and N-ring fade-in routing (``RingSet.route`` mid-fade), on rings of 100 and
+1,000 endpoints × 100 virtual nodes, with 13-character SKU strings (a Python list of
+``str``, as decoded from JSON) and int64 IDs (a NumPy array), at batch sizes 1, 100,
+10,000 and 1,000,000 — and in the same run the baseline loop
+(``xxhash.xxh64_intdigest`` + ``bisect`` per key on a list ring), with the ratio.
+
+Every repetition routes a fresh batch (the CPU learns a batch timed over and over), the
+figure is the median over repetitions, and the process is pinned to one core.
+
+Usage::
+
+    python perf/bench_lbcore.py [--quick] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import xxhash
+
+import lbcore
+
+SKU_ALPHABET = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", dtype=np.uint8)
+S = 1_000_000_000
+
+
+def make_skus(rng: np.random.Generator, n: int) -> list[str]:
+    """``n`` Zalando-style 13-character SKUs (``AD112G0AB-K11``) as a list of str."""
+    chars = SKU_ALPHABET[rng.integers(0, SKU_ALPHABET.size, size=(n, 13))]
+    chars[:, 9] = ord("-")
+    return chars.view("S13").ravel().astype("U13").tolist()
+
+
+def make_ids(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` int64 product IDs (up to 12 digits)."""
+    return rng.integers(1, 10**12, size=n, dtype=np.int64)
+
+
+class PythonLoopRing:
+    """The loop a user writes without cslb: hash each key, bisect a sorted list of nodes."""
+
+    def __init__(self, ring: lbcore.Ring) -> None:
+        self.hashes = ring.hashes.tolist()
+        self.owners = ring.owners.tolist()
+
+    def lookup(self, keys: Any) -> list[int]:
+        hashes, owners, size = self.hashes, self.owners, len(self.hashes)
+        h64 = xxhash.xxh64_intdigest
+        out = []
+        for k in keys:
+            b = k.encode() if isinstance(k, str) else str(k).encode()
+            i = bisect.bisect_left(hashes, h64(b))
+            out.append(owners[i if i < size else 0])
+        return out
+
+
+def measure(fn: Callable[[Any], Any], batches: list[Any], n: int) -> float:
+    """Median ns per key of ``fn`` over fresh batches."""
+    times = []
+    fn(batches[0])  # warm caches of the code, not of the data
+    for b in batches[1:]:
+        t0 = time.perf_counter_ns()
+        fn(b)
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / n
+
+
+def reps_for(n: int, quick: bool) -> int:
+    if n <= 100:
+        return 60 if quick else 300
+    if n <= 10_000:
+        return 8 if quick else 30
+    return 2 if quick else 4
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the table; returns 1 if a target is missed."""
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer repetitions; 100,000 instead of 1,000,000"
+    )
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--cpu", type=int, default=0, help="core to pin to (default 0)")
+    args = ap.parse_args(argv)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {args.cpu})
+    rng = np.random.default_rng(20261129)
+    sizes = [1, 100, 10_000] + ([100_000] if args.quick else [1_000_000])
+    print(
+        f"# lbcore routing benchmark — {platform.processor() or platform.machine()}, "
+        f"Python {platform.python_version()}, NumPy {np.__version__}, xxhash {xxhash.VERSION}, "
+        f"pinned to CPU {args.cpu}"
+    )
+    print("# ns per key, median over fresh batches; ratio = python loop / lbcore")
+    results: list[dict[str, Any]] = []
+    header = (
+        f"{'ring':>7} {'keys':>4} {'batch':>9} {'op':>15} {'lbcore':>9} {'loop':>9} {'ratio':>7}"
+    )
+    print(header)
+    gc.disable()
+    try:
+        for n_eps in (100, 1000):
+            eps = [f"http://10.{i // 250}.{i % 250}.1:8080" for i in range(n_eps)]
+            ring = lbcore.Ring(eps)
+            loop = PythonLoopRing(ring)
+            loads = np.ones(n_eps)
+            loads[rng.choice(n_eps, n_eps // 10, replace=False)] = 5.0  # 10 % over the bar
+            t0 = 1_000 * S
+            fading = lbcore.RingSet(eps[: n_eps - n_eps // 10]).scale_up(
+                eps[n_eps - n_eps // 10 :], t0
+            )
+            now = t0 + 15 * S
+            ops: dict[str, Callable[[Any], Any]] = {
+                "lookup": ring.lookup,
+                "lookup_bounded": lambda k, ring=ring, loads=loads: ring.lookup_bounded(
+                    k, loads, 1.25, max_hops=10
+                ),
+                "fade_route": lambda k, fading=fading, now=now: fading.route(k, now),
+            }
+            for kind, maker in (("sku", make_skus), ("int", make_ids)):
+                for n in sizes:
+                    reps = reps_for(n, args.quick)
+                    batches = [maker(rng, n) for _ in range(reps + 1)]
+                    base = measure(loop.lookup, batches, n)
+                    for name, fn in ops.items():
+                        ns = measure(fn, batches, n)
+                        row = {
+                            "endpoints": n_eps,
+                            "keys": kind,
+                            "batch": n,
+                            "op": name,
+                            "ns_per_key": ns,
+                            "loop_ns_per_key": base,
+                            "ratio": base / ns,
+                        }
+                        results.append(row)
+                        print(
+                            f"{n_eps:>7} {kind:>4} {n:>9,} {name:>15} {ns:>9.1f} {base:>9.1f} "
+                            f"{base / ns:>6.1f}×",
+                            flush=True,
+                        )
+                    del batches
+    finally:
+        gc.enable()
+
+    def find(eps: int, op: str, batch: int, kind: str) -> dict[str, Any]:
+        return next(
+            r
+            for r in results
+            if (r["endpoints"], r["op"], r["batch"], r["keys"]) == (eps, op, batch, kind)
+        )
+
+    big = max(sizes)
+    checks = [
+        (
+            "batch 100, lookup_bounded ≥ 2× loop, 100 endpoints",
+            [find(100, "lookup_bounded", 100, k) for k in ("sku", "int")],
+            lambda r: r["ratio"] >= 2.0,
+        ),
+        (
+            "batch 100, lookup_bounded ≥ 3.5× loop, 1,000 endpoints",
+            [find(1000, "lookup_bounded", 100, k) for k in ("sku", "int")],
+            lambda r: r["ratio"] >= 3.5,
+        ),
+        (
+            f"batch {big:,}, lookup ≥ 10× loop",
+            [find(e, "lookup", big, k) for e in (100, 1000) for k in ("sku", "int")],
+            lambda r: r["ratio"] >= 10.0,
+        ),
+        (
+            "batch 1, lookup < 5 µs",
+            [find(e, "lookup", 1, k) for e in (100, 1000) for k in ("sku", "int")],
+            lambda r: r["ns_per_key"] < 5000,
+        ),
+    ]
+    print("\n# targets")
+    missed = 0
+    for label, rows, ok in checks:
+        good = all(ok(r) for r in rows)
+        missed += not good
+        figs = ", ".join(
+            f"{r['endpoints']}/{r['keys']}: {r['ratio']:.1f}× ({r['ns_per_key']:.0f} ns)"
+            for r in rows
+        )
+        print(f"{'PASS' if good else 'MISS'}  {label}: {figs}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(
+                {"python": sys.version, "numpy": np.__version__, "results": results}, fh, indent=1
+            )
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
