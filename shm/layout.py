@@ -129,7 +129,8 @@ TABLES_DATA = np.dtype(
 )
 
 #: Header of each of the two buffers of a data segment. ``seq`` is odd while the
-#: writer rewrites the buffer and grows by two with every rewrite.
+#: writer rewrites the buffer and grows by two with every rewrite; ``checksum`` is the
+#: CRC-32 of the payload.
 BUFFER_HEADER = np.dtype(
     [("seq", "u8"), ("generation", "u8"), ("payload_bytes", "u8"), ("checksum", "u8")]
 )
@@ -153,6 +154,7 @@ PAYLOAD_HEADER = np.dtype(
         ("balance_factor", "f8"),  # NaN: no bounded load
         ("max_hops", "i8"),  # -1: Skipper's unlimited walk
         ("load_signal", "S32"),
+        ("fade_mode", "S16"),
         ("sections", "u8"),
     ]
 )
@@ -173,6 +175,10 @@ TABLE_SECTIONS: tuple[tuple[str, str | None], ...] = (
     ("starts_ns", "i8"),  # one per fading ring
     ("slot_freed_ns", "i8"),  # per counter slot: -1 in use, else CLOCK_MONOTONIC freed time
     ("ring_nodes", "i8"),  # nodes of each ring
+    # lbcore.RingSet's routing maps, (rings, master nodes) each: where a master-ring
+    # position lands on ring k, and the endpoint there. Built once by the publisher.
+    ("ring_pos", "i4"),
+    ("owner_table", "i4"),
 )
 
 

@@ -14,7 +14,7 @@ Segments: a small *control* segment ``/cslb.<ns>.tables`` and a *data* segment
 ``/cslb.<ns>.tables.<epoch>`` with two buffers. The control word ``current`` packs
 ``epoch << 1 | buffer``: the one buffer readers should use. Each buffer starts with a
 header whose ``seq`` is odd while the writer rewrites the buffer (a seqlock), then the
-``generation``, the payload length and an XXH64 ``checksum`` of the payload.
+``generation``, the payload length and a CRC-32 ``checksum`` of the payload.
 
 Publish (writer; ``fence`` = store->store ordering, see :func:`shm.segment.fence`)::
 
@@ -79,6 +79,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -86,10 +87,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 import lbcore
-from lbcore.bounded import check_balance_factor
-from lbcore.hashing import xxh64_bytes
-from lbcore.ring import bucket_bits_for
-from lbcore.signals import DEFAULT_WINDOW_NS, LOAD_SIGNALS
+from lbcore import knobs as lbcore_knobs
+from lbcore.signals import DEFAULT_WINDOW_NS
 from shm.errors import (
     SegmentCorruptError,
     SegmentError,
@@ -153,6 +152,8 @@ _WEAK = not _TSO
 _MAX_ENDPOINTS = 1 << 20
 _MAX_RINGS = 64
 _MAX_VNODES = 1 << 16
+_MIN_BUCKET_BITS = 1
+_MAX_BUCKET_BITS = 26
 _PAGE = 4096
 
 # Word indices used on hot paths.
@@ -168,15 +169,26 @@ _B_CHECKSUM = word(BUFFER_HEADER, "checksum")
 _DIR_OFFSET = align(PAYLOAD_HEADER.itemsize, 8)
 
 
+def _checksum(data: memoryview) -> int:
+    # CRC-32 from the standard library (~3.9 GB/s here): shm may not import xxhash
+    # itself and lbcore no longer exports a bytes hash (XXH64 would be ~2.5x faster).
+    return zlib.crc32(data)
+
+
 # ------------------------------------------------------------------------------------
 # Knobs.
+
+
+_KNOB_DEFAULTS = lbcore_knobs.defaults()
 
 
 @dataclass(frozen=True, slots=True)
 class Knobs:
     """Runtime knobs, published with every table.
 
-    One change reaches every worker of the host at the same generation.
+    One change reaches every worker of the host at the same generation. Defaults and
+    validation are those of :data:`lbcore.knobs.ROUTING_KNOBS` (declared once there);
+    the fade-in duration and exponent and the virtual nodes travel in the ring set.
 
     Parameters
     ----------
@@ -190,37 +202,27 @@ class Knobs:
         Cap on the bounded-load walk (``>= 1``); ``None``: Skipper's unlimited walk.
     load_signal
         One of :data:`lbcore.signals.LOAD_SIGNALS`.
+    fade_mode
+        One of :data:`lbcore.knobs.FADE_MODES`.
     """
 
-    enabled: bool = True
-    percentage: float = 100.0
-    balance_factor: float | None = 1.25
-    max_hops: int | None = 10
-    load_signal: str = "occupancy"
+    enabled: bool = _KNOB_DEFAULTS["enabled"]
+    percentage: float = _KNOB_DEFAULTS["percentage"]
+    balance_factor: float | None = _KNOB_DEFAULTS["balance_factor"]
+    max_hops: int | None = _KNOB_DEFAULTS["max_hops"]
+    load_signal: str = _KNOB_DEFAULTS["load_signal"]
+    fade_mode: str = _KNOB_DEFAULTS["fade_mode"]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, (bool, np.bool_)):
-            raise TableInputError(f"knob enabled must be a bool, got {self.enabled!r}")
-        try:
-            lbcore.Gate(bool(self.enabled), self.percentage)
-        except lbcore.GateError as exc:
-            raise TableInputError(f"knob percentage: {exc}") from exc
-        object.__setattr__(self, "percentage", float(self.percentage))
-        if self.balance_factor is not None:
+        for field in self.__slots__:
+            value = getattr(self, field)
+            if isinstance(value, (float, np.floating)) and math.isnan(value):
+                raise TableInputError(f"knob {field} is NaN")
             try:
-                bf = check_balance_factor(self.balance_factor)
-            except (lbcore.BalanceFactorError, TypeError, ValueError) as exc:
-                raise TableInputError(f"knob balance_factor: {exc}") from exc
-            object.__setattr__(self, "balance_factor", float(bf))
-        hops = self.max_hops
-        if hops is not None and (
-            isinstance(hops, bool) or not isinstance(hops, (int, np.integer)) or hops < 1
-        ):
-            raise TableInputError(f"knob max_hops must be an integer >= 1 or None, got {hops!r}")
-        if self.load_signal not in LOAD_SIGNALS:
-            raise TableInputError(
-                f"knob load_signal is {self.load_signal!r}, expected one of {LOAD_SIGNALS}"
-            )
+                typed = lbcore_knobs.knob(field).convert(value, "table knobs")
+            except lbcore_knobs.KnobError as exc:
+                raise TableInputError(str(exc)) from None
+            object.__setattr__(self, field, typed)
 
     def gate(self) -> lbcore.Gate:
         """The rollout gate these knobs describe."""
@@ -331,21 +333,35 @@ def _ring_set_from_rings(
     tiers: np.ndarray,
     starts_ns: tuple[int, ...],
     rings: tuple[lbcore.Ring, ...],
+    ring_pos: np.ndarray,
+    owner_table: np.ndarray,
     duration_ns: int,
     exponent: float,
     vnodes: int,
 ) -> lbcore.RingSet:
-    # lbcore.RingSet has no public constructor from already built rings (its __init__
-    # rebuilds every fading ring with Ring.subset, i.e. new bucket tables): fill its
-    # slots directly with the validated zero-copy rings. See the report on lbcore.
+    # lbcore.RingSet has no public constructor from already built parts: its __init__
+    # rebuilds every fading ring with Ring.subset (new bucket tables) and its routing
+    # maps, per worker. Fill its slots with the validated zero-copy views instead; the
+    # tests check that every slot is set. See the report on lbcore.
     rs = lbcore.RingSet.__new__(lbcore.RingSet)
-    rs.endpoints = endpoints
-    rs.tiers = tiers
-    rs.starts_ns = starts_ns
-    rs.duration_ns = duration_ns
-    rs.exponent = exponent
-    rs.vnodes = vnodes
-    rs.rings = rings
+    values = {
+        "endpoints": endpoints,
+        "tiers": tiers,
+        "starts_ns": starts_ns,
+        "duration_ns": duration_ns,
+        "exponent": exponent,
+        "vnodes": vnodes,
+        "rings": rings,
+        "ring_pos": ring_pos,
+        "owner_table": owner_table,
+        "_bounded": None,
+        "_seen_snapshot": None,
+    }
+    missing = set(lbcore.RingSet.__slots__) - set(values)
+    if missing:
+        raise ImportError(f"this build of shm does not know lbcore.RingSet fields {missing}")
+    for name, value in values.items():
+        setattr(rs, name, value)
     return rs
 
 
@@ -514,7 +530,7 @@ class _Encoded:
 
 
 def _bytes_of(arr: np.ndarray) -> memoryview:
-    return memoryview(np.ascontiguousarray(arr)).cast("B")
+    return memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
 
 
 def _encode(
@@ -559,6 +575,7 @@ def _encode(
     h["balance_factor"] = math.nan if knobs.balance_factor is None else knobs.balance_factor
     h["max_hops"] = -1 if knobs.max_hops is None else int(knobs.max_hops)
     h["load_signal"] = knobs.load_signal.encode("ascii")
+    h["fade_mode"] = knobs.fade_mode.encode("ascii")
     sections: list[tuple[str, memoryview]] = [
         ("addresses", memoryview(_blob(eps, "endpoint addresses"))),
         ("zones", memoryview(_blob(zones, "zones"))),
@@ -570,6 +587,8 @@ def _encode(
         ("starts_ns", _bytes_of(np.array(ring_set.starts_ns, dtype=np.int64))),
         ("slot_freed_ns", _bytes_of(freed_ns)),
         ("ring_nodes", _bytes_of(np.array([len(r) for r in rings], dtype=np.int64))),
+        ("ring_pos", _bytes_of(np.asarray(ring_set.ring_pos, dtype=np.int32))),
+        ("owner_table", _bytes_of(np.asarray(ring_set.owner_table, dtype=np.int32))),
     ]
     for k, ring in enumerate(rings):
         names = ring_sections(k)
@@ -688,18 +707,33 @@ class _Decoder:
                 raise self.fail(f"ring {k} has {m} nodes for {n} endpoints x {vnodes} vnodes")
             hashes = count(hn, m)
             owners = count(on, m)
-            buckets = count(bn, 1 << bucket_bits_for(m))
+            buckets = views[bn]
+            bits = buckets.size.bit_length() - 1
+            if buckets.size != 1 << bits or not _MIN_BUCKET_BITS <= bits <= _MAX_BUCKET_BITS:
+                raise self.fail(
+                    f"ring {k} bucket table has {buckets.size} entries, expected a power of two "
+                    f"from 2**{_MIN_BUCKET_BITS} to 2**{_MAX_BUCKET_BITS}"
+                )
             if m > 1 and bool((hashes[1:] < hashes[:-1]).any()):
                 raise self.fail(f"ring {k} hashes are not sorted")
             if int(owners.min()) < 0 or int(owners.max()) >= n:
                 raise self.fail(f"ring {k} owners must be endpoint indices 0..{n - 1}")
             if int(tiers[owners].max()) > k:
                 raise self.fail(f"ring {k} holds endpoints of a newer fading event")
-            if int(buckets.min()) < -1 or int(buckets.max()) >= m:
+            # Entries: e >= 0 a ring position; -1 "search"; e <= -2 the one node -e - 2.
+            if int(buckets.min()) < -(m + 1) or int(buckets.max()) >= m:
                 raise self.fail(f"ring {k} bucket table points outside the ring")
             rings.append(
                 lbcore.Ring.from_arrays(eps, hashes, owners, vnodes=vnodes, buckets=buckets)
             )
+        master = int(ring_nodes[-1]) if n_rings else 0
+        ring_pos = count("ring_pos", n_rings * master).reshape(n_rings, master)
+        owner_table = count("owner_table", n_rings * master).reshape(n_rings, master)
+        for k in range(n_rings):
+            if master and (int(ring_pos[k].min()) < 0 or int(ring_pos[k].max()) >= len(rings[k])):
+                raise self.fail(f"routing map of ring {k} points outside the ring")
+        if master and (int(owner_table.min()) < 0 or int(owner_table.max()) >= n):
+            raise self.fail(f"owner table must hold endpoint indices 0..{n - 1}")
         knobs = self._knobs(h)
         t = Table.__new__(Table)
         t.generation = generation
@@ -718,7 +752,15 @@ class _Decoder:
         t.buffer = self.buffer
         if n_rings:
             t.ring_set = _ring_set_from_rings(
-                eps, tiers, tuple(starts.tolist()), tuple(rings), duration, exponent, vnodes
+                eps,
+                tiers,
+                tuple(starts.tolist()),
+                tuple(rings),
+                ring_pos,
+                owner_table,
+                duration,
+                exponent,
+                vnodes,
             )
         else:
             t.ring_set = lbcore.RingSet((), duration_ns=duration, exponent=exponent)
@@ -743,8 +785,9 @@ class _Decoder:
         hops = int(h["max_hops"])
         try:
             signal = bytes(h["load_signal"]).rstrip(b"\0").decode("ascii")
+            fade_mode = bytes(h["fade_mode"]).rstrip(b"\0").decode("ascii")
         except UnicodeDecodeError as exc:
-            raise self.fail("load signal name is not ASCII") from exc
+            raise self.fail("load signal or fade mode name is not ASCII") from exc
         if enabled not in (0, 1) or (hops != -1 and hops < 1):
             raise self.fail(f"knobs out of range: enabled={enabled}, max_hops={hops}")
         try:
@@ -754,6 +797,7 @@ class _Decoder:
                 balance_factor=None if math.isnan(bf) else bf,
                 max_hops=None if hops == -1 else hops,
                 load_signal=signal,
+                fade_mode=fade_mode,
             )
         except TableInputError as exc:
             raise self.fail(str(exc)) from exc
@@ -887,12 +931,12 @@ class _TablesView:
                 f"buffer {b}: payload of {nbytes} bytes exceeds the buffer capacity of "
                 f"{self.buffer_bytes - BUFFER_HEADER_BYTES} bytes",
             )
-        found = xxh64_bytes(data.buf[start : start + nbytes])
+        found = _checksum(data.buf[start : start + nbytes])
         if found != checksum:
             raise TableChecksumError(
                 data.name,
-                f"buffer {b} generation {gen}: payload checksum 0x{found:016x} does not match "
-                f"the stored 0x{checksum:016x} (corrupted, or written by something else)",
+                f"buffer {b} generation {gen}: payload checksum 0x{found:08x} does not match "
+                f"the stored 0x{checksum:08x} (corrupted, or written by something else)",
             )
         return _Decoder(data, b, start, nbytes).decode(gen)
 
@@ -1248,7 +1292,7 @@ class TableWriter:
         enc.write(data.buf, start)
         words[base + _B_GENERATION] = gen
         words[base + _B_PAYLOAD] = enc.payload_bytes
-        words[base + _B_CHECKSUM] = xxh64_bytes(data.buf[start : start + enc.payload_bytes])
+        words[base + _B_CHECKSUM] = _checksum(data.buf[start : start + enc.payload_bytes])
         fence()
         words[base + _B_SEQ] = seq + 1
         fence()

@@ -1,6 +1,8 @@
 import math
 import os
 import random
+import re
+import zlib
 
 import numpy as np
 import pytest
@@ -58,7 +60,12 @@ def test_roundtrip_everything_a_worker_needs(namespace):
     ejected = np.zeros(n, bool)
     ejected[[3, 17]] = True
     knobs = Knobs(
-        enabled=False, percentage=37.5, balance_factor=1.3, max_hops=4, load_signal="effective"
+        enabled=False,
+        percentage=37.5,
+        balance_factor=1.3,
+        max_hops=4,
+        load_signal="occupancy",
+        fade_mode="skipper",
     )
     with TableWriter(namespace) as w:
         g = w.publish(
@@ -80,6 +87,10 @@ def test_roundtrip_everything_a_worker_needs(namespace):
     assert t.ring_set.starts_ns == rs.starts_ns
     assert t.fade_duration_ns == rs.duration_ns and t.fade_exponent == rs.exponent
     assert np.array_equal(t.ring_set.tiers, rs.tiers)
+    for name in lbcore.RingSet.__slots__:  # the reader built a complete RingSet
+        mine, theirs = getattr(t.ring_set, name), getattr(rs, name)
+        if isinstance(theirs, np.ndarray):
+            assert np.array_equal(mine, theirs), name
     keys = [f"SKU-{i}" for i in range(3000)]
     for now in (10**12 - 1, 10**12 + 3 * 10**9, 10**12 + 9 * 10**9, 10**12 + 40 * 10**9):
         assert np.array_equal(t.ring_set.route(keys, now), rs.route(keys, now))
@@ -181,18 +192,29 @@ def test_bad_input_publishes_nothing(namespace, kwargs, match):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"percentage": 101}, "percentage"),
-        ({"percentage": math.nan}, "percentage"),
-        ({"balance_factor": 0.9}, "balance_factor"),
-        ({"max_hops": 0}, "max_hops"),
-        ({"max_hops": 2.5}, "max_hops"),
-        ({"load_signal": "cpu"}, "load_signal is 'cpu'"),
-        ({"enabled": "yes"}, "enabled must be a bool"),
+        ({"percentage": 101}, "CSLB_PERCENTAGE=101: expected a percentage from 0 to 100"),
+        ({"percentage": math.nan}, "knob percentage is NaN"),
+        ({"balance_factor": 0.9}, "CSLB_BALANCE_FACTOR=0.9: expected a number >= 1"),
+        ({"max_hops": 0}, "CSLB_MAX_HOPS=0: expected a positive integer"),
+        ({"max_hops": 2.5}, "CSLB_MAX_HOPS=2.5"),
+        ({"load_signal": "cpu"}, "CSLB_LOAD_SIGNAL='cpu': expected one of"),
+        ({"enabled": "maybe"}, "CSLB_ENABLED='maybe': expected true or false"),
+        ({"fade_mode": "slow"}, "CSLB_FADE_MODE='slow'"),
     ],
 )
 def test_knob_validation(kwargs, match):
-    with pytest.raises(TableInputError, match=match):
+    with pytest.raises(TableInputError, match=re.escape(match)):
         Knobs(**kwargs)
+
+
+def test_knob_defaults_are_lbcores():
+    from lbcore import knobs
+
+    d = knobs.defaults()
+    assert Knobs() == Knobs(**{f: d[f] for f in Knobs.__slots__})
+    assert Knobs(enabled="off", percentage="12.5%", max_hops="unlimited") == Knobs(
+        enabled=False, percentage=12.5, max_hops=None
+    )
 
 
 def test_publish_rejects_non_ring_sets(namespace):
@@ -436,13 +458,11 @@ def test_truncated_data_segment(namespace):
 
 
 def _rewrite_checksum(reader, t, seg):
-    from lbcore.hashing import xxh64_bytes
-
     off = reader._view.offsets[t.buffer]
     words = seg.words
     n = words[off // 8 + 2]
     start = off + BUFFER_HEADER_BYTES
-    words[off // 8 + 3] = xxh64_bytes(seg.buf[start : start + n])
+    words[off // 8 + 3] = zlib.crc32(seg.buf[start : start + n])
 
 
 def test_bad_layout_with_a_valid_checksum_is_caught_before_use(namespace):
