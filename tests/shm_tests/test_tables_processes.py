@@ -135,14 +135,20 @@ def idle_buffer_seq(ns):
     return data.words[off // 8]
 
 
-def wait_until_mid_publish(ns, timeout_s=2.0):
+def kill_mid_publish(ns, pid, timeout_s=2.0):
+    """SIGKILL ``pid`` as soon as it is inside a publish (the idle buffer's seq is odd)."""
+    ctl = Segment.attach(segment_name(ns, "tables"))
+    cur = ctl.words[word(TABLES_CONTROL, "current")]
+    data = Segment.attach(f"{ctl.name}.{cur >> 1}")
+    words = data.words
+    seqs = [words[word(TABLES_DATA, f"buffer_offset{b}")] // 8 for b in (0, 1)]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            if idle_buffer_seq(ns) & 1:
+        for _ in range(1000):
+            if words[seqs[0]] & 1 or words[seqs[1]] & 1:
+                os.kill(pid, signal.SIGKILL)
                 return
-        except Exception:  # the writer switched segments under us: look again
-            pass
+    os.kill(pid, signal.SIGKILL)
 
 
 def test_sigkilled_writers_leave_the_last_complete_generation(namespace, procs):
@@ -162,8 +168,9 @@ def test_sigkilled_writers_leave_the_last_complete_generation(namespace, procs):
         assert a.recv() == last + 1
         time.sleep(rng.uniform(0, 0.004))
         if i % 2:
-            wait_until_mid_publish(namespace)  # aim at the inside of a publish
-        os.kill(p.pid, signal.SIGKILL)
+            kill_mid_publish(namespace, p.pid)  # aim at the inside of a publish
+        else:
+            os.kill(p.pid, signal.SIGKILL)
         p.join(10)
         t = reader.table()
         assert t.valid() and check(t, routes, RING_SETS) is None
