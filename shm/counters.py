@@ -222,7 +222,7 @@ class _Control:
             except SegmentMissingError:
                 if self.cw[_C_CURRENT] != epoch:
                     continue  # grown again meanwhile
-                    raise
+                raise
             self.matrix = _Matrix(seg, epoch, self.rows, self.buckets)
             return self.matrix
 
@@ -369,7 +369,11 @@ class CounterStore:
                     h["base_ns"] = clock()
                     h["slots_offset"] = slots_off
                     h["created_ns"] = clock()
-                    data = _create_data(f"{name}.1", 1, rows, _columns_for(columns), buckets)
+                    try:
+                        data = _create_data(f"{name}.1", 1, rows, _columns_for(columns), buckets)
+                    except BaseException:
+                        seg.unlink()  # e.g. /dev/shm too small: leave nothing behind
+                        raise
                     data.close()
                     h["current"] = 1
                     fence()

@@ -332,3 +332,23 @@ def test_the_table_writer_grows_the_counters_before_publishing(namespace):
         assert store.reader().read(T0, t.n_slots).in_flight.sum() == 100
     store.close()
     assert list_segments(namespace) == []
+
+
+def test_a_missing_counter_matrix_is_named(namespace):
+    st = CounterStore.create(namespace, rows=2, columns=8)
+    os.unlink(SHM_DIR + segment_name(namespace, "counters", 1))
+    with pytest.raises(SegmentMissingError, match=r"counters\.1: does not exist"):
+        CounterReader(namespace)
+    st.close()
+
+
+def test_counters_too_big_for_dev_shm_leave_nothing_behind(namespace):
+    from shm import SegmentFullError
+
+    st = os.statvfs(SHM_DIR)
+    rows = 4096
+    # Columns such that the matrix needs more than the whole of /dev/shm.
+    cols = (st.f_blocks * st.f_frsize) // (rows * 8 * (2 + 4 * 12)) + 1024
+    with pytest.raises(SegmentFullError, match="is full or too small"):
+        CounterStore.create(namespace, rows=rows, columns=min(cols, (1 << 22)))
+    assert list_segments(namespace) == []
