@@ -1091,7 +1091,9 @@ class TableWriter:
     namespace
         Namespace of the segments (``/cslb.<namespace>.tables``).
     slot_reuse_ns
-        Minimum age of a freed counter slot before another endpoint gets it (ns).
+        Minimum age of a freed counter slot before another endpoint gets it (ns);
+        default: the counters' occupancy window plus two buckets (12 s for the default
+        window, also without counters).
     counters
         A :class:`shm.counters.CounterStore`: before each publish its matrix is grown
         to hold every slot of the new table.
@@ -1108,7 +1110,7 @@ class TableWriter:
         self,
         namespace: str,
         *,
-        slot_reuse_ns: int = DEFAULT_SLOT_REUSE_NS,
+        slot_reuse_ns: int | None = None,
         counters: Any = None,
         replace_invalid: bool = False,
         min_capacity_bytes: int = 1 << 20,
@@ -1125,6 +1127,10 @@ class TableWriter:
         self._ctl_seg = ctl
         self._cw = ctl.words
         self._view = _TablesView(ctl)
+        if slot_reuse_ns is None:
+            slot_reuse_ns = DEFAULT_SLOT_REUSE_NS
+            if counters is not None:  # the counters' own window, plus two buckets
+                slot_reuse_ns = counters.window_ns + 2 * counters.bucket_ns
         self._slots = SlotAllocator(slot_reuse_ns)
         self.generation = 0
         self.recovered: Table | None = None

@@ -352,3 +352,23 @@ def test_counters_too_big_for_dev_shm_leave_nothing_behind(namespace):
     with pytest.raises(SegmentFullError, match="is full or too small"):
         CounterStore.create(namespace, rows=rows, columns=min(cols, (1 << 22)))
     assert list_segments(namespace) == []
+
+
+def test_freed_slots_wait_for_the_counters_window(namespace):
+    import lbcore
+    from shm import TableReader, TableWriter
+
+    store = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
+    clock = [T0]
+    eps = [f"http://10.6.0.{i}:80" for i in range(1, 6)]
+    with TableWriter(namespace, counters=store, clock=lambda: clock[0]) as w:
+        reader = TableReader(namespace)
+        w.publish(lbcore.RingSet(eps[:4]))
+        w.publish(lbcore.RingSet(eps[1:4]))  # eps[0] leaves: slot 0 is freed
+        clock[0] += W + 2 * store.bucket_ns - 1
+        w.publish(lbcore.RingSet(eps[1:5]))
+        assert reader.table().slots[-1] == 4  # slot 0 is not old enough yet
+        clock[0] += 1
+        w.publish(lbcore.RingSet([*eps[1:5], "http://10.6.0.9:80"]))
+        assert reader.table().slots[-1] == 0  # aged out of the 2 s window: reused
+    store.close()
