@@ -12,6 +12,10 @@ import sys
 # name -> (module with main(argv) -> int, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "route": ("cslb.route_cmd", "print which endpoint each key goes to (Skipper's ring)"),
+    "simulate": (
+        "perf.sim.cli",
+        "simulate scale-ups, load signals and slow pods with lbcore's routing",
+    ),
 }
 
 

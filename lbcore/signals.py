@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.errors import LoadError
+
 __all__ = [
     "DEFAULT_LATENCY_CAP",
     "DEFAULT_WINDOW_NS",
@@ -80,7 +82,7 @@ def occupancy(busy_ns: Any, window_ns: int, weights: Any = None) -> np.ndarray:
         several requests overlap).
     """
     if window_ns <= 0:
-        raise ValueError(f"occupancy window must be > 0 ns, got {window_ns}")
+        raise LoadError(f"occupancy window must be > 0 ns, got {window_ns}")
     busy = np.asarray(busy_ns, dtype=np.float64)
     if busy.ndim == 2:
         busy = busy @ (
@@ -95,6 +97,13 @@ def mean_latency(latency_sum_s: Any, completed: Any) -> np.ndarray:
     count = np.asarray(completed, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
+
+
+def _signal(name: str, values: Any) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size and not (arr.min() >= 0.0 and arr.max() < np.inf):
+        raise LoadError(f"{name} must be finite and >= 0 per endpoint, got {arr.tolist()!r:.120}")
+    return arr
 
 
 def effective_load(
@@ -125,10 +134,13 @@ def effective_load(
     -------
     numpy.ndarray
         ``float64`` effective load per endpoint, finite and ``>= 0``.
+
+    Raises
+    ------
+    LoadError
+        If ``in_flight`` or ``occupancy_`` holds a negative or non-finite value.
     """
-    base = np.maximum(
-        np.asarray(in_flight, dtype=np.float64), np.asarray(occupancy_, dtype=np.float64)
-    )
+    base = np.maximum(_signal("in_flight", in_flight), _signal("occupancy", occupancy_))
     if pod_latency_s is None or global_latency_s is None:
         return base
     g = float(global_latency_s)

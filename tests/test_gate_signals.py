@@ -79,3 +79,12 @@ def test_effective_load():
 def test_mean_latency():
     got = mean_latency([1.0, 0.0], [4, 0])
     assert got[0] == 0.25 and np.isnan(got[1])
+
+
+def test_signal_validation():
+    with pytest.raises(lbcore.LoadError, match="in_flight"):
+        effective_load([-1.0], [0.0])
+    with pytest.raises(lbcore.LoadError, match="occupancy"):
+        effective_load([0.0], [np.nan])
+    with pytest.raises(lbcore.LoadError, match="window"):
+        occupancy([1], 0)
