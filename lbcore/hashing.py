@@ -214,16 +214,20 @@ def _xxh64_lanes(words: Any, length: int, out: np.ndarray | None = None) -> np.n
             _rotl(h, 11, tmp)
             np.multiply(h, _P1, out=h)
             shift += 8
-    # avalanche
-    np.right_shift(h, _U64(33), out=tmp)
-    np.bitwise_xor(h, tmp, out=h)
-    np.multiply(h, _P2, out=h)
-    np.right_shift(h, _U64(29), out=tmp)
-    np.bitwise_xor(h, tmp, out=h)
-    np.multiply(h, _P3, out=h)
-    np.right_shift(h, _U64(32), out=tmp)
-    np.bitwise_xor(h, tmp, out=h)
-    return h
+    return _xorshift_multiply(h, tmp, ((33, _P2), (29, _P3)), 32)  # XXH64's avalanche
+
+
+def _xorshift_multiply(
+    x: np.ndarray, tmp: np.ndarray, rounds: tuple[tuple[int, np.uint64], ...], last: int
+) -> np.ndarray:
+    """``x ^= x >> s; x *= m`` for each ``(s, m)``, then ``x ^= x >> last``, in place."""
+    for shift, mult in rounds:
+        np.right_shift(x, _U64(shift), out=tmp)
+        np.bitwise_xor(x, tmp, out=x)
+        np.multiply(x, mult, out=x)
+    np.right_shift(x, _U64(last), out=tmp)
+    np.bitwise_xor(x, tmp, out=x)
+    return x
 
 
 def _lanes_from_rows(rows: np.ndarray, length: int) -> np.ndarray:
@@ -741,15 +745,7 @@ _M64 = 0xFFFFFFFFFFFFFFFF
 def mix64(hashes: np.ndarray, salt: int) -> np.ndarray:
     """MurmurHash3's ``fmix64`` of ``hashes ^ salt`` (a new uint64 array)."""
     x = np.bitwise_xor(hashes, _U64(salt & _M64))
-    tmp = np.right_shift(x, _U64(33))
-    np.bitwise_xor(x, tmp, out=x)
-    np.multiply(x, _FMIX_C1, out=x)
-    np.right_shift(x, _U64(33), out=tmp)
-    np.bitwise_xor(x, tmp, out=x)
-    np.multiply(x, _FMIX_C2, out=x)
-    np.right_shift(x, _U64(33), out=tmp)
-    np.bitwise_xor(x, tmp, out=x)
-    return x
+    return _xorshift_multiply(x, np.empty_like(x), ((33, _FMIX_C1), (33, _FMIX_C2)), 33)
 
 
 def _fmix_of(h: int, salt: int) -> int:
