@@ -27,11 +27,12 @@ class EndpointsFileError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
-    """One endpoint: its address (verbatim, as Skipper hashes it), zone and node name."""
+    """One endpoint: its address (verbatim, as Skipper hashes it), zone, node and pod name."""
 
     address: str
     zone: str = ""
     node: str = ""
+    pod: str = ""
 
 
 def parse_endpoints(doc: Any, source: str = "endpoints") -> list[EndpointSpec]:
