@@ -74,7 +74,7 @@ class _StreamError(Exception):
     """A watch stream carried something that is not a watch event."""
 
 
-class _Expired(Exception):
+class _ExpiredError(Exception):
     """The server no longer has the requested resource version: relist."""
 
 
@@ -283,7 +283,7 @@ class ListWatch(Generic[T]):
                 else:
                     self._watch()
                 continue
-            except _Expired as exc:
+            except _ExpiredError as exc:
                 self.log.warning(
                     "watch_expired",
                     kind=self.kind,
@@ -456,7 +456,7 @@ class ListWatch(Generic[T]):
             msg = obj.get("message", "") if isinstance(obj, dict) else ""
             reason = obj.get("reason", "") if isinstance(obj, dict) else ""
             if code == 410 or reason in ("Expired", "Gone") or "too old" in str(msg):
-                raise _Expired(f"{code} {reason}: {msg}")
+                raise _ExpiredError(f"{code} {reason}: {msg}")
             raise _StreamError(f"watch ERROR event: {code} {reason}: {msg}")
         rv = _rv_of(obj)
         if kind == "BOOKMARK":
