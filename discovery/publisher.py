@@ -1,0 +1,134 @@
+"""Publishing ring sets into shared memory: discovery's only contact with :mod:`shm`.
+
+:class:`Publisher` owns the namespace's :class:`shm.TableWriter` (the single writer of
+the tables; it holds the writer lock for the life of the process) and, when the
+host's counter matrix exists, grows it before a publish so every endpoint slot of the
+new table has a column. Counter slots themselves are assigned by the table writer
+(stable per endpoint; a freed slot is reused only after the occupancy window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import lbcore
+import shm
+from discovery.ringstate import RingState, Transition
+
+__all__ = ["Publisher", "Recovered", "shm_knobs"]
+
+#: Routing knobs carried by the tables (the fade curve travels in the ring set).
+PUBLISHED_KNOBS = ("enabled", "percentage", "balance_factor", "max_hops", "load_signal")
+
+
+def shm_knobs(knobs: Mapping[str, Any]) -> shm.Knobs:
+    """The table's knobs from resolved routing knob values (by name)."""
+    return shm.Knobs(**{k: knobs[k] for k in PUBLISHED_KNOBS})
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What a previous publisher left in shared memory (copied out of the mapping).
+
+    Attributes
+    ----------
+    generation
+        Its last generation.
+    state
+        Its ring set and endpoint details, rebuilt in private memory.
+    knobs
+        Its published knob values, by name.
+    published_ns
+        CLOCK_MONOTONIC time of that publish, in nanoseconds.
+    """
+
+    generation: int
+    state: RingState
+    knobs: dict[str, Any]
+    published_ns: int
+
+
+class Publisher:
+    """The namespace's table writer.
+
+    Parameters
+    ----------
+    namespace
+        Shared-memory namespace (``/dev/shm/cslb.<namespace>.*``).
+
+    Raises
+    ------
+    shm.WriterBusyError
+        Another live process publishes this namespace.
+    shm.ShmError
+        The segments cannot be created or are foreign.
+    """
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.writer = shm.TableWriter(namespace)
+        self._counters: shm.CounterStore | None = None
+        self.recovered = self._recover()
+
+    def _recover(self) -> Recovered | None:
+        t = self.writer.recovered
+        if t is None or not t.endpoints:
+            return None
+        rs = t.ring_set
+        # Copy out of shared memory: the writer will reuse that buffer two publishes on.
+        ring_set = lbcore.RingSet(
+            tuple(t.endpoints),
+            [int(x) for x in rs.tiers],
+            tuple(int(s) for s in rs.starts_ns),
+            duration_ns=int(rs.duration_ns),
+            exponent=float(rs.exponent),
+            vnodes=int(rs.vnodes),
+        )
+        state = RingState.recovered(ring_set, list(t.zones), list(t.nodes))
+        k = t.knobs
+        knobs = {name: getattr(k, name) for name in PUBLISHED_KNOBS}
+        return Recovered(int(t.generation), state, knobs, int(t.published_ns))
+
+    @property
+    def generation(self) -> int:
+        """Generations published so far in this namespace (continues a previous writer's)."""
+        return self.writer.generation
+
+    def _grow_counters(self, new_endpoints: int) -> None:
+        if self._counters is None:
+            try:
+                self._counters = shm.CounterStore.attach(self.namespace, writable=True)
+            except (shm.SegmentMissingError, shm.SegmentCorruptError):
+                return  # no counters yet: whoever creates them sizes them from the table
+        # Each new endpoint takes at most one new slot.
+        self._counters.ensure_columns(max(self.writer.n_slots + new_endpoints, 1))
+
+    def publish(self, t: Transition, knobs: Mapping[str, Any], now_ns: int) -> int:
+        """Publish a transition's ring set with ``knobs``; returns the new generation.
+
+        Raises
+        ------
+        shm.ShmError
+            Nothing was published; the previous generation stays current.
+        """
+        self._grow_counters(len(t.added))
+        return self.writer.publish(
+            t.ring_set,
+            zones=t.zones(),
+            nodes=t.nodes(),
+            knobs=shm_knobs(knobs),
+            now_ns=now_ns,
+        )
+
+    def heartbeat(self, now_ns: int) -> None:
+        """Tell readers the publisher is alive (the generation does not change)."""
+        self.writer.heartbeat(now_ns)
+
+    def close(self, *, unlink: bool = True) -> None:
+        """Release the writer lock; with ``unlink`` remove the tables segments."""
+        if self._counters is not None:
+            self._counters.close(unlink=False)
+            self._counters = None
+        self.writer.close(unlink=unlink)
