@@ -138,7 +138,9 @@ class WatchTiming:
 
 
 class Backoff:
-    """Jittered exponential backoff: ``min(max, first * 2**n)`` times a factor in [0.5, 1.5).
+    """Jittered exponential backoff: ``b = min(max, first * 2**n)``, delay in ``[b/2, b)``.
+
+    ("Equal jitter": retries of many hosts spread out even once the cap is reached.)
 
     Parameters
     ----------
@@ -158,7 +160,7 @@ class Backoff:
         """The delay before the next attempt (seconds); counts one more failure."""
         base = min(self.max_s, self.first_s * (2.0 ** min(self.failures, 60)))
         self.failures += 1
-        return min(self.max_s, base * (0.5 + self._rng.random()))
+        return base * (0.5 + 0.5 * self._rng.random())
 
     def reset(self) -> None:
         """Back to the first delay (after a success)."""

@@ -101,7 +101,9 @@ class FakeKubeAPI:
         self.port = srv.server_address[1]
         self._closing.clear()
         self._server = srv
-        self._thread = threading.Thread(target=srv.serve_forever, name="fake-kube-api")
+        self._thread = threading.Thread(
+            target=srv.serve_forever, args=(0.05,), name="fake-kube-api"
+        )
         self._thread.daemon = True
         self._thread.start()
         return self
@@ -355,6 +357,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         api = self.server_api
+        if api._closing.is_set():
+            self._close_hard()  # accepted while stopping: as if never connected
+            return
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         parts = url.path.strip("/").split("/")
@@ -369,7 +374,14 @@ class _Handler(BaseHTTPRequestHandler):
         watch = query.get("watch") in ("true", "1")
         op = "watch" if watch else "list"
         api.requests.append(
-            Request(op, resource, ns, query, dict(self.headers.items()), time.monotonic())
+            Request(
+                op,
+                resource,
+                ns,
+                query,
+                {k.lower(): v for k, v in self.headers.items()},
+                time.monotonic(),
+            )
         )
         if self.headers.get("Authorization") != f"Bearer {api.token}":
             self._json(401, status_body(401, "Unauthorized", "Unauthorized"))
