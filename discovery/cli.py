@@ -51,14 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="a static endpoint address, verbatim as Skipper hashes it (scheme://ip:port); "
         "repeatable",
     )
-    src.add_argument(
-        "--configmap-wait",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="how long the first publish waits for the ConfigMap before using flag and "
-        "environment knobs (default 10)",
-    )
     knobs = p.add_argument_group(
         "routing knobs (published with the tables; a --configmap overrides them at runtime)"
     )
@@ -86,17 +78,14 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
             "no endpoint source: give --service SVC (Kubernetes), --endpoints-file FILE "
             "or --endpoint URL"
         )
-    if args.configmap_wait < 0:
-        return _fail(f"--configmap-wait must be >= 0 seconds, got {args.configmap_wait}")
     log = EventLog(sys.stderr, level=settings["log_level"])
-    return _run(settings, routing, static, args.configmap_wait, log)
+    return _run(settings, routing, static, log)
 
 
 def _run(
     settings: dict[str, Any],
     routing: dict[str, Any],
     static: list[EndpointSpec],
-    configmap_wait_s: float,
     log: EventLog,
 ) -> int:
     import shm
@@ -136,7 +125,7 @@ def _run(
         debounce_max_s=settings["debounce_max_s"],
         heartbeat_s=settings["heartbeat_s"],
         file_poll_s=settings["file_poll_s"],
-        configmap_wait_s=configmap_wait_s,
+        configmap_wait_s=settings["configmap_wait_s"],
     )
     if static:
         disc.add_list(static)

@@ -18,8 +18,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lbcore.knobs import ROUTING_KNOBS, Knob, KnobError, from_mapping, parse_bool
+from lbcore.knobs import docs_table as _docs_table
 
-__all__ = ["DISCOVERY_KNOBS", "KnobState", "unknown_configmap_keys"]
+__all__ = ["DISCOVERY_KNOBS", "KnobState", "docs_table", "unknown_configmap_keys"]
 
 
 def _seconds(minimum: float) -> Any:
@@ -112,6 +113,16 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "ConfigMap (same namespace) whose data overrides routing knobs at runtime; keys "
         "are the CSLB_* variables or knob names. Empty: no ConfigMap.",
         "NAME",
+    ),
+    Knob(
+        "configmap_wait_s",
+        "CSLB_CONFIGMAP_WAIT",
+        "--configmap-wait",
+        10.0,
+        _seconds(0.0),
+        "How long in seconds the first publish waits for the ConfigMap before it uses "
+        "the flag and environment knobs.",
+        "SECONDS",
     ),
     Knob(
         "endpoints_file",
@@ -238,6 +249,11 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "LEVEL",
     ),
 )
+
+def docs_table() -> str:
+    """The README table of :data:`DISCOVERY_KNOBS` (empty defaults shown as "-")."""
+    return _docs_table(DISCOVERY_KNOBS).replace("| `` |", "| - |")
+
 
 _ROUTING_KEYS = frozenset(k for kn in ROUTING_KNOBS for k in (kn.env, kn.name))
 
