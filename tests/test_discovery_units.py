@@ -255,3 +255,12 @@ def test_event_log_writes_one_json_object_per_line():
     assert [r["event"] for r in seen] == ["hidden", "api_error"]
     with pytest.raises(ValueError, match="log level"):
         EventLog(buf, level="loud")
+
+
+def test_readme_settings_table_matches_the_declarations():
+    from pathlib import Path
+
+    from discovery.settings import docs_table
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert docs_table() in readme
