@@ -162,14 +162,17 @@ def _run(
             )
 
     def on_signal(signum: int, _frame: Any) -> None:
-        log.info("stopping", signal=signal.Signals(signum).name)
-        disc.stop()
+        disc.stop_from_signal()  # no locks in a signal handler
+        stopping.append(signal.Signals(signum).name)
+
+    stopping: list[str] = []
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     clean = False
     try:
         disc.run()
         clean = True
+        log.info("stopping", signal=stopping[0] if stopping else None)
     except Exception as exc:
         log.error(
             "crashed",

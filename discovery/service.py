@@ -40,6 +40,9 @@ from lbcore.knobs import KnobError
 
 __all__ = ["Discovery", "PublisherLike"]
 
+# Longest sleep of the loop: bounds how late a stop requested by a signal is noticed.
+_MAX_WAIT_S = 0.2
+
 _PUBLISHED = ("enabled", "percentage", "balance_factor", "max_hops", "load_signal")
 
 
@@ -140,6 +143,7 @@ class Discovery:
         self.published = False
         self._knobs_dirty = False
         self._retry_at: int | None = None
+        self._signalled = False
         rec = publisher.recovered
         if rec is not None:
             self.state = rec.state
@@ -185,9 +189,17 @@ class Discovery:
         self.inbox.put(("configmap", None if data is None else dict(data), reason))
 
     def stop(self) -> None:
-        """Thread- and signal-safe: end :meth:`run`."""
+        """Thread-safe: end :meth:`run` (wakes it at once)."""
         self.stop_event.set()
         self.inbox.put(("stop",))
+
+    def stop_from_signal(self) -> None:
+        """Signal-handler-safe: end :meth:`run` within ``_MAX_WAIT_S``.
+
+        Takes no lock: a handler that runs while the loop holds the inbox's lock must not
+        wait for it.
+        """
+        self._signalled = True
 
     # -- state ----------------------------------------------------------------------------
 
@@ -385,6 +397,14 @@ class Discovery:
             # recovered table (published only if they differ).
             self.debouncer.note(started)
             self._knobs_dirty = True
+        if self.knob_values()["fade_mode"] == "skipper":
+            self.log.warning(
+                "fade_mode_unpublished",
+                fade_mode="skipper",
+                why="the shared-memory table has no fade-mode field yet; each endpoint's "
+                "detection time is published (ring tiers and start times), workers route "
+                "with N-ring fade-in",
+            )
         self.log.info(
             "started",
             sources=sorted(self.sources) + (["configmap"] if self._configmap else []),
@@ -392,7 +412,7 @@ class Discovery:
             knobs=self.knob_values(),
         )
         try:
-            while not self.stop_event.is_set():
+            while not (self.stop_event.is_set() or self._signalled):
                 now = self.clock()
                 if self._file is not None and now >= next_poll:
                     self._poll_file()
@@ -411,7 +431,7 @@ class Discovery:
                     wake.append(self._retry_at)
                 if self._configmap and not self._configmap_synced and not self.published:
                     wake.append(started + self.configmap_wait_ns)
-                timeout = max(min(wake) - self.clock(), 0) / 1e9
+                timeout = min(max(min(wake) - self.clock(), 0) / 1e9, _MAX_WAIT_S)
                 try:
                     msg = self.inbox.get(timeout=timeout)
                 except queue.Empty:
