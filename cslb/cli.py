@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "discovery.inspect_cmd",
         "print the host's current routing table: generation, endpoints, fades, knobs",
     ),
+    "simulate": (
+        "perf.sim.cli",
+        "simulate scale-ups, load signals and slow pods with lbcore's routing",
+    ),
 }
 
 

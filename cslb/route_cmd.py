@@ -20,8 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
             "ID routes like its decimal string)."
         ),
     )
+    p.add_argument("keys", nargs="*", metavar="KEY", help="keys to route (taken literally)")
     p.add_argument(
-        "keys", nargs="*", metavar="KEY", help="keys to route; '-' reads one per line from stdin"
+        "--stdin", action="store_true", help="also read keys from standard input, one per line"
     )
     p.add_argument(
         "--endpoint",
@@ -65,14 +66,11 @@ def main(argv: list[str]) -> int:
             raise EndpointsFileError(
                 "no endpoints: give --endpoint URL ... or --endpoints-file FILE"
             )
-        keys: list[str] = []
-        for k in args.keys:
-            if k == "-":
-                keys.extend(line.rstrip("\r\n") for line in sys.stdin)
-            else:
-                keys.append(k)
+        keys: list[str] = list(args.keys)
+        if args.stdin:
+            keys.extend(line.rstrip("\r\n") for line in sys.stdin)
         if not keys:
-            raise EndpointsFileError("no keys given: pass them as arguments or '-' to read stdin")
+            raise EndpointsFileError("no keys given: pass them as arguments or use --stdin")
         ring = lbcore.Ring([s.address for s in specs], vnodes=args.vnodes)
         idx = ring.lookup(keys, attempt=args.attempt)
     except (EndpointsFileError, lbcore.LBCoreError) as exc:

@@ -16,11 +16,9 @@ from typing import Any
 import lbcore
 import shm
 from discovery.ringstate import RingState, Transition
+from discovery.settings import PUBLISHED_KNOBS
 
-__all__ = ["Publisher", "Recovered", "shm_knobs"]
-
-#: Routing knobs carried by the tables (the fade curve travels in the ring set).
-PUBLISHED_KNOBS = ("enabled", "percentage", "balance_factor", "max_hops", "load_signal")
+__all__ = ["PUBLISHED_KNOBS", "Publisher", "Recovered", "shm_knobs"]
 
 
 def shm_knobs(knobs: Mapping[str, Any]) -> shm.Knobs:

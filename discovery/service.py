@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from discovery.debounce import Debouncer
 from discovery.events import EventLog
 from discovery.ringstate import FadeParams, RingState, Transition
-from discovery.settings import KnobState, unknown_configmap_keys
+from discovery.settings import PUBLISHED_KNOBS, KnobState, unknown_configmap_keys
 from discovery.static import EndpointsFileError, EndpointsFileWatcher, EndpointSpec
 from lbcore.knobs import KnobError
 
@@ -43,7 +43,7 @@ __all__ = ["Discovery", "PublisherLike"]
 # Longest sleep of the loop: bounds how late a stop requested by a signal is noticed.
 _MAX_WAIT_S = 0.2
 
-_PUBLISHED = ("enabled", "percentage", "balance_factor", "max_hops", "load_signal")
+_PUBLISHED = PUBLISHED_KNOBS
 
 
 class PublisherLike(Protocol):
@@ -397,14 +397,6 @@ class Discovery:
             # recovered table (published only if they differ).
             self.debouncer.note(started)
             self._knobs_dirty = True
-        if self.knob_values()["fade_mode"] == "skipper":
-            self.log.warning(
-                "fade_mode_unpublished",
-                fade_mode="skipper",
-                why="the shared-memory table has no fade-mode field yet; each endpoint's "
-                "detection time is published (ring tiers and start times), workers route "
-                "with N-ring fade-in",
-            )
         self.log.info(
             "started",
             sources=sorted(self.sources) + (["configmap"] if self._configmap else []),

@@ -20,7 +20,24 @@ from typing import Any
 from lbcore.knobs import ROUTING_KNOBS, Knob, KnobError, from_mapping, parse_bool
 from lbcore.knobs import docs_table as _docs_table
 
-__all__ = ["DISCOVERY_KNOBS", "KnobState", "docs_table", "unknown_configmap_keys"]
+__all__ = [
+    "DISCOVERY_KNOBS",
+    "PUBLISHED_KNOBS",
+    "KnobState",
+    "docs_table",
+    "unknown_configmap_keys",
+]
+
+#: Routing knobs carried by the tables (fade duration, exponent and vnodes travel in the
+#: ring set itself).
+PUBLISHED_KNOBS = (
+    "enabled",
+    "percentage",
+    "balance_factor",
+    "max_hops",
+    "load_signal",
+    "fade_mode",
+)
 
 
 def _seconds(minimum: float) -> Any:
@@ -249,6 +266,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "LEVEL",
     ),
 )
+
 
 def docs_table() -> str:
     """The README table of :data:`DISCOVERY_KNOBS` (empty defaults shown as "-")."""

@@ -10,6 +10,7 @@ from lbcore import bounded, fade, gate, signals
 from lbcore.bounded import redirect_table
 from lbcore.clientkey import default_key
 from lbcore.errors import (
+    ArgumentError,
     BalanceFactorError,
     CandidatesError,
     EndpointError,
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_VNODES",
     "FALLBACK",
     "MAX_KEY_BYTES",
+    "ArgumentError",
     "BalanceFactorError",
     "CandidatesError",
     "EndpointError",

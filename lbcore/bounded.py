@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lbcore.errors import BalanceFactorError, CandidatesError, LoadError
+from lbcore.errors import ArgumentError, BalanceFactorError, LoadError
 
 if TYPE_CHECKING:
     from lbcore.ring import Ring
@@ -45,6 +45,8 @@ __all__ = [
 
 # Masked single steps before a key is finished with a search over acceptable positions.
 _STEPS_BEFORE_SEARCH = 8
+# Keys over the bar in a batch up to which each is walked in Python instead.
+_FEW = 16
 
 
 def check_balance_factor(balance_factor: Any) -> float:
@@ -65,10 +67,13 @@ def check_balance_factor(balance_factor: Any) -> float:
 
 def check_loads(loads: Any, n_endpoints: int) -> np.ndarray:
     """Validate a per-endpoint load vector: ``n_endpoints`` finite non-negative numbers."""
-    try:
-        arr = np.asarray(loads, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise LoadError(f"loads must be numbers, one per endpoint: {exc}") from None
+    if type(loads) is np.ndarray and loads.dtype == np.float64:
+        arr = loads
+    else:
+        raw = np.asarray(loads)
+        if raw.dtype.kind not in "iuf":
+            raise LoadError(f"loads must be real numbers, one per endpoint; got {raw.dtype} values")
+        arr = raw.astype(np.float64)
     if arr.shape != (n_endpoints,):
         raise LoadError(
             f"loads has shape {arr.shape}, expected ({n_endpoints},): one load per endpoint"
@@ -90,23 +95,26 @@ def check_max_hops(max_hops: Any) -> int | None:
     if max_hops is None:
         return None
     if isinstance(max_hops, bool) or not isinstance(max_hops, (int, np.integer)) or max_hops < 1:
-        raise CandidatesError(f"max_hops must be a positive integer or None, got {max_hops!r}")
+        raise ArgumentError(f"max_hops must be a positive integer or None, got {max_hops!r}")
     return int(max_hops)
 
 
-def target_load(loads: np.ndarray, eligible: np.ndarray, balance_factor: float) -> float:
+def target_load(loads: np.ndarray, listed: np.ndarray, balance_factor: float) -> float:
     """Skipper's bar: ``(1.0 + Σ loads of candidates in list order) / n × balance_factor``.
 
     The sum is a left-to-right float64 accumulation starting at 1.0 (``np.cumsum`` adds in
     that order; ``np.sum`` would add pairwise and round differently).
     """
-    cand = loads[eligible]
+    cand = loads if listed.all() else loads[listed]
     acc = np.empty(cand.size + 1)
     acc[0] = 1.0
     acc[1:] = cand
-    total = float(np.cumsum(acc, out=acc)[-1])
-    average = total / float(cand.size)
-    return average * balance_factor
+    return _bar(float(np.cumsum(acc, out=acc)[-1]), cand.size, balance_factor)
+
+
+def _bar(total: float, count: int, balance_factor: float) -> float:
+    """The bar from the running total (1.0 + loads): average first, then the factor."""
+    return total / float(count) * balance_factor
 
 
 def _next_marked(marked_positions: np.ndarray, cur: np.ndarray) -> np.ndarray:
@@ -121,6 +129,8 @@ def skip_to_eligible(ring: Ring, pos: np.ndarray, eligible: np.ndarray) -> np.nd
 
     ``eligible`` must have at least one ``True``.
     """
+    if eligible is ring.present and ring.all_present:
+        return pos  # every endpoint on the ring is a candidate: nothing to skip
     owners = ring.owners
     size = owners.size
     bad = np.flatnonzero(~eligible[owners.take(pos)])
@@ -191,7 +201,17 @@ def _walk(
     if ok.all():
         return first
     rest = np.flatnonzero(~ok)
-    if max_hops is None:
+    if rest.size <= _FEW:
+        # A handful of keys over the bar: walking each in Python beats ~10 array calls
+        # per step of the vectorized walk.
+        owner, elig, load, is_good = ring.owners.item, eligible.item, loads.item, good.item
+        size = ring.owners.size
+        hops = size if max_hops is None else max_hops
+        first[rest] = [
+            _walk_one(owner, size, elig, load, is_good, start, hops, [])
+            for start in pos[rest].tolist()
+        ]
+    elif max_hops is None:
         first[rest] = _walk_to_good(ring, pos[rest], good)
     else:
         first[rest] = _walk_distinct(ring, pos[rest], eligible, good, loads, max_hops, None)
@@ -282,14 +302,19 @@ def _walk_distinct(
 def walk_snapshot(
     ring: Ring,
     pos: np.ndarray,
+    listed: np.ndarray,
     eligible: np.ndarray,
     loads: np.ndarray,
     balance_factor: float,
     max_hops: int | None,
     attempt: int = 0,
 ) -> np.ndarray:
-    """Bounded-load choice for every key on one load snapshot (see module docs)."""
-    target = target_load(loads, eligible, balance_factor)
+    """Bounded-load choice for every key on one load snapshot (see module docs).
+
+    ``listed`` are the candidates Skipper counts and averages over; ``eligible`` those the
+    walk may stop at (the listed ones widened to their hosts, on this ring).
+    """
+    target = target_load(loads, listed, balance_factor)
     good = eligible & (loads <= target)
     result = _walk(ring, pos, eligible, good, loads, max_hops, None)
     if attempt:
@@ -304,6 +329,7 @@ def walk_snapshot(
 def walk_sequential(
     ring: Ring,
     pos: np.ndarray,
+    listed: np.ndarray,
     eligible: np.ndarray,
     loads: np.ndarray,
     balance_factor: float,
@@ -321,59 +347,100 @@ def walk_sequential(
     size = len(owners)
     load = loads.tolist()
     elig = eligible.tolist()
-    cand = np.flatnonzero(eligible).tolist()
-    count = float(len(cand))
-    integral = all(float(x).is_integer() for x in (load[i] for i in cand))
+    cand = np.flatnonzero(listed).tolist()
+    integral = all(load[i].is_integer() for i in cand)
     total = 1.0
     for i in cand:
         total += load[i]
     hops = size if max_hops is None else max_hops
     out = np.empty(pos.size, dtype=np.int32)
     for k, start in enumerate(pos.tolist()):
-        if not integral:
+        if not integral:  # a float sum depends on the order: redo it as Skipper does
             total = 1.0
             for i in cand:
                 total += load[i]
-        target = total / count * balance_factor
+        target = _bar(total, len(cand), balance_factor)
         excluded: list[int] = []
         for _ in range(attempt + 1):
-            chosen = _walk_one(owners, size, elig, load, target, start, hops, excluded)
+            chosen = _walk_one(
+                owners.__getitem__,
+                size,
+                elig.__getitem__,
+                load.__getitem__,
+                lambda e, target=target: load[e] <= target,
+                start,
+                hops,
+                excluded,
+            )
             excluded.append(chosen)
         chosen = excluded[-1]
         out[k] = chosen
         if chosen >= 0:
             load[chosen] += 1.0
-            total += 1.0
+            if listed[chosen]:
+                total += 1.0
     return out
 
 
 def _walk_one(
-    owners: list[int],
+    owner: Any,
     size: int,
-    elig: list[bool],
-    load: list[float],
-    target: float,
+    eligible: Any,
+    load: Any,
+    is_good: Any,
     start: int,
     hops: int,
     excluded: list[int],
 ) -> int:
+    """One key's walk; ``owner``, ``eligible``, ``load`` and ``is_good`` are index accessors."""
     p = start
     seen: set[int] = set()
     best, best_load = -1, math.inf
     for _ in range(size):
-        e = owners[p]
-        if elig[e] and e not in seen and e not in excluded:
-            if load[e] <= target:
+        e = owner(p)
+        if eligible(e) and e not in seen and e not in excluded:
+            if is_good(e):
                 return e
+            le = load(e)
             seen.add(e)
-            if load[e] < best_load:
-                best, best_load = e, load[e]
+            if le < best_load:
+                best, best_load = e, le
             if len(seen) >= hops:
                 return best
         p += 1
         if p == size:
             p = 0
-    return best if hops < size or best < 0 else owners[start]
+    return best if hops < size or best < 0 else owner(start)
+
+
+def walk_few(
+    ring: Ring,
+    hashes: list[int],
+    listed: np.ndarray,
+    eligible: np.ndarray,
+    loads: np.ndarray,
+    balance_factor: float,
+    max_hops: int | None,
+    attempt: int = 0,
+) -> np.ndarray:
+    """:func:`walk_snapshot` for a few keys given as Python ints, key by key in Python."""
+    target = target_load(loads, listed, balance_factor)
+    owner, elig, load = ring.owners.item, eligible.item, loads.item
+    size = len(ring)
+    hops = size if max_hops is None else max_hops
+
+    def is_good(e: int) -> bool:
+        return load(e) <= target
+
+    out = []
+    for p in ring.positions_of(hashes):
+        while not elig(owner(p)):  # Skipper's skip rule: the walk starts on a candidate
+            p = p + 1 if p + 1 < size else 0
+        chosen: list[int] = []
+        for _ in range(attempt + 1):
+            chosen.append(_walk_one(owner, size, elig, load, is_good, p, hops, chosen))
+        out.append(chosen[-1])
+    return np.array(out, dtype=np.int32)
 
 
 def redirect_table(
@@ -397,16 +464,23 @@ def redirect_table(
     bf = check_balance_factor(balance_factor)
     load = check_loads(loads, len(ring.endpoints))
     hops = check_max_hops(max_hops)
-    mask = ring.candidate_mask(candidates)
-    eligible = ring.present.copy() if mask is None else mask
-    if not eligible.any():
-        return np.full(len(ring), -1, dtype=np.int32)
-    return redirect_from(ring, eligible, load, bf, hops)
+    listed, eligible = ring._selection(candidates)
+    return redirect_from(ring, listed, eligible, load, bf, hops)
 
 
 def redirect_from(
-    ring: Ring, eligible: np.ndarray, loads: np.ndarray, balance_factor: float, max_hops: int | None
+    ring: Ring,
+    listed: np.ndarray,
+    eligible: np.ndarray,
+    loads: np.ndarray,
+    balance_factor: float,
+    max_hops: int | None,
 ) -> np.ndarray:
-    """:func:`redirect_table` on validated inputs (``eligible`` has at least one ``True``)."""
+    """:func:`redirect_table` on validated inputs."""
+    count = int(listed.sum())
+    if count == 0 or not eligible.any():
+        return np.full(len(ring), -1, dtype=np.int32)
+    if count == 1:  # Skipper's Apply: one candidate left takes every key
+        return np.full(len(ring), int(np.flatnonzero(listed)[0]), dtype=np.int32)
     pos = skip_to_eligible(ring, np.arange(len(ring), dtype=np.intp), eligible)
-    return walk_snapshot(ring, pos, eligible, loads, balance_factor, max_hops)
+    return walk_snapshot(ring, pos, listed, eligible, loads, balance_factor, max_hops)

@@ -39,6 +39,10 @@ class CandidatesError(LBCoreError, ValueError):
     """A candidate set names endpoints that do not exist or has the wrong shape."""
 
 
+class ArgumentError(LBCoreError, ValueError):
+    """A routing parameter (``attempt``, ``max_hops``, ``hashes``, missing loads) is invalid."""
+
+
 class FadeError(LBCoreError, ValueError):
     """A fade-in parameter or ring-set operation is invalid."""
 

@@ -24,10 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from lbcore.bounded import check_loads, redirect_table
-from lbcore.errors import CandidatesError, EndpointError, FadeError
-from lbcore.hashing import below, hash_keys, in_blocks, is_long_batch, unit_interval_of
-from lbcore.ring import DEFAULT_VNODES, SCALAR_MAX, Ring
+from lbcore.bounded import check_balance_factor, check_loads, check_max_hops, redirect_table
+from lbcore.errors import ArgumentError, EndpointError, FadeError
+from lbcore.hashing import (
+    hash_keys,
+    in_blocks,
+    is_long_batch,
+    mix64,
+    mix64_of,
+    unit_threshold,
+)
+from lbcore.ring import DEFAULT_VNODES, SCALAR_MAX, Ring, check_hashes, endpoint_tuple
 
 __all__ = [
     "DEFAULT_FADE_DURATION_NS",
@@ -37,6 +44,7 @@ __all__ = [
     "fade_share",
     "fadein_filter",
     "fadein_score",
+    "fadein_scores",
     "skipper_fadein_candidates",
     "skipper_fadein_route",
 ]
@@ -96,15 +104,25 @@ def fadein_filter(
     numpy.ndarray
         Indices of the endpoints that stay candidates (all of them if none would).
     """
-    n = len(ages_ns)
+    scores = fadein_scores(ages_ns, duration_ns, exponent)
+    keep = np.flatnonzero(threshold < scores)
+    return keep if keep.size else np.arange(len(scores))
+
+
+def fadein_scores(ages_ns: Sequence[int | None], duration_ns: int, exponent: float) -> np.ndarray:
+    """:func:`fadein_score` of every endpoint (``None``: a zero detected time, fully in).
+
+    With ``duration_ns <= 0`` (no ``fadeIn`` on the route) every score is 1.
+    """
     if duration_ns <= 0:
-        return np.arange(n)
-    keep = [
-        i
-        for i, age in enumerate(ages_ns)
-        if threshold < fadein_score(_MAX_DURATION_NS if age is None else age, duration_ns, exponent)
-    ]
-    return np.array(keep, dtype=np.intp) if keep else np.arange(n)
+        return np.ones(len(ages_ns))
+    return np.array(
+        [
+            fadein_score(_MAX_DURATION_NS if a is None else a, duration_ns, exponent)
+            for a in ages_ns
+        ],
+        dtype=np.float64,
+    )
 
 
 def skipper_fadein_candidates(
@@ -169,15 +187,9 @@ def skipper_fadein_route(
     thr = np.asarray(thresholds, dtype=np.float64)
     if thr.shape != h.shape:
         raise FadeError(f"need one threshold per key: {thr.shape} for {h.size} keys")
-    if duration_ns <= 0:
-        scores = np.ones(len(ring.endpoints))
-    else:
-        scores = np.array(
-            [
-                fadein_score(_MAX_DURATION_NS if a is None else a, duration_ns, exponent)
-                for a in ages_ns
-            ]
-        )
+    scores = fadein_scores(ages_ns, duration_ns, exponent)
+    if scores.size != len(ring.endpoints):
+        raise FadeError(f"need one age per endpoint: {scores.size} for {len(ring.endpoints)}")
     out = np.empty(h.size, dtype=np.int32)
     for rows, mask in skipper_fadein_candidates(scores, thr):
         if balance_factor is None:
@@ -193,6 +205,12 @@ def skipper_fadein_route(
 # N-ring fade-in.
 
 
+def _share(elapsed_ns: float, duration_ns: int, exponent: float) -> float:
+    if duration_ns <= 0:
+        return 1.0
+    return min(max(elapsed_ns / duration_ns, 0.0), 1.0) ** exponent
+
+
 def fade_share(elapsed_ns: Any, duration_ns: int, exponent: float) -> np.ndarray | float:
     """Share of keys a fading ring carries: ``clamp(elapsed / duration, 0, 1) ** exponent``.
 
@@ -205,13 +223,11 @@ def fade_share(elapsed_ns: Any, duration_ns: int, exponent: float) -> np.ndarray
     exponent
         Curve exponent ``E``.
     """
-    if duration_ns <= 0:
-        return (
-            np.ones_like(np.asarray(elapsed_ns, dtype=np.float64)) if np.ndim(elapsed_ns) else 1.0
-        )
-    frac = np.clip(np.asarray(elapsed_ns, dtype=np.float64) / float(duration_ns), 0.0, 1.0)
-    share = frac**exponent
-    return share if np.ndim(share) else float(share)
+    if np.ndim(elapsed_ns):
+        flat = np.asarray(elapsed_ns, dtype=np.float64).ravel().tolist()
+        shares = [_share(x, duration_ns, exponent) for x in flat]
+        return np.array(shares, dtype=np.float64).reshape(np.shape(elapsed_ns))
+    return _share(float(elapsed_ns), duration_ns, exponent)
 
 
 def _check_fade_params(duration_ns: Any, exponent: Any) -> tuple[int, float]:
@@ -221,7 +237,10 @@ def _check_fade_params(duration_ns: Any, exponent: Any) -> tuple[int, float]:
         )
     if duration_ns < 0:
         raise FadeError(f"fade duration must be >= 0 ns, got {duration_ns}")
-    e = float(exponent)
+    try:
+        e = float(exponent)
+    except (TypeError, ValueError):
+        raise FadeError(f"fade exponent must be a finite number > 0, got {exponent!r}") from None
     if not math.isfinite(e) or e <= 0:
         raise FadeError(f"fade exponent must be a finite number > 0, got {exponent!r}")
     return int(duration_ns), e
@@ -305,7 +324,7 @@ class RingSet:
         master: Ring | None = None,
     ) -> None:
         self.duration_ns, self.exponent = _check_fade_params(duration_ns, exponent)
-        eps = tuple(endpoints)
+        eps = endpoint_tuple(endpoints, allow_empty=True)
         tier = np.zeros(len(eps), dtype=np.int32) if tiers is None else np.array(tiers, np.int32)
         starts = tuple(int(s) for s in starts_ns)
         if tier.shape != (len(eps),):
@@ -342,6 +361,44 @@ class RingSet:
         self._bounded: tuple[tuple[Any, ...], np.ndarray] | None = None
         self._seen_snapshot: tuple[Any, ...] | None = None
 
+    @classmethod
+    def from_parts(
+        cls,
+        endpoints: tuple[str, ...],
+        tiers: np.ndarray,
+        starts_ns: tuple[int, ...],
+        rings: tuple[Ring, ...],
+        ring_pos: np.ndarray,
+        owner_table: np.ndarray,
+        *,
+        duration_ns: int,
+        exponent: float,
+        vnodes: int = DEFAULT_VNODES,
+    ) -> RingSet:
+        """Wrap a ring set that was built elsewhere (a published table) without rebuilding.
+
+        The parts are what a built set holds (:attr:`rings`, :attr:`ring_pos`,
+        :attr:`owner_table`, ...); a reader of shared memory validates them first. Only
+        shapes are checked here.
+        """
+        duration, exp = _check_fade_params(duration_ns, exponent)
+        n_rings = len(rings)
+        if n_rings != len(starts_ns) + 1 or tiers.shape != (len(endpoints),):
+            raise FadeError(
+                f"ring set parts disagree: {n_rings} rings for {len(starts_ns)} fading events, "
+                f"{tiers.size} tiers for {len(endpoints)} endpoints"
+            )
+        size = len(rings[-1])
+        if ring_pos.shape != (n_rings, size) or owner_table.shape != (n_rings, size):
+            raise FadeError(f"position maps must have shape ({n_rings}, {size})")
+        rs = cls.__new__(cls)
+        rs.endpoints, rs.tiers, rs.starts_ns = endpoints, tiers, starts_ns
+        rs.duration_ns, rs.exponent, rs.vnodes = duration, exp, vnodes
+        rs.rings, rs.ring_pos, rs.owner_table = rings, ring_pos, owner_table
+        rs._bounded = None
+        rs._seen_snapshot = None
+        return rs
+
     # ---------------------------------------------------------------------------------
     # Derived values.
 
@@ -358,10 +415,7 @@ class RingSet:
 
     def share_list(self, now_ns: int) -> list[float]:
         """Current share of each fading ring, oldest first, as Python floats."""
-        d, e = self.duration_ns, self.exponent
-        if d <= 0:
-            return [1.0] * len(self.starts_ns)
-        return [min(max((now_ns - s) / d, 0.0), 1.0) ** e for s in self.starts_ns]
+        return [_share(now_ns - s, self.duration_ns, self.exponent) for s in self.starts_ns]
 
     def shares(self, now_ns: int) -> np.ndarray:
         """Current share of each fading ring, oldest first."""
@@ -372,10 +426,18 @@ class RingSet:
         choice = np.zeros(hashes.size, dtype=np.intp)
         if not self.starts_ns:
             return choice
+        mixed = None
         for k, share in enumerate(self.share_list(now_ns), start=1):
             # Shares fall from older to newer rings, so later (newer) rings overwrite.
-            if share > 0.0:
-                choice[below(hashes, FADE_SALT, share)] = k
+            t = unit_threshold(share)
+            if t == 0:
+                continue
+            if t >> 64:
+                choice[:] = k
+                continue
+            if mixed is None:
+                mixed = mix64(hashes, FADE_SALT)
+            choice[mixed < np.uint64(t)] = k
         return choice
 
     # ---------------------------------------------------------------------------------
@@ -383,7 +445,7 @@ class RingSet:
 
     def scale_up(self, new_endpoints: Sequence[str], now_ns: int) -> RingSet:
         """A new ring: the newest ring plus ``new_endpoints``, fading in from ``now_ns``."""
-        new = tuple(new_endpoints)
+        new = endpoint_tuple(new_endpoints, allow_empty=True)
         if not new:
             return self
         if not self.endpoints:
@@ -410,7 +472,7 @@ class RingSet:
 
     def remove(self, endpoints: Iterable[str]) -> RingSet:
         """Drop endpoints from every ring at once (deleted pods get nothing from now on)."""
-        gone = set(endpoints)
+        gone = set(endpoint_tuple(endpoints, allow_empty=True, allow_duplicates=True))
         if not gone & set(self.endpoints):
             return self
         keep = np.array([ep not in gone for ep in self.endpoints], dtype=np.bool_)
@@ -453,7 +515,7 @@ class RingSet:
 
     def with_endpoints(self, endpoints: Sequence[str], now_ns: int) -> RingSet:
         """Apply a new endpoint list: deletions at once, additions as one scale-up event."""
-        wanted = list(dict.fromkeys(endpoints))
+        wanted = list(endpoint_tuple(endpoints, allow_empty=True))
         current = set(self.endpoints)
         gone = current - set(wanted)
         added = [ep for ep in wanted if ep not in current]
@@ -467,26 +529,34 @@ class RingSet:
         """Ring per key (like :meth:`ring_choice`), as a list for a few keys."""
         if hashes.size > SCALAR_MAX:
             return self.ring_choice(hashes, now_ns)
-        shares = self.share_list(now_ns)
+        thresholds = [unit_threshold(s) for s in self.share_list(now_ns)]
+        if not any(thresholds):
+            return [0] * hashes.size
         out = []
-        for u in unit_interval_of(hashes.tolist(), FADE_SALT):
+        for m in mix64_of(hashes.tolist(), FADE_SALT):
             k = 0
-            for j, share in enumerate(shares, start=1):
-                if u < share:
+            for j, t in enumerate(thresholds, start=1):
+                if m < t:  # u < share, in integers (see unit_threshold)
                     k = j
             out.append(k)
         return out
 
     def _bounded_table(
-        self, loads: np.ndarray, balance_factor: float, max_hops: int | None
+        self, loads: np.ndarray, balance_factor: float, max_hops: int | None, n: int
     ) -> np.ndarray | None:
-        """Bounded-load answer per (ring, master position) for a load snapshot seen twice."""
+        """Bounded-load answer per (ring, master position) for a load snapshot, or ``None``.
+
+        Built once enough keys were routed on the same snapshot to pay for it (the
+        :meth:`lbcore.Ring.lookup_bounded` rule); inputs are validated by the caller.
+        """
         snapshot = (loads.tobytes(), balance_factor, max_hops)
         cached = self._bounded
         if cached is not None and cached[0] == snapshot:
             return cached[1]
-        if snapshot != self._seen_snapshot:
-            self._seen_snapshot = snapshot
+        seen = self._seen_snapshot
+        routed = n + (seen[1] if seen is not None and seen[0] == snapshot else 0)
+        self._seen_snapshot = (snapshot, routed)
+        if routed < max(self.owner_table.size // 8, 2 * SCALAR_MAX):
             return None
         table = np.empty_like(self.owner_table)
         for k, ring in enumerate(self.rings):
@@ -512,6 +582,19 @@ class RingSet:
         Each key is looked up on the ring :meth:`ring_choice` gives it, with bounded load
         when ``balance_factor`` is set (the bar is computed over that ring's endpoints).
 
+        Parameters
+        ----------
+        keys
+            A batch of keys (see :func:`lbcore.hash_keys`); ignored when ``hashes`` is given.
+        now_ns
+            The present on the fade clock (CLOCK_MONOTONIC), in nanoseconds.
+        loads
+            Per-endpoint load indexed like :attr:`endpoints`; needed with ``balance_factor``.
+        balance_factor, max_hops, candidates, attempt
+            As in :meth:`lbcore.Ring.lookup_bounded` / :meth:`lbcore.Ring.lookup`.
+        hashes
+            Precomputed ``uint64`` key hashes.
+
         Returns
         -------
         numpy.ndarray
@@ -532,17 +615,17 @@ class RingSet:
                 keys,
                 np.int32,
             )
-        h = hash_keys(keys) if hashes is None else hashes
+        h = hash_keys(keys) if hashes is None else check_hashes(hashes)
         if not self.rings:
             return np.full(h.size, -1, dtype=np.int32)
         table: np.ndarray | None = self.owner_table
         if balance_factor is not None:
             if loads is None:
-                raise CandidatesError("bounded-load routing needs loads")
-            load = loads
-            if type(load) is not np.ndarray or load.dtype != np.float64:
-                load = check_loads(loads, len(self.endpoints))
-            table = self._bounded_table(load, balance_factor, max_hops)
+                raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
+            bf = check_balance_factor(balance_factor)
+            hops = check_max_hops(max_hops)
+            load = check_loads(loads, len(self.endpoints))
+            table = self._bounded_table(load, bf, hops, h.size)
         if candidates is None and attempt == 0 and table is not None:
             # One gather from the master position, in the row of the key's ring.
             master = self.rings[-1]
@@ -573,7 +656,6 @@ class RingSet:
         attempt: int,
     ) -> np.ndarray:
         """General routing: group keys by ring and ask each ring (candidates, retries)."""
-        user = self.rings[-1].candidate_mask(candidates)
         choice = self.ring_choice(h, now_ns)
         out = np.empty(h.size, dtype=np.int32)
         for k, ring in enumerate(self.rings):
@@ -581,15 +663,15 @@ class RingSet:
             if rows is not None and rows.size == 0:
                 continue
             hk = h if rows is None else h[rows]
-            # Ring k holds only its members; it narrows the candidate mask to them.
+            # Ring k holds only its members; it narrows the candidates to them.
             if balance_factor is None:
-                res = ring.lookup(None, candidates=user, attempt=attempt, hashes=hk)
+                res = ring.lookup(None, candidates=candidates, attempt=attempt, hashes=hk)
             else:
                 res = ring.lookup_bounded(
                     None,
                     loads,
                     balance_factor,
-                    candidates=user,
+                    candidates=candidates,
                     max_hops=max_hops,
                     attempt=attempt,
                     hashes=hk,

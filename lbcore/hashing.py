@@ -607,17 +607,12 @@ def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray
             out = _hash_separated(joined, n, 0x0A, max_key_bytes)
             if out is not None:
                 return out
-    elif type(first) is int:
+    elif type(first) is int and set(map(type, keys)) == {int}:  # bool is not int here
         try:
-            values = np.array(keys)
-        except (OverflowError, ValueError):
-            values = None
-        if values is not None and values.dtype.kind in "iu" and values.ndim == 1:
-            # bool is an int subclass that NumPy folds silently into 0/1: find any.
-            small = np.flatnonzero((values == 0) | (values == 1))
-            for i in small.tolist():
-                if type(keys[i]) is not int and not isinstance(keys[i], np.integer):
-                    raise _type_error(i, keys[i])
+            values = np.fromiter(keys, dtype=np.int64, count=n)
+        except OverflowError:
+            values = None  # beyond int64: the general path formats them one by one
+        if values is not None:
             return _hash_int_array(values, max_key_bytes)
     return _hash_bytes_list(_encode_all(keys), max_key_bytes)
 
@@ -625,7 +620,9 @@ def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray
 def is_long_batch(keys: Any) -> bool:
     """True for a list, tuple or array of keys that routing should take in blocks."""
     t = type(keys)
-    return (t is list or t is tuple or t is np.ndarray) and len(keys) > 2 * BLOCK
+    if t is np.ndarray:
+        return keys.ndim == 1 and keys.size > 2 * BLOCK
+    return (t is list or t is tuple) and len(keys) > 2 * BLOCK
 
 
 def in_blocks(fn: Any, keys: Any, dtype: Any) -> np.ndarray:
@@ -714,6 +711,15 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
         raise KeyTypeError(
             f"keys array has dtype {keys.dtype}; expected str (U/T), bytes (S), integer or object"
         )
+    if isinstance(keys, (set, frozenset, dict)) or not hasattr(keys, "__iter__"):
+        raise KeyTypeError(
+            f"keys must be a key or an ordered sequence of keys, got {type(keys).__name__}"
+            + (
+                " (unordered: results could not be matched to keys)"
+                if hasattr(keys, "__iter__")
+                else ""
+            )
+        )
     if not isinstance(keys, Sequence):
         keys = list(keys)
     if len(keys) == 0:
@@ -732,7 +738,7 @@ _INV_2_53 = 1.0 / float(1 << 53)
 _M64 = 0xFFFFFFFFFFFFFFFF
 
 
-def _fmix(hashes: np.ndarray, salt: int) -> np.ndarray:
+def mix64(hashes: np.ndarray, salt: int) -> np.ndarray:
     """MurmurHash3's ``fmix64`` of ``hashes ^ salt`` (a new uint64 array)."""
     x = np.bitwise_xor(hashes, _U64(salt & _M64))
     tmp = np.right_shift(x, _U64(33))
@@ -775,7 +781,12 @@ def below(hashes: np.ndarray, salt: int, share: float) -> np.ndarray:
         return np.zeros(hashes.size, dtype=np.bool_)
     if t > _M64:
         return np.ones(hashes.size, dtype=np.bool_)
-    return _fmix(hashes, salt) < _U64(t)
+    return mix64(hashes, salt) < _U64(t)
+
+
+def mix64_of(hashes: list[int], salt: int) -> list[int]:
+    """:func:`mix64` for a few hashes given as Python ints."""
+    return [_fmix_of(h, salt) for h in hashes]
 
 
 def unit_interval_of(hashes: list[int], salt: int) -> list[float]:
@@ -804,7 +815,7 @@ def unit_interval(hashes: np.ndarray, salt: int) -> np.ndarray:
     numpy.ndarray
         ``float64`` values in ``[0, 1)``, from the top 53 bits of the mixed hash.
     """
-    x = _fmix(hashes, salt)
+    x = mix64(hashes, salt)
     np.right_shift(x, _U64(11), out=x)
     out = x.astype(np.float64)
     out *= _INV_2_53

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from lbcore import bounded as _bounded
-from lbcore.errors import CandidatesError, EndpointError
+from lbcore.errors import ArgumentError, CandidatesError, EndpointError, LoadError
 from lbcore.hashing import hash_keys, in_blocks, is_long_batch
 
 __all__ = ["DEFAULT_VNODES", "Ring", "bucket_bits_for", "build_bucket_table", "host_key"]
@@ -35,9 +35,11 @@ DEFAULT_VNODES = 100
 
 # Misses in a batch above which one-node buckets are resolved by comparison, not search.
 _RESOLVE_MIN = 64
-_MAX_BUCKET_BITS = 22  # 2^22 int32 entries = 16 MiB: the size where the table stops paying
-_MIN_BUCKET_BITS = 8
-_DEFAULT_PORTS = {"http": 80, "https": 443, "h2c": 80, "ws": 80, "wss": 443}
+# 2^21 int32 entries = 8 MiB per ring; 2^22 measured no faster on a 100,000-node ring and
+# two buffers of such tables would not fit a container's default 64 MiB /dev/shm.
+MAX_BUCKET_BITS = 21
+MIN_BUCKET_BITS = 8
+_DEFAULT_PORTS = {"http": 80, "https": 443}  # what Skipper's net.SchemeHost fills in
 
 #: Batches this short are looked up key by key in Python (a few hundred ns per key)
 #: instead of paying ~10 NumPy calls of ~0.5-1 µs each.
@@ -52,9 +54,9 @@ def bucket_bits_for(ring_size: int) -> int:
     measured slower on this machine kind because the table spills out of them.
     """
     if ring_size <= 1:
-        return _MIN_BUCKET_BITS
+        return MIN_BUCKET_BITS
     bits = math.ceil(math.log2(ring_size)) + 5
-    return max(_MIN_BUCKET_BITS, min(_MAX_BUCKET_BITS, bits))
+    return max(MIN_BUCKET_BITS, min(MAX_BUCKET_BITS, bits))
 
 
 def build_bucket_table(hashes: np.ndarray, bits: int) -> np.ndarray:
@@ -112,11 +114,23 @@ def host_key(endpoint: str) -> str:
     return f"{host}:{port}" if port is not None else host
 
 
-def _validate_endpoints(endpoints: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(endpoints, str):
-        raise EndpointError("endpoints must be a sequence of address strings, got one string")
+def endpoint_tuple(
+    endpoints: Any, *, allow_empty: bool = False, allow_duplicates: bool = False
+) -> tuple[str, ...]:
+    """Validate a list of endpoint address strings and return it as a tuple.
+
+    Raises
+    ------
+    EndpointError
+        For a single string (a common slip: it would be read as its characters), an
+        empty list (unless allowed), a non-string or empty address, or a duplicate.
+    """
+    if isinstance(endpoints, (str, bytes)):
+        raise EndpointError(
+            f"endpoints must be a list of address strings, got one string {endpoints!r:.60}"
+        )
     eps = tuple(endpoints)
-    if not eps:
+    if not eps and not allow_empty:
         raise EndpointError("endpoint list is empty; a ring needs at least one endpoint")
     seen: dict[str, int] = {}
     for i, ep in enumerate(eps):
@@ -124,7 +138,7 @@ def _validate_endpoints(endpoints: Sequence[str]) -> tuple[str, ...]:
             raise EndpointError(f"endpoint {i} is {type(ep).__name__}, expected an address string")
         if not ep:
             raise EndpointError(f"endpoint {i} is an empty string")
-        if ep in seen:
+        if ep in seen and not allow_duplicates:
             raise EndpointError(
                 f"endpoint {ep!r} appears twice (positions {seen[ep]} and {i}); "
                 "endpoint addresses must be unique"
@@ -162,23 +176,23 @@ class Ring:
 
     __slots__ = (
         "_aliases",
-        "_all_present",
-        "_host_of",
         "_owner_list",
         "_redirect",
         "_seen_snapshot",
         "_shift",
+        "all_present",
         "bucket_bits",
         "buckets",
         "endpoints",
         "hashes",
+        "host_ids",
         "owners",
         "present",
         "vnodes",
     )
 
     def __init__(self, endpoints: Sequence[str], vnodes: int = DEFAULT_VNODES) -> None:
-        eps = _validate_endpoints(endpoints)
+        eps = endpoint_tuple(endpoints)
         if isinstance(vnodes, bool) or not isinstance(vnodes, int) or vnodes < 1:
             raise EndpointError(f"vnodes must be a positive integer, got {vnodes!r}")
         hashes = _node_hashes(eps, vnodes)
@@ -195,15 +209,18 @@ class Ring:
         *,
         vnodes: int = DEFAULT_VNODES,
         buckets: np.ndarray | None = None,
+        host_ids: np.ndarray | None = None,
     ) -> Ring:
         """Wrap ring arrays that were built elsewhere (a published table) without copying.
 
         ``hashes`` must be sorted and ``owners`` index ``endpoints``; ``buckets`` is the
-        matching :func:`build_bucket_table` output, built here when not given. A reader
-        of shared memory validates these before calling.
+        matching :func:`build_bucket_table` output, built here when not given;
+        ``host_ids`` is another ring's :attr:`host_ids` for the same endpoints (parsing
+        thousands of addresses costs milliseconds). A reader of shared memory validates
+        these before calling.
         """
         ring = cls.__new__(cls)
-        ring._init(tuple(endpoints), vnodes, hashes, owners, buckets)
+        ring._init(tuple(endpoints), vnodes, hashes, owners, buckets, host_ids)
         return ring
 
     def _init(
@@ -213,6 +230,7 @@ class Ring:
         hashes: np.ndarray,
         owners: np.ndarray,
         buckets: np.ndarray | None = None,
+        host_ids: np.ndarray | None = None,
     ) -> None:
         self.endpoints = eps
         self.vnodes = vnodes
@@ -227,16 +245,19 @@ class Ring:
                 raise EndpointError(f"bucket table has {buckets.size} entries, not a power of two")
             self.bucket_bits, self.buckets = bits, buckets
         self._shift = np.uint64(64 - self.bucket_bits)
-        hosts = [host_key(ep) for ep in eps]
-        ids: dict[str, int] = {}
-        self._host_of = np.array([ids.setdefault(h, len(ids)) for h in hosts], dtype=np.intp)
-        self._aliases = len(ids) != len(eps)
+        if host_ids is None:
+            ids: dict[str, int] = {}
+            host_ids = np.array([ids.setdefault(host_key(e), len(ids)) for e in eps], np.intp)
+        elif host_ids.shape != (len(eps),):
+            raise EndpointError(f"host_ids has {host_ids.size} entries for {len(eps)} endpoints")
+        self.host_ids = host_ids
+        self._aliases = bool(host_ids.size) and int(host_ids.max()) + 1 != len(eps)
         self.present = np.bincount(owners, minlength=len(eps)) > 0
-        self._all_present = bool(self.present.all())
+        self.all_present = bool(self.present.all())
         self._owner_list: list[int] | None = None
         # Bounded-load redirect table of the last load snapshot seen twice: (key, table).
         self._redirect: tuple[tuple[Any, ...], np.ndarray] | None = None
-        self._seen_snapshot: tuple[Any, ...] | None = None
+        self._seen_snapshot: tuple[tuple[Any, ...], int] | None = None
 
     def __len__(self) -> int:
         return int(self.hashes.size)
@@ -258,17 +279,25 @@ class Ring:
             raise CandidatesError("a ring subset needs at least one endpoint")
         keep = mask[self.owners]
         ring = Ring.__new__(Ring)
-        ring._init(self.endpoints, self.vnodes, self.hashes[keep], self.owners[keep])
+        ring._init(
+            self.endpoints,
+            self.vnodes,
+            self.hashes[keep],
+            self.owners[keep],
+            host_ids=self.host_ids,
+        )
         return ring
 
     # ---------------------------------------------------------------------------------
     # Candidate sets.
 
-    def candidate_mask(self, candidates: Any) -> np.ndarray | None:
-        """Boolean mask over endpoints from indices or a mask; ``None`` means all endpoints.
+    def listed_mask(self, candidates: Any) -> np.ndarray | None:
+        """Boolean mask of the listed candidates (indices or a mask); ``None`` means all.
 
-        Endpoints that share a host with a candidate are candidates too (Skipper's skip
-        rule compares hosts, not list positions).
+        Raises
+        ------
+        CandidatesError
+            Wrong shape or dtype, an index out of range, or an index listed twice.
         """
         if candidates is None:
             return None
@@ -279,29 +308,52 @@ class Ring:
                 raise CandidatesError(
                     f"candidate mask has shape {arr.shape}, expected ({n},) for {n} endpoints"
                 )
-            mask = arr.copy()
-        else:
-            if arr.size == 0:
-                return np.zeros(n, dtype=np.bool_)
-            if arr.ndim != 1 or arr.dtype.kind not in "iu":
-                raise CandidatesError(
-                    f"candidates must be endpoint indices or a boolean mask, got {arr.dtype} "
-                    f"array of shape {arr.shape}"
-                )
-            if int(arr.min()) < 0 or int(arr.max()) >= n:
-                raise CandidatesError(
-                    f"candidate index out of range: {arr.tolist()} for {n} endpoints"
-                )
-            mask = np.zeros(n, dtype=np.bool_)
-            mask[arr] = True
-        if self._aliases:
-            mask = np.bincount(self._host_of, weights=mask, minlength=n)[self._host_of] > 0
-        if not self._all_present:
-            mask &= self.present
+            return arr.copy()
+        if arr.size == 0:
+            return np.zeros(n, dtype=np.bool_)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise CandidatesError(
+                f"candidates must be endpoint indices or a boolean mask, got {arr.dtype} "
+                f"array of shape {arr.shape}"
+            )
+        if int(arr.min()) < 0 or int(arr.max()) >= n:
+            raise CandidatesError(f"candidate index out of range: {arr.tolist()} for {n} endpoints")
+        mask = np.zeros(n, dtype=np.bool_)
+        mask[arr] = True
+        if int(mask.sum()) != arr.size:
+            raise CandidatesError(f"candidate indices repeat: {arr.tolist()}")
         return mask
 
-    def _eligible(self, mask: np.ndarray | None) -> np.ndarray:
-        return self.present.copy() if mask is None else mask
+    def candidate_mask(self, candidates: Any) -> np.ndarray | None:
+        """Endpoints the skip rule keeps: the listed candidates, widened to their hosts.
+
+        Skipper's skip rule compares hosts, not list positions, so an endpoint that shares
+        a host (``host:port`` with the default port filled in) with a listed candidate is
+        not skipped. Endpoints without nodes on this ring are never kept. ``None`` means
+        all endpoints.
+        """
+        mask = self.listed_mask(candidates)
+        if mask is None:
+            return None
+        return self._widen(mask)
+
+    def _widen(self, listed: np.ndarray) -> np.ndarray:
+        mask = listed
+        if self._aliases:
+            n = len(self.endpoints)
+            mask = np.bincount(self.host_ids, weights=mask, minlength=n)[self.host_ids] > 0
+        if not self.all_present:
+            mask = mask & self.present
+        return mask
+
+    def _selection(self, candidates: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(listed, eligible)``: whom Skipper counts and averages, and whom it may pick."""
+        listed = self.listed_mask(candidates)
+        if listed is None:
+            return self.present, self.present
+        if not self.all_present:
+            listed &= self.present
+        return listed, self._widen(listed)
 
     # ---------------------------------------------------------------------------------
     # Position lookup.
@@ -335,9 +387,10 @@ class Ring:
             found %= self.hashes.size  # past the last node: roll over to position 0
             pos[miss] = found
         elif miss.size:
-            found = np.searchsorted(self.hashes, hashes[miss], side="left")
-            found %= self.hashes.size
-            pos[miss] = found
+            # A few keys (small batches): settle each in Python, cheaper than the array calls.
+            rows = miss.tolist()
+            for i, p in zip(rows, self.positions_of([hashes.item(i) for i in rows]), strict=True):
+                pos[i] = p
         return pos
 
     def owner_list(self) -> list[int]:
@@ -401,21 +454,20 @@ class Ring:
             return in_blocks(
                 lambda b: self.lookup(b, candidates=candidates, attempt=attempt), keys, np.int32
             )
-        h = hash_keys(keys) if hashes is None else hashes
-        mask = self.candidate_mask(candidates)
+        h = hash_keys(keys) if hashes is None else check_hashes(hashes)
         attempt = _check_attempt(attempt)
         n = h.size
-        if mask is None and attempt == 0:
+        if candidates is None and attempt == 0:
             if n <= SCALAR_MAX:
                 item = self.owners.item
                 return np.array([item(p) for p in self.positions_of(h.tolist())], dtype=np.int32)
             return self.owners.take(self.positions(h))
-        eligible = self._eligible(mask)
-        count = int(eligible.sum())
-        if count == 0 or attempt >= count:
+        listed, eligible = self._selection(candidates)
+        count = int(listed.sum())
+        if count == 0 or attempt >= int(eligible.sum()):
             return np.full(n, -1, dtype=np.int32)
-        if count == 1 and attempt == 0:
-            return np.full(n, int(np.flatnonzero(eligible)[0]), dtype=np.int32)
+        if count == 1 and attempt == 0:  # Skipper's Apply: one candidate left, no hashing
+            return np.full(n, int(np.flatnonzero(listed)[0]), dtype=np.int32)
         pos = self.positions(h).astype(np.intp)
         pos = _bounded.skip_to_eligible(self, pos, eligible)
         if attempt:
@@ -483,17 +535,25 @@ class Ring:
                 keys,
                 np.int32,
             )
-        h = hash_keys(keys) if hashes is None else hashes
+        bf = _bounded.check_balance_factor(balance_factor)
+        hops = _bounded.check_max_hops(max_hops)
+        attempt = _check_attempt(attempt)
         load = loads
-        if type(load) is not np.ndarray or load.dtype != np.float64:
+        if type(load) is not np.ndarray or load.dtype != np.float64 or load.ndim != 1:
             load = _bounded.check_loads(loads, len(self.endpoints))
+        elif load.shape != (len(self.endpoints),):
+            raise LoadError(
+                f"loads has shape {load.shape}, expected ({len(self.endpoints)},): "
+                "one load per endpoint"
+            )
+        h = hash_keys(keys) if hashes is None else check_hashes(hashes)
         snapshot: tuple[Any, ...] | None = None
-        if not sequential and attempt == 0 and load.flags.c_contiguous:
+        if not sequential and attempt == 0:
             cand = None if candidates is None else np.asarray(candidates)
             snapshot = (
                 load.tobytes(),
-                balance_factor,
-                max_hops,
+                bf,
+                hops,
                 None if cand is None else (cand.dtype.str, cand.shape, cand.tobytes()),
             )
             cached = self._redirect
@@ -502,32 +562,55 @@ class Ring:
                     item = cached[1].item
                     return np.array([item(p) for p in self.positions_of(h.tolist())], np.int32)
                 return cached[1].take(self.positions(h))
-        bf = _bounded.check_balance_factor(balance_factor)
         load = _bounded.check_loads(load, len(self.endpoints))
-        hops = _bounded.check_max_hops(max_hops)
-        attempt = _check_attempt(attempt)
-        mask = self.candidate_mask(candidates)
-        eligible = self._eligible(mask)
-        count = int(eligible.sum())
+        listed, eligible = self._selection(candidates)
+        count = int(listed.sum())
         n = h.size
-        if count == 0 or attempt >= count:
+        if count == 0 or attempt >= int(eligible.sum()):
             return np.full(n, -1, dtype=np.int32)
         if count == 1 and attempt == 0:
-            return np.full(n, int(np.flatnonzero(eligible)[0]), dtype=np.int32)
-        if snapshot is not None and snapshot == self._seen_snapshot:
-            # The same load snapshot a second time: a worker routes many batches on one
-            # snapshot, so answer every ring position once and look keys up in that.
-            table = _bounded.redirect_from(self, eligible, load, bf, hops)
+            return np.full(n, int(np.flatnonzero(listed)[0]), dtype=np.int32)
+        if n <= SCALAR_MAX and not sequential:
+            if snapshot is not None:
+                self._amortized(snapshot, n)
+            return _bounded.walk_few(self, h.tolist(), listed, eligible, load, bf, hops, attempt)
+        if snapshot is not None and self._amortized(snapshot, n):
+            # Enough keys have been routed on this snapshot to pay for answering every
+            # ring position once: look keys up in that table from now on.
+            table = _bounded.redirect_from(self, listed, eligible, load, bf, hops)
             self._redirect = (snapshot, table)
             return table.take(self.positions(h))
-        self._seen_snapshot = snapshot
         pos = _bounded.skip_to_eligible(self, self.positions(h).astype(np.intp), eligible)
         if sequential:
-            return _bounded.walk_sequential(self, pos, eligible, load, bf, hops, attempt)
-        return _bounded.walk_snapshot(self, pos, eligible, load, bf, hops, attempt)
+            return _bounded.walk_sequential(self, pos, listed, eligible, load, bf, hops, attempt)
+        return _bounded.walk_snapshot(self, pos, listed, eligible, load, bf, hops, attempt)
+
+    def _amortized(self, snapshot: tuple[Any, ...], n: int) -> bool:
+        """Count keys routed on ``snapshot``; true once they add up to an eighth of the ring.
+
+        Building a redirect table costs about as much as walking one key per ring
+        position, so it pays only for a snapshot that many keys are routed on — the
+        pattern of a worker that refreshes its loads on a cadence — and never for loads
+        that change with every batch.
+        """
+        seen = self._seen_snapshot
+        routed = n + (seen[1] if seen is not None and seen[0] == snapshot else 0)
+        self._seen_snapshot = (snapshot, routed)
+        return routed >= max(len(self) // 8, 2 * SCALAR_MAX)
+
+
+def check_hashes(hashes: Any) -> np.ndarray:
+    """Validate precomputed key hashes: a 1-D ``uint64`` NumPy array."""
+    if type(hashes) is not np.ndarray or hashes.dtype != np.uint64 or hashes.ndim != 1:
+        shape = getattr(hashes, "shape", None)
+        dtype = getattr(hashes, "dtype", type(hashes).__name__)
+        raise ArgumentError(
+            f"hashes must be a 1-D uint64 array from lbcore.hash_keys, got {dtype} {shape or ''}"
+        )
+    return hashes
 
 
 def _check_attempt(attempt: Any) -> int:
     if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 0:
-        raise CandidatesError(f"attempt must be a non-negative integer, got {attempt!r}")
+        raise ArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
     return int(attempt)

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.errors import LoadError
+
 __all__ = [
     "DEFAULT_LATENCY_CAP",
     "DEFAULT_WINDOW_NS",
@@ -35,7 +37,11 @@ LOAD_SIGNALS = ("effective", "occupancy", "in-flight")
 def window_weights(
     bucket_starts_ns: Any, bucket_ns: int, now_ns: int, window_ns: int
 ) -> np.ndarray:
-    """Fraction of each time bucket that lies inside the window ``(now - window, now]``.
+    """Share of each time bucket's counts that fall inside the window ``(now - window, now]``.
+
+    A bucket's counts are taken as spread evenly over the part of it that has elapsed:
+    ``[start, min(start + bucket_ns, now))``. So the bucket in progress counts fully, and
+    the oldest bucket only by its overlap with the window.
 
     Parameters
     ----------
@@ -54,9 +60,12 @@ def window_weights(
         ``float64`` weights in ``[0, 1]``; a bucket wholly outside the window weighs 0.
     """
     starts = np.asarray(bucket_starts_ns, dtype=np.int64)
+    end = np.minimum(starts + bucket_ns, now_ns)
     lo = np.maximum(starts, now_ns - window_ns)
-    hi = np.minimum(starts + bucket_ns, now_ns)
-    return np.clip((hi - lo).astype(np.float64) / float(bucket_ns), 0.0, 1.0)
+    span = (end - starts).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = np.where(span > 0, (end - lo) / np.where(span > 0, span, 1.0), 0.0)
+    return np.clip(w, 0.0, 1.0)
 
 
 def occupancy(busy_ns: Any, window_ns: int, weights: Any = None) -> np.ndarray:
@@ -80,7 +89,7 @@ def occupancy(busy_ns: Any, window_ns: int, weights: Any = None) -> np.ndarray:
         several requests overlap).
     """
     if window_ns <= 0:
-        raise ValueError(f"occupancy window must be > 0 ns, got {window_ns}")
+        raise LoadError(f"occupancy window must be > 0 ns, got {window_ns}")
     busy = np.asarray(busy_ns, dtype=np.float64)
     if busy.ndim == 2:
         busy = busy @ (
@@ -95,6 +104,13 @@ def mean_latency(latency_sum_s: Any, completed: Any) -> np.ndarray:
     count = np.asarray(completed, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
+
+
+def _signal(name: str, values: Any) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size and not (arr.min() >= 0.0 and arr.max() < np.inf):
+        raise LoadError(f"{name} must be finite and >= 0 per endpoint, got {arr.tolist()!r:.120}")
+    return arr
 
 
 def effective_load(
@@ -125,10 +141,13 @@ def effective_load(
     -------
     numpy.ndarray
         ``float64`` effective load per endpoint, finite and ``>= 0``.
+
+    Raises
+    ------
+    LoadError
+        If ``in_flight`` or ``occupancy_`` holds a negative or non-finite value.
     """
-    base = np.maximum(
-        np.asarray(in_flight, dtype=np.float64), np.asarray(occupancy_, dtype=np.float64)
-    )
+    base = np.maximum(_signal("in_flight", in_flight), _signal("occupancy", occupancy_))
     if pod_latency_s is None or global_latency_s is None:
         return base
     g = float(global_latency_s)

@@ -1,1 +1,88 @@
-"""Shared-memory tables and counters (built by a later issue; see DESIGN.md, "The rooms")."""
+"""Shared-memory routing tables and load counters (the "shared memory" box of DESIGN.md).
+
+* :mod:`shm.tables`: the double-buffered table store. One :class:`TableWriter` per
+  namespace publishes generations; every worker's :class:`TableReader` maps them as
+  zero-copy NumPy views and never sees a torn table.
+* :mod:`shm.counters`: the host's counter matrix. Each worker claims a row
+  (:meth:`CounterStore.claim`) and records whole fan-outs with a few NumPy calls;
+  :class:`CounterReader` sums the rows into per-endpoint in-flight, occupancy, mean
+  latency and failure rate.
+* :mod:`shm.segment`, :mod:`shm.layout`, :mod:`shm.errors`: segment lifecycle, byte
+  layout and the exceptions, each naming the segment and what was wrong.
+
+Imports only NumPy, ``posix_ipc`` and :mod:`lbcore`.
+"""
+
+from shm.counters import (
+    CounterReader,
+    CounterStore,
+    HostLoads,
+    LockedRecorder,
+    Recorder,
+    SlotInfo,
+    ThreadRecorder,
+)
+from shm.errors import (
+    CapacityError,
+    CounterInputError,
+    NamespaceError,
+    NoFreeSlotError,
+    SegmentCorruptError,
+    SegmentError,
+    SegmentExistsError,
+    SegmentFullError,
+    SegmentLayoutError,
+    SegmentMagicError,
+    SegmentMissingError,
+    SegmentPermissionError,
+    SegmentSizeError,
+    SegmentVersionError,
+    ShmError,
+    SlotOwnershipError,
+    TableChecksumError,
+    TableInputError,
+    TableUnavailableError,
+    WriterBusyError,
+)
+from shm.layout import LAYOUT_VERSION
+from shm.segment import check_namespace, list_segments, segment_name
+from shm.tables import Knobs, SlotAllocator, Table, TableReader, TableWriter
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "CapacityError",
+    "CounterInputError",
+    "CounterReader",
+    "CounterStore",
+    "HostLoads",
+    "Knobs",
+    "LockedRecorder",
+    "NamespaceError",
+    "NoFreeSlotError",
+    "Recorder",
+    "SegmentCorruptError",
+    "SegmentError",
+    "SegmentExistsError",
+    "SegmentFullError",
+    "SegmentLayoutError",
+    "SegmentMagicError",
+    "SegmentMissingError",
+    "SegmentPermissionError",
+    "SegmentSizeError",
+    "SegmentVersionError",
+    "ShmError",
+    "SlotAllocator",
+    "SlotInfo",
+    "SlotOwnershipError",
+    "Table",
+    "TableChecksumError",
+    "TableInputError",
+    "TableReader",
+    "TableUnavailableError",
+    "TableWriter",
+    "ThreadRecorder",
+    "WriterBusyError",
+    "check_namespace",
+    "list_segments",
+    "segment_name",
+]

@@ -140,7 +140,9 @@ def test_bad_balance_factor(bf):
         (np.array([0.0] * 11 + [-1.0]), "endpoint 11 is -1.0"),
         (np.array([0.0] * 11 + [np.nan]), "finite"),
         (np.array([np.inf] + [0.0] * 11), "endpoint 0"),
-        (["a"] * 12, "numbers"),
+        (["a"] * 12, "real numbers"),
+        (np.array([1j] * 12), "real numbers"),
+        ([True] * 12, "real numbers"),
     ],
 )
 def test_bad_loads(loads, match):
@@ -149,7 +151,7 @@ def test_bad_loads(loads, match):
 
 
 def test_bad_max_hops():
-    with pytest.raises(lbcore.CandidatesError, match="max_hops"):
+    with pytest.raises(lbcore.ArgumentError, match="max_hops"):
         RING.lookup_bounded(KEYS, np.zeros(12), 1.25, max_hops=0)
 
 
@@ -185,3 +187,58 @@ def test_repeated_snapshots_use_a_redirect_table_with_identical_answers():
         assert ring.lookup_bounded(
             keys, loads, 1.5, candidates=cands, max_hops=4
         ).tolist() == ref.bounded(EPS, keys, loads.tolist(), 1.5, candidates=set(cands), max_hops=4)
+
+
+def test_cache_keys_cover_every_parameter():
+    rng = np.random.default_rng(21)
+    keys = [f"K{i}" for i in range(3000)]
+    loads = rng.exponential(1.0, 12)
+    loads[[2, 5]] = 9.0
+    ring = lbcore.Ring(EPS)
+    for _ in range(3):  # build the redirect table for (loads, 1.25, max_hops=1)
+        ring.lookup_bounded(keys, loads, 1.25, max_hops=1)
+    assert ring._redirect is not None
+    for bf, hops in ((1.25, 3), (1.25, None), (1.6, 1), (1.0, 1)):
+        got = ring.lookup_bounded(keys, loads, bf, max_hops=hops)
+        assert got.tolist() == ref.bounded(EPS, keys, loads.tolist(), bf, max_hops=hops), (bf, hops)
+
+
+def test_bad_input_raises_whatever_the_cache_holds():
+    ring = lbcore.Ring(EPS)
+    loads = np.ones(12)
+    for _ in range(3):
+        ring.lookup_bounded(KEYS, loads, 1.0, max_hops=1)
+    with pytest.raises(lbcore.ArgumentError):
+        ring.lookup_bounded(KEYS, loads, 1.0, max_hops=True)
+    with pytest.raises(lbcore.BalanceFactorError):
+        ring.lookup_bounded(KEYS, loads, True, max_hops=1)
+    with pytest.raises(lbcore.LoadError, match="shape"):
+        ring.lookup_bounded(KEYS, loads.reshape(12, 1), 1.0, max_hops=1)
+
+
+def test_few_keys_over_the_bar_walk_key_by_key_like_the_vectorized_walk():
+    rng = np.random.default_rng(8)
+    for trial in range(30):
+        loads = rng.integers(0, 6, 12).astype(float)
+        loads[rng.integers(0, 12)] = 40.0
+        hops = [None, 1, 2, 5][trial % 4]
+        keys = [f"w{trial}-{i}" for i in range(int(rng.integers(5, 60)))]
+        want = ref.bounded(EPS, keys, loads.tolist(), 1.1, max_hops=hops)
+        assert lbcore.Ring(EPS).lookup_bounded(keys, loads, 1.1, max_hops=hops).tolist() == want
+
+
+def test_tiny_batches_walk_key_by_key_like_the_batch():
+    rng = np.random.default_rng(12)
+    for trial in range(40):
+        loads = rng.integers(0, 8, 12).astype(float)
+        hops = [None, 1, 3][trial % 3]
+        cands = None if trial % 2 else sorted(rng.choice(12, 7, replace=False).tolist())
+        ring = lbcore.Ring(EPS)  # fresh: no redirect table, the walk itself answers
+        batch = ring.lookup_bounded(
+            KEYS[:60], loads, 1.25, max_hops=hops, candidates=cands, attempt=trial % 2
+        )
+        for i in range(0, 60, 3):
+            one = lbcore.Ring(EPS).lookup_bounded(
+                KEYS[i : i + 3], loads, 1.25, max_hops=hops, candidates=cands, attempt=trial % 2
+            )
+            assert one.tolist() == batch[i : i + 3].tolist(), (trial, i)

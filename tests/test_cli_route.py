@@ -32,10 +32,20 @@ def test_route_prints_lbcores_answer():
 
 
 def test_route_reads_stdin_and_explicit_endpoints():
-    p = cslb("route", "-e", "http://10.0.0.1:80", "-e", "http://10.0.0.2:80", "-", stdin="a\nb\n")
+    p = cslb(
+        "route",
+        "-e",
+        "http://10.0.0.1:80",
+        "-e",
+        "http://10.0.0.2:80",
+        "--stdin",
+        "-",
+        stdin="a\nb\n",
+    )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("a ") and "http://10.0.0." in lines[0]
+    assert len(lines) == 3 and lines[0].startswith("- ") and lines[1].startswith("a ")
+    assert all("http://10.0.0." in line for line in lines)
 
 
 def test_route_attempt_one_names_a_different_pod():

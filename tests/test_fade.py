@@ -208,3 +208,73 @@ def test_position_maps_match_each_ring():
     pos = rs.rings[-1].positions(h)
     for k, ring in enumerate(rs.rings):
         assert np.array_equal(rs.owner_table[k][pos], ring.lookup(None, hashes=h))
+
+
+def test_a_single_string_is_not_a_list_of_endpoints():
+    rs = RingSet(BASE)
+    for call in (
+        lambda: rs.with_endpoints(BASE[0], T0),
+        lambda: rs.remove(BASE[0]),
+        lambda: rs.scale_up(NEW1[0], T0),
+        lambda: RingSet(BASE[0]),
+    ):
+        with pytest.raises(lbcore.EndpointError, match="one string"):
+            call()
+
+
+def test_deletion_through_with_endpoints_and_bounded_routing():
+    rs = RingSet(BASE).scale_up(NEW1, T0)
+    t = T0 + 12 * S
+    gone = [BASE[1], NEW1[4]]
+    after = rs.with_endpoints([e for e in rs.endpoints if e not in gone], t)
+    assert after.starts_ns == rs.starts_ns
+    loads = np.zeros(len(after.endpoints))
+    for _ in range(3):  # walk, then table
+        got = names(after, after.route(KEYS[:20000], t, loads=loads, balance_factor=1.25))
+        assert not set(got.tolist()) & set(gone)
+
+
+def test_ring_set_cache_keys_cover_every_parameter():
+    rs = RingSet(BASE).scale_up(NEW1, T0)
+    everyone = np.ones(len(rs.endpoints), dtype=bool)
+    rng = np.random.default_rng(4)
+    loads = rng.exponential(1.0, len(rs.endpoints))
+    loads[[0, 3, 22]] = 9.0
+    t = T0 + 20 * S
+    keys = KEYS[:20000]
+    for _ in range(3):
+        rs.route(keys, t, loads=loads, balance_factor=1.25, max_hops=1)
+    assert rs._bounded is not None
+    for bf, hops in ((1.25, 4), (1.6, 1), (1.0, None)):
+        want = rs.route(keys, t, loads=loads, balance_factor=bf, max_hops=hops, candidates=everyone)
+        got = rs.route(keys, t, loads=loads, balance_factor=bf, max_hops=hops)
+        assert np.array_equal(got, want), (bf, hops)
+    with pytest.raises(lbcore.ArgumentError, match="needs loads"):
+        rs.route(keys, t, balance_factor=1.25)
+
+
+def test_from_parts_wraps_a_built_set():
+    rs = RingSet(BASE).scale_up(NEW1, T0)
+    parts = RingSet.from_parts(
+        rs.endpoints,
+        rs.tiers,
+        rs.starts_ns,
+        rs.rings,
+        rs.ring_pos,
+        rs.owner_table,
+        duration_ns=rs.duration_ns,
+        exponent=rs.exponent,
+    )
+    t = T0 + 9 * S
+    assert np.array_equal(parts.route(KEYS[:5000], t), rs.route(KEYS[:5000], t))
+    with pytest.raises(lbcore.FadeError, match="disagree"):
+        RingSet.from_parts(
+            rs.endpoints,
+            rs.tiers,
+            (),
+            rs.rings,
+            rs.ring_pos,
+            rs.owner_table,
+            duration_ns=rs.duration_ns,
+            exponent=rs.exponent,
+        )

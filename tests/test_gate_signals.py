@@ -62,8 +62,13 @@ def test_occupancy_is_busy_seconds_per_second():
 def test_window_weights_cover_partial_buckets():
     starts = np.arange(0, 12 * 10**9, 10**9)  # buckets [0,1) .. [11,12) s
     w = window_weights(starts, 10**9, now_ns=11_500_000_000, window_ns=10 * 10**9)
-    assert w[0] == 0.0 and w[1] == 0.5 and w[11] == 0.5 and w[5] == 1.0
-    assert w.sum() == pytest.approx(10.0)
+    # The oldest bucket counts by its overlap; the one in progress (half elapsed) fully.
+    assert w[0] == 0.0 and w[1] == 0.5 and w[11] == 1.0 and w[5] == 1.0
+    assert w.sum() == pytest.approx(10.5)
+    # A busy half second in the elapsed half of the current bucket is all in the window.
+    busy = np.zeros((1, 12))
+    busy[0, 11] = 0.5e9
+    assert occupancy(busy, 10 * 10**9, w)[0] == pytest.approx(0.05)
 
 
 def test_effective_load():
@@ -79,3 +84,12 @@ def test_effective_load():
 def test_mean_latency():
     got = mean_latency([1.0, 0.0], [4, 0])
     assert got[0] == 0.25 and np.isnan(got[1])
+
+
+def test_signal_validation():
+    with pytest.raises(lbcore.LoadError, match="in_flight"):
+        effective_load([-1.0], [0.0])
+    with pytest.raises(lbcore.LoadError, match="occupancy"):
+        effective_load([0.0], [np.nan])
+    with pytest.raises(lbcore.LoadError, match="window"):
+        occupancy([1], 0)

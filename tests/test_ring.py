@@ -93,7 +93,8 @@ def test_attempt_is_the_next_distinct_eligible_endpoint(attempt):
 
 def test_attempt_beyond_available_endpoints_is_fallback():
     r = lbcore.Ring(["http://a:80", "http://b:80"])
-    assert set(r.lookup(KEYS, attempt=1).tolist()) <= {0, 1}
+    first = r.lookup(KEYS)
+    assert r.lookup(KEYS, attempt=1).tolist() == (1 - first).tolist()  # the other pod
     assert r.lookup(KEYS, attempt=2).tolist() == [-1] * len(KEYS)
     assert r.lookup(KEYS, candidates=[1], attempt=1).tolist() == [-1] * len(KEYS)
 
@@ -138,6 +139,37 @@ def test_host_aliases_count_as_one_host_for_the_skip_rule():
     # Endpoint 1 has host 10.7.0.1:80 like the candidate 0, so Skipper does not skip it.
     assert set(got.tolist()) == {0, 1, 2}
     assert got.tolist() == ref.lookup(eps, KEYS, candidates={0, 1, 2})
+    # But Skipper counts and averages the listed candidates only: one listed candidate
+    # takes every key (Apply's shortcut) ...
+    assert r.lookup(KEYS, candidates=[0]).tolist() == [0] * len(KEYS)
+    # ... and the bar is (1 + 2 + 0) / 2 * 1.25 = 1.875, so only endpoint 2 is under it.
+    loads = np.array([2.0, 2.0, 0.0, 0.0])
+    assert set(r.lookup_bounded(KEYS, loads, 1.25, candidates=[0, 2]).tolist()) == {2}
+    # h2c has no default port in Skipper's SchemeHost: no alias there.
+    assert lbcore.Ring(["h2c://10.7.0.1:80", "h2c://10.7.0.1"]).lookup(
+        KEYS, candidates=[0]
+    ).tolist() == [0] * len(KEYS)
+
+
+def test_hashes_must_be_uint64_arrays():
+    r = lbcore.Ring(ENDPOINT_SETS["dns"])
+    h = lbcore.hash_keys(KEYS[:5])
+    for bad in (h.view(np.int64), h.tolist(), h.reshape(5, 1), h[:1].view(np.int64)):
+        with pytest.raises(lbcore.ArgumentError, match="uint64"):
+            r.lookup(None, hashes=bad)
+        with pytest.raises(lbcore.ArgumentError, match="uint64"):
+            r.lookup_bounded(None, np.zeros(7), 1.25, hashes=bad)
+
+
+@pytest.mark.parametrize("bad", [1.5, None, np.float64(1.0), {"a", "b"}, {"a": 1}])
+def test_unsupported_key_containers(bad):
+    with pytest.raises(lbcore.KeyTypeError):
+        lbcore.Ring(ENDPOINT_SETS["dns"]).lookup(bad)
+
+
+def test_duplicate_candidate_indices_are_rejected():
+    with pytest.raises(lbcore.CandidatesError, match="repeat"):
+        lbcore.Ring(ENDPOINT_SETS["dns"]).lookup(KEYS, candidates=[1, 1, 2])
 
 
 @pytest.mark.parametrize(
@@ -163,7 +195,7 @@ def test_bad_vnodes_and_candidates():
         r.lookup(["k"], candidates=[2])
     with pytest.raises(lbcore.CandidatesError, match="shape"):
         r.lookup(["k"], candidates=np.ones(3, bool))
-    with pytest.raises(lbcore.CandidatesError, match="attempt"):
+    with pytest.raises(lbcore.ArgumentError, match="attempt"):
         r.lookup(["k"], attempt=-1)
 
 

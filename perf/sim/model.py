@@ -1,0 +1,743 @@
+"""The simulation: clients routing batch requests through lbcore to pods with LRU caches.
+
+Time advances in ticks (default 10 ms). In every tick:
+
+1. calls that completed in the previous tick are booked: in-flight counts fall, their
+   latency is added to the pod's busy time (what cslb's ``track()`` records when a call
+   returns);
+2. scheduled events apply (pods published into the routing table, pods deleted, a pod
+   turning slow or recovering);
+3. if bounded load is on, every client host takes one load snapshot of its own
+   counters (cslb pools the workers of a host, not hosts): in-flight counts, occupancy
+   (:func:`lbcore.signals.occupancy` over the busy-time buckets of the last window) and
+   per-pod latency, combined by :func:`lbcore.signals.effective_load`;
+4. the tick's batch requests arrive (Poisson batches of 1..100 product IDs with Zipf
+   popularity, each from one of ``clients`` hosts) and all calls of a host are routed
+   at once on its snapshot by lbcore;
+5. each pod's cache answers hit or miss (a miss is a database read); the service time
+   is the hit or miss time, times the pod's slow factor; each pod serves at most
+   ``concurrency`` calls at once and queues the rest (FIFO);
+6. everything is counted into the report interval the tick belongs to.
+
+A warm-up (default 15 s, longer than the 10-s occupancy window) runs first with caches
+pre-filled by each pod's most popular keys; reported time 0 is its end.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+import lbcore
+from lbcore import signals
+from perf.sim.cache import TickLRU
+from perf.sim.pods import PodQueues
+from perf.sim.routing import FADE_MODES, Router, endpoint_name, make_router
+from perf.sim.workload import Batches, Catalogue
+
+__all__ = [
+    "SIGNALS",
+    "ScaleDown",
+    "ScaleUp",
+    "SimConfig",
+    "SimResult",
+    "Simulation",
+    "SlowPod",
+    "run",
+]
+
+#: Load signals bounded load can use (lbcore.signals.LOAD_SIGNALS).
+SIGNALS = tuple(signals.LOAD_SIGNALS)
+
+_PREFILL_COHORTS = 100  # stamps used to order the warm-start cache contents by popularity
+
+
+@dataclass(frozen=True)
+class ScaleUp:
+    """``count`` new pods become ready at ``at_s`` (spread evenly over ``ready_spread_s``)."""
+
+    at_s: float
+    count: int
+    ready_spread_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ScaleDown:
+    """The ``count`` most recently added pods are deleted at ``at_s``."""
+
+    at_s: float
+    count: int
+
+
+@dataclass(frozen=True)
+class SlowPod:
+    """Pod ``pod``'s service times are multiplied by ``factor`` from ``at_s`` to ``until_s``."""
+
+    at_s: float
+    until_s: float
+    pod: int = 0
+    factor: float = 5.0
+
+
+Event = ScaleUp | ScaleDown | SlowPod
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything a run depends on. Times in seconds, sizes in products.
+
+    ``rate`` is calls (product IDs) per second over all clients; ``None`` means
+    ``rate_per_pod * pods`` (pods at the start).
+    """
+
+    pods: int = 50
+    catalogue: int = 1_000_000
+    zipf: float = 1.0
+    rate: float | None = None
+    rate_per_pod: float = 700.0
+    max_batch: int = 100
+    cache_size: int = 2_000
+    hit_s: float = 0.001
+    miss_s: float = 0.015
+    concurrency: int = 8
+    fade: str = "nring"
+    fade_s: float = 30.0
+    fade_exponent: float = 2.5
+    balance_factor: float | None = None
+    signal: str = "occupancy"
+    max_hops: int | None = 10
+    clients: int = 8
+    window_s: float = 10.0
+    bucket_s: float = 0.1
+    tick_s: float = 0.01
+    seconds: float = 120.0
+    warmup_s: float = 15.0
+    report_s: float = 1.0
+    debounce_s: float = 2.0
+    skipper_poll_s: float = 3.0
+    vnodes: int = 100
+    seed: int = 1
+    events: tuple[Event, ...] = ()
+
+    @property
+    def total_rate(self) -> float:
+        """Calls per second over all clients."""
+        return self.rate if self.rate is not None else self.rate_per_pod * self.pods
+
+    def validate(self) -> SimConfig:
+        """Check every field; raise ``ValueError`` naming the bad one."""
+
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(msg)
+
+        need(self.pods >= 1, f"pods must be >= 1, got {self.pods}")
+        need(self.catalogue >= 1, f"catalogue must be >= 1 product, got {self.catalogue}")
+        need(math.isfinite(self.zipf) and self.zipf >= 0, f"zipf must be >= 0, got {self.zipf}")
+        need(self.total_rate > 0, f"rate must be > 0 calls/s, got {self.total_rate}")
+        need(1 <= self.max_batch, f"max_batch must be >= 1, got {self.max_batch}")
+        need(self.cache_size >= 1, f"cache_size must be >= 1 product, got {self.cache_size}")
+        need(self.hit_s > 0 and self.miss_s > 0, "hit_s and miss_s must be > 0 seconds")
+        need(self.concurrency >= 1, f"concurrency must be >= 1, got {self.concurrency}")
+        need(1 <= self.clients <= 64, f"clients must be 1..64 hosts, got {self.clients}")
+        need(self.fade in FADE_MODES, f"fade must be one of {FADE_MODES}, got {self.fade!r}")
+        need(self.fade_s >= 0, f"fade_s must be >= 0 seconds, got {self.fade_s}")
+        need(self.fade_exponent > 0, f"fade_exponent must be > 0, got {self.fade_exponent}")
+        if self.balance_factor is not None:
+            lbcore.bounded.check_balance_factor(self.balance_factor)
+        need(self.signal in SIGNALS, f"signal must be one of {SIGNALS}, got {self.signal!r}")
+        need(self.tick_s > 0, f"tick_s must be > 0 seconds, got {self.tick_s}")
+        for name in ("bucket_s", "report_s"):
+            ratio = getattr(self, name) / self.tick_s
+            need(
+                ratio >= 1 and abs(ratio - round(ratio)) < 1e-9,
+                f"{name} ({getattr(self, name)} s) must be a whole multiple of tick_s "
+                f"({self.tick_s} s)",
+            )
+        need(self.window_s >= self.bucket_s, "window_s must be >= bucket_s")
+        need(self.seconds > 0, f"seconds must be > 0, got {self.seconds}")
+        need(self.warmup_s >= 0, f"warmup_s must be >= 0, got {self.warmup_s}")
+        pods = self.pods
+        for ev in self.events:
+            if isinstance(ev, ScaleUp):
+                need(ev.count >= 1, f"scale-up must add >= 1 pod, got {ev.count}")
+                need(ev.ready_spread_s >= 0, "ready_spread_s must be >= 0")
+                pods += ev.count
+            elif isinstance(ev, ScaleDown):
+                need(ev.count >= 1, f"scale-down must remove >= 1 pod, got {ev.count}")
+            elif isinstance(ev, SlowPod):
+                need(0 <= ev.pod < self.pods, f"slow pod {ev.pod} is not a starting pod")
+                need(ev.factor > 0, f"slow factor must be > 0, got {ev.factor}")
+                need(ev.until_s > ev.at_s, "slow pod must end after it starts")
+            else:
+                raise ValueError(f"unknown event {ev!r}")
+        need(pods <= 65536 * 256, "too many pods")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, events tagged with their kind."""
+        d = asdict(self)
+        d["rate"] = self.total_rate
+        d["events"] = [{"kind": type(e).__name__, **asdict(e)} for e in self.events]
+        return d
+
+
+@dataclass
+class SimResult:
+    """What one run measured.
+
+    ``series`` holds one value per report interval (``t`` is the interval's start in
+    seconds after warm-up); ``totals`` the figures over the whole measured run;
+    ``pod_calls`` and ``pod_busy_s`` are ``(pods, intervals)`` matrices (calls routed to
+    and busy seconds completed by each pod per interval).
+    """
+
+    config: SimConfig
+    series: dict[str, np.ndarray]
+    totals: dict[str, Any]
+    pod_calls: np.ndarray
+    pod_busy_s: np.ndarray
+    new_pods: np.ndarray
+    wall_s: float
+    label: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self, *, per_pod: bool = False) -> dict[str, Any]:
+        """JSON-ready form (floats rounded to 6 significant digits)."""
+        out: dict[str, Any] = {
+            "label": self.label,
+            "config": self.config.to_dict(),
+            "wall_s": round(self.wall_s, 3),
+            "totals": _jsonable(self.totals),
+            "series": {k: _jsonable(v) for k, v in self.series.items()},
+        }
+        if self.extra:
+            out["extra"] = _jsonable(self.extra)
+        if per_pod:
+            out["pod_calls"] = self.pod_calls.tolist()
+            out["pod_busy_s"] = _jsonable(self.pod_busy_s)
+        return out
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return _jsonable(v.tolist())
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        return None if not math.isfinite(f) else float(f"{f:.6g}")
+    return v
+
+
+@dataclass
+class _Schedule:
+    """Event times resolved to ticks: what the routing table and pods do when."""
+
+    initial: list[int]
+    final: list[int]
+    new_pods: list[int]
+    table: list[tuple[float, str, list[int]]]  # (time, "publish"|"remove", pods)
+    slow: list[tuple[float, float, int, float]]
+    last_publish_s: float | None
+
+
+def _schedule(cfg: SimConfig) -> _Schedule:
+    initial = list(range(cfg.pods))
+    active = list(initial)
+    next_pod = cfg.pods
+    table: list[tuple[float, str, list[int]]] = []
+    slow: list[tuple[float, float, int, float]] = []
+    new_pods: list[int] = []
+    for ev in sorted(cfg.events, key=lambda e: e.at_s):
+        if isinstance(ev, ScaleUp):
+            pods = list(range(next_pod, next_pod + ev.count))
+            next_pod += ev.count
+            new_pods += pods
+            active += pods
+            ready = [ev.at_s + ev.ready_spread_s * i / ev.count for i in range(ev.count)]
+            table += _detections(cfg, pods, ready)
+        elif isinstance(ev, ScaleDown):
+            gone = active[-ev.count :] if ev.count < len(active) else active[1:]
+            active = [p for p in active if p not in gone]
+            table.append((ev.at_s, "remove", gone))
+        else:
+            slow.append((ev.at_s, ev.until_s, ev.pod, ev.factor))
+    table.sort(key=lambda x: x[0])
+    publishes = [t for t, kind, _ in table if kind == "publish"]
+    return _Schedule(initial, active, new_pods, table, slow, max(publishes) if publishes else None)
+
+
+def _detections(
+    cfg: SimConfig, pods: list[int], ready: list[float]
+) -> list[tuple[float, str, list[int]]]:
+    """When the balancer learns about pods that become ready at ``ready`` times.
+
+    cslb's discovery debounces (trailing, ``debounce_s``): pods that become ready less
+    than ``debounce_s`` apart form one published event, published ``debounce_s`` after
+    the last of them. Skipper's Kubernetes data client polls every ``skipper_poll_s``
+    and detects each pod at the first poll after it is ready, so its fade-in clocks
+    start per poll.
+    """
+    out: list[tuple[float, str, list[int]]] = []
+    if cfg.fade == "skipper":
+        groups: dict[float, list[int]] = {}
+        for p, r in zip(pods, ready, strict=True):
+            t = math.ceil(r / cfg.skipper_poll_s - 1e-9) * cfg.skipper_poll_s
+            groups.setdefault(t, []).append(p)
+        return [(t, "publish", ps) for t, ps in sorted(groups.items())]
+    group: list[int] = []
+    last = -math.inf
+    for p, r in zip(pods, ready, strict=True):
+        if group and r - last >= cfg.debounce_s:
+            out.append((last + cfg.debounce_s, "publish", group))
+            group = []
+        group.append(p)
+        last = r
+    out.append((last + cfg.debounce_s, "publish", group))
+    return out
+
+
+class Simulation:
+    """One run of the model; :meth:`run` returns a :class:`SimResult`.
+
+    Parameters
+    ----------
+    config
+        The run's settings.
+    label
+        A name for reports (for example the fade-in mode).
+    progress
+        Called as ``progress(done_s, total_s)`` about every simulated second.
+    """
+
+    def __init__(
+        self,
+        config: SimConfig,
+        label: str = "",
+        progress: Callable[[float, float], None] | None = None,
+    ) -> None:
+        self.cfg = config.validate()
+        self.label = label or config.fade
+        self.progress = progress
+
+    # ---------------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        """Run the whole simulation once and return what it measured."""
+        cfg = self.cfg
+        wall0 = time.perf_counter()
+        dt = cfg.tick_s
+        sched = _schedule(cfg)
+        n_pods = cfg.pods + len(sched.new_pods)
+        cat = Catalogue(cfg.catalogue, cfg.zipf)
+        # Separate streams: the workload is identical whichever way it is routed.
+        work_rng = np.random.default_rng([cfg.seed, 0])
+        route_rng = np.random.default_rng([cfg.seed, 1])
+
+        warm_ticks = round(cfg.warmup_s / dt)
+        run_ticks = round(cfg.seconds / dt)
+        total_ticks = warm_ticks + run_ticks
+        per_report = round(cfg.report_s / dt)
+        n_intervals = math.ceil(run_ticks / per_report)
+        per_bucket = round(cfg.bucket_s / dt)
+        bucket_ns = round(cfg.bucket_s * 1e9)
+        window_ns = round(cfg.window_s * 1e9)
+        n_buckets = math.ceil(cfg.window_s / cfg.bucket_s) + 1
+        horizon = 1 << math.ceil(math.log2(max(2, round(60.0 / dt))))  # >= 60 s of ticks
+
+        router = make_router(
+            cfg.fade,
+            sched.initial,
+            balance_factor=cfg.balance_factor,
+            max_hops=cfg.max_hops,
+            vnodes=cfg.vnodes,
+            fade_s=cfg.fade_s,
+            fade_exponent=cfg.fade_exponent,
+            rng=route_rng,
+        )
+        cache = TickLRU(n_pods, cat.size, cfg.cache_size, _PREFILL_COHORTS + total_ticks + 1)
+        self._prefill(cache, cat, sched.initial, work_rng)
+        final_owner = _owners(sched.final, cat.hashes, cfg.vnodes)
+        initial_owner = _owners(sched.initial, cat.hashes, cfg.vnodes)
+        queues = PodQueues(n_pods, cfg.concurrency)
+
+        is_new = np.zeros(n_pods, dtype=np.bool_)
+        is_new[sched.new_pods] = True
+        slow_factor = np.ones(n_pods)
+        # Every client host keeps its own counters (cslb pools a host's workers, not hosts):
+        # a "lane" is one (client, pod) pair, lane = client * n_pods + pod.
+        n_cl = cfg.clients
+        n_lanes = n_cl * n_pods
+        arrived = np.zeros(n_lanes, dtype=np.int64)
+        completed = np.zeros(n_lanes, dtype=np.int64)
+        fut_busy = np.zeros((n_lanes, horizon))
+        fut_count = np.zeros((n_lanes, horizon), dtype=np.int64)
+        busy_buckets = np.zeros((n_lanes, n_buckets))  # ns
+        count_buckets = np.zeros((n_lanes, n_buckets))
+        bucket_starts = np.full(n_buckets, -(10**18), dtype=np.int64)
+        cur_bucket = -1
+        last_pod = np.full(cat.size, -1, dtype=np.int32)
+        moved = np.zeros(cat.size, dtype=np.bool_)
+        zeros = np.zeros((n_cl, n_pods))
+
+        # Per-interval accumulators.
+        pod_calls = np.zeros((n_pods, n_intervals), dtype=np.int64)
+        pod_busy = np.zeros((n_pods, n_intervals))
+        ser: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "t",
+                "calls",
+                "hits",
+                "db_reads",
+                "moves",
+                "new_pod_calls",
+                "lat_p50_ms",
+                "lat_p99_ms",
+                "batch_p50_ms",
+                "batch_p99_ms",
+                "occ_min",
+                "occ_p5",
+                "occ_p50",
+                "occ_p95",
+                "occ_max",
+            )
+        }
+        lat_parts: list[np.ndarray] = []
+        batch_parts: list[np.ndarray] = []
+        all_lat: list[np.ndarray] = []
+        all_batch: list[np.ndarray] = []
+        acc = {"calls": 0, "hits": 0, "db": 0, "moves": 0, "new": 0}
+        new_fetch = {"all": 0, "foreign": 0}
+        checkpoint_s = None
+        if sched.last_publish_s is not None:
+            checkpoint_s = sched.last_publish_s + cfg.fade_s
+        checkpoint: dict[str, Any] = {}
+        table_events = list(sched.table)
+        slow_events = sorted(sched.slow)
+        stamp0 = _PREFILL_COHORTS + 1
+        occ_now = np.zeros(n_pods)
+        occ_lanes = np.zeros((n_cl, n_pods))
+
+        for m in range(total_ticks):
+            t_abs = m * dt
+            t = t_abs - cfg.warmup_s  # reported time
+            now_ns = round(t_abs * 1e9)
+
+            # 1. book completions of the previous tick.
+            if m:
+                slot = (m - 1) % horizon
+                done_n = fut_count[:, slot]
+                done_b = fut_busy[:, slot]
+                completed += done_n
+                b = (m - 1) // per_bucket
+                if b != cur_bucket:
+                    cur_bucket = b
+                    bslot = b % n_buckets
+                    busy_buckets[:, bslot] = 0.0
+                    count_buckets[:, bslot] = 0.0
+                    bucket_starts[bslot] = b * bucket_ns
+                bslot = b % n_buckets
+                busy_buckets[:, bslot] += done_b
+                count_buckets[:, bslot] += done_n
+                if m - 1 >= warm_ticks:
+                    pod_busy[:, (m - 1 - warm_ticks) // per_report] += (
+                        done_b.reshape(n_cl, n_pods).sum(axis=0) * 1e-9
+                    )
+                fut_count[:, slot] = 0
+                fut_busy[:, slot] = 0.0
+
+            # 2. events.
+            while table_events and table_events[0][0] <= t + 1e-9:
+                _, kind, pods = table_events.pop(0)
+                if kind == "publish":
+                    router.publish(pods, t_abs)
+                else:
+                    router.remove(pods, t_abs)
+                    for p in pods:
+                        cache.drop(p)
+            for at, until, pod, factor in slow_events:
+                slow_factor[pod] = factor if at <= t + 1e-9 < until else 1.0
+
+            # 3. load snapshot.
+            need_occ = cfg.balance_factor is not None or (m - warm_ticks + 1) % per_report == 0
+            if need_occ:
+                weights = signals.window_weights(bucket_starts, bucket_ns, now_ns, window_ns)
+                occ_lanes = signals.occupancy(busy_buckets, window_ns, weights).reshape(
+                    n_cl, n_pods
+                )
+                occ_now = occ_lanes.sum(axis=0)
+            loads = None
+            if cfg.balance_factor is not None:
+                in_flight = (arrived - completed).astype(np.float64).reshape(n_cl, n_pods)
+                if cfg.signal == "in-flight":
+                    loads = signals.effective_load(in_flight, zeros)
+                elif cfg.signal == "occupancy":
+                    loads = signals.effective_load(zeros, occ_lanes)
+                else:
+                    n_done = (count_buckets @ weights).reshape(n_cl, n_pods)
+                    busy_s = (busy_buckets @ weights).reshape(n_cl, n_pods) * 1e-9
+                    pod_lat = signals.mean_latency(busy_s, n_done)
+                    loads = np.empty((n_cl, n_pods))
+                    for c in range(n_cl):
+                        total_done = float(n_done[c].sum())
+                        glob = float(busy_s[c].sum()) / total_done if total_done else None
+                        loads[c] = signals.effective_load(
+                            in_flight[c], occ_lanes[c], pod_lat[c], glob
+                        )
+
+            # 4.-5. arrivals, routing, caches, service.
+            batch = Batches.draw(work_rng, cat, cfg.total_rate, cfg.max_batch, t_abs, dt, n_cl)
+            keys = batch.keys
+            n = keys.size
+            if n:
+                hashes = cat.hashes[keys]
+                if loads is None or n_cl == 1:
+                    pods = router.route(hashes, t_abs, None if loads is None else loads[0])
+                else:
+                    pods = np.empty(n, dtype=np.int64)
+                    for c in np.unique(batch.client).tolist():
+                        rows = np.flatnonzero(batch.client == c)
+                        pods[rows] = router.route(hashes[rows], t_abs, loads[c])
+                lanes = batch.client * n_pods + pods
+                hit = cache.access(pods, keys, stamp0 + m)
+                service = np.where(hit, cfg.hit_s, cfg.miss_s) * slow_factor[pods]
+                done_at = queues.serve(pods, batch.arrival, service)
+                latency = done_at - batch.arrival
+                ctick = np.minimum(np.floor(done_at / dt).astype(np.int64), m + horizon - 1)
+                np.add.at(fut_busy, (lanes, ctick % horizon), latency * 1e9)
+                np.add.at(fut_count, (lanes, ctick % horizon), 1)
+                arrived += np.bincount(lanes, minlength=n_lanes)
+                per_pod = np.bincount(pods, minlength=n_pods)
+
+                # Key moves: consecutive requests of a key served by different pods.
+                order = np.argsort(keys, kind="stable")
+                ks, ps = keys[order], pods[order]
+                same = ks[1:] == ks[:-1]
+                firsts = np.concatenate(([True], ~same))
+                lasts = np.concatenate((~same, [True]))
+                prev = last_pod[ks[firsts]]
+                moved_first = (prev >= 0) & (prev != ps[firsts])
+                moved_next = same & (ps[1:] != ps[:-1])
+                last_pod[ks[lasts]] = ps[lasts]
+
+                if m >= warm_ticks:
+                    i = (m - warm_ticks) // per_report
+                    pod_calls[:, i] += per_pod
+                    miss = ~hit
+                    acc["calls"] += n
+                    acc["hits"] += int(hit.sum())
+                    acc["db"] += n - int(hit.sum())
+                    acc["moves"] += int(moved_first.sum() + moved_next.sum())
+                    acc["new"] += int(per_pod[is_new].sum())
+                    moved[ks[firsts][moved_first]] = True
+                    moved[ks[1:][moved_next]] = True
+                    new_miss = miss & is_new[pods]
+                    if new_miss.any():
+                        new_fetch["all"] += int(new_miss.sum())
+                        new_fetch["foreign"] += int(
+                            (final_owner[keys[new_miss]] != pods[new_miss]).sum()
+                        )
+                    lat_parts.append(latency.astype(np.float32))
+                    batch_parts.append(
+                        np.maximum.reduceat(latency, batch.starts).astype(np.float32)
+                    )
+
+            # 6. close a report interval.
+            if m >= warm_ticks and (m - warm_ticks + 1) % per_report == 0:
+                self._close_interval(
+                    ser, acc, t + dt - cfg.report_s, lat_parts, batch_parts, occ_now, router
+                )
+                all_lat += lat_parts
+                all_batch += batch_parts
+                lat_parts, batch_parts = [], []
+                acc = dict.fromkeys(acc, 0)
+                if self.progress is not None:
+                    self.progress(t + dt, cfg.seconds)
+            if checkpoint_s is not None and not checkpoint and t + dt > checkpoint_s - 1e-9:
+                checkpoint = self._cache_check(cache, sched.new_pods, final_owner, t + dt)
+
+        if lat_parts:  # a last partial interval
+            t_end = cfg.seconds
+            self._close_interval(
+                ser,
+                acc,
+                t_end - (run_ticks % per_report) * dt,
+                lat_parts,
+                batch_parts,
+                occ_now,
+                router,
+            )
+            all_lat += lat_parts
+            all_batch += batch_parts
+
+        series = {k: np.asarray(v) for k, v in ser.items()}
+        calls = series["calls"].astype(np.float64)
+        series["hit_rate"] = np.divide(
+            series["hits"], calls, out=np.zeros_like(calls), where=calls > 0
+        )
+        series["db_reads_per_s"] = series["db_reads"] / cfg.report_s
+        series["new_pod_share"] = np.divide(
+            series["new_pod_calls"], calls, out=np.zeros_like(calls), where=calls > 0
+        )
+        lat = np.concatenate(all_lat) if all_lat else np.zeros(1)
+        blat = np.concatenate(all_batch) if all_batch else np.zeros(1)
+        total_calls = int(calls.sum())
+        pod_occ = pod_busy.sum(axis=1) / cfg.seconds
+        members = router.members
+        occ_members = pod_occ[members]
+        totals: dict[str, Any] = {
+            "calls": total_calls,
+            "hit_rate": float(series["hits"].sum() / max(total_calls, 1)),
+            "db_reads": int(series["db_reads"].sum()),
+            "db_reads_per_s": float(series["db_reads"].sum() / cfg.seconds),
+            "db_reads_per_s_peak": float(series["db_reads_per_s"].max(initial=0.0)),
+            "hit_rate_min": float(series["hit_rate"].min(initial=1.0)),
+            "lat_p50_ms": float(np.percentile(lat, 50) * 1e3),
+            "lat_p99_ms": float(np.percentile(lat, 99) * 1e3),
+            "batch_p50_ms": float(np.percentile(blat, 50) * 1e3),
+            "batch_p99_ms": float(np.percentile(blat, 99) * 1e3),
+            "occupancy": _spread(occ_members),
+            "occupancy_mean": float(occ_members.mean()),
+            "keys_moved": int(moved.sum()),
+            "moves": int(series["moves"].sum()),
+            "keys_remapped_static": float((initial_owner != final_owner).mean()),
+            "keys_remapped_static_weighted": float(
+                cat.popularity[initial_owner != final_owner].sum()
+            ),
+            "new_pod_share_end": float(series["new_pod_share"][-1]) if calls.size else 0.0,
+            "new_pod_fetches": new_fetch["all"],
+            "new_pod_foreign_fetch_share": (
+                new_fetch["foreign"] / new_fetch["all"] if new_fetch["all"] else 0.0
+            ),
+            "in_flight_end": int((arrived - completed).sum()),
+            "routed": int(arrived.sum()),
+            "completed": int(completed.sum()),
+            "cache_max_size": int(cache.size.max()),
+        }
+        if checkpoint:
+            totals["checkpoint"] = checkpoint
+        self.cache = cache  # kept for invariant checks
+        return SimResult(
+            config=cfg,
+            series=series,
+            totals=totals,
+            pod_calls=pod_calls,
+            pod_busy_s=pod_busy,
+            new_pods=np.array(sched.new_pods, dtype=np.int64),
+            wall_s=time.perf_counter() - wall0,
+            label=self.label,
+        )
+
+    # ---------------------------------------------------------------------------------
+
+    def _prefill(
+        self, cache: TickLRU, cat: Catalogue, pods: list[int], rng: np.random.Generator
+    ) -> None:
+        """Warm start in LRU's steady state.
+
+        Under independent Poisson requests the time since a key's last request is
+        exponential with its request rate, independently per key, and an LRU cache of
+        size ``C`` holds exactly the ``C`` keys requested most recently. So drawing one
+        age per key and keeping each pod's ``C`` youngest owned keys is a draw from the
+        cache's stationary state; recency is kept at the granularity of
+        ``_PREFILL_COHORTS`` equal-sized cohorts.
+        """
+        owner = _owners(pods, cat.hashes, self.cfg.vnodes)
+        rate = self.cfg.total_rate * cat.popularity
+        age = rng.exponential(1.0, cat.size) / rate
+        size = cache.capacity
+        for p in pods:
+            own = np.flatnonzero(owner == p)
+            if not own.size:
+                continue
+            if own.size > size:
+                own = own[np.argpartition(age[own], size - 1)[:size]]
+            own = own[np.argsort(-age[own], kind="stable")]  # oldest first
+            stamps = 1 + (np.arange(own.size) * _PREFILL_COHORTS) // own.size
+            cache.prefill(p, own, stamps)
+
+    def _close_interval(
+        self,
+        ser: dict[str, list[float]],
+        acc: dict[str, int],
+        t0: float,
+        lat_parts: list[np.ndarray],
+        batch_parts: list[np.ndarray],
+        occ: np.ndarray,
+        router: Router,
+    ) -> None:
+        ser["t"].append(t0)
+        ser["calls"].append(acc["calls"])
+        ser["hits"].append(acc["hits"])
+        ser["db_reads"].append(acc["db"])
+        ser["moves"].append(acc["moves"])
+        ser["new_pod_calls"].append(acc["new"])
+        if lat_parts:
+            lat = np.concatenate(lat_parts)
+            blat = np.concatenate(batch_parts)
+            p = np.percentile(lat, [50, 99]) * 1e3
+            q = np.percentile(blat, [50, 99]) * 1e3
+        else:
+            p = q = np.array([np.nan, np.nan])
+        ser["lat_p50_ms"].append(float(p[0]))
+        ser["lat_p99_ms"].append(float(p[1]))
+        ser["batch_p50_ms"].append(float(q[0]))
+        ser["batch_p99_ms"].append(float(q[1]))
+        spread = _spread(occ[router.members])
+        for k in ("min", "p5", "p50", "p95", "max"):
+            ser[f"occ_{k}"].append(spread[k])
+
+    def _cache_check(
+        self, cache: TickLRU, new_pods: list[int], final_owner: np.ndarray, t: float
+    ) -> dict[str, Any]:
+        """At the end of the fade: how much of the new pods' caches they keep for good."""
+        total = kept = 0
+        for p in new_pods:
+            keys = cache.contents(p)
+            total += keys.size
+            kept += int((final_owner[keys] == p).sum())
+        return {
+            "t": t,
+            "new_pod_cached": total,
+            "new_pod_cached_owned_share": kept / total if total else 1.0,
+        }
+
+
+def _spread(values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return dict.fromkeys(("min", "p5", "p50", "p95", "max"), float("nan"))
+    p = np.percentile(values, [5, 50, 95])
+    return {
+        "min": float(values.min()),
+        "p5": float(p[0]),
+        "p50": float(p[1]),
+        "p95": float(p[2]),
+        "max": float(values.max()),
+    }
+
+
+def _owners(pods: list[int], hashes: np.ndarray, vnodes: int) -> np.ndarray:
+    """Steady-state owner (global pod) of every product: lbcore's plain ring lookup."""
+    ring = lbcore.Ring([endpoint_name(p) for p in pods], vnodes=vnodes)
+    return np.asarray(pods, dtype=np.int32)[ring.lookup(None, hashes=hashes)]
+
+
+def run(config: SimConfig, label: str = "", **kw: Any) -> SimResult:
+    """Run one simulation (see :class:`Simulation`)."""
+    return Simulation(config, label, **kw).run()
+
+
+def with_(config: SimConfig, **changes: Any) -> SimConfig:
+    """A copy of ``config`` with some fields changed."""
+    return replace(config, **changes)

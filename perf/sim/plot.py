@@ -1,0 +1,122 @@
+"""PNG charts of scenario results (needs matplotlib: ``pip install 'cslb[sim]'``)."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import numpy as np
+
+from perf.sim.scenarios import ScenarioResult, slow_pod_share
+
+__all__ = ["PlotUnavailableError", "plot"]
+
+_COLORS = {"none": "#d62728", "skipper": "#ff7f0e", "nring": "#2ca02c"}
+_NAMES = {"none": "no fade-in", "skipper": "Skipper fade-in", "nring": "N-ring fade-in"}
+
+
+class PlotUnavailableError(RuntimeError):
+    """``--plot`` was asked for but matplotlib is not installed."""
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotUnavailableError(
+            "--plot needs matplotlib, which is not installed; "
+            "install the extra with: pip install 'cslb[sim]'"
+        ) from None
+    return plt
+
+
+def plot(result: ScenarioResult, directory: str | pathlib.Path) -> list[pathlib.Path]:
+    """Write the scenario's chart(s) into ``directory``; return the paths written."""
+    plt = _pyplot()
+    out = pathlib.Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    if result.name == "scale-up":
+        fig = _scale_up(plt, result)
+    elif result.name == "load-signal":
+        fig = _load_signal(plt, result)
+    elif result.name == "slow-pod":
+        fig = _slow_pod(plt, result)
+    else:
+        raise ValueError(f"no chart for scenario {result.name!r}")
+    path = out / f"sim-{result.name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def _scale_up(plt: Any, result: ScenarioResult) -> Any:
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True)
+    for r in result.runs:
+        s = r.series
+        kw = {"color": _COLORS.get(r.label), "label": _NAMES.get(r.label, r.label), "lw": 1.6}
+        axes[0].plot(s["t"], 100 * s["hit_rate"], **kw)
+        axes[1].plot(s["t"], s["db_reads_per_s"], **kw)
+        axes[2].plot(s["t"], 100 * s["new_pod_share"], **kw)
+    cfg = result.runs[0].config
+    ev = cfg.events[-1]
+    for ax in axes:
+        ax.axvspan(ev.at_s, ev.at_s + ev.ready_spread_s, color="0.9", zorder=0)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("cache hit rate %")
+    axes[1].set_ylabel("DB reads / s")
+    axes[2].set_ylabel("traffic to new pods %")
+    axes[2].set_xlabel("seconds (grey: new pods becoming ready)")
+    axes[0].legend(loc="lower right")
+    axes[0].set_title(
+        f"Scale-up {cfg.pods} → {cfg.pods + ev.count} pods, "
+        f"{cfg.total_rate:,.0f} calls/s, fade {cfg.fade_s:g} s (E={cfg.fade_exponent:g})"
+    )
+    fig.tight_layout()
+    return fig
+
+
+def _load_signal(plt: Any, result: ScenarioResult) -> Any:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for r in result.runs:
+        occ = np.sort(r.pod_busy_s.sum(axis=1) / r.config.seconds)[::-1]
+        axes[0].plot(np.arange(occ.size), occ, label=r.label, lw=1.6)
+        s = r.series
+        line = axes[1].plot(s["t"], s["occ_p50"], label=f"{r.label} p50", lw=1.4)
+        axes[1].fill_between(
+            s["t"], s["occ_p5"], s["occ_p95"], alpha=0.2, color=line[0].get_color()
+        )
+    axes[0].set_xlabel("pods, busiest first")
+    axes[0].set_ylabel("occupancy (busy-s per s)")
+    axes[0].set_title("per-pod occupancy over the run")
+    axes[1].set_xlabel("seconds")
+    axes[1].set_title("occupancy p5-p95 across pods (10-s window)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def _slow_pod(plt: Any, result: ScenarioResult) -> Any:
+    fig, axes = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    pod = result.summary["pod"]
+    for r in result.runs:
+        share = r.extra.get("slow_pod_share")
+        if share is None:
+            share = slow_pod_share(r, pod)
+        axes[0].plot(r.series["t"], 100 * share, label=r.label, lw=1.6)
+        axes[1].plot(r.series["t"], r.series["lat_p99_ms"], label=r.label, lw=1.4)
+    ev = result.runs[0].config.events[0]
+    for ax in axes:
+        ax.axvspan(ev.at_s, ev.until_s, color="0.9", zorder=0)
+        ax.grid(alpha=0.3)
+    axes[0].axhline(100 / result.runs[0].config.pods, color="0.5", ls="--", lw=1)
+    axes[0].set_ylabel(f"pod {pod}'s share of calls %")
+    axes[1].set_ylabel("call latency p99 ms")
+    axes[1].set_xlabel(f"seconds (grey: pod {pod} is {ev.factor:g}x slower)")
+    axes[0].legend()
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,124 @@
+"""Text and JSON reports of scenario results."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from perf.sim.model import _jsonable
+from perf.sim.scenarios import ScenarioResult
+
+__all__ = ["to_json", "to_text"]
+
+# (row label, key in the summary row, format)
+_SCALE_UP_ROWS = [
+    ("hit rate before", "hit_rate_before", "pct"),
+    ("hit rate, lowest 1 s", "hit_rate_min_1s", "pct"),
+    ("hit rate, lowest 5 s", "hit_rate_min_5s", "pct"),
+    ("hit rate, last 5 s", "hit_rate_end", "pct"),
+    ("DB reads/s before", "db_reads_per_s_before", "int"),
+    ("DB reads/s, peak 1 s", "db_reads_per_s_peak_1s", "int"),
+    ("DB reads in the window", "db_reads_after_event", "int"),
+    ("traffic to new pods at end", "new_pod_share_end", "pct"),
+    ("keys remapped (ring, catalogue)", "keys_remapped_static", "pct"),
+    ("keys moved (observed)", "keys_moved", "int"),
+    ("moves per moved key", "moves_per_moved_key", "f2"),
+    ("new pods' DB reads", "new_pod_fetches", "int"),
+    ("  of keys they won't own", "new_pod_foreign_fetch_share", "pct"),
+    ("new pods' cache owned at fade end", "new_pod_cached_owned_share", "pct"),
+    ("call latency p99 ms", "lat_p99_ms", "f1"),
+    ("batch latency p99 ms", "batch_p99_ms", "f1"),
+    ("wall time s", "wall_s", "f1"),
+]
+
+_LOAD_SIGNAL_ROWS = [
+    ("occupancy min", ("occupancy", "min"), "f2"),
+    ("occupancy p5", ("occupancy", "p5"), "f2"),
+    ("occupancy p50", ("occupancy", "p50"), "f2"),
+    ("occupancy p95", ("occupancy", "p95"), "f2"),
+    ("occupancy max", ("occupancy", "max"), "f2"),
+    ("occupancy mean", "occupancy_mean", "f2"),
+    ("p95 / mean", "occupancy_p95_over_mean", "f2"),
+    ("hit rate", "hit_rate", "pct"),
+    ("DB reads/s", "db_reads_per_s", "int"),
+    ("key moves/s", "moves_per_s", "int"),
+    ("call latency p50 ms", "lat_p50_ms", "f1"),
+    ("call latency p99 ms", "lat_p99_ms", "f1"),
+    ("batch latency p99 ms", "batch_p99_ms", "f1"),
+    ("pods needed for the p99 bound", ("pods_needed", "pods"), "int"),
+]
+
+_SLOW_POD_ROWS = [
+    ("fair share", "fair_share", "pct"),
+    ("slow pod's share before", "share_before", "pct"),
+    ("slow pod's share while slow", "share_slow", "pct"),
+    ("slow pod's share after", "share_after", "pct"),
+    ("p99 ms before", "lat_p99_ms_before", "f1"),
+    ("p99 ms while slow", "lat_p99_ms_slow", "f1"),
+    ("p99 ms after", "lat_p99_ms_after", "f1"),
+    ("batch latency p99 ms (run)", "batch_p99_ms", "f1"),
+    ("hit rate (run)", "hit_rate", "pct"),
+]
+
+
+def _fmt(v: Any, kind: str) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and math.isnan(v):
+        return "n/a"
+    if kind == "pct":
+        return f"{100 * v:.1f}%"
+    if kind == "int":
+        return f"{v:,.0f}"
+    if kind == "f1":
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def _get(row: dict[str, Any], key: str | tuple[str, str]) -> Any:
+    if isinstance(key, tuple):
+        inner = row.get(key[0])
+        return inner.get(key[1]) if isinstance(inner, dict) else None
+    return row.get(key)
+
+
+def _table(cols: dict[str, dict[str, Any]], rows: list[tuple[str, Any, str]]) -> str:
+    names = list(cols)
+    label_w = max(len(r[0]) for r in rows)
+    cells = [[_fmt(_get(cols[n], key), kind) for n in names] for _, key, kind in rows]
+    widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
+    out = [" " * label_w + "  " + "  ".join(n.rjust(w) for n, w in zip(names, widths, strict=True))]
+    for (label, _, _), line in zip(rows, cells, strict=True):
+        out.append(
+            label.ljust(label_w)
+            + "  "
+            + "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True))
+        )
+    return "\n".join(out)
+
+
+def to_text(result: ScenarioResult) -> str:
+    """A human summary: the comparison table, notes and wall time."""
+    s = result.summary
+    if result.name == "scale-up":
+        table = _table(s["by_mode"], _SCALE_UP_ROWS)
+    elif result.name == "load-signal":
+        table = _table(s["by_variant"], _LOAD_SIGNAL_ROWS)
+    else:
+        table = _table(s["by_variant"], _SLOW_POD_ROWS)
+    lines = [f"cslb simulate --scenario {result.name}", "", table, ""]
+    lines += [f"* {n}" for n in result.notes]
+    cfg = result.runs[0].config
+    lines.append(
+        f"* model: catalogue {cfg.catalogue:,} (Zipf {cfg.zipf:g}), cache {cfg.cache_size:,} "
+        f"per pod, hit {cfg.hit_s * 1e3:g} ms / miss {cfg.miss_s * 1e3:g} ms, "
+        f"concurrency {cfg.concurrency}, tick {cfg.tick_s * 1e3:g} ms, seed {cfg.seed}"
+    )
+    lines.append(f"* wall time {result.wall_s:.1f} s for {len(result.runs)} run(s)")
+    return "\n".join(lines)
+
+
+def to_json(result: ScenarioResult) -> str:
+    """The whole result (summary, notes, every run's totals and series) as JSON."""
+    return json.dumps(_jsonable(result.to_dict()), indent=1, allow_nan=False)

@@ -1,0 +1,1139 @@
+"""Per-worker load counters in shared memory, summed host-wide by readers.
+
+The counter matrix has one row per *worker slot* and one column per *endpoint slot*
+(the stable counter slot a :class:`~shm.tables.TableWriter` gives each endpoint). Each
+row has exactly one writer, the process (or thread) that claimed it, so cells are plain
+aligned ``int64`` words updated without locks or atomics; readers sum the rows.
+
+Per cell (row, endpoint slot):
+
+* ``in_flight``: requests started and not yet ended;
+* ``start_sum``: sum of the start times of those open requests (relative to the
+  matrix's ``base_ns``), so readers can count the busy time of requests still open;
+* per time bucket (``bucket_ns`` wide; ``window_buckets`` of them span the occupancy
+  window, two more are kept so a bucket is recycled only once it is out of every
+  reader's window): ``busy_ns`` (time spent waiting on the endpoint inside the
+  bucket), ``completed``, ``latency_ns`` (summed durations of requests that ended in
+  the bucket) and ``failures``.
+
+Each row also records which time bucket each of its bucket columns holds
+(``periods``). The row's writer recycles a bucket column (zeroes it, then stamps the
+new period) when time moves on; readers weigh every bucket by the share of it inside
+the window (:func:`lbcore.signals.window_weights`), so buckets of idle or dead workers
+age out without anyone writing to them. Time is CLOCK_MONOTONIC nanoseconds, passed in.
+
+Readers take no lock and see each cell's value indivisibly, but not a cross-cell
+snapshot: a sum read while a worker records may count a request's ``completed``
+without yet its ``latency_ns``. These are load signals; such skew lasts microseconds.
+
+Worker slots are claimed and released under a lock (``flock``, released by the kernel
+if the holder dies): rare operations, never on the recording path. An owner is a PID
+plus that process's start time, so a reused PID is not mistaken for the owner. A slot
+whose owner died (SIGKILL, OOM) is reclaimed by :meth:`CounterStore.reap` or by the
+next :meth:`CounterStore.claim` that needs it: its in-flight counts are released
+(zeroed), its busy history stays until it ages out of the window.
+
+The matrix grows when the tables need more endpoint slots
+(:meth:`CounterStore.ensure_columns`): a new data segment ``/cslb.<ns>.counters.<n>``
+receives a copy of every row and the control segment then names it. Each recorder
+notices the new epoch on its next call (one shared-memory load per call) and copies
+its own row over again, since it may have recorded into the old segment after the
+grower copied it; rows of idle or dead workers keep the grower's copy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lbcore.signals import DEFAULT_WINDOW_NS, LOAD_SIGNALS, effective_load
+from lbcore.signals import mean_latency as _mean_latency
+from lbcore.signals import occupancy as _occupancy
+from shm.errors import (
+    CapacityError,
+    CounterInputError,
+    NoFreeSlotError,
+    SegmentCorruptError,
+    SegmentExistsError,
+    SegmentLayoutError,
+    SegmentMissingError,
+    SlotOwnershipError,
+)
+from shm.layout import (
+    COUNTERS_CONTROL,
+    COUNTERS_DATA,
+    LAYOUT_VERSION,
+    MAGIC_COUNTERS_CONTROL,
+    MAGIC_COUNTERS_DATA,
+    SLOT,
+    SLOT_CLAIMED,
+    SLOT_FREE,
+    align,
+    row_layout,
+    word,
+)
+from shm.segment import (
+    Segment,
+    attach_initialized,
+    check_header,
+    fence,
+    list_segments,
+    process_alive,
+    process_start_ticks,
+    segment_name,
+    unlink_name,
+)
+
+__all__ = [
+    "DEFAULT_ROWS",
+    "DEFAULT_WINDOW_BUCKETS",
+    "CounterReader",
+    "CounterStore",
+    "HostLoads",
+    "LockedRecorder",
+    "Recorder",
+    "SlotInfo",
+    "ThreadRecorder",
+    "bucket_weights",
+]
+
+#: Default number of worker slots (rows): workers x threads of one host, with room.
+DEFAULT_ROWS = 32
+#: Default number of time buckets spanning the occupancy window (1 s each for 10 s).
+DEFAULT_WINDOW_BUCKETS = 10
+_MAX_ROWS = 4096
+_MAX_COLUMNS = 1 << 22
+_HEADER_BYTES = 4096
+_PAGE = 4096
+
+_C_MAGIC = word(COUNTERS_CONTROL, "magic")
+_C_CURRENT = word(COUNTERS_CONTROL, "current")
+
+
+def _columns_for(n: int) -> int:
+    return max(8, align(int(n), 8))
+
+
+# ------------------------------------------------------------------------------------
+# Segment views.
+
+
+class _Matrix:
+    """Zero-copy views of one counters data segment."""
+
+    def __init__(self, seg: Segment, epoch: int, rows: int, buckets: int) -> None:
+        hdr = check_header(seg, COUNTERS_DATA, MAGIC_COUNTERS_DATA, "a cslb counters data segment")
+        h = hdr[0]
+        cols, k, row_words, off = (
+            int(h["columns"]),
+            int(h["buckets"]),
+            int(h["row_words"]),
+            int(h["rows_offset"]),
+        )
+        if int(h["epoch"]) != epoch or int(h["rows"]) != rows or k != buckets:
+            raise SegmentLayoutError(
+                seg.name,
+                f"header says epoch {int(h['epoch'])}, {int(h['rows'])} rows, {k} buckets; "
+                f"the control segment says epoch {epoch}, {rows} rows, {buckets} buckets",
+            )
+        layout = row_layout(cols, k) if 0 < cols <= _MAX_COLUMNS and cols % 8 == 0 else None
+        if (
+            layout is None
+            or row_words != layout["row_words"]
+            or off < COUNTERS_DATA.itemsize
+            or off % 64
+            or off + rows * row_words * 8 > seg.size
+        ):
+            raise SegmentLayoutError(
+                seg.name,
+                f"{rows} rows of {row_words} words for {cols} columns at offset {off} do not "
+                f"fit a {seg.size}-byte segment",
+            )
+        self.seg = seg
+        self.epoch = epoch
+        self.columns = cols
+        self.buckets = k
+        self.layout = layout
+        self.rows2d = seg.array(np.int64, off, rows * row_words).reshape(rows, row_words)
+        p, f = layout["in_flight"], layout["busy_ns"]
+        # (rows, 2 + 4 * buckets, columns): in_flight, start_sum, then the bucket fields.
+        self.fields = self.rows2d[:, p : f + 4 * k * cols].reshape(rows, 2 + 4 * k, cols)
+        self.periods = self.rows2d[:, :k]
+
+    def copy_row(self, src: _Matrix, r: int) -> None:
+        """Copy row ``r`` of ``src`` (fewer or equal columns) into this matrix."""
+        c = src.columns
+        self.periods[r] = src.periods[r]
+        self.fields[r, :, :c] = src.fields[r]
+
+
+class _Control:
+    """The counters control segment: geometry, current data epoch, slot table."""
+
+    def __init__(self, seg: Segment) -> None:
+        hdr = check_header(
+            seg, COUNTERS_CONTROL, MAGIC_COUNTERS_CONTROL, "a cslb counters control segment"
+        )
+        h = hdr[0]
+        self.seg = seg
+        self.cw = seg.words
+        self.rows = int(h["rows"])
+        self.buckets = int(h["buckets"])
+        self.window_buckets = int(h["window_buckets"])
+        self.bucket_ns = int(h["bucket_ns"])
+        self.window_ns = int(h["window_ns"])
+        self.base_ns = int(h["base_ns"])
+        off = int(h["slots_offset"])
+        if (
+            not 1 <= self.rows <= _MAX_ROWS
+            or self.buckets != self.window_buckets + 2
+            or self.bucket_ns <= 0
+            or self.window_ns <= 0
+            or off < COUNTERS_CONTROL.itemsize
+            or off % 64
+            or off + self.rows * SLOT.itemsize > seg.size
+        ):
+            raise SegmentLayoutError(
+                seg.name,
+                f"geometry out of range: {self.rows} rows, {self.buckets} buckets "
+                f"({self.window_buckets} in the window) of {self.bucket_ns} ns, slot table "
+                f"at {off} in {seg.size} bytes",
+            )
+        self.slots = seg.array(SLOT, off, self.rows)
+        self.matrix: _Matrix | None = None
+
+    def current(self) -> _Matrix:
+        """The current data segment's matrix, attaching it if the epoch moved."""
+        while True:
+            epoch = self.cw[_C_CURRENT]
+            m = self.matrix
+            if m is not None and m.epoch == epoch:
+                return m
+            name = f"{self.seg.name}.{epoch}"
+            try:
+                seg = Segment.attach(name, writable=self.seg.writable, min_size=_HEADER_BYTES)
+            except SegmentMissingError:
+                if self.cw[_C_CURRENT] != epoch:
+                    continue  # grown again meanwhile
+                raise
+            self.matrix = _Matrix(seg, epoch, self.rows, self.buckets)
+            return self.matrix
+
+
+def _attach_control(namespace: str, *, writable: bool) -> _Control:
+    name = segment_name(namespace, "counters")
+    return _Control(attach_initialized(name, writable=writable, min_size=_HEADER_BYTES))
+
+
+def _create_data(name: str, epoch: int, rows: int, columns: int, buckets: int) -> Segment:
+    layout = row_layout(columns, buckets)
+    size = align(_HEADER_BYTES + rows * layout["row_words"] * 8, _PAGE)
+    try:
+        seg = Segment.create(name, size)
+    except SegmentExistsError:
+        # Left by a process killed while growing the matrix (never named by control).
+        unlink_name(name)
+        seg = Segment.create(name, size)
+    h = seg.header(COUNTERS_DATA)
+    h["version"] = LAYOUT_VERSION
+    h["size"] = size
+    h["epoch"] = epoch
+    h["rows"] = rows
+    h["columns"] = columns
+    h["buckets"] = buckets
+    h["row_words"] = layout["row_words"]
+    h["rows_offset"] = _HEADER_BYTES
+    rows2d = seg.array(np.int64, _HEADER_BYTES, rows * layout["row_words"]).reshape(rows, -1)
+    rows2d[:, :buckets] = -1  # no bucket holds a period yet
+    fence()
+    h["magic"] = MAGIC_COUNTERS_DATA
+    return seg
+
+
+# ------------------------------------------------------------------------------------
+# Slot information.
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """State of one worker slot (row)."""
+
+    row: int
+    claimed: bool
+    pid: int
+    thread_id: int
+    alive: bool
+    claims: int
+    used: bool
+
+
+# ------------------------------------------------------------------------------------
+# Store.
+
+
+class CounterStore:
+    """A namespace's counter matrix: create it (the owner) or attach to it.
+
+    Use :meth:`create` in the process that owns the counters (the gunicorn master or
+    the discovery process) and :meth:`attach` elsewhere; workers call :meth:`claim`
+    to get their :class:`Recorder`.
+    """
+
+    def __init__(self, control: _Control, namespace: str, *, owner: bool) -> None:
+        self.namespace = namespace
+        self._ctl = control
+        self._owner = owner
+        self._closed = False
+        self._pid = os.getpid()
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        namespace: str,
+        *,
+        rows: int = DEFAULT_ROWS,
+        columns: int = 64,
+        window_ns: int = DEFAULT_WINDOW_NS,
+        window_buckets: int = DEFAULT_WINDOW_BUCKETS,
+        replace_invalid: bool = False,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> CounterStore:
+        """Create the counters of ``namespace``, or take over existing ones.
+
+        Existing counters of the same geometry are taken over: a restarted owner keeps
+        the history and the slots.
+
+        Parameters
+        ----------
+        rows
+            Worker slots: processes (or threads) that may record at the same time.
+        columns
+            Initial endpoint slots (grows on demand).
+        window_ns
+            Occupancy window, in nanoseconds.
+        window_buckets
+            Time buckets spanning the window.
+        replace_invalid
+            Replace existing segments that are foreign, of another layout version or of
+            another geometry instead of raising.
+
+        Raises
+        ------
+        SegmentLayoutError
+            The counters exist with another geometry (and not ``replace_invalid``).
+        SegmentFullError
+            ``/dev/shm`` is too small.
+        """
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= _MAX_ROWS:
+            raise CounterInputError(f"rows must be an integer from 1 to {_MAX_ROWS}, got {rows!r}")
+        if not isinstance(window_buckets, int) or not 1 <= window_buckets <= 1000:
+            raise CounterInputError(
+                f"window_buckets must be an integer from 1 to 1000, got {window_buckets!r}"
+            )
+        if not isinstance(window_ns, int) or window_ns < window_buckets:
+            raise CounterInputError(
+                f"window_ns must be an integer number of nanoseconds >= window_buckets, "
+                f"got {window_ns!r}"
+            )
+        if not isinstance(columns, int) or not 1 <= columns <= _MAX_COLUMNS:
+            raise CounterInputError(f"columns must be from 1 to {_MAX_COLUMNS}, got {columns!r}")
+        name = segment_name(namespace, "counters")
+        buckets = window_buckets + 2
+        bucket_ns = -(-window_ns // window_buckets)
+        slots_off = _HEADER_BYTES
+        ctl_size = align(slots_off + rows * SLOT.itemsize, _PAGE)
+        for _ in range(3):
+            try:
+                seg = Segment.create(name, ctl_size)
+            except SegmentExistsError:
+                seg = attach_initialized(name, writable=True, min_size=1, initialized=False)
+            with seg.lock():
+                if seg.size == ctl_size and seg.words[_C_MAGIC] == 0 and not any(seg.buf):
+                    h = seg.header(COUNTERS_CONTROL)
+                    h["version"] = LAYOUT_VERSION
+                    h["size"] = ctl_size
+                    h["rows"] = rows
+                    h["buckets"] = buckets
+                    h["window_buckets"] = window_buckets
+                    h["bucket_ns"] = bucket_ns
+                    h["window_ns"] = window_ns
+                    h["base_ns"] = clock()
+                    h["slots_offset"] = slots_off
+                    h["created_ns"] = clock()
+                    try:
+                        data = _create_data(f"{name}.1", 1, rows, _columns_for(columns), buckets)
+                    except BaseException:
+                        seg.unlink()  # e.g. /dev/shm too small: leave nothing behind
+                        raise
+                    data.close()
+                    h["current"] = 1
+                    fence()
+                    h["magic"] = MAGIC_COUNTERS_CONTROL
+                    return cls(_Control(seg), namespace, owner=True)
+                try:
+                    ctl = _Control(seg)
+                    geometry = (ctl.rows, ctl.window_ns, ctl.window_buckets)
+                    if geometry != (rows, window_ns, window_buckets):
+                        raise SegmentLayoutError(
+                            name,
+                            f"exists with {ctl.rows} rows and a {ctl.window_ns} ns window in "
+                            f"{ctl.window_buckets} buckets; asked for {rows} rows and a "
+                            f"{window_ns} ns window in {window_buckets} buckets",
+                        )
+                    ctl.current()
+                    return cls(ctl, namespace, owner=True)
+                except (SegmentCorruptError, SegmentMissingError):
+                    if not replace_invalid:
+                        seg.close()
+                        raise
+                    for seg_name in _namespace_counters(namespace):
+                        unlink_name(seg_name)
+            seg.close()
+        raise SegmentLayoutError(name, "could not create or take over the counters")
+
+    @classmethod
+    def attach(cls, namespace: str, *, writable: bool = True) -> CounterStore:
+        """Attach to existing counters (workers: ``writable``; readers may map read-only).
+
+        Raises
+        ------
+        SegmentMissingError, SegmentCorruptError
+        """
+        ctl = _attach_control(namespace, writable=writable)
+        ctl.current()
+        return cls(ctl, namespace, owner=False)
+
+    # -- geometry -----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """Name of the control segment."""
+        return self._ctl.seg.name
+
+    @property
+    def rows(self) -> int:
+        """Worker slots."""
+        return self._ctl.rows
+
+    @property
+    def columns(self) -> int:
+        """Endpoint slots of the current matrix."""
+        return self._ctl.current().columns
+
+    @property
+    def window_ns(self) -> int:
+        """Occupancy window in nanoseconds."""
+        return self._ctl.window_ns
+
+    @property
+    def bucket_ns(self) -> int:
+        """Width of one time bucket in nanoseconds."""
+        return self._ctl.bucket_ns
+
+    @property
+    def buckets(self) -> int:
+        """Time buckets kept per row (window buckets + 2)."""
+        return self._ctl.buckets
+
+    def memory_bytes(self) -> int:
+        """Size of the current data segment, in bytes."""
+        return self._ctl.current().seg.size
+
+    # -- slots --------------------------------------------------------------------------
+
+    def claim(self, *, thread_id: int = 0, now_ns: int | None = None) -> Recorder:
+        """Claim a free worker slot (or one whose owner died) for this process.
+
+        Parameters
+        ----------
+        thread_id
+            ``threading.get_ident()`` when the row is for one thread of the process.
+        now_ns
+            CLOCK_MONOTONIC time of the claim (ns).
+
+        Raises
+        ------
+        NoFreeSlotError
+            Every slot is held by a live process.
+        """
+        self._check_writable()
+        pid = os.getpid()
+        ticks = process_start_ticks(pid) or 0
+        now = time.monotonic_ns() if now_ns is None else int(now_ns)
+        ctl = self._ctl
+        with ctl.seg.lock():
+            m = ctl.current()
+            state = ctl.slots["state"]
+            free = np.flatnonzero(state == SLOT_FREE)
+            row = int(free[0]) if free.size else -1
+            if row < 0:
+                for r in range(ctl.rows):
+                    s = ctl.slots[r]
+                    if not process_alive(int(s["pid"]), int(s["start_ticks"])):
+                        row = r
+                        break
+            if row < 0:
+                pids = sorted({int(p) for p in ctl.slots["pid"]})
+                raise NoFreeSlotError(
+                    self.name,
+                    f"all {ctl.rows} worker slots are held by live processes "
+                    f"(pids {pids[:10]}{'...' if len(pids) > 10 else ''}); "
+                    "create the counters with more rows",
+                )
+            _release_in_flight(m, row)
+            s = ctl.slots[row : row + 1]
+            s["pid"] = pid
+            s["start_ticks"] = ticks
+            s["thread_id"] = thread_id
+            s["claimed_ns"] = now
+            s["claims"] = int(s["claims"][0]) + 1
+            s["used"] = 1
+            fence()
+            s["state"] = SLOT_CLAIMED
+        return Recorder(self, row)
+
+    def reap(self, now_ns: int | None = None) -> list[int]:
+        """Free every slot whose owner died; release its in-flight counts.
+
+        Returns
+        -------
+        list[int]
+            The rows reclaimed.
+        """
+        self._check_writable()
+        now = time.monotonic_ns() if now_ns is None else int(now_ns)
+        out = []
+        ctl = self._ctl
+        with ctl.seg.lock():
+            m = ctl.current()
+            for r in np.flatnonzero(ctl.slots["state"] == SLOT_CLAIMED).tolist():
+                s = ctl.slots[r : r + 1]
+                if not process_alive(int(s["pid"][0]), int(s["start_ticks"][0])):
+                    _release_in_flight(m, r)
+                    s["state"] = SLOT_FREE
+                    s["released_ns"] = now
+                    out.append(r)
+        return out
+
+    def slots(self) -> list[SlotInfo]:
+        """State of every worker slot (liveness checked now)."""
+        out = []
+        for r, s in enumerate(self._ctl.slots.copy()):
+            claimed = int(s["state"]) == SLOT_CLAIMED
+            out.append(
+                SlotInfo(
+                    row=r,
+                    claimed=claimed,
+                    pid=int(s["pid"]),
+                    thread_id=int(s["thread_id"]),
+                    alive=claimed and process_alive(int(s["pid"]), int(s["start_ticks"])),
+                    claims=int(s["claims"]),
+                    used=bool(s["used"]),
+                )
+            )
+        return out
+
+    def _release_row(self, rec: Recorder, now_ns: int | None) -> None:
+        now = time.monotonic_ns() if now_ns is None else int(now_ns)
+        ctl = self._ctl
+        with ctl.seg.lock():
+            s = ctl.slots[rec.row : rec.row + 1]
+            if int(s["state"][0]) == SLOT_CLAIMED and int(s["pid"][0]) == os.getpid():
+                _release_in_flight(ctl.current(), rec.row)
+                s["state"] = SLOT_FREE
+                s["released_ns"] = now
+
+    # -- growth -------------------------------------------------------------------------
+
+    def ensure_columns(self, n: int) -> int:
+        """Grow the matrix to at least ``n`` endpoint slots; returns the column count.
+
+        Raises
+        ------
+        CapacityError
+            ``n`` exceeds the layout's limit.
+        SegmentFullError
+            ``/dev/shm`` is too small for the larger matrix.
+        """
+        if n <= self._ctl.current().columns:
+            return self._ctl.matrix.columns  # type: ignore[union-attr]
+        self._check_writable()
+        if n > _MAX_COLUMNS:
+            raise CapacityError(self.name, f"{n} endpoint slots exceed the limit of {_MAX_COLUMNS}")
+        ctl = self._ctl
+        with ctl.seg.lock():
+            old = ctl.current()
+            if n <= old.columns:
+                return old.columns
+            cols = _columns_for(max(n, 2 * old.columns))
+            epoch = old.epoch + 1
+            seg = _create_data(f"{self.name}.{epoch}", epoch, ctl.rows, cols, ctl.buckets)
+            new = _Matrix(seg, epoch, ctl.rows, ctl.buckets)
+            for r in np.flatnonzero(ctl.slots["used"] != 0).tolist():
+                new.copy_row(old, r)
+            fence()
+            ctl.cw[_C_CURRENT] = epoch
+            ctl.matrix = new
+            old.seg.unlink()
+            old.seg.close()
+            return cols
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def reader(self) -> CounterReader:
+        """A host-wide reader over these counters."""
+        return CounterReader(self.namespace, _control=self._ctl)
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise SlotOwnershipError(f"counter store {self.name} is closed")
+        if not self._ctl.seg.writable:
+            raise SlotOwnershipError(f"counter store {self.name} was attached read-only")
+
+    def close(self, *, unlink: bool | None = None) -> None:
+        """Detach; the owner (:meth:`create`) also unlinks the counters (``unlink=None``)."""
+        if self._closed:
+            return
+        self._closed = True
+        if (self._owner if unlink is None else unlink) and os.getpid() == self._pid:
+            for seg_name in _namespace_counters(self.namespace):
+                unlink_name(seg_name)
+
+    def __enter__(self) -> CounterStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _namespace_counters(namespace: str) -> list[str]:
+    base = segment_name(namespace, "counters")
+    return [
+        s
+        for s in list_segments(namespace)
+        if s == base or (s.startswith(base + ".") and s[len(base) + 1 :].isdigit())
+    ]
+
+
+_add_at = np.add.at
+_max = np.maximum.reduce
+_min = np.minimum.reduce
+
+
+def _release_in_flight(m: _Matrix, row: int) -> None:
+    m.fields[row, 0] = 0  # in_flight
+    m.fields[row, 1] = 0  # start_sum
+
+
+# ------------------------------------------------------------------------------------
+# Recording.
+
+_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for rec in list(_RECORDERS):
+        rec._epoch = -1  # the next call fails: a forked child must claim its own slot
+        rec._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Recorder:
+    """Records one worker's requests into its own row of the counter matrix.
+
+    Not thread-safe: one thread per recorder (see :class:`ThreadRecorder` and
+    :class:`LockedRecorder` for gthread workers). Obtained from
+    :meth:`CounterStore.claim`.
+
+    Attributes
+    ----------
+    row : int
+        The worker slot (row) this recorder writes.
+    """
+
+    def __init__(self, store: CounterStore, row: int) -> None:
+        self.row = row
+        self._store = store
+        ctl = store._ctl
+        self._cw = ctl.cw
+        self._bucket_ns = ctl.bucket_ns
+        self._k = ctl.buckets
+        self._base = ctl.base_ns
+        self._period = -(1 << 62)
+        self._released = False
+        self._forked = False
+        self._matrix: _Matrix | None = None
+        self._epoch = -1
+        self._bind(ctl.current())
+        _RECORDERS.add(self)
+
+    def _bind(self, m: _Matrix) -> None:
+        f = m.fields[self.row]
+        k = self._k
+        self._matrix = m
+        self._cols = m.columns
+        self._in_flight = f[0]
+        self._start_sum = f[1]
+        self._busy = f[2 : 2 + k]
+        self._completed = f[2 + k : 2 + 2 * k]
+        self._latency = f[2 + 2 * k : 2 + 3 * k]
+        self._failures = f[2 + 3 * k : 2 + 4 * k]
+        self._periods = m.periods[self.row]
+        self._epoch = m.epoch
+
+    def _follow(self) -> None:
+        if self._forked:
+            raise SlotOwnershipError(
+                f"recorder of row {self.row} was claimed by process {self._store._pid}; "
+                "a forked child must claim its own slot"
+            )
+        if self._released:
+            raise SlotOwnershipError(f"recorder of row {self.row} was released")
+        old = self._matrix
+        new = self._store._ctl.current()
+        if old is not None and new.epoch != old.epoch:
+            new.copy_row(old, self.row)  # ours is the authoritative copy of this row
+        self._bind(new)
+
+    def _rotate(self, period: int) -> None:
+        """Make the bucket columns hold the ``buckets`` periods ending at ``period``."""
+        k = self._k
+        periods = self._periods
+        for q in range(period - k + 1, period + 1):
+            j = q % k
+            if periods[j] != q:
+                self._busy[j] = 0
+                self._completed[j] = 0
+                self._latency[j] = 0
+                self._failures[j] = 0
+                fence()
+                periods[j] = q
+        self._period = period
+
+    def _slots(self, slots: Any) -> np.ndarray:
+        s = slots
+        if type(s) is not np.ndarray or s.dtype != np.intp:
+            s = np.asarray(s)
+            if s.dtype != np.intp:
+                if s.dtype.kind not in "iu" or s.dtype.itemsize > 8:
+                    raise CounterInputError(
+                        f"endpoint slots must be integers, got a {s.dtype} array {s!r:.80}"
+                    )
+                s = s.astype(np.intp)
+        if s.ndim != 1:
+            raise CounterInputError(f"endpoint slots must be one-dimensional, got shape {s.shape}")
+        # One reduction checks both bounds: negative slots become huge as unsigned.
+        if s.size and _max(s.view(np.uintp)) >= self._cols:
+            if s.min() >= 0 and self._cw[_C_CURRENT] != self._epoch:
+                self._follow()  # grown meanwhile: check against the new width
+                return self._slots(s)
+            raise CounterInputError(
+                f"endpoint slots must be in 0..{self._cols - 1} (the counter matrix has "
+                f"{self._cols} columns), got values from {int(s.min())} to {int(s.max())}"
+            )
+        return s
+
+    def record_start(self, slots: Any, now_ns: int) -> None:
+        """Record the start of one call per entry of ``slots`` (a whole fan-out).
+
+        Parameters
+        ----------
+        slots
+            Endpoint slot of each call (repeats allowed).
+        now_ns
+            CLOCK_MONOTONIC start time in nanoseconds; pass the same value to
+            :meth:`record_end` as ``started_ns``.
+
+        Raises
+        ------
+        CounterInputError
+            Slots that are not integers in range; nothing is recorded then.
+        """
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        s = self._slots(slots)
+        _add_at(self._in_flight, s, 1)
+        _add_at(self._start_sum, s, now_ns - self._base)
+
+    def record_end(
+        self,
+        slots: Any,
+        started_ns: Any,
+        durations_ns: Any,
+        now_ns: int,
+        failed: Any = None,
+    ) -> None:
+        """Record the end of calls started by :meth:`record_start` (a whole fan-out).
+
+        Call ``i`` was busy from ``started_ns[i]`` to ``started_ns[i] + durations_ns[i]``;
+        that busy time is spread over the time buckets it overlaps, and the call counts
+        as completed (with its latency, and as a failure if ``failed[i]``) in the bucket
+        where it ended.
+
+        Parameters
+        ----------
+        slots
+            Endpoint slot of each call, as given to :meth:`record_start`.
+        started_ns
+            Start time of each call (an array) or of all of them (a scalar), in
+            CLOCK_MONOTONIC nanoseconds, as given to :meth:`record_start`.
+        durations_ns
+            Duration of each call in nanoseconds, ``>= 0``.
+        now_ns
+            CLOCK_MONOTONIC time now, in nanoseconds (no call ended later).
+        failed
+            Optional booleans: which calls failed.
+
+        Raises
+        ------
+        CounterInputError
+            Mismatched lengths, slots out of range or negative durations; nothing is
+            recorded then.
+        """
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        s = self._slots(slots)
+        d = durations_ns
+        if type(d) is not np.ndarray or d.dtype != np.int64:
+            d = np.asarray(d)
+            if d.dtype.kind not in "iu":
+                raise CounterInputError(f"durations must be integer nanoseconds, got {d.dtype}")
+            d = d.astype(np.int64)
+        n = s.size
+        if d.shape != (n,):
+            raise CounterInputError(f"durations have shape {d.shape}, expected ({n},)")
+        if n and _min(d) < 0:
+            raise CounterInputError(f"durations must be >= 0 ns, got {int(d.min())}")
+        if failed is not None:
+            failed = np.asarray(failed, dtype=np.bool_)
+            if failed.shape != (n,):
+                raise CounterInputError(f"failure flags have shape {failed.shape}, expected ({n},)")
+        scalar_start = isinstance(started_ns, (int, np.integer))
+        if not scalar_start:
+            st_arr = np.asarray(started_ns, dtype=np.int64)
+            if st_arr.shape != (n,):
+                raise CounterInputError(f"start times have shape {st_arr.shape}, expected ({n},)")
+        if n == 0:
+            return
+        b = self._bucket_ns
+        period = now_ns // b
+        if period > self._period:
+            self._rotate(period)
+        # Threads sharing a row (LockedRecorder) may record slightly out of time order:
+        # a period the row has moved past is still fine while its bucket is retained.
+        if scalar_start and started_ns >= period * b and period > self._period - self._k:
+            # Every call started in this bucket (and ended by now_ns): all of it is here.
+            k = period % self._k
+            _add_at(self._in_flight, s, -1)
+            _add_at(self._start_sum, s, self._base - started_ns)
+            _add_at(self._busy[k], s, d)
+            _add_at(self._completed[k], s, 1)
+            _add_at(self._latency[k], s, d)
+            if failed is not None:
+                _add_at(self._failures[k], s, failed)
+            return
+        st = np.full(n, started_ns, dtype=np.int64) if scalar_start else st_arr
+        self._record_end_spread(s, st, d, failed)
+
+    def _record_end_spread(
+        self, s: np.ndarray, st: np.ndarray, d: np.ndarray, failed: np.ndarray | None
+    ) -> None:
+        """General case: calls spanning buckets, or ending in older retained buckets."""
+        b, kk = self._bucket_ns, self._k
+        newest = self._period
+        oldest = newest - kk + 1  # the buckets this row holds; older time is forgotten
+        _add_at(self._in_flight, s, -1)
+        _add_at(self._start_sum, s, self._base - st)
+        end = st + d
+        for q in range(max(oldest, int(st.min()) // b), newest + 1):
+            part = np.minimum(end, (q + 1) * b) - np.maximum(st, q * b)
+            np.maximum(part, 0, out=part)
+            if part.any():
+                _add_at(self._busy[q % kk], s, part)
+        qend = np.clip(end // b, oldest, newest)
+        for q in np.unique(qend).tolist():
+            sel = qend == q
+            j = q % kk
+            ss = s[sel]
+            _add_at(self._completed[j], ss, 1)
+            _add_at(self._latency[j], ss, d[sel])
+            if failed is not None:
+                _add_at(self._failures[j], ss, failed[sel])
+
+    def release(self, now_ns: int | None = None) -> None:
+        """Give the slot back (its in-flight counts are zeroed, history stays)."""
+        if self._released or self._forked:
+            return
+        self._store._release_row(self, now_ns)
+        self._released = True
+        self._epoch = -1
+
+
+class LockedRecorder:
+    """One row shared by all threads of a process, calls serialized by a lock.
+
+    Parameters
+    ----------
+    recorder
+        The process's :class:`Recorder`.
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self._lock = threading.Lock()
+
+    def record_start(self, slots: Any, now_ns: int) -> None:
+        """See :meth:`Recorder.record_start`."""
+        with self._lock:
+            self.recorder.record_start(slots, now_ns)
+
+    def record_end(
+        self, slots: Any, started_ns: Any, durations_ns: Any, now_ns: int, failed: Any = None
+    ) -> None:
+        """See :meth:`Recorder.record_end`."""
+        with self._lock:
+            self.recorder.record_end(slots, started_ns, durations_ns, now_ns, failed)
+
+    def release(self, now_ns: int | None = None) -> None:
+        """Give the slot back."""
+        with self._lock:
+            self.recorder.release(now_ns)
+
+
+class ThreadRecorder:
+    """A row per thread, claimed on each thread's first call (no lock on the way).
+
+    Parameters
+    ----------
+    store
+        The counters to claim rows from.
+    """
+
+    def __init__(self, store: CounterStore) -> None:
+        self._store = store
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[Recorder] = []
+
+    def _mine(self) -> Recorder:
+        rec = getattr(self._local, "rec", None)
+        if rec is None:
+            rec = self._store.claim(thread_id=threading.get_ident())
+            self._local.rec = rec
+            with self._lock:
+                self._all.append(rec)
+        return rec
+
+    def record_start(self, slots: Any, now_ns: int) -> None:
+        """See :meth:`Recorder.record_start`."""
+        self._mine().record_start(slots, now_ns)
+
+    def record_end(
+        self, slots: Any, started_ns: Any, durations_ns: Any, now_ns: int, failed: Any = None
+    ) -> None:
+        """See :meth:`Recorder.record_end`."""
+        self._mine().record_end(slots, started_ns, durations_ns, now_ns, failed)
+
+    @property
+    def rows(self) -> list[int]:
+        """Rows claimed so far (one per thread that recorded)."""
+        with self._lock:
+            return [r.row for r in self._all]
+
+    def release(self, now_ns: int | None = None) -> None:
+        """Give back every thread's slot."""
+        with self._lock:
+            recs, self._all = self._all, []
+        for rec in recs:
+            rec.release(now_ns)
+        self._local = threading.local()
+
+
+# ------------------------------------------------------------------------------------
+# Reading.
+
+
+def bucket_weights(periods: np.ndarray, bucket_ns: int, now_ns: int, window_ns: int) -> np.ndarray:
+    """Share of each bucket's counts that lies inside the window ``(now - window, now]``.
+
+    A bucket ``q`` holds what happened in ``[q * bucket_ns, min((q + 1) * bucket_ns,
+    now)]``: the bucket in progress only covers up to now, so it counts fully while it
+    is inside the window (:func:`lbcore.signals.window_weights` would weigh it by its
+    elapsed fraction, as if its counts were spread over the whole bucket). The oldest
+    bucket, partly outside the window, is weighed by the share inside, assuming its
+    counts were spread evenly over it. Buckets never used (period ``-1``) weigh 0.
+
+    Parameters
+    ----------
+    periods
+        Bucket numbers (``time // bucket_ns``), any shape; ``-1``: empty.
+    bucket_ns, now_ns, window_ns
+        Bucket width, the present and the window length, in nanoseconds.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64`` weights in ``[0, 1]``, shaped like ``periods``.
+    """
+    starts = periods.astype(np.int64) * bucket_ns
+    ends = np.minimum(starts + bucket_ns, now_ns)
+    covered = ends - starts
+    inside = ends - np.maximum(starts, now_ns - window_ns)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = np.where(covered > 0, inside / np.maximum(covered, 1), 0.0)
+    w = np.clip(w, 0.0, 1.0)
+    w[periods < 0] = 0.0
+    return w
+
+
+@dataclass(frozen=True)
+class HostLoads:
+    """Host-wide load per endpoint slot, read at one instant.
+
+    Attributes
+    ----------
+    now_ns : int
+        When it was read (CLOCK_MONOTONIC, ns).
+    window_ns : int
+        The occupancy window (ns).
+    in_flight : numpy.ndarray
+        ``int64`` open requests per slot, all workers summed.
+    occupancy : numpy.ndarray
+        ``float64`` busy-seconds per second over the window (open requests included).
+    completed : numpy.ndarray
+        ``float64`` requests completed inside the window.
+    mean_latency_s : numpy.ndarray
+        ``float64`` mean latency of those requests in seconds (NaN: none completed).
+    failure_rate : numpy.ndarray
+        ``float64`` share of those requests that failed (NaN: none completed).
+    global_latency_s : float
+        Mean latency over all slots in seconds (NaN: nothing completed).
+    """
+
+    now_ns: int
+    window_ns: int
+    in_flight: np.ndarray
+    occupancy: np.ndarray
+    completed: np.ndarray
+    mean_latency_s: np.ndarray
+    failure_rate: np.ndarray
+    global_latency_s: float
+
+    def take(self, slots: Any) -> HostLoads:
+        """The loads of the given slots, in that order (e.g. ``Table.slots``: per endpoint)."""
+        idx = np.asarray(slots, dtype=np.intp)
+        return HostLoads(
+            self.now_ns,
+            self.window_ns,
+            self.in_flight.take(idx),
+            self.occupancy.take(idx),
+            self.completed.take(idx),
+            self.mean_latency_s.take(idx),
+            self.failure_rate.take(idx),
+            self.global_latency_s,
+        )
+
+    def effective(self, cap: float = 5.0) -> np.ndarray:
+        """``max(in_flight, occupancy) × min(latency / global latency, cap)`` (lbcore)."""
+        return effective_load(
+            self.in_flight, self.occupancy, self.mean_latency_s, self.global_latency_s, cap=cap
+        )
+
+    def signal(self, name: str) -> np.ndarray:
+        """The ``float64`` load vector a knob's load signal names.
+
+        ``occupancy``, ``in-flight`` or ``effective`` (see :data:`lbcore.signals.LOAD_SIGNALS`).
+        """
+        if name == "occupancy":
+            return self.occupancy
+        if name == "in-flight":
+            return self.in_flight.astype(np.float64)
+        if name == "effective":
+            return self.effective()
+        raise CounterInputError(f"unknown load signal {name!r}, expected one of {LOAD_SIGNALS}")
+
+
+class CounterReader:
+    """Sums the counter rows of every worker of the host. Writes nothing.
+
+    Parameters
+    ----------
+    namespace
+        Namespace of the counters.
+    """
+
+    def __init__(self, namespace: str, *, _control: _Control | None = None) -> None:
+        self.namespace = namespace
+        self._ctl = _control if _control is not None else _attach_control(namespace, writable=False)
+        self._ctl.current()
+
+    @property
+    def columns(self) -> int:
+        """Endpoint slots of the current matrix."""
+        return self._ctl.current().columns
+
+    def read(self, now_ns: int, columns: int | None = None) -> HostLoads:
+        """Host-wide loads per endpoint slot at ``now_ns``.
+
+        Parameters
+        ----------
+        now_ns
+            CLOCK_MONOTONIC time in nanoseconds.
+        columns
+            Number of endpoint slots to read (``Table.n_slots``); default all.
+        """
+        ctl = self._ctl
+        m = ctl.current()
+        n = m.columns if columns is None else min(int(columns), m.columns)
+        used = np.flatnonzero(ctl.slots["used"] != 0)
+        k = ctl.buckets
+        w_ns = ctl.window_ns
+        if used.size == 0 or n == 0:
+            z = np.zeros(n)
+            nan = np.full(n, np.nan)
+            return HostLoads(now_ns, w_ns, np.zeros(n, np.int64), z, z, nan, nan, float("nan"))
+        # Rows are claimed lowest first, so the used rows are (nearly) a prefix: read them
+        # as one strided view, no copy; rows never used hold zeros and weigh nothing.
+        hi = int(used[-1]) + 1
+        cells = m.fields[:hi, :, :n]
+        weights = bucket_weights(m.periods[:hi], ctl.bucket_ns, now_ns, w_ns)
+        in_flight_rows = cells[:, 0, :]
+        open_ns = np.clip(
+            in_flight_rows * (now_ns - ctl.base_ns) - cells[:, 1, :], 0, in_flight_rows * w_ns
+        ).sum(axis=0)
+        in_flight = np.maximum(in_flight_rows.sum(axis=0), 0)
+        # (rows, field, bucket, slot) weighted over rows and buckets, all four fields at once.
+        busy, completed, latency_ns, failures = np.einsum(
+            "rk,rfkc->fc", weights, cells[:, 2:, :].reshape(hi, 4, k, n)
+        )
+        with np.errstate(invalid="ignore", divide="ignore"):
+            failure_rate = np.where(
+                completed > 0, failures / np.where(completed > 0, completed, 1), np.nan
+            )
+        total = float(completed.sum())
+        glob = float(latency_ns.sum()) / total / 1e9 if total > 0 else float("nan")
+        return HostLoads(
+            now_ns=int(now_ns),
+            window_ns=w_ns,
+            in_flight=in_flight,
+            occupancy=_occupancy(busy + open_ns, w_ns),
+            completed=completed,
+            mean_latency_s=_mean_latency(latency_ns / 1e9, completed),
+            failure_rate=failure_rate,
+            global_latency_s=glob,
+        )
+
+    def close(self) -> None:
+        """Drop the reader's mappings."""
+        self._ctl.matrix = None

@@ -1,0 +1,257 @@
+"""Byte layout of every cslb shared-memory segment, in one place.
+
+Four kinds of segment exist per namespace (``<ns>``):
+
+=====================================  ==================================================
+``/cslb.<ns>.tables``                  tables *control*: which data segment and buffer is
+                                       current, the writer's PID, the heartbeat
+``/cslb.<ns>.tables.<epoch>``          tables *data*: two buffers (double buffer), each a
+                                       64-byte buffer header followed by one encoded table
+``/cslb.<ns>.counters``                counters *control*: geometry, which data segment is
+                                       current, the worker-slot table (owners)
+``/cslb.<ns>.counters.<epoch>``        counters *data*: one row of counters per worker slot
+=====================================  ==================================================
+
+Every segment starts with the same four 8-byte words: ``magic`` (eight ASCII bytes
+naming the kind), ``version`` (:data:`LAYOUT_VERSION`), ``size`` (the segment's size in
+bytes, checked against the real size before any offset is trusted) and ``epoch`` (0 for
+control segments, the data segment's number otherwise). All fields are naturally aligned
+8-byte words in the host's byte order (a segment never leaves its host), so a single
+aligned load or store of a field is indivisible on every 64-bit CPU CPython supports.
+
+Headers are NumPy structured dtypes; :func:`word` gives a field's index as a ``uint64``
+word, which the hot paths read through a ``memoryview`` (~20 ns) rather than NumPy
+scalars (~70 ns).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "BUFFER_HEADER",
+    "BUFFER_HEADER_BYTES",
+    "CONTROL_BYTES",
+    "COUNTERS_CONTROL",
+    "COUNTERS_DATA",
+    "COUNTER_FIELDS",
+    "DATA_HEADER_BYTES",
+    "KIND_NAMES",
+    "LAYOUT_VERSION",
+    "MAGIC_COUNTERS_CONTROL",
+    "MAGIC_COUNTERS_DATA",
+    "MAGIC_PAYLOAD",
+    "MAGIC_TABLES_CONTROL",
+    "MAGIC_TABLES_DATA",
+    "PAYLOAD_HEADER",
+    "SECTION",
+    "SLOT",
+    "SLOT_CLAIMED",
+    "SLOT_FREE",
+    "TABLES_CONTROL",
+    "TABLES_DATA",
+    "TABLE_SECTIONS",
+    "align",
+    "magic_word",
+    "ring_sections",
+    "row_layout",
+    "word",
+]
+
+#: Layout version of every segment kind; bump on any incompatible change.
+LAYOUT_VERSION = 1
+
+
+def magic_word(tag: bytes) -> int:
+    """The ``uint64`` a segment's first word holds for an 8-byte ASCII ``tag``."""
+    if len(tag) != 8:
+        raise ValueError(f"magic tags are 8 bytes, got {tag!r}")
+    return int.from_bytes(tag, "little")
+
+
+MAGIC_TABLES_CONTROL = magic_word(b"CSLBtctl")
+MAGIC_TABLES_DATA = magic_word(b"CSLBtdat")
+MAGIC_COUNTERS_CONTROL = magic_word(b"CSLBcctl")
+MAGIC_COUNTERS_DATA = magic_word(b"CSLBcdat")
+MAGIC_PAYLOAD = magic_word(b"CSLBtabl")
+
+#: What each magic means, for error messages about foreign segments.
+KIND_NAMES = {
+    MAGIC_TABLES_CONTROL: "a cslb tables control segment",
+    MAGIC_TABLES_DATA: "a cslb tables data segment",
+    MAGIC_COUNTERS_CONTROL: "a cslb counters control segment",
+    MAGIC_COUNTERS_DATA: "a cslb counters data segment",
+}
+
+_COMMON = [("magic", "u8"), ("version", "u8"), ("size", "u8"), ("epoch", "u8")]
+
+
+def align(n: int, to: int = 64) -> int:
+    """``n`` rounded up to a multiple of ``to`` (bytes)."""
+    return (n + to - 1) // to * to
+
+
+def word(dtype: np.dtype, field: str) -> int:
+    """Index of ``field`` of a header ``dtype`` counted in 8-byte words."""
+    offset = dtype.fields[field][1]
+    assert offset % 8 == 0, (dtype, field)
+    return offset // 8
+
+
+# ------------------------------------------------------------------------------------
+# Tables.
+
+#: Size of the tables control segment and of the header region of a data segment (bytes).
+CONTROL_BYTES = 4096
+DATA_HEADER_BYTES = 4096
+
+#: ``current`` packs ``epoch << 1 | buffer``: one word, so a reader never sees the
+#: epoch of one publish with the buffer index of another. 0 means "nothing published".
+TABLES_CONTROL = np.dtype(
+    [
+        *_COMMON,
+        ("current", "u8"),
+        ("generation", "u8"),  # generation of the current buffer (the buffer header rules)
+        ("writer_pid", "u8"),
+        ("writer_start", "u8"),  # writer's start time in clock ticks since boot (/proc)
+        ("heartbeat_ns", "i8"),  # CLOCK_MONOTONIC
+        ("created_ns", "i8"),
+    ]
+)
+
+TABLES_DATA = np.dtype(
+    [
+        *_COMMON,
+        ("buffer_offset0", "u8"),
+        ("buffer_offset1", "u8"),
+        ("buffer_bytes", "u8"),  # size of each buffer: buffer header + payload capacity
+    ]
+)
+
+#: Header of each of the two buffers of a data segment. ``seq`` is odd while the
+#: writer rewrites the buffer and grows by two with every rewrite; ``checksum`` is the
+#: CRC-32 of the payload.
+BUFFER_HEADER = np.dtype(
+    [("seq", "u8"), ("generation", "u8"), ("payload_bytes", "u8"), ("checksum", "u8")]
+)
+BUFFER_HEADER_BYTES = 64
+
+#: Fixed part of an encoded table; the section directory follows it.
+PAYLOAD_HEADER = np.dtype(
+    [
+        ("magic", "u8"),
+        ("generation", "u8"),
+        ("published_ns", "i8"),
+        ("publisher_pid", "u8"),
+        ("endpoints", "u8"),
+        ("rings", "u8"),
+        ("vnodes", "u8"),
+        ("slots", "u8"),  # counter columns in use: every slot is below this
+        ("fade_duration_ns", "i8"),
+        ("fade_exponent", "f8"),
+        ("enabled", "u8"),
+        ("percentage", "f8"),
+        ("balance_factor", "f8"),  # NaN: no bounded load
+        ("max_hops", "i8"),  # -1: Skipper's unlimited walk
+        ("load_signal", "S32"),
+        ("fade_mode", "S16"),
+        ("sections", "u8"),
+    ]
+)
+
+#: One entry of the section directory: byte offset from the payload start, and length.
+SECTION = np.dtype([("offset", "u8"), ("nbytes", "u8")])
+
+#: Sections every table has, in directory order; then three per ring (see
+#: :func:`ring_sections`). Each is ``(name, dtype or None for a byte blob)``.
+TABLE_SECTIONS: tuple[tuple[str, str | None], ...] = (
+    ("addresses", None),  # UTF-8, NUL-separated
+    ("zones", None),
+    ("nodes", None),
+    ("slot", "i4"),
+    ("weight", "f8"),
+    ("ejected", "u1"),
+    ("tier", "i4"),
+    ("starts_ns", "i8"),  # one per fading ring
+    ("slot_freed_ns", "i8"),  # per counter slot: -1 in use, else CLOCK_MONOTONIC freed time
+    ("ring_nodes", "i8"),  # nodes of each ring
+    # lbcore.RingSet's routing maps, (rings, master nodes) each: where a master-ring
+    # position lands on ring k, and the endpoint there. Built once by the publisher.
+    ("ring_pos", "i4"),
+    ("owner_table", "i4"),
+)
+
+
+def ring_sections(k: int) -> tuple[tuple[str, str], ...]:
+    """Directory entries of ring ``k``: its sorted hashes, their owners, its bucket table."""
+    return ((f"ring{k}.hashes", "u8"), (f"ring{k}.owners", "i4"), (f"ring{k}.buckets", "i4"))
+
+
+# ------------------------------------------------------------------------------------
+# Counters.
+
+SLOT_FREE = 0
+SLOT_CLAIMED = 1
+
+COUNTERS_CONTROL = np.dtype(
+    [
+        *_COMMON,
+        ("current", "u8"),  # epoch of the current counters data segment
+        ("rows", "u8"),  # worker slots
+        ("buckets", "u8"),  # time buckets kept per row (window buckets + 2)
+        ("window_buckets", "u8"),  # buckets that span the occupancy window
+        ("bucket_ns", "u8"),
+        ("window_ns", "u8"),
+        ("base_ns", "i8"),  # start-time sums are stored relative to this (CLOCK_MONOTONIC)
+        ("slots_offset", "u8"),  # byte offset of the slot table
+        ("created_ns", "i8"),
+    ]
+)
+
+#: One worker slot (one row of the counter matrix) in the control segment's slot table.
+SLOT = np.dtype(
+    [
+        ("state", "u8"),  # SLOT_FREE or SLOT_CLAIMED
+        ("pid", "u8"),
+        ("start_ticks", "u8"),  # owner's start time (/proc/<pid>/stat field 22)
+        ("thread_id", "u8"),  # threading.get_ident() of a per-thread row, else 0
+        ("claimed_ns", "i8"),
+        ("released_ns", "i8"),
+        ("claims", "u8"),  # how many times the row was claimed
+        ("used", "u8"),  # 1 once the row was ever claimed (readers skip unused rows)
+    ]
+)
+
+COUNTERS_DATA = np.dtype(
+    [
+        *_COMMON,
+        ("rows", "u8"),
+        ("columns", "u8"),
+        ("buckets", "u8"),
+        ("row_words", "u8"),
+        ("rows_offset", "u8"),
+    ]
+)
+
+#: Per-bucket counter fields of a cell, in row order after ``in_flight`` and ``start_sum``.
+COUNTER_FIELDS = ("busy_ns", "completed", "latency_ns", "failures")
+
+
+def row_layout(columns: int, buckets: int) -> dict[str, int]:
+    """Word offsets of the parts of one counter row, and the row's length in words.
+
+    A row is, in ``int64`` words: ``periods[buckets]`` (padded to 8 words: the time
+    bucket each bucket column currently holds, ``-1`` if none), ``in_flight[columns]``,
+    ``start_sum[columns]`` (sum of start times of open requests, relative to
+    ``base_ns``), then for each of :data:`COUNTER_FIELDS` a ``[buckets][columns]``
+    block. ``columns`` is a multiple of 8, so every part and every row starts on a
+    64-byte boundary (no false sharing between workers' rows).
+    """
+    periods_words = align(buckets, 8)
+    out = {"periods": 0, "in_flight": periods_words, "start_sum": periods_words + columns}
+    off = periods_words + 2 * columns
+    for name in COUNTER_FIELDS:
+        out[name] = off
+        off += buckets * columns
+    out["row_words"] = off
+    return out

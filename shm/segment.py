@@ -1,0 +1,497 @@
+"""Named POSIX shared-memory segments: create, attach, validate, lock, unlink.
+
+A :class:`Segment` is one mapped ``posix_ipc`` shared-memory object. Segments are
+created owner-only (mode 0600, whatever the umask) and fully allocated up front with
+``posix_fallocate``, so a full ``/dev/shm`` is reported when the segment is created
+(:class:`~shm.errors.SegmentFullError`) instead of killing a worker with ``SIGBUS`` the
+first time it touches an unbacked page. Attaching refuses segments owned by another user
+or writable by group or others, and :func:`check_header` validates magic, layout version
+and size before any offset read from the segment is trusted.
+
+Also here: the namespace rules and segment names, process identity (PID plus start time,
+so a reused PID is not mistaken for a live owner), the cross-process lock used by the
+rare operations that need one (claiming a worker slot, taking over as table writer), and
+:func:`fence`, the memory barrier of the table protocol on CPUs that reorder memory
+accesses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import mmap
+import os
+import platform
+import re
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import posix_ipc
+
+from shm.errors import (
+    NamespaceError,
+    SegmentExistsError,
+    SegmentFullError,
+    SegmentLayoutError,
+    SegmentMagicError,
+    SegmentMissingError,
+    SegmentPermissionError,
+    SegmentSizeError,
+    SegmentVersionError,
+    WriterBusyError,
+)
+from shm.layout import KIND_NAMES, LAYOUT_VERSION, word
+
+__all__ = [
+    "SHM_DIR",
+    "Segment",
+    "WriterLock",
+    "attach_initialized",
+    "check_header",
+    "check_namespace",
+    "fence",
+    "list_segments",
+    "process_alive",
+    "process_start_ticks",
+    "segment_name",
+    "unlink_name",
+]
+
+#: Where Linux keeps POSIX shared memory (used for free-space checks and listings).
+SHM_DIR = "/dev/shm"
+
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_namespace(namespace: str) -> str:
+    """Validate a namespace: 1-64 characters from ``A-Z a-z 0-9 _ -``.
+
+    Raises
+    ------
+    NamespaceError
+        Naming the offending namespace and the allowed characters.
+    """
+    if not isinstance(namespace, str):
+        raise NamespaceError(f"namespace must be a string, got {type(namespace).__name__}")
+    if not _NAMESPACE_RE.fullmatch(namespace):
+        raise NamespaceError(
+            f"namespace {namespace!r} is invalid: use 1 to 64 characters from "
+            "A-Z, a-z, 0-9, '_' and '-' (it becomes part of /dev/shm file names)"
+        )
+    return namespace
+
+
+def segment_name(namespace: str, kind: str, epoch: int | None = None) -> str:
+    """POSIX name of a segment: ``/cslb.<namespace>.<kind>`` or ``...<kind>.<epoch>``."""
+    base = f"/cslb.{check_namespace(namespace)}.{kind}"
+    return base if epoch is None else f"{base}.{int(epoch)}"
+
+
+def list_segments(namespace: str) -> list[str]:
+    """Names of all existing segments of ``namespace`` (empty where /dev/shm is absent)."""
+    prefix = f"cslb.{check_namespace(namespace)}."
+    try:
+        entries = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    return sorted("/" + e for e in entries if e.startswith(prefix))
+
+
+# ------------------------------------------------------------------------------------
+# Process identity.
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of a live process in clock ticks since boot, ``None`` if it is gone.
+
+    A zombie (killed but not yet waited for) counts as gone: it holds no memory and
+    will never touch a counter again.
+    """
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return None
+    # The command name (field 2) is parenthesised and may hold spaces or ')'.
+    rest = stat[stat.rfind(b")") + 2 :].split()
+    if not rest or rest[0] in (b"Z", b"X", b"x"):
+        return None
+    return int(rest[19])  # field 22 overall: starttime
+
+
+def process_alive(pid: int, start_ticks: int) -> bool:
+    """True if process ``pid`` exists, is not a zombie and started at ``start_ticks``."""
+    if pid <= 0:
+        return False
+    ticks = process_start_ticks(pid)
+    return ticks is not None and ticks == start_ticks
+
+
+# ------------------------------------------------------------------------------------
+# Memory ordering.
+
+_TSO = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686", "x86"}
+_fence_local = threading.local()
+
+
+def _fence_weak() -> None:
+    # A release followed by an acquire of the same (per-thread, otherwise uncontended)
+    # lock: CPython's locks are sem_post / sem_trywait, i.e. an atomic with release
+    # semantics followed by an atomic with acquire semantics. Accesses before the
+    # release cannot move after it and accesses after the acquire cannot move before
+    # it, and on arm64 (RCsc) and POWER a release is not reordered with a later
+    # acquire, so this orders load->load and store->store across the call: exactly the
+    # smp_rmb/smp_wmb a seqlock needs. ~100 ns.
+    lock = getattr(_fence_local, "lock", None)
+    if lock is None:
+        lock = _fence_local.lock = threading.Lock()
+        lock.acquire()
+    lock.release()
+    lock.acquire()
+
+
+def _fence_tso() -> None:
+    # x86-64 is TSO: loads are not reordered with older loads, stores not with older
+    # stores, which is all a seqlock needs; the C compiler cannot move accesses across
+    # the interpreter's calls either. Nothing to do.
+    return None
+
+
+#: Orders this thread's earlier memory accesses before its later ones (loads before
+#: loads, stores before stores) as seen by other CPUs. A no-op on x86-64.
+fence = _fence_tso if _TSO else _fence_weak
+
+
+# ------------------------------------------------------------------------------------
+# Segments.
+
+
+def _shm_free_bytes() -> int | None:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _full_error(name: str, size: int, detail: str) -> SegmentFullError:
+    free = _shm_free_bytes()
+    free_txt = f"{free} bytes free" if free is not None else "free space unknown"
+    return SegmentFullError(
+        name,
+        f"cannot allocate {size} bytes in {SHM_DIR} ({free_txt}; {detail}): "
+        f"{SHM_DIR} is full or too small; containers default to 64 MiB, mount a larger "
+        "in-memory volume (emptyDir medium: Memory) there",
+    )
+
+
+class Segment:
+    """One mapped POSIX shared-memory segment.
+
+    Use :meth:`create` or :meth:`attach`; :attr:`buf` is the mapping, :attr:`words`
+    the same memory as ``uint64`` words.
+
+    Attributes
+    ----------
+    name : str
+        POSIX name, e.g. ``/cslb.prapi.tables``.
+    size : int
+        Mapped size in bytes.
+    writable : bool
+        Mapped read-write (creators, writers) or read-only (readers).
+    created : bool
+        True if this handle created the segment.
+    """
+
+    __slots__ = ("_mm", "buf", "created", "name", "size", "words", "writable")
+
+    def __init__(self, name: str, mm: mmap.mmap, size: int, writable: bool, created: bool):
+        self.name = name
+        self._mm = mm
+        self.size = size
+        self.writable = writable
+        self.created = created
+        self.buf = memoryview(mm)
+        self.words = self.buf[: size // 8 * 8].cast("Q")
+
+    def __repr__(self) -> str:
+        mode = "rw" if self.writable else "ro"
+        return f"Segment({self.name!r}, {self.size} bytes, {mode})"
+
+    @classmethod
+    def create(cls, name: str, size: int) -> Segment:
+        """Create, allocate and map a new segment (mode 0600); fails if it exists.
+
+        Raises
+        ------
+        SegmentExistsError
+            The name is taken.
+        SegmentFullError
+            ``/dev/shm`` cannot hold ``size`` more bytes.
+        """
+        if size <= 0:
+            raise ValueError(f"segment size must be > 0 bytes, got {size}")
+        free = _shm_free_bytes()
+        if free is not None and size > free:
+            raise _full_error(name, size, "checked before creating")
+        try:
+            mem = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
+        except posix_ipc.ExistentialError as exc:
+            raise SegmentExistsError(name, "already exists") from exc
+        fd = mem.fd
+        try:
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+                    raise _full_error(name, size, os.strerror(exc.errno)) from exc
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            with contextlib.suppress(posix_ipc.ExistentialError):
+                mem.unlink()
+            raise
+        finally:
+            mem.close_fd()
+        return cls(name, mm, size, True, True)
+
+    @classmethod
+    def attach(cls, name: str, *, writable: bool = False, min_size: int = 32) -> Segment:
+        """Map an existing segment after checking its owner, mode and size.
+
+        Parameters
+        ----------
+        name
+            POSIX name.
+        writable
+            Map read-write (else read-only: stray writes fault instead of corrupting).
+        min_size
+            Smallest size in bytes that can hold the expected header.
+
+        Raises
+        ------
+        SegmentMissingError, SegmentPermissionError, SegmentSizeError
+        """
+        try:
+            mem = posix_ipc.SharedMemory(name, 0, read_only=not writable)
+        except posix_ipc.ExistentialError as exc:
+            raise SegmentMissingError(name, "does not exist") from exc
+        except posix_ipc.PermissionsError as exc:
+            raise SegmentPermissionError(name, f"cannot be opened: {exc}") from exc
+        try:
+            st = os.fstat(mem.fd)
+            if st.st_uid != os.geteuid():
+                raise SegmentPermissionError(
+                    name,
+                    f"is owned by uid {st.st_uid}, not by this process's uid {os.geteuid()}; "
+                    "refusing to route on a segment another user controls",
+                )
+            if st.st_mode & 0o022:
+                raise SegmentPermissionError(
+                    name,
+                    f"has mode {st.st_mode & 0o777:04o}, writable by group or others; "
+                    "cslb segments are created 0600",
+                )
+            size = st.st_size
+            if size < min_size:
+                raise SegmentSizeError(
+                    name,
+                    f"is {size} bytes, too short for its {min_size}-byte header "
+                    "(truncated, or not a cslb segment)",
+                )
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            mm = mmap.mmap(mem.fd, size, mmap.MAP_SHARED, prot)
+        finally:
+            mem.close_fd()
+        return cls(name, mm, size, writable, False)
+
+    # --------------------------------------------------------------------------------
+
+    def array(self, dtype: np.dtype | str, offset: int, count: int) -> np.ndarray:
+        """Zero-copy NumPy view of ``count`` items of ``dtype`` at byte ``offset``."""
+        return np.frombuffer(self._mm, dtype=dtype, count=count, offset=offset)
+
+    def header(self, dtype: np.dtype, offset: int = 0) -> np.ndarray:
+        """Zero-copy view of one structured header record at byte ``offset``."""
+        return self.array(dtype, offset, 1)[0:1]
+
+    def unlink(self) -> bool:
+        """Remove the name from ``/dev/shm`` (mappings stay valid); False if already gone."""
+        try:
+            posix_ipc.unlink_shared_memory(self.name)
+        except posix_ipc.ExistentialError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Drop this handle's mapping.
+
+        Views handed out (tables, counter rows) keep the mapping alive; it is unmapped
+        when the last of them is garbage collected.
+        """
+        mm = self._mm
+        self.words = self.buf = memoryview(b"")
+        with contextlib.suppress(BufferError, ValueError):
+            mm.close()
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the segment's cross-process lock (``flock`` on a fresh descriptor).
+
+        The kernel drops the lock when the holder dies, so a SIGKILLed process never
+        leaves it held. Used only for rare operations (claiming a worker slot, growing
+        counters), never on a routing or recording path.
+        """
+        fd = _open_for_lock(self.name)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+def unlink_name(name: str) -> bool:
+    """Remove a segment name from ``/dev/shm``; False if it did not exist."""
+    try:
+        posix_ipc.unlink_shared_memory(name)
+    except posix_ipc.ExistentialError:
+        return False
+    return True
+
+
+def attach_initialized(
+    name: str, *, writable: bool, min_size: int, wait_s: float = 2.0, initialized: bool = True
+) -> Segment:
+    """Attach a segment another process may be creating right now.
+
+    Waits up to ``wait_s`` seconds for the creator to size it (and, with
+    ``initialized``, to write its magic word, which creators write last); after that
+    the segment is returned as it is, for :func:`check_header` to judge.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            seg = Segment.attach(name, writable=writable, min_size=min_size)
+        except SegmentSizeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+            continue
+        if not initialized or seg.words[0] != 0 or time.monotonic() > deadline:
+            return seg
+        seg.close()
+        time.sleep(0.005)
+
+
+def _open_for_lock(name: str) -> int:
+    try:
+        mem = posix_ipc.SharedMemory(name, 0, read_only=True)
+    except posix_ipc.ExistentialError as exc:
+        raise SegmentMissingError(name, "does not exist (removed while in use?)") from exc
+    return mem.fd  # the caller owns and closes it
+
+
+class WriterLock:
+    """Exclusive, non-blocking, process-lifetime lock on a segment name.
+
+    Held by the one table writer of a namespace. The kernel releases it when the
+    process dies; the descriptor is closed in forked children (``os.register_at_fork``)
+    so a child never keeps a dead writer's lock alive.
+    """
+
+    _held: set[WriterLock] = set()  # noqa: RUF012 - per-process registry of held locks
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.fd = _open_for_lock(name)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(self.fd)
+            raise WriterBusyError(name, "another live process holds the writer lock") from exc
+        WriterLock._held.add(self)
+
+    def release(self) -> None:
+        """Release the lock (idempotent)."""
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+        WriterLock._held.discard(self)
+
+    @classmethod
+    def _after_fork_in_child(cls) -> None:
+        for lock in list(cls._held):
+            with contextlib.suppress(OSError):
+                os.close(lock.fd)  # the parent still holds the lock through its own fd
+            lock.fd = -1
+        cls._held.clear()
+
+
+os.register_at_fork(after_in_child=WriterLock._after_fork_in_child)
+
+
+def check_header(
+    seg: Segment, dtype: np.dtype, magic: int, what: str, *, epoch: int | None = None
+) -> np.ndarray:
+    """Validate a segment's common header and return a view of its header record.
+
+    Parameters
+    ----------
+    seg
+        The attached segment.
+    dtype
+        The header dtype of the expected kind.
+    magic
+        The expected magic word.
+    what
+        Human name of the expected kind, for messages.
+    epoch
+        The expected data-segment epoch (the number in its name), if any.
+
+    Raises
+    ------
+    SegmentSizeError, SegmentMagicError, SegmentVersionError
+    """
+    if seg.size < dtype.itemsize:
+        raise SegmentSizeError(
+            seg.name,
+            f"is {seg.size} bytes, too short for the {dtype.itemsize}-byte header of {what}",
+        )
+    w = seg.words
+    found = w[word(dtype, "magic")]
+    if found != magic:
+        kind = KIND_NAMES.get(found)
+        if kind is not None:
+            raise SegmentMagicError(seg.name, f"is {kind}, expected {what}")
+        raise SegmentMagicError(
+            seg.name,
+            f"does not start with a cslb magic number (found 0x{found:016x}, expected "
+            f"0x{magic:016x} for {what}): not a cslb segment, or overwritten",
+        )
+    version = w[word(dtype, "version")]
+    if version != LAYOUT_VERSION:
+        raise SegmentVersionError(
+            seg.name, f"is layout version {version}, this build reads version {LAYOUT_VERSION}"
+        )
+    declared = w[word(dtype, "size")]
+    if declared != seg.size:
+        raise SegmentSizeError(
+            seg.name,
+            f"header says {declared} bytes but the segment has {seg.size} bytes "
+            "(truncated or resized by someone else)",
+        )
+    if epoch is not None and w[word(dtype, "epoch")] != epoch:
+        raise SegmentLayoutError(
+            seg.name,
+            f"header says epoch {w[word(dtype, 'epoch')]} but its name says epoch {epoch}",
+        )
+    return seg.header(dtype)

@@ -1,0 +1,1429 @@
+"""Routing tables in shared memory: one writer, any number of readers, no torn reads.
+
+The discovery process publishes with a :class:`TableWriter`; every worker maps the
+tables with a :class:`TableReader` and routes on zero-copy NumPy views of them. A table
+(:class:`Table`) holds everything a worker needs to route: the endpoints with zone, node
+and stable counter slot; the lbcore :class:`~lbcore.RingSet` (each ring's sorted hashes,
+owners and bucket table, wrapped by :meth:`lbcore.Ring.from_arrays` so no worker ever
+hashes or sorts a ring); per-endpoint weights and ejected flags; the runtime knobs; the
+publisher's PID and the publish time.
+
+Protocol
+--------
+Segments: a small *control* segment ``/cslb.<ns>.tables`` and a *data* segment
+``/cslb.<ns>.tables.<epoch>`` with two buffers. The control word ``current`` packs
+``epoch << 1 | buffer``: the one buffer readers should use. Each buffer starts with a
+header whose ``seq`` is odd while the writer rewrites the buffer (a seqlock), then the
+``generation``, the payload length and a CRC-32 ``checksum`` of the payload.
+
+Publish (writer; ``fence`` = store->store ordering, see :func:`shm.segment.fence`)::
+
+    idle buffer B (the one ``current`` does not name); s = B.seq made odd
+    B.seq = s ; fence ; write payload ; B.generation, length, checksum ; fence
+    B.seq = s + 1 ; fence ; control.current = (epoch, B) ; control.generation = g
+
+Read (reader; ``fence`` = load->load ordering)::
+
+    c = control.current ; s1 = buffer(c).seq ; retry if odd ; fence
+    map the payload; first time for this (epoch, buffer, s1): verify the checksum and
+    every offset, count and index, build the Table of zero-copy views
+    ... route on the views ...
+    fence ; s2 = buffer(c).seq ; the routing result counts only if s1 == s2
+
+Why it is correct:
+
+* The writer never writes the buffer ``current`` names, so a reader holding the
+  current buffer is undisturbed until the writer has published *twice* more. When it
+  does rewrite that buffer, it makes ``seq`` odd *before* its first payload store and
+  even (and larger) only *after* its last; a reader whose route overlapped any payload
+  store therefore reads ``s2 != s1`` (or an odd ``s1``) and retries. ``Table.valid()``
+  is that second read, and :meth:`TableReader.consistent` the retry loop; a routing
+  function that faults on garbage (say an out-of-range owner) while the table is
+  invalid is retried the same way, and NumPy's bounds checks mean a garbage index
+  can raise but never read outside the mapping.
+* A reader never routes on a buffer that was not completely written: ``current`` names
+  a buffer only after its ``seq`` became even, so the odd ``seq`` of a writer killed
+  mid-publish is never in the current buffer, and readers keep the previous
+  generation; a new writer takes the writer lock (released by the kernel when the
+  old writer died), writes the idle buffer again and publishes the next generation.
+* Generations only increase: ``current`` only ever moves to the newest published
+  buffer, and a buffer is only ever rewritten with a newer generation.
+* Readers write nothing to the tables segments (they are mapped read-only) and take no
+  lock, so they cannot block the writer; a reader can only be delayed by a writer that
+  republishes faster than it can map a table.
+* On x86-64 (TSO) the CPU keeps loads in order with loads and stores with stores,
+  which is all a seqlock needs, and the fences are no-ops. On arm64 or POWER they are
+  real barriers (:func:`shm.segment.fence`); they order the reader's ``seq`` loads
+  around its payload loads and the writer's ``seq`` stores around its payload stores.
+* What the checksum buys there: it does not depend on any barrier at all. A reader
+  verifies it the first time it maps a generation, over every payload byte it will use,
+  so whatever the CPU did with the order in which the writer's stores became visible,
+  a generation is only ever used after the reader has seen all of it exactly as the
+  writer wrote it (a mismatch with a stable ``seq`` is retried briefly, then reported
+  as :class:`~shm.errors.TableChecksumError`). Cache coherence, which every CPU keeps
+  per memory location, then guarantees that the reader's later loads of those bytes
+  return these values or newer ones (a rewrite), never older ones. The same check
+  catches a corrupted or foreign segment. The barriers are then needed only for the
+  rare case of a reader still routing on a buffer the writer reuses two publishes
+  later, where ``seq`` must be ordered around the payload loads.
+
+Capacity: a table larger than the buffers goes to a new data segment
+``/cslb.<ns>.tables.<epoch+1>`` with larger buffers; ``current`` then names the new
+epoch and readers attach it on their next :meth:`TableReader.table` call. The writer
+unlinks the old segment at once (readers still mapping it keep their mapping until
+they drop their last view of it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+import lbcore
+from lbcore import knobs as lbcore_knobs
+from lbcore.signals import DEFAULT_WINDOW_NS
+from shm.errors import (
+    SegmentCorruptError,
+    SegmentError,
+    SegmentExistsError,
+    SegmentLayoutError,
+    SegmentMissingError,
+    SlotOwnershipError,
+    TableChecksumError,
+    TableInputError,
+    TableUnavailableError,
+    WriterBusyError,
+)
+from shm.layout import (
+    BUFFER_HEADER,
+    BUFFER_HEADER_BYTES,
+    CONTROL_BYTES,
+    DATA_HEADER_BYTES,
+    LAYOUT_VERSION,
+    MAGIC_PAYLOAD,
+    MAGIC_TABLES_CONTROL,
+    MAGIC_TABLES_DATA,
+    PAYLOAD_HEADER,
+    SECTION,
+    TABLE_SECTIONS,
+    TABLES_CONTROL,
+    TABLES_DATA,
+    align,
+    ring_sections,
+    word,
+)
+from shm.segment import (
+    _TSO,
+    Segment,
+    WriterLock,
+    attach_initialized,
+    check_header,
+    fence,
+    list_segments,
+    process_alive,
+    process_start_ticks,
+    segment_name,
+    unlink_name,
+)
+
+__all__ = [
+    "DEFAULT_SLOT_REUSE_NS",
+    "Knobs",
+    "SlotAllocator",
+    "Table",
+    "TableReader",
+    "TableWriter",
+]
+
+T = TypeVar("T")
+
+#: A freed counter slot is reused only this long after its endpoint left: the occupancy
+#: window plus margin, so the new endpoint never inherits the old one's load.
+DEFAULT_SLOT_REUSE_NS = DEFAULT_WINDOW_NS + 2_000_000_000
+
+_WEAK = not _TSO
+_MAX_ENDPOINTS = 1 << 20
+_MAX_RINGS = 64
+_MAX_VNODES = 1 << 16
+_MIN_BUCKET_BITS = 1
+_MAX_BUCKET_BITS = 26
+_PAGE = 4096
+
+# Word indices used on hot paths.
+_C_CURRENT = word(TABLES_CONTROL, "current")
+_C_GENERATION = word(TABLES_CONTROL, "generation")
+_C_WRITER_PID = word(TABLES_CONTROL, "writer_pid")
+_C_WRITER_START = word(TABLES_CONTROL, "writer_start")
+_C_HEARTBEAT = word(TABLES_CONTROL, "heartbeat_ns")
+_B_SEQ = word(BUFFER_HEADER, "seq")
+_B_GENERATION = word(BUFFER_HEADER, "generation")
+_B_PAYLOAD = word(BUFFER_HEADER, "payload_bytes")
+_B_CHECKSUM = word(BUFFER_HEADER, "checksum")
+_DIR_OFFSET = align(PAYLOAD_HEADER.itemsize, 8)
+
+
+def _checksum(data: memoryview) -> int:
+    # CRC-32 from the standard library (~3.9 GB/s here): shm may not import xxhash
+    # itself and lbcore no longer exports a bytes hash (XXH64 would be ~2.5x faster).
+    return zlib.crc32(data)
+
+
+# ------------------------------------------------------------------------------------
+# Knobs.
+
+
+_KNOB_DEFAULTS = lbcore_knobs.defaults()
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """Runtime knobs, published with every table.
+
+    One change reaches every worker of the host at the same generation. Defaults and
+    validation are those of :data:`lbcore.knobs.ROUTING_KNOBS` (declared once there);
+    the fade-in duration and exponent and the virtual nodes travel in the ring set.
+
+    Parameters
+    ----------
+    enabled
+        Kill switch: ``False`` routes every key to fallback.
+    percentage
+        Share of keys (0-100) routed client-side.
+    balance_factor
+        Bounded-load factor (``>= 1``); ``None`` disables bounded load.
+    max_hops
+        Cap on the bounded-load walk (``>= 1``); ``None``: Skipper's unlimited walk.
+    load_signal
+        One of :data:`lbcore.signals.LOAD_SIGNALS`.
+    fade_mode
+        One of :data:`lbcore.knobs.FADE_MODES`.
+    """
+
+    enabled: bool = _KNOB_DEFAULTS["enabled"]
+    percentage: float = _KNOB_DEFAULTS["percentage"]
+    balance_factor: float | None = _KNOB_DEFAULTS["balance_factor"]
+    max_hops: int | None = _KNOB_DEFAULTS["max_hops"]
+    load_signal: str = _KNOB_DEFAULTS["load_signal"]
+    fade_mode: str = _KNOB_DEFAULTS["fade_mode"]
+
+    def __post_init__(self) -> None:
+        for field in self.__slots__:
+            value = getattr(self, field)
+            if isinstance(value, (float, np.floating)) and math.isnan(value):
+                raise TableInputError(f"knob {field} is NaN")
+            try:
+                typed = lbcore_knobs.knob(field).convert(value, "table knobs")
+            except lbcore_knobs.KnobError as exc:
+                raise TableInputError(str(exc)) from None
+            object.__setattr__(self, field, typed)
+
+    def gate(self) -> lbcore.Gate:
+        """The rollout gate these knobs describe."""
+        return lbcore.Gate(bool(self.enabled), self.percentage)
+
+
+# ------------------------------------------------------------------------------------
+# Counter slots of endpoints.
+
+
+class SlotAllocator:
+    """Stable counter columns ("slots") for endpoints, across table generations.
+
+    An endpoint keeps its slot for as long as it is in the table. When it leaves, its
+    slot is freed and handed to a new endpoint only ``reuse_after_ns`` later, after its
+    counters have aged out of the occupancy window. An address that comes back before
+    its old slot was reused gets that slot back (a flapping pod keeps its history).
+
+    Parameters
+    ----------
+    reuse_after_ns
+        Minimum time between freeing a slot and reusing it, in nanoseconds.
+    """
+
+    def __init__(self, reuse_after_ns: int = DEFAULT_SLOT_REUSE_NS) -> None:
+        self.reuse_after_ns = int(reuse_after_ns)
+        self.slot_of: dict[str, int] = {}
+        self.freed_ns: dict[int, int] = {}
+        self.freed_by: dict[str, int] = {}  # address -> its freed, not yet reused slot
+        self.n_slots = 0
+
+    def copy(self) -> SlotAllocator:
+        """An independent copy (publish works on a copy and commits it on success)."""
+        out = SlotAllocator(self.reuse_after_ns)
+        out.slot_of = dict(self.slot_of)
+        out.freed_ns = dict(self.freed_ns)
+        out.freed_by = dict(self.freed_by)
+        out.n_slots = self.n_slots
+        return out
+
+    @classmethod
+    def recover(
+        cls, endpoints: Sequence[str], slots: np.ndarray, freed_ns: np.ndarray, reuse_after_ns: int
+    ) -> SlotAllocator:
+        """Rebuild the allocator from a published table (a new writer taking over)."""
+        out = cls(reuse_after_ns)
+        out.slot_of = {ep: int(s) for ep, s in zip(endpoints, slots.tolist(), strict=True)}
+        out.n_slots = int(freed_ns.size)
+        used = set(out.slot_of.values())
+        for s, t in enumerate(freed_ns.tolist()):
+            if s not in used:
+                out.freed_ns[s] = max(int(t), 0)
+        return out
+
+    def assign(self, endpoints: Sequence[str], now_ns: int) -> np.ndarray:
+        """Slots of ``endpoints`` at ``now_ns`` (mutates this allocator).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``int32`` slot per endpoint, unique.
+        """
+        wanted = set(endpoints)
+        for ep, s in list(self.slot_of.items()):
+            if ep not in wanted:
+                del self.slot_of[ep]
+                self.freed_ns[s] = now_ns
+                self.freed_by[ep] = s
+        reusable = sorted(s for s, t in self.freed_ns.items() if now_ns - t >= self.reuse_after_ns)
+        reusable.reverse()  # pop() takes the lowest
+        out = np.empty(len(endpoints), dtype=np.int32)
+        for i, ep in enumerate(endpoints):
+            s = self.slot_of.get(ep)
+            if s is None:
+                s = self.freed_by.pop(ep, None)
+                if s is None or s not in self.freed_ns:
+                    s = None
+                    while reusable:
+                        cand = reusable.pop()
+                        if cand in self.freed_ns:
+                            s = cand
+                            break
+                    if s is None:
+                        s = self.n_slots
+                        self.n_slots += 1
+                self.freed_ns.pop(s, None)
+                self.slot_of[ep] = s
+            out[i] = s
+        # Forget "came back" hints for slots that now belong to someone else.
+        taken = set(self.slot_of.values())
+        self.freed_by = {ep: s for ep, s in self.freed_by.items() if s not in taken}
+        return out
+
+    def freed_array(self) -> np.ndarray:
+        """Per slot: ``-1`` in use, else the CLOCK_MONOTONIC time it was freed (ns)."""
+        out = np.full(self.n_slots, -1, dtype=np.int64)
+        for s, t in self.freed_ns.items():
+            out[s] = t
+        return out
+
+
+# ------------------------------------------------------------------------------------
+# The reader's view of one generation.
+
+
+def _ring_set_from_rings(
+    endpoints: tuple[str, ...],
+    tiers: np.ndarray,
+    starts_ns: tuple[int, ...],
+    rings: tuple[lbcore.Ring, ...],
+    ring_pos: np.ndarray,
+    owner_table: np.ndarray,
+    duration_ns: int,
+    exponent: float,
+    vnodes: int,
+) -> lbcore.RingSet:
+    # lbcore.RingSet has no public constructor from already built parts: its __init__
+    # rebuilds every fading ring with Ring.subset (new bucket tables) and its routing
+    # maps, per worker. Fill its slots with the validated zero-copy views instead; the
+    # tests check that every slot is set. See the report on lbcore.
+    rs = lbcore.RingSet.__new__(lbcore.RingSet)
+    values = {
+        "endpoints": endpoints,
+        "tiers": tiers,
+        "starts_ns": starts_ns,
+        "duration_ns": duration_ns,
+        "exponent": exponent,
+        "vnodes": vnodes,
+        "rings": rings,
+        "ring_pos": ring_pos,
+        "owner_table": owner_table,
+        "_bounded": None,
+        "_seen_snapshot": None,
+    }
+    missing = set(lbcore.RingSet.__slots__) - set(values)
+    if missing:
+        raise ImportError(f"this build of shm does not know lbcore.RingSet fields {missing}")
+    for name, value in values.items():
+        setattr(rs, name, value)
+    return rs
+
+
+class Table:
+    """One published generation, as a reader sees it. Immutable.
+
+    Arrays are read-only zero-copy views of shared memory; they stay correct for as
+    long as :meth:`valid` is true (the writer reuses a buffer only two publishes later).
+
+    Attributes
+    ----------
+    generation : int
+        Publish count (0: nothing published yet; an empty table).
+    published_ns : int
+        CLOCK_MONOTONIC time of the publish, in nanoseconds.
+    publisher_pid : int
+        PID of the process that published it.
+    endpoints, zones, nodes : tuple[str, ...]
+        Per endpoint: address, zone and node name (``""`` if unknown).
+    slots : numpy.ndarray
+        ``int32`` counter slot (column of the counter matrix) per endpoint.
+    weights : numpy.ndarray
+        ``float64`` weight per endpoint.
+    ejected : numpy.ndarray
+        ``bool`` per endpoint: ejected by outlier detection.
+    ring_set : lbcore.RingSet
+        The established and fading rings (fade duration and exponent included).
+    knobs : Knobs
+        Runtime knobs of this generation.
+    n_slots : int
+        Counter columns in use (every slot is below it).
+    slot_freed_ns : numpy.ndarray
+        ``int64`` per counter slot: ``-1`` in use, else when it was freed (ns).
+    segment : str
+        Name of the data segment holding it.
+    """
+
+    __slots__ = (
+        "_seq",
+        "_seq_index",
+        "_seq_words",
+        "buffer",
+        "ejected",
+        "endpoints",
+        "generation",
+        "knobs",
+        "n_slots",
+        "nodes",
+        "published_ns",
+        "publisher_pid",
+        "ring_set",
+        "segment",
+        "slot_freed_ns",
+        "slots",
+        "weights",
+        "zones",
+    )
+
+    def __repr__(self) -> str:
+        return (
+            f"Table(generation {self.generation}, {len(self.endpoints)} endpoints, "
+            f"{len(self.ring_set.rings)} ring(s), {self.segment} buffer {self.buffer})"
+        )
+
+    def valid(self) -> bool:
+        """True while the writer has not started rewriting this table's buffer.
+
+        Check it *after* using the table: a result computed from it counts only if the
+        table is still valid then. Costs one shared-memory load (~50 ns).
+        """
+        if _WEAK:
+            fence()
+        return self._seq_words[self._seq_index] == self._seq
+
+    @property
+    def fade_duration_ns(self) -> int:
+        """Fade-in window of the ring set, in nanoseconds."""
+        return self.ring_set.duration_ns
+
+    @property
+    def fade_exponent(self) -> float:
+        """Fade-in curve exponent of the ring set."""
+        return self.ring_set.exponent
+
+
+def _empty_table() -> Table:
+    t = Table.__new__(Table)
+    t.generation = 0
+    t.published_ns = 0
+    t.publisher_pid = 0
+    t.endpoints = t.zones = t.nodes = ()
+    t.slots = np.empty(0, dtype=np.int32)
+    t.weights = np.empty(0, dtype=np.float64)
+    t.ejected = np.empty(0, dtype=np.bool_)
+    t.ring_set = lbcore.RingSet(())
+    t.knobs = Knobs()
+    t.n_slots = 0
+    t.slot_freed_ns = np.empty(0, dtype=np.int64)
+    t.segment = ""
+    t.buffer = -1
+    t._seq_words = memoryview(np.zeros(1, dtype=np.uint64)).cast("B").cast("Q")
+    t._seq_index = 0
+    t._seq = 0
+    return t
+
+
+# ------------------------------------------------------------------------------------
+# Encoding (writer side).
+
+
+def _blob(strings: Sequence[str], what: str) -> bytes:
+    for s in strings:
+        if not isinstance(s, str):
+            raise TableInputError(f"{what} must be strings, got {type(s).__name__}: {s!r}")
+        if "\0" in s:
+            raise TableInputError(f"{what} must not contain NUL characters: {s!r}")
+    try:
+        return "\0".join(strings).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TableInputError(f"{what} are not valid Unicode (lone surrogate?): {exc}") from exc
+
+
+def _per_endpoint(values: Any, n: int, dtype: Any, what: str, default: Any) -> np.ndarray:
+    if values is None:
+        return np.full(n, default, dtype=dtype)
+    arr = np.asarray(values)
+    if arr.shape != (n,):
+        raise TableInputError(f"{what} has shape {arr.shape}, expected ({n},) for {n} endpoints")
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _strings(values: Sequence[str] | None, n: int, what: str) -> list[str]:
+    if values is None:
+        return [""] * n
+    out = list(values)
+    if len(out) != n:
+        raise TableInputError(f"{what} has {len(out)} entries, expected {n} (one per endpoint)")
+    return out
+
+
+class _Encoded:
+    """A table laid out as a payload: header, section directory, sections."""
+
+    def __init__(self, header: np.ndarray, sections: list[tuple[str, memoryview]]) -> None:
+        self.header = header
+        self.sections = sections
+        self.directory = np.zeros(len(sections), dtype=SECTION)
+        off = align(_DIR_OFFSET + SECTION.itemsize * len(sections), 64)
+        for i, (_, data) in enumerate(sections):
+            self.directory[i] = (off, data.nbytes)
+            off = align(off + data.nbytes, 64)
+        self.payload_bytes = off
+
+    def write(self, buf: memoryview, start: int) -> None:
+        hb = memoryview(self.header).cast("B")
+        buf[start : start + hb.nbytes] = hb
+        db = memoryview(self.directory).cast("B")
+        buf[start + _DIR_OFFSET : start + _DIR_OFFSET + db.nbytes] = db
+        pos = start + _DIR_OFFSET + db.nbytes
+        for (_, data), (off, nbytes) in zip(self.sections, self.directory.tolist(), strict=True):
+            # Zero the alignment gaps too: the checksum covers every payload byte.
+            buf[pos : start + off] = bytes(start + off - pos)
+            buf[start + off : start + off + nbytes] = data
+            pos = start + off + nbytes
+        buf[pos : start + self.payload_bytes] = bytes(start + self.payload_bytes - pos)
+
+
+def _bytes_of(arr: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
+
+
+def _encode(
+    ring_set: lbcore.RingSet,
+    *,
+    generation: int,
+    now_ns: int,
+    slots: np.ndarray,
+    freed_ns: np.ndarray,
+    zones: list[str],
+    nodes: list[str],
+    weights: np.ndarray,
+    ejected: np.ndarray,
+    knobs: Knobs,
+) -> _Encoded:
+    eps = ring_set.endpoints
+    n = len(eps)
+    rings = ring_set.rings
+    if n and len(rings) != len(ring_set.starts_ns) + 1:
+        raise TableInputError(
+            f"ring set has {len(rings)} rings for {len(ring_set.starts_ns)} fading events"
+        )
+    if len(rings) > _MAX_RINGS or n > _MAX_ENDPOINTS:
+        raise TableInputError(
+            f"table too large: {n} endpoints, {len(rings)} rings "
+            f"(limits {_MAX_ENDPOINTS} endpoints, {_MAX_RINGS} rings)"
+        )
+    hdr = np.zeros(1, dtype=PAYLOAD_HEADER)
+    h = hdr[0]
+    h["magic"] = MAGIC_PAYLOAD
+    h["generation"] = generation
+    h["published_ns"] = now_ns
+    h["publisher_pid"] = os.getpid()
+    h["endpoints"] = n
+    h["rings"] = len(rings)
+    h["vnodes"] = ring_set.vnodes
+    h["slots"] = freed_ns.size
+    h["fade_duration_ns"] = ring_set.duration_ns
+    h["fade_exponent"] = ring_set.exponent
+    h["enabled"] = int(bool(knobs.enabled))
+    h["percentage"] = knobs.percentage
+    h["balance_factor"] = math.nan if knobs.balance_factor is None else knobs.balance_factor
+    h["max_hops"] = -1 if knobs.max_hops is None else int(knobs.max_hops)
+    h["load_signal"] = knobs.load_signal.encode("ascii")
+    h["fade_mode"] = knobs.fade_mode.encode("ascii")
+    sections: list[tuple[str, memoryview]] = [
+        ("addresses", memoryview(_blob(eps, "endpoint addresses"))),
+        ("zones", memoryview(_blob(zones, "zones"))),
+        ("nodes", memoryview(_blob(nodes, "node names"))),
+        ("slot", _bytes_of(slots.astype(np.int32))),
+        ("weight", _bytes_of(weights)),
+        ("ejected", _bytes_of(ejected.astype(np.uint8))),
+        ("tier", _bytes_of(np.asarray(ring_set.tiers, dtype=np.int32))),
+        ("starts_ns", _bytes_of(np.array(ring_set.starts_ns, dtype=np.int64))),
+        ("slot_freed_ns", _bytes_of(freed_ns)),
+        ("ring_nodes", _bytes_of(np.array([len(r) for r in rings], dtype=np.int64))),
+        ("ring_pos", _bytes_of(np.asarray(ring_set.ring_pos, dtype=np.int32))),
+        ("owner_table", _bytes_of(np.asarray(ring_set.owner_table, dtype=np.int32))),
+    ]
+    for k, ring in enumerate(rings):
+        names = ring_sections(k)
+        sections.append((names[0][0], _bytes_of(np.asarray(ring.hashes, dtype=np.uint64))))
+        sections.append((names[1][0], _bytes_of(np.asarray(ring.owners, dtype=np.int32))))
+        sections.append((names[2][0], _bytes_of(np.asarray(ring.buckets, dtype=np.int32))))
+    h["sections"] = len(sections)
+    return _Encoded(hdr, sections)
+
+
+# ------------------------------------------------------------------------------------
+# Decoding and validation (reader side; the writer uses it to recover).
+
+
+class _Decoder:
+    """Checks one buffer's payload and builds the :class:`Table` of views over it."""
+
+    def __init__(self, data: Segment, buffer: int, start: int, payload_bytes: int) -> None:
+        self.data = data
+        self.buffer = buffer
+        self.start = start
+        self.nbytes = payload_bytes
+        self.where = f"buffer {buffer}"
+
+    def fail(self, message: str) -> SegmentLayoutError:
+        return SegmentLayoutError(self.data.name, f"{self.where}: {message}")
+
+    def decode(self, generation: int) -> Table:
+        data, start = self.data, self.start
+        if self.nbytes < _DIR_OFFSET:
+            raise self.fail(f"payload of {self.nbytes} bytes is shorter than a table header")
+        h = data.array(PAYLOAD_HEADER, start, 1).copy()[0]
+        if int(h["magic"]) != MAGIC_PAYLOAD:
+            raise self.fail("payload does not start with the table magic")
+        if int(h["generation"]) != generation:
+            raise self.fail(
+                f"payload is generation {int(h['generation'])}, buffer header says {generation}"
+            )
+        self.where = f"buffer {self.buffer} generation {generation}"
+        n = int(h["endpoints"])
+        n_rings = int(h["rings"])
+        vnodes = int(h["vnodes"])
+        n_slots = int(h["slots"])
+        if n > _MAX_ENDPOINTS or n_rings > _MAX_RINGS or not 1 <= vnodes <= _MAX_VNODES:
+            raise self.fail(f"counts out of range: {n} endpoints, {n_rings} rings, {vnodes} vnodes")
+        if (n == 0) != (n_rings == 0):
+            raise self.fail(f"{n} endpoints but {n_rings} rings")
+        if n_slots > _MAX_ENDPOINTS * 4 or n_slots < n:
+            raise self.fail(f"{n_slots} counter slots for {n} endpoints")
+        n_sections = int(h["sections"])
+        expect = len(TABLE_SECTIONS) + 3 * n_rings
+        if n_sections != expect:
+            raise self.fail(f"{n_sections} sections, expected {expect} for {n_rings} rings")
+        directory = data.array(SECTION, start + _DIR_OFFSET, n_sections).copy()
+        first = align(_DIR_OFFSET + SECTION.itemsize * n_sections, 64)
+        names = [name for name, _ in TABLE_SECTIONS]
+        dtypes = [dt for _, dt in TABLE_SECTIONS]
+        for k in range(n_rings):
+            for name, dt in ring_sections(k):
+                names.append(name)
+                dtypes.append(dt)
+        views: dict[str, Any] = {}
+        for (off, nbytes), name, dt in zip(directory.tolist(), names, dtypes, strict=True):
+            if off % 8 or off < first or off + nbytes > self.nbytes:
+                raise self.fail(
+                    f"section {name!r} at offset {off} with {nbytes} bytes lies outside the "
+                    f"{self.nbytes}-byte payload"
+                )
+            if dt is None:
+                views[name] = data.buf[start + off : start + off + nbytes]
+            else:
+                item = np.dtype(dt).itemsize
+                if nbytes % item:
+                    raise self.fail(f"section {name!r} is {nbytes} bytes, not a multiple of {item}")
+                views[name] = data.array(dt, start + off, nbytes // item)
+
+        def count(name: str, expected: int) -> np.ndarray:
+            arr = views[name]
+            if arr.size != expected:
+                raise self.fail(f"section {name!r} has {arr.size} entries, expected {expected}")
+            return arr
+
+        eps = self._strings(views["addresses"], n, "addresses")
+        zones = self._strings(views["zones"], n, "zones")
+        nodes = self._strings(views["nodes"], n, "nodes")
+        if any(not ep for ep in eps):
+            raise self.fail("an endpoint address is empty")
+        slots = count("slot", n)
+        if n and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
+            raise self.fail(f"endpoint slots must be in 0..{n_slots - 1}")
+        if n and int(np.bincount(slots, minlength=n_slots).max()) > 1:
+            raise self.fail("two endpoints share a counter slot")
+        weights = count("weight", n)
+        if n and not (np.isfinite(weights).all() and float(weights.min()) >= 0.0):
+            raise self.fail("endpoint weights must be finite and >= 0")
+        ejected_u8 = count("ejected", n)
+        if n and int(ejected_u8.max()) > 1:
+            raise self.fail("ejected flags must be 0 or 1")
+        tiers = count("tier", n)
+        if n and (int(tiers.min()) < 0 or int(tiers.max()) >= n_rings):
+            raise self.fail(f"endpoint tiers must be in 0..{n_rings - 1}")
+        starts = count("starts_ns", max(n_rings - 1, 0))
+        if starts.size > 1 and bool((np.diff(starts) < 0).any()):
+            raise self.fail("fading events are not ordered oldest first")
+        freed = count("slot_freed_ns", n_slots)
+        ring_nodes = count("ring_nodes", n_rings)
+        duration = int(h["fade_duration_ns"])
+        exponent = float(h["fade_exponent"])
+        if duration < 0 or not math.isfinite(exponent) or exponent <= 0:
+            raise self.fail(f"fade duration {duration} ns / exponent {exponent} out of range")
+        rings = []
+        for k in range(n_rings):
+            m = int(ring_nodes[k])
+            (hn, _), (on, _), (bn, _) = ring_sections(k)
+            if not 1 <= m <= n * vnodes:
+                raise self.fail(f"ring {k} has {m} nodes for {n} endpoints x {vnodes} vnodes")
+            hashes = count(hn, m)
+            owners = count(on, m)
+            buckets = views[bn]
+            bits = buckets.size.bit_length() - 1
+            if buckets.size != 1 << bits or not _MIN_BUCKET_BITS <= bits <= _MAX_BUCKET_BITS:
+                raise self.fail(
+                    f"ring {k} bucket table has {buckets.size} entries, expected a power of two "
+                    f"from 2**{_MIN_BUCKET_BITS} to 2**{_MAX_BUCKET_BITS}"
+                )
+            if m > 1 and bool((hashes[1:] < hashes[:-1]).any()):
+                raise self.fail(f"ring {k} hashes are not sorted")
+            if int(owners.min()) < 0 or int(owners.max()) >= n:
+                raise self.fail(f"ring {k} owners must be endpoint indices 0..{n - 1}")
+            if int(tiers[owners].max()) > k:
+                raise self.fail(f"ring {k} holds endpoints of a newer fading event")
+            # Entries: e >= 0 a ring position; -1 "search"; e <= -2 the one node -e - 2.
+            if int(buckets.min()) < -(m + 1) or int(buckets.max()) >= m:
+                raise self.fail(f"ring {k} bucket table points outside the ring")
+            rings.append(
+                lbcore.Ring.from_arrays(eps, hashes, owners, vnodes=vnodes, buckets=buckets)
+            )
+        master = int(ring_nodes[-1]) if n_rings else 0
+        ring_pos = count("ring_pos", n_rings * master).reshape(n_rings, master)
+        owner_table = count("owner_table", n_rings * master).reshape(n_rings, master)
+        for k in range(n_rings):
+            if master and (int(ring_pos[k].min()) < 0 or int(ring_pos[k].max()) >= len(rings[k])):
+                raise self.fail(f"routing map of ring {k} points outside the ring")
+        if master and (int(owner_table.min()) < 0 or int(owner_table.max()) >= n):
+            raise self.fail(f"owner table must hold endpoint indices 0..{n - 1}")
+        knobs = self._knobs(h)
+        t = Table.__new__(Table)
+        t.generation = generation
+        t.published_ns = int(h["published_ns"])
+        t.publisher_pid = int(h["publisher_pid"])
+        t.endpoints = eps
+        t.zones = zones
+        t.nodes = nodes
+        t.slots = slots
+        t.weights = weights
+        t.ejected = ejected_u8.view(np.bool_)
+        t.knobs = knobs
+        t.n_slots = n_slots
+        t.slot_freed_ns = freed
+        t.segment = data.name
+        t.buffer = self.buffer
+        if n_rings:
+            t.ring_set = _ring_set_from_rings(
+                eps,
+                tiers,
+                tuple(starts.tolist()),
+                tuple(rings),
+                ring_pos,
+                owner_table,
+                duration,
+                exponent,
+                vnodes,
+            )
+        else:
+            t.ring_set = lbcore.RingSet((), duration_ns=duration, exponent=exponent)
+        return t
+
+    def _strings(self, blob: memoryview, n: int, what: str) -> tuple[str, ...]:
+        if n == 0:
+            if blob.nbytes:
+                raise self.fail(f"section {what!r} holds text for an empty table")
+            return ()
+        try:
+            out = bytes(blob).decode("utf-8").split("\0")
+        except UnicodeDecodeError as exc:
+            raise self.fail(f"section {what!r} is not valid UTF-8: {exc}") from exc
+        if len(out) != n:
+            raise self.fail(f"section {what!r} holds {len(out)} strings, expected {n}")
+        return tuple(out)
+
+    def _knobs(self, h: np.void) -> Knobs:
+        enabled = int(h["enabled"])
+        bf = float(h["balance_factor"])
+        hops = int(h["max_hops"])
+        try:
+            signal = bytes(h["load_signal"]).rstrip(b"\0").decode("ascii")
+            fade_mode = bytes(h["fade_mode"]).rstrip(b"\0").decode("ascii")
+        except UnicodeDecodeError as exc:
+            raise self.fail("load signal or fade mode name is not ASCII") from exc
+        if enabled not in (0, 1) or (hops != -1 and hops < 1):
+            raise self.fail(f"knobs out of range: enabled={enabled}, max_hops={hops}")
+        try:
+            return Knobs(
+                enabled=bool(enabled),
+                percentage=float(h["percentage"]),
+                balance_factor=None if math.isnan(bf) else bf,
+                max_hops=None if hops == -1 else hops,
+                load_signal=signal,
+                fade_mode=fade_mode,
+            )
+        except TableInputError as exc:
+            raise self.fail(str(exc)) from exc
+
+
+class _TablesView:
+    """Read access to a namespace's tables: control segment plus current data segment."""
+
+    def __init__(self, control: Segment) -> None:
+        self.control = control
+        self.cw = control.words
+        self.data: Segment | None = None
+        self.data_epoch = 0
+        self.offsets = (0, 0)
+        self.buffer_bytes = 0
+        self.writable = control.writable
+
+    def data_segment(self, epoch: int) -> Segment:
+        if self.data is not None and self.data_epoch == epoch:
+            return self.data
+        name = f"{self.control.name}.{epoch}"
+        seg = Segment.attach(name, writable=self.writable, min_size=DATA_HEADER_BYTES)
+        hdr = check_header(seg, TABLES_DATA, MAGIC_TABLES_DATA, "a cslb tables data segment")
+        off0, off1, bb = (
+            int(hdr["buffer_offset0"][0]),
+            int(hdr["buffer_offset1"][0]),
+            int(hdr["buffer_bytes"][0]),
+        )
+        if int(hdr["epoch"][0]) != epoch:
+            raise SegmentLayoutError(name, f"header says epoch {int(hdr['epoch'][0])}")
+        lo, hi = sorted((off0, off1))
+        if (
+            off0 % 64
+            or off1 % 64
+            or bb < BUFFER_HEADER_BYTES + PAYLOAD_HEADER.itemsize
+            or lo < DATA_HEADER_BYTES
+            or lo + bb > hi
+            or hi + bb > seg.size
+        ):
+            raise SegmentLayoutError(
+                name,
+                f"buffer offsets {off0}, {off1} with {bb} bytes each do not fit "
+                f"a {seg.size}-byte segment",
+            )
+        if self.data is not None:
+            self.data.close()
+        self.data, self.data_epoch = seg, epoch
+        self.offsets, self.buffer_bytes = (off0, off1), bb
+        return seg
+
+    def read(self, cached: Table | None, timeout_s: float) -> tuple[int, Table]:
+        """The current table, retried until consistent; returns ``(current word, table)``."""
+        deadline = time.monotonic() + timeout_s
+        spins = 0
+        bad: SegmentCorruptError | None = None
+        bad_tries = 0
+        last: str = "no table could be read"
+        while True:
+            cur = self.cw[_C_CURRENT]
+            if cur == 0:
+                return 0, _empty_table()
+            epoch, b = cur >> 1, cur & 1
+            try:
+                data = self.data_segment(epoch)
+            except SegmentMissingError:
+                if self.cw[_C_CURRENT] == cur:
+                    raise  # named by control, yet gone: someone removed it
+                continue  # the writer grew the tables again meanwhile
+            off = self.offsets[b]
+            w = data.words
+            si = off // 8 + _B_SEQ
+            seq1 = w[si]
+            if seq1 & 1:
+                last = f"buffer {b} was being rewritten"
+            else:
+                if _WEAK:
+                    fence()
+                if (
+                    cached is not None
+                    and cached.segment == data.name
+                    and cached.buffer == b
+                    and cached._seq == seq1
+                ):
+                    table: Table | None = cached
+                else:
+                    table = None
+                    try:
+                        table = self._decode(data, b, off, w)
+                    except SegmentCorruptError as exc:
+                        bad, last = exc, str(exc)
+                    except Exception as exc:
+                        # Content rewritten under our feet can fail any check in any
+                        # way; if seq stayed put, it is simply bad content.
+                        bad = SegmentLayoutError(
+                            data.name, f"buffer {b}: content cannot be decoded: {exc!r}"
+                        )
+                        last = str(bad)
+                if _WEAK:
+                    fence()
+                if w[si] == seq1:
+                    if table is not None:
+                        if table is not cached:
+                            table._seq_words, table._seq_index, table._seq = w, si, seq1
+                        return cur, table
+                    # Stable seq, still corrupt: on a weakly ordered CPU the writer's
+                    # stores may not all be visible yet; retry briefly, then report.
+                    bad_tries += 1
+                    if bad_tries >= 3:
+                        assert bad is not None
+                        raise bad
+                    time.sleep(0.001)
+                    continue
+                last = f"buffer {b} was rewritten while it was read"
+            spins += 1
+            if time.monotonic() > deadline:
+                raise TableUnavailableError(
+                    self.control.name,
+                    f"no consistent table within {timeout_s:g} s ({spins} retries; last: {last})",
+                )
+            time.sleep(0 if spins < 100 else 0.0005)
+
+    def _decode(self, data: Segment, b: int, off: int, w: memoryview) -> Table:
+        base = off // 8
+        gen = w[base + _B_GENERATION]
+        nbytes = w[base + _B_PAYLOAD]
+        checksum = w[base + _B_CHECKSUM]
+        start = off + BUFFER_HEADER_BYTES
+        if nbytes > self.buffer_bytes - BUFFER_HEADER_BYTES:
+            raise SegmentLayoutError(
+                data.name,
+                f"buffer {b}: payload of {nbytes} bytes exceeds the buffer capacity of "
+                f"{self.buffer_bytes - BUFFER_HEADER_BYTES} bytes",
+            )
+        found = _checksum(data.buf[start : start + nbytes])
+        if found != checksum:
+            raise TableChecksumError(
+                data.name,
+                f"buffer {b} generation {gen}: payload checksum 0x{found:08x} does not match "
+                f"the stored 0x{checksum:08x} (corrupted, or written by something else)",
+            )
+        return _Decoder(data, b, start, nbytes).decode(gen)
+
+
+def _attach_control(namespace: str, *, writable: bool) -> Segment:
+    """Attach and validate a tables control segment (waiting briefly for its creator)."""
+    name = segment_name(namespace, "tables")
+    seg = attach_initialized(name, writable=writable, min_size=CONTROL_BYTES)
+    check_header(seg, TABLES_CONTROL, MAGIC_TABLES_CONTROL, "a cslb tables control segment")
+    return seg
+
+
+# ------------------------------------------------------------------------------------
+# Reader.
+
+
+class TableReader:
+    """A worker's handle on a namespace's routing tables.
+
+    Parameters
+    ----------
+    namespace
+        The namespace the writer publishes under.
+    timeout_s
+        How long :meth:`table` keeps retrying before it gives up (seconds).
+
+    Raises
+    ------
+    SegmentMissingError
+        No writer has created the tables yet.
+    SegmentCorruptError
+        The control segment is foreign, truncated or of another layout version.
+    """
+
+    def __init__(self, namespace: str, *, timeout_s: float = 1.0) -> None:
+        self.namespace = namespace
+        self.timeout_s = timeout_s
+        self._view = _TablesView(_attach_control(namespace, writable=False))
+        self._ctl = self._view.cw
+        self._table: Table | None = None
+        self._current = -1
+        self._inode = self._control_inode()
+
+    @property
+    def name(self) -> str:
+        """Name of the control segment."""
+        return self._view.control.name
+
+    def table(self) -> Table:
+        """The current table: cached while nothing changed, remapped after a publish.
+
+        When nothing changed this costs two shared-memory loads (~0.2 µs). After a
+        publish it maps the new generation once: verifies its checksum, validates its
+        layout and wraps its rings (milliseconds for thousands of endpoints).
+
+        Raises
+        ------
+        TableChecksumError, SegmentLayoutError
+            The current generation is corrupt (tables already returned stay usable
+            while :meth:`Table.valid` says so).
+        TableUnavailableError
+            No consistent read within ``timeout_s``.
+        """
+        t = self._table
+        if t is not None and self._ctl[_C_CURRENT] == self._current:
+            if _WEAK:
+                fence()
+            if t._seq_words[t._seq_index] == t._seq:
+                return t
+        self._current, self._table = self._view.read(self._table, self.timeout_s)
+        return self._table
+
+    def consistent(self, fn: Callable[[Table], T]) -> T:
+        """``fn(table)`` on the current table, repeated until it ran on a valid table.
+
+        A failure of ``fn`` while the table was being rewritten is retried too; a
+        failure on a valid table propagates.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            t = self.table()
+            try:
+                result = fn(t)
+            except Exception:
+                if t.valid():
+                    raise
+            else:
+                if t.valid():
+                    return result
+            if time.monotonic() > deadline:
+                raise TableUnavailableError(
+                    self.name, f"no routing pass finished on a stable table in {self.timeout_s} s"
+                )
+
+    def generation(self) -> int:
+        """Latest published generation as the control segment says (no remapping)."""
+        return int(self._ctl[_C_GENERATION])
+
+    def heartbeat_ns(self) -> int:
+        """CLOCK_MONOTONIC time of the writer's last heartbeat or publish (ns)."""
+        return int(np.int64(np.uint64(self._ctl[_C_HEARTBEAT])))
+
+    def writer_pid(self) -> int:
+        """PID of the last process that took over as writer (0 if none)."""
+        return int(self._ctl[_C_WRITER_PID])
+
+    def writer_alive(self) -> bool:
+        """True if that writer process is still running (PID and start time match)."""
+        return process_alive(self._ctl[_C_WRITER_PID], self._ctl[_C_WRITER_START])
+
+    def _control_inode(self) -> int | None:
+        try:
+            return os.stat(f"/dev/shm{self.name}").st_ino
+        except OSError:
+            return None
+
+    def replaced(self) -> bool:
+        """True if the control segment was removed or recreated since this reader attached.
+
+        Create a new reader then. Costs one ``stat`` call.
+        """
+        return self._control_inode() != self._inode
+
+    def close(self) -> None:
+        """Drop this reader's mappings (tables already returned keep theirs alive)."""
+        self._table = None
+        if self._view.data is not None:
+            self._view.data.close()
+        self._view.control.close()
+
+    def __enter__(self) -> TableReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------------
+# Writer.
+
+
+class TableWriter:
+    """The single publisher of a namespace's routing tables.
+
+    Creates the control segment if needed, or takes over the segments of a previous
+    writer (generation count and counter slots continue where it stopped, even if it
+    was killed mid-publish). Holds the namespace's writer lock for its lifetime: a
+    second live writer gets :class:`~shm.errors.WriterBusyError`.
+
+    Parameters
+    ----------
+    namespace
+        Namespace of the segments (``/cslb.<namespace>.tables``).
+    slot_reuse_ns
+        Minimum age of a freed counter slot before another endpoint gets it (ns);
+        default: the counters' occupancy window plus two buckets (12 s for the default
+        window, also without counters).
+    counters
+        A :class:`shm.counters.CounterStore`: before each publish its matrix is grown
+        to hold every slot of the new table.
+    replace_invalid
+        Replace an existing control segment that is foreign or of another layout
+        version instead of raising.
+    min_capacity_bytes
+        Smallest payload capacity of each buffer, in bytes.
+    clock
+        CLOCK_MONOTONIC source for publish and heartbeat times (nanoseconds).
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        slot_reuse_ns: int | None = None,
+        counters: Any = None,
+        replace_invalid: bool = False,
+        min_capacity_bytes: int = 1 << 20,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.namespace = namespace
+        self.name = segment_name(namespace, "tables")
+        self._clock = clock
+        self._counters = counters
+        self._min_capacity = int(min_capacity_bytes)
+        self._pid = os.getpid()
+        self._closed = False
+        ctl, self._lock = self._open_control(replace_invalid)
+        self._ctl_seg = ctl
+        self._cw = ctl.words
+        self._view = _TablesView(ctl)
+        if slot_reuse_ns is None:
+            slot_reuse_ns = DEFAULT_SLOT_REUSE_NS
+            if counters is not None:  # the counters' own window, plus two buckets
+                slot_reuse_ns = counters.window_ns + 2 * counters.bucket_ns
+        self._slots = SlotAllocator(slot_reuse_ns)
+        self.generation = 0
+        self.recovered: Table | None = None
+        self._recover()
+        ticks = process_start_ticks(self._pid) or 0
+        self._cw[_C_WRITER_START] = ticks
+        self._cw[_C_WRITER_PID] = self._pid
+        self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(self._clock())))
+
+    # -- setup --------------------------------------------------------------------------
+
+    def _open_control(self, replace_invalid: bool) -> tuple[Segment, WriterLock]:
+        for _ in range(3):
+            try:
+                seg = Segment.create(self.name, CONTROL_BYTES)
+            except SegmentExistsError:
+                seg = attach_initialized(self.name, writable=True, min_size=1, initialized=False)
+            try:
+                lock = WriterLock(self.name)
+            except WriterBusyError as exc:
+                pid = seg.words[_C_WRITER_PID] if seg.size >= CONTROL_BYTES else 0
+                seg.close()
+                raise WriterBusyError(
+                    self.name, f"process {pid} is the table writer (writer lock held)"
+                ) from exc
+            if seg.size == CONTROL_BYTES and not any(seg.buf):  # new, or creator died
+                self._init_control(seg)
+                return seg, lock
+            try:
+                check_header(
+                    seg, TABLES_CONTROL, MAGIC_TABLES_CONTROL, "a cslb tables control segment"
+                )
+                return seg, lock
+            except SegmentCorruptError:
+                if not replace_invalid:
+                    lock.release()
+                    seg.close()
+                    raise
+                seg.unlink()
+                lock.release()
+                seg.close()
+        raise WriterBusyError(self.name, "could not create or take over the control segment")
+
+    def _init_control(self, seg: Segment) -> None:
+        hdr = seg.header(TABLES_CONTROL)
+        hdr["version"] = LAYOUT_VERSION
+        hdr["size"] = seg.size
+        hdr["epoch"] = 0
+        hdr["current"] = 0
+        hdr["generation"] = 0
+        hdr["created_ns"] = self._clock()
+        fence()
+        hdr["magic"] = MAGIC_TABLES_CONTROL  # last: readers wait for it
+
+    def _recover(self) -> None:
+        cur = self._cw[_C_CURRENT]
+        self.generation = int(self._cw[_C_GENERATION])
+        if cur == 0:
+            return
+        try:
+            _, table = self._view.read(None, 1.0)
+        except SegmentError:
+            return  # unreadable: keep the generation count, start slots afresh
+        self.generation = max(self.generation, table.generation)
+        self.recovered = table
+        self._slots = SlotAllocator.recover(
+            table.endpoints, table.slots, table.slot_freed_ns, self._slots.reuse_after_ns
+        )
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SlotOwnershipError(f"table writer of {self.name} is closed")
+        if os.getpid() != self._pid:
+            raise SlotOwnershipError(
+                f"table writer of {self.name} was created in process {self._pid}; "
+                "a forked child must create its own writer"
+            )
+
+    def publish(
+        self,
+        ring_set: lbcore.RingSet,
+        *,
+        zones: Sequence[str] | None = None,
+        nodes: Sequence[str] | None = None,
+        weights: Any = None,
+        ejected: Any = None,
+        knobs: Knobs | None = None,
+        now_ns: int | None = None,
+        skip_unchanged: bool = False,
+    ) -> int:
+        """Publish a new generation; returns its number (previous + 1).
+
+        Parameters
+        ----------
+        ring_set
+            The ring set to route on (endpoints, established and fading rings).
+        zones, nodes
+            Per endpoint of ``ring_set.endpoints``: zone and node name (default ``""``).
+        weights
+            Per endpoint weight, finite and ``>= 0`` (default 1).
+        ejected
+            Per endpoint ejected flag (default ``False``).
+        knobs
+            Runtime knobs (default :class:`Knobs()`).
+        now_ns
+            CLOCK_MONOTONIC publish time (default: the writer's clock), in nanoseconds.
+        skip_unchanged
+            If the table equals the current one in everything but its publish time,
+            publish nothing and return the current generation (only the heartbeat is
+            written): a knob read back unchanged does not count as a change.
+
+        Raises
+        ------
+        TableInputError
+            Malformed input; nothing is published and the previous generation stays.
+        SegmentFullError
+            Growing the buffers needs more room than ``/dev/shm`` has.
+        """
+        self._check_usable()
+        if not isinstance(ring_set, lbcore.RingSet):
+            raise TableInputError(f"publish needs an lbcore.RingSet, got {type(ring_set).__name__}")
+        knobs = Knobs() if knobs is None else knobs
+        if not isinstance(knobs, Knobs):
+            raise TableInputError(f"knobs must be a shm.Knobs, got {type(knobs).__name__}")
+        now = self._clock() if now_ns is None else int(now_ns)
+        n = len(ring_set.endpoints)
+        zone_list = _strings(zones, n, "zones")
+        node_list = _strings(nodes, n, "nodes")
+        w = _per_endpoint(weights, n, np.float64, "weights", 1.0)
+        if n and not (np.isfinite(w).all() and float(w.min()) >= 0.0):
+            raise TableInputError("weights must be finite and >= 0")
+        ej = _per_endpoint(ejected, n, np.bool_, "ejected", False)
+        alloc = self._slots.copy()
+        slots = alloc.assign(ring_set.endpoints, now)
+        gen = self.generation + 1
+        enc = _encode(
+            ring_set,
+            generation=gen,
+            now_ns=now,
+            slots=slots,
+            freed_ns=alloc.freed_array(),
+            zones=zone_list,
+            nodes=node_list,
+            weights=w,
+            ejected=ej,
+            knobs=knobs,
+        )
+        if skip_unchanged and self._unchanged(enc):
+            self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
+            return self.generation
+        if self._counters is not None:
+            self._counters.ensure_columns(alloc.n_slots)
+        cur_before = self._cw[_C_CURRENT]
+        data, b, old = self._target(enc.payload_bytes)
+        off = self._view.offsets[b]
+        words = data.words
+        base = off // 8
+        seq = words[base + _B_SEQ]
+        seq = seq + 1 if seq % 2 == 0 else seq + 2  # odd: "being rewritten"
+        words[base + _B_SEQ] = seq
+        fence()
+        start = off + BUFFER_HEADER_BYTES
+        enc.write(data.buf, start)
+        words[base + _B_GENERATION] = gen
+        words[base + _B_PAYLOAD] = enc.payload_bytes
+        words[base + _B_CHECKSUM] = _checksum(data.buf[start : start + enc.payload_bytes])
+        fence()
+        words[base + _B_SEQ] = seq + 1
+        fence()
+        self._cw[_C_CURRENT] = (self._view.data_epoch << 1) | b
+        self._cw[_C_GENERATION] = gen
+        self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
+        self.generation = gen
+        self._slots = alloc
+        if cur_before and (cur_before >> 1) != self._view.data_epoch:
+            # Grown (or replaced a lost or damaged segment): the old one is nobody's now.
+            unlink_name(f"{self.name}.{cur_before >> 1}")
+        if old is not None:
+            old.close()
+        return gen
+
+    def _unchanged(self, enc: _Encoded) -> bool:
+        """True if ``enc`` holds what the current buffer holds, publish details aside."""
+        cur = self._cw[_C_CURRENT]
+        data = self._view.data
+        if not cur or data is None or (cur >> 1) != self._view.data_epoch:
+            return False
+        off = self._view.offsets[cur & 1]
+        words = data.words
+        if words[off // 8 + _B_PAYLOAD] != enc.payload_bytes:
+            return False
+        start = off + BUFFER_HEADER_BYTES
+        current = data.array(PAYLOAD_HEADER, start, 1)[0]
+        mine = enc.header.copy()
+        for field in ("generation", "published_ns", "publisher_pid"):
+            mine[0][field] = current[field]
+        if bytes(memoryview(mine).cast("B")) != bytes(data.buf[start : start + mine.nbytes]):
+            return False
+        pos = start + _DIR_OFFSET
+        dir_bytes = memoryview(enc.directory).cast("B")
+        if data.buf[pos : pos + dir_bytes.nbytes] != dir_bytes:
+            return False
+        for (_, section), (off_s, nbytes) in zip(enc.sections, enc.directory.tolist(), strict=True):
+            if data.buf[start + off_s : start + off_s + nbytes] != section:
+                return False
+        return True
+
+    def _target(self, payload_bytes: int) -> tuple[Segment, int, Segment | None]:
+        """Data segment and buffer to write (and the old segment if it had to grow).
+
+        A table larger than the buffers goes to a new, larger data segment; the old one
+        is returned so it can be unlinked after the switch is published.
+        """
+        cur = self._cw[_C_CURRENT]
+        data = self._view.data
+        if cur and data is None:
+            try:
+                data = self._view.data_segment(cur >> 1)
+            except SegmentError:
+                data = None  # missing or corrupt: publish into a fresh segment instead
+        capacity = self._view.buffer_bytes - BUFFER_HEADER_BYTES if data is not None else 0
+        if cur and data is not None and payload_bytes <= capacity:
+            return data, 1 - (cur & 1), None
+        epoch = (cur >> 1) + 1 if cur else 1
+        want = max(self._min_capacity, payload_bytes + payload_bytes // 4, 2 * max(capacity, 0))
+        bb = align(BUFFER_HEADER_BYTES + want, _PAGE)
+        size = DATA_HEADER_BYTES + 2 * bb
+        name = f"{self.name}.{epoch}"
+        try:
+            seg = Segment.create(name, size)
+        except SegmentExistsError:
+            # Left by a writer killed while growing: control never named it, so no
+            # reader uses it. We hold the writer lock; replace it.
+            unlink_name(name)
+            seg = Segment.create(name, size)
+        hdr = seg.header(TABLES_DATA)
+        hdr["version"] = LAYOUT_VERSION
+        hdr["size"] = size
+        hdr["epoch"] = epoch
+        hdr["buffer_offset0"] = DATA_HEADER_BYTES
+        hdr["buffer_offset1"] = DATA_HEADER_BYTES + bb
+        hdr["buffer_bytes"] = bb
+        hdr["magic"] = MAGIC_TABLES_DATA
+        seg.close()
+        old = self._view.data
+        self._view.data = None  # keep `old` mapped until the switch is published
+        try:
+            new = self._view.data_segment(epoch)
+        except BaseException:
+            self._view.data = old
+            unlink_name(name)
+            raise
+        return new, 0, old
+
+    def heartbeat(self, now_ns: int | None = None) -> None:
+        """Record that the writer is alive (does not change the generation)."""
+        self._check_usable()
+        now = self._clock() if now_ns is None else int(now_ns)
+        self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
+
+    @property
+    def n_slots(self) -> int:
+        """Counter columns the published tables use."""
+        return self._slots.n_slots
+
+    def capacity_bytes(self) -> int:
+        """Payload capacity in bytes of each buffer (0 before the first publish)."""
+        return max(self._view.buffer_bytes - BUFFER_HEADER_BYTES, 0)
+
+    def close(self, *, unlink: bool = True) -> None:
+        """Stop writing; with ``unlink`` remove the namespace's tables segments.
+
+        Workers that mapped a table keep routing on it; new readers find nothing.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if unlink and os.getpid() == self._pid:
+            prefix = self.name + "."
+            for seg_name in list_segments(self.namespace):
+                if seg_name == self.name or (
+                    seg_name.startswith(prefix) and seg_name[len(prefix) :].isdigit()
+                ):
+                    unlink_name(seg_name)
+        if self._view.data is not None:
+            self._view.data.close()
+        self._ctl_seg.close()
+        self._lock.release()
+
+    def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

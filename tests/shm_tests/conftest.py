@@ -1,0 +1,71 @@
+"""Fixtures for the shm tests: unique namespaces whose segments are always removed, and
+child processes that are always killed, even when a test fails."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import signal
+import uuid
+
+import pytest
+
+from shm.segment import SHM_DIR, unlink_name
+
+_counter = itertools.count()
+_PREFIX = f"t{os.getpid()}x"
+
+
+def _ours() -> list[str]:
+    try:
+        return sorted("/" + e for e in os.listdir(SHM_DIR) if e.startswith(f"cslb.{_PREFIX}"))
+    except OSError:
+        return []
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A namespace no other test uses; every segment under it is unlinked afterwards."""
+    ns = f"{_PREFIX}{next(_counter)}{uuid.uuid4().hex[:6]}"
+    yield ns
+    for name in [s for s in _ours() if s.startswith(f"/cslb.{ns}.")]:
+        unlink_name(name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leftover_segments():
+    yield
+    for name in _ours():  # a crashed test's leftovers: remove them too
+        unlink_name(name)
+
+
+class Processes:
+    """Starts fork children and remembers them, so teardown can SIGKILL the leftovers."""
+
+    def __init__(self) -> None:
+        self.ctx = multiprocessing.get_context("fork")
+        self.started: list[multiprocessing.process.BaseProcess] = []
+
+    def start(self, target, *args, **kwargs) -> multiprocessing.process.BaseProcess:
+        p = self.ctx.Process(target=target, args=args, kwargs=kwargs, daemon=True)
+        p.start()
+        self.started.append(p)
+        return p
+
+    def stop_all(self) -> None:
+        for p in self.started:
+            if p.pid is not None and p.exitcode is None:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.join(timeout=10)
+
+
+@pytest.fixture
+def procs():
+    """Fork children for a test; any still running at teardown are SIGKILLed by PID."""
+    ps = Processes()
+    yield ps
+    ps.stop_all()

@@ -1,0 +1,374 @@
+import math
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from shm import (
+    CounterInputError,
+    CounterReader,
+    CounterStore,
+    LockedRecorder,
+    NoFreeSlotError,
+    SegmentLayoutError,
+    SegmentMagicError,
+    SegmentMissingError,
+    SegmentSizeError,
+    SlotOwnershipError,
+    ThreadRecorder,
+    list_segments,
+    segment_name,
+)
+from shm.counters import bucket_weights
+from shm.segment import SHM_DIR, Segment
+
+S = 1_000_000_000
+MS = 1_000_000
+W = 2 * S  # window of the tests: 2 s in 10 buckets of 200 ms
+T0 = 1_000 * S  # a time aligned with the buckets
+
+
+@pytest.fixture
+def store(namespace):
+    st = CounterStore.create(namespace, rows=4, columns=16, window_ns=W, window_buckets=10)
+    yield st
+    st.close()
+
+
+def raw(store, row):
+    return store._ctl.current().fields[row].copy()
+
+
+def test_a_fan_out_counts_in_flight_then_busy_time(store):
+    rec = store.claim()
+    reader = store.reader()
+    slots = np.array([1, 2, 2, 5])
+    rec.record_start(slots, T0)
+    loads = reader.read(T0 + 100 * MS, 8)
+    assert loads.in_flight.tolist() == [0, 1, 2, 0, 0, 1, 0, 0]
+    # Open requests count as busy from their start: 100 ms of a 2 s window each.
+    assert np.allclose(loads.occupancy, [0, 0.05, 0.1, 0, 0, 0.05, 0, 0])
+    durations = np.array([50, 100, 100, 10]) * MS
+    rec.record_end(slots, T0, durations, T0 + 100 * MS, failed=[False, True, False, False])
+    loads = reader.read(T0 + 100 * MS, 8)
+    assert loads.in_flight.tolist() == [0] * 8
+    assert np.allclose(loads.occupancy, [0, 0.025, 0.1, 0, 0, 0.005, 0, 0])
+    assert loads.completed.tolist() == [0, 1, 2, 0, 0, 1, 0, 0]
+    assert np.allclose(loads.mean_latency_s[[1, 2, 5]], [0.05, 0.1, 0.01])
+    assert np.isnan(loads.mean_latency_s[[0, 3, 4]]).all()
+    assert np.allclose(loads.failure_rate[[1, 2, 5]], [0, 0.5, 0])
+    assert math.isclose(loads.global_latency_s, (50 + 200 + 10) / 4 / 1000)
+
+
+def test_busy_time_spreads_over_buckets_and_ages_out(store):
+    rec = store.claim()
+    reader = store.reader()
+    rec.record_start([3], T0)
+    rec.record_end([3], T0, [900 * MS], T0 + 900 * MS)  # spans 5 buckets of 200 ms
+    cells = raw(store, rec.row)
+    k = store.buckets
+    busy = cells[2 : 2 + k, 3]
+    assert sorted(busy.tolist(), reverse=True)[:5] == [200 * MS] * 4 + [100 * MS]
+    assert cells[2 + k : 2 + 2 * k, 3].sum() == 1  # completed once, where it ended
+    for now, occ in [(T0 + 900 * MS, 0.45), (T0 + 2 * S, 0.45), (T0 + 2500 * MS, 0.2)]:
+        assert math.isclose(reader.read(now, 4).occupancy[3], occ), now
+    late = reader.read(T0 + 3 * S, 4)
+    assert late.occupancy[3] == 0 and late.completed[3] == 0 and np.isnan(late.mean_latency_s[3])
+
+
+def test_batch_equals_one_call_at_a_time(store):
+    """One vectorized call per fan-out records exactly what per-call recording does,
+    with repeated slots, per-call start times and calls spanning buckets."""
+    rng = np.random.default_rng(7)
+    batch, single = store.claim(), store.claim()
+    now = T0
+    for _ in range(60):
+        n = int(rng.integers(1, 40))
+        slots = rng.integers(0, 16, n)
+        if rng.random() < 0.5:
+            starts = now  # one start time for the whole fan-out
+            batch.record_start(slots, now)
+            for s in slots:
+                single.record_start([s], now)
+        else:
+            starts = now + rng.integers(0, 5 * MS, n)
+            for s, st in zip(slots, starts.tolist(), strict=True):
+                batch.record_start([s], st)
+                single.record_start([s], st)
+        dur = rng.integers(0, 700 * MS, n)
+        end = now + 700 * MS + 5 * MS
+        failed = rng.random(n) < 0.2
+        batch.record_end(slots, starts, dur, end, failed=failed)
+        for i in range(n):
+            st = starts if np.ndim(starts) == 0 else int(starts[i])
+            single.record_end(slots[i : i + 1], st, dur[i : i + 1], end, failed=failed[i : i + 1])
+        now = end + int(rng.integers(0, 300 * MS))
+    a, b = raw(store, batch.row), raw(store, single.row)
+    assert np.array_equal(a, b)
+    assert a[0].sum() == 0 and a[1].sum() == 0  # nothing left in flight
+    assert a[2:].sum() > 0
+
+
+def test_out_of_order_times_in_one_row_keep_every_count(store):
+    """Threads sharing a row record with times taken before they got the lock."""
+    rec = store.claim()
+    b = store.bucket_ns
+    late, early = T0 + b + 10 * MS, T0 + b - 10 * MS  # on both sides of a bucket edge
+    rec.record_start([1, 1], early - 5 * MS)
+    rec.record_end([1], early - 5 * MS, [5 * MS], late)
+    rec.record_end([1], early - 5 * MS, [5 * MS], early)  # older than the row's bucket
+    rec.record_start([2], T0 - 10 * S)  # far older than any bucket kept
+    rec.record_end([2], T0 - 10 * S, [MS], late)
+    loads = store.reader().read(late, 4)
+    assert loads.in_flight.tolist() == [0, 0, 0, 0]
+    # Slot 2's call ended long before the window: released, but not counted in it.
+    assert loads.completed.tolist() == [0, 2, 0, 0]
+    assert math.isclose(loads.occupancy[1], 10 * MS / W)
+
+
+def test_rows_of_all_workers_are_summed(store):
+    recs = [store.claim() for _ in range(3)]
+    for i, rec in enumerate(recs):
+        rec.record_start([0] * (i + 1), T0)
+    loads = store.reader().read(T0 + 10 * MS, 2)
+    assert loads.in_flight.tolist() == [6, 0]
+    assert [r.row for r in recs] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda r: r.record_start([16], T0), r"endpoint slots must be in 0\.\.15"),
+        (lambda r: r.record_start([-1], T0), "got values from -1"),
+        (lambda r: r.record_start([1.5], T0), "must be integers"),
+        (lambda r: r.record_start([[1]], T0), "one-dimensional"),
+        (lambda r: r.record_end([1, 2], T0, [5], T0 + 10), r"durations have shape \(1,\)"),
+        (lambda r: r.record_end([1], T0, [-5], T0 + 10), "durations must be >= 0 ns"),
+        (lambda r: r.record_end([1], T0, [5.5], T0 + 10), "integer nanoseconds"),
+        (lambda r: r.record_end([1], T0, [5], T0 + 10, failed=[1, 0]), "failure flags"),
+        (lambda r: r.record_end([1], [T0, T0], [5], T0 + 10), "start times"),
+    ],
+)
+def test_bad_recording_input_records_nothing(store, call, match):
+    rec = store.claim()
+    rec.record_start([1, 2], T0)
+    before = raw(store, rec.row)
+    with pytest.raises(CounterInputError, match=match):
+        call(rec)
+    assert np.array_equal(raw(store, rec.row), before)
+
+
+def test_growth_keeps_rows_and_recorders_follow(store, namespace):
+    rec = store.claim()
+    reader = CounterReader(namespace)
+    rec.record_start([3, 3, 15], T0)
+    rec.record_end([15], T0, [10 * MS], T0 + 10 * MS)
+    first = segment_name(namespace, "counters", 1)
+    assert store.columns == 16 and first in list_segments(namespace)
+    assert store.ensure_columns(10) == 16  # fits: nothing happens
+    assert store.ensure_columns(1000) == 1000
+    assert first not in list_segments(namespace)
+    assert segment_name(namespace, "counters", 2) in list_segments(namespace)
+    rec.record_start([999], T0 + 20 * MS)  # the recorder follows on its next call
+    rec.record_end([3], T0, [30 * MS], T0 + 30 * MS)
+    loads = reader.read(T0 + 40 * MS)
+    assert reader.columns == 1000 and loads.in_flight.size == 1000
+    assert loads.in_flight[[3, 15, 999]].tolist() == [1, 0, 1]
+    assert loads.completed[[3, 15]].tolist() == [1, 1]
+
+
+def test_slot_exhaustion_release_and_reuse(store):
+    recs = [store.claim() for _ in range(4)]
+    with pytest.raises(
+        NoFreeSlotError, match=f"all 4 worker slots are held by live.*{os.getpid()}"
+    ):
+        store.claim()
+    recs[2].record_start([5], T0)
+    recs[2].release()
+    with pytest.raises(SlotOwnershipError, match="was released"):
+        recs[2].record_start([5], T0)
+    info = store.slots()
+    assert [s.claimed for s in info] == [True, True, False, True]
+    assert all(s.alive for s in info if s.claimed) and all(s.used for s in info)
+    again = store.claim()
+    assert again.row == 2 and store.slots()[2].claims == 2
+    assert store.reader().read(T0, 8).in_flight[5] == 0  # released with the slot
+
+
+def test_a_forked_child_cannot_use_its_parents_recorder(store, procs):
+    rec = store.claim()
+    r, w = os.pipe()
+
+    def child():
+        try:
+            rec.record_start([1], T0)
+            os.write(w, b"recorded")
+        except SlotOwnershipError as exc:
+            os.write(w, str(exc).encode()[:300])
+        mine = store.claim()
+        os.write(w, f"|row {mine.row}".encode())
+
+    p = procs.start(child)
+    p.join(10)
+    msg = os.read(r, 400).decode()
+    assert "a forked child must claim its own slot" in msg and msg.endswith("|row 1")
+    assert store.reader().read(T0, 4).in_flight[1] == 0
+
+
+def test_create_takes_over_same_geometry_and_refuses_another(namespace):
+    a = CounterStore.create(namespace, rows=4, columns=8, window_ns=W, window_buckets=10)
+    a.claim().record_start([2], T0)
+    b = CounterStore.create(namespace, rows=4, columns=8, window_ns=W, window_buckets=10)
+    assert b.reader().read(T0, 8).in_flight[2] == 1  # history kept
+    with pytest.raises(SegmentLayoutError, match=r"exists with 4 rows.*asked for 8 rows"):
+        CounterStore.create(namespace, rows=8, columns=8, window_ns=W, window_buckets=10)
+    c = CounterStore.create(namespace, rows=8, window_ns=W, window_buckets=10, replace_invalid=True)
+    assert c.rows == 8 and c.reader().read(T0).in_flight.sum() == 0
+    c.close()
+    assert list_segments(namespace) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"rows": 0}, "rows must be an integer from 1"),
+        ({"window_buckets": 0}, "window_buckets"),
+        ({"window_ns": 5, "window_buckets": 10}, "window_ns"),
+        ({"columns": 0}, "columns"),
+    ],
+)
+def test_bad_geometry(namespace, kwargs, match):
+    with pytest.raises(CounterInputError, match=match):
+        CounterStore.create(namespace, **kwargs)
+    assert list_segments(namespace) == []
+
+
+def test_corrupted_counter_segments(namespace):
+    with pytest.raises(SegmentMissingError, match="counters: does not exist"):
+        CounterStore.attach(namespace)
+    st = CounterStore.create(namespace, rows=2, columns=8)
+    data = segment_name(namespace, "counters", 1)
+    os.truncate(SHM_DIR + data, 4096)
+    with pytest.raises(SegmentSizeError, match=f"{data}: header says"):
+        CounterStore.attach(namespace)
+    ctl = Segment.attach(segment_name(namespace, "counters"), writable=True)
+    ctl.words[0] ^= 1
+    with pytest.raises(SegmentMagicError, match="not a cslb segment"):
+        CounterReader(namespace)
+    st.close()
+
+
+@pytest.mark.parametrize("kind", ["locked", "per-thread"])
+def test_gthread_style_threads_lose_no_update(store, kind):
+    rec = LockedRecorder(store.claim()) if kind == "locked" else ThreadRecorder(store)
+    rounds, threads, fan = 300, 4, 20
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for i in range(rounds):
+                slots = rng.integers(0, 16, fan)
+                now = T0 + i * MS
+                rec.record_start(slots, now)
+                rec.record_end(slots, now, np.full(fan, 100_000), now + MS)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+    loads = store.reader().read(T0 + rounds * MS + MS, 16)
+    assert loads.in_flight.sum() == 0
+    assert loads.completed.sum() == rounds * threads * fan
+    if kind == "per-thread":
+        assert sorted(rec.rows) == [0, 1, 2, 3]
+    rec.release()
+    assert all(not s.claimed for s in store.slots())
+
+
+def test_bucket_weights():
+    b = 100
+    periods = np.array([[9, 10, 11, 12, 7, -1]])
+    w = bucket_weights(periods, b, 1250, 300)
+    # Window (950, 1250]: bucket 12 is in progress (all of its counts are in the window),
+    # 11 and 10 are inside, 9 is half inside, 7 is out, -1 is empty.
+    assert w.tolist() == [[0.5, 1.0, 1.0, 1.0, 0.0, 0.0]]
+    assert bucket_weights(np.array([12]), b, 1200, 300).tolist() == [0.0]  # starts at now
+
+
+def test_host_loads_per_endpoint_and_signals(store):
+    rec = store.claim()
+    rec.record_start([4, 4, 4], T0)
+    rec.record_end([4], T0, [100 * MS], T0 + 100 * MS)
+    rec.record_start([7], T0)
+    rec.record_end([7], T0, [20 * MS], T0 + 20 * MS)
+    loads = store.reader().read(T0 + 100 * MS, 8)
+    per_endpoint = loads.take([7, 4])  # e.g. Table.slots: endpoint order
+    assert per_endpoint.in_flight.tolist() == [0, 2]
+    assert np.allclose(per_endpoint.signal("in-flight"), [0, 2])
+    assert np.allclose(per_endpoint.signal("occupancy"), per_endpoint.occupancy)
+    eff = per_endpoint.signal("effective")
+    assert eff[1] == pytest.approx(2 * min(0.1 / loads.global_latency_s, 5))
+    with pytest.raises(CounterInputError, match="unknown load signal"):
+        loads.signal("cpu")
+
+
+def test_the_table_writer_grows_the_counters_before_publishing(namespace):
+    import lbcore
+    from shm import TableReader, TableWriter
+
+    store = CounterStore.create(namespace, rows=2, columns=8)
+    with TableWriter(namespace, counters=store) as w:
+        w.publish(lbcore.RingSet([f"http://10.5.0.{i}:80" for i in range(1, 101)]))
+        assert store.columns >= 100
+        t = TableReader(namespace).table()
+        worker = CounterStore.attach(namespace).claim()
+        worker.record_start(t.slots, T0)  # every slot of the table has a column
+        assert store.reader().read(T0, t.n_slots).in_flight.sum() == 100
+    store.close()
+    assert list_segments(namespace) == []
+
+
+def test_a_missing_counter_matrix_is_named(namespace):
+    st = CounterStore.create(namespace, rows=2, columns=8)
+    os.unlink(SHM_DIR + segment_name(namespace, "counters", 1))
+    with pytest.raises(SegmentMissingError, match=r"counters\.1: does not exist"):
+        CounterReader(namespace)
+    st.close()
+
+
+def test_counters_too_big_for_dev_shm_leave_nothing_behind(namespace):
+    from shm import SegmentFullError
+
+    st = os.statvfs(SHM_DIR)
+    rows = 4096
+    # Columns such that the matrix needs more than the whole of /dev/shm.
+    cols = (st.f_blocks * st.f_frsize) // (rows * 8 * (2 + 4 * 12)) + 1024
+    with pytest.raises(SegmentFullError, match="is full or too small"):
+        CounterStore.create(namespace, rows=rows, columns=min(cols, (1 << 22)))
+    assert list_segments(namespace) == []
+
+
+def test_freed_slots_wait_for_the_counters_window(namespace):
+    import lbcore
+    from shm import TableReader, TableWriter
+
+    store = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
+    clock = [T0]
+    eps = [f"http://10.6.0.{i}:80" for i in range(1, 6)]
+    with TableWriter(namespace, counters=store, clock=lambda: clock[0]) as w:
+        reader = TableReader(namespace)
+        w.publish(lbcore.RingSet(eps[:4]))
+        w.publish(lbcore.RingSet(eps[1:4]))  # eps[0] leaves: slot 0 is freed
+        clock[0] += W + 2 * store.bucket_ns - 1
+        w.publish(lbcore.RingSet(eps[1:5]))
+        assert reader.table().slots[-1] == 4  # slot 0 is not old enough yet
+        clock[0] += 1
+        w.publish(lbcore.RingSet([*eps[1:5], "http://10.6.0.9:80"]))
+        assert reader.table().slots[-1] == 0  # aged out of the 2 s window: reused
+    store.close()
