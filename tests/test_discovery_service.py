@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+import shm
 from discovery.static import EndpointSpec
 from tests.discovery_harness import Loop, shm_namespace, wait_until
 from tests.kubeapi import CONFIGMAPS, SLICES, FakeKubeAPI, configmap, endpoint, endpoint_slice
@@ -312,3 +313,35 @@ def test_static_list_and_kubernetes_sources_merge(kube, loop):
     lp = loop(static=[EndpointSpec("http://10.200.0.1:8080", "static-zone")])
     t = lp.wait_generation(1)
     assert sorted(t.endpoints) == sorted([*urls(ips(2)), "http://10.200.0.1:8080"])
+
+
+def test_counters_grow_before_a_publish_needs_their_columns(kube, loop, ns):
+    store = shm.CounterStore.create(ns, rows=2, columns=4)
+    try:
+        kube.put_many(SLICES, NS, slices_for(ips(3)))
+        lp = loop()
+        lp.wait_generation(1)
+        kube.put_many(SLICES, NS, slices_for(ips(40)))
+        t = lp.wait_generation(2)
+        assert store.columns >= t.n_slots >= 40
+        rec = store.claim()
+        rec.record_start(t.slots, time.monotonic_ns())  # every slot has a column
+        rec.release()
+    finally:
+        store.close()
+
+
+def test_a_resumed_publisher_keeps_the_kill_switch_until_it_reads_the_configmap(kube, loop):
+    kube.put_many(SLICES, NS, slices_for(ips(4)))
+    kube.put(CONFIGMAPS, NS, configmap("cslb", {"CSLB_ENABLED": "false"}))
+    lp = loop(configmap="cslb")
+    assert lp.wait_generation(1).knobs.enabled is False
+    lp.stop(unlink=False)
+    kube.fail("any", CONFIGMAPS, "status", code=503, times=-1)  # ConfigMap unreadable
+    lp2 = loop(configmap="cslb", configmap_wait_s=0.1)
+    wait_until(lambda: len(lp2.named("api_error")) >= 3, what="ConfigMap errors")
+    time.sleep(0.3)
+    assert lp2.generation() == 1 and lp2.table().knobs.enabled is False
+    kube.clear_faults()
+    kube.put(CONFIGMAPS, NS, configmap("cslb", {"CSLB_ENABLED": "true"}))
+    assert lp2.wait_generation(2).knobs.enabled is True
