@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from lbcore.signals import DEFAULT_WINDOW_NS, LOAD_SIGNALS, effective_load
+from lbcore.signals import DEFAULT_WINDOW_NS, LOAD_SIGNALS, effective_load, window_weights
 from lbcore.signals import mean_latency as _mean_latency
 from lbcore.signals import occupancy as _occupancy
 from shm.errors import (
@@ -965,19 +965,12 @@ class ThreadRecorder:
 
 
 def bucket_weights(periods: np.ndarray, bucket_ns: int, now_ns: int, window_ns: int) -> np.ndarray:
-    """Share of each bucket's counts that lies inside the window ``(now - window, now]``.
-
-    A bucket ``q`` holds what happened in ``[q * bucket_ns, min((q + 1) * bucket_ns,
-    now)]``: the bucket in progress only covers up to now, so it counts fully while it
-    is inside the window (:func:`lbcore.signals.window_weights` would weigh it by its
-    elapsed fraction, as if its counts were spread over the whole bucket). The oldest
-    bucket, partly outside the window, is weighed by the share inside, assuming its
-    counts were spread evenly over it. Buckets never used (period ``-1``) weigh 0.
+    """Share of each bucket's counts inside the window, by :func:`lbcore.signals.window_weights`.
 
     Parameters
     ----------
     periods
-        Bucket numbers (``time // bucket_ns``), any shape; ``-1``: empty.
+        Bucket numbers (``time // bucket_ns``), any shape; ``-1``: empty (weighs 0).
     bucket_ns, now_ns, window_ns
         Bucket width, the present and the window length, in nanoseconds.
 
@@ -986,13 +979,8 @@ def bucket_weights(periods: np.ndarray, bucket_ns: int, now_ns: int, window_ns: 
     numpy.ndarray
         ``float64`` weights in ``[0, 1]``, shaped like ``periods``.
     """
-    starts = periods.astype(np.int64) * bucket_ns
-    ends = np.minimum(starts + bucket_ns, now_ns)
-    covered = ends - starts
-    inside = ends - np.maximum(starts, now_ns - window_ns)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        w = np.where(covered > 0, inside / np.maximum(covered, 1), 0.0)
-    w = np.clip(w, 0.0, 1.0)
+    w = window_weights(periods.astype(np.int64).ravel() * bucket_ns, bucket_ns, now_ns, window_ns)
+    w = w.reshape(periods.shape)
     w[periods < 0] = 0.0
     return w
 

@@ -153,7 +153,7 @@ _MAX_ENDPOINTS = 1 << 20
 _MAX_RINGS = 64
 _MAX_VNODES = 1 << 16
 _MIN_BUCKET_BITS = 1
-_MAX_BUCKET_BITS = 26
+_MAX_BUCKET_BITS = 32  # lbcore builds at most MAX_BUCKET_BITS; accept any sane table
 _PAGE = 4096
 
 # Word indices used on hot paths.
@@ -326,43 +326,6 @@ class SlotAllocator:
 
 # ------------------------------------------------------------------------------------
 # The reader's view of one generation.
-
-
-def _ring_set_from_rings(
-    endpoints: tuple[str, ...],
-    tiers: np.ndarray,
-    starts_ns: tuple[int, ...],
-    rings: tuple[lbcore.Ring, ...],
-    ring_pos: np.ndarray,
-    owner_table: np.ndarray,
-    duration_ns: int,
-    exponent: float,
-    vnodes: int,
-) -> lbcore.RingSet:
-    # lbcore.RingSet has no public constructor from already built parts: its __init__
-    # rebuilds every fading ring with Ring.subset (new bucket tables) and its routing
-    # maps, per worker. Fill its slots with the validated zero-copy views instead; the
-    # tests check that every slot is set. See the report on lbcore.
-    rs = lbcore.RingSet.__new__(lbcore.RingSet)
-    values = {
-        "endpoints": endpoints,
-        "tiers": tiers,
-        "starts_ns": starts_ns,
-        "duration_ns": duration_ns,
-        "exponent": exponent,
-        "vnodes": vnodes,
-        "rings": rings,
-        "ring_pos": ring_pos,
-        "owner_table": owner_table,
-        "_bounded": None,
-        "_seen_snapshot": None,
-    }
-    missing = set(lbcore.RingSet.__slots__) - set(values)
-    if missing:
-        raise ImportError(f"this build of shm does not know lbcore.RingSet fields {missing}")
-    for name, value in values.items():
-        setattr(rs, name, value)
-    return rs
 
 
 class Table:
@@ -723,8 +686,12 @@ class _Decoder:
             # Entries: e >= 0 a ring position; -1 "search"; e <= -2 the one node -e - 2.
             if int(buckets.min()) < -(m + 1) or int(buckets.max()) >= m:
                 raise self.fail(f"ring {k} bucket table points outside the ring")
+            # Host identities are per endpoint, not per ring: parse the addresses once.
+            host_ids = rings[0].host_ids if rings else None
             rings.append(
-                lbcore.Ring.from_arrays(eps, hashes, owners, vnodes=vnodes, buckets=buckets)
+                lbcore.Ring.from_arrays(
+                    eps, hashes, owners, vnodes=vnodes, buckets=buckets, host_ids=host_ids
+                )
             )
         master = int(ring_nodes[-1]) if n_rings else 0
         ring_pos = count("ring_pos", n_rings * master).reshape(n_rings, master)
@@ -751,16 +718,16 @@ class _Decoder:
         t.segment = data.name
         t.buffer = self.buffer
         if n_rings:
-            t.ring_set = _ring_set_from_rings(
+            t.ring_set = lbcore.RingSet.from_parts(
                 eps,
                 tiers,
                 tuple(starts.tolist()),
                 tuple(rings),
                 ring_pos,
                 owner_table,
-                duration,
-                exponent,
-                vnodes,
+                duration_ns=duration,
+                exponent=exponent,
+                vnodes=vnodes,
             )
         else:
             t.ring_set = lbcore.RingSet((), duration_ns=duration, exponent=exponent)
