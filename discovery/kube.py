@@ -292,6 +292,7 @@ class ListWatch(Generic[T]):
                     resource_version=self.resource_version,
                     error=str(exc),
                     action="relist",
+                    retry_in_s=0.0,
                 )
                 self.resource_version = None
                 continue  # relist at once, like client-go
@@ -306,6 +307,7 @@ class ListWatch(Generic[T]):
                         resource_version=self.resource_version,
                         error=desc,
                         action="relist",
+                        retry_in_s=0.0,
                     )
                     self.resource_version = None
                     continue

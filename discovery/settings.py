@@ -14,6 +14,7 @@ knobs stay in force) and logged; a deleted ConfigMap falls back to flags/environ
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -46,8 +47,8 @@ def _seconds(minimum: float) -> Any:
             value = float(text.strip().removesuffix("s"))
         except ValueError:
             raise ValueError("expected a number of seconds") from None
-        if not value >= minimum or value != value or value == float("inf"):
-            raise ValueError(f"expected seconds >= {minimum:g}")
+        if not (math.isfinite(value) and value >= minimum):
+            raise ValueError(f"expected a finite number of seconds >= {minimum:g}")
         return value
 
     return parse
