@@ -418,3 +418,18 @@ def test_load_client_errors_name_the_file(tmp_path):
     bad.write_text("clusters: 7\n")
     with pytest.raises(KubeConfigError, match=r"bad\.yaml"):
         load_client(str(bad))
+
+
+def test_server_side_watch_timeout_resumes_without_relist_or_error(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    inf = informer(rec, WatchTiming(1.0, 1.0, 1.0, 0.05, 0.2))
+    rec.wait_addresses(urls(ips(2)))
+    kube.wait_for_requests("watch", SLICES, 3, timeout=8)  # each ends after 1-2 s
+    watches = kube.requests_of("watch")
+    assert all(1 <= int(w.query["timeoutSeconds"]) < 2 for w in watches)
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
+    rec.wait_addresses(urls(ips(3)))
+    assert inf.watch.stats["lists"] == 1 and not rec.named("api_error")
+    rvs = [int(w.query["resourceVersion"]) for w in kube.requests_of("watch")]
+    assert rvs == sorted(rvs)  # always resumed from the newest version it had seen
