@@ -66,9 +66,18 @@ class Publisher:
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
-        self.writer = shm.TableWriter(namespace)
-        self._counters: shm.CounterStore | None = None
+        self._counters = self._attach_counters()
+        # With the counters known up front the writer grows them itself and waits their
+        # own occupancy window before it reuses a freed slot.
+        self._writer_grows = self._counters is not None
+        self.writer = shm.TableWriter(namespace, counters=self._counters)
         self.recovered = self._recover()
+
+    def _attach_counters(self) -> shm.CounterStore | None:
+        try:
+            return shm.CounterStore.attach(self.namespace, writable=True)
+        except (shm.SegmentMissingError, shm.SegmentCorruptError):
+            return None  # not created yet (the gunicorn master creates them)
 
     def _recover(self) -> Recovered | None:
         t = self.writer.recovered
@@ -95,12 +104,14 @@ class Publisher:
         return self.writer.generation
 
     def _grow_counters(self, new_endpoints: int) -> None:
+        if self._writer_grows:
+            return
         if self._counters is None:
-            try:
-                self._counters = shm.CounterStore.attach(self.namespace, writable=True)
-            except (shm.SegmentMissingError, shm.SegmentCorruptError):
-                return  # no counters yet: whoever creates them sizes them from the table
-        # Each new endpoint takes at most one new slot.
+            self._counters = self._attach_counters()
+            if self._counters is None:
+                return  # whoever creates them later sizes them from the table
+        # Counters created after this process started: each new endpoint takes at most
+        # one new slot.
         self._counters.ensure_columns(max(self.writer.n_slots + new_endpoints, 1))
 
     def publish(self, t: Transition, knobs: Mapping[str, Any], now_ns: int) -> int:

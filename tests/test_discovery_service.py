@@ -315,12 +315,18 @@ def test_static_list_and_kubernetes_sources_merge(kube, loop):
     assert sorted(t.endpoints) == sorted([*urls(ips(2)), "http://10.200.0.1:8080"])
 
 
-def test_counters_grow_before_a_publish_needs_their_columns(kube, loop, ns):
-    store = shm.CounterStore.create(ns, rows=2, columns=4)
+@pytest.mark.parametrize("created", ["before", "after"])
+def test_counters_grow_before_a_publish_needs_their_columns(kube, loop, ns, created):
+    stores = []
     try:
+        if created == "before":  # the writer grows them (and uses their window)
+            stores.append(shm.CounterStore.create(ns, rows=2, columns=4))
         kube.put_many(SLICES, NS, slices_for(ips(3)))
         lp = loop()
         lp.wait_generation(1)
+        if created == "after":  # created by a master that started later
+            stores.append(shm.CounterStore.create(ns, rows=2, columns=4))
+        (store,) = stores
         kube.put_many(SLICES, NS, slices_for(ips(40)))
         t = lp.wait_generation(2)
         assert store.columns >= t.n_slots >= 40
@@ -328,7 +334,8 @@ def test_counters_grow_before_a_publish_needs_their_columns(kube, loop, ns):
         rec.record_start(t.slots, time.monotonic_ns())  # every slot has a column
         rec.release()
     finally:
-        store.close()
+        for st in stores:
+            st.close()
 
 
 def test_a_resumed_publisher_keeps_the_kill_switch_until_it_reads_the_configmap(kube, loop):
