@@ -157,6 +157,7 @@ def skipper_fadein_route(
     *,
     loads: Any = None,
     balance_factor: float | None = None,
+    max_hops: int | None = None,
     hashes: np.ndarray | None = None,
 ) -> np.ndarray:
     """Route a batch with Skipper's fade-in (compatibility mode): each key is one request.
@@ -173,8 +174,9 @@ def skipper_fadein_route(
         Skipper's ``fadeIn(duration, exponent)``; ``duration_ns <= 0`` disables it.
     thresholds
         One uniform draw in ``[0, 1)`` per key (the caller's seeded generator).
-    loads, balance_factor
-        Optional bounded load, as in :meth:`lbcore.Ring.lookup_bounded`.
+    loads, balance_factor, max_hops
+        Optional bounded load, as in :meth:`lbcore.Ring.lookup_bounded` (Skipper itself
+        has no hop cap: ``None``).
     hashes
         Precomputed ``uint64`` key hashes.
 
@@ -196,7 +198,7 @@ def skipper_fadein_route(
             out[rows] = ring.lookup(None, candidates=mask, hashes=h[rows])
         else:
             out[rows] = ring.lookup_bounded(
-                None, loads, balance_factor, candidates=mask, hashes=h[rows]
+                None, loads, balance_factor, candidates=mask, max_hops=max_hops, hashes=h[rows]
             )
     return out
 

@@ -372,7 +372,7 @@ class Ring:
             ``intp`` ring positions.
         """
         pos = self.buckets.take((hashes >> self._shift).view(np.int64))
-        miss = np.flatnonzero(pos < 0)
+        miss = (pos < 0).nonzero()[0]
         if miss.size > _RESOLVE_MIN:
             # Buckets with one node: compare with that node instead of searching.
             hm = hashes[miss]

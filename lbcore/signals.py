@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_WINDOW_NS",
     "LOAD_SIGNALS",
     "effective_load",
+    "load_for",
     "mean_latency",
     "occupancy",
     "window_weights",
@@ -156,3 +157,36 @@ def effective_load(
     lat = np.asarray(pod_latency_s, dtype=np.float64)
     ratio = np.where(np.isfinite(lat) & (lat > 0.0), lat / g, 1.0)
     return base * np.minimum(ratio, cap)
+
+
+def load_for(
+    signal: str,
+    in_flight: Any,
+    occupancy_: Any,
+    pod_latency_s: Any = None,
+    global_latency_s: float | None = None,
+    *,
+    cap: float = DEFAULT_LATENCY_CAP,
+) -> np.ndarray:
+    """The load bounded load compares, for the knob ``signal``.
+
+    Parameters
+    ----------
+    signal
+        One of :data:`LOAD_SIGNALS`: ``"effective"`` (:func:`effective_load`),
+        ``"occupancy"`` (busy-seconds per second) or ``"in-flight"`` (open requests).
+    in_flight, occupancy_, pod_latency_s, global_latency_s, cap
+        As in :func:`effective_load` (latencies in seconds).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64`` load per endpoint, finite and ``>= 0``.
+    """
+    if signal == "effective":
+        return effective_load(in_flight, occupancy_, pod_latency_s, global_latency_s, cap=cap)
+    if signal == "occupancy":
+        return _signal("occupancy", occupancy_)
+    if signal == "in-flight":
+        return _signal("in_flight", in_flight)
+    raise LoadError(f"unknown load signal {signal!r}; expected one of {', '.join(LOAD_SIGNALS)}")

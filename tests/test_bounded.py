@@ -63,17 +63,15 @@ def test_target_is_computed_in_skippers_order():
 
 
 def test_load_equal_to_the_target_is_accepted():
-    eps = EPS[:4]
-    ring = lbcore.Ring(eps)
-    # average = (1 + 3 + 1 + 1 + 1) / 4 = 1.75; bf 2 -> target 3.5... use loads making target exact.
-    loads = np.array([3.0, 1.0, 1.0, 1.0])
-    bf = 2.0  # target = 7/4*2 = 3.5 -> all accepted
-    assert ring.lookup_bounded(KEYS, loads, bf).tolist() == ring.lookup(KEYS).tolist()
-    loads = np.array([4.0, 0.0, 0.0, 0.0])  # target = 5/4*... with bf 3.2 = 4.0 exactly
-    got = ring.lookup_bounded(KEYS, loads, 3.2)
-    assert got.tolist() == ring.lookup(KEYS).tolist()
+    ring = lbcore.Ring(EPS[:4])
+    # target = (1 + 4 + 0 + 0 + 0) / 4 * 3.2 = 4.0 exactly: endpoint 0 (load 4) is accepted.
+    loads = np.array([4.0, 0.0, 0.0, 0.0])
+    assert ring.lookup_bounded(KEYS, loads, 3.2).tolist() == ring.lookup(KEYS).tolist()
+    # With 3.1 the target is 3.875 < 4: every key of endpoint 0 moves on.
     got = ring.lookup_bounded(KEYS, loads, 3.1)
     assert 0 not in got.tolist()
+    plain = ring.lookup(KEYS)
+    assert np.array_equal(got[plain != 0], plain[plain != 0])
 
 
 def test_hot_endpoint_sheds_to_the_next_endpoints_on_the_ring():

@@ -93,3 +93,14 @@ def test_signal_validation():
         effective_load([0.0], [np.nan])
     with pytest.raises(lbcore.LoadError, match="window"):
         occupancy([1], 0)
+
+
+def test_load_for_each_signal():
+    from lbcore.signals import load_for
+
+    inflight, occ, lat = np.array([2.0, 0.0]), np.array([1.5, 0.8]), np.array([0.02, 0.01])
+    assert load_for("in-flight", inflight, occ).tolist() == [2.0, 0.0]
+    assert load_for("occupancy", inflight, occ).tolist() == [1.5, 0.8]
+    assert load_for("effective", inflight, occ, lat, 0.01).tolist() == [4.0, 0.8]
+    with pytest.raises(lbcore.LoadError, match="unknown load signal 'cpu'"):
+        load_for("cpu", inflight, occ)
