@@ -34,6 +34,7 @@ __all__ = [
     "VECTOR_MIN_BATCH",
     "encode_key",
     "hash_keys",
+    "hash_node_names",
     "unit_interval",
 ]
 
@@ -246,6 +247,62 @@ def _hash_rows(rows: np.ndarray, length: int) -> np.ndarray:
     if length == 0:
         return np.full(rows.shape[0], _xxh64(b""), dtype=np.uint64)
     return _xxh64_lanes(_lanes_from_rows(rows, length), length)
+
+
+def hash_node_names(names: Sequence[str], count: int) -> np.ndarray:
+    """XXH64 of ``f"{name}-{j}"`` for every name and ``j = 0 .. count-1``, name-major.
+
+    Skipper's ring nodes. The strings are never built: for each group of names with the
+    same UTF-8 length and each number of digits of ``j``, a byte matrix of
+    ``name + "-" + digits`` rows is filled by broadcasting and hashed with the
+    vectorized XXH64, so a 20,000-endpoint ring costs milliseconds, not a second.
+
+    Parameters
+    ----------
+    names
+        Endpoint addresses.
+    count
+        Virtual nodes per name.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of ``len(names) * count`` hashes; entry ``i * count + j`` is node
+        ``j`` of name ``i``.
+    """
+    n = len(names)
+    out = np.empty(n * count, dtype=np.uint64)
+    if n * count < VECTOR_MIN_BATCH:
+        out[:] = [_xxh64(f"{name}-{j}".encode()) for name in names for j in range(count)]
+        return out
+    encoded = [name.encode("utf-8") for name in names]
+    lengths = np.fromiter(map(len, encoded), dtype=np.intp, count=n)
+    by_length: dict[int, list[int]] = {}
+    for i, length in enumerate(lengths.tolist()):
+        by_length.setdefault(length, []).append(i)
+    digit_groups = []
+    for d in range(1, len(str(max(count - 1, 0))) + 1):
+        js = np.arange(0 if d == 1 else 10 ** (d - 1), min(10**d, count), dtype=np.intp)
+        if js.size:
+            table = np.frombuffer(b"".join(b"%d" % j for j in js.tolist()), np.uint8)
+            digit_groups.append((d, js, table.reshape(js.size, d)))
+    out2 = out.reshape(n, count)
+    per_block = max(1, BLOCK // max(count, 1))  # names per block: temporaries stay in cache
+    for length, members in by_length.items():
+        for a in range(0, len(members), per_block):
+            part = members[a : a + per_block]
+            idx = np.array(part, dtype=np.intp)
+            prefix = np.frombuffer(b"".join(encoded[i] for i in part), np.uint8)
+            prefix = prefix.reshape(idx.size, length)
+            for d, js, digits in digit_groups:
+                total = length + 1 + d
+                rows = np.empty((idx.size, js.size, total), dtype=np.uint8)
+                rows[:, :, :length] = prefix[:, None, :]
+                rows[:, :, length] = ord("-")
+                rows[:, :, length + 1 :] = digits[None, :, :]
+                h = _hash_rows(rows.reshape(-1, total), total)
+                out2[idx[:, None], js[None, :]] = h.reshape(idx.size, js.size)
+    return out
 
 
 def _hash_flat(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
