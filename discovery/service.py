@@ -390,13 +390,12 @@ class Discovery:
         started = self.clock()
         next_beat = started
         next_poll = started
-        for inf in self._informers:
-            inf.start()
         if self.published:
             # Resumed: compare the sources' first full view, and the knobs, with the
             # recovered table (published only if they differ).
             self.debouncer.note(started)
             self._knobs_dirty = True
+        # Log "started" before any informer thread can log its first request.
         self.log.info(
             "started",
             sources=sorted(self.sources) + (["configmap"] if self._configmap else []),
@@ -404,6 +403,8 @@ class Discovery:
             knobs=self.knob_values(),
         )
         try:
+            for inf in self._informers:
+                inf.start()  # inside try: informers already started are stopped below
             while not (self.stop_event.is_set() or self._signalled):
                 now = self.clock()
                 if self._file is not None and now >= next_poll:
