@@ -38,12 +38,32 @@ from discovery.settings import PUBLISHED_KNOBS, KnobState, unknown_configmap_key
 from discovery.static import EndpointsFileError, EndpointsFileWatcher, EndpointSpec
 from lbcore.knobs import KnobError
 
-__all__ = ["Discovery", "PublisherLike"]
+__all__ = ["Discovery", "InformerLike", "PublisherLike"]
 
 # Longest sleep of the loop: bounds how late a stop requested by a signal is noticed.
 _MAX_WAIT_S = 0.2
 
+# How long a stop waits, in all, for the informer threads to end (seconds). They are
+# all told to stop first and their blocked requests are cut, so this is a safety cap.
+_INFORMER_STOP_WAIT_S = 5.0
+
 _PUBLISHED = PUBLISHED_KNOBS
+
+
+class InformerLike(Protocol):
+    """What the loop needs from an informer (:mod:`discovery.kube`)."""
+
+    def start(self) -> None:
+        """Start its thread."""
+        ...
+
+    def signal_stop(self) -> None:
+        """Ask its thread to stop (cutting a blocked request); must not wait."""
+        ...
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for its thread; True once it has ended."""
+        ...
 
 
 class PublisherLike(Protocol):
@@ -136,7 +156,7 @@ class Discovery:
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.stop_event = threading.Event()
         self._file: EndpointsFileWatcher | None = None
-        self._informers: list[Any] = []
+        self._informers: list[InformerLike] = []
         self._configmap: str | None = None
         self._configmap_synced = False
         self.published_knobs: dict[str, Any] | None = None
@@ -170,12 +190,12 @@ class Discovery:
         self._file = EndpointsFileWatcher(path)
         self.sources["file"] = _Source("file")
 
-    def add_informer(self, name: str, informer: Any) -> None:
-        """An endpoint informer (``start``/``stop``) that calls :meth:`post_endpoints`."""
+    def add_informer(self, name: str, informer: InformerLike) -> None:
+        """An endpoint informer that calls :meth:`post_endpoints`."""
         self.sources[name] = _Source(name)
         self._informers.append(informer)
 
-    def add_configmap_informer(self, name: str, informer: Any) -> None:
+    def add_configmap_informer(self, name: str, informer: InformerLike) -> None:
         """A ConfigMap informer that calls :meth:`post_configmap`."""
         self._configmap = name
         self._informers.append(informer)
@@ -436,8 +456,25 @@ class Discovery:
                     except queue.Empty:
                         break
         finally:
-            for inf in self._informers:
-                inf.stop()
+            self._stop_informers()
+
+    def _stop_informers(self) -> None:
+        """Tell every informer to stop, then wait for them together (not one by one)."""
+        for inf in self._informers:
+            inf.signal_stop()
+        deadline = time.monotonic() + _INFORMER_STOP_WAIT_S
+        stuck = [
+            type(inf).__name__
+            for inf in self._informers
+            if not inf.join(max(deadline - time.monotonic(), 0.0))
+        ]
+        if stuck:
+            self.log.warning(
+                "informers_not_stopped",
+                informers=stuck,
+                waited_s=_INFORMER_STOP_WAIT_S,
+                action="left behind (daemon threads end with the process)",
+            )
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         if msg[0] == "endpoints":
