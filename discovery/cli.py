@@ -188,6 +188,7 @@ def _run(
         heartbeat_s=settings["heartbeat_s"],
         file_poll_s=settings["file_poll_s"],
         configmap_wait_s=settings["configmap_wait_s"],
+        removals_at_once=settings["removals_at_once"],
     )
     if static:
         disc.add_list(static)

@@ -179,6 +179,17 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "SECONDS",
     ),
     Knob(
+        "removals_at_once",
+        "CSLB_REMOVALS_AT_ONCE",
+        "--removals-at-once",
+        False,
+        parse_bool,
+        "Publish endpoint removals (deleted, not-ready, terminating pods) at once instead "
+        "of after the debounce; additions still wait for it, so a scale-up stays one "
+        "fading ring. A rolling deployment then takes one more generation per burst.",
+        "BOOL",
+    ),
+    Knob(
         "heartbeat_s",
         "CSLB_HEARTBEAT",
         "--heartbeat",
