@@ -221,13 +221,20 @@ def track_requests(api: k8s_client.ApiClient) -> RequestTracker:
     """The :class:`RequestTracker` of ``api`` (installed on first use).
 
     Replaces the pool classes of the client's urllib3 pool manager by subclasses that
-    report :meth:`~urllib3.HTTPConnectionPool._get_conn` and ``_put_conn``.
+    report :meth:`~urllib3.HTTPConnectionPool._get_conn` and ``_put_conn`` (urllib3 1.26
+    and 2.x have both). A urllib3 without them gets a tracker that knows nothing: a stop
+    then waits for the request's read timeout, as before.
     """
     pm = api.rest_client.pool_manager
     tracker = getattr(pm, "_cslb_requests", None)
     if isinstance(tracker, RequestTracker):
         return tracker
     tracker = RequestTracker()
+    classes = getattr(pm, "pool_classes_by_scheme", None)
+    if not isinstance(classes, dict) or not all(
+        hasattr(c, "_get_conn") and hasattr(c, "_put_conn") for c in classes.values()
+    ):
+        return tracker
 
     def tracked(base: type) -> type:
         class TrackedPool(base):  # type: ignore[misc, valid-type]
@@ -243,7 +250,7 @@ def track_requests(api: k8s_client.ApiClient) -> RequestTracker:
         TrackedPool.__name__ = f"Tracked{base.__name__}"
         return TrackedPool
 
-    pm.pool_classes_by_scheme = {k: tracked(v) for k, v in pm.pool_classes_by_scheme.items()}
+    pm.pool_classes_by_scheme = {k: tracked(v) for k, v in classes.items()}
     pm.clear()  # pools made before this point use the old classes
     pm._cslb_requests = tracker
     return tracker
