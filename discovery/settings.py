@@ -26,10 +26,10 @@ from lbcore.knobs import (
     ROUTING_KNOBS,
     Knob,
     KnobError,
-    _choice,
-    _seconds,
     from_mapping,
     parse_bool,
+    parse_choice,
+    parse_seconds,
 )
 from lbcore.knobs import docs_table as _docs_table
 
@@ -53,7 +53,7 @@ def seconds_at_least(minimum: float) -> Callable[[str], float]:
     """A parser of a finite number of seconds (``"2"``, ``"2.5s"``) that is ``>= minimum``."""
 
     def parse(text: str) -> float:
-        value = _seconds(text)
+        value = parse_seconds(text)
         if value < minimum:
             raise ValueError(f"expected seconds >= {minimum:g}")
         return value
@@ -106,7 +106,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_SCHEME",
         "--scheme",
         "http",
-        _choice(("http", "https")),
+        parse_choice(("http", "https")),
         "Scheme of the endpoint addresses (scheme://ip:port, as Skipper hashes them).",
         "SCHEME",
     ),
@@ -271,7 +271,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_LOG_LEVEL",
         "--log-level",
         "info",
-        _choice(LEVELS),
+        parse_choice(LEVELS),
         "Lowest level of the JSON log lines written to stderr.",
         "LEVEL",
     ),
