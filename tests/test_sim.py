@@ -150,7 +150,7 @@ def test_routers_answer_exactly_what_lbcore_answers():
     names = [endpoint_name(p) for p in pods]
     rng = np.random.default_rng(0)
     plain = make_router(
-        "none",
+        "off",
         pods,
         balance_factor=None,
         max_hops=10,
@@ -164,7 +164,7 @@ def test_routers_answer_exactly_what_lbcore_answers():
     )
 
     nring = make_router(
-        "nring",
+        "n-ring",
         pods[:5],
         balance_factor=1.25,
         max_hops=10,
@@ -184,7 +184,7 @@ def test_routers_answer_exactly_what_lbcore_answers():
 # Whole runs: conservation and determinism.
 
 
-@pytest.mark.parametrize("fade", ["none", "skipper", "nring"])
+@pytest.mark.parametrize("fade", ["off", "skipper", "n-ring"])
 def test_every_request_is_counted_once(fade):
     cfg = replace(
         SMALL,

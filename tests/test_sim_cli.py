@@ -35,7 +35,7 @@ def test_json_output_carries_summary_and_series(capsys):
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["scenario"] == "scale-up"
-    assert set(doc["summary"]["by_mode"]) == {"none", "skipper", "nring"}
+    assert set(doc["summary"]["by_mode"]) == {"off", "skipper", "n-ring"}
     run = doc["runs"][0]
     assert len(run["series"]["hit_rate"]) == 4 and run["config"]["fade_s"] == 2.0
     assert run["totals"]["routed"] >= run["totals"]["calls"] > 0

@@ -28,17 +28,17 @@ def scale_up_result():
 
 def test_scale_up_without_fade_in_dips_hardest(scale_up_result):
     m = scale_up_result.summary["by_mode"]
-    for fade in ("skipper", "nring"):
-        assert m["none"]["hit_rate_min_1s"] < m[fade]["hit_rate_min_1s"] - 0.015
-    assert m["none"]["db_reads_per_s_peak_1s"] > 1.2 * m["none"]["db_reads_per_s_before"]
+    for fade in ("skipper", "n-ring"):
+        assert m["off"]["hit_rate_min_1s"] < m[fade]["hit_rate_min_1s"] - 0.015
+    assert m["off"]["db_reads_per_s_peak_1s"] > 1.2 * m["off"]["db_reads_per_s_before"]
     # the new pods end up with their steady-state share in every mode
     shares = {f: m[f]["new_pod_share_end"] for f in m}
-    assert max(shares.values()) - min(shares.values()) < 0.05 and shares["nring"] > 0.35
+    assert max(shares.values()) - min(shares.values()) < 0.05 and shares["n-ring"] > 0.35
 
 
 def test_scale_up_nring_moves_each_key_once_and_only_to_its_owner(scale_up_result):
     m = scale_up_result.summary["by_mode"]
-    nring, skipper = m["nring"], m["skipper"]
+    nring, skipper = m["n-ring"], m["skipper"]
     assert nring["keys_moved"] > 1000
     assert nring["moves_per_moved_key"] == 1.0
     assert nring["new_pod_foreign_fetch_share"] == 0.0

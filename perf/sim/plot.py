@@ -11,8 +11,8 @@ from perf.sim.scenarios import ScenarioResult, slow_pod_share
 
 __all__ = ["PlotUnavailableError", "plot"]
 
-_COLORS = {"none": "#d62728", "skipper": "#ff7f0e", "nring": "#2ca02c"}
-_NAMES = {"none": "no fade-in", "skipper": "Skipper fade-in", "nring": "N-ring fade-in"}
+_COLORS = {"off": "#d62728", "skipper": "#ff7f0e", "n-ring": "#2ca02c"}
+_NAMES = {"off": "no fade-in", "skipper": "Skipper fade-in", "n-ring": "N-ring fade-in"}
 
 
 class PlotUnavailableError(RuntimeError):

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from perf.sim.model import _jsonable
+from perf.sim.model import to_jsonable
 from perf.sim.scenarios import ScenarioResult
 
 __all__ = ["to_json", "to_text"]
@@ -121,4 +121,4 @@ def to_text(result: ScenarioResult) -> str:
 
 def to_json(result: ScenarioResult) -> str:
     """The whole result (summary, notes, every run's totals and series) as JSON."""
-    return json.dumps(_jsonable(result.to_dict()), indent=1, allow_nan=False)
+    return json.dumps(to_jsonable(result.to_dict()), indent=1, allow_nan=False)

@@ -225,7 +225,7 @@ def load_signal(
     rows: dict[str, Any] = {}
     for signal, bf in variants:
         label = f"{signal} bf {bf:g}"
-        cfg = replace(base, fade="none", signal=signal, balance_factor=bf, events=())
+        cfg = replace(base, fade="off", signal=signal, balance_factor=bf, events=())
         r = run(cfg, label, progress=_runner(progress, label))
         runs.append(r)
         tot = r.totals
@@ -308,7 +308,7 @@ def slow_pod(
         label = "no bounded load" if signal is None else f"{signal} bf {balance_factor:g}"
         cfg = replace(
             base,
-            fade="none",
+            fade="off",
             signal=signal or base.signal,
             balance_factor=None if signal is None else balance_factor,
             events=(ev,),

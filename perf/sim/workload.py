@@ -55,8 +55,39 @@ class Catalogue:
         self.hashes = catalogue_hashes(self.size)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` product IDs drawn by popularity (``int64``)."""
+        """``n`` product IDs drawn by popularity, independently (``int64``)."""
         return np.searchsorted(self._cdf, rng.random(n), side="right").astype(np.int64)
+
+    def sample_batches(self, rng: np.random.Generator, sizes: np.ndarray) -> np.ndarray:
+        """Batches of *distinct* product IDs drawn by popularity, concatenated (``int64``).
+
+        A batch API de-duplicates the IDs of one request, so a batch never asks for a
+        product twice. Every draw that repeats an ID already in its batch is drawn again
+        (from the same popularity) until none does: sampling without replacement.
+
+        Parameters
+        ----------
+        sizes
+            IDs per batch; each at most :attr:`size`.
+        """
+        sizes = np.asarray(sizes, dtype=np.int64)
+        if sizes.size and int(sizes.max()) > self.size:
+            raise ValueError(
+                f"a batch of {int(sizes.max())} distinct IDs needs a catalogue at least "
+                f"that large, got {self.size}"
+            )
+        batch = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
+        keys = self.sample(rng, batch.size)
+        redo = np.arange(keys.size)
+        while redo.size:
+            # A repeat is any position after the first of its (batch, ID) pair.
+            code = batch * self.size + keys
+            order = np.argsort(code, kind="stable")
+            dup = np.zeros(keys.size, dtype=np.bool_)
+            dup[order[1:]] = code[order[1:]] == code[order[:-1]]
+            redo = np.flatnonzero(dup)
+            keys[redo] = self.sample(rng, redo.size)
+        return keys
 
 
 class Batches:
@@ -99,8 +130,24 @@ class Batches:
         """Poisson batch arrivals over ``[t0, t0 + dt)`` carrying ``rate`` calls/s on average.
 
         Batch sizes are uniform in ``1 .. max_batch``; the number of batches is Poisson
-        with mean ``rate * dt / mean_batch_size``; each batch comes from one of
-        ``clients`` client hosts, uniformly.
+        with mean ``rate * dt / mean_batch_size``; a batch's IDs are distinct
+        (:meth:`Catalogue.sample_batches`); each batch comes from one of ``clients``
+        client hosts, uniformly.
+
+        Parameters
+        ----------
+        rng
+            The workload's random generator.
+        catalogue
+            Products and their popularity.
+        rate
+            Calls (IDs) per second, on average.
+        max_batch
+            Largest batch, in IDs.
+        t0, dt
+            The interval, in seconds.
+        clients
+            Client hosts.
         """
         mean_size = (1 + max_batch) / 2.0
         nb = int(rng.poisson(rate * dt / mean_size))
@@ -112,7 +159,7 @@ class Batches:
         starts = np.zeros(nb, dtype=np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
         n = int(sizes.sum())
-        keys = catalogue.sample(rng, n)
+        keys = catalogue.sample_batches(rng, sizes)
         client = (
             np.zeros(n, dtype=np.int64)
             if clients == 1
