@@ -292,8 +292,10 @@ class SimResult:
     ``series`` holds one value per report interval (``t`` is the interval's start in
     seconds after warm-up); ``totals`` the figures over the whole measured run;
     ``pod_calls`` and ``pod_busy_s`` are ``(pods, intervals)`` matrices (calls routed to
-    and busy seconds completed by each pod per interval); ``warnings`` says when the
-    figures describe an overloaded fleet.
+    and busy seconds completed by each pod per interval); ``published`` lists when the
+    routing table took in new pods (seconds after warm-up, pods), ``members`` the pods in
+    it at the end; ``warnings`` says
+    when the figures describe an overloaded fleet.
     """
 
     config: SimConfig
@@ -306,6 +308,8 @@ class SimResult:
     label: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    published: list[tuple[float, int]] = field(default_factory=list)
+    members: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
     def to_dict(self, *, per_pod: bool = False) -> dict[str, Any]:
         """JSON-ready form (floats rounded to 6 significant digits)."""
@@ -316,6 +320,7 @@ class SimResult:
             "totals": to_jsonable(self.totals),
             "series": {k: to_jsonable(v) for k, v in self.series.items()},
             "warnings": list(self.warnings),
+            "published": [list(x) for x in self.published],
         }
         if self.extra:
             out["extra"] = to_jsonable(self.extra)
@@ -526,6 +531,7 @@ class Simulation:
             checkpoint_s = sched.last_publish_s + cfg.fade_s
         checkpoint: dict[str, Any] = {}
         table_events = list(sched.table)
+        published: list[tuple[float, int]] = []  # (reported time s, pods) per publish
         slow_events = sorted(sched.slow)
         stamp0 = _PREFILL_COHORTS + 1
         occ_now = np.zeros(n_pods)
@@ -563,6 +569,7 @@ class Simulation:
                 _, kind, pods = table_events.pop(0)
                 if kind == "publish":
                     router.publish(pods, t_abs)
+                    published.append((t, len(pods)))
                 else:
                     router.remove(pods, t_abs)
                     for p in pods:
@@ -739,6 +746,8 @@ class Simulation:
             wall_s=time.perf_counter() - wall0,
             label=self.label,
             warnings=warnings,
+            published=published,
+            members=np.array(members, dtype=np.int64),
         )
 
     # ---------------------------------------------------------------------------------
