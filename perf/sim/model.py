@@ -9,11 +9,13 @@ Time advances in ticks (default 10 ms). In every tick:
    turning slow or recovering);
 3. if bounded load is on, every client host takes one load snapshot of its own
    counters (cslb pools the workers of a host, not hosts): in-flight counts, occupancy
-   (:func:`lbcore.signals.occupancy` over the busy-time buckets of the last window) and
-   per-pod latency, combined by :func:`lbcore.signals.effective_load`;
-4. the tick's batch requests arrive (Poisson batches of 1..100 product IDs with Zipf
-   popularity, each from one of ``clients`` hosts) and all calls of a host are routed
-   at once on its snapshot by lbcore;
+   (:func:`lbcore.signals.occupancy` over the busy-time buckets of the last window,
+   weighted by :func:`lbcore.signals.window_weights`) and per-pod and host-wide mean
+   latency (:func:`lbcore.signals.mean_latency`), turned into the load of the
+   configured signal by :func:`lbcore.signals.load_for` (:func:`client_loads`);
+4. the tick's batch requests arrive (Poisson batches of 1..100 distinct product IDs
+   with Zipf popularity, each from one of ``clients`` hosts) and all calls of a host are
+   routed at once on its snapshot by lbcore;
 5. each pod's cache answers hit or miss (a miss is a database read); the service time
    is the hit or miss time, times the pod's slow factor; each pod serves at most
    ``concurrency`` calls at once and queues the rest (FIFO);
@@ -21,6 +23,10 @@ Time advances in ticks (default 10 ms). In every tick:
 
 A warm-up (default 15 s, longer than the 10-s occupancy window) runs first with caches
 pre-filled by each pod's most popular keys; reported time 0 is its end.
+
+Completions more than :data:`HORIZON_S` ahead are booked at the horizon, and pods whose
+queues outgrow :data:`BACKLOG_WARN_S` are named: both end up in
+:attr:`SimResult.warnings`, never silently in the figures.
 """
 
 from __future__ import annotations
