@@ -66,30 +66,27 @@ def _scale_up(plt: Any, result: ScenarioResult) -> Any:
     for ax in axes:
         ax.axvspan(ev.at_s, ev.at_s + ev.ready_spread_s, color="0.9", zorder=0)
         ax.grid(alpha=0.3)
-    # When each routing table took the new pods in: N-ring's trailing debounce makes a
-    # rollout whose pods are ready < debounce_s apart one event, published after the
-    # last of them; Skipper detects pods at its polls, so it starts fading earlier.
+    # When each routing table took the new pods in: cslb's discovery debounces
+    # (trailing), so a rollout whose pods are ready less than debounce_s apart is one
+    # event published after the last of them; Skipper detects pods at its polls and
+    # starts fading each one then, earlier.
+    marks = []
     for r in result.runs:
-        if r.label == "off" or not r.published:
+        if not r.published:
             continue
         first, last = r.published[0][0], r.published[-1][0]
         color = _COLORS.get(r.label)
         for ax in axes:
-            ax.axvline(first, color=color, ls=":", lw=1.2)
-            if last != first:
-                ax.axvline(last, color=color, ls=":", lw=1.2)
-        what = "published" if len(r.published) == 1 else f"detected {first:g}-{last:g} s"
-        axes[2].annotate(
-            f"{_NAMES.get(r.label, r.label)} {what}"
-            + (f" at {first:g} s" if len(r.published) == 1 else ""),
-            (first, 0.97 if r.label == "n-ring" else 0.85),
-            xycoords=("data", "axes fraction"),
-            xytext=(3, 0),
-            textcoords="offset points",
-            color=color,
-            fontsize=8,
-            va="top",
-        )
+            for x in {first, last}:
+                ax.axvline(x, color=color, ls=":", lw=1.2)
+        name = _NAMES.get(r.label, r.label)
+        if len(r.published) == 1:
+            text = f"{name}: one event published at {first:g} s ({cfg.debounce_s:g}-s debounce)"
+        else:
+            text = f"{name}: pods detected at {cfg.skipper_poll_s:g}-s polls, {first:g}-{last:g} s"
+        marks.append(plt.Line2D([], [], color=color, ls=":", lw=1.2, label=text))
+    if marks:
+        axes[2].legend(handles=marks, loc="lower right", fontsize=8)
     axes[0].set_ylabel("cache hit rate %")
     axes[1].set_ylabel("DB reads / s")
     axes[2].set_ylabel("traffic to new pods %")

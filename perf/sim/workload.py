@@ -62,32 +62,51 @@ class Catalogue:
         """Batches of *distinct* product IDs drawn by popularity, concatenated (``int64``).
 
         A batch API de-duplicates the IDs of one request, so a batch never asks for a
-        product twice. Every draw that repeats an ID already in its batch is drawn again
-        (from the same popularity) until none does: sampling without replacement.
+        product twice. Each batch takes IDs from an independent popularity-weighted
+        stream and skips the ones it already has (successive sampling without
+        replacement).
 
         Parameters
         ----------
+        rng
+            The workload's random generator.
         sizes
             IDs per batch; each at most :attr:`size`.
         """
         sizes = np.asarray(sizes, dtype=np.int64)
-        if sizes.size and int(sizes.max()) > self.size:
+        nb = sizes.size
+        if nb and int(sizes.max()) > self.size:
             raise ValueError(
                 f"a batch of {int(sizes.max())} distinct IDs needs a catalogue at least "
                 f"that large, got {self.size}"
             )
-        batch = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
-        keys = self.sample(rng, batch.size)
-        redo = np.arange(keys.size)
-        while redo.size:
-            # A repeat is any position after the first of its (batch, ID) pair.
-            code = batch * self.size + keys
-            order = np.argsort(code, kind="stable")
-            dup = np.zeros(keys.size, dtype=np.bool_)
-            dup[order[1:]] = code[order[1:]] == code[order[:-1]]
-            redo = np.flatnonzero(dup)
-            keys[redo] = self.sample(rng, redo.size)
-        return keys
+        starts = np.zeros(nb, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        out = np.empty(int(sizes.sum()), dtype=np.int64)
+        # One vectorized pass over a stream a quarter longer than needed (Zipf 1 over a
+        # million IDs repeats ~12 % of a 100-ID batch) fills almost every batch ...
+        stream_batch = np.repeat(np.arange(nb, dtype=np.int64), sizes + sizes // 4 + 4)
+        stream = self.sample(rng, stream_batch.size)
+        _, first = np.unique(stream_batch * self.size + stream, return_index=True)
+        first.sort()  # first occurrences, in stream (so batch) order
+        kb = stream_batch[first]
+        rank = np.arange(kb.size) - np.searchsorted(kb, kb, side="left")
+        take = rank < sizes[kb]
+        out[starts[kb[take]] + rank[take]] = stream[first[take]]
+        got = np.bincount(kb[take], minlength=nb)
+        # ... and the few it does not continue their streams one at a time.
+        for b in np.flatnonzero(got < sizes).tolist():
+            lo, n, have = int(starts[b]), int(sizes[b]), int(got[b])
+            seen = set(out[lo : lo + have].tolist())
+            while have < n:
+                for key in self.sample(rng, 2 * (n - have) + 4).tolist():
+                    if key not in seen:
+                        seen.add(key)
+                        out[lo + have] = key
+                        have += 1
+                        if have == n:
+                            break
+        return out
 
 
 class Batches:
