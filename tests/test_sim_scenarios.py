@@ -36,8 +36,8 @@ def test_scale_up_without_fade_in_dips_hardest(scale_up_result):
 
 
 def test_scale_up_nring_dips_less_than_skipper(scale_up_result):
-    # Measured margin in this configuration: 1.4 points for the lowest second (0.6-1.4
-    # over seeds 1-3), 1.2 for the lowest 5 s; the test demands 0.5 and 0.3.
+    # Measured margin in this configuration: 1.6 points for the lowest second (0.5-1.6
+    # over seeds 1-3), 1.1 for the lowest 5 s (0.6-1.1); the test demands 0.5 and 0.3.
     m = scale_up_result.summary["by_mode"]
     nring, skipper = m["n-ring"], m["skipper"]
     assert nring["hit_rate_min_1s"] > skipper["hit_rate_min_1s"] + 0.005
@@ -113,8 +113,8 @@ def test_slow_pod_latency_weighting_moves_more_traffic_off_it_than_occupancy():
     for row in (occ, eff):
         assert row["share_slow"] < 0.5 * row["share_before"]
         assert row["share_after"] == pytest.approx(row["share_before"], rel=0.3)
-    # Latency weighting, at the same balance factor: measured 0.013 vs 0.016 share and
-    # 46 vs 109 ms p99 while slow (seeds 1-3: 0.58-0.81 and 0.42-0.50 of occupancy's).
-    assert eff["share_slow"] < 0.85 * occ["share_slow"]
-    assert eff["lat_p99_ms_slow"] < 0.7 * occ["lat_p99_ms_slow"]
+    # Latency weighting, at the same balance factor, while slow: p99 41 vs 84 ms here
+    # (seeds 1-3: 0.41-0.49 of occupancy's), share 1.06 vs 1.62 % (0.65-0.94).
+    assert eff["lat_p99_ms_slow"] < 0.6 * occ["lat_p99_ms_slow"]
+    assert eff["share_slow"] < occ["share_slow"]
     assert occ["lat_p99_ms_slow"] < off["lat_p99_ms_slow"]
