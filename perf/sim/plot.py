@@ -112,7 +112,6 @@ def _load_signal(plt: Any, result: ScenarioResult) -> Any:
         occ = np.sort(occ / occ.mean())[::-1]
         axes[0].plot(np.linspace(0, 100, occ.size), occ, label=r.label, lw=1.6)
     cfg = result.runs[0].config
-    axes[0].set_title(f"{cfg.pods} pods each")
     if at_needed:
         for label, row in rows.items():
             at = row.get("at_pods_needed")
@@ -128,12 +127,14 @@ def _load_signal(plt: Any, result: ScenarioResult) -> Any:
                 lw=1.4,
             )
         axes[1].set_title(
-            f"each at the pods it needs for p99 <= {result.summary['slo_p99_ms']:g} ms "
-            "(max, p95, p50, p5, min)"
+            f"at the pods each needs for p99 <= {result.summary['slo_p99_ms']:g} ms "
+            "(max, p95, p50, p5, min)",
+            fontsize=10,
         )
+    axes[0].set_title(f"{cfg.pods} pods each, {cfg.seconds:g}-s run", fontsize=10)
     for ax in axes:
         ax.set_xlabel("% of pods, busiest first")
-        ax.set_ylabel(f"occupancy / fleet mean (busy-s per s over {cfg.seconds:g} s)")
+        ax.set_ylabel("occupancy / fleet mean (busy-s per s)")
         ax.axhline(1.0, color="0.5", lw=0.8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -157,6 +158,7 @@ def _slow_pod(plt: Any, result: ScenarioResult) -> Any:
     axes[0].axhline(100 / result.runs[0].config.pods, color="0.5", ls="--", lw=1)
     axes[0].set_ylabel(f"pod {pod}'s share of calls %")
     axes[1].set_ylabel("call latency p99 ms")
+    axes[1].set_yscale("log")  # an unbounded slow pod queues for seconds, the rest ms
     axes[1].set_xlabel(f"seconds (grey: pod {pod} is {ev.factor:g}x slower)")
     axes[0].legend()
     fig.tight_layout()
