@@ -13,10 +13,10 @@ import pytest
 import lbcore
 from perf.sim import model as sim_model
 from perf.sim.cache import TickLRU
-from perf.sim.model import ScaleDown, ScaleUp, SimConfig, SlowPod, run
+from perf.sim.model import ScaleDown, ScaleUp, SimConfig, SimConfigError, SlowPod, run
 from perf.sim.pods import PodQueues
-from perf.sim.routing import endpoint_name, make_router
-from perf.sim.workload import Catalogue
+from perf.sim.routing import SimRoutingError, endpoint_name, make_router
+from perf.sim.workload import Batches, Catalogue
 
 SMALL = SimConfig(
     pods=6,
@@ -142,49 +142,191 @@ def test_pod_queues_are_an_exact_fifo_multi_server_queue():
 # ------------------------------------------------------------------------------------
 # Routing is lbcore's.
 
+# Global pod numbers that are not ring indices: the routers must translate both ways.
+PODS = [3, 7, 1, 9, 4, 11]
+NEW = [12, 8]
+NS = 1_000_000_000
 
-def test_routers_answer_exactly_what_lbcore_answers():
-    cat = Catalogue(5_000, 1.0)
-    h = cat.hashes[np.arange(5_000)]
-    pods = list(range(8))
-    names = [endpoint_name(p) for p in pods]
-    rng = np.random.default_rng(0)
-    plain = make_router(
-        "none",
+
+def _router(mode, pods, *, bf=1.1, exponent=2.5, seed=0):
+    return make_router(
+        mode,
         pods,
-        balance_factor=None,
+        balance_factor=bf,
         max_hops=10,
         vnodes=100,
         fade_s=30.0,
-        fade_exponent=2.5,
-        rng=rng,
-    )
-    np.testing.assert_array_equal(
-        plain.route(h, 0.0, None), lbcore.Ring(names).lookup(None, hashes=h)
+        fade_exponent=exponent,
+        rng=np.random.default_rng(seed),
     )
 
-    nring = make_router(
-        "nring",
-        pods[:5],
-        balance_factor=1.25,
-        max_hops=10,
-        vnodes=100,
-        fade_s=30.0,
-        fade_exponent=2.5,
-        rng=rng,
+
+def _names(pods):
+    return [endpoint_name(p) for p in pods]
+
+
+@pytest.fixture(scope="module")
+def hashes():
+    return Catalogue(20_000, 1.0).hashes
+
+
+@pytest.fixture(scope="module")
+def loads():
+    # Indexed by global pod number; uneven, so any mix-up of pod <-> ring index shows.
+    return np.random.default_rng(5).uniform(0.0, 4.0, 16)
+
+
+def test_loads_reach_lbcore_in_ring_order(hashes, loads):
+    # The test below is only as strong as this: mapping loads by position instead of by
+    # pod number gives lbcore another answer.
+    ring = lbcore.Ring(_names(PODS))
+    right = ring.lookup_bounded(None, loads[PODS], 1.1, max_hops=10, hashes=hashes)
+    wrong = ring.lookup_bounded(None, loads[: len(PODS)], 1.1, max_hops=10, hashes=hashes)
+    assert (right != wrong).mean() > 0.05
+
+
+def test_plain_router_is_lbcore_ring_with_pods_renumbered(hashes, loads):
+    for bf in (None, 1.1):
+        r = _router("off", PODS, bf=bf)
+        ring = lbcore.Ring(_names(PODS))
+        want = (
+            ring.lookup(None, hashes=hashes)
+            if bf is None
+            else ring.lookup_bounded(None, loads[PODS], bf, max_hops=10, hashes=hashes)
+        )
+        np.testing.assert_array_equal(r.route(hashes, 0.0, loads), np.array(PODS)[want])
+    # a pod in the middle leaves, two join
+    r = _router("off", PODS)
+    r.remove([9], 1.0)
+    r.publish(NEW, 2.0)
+    now = [3, 7, 1, 4, 11, *NEW]
+    assert r.members.tolist() == now
+    want = lbcore.Ring(_names(now)).lookup_bounded(
+        None, loads[now], 1.1, max_hops=10, hashes=hashes
     )
-    nring.publish(pods[5:], 1.0)
-    loads = np.linspace(0.0, 2.0, 8)
-    rs = lbcore.RingSet(names[:5], duration_ns=30_000_000_000).scale_up(names[5:], 1_000_000_000)
-    want = rs.route(None, 16_000_000_000, loads=loads, balance_factor=1.25, max_hops=10, hashes=h)
-    np.testing.assert_array_equal(nring.route(h, 16.0, loads), want)
+    np.testing.assert_array_equal(r.route(hashes, 3.0, loads), np.array(now)[want])
+
+
+def test_nring_router_is_lbcore_ringset_with_pods_renumbered(hashes, loads):
+    r = _router("n-ring", PODS)
+    r.publish(NEW, 1.0)
+    rs = lbcore.RingSet(_names(PODS), duration_ns=30 * NS).scale_up(_names(NEW), 1 * NS)
+    order = [PODS[i] for i in range(len(PODS))] + NEW
+    assert r.members.tolist() == order
+    want = rs.route(
+        None, 16 * NS, loads=loads[order], balance_factor=1.1, max_hops=10, hashes=hashes
+    )
+    got = r.route(hashes, 16.0, loads)
+    np.testing.assert_array_equal(got, np.array(order)[want])
+    assert np.isin(got, NEW).any() and not np.isin(got, NEW).all()  # mid-fade
+    # a pod in the middle of the established ring is deleted while the new ring fades
+    r.remove([1], 17.0)
+    rs = rs.remove([endpoint_name(1)])
+    order = [p for p in order if p != 1]
+    assert r.members.tolist() == order
+    want = rs.route(
+        None, 20 * NS, loads=loads[order], balance_factor=1.1, max_hops=10, hashes=hashes
+    )
+    np.testing.assert_array_equal(r.route(hashes, 20.0, loads), np.array(order)[want])
+
+
+def test_skipper_router_is_lbcore_skipper_fadein_route(hashes, loads):
+    exponent = 1.7  # not lbcore's default: a router that drops it fails
+    r = _router("skipper", PODS, exponent=exponent, seed=42)
+    thresholds = np.random.default_rng(42)  # the same stream the router draws from
+    r.publish(NEW, 1.0)
+    r.publish([5], 4.0)
+    order = [*PODS, *NEW, 5]
+    assert r.members.tolist() == order
+
+    def want(now_s, members):
+        now = round(now_s * NS)
+        # detected 1 ns before the publish instant (see SkipperRouter.publish)
+        detected = {**dict.fromkeys(PODS), 12: NS - 1, 8: NS - 1, 5: 4 * NS - 1}
+        ages = [None if detected[p] is None else now - detected[p] for p in members]
+        idx = lbcore.fade.skipper_fadein_route(
+            lbcore.Ring(_names(members)),
+            None,
+            ages,
+            30 * NS,
+            exponent,
+            thresholds.random(hashes.size),
+            loads=loads[members],
+            balance_factor=1.1,
+            max_hops=10,
+            hashes=hashes,
+        )
+        return np.array(members)[idx]
+
+    got = r.route(hashes, 16.0, loads)
+    np.testing.assert_array_equal(got, want(16.0, order))
+    assert np.isin(got, [*NEW, 5]).any()
+    r.remove([9], 17.0)  # from the middle
+    order.remove(9)
+    np.testing.assert_array_equal(r.route(hashes, 20.0, loads), want(20.0, order))
+
+
+@pytest.mark.parametrize("exponent", [1.0, 3.0])
+def test_skipper_router_sends_a_young_pod_score_times_its_keys(hashes, exponent):
+    # One new pod at half the fade window: Skipper keeps it as a candidate for a call
+    # with probability (1/2) ** exponent, so it gets that share of the keys it owns.
+    r = _router("skipper", PODS, bf=None, exponent=exponent)
+    r.publish([12], 0.0)
+    owned = lbcore.Ring(_names([*PODS, 12])).lookup(None, hashes=hashes) == len(PODS)
+    got = (r.route(hashes, 15.0, None) == 12).sum() / owned.sum()
+    assert got == pytest.approx(0.5**exponent, abs=0.03)
+
+
+def test_skipper_pod_published_this_instant_gets_no_traffic_yet(hashes):
+    # Skipper's requests come after the detection, so a pod starts at score ~0; lbcore's
+    # fadein_score reads an age of exactly 0 as "fully in".
+    r = _router("skipper", PODS, bf=None)
+    r.publish([12], 5.0)
+    assert (r.route(hashes, 5.0, None) == 12).sum() == 0
+    assert (r.route(hashes, 20.0, None) == 12).sum() > 100
+
+
+def test_a_fallback_from_lbcore_is_never_taken_for_a_pod():
+    r = _router("off", PODS)
+    with pytest.raises(SimRoutingError, match="fallback"):
+        r._pods(np.array([0, lbcore.FALLBACK, 2], dtype=np.int32))
+
+
+def test_unknown_fade_mode_is_named():
+    with pytest.raises(ValueError, match="expected one of n-ring, skipper, off"):
+        _router("nring", PODS)
+
+
+# ------------------------------------------------------------------------------------
+# Load snapshot: lbcore's signals from the simulated counters.
+
+
+def test_client_loads_weigh_occupancy_by_latency_for_the_effective_signal():
+    window = 10 * NS
+    # 2 client hosts x 3 pods; pod 2 is five times slower per call for host 0.
+    completed = np.array([[100.0, 100.0, 20.0], [50.0, 50.0, 50.0]])
+    per_call_s = np.array([[0.002, 0.002, 0.010], [0.004, 0.004, 0.004]])
+    busy_ns = completed * per_call_s * 1e9
+    in_flight = np.array([[0, 1, 0], [2, 0, 0]])
+    occ = sim_model.client_loads("occupancy", in_flight, busy_ns, completed, window)
+    np.testing.assert_allclose(occ, busy_ns / window)
+    eff = sim_model.client_loads("effective", in_flight, busy_ns, completed, window)
+    host0_mean = busy_ns[0].sum() * 1e-9 / completed[0].sum()
+    np.testing.assert_allclose(
+        eff[0], np.maximum(in_flight[0], occ[0]) * per_call_s[0] / host0_mean
+    )
+    assert eff[0, 2] > 2.5 * occ[0, 2]  # the slow pod weighs more ...
+    assert eff[0, 0] < occ[0, 0]  # ... and fast ones less
+    np.testing.assert_allclose(eff[1], np.maximum(in_flight[1], occ[1]))  # all alike: factor 1
+    fl = sim_model.client_loads("in-flight", in_flight, busy_ns, completed, window)
+    np.testing.assert_array_equal(fl, in_flight)
 
 
 # ------------------------------------------------------------------------------------
 # Whole runs: conservation and determinism.
 
 
-@pytest.mark.parametrize("fade", ["none", "skipper", "nring"])
+@pytest.mark.parametrize("fade", ["off", "skipper", "n-ring"])
 def test_every_request_is_counted_once(fade):
     cfg = replace(
         SMALL,
@@ -224,11 +366,63 @@ def test_same_seed_same_result_other_seed_other_result():
 
 
 def test_bad_config_is_named():
-    with pytest.raises(ValueError, match="fade must be one of"):
-        run(replace(SMALL, fade="linear"))
-    with pytest.raises(ValueError, match=r"report_s .* whole multiple of tick_s"):
-        run(replace(SMALL, report_s=0.015))
+    def bad(match, **changes):
+        with pytest.raises(SimConfigError, match=match):
+            run(replace(SMALL, **changes))
+
+    bad("fade must be one of", fade="nring")
+    bad(r"report_s .* whole multiple of tick_s", report_s=0.015)
+    bad("slow pod 99 is not a starting pod", events=(SlowPod(1.0, 2.0, 99, 2.0),))
+    bad("removes 6 of 6 pods; at least one must stay", events=(ScaleDown(1.0, 6),))
+    bad(r"seconds must be a finite number >= report_s", seconds=0.001)
+    bad("seconds must be a finite number", seconds=float("inf"))
+    bad("rate must be a finite number > 0", rate=float("inf"))
+    bad("fade_s must be a finite number", fade_s=float("inf"))
+    bad("max_batch must be 1..catalogue", catalogue=50)
+    bad(r"would need about .* GiB of arrays", seconds=1e9)
     with pytest.raises(lbcore.BalanceFactorError):
         run(replace(SMALL, balance_factor=0.9))
-    with pytest.raises(ValueError, match="slow pod 99 is not a starting pod"):
-        run(replace(SMALL, events=(SlowPod(1.0, 2.0, 99, 2.0),)))
+
+
+def test_defaults_are_lbcore_production_defaults_except_bounded_load():
+    cfg = SimConfig()
+    knobs = lbcore.knobs.defaults()
+    assert cfg.fade == knobs["fade_mode"] == "n-ring"
+    assert (cfg.fade_s, cfg.fade_exponent) == (knobs["fade_duration_s"], knobs["fade_exponent"])
+    assert (cfg.max_hops, cfg.vnodes, cfg.signal) == (
+        knobs["max_hops"],
+        knobs["vnodes"],
+        knobs["load_signal"],
+    )
+    assert cfg.window_s * 1e9 == lbcore.signals.DEFAULT_WINDOW_NS
+    assert cfg.balance_factor is None  # documented: scenarios switch bounded load on
+
+
+# ------------------------------------------------------------------------------------
+# Workload and overload.
+
+
+def test_batches_carry_distinct_ids_in_popularity_order():
+    cat = Catalogue(1_000, 1.0)
+    rng = np.random.default_rng(3)
+    b = Batches.draw(rng, cat, 200_000.0, 100, 0.0, 0.05, clients=4)
+    sizes = np.diff(np.append(b.starts, b.keys.size))
+    assert b.keys.size > 5_000 and sizes.max() <= 100
+    for lo, n in zip(b.starts.tolist(), sizes.tolist(), strict=True):
+        assert np.unique(b.keys[lo : lo + n]).size == n
+    # still popularity-driven: the head is in almost every big batch, the tail rarely
+    big = sizes >= 80
+    has0 = [0 in b.keys[lo : lo + n] for lo, n in zip(b.starts[big], sizes[big], strict=True)]
+    assert np.mean(has0) > 0.9
+    assert np.mean(b.keys >= 500) < 0.2
+
+
+def test_overload_is_reported_not_hidden(monkeypatch):
+    assert run(SMALL).warnings == []
+    monkeypatch.setattr(sim_model, "HORIZON_S", 0.5)
+    # one slot of 1-15 ms per pod cannot serve 600 calls/s
+    r = run(replace(SMALL, concurrency=1, seconds=3.0, clients=1))
+    text = " ".join(r.warnings)
+    assert "overloaded" in text and "calls still queued" in text
+    assert "booked at 0.5 s" in text and r.totals["calls_booked_at_horizon"] > 0
+    assert r.totals["backlog_end_s_max"] > 1.0

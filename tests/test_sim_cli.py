@@ -28,17 +28,24 @@ def test_simulate_is_registered_and_prints_a_table():
     assert p.returncode == 0, p.stderr
     assert "no bounded load" in p.stdout and "effective bf 1.25" in p.stdout
     assert "slow pod's share while slow" in p.stdout
+    # 4 s cannot show the pod recovering: said, not hidden
+    assert "! warning: the run ends at 4 s, before the 'after' phase" in p.stdout
 
 
-def test_json_output_carries_summary_and_series(capsys):
-    rc = cli.main(["--scenario", "scale-up", *FAST, "--add", "3", "--fade-s", "2", "--json"])
+def test_json_output_carries_summary_series_and_warnings(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    args = ["--scenario", "scale-up", *FAST, "--add", "3", "--fade-s", "2", "--json"]
+    rc = cli.main([*args, "--plot", str(tmp_path / "charts")])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["scenario"] == "scale-up"
-    assert set(doc["summary"]["by_mode"]) == {"none", "skipper", "nring"}
+    assert set(doc["summary"]["by_mode"]) == {"off", "skipper", "n-ring"}
     run = doc["runs"][0]
     assert len(run["series"]["hit_rate"]) == 4 and run["config"]["fade_s"] == 2.0
     assert run["totals"]["routed"] >= run["totals"]["calls"] > 0
+    # ready at 10 s + 20 s spread: the run ends long before the fade does
+    assert any("before the last fade-in ends" in w for w in doc["warnings"])
+    assert (tmp_path / "charts" / "sim-scale-up.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(
@@ -46,14 +53,59 @@ def test_json_output_carries_summary_and_series(capsys):
     [
         (["--scenario", "load-signal", "--signal", "in-flight"], "--signal has no effect"),
         (["--scenario", "slow-pod", "--add", "3"], "--add has no effect on --scenario slow-pod"),
-        (["--scenario", "scale-up", "--pods", "0"], "--pods must be > 0"),
-        (["--scenario", "scale-up", "--balance-factor", "0.5"], "--balance-factor must be >= 1"),
-        (["--scenario", "scale-up", "--zipf", "-1"], "zipf must be >= 0"),
+        (
+            ["--scenario", "scale-up", "--in-flight-balance-factor", "1.2"],
+            "--in-flight-balance-factor has no effect on --scenario scale-up",
+        ),
+        (["--scenario", "scale-up", "--pods", "0"], "argument --pods: expected an integer >= 1"),
+        (
+            ["--scenario", "scale-up", "--balance-factor", "0.5"],
+            "argument --balance-factor: balance factor must be a finite number >= 1",
+        ),
+        (
+            ["--scenario", "load-signal", "--in-flight-balance-factor", "nan"],
+            "argument --in-flight-balance-factor: balance factor must be a finite number",
+        ),
+        (["--scenario", "scale-up", "--zipf", "-1"], "argument --zipf: expected a finite number"),
+        (["--scenario", "scale-up", "--seconds", "inf"], "argument --seconds: expected a finite"),
+        (["--scenario", "scale-up", "--seconds", "0.001"], "argument --seconds: expected a"),
+        (["--scenario", "scale-up", "--fade-s", "inf"], "argument --fade-s: expected a finite"),
+        (["--scenario", "scale-up", "--rate", "inf"], "argument --rate: expected a finite"),
+        (["--scenario", "scale-up", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
+        (["--scenario", "load-signal", "--slo-ms", "0"], "argument --slo-ms: expected a finite"),
+        (["--scenario", "scale-up", "--clients", "65"], "expected an integer from 1 to 64"),
+        (["--scenario", "scale-up", "--catalogue", "50"], "batches carry up to 100 distinct"),
     ],
 )
 def test_bad_options_are_named(args, message, capsys):
-    assert cli.main(args) == 2
-    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(args)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_run_too_big_for_memory_is_refused_before_it_starts(capsys):
+    assert cli.main(["--scenario", "scale-up", "--seconds", "1e9"]) == 2
+    err = capsys.readouterr().err
+    assert "GiB of arrays" in err and "fewer seconds" in err
+
+
+@pytest.mark.parametrize("kind", ["file", "unwritable"])
+def test_plot_dir_is_checked_before_the_run(kind, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    if kind == "file":
+        target = tmp_path / "a-file"
+        target.write_text("x")
+        message = "exists and is not a directory"
+    else:
+        target = pathlib.Path("/proc/cslb-sim-test")  # cannot be created, even by root
+        message = "cannot create the directory"
+    with pytest.raises(SystemExit):
+        cli.main(["--scenario", "slow-pod", *FAST, "--plot", str(target)])
+    captured = capsys.readouterr()
+    assert f"--plot {target}: {message}" in captured.err
+    assert captured.out == ""  # nothing ran
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path, capsys):

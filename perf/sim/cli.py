@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import pathlib
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from perf.sim.model import SIGNALS, SimConfig
+from lbcore.bounded import check_balance_factor
+from lbcore.errors import BalanceFactorError
+from perf.sim.model import SIGNALS, SimConfig, SimConfigError
 from perf.sim.progress import ProgressBar
 from perf.sim.report import to_json, to_text
 from perf.sim.scenarios import SCENARIOS, ScenarioResult
@@ -28,12 +34,52 @@ _ONLY = {
     "ready_spread_s": ("scale-up",),
     "slo_ms": ("load-signal",),
     "no_search": ("load-signal",),
+    "in_flight_balance_factor": ("load-signal",),
     "signal": ("scale-up", "slow-pod"),
 }
+_MAX_BATCH = SimConfig().max_batch
 
 
-class UsageError(ValueError):
-    """An option does not apply or has a bad value."""
+# --------------------------------------------------------------------------------------
+# Option types: each says what it expected; argparse names the flag.
+
+
+def _integer(low: int, high: int | None = None, why: str = "") -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            want = f"from {low} to {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"expected an integer {want}{why}, got {value}")
+        return value
+
+    return parse
+
+
+def _number(low: float, *, strict: bool, unit: str = "") -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        ok = math.isfinite(value) and (value > low if strict else value >= low)
+        if not ok:
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number {'>' if strict else '>='} {low:g}{unit}, got {text}"
+            )
+        return value
+
+    return parse
+
+
+def _balance_factor(text: str) -> float:
+    try:
+        return check_balance_factor(float(text))
+    except ValueError as exc:  # float() or lbcore's BalanceFactorError
+        msg = str(exc) if isinstance(exc, BalanceFactorError) else f"not a number: {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,66 +95,115 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
-    p.add_argument("--pods", type=int, help="pods at the start (50 / 100 / 20 by scenario)")
-    p.add_argument("--add", type=int, help="scale-up: pods added (default: as many as --pods)")
-    p.add_argument("--fade-s", type=float, help="scale-up: fade-in duration, seconds (30)")
-    p.add_argument("--exponent", type=float, help="scale-up: fade-in curve exponent (2.5)")
+    p.add_argument("--pods", type=_integer(1), help="pods at the start (50 / 100 / 20 by scenario)")
+    p.add_argument(
+        "--add", type=_integer(1), help="scale-up: pods added (default: as many as --pods)"
+    )
+    p.add_argument(
+        "--fade-s",
+        type=_number(0, strict=False, unit=" seconds"),
+        help="scale-up: fade-in duration, seconds (30)",
+    )
+    p.add_argument(
+        "--exponent", type=_number(0, strict=True), help="scale-up: fade-in curve exponent (2.5)"
+    )
     p.add_argument(
         "--ready-spread-s",
-        type=float,
+        type=_number(0, strict=False, unit=" seconds"),
         help="scale-up: new pods become ready evenly over this many seconds (20)",
     )
     p.add_argument(
         "--balance-factor",
-        type=float,
-        help="bounded load: scale-up off unless given; load-signal: the occupancy "
-        "variant's factor (1.30; in-flight uses 1.10); slow-pod: 1.25",
+        type=_balance_factor,
+        help="bounded load: scale-up: off unless given; load-signal: the occupancy "
+        "variant's factor (default: two variants, 1.25 and 1.35); slow-pod: 1.25",
+    )
+    p.add_argument(
+        "--in-flight-balance-factor",
+        type=_balance_factor,
+        help="load-signal: the in-flight variant's balance factor (1.10)",
     )
     p.add_argument(
         "--signal",
         choices=SIGNALS,
-        help="load signal: scale-up (with --balance-factor; default occupancy); "
+        help="load signal: scale-up (with --balance-factor; default effective); "
         "slow-pod (compare this one with no bounded load)",
     )
-    p.add_argument("--seconds", type=float, help="simulated seconds after warm-up")
-    p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    p.add_argument("--rate", type=float, help="calls per second over all clients")
-    p.add_argument("--zipf", type=float, help="Zipf exponent of product popularity (1.0)")
-    p.add_argument("--catalogue", type=int, help="number of product IDs (1,000,000)")
-    p.add_argument("--cache-size", type=int, help="products per pod cache (2,000)")
-    p.add_argument("--concurrency", type=int, help="calls a pod serves at once (8)")
-    p.add_argument("--clients", type=int, help="client hosts, each with its own counters (8)")
     p.add_argument(
-        "--slo-ms", type=float, default=25.0, help="load-signal: p99 bound for pods needed (25)"
+        "--seconds",
+        type=_number(1, strict=False, unit=" (one 1-s report interval)"),
+        help="simulated seconds after warm-up (120 / 60 / 80 by scenario)",
+    )
+    p.add_argument("--seed", type=_integer(0), default=1, help="random seed, >= 0 (default 1)")
+    p.add_argument(
+        "--rate",
+        type=_number(0, strict=True, unit=" calls/s"),
+        help="calls per second over all clients (default 700 / 350 / 350 per starting pod)",
+    )
+    p.add_argument(
+        "--zipf",
+        type=_number(0, strict=False),
+        help="Zipf exponent of product popularity (1.0)",
+    )
+    p.add_argument(
+        "--catalogue",
+        type=_integer(_MAX_BATCH, why=f" (batches carry up to {_MAX_BATCH} distinct IDs)"),
+        help="number of product IDs (1,000,000)",
+    )
+    p.add_argument("--cache-size", type=_integer(1), help="products per pod cache (2,000)")
+    p.add_argument("--concurrency", type=_integer(1), help="calls a pod serves at once (8)")
+    p.add_argument(
+        "--clients", type=_integer(1, 64), help="client hosts, each with its own counters (8)"
+    )
+    p.add_argument(
+        "--slo-ms",
+        type=_number(0, strict=True, unit=" ms"),
+        default=25.0,
+        help="load-signal: p99 bound for pods needed, ms (25)",
     )
     p.add_argument(
         "--no-search", action="store_true", help="load-signal: skip the pods-needed search"
     )
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
-    p.add_argument("--plot", metavar="DIR", help="write PNG chart(s) into DIR (needs matplotlib)")
+    p.add_argument("--plot", metavar="DIR", help="write PNG chart(s) into DIR, created if missing")
     bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_true", default=None)
-    bar.add_argument("--no-progress", dest="progress", action="store_false")
+    bar.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="draw a progress bar on stderr (default: when stderr is a terminal)",
+    )
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     return p
 
 
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Reject options that do not apply to the scenario (argparse checked each value)."""
     defaults = vars(parser.parse_args(["--scenario", args.scenario]))
     for name, scenarios in _ONLY.items():
         if args.scenario not in scenarios and getattr(args, name) != defaults[name]:
             flag = "--" + name.replace("_", "-")
-            raise UsageError(
+            parser.error(
                 f"{flag} has no effect on --scenario {args.scenario}; it applies to "
                 f"{' and '.join(scenarios)}"
             )
-    for name in ("pods", "add", "seconds", "rate", "catalogue", "cache_size", "concurrency"):
-        v = getattr(args, name)
-        if v is not None and v <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {v}")
-    if args.clients is not None and not 1 <= args.clients <= 64:
-        raise UsageError(f"--clients must be 1..64, got {args.clients}")
-    if args.balance_factor is not None and args.balance_factor < 1:
-        raise UsageError(f"--balance-factor must be >= 1, got {args.balance_factor}")
+
+
+def _plot_dir(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Create and check ``--plot DIR`` before the run, not after it."""
+    from perf.sim.plot import pyplot
+
+    pyplot()  # PlotUnavailableError without matplotlib
+    out = pathlib.Path(args.plot)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        parser.error(f"--plot {args.plot}: exists and is not a directory")
+    except OSError as exc:
+        parser.error(f"--plot {args.plot}: cannot create the directory: {exc.strerror}")
+    if not os.access(out, os.W_OK | os.X_OK):
+        parser.error(f"--plot {args.plot}: the directory is not writable")
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
@@ -141,7 +236,14 @@ def _config(args: argparse.Namespace) -> SimConfig:
     return replace(cfg, **changes).validate()
 
 
-def run_scenario(args: argparse.Namespace, progress: Any) -> ScenarioResult:
+def run_scenario(args: argparse.Namespace, progress: ProgressBar | None) -> ScenarioResult:
+    """Run the scenario ``args`` ask for (see :func:`build_parser`).
+
+    Raises
+    ------
+    SimConfigError
+        If the settings make no valid run.
+    """
     cfg = _config(args)
     fn = SCENARIOS[args.scenario]
     if args.scenario == "scale-up":
@@ -152,12 +254,12 @@ def run_scenario(args: argparse.Namespace, progress: Any) -> ScenarioResult:
             kw["ready_spread_s"] = args.ready_spread_s
         return fn(cfg, progress=progress, **kw)
     if args.scenario == "load-signal":
-        return fn(
-            cfg,
-            occupancy_factor=args.balance_factor or 1.30,
-            slo_p99_ms=None if args.no_search else args.slo_ms,
-            progress=progress,
-        )
+        kw = {"slo_p99_ms": None if args.no_search else args.slo_ms}
+        if args.balance_factor is not None:
+            kw["occupancy_factors"] = (args.balance_factor,)
+        if args.in_flight_balance_factor is not None:
+            kw["in_flight_factor"] = args.in_flight_balance_factor
+        return fn(cfg, progress=progress, **kw)
     kw = {"balance_factor": args.balance_factor or 1.25}
     if args.signal is not None:
         kw["signals"] = (None, args.signal)
@@ -165,15 +267,16 @@ def run_scenario(args: argparse.Namespace, progress: Any) -> ScenarioResult:
 
 
 def main(argv: list[str]) -> int:
-    """Run ``cslb simulate``; returns the exit status."""
+    """Run ``cslb simulate``; returns the exit status (argparse exits 2 on bad options)."""
+    from perf.sim.plot import PlotUnavailableError, plot
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    _check(args, parser)
     try:
-        _check(args, parser)
         if args.plot:
-            from perf.sim.plot import _pyplot
-
-            _pyplot()  # fail before a long run, not after it
+            _plot_dir(args, parser)
+        _config(args)  # settings errors before the bar appears
         show = sys.stderr.isatty() if args.progress is None else args.progress
         bar = ProgressBar() if show else None
         try:
@@ -181,16 +284,11 @@ def main(argv: list[str]) -> int:
         finally:
             if bar is not None:
                 bar.close()
-    except (UsageError, ValueError) as exc:
-        print(f"cslb simulate: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:  # PlotUnavailableError
+    except (SimConfigError, PlotUnavailableError) as exc:
         print(f"cslb simulate: {exc}", file=sys.stderr)
         return 2
     print(to_json(result) if args.json else to_text(result))
     if args.plot:
-        from perf.sim.plot import plot
-
         for path in plot(result, args.plot):
             print(f"wrote {path}", file=sys.stderr)
     return 0

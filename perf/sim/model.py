@@ -9,11 +9,13 @@ Time advances in ticks (default 10 ms). In every tick:
    turning slow or recovering);
 3. if bounded load is on, every client host takes one load snapshot of its own
    counters (cslb pools the workers of a host, not hosts): in-flight counts, occupancy
-   (:func:`lbcore.signals.occupancy` over the busy-time buckets of the last window) and
-   per-pod latency, combined by :func:`lbcore.signals.effective_load`;
-4. the tick's batch requests arrive (Poisson batches of 1..100 product IDs with Zipf
-   popularity, each from one of ``clients`` hosts) and all calls of a host are routed
-   at once on its snapshot by lbcore;
+   (:func:`lbcore.signals.occupancy` over the busy-time buckets of the last window,
+   weighted by :func:`lbcore.signals.window_weights`) and per-pod and host-wide mean
+   latency (:func:`lbcore.signals.mean_latency`), turned into the load of the
+   configured signal by :func:`lbcore.signals.load_for` (:func:`client_loads`);
+4. the tick's batch requests arrive (Poisson batches of 1..100 distinct product IDs
+   with Zipf popularity, each from one of ``clients`` hosts) and all calls of a host are
+   routed at once on its snapshot by lbcore;
 5. each pod's cache answers hit or miss (a miss is a database read); the service time
    is the hit or miss time, times the pod's slow factor; each pod serves at most
    ``concurrency`` calls at once and queues the rest (FIFO);
@@ -21,6 +23,10 @@ Time advances in ticks (default 10 ms). In every tick:
 
 A warm-up (default 15 s, longer than the 10-s occupancy window) runs first with caches
 pre-filled by each pod's most popular keys; reported time 0 is its end.
+
+Completions more than :data:`HORIZON_S` ahead are booked at the horizon, and pods whose
+queues outgrow :data:`BACKLOG_WARN_S` are named: both end up in
+:attr:`SimResult.warnings`, never silently in the figures.
 """
 
 from __future__ import annotations
@@ -28,13 +34,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 import lbcore
-from lbcore import signals
+from lbcore import knobs, signals
 from perf.sim.cache import TickLRU
 from perf.sim.pods import PodQueues
 from perf.sim.routing import FADE_MODES, Router, endpoint_name, make_router
@@ -45,16 +51,33 @@ __all__ = [
     "ScaleDown",
     "ScaleUp",
     "SimConfig",
+    "SimConfigError",
     "SimResult",
     "Simulation",
     "SlowPod",
+    "client_loads",
     "run",
+    "to_jsonable",
 ]
 
 #: Load signals bounded load can use (lbcore.signals.LOAD_SIGNALS).
 SIGNALS = tuple(signals.LOAD_SIGNALS)
 
+#: Production defaults of the routing knobs (lbcore.knobs), the simulator's defaults too.
+_KNOB = knobs.defaults()
+
 _PREFILL_COHORTS = 100  # stamps used to order the warm-start cache contents by popularity
+#: Completions further ahead than this are booked at it (the ring of future ticks).
+HORIZON_S = 60.0
+#: Largest run the simulator sets out on: its arrays' estimated size, in bytes.
+MEMORY_LIMIT_BYTES = 6 << 30
+#: A pod whose queue still holds this much work at the end of a run is reported
+#: overloaded, in seconds (a pod at its limit for a moment queues for milliseconds).
+BACKLOG_WARN_S = 1.0
+
+
+class SimConfigError(ValueError):
+    """A simulation setting is out of range; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +91,7 @@ class ScaleUp:
 
 @dataclass(frozen=True)
 class ScaleDown:
-    """The ``count`` most recently added pods are deleted at ``at_s``."""
+    """The ``count`` most recently added pods are deleted at ``at_s`` (at least one stays)."""
 
     at_s: float
     count: int
@@ -92,7 +115,11 @@ class SimConfig:
     """Everything a run depends on. Times in seconds, sizes in products.
 
     ``rate`` is calls (product IDs) per second over all clients; ``None`` means
-    ``rate_per_pod * pods`` (pods at the start).
+    ``rate_per_pod * pods`` (pods at the start). Routing settings default to lbcore's
+    production defaults (:func:`lbcore.knobs.defaults`, the occupancy window
+    :data:`lbcore.signals.DEFAULT_WINDOW_NS`) except ``balance_factor``: ``None`` (no
+    bounded load) here, 1.25 in production, so a scenario switches bounded load on
+    where it is part of the question.
     """
 
     pods: int = 50
@@ -105,14 +132,14 @@ class SimConfig:
     hit_s: float = 0.001
     miss_s: float = 0.015
     concurrency: int = 8
-    fade: str = "nring"
-    fade_s: float = 30.0
-    fade_exponent: float = 2.5
+    fade: str = _KNOB["fade_mode"]
+    fade_s: float = _KNOB["fade_duration_s"]
+    fade_exponent: float = _KNOB["fade_exponent"]
     balance_factor: float | None = None
-    signal: str = "occupancy"
-    max_hops: int | None = 10
+    signal: str = _KNOB["load_signal"]
+    max_hops: int | None = _KNOB["max_hops"]
     clients: int = 8
-    window_s: float = 10.0
+    window_s: float = signals.DEFAULT_WINDOW_NS / 1e9
     bucket_s: float = 0.1
     tick_s: float = 0.01
     seconds: float = 120.0
@@ -120,7 +147,7 @@ class SimConfig:
     report_s: float = 1.0
     debounce_s: float = 2.0
     skipper_poll_s: float = 3.0
-    vnodes: int = 100
+    vnodes: int = _KNOB["vnodes"]
     seed: int = 1
     events: tuple[Event, ...] = ()
 
@@ -129,54 +156,131 @@ class SimConfig:
         """Calls per second over all clients."""
         return self.rate if self.rate is not None else self.rate_per_pod * self.pods
 
+    @property
+    def total_pods(self) -> int:
+        """Pods at the start plus every pod a scale-up adds."""
+        return self.pods + sum(e.count for e in self.events if isinstance(e, ScaleUp))
+
+    def memory_bytes(self) -> int:
+        """Estimated size of the run's arrays, in bytes.
+
+        Cache stamps (2 or 4 bytes per pod and product), cache cohorts (8 bytes per pod
+        and tick), the future-completion ring (16 bytes per client host, pod and tick of
+        :data:`HORIZON_S`) and every call's latency (8 bytes).
+        """
+        ticks = round((self.warmup_s + self.seconds) / self.tick_s)
+        n = self.total_pods
+        stamp_bytes = 2 if ticks + _PREFILL_COHORTS + 1 < 65535 else 4
+        horizon = 1 << math.ceil(math.log2(max(2, round(HORIZON_S / self.tick_s))))
+        return int(
+            n * self.catalogue * stamp_bytes
+            + n * (ticks + _PREFILL_COHORTS + 2) * 8
+            + self.clients * n * horizon * 16
+            + self.total_rate * self.seconds * 8
+        )
+
     def validate(self) -> SimConfig:
-        """Check every field; raise ``ValueError`` naming the bad one."""
+        """Check every field; raise :class:`SimConfigError` naming the bad one.
+
+        The balance factor is checked by :func:`lbcore.bounded.check_balance_factor`
+        (raising :class:`lbcore.BalanceFactorError`), the rule production uses.
+        """
 
         def need(ok: bool, msg: str) -> None:
             if not ok:
-                raise ValueError(msg)
+                raise SimConfigError(msg)
+
+        def finite(name: str, low: float, *, strict: bool = True) -> None:
+            v = getattr(self, name)
+            ok = math.isfinite(v) and (v > low if strict else v >= low)
+            need(ok, f"{name} must be a finite number {'>' if strict else '>='} {low:g}, got {v}")
 
         need(self.pods >= 1, f"pods must be >= 1, got {self.pods}")
         need(self.catalogue >= 1, f"catalogue must be >= 1 product, got {self.catalogue}")
-        need(math.isfinite(self.zipf) and self.zipf >= 0, f"zipf must be >= 0, got {self.zipf}")
-        need(self.total_rate > 0, f"rate must be > 0 calls/s, got {self.total_rate}")
-        need(1 <= self.max_batch, f"max_batch must be >= 1, got {self.max_batch}")
+        finite("zipf", 0, strict=False)
+        need(
+            math.isfinite(self.total_rate) and self.total_rate > 0,
+            f"rate must be a finite number > 0 calls/s, got {self.total_rate}",
+        )
+        need(
+            1 <= self.max_batch <= self.catalogue,
+            f"max_batch must be 1..catalogue ({self.catalogue}) distinct products, "
+            f"got {self.max_batch}",
+        )
         need(self.cache_size >= 1, f"cache_size must be >= 1 product, got {self.cache_size}")
-        need(self.hit_s > 0 and self.miss_s > 0, "hit_s and miss_s must be > 0 seconds")
+        finite("hit_s", 0)
+        finite("miss_s", 0)
         need(self.concurrency >= 1, f"concurrency must be >= 1, got {self.concurrency}")
         need(1 <= self.clients <= 64, f"clients must be 1..64 hosts, got {self.clients}")
         need(self.fade in FADE_MODES, f"fade must be one of {FADE_MODES}, got {self.fade!r}")
-        need(self.fade_s >= 0, f"fade_s must be >= 0 seconds, got {self.fade_s}")
-        need(self.fade_exponent > 0, f"fade_exponent must be > 0, got {self.fade_exponent}")
+        finite("fade_s", 0, strict=False)
+        finite("fade_exponent", 0)
         if self.balance_factor is not None:
             lbcore.bounded.check_balance_factor(self.balance_factor)
         need(self.signal in SIGNALS, f"signal must be one of {SIGNALS}, got {self.signal!r}")
-        need(self.tick_s > 0, f"tick_s must be > 0 seconds, got {self.tick_s}")
+        need(
+            self.max_hops is None or self.max_hops >= 1,
+            f"max_hops must be >= 1 or None, got {self.max_hops}",
+        )
+        need(self.vnodes >= 1, f"vnodes must be >= 1, got {self.vnodes}")
+        finite("tick_s", 0)
         for name in ("bucket_s", "report_s"):
             ratio = getattr(self, name) / self.tick_s
             need(
-                ratio >= 1 and abs(ratio - round(ratio)) < 1e-9,
+                math.isfinite(ratio) and ratio >= 1 and abs(ratio - round(ratio)) < 1e-9,
                 f"{name} ({getattr(self, name)} s) must be a whole multiple of tick_s "
                 f"({self.tick_s} s)",
             )
-        need(self.window_s >= self.bucket_s, "window_s must be >= bucket_s")
-        need(self.seconds > 0, f"seconds must be > 0, got {self.seconds}")
-        need(self.warmup_s >= 0, f"warmup_s must be >= 0, got {self.warmup_s}")
-        pods = self.pods
-        for ev in self.events:
+        need(
+            math.isfinite(self.window_s) and self.window_s >= self.bucket_s,
+            "window_s must be >= bucket_s",
+        )
+        need(
+            math.isfinite(self.seconds) and self.seconds >= self.report_s,
+            f"seconds must be a finite number >= report_s ({self.report_s:g} s, one report "
+            f"interval), got {self.seconds}",
+        )
+        finite("warmup_s", 0, strict=False)
+        finite("debounce_s", 0, strict=False)
+        finite("skipper_poll_s", 0)
+        active = self.pods
+        for ev in sorted(self.events, key=lambda e: e.at_s):
+            need(math.isfinite(ev.at_s), f"event time must be finite seconds, got {ev!r}")
             if isinstance(ev, ScaleUp):
                 need(ev.count >= 1, f"scale-up must add >= 1 pod, got {ev.count}")
-                need(ev.ready_spread_s >= 0, "ready_spread_s must be >= 0")
-                pods += ev.count
+                need(
+                    math.isfinite(ev.ready_spread_s) and ev.ready_spread_s >= 0,
+                    f"ready_spread_s must be a finite number >= 0, got {ev.ready_spread_s}",
+                )
+                active += ev.count
             elif isinstance(ev, ScaleDown):
                 need(ev.count >= 1, f"scale-down must remove >= 1 pod, got {ev.count}")
+                need(
+                    ev.count < active,
+                    f"scale-down at {ev.at_s:g} s removes {ev.count} of {active} pods; "
+                    "at least one must stay",
+                )
+                active -= ev.count
             elif isinstance(ev, SlowPod):
                 need(0 <= ev.pod < self.pods, f"slow pod {ev.pod} is not a starting pod")
-                need(ev.factor > 0, f"slow factor must be > 0, got {ev.factor}")
-                need(ev.until_s > ev.at_s, "slow pod must end after it starts")
+                need(
+                    math.isfinite(ev.factor) and ev.factor > 0,
+                    f"slow factor must be a finite number > 0, got {ev.factor}",
+                )
+                need(
+                    math.isfinite(ev.until_s) and ev.until_s > ev.at_s,
+                    "slow pod must end after it starts",
+                )
             else:
-                raise ValueError(f"unknown event {ev!r}")
-        need(pods <= 65536 * 256, "too many pods")
+                raise SimConfigError(f"unknown event {ev!r}")
+        need(self.total_pods <= 65536 * 256, "too many pods (at most 16,777,216 addresses)")
+        mem = self.memory_bytes()
+        need(
+            mem <= MEMORY_LIMIT_BYTES,
+            f"this run would need about {mem / 2**30:.1f} GiB of arrays (limit "
+            f"{MEMORY_LIMIT_BYTES / 2**30:g} GiB): use fewer seconds, pods, clients or "
+            "products",
+        )
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,7 +298,10 @@ class SimResult:
     ``series`` holds one value per report interval (``t`` is the interval's start in
     seconds after warm-up); ``totals`` the figures over the whole measured run;
     ``pod_calls`` and ``pod_busy_s`` are ``(pods, intervals)`` matrices (calls routed to
-    and busy seconds completed by each pod per interval).
+    and busy seconds completed by each pod per interval); ``published`` lists when the
+    routing table took in new pods (seconds after warm-up, pods), ``members`` the pods in
+    it at the end; ``warnings`` says
+    when the figures describe an overloaded fleet.
     """
 
     config: SimConfig
@@ -206,6 +313,9 @@ class SimResult:
     wall_s: float
     label: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    published: list[tuple[float, int]] = field(default_factory=list)
+    members: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
     def to_dict(self, *, per_pod: bool = False) -> dict[str, Any]:
         """JSON-ready form (floats rounded to 6 significant digits)."""
@@ -213,24 +323,27 @@ class SimResult:
             "label": self.label,
             "config": self.config.to_dict(),
             "wall_s": round(self.wall_s, 3),
-            "totals": _jsonable(self.totals),
-            "series": {k: _jsonable(v) for k, v in self.series.items()},
+            "totals": to_jsonable(self.totals),
+            "series": {k: to_jsonable(v) for k, v in self.series.items()},
+            "warnings": list(self.warnings),
+            "published": [list(x) for x in self.published],
         }
         if self.extra:
-            out["extra"] = _jsonable(self.extra)
+            out["extra"] = to_jsonable(self.extra)
         if per_pod:
             out["pod_calls"] = self.pod_calls.tolist()
-            out["pod_busy_s"] = _jsonable(self.pod_busy_s)
+            out["pod_busy_s"] = to_jsonable(self.pod_busy_s)
         return out
 
 
-def _jsonable(v: Any) -> Any:
+def to_jsonable(v: Any) -> Any:
+    """``v`` with NumPy values as Python ones, floats to 6 significant digits, NaN as None."""
     if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
+        return {k: to_jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [to_jsonable(x) for x in v]
     if isinstance(v, np.ndarray):
-        return _jsonable(v.tolist())
+        return to_jsonable(v.tolist())
     if isinstance(v, (np.integer,)):
         return int(v)
     if isinstance(v, (float, np.floating)):
@@ -267,7 +380,7 @@ def _schedule(cfg: SimConfig) -> _Schedule:
             ready = [ev.at_s + ev.ready_spread_s * i / ev.count for i in range(ev.count)]
             table += _detections(cfg, pods, ready)
         elif isinstance(ev, ScaleDown):
-            gone = active[-ev.count :] if ev.count < len(active) else active[1:]
+            gone = active[-ev.count :]  # validate() keeps at least one pod
             active = [p for p in active if p not in gone]
             table.append((ev.at_s, "remove", gone))
         else:
@@ -353,7 +466,7 @@ class Simulation:
         bucket_ns = round(cfg.bucket_s * 1e9)
         window_ns = round(cfg.window_s * 1e9)
         n_buckets = math.ceil(cfg.window_s / cfg.bucket_s) + 1
-        horizon = 1 << math.ceil(math.log2(max(2, round(60.0 / dt))))  # >= 60 s of ticks
+        horizon = 1 << math.ceil(math.log2(max(2, round(HORIZON_S / dt))))  # ticks
 
         router = make_router(
             cfg.fade,
@@ -388,7 +501,8 @@ class Simulation:
         cur_bucket = -1
         last_pod = np.full(cat.size, -1, dtype=np.int32)
         moved = np.zeros(cat.size, dtype=np.bool_)
-        zeros = np.zeros((n_cl, n_pods))
+        clamped = 0  # calls whose completion lay beyond the horizon
+        peak_wait = (0.0, -1, 0.0)  # longest queue wait seen (s), its pod, when (s)
 
         # Per-interval accumulators.
         pod_calls = np.zeros((n_pods, n_intervals), dtype=np.int64)
@@ -424,10 +538,10 @@ class Simulation:
             checkpoint_s = sched.last_publish_s + cfg.fade_s
         checkpoint: dict[str, Any] = {}
         table_events = list(sched.table)
+        published: list[tuple[float, int]] = []  # (reported time s, pods) per publish
         slow_events = sorted(sched.slow)
         stamp0 = _PREFILL_COHORTS + 1
         occ_now = np.zeros(n_pods)
-        occ_lanes = np.zeros((n_cl, n_pods))
 
         for m in range(total_ticks):
             t_abs = m * dt
@@ -462,6 +576,7 @@ class Simulation:
                 _, kind, pods = table_events.pop(0)
                 if kind == "publish":
                     router.publish(pods, t_abs)
+                    published.append((t, len(pods)))
                 else:
                     router.remove(pods, t_abs)
                     for p in pods:
@@ -473,28 +588,20 @@ class Simulation:
             need_occ = cfg.balance_factor is not None or (m - warm_ticks + 1) % per_report == 0
             if need_occ:
                 weights = signals.window_weights(bucket_starts, bucket_ns, now_ns, window_ns)
-                occ_lanes = signals.occupancy(busy_buckets, window_ns, weights).reshape(
-                    n_cl, n_pods
+                occ_now = (
+                    signals.occupancy(busy_buckets, window_ns, weights)
+                    .reshape(n_cl, n_pods)
+                    .sum(axis=0)
                 )
-                occ_now = occ_lanes.sum(axis=0)
             loads = None
             if cfg.balance_factor is not None:
-                in_flight = (arrived - completed).astype(np.float64).reshape(n_cl, n_pods)
-                if cfg.signal == "in-flight":
-                    loads = signals.effective_load(in_flight, zeros)
-                elif cfg.signal == "occupancy":
-                    loads = signals.effective_load(zeros, occ_lanes)
-                else:
-                    n_done = (count_buckets @ weights).reshape(n_cl, n_pods)
-                    busy_s = (busy_buckets @ weights).reshape(n_cl, n_pods) * 1e-9
-                    pod_lat = signals.mean_latency(busy_s, n_done)
-                    loads = np.empty((n_cl, n_pods))
-                    for c in range(n_cl):
-                        total_done = float(n_done[c].sum())
-                        glob = float(busy_s[c].sum()) / total_done if total_done else None
-                        loads[c] = signals.effective_load(
-                            in_flight[c], occ_lanes[c], pod_lat[c], glob
-                        )
+                loads = client_loads(
+                    cfg.signal,
+                    (arrived - completed).reshape(n_cl, n_pods),
+                    (busy_buckets @ weights).reshape(n_cl, n_pods),
+                    (count_buckets @ weights).reshape(n_cl, n_pods),
+                    window_ns,
+                )
 
             # 4.-5. arrivals, routing, caches, service.
             batch = Batches.draw(work_rng, cat, cfg.total_rate, cfg.max_batch, t_abs, dt, n_cl)
@@ -514,7 +621,11 @@ class Simulation:
                 service = np.where(hit, cfg.hit_s, cfg.miss_s) * slow_factor[pods]
                 done_at = queues.serve(pods, batch.arrival, service)
                 latency = done_at - batch.arrival
-                ctick = np.minimum(np.floor(done_at / dt).astype(np.int64), m + horizon - 1)
+                ctick = np.floor(done_at / dt).astype(np.int64)
+                late = ctick > m + horizon - 1
+                if late.any():  # booked early, at the horizon; counted and reported
+                    clamped += int(late.sum())
+                    ctick[late] = m + horizon - 1
                 np.add.at(fut_busy, (lanes, ctick % horizon), latency * 1e9)
                 np.add.at(fut_count, (lanes, ctick % horizon), 1)
                 arrived += np.bincount(lanes, minlength=n_lanes)
@@ -555,6 +666,10 @@ class Simulation:
 
             # 6. close a report interval.
             if m >= warm_ticks and (m - warm_ticks + 1) % per_report == 0:
+                wait = queues.free.min(axis=1) - (t_abs + dt)  # what a new call would wait
+                worst = int(wait.argmax())
+                if wait[worst] > peak_wait[0]:
+                    peak_wait = (float(wait[worst]), worst, t + dt)
                 self._close_interval(
                     ser, acc, t + dt - cfg.report_s, lat_parts, batch_parts, occ_now, router
                 )
@@ -627,7 +742,12 @@ class Simulation:
         }
         if checkpoint:
             totals["checkpoint"] = checkpoint
-        self.cache = cache  # kept for invariant checks
+        backlog = np.maximum(queues.free.min(axis=1) - total_ticks * dt, 0.0)
+        queued = (arrived - completed).reshape(n_cl, n_pods).sum(axis=0)
+        totals["backlog_end_s_max"] = float(backlog.max())
+        totals["queue_wait_peak_s"] = peak_wait[0]
+        totals["calls_booked_at_horizon"] = clamped
+        warnings = _overload_warnings(backlog, queued, peak_wait, clamped, cfg)
         return SimResult(
             config=cfg,
             series=series,
@@ -637,6 +757,9 @@ class Simulation:
             new_pods=np.array(sched.new_pods, dtype=np.int64),
             wall_s=time.perf_counter() - wall0,
             label=self.label,
+            warnings=warnings,
+            published=published,
+            members=np.array(members, dtype=np.int64),
         )
 
     # ---------------------------------------------------------------------------------
@@ -714,7 +837,58 @@ class Simulation:
         }
 
 
+def _overload_warnings(
+    backlog_s: np.ndarray,
+    queued: np.ndarray,
+    peak_wait: tuple[float, int, float],
+    clamped: int,
+    cfg: SimConfig,
+) -> list[str]:
+    """Say when the figures describe pods that could not keep up.
+
+    Parameters
+    ----------
+    backlog_s
+        Per pod, how long a call arriving at the end would wait for a slot (seconds).
+    queued
+        Per pod, calls not yet finished at the end.
+    peak_wait
+        The longest such wait at any report boundary: (seconds, pod, time in seconds).
+    clamped
+        Calls whose completion was booked at the horizon.
+    cfg
+        The run's settings.
+    """
+    out = []
+    capacity = (
+        f"{cfg.concurrency} slots serve at most {cfg.concurrency / cfg.hit_s:,.0f} cache hits/s"
+    )
+    over = np.flatnonzero(backlog_s > BACKLOG_WARN_S)
+    if over.size:
+        worst = int(over[np.argmax(backlog_s[over])])
+        out.append(
+            f"{over.size} pod(s) overloaded at the end: their queues grew faster than they "
+            f"drained, and a new call would wait up to {backlog_s[worst]:.1f} s (pod {worst}, "
+            f"{int(queued[worst]):,} calls still queued; {capacity}); latency and occupancy "
+            "figures describe an overloaded fleet"
+        )
+    elif peak_wait[0] > BACKLOG_WARN_S:
+        wait, pod, when = peak_wait
+        out.append(
+            f"pod {pod} was overloaded for a while: at t={when:g} s a new call would have "
+            f"waited {wait:.1f} s for a slot ({capacity}); its queue drained by the end"
+        )
+    if clamped:
+        out.append(
+            f"{clamped:,} calls would finish more than {HORIZON_S:g} s after they arrived; "
+            f"their completions were booked at {HORIZON_S:g} s, so busy time and in-flight "
+            "counts of those pods are early"
+        )
+    return out
+
+
 def _spread(values: np.ndarray) -> dict[str, float]:
+    """min, p5, p50, p95 and max of ``values`` (NaN for none)."""
     if values.size == 0:
         return dict.fromkeys(("min", "p5", "p50", "p95", "max"), float("nan"))
     p = np.percentile(values, [5, 50, 95])
@@ -727,6 +901,55 @@ def _spread(values: np.ndarray) -> dict[str, float]:
     }
 
 
+def client_loads(
+    signal: str,
+    in_flight: np.ndarray,
+    busy_ns: np.ndarray,
+    completed: np.ndarray,
+    window_ns: int,
+) -> np.ndarray:
+    """The load every client host's bounded load compares, from its own counters.
+
+    Inputs are ``(clients, pods)`` matrices over the occupancy window (each bucket
+    weighted by :func:`lbcore.signals.window_weights`); lbcore does the rest:
+    :func:`~lbcore.signals.occupancy`, :func:`~lbcore.signals.mean_latency` per pod and
+    over the host's pods, and :func:`~lbcore.signals.load_for` for ``signal``.
+
+    Parameters
+    ----------
+    signal
+        One of :data:`lbcore.signals.LOAD_SIGNALS`.
+    in_flight
+        Calls sent and not yet returned.
+    busy_ns
+        Summed latency of the calls that returned in the window, in nanoseconds.
+    completed
+        Number of calls that returned in the window.
+    window_ns
+        The occupancy window, in nanoseconds.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(clients, pods)`` loads.
+    """
+    busy_s = busy_ns * 1e-9
+    pod_latency = signals.mean_latency(busy_s, completed)
+    host_latency = signals.mean_latency(busy_s.sum(axis=1), completed.sum(axis=1))
+    return np.stack(
+        [
+            signals.load_for(
+                signal,
+                in_flight[c],
+                signals.occupancy(busy_ns[c], window_ns),
+                pod_latency[c],
+                float(host_latency[c]),
+            )
+            for c in range(in_flight.shape[0])
+        ]
+    )
+
+
 def _owners(pods: list[int], hashes: np.ndarray, vnodes: int) -> np.ndarray:
     """Steady-state owner (global pod) of every product: lbcore's plain ring lookup."""
     ring = lbcore.Ring([endpoint_name(p) for p in pods], vnodes=vnodes)
@@ -736,8 +959,3 @@ def _owners(pods: list[int], hashes: np.ndarray, vnodes: int) -> np.ndarray:
 def run(config: SimConfig, label: str = "", **kw: Any) -> SimResult:
     """Run one simulation (see :class:`Simulation`)."""
     return Simulation(config, label, **kw).run()
-
-
-def with_(config: SimConfig, **changes: Any) -> SimConfig:
-    """A copy of ``config`` with some fields changed."""
-    return replace(config, **changes)

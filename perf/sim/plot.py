@@ -9,17 +9,18 @@ import numpy as np
 
 from perf.sim.scenarios import ScenarioResult, slow_pod_share
 
-__all__ = ["PlotUnavailableError", "plot"]
+__all__ = ["PlotUnavailableError", "plot", "pyplot"]
 
-_COLORS = {"none": "#d62728", "skipper": "#ff7f0e", "nring": "#2ca02c"}
-_NAMES = {"none": "no fade-in", "skipper": "Skipper fade-in", "nring": "N-ring fade-in"}
+_COLORS = {"off": "#d62728", "skipper": "#ff7f0e", "n-ring": "#2ca02c"}
+_NAMES = {"off": "no fade-in", "skipper": "Skipper fade-in", "n-ring": "N-ring fade-in"}
 
 
 class PlotUnavailableError(RuntimeError):
     """``--plot`` was asked for but matplotlib is not installed."""
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """Return matplotlib's ``pyplot`` on the Agg backend, or :class:`PlotUnavailableError`."""
     try:
         import matplotlib
 
@@ -35,7 +36,7 @@ def _pyplot() -> Any:
 
 def plot(result: ScenarioResult, directory: str | pathlib.Path) -> list[pathlib.Path]:
     """Write the scenario's chart(s) into ``directory``; return the paths written."""
-    plt = _pyplot()
+    plt = pyplot()
     out = pathlib.Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     if result.name == "scale-up":
@@ -65,10 +66,33 @@ def _scale_up(plt: Any, result: ScenarioResult) -> Any:
     for ax in axes:
         ax.axvspan(ev.at_s, ev.at_s + ev.ready_spread_s, color="0.9", zorder=0)
         ax.grid(alpha=0.3)
+    # When each routing table took the new pods in: cslb's discovery debounces
+    # (trailing), so a rollout whose pods are ready less than debounce_s apart is one
+    # event published after the last of them; Skipper detects pods at its polls and
+    # starts fading each one then, earlier.
+    marks = []
+    for r in result.runs:
+        if not r.published:
+            continue
+        first, last = r.published[0][0], r.published[-1][0]
+        color = _COLORS.get(r.label)
+        for ax in axes:
+            for x in {first, last}:
+                ax.axvline(x, color=color, ls=":", lw=1.2)
+        name = _NAMES.get(r.label, r.label)
+        if len(r.published) == 1:
+            text = f"{name}: one event published at {first:g} s ({cfg.debounce_s:g}-s debounce)"
+        else:
+            text = f"{name}: pods detected at {cfg.skipper_poll_s:g}-s polls, {first:g}-{last:g} s"
+        marks.append(plt.Line2D([], [], color=color, ls=":", lw=1.2, label=text))
+    if marks:
+        axes[2].legend(handles=marks, loc="lower right", fontsize=8)
     axes[0].set_ylabel("cache hit rate %")
     axes[1].set_ylabel("DB reads / s")
     axes[2].set_ylabel("traffic to new pods %")
-    axes[2].set_xlabel("seconds (grey: new pods becoming ready)")
+    axes[2].set_xlabel(
+        "seconds (grey: new pods becoming ready; dotted: routing tables take them in)"
+    )
     axes[0].legend(loc="lower right")
     axes[0].set_title(
         f"Scale-up {cfg.pods} → {cfg.pods + ev.count} pods, "
@@ -79,23 +103,41 @@ def _scale_up(plt: Any, result: ScenarioResult) -> Any:
 
 
 def _load_signal(plt: Any, result: ScenarioResult) -> Any:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    rows = result.summary["by_variant"]
+    at_needed = any("at_pods_needed" in row for row in rows.values())
+    fig, axes = plt.subplots(1, 2 if at_needed else 1, figsize=(11 if at_needed else 6.5, 4.5))
+    axes = list(np.atleast_1d(axes))
     for r in result.runs:
-        occ = np.sort(r.pod_busy_s.sum(axis=1) / r.config.seconds)[::-1]
-        axes[0].plot(np.arange(occ.size), occ, label=r.label, lw=1.6)
-        s = r.series
-        line = axes[1].plot(s["t"], s["occ_p50"], label=f"{r.label} p50", lw=1.4)
-        axes[1].fill_between(
-            s["t"], s["occ_p5"], s["occ_p95"], alpha=0.2, color=line[0].get_color()
+        occ = r.pod_busy_s[r.members].sum(axis=1) / r.config.seconds
+        occ = np.sort(occ / occ.mean())[::-1]
+        axes[0].plot(np.linspace(0, 100, occ.size), occ, label=r.label, lw=1.6)
+    cfg = result.runs[0].config
+    if at_needed:
+        for label, row in rows.items():
+            at = row.get("at_pods_needed")
+            if at is None:
+                axes[1].plot([], [], label=f"{label}: no pod count met the bound")
+                continue
+            q = at["over_mean"]
+            axes[1].plot(
+                [0, 5, 50, 95, 100],
+                [q["max"], q["p95"], q["p50"], q["p5"], q["min"]],
+                marker="o",
+                label=f"{label}: {at['pods']} pods",
+                lw=1.4,
+            )
+        axes[1].set_title(
+            f"at the pods each needs for p99 <= {result.summary['slo_p99_ms']:g} ms "
+            "(max, p95, p50, p5, min)",
+            fontsize=10,
         )
-    axes[0].set_xlabel("pods, busiest first")
-    axes[0].set_ylabel("occupancy (busy-s per s)")
-    axes[0].set_title("per-pod occupancy over the run")
-    axes[1].set_xlabel("seconds")
-    axes[1].set_title("occupancy p5-p95 across pods (10-s window)")
+    axes[0].set_title(f"{cfg.pods} pods each, {cfg.seconds:g}-s run", fontsize=10)
     for ax in axes:
+        ax.set_xlabel("% of pods, busiest first")
+        ax.set_ylabel("occupancy / fleet mean (busy-s per s)")
+        ax.axhline(1.0, color="0.5", lw=0.8)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -116,6 +158,7 @@ def _slow_pod(plt: Any, result: ScenarioResult) -> Any:
     axes[0].axhline(100 / result.runs[0].config.pods, color="0.5", ls="--", lw=1)
     axes[0].set_ylabel(f"pod {pod}'s share of calls %")
     axes[1].set_ylabel("call latency p99 ms")
+    axes[1].set_yscale("log")  # an unbounded slow pod queues for seconds, the rest ms
     axes[1].set_xlabel(f"seconds (grey: pod {pod} is {ev.factor:g}x slower)")
     axes[0].legend()
     fig.tight_layout()

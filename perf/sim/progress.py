@@ -33,6 +33,7 @@ class ProgressBar:
         self._drawn = False
 
     def __call__(self, label: str, done: float, total: float) -> None:
+        """Show ``label`` at ``done`` of ``total`` (simulated seconds, or search probes)."""
         now = time.perf_counter()
         elapsed = now - self.start
         if elapsed < self.delay_s or (now - self._last < self.every_s and done < total):

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from perf.sim.model import _jsonable
+from perf.sim.model import to_jsonable
 from perf.sim.scenarios import ScenarioResult
 
 __all__ = ["to_json", "to_text"]
@@ -21,6 +21,8 @@ _SCALE_UP_ROWS = [
     ("DB reads/s, peak 1 s", "db_reads_per_s_peak_1s", "int"),
     ("DB reads in the window", "db_reads_after_event", "int"),
     ("traffic to new pods at end", "new_pod_share_end", "pct"),
+    ("new pods published at s (first)", "first_publish_s", "f1"),
+    ("new pods published at s (last)", "last_publish_s", "f1"),
     ("keys remapped (ring, catalogue)", "keys_remapped_static", "pct"),
     ("keys moved (observed)", "keys_moved", "int"),
     ("moves per moved key", "moves_per_moved_key", "f2"),
@@ -33,13 +35,14 @@ _SCALE_UP_ROWS = [
 ]
 
 _LOAD_SIGNAL_ROWS = [
-    ("occupancy min", ("occupancy", "min"), "f2"),
-    ("occupancy p5", ("occupancy", "p5"), "f2"),
-    ("occupancy p50", ("occupancy", "p50"), "f2"),
-    ("occupancy p95", ("occupancy", "p95"), "f2"),
-    ("occupancy max", ("occupancy", "max"), "f2"),
-    ("occupancy mean", "occupancy_mean", "f2"),
-    ("p95 / mean", "occupancy_p95_over_mean", "f2"),
+    ("pods", "pods", "int"),
+    ("occupancy mean (busy-s/s)", "occupancy_mean", "f2"),
+    ("occupancy min / mean", ("over_mean", "min"), "f2"),
+    ("occupancy p5 / mean", ("over_mean", "p5"), "f2"),
+    ("occupancy p50 / mean", ("over_mean", "p50"), "f2"),
+    ("occupancy p95 / mean", ("over_mean", "p95"), "f2"),
+    ("occupancy max / mean", ("over_mean", "max"), "f2"),
+    ("p5-p95 width / mean", ("over_mean", "p5_p95_width"), "f2"),
     ("hit rate", "hit_rate", "pct"),
     ("DB reads/s", "db_reads_per_s", "int"),
     ("key moves/s", "moves_per_s", "int"),
@@ -47,6 +50,13 @@ _LOAD_SIGNAL_ROWS = [
     ("call latency p99 ms", "lat_p99_ms", "f1"),
     ("batch latency p99 ms", "batch_p99_ms", "f1"),
     ("pods needed for the p99 bound", ("pods_needed", "pods"), "int"),
+    ("at pods needed: occupancy mean", ("at_pods_needed", "over_mean", "mean"), "f2"),
+    ("  p5 / mean", ("at_pods_needed", "over_mean", "p5"), "f2"),
+    ("  p95 / mean", ("at_pods_needed", "over_mean", "p95"), "f2"),
+    ("  max / mean", ("at_pods_needed", "over_mean", "max"), "f2"),
+    ("  p5-p95 width / mean", ("at_pods_needed", "over_mean", "p5_p95_width"), "f2"),
+    ("  hit rate", ("at_pods_needed", "hit_rate"), "pct"),
+    ("  call latency p99 ms", ("at_pods_needed", "lat_p99_ms"), "f1"),
 ]
 
 _SLOW_POD_ROWS = [
@@ -76,16 +86,20 @@ def _fmt(v: Any, kind: str) -> str:
     return f"{v:.2f}"
 
 
-def _get(row: dict[str, Any], key: str | tuple[str, str]) -> Any:
-    if isinstance(key, tuple):
-        inner = row.get(key[0])
-        return inner.get(key[1]) if isinstance(inner, dict) else None
-    return row.get(key)
+def _get(row: dict[str, Any], key: str | tuple[str, ...]) -> Any:
+    value: Any = row
+    for k in (key,) if isinstance(key, str) else key:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(k)
+    return value
 
 
 def _table(cols: dict[str, dict[str, Any]], rows: list[tuple[str, Any, str]]) -> str:
     names = list(cols)
     label_w = max(len(r[0]) for r in rows)
+    # rows nobody has (for example "pods needed" when the search was skipped) are left out
+    rows = [r for r in rows if any(_get(cols[n], r[1]) is not None for n in names)]
     cells = [[_fmt(_get(cols[n], key), kind) for n in names] for _, key, kind in rows]
     widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
     out = [" " * label_w + "  " + "  ".join(n.rjust(w) for n, w in zip(names, widths, strict=True))]
@@ -116,9 +130,10 @@ def to_text(result: ScenarioResult) -> str:
         f"concurrency {cfg.concurrency}, tick {cfg.tick_s * 1e3:g} ms, seed {cfg.seed}"
     )
     lines.append(f"* wall time {result.wall_s:.1f} s for {len(result.runs)} run(s)")
+    lines += [f"! warning: {w}" for w in result.warnings]
     return "\n".join(lines)
 
 
 def to_json(result: ScenarioResult) -> str:
     """The whole result (summary, notes, every run's totals and series) as JSON."""
-    return json.dumps(_jsonable(result.to_dict()), indent=1, allow_nan=False)
+    return json.dumps(to_jsonable(result.to_dict()), indent=1, allow_nan=False)

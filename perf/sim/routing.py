@@ -1,20 +1,19 @@
 """The client side: every routing decision is made by :mod:`lbcore`.
 
-Three fade-in modes, each a small class over the same interface (``publish``,
-``remove``, ``route``):
+One small class per fade-in mode of :data:`lbcore.knobs.FADE_MODES`, each over the same
+interface (``publish``, ``remove``, ``route``):
 
-* ``none``: one :class:`lbcore.Ring` of the published pods; new pods take their full
+* ``off``: one :class:`lbcore.Ring` of the published pods; new pods take their full
   share the moment they are published;
-* ``skipper``: Skipper's probabilistic fade-in: one ring of the published pods, and per
-  call one uniform threshold choosing the candidates through
-  :func:`lbcore.fade.skipper_fadein_candidates` with scores from
-  :func:`lbcore.fadein_score` (each pod's age counted from its own detection);
-* ``nring``: cslb's N-ring fade-in, an :class:`lbcore.RingSet` with one ring per
+* ``skipper``: Skipper's probabilistic fade-in, :func:`lbcore.fade.skipper_fadein_route`
+  over one ring of the published pods with one uniform threshold per call (each pod's
+  age counted from its own detection);
+* ``n-ring``: cslb's N-ring fade-in, an :class:`lbcore.RingSet` with one ring per
   published scale-up event.
 
-Bounded load, when a balance factor is set, is lbcore's too (``lookup_bounded`` /
-``RingSet.route(loads=...)``). The simulator only translates between its global pod
-numbers and each ring's endpoint indices.
+Bounded load, when a balance factor is set, is lbcore's too (``lookup_bounded``,
+``skipper_fadein_route(loads=...)``, ``RingSet.route(loads=...)``). The simulator only
+translates between its global pod numbers and each ring's endpoint indices.
 """
 
 from __future__ import annotations
@@ -24,11 +23,23 @@ from collections.abc import Sequence
 import numpy as np
 
 import lbcore
-from lbcore.fade import skipper_fadein_candidates
+from lbcore.fade import skipper_fadein_route
+from lbcore.knobs import FADE_MODES
 
-__all__ = ["FADE_MODES", "Router", "endpoint_name", "make_router"]
+__all__ = [
+    "FADE_MODES",
+    "NRingRouter",
+    "PlainRouter",
+    "Router",
+    "SimRoutingError",
+    "SkipperRouter",
+    "endpoint_name",
+    "make_router",
+]
 
-FADE_MODES = ("none", "skipper", "nring")
+
+class SimRoutingError(RuntimeError):
+    """lbcore answered something the simulator cannot route (a fallback, ``-1``)."""
 
 
 def endpoint_name(pod: int) -> str:
@@ -41,7 +52,17 @@ def _ns(t_s: float) -> int:
 
 
 class Router:
-    """Routes calls to global pod numbers; subclasses hold the lbcore structures."""
+    """Routes calls to global pod numbers; subclasses hold the lbcore structures.
+
+    Parameters
+    ----------
+    balance_factor
+        Bounded load's factor, or ``None`` for plain consistent hashing.
+    max_hops
+        Hop cap of the bounded-load walk (``None``: a full lap).
+    vnodes
+        Virtual nodes per pod.
+    """
 
     mode = ""
 
@@ -57,30 +78,55 @@ class Router:
         return self.pod_of
 
     def publish(self, pods: Sequence[int], now_s: float) -> None:
+        """Add ``pods`` to the routing table at ``now_s`` (seconds)."""
         raise NotImplementedError
 
     def remove(self, pods: Sequence[int], now_s: float) -> None:
+        """Take ``pods`` out of the routing table at ``now_s`` (seconds)."""
         raise NotImplementedError
 
     def route(self, hashes: np.ndarray, now_s: float, loads: np.ndarray | None) -> np.ndarray:
-        """Global pod number for every call; ``loads`` is indexed by global pod."""
+        """Global pod number for every call.
+
+        Parameters
+        ----------
+        hashes
+            ``uint64`` key hashes (:func:`lbcore.hash_keys`).
+        now_s
+            The present, in seconds.
+        loads
+            Load per *global* pod number (needed when a balance factor is set).
+        """
         raise NotImplementedError
 
-    def _bounded(self, loads: np.ndarray | None) -> np.ndarray | None:
+    def _ring_loads(self, loads: np.ndarray | None) -> np.ndarray | None:
+        """``loads`` (by global pod) reordered to the ring's endpoint indices."""
         if self.balance_factor is None:
             return None
         if loads is None:
             raise ValueError("bounded-load routing needs a load snapshot")
         return loads[self.pod_of]
 
+    def _pods(self, idx: np.ndarray) -> np.ndarray:
+        """Ring endpoint indices -> global pods; lbcore never falls back here."""
+        if idx.size and int(idx.min()) < 0:
+            raise SimRoutingError(
+                f"lbcore returned fallback ({lbcore.FALLBACK}) for "
+                f"{int((idx < 0).sum())} of {idx.size} calls; the simulator has no gate and "
+                "never an empty table, so every call must get a pod"
+            )
+        return self.pod_of[idx]
+
 
 class PlainRouter(Router):
-    """No fade-in: one ring of all published pods."""
+    """No fade-in (``off``): one ring of all published pods."""
 
-    mode = "none"
+    mode = "off"
 
-    def __init__(self, pods: Sequence[int], *args: object, **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
+    def __init__(
+        self, pods: Sequence[int], balance_factor: float | None, max_hops: int | None, vnodes: int
+    ) -> None:
+        super().__init__(balance_factor, max_hops, vnodes)
         self._rebuild(list(pods))
 
     def _rebuild(self, pods: list[int]) -> None:
@@ -88,25 +134,40 @@ class PlainRouter(Router):
         self.ring = lbcore.Ring([endpoint_name(p) for p in pods], vnodes=self.vnodes)
 
     def publish(self, pods: Sequence[int], now_s: float) -> None:
+        """Add ``pods``; they take their full share at once."""
         self._rebuild([*self.pod_of.tolist(), *pods])
 
     def remove(self, pods: Sequence[int], now_s: float) -> None:
+        """Take ``pods`` out of the ring."""
         gone = set(pods)
         self._rebuild([p for p in self.pod_of.tolist() if p not in gone])
 
     def route(self, hashes: np.ndarray, now_s: float, loads: np.ndarray | None) -> np.ndarray:
-        ring_loads = self._bounded(loads)
+        """``Ring.lookup`` or, with a balance factor, ``Ring.lookup_bounded``."""
+        ring_loads = self._ring_loads(loads)
         if ring_loads is None:
             idx = self.ring.lookup(None, hashes=hashes)
         else:
             idx = self.ring.lookup_bounded(
                 None, ring_loads, self.balance_factor, max_hops=self.max_hops, hashes=hashes
             )
-        return self.pod_of[idx]
+        return self._pods(idx)
 
 
 class SkipperRouter(PlainRouter):
-    """Skipper's fade-in: a random threshold per call filters young pods."""
+    """Skipper's fade-in: a uniform threshold per call filters young pods.
+
+    Parameters
+    ----------
+    pods, balance_factor, max_hops, vnodes
+        As for :class:`Router`; ``pods`` are established (fully faded in).
+    duration_s
+        Skipper's ``fadeIn`` duration, in seconds.
+    exponent
+        Skipper's ``fadeIn`` exponent.
+    rng
+        Draws the per-call thresholds.
+    """
 
     mode = "skipper"
 
@@ -121,55 +182,66 @@ class SkipperRouter(PlainRouter):
         exponent: float,
         rng: np.random.Generator,
     ) -> None:
-        self.detected: dict[int, int | None] = {p: None for p in pods}  # None: long ago
+        self.detected: dict[int, int | None] = dict.fromkeys(pods)  # None: long ago
         self.duration_ns = _ns(duration_s)
         self.exponent = exponent
         self.rng = rng
         super().__init__(pods, balance_factor, max_hops, vnodes)
 
     def publish(self, pods: Sequence[int], now_s: float) -> None:
+        """Detect ``pods`` at ``now_s``: their fade-in clocks start.
+
+        Skipper stamps the detected time when it first sees an endpoint, and a request
+        always comes strictly later; :func:`lbcore.fadein_score` treats an age of exactly
+        0 as "not fading" (full share). The simulator routes at the tick's start, the
+        same instant it publishes, so the stamp is 1 ns earlier: the first calls see
+        the pod at score ~0, as Skipper's would.
+        """
         for p in pods:
-            self.detected[p] = _ns(now_s)
+            self.detected[p] = _ns(now_s) - 1
         super().publish(pods, now_s)
 
     def remove(self, pods: Sequence[int], now_s: float) -> None:
+        """Forget ``pods`` (deleted)."""
         for p in pods:
             self.detected.pop(p, None)
         super().remove(pods, now_s)
 
     def route(self, hashes: np.ndarray, now_s: float, loads: np.ndarray | None) -> np.ndarray:
+        """:func:`lbcore.fade.skipper_fadein_route` with one fresh threshold per call."""
         now = _ns(now_s)
-        scores = np.array(
-            [
-                1.0
-                if self.detected[p] is None
-                else lbcore.fadein_score(now - self.detected[p], self.duration_ns, self.exponent)
-                for p in self.pod_of.tolist()
-            ]
-        )
+        detected = [self.detected[p] for p in self.pod_of.tolist()]
+        ages = [None if d is None else now - d for d in detected]
         thresholds = self.rng.random(hashes.size)
-        ring_loads = self._bounded(loads)
-        out = np.empty(hashes.size, dtype=np.int64)
-        for rows, mask in skipper_fadein_candidates(scores, thresholds):
-            if ring_loads is None:
-                idx = self.ring.lookup(None, candidates=mask, hashes=hashes[rows])
-            else:
-                idx = self.ring.lookup_bounded(
-                    None,
-                    ring_loads,
-                    self.balance_factor,
-                    candidates=mask,
-                    max_hops=self.max_hops,
-                    hashes=hashes[rows],
-                )
-            out[rows] = self.pod_of[idx]
-        return out
+        idx = skipper_fadein_route(
+            self.ring,
+            None,
+            ages,
+            self.duration_ns,
+            self.exponent,
+            thresholds,
+            loads=self._ring_loads(loads),
+            balance_factor=self.balance_factor,
+            max_hops=self.max_hops,
+            hashes=hashes,
+        )
+        return self._pods(idx)
 
 
 class NRingRouter(Router):
-    """cslb's N-ring fade-in: one :class:`lbcore.RingSet`, one ring per published event."""
+    """cslb's N-ring fade-in: one :class:`lbcore.RingSet`, one ring per published event.
 
-    mode = "nring"
+    Parameters
+    ----------
+    pods, balance_factor, max_hops, vnodes
+        As for :class:`Router`; ``pods`` form the established ring.
+    duration_s
+        Fade window ``D``, in seconds.
+    exponent
+        Fade curve exponent ``E``.
+    """
+
+    mode = "n-ring"
 
     def __init__(
         self,
@@ -195,27 +267,29 @@ class NRingRouter(Router):
         self.pod_of = np.array([self._pod_by_name[e] for e in self.rings.endpoints], dtype=np.int64)
 
     def publish(self, pods: Sequence[int], now_s: float) -> None:
+        """One scale-up event: ``RingSet.scale_up`` at ``now_s``."""
         self._pod_by_name.update({endpoint_name(p): p for p in pods})
         self.rings = self.rings.scale_up([endpoint_name(p) for p in pods], _ns(now_s))
         self._sync()
 
     def remove(self, pods: Sequence[int], now_s: float) -> None:
+        """``RingSet.remove``: deleted pods leave every ring at once."""
         self.rings = self.rings.remove([endpoint_name(p) for p in pods])
         self._sync()
 
     def route(self, hashes: np.ndarray, now_s: float, loads: np.ndarray | None) -> np.ndarray:
+        """``RingSet.route`` (after ``advance``: finished fades merge into one ring)."""
         now = _ns(now_s)
-        self.rings = self.rings.advance(now)  # same endpoints, fewer rings once a fade ends
-        ring_loads = self._bounded(loads)
+        self.rings = self.rings.advance(now)
         idx = self.rings.route(
             None,
             now,
-            loads=ring_loads,
+            loads=self._ring_loads(loads),
             balance_factor=self.balance_factor,
             max_hops=self.max_hops,
             hashes=hashes,
         )
-        return self.pod_of[idx]
+        return self._pods(idx)
 
 
 def make_router(
@@ -229,8 +303,24 @@ def make_router(
     fade_exponent: float,
     rng: np.random.Generator,
 ) -> Router:
-    """Build the router of a fade-in ``mode`` (one of :data:`FADE_MODES`)."""
-    if mode == "none":
+    """Build the router of a fade-in ``mode`` (one of :data:`FADE_MODES`).
+
+    Parameters
+    ----------
+    mode
+        ``"n-ring"``, ``"skipper"`` or ``"off"``.
+    pods
+        Global numbers of the established pods.
+    balance_factor, max_hops, vnodes
+        As for :class:`Router`.
+    fade_s
+        Fade-in window, in seconds.
+    fade_exponent
+        Fade-in curve exponent.
+    rng
+        Skipper's per-call thresholds come from it.
+    """
+    if mode == "off":
         return PlainRouter(pods, balance_factor, max_hops, vnodes)
     if mode == "skipper":
         return SkipperRouter(
@@ -242,7 +332,7 @@ def make_router(
             exponent=fade_exponent,
             rng=rng,
         )
-    if mode == "nring":
+    if mode == "n-ring":
         return NRingRouter(
             pods, balance_factor, max_hops, vnodes, duration_s=fade_s, exponent=fade_exponent
         )

@@ -3,8 +3,9 @@
 * :func:`scale_up`: 50 → 100 pods with no fade-in, Skipper's probabilistic fade-in and
   cslb's N-ring fade-in;
 * :func:`load_signal`: bounded load on in-flight counts (balance factor 1.10) versus
-  occupancy (1.30), the per-pod occupancy spread of each and the pod count each needs
-  to keep p99 latency under the same bound;
+  occupancy (1.25 and 1.35): each variant's per-pod occupancy spread, normalised by its
+  mean, at the same pod count and at the pod count each needs to keep p99 latency under
+  the same bound;
 * :func:`slow_pod`: one pod turns slow; its traffic without bounded load, with bounded
   load on occupancy, and with latency weighting (lbcore's effective load).
 
@@ -23,42 +24,60 @@ from typing import Any
 import numpy as np
 
 from perf.sim.model import ScaleUp, SimConfig, SimResult, SlowPod, run
-from perf.sim.routing import FADE_MODES
 
 __all__ = [
+    "SCALE_UP_MODES",
     "SCENARIOS",
     "ScenarioResult",
     "load_signal",
     "pods_needed",
     "scale_up",
     "slow_pod",
+    "slow_pod_share",
 ]
 
+#: ``progress(label, done, total)``: what :class:`perf.sim.progress.ProgressBar` takes.
 Progress = Callable[[str, float, float], None]
+
+#: The scale-up comparison's columns: no fade-in, Skipper's, N-ring (lbcore.knobs names).
+SCALE_UP_MODES = ("off", "skipper", "n-ring")
 
 
 @dataclass
 class ScenarioResult:
-    """Runs of one scenario and the figures that compare them."""
+    """Runs of one scenario and the figures that compare them.
+
+    Attributes
+    ----------
+    name
+        The scenario (``scale-up``, ``load-signal``, ``slow-pod``).
+    runs
+        Every run shown side by side, in column order.
+    summary
+        The comparison: one row of figures per run, plus scenario-wide values.
+    wall_s
+        Wall time of the whole scenario, in seconds.
+    notes
+        What the figures mean and how they were measured.
+    warnings
+        Why some figures may not mean what they seem (overload, a run too short).
+    """
 
     name: str
     runs: list[SimResult]
     summary: dict[str, Any]
     wall_s: float
     notes: list[str] = field(default_factory=list)
-
-    def run_by_label(self, label: str) -> SimResult:
-        for r in self.runs:
-            if r.label == label:
-                return r
-        raise KeyError(f"no run labelled {label!r}; have {[r.label for r in self.runs]}")
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: summary, notes, warnings and every run."""
         return {
             "scenario": self.name,
             "wall_s": round(self.wall_s, 3),
             "summary": self.summary,
             "notes": self.notes,
+            "warnings": self.warnings,
             "runs": [r.to_dict() for r in self.runs],
         }
 
@@ -67,6 +86,10 @@ def _runner(progress: Progress | None, label: str) -> Callable[[float, float], N
     if progress is None:
         return None
     return lambda done, total: progress(label, done, total)
+
+
+def _run_warnings(runs: list[SimResult]) -> list[str]:
+    return [f"{r.label}: {w}" for r in runs for w in r.warnings]
 
 
 # --------------------------------------------------------------------------------------
@@ -79,14 +102,36 @@ def scale_up(
     add: int | None = None,
     at_s: float = 10.0,
     ready_spread_s: float = 20.0,
-    modes: tuple[str, ...] = FADE_MODES,
+    modes: tuple[str, ...] = SCALE_UP_MODES,
     progress: Progress | None = None,
 ) -> ScenarioResult:
     """Scale from ``base.pods`` to twice as many (or ``+add``) at ``at_s``.
 
     The new pods become ready evenly over ``ready_spread_s`` seconds (an autoscaler's
     pods do not start in the same instant). The request rate stays what the starting
-    fleet carried, so after the scale-up each pod has half the load.
+    fleet carried, so after the scale-up each pod has half the load. When the routing
+    table learns of the new pods depends on the mode: cslb's discovery debounces
+    (trailing, ``base.debounce_s``), Skipper polls (``base.skipper_poll_s``).
+
+    Parameters
+    ----------
+    base
+        Everything but the fade-in mode and the event (default: 50 pods, 120 s).
+    add
+        Pods added (default: as many as ``base.pods``).
+    at_s
+        When the first new pod is ready, in seconds after warm-up.
+    ready_spread_s
+        The new pods become ready evenly over this many seconds.
+    modes
+        Fade-in modes to compare (each one of :data:`lbcore.knobs.FADE_MODES`).
+    progress
+        Called as ``progress(label, done_s, total_s)`` while each run goes.
+
+    Returns
+    -------
+    ScenarioResult
+        ``summary["by_mode"]``: one row of figures per mode.
     """
     base = base or SimConfig(pods=50, seconds=120.0)
     add = base.pods if add is None else add
@@ -95,8 +140,11 @@ def scale_up(
     t0 = time.perf_counter()
     runs = [run(replace(cfg, fade=m), m, progress=_runner(progress, m)) for m in modes]
     rows = {}
+    fade_end = 0.0
     for r in runs:
         s, tot = r.series, r.totals
+        last_publish = max((t for t, _ in r.published), default=at_s + ready_spread_s)
+        fade_end = max(fade_end, last_publish + base.fade_s)
         window = (s["t"] >= at_s) & (s["t"] < at_s + ready_spread_s + base.fade_s + 30.0)
         before = s["t"] < at_s
         rows[r.label] = {
@@ -121,17 +169,37 @@ def scale_up(
             "new_pod_cached_owned_share": tot.get("checkpoint", {}).get(
                 "new_pod_cached_owned_share", math.nan
             ),
+            "first_publish_s": min((t for t, _ in r.published), default=math.nan),
+            "last_publish_s": max((t for t, _ in r.published), default=math.nan),
+            "publishes": len(r.published),
             "wall_s": r.wall_s,
         }
+    bounded = (
+        "bounded load off (production default: balance factor 1.25 on effective load)"
+        if base.balance_factor is None
+        else f"bounded load {base.balance_factor:g} on {base.signal}"
+    )
     notes = [
-        f"{base.pods} -> {base.pods + add} pods at t={at_s:g} s, ready over "
+        f"{base.pods} -> {base.pods + add} pods, ready from t={at_s:g} s over "
         f"{ready_spread_s:g} s; fade {base.fade_s:g} s, exponent {base.fade_exponent:g}; "
-        f"{cfg.total_rate:,.0f} calls/s throughout",
-        "window = from the scale-up to 30 s after the last fade ends; "
+        f"{cfg.total_rate:,.0f} calls/s throughout; {bounded}",
+        f"published: N-ring after a {base.debounce_s:g}-s trailing debounce (pods ready "
+        f"less than {base.debounce_s:g} s apart form one event), Skipper at its "
+        f"{base.skipper_poll_s:g}-s polls (each pod's clock starts at its own poll)",
+        "window = from the first pod ready to 30 s after the fade would end; "
         "owned share = share of the new pods' cache entries, at the end of the fade, "
         "that are keys they own in steady state",
     ]
-    return ScenarioResult("scale-up", runs, {"by_mode": rows}, time.perf_counter() - t0, notes)
+    warnings = _run_warnings(runs)
+    if fade_end > base.seconds:
+        warnings.append(
+            f"the run ends at {base.seconds:g} s, before the last fade-in ends at "
+            f"{fade_end:g} s: figures miss the end of the scale-up (use --seconds "
+            f">= {math.ceil(fade_end + 30)})"
+        )
+    return ScenarioResult(
+        "scale-up", runs, {"by_mode": rows}, time.perf_counter() - t0, notes, warnings
+    )
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> float:
@@ -163,20 +231,38 @@ def pods_needed(
     """Fewest pods that keep call p99 latency within ``slo_p99_ms`` at the same rate.
 
     Bisects over the pod count (each probe a fresh, pre-warmed run of ``seconds``),
-    assuming p99 latency does not improve when pods are taken away.
+    assuming p99 latency does not improve when pods are taken away; the answer is
+    within 2 % of ``config.pods`` (at least 1 pod) of the true boundary.
+
+    Parameters
+    ----------
+    config
+        The fleet and traffic; ``pods`` is the first probe, ``rate`` is kept.
+    slo_p99_ms
+        The latency bound, in milliseconds.
+    seconds
+        Length of every probe run, in seconds.
+    max_factor
+        Give up above this many times ``config.pods``.
+    progress
+        Called as ``progress(pods, p99_ms)`` after each probe.
 
     Returns
     -------
     dict
         ``pods`` (the answer, or ``None`` if even ``max_factor`` times as many pods miss
-        the bound) and ``probes``: ``[pods, p99_ms]`` for every run made.
+        the bound), ``probes``: ``[pods, p99_ms]`` for every run made, and ``result``:
+        the :class:`SimResult` of the probe at the answer (``None`` without one).
     """
     rate = config.total_rate
     probes: list[list[float]] = []
+    results: dict[int, SimResult] = {}
 
     def p99(n: int) -> float:
         cfg = replace(config, pods=n, rate=rate, seconds=seconds, events=())
-        value = run(cfg).totals["lat_p99_ms"]
+        r = run(cfg, f"{n} pods")
+        results[n] = r
+        value = r.totals["lat_p99_ms"]
         probes.append([n, value])
         if progress is not None:
             progress(n, value)
@@ -185,7 +271,7 @@ def pods_needed(
     hi = config.pods
     while p99(hi) > slo_p99_ms:
         if hi >= max_factor * config.pods:
-            return {"pods": None, "probes": probes}
+            return {"pods": None, "probes": probes, "result": None}
         hi = math.ceil(hi * 1.5)
     lo = max(1, hi // 2)
     while lo > 1 and p99(lo) <= slo_p99_ms:
@@ -198,43 +284,88 @@ def pods_needed(
             hi = mid
         else:
             lo = mid
-    return {"pods": hi, "probes": probes}
+    return {"pods": hi, "probes": probes, "result": results[hi]}
+
+
+def occupancy_spread(result: SimResult) -> dict[str, float]:
+    """Per-pod occupancy over a run: mean, and min/p5/p50/p95/max divided by the mean.
+
+    Occupancy is busy-seconds per second (the summed latency of a pod's calls over the
+    run length); dividing by the mean compares fleets of different sizes.
+    """
+    occ = result.pod_busy_s[result.members].sum(axis=1) / result.config.seconds
+    mean = float(occ.mean())
+    p5, p50, p95 = np.percentile(occ, [5, 50, 95]) / mean
+    return {
+        "mean": mean,
+        "min": float(occ.min()) / mean,
+        "p5": float(p5),
+        "p50": float(p50),
+        "p95": float(p95),
+        "max": float(occ.max()) / mean,
+        "p5_p95_width": float(p95 - p5),
+    }
 
 
 def load_signal(
     base: SimConfig | None = None,
     *,
-    occupancy_factor: float = 1.30,
     in_flight_factor: float = 1.10,
+    occupancy_factors: tuple[float, ...] = (1.25, 1.35),
     slo_p99_ms: float | None = 25.0,
     search_seconds: float = 20.0,
     progress: Progress | None = None,
 ) -> ScenarioResult:
     """Bounded load on in-flight counts versus occupancy, in steady state.
 
-    Reports each variant's per-pod occupancy spread and, if ``slo_p99_ms`` is set, the
-    pod count each needs to keep call p99 latency within it (:func:`pods_needed`).
+    Every variant runs at ``base.pods``; if ``slo_p99_ms`` is set, :func:`pods_needed`
+    then finds the pod count each variant needs to keep call p99 latency within it, and
+    the spread is reported there too (from the search's run at that count), so fleets
+    are compared as each would be sized.
+
+    Parameters
+    ----------
+    base
+        Fleet and traffic (default: 100 pods, 35,000 calls/s, 60 s).
+    in_flight_factor
+        Balance factor of the in-flight variant (Zalando's was 1.10).
+    occupancy_factors
+        Balance factors of the occupancy variants (Zalando's: 1.25 to 1.35).
+    slo_p99_ms
+        The p99 latency bound for the pods-needed search, in milliseconds; ``None``
+        skips the search.
+    search_seconds
+        Length of each search run, in seconds.
+    progress
+        Called as ``progress(label, done, total)`` while runs go.
+
+    Returns
+    -------
+    ScenarioResult
+        ``summary["by_variant"]``: per variant the occupancy spread (absolute and over
+        the mean), cache and latency figures, and ``pods_needed`` with the spread at
+        that pod count (``at_pods_needed``).
     """
     base = base or SimConfig(pods=100, rate_per_pod=350.0, seconds=60.0)
-    variants = [
-        ("in-flight", in_flight_factor),
-        ("occupancy", occupancy_factor),
-    ]
+    variants = [("in-flight", in_flight_factor)] + [("occupancy", f) for f in occupancy_factors]
     t0 = time.perf_counter()
     runs = []
     rows: dict[str, Any] = {}
     for signal, bf in variants:
         label = f"{signal} bf {bf:g}"
-        cfg = replace(base, fade="none", signal=signal, balance_factor=bf, events=())
+        cfg = replace(
+            base, rate=base.total_rate, fade="off", signal=signal, balance_factor=bf, events=()
+        )
         r = run(cfg, label, progress=_runner(progress, label))
         runs.append(r)
         tot = r.totals
-        row = {
+        row: dict[str, Any] = {
             "signal": signal,
             "balance_factor": bf,
+            "pods": cfg.pods,
             "occupancy": tot["occupancy"],
             "occupancy_mean": tot["occupancy_mean"],
-            "occupancy_p95_over_mean": tot["occupancy"]["p95"] / tot["occupancy_mean"],
+            "over_mean": occupancy_spread(r),
             "hit_rate": tot["hit_rate"],
             "db_reads_per_s": tot["db_reads_per_s"],
             "lat_p50_ms": tot["lat_p50_ms"],
@@ -243,33 +374,48 @@ def load_signal(
             "moves_per_s": tot["moves"] / cfg.seconds,
         }
         if slo_p99_ms is not None:
-            cb = None
-            if progress is not None:
-                cb = _search_progress(progress, label, base.pods)
-            row["pods_needed"] = pods_needed(cfg, slo_p99_ms, seconds=search_seconds, progress=cb)
+            cb = None if progress is None else _search_progress(progress, label)
+            found = pods_needed(cfg, slo_p99_ms, seconds=search_seconds, progress=cb)
+            at = found.pop("result")
+            row["pods_needed"] = found
+            if at is not None:
+                row["at_pods_needed"] = {
+                    "pods": at.config.pods,
+                    "over_mean": occupancy_spread(at),
+                    "hit_rate": at.totals["hit_rate"],
+                    "lat_p99_ms": at.totals["lat_p99_ms"],
+                }
+                runs_warn = [f"{label} at {at.config.pods} pods: {w}" for w in at.warnings]
+                row["warnings_at_pods_needed"] = runs_warn
         rows[label] = row
     notes = [
         f"{base.pods} pods, {base.total_rate:,.0f} calls/s, {base.clients} client hosts "
-        "each with its own load counters, concurrency limit "
-        f"{base.concurrency} per pod",
-        "occupancy = busy-seconds per second per pod over the whole run "
-        "(sum of the latencies of its calls / run length)",
+        f"each with its own load counters, concurrency limit {base.concurrency} per pod, "
+        f"occupancy window {base.window_s:g} s, hop cap {base.max_hops}",
+        "occupancy = busy-seconds per second per pod over the whole run (the summed "
+        "latency of its calls / run length); '/ mean' divides by the fleet's mean so "
+        "fleets of different sizes compare",
     ]
     if slo_p99_ms is not None:
         notes.append(
-            f"pods_needed: fewest pods keeping call p99 <= {slo_p99_ms:g} ms at the same "
-            f"rate, bisected with {search_seconds:g}-s runs"
+            f"pods needed: fewest pods keeping call p99 <= {slo_p99_ms:g} ms at the same "
+            f"rate, bisected with {search_seconds:g}-s runs; the spread 'at pods needed' "
+            "is that run's"
         )
+    warnings = _run_warnings(runs)
+    for row in rows.values():
+        warnings += row.pop("warnings_at_pods_needed", [])
     return ScenarioResult(
         "load-signal",
         runs,
         {"by_variant": rows, "slo_p99_ms": slo_p99_ms},
         time.perf_counter() - t0,
         notes,
+        warnings,
     )
 
 
-def _search_progress(progress: Progress, label: str, pods: int) -> Callable[[int, float], None]:
+def _search_progress(progress: Progress, label: str) -> Callable[[int, float], None]:
     count = [0]
 
     def cb(n: int, p99: float) -> None:
@@ -297,7 +443,32 @@ def slow_pod(
     """Pod ``pod`` serves ``factor`` times slower from ``at_s`` to ``until_s``.
 
     Variants: no bounded load (``None``), bounded load on occupancy, and on lbcore's
-    effective load ``max(in_flight, occupancy) × min(pod_latency / global_latency, 5)``.
+    effective load ``max(in_flight, occupancy) × min(pod_latency / global_latency, 5)``,
+    all at the same balance factor.
+
+    Parameters
+    ----------
+    base
+        Fleet and traffic (default: 20 pods, 7,000 calls/s, 80 s).
+    factor
+        Service-time multiplier of the slow pod.
+    at_s, until_s
+        When the pod is slow, in seconds after warm-up.
+    pod
+        Which starting pod turns slow.
+    balance_factor
+        Balance factor of every bounded-load variant.
+    signals
+        Variants: ``None`` (no bounded load) or a load signal
+        (:data:`lbcore.signals.LOAD_SIGNALS`).
+    progress
+        Called as ``progress(label, done_s, total_s)`` while each run goes.
+
+    Returns
+    -------
+    ScenarioResult
+        ``summary["by_variant"]``: the slow pod's share of calls and p99 latency before,
+        while and after it is slow.
     """
     base = base or SimConfig(pods=20, rate_per_pod=350.0, seconds=80.0)
     ev = SlowPod(at_s, until_s, pod, factor)
@@ -308,7 +479,7 @@ def slow_pod(
         label = "no bounded load" if signal is None else f"{signal} bf {balance_factor:g}"
         cfg = replace(
             base,
-            fade="none",
+            fade="off",
             signal=signal or base.signal,
             balance_factor=None if signal is None else balance_factor,
             events=(ev,),
@@ -341,17 +512,32 @@ def slow_pod(
         f"phases: before = up to the start, slow = start+{base.window_s:g} s..end (the "
         f"occupancy window has caught up), after = end+{base.window_s:g} s..run end",
     ]
+    warnings = _run_warnings(runs)
+    if until_s + base.window_s >= base.seconds:
+        warnings.append(
+            f"the run ends at {base.seconds:g} s, before the 'after' phase "
+            f"({until_s + base.window_s:g} s on) begins"
+        )
     return ScenarioResult(
         "slow-pod",
         runs,
         {"by_variant": rows, "pod": pod, "factor": factor},
         time.perf_counter() - t0,
         notes,
+        warnings,
     )
 
 
 def slow_pod_share(result: SimResult, pod: int) -> np.ndarray:
-    """Fraction of all calls that went to ``pod`` in every report interval."""
+    """Fraction of all calls that went to ``pod`` in every report interval.
+
+    Parameters
+    ----------
+    result
+        A run.
+    pod
+        Global pod number.
+    """
     calls = result.pod_calls.sum(axis=0).astype(np.float64)
     return np.divide(result.pod_calls[pod], calls, out=np.zeros_like(calls), where=calls > 0)
 
