@@ -26,7 +26,7 @@ import platform
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import posix_ipc
@@ -56,7 +56,9 @@ __all__ = [
     "list_segments",
     "process_alive",
     "process_start_ticks",
+    "seam",
     "segment_name",
+    "set_seam_hook",
     "unlink_name",
 ]
 
@@ -98,6 +100,32 @@ def list_segments(namespace: str) -> list[str]:
     except OSError:
         return []
     return sorted("/" + e for e in entries if e.startswith(prefix))
+
+
+# ------------------------------------------------------------------------------------
+# Test seam.
+
+_seam_hook: Callable[[str], None] | None = None
+
+
+def seam(point: str) -> None:
+    """Mark a point of a protocol where another process may act (a test seam).
+
+    The multi-process tests force the interleavings that matter (a reader stalled
+    between two loads, a writer killed between two stores) by installing a hook in a
+    child process that pauses there. Without a hook this is one global load; it sits
+    only on slow paths (remapping, publishing, growing, creating), never on the
+    per-batch ones.
+    """
+    hook = _seam_hook
+    if hook is not None:
+        hook(point)
+
+
+def set_seam_hook(hook: Callable[[str], None] | None) -> None:
+    """Install (or with ``None`` remove) the hook :func:`seam` calls; for tests only."""
+    global _seam_hook
+    _seam_hook = hook
 
 
 # ------------------------------------------------------------------------------------

@@ -24,37 +24,59 @@ Publish (writer; ``fence`` = store->store ordering, see :func:`shm.segment.fence
 
 Read (reader; ``fence`` = load->load ordering)::
 
-    c = control.current ; s1 = buffer(c).seq ; retry if odd ; fence
+    c = control.current ; fence ; s1 = buffer(c).seq ; fence
+    retry if s1 is odd, or if control.current != c now
     map the payload; first time for this (epoch, buffer, s1): verify the checksum and
     every offset, count and index, build the Table of zero-copy views
+    fence ; retry unless buffer(c).seq == s1 still
     ... route on the views ...
     fence ; s2 = buffer(c).seq ; the routing result counts only if s1 == s2
 
 Why it is correct:
 
+* A reader only takes a generation that ``current`` named at some moment after the
+  generation was complete. The writer's stores go: the idle buffer's ``seq`` even
+  (payload complete), then ``current`` names that buffer. The reader's loads go:
+  ``current`` (``c``), the buffer's ``seq`` (``s1``), ``current`` again. If ``s1`` is
+  the even ``seq`` of a publish, the second load of ``current`` happens after that
+  publish's buffer was complete, so it returns either that publish's switch (or a
+  later one), or the *other* buffer — never ``c`` from before. Only comparing the two
+  loads of ``current`` makes this hold: a reader that stalled after loading ``c``
+  while the writer published once into the other buffer and then completed the next
+  generation in ``c``'s buffer, but had not switched yet, would otherwise take a
+  generation that is not current, go back to the older current one on its next call,
+  and, had the writer died before switching, see a new writer publish a *different*
+  table under the same generation number (review finding B1; the regression test
+  forces exactly that interleaving with real processes). A stale ``current`` equal to
+  ``c`` after a later switch back to the same buffer is harmless: that switch came
+  after another rewrite of the buffer, whose odd ``seq`` the final ``seq`` check sees.
 * The writer never writes the buffer ``current`` names, so a reader holding the
   current buffer is undisturbed until the writer has published *twice* more. When it
   does rewrite that buffer, it makes ``seq`` odd *before* its first payload store and
   even (and larger) only *after* its last; a reader whose route overlapped any payload
-  store therefore reads ``s2 != s1`` (or an odd ``s1``) and retries. ``Table.valid()``
-  is that second read, and :meth:`TableReader.consistent` the retry loop; a routing
-  function that faults on garbage (say an out-of-range owner) while the table is
-  invalid is retried the same way, and NumPy's bounds checks mean a garbage index
-  can raise but never read outside the mapping.
-* A reader never routes on a buffer that was not completely written: ``current`` names
-  a buffer only after its ``seq`` became even, so the odd ``seq`` of a writer killed
-  mid-publish is never in the current buffer, and readers keep the previous
-  generation; a new writer takes the writer lock (released by the kernel when the
-  old writer died), writes the idle buffer again and publishes the next generation.
-* Generations only increase: ``current`` only ever moves to the newest published
-  buffer, and a buffer is only ever rewritten with a newer generation.
+  store therefore reads ``s2 != s1`` and retries. ``Table.valid()`` is that second
+  read, and :meth:`TableReader.consistent` the retry loop; a routing function that
+  faults on garbage (say an out-of-range owner) while the table is invalid is retried
+  the same way, and NumPy's bounds checks mean a garbage index can raise but never
+  read outside the mapping.
+* A writer killed mid-publish leaves an odd ``seq`` in a buffer ``current`` does not
+  name, or a complete buffer it never switched to: readers never take either (first
+  point) and keep the previous generation; a new writer takes the writer lock
+  (released by the kernel when the old writer died), continues the generation count
+  from the control segment, writes the idle buffer again and publishes.
+* Generations only increase, per reader: each table a reader returns was current at
+  its second load of ``current``, later loads of one location never return older
+  values (coherence), and ``current`` only ever moves to newer generations. (A
+  :class:`TableReader` that follows a *new* control segment, after the writer removed
+  the old one, follows that writer's count, which starts again at 1.)
 * Readers write nothing to the tables segments (they are mapped read-only) and take no
-  lock, so they cannot block the writer; a reader can only be delayed by a writer that
-  republishes faster than it can map a table.
+  cross-process lock, so they cannot block the writer; a reader can only be delayed by
+  a writer that republishes faster than it can map a table.
 * On x86-64 (TSO) the CPU keeps loads in order with loads and stores with stores,
-  which is all a seqlock needs, and the fences are no-ops. On arm64 or POWER they are
-  real barriers (:func:`shm.segment.fence`); they order the reader's ``seq`` loads
-  around its payload loads and the writer's ``seq`` stores around its payload stores.
+  which is all this needs, and the fences are no-ops. On arm64 or POWER they are real
+  barriers (:func:`shm.segment.fence`): the reader's order ``current`` -> ``seq`` ->
+  ``current`` -> payload -> ``seq`` and the writer's ``seq`` -> payload -> ``seq`` ->
+  ``current`` are each fenced.
 * What the checksum buys there: it does not depend on any barrier at all. A reader
   verifies it the first time it maps a generation, over every payload byte it will use,
   so whatever the CPU did with the order in which the writer's stores became visible,
@@ -63,9 +85,10 @@ Why it is correct:
   as :class:`~shm.errors.TableChecksumError`). Cache coherence, which every CPU keeps
   per memory location, then guarantees that the reader's later loads of those bytes
   return these values or newer ones (a rewrite), never older ones. The same check
-  catches a corrupted or foreign segment. The barriers are then needed only for the
-  rare case of a reader still routing on a buffer the writer reuses two publishes
-  later, where ``seq`` must be ordered around the payload loads.
+  catches a corrupted or foreign segment. The barriers are then needed for the
+  ordering of ``current`` and ``seq`` (first point) and for a reader still routing on
+  a buffer the writer reuses two publishes later, where ``seq`` must be ordered
+  around the payload loads.
 
 Capacity: a table larger than the buffers goes to a new data segment
 ``/cslb.<ns>.tables.<epoch+1>`` with larger buffers; ``current`` then names the new
@@ -129,6 +152,7 @@ from shm.segment import (
     list_segments,
     process_alive,
     process_start_ticks,
+    seam,
     segment_name,
     unlink_name,
 )
@@ -826,6 +850,8 @@ class _TablesView:
             cur = self.cw[_C_CURRENT]
             if cur == 0:
                 return 0, _empty_table()
+            if _WEAK:
+                fence()  # load `current` before the buffer's seq
             epoch, b = cur >> 1, cur & 1
             try:
                 data = self.data_segment(epoch)
@@ -833,15 +859,20 @@ class _TablesView:
                 if self.cw[_C_CURRENT] == cur:
                     raise  # named by control, yet gone: someone removed it
                 continue  # the writer grew the tables again meanwhile
+            seam("tables.read.mapped")
             off = self.offsets[b]
             w = data.words
             si = off // 8 + _B_SEQ
             seq1 = w[si]
+            if _WEAK:
+                fence()  # load seq1 before `current` again and before the payload
             if seq1 & 1:
                 last = f"buffer {b} was being rewritten"
+            elif self.cw[_C_CURRENT] != cur:
+                # The buffer may hold a newer generation that `current` does not name
+                # yet (the writer completed it and has not switched): not ours to use.
+                last = "the writer switched buffers while this one was being mapped"
             else:
-                if _WEAK:
-                    fence()
                 if (
                     cached is not None
                     and cached.segment == data.name
@@ -1269,9 +1300,11 @@ class TableWriter:
         fence()
         words[base + _B_SEQ] = seq + 1
         fence()
+        seam("tables.publish.switch")
         self._cw[_C_CURRENT] = (self._view.data_epoch << 1) | b
         self._cw[_C_GENERATION] = gen
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
+        seam("tables.publish.switched")
         self.generation = gen
         self._slots = alloc
         if cur_before and (cur_before >> 1) != self._view.data_epoch:

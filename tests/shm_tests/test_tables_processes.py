@@ -12,7 +12,7 @@ import pytest
 import lbcore
 from shm import TableReader, TableUnavailableError, TableWriter, segment_name
 from shm.layout import TABLES_CONTROL, TABLES_DATA, word
-from shm.segment import Segment
+from shm.segment import Segment, set_seam_hook
 from tests.shm_tests.helpers import VARIANTS, check, expected_routes, publish_generation, variant
 
 RING_SETS = [variant(v) for v in range(VARIANTS)]
@@ -225,3 +225,106 @@ def test_killed_readers_do_not_disturb_the_writer(namespace, procs, kill_reader_
         p.join(10)
     with TableWriter(namespace) as w:
         assert publish_generation(w, RING_SETS) == 2
+
+
+# ---------------------------------------------------------------------------------------
+# Forced interleavings: child processes pause at the protocol's seams (shm.segment.seam).
+
+
+def _eps_n(n, salt=7):
+    return [f"http://10.{salt}.0.{i}:80" for i in range(1, n + 1)]
+
+
+def seam_reader(ns, paused, go, conn):
+    """Answers each "read" with (generation, endpoints); the first read pauses between
+    loading ``current`` and loading the buffer's ``seq`` until ``go``."""
+    armed = [True]
+
+    def hook(point):
+        if point == "tables.read.mapped" and armed[0]:
+            armed[0] = False
+            paused.set()
+            go.wait(30)
+
+    set_seam_hook(hook)
+    reader = TableReader(ns)
+    while (cmd := conn.recv()) != "stop":
+        assert cmd == "read"
+        t = reader.table()
+        conn.send((t.generation, len(t.endpoints)))
+
+
+def seam_writer(ns, conn, resume):
+    """Publishes ("publish", n, pause) commands; with ``pause`` it stops after the new
+    buffer is complete but before ``current`` names it, until ``resume`` (or SIGKILL)."""
+    armed = [False]
+
+    def hook(point):
+        if point == "tables.publish.switch" and armed[0]:
+            conn.send("paused")
+            resume.wait(30)
+
+    set_seam_hook(hook)
+    w = TableWriter(ns)  # 1 MiB buffers: every publish of the test reuses them
+    while True:
+        _, n, pause = conn.recv()
+        armed[0] = pause
+        conn.send(w.publish(lbcore.RingSet(_eps_n(n), vnodes=5)))
+
+
+@pytest.mark.parametrize("writer_fate", ["resumed", "killed"])
+def test_a_stalled_reader_never_routes_ahead_of_current(namespace, procs, writer_fate):
+    """Regression (review B1): a reader stalls after loading ``current`` (naming buffer
+    X at generation 2) while the writer publishes 3 into Y and completes 4 in X but has
+    not yet switched ``current``. The reader must not take generation 4 from X: it is
+    not current yet, the next call would go back to 3, and if the writer dies there a
+    new writer publishes a different generation 4."""
+    ctx = procs.ctx
+    resume = ctx.Event()
+    wconn, wchild = ctx.Pipe()
+    writer = procs.start(seam_writer, namespace, wchild, resume)
+
+    def publish(n, pause=False):
+        wconn.send(("publish", n, pause))
+        assert wconn.poll(30)
+        return wconn.recv()
+
+    assert publish(4) == 1 and publish(5) == 2  # current: buffer 1, generation 2
+    paused, go = ctx.Event(), ctx.Event()
+    rconn, rchild = ctx.Pipe()
+    procs.start(seam_reader, namespace, paused, go, rchild)
+    rconn.send("read")
+    assert paused.wait(30), "the reader did not reach the seam"
+    assert publish(6) == 3  # into buffer 0; current names it
+    wconn.send(("publish", 7, True))  # generation 4 into buffer 1, not yet current
+    assert wconn.poll(30) and wconn.recv() == "paused"
+    go.set()
+    seen = []
+    assert rconn.poll(30)
+    seen.append(rconn.recv())
+    rconn.send("read")
+    assert rconn.poll(30)
+    seen.append(rconn.recv())
+    if writer_fate == "killed":
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join(10)
+        with TableWriter(namespace) as w2:
+            assert w2.generation == 3
+            assert w2.publish(lbcore.RingSet(_eps_n(8), vnodes=5)) == 4
+            rconn.send("read")
+            assert rconn.poll(30)
+            seen.append(rconn.recv())
+            w2.close(unlink=False)
+        want_last = (4, 8)
+    else:
+        resume.set()
+        assert wconn.poll(30) and wconn.recv() == 4
+        rconn.send("read")
+        assert rconn.poll(30)
+        seen.append(rconn.recv())
+        want_last = (4, 7)
+    rconn.send("stop")
+    gens = [g for g, _ in seen]
+    assert gens == sorted(gens), f"generations went backwards: {seen}"
+    assert len({g: n for g, n in seen}) == len(set(seen)), f"a generation named two tables: {seen}"
+    assert seen == [(3, 6), (3, 6), want_last]
