@@ -83,12 +83,14 @@ from shm.segment import (
     Segment,
     attach_initialized,
     check_header,
+    epoch_segments,
     fence,
-    list_segments,
     process_alive,
     process_start_ticks,
+    seam,
     segment_name,
     unlink_name,
+    unlink_stale_epochs,
 )
 
 __all__ = [
@@ -369,6 +371,8 @@ class CounterStore:
                     h["base_ns"] = clock()
                     h["slots_offset"] = slots_off
                     h["created_ns"] = clock()
+                    # Data segments of an earlier incarnation are nobody's now.
+                    unlink_stale_epochs(namespace, "counters", None)
                     try:
                         data = _create_data(f"{name}.1", 1, rows, _columns_for(columns), buckets)
                     except BaseException:
@@ -389,7 +393,10 @@ class CounterStore:
                             f"{ctl.window_buckets} buckets; asked for {rows} rows and a "
                             f"{window_ns} ns window in {window_buckets} buckets",
                         )
-                    ctl.current()
+                    m = ctl.current()
+                    # Under the lock nobody grows the matrix: other epochs are left by a
+                    # process killed while growing it (before or after the switch).
+                    unlink_stale_epochs(namespace, "counters", m.epoch)
                     return cls(ctl, namespace, owner=True)
                 except (SegmentCorruptError, SegmentMissingError):
                     if not replace_invalid:
@@ -574,6 +581,7 @@ class CounterStore:
             old = ctl.current()
             if n <= old.columns:
                 return old.columns
+            unlink_stale_epochs(self.namespace, "counters", old.epoch)  # a killed grower's
             cols = _columns_for(max(n, 2 * old.columns))
             epoch = old.epoch + 1
             seg = _create_data(f"{self.name}.{epoch}", epoch, ctl.rows, cols, ctl.buckets)
@@ -581,7 +589,9 @@ class CounterStore:
             for r in np.flatnonzero(ctl.slots["used"] != 0).tolist():
                 new.copy_row(old, r)
             fence()
+            seam("counters.grow.switch")
             ctl.cw[_C_CURRENT] = epoch
+            seam("counters.grow.switched")
             ctl.matrix = new
             old.seg.unlink()
             old.seg.close()
@@ -616,12 +626,7 @@ class CounterStore:
 
 
 def _namespace_counters(namespace: str) -> list[str]:
-    base = segment_name(namespace, "counters")
-    return [
-        s
-        for s in list_segments(namespace)
-        if s == base or (s.startswith(base + ".") and s[len(base) + 1 :].isdigit())
-    ]
+    return [segment_name(namespace, "counters"), *epoch_segments(namespace, "counters").values()]
 
 
 _add_at = np.add.at

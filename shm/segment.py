@@ -52,6 +52,7 @@ __all__ = [
     "attach_initialized",
     "check_header",
     "check_namespace",
+    "epoch_segments",
     "fence",
     "list_segments",
     "process_alive",
@@ -60,6 +61,7 @@ __all__ = [
     "segment_name",
     "set_seam_hook",
     "unlink_name",
+    "unlink_stale_epochs",
 ]
 
 #: Where Linux keeps POSIX shared memory (used for free-space checks and listings).
@@ -100,6 +102,33 @@ def list_segments(namespace: str) -> list[str]:
     except OSError:
         return []
     return sorted("/" + e for e in entries if e.startswith(prefix))
+
+
+def epoch_segments(namespace: str, kind: str) -> dict[int, str]:
+    """Existing data segments ``/cslb.<namespace>.<kind>.<epoch>``, by epoch."""
+    base = segment_name(namespace, kind) + "."
+    out = {}
+    for name in list_segments(namespace):
+        tail = name[len(base) :]
+        if name.startswith(base) and tail.isascii() and tail.isdigit():
+            out[int(tail)] = name
+    return out
+
+
+def unlink_stale_epochs(namespace: str, kind: str, keep: int | None) -> list[str]:
+    """Unlink every data segment of ``kind`` but epoch ``keep``; returns what it removed.
+
+    Only for the holder of the kind's lock (the table writer; a counters grower under
+    the control segment's lock): then no other process is creating or switching data
+    segments, so every epoch the control segment does not name is a leftover of a
+    process killed while growing (the new segment before the switch, or the old one
+    after it). Readers that still map a removed segment keep their mapping.
+    """
+    removed = []
+    for epoch, name in sorted(epoch_segments(namespace, kind).items()):
+        if epoch != keep and unlink_name(name):
+            removed.append(name)
+    return removed
 
 
 # ------------------------------------------------------------------------------------

@@ -148,13 +148,14 @@ from shm.segment import (
     WriterLock,
     attach_initialized,
     check_header,
+    epoch_segments,
     fence,
-    list_segments,
     process_alive,
     process_start_ticks,
     seam,
     segment_name,
     unlink_name,
+    unlink_stale_epochs,
 )
 
 __all__ = [
@@ -1102,6 +1103,17 @@ class TableWriter:
         Smallest payload capacity of each buffer, in bytes.
     clock
         CLOCK_MONOTONIC source for publish and heartbeat times (nanoseconds).
+
+    Attributes
+    ----------
+    generation : int
+        The last generation published in this namespace (continues a previous
+        writer's count).
+    recovered : Table or None
+        The table a previous writer left current, if it could be read.
+    removed_stale : list[str]
+        Data segments a previous writer left behind (killed while growing the tables)
+        that this writer removed when it took over.
     """
 
     def __init__(
@@ -1133,6 +1145,10 @@ class TableWriter:
         self.generation = 0
         self.recovered: Table | None = None
         self._recover()
+        # A writer killed while growing leaves the new data segment (before the switch)
+        # or the old one (after it): we hold the writer lock, so they are nobody's.
+        cur = self._cw[_C_CURRENT]
+        self.removed_stale = unlink_stale_epochs(namespace, "tables", cur >> 1 if cur else None)
         ticks = process_start_ticks(self._pid) or 0
         self._cw[_C_WRITER_START] = ticks
         self._cw[_C_WRITER_PID] = self._pid
@@ -1411,12 +1427,9 @@ class TableWriter:
             return
         self._closed = True
         if unlink and os.getpid() == self._pid:
-            prefix = self.name + "."
-            for seg_name in list_segments(self.namespace):
-                if seg_name == self.name or (
-                    seg_name.startswith(prefix) and seg_name[len(prefix) :].isdigit()
-                ):
-                    unlink_name(seg_name)
+            unlink_name(self.name)
+            for seg_name in epoch_segments(self.namespace, "tables").values():
+                unlink_name(seg_name)
         if self._view.data is not None:
             self._view.data.close()
         self._ctl_seg.close()

@@ -7,7 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from shm import CounterStore, NoFreeSlotError
+from shm import CounterStore, NoFreeSlotError, list_segments, segment_name
+from shm.segment import set_seam_hook
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -171,4 +172,43 @@ def test_a_worker_follows_growth_and_keeps_its_counts(namespace, procs):
     loads = store.reader().read(time.monotonic_ns())
     assert loads.in_flight[[3, 900]].tolist() == [1, 1]
     assert loads.completed[3] == 1
+    store.close()
+
+
+def seam_grower(ns, at, conn):
+    """Grows the counters and stops at seam ``at`` until SIGKILLed."""
+
+    def hook(point):
+        if point == at:
+            conn.send("paused")
+            time.sleep(600)
+
+    set_seam_hook(hook)
+    CounterStore.attach(ns).ensure_columns(500)
+
+
+@pytest.mark.parametrize("cleaner", ["create", "grow"])
+@pytest.mark.parametrize("at", ["counters.grow.switch", "counters.grow.switched"])
+def test_a_grower_killed_mid_growth_leaves_nothing_behind(namespace, procs, at, cleaner):
+    """Review S1: a process killed while growing the matrix leaves the new data segment
+    (before the switch) or the old one (after it); the next owner taking over, or the
+    next grower, removes it. Recorded counts survive either way."""
+    store = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
+    rec = store.claim()
+    rec.record_start([3], time.monotonic_ns())
+    a, b = procs.ctx.Pipe(duplex=False)
+    grower = procs.start(seam_grower, namespace, at, b)
+    assert a.poll(30) and a.recv() == "paused"
+    ctl, one, two = (segment_name(namespace, "counters", e) for e in (None, 1, 2))
+    assert list_segments(namespace) == [ctl, one, two]
+    os.kill(grower.pid, signal.SIGKILL)
+    grower.join(10)
+    if cleaner == "create":  # an owner restarted with the same geometry takes over
+        other = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
+    else:  # a process that grows the matrix again
+        other = CounterStore.attach(namespace)
+        other.ensure_columns(1000)
+    current = other._ctl.current().seg.name
+    assert list_segments(namespace) == [ctl, current]
+    assert other.reader().read(time.monotonic_ns(), 8).in_flight[3] == 1
     store.close()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import lbcore
-from shm import TableReader, TableUnavailableError, TableWriter, segment_name
+from shm import TableReader, TableUnavailableError, TableWriter, list_segments, segment_name
 from shm.layout import TABLES_CONTROL, TABLES_DATA, word
 from shm.segment import Segment, set_seam_hook
 from tests.shm_tests.helpers import VARIANTS, check, expected_routes, publish_generation, variant
@@ -254,18 +254,19 @@ def seam_reader(ns, paused, go, conn):
         conn.send((t.generation, len(t.endpoints)))
 
 
-def seam_writer(ns, conn, resume):
-    """Publishes ("publish", n, pause) commands; with ``pause`` it stops after the new
-    buffer is complete but before ``current`` names it, until ``resume`` (or SIGKILL)."""
+def seam_writer(ns, conn, resume, at="tables.publish.switch", min_capacity=1 << 20):
+    """Publishes ("publish", n, pause) commands; with ``pause`` it stops at seam ``at``
+    (default: the new buffer is complete, ``current`` does not name it yet) until
+    ``resume`` (or SIGKILL)."""
     armed = [False]
 
     def hook(point):
-        if point == "tables.publish.switch" and armed[0]:
+        if point == at and armed[0]:
             conn.send("paused")
             resume.wait(30)
 
     set_seam_hook(hook)
-    w = TableWriter(ns)  # 1 MiB buffers: every publish of the test reuses them
+    w = TableWriter(ns, min_capacity_bytes=min_capacity)
     while True:
         _, n, pause = conn.recv()
         armed[0] = pause
@@ -282,7 +283,7 @@ def test_a_stalled_reader_never_routes_ahead_of_current(namespace, procs, writer
     ctx = procs.ctx
     resume = ctx.Event()
     wconn, wchild = ctx.Pipe()
-    writer = procs.start(seam_writer, namespace, wchild, resume)
+    writer = procs.start(seam_writer, namespace, wchild, resume)  # 1 MiB: no growth
 
     def publish(n, pause=False):
         wconn.send(("publish", n, pause))
@@ -328,3 +329,37 @@ def test_a_stalled_reader_never_routes_ahead_of_current(namespace, procs, writer
     assert gens == sorted(gens), f"generations went backwards: {seen}"
     assert len({g: n for g, n in seen}) == len(set(seen)), f"a generation named two tables: {seen}"
     assert seen == [(3, 6), (3, 6), want_last]
+
+
+def ask(conn, msg):
+    conn.send(msg)
+    assert conn.poll(30), f"no answer to {msg!r}"
+    return conn.recv()
+
+
+@pytest.mark.parametrize("at", ["tables.publish.switch", "tables.publish.switched"])
+def test_a_writer_killed_while_growing_leaves_nothing_behind_its_successor(namespace, procs, at):
+    """Review S1: killed between creating the larger segment and switching to it, a
+    writer leaves the new segment; killed after the switch, the old one. The next
+    writer removes whichever the control segment does not name."""
+    resume = procs.ctx.Event()
+    wconn, wchild = procs.ctx.Pipe()
+    writer = procs.start(seam_writer, namespace, wchild, resume, at, 4096)
+    assert ask(wconn, ("publish", 3, False)) == 1
+    ctl, one, two = (segment_name(namespace, "tables", e) for e in (None, 1, 2))
+    assert ask(wconn, ("publish", 300, True)) == "paused"  # growing into epoch 2
+    assert list_segments(namespace) == [ctl, one, two]
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join(10)
+    reader = TableReader(namespace)
+    survivor, stale = (one, two) if at == "tables.publish.switch" else (two, one)
+    assert reader.table().segment == survivor
+    assert reader.table().generation == (1 if survivor == one else 2)
+    with TableWriter(namespace) as w:
+        assert w.removed_stale == [stale]
+        assert list_segments(namespace) == [ctl, survivor]
+        big = lbcore.RingSet(_eps_n(300), vnodes=5)
+        g = w.publish(big)
+        t = reader.table()
+        assert t.generation == g and np.array_equal(t.ring_set.route(["k"], 0), big.route(["k"], 0))
+        assert list_segments(namespace) == [ctl, t.segment]
