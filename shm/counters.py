@@ -85,8 +85,8 @@ from shm.segment import (
     check_header,
     epoch_segments,
     fence,
+    own_start_ticks,
     process_alive,
-    process_start_ticks,
     seam,
     segment_name,
     unlink_name,
@@ -470,11 +470,14 @@ class CounterStore:
         Raises
         ------
         NoFreeSlotError
-            Every slot is held by a live process.
+            Every slot is held by a live process (or one whose liveness cannot be
+            told right now: such a slot is never taken).
+        ProcessLivenessError
+            This process's own start time cannot be read from ``/proc``.
         """
         self._check_writable()
         pid = os.getpid()
-        ticks = process_start_ticks(pid) or 0
+        ticks = own_start_ticks()
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
         with ctl.seg.lock():

@@ -13,6 +13,7 @@ __all__ = [
     "CounterInputError",
     "NamespaceError",
     "NoFreeSlotError",
+    "ProcessLivenessError",
     "SegmentCorruptError",
     "SegmentError",
     "SegmentExistsError",
@@ -121,6 +122,14 @@ class CapacityError(SegmentError):
 
 class NoFreeSlotError(SegmentError):
     """Every worker slot of the counter matrix is held by a live process."""
+
+
+class ProcessLivenessError(ShmError, OSError):
+    """Whether a process is alive cannot be told.
+
+    ``/proc/<pid>/stat`` could not be read for a reason other than the process being
+    gone (out of file descriptors, ...).
+    """
 
 
 class SlotOwnershipError(ShmError):

@@ -150,8 +150,8 @@ from shm.segment import (
     check_header,
     epoch_segments,
     fence,
+    own_start_ticks,
     process_alive,
-    process_start_ticks,
     seam,
     segment_name,
     unlink_name,
@@ -1128,6 +1128,7 @@ class TableWriter:
     ) -> None:
         self.namespace = namespace
         self.name = segment_name(namespace, "tables")
+        ticks = own_start_ticks()  # before taking anything over
         self._clock = clock
         self._counters = counters
         self._min_capacity = int(min_capacity_bytes)
@@ -1149,7 +1150,6 @@ class TableWriter:
         # or the old one (after it): we hold the writer lock, so they are nobody's.
         cur = self._cw[_C_CURRENT]
         self.removed_stale = unlink_stale_epochs(namespace, "tables", cur >> 1 if cur else None)
-        ticks = process_start_ticks(self._pid) or 0
         self._cw[_C_WRITER_START] = ticks
         self._cw[_C_WRITER_PID] = self._pid
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(self._clock())))
