@@ -208,22 +208,27 @@ def bench_recording(ns: str) -> None:
         rec.record_end(slots, now, durations, now)
 
     m = store._ctl.current()
-    row = m.fields[rec.row]
+    opens, open_sum, busy, completed, latency = (
+        m.block(rec.row, name)
+        for name in ("open", "open_start_sum", "busy_ns", "completed", "latency_ns")
+    )
     k = store.buckets
 
     def naive():
         # Baseline: the same counters updated one call at a time from Python.
         now = time.monotonic_ns()
-        b = (now // store.bucket_ns) % k
+        q = now // store.bucket_ns
+        b = q % k
+        since = now - q * store.bucket_ns
         for s in slots.tolist():
-            row[0, s] += 1
-            row[1, s] += now
+            opens[b, s] += 1
+            open_sum[b, s] += since
         for s, d in zip(slots.tolist(), durations.tolist(), strict=True):
-            row[0, s] -= 1
-            row[1, s] -= now
-            row[2 + b, s] += d
-            row[2 + k + b, s] += 1
-            row[2 + 2 * k + b, s] += d
+            opens[b, s] -= 1
+            open_sum[b, s] -= since
+            busy[b, s] += d
+            completed[b, s] += 1
+            latency[b, s] += d
 
     t_batch = _best(batch, 2000)
     t_naive = _best(naive, 100)

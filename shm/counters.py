@@ -5,22 +5,27 @@ The counter matrix has one row per *worker slot* and one column per *endpoint sl
 row has exactly one writer, the process (or thread) that claimed it, so cells are plain
 aligned ``int64`` words updated without locks or atomics; readers sum the rows.
 
-Per cell (row, endpoint slot):
+Per cell (row, endpoint slot), per time bucket (``bucket_ns`` wide; ``window_buckets``
+of them span the occupancy window, two more are kept so a bucket is recycled only once
+it is out of every reader's window):
 
-* ``in_flight``: requests started and not yet ended;
-* ``start_sum``: sum of the start times of those open requests (relative to the
-  matrix's ``base_ns``), so readers can count the busy time of requests still open;
-* per time bucket (``bucket_ns`` wide; ``window_buckets`` of them span the occupancy
-  window, two more are kept so a bucket is recycled only once it is out of every
-  reader's window): ``busy_ns`` (time spent waiting on the endpoint inside the
-  bucket), ``completed``, ``latency_ns`` (summed durations of requests that ended in
-  the bucket) and ``failures``.
+* ``open``, ``open_start_sum``: requests started in the bucket and not yet ended, and
+  the sum of their start times relative to the bucket's start, so readers can count the
+  busy time of open requests, each at most for the window (a request open for minutes
+  counts one window, not its age);
+* ``busy_ns`` (time spent waiting on the endpoint inside the bucket), ``completed``,
+  ``latency_ns`` (summed durations of requests that ended in the bucket) and
+  ``failures``;
+
+and ``open_old``: open requests that started before every bucket the row holds (older
+than the window, so each counts one full window).
 
 Each row also records which time bucket each of its bucket columns holds
-(``periods``). The row's writer recycles a bucket column (zeroes it, then stamps the
-new period) when time moves on; readers weigh every bucket by the share of it inside
-the window (:func:`lbcore.signals.window_weights`), so buckets of idle or dead workers
-age out without anyone writing to them. Time is CLOCK_MONOTONIC nanoseconds, passed in.
+(``periods``). The row's writer recycles a bucket column (moves its open requests to
+``open_old``, zeroes it, then stamps the new period) when time moves on; readers weigh
+every bucket by the share of it inside the window
+(:func:`lbcore.signals.window_weights`), so buckets of idle or dead workers age out
+without anyone writing to them. Time is CLOCK_MONOTONIC nanoseconds, passed in.
 
 Readers take no lock and see each cell's value indivisibly, but not a cross-cell
 snapshot: a sum read while a worker records may count a request's ``completed``
@@ -67,6 +72,7 @@ from shm.errors import (
     SlotOwnershipError,
 )
 from shm.layout import (
+    BUCKET_FIELDS,
     COUNTERS_CONTROL,
     COUNTERS_DATA,
     LAYOUT_VERSION,
@@ -76,6 +82,7 @@ from shm.layout import (
     SLOT_CLAIMED,
     SLOT_FREE,
     align,
+    cell_words,
     row_layout,
     word,
 )
@@ -164,10 +171,23 @@ class _Matrix:
         self.buckets = k
         self.layout = layout
         self.rows2d = seg.array(np.int64, off, rows * row_words).reshape(rows, row_words)
-        p, f = layout["in_flight"], layout["busy_ns"]
-        # (rows, 2 + 4 * buckets, columns): in_flight, start_sum, then the bucket fields.
-        self.fields = self.rows2d[:, p : f + 4 * k * cols].reshape(rows, 2 + 4 * k, cols)
+        p = layout["open_old"]
+        # (rows, 1 + 6 * buckets, columns): open_old, then the bucket fields.
+        self.fields = self.rows2d[:, p : p + cell_words(k) * cols].reshape(
+            rows, cell_words(k), cols
+        )
         self.periods = self.rows2d[:, :k]
+
+    def block(self, row: int, name: str) -> np.ndarray:
+        """View of one part of row ``row``.
+
+        ``open_old`` (``[columns]``) or one of :data:`~shm.layout.BUCKET_FIELDS`
+        (``[buckets][columns]``).
+        """
+        if name == "open_old":
+            return self.fields[row, 0]
+        i = 1 + BUCKET_FIELDS.index(name) * self.buckets
+        return self.fields[row, i : i + self.buckets]
 
     def copy_row(self, src: _Matrix, r: int) -> None:
         """Copy row ``r`` of ``src`` (fewer or equal columns) into this matrix."""
@@ -638,8 +658,7 @@ _min = np.minimum.reduce
 
 
 def _release_in_flight(m: _Matrix, row: int) -> None:
-    m.fields[row, 0] = 0  # in_flight
-    m.fields[row, 1] = 0  # start_sum
+    m.fields[row, : 1 + 2 * m.buckets] = 0  # open_old, open, open_start_sum
 
 
 # ------------------------------------------------------------------------------------
@@ -677,7 +696,6 @@ class Recorder:
         self._cw = ctl.cw
         self._bucket_ns = ctl.bucket_ns
         self._k = ctl.buckets
-        self._base = ctl.base_ns
         self._period = -(1 << 62)
         self._released = False
         self._forked = False
@@ -691,12 +709,13 @@ class Recorder:
         k = self._k
         self._matrix = m
         self._cols = m.columns
-        self._in_flight = f[0]
-        self._start_sum = f[1]
-        self._busy = f[2 : 2 + k]
-        self._completed = f[2 + k : 2 + 2 * k]
-        self._latency = f[2 + 2 * k : 2 + 3 * k]
-        self._failures = f[2 + 3 * k : 2 + 4 * k]
+        self._open_old = f[0]
+        self._open = f[1 : 1 + k]
+        self._open_sum = f[1 + k : 1 + 2 * k]
+        self._busy = f[1 + 2 * k : 1 + 3 * k]
+        self._completed = f[1 + 3 * k : 1 + 4 * k]
+        self._latency = f[1 + 4 * k : 1 + 5 * k]
+        self._failures = f[1 + 5 * k : 1 + 6 * k]
         self._periods = m.periods[self.row]
         self._epoch = m.epoch
 
@@ -715,12 +734,21 @@ class Recorder:
         self._bind(new)
 
     def _rotate(self, period: int) -> None:
-        """Make the bucket columns hold the ``buckets`` periods ending at ``period``."""
+        """Make the bucket columns hold the ``buckets`` periods ending at ``period``.
+
+        Requests still open that started in a recycled column's period are older than
+        every bucket kept now, hence than the window: they move to ``open_old``.
+        """
         k = self._k
         periods = self._periods
-        for q in range(period - k + 1, period + 1):
+        # Columns of periods up to self._period are stamped already (one writer per row).
+        for q in range(max(period - k + 1, self._period + 1), period + 1):
             j = q % k
             if periods[j] != q:
+                if self._open[j].any():
+                    self._open_old += self._open[j]  # counted twice, never zero times
+                    self._open[j] = 0
+                    self._open_sum[j] = 0
                 self._busy[j] = 0
                 self._completed[j] = 0
                 self._latency[j] = 0
@@ -771,8 +799,16 @@ class Recorder:
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
         s = self._slots(slots)
-        _add_at(self._in_flight, s, 1)
-        _add_at(self._start_sum, s, now_ns - self._base)
+        b = self._bucket_ns
+        q = now_ns // b
+        if q > self._period:
+            self._rotate(q)
+        if q > self._period - self._k:  # a bucket this row holds
+            j = q % self._k
+            _add_at(self._open[j], s, 1)
+            _add_at(self._open_sum[j], s, now_ns - q * b)
+        else:  # a thread that took long to get the row's lock: older than every bucket
+            _add_at(self._open_old, s, 1)
 
     def record_end(
         self,
@@ -841,10 +877,11 @@ class Recorder:
         # Threads sharing a row (LockedRecorder) may record slightly out of time order:
         # a period the row has moved past is still fine while its bucket is retained.
         if scalar_start and started_ns >= period * b and period > self._period - self._k:
-            # Every call started in this bucket (and ended by now_ns): all of it is here.
+            # Every call started in this bucket (and ended by now_ns): all of it is here,
+            # and so are its open entries (record_start put them in this bucket).
             k = period % self._k
-            _add_at(self._in_flight, s, -1)
-            _add_at(self._start_sum, s, self._base - started_ns)
+            _add_at(self._open[k], s, -1)
+            _add_at(self._open_sum[k], s, period * b - started_ns)
             _add_at(self._busy[k], s, d)
             _add_at(self._completed[k], s, 1)
             _add_at(self._latency[k], s, d)
@@ -861,8 +898,18 @@ class Recorder:
         b, kk = self._bucket_ns, self._k
         newest = self._period
         oldest = newest - kk + 1  # the buckets this row holds; older time is forgotten
-        _add_at(self._in_flight, s, -1)
-        _add_at(self._start_sum, s, self._base - st)
+        # A call's open entry is in its start bucket's column while the row holds that
+        # bucket (record_start put it there, rotation has not moved it), else in open_old.
+        qs = st // b
+        held = qs >= oldest
+        if held.all():
+            _add_at(self._open, (qs % kk, s), -1)
+            _add_at(self._open_sum, (qs % kk, s), qs * b - st)
+        else:
+            h = held.nonzero()[0]
+            _add_at(self._open, (qs[h] % kk, s[h]), -1)
+            _add_at(self._open_sum, (qs[h] % kk, s[h]), qs[h] * b - st[h])
+            _add_at(self._open_old, s[~held], -1)
         end = st + d
         for q in range(max(oldest, int(st.min()) // b), newest + 1):
             part = np.minimum(end, (q + 1) * b) - np.maximum(st, q * b)
@@ -1103,15 +1150,30 @@ class CounterReader:
         # as one strided view, no copy; rows never used hold zeros and weigh nothing.
         hi = int(used[-1]) + 1
         cells = m.fields[:hi, :, :n]
-        weights = bucket_weights(m.periods[:hi], ctl.bucket_ns, now_ns, w_ns)
-        in_flight_rows = cells[:, 0, :]
-        open_ns = np.clip(
-            in_flight_rows * (now_ns - ctl.base_ns) - cells[:, 1, :], 0, in_flight_rows * w_ns
-        ).sum(axis=0)
-        in_flight = np.maximum(in_flight_rows.sum(axis=0), 0)
+        periods = m.periods[:hi]
+        weights = bucket_weights(periods, ctl.bucket_ns, now_ns, w_ns)
+        # Busy time of requests still open, each counted from its start but at most for
+        # the window: per start bucket, count x (now - bucket start) - start offsets,
+        # clipped to [0, count x window]. Exact for buckets wholly inside or outside the
+        # window; in the one straddling its start, off by at most a bucket per request.
+        old = np.maximum(cells[:, 0, :], 0)
+        opens = cells[:, 1 : 1 + k, :]
+        in_flight = np.maximum(old.sum(axis=0) + opens.sum(axis=(0, 1)), 0)
+        open_ns = old.sum(axis=0) * w_ns
+        ri, ji = np.nonzero(opens.any(axis=2))  # the few (row, bucket)s with open requests
+        if ri.size:
+            # Time since each bucket's start, capped at window + bucket: a bucket that
+            # old holds only requests older than the window, and the cap keeps the
+            # products far from overflowing.
+            b_ns = ctl.bucket_ns
+            since = np.minimum(now_ns - periods[ri, ji] * b_ns, w_ns + b_ns)[:, None]
+            c = np.maximum(opens[ri, ji], 0)
+            busy_open = c * since - cells[ri, 1 + k + ji, :]
+            np.clip(busy_open, 0, c * w_ns, out=busy_open)
+            open_ns += busy_open.sum(axis=0)
         # (rows, field, bucket, slot) weighted over rows and buckets, all four fields at once.
         busy, completed, latency_ns, failures = np.einsum(
-            "rk,rfkc->fc", weights, cells[:, 2:, :].reshape(hi, 4, k, n)
+            "rk,rfkc->fc", weights, cells[:, 1 + 2 * k :, :].reshape(hi, 4, k, n)
         )
         with np.errstate(invalid="ignore", divide="ignore"):
             failure_rate = np.where(

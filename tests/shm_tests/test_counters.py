@@ -40,6 +40,14 @@ def raw(store, row):
     return store._ctl.current().fields[row].copy()
 
 
+def block(store, row, name):
+    """A copy of one part of a row: ``open_old`` or a per-bucket field."""
+    return store._ctl.current().block(row, name).copy()
+
+
+OPEN_PARTS = ("open_old", "open", "open_start_sum")
+
+
 def test_a_fan_out_counts_in_flight_then_busy_time(store):
     rec = store.claim()
     reader = store.reader()
@@ -66,11 +74,9 @@ def test_busy_time_spreads_over_buckets_and_ages_out(store):
     reader = store.reader()
     rec.record_start([3], T0)
     rec.record_end([3], T0, [900 * MS], T0 + 900 * MS)  # spans 5 buckets of 200 ms
-    cells = raw(store, rec.row)
-    k = store.buckets
-    busy = cells[2 : 2 + k, 3]
+    busy = block(store, rec.row, "busy_ns")[:, 3]
     assert sorted(busy.tolist(), reverse=True)[:5] == [200 * MS] * 4 + [100 * MS]
-    assert cells[2 + k : 2 + 2 * k, 3].sum() == 1  # completed once, where it ended
+    assert block(store, rec.row, "completed")[:, 3].sum() == 1  # once, where it ended
     for now, occ in [(T0 + 900 * MS, 0.45), (T0 + 2 * S, 0.45), (T0 + 2500 * MS, 0.2)]:
         assert math.isclose(reader.read(now, 4).occupancy[3], occ), now
     late = reader.read(T0 + 3 * S, 4)
@@ -106,8 +112,9 @@ def test_batch_equals_one_call_at_a_time(store):
         now = end + int(rng.integers(0, 300 * MS))
     a, b = raw(store, batch.row), raw(store, single.row)
     assert np.array_equal(a, b)
-    assert a[0].sum() == 0 and a[1].sum() == 0  # nothing left in flight
-    assert a[2:].sum() > 0
+    for part in OPEN_PARTS:  # nothing left in flight
+        assert not block(store, batch.row, part).any(), part
+    assert block(store, batch.row, "busy_ns").sum() > 0
 
 
 def test_out_of_order_times_in_one_row_keep_every_count(store):
@@ -372,3 +379,60 @@ def test_freed_slots_wait_for_the_counters_window(namespace):
         w.publish(lbcore.RingSet([*eps[1:5], "http://10.6.0.9:80"]))
         assert reader.table().slots[-1] == 0  # aged out of the 2 s window: reused
     store.close()
+
+
+def test_an_old_open_request_counts_the_window_not_its_age(store):
+    """Review S4: open requests are clipped to the window one by one, not as a cell's
+    sum. W = 2 s here; a request open 100 s counts 2 s, one open 1 s counts 1 s."""
+    rec, other = store.claim(), store.claim()
+    reader = store.reader()
+    # Slot 1: the old request's bucket is recycled when time moves on (-> open_old).
+    rec.record_start([1], T0 - 100 * S)
+    rec.record_start([1], T0 - 1 * S)
+    # Slot 2: a worker that recorded nothing since: its bucket column is stale.
+    other.record_start([2], T0 - 100 * S)
+    rec.record_start([2], T0 - 1 * S)
+    # Slot 3: a start older than every kept bucket, recorded late (LockedRecorder threads).
+    rec.record_start([3], T0 - 1 * S)
+    rec.record_start([3], T0 - 100 * S)
+    # Slot 4: ten requests open 100 ms and one open 100 s: (10 x 0.1 + 2) / 2 = 1.5,
+    # not min(10 x 0.1 + 100, 11 x 2) / 2 = 11.
+    rec.record_start([4], T0 - 100 * S)
+    rec.record_start([4] * 10, T0 - 100 * MS)
+    loads = reader.read(T0, 5)
+    assert loads.in_flight.tolist() == [0, 2, 2, 2, 11]
+    assert np.allclose(loads.occupancy, [0, 1.5, 1.5, 1.5, 1.5])
+    # Ending them finds each open entry where it is (a kept bucket or open_old).
+    rec.record_end([1, 1], [T0 - 100 * S, T0 - 1 * S], [100 * S, S], T0)
+    other.record_end([2], T0 - 100 * S, [100 * S], T0)
+    rec.record_end([2, 3, 3], [T0 - S, T0 - S, T0 - 100 * S], [S, S, 100 * S], T0)
+    rec.record_end([4] * 11, [T0 - 100 * S] + [T0 - 100 * MS] * 10, [100 * S] + [100 * MS] * 10, T0)
+    after = reader.read(T0, 5)
+    assert after.in_flight.tolist() == [0] * 5
+    for r in (rec.row, other.row):
+        for part in OPEN_PARTS:
+            assert not block(store, r, part).any(), (r, part)
+    # Now ended, each request's busy time inside the window counts: min(duration, 2 s).
+    assert np.allclose(after.occupancy, [0, 1.5, 1.5, 1.5, 1.5])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_open_request_occupancy_is_off_by_at_most_a_bucket_per_straddling_request(namespace, seed):
+    """Random open requests of ages up to 3 windows over several rows: the reader's
+    busy time of open requests is exact except for requests that started in the bucket
+    holding the window's start, each off by at most one bucket."""
+    rng = np.random.default_rng(seed)
+    st = CounterStore.create(namespace, rows=4, columns=8, window_ns=W, window_buckets=10)
+    b = st.bucket_ns
+    recs = [st.claim() for _ in range(4)]
+    starts = {r.row: [] for r in recs}
+    for t in sorted(rng.integers(T0 - 3 * W, T0, 60).tolist()):
+        r = recs[int(rng.integers(0, 4))]
+        r.record_start([5], t)
+        starts[r.row].append(t)
+    got = st.reader().read(T0, 8).occupancy[5] * W
+    ages = [T0 - t for ts in starts.values() for t in ts]
+    truth = sum(min(a, W) for a in ages)
+    straddling = sum((T0 - W) // b == t // b for ts in starts.values() for t in ts)
+    assert abs(got - truth) <= straddling * b + 1, (got, truth, straddling)
+    st.close()

@@ -24,7 +24,7 @@ from shm import (
     list_segments,
     segment_name,
 )
-from shm.layout import BUFFER_HEADER_BYTES
+from shm.layout import BUFFER_HEADER_BYTES, LAYOUT_VERSION
 from shm.segment import SHM_DIR, Segment
 from tests.shm_tests.helpers import KEYS
 
@@ -443,7 +443,8 @@ def test_other_layout_version(namespace):
         ctl = Segment.attach(segment_name(namespace, "tables"), writable=True)
         ctl.words[1] = 7
         with pytest.raises(
-            SegmentVersionError, match="is layout version 7, this build reads version 1"
+            SegmentVersionError,
+            match=f"is layout version 7, this build reads version {LAYOUT_VERSION}",
         ):
             TableReader(namespace)
 
