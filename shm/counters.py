@@ -90,6 +90,7 @@ from shm.segment import (
     Segment,
     attach_initialized,
     check_header,
+    current_inode,
     epoch_segments,
     fence,
     own_start_ticks,
@@ -622,6 +623,16 @@ class CounterStore:
 
     # -- lifecycle ----------------------------------------------------------------------
 
+    def replaced(self) -> bool:
+        """True if the control segment this store maps was removed or recreated.
+
+        That happens when the owner closed the counters (which removes them) or
+        replaced invalid ones. Recorders of this store then write into segments no
+        new reader sees, and readers see only the old rows: attach again and claim a
+        new slot (a worker should check this about once a second; one ``stat`` call).
+        """
+        return current_inode(self.name) != self._ctl.seg.inode
+
     def reader(self) -> CounterReader:
         """A host-wide reader over these counters."""
         return CounterReader(self.namespace, _control=self._ctl)
@@ -633,7 +644,13 @@ class CounterStore:
             raise SlotOwnershipError(f"counter store {self.name} was attached read-only")
 
     def close(self, *, unlink: bool | None = None) -> None:
-        """Detach; the owner (:meth:`create`) also unlinks the counters (``unlink=None``)."""
+        """Detach; the owner (:meth:`create`) also unlinks the counters (``unlink=None``).
+
+        Unlinking while workers still record leaves their recorders writing into the
+        removed segments (they cannot tell without :meth:`replaced`); an owner that
+        outlives its workers only for a restart should close with ``unlink=False`` so
+        the next owner takes the counters over, history and slots included.
+        """
         if self._closed:
             return
         self._closed = True
@@ -1191,6 +1208,13 @@ class CounterReader:
             failure_rate=failure_rate,
             global_latency_s=glob,
         )
+
+    def replaced(self) -> bool:
+        """True if the counters control segment was removed or recreated since attaching.
+
+        Attach a new reader then (see :meth:`CounterStore.replaced`).
+        """
+        return current_inode(self._ctl.seg.name) != self._ctl.seg.inode
 
     def close(self) -> None:
         """Drop the reader's mappings."""

@@ -53,6 +53,7 @@ __all__ = [
     "attach_initialized",
     "check_header",
     "check_namespace",
+    "current_inode",
     "epoch_segments",
     "fence",
     "list_segments",
@@ -303,12 +304,18 @@ class Segment:
         Mapped read-write (creators, writers) or read-only (readers).
     created : bool
         True if this handle created the segment.
+    inode : int
+        Inode of the segment in ``/dev/shm``: a segment removed and created anew under
+        the same name has another one.
     """
 
-    __slots__ = ("_mm", "buf", "created", "name", "size", "words", "writable")
+    __slots__ = ("_mm", "buf", "created", "inode", "name", "size", "words", "writable")
 
-    def __init__(self, name: str, mm: mmap.mmap, size: int, writable: bool, created: bool):
+    def __init__(
+        self, name: str, mm: mmap.mmap, size: int, writable: bool, created: bool, inode: int = 0
+    ):
         self.name = name
+        self.inode = inode
         self._mm = mm
         self.size = size
         self.writable = writable
@@ -352,13 +359,14 @@ class Segment:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            inode = os.fstat(fd).st_ino
         except BaseException:
             with contextlib.suppress(posix_ipc.ExistentialError):
                 mem.unlink()
             raise
         finally:
             mem.close_fd()
-        return cls(name, mm, size, True, True)
+        return cls(name, mm, size, True, True, inode)
 
     @classmethod
     def attach(cls, name: str, *, writable: bool = False, min_size: int = 32) -> Segment:
@@ -408,7 +416,7 @@ class Segment:
             mm = mmap.mmap(mem.fd, size, mmap.MAP_SHARED, prot)
         finally:
             mem.close_fd()
-        return cls(name, mm, size, writable, False)
+        return cls(name, mm, size, writable, False, st.st_ino)
 
     # --------------------------------------------------------------------------------
 
@@ -453,6 +461,14 @@ class Segment:
             yield
         finally:
             os.close(fd)
+
+
+def current_inode(name: str) -> int | None:
+    """Inode of the segment now named ``name`` (``None`` if there is none)."""
+    try:
+        return os.stat(SHM_DIR + name).st_ino
+    except OSError:
+        return None
 
 
 def unlink_name(name: str) -> bool:

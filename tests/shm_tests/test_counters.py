@@ -436,3 +436,24 @@ def test_open_request_occupancy_is_off_by_at_most_a_bucket_per_straddling_reques
     straddling = sum((T0 - W) // b == t // b for ts in starts.values() for t in ts)
     assert abs(got - truth) <= straddling * b + 1, (got, truth, straddling)
     st.close()
+
+
+def test_handles_tell_when_the_owner_removed_the_counters(namespace):
+    """Review S2 (counters): recorders of removed counters cannot record anywhere a
+    reader looks; replaced() says so, and a new attach sees the new counters."""
+    owner = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
+    worker = CounterStore.attach(namespace)
+    rec = worker.claim()
+    reader = CounterReader(namespace)
+    assert not worker.replaced() and not reader.replaced() and not owner.replaced()
+    owner.close()  # the owner unlinks
+    assert worker.replaced() and reader.replaced()
+    again = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
+    assert worker.replaced() and reader.replaced()  # a new segment, not theirs
+    rec.record_start([1], T0)  # lands in the removed matrix
+    assert again.reader().read(T0, 8).in_flight[1] == 0
+    fresh = CounterStore.attach(namespace)
+    assert not fresh.replaced()
+    fresh.claim().record_start([1], T0)
+    assert again.reader().read(T0, 8).in_flight[1] == 1
+    again.close()

@@ -363,3 +363,52 @@ def test_a_writer_killed_while_growing_leaves_nothing_behind_its_successor(names
         t = reader.table()
         assert t.generation == g and np.array_equal(t.ring_set.route(["k"], 0), big.route(["k"], 0))
         assert list_segments(namespace) == [ctl, t.segment]
+
+
+def stoppable_writer(ns, n, conn):
+    """Creates the writer, then publishes ``n`` endpoints on "publish", closes cleanly
+    (removing the segments) on "close"."""
+    w = TableWriter(ns)
+    conn.send("created")
+    while (cmd := conn.recv()) != "close":
+        assert cmd == "publish"
+        conn.send(w.publish(lbcore.RingSet(_eps_n(n, salt=n), vnodes=5)))
+    w.close()
+    conn.send("closed")
+
+
+def test_readers_follow_a_writer_that_was_stopped_and_started_again(namespace, procs):
+    """Review S2: a writer that stops cleanly removes its segments; the next one creates
+    new ones under the same names, its first generation in the same buffer with the
+    same seq. A reader keeps its last table meanwhile and then follows the new writer
+    by itself (it must not mistake the new buffer for the one it cached)."""
+    a, child = procs.ctx.Pipe()
+    first = procs.start(stoppable_writer, namespace, 4, child)
+    assert a.poll(30) and a.recv() == "created"
+    assert ask(a, "publish") == 1
+    reader = TableReader(namespace, recheck_s=0.02)
+    old = reader.table()
+    assert old.generation == 1 and len(old.endpoints) == 4
+    assert ask(a, "close") == "closed"
+    first.join(10)
+    assert list_segments(namespace) == [] and reader.replaced()
+    time.sleep(0.05)
+    assert reader.table() is old and old.valid()  # nothing to follow: keep routing
+    b, child = procs.ctx.Pipe()
+    procs.start(stoppable_writer, namespace, 6, child)
+    assert b.poll(30) and b.recv() == "created"
+    time.sleep(0.05)
+    assert reader.table() is old  # the new writer has published nothing yet
+    assert reader.reattached == 0
+    assert ask(b, "publish") == 1
+    deadline = time.monotonic() + 10
+    while reader.table() is old and time.monotonic() < deadline:
+        time.sleep(0.005)
+    t = reader.table()
+    assert (t.generation, len(t.endpoints)) == (1, 6)
+    want = lbcore.RingSet(_eps_n(6, salt=6), vnodes=5).route(["a", "b", "c"], 0)
+    assert np.array_equal(t.ring_set.route(["a", "b", "c"], 0), want)
+    assert reader.reattached == 1 and not reader.replaced()
+    assert reader.writer_alive() and reader.generation() == 1
+    assert old.valid() and len(old.endpoints) == 4  # the old table is still intact
+    ask(b, "close")
