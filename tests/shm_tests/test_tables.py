@@ -2,6 +2,7 @@ import math
 import os
 import random
 import re
+import threading
 import zlib
 
 import numpy as np
@@ -515,3 +516,54 @@ def test_random_corruption_never_crashes_or_reads_out_of_bounds(namespace):
                 outcomes["refused"] += 1
             fresh.close()
         assert outcomes["refused"] > 100
+
+
+def test_threads_share_one_reader_while_the_tables_grow(namespace):
+    """Review S7: a gthread worker's threads share one TableReader. Thread A stops inside
+    a remap (current loaded, data segment mapped); the writer grows the tables to a new
+    segment; thread B then needs a remap too. B must wait for A (one remap at a time),
+    not switch the reader's mappings under A's feet; both end on the new table."""
+    from shm.segment import set_seam_hook
+
+    small = lbcore.RingSet(EPS[:3], vnodes=5)
+    big = lbcore.RingSet([f"http://10.8.{i // 200}.{i % 200}:80" for i in range(400)])
+    with TableWriter(namespace, min_capacity_bytes=4096) as w:
+        w.publish(small)
+        reader = TableReader(namespace)
+        paused, go = threading.Event(), threading.Event()
+        results, errors = {}, []
+        a_thread = None
+
+        def hook(point):
+            if point == "tables.read.mapped" and threading.current_thread() is a_thread:
+                if not paused.is_set():
+                    paused.set()
+                    go.wait(10)
+
+        def run(name):
+            try:
+                t = reader.table()
+                results[name] = (t.generation, len(t.endpoints), t.valid())
+            except Exception as exc:
+                errors.append((name, exc))
+
+        set_seam_hook(hook)
+        try:
+            a_thread = threading.Thread(target=run, args=("a",))
+            a_thread.start()
+            assert paused.wait(10)
+            w.publish(big)  # grows: a new data segment, the old one unlinked
+            b_thread = threading.Thread(target=run, args=("b",))
+            b_thread.start()
+            b_thread.join(0.3)
+            b_waited = b_thread.is_alive()
+            go.set()
+            a_thread.join(10)
+            b_thread.join(10)
+        finally:
+            set_seam_hook(None)
+        assert errors == []
+        assert b_waited, "thread B remapped while thread A was inside a remap"
+        assert results == {"a": (2, 400, True), "b": (2, 400, True)}
+        keys = [f"K{i}" for i in range(100)]
+        assert np.array_equal(reader.table().ring_set.route(keys, 0), big.route(keys, 0))
