@@ -606,7 +606,9 @@ class CounterStore:
             if n <= old.columns:
                 return old.columns
             unlink_stale_epochs(self.namespace, "counters", old.epoch)  # a killed grower's
-            cols = _columns_for(max(n, 2 * old.columns))
+            # At least 25 % more (growth copies every row, so keep it geometric), but
+            # no doubling: /dev/shm holds the old and the new matrix until the switch.
+            cols = _columns_for(max(n, old.columns + old.columns // 4))
             epoch = old.epoch + 1
             seg = _create_data(f"{self.name}.{epoch}", epoch, ctl.rows, cols, ctl.buckets)
             new = _Matrix(seg, epoch, ctl.rows, ctl.buckets)

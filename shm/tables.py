@@ -1442,7 +1442,9 @@ class TableWriter:
         if cur and data is not None and payload_bytes <= capacity:
             return data, 1 - (cur & 1), None
         epoch = (cur >> 1) + 1 if cur else 1
-        want = max(self._min_capacity, payload_bytes + payload_bytes // 4, 2 * max(capacity, 0))
+        # 25 % headroom; growth stays geometric (each new capacity is > 1.25x the old
+        # one, since the payload outgrew it), without doubling what /dev/shm must hold.
+        want = max(self._min_capacity, payload_bytes + payload_bytes // 4)
         bb = align(BUFFER_HEADER_BYTES + want, _PAGE)
         size = DATA_HEADER_BYTES + 2 * bb
         name = f"{self.name}.{epoch}"

@@ -174,13 +174,17 @@ def test_growth_keeps_rows_and_recorders_follow(store, namespace):
     first = segment_name(namespace, "counters", 1)
     assert store.columns == 16 and first in list_segments(namespace)
     assert store.ensure_columns(10) == 16  # fits: nothing happens
-    assert store.ensure_columns(1000) == 1000
-    assert first not in list_segments(namespace)
-    assert segment_name(namespace, "counters", 2) in list_segments(namespace)
+    assert store.ensure_columns(17) == 24  # at least 25 % more (in steps of 8)
+    assert store.ensure_columns(1000) == 1000  # or what is needed
+    assert store.ensure_columns(1001) == 1256
+    assert list_segments(namespace) == [
+        segment_name(namespace, "counters"),
+        segment_name(namespace, "counters", 4),
+    ]
     rec.record_start([999], T0 + 20 * MS)  # the recorder follows on its next call
     rec.record_end([3], T0, [30 * MS], T0 + 30 * MS)
     loads = reader.read(T0 + 40 * MS)
-    assert reader.columns == 1000 and loads.in_flight.size == 1000
+    assert reader.columns == 1256 and loads.in_flight.size == 1256
     assert loads.in_flight[[3, 15, 999]].tolist() == [1, 0, 1]
     assert loads.completed[[3, 15]].tolist() == [1, 1]
 

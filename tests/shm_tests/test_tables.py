@@ -323,6 +323,9 @@ def test_capacity_grows_to_new_segments_readers_follow(namespace):
         big = lbcore.RingSet(big_eps)
         w.publish(big)
         assert w.capacity_bytes() > cap1
+        # 25 % headroom over the payload, no more (review S6: no doubling on top).
+        payload = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        assert payload <= w.capacity_bytes() <= payload * 1.25 + 4096
         t2 = reader.table()
         assert t2.generation == 2 and t2.segment != seg1 and len(t2.endpoints) == 5000
         assert list_segments(namespace) == sorted([segment_name(namespace, "tables"), t2.segment])
@@ -567,3 +570,20 @@ def test_threads_share_one_reader_while_the_tables_grow(namespace):
         assert results == {"a": (2, 400, True), "b": (2, 400, True)}
         keys = [f"K{i}" for i in range(100)]
         assert np.array_equal(reader.table().ring_set.route(keys, 0), big.route(keys, 0))
+
+
+def test_growth_adds_a_quarter_of_headroom_not_double_the_buffers(namespace):
+    """Review S6: a table that just outgrows its buffers gets new ones 1.25x its size,
+    not twice the old ones (both segments exist until the switch: /dev/shm is small)."""
+    rs = lbcore.RingSet(EPS[:20], vnodes=50)
+    with TableWriter(namespace, min_capacity_bytes=4096) as w:
+        w.publish(rs)
+        cap = w.capacity_bytes()
+        payload = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        # Long node names make the next payload ~1.3x the last: just over the capacity.
+        pad = "n" * (int(0.3 * payload) // 20)
+        w.publish(rs, nodes=[pad] * 20)
+        grown = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        assert cap < grown < 1.5 * cap  # it did have to grow, a little
+        assert grown <= w.capacity_bytes() <= grown * 1.25 + 4096
+        assert TableReader(namespace).table().nodes == (pad,) * 20
