@@ -12,6 +12,14 @@ import sys
 # name -> (module with main(argv) -> int, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "route": ("cslb.route_cmd", "print which endpoint each key goes to (Skipper's ring)"),
+    "discovery": (
+        "discovery.cli",
+        "run the host's discovery process (EndpointSlices/static -> shared-memory tables)",
+    ),
+    "inspect": (
+        "discovery.inspect_cmd",
+        "print the host's current routing table: generation, endpoints, fades, knobs",
+    ),
     "simulate": (
         "perf.sim.cli",
         "simulate scale-ups, load signals and slow pods with lbcore's routing",

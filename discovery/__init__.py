@@ -1,1 +1,17 @@
-"""The host's discovery process (built by a later issue; see DESIGN.md, "The rooms")."""
+"""The host's discovery process (DESIGN.md, "The rooms"): sources in, ring sets out.
+
+* :mod:`discovery.kube` — list+watch informers on the ``kubernetes`` client
+  (EndpointSlices of one Service, one ConfigMap of knobs);
+* :mod:`discovery.endpoints` — EndpointSlices to addresses by Skipper's rules;
+* :mod:`discovery.static` — endpoints files and lists, and the file watcher;
+* :mod:`discovery.debounce`, :mod:`discovery.ringstate` — bursts to one update, and
+  membership changes to fade rings, deletions and collapses on :class:`lbcore.RingSet`;
+* :mod:`discovery.settings` — process settings and the layered routing knobs;
+* :mod:`discovery.service` — the loop; :mod:`discovery.publisher` — the only module
+  that talks to :mod:`shm`'s writer;
+* :mod:`discovery.cli` (``cslb discovery``), :mod:`discovery.inspect_cmd`
+  (``cslb inspect``), :mod:`discovery.events` (JSON-lines logs).
+
+Importing this package imports nothing; only :mod:`discovery.kube` (and the CLI that
+uses it) loads the Kubernetes client, so worker-side code never does.
+"""

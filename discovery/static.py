@@ -27,11 +27,12 @@ class EndpointsFileError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
-    """One endpoint: its address (verbatim, as Skipper hashes it), zone and node name."""
+    """One endpoint: its address (verbatim, as Skipper hashes it), zone, node and pod name."""
 
     address: str
     zone: str = ""
     node: str = ""
+    pod: str = ""
 
 
 def parse_endpoints(doc: Any, source: str = "endpoints") -> list[EndpointSpec]:
@@ -95,3 +96,59 @@ def load_endpoints_file(path: str | os.PathLike[str]) -> list[EndpointSpec]:
         kind = "YAML" if name.endswith((".yaml", ".yml")) else "JSON"
         raise EndpointsFileError(f"{name}: not valid {kind}: {exc}") from None
     return parse_endpoints(doc, name)
+
+
+class EndpointsFileWatcher:
+    """Re-reads an endpoints file when it changes (polled; no thread, no inotify).
+
+    A change is a different inode, size, modification or status-change time, so an
+    editor's write-and-rename and a Kubernetes ConfigMap volume's symlink swap are both
+    seen. A file that is missing or invalid leaves the last good endpoints in force;
+    while it stays bad it is re-read on every poll (a half-written file becomes good
+    without another change) but reported only once per distinct error.
+
+    Parameters
+    ----------
+    path
+        The endpoints file (JSON, or YAML by extension).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._signature: tuple[int, int, int, int] | None = None
+        self._error: str | None = None
+        self.endpoints: list[EndpointSpec] | None = None
+
+    def _stat(self) -> tuple[int, int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def poll(self) -> list[EndpointSpec] | None:
+        """The new endpoints if the file changed and is valid, else ``None``.
+
+        Raises
+        ------
+        EndpointsFileError
+            If the file changed (or was bad and still is) and cannot be used; raised once
+            per distinct error message.
+        """
+        sig = self._stat()
+        if sig is not None and sig == self._signature and self._error is None:
+            return None
+        self._signature = sig
+        try:
+            specs = load_endpoints_file(self.path)
+        except EndpointsFileError as exc:
+            first = str(exc) != self._error
+            self._error = str(exc)
+            if first:
+                raise
+            return None
+        self._error = None
+        if specs == self.endpoints:
+            return None
+        self.endpoints = specs
+        return specs

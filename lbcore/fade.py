@@ -463,6 +463,7 @@ class RingSet:
                 f"({self.starts_ns[-1]} ns); time must not run backwards"
             )
         tiers = np.concatenate((self.tiers, np.full(len(new), len(self.starts_ns) + 1, np.int32)))
+        master = self.master
         return RingSet(
             self.endpoints + new,
             tiers,
@@ -470,6 +471,7 @@ class RingSet:
             duration_ns=self.duration_ns,
             exponent=self.exponent,
             vnodes=self.vnodes,
+            master=None if master is None else master.with_added(new),
         )
 
     def remove(self, endpoints: Iterable[str]) -> RingSet:

@@ -34,6 +34,7 @@ __all__ = [
     "VECTOR_MIN_BATCH",
     "encode_key",
     "hash_keys",
+    "hash_node_names",
     "unit_interval",
 ]
 
@@ -214,16 +215,20 @@ def _xxh64_lanes(words: Any, length: int, out: np.ndarray | None = None) -> np.n
             _rotl(h, 11, tmp)
             np.multiply(h, _P1, out=h)
             shift += 8
-    # avalanche
-    np.right_shift(h, _U64(33), out=tmp)
-    np.bitwise_xor(h, tmp, out=h)
-    np.multiply(h, _P2, out=h)
-    np.right_shift(h, _U64(29), out=tmp)
-    np.bitwise_xor(h, tmp, out=h)
-    np.multiply(h, _P3, out=h)
-    np.right_shift(h, _U64(32), out=tmp)
-    np.bitwise_xor(h, tmp, out=h)
-    return h
+    return _xorshift_multiply(h, tmp, ((33, _P2), (29, _P3)), 32)  # XXH64's avalanche
+
+
+def _xorshift_multiply(
+    x: np.ndarray, tmp: np.ndarray, rounds: tuple[tuple[int, np.uint64], ...], last: int
+) -> np.ndarray:
+    """``x ^= x >> s; x *= m`` for each ``(s, m)``, then ``x ^= x >> last``, in place."""
+    for shift, mult in rounds:
+        np.right_shift(x, _U64(shift), out=tmp)
+        np.bitwise_xor(x, tmp, out=x)
+        np.multiply(x, mult, out=x)
+    np.right_shift(x, _U64(last), out=tmp)
+    np.bitwise_xor(x, tmp, out=x)
+    return x
 
 
 def _lanes_from_rows(rows: np.ndarray, length: int) -> np.ndarray:
@@ -242,6 +247,62 @@ def _hash_rows(rows: np.ndarray, length: int) -> np.ndarray:
     if length == 0:
         return np.full(rows.shape[0], _xxh64(b""), dtype=np.uint64)
     return _xxh64_lanes(_lanes_from_rows(rows, length), length)
+
+
+def hash_node_names(names: Sequence[str], count: int) -> np.ndarray:
+    """XXH64 of ``f"{name}-{j}"`` for every name and ``j = 0 .. count-1``, name-major.
+
+    Skipper's ring nodes. The strings are never built: for each group of names with the
+    same UTF-8 length and each number of digits of ``j``, a byte matrix of
+    ``name + "-" + digits`` rows is filled by broadcasting and hashed with the
+    vectorized XXH64, so a 20,000-endpoint ring costs milliseconds, not a second.
+
+    Parameters
+    ----------
+    names
+        Endpoint addresses.
+    count
+        Virtual nodes per name.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` array of ``len(names) * count`` hashes; entry ``i * count + j`` is node
+        ``j`` of name ``i``.
+    """
+    n = len(names)
+    out = np.empty(n * count, dtype=np.uint64)
+    if n * count < VECTOR_MIN_BATCH:
+        out[:] = [_xxh64(f"{name}-{j}".encode()) for name in names for j in range(count)]
+        return out
+    encoded = [name.encode("utf-8") for name in names]
+    lengths = np.fromiter(map(len, encoded), dtype=np.intp, count=n)
+    by_length: dict[int, list[int]] = {}
+    for i, length in enumerate(lengths.tolist()):
+        by_length.setdefault(length, []).append(i)
+    digit_groups = []
+    for d in range(1, len(str(max(count - 1, 0))) + 1):
+        js = np.arange(0 if d == 1 else 10 ** (d - 1), min(10**d, count), dtype=np.intp)
+        if js.size:
+            table = np.frombuffer(b"".join(b"%d" % j for j in js.tolist()), np.uint8)
+            digit_groups.append((d, js, table.reshape(js.size, d)))
+    out2 = out.reshape(n, count)
+    per_block = max(1, BLOCK // max(count, 1))  # names per block: temporaries stay in cache
+    for length, members in by_length.items():
+        for a in range(0, len(members), per_block):
+            part = members[a : a + per_block]
+            idx = np.array(part, dtype=np.intp)
+            prefix = np.frombuffer(b"".join(encoded[i] for i in part), np.uint8)
+            prefix = prefix.reshape(idx.size, length)
+            for d, js, digits in digit_groups:
+                total = length + 1 + d
+                rows = np.empty((idx.size, js.size, total), dtype=np.uint8)
+                rows[:, :, :length] = prefix[:, None, :]
+                rows[:, :, length] = ord("-")
+                rows[:, :, length + 1 :] = digits[None, :, :]
+                h = _hash_rows(rows.reshape(-1, total), total)
+                out2[idx[:, None], js[None, :]] = h.reshape(idx.size, js.size)
+    return out
 
 
 def _hash_flat(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -741,15 +802,7 @@ _M64 = 0xFFFFFFFFFFFFFFFF
 def mix64(hashes: np.ndarray, salt: int) -> np.ndarray:
     """MurmurHash3's ``fmix64`` of ``hashes ^ salt`` (a new uint64 array)."""
     x = np.bitwise_xor(hashes, _U64(salt & _M64))
-    tmp = np.right_shift(x, _U64(33))
-    np.bitwise_xor(x, tmp, out=x)
-    np.multiply(x, _FMIX_C1, out=x)
-    np.right_shift(x, _U64(33), out=tmp)
-    np.bitwise_xor(x, tmp, out=x)
-    np.multiply(x, _FMIX_C2, out=x)
-    np.right_shift(x, _U64(33), out=tmp)
-    np.bitwise_xor(x, tmp, out=x)
-    return x
+    return _xorshift_multiply(x, np.empty_like(x), ((33, _FMIX_C1), (33, _FMIX_C2)), 33)
 
 
 def _fmix_of(h: int, salt: int) -> int:

@@ -245,3 +245,25 @@ def test_bucket_table_resolution_paths_agree_with_binary_search(bits):
     assert np.array_equal(small.positions(h), want)  # many misses: comparison path
     assert np.array_equal(small.positions(h[:40]), want[:40])  # few misses: search path
     assert small.positions_of(h[:300].tolist()) == want[:300].tolist()  # key-by-key path
+
+
+def test_with_added_equals_a_fresh_build_and_keeps_indices():
+    eps = ENDPOINT_SETS["ipv4"]
+    grown = lbcore.Ring(eps[:30]).with_added(eps[30:])
+    fresh = lbcore.Ring(eps)
+    assert grown.endpoints == fresh.endpoints
+    assert np.array_equal(grown.hashes, fresh.hashes) and np.array_equal(grown.owners, fresh.owners)
+    assert grown.lookup(KEYS).tolist() == fresh.lookup(KEYS).tolist()
+    with pytest.raises(lbcore.EndpointError, match="already on the ring"):
+        grown.with_added([eps[3]])
+
+
+def test_sorted_nodes_orders_ties_in_the_packed_bits_by_the_full_hash():
+    from lbcore.ring import sorted_nodes
+
+    rng = np.random.default_rng(5)
+    h = rng.integers(0, 2**63, 3000, dtype=np.int64).view(np.uint64) * np.uint64(2)
+    h[[10, 20, 30]] = h[5] ^ np.array([1, 2, 3], dtype=np.uint64)  # equal high bits
+    hashes, owners = sorted_nodes(h, 100, 7)
+    order = np.argsort(h, kind="stable")
+    assert np.array_equal(hashes, h[order]) and np.array_equal(owners, order // 100 + 7)

@@ -1,0 +1,191 @@
+"""``cslb discovery``: run the host's discovery process.
+
+Watches a Service's EndpointSlices (and optionally a ConfigMap of knobs) and/or static
+endpoints, and publishes ring sets into shared memory for the host's workers. Runs in
+the foreground until SIGTERM or SIGINT, then stops its informers and, by default,
+removes the tables segments it owns.
+
+Exit status: 0 after a clean stop, 2 for bad arguments or configuration, 1 when it
+cannot publish (another discovery process owns the namespace, /dev/shm unusable) or
+crashed (the tables then stay for the next process to take over).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+from discovery.events import EventLog
+from discovery.settings import DISCOVERY_KNOBS, KnobState
+from discovery.static import EndpointsFileError, EndpointSpec, parse_endpoints
+from lbcore.knobs import ROUTING_KNOBS, KnobError, add_arguments, from_args
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``cslb discovery``."""
+    p = argparse.ArgumentParser(
+        prog="cslb discovery",
+        description=(
+            "Run the host's discovery process: watch a Service's EndpointSlices (list+watch "
+            "with bookmarks, relist on 410, jittered backoff) and/or static endpoints, fold "
+            "bursts with a debounce, fade new pods in ring by ring, and publish the ring "
+            "set with the routing knobs into shared memory. Every option also reads its "
+            "CSLB_* environment variable; flags win."
+        ),
+    )
+    src = p.add_argument_group("endpoint sources and process settings")
+    add_arguments(src, DISCOVERY_KNOBS)
+    src.add_argument(
+        "--endpoint",
+        "-e",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a static endpoint address, verbatim as Skipper hashes it (scheme://ip:port); "
+        "repeatable",
+    )
+    knobs = p.add_argument_group(
+        "routing knobs (published with the tables; a --configmap overrides them at runtime)"
+    )
+    add_arguments(knobs, ROUTING_KNOBS)
+    return p
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"cslb discovery: {msg}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
+    """Run ``cslb discovery``; returns the exit status."""
+    env = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+    try:
+        settings = from_args(args, env, DISCOVERY_KNOBS)
+        routing = from_args(args, env, ROUTING_KNOBS)
+        static: list[EndpointSpec] = parse_endpoints(list(args.endpoint), "--endpoint")
+    except (KnobError, EndpointsFileError) as exc:
+        return _fail(str(exc))
+    if not (settings["service"] or settings["endpoints_file"] or static):
+        return _fail(
+            "no endpoint source: give --service SVC (Kubernetes), --endpoints-file FILE "
+            "or --endpoint URL"
+        )
+    log = EventLog(sys.stderr, level=settings["log_level"])
+    return _run(settings, routing, static, log)
+
+
+def _run(
+    settings: dict[str, Any],
+    routing: dict[str, Any],
+    static: list[EndpointSpec],
+    log: EventLog,
+) -> int:
+    import shm
+    from discovery.publisher import Publisher
+    from discovery.service import Discovery
+
+    api = None
+    namespace = settings["namespace"]
+    if settings["service"] or settings["configmap"]:
+        from discovery.kube import KubeConfigError, WatchTiming, load_client
+
+        try:
+            api, default_ns = load_client(settings["kubeconfig"])
+        except KubeConfigError as exc:
+            return _fail(str(exc))
+        namespace = namespace or default_ns
+        timing = WatchTiming(
+            connect_timeout_s=settings["connect_timeout_s"],
+            request_timeout_s=settings["request_timeout_s"],
+            watch_timeout_s=settings["watch_timeout_s"],
+            backoff_s=settings["backoff_s"],
+            backoff_max_s=settings["backoff_max_s"],
+        )
+    try:
+        shm.check_namespace(settings["shm_namespace"])
+    except shm.NamespaceError as exc:
+        return _fail(f"--shm-namespace: {exc}")
+    try:
+        publisher = Publisher(settings["shm_namespace"])
+    except (shm.ShmError, OSError) as exc:
+        return _fail(f"cannot publish into shared memory: {exc}", 1)
+    disc = Discovery(
+        publisher,
+        KnobState(routing),
+        log,
+        debounce_s=settings["debounce_s"],
+        debounce_max_s=settings["debounce_max_s"],
+        heartbeat_s=settings["heartbeat_s"],
+        file_poll_s=settings["file_poll_s"],
+        configmap_wait_s=settings["configmap_wait_s"],
+    )
+    if static:
+        disc.add_list(static)
+    if settings["endpoints_file"]:
+        disc.add_file(settings["endpoints_file"])
+    if api is not None:
+        from discovery.kube import ConfigMapInformer, EndpointSliceInformer
+
+        if settings["service"]:
+            disc.add_informer(
+                "kubernetes",
+                EndpointSliceInformer(
+                    api,
+                    namespace,
+                    settings["service"],
+                    lambda eps, why: disc.post_endpoints("kubernetes", eps, why),
+                    log=log,
+                    timing=timing,
+                    port_name=settings["port_name"],
+                    scheme=settings["scheme"],
+                ),
+            )
+        if settings["configmap"]:
+            disc.add_configmap_informer(
+                settings["configmap"],
+                ConfigMapInformer(
+                    api,
+                    namespace,
+                    settings["configmap"],
+                    disc.post_configmap,
+                    log=log,
+                    timing=timing,
+                ),
+            )
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        disc.stop_from_signal()  # no locks in a signal handler
+        stopping.append(signal.Signals(signum).name)
+
+    stopping: list[str] = []
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    clean = False
+    try:
+        disc.run()
+        clean = True
+        log.info("stopping", signal=stopping[0] if stopping else None)
+    except Exception as exc:
+        log.error(
+            "crashed",
+            error=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(),
+            action="tables left in place for the next discovery process",
+        )
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        unlink = clean and bool(settings["unlink_on_exit"])
+        publisher.close(unlink=unlink)
+        if api is not None:
+            api.close()
+        log.info("stopped", generation=publisher.generation, unlinked=unlink, clean=clean)
+    return 0 if clean else 1

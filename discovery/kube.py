@@ -1,0 +1,640 @@
+"""Kubernetes list+watch informers (EndpointSlices of one Service, one ConfigMap).
+
+Built on the official ``kubernetes`` client (configuration, authentication, TLS,
+request building, connection pool); responses are read raw (``_preload_content=False``)
+and decoded here, so one malformed object is skipped with a log line instead of failing
+the client's model deserialization of a whole list, and so bookmark resource versions
+are read from the event itself.
+
+The loop follows client-go's reflector:
+
+* **list** (a consistent read) to seed the store and get a ``resourceVersion``;
+* **watch** from it with ``allowWatchBookmarks``; every event and bookmark advances the
+  resource version; the server ends the watch after a jittered ``timeoutSeconds``
+  (between the configured value and twice it) and the loop resumes from the last
+  resource version without relisting;
+* **410 Gone** / "too old resource version" (an ``ERROR`` event or an HTTP 410) relists;
+* every request carries a client-side timeout (connect, read), so a connection that goes
+  silent without a FIN cannot hang the watch forever;
+* errors (API down, 5xx, garbage) are retried after a jittered exponential backoff; the
+  store, and so the last good endpoint set, is kept meanwhile. A relist replaces the
+  store in one step, so no empty intermediate state is ever reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from discovery.endpoints import ParsedSlice, merge_slices, parse_slice
+from discovery.events import EventLog
+from discovery.static import EndpointSpec
+
+__all__ = [
+    "SERVICE_NAME_LABEL",
+    "Backoff",
+    "ConfigMapError",
+    "ConfigMapInformer",
+    "EndpointSliceInformer",
+    "KubeConfigError",
+    "ListWatch",
+    "WatchTiming",
+    "load_client",
+]
+
+#: The label EndpointSlice controllers put on every slice of a Service.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+_SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+T = TypeVar("T")
+
+
+class KubeConfigError(RuntimeError):
+    """No usable Kubernetes client configuration (no kubeconfig, not in a cluster)."""
+
+
+class ConfigMapError(ValueError):
+    """A ConfigMap does not have the shape the Kubernetes API defines."""
+
+
+class _StreamError(Exception):
+    """A watch stream carried something that is not a watch event."""
+
+
+class _ExpiredError(Exception):
+    """The server no longer has the requested resource version: relist."""
+
+
+def load_client(kubeconfig: str = "") -> tuple[k8s_client.ApiClient, str]:
+    """An API client and the default namespace.
+
+    ``kubeconfig`` given: that file (its current context's namespace). Otherwise the pod's
+    service account when running in a cluster, else ``$KUBECONFIG`` / ``~/.kube/config``.
+
+    Raises
+    ------
+    KubeConfigError
+        Naming what was tried.
+    """
+    cfg = type.__call__(k8s_client.Configuration)
+    namespace = ""
+    try:
+        if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=cfg)
+            try:
+                with open(f"{_SA_DIR}/namespace", encoding="utf-8") as fh:
+                    namespace = fh.read().strip()
+            except OSError:
+                namespace = ""
+        else:
+            path = kubeconfig or None
+            k8s_config.load_kube_config(
+                config_file=path, client_configuration=cfg, persist_config=False
+            )
+            _, current = k8s_config.list_kube_config_contexts(path)
+            namespace = (current or {}).get("context", {}).get("namespace", "") or ""
+    except (k8s_config.ConfigException, OSError, TypeError, ValueError) as exc:
+        where = kubeconfig or "in-cluster service account or default kubeconfig"
+        raise KubeConfigError(f"cannot load Kubernetes configuration ({where}): {exc}") from None
+    # Retries are ours (jittered backoff, logged); urllib3 must not retry silently.
+    cfg.retries = False
+    return k8s_client.ApiClient(cfg), namespace or "default"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchTiming:
+    """Timeouts and backoff of an informer, in seconds.
+
+    Attributes
+    ----------
+    connect_timeout_s
+        Connecting to the API server.
+    request_timeout_s
+        Longest silence while reading a response (a list, or a watch between events).
+    watch_timeout_s
+        Server-side watch timeout; each watch asks for a random value in ``[t, 2t)``.
+    backoff_s, backoff_max_s
+        First and longest retry delay after an error.
+    """
+
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 90.0
+    watch_timeout_s: float = 300.0
+    backoff_s: float = 0.8
+    backoff_max_s: float = 30.0
+
+
+class Backoff:
+    """Jittered exponential backoff: ``b = min(max, first * 2**n)``, delay in ``[b/2, b)``.
+
+    ("Equal jitter": retries of many hosts spread out even once the cap is reached.)
+
+    Parameters
+    ----------
+    first_s, max_s
+        First and longest delay, in seconds.
+    rng
+        Source of the jitter.
+    """
+
+    def __init__(self, first_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        self.first_s = first_s
+        self.max_s = max(max_s, first_s)
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def next(self) -> float:
+        """The delay before the next attempt (seconds); counts one more failure."""
+        base = min(self.max_s, self.first_s * (2.0 ** min(self.failures, 60)))
+        self.failures += 1
+        return base * (0.5 + 0.5 * self._rng.random())
+
+    def reset(self) -> None:
+        """Back to the first delay (after a success)."""
+        self.failures = 0
+
+
+def _name_of(obj: Any) -> str:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def _rv_of(obj: Any) -> str:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return rv if isinstance(rv, str) else ""
+
+
+def _describe(exc: BaseException) -> tuple[str, int | None]:
+    """A one-line description of a request failure and its HTTP status (if any)."""
+    if isinstance(exc, ApiException):
+        body = (exc.body or b"") if isinstance(exc.body, (bytes, str)) else b""
+        if isinstance(body, bytes):
+            body = body.decode("utf-8", "replace")
+        msg = ""
+        try:
+            msg = json.loads(body).get("message", "")
+        except (ValueError, AttributeError):
+            msg = body[:200]
+        return f"HTTP {exc.status} {exc.reason or ''}: {msg}".strip().rstrip(":"), exc.status
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:300]}", None
+
+
+class ListWatch(Generic[T]):
+    """Keeps a store of one kind of object in sync with the API (list, then watch).
+
+    Parameters
+    ----------
+    kind
+        Object kind for logs (``EndpointSlice``, ``ConfigMap``).
+    list_call
+        The client's list function, e.g. ``DiscoveryV1Api(c).list_namespaced_endpoint_slice``.
+    namespace
+        Namespace to list and watch.
+    selectors
+        ``label_selector`` / ``field_selector`` keyword arguments of ``list_call``.
+    parse
+        Validates one object and returns what the store keeps; raises ``ValueError``
+        naming the problem for a malformed object (which is then skipped and logged; an
+        object already in the store keeps its previous good version).
+    on_change
+        Called with a copy of the store (name -> parsed object) after the first list and
+        after every change; ``reason`` says why (``list``, ``relist``, ``ADDED`` ...).
+    log
+        Where events go.
+    timing
+        Timeouts and backoff.
+    rng
+        Randomness for jitter.
+    """
+
+    def __init__(
+        self,
+        *,
+        kind: str,
+        list_call: Callable[..., Any],
+        namespace: str,
+        selectors: Mapping[str, str],
+        parse: Callable[[dict[str, Any]], T],
+        on_change: Callable[[dict[str, T], str], None],
+        log: EventLog,
+        timing: WatchTiming,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.kind = kind
+        self.list_call = list_call
+        self.namespace = namespace
+        self.selectors = dict(selectors)
+        self.parse = parse
+        self.on_change = on_change
+        self.log = log
+        self.timing = timing
+        self._rng = rng or random.Random()
+        self.backoff = Backoff(timing.backoff_s, timing.backoff_max_s, self._rng)
+        self.store: dict[str, T] = {}
+        self.resource_version: str | None = None
+        self.synced = threading.Event()
+        self.stats = {"lists": 0, "watches": 0, "events": 0, "bookmarks": 0, "errors": 0}
+        self._stop = threading.Event()
+        self._resp: Any = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the list+watch loop in a daemon thread."""
+        self._thread = threading.Thread(target=self.run, name=f"informer-{self.kind}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the loop: interrupts a blocked watch read, waits for the thread."""
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            _shutdown(resp)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def stopped(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    def run(self) -> None:
+        """The loop (blocking): list, watch, resume, relist, back off; until stopped."""
+        while not self._stop.is_set():
+            op = "list" if self.resource_version is None else "watch"
+            try:
+                if self.resource_version is None:
+                    self._list()
+                else:
+                    self._watch()
+                continue
+            except _ExpiredError as exc:
+                self.log.warning(
+                    "watch_expired",
+                    kind=self.kind,
+                    resource_version=self.resource_version,
+                    error=str(exc),
+                    action="relist",
+                    retry_in_s=0.0,
+                )
+                self.resource_version = None
+                continue  # relist at once, like client-go
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                desc, status = _describe(exc)
+                if status == 410:
+                    self.log.warning(
+                        "watch_expired",
+                        kind=self.kind,
+                        resource_version=self.resource_version,
+                        error=desc,
+                        action="relist",
+                        retry_in_s=0.0,
+                    )
+                    self.resource_version = None
+                    continue
+                delay = self.backoff.next()
+                self.stats["errors"] += 1
+                self.log.error(
+                    "api_error",
+                    kind=self.kind,
+                    op=op,
+                    error=desc,
+                    status=status,
+                    failures=self.backoff.failures,
+                    retry_in_s=round(delay, 3),
+                    resource_version=self.resource_version,
+                    keeping=f"last good state ({len(self.store)} objects)",
+                )
+                self._stop.wait(delay)
+
+    # -- list ------------------------------------------------------------------------------
+
+    def _timeout(self) -> tuple[float, float]:
+        return (self.timing.connect_timeout_s, self.timing.request_timeout_s)
+
+    def _list(self) -> None:
+        t0 = time.monotonic()
+        resp = self.list_call(
+            self.namespace,
+            **self.selectors,
+            _preload_content=False,
+            _request_timeout=self._timeout(),
+        )
+        try:
+            raw = resp.data
+        finally:
+            resp.release_conn()
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise _StreamError(f"list response is not JSON: {exc}; body {raw[:80]!r}") from None
+        if not isinstance(doc, dict):
+            raise _StreamError(f"list response is a {type(doc).__name__}, expected an object")
+        items = doc.get("items", ())
+        if items is None:
+            items = []
+        rv = _rv_of(doc)
+        if not isinstance(items, list) or not rv:
+            raise _StreamError(
+                "list response lacks an 'items' list or a metadata.resourceVersion "
+                f"(keys: {sorted(doc)})"
+            )
+        store: dict[str, T] = {}
+        for obj in items:
+            name = _name_of(obj)
+            try:
+                store[name] = self._parse(obj)
+            except ValueError as exc:
+                self._invalid(name, exc, "list")
+                if name and name in self.store:
+                    store[name] = self.store[name]
+        first = self.resource_version is None and not self.synced.is_set()
+        self.store = store
+        self.resource_version = rv
+        self.stats["lists"] += 1
+        self.backoff.reset()
+        self.log.info(
+            "api_list",
+            kind=self.kind,
+            objects=len(store),
+            resource_version=rv,
+            duration_s=round(time.monotonic() - t0, 3),
+        )
+        self.synced.set()
+        self.on_change(dict(store), "list" if first else "relist")
+
+    def _parse(self, obj: Any) -> T:
+        if not isinstance(obj, dict):
+            raise ValueError(f"{self.kind} must be a JSON object, got {type(obj).__name__}")
+        if not _name_of(obj):
+            raise ValueError(f"{self.kind} has no metadata.name")
+        return self.parse(obj)
+
+    def _invalid(self, name: str, exc: Exception, during: str) -> None:
+        self.log.warning(
+            "object_invalid",
+            kind=self.kind,
+            name=name or None,
+            during=during,
+            error=str(exc),
+            action="ignored; previous version kept" if name in self.store else "ignored",
+        )
+
+    # -- watch -----------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        server_timeout = int(self.timing.watch_timeout_s * (1.0 + self._rng.random()))
+        rv = self.resource_version
+        t0 = time.monotonic()
+        resp = self.list_call(
+            self.namespace,
+            **self.selectors,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=rv,
+            timeout_seconds=server_timeout,
+            _preload_content=False,
+            _request_timeout=self._timeout(),
+        )
+        self._resp = resp
+        self.stats["watches"] += 1
+        events = 0
+        self.log.debug("watch_start", kind=self.kind, resource_version=rv, timeout_s=server_timeout)
+        try:
+            if self._stop.is_set():
+                return
+            for line in iter_resp_lines(resp):
+                if self._stop.is_set():
+                    return
+                if not line.strip():
+                    continue
+                self._event(line)
+                events += 1
+                if events == 1:
+                    self.backoff.reset()
+        finally:
+            self._resp = None
+            resp.release_conn()
+            resp.close()
+        elapsed = time.monotonic() - t0
+        self.log.debug(
+            "watch_end",
+            kind=self.kind,
+            events=events,
+            duration_s=round(elapsed, 3),
+            resource_version=self.resource_version,
+        )
+        if events == 0 and elapsed < 1.0 and not self._stop.is_set():
+            # The server ended a watch at once without a word: do not spin.
+            raise _StreamError("watch ended immediately without events")
+
+    def _event(self, line: str) -> None:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            raise _StreamError(f"watch stream line is not JSON: {line[:80]!r}") from None
+        if not isinstance(ev, dict) or not isinstance(ev.get("type"), str):
+            raise _StreamError(f"watch stream line is not an event: {line[:80]!r}")
+        kind, obj = ev["type"], ev.get("object")
+        if kind == "ERROR":
+            code = obj.get("code") if isinstance(obj, dict) else None
+            msg = obj.get("message", "") if isinstance(obj, dict) else ""
+            reason = obj.get("reason", "") if isinstance(obj, dict) else ""
+            if code == 410 or reason in ("Expired", "Gone") or "too old" in str(msg):
+                raise _ExpiredError(f"{code} {reason}: {msg}")
+            raise _StreamError(f"watch ERROR event: {code} {reason}: {msg}")
+        rv = _rv_of(obj)
+        if kind == "BOOKMARK":
+            if rv:
+                self.resource_version = rv
+                self.stats["bookmarks"] += 1
+                self.log.debug("watch_bookmark", kind=self.kind, resource_version=rv)
+            return
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            raise _StreamError(f"unknown watch event type {kind!r}")
+        self.stats["events"] += 1
+        name = _name_of(obj)
+        if kind == "DELETED":
+            if not name:
+                self._invalid("", ValueError("DELETED event without metadata.name"), kind)
+            elif self.store.pop(name, None) is not None:
+                self._changed(kind, rv)
+                return
+        else:
+            try:
+                parsed = self._parse(obj)
+            except ValueError as exc:
+                self._invalid(name, exc, kind)
+            else:
+                self.store[name] = parsed
+                self._changed(kind, rv)
+                return
+        if rv:
+            self.resource_version = rv
+
+    def _changed(self, reason: str, rv: str) -> None:
+        if rv:
+            self.resource_version = rv
+        self.on_change(dict(self.store), reason)
+
+
+def _shutdown(resp: Any) -> None:
+    """Unblock a thread reading ``resp`` (a urllib3 response) by shutting its socket."""
+    conn = getattr(resp, "connection", None)
+    sock = getattr(conn, "sock", None) if conn is not None else None
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+# ------------------------------------------------------------------------------------------
+# The two informers discovery runs.
+
+
+class EndpointSliceInformer:
+    """The ready endpoints of one Service, from its EndpointSlices.
+
+    Parameters
+    ----------
+    api
+        A configured :class:`kubernetes.client.ApiClient`.
+    namespace, service
+        The Service.
+    on_update
+        Called with the Service's ready endpoints (sorted, de-duplicated) after the first
+        list and after every change of the slices (from the informer thread).
+    port_name, scheme
+        How addresses are built (see :mod:`discovery.endpoints`).
+    """
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        namespace: str,
+        service: str,
+        on_update: Callable[[tuple[EndpointSpec, ...], str], None],
+        *,
+        log: EventLog,
+        timing: WatchTiming,
+        port_name: str = "",
+        scheme: str = "http",
+        rng: random.Random | None = None,
+    ) -> None:
+        self.on_update = on_update
+        self.log = log
+        self.port_name = port_name or None
+        self.scheme = scheme
+        self.watch = ListWatch[ParsedSlice](
+            kind="EndpointSlice",
+            list_call=k8s_client.DiscoveryV1Api(api).list_namespaced_endpoint_slice,
+            namespace=namespace,
+            selectors={"label_selector": f"{SERVICE_NAME_LABEL}={service}"},
+            parse=self._parse,
+            on_change=self._changed,
+            log=log,
+            timing=timing,
+            rng=rng,
+        )
+
+    def _parse(self, obj: dict[str, Any]) -> ParsedSlice:
+        s = parse_slice(obj, port_name=self.port_name, scheme=self.scheme)
+        if s.problems:
+            self.log.warning(
+                "slice_problems",
+                slice=s.name,
+                resource_version=s.resource_version,
+                problems=list(s.problems[:20]),
+                skipped=len(s.problems),
+            )
+        return s
+
+    def _changed(self, store: dict[str, ParsedSlice], reason: str) -> None:
+        slices = [store[name] for name in sorted(store)]
+        self.on_update(merge_slices(slices), reason)
+
+    def start(self) -> None:
+        """Start the informer thread."""
+        self.watch.start()
+
+    def stop(self) -> None:
+        """Stop the informer thread."""
+        self.watch.stop()
+
+
+def parse_configmap(obj: dict[str, Any]) -> dict[str, str]:
+    """A ConfigMap's ``data`` (``{}`` if it has none).
+
+    Raises
+    ------
+    ConfigMapError
+        If ``data`` is not an object of strings.
+    """
+    data = obj.get("data")
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise ConfigMapError(f"ConfigMap {_name_of(obj)}: 'data' must map strings to strings")
+    return dict(data)
+
+
+class ConfigMapInformer:
+    """One ConfigMap's data: a dictionary when it exists, ``None`` when it does not."""
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        namespace: str,
+        name: str,
+        on_update: Callable[[dict[str, str] | None, str], None],
+        *,
+        log: EventLog,
+        timing: WatchTiming,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.name = name
+        self.on_update = on_update
+        self.watch = ListWatch[dict[str, str]](
+            kind="ConfigMap",
+            list_call=k8s_client.CoreV1Api(api).list_namespaced_config_map,
+            namespace=namespace,
+            selectors={"field_selector": f"metadata.name={name}"},
+            parse=parse_configmap,
+            on_change=self._changed,
+            log=log,
+            timing=timing,
+            rng=rng,
+        )
+
+    def _changed(self, store: dict[str, dict[str, str]], reason: str) -> None:
+        self.on_update(store.get(self.name), reason)
+
+    def start(self) -> None:
+        """Start the informer thread."""
+        self.watch.start()
+
+    def stop(self) -> None:
+        """Stop the informer thread."""
+        self.watch.stop()

@@ -1,0 +1,143 @@
+"""Publishing ring sets into shared memory: discovery's only contact with :mod:`shm`.
+
+:class:`Publisher` owns the namespace's :class:`shm.TableWriter` (the single writer of
+the tables; it holds the writer lock for the life of the process) and, when the
+host's counter matrix exists, grows it before a publish so every endpoint slot of the
+new table has a column. Counter slots themselves are assigned by the table writer
+(stable per endpoint; a freed slot is reused only after the occupancy window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import lbcore
+import shm
+from discovery.ringstate import RingState, Transition
+from discovery.settings import PUBLISHED_KNOBS
+
+__all__ = ["PUBLISHED_KNOBS", "Publisher", "Recovered", "shm_knobs"]
+
+
+def shm_knobs(knobs: Mapping[str, Any]) -> shm.Knobs:
+    """The table's knobs from resolved routing knob values (by name)."""
+    return shm.Knobs(**{k: knobs[k] for k in PUBLISHED_KNOBS})
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What a previous publisher left in shared memory (copied out of the mapping).
+
+    Attributes
+    ----------
+    generation
+        Its last generation.
+    state
+        Its ring set and endpoint details, rebuilt in private memory.
+    knobs
+        Its published knob values, by name.
+    published_ns
+        CLOCK_MONOTONIC time of that publish, in nanoseconds.
+    """
+
+    generation: int
+    state: RingState
+    knobs: dict[str, Any]
+    published_ns: int
+
+
+class Publisher:
+    """The namespace's table writer.
+
+    Parameters
+    ----------
+    namespace
+        Shared-memory namespace (``/dev/shm/cslb.<namespace>.*``).
+
+    Raises
+    ------
+    shm.WriterBusyError
+        Another live process publishes this namespace.
+    shm.ShmError
+        The segments cannot be created or are foreign.
+    """
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self._counters = self._attach_counters()
+        # With the counters known up front the writer grows them itself and waits their
+        # own occupancy window before it reuses a freed slot.
+        self._writer_grows = self._counters is not None
+        self.writer = shm.TableWriter(namespace, counters=self._counters)
+        self.recovered = self._recover()
+
+    def _attach_counters(self) -> shm.CounterStore | None:
+        try:
+            return shm.CounterStore.attach(self.namespace, writable=True)
+        except (shm.SegmentMissingError, shm.SegmentCorruptError):
+            return None  # not created yet (the gunicorn master creates them)
+
+    def _recover(self) -> Recovered | None:
+        t = self.writer.recovered
+        if t is None or not t.endpoints:
+            return None
+        rs = t.ring_set
+        # Copy out of shared memory: the writer will reuse that buffer two publishes on.
+        ring_set = lbcore.RingSet(
+            tuple(t.endpoints),
+            [int(x) for x in rs.tiers],
+            tuple(int(s) for s in rs.starts_ns),
+            duration_ns=int(rs.duration_ns),
+            exponent=float(rs.exponent),
+            vnodes=int(rs.vnodes),
+        )
+        state = RingState.recovered(ring_set, list(t.zones), list(t.nodes))
+        k = t.knobs
+        knobs = {name: getattr(k, name) for name in PUBLISHED_KNOBS}
+        return Recovered(int(t.generation), state, knobs, int(t.published_ns))
+
+    @property
+    def generation(self) -> int:
+        """Generations published so far in this namespace (continues a previous writer's)."""
+        return self.writer.generation
+
+    def _grow_counters(self, new_endpoints: int) -> None:
+        if self._writer_grows:
+            return
+        if self._counters is None:
+            self._counters = self._attach_counters()
+            if self._counters is None:
+                return  # whoever creates them later sizes them from the table
+        # Counters created after this process started: each new endpoint takes at most
+        # one new slot.
+        self._counters.ensure_columns(max(self.writer.n_slots + new_endpoints, 1))
+
+    def publish(self, t: Transition, knobs: Mapping[str, Any], now_ns: int) -> int:
+        """Publish a transition's ring set with ``knobs``; returns the new generation.
+
+        Raises
+        ------
+        shm.ShmError
+            Nothing was published; the previous generation stays current.
+        """
+        self._grow_counters(len(t.added))
+        return self.writer.publish(
+            t.ring_set,
+            zones=t.zones(),
+            nodes=t.nodes(),
+            knobs=shm_knobs(knobs),
+            now_ns=now_ns,
+        )
+
+    def heartbeat(self, now_ns: int) -> None:
+        """Tell readers the publisher is alive (the generation does not change)."""
+        self.writer.heartbeat(now_ns)
+
+    def close(self, *, unlink: bool = True) -> None:
+        """Release the writer lock; with ``unlink`` remove the tables segments."""
+        if self._counters is not None:
+            self._counters.close(unlink=False)
+            self._counters = None
+        self.writer.close(unlink=unlink)

@@ -1,0 +1,202 @@
+"""The ring-set state machine: membership changes become fade events, deletions, collapses.
+
+Each publish applies one endpoint list to the current :class:`lbcore.RingSet`:
+
+1. fades that have completed (share 1) collapse into the established ring
+   (:meth:`lbcore.RingSet.advance`) — this changes no key's route, so it rides along
+   with the next publish instead of causing one;
+2. a change of the fade curve or of the virtual-node count rebuilds the set with the
+   same endpoints, tiers and start times;
+3. :meth:`lbcore.RingSet.with_endpoints` removes deleted endpoints from every ring at
+   once and adds the new ones as one scale-up event (one fading ring starting now);
+4. with fade-in off (``fade_mode=off`` or a zero window) the new ring collapses at once.
+
+Pure apart from the committed state: :meth:`RingState.transition` computes the next
+state and what changed without touching the current one; :meth:`RingState.commit`
+adopts it once it was published, so a failed publish leaves the state as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lbcore
+from discovery.static import EndpointSpec
+
+__all__ = ["FadeParams", "RingState", "Transition"]
+
+
+@dataclass(frozen=True, slots=True)
+class FadeParams:
+    """How rings are built: fade window (ns), exponent and virtual nodes per endpoint."""
+
+    duration_ns: int = lbcore.fade.DEFAULT_FADE_DURATION_NS
+    exponent: float = lbcore.fade.DEFAULT_FADE_EXPONENT
+    vnodes: int = lbcore.DEFAULT_VNODES
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, Any]) -> FadeParams:
+        """From resolved routing knobs (``fade_mode``, ``fade_duration_s``, ...)."""
+        off = knobs["fade_mode"] == "off"
+        duration = 0 if off else round(float(knobs["fade_duration_s"]) * 1e9)
+        return cls(duration, float(knobs["fade_exponent"]), int(knobs["vnodes"]))
+
+    @classmethod
+    def of(cls, ring_set: lbcore.RingSet) -> FadeParams:
+        """The parameters a ring set was built with."""
+        return cls(ring_set.duration_ns, ring_set.exponent, ring_set.vnodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The next state and how it differs from the current one.
+
+    Attributes
+    ----------
+    ring_set
+        The ring set to publish.
+    meta
+        Endpoint details (zone, node, pod) by address, for every endpoint of ``ring_set``.
+    added, removed
+        Endpoints that joined (in one new fading ring, unless fade-in is off) or left.
+    updated
+        Endpoints whose zone or node changed (the pod name is not published).
+    collapsed
+        Fading rings that completed and merged into the established ring.
+    params_changed
+        The fade curve or virtual-node count changed (rings rebuilt).
+    """
+
+    ring_set: lbcore.RingSet
+    params: FadeParams
+    meta: Mapping[str, EndpointSpec]
+    added: tuple[EndpointSpec, ...]
+    removed: tuple[EndpointSpec, ...]
+    updated: tuple[EndpointSpec, ...]
+    collapsed: int
+    params_changed: bool
+
+    @property
+    def membership_changed(self) -> bool:
+        """Endpoints joined or left."""
+        return bool(self.added or self.removed)
+
+    @property
+    def routing_changed(self) -> bool:
+        """Something a worker must see: membership, endpoint details or ring parameters.
+
+        A collapse alone routes every key as before, so it does not count.
+        """
+        return bool(self.added or self.removed or self.updated or self.params_changed)
+
+    def zones(self) -> list[str]:
+        """Zone per endpoint, in :attr:`ring_set` order."""
+        return [self.meta[ep].zone for ep in self.ring_set.endpoints]
+
+    def nodes(self) -> list[str]:
+        """Node name per endpoint, in :attr:`ring_set` order."""
+        return [self.meta[ep].node for ep in self.ring_set.endpoints]
+
+
+class RingState:
+    """The published ring set plus each endpoint's details.
+
+    Parameters
+    ----------
+    params
+        Fade window, exponent and virtual nodes of an empty start.
+    ring_set, meta
+        A state to continue from (a table recovered from shared memory); by default an
+        empty ring set.
+    """
+
+    def __init__(
+        self,
+        params: FadeParams | None = None,
+        ring_set: lbcore.RingSet | None = None,
+        meta: Mapping[str, EndpointSpec] | None = None,
+    ) -> None:
+        if ring_set is None:
+            p = params or FadeParams()
+            ring_set = lbcore.RingSet(
+                (), duration_ns=p.duration_ns, exponent=p.exponent, vnodes=p.vnodes
+            )
+        self.ring_set = ring_set
+        self.params = FadeParams.of(ring_set)
+        given = dict(meta or {})
+        self.meta: dict[str, EndpointSpec] = {
+            ep: given.get(ep, EndpointSpec(ep)) for ep in ring_set.endpoints
+        }
+
+    @classmethod
+    def recovered(
+        cls,
+        ring_set: lbcore.RingSet,
+        zones: Sequence[str],
+        nodes: Sequence[str],
+    ) -> RingState:
+        """Continue from a published table (a restarted publisher): fades go on as they were."""
+        meta = {
+            ep: EndpointSpec(ep, z, n)
+            for ep, z, n in zip(ring_set.endpoints, zones, nodes, strict=True)
+        }
+        return cls(ring_set=ring_set, meta=meta)
+
+    def transition(
+        self, endpoints: Sequence[EndpointSpec], now_ns: int, params: FadeParams | None = None
+    ) -> Transition:
+        """Apply ``endpoints`` (the complete wanted set) at ``now_ns``; the state is unchanged.
+
+        Raises
+        ------
+        lbcore.EndpointError
+            If an address is listed twice.
+        lbcore.FadeError
+            If ``now_ns`` is earlier than the newest fading event.
+        """
+        params = params or self.params
+        wanted = list(endpoints)
+        addresses = [s.address for s in wanted]
+        if len(set(addresses)) != len(addresses):
+            dup = sorted({a for a in addresses if addresses.count(a) > 1})
+            raise lbcore.EndpointError(f"endpoint list names addresses twice: {dup[:5]}")
+        rs = self.ring_set
+        fading = len(rs.starts_ns)
+        rs = rs.advance(now_ns)
+        collapsed = fading - len(rs.starts_ns)
+        params_changed = params != self.params
+        if params_changed:
+            rs = lbcore.RingSet(
+                rs.endpoints,
+                rs.tiers,
+                rs.starts_ns,
+                duration_ns=params.duration_ns,
+                exponent=params.exponent,
+                vnodes=params.vnodes,
+                master=rs.master if params.vnodes == rs.vnodes else None,
+            )
+        rs = rs.with_endpoints(addresses, now_ns)
+        if params.duration_ns == 0 and rs.starts_ns:
+            rs = rs.advance(now_ns)
+        new_meta = {s.address: s for s in wanted}
+        added = tuple(s for s in wanted if s.address not in self.meta)
+        removed = tuple(s for a, s in sorted(self.meta.items()) if a not in new_meta)
+        updated = tuple(
+            s
+            for s in wanted
+            if s.address in self.meta
+            and (self.meta[s.address].zone, self.meta[s.address].node) != (s.zone, s.node)
+        )
+        return Transition(rs, params, new_meta, added, removed, updated, collapsed, params_changed)
+
+    def commit(self, t: Transition) -> None:
+        """Adopt a transition (after it was published)."""
+        self.ring_set = t.ring_set
+        self.params = t.params
+        self.meta = dict(t.meta)
+
+    def endpoints(self) -> tuple[EndpointSpec, ...]:
+        """Current endpoints with their details, sorted by address."""
+        return tuple(self.meta[a] for a in sorted(self.meta))

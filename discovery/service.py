@@ -1,0 +1,471 @@
+"""The discovery loop: sources in, debounced ring sets out.
+
+One thread owns all state. Sources (the EndpointSlice informer, the ConfigMap informer,
+both in their own threads; the endpoints file, polled here; the command-line list) post
+their latest complete view to an inbox; the loop keeps the last good view of each,
+merges them, and decides when to publish:
+
+* the **first publish** waits until every endpoint source has synced once (and the
+  ConfigMap, for at most ``configmap_wait_s``), so workers never see a partial set;
+* **endpoint changes** are debounced (:class:`discovery.debounce.Debouncer`): a burst
+  becomes one publish, so a scale-up becomes one fading ring;
+* **knob changes** (ConfigMap) publish at once: the kill switch must not wait;
+* a publish whose ring set, endpoint details and knobs equal the current table is
+  skipped, so the generation counts real changes only;
+* a **heartbeat** is written every ``heartbeat_s`` without bumping the generation.
+
+Sources that fail keep their last good view (the informer keeps its store; a bad file
+keeps the previous file contents); an empty set is published only when a healthy
+source reports that the Service has no ready endpoints. A publisher restarted on a
+host continues from the table in shared memory: unchanged pods keep their tiers, fades
+in progress go on, and nothing is republished if nothing changed.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from discovery.debounce import Debouncer
+from discovery.events import EventLog
+from discovery.ringstate import FadeParams, RingState, Transition
+from discovery.settings import PUBLISHED_KNOBS, KnobState, unknown_configmap_keys
+from discovery.static import EndpointsFileError, EndpointsFileWatcher, EndpointSpec
+from lbcore.knobs import KnobError
+
+__all__ = ["Discovery", "PublisherLike"]
+
+# Longest sleep of the loop: bounds how late a stop requested by a signal is noticed.
+_MAX_WAIT_S = 0.2
+
+_PUBLISHED = PUBLISHED_KNOBS
+
+
+class PublisherLike(Protocol):
+    """What the loop needs from :class:`discovery.publisher.Publisher`."""
+
+    recovered: Any
+    generation: int
+
+    def publish(self, t: Transition, knobs: Mapping[str, Any], now_ns: int) -> int:
+        """Publish; returns the generation."""
+        ...
+
+    def heartbeat(self, now_ns: int) -> None:
+        """Mark the publisher alive."""
+        ...
+
+    def close(self, *, unlink: bool = True) -> None:
+        """Stop publishing."""
+        ...
+
+
+@dataclass
+class _Source:
+    name: str
+    endpoints: tuple[EndpointSpec, ...] = ()
+    synced: bool = False
+
+
+def _host(address: str) -> str:
+    try:
+        return urlsplit(address).hostname or address
+    except ValueError:
+        return address
+
+
+def _pod_fields(s: EndpointSpec) -> dict[str, str]:
+    out = {"address": s.address, "ip": _host(s.address), "node": s.node, "zone": s.zone}
+    if s.pod:
+        out["pod"] = s.pod
+    return out
+
+
+class Discovery:
+    """The host's discovery loop.
+
+    Parameters
+    ----------
+    publisher
+        Where ring sets go (:class:`discovery.publisher.Publisher`).
+    knobs
+        Routing knobs (flags/environment; the ConfigMap layer is set by the loop).
+    log
+        Structured event log.
+    debounce_s, debounce_max_s
+        Quiet time after the last endpoint change, and longest wait after the first
+        change of a burst, before publishing (seconds).
+    heartbeat_s
+        Heartbeat interval (seconds).
+    file_poll_s
+        How often the endpoints file is checked (seconds).
+    configmap_wait_s
+        How long the first publish waits for the ConfigMap (seconds).
+    clock
+        CLOCK_MONOTONIC in nanoseconds.
+    """
+
+    def __init__(
+        self,
+        publisher: PublisherLike,
+        knobs: KnobState,
+        log: EventLog,
+        *,
+        debounce_s: float = 2.0,
+        debounce_max_s: float = 10.0,
+        heartbeat_s: float = 1.0,
+        file_poll_s: float = 1.0,
+        configmap_wait_s: float = 10.0,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.publisher = publisher
+        self.knobs = knobs
+        self.log = log
+        self.clock = clock
+        delay = round(debounce_s * 1e9)
+        self.debouncer = Debouncer(delay, max(delay, round(debounce_max_s * 1e9)))
+        self.heartbeat_ns = round(heartbeat_s * 1e9)
+        self.file_poll_ns = round(file_poll_s * 1e9)
+        self.configmap_wait_ns = round(configmap_wait_s * 1e9)
+        self.sources: dict[str, _Source] = {}
+        self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.stop_event = threading.Event()
+        self._file: EndpointsFileWatcher | None = None
+        self._informers: list[Any] = []
+        self._configmap: str | None = None
+        self._configmap_synced = False
+        self.published_knobs: dict[str, Any] | None = None
+        self.published = False
+        self._knobs_dirty = False
+        self._retry_at: int | None = None
+        self._signalled = False
+        rec = publisher.recovered
+        if rec is not None:
+            self.state = rec.state
+            self.published_knobs = dict(rec.knobs)
+            self.published = True
+            log.info(
+                "resumed",
+                generation=rec.generation,
+                endpoints=len(rec.state.meta),
+                fading_rings=len(rec.state.ring_set.starts_ns),
+                knobs=rec.knobs,
+            )
+        else:
+            self.state = RingState(FadeParams.from_knobs(knobs.values()))
+
+    # -- sources --------------------------------------------------------------------------
+
+    def add_list(self, specs: Sequence[EndpointSpec]) -> None:
+        """A fixed list of endpoints (synced at once)."""
+        self.sources["list"] = _Source("list", tuple(specs), True)
+
+    def add_file(self, path: str) -> None:
+        """An endpoints file, re-read when it changes."""
+        self._file = EndpointsFileWatcher(path)
+        self.sources["file"] = _Source("file")
+
+    def add_informer(self, name: str, informer: Any) -> None:
+        """An endpoint informer (``start``/``stop``) that calls :meth:`post_endpoints`."""
+        self.sources[name] = _Source(name)
+        self._informers.append(informer)
+
+    def add_configmap_informer(self, name: str, informer: Any) -> None:
+        """A ConfigMap informer that calls :meth:`post_configmap`."""
+        self._configmap = name
+        self._informers.append(informer)
+
+    def post_endpoints(self, source: str, specs: Sequence[EndpointSpec], reason: str) -> None:
+        """Thread-safe: ``source`` now sees exactly ``specs``."""
+        self.inbox.put(("endpoints", source, tuple(specs), reason))
+
+    def post_configmap(self, data: Mapping[str, str] | None, reason: str) -> None:
+        """Thread-safe: the ConfigMap's data (``None``: it does not exist)."""
+        self.inbox.put(("configmap", None if data is None else dict(data), reason))
+
+    def stop(self) -> None:
+        """Thread-safe: end :meth:`run` (wakes it at once)."""
+        self.stop_event.set()
+        self.inbox.put(("stop",))
+
+    def stop_from_signal(self) -> None:
+        """Signal-handler-safe: end :meth:`run` within ``_MAX_WAIT_S``.
+
+        Takes no lock: a handler that runs while the loop holds the inbox's lock must not
+        wait for it.
+        """
+        self._signalled = True
+
+    # -- state ----------------------------------------------------------------------------
+
+    def wanted(self) -> tuple[EndpointSpec, ...]:
+        """The merged endpoints of all sources (first source wins details), by address."""
+        merged: dict[str, EndpointSpec] = {}
+        for src in self.sources.values():
+            for s in src.endpoints:
+                merged.setdefault(s.address, s)
+        return tuple(merged[a] for a in sorted(merged))
+
+    def knob_values(self) -> dict[str, Any]:
+        """Routing knobs in force.
+
+        Until the ConfigMap has been read once, a resumed publisher keeps the knobs of
+        the table it took over (a restart must not flip a kill switch back on).
+        """
+        values = self.knobs.values()
+        if self._configmap and not self._configmap_synced and self.published_knobs:
+            values.update(self.published_knobs)
+        return values
+
+    def _synced(self, now_ns: int, started_ns: int) -> bool:
+        if not all(s.synced for s in self.sources.values()):
+            return False
+        if self._configmap and not self._configmap_synced and not self.published:
+            return now_ns - started_ns >= self.configmap_wait_ns
+        return True
+
+    # -- messages -------------------------------------------------------------------------
+
+    def _on_endpoints(self, source: str, specs: tuple[EndpointSpec, ...], reason: str) -> None:
+        src = self.sources[source]
+        first = not src.synced
+        src.synced = True
+        if specs == src.endpoints and not first:
+            return
+        before = {s.address for s in src.endpoints}
+        src.endpoints = specs
+        after = {s.address for s in specs}
+        self.log.info(
+            "source_update",
+            source=source,
+            reason=reason,
+            endpoints=len(specs),
+            added=len(after - before),
+            removed=len(before - after),
+        )
+        if self.published:
+            self.debouncer.note(self.clock())
+
+    def _on_configmap(self, data: dict[str, str] | None, reason: str) -> None:
+        source = f"ConfigMap {self._configmap}"
+        first = not self._configmap_synced
+        try:
+            changed = self.knobs.set_overlay(data, source)
+        except KnobError as exc:
+            self._configmap_synced = True
+            self.log.error(
+                "configmap_invalid",
+                configmap=self._configmap,
+                error=str(exc),
+                action="previous knobs kept",
+            )
+            return
+        self._configmap_synced = True
+        unknown = unknown_configmap_keys(data or {})
+        if unknown:
+            self.log.warning("configmap_unknown_keys", configmap=self._configmap, keys=unknown)
+        if changed or first:
+            self.log.info(
+                "knobs_changed" if changed else "knobs_read",
+                source=source if data is not None else "flags/environment (no ConfigMap)",
+                reason=reason,
+                changes={k: {"old": o, "new": n} for k, (o, n) in changed.items()},
+            )
+        if self.published:
+            self._knobs_dirty = True
+
+    def _poll_file(self) -> None:
+        assert self._file is not None
+        try:
+            specs = self._file.poll()
+        except EndpointsFileError as exc:
+            src = self.sources["file"]
+            self.log.error(
+                "endpoints_file_invalid",
+                path=self._file.path,
+                error=str(exc),
+                action=f"keeping last good endpoints ({len(src.endpoints)})"
+                if src.synced
+                else "waiting for a valid file",
+            )
+            return
+        if specs is not None:
+            self._on_endpoints("file", tuple(specs), "file changed")
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def _publish(self, reason: str, now_ns: int, *, membership: bool) -> None:
+        knobs = self.knob_values()
+        params = FadeParams.from_knobs(knobs)
+        endpoints = self.wanted() if membership else self.state.endpoints()
+        t0 = time.perf_counter()
+        t = self.state.transition(endpoints, now_ns, params)
+        published = {k: knobs[k] for k in _PUBLISHED}
+        knobs_changed = published != self.published_knobs
+        folded = self.debouncer.changes if membership else 0
+        if self.published and not (t.routing_changed or knobs_changed):
+            if membership:
+                self.debouncer.reset()
+                self.log.info(
+                    "publish_skipped",
+                    reason=reason,
+                    why="no change to endpoints, rings or knobs",
+                    folded_changes=folded,
+                )
+            self._knobs_dirty = False
+            # Collapse completed fades in private state; they route as before.
+            self.state.commit(t)
+            return
+        try:
+            gen = self.publisher.publish(t, knobs, now_ns)
+        except Exception as exc:
+            self._retry_at = now_ns + 1_000_000_000
+            self.log.error(
+                "publish_failed",
+                reason=reason,
+                error=f"{type(exc).__name__}: {exc}",
+                retry_in_s=1.0,
+                action="previous generation stays current",
+            )
+            return
+        self._retry_at = None
+        if membership:
+            self.debouncer.reset()
+        self._knobs_dirty = False
+        for s in t.added:
+            self.log.info("endpoint_added", generation=gen, **_pod_fields(s))
+        for s in t.removed:
+            self.log.info("endpoint_removed", generation=gen, **_pod_fields(s))
+        for s in t.updated:
+            self.log.info("endpoint_updated", generation=gen, **_pod_fields(s))
+        self.state.commit(t)
+        self.published = True
+        changes = (
+            {
+                k: {"old": self.published_knobs.get(k), "new": v}
+                for k, v in published.items()
+                if self.published_knobs.get(k) != v
+            }
+            if self.published_knobs is not None and knobs_changed
+            else {}
+        )
+        self.published_knobs = published
+        rs = t.ring_set
+        self.log.info(
+            "publish",
+            generation=gen,
+            reason=reason,
+            endpoints=len(rs.endpoints),
+            added=len(t.added),
+            removed=len(t.removed),
+            updated=len(t.updated),
+            fading_rings=len(rs.starts_ns),
+            shares=[round(s, 4) for s in rs.share_list(now_ns)],
+            collapsed=t.collapsed,
+            folded_changes=folded,
+            knob_changes=changes,
+            fade_params={
+                "duration_s": t.params.duration_ns / 1e9,
+                "exponent": t.params.exponent,
+                "vnodes": t.params.vnodes,
+            },
+            build_ms=round((time.perf_counter() - t0) * 1e3, 2),
+        )
+        if not rs.endpoints:
+            self.log.warning(
+                "publish_empty",
+                generation=gen,
+                why="the sources report no ready endpoints: every key falls back",
+            )
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until :meth:`stop`; stops the informers on the way out."""
+        started = self.clock()
+        next_beat = started
+        next_poll = started
+        if self.published:
+            # Resumed: compare the sources' first full view, and the knobs, with the
+            # recovered table (published only if they differ).
+            self.debouncer.note(started)
+            self._knobs_dirty = True
+        # Log "started" before any informer thread can log its first request.
+        self.log.info(
+            "started",
+            sources=sorted(self.sources) + (["configmap"] if self._configmap else []),
+            generation=self.publisher.generation,
+            knobs=self.knob_values(),
+        )
+        try:
+            for inf in self._informers:
+                inf.start()  # inside try: informers already started are stopped below
+            while not (self.stop_event.is_set() or self._signalled):
+                now = self.clock()
+                if self._file is not None and now >= next_poll:
+                    self._poll_file()
+                    next_poll = now + self.file_poll_ns
+                if now >= next_beat:
+                    self.publisher.heartbeat(now)
+                    next_beat = now + self.heartbeat_ns
+                self._maybe_publish(now, started)
+                wake = [next_beat]
+                if self._file is not None:
+                    wake.append(next_poll)
+                d = self.debouncer.deadline()
+                if d is not None and self._all_synced():
+                    wake.append(d)
+                if self._retry_at is not None:
+                    wake.append(self._retry_at)
+                if self._configmap and not self._configmap_synced and not self.published:
+                    wake.append(started + self.configmap_wait_ns)
+                timeout = min(max(min(wake) - self.clock(), 0) / 1e9, _MAX_WAIT_S)
+                try:
+                    msg = self.inbox.get(timeout=timeout)
+                except queue.Empty:
+                    continue
+                while True:
+                    self._handle(msg)
+                    try:
+                        msg = self.inbox.get_nowait()
+                    except queue.Empty:
+                        break
+        finally:
+            for inf in self._informers:
+                inf.stop()
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "endpoints":
+            self._on_endpoints(msg[1], msg[2], msg[3])
+        elif msg[0] == "configmap":
+            self._on_configmap(msg[1], msg[2])
+
+    def _maybe_publish(self, now: int, started: int) -> None:
+        if self._retry_at is not None and now < self._retry_at:
+            return
+        if not self.published:
+            if self._synced(now, started):
+                if self._configmap and not self._configmap_synced:
+                    self.log.warning(
+                        "configmap_wait_expired",
+                        configmap=self._configmap,
+                        waited_s=self.configmap_wait_ns / 1e9,
+                        action="publishing with flags/environment knobs",
+                    )
+                self._publish("initial sync", now, membership=True)
+            return
+        retrying = self._retry_at is not None
+        if self._all_synced() and (
+            self.debouncer.due(now) or (retrying and self.debouncer.pending)
+        ):
+            self._publish("endpoints changed", now, membership=True)
+        elif self._knobs_dirty or (retrying and not self.debouncer.pending):
+            self._publish("knobs changed", now, membership=False)
+
+    def _all_synced(self) -> bool:
+        return all(s.synced for s in self.sources.values())

@@ -1,0 +1,328 @@
+"""Settings of the discovery process, and the routing knobs it publishes.
+
+Process settings are declared once each with :class:`lbcore.knobs.Knob` (environment
+variable, flag, default, validation, docs), like the routing knobs in
+:mod:`lbcore.knobs`; ``cslb discovery --help`` and the README come from these
+declarations.
+
+Routing knobs (:data:`lbcore.knobs.ROUTING_KNOBS`) are layered, lowest first:
+defaults, ``CSLB_*`` environment, command-line flags, then the watched ConfigMap
+(``--configmap``), so an operator flips the kill switch for every host by editing one
+ConfigMap. A ConfigMap value that does not parse is rejected as a whole (the previous
+knobs stay in force) and logged; a deleted ConfigMap falls back to flags/environment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lbcore.knobs import ROUTING_KNOBS, Knob, KnobError, from_mapping, parse_bool
+from lbcore.knobs import docs_table as _docs_table
+
+__all__ = [
+    "DISCOVERY_KNOBS",
+    "PUBLISHED_KNOBS",
+    "KnobState",
+    "docs_table",
+    "unknown_configmap_keys",
+]
+
+#: Routing knobs carried by the tables (fade duration, exponent and vnodes travel in the
+#: ring set itself).
+PUBLISHED_KNOBS = (
+    "enabled",
+    "percentage",
+    "balance_factor",
+    "max_hops",
+    "load_signal",
+    "fade_mode",
+)
+
+
+def _seconds(minimum: float) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip().removesuffix("s"))
+        except ValueError:
+            raise ValueError("expected a number of seconds") from None
+        if not (math.isfinite(value) and value >= minimum):
+            raise ValueError(f"expected a finite number of seconds >= {minimum:g}")
+        return value
+
+    return parse
+
+
+def _text(text: str) -> str:
+    return text.strip()
+
+
+def _scheme(text: str) -> str:
+    t = text.strip().lower()
+    if t not in ("http", "https"):
+        raise ValueError("expected http or https")
+    return t
+
+
+def _level(text: str) -> str:
+    t = text.strip().lower()
+    if t not in ("debug", "info", "warning", "error"):
+        raise ValueError("expected debug, info, warning or error")
+    return t
+
+
+#: Settings of the discovery process (not published; each host's own).
+DISCOVERY_KNOBS: tuple[Knob, ...] = (
+    Knob(
+        "namespace",
+        "CSLB_NAMESPACE",
+        "--namespace",
+        "",
+        _text,
+        "Kubernetes namespace of the Service (default: the pod's own namespace in a "
+        "cluster, else the kubeconfig context's, else 'default').",
+        "NS",
+    ),
+    Knob(
+        "service",
+        "CSLB_SERVICE",
+        "--service",
+        "",
+        _text,
+        "Service whose EndpointSlices (label kubernetes.io/service-name) are watched. "
+        "Empty: no Kubernetes source (static endpoints only).",
+        "SVC",
+    ),
+    Knob(
+        "port_name",
+        "CSLB_PORT_NAME",
+        "--port-name",
+        "",
+        _text,
+        "Name of the EndpointSlice port to route to; empty: the slices' only TCP port.",
+        "NAME",
+    ),
+    Knob(
+        "scheme",
+        "CSLB_SCHEME",
+        "--scheme",
+        "http",
+        _scheme,
+        "Scheme of the endpoint addresses (scheme://ip:port, as Skipper hashes them).",
+        "SCHEME",
+    ),
+    Knob(
+        "kubeconfig",
+        "CSLB_KUBECONFIG",
+        "--kubeconfig",
+        "",
+        _text,
+        "kubeconfig file; empty: the service account when running in a cluster, else "
+        "$KUBECONFIG or ~/.kube/config.",
+        "FILE",
+    ),
+    Knob(
+        "configmap",
+        "CSLB_CONFIGMAP",
+        "--configmap",
+        "",
+        _text,
+        "ConfigMap (same namespace) whose data overrides routing knobs at runtime; keys "
+        "are the CSLB_* variables or knob names. Empty: no ConfigMap.",
+        "NAME",
+    ),
+    Knob(
+        "configmap_wait_s",
+        "CSLB_CONFIGMAP_WAIT",
+        "--configmap-wait",
+        10.0,
+        _seconds(0.0),
+        "How long in seconds the first publish waits for the ConfigMap before it uses "
+        "the flag and environment knobs.",
+        "SECONDS",
+    ),
+    Knob(
+        "endpoints_file",
+        "CSLB_ENDPOINTS_FILE",
+        "--endpoints-file",
+        "",
+        _text,
+        "JSON or YAML file of endpoints, re-read when it changes (see examples/).",
+        "FILE",
+    ),
+    Knob(
+        "shm_namespace",
+        "CSLB_SHM_NAMESPACE",
+        "--shm-namespace",
+        "default",
+        _text,
+        "Namespace of the shared-memory segments (/dev/shm/cslb.<ns>.*) the host's workers read.",
+        "NS",
+    ),
+    Knob(
+        "debounce_s",
+        "CSLB_DEBOUNCE",
+        "--debounce",
+        2.0,
+        _seconds(0.0),
+        "Quiet time in seconds after the last endpoint change before the ring is rebuilt; "
+        "folds a rolling deployment or a scale-up into one update.",
+        "SECONDS",
+    ),
+    Knob(
+        "debounce_max_s",
+        "CSLB_DEBOUNCE_MAX",
+        "--debounce-max",
+        10.0,
+        _seconds(0.0),
+        "Longest wait in seconds from the first change of a burst to its publish, for "
+        "sources that never go quiet (raised to the debounce if smaller).",
+        "SECONDS",
+    ),
+    Knob(
+        "heartbeat_s",
+        "CSLB_HEARTBEAT",
+        "--heartbeat",
+        1.0,
+        _seconds(0.01),
+        "Interval in seconds of the publisher heartbeat workers use to tell a live "
+        "discovery process from a dead one.",
+        "SECONDS",
+    ),
+    Knob(
+        "request_timeout_s",
+        "CSLB_REQUEST_TIMEOUT",
+        "--request-timeout",
+        90.0,
+        _seconds(0.01),
+        "Client-side read timeout in seconds of every Kubernetes API request: a watch "
+        "that sends nothing (not even a bookmark) for this long is dropped and resumed.",
+        "SECONDS",
+    ),
+    Knob(
+        "connect_timeout_s",
+        "CSLB_CONNECT_TIMEOUT",
+        "--connect-timeout",
+        5.0,
+        _seconds(0.01),
+        "Timeout in seconds for connecting to the Kubernetes API.",
+        "SECONDS",
+    ),
+    Knob(
+        "watch_timeout_s",
+        "CSLB_WATCH_TIMEOUT",
+        "--watch-timeout",
+        300.0,
+        _seconds(1.0),
+        "Server-side watch timeout in seconds; each watch asks for a random value between "
+        "this and twice this (as client-go's reflector) and is then resumed.",
+        "SECONDS",
+    ),
+    Knob(
+        "backoff_s",
+        "CSLB_BACKOFF",
+        "--backoff",
+        0.8,
+        _seconds(0.001),
+        "First retry delay in seconds after a Kubernetes API error; doubles per failure "
+        "(with jitter) up to --backoff-max.",
+        "SECONDS",
+    ),
+    Knob(
+        "backoff_max_s",
+        "CSLB_BACKOFF_MAX",
+        "--backoff-max",
+        30.0,
+        _seconds(0.001),
+        "Longest retry delay in seconds after Kubernetes API errors.",
+        "SECONDS",
+    ),
+    Knob(
+        "file_poll_s",
+        "CSLB_FILE_POLL",
+        "--file-poll",
+        1.0,
+        _seconds(0.01),
+        "How often in seconds the endpoints file is checked for changes.",
+        "SECONDS",
+    ),
+    Knob(
+        "unlink_on_exit",
+        "CSLB_UNLINK_ON_EXIT",
+        "--unlink-on-exit",
+        True,
+        parse_bool,
+        "Remove the tables segments on a clean stop (SIGTERM/SIGINT). 'false' leaves the "
+        "last table for the next discovery process to take over.",
+        "BOOL",
+    ),
+    Knob(
+        "log_level",
+        "CSLB_LOG_LEVEL",
+        "--log-level",
+        "info",
+        _level,
+        "Lowest level of the JSON log lines written to stderr.",
+        "LEVEL",
+    ),
+)
+
+
+def docs_table() -> str:
+    """The README table of :data:`DISCOVERY_KNOBS` (empty defaults shown as "-")."""
+    return _docs_table(DISCOVERY_KNOBS).replace("| `` |", "| - |")
+
+
+_ROUTING_KEYS = frozenset(k for kn in ROUTING_KNOBS for k in (kn.env, kn.name))
+
+
+def unknown_configmap_keys(data: Mapping[str, Any]) -> list[str]:
+    """ConfigMap keys that name no routing knob (typos such as ``CSLB_ENABLE``)."""
+    return sorted(k for k in data if k not in _ROUTING_KEYS)
+
+
+class KnobState:
+    """Routing knobs: flags/environment underneath, the ConfigMap on top.
+
+    Parameters
+    ----------
+    base
+        Every routing knob resolved from defaults, environment and flags
+        (:func:`lbcore.knobs.from_args`).
+    knobs
+        The knob declarations.
+    """
+
+    def __init__(self, base: Mapping[str, Any], knobs: Iterable[Knob] = ROUTING_KNOBS) -> None:
+        self.knobs = tuple(knobs)
+        missing = [k.name for k in self.knobs if k.name not in base]
+        if missing:
+            raise KnobError(f"base knob values lack {missing}")
+        self.base = dict(base)
+        self.overlay: dict[str, Any] = {}
+
+    def values(self) -> dict[str, Any]:
+        """The knobs in force, by name."""
+        out = dict(self.base)
+        out.update(self.overlay)
+        return out
+
+    def set_overlay(self, data: Mapping[str, Any] | None, source: str) -> dict[str, Any]:
+        """Replace the ConfigMap layer with ``data`` (``None``: no ConfigMap).
+
+        Returns
+        -------
+        dict
+            The knobs whose value in force changed, ``name -> (old, new)``.
+
+        Raises
+        ------
+        KnobError
+            If a value does not parse; nothing changes then.
+        """
+        overlay = from_mapping(data or {}, self.knobs, source=source)
+        before = self.values()
+        self.overlay = overlay
+        after = self.values()
+        return {k: (before[k], after[k]) for k in after if before[k] != after[k]}

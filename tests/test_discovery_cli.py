@@ -1,0 +1,262 @@
+"""``cslb discovery`` and ``cslb inspect`` as real processes: fake Kubernetes API on
+127.0.0.1, real shared memory, a reader in the test process, SIGTERM and SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import lbcore
+import shm
+from tests.discovery_harness import ROOT, Proc, segments, shm_namespace, wait_until
+from tests.kubeapi import CONFIGMAPS, SLICES, FakeKubeAPI, configmap, endpoint, endpoint_slice
+
+NS = "shop"
+EXAMPLE = ROOT / "examples" / "endpoints.json"
+FAST_FLAGS = [
+    "--debounce",
+    "0.2",
+    "--heartbeat",
+    "0.1",
+    "--request-timeout",
+    "2",
+    "--connect-timeout",
+    "1",
+    "--watch-timeout",
+    "5",
+    "--backoff",
+    "0.05",
+    "--backoff-max",
+    "0.3",
+]
+
+
+def cslb(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "cslb", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def catalog_slice(name, addrs):
+    return endpoint_slice(
+        name, "catalog", [endpoint(a, node=f"node-{a}", zone="eu-central-1b") for a in addrs]
+    )
+
+
+@pytest.fixture
+def kube():
+    api = FakeKubeAPI()
+    api.bookmark_every_s = 0.5
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@pytest.fixture
+def procs():
+    started = []
+    try:
+        yield started
+    finally:
+        for p in started:
+            p.kill()
+
+
+def reader_for(ns, gen, timeout=20):
+    def ready():
+        try:
+            r = shm.TableReader(ns)
+        except shm.SegmentMissingError:
+            return None
+        if r.generation() >= gen:
+            return r
+        r.close()
+        return None
+
+    return wait_until(ready, timeout, f"generation {gen} in {ns}")
+
+
+def test_discovery_process_publishes_what_a_reader_sees_and_cleans_up(kube, procs, tmp_path):
+    kube.put(SLICES, NS, catalog_slice("catalog-a", ["10.3.0.1", "10.3.0.2", "10.3.0.3"]))
+    kube.put(CONFIGMAPS, NS, configmap("cslb-knobs", {"CSLB_PERCENTAGE": "30"}))
+    kc = kube.kubeconfig(str(tmp_path / "kc"), namespace="ignored")
+    with shm_namespace() as ns:
+        p = Proc(
+            "discovery",
+            "--kubeconfig",
+            kc,
+            "--namespace",
+            NS,
+            "--service",
+            "catalog",
+            "--configmap",
+            "cslb-knobs",
+            "--shm-namespace",
+            ns,
+            "--balance-factor",
+            "1.5",
+            *FAST_FLAGS,
+        )
+        procs.append(p)
+        r = reader_for(ns, 1)
+        try:
+            t = r.table()
+            want = ["http://10.3.0.1:8080", "http://10.3.0.2:8080", "http://10.3.0.3:8080"]
+            assert sorted(t.endpoints) == want
+            assert t.knobs.percentage == 30.0 and t.knobs.balance_factor == 1.5
+            assert r.writer_pid() == p.pid and r.writer_alive()
+            keys = [f"sku-{i}" for i in range(200)]
+            ring = lbcore.Ring(want)
+            assert [t.endpoints[i] for i in t.ring_set.route(keys, time.monotonic_ns())] == [
+                want[i] for i in ring.lookup(keys)
+            ]
+            kube.put(SLICES, NS, catalog_slice("catalog-b", ["10.3.0.4"]))
+            wait_until(lambda: r.generation() == 2, 10, "generation 2")
+            t = r.table()
+            assert len(t.endpoints) == 4 and len(t.ring_set.starts_ns) == 1
+            # cslb inspect sees the same table.
+            ins = cslb("inspect", "--shm-namespace", ns, "--json")
+            assert ins.returncode == 0, ins.stderr
+            doc = json.loads(ins.stdout)
+            assert doc["generation"] == 2 and doc["publisher_alive"] is True
+            assert doc["writer_pid"] == p.pid and doc["knobs"]["percentage"] == 30.0
+            by = {e["address"]: e for e in doc["endpoints"]}
+            assert by["http://10.3.0.4:8080"]["tier"] == 1
+            assert by["http://10.3.0.4:8080"]["node"] == "node-10.3.0.4"
+            assert by["http://10.3.0.1:8080"]["zone"] == "eu-central-1b"
+            assert len({e["slot"] for e in doc["endpoints"]}) == 4
+            (ring1,) = doc["fading_rings"]
+            assert ring1["added"] == ["http://10.3.0.4:8080"] and 0 <= ring1["share"] < 1
+            text = cslb("inspect", "--shm-namespace", ns)
+            assert text.returncode == 0
+            assert "generation 2" in text.stdout and "alive" in text.stdout
+            assert "ring 1: +1 endpoint(s)" in text.stdout and "node-10.3.0.4" in text.stdout
+        finally:
+            r.close()
+        p.signal(signal.SIGTERM)
+        assert p.wait(10) == 0
+        assert segments(ns) == []  # SIGTERM unlinked everything it owned
+        names = [e["event"] for e in p.events()]
+        assert names[0] == "started" and names[-2:] == ["stopping", "stopped"]
+        assert "publish" in names and "endpoint_added" in names
+        stopped = p.events("stopped")[0]
+        assert stopped["unlinked"] is True and stopped["generation"] == 2
+        # every stderr line is one JSON object
+        assert all(json.loads(line) for line in p.stderr_lines)
+
+
+def test_sigkill_leaves_the_table_and_the_next_process_takes_over(procs, tmp_path):
+    f = tmp_path / "eps.yaml"
+    f.write_text("- http://10.7.0.1:80\n- http://10.7.0.2:80\n")
+    with shm_namespace() as ns:
+        args = ["discovery", "--endpoints-file", str(f), "--shm-namespace", ns, *FAST_FLAGS]
+        p = Proc(*args)
+        procs.append(p)
+        r = reader_for(ns, 1)
+        r.close()
+        p.signal(signal.SIGKILL)
+        p.wait(10)
+        assert segments(ns)  # still there: workers keep routing
+        ins = cslb("inspect", "--shm-namespace", ns, "--json", "--stale-after", "0.5")
+        assert ins.returncode == 3
+        assert json.loads(ins.stdout)["publisher_alive"] is False
+        p2 = Proc(*args)
+        procs.append(p2)
+        wait_until(lambda: p2.events("publish_skipped"), 10, "takeover comparison")
+        r = shm.TableReader(ns)
+        try:
+            assert r.generation() == 1 and r.writer_pid() == p2.pid
+            assert json.loads(cslb("inspect", "--shm-namespace", ns, "--json").stdout)[
+                "publisher_alive"
+            ]
+        finally:
+            r.close()
+        p2.signal(signal.SIGTERM)
+        assert p2.wait(10) == 0 and segments(ns) == []
+
+
+def test_static_file_is_the_default_that_runs_without_a_cluster(procs):
+    with shm_namespace() as ns:
+        p = Proc("discovery", "--endpoints-file", str(EXAMPLE), "--shm-namespace", ns)
+        procs.append(p)
+        r = reader_for(ns, 1)
+        try:
+            want = [e["address"] for e in json.loads(EXAMPLE.read_text())["endpoints"]]
+            assert sorted(r.table().endpoints) == sorted(want)
+        finally:
+            r.close()
+        p.signal(signal.SIGINT)
+        assert p.wait(10) == 0 and segments(ns) == []
+
+
+def test_a_second_publisher_is_refused(procs):
+    with shm_namespace() as ns:
+        p = Proc("discovery", "-e", "http://10.0.0.1:80", "--shm-namespace", ns)
+        procs.append(p)
+        reader_for(ns, 1).close()
+        second = cslb("discovery", "-e", "http://10.0.0.1:80", "--shm-namespace", ns)
+        assert second.returncode == 1
+        assert "cannot publish into shared memory" in second.stderr
+        assert str(p.pid) in second.stderr
+        p.signal(signal.SIGTERM)
+        assert p.wait(10) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "no endpoint source"),
+        (["-e", "http://a:1", "--debounce", "soon"], "invalid CSLB_DEBOUNCE='soon'"),
+        (["-e", "http://a:1", "--percentage", "140"], "percentage from 0 to 100"),
+        (["-e", "http://a:1", "-e", "http://a:1"], "listed twice"),
+        (["-e", "http://a:1", "--shm-namespace", "a/b"], "--shm-namespace"),
+        (["--service", "x", "--kubeconfig", "/nonexistent/kc"], "/nonexistent/kc"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_problem(args, message):
+    p = cslb("discovery", *args)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr
+
+
+def test_environment_variables_configure_the_process():
+    env = {**os.environ, "CSLB_DEBOUNCE": "-3"}
+    p = cslb("discovery", "-e", "http://a:1", env=env)
+    assert p.returncode == 2 and "environment: invalid CSLB_DEBOUNCE='-3'" in p.stderr
+
+
+def test_inspect_without_tables():
+    with shm_namespace() as ns:
+        p = cslb("inspect", "--shm-namespace", ns)
+        assert p.returncode == 1 and "no routing tables" in p.stderr and ns in p.stderr
+
+
+def test_help_lists_every_setting_and_knob():
+    out = cslb("discovery", "--help").stdout
+    for flag in ["--service", "--port-name", "--configmap", "--debounce", "--enabled"]:
+        assert flag in out
+    assert "CSLB_ENABLED" in out and "CSLB_REQUEST_TIMEOUT" in out
+    usage = cslb().stdout + cslb("--help").stdout
+    assert "discovery" in usage and "inspect" in usage
+
+
+def test_worker_side_modules_do_not_import_the_kubernetes_client():
+    code = (
+        "import sys, discovery.inspect_cmd, discovery.publisher, discovery.service, "
+        "discovery.static, discovery.ringstate, cslb.route_cmd; "
+        "bad = [m for m in sys.modules if m == 'kubernetes' or m.startswith('kubernetes.')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -1,0 +1,435 @@
+"""The list+watch informers, driving the real ``kubernetes`` client against a small
+Kubernetes API server on 127.0.0.1 (tests/kubeapi.py)."""
+
+import threading
+import time
+
+import pytest
+
+from discovery.events import EventLog
+from discovery.kube import (
+    ConfigMapInformer,
+    EndpointSliceInformer,
+    KubeConfigError,
+    WatchTiming,
+    load_client,
+)
+from tests.kubeapi import (
+    CONFIGMAPS,
+    SLICES,
+    FakeKubeAPI,
+    configmap,
+    endpoint,
+    endpoint_slice,
+)
+
+NS = "shop"
+FAST = WatchTiming(
+    connect_timeout_s=1.0,
+    request_timeout_s=1.0,
+    watch_timeout_s=2.0,
+    backoff_s=0.05,
+    backoff_max_s=0.2,
+)
+
+
+def ips(n, start=1, prefix="10.1.0"):
+    return [f"{prefix}.{i}" for i in range(start, start + n)]
+
+
+def slice_of(name, addrs, service="catalog", **kw):
+    return endpoint_slice(name, service, [endpoint(a, node=f"node-{a}") for a in addrs], **kw)
+
+
+class Recorder:
+    """Collects informer updates and log events; waits for conditions."""
+
+    def __init__(self):
+        self.updates = []
+        self.events = []
+        self.cond = threading.Condition()
+        self.log = EventLog(None)
+        self.log.add_sink(self._event)
+
+    def _event(self, rec):
+        with self.cond:
+            self.events.append(rec)
+            self.cond.notify_all()
+
+    def __call__(self, value, reason):
+        with self.cond:
+            self.updates.append((reason, value))
+            self.cond.notify_all()
+
+    def wait(self, pred, timeout=10.0, what="condition"):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not pred():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"timed out waiting for {what}; updates={self.updates[-3:]} "
+                        f"events={[e['event'] for e in self.events][-10:]}"
+                    )
+                self.cond.wait(left)
+
+    def addresses(self, i=-1):
+        return [s.address for s in self.updates[i][1]]
+
+    def wait_addresses(self, want, timeout=10.0):
+        want = sorted(want)
+        self.wait(lambda: self.updates and self.addresses() == want, timeout, f"endpoints {want}")
+
+    def named(self, event):
+        return [e for e in self.events if e["event"] == event]
+
+
+@pytest.fixture
+def kube():
+    api = FakeKubeAPI()
+    api.bookmark_every_s = 0.3  # keeps quiet watches inside the 1 s read timeout
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@pytest.fixture
+def client(kube, tmp_path):
+    c, ns = load_client(kube.kubeconfig(str(tmp_path / "kubeconfig"), namespace=NS))
+    assert ns == NS
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def informer(client):
+    made = []
+
+    def make(rec, timing=FAST, **kw):
+        inf = EndpointSliceInformer(client, NS, "catalog", rec, log=rec.log, timing=timing, **kw)
+        made.append(inf)
+        inf.start()
+        return inf
+
+    try:
+        yield make
+    finally:
+        for inf in made:
+            inf.stop()
+            assert not inf.watch._thread.is_alive()
+
+
+def urls(addrs, port=8080):
+    return [f"http://{a}:{port}" for a in addrs]
+
+
+def test_list_seeds_then_watch_follows(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
+    kube.put(SLICES, NS, slice_of("other-a", ["10.9.9.9"], service="other"))
+    kube.put(SLICES, "elsewhere", slice_of("catalog-x", ["10.8.8.8"]))
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait_addresses(urls(ips(3)))
+    assert rec.updates[0][0] == "list"
+    assert [s.node for s in rec.updates[0][1]] == [f"node-{a}" for a in ips(3)]
+    kube.put(SLICES, NS, slice_of("catalog-b", ips(2, start=10)))
+    rec.wait_addresses(urls(ips(3) + ips(2, start=10)))
+    assert rec.updates[-1][0] == "ADDED"
+    kube.delete(SLICES, NS, "catalog-a")
+    rec.wait_addresses(urls(ips(2, start=10)))
+    assert rec.updates[-1][0] == "DELETED"
+    (lst,) = kube.requests_of("list")
+    assert lst.query["labelSelector"] == "kubernetes.io/service-name=catalog"
+    assert lst.headers["authorization"] == "Bearer test-token"
+    w = kube.requests_of("watch")[0]
+    assert w.query["allowWatchBookmarks"] == "true"
+    assert w.query["resourceVersion"] == "103"  # the list's resourceVersion
+    assert 2 <= int(w.query["timeoutSeconds"]) < 4  # jittered in [t, 2t)
+    assert inf.watch.stats["lists"] == 1
+
+
+def test_bookmarks_advance_the_resource_version(kube, informer):
+    kube.bookmark_every_s = None
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    inf = informer(rec, WatchTiming(1.0, 5.0, 30.0, 0.05, 0.2))
+    rec.wait_addresses(urls(ips(2)))
+    kube.wait_for_requests("watch", SLICES, 1)
+    # Changes to another Service move the resource version without events for us.
+    for i in range(5):
+        kube.put(SLICES, NS, slice_of(f"other-{i}", [f"10.9.0.{i}"], service="other"))
+    deadline = time.monotonic() + 5
+    while inf.watch.resource_version != str(kube.rv):  # until the watch got a bookmark
+        assert time.monotonic() < deadline, "no bookmark reached the informer"
+        kube.bookmark()
+        time.sleep(0.05)
+    # History before the bookmark is compacted, and the watch drops: resuming from the
+    # bookmark's version needs no relist.
+    kube.compact()
+    kube.pause()
+    kube.resume()
+    kube.wait_for_requests("watch", SLICES, 2)
+    time.sleep(0.3)
+    assert kube.requests_of("watch")[-1].query["resourceVersion"] == str(kube.compacted_rv)
+    assert inf.watch.stats["lists"] == 1 and not rec.named("watch_expired")
+    assert inf.watch.stats["bookmarks"] >= 1
+
+
+@pytest.mark.parametrize("as_http", [False, True], ids=["error-event", "http-410"])
+def test_too_old_resource_version_relists_without_losing_updates(kube, informer, as_http):
+    kube.expired_as_http = as_http
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(4)))
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait_addresses(urls(ips(4)))
+    kube.pause()  # changes happen while the informer is disconnected ...
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
+    kube.put(SLICES, NS, slice_of("catalog-b", ips(2, start=50)))
+    kube.compact()  # ... and their history is gone when it comes back
+    kube.resume()
+    rec.wait_addresses(urls(ips(3) + ips(2, start=50)))
+    assert rec.updates[-1][0] == "relist"
+    assert inf.watch.stats["lists"] == 2
+    (expired,) = rec.named("watch_expired")
+    assert expired["action"] == "relist" and "410" in expired["error"]
+    # No update ever reported a partial or empty state.
+    assert all(len(v) >= 4 for _, v in rec.updates[:-1])
+
+
+def test_api_errors_keep_the_last_good_set_and_back_off(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(5)))
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait_addresses(urls(ips(5)))
+    n_updates = len(rec.updates)
+    kube.pause()
+    kube.compact()  # force a relist: the list itself then fails in several ways
+    kube.fail("watch", SLICES, "status", code=500, times=2)
+    kube.fail("watch", SLICES, "gone", times=1)
+    kube.fail("list", SLICES, "status", code=503, times=2)
+    kube.fail("list", SLICES, "garbage", times=1)
+    kube.fail("list", SLICES, "reset", times=1)
+    kube.resume()
+    rec.wait(lambda: inf.watch.stats["lists"] == 2, what="relist after the faults")
+    errors = rec.named("api_error")
+    assert len(errors) >= 6
+    texts = " | ".join(e["error"] for e in errors)
+    assert "HTTP 500" in texts and "HTTP 503" in texts and "not JSON" in texts
+    assert "Remote end closed connection" in texts  # the reset
+    assert all(e["retry_in_s"] > 0 and e["keeping"].startswith("last good") for e in errors)
+    delays = [e["retry_in_s"] for e in errors]
+    assert max(delays) <= 0.2
+    # While the API failed, no update replaced the good set.
+    assert all(len(v) == 5 for _, v in rec.updates[n_updates:])
+    assert rec.addresses() == urls(ips(5))
+    assert len(kube.faults) == 5 and all(f.times == 0 for f in kube.faults)
+
+
+def test_a_list_without_items_is_an_error_not_an_empty_service(kube, informer, monkeypatch):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    real = kube.list_doc
+    calls = []
+
+    def list_doc(*a):
+        doc = real(*a)
+        calls.append(1)
+        if len(calls) == 1:
+            del doc["items"]
+        return doc
+
+    monkeypatch.setattr(kube, "list_doc", list_doc)
+    rec = Recorder()
+    informer(rec)
+    rec.wait_addresses(urls(ips(2)))
+    assert all(v for _, v in rec.updates)
+    assert "lacks an 'items' list" in rec.named("api_error")[0]["error"]
+
+
+def test_a_silent_watch_is_dropped_at_the_read_timeout(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    informer(rec)
+    rec.wait_addresses(urls(ips(2)))
+    kube.fail("watch", SLICES, "silent", events=0)
+    kube.pause()  # end the current watch; the next one is silent: no data, no FIN
+    kube.resume()
+    kube.wait_for_requests("watch", SLICES, 2)
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
+    t0 = time.monotonic()
+    rec.wait_addresses(urls(ips(3)), timeout=5)
+    waited = time.monotonic() - t0
+    assert waited < FAST.request_timeout_s + 1.0
+    timeouts = [e for e in rec.named("api_error") if "Read timed out" in e["error"]]
+    assert timeouts and timeouts[0]["op"] == "watch"
+
+
+def test_a_watch_dropped_mid_stream_resumes_where_it_was(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait_addresses(urls(ips(2)))
+    kube.fail("watch", SLICES, "drop", events=1)
+    kube.pause()
+    kube.put(SLICES, NS, slice_of("catalog-b", ["10.2.0.1"]))
+    kube.put(SLICES, NS, slice_of("catalog-c", ["10.2.0.2"]))
+    kube.put(SLICES, NS, slice_of("catalog-d", ["10.2.0.3"]))
+    kube.resume()
+    rec.wait_addresses(urls([*ips(2), "10.2.0.1", "10.2.0.2", "10.2.0.3"]))
+    assert inf.watch.stats["lists"] == 1  # resumed, not relisted
+    assert any("ProtocolError" in e["error"] for e in rec.named("api_error"))
+
+
+def test_malformed_slices_are_skipped_with_a_log_line(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    bad_in_list = slice_of("catalog-z", ["10.3.0.1"])
+    bad_in_list["addressType"] = 4
+    kube.put(SLICES, NS, bad_in_list)
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait_addresses(urls(ips(2)))
+    broken = slice_of("catalog-a", ips(1))
+    del broken["addressType"]
+    kube.raw_event(SLICES, NS, "MODIFIED", broken)  # previous version of catalog-a stays
+    kube.raw_event(SLICES, NS, "ADDED", {"kind": "EndpointSlice"})  # no metadata at all
+    kube.raw_event(SLICES, NS, "ADDED", "a string")
+    wrong = slice_of("catalog-b", ["10.4.0.1"])
+    wrong["endpoints"] = "many"
+    kube.raw_event(SLICES, NS, "ADDED", wrong)
+    mixed = endpoint_slice(
+        "catalog-c",
+        "catalog",
+        [endpoint("10.5.0.1"), endpoint("10.5.0.999"), {"addresses": [42]}],
+    )
+    kube.put(SLICES, NS, mixed)
+    rec.wait_addresses(urls([*ips(2), "10.5.0.1"]))
+    invalid = rec.named("object_invalid")
+    assert len(invalid) == 5
+    assert invalid[0]["name"] == "catalog-z" and "addressType" in invalid[0]["error"]
+    assert invalid[1]["name"] == "catalog-a" and "previous version kept" in invalid[1]["action"]
+    assert "no metadata.name" in invalid[2]["error"]
+    assert "must be a JSON object" in invalid[3]["error"]
+    assert "'endpoints' must be a list" in invalid[4]["error"]
+    (problems,) = rec.named("slice_problems")
+    assert problems["slice"] == "catalog-c" and problems["skipped"] == 2
+    assert inf.watch._thread.is_alive()
+    kube.delete(SLICES, NS, "catalog-a")
+    rec.wait_addresses(urls(["10.5.0.1"]))
+
+
+def test_not_ready_and_terminating_pods_leave(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
+    rec = Recorder()
+    informer(rec)
+    rec.wait_addresses(urls(ips(3)))
+    a, b, c = ips(3)
+    s = endpoint_slice("catalog-a", "catalog", [endpoint(a), endpoint(b, ready=False), endpoint(c)])
+    kube.put(SLICES, NS, s)
+    rec.wait_addresses(urls([a, c]))
+    s = endpoint_slice(
+        "catalog-a",
+        "catalog",
+        [endpoint(a), endpoint(b), endpoint(c, ready=False, serving=True, terminating=True)],
+    )
+    kube.put(SLICES, NS, s)
+    rec.wait_addresses(urls([a, b]))
+
+
+def test_same_endpoint_in_two_slices_counts_once(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ["10.1.0.1", "10.1.0.2"]))
+    kube.put(SLICES, NS, slice_of("catalog-b", ["10.1.0.2", "10.1.0.3"]))
+    rec = Recorder()
+    informer(rec)
+    rec.wait_addresses(urls(["10.1.0.1", "10.1.0.2", "10.1.0.3"]))
+    # The copy in catalog-b starts terminating (pod moving between slices): it leaves.
+    kube.put(
+        SLICES,
+        NS,
+        endpoint_slice(
+            "catalog-b", "catalog", [endpoint("10.1.0.2", terminating=True), endpoint("10.1.0.3")]
+        ),
+    )
+    rec.wait_addresses(urls(["10.1.0.1", "10.1.0.3"]))
+
+
+def test_ipv6_and_port_name(kube, informer):
+    kube.put(
+        SLICES,
+        NS,
+        endpoint_slice(
+            "catalog-v6",
+            "catalog",
+            [endpoint("fd00:1::a"), endpoint("fd00:1::b")],
+            address_type="IPv6",
+            ports=[("http", 8080), ("admin", 9000)],
+        ),
+    )
+    rec = Recorder()
+    informer(rec, port_name="admin")
+    rec.wait_addresses(["http://[fd00:1::a]:9000", "http://[fd00:1::b]:9000"])
+
+
+def test_configmap_informer(kube, client):
+    kube.put(CONFIGMAPS, NS, configmap("cslb", {"CSLB_ENABLED": "true"}))
+    kube.put(CONFIGMAPS, NS, configmap("unrelated", {"x": "y"}))
+    rec = Recorder()
+    inf = ConfigMapInformer(client, NS, "cslb", rec, log=rec.log, timing=FAST)
+    inf.start()
+    try:
+        rec.wait(lambda: rec.updates and rec.updates[-1][1] == {"CSLB_ENABLED": "true"})
+        kube.put(CONFIGMAPS, NS, configmap("cslb", {"CSLB_ENABLED": "false"}))
+        rec.wait(lambda: rec.updates[-1][1] == {"CSLB_ENABLED": "false"})
+        bad = configmap("cslb", {"CSLB_PERCENTAGE": 50})
+        bad["metadata"]["labels"] = {}
+        kube.raw_event(CONFIGMAPS, NS, "MODIFIED", bad)
+        kube.put(CONFIGMAPS, NS, configmap("unrelated", {"x": "z"}))
+        kube.delete(CONFIGMAPS, NS, "cslb")
+        rec.wait(lambda: rec.updates[-1][1] is None, what="deletion")
+        (invalid,) = rec.named("object_invalid")
+        assert "must map strings to strings" in invalid["error"]
+        assert kube.requests_of("list", CONFIGMAPS)[0].query["fieldSelector"] == (
+            "metadata.name=cslb"
+        )
+    finally:
+        inf.stop()
+
+
+def test_stop_interrupts_a_blocked_watch(kube, informer):
+    kube.bookmark_every_s = None
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(1)))
+    rec = Recorder()
+    inf = informer(rec, WatchTiming(1.0, 60.0, 600.0, 0.05, 0.2))
+    rec.wait_addresses(urls(ips(1)))
+    kube.wait_for_requests("watch", SLICES, 1)
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    inf.stop()
+    assert time.monotonic() - t0 < 1.0
+    assert not inf.watch._thread.is_alive()
+
+
+def test_load_client_errors_name_the_file(tmp_path):
+    with pytest.raises(KubeConfigError, match=r"nope\.yaml"):
+        load_client(str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("clusters: 7\n")
+    with pytest.raises(KubeConfigError, match=r"bad\.yaml"):
+        load_client(str(bad))
+
+
+def test_server_side_watch_timeout_resumes_without_relist_or_error(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    inf = informer(rec, WatchTiming(1.0, 1.0, 1.0, 0.05, 0.2))
+    rec.wait_addresses(urls(ips(2)))
+    kube.wait_for_requests("watch", SLICES, 3, timeout=8)  # each ends after 1-2 s
+    watches = kube.requests_of("watch")
+    assert all(1 <= int(w.query["timeoutSeconds"]) < 2 for w in watches)
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
+    rec.wait_addresses(urls(ips(3)))
+    assert inf.watch.stats["lists"] == 1 and not rec.named("api_error")
+    rvs = [int(w.query["resourceVersion"]) for w in kube.requests_of("watch")]
+    assert rvs == sorted(rvs)  # always resumed from the newest version it had seen
