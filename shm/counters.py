@@ -48,6 +48,7 @@ grower copied it; rows of idle or dead workers keep the grower's copy.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -69,6 +70,7 @@ from shm.errors import (
     SegmentExistsError,
     SegmentLayoutError,
     SegmentMissingError,
+    SegmentSizeError,
     SlotOwnershipError,
 )
 from shm.layout import (
@@ -96,6 +98,7 @@ from shm.segment import (
     own_start_ticks,
     process_alive,
     seam,
+    segment_lock,
     segment_name,
     unlink_name,
     unlink_stale_epochs,
@@ -376,11 +379,27 @@ class CounterStore:
         ctl_size = align(slots_off + rows * SLOT.itemsize, _PAGE)
         for _ in range(3):
             try:
-                seg = Segment.create(name, ctl_size)
+                seg: Segment | None = Segment.create(name, ctl_size)
             except SegmentExistsError:
-                seg = attach_initialized(name, writable=True, min_size=1, initialized=False)
-            with seg.lock():
-                if seg.size == ctl_size and seg.words[_C_MAGIC] == 0 and not any(seg.buf):
+                seg = None
+            with contextlib.ExitStack() as held:
+                try:
+                    held.enter_context(segment_lock(name))
+                except SegmentMissingError:
+                    continue  # removed meanwhile: start over
+                # Under the lock nobody else creates, takes over or grows these counters.
+                if seg is None:
+                    try:
+                        seg = Segment.attach(name, writable=True, min_size=8)
+                    except SegmentSizeError:  # its creator died before sizing it
+                        seg = Segment.reinitialize(name, ctl_size)
+                if seg.words[_C_MAGIC] == 0:
+                    # New, or its creator died before writing the magic (written last).
+                    if seg.size != ctl_size:
+                        seg.close()
+                        seg = Segment.reinitialize(name, ctl_size)
+                    else:
+                        seg.buf[:] = bytes(ctl_size)
                     h = seg.header(COUNTERS_CONTROL)
                     h["version"] = LAYOUT_VERSION
                     h["size"] = ctl_size
@@ -401,6 +420,7 @@ class CounterStore:
                         raise
                     data.close()
                     h["current"] = 1
+                    seam("counters.control.init")
                     fence()
                     h["magic"] = MAGIC_COUNTERS_CONTROL
                     return cls(_Control(seg), namespace, owner=True)
@@ -415,8 +435,8 @@ class CounterStore:
                             f"{window_ns} ns window in {window_buckets} buckets",
                         )
                     m = ctl.current()
-                    # Under the lock nobody grows the matrix: other epochs are left by a
-                    # process killed while growing it (before or after the switch).
+                    # Other epochs are left by a process killed while growing the matrix
+                    # (before or after the switch).
                     unlink_stale_epochs(namespace, "counters", m.epoch)
                     return cls(ctl, namespace, owner=True)
                 except (SegmentCorruptError, SegmentMissingError):
@@ -425,7 +445,8 @@ class CounterStore:
                         raise
                     for seg_name in _namespace_counters(namespace):
                         unlink_name(seg_name)
-            seg.close()
+            if seg is not None:
+                seg.close()
         raise SegmentLayoutError(name, "could not create or take over the counters")
 
     @classmethod

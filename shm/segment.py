@@ -61,6 +61,7 @@ __all__ = [
     "process_alive",
     "process_start_ticks",
     "seam",
+    "segment_lock",
     "segment_name",
     "set_seam_hook",
     "unlink_name",
@@ -349,6 +350,7 @@ class Segment:
             raise SegmentExistsError(name, "already exists") from exc
         fd = mem.fd
         try:
+            seam("segment.created")  # exists, still 0 bytes
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, size)
             try:
@@ -393,18 +395,7 @@ class Segment:
             raise SegmentPermissionError(name, f"cannot be opened: {exc}") from exc
         try:
             st = os.fstat(mem.fd)
-            if st.st_uid != os.geteuid():
-                raise SegmentPermissionError(
-                    name,
-                    f"is owned by uid {st.st_uid}, not by this process's uid {os.geteuid()}; "
-                    "refusing to route on a segment another user controls",
-                )
-            if st.st_mode & 0o022:
-                raise SegmentPermissionError(
-                    name,
-                    f"has mode {st.st_mode & 0o777:04o}, writable by group or others; "
-                    "cslb segments are created 0600",
-                )
+            _check_owner(name, st)
             size = st.st_size
             if size < min_size:
                 raise SegmentSizeError(
@@ -417,6 +408,42 @@ class Segment:
         finally:
             mem.close_fd()
         return cls(name, mm, size, writable, False, st.st_ino)
+
+    @classmethod
+    def reinitialize(cls, name: str, size: int) -> Segment:
+        """Map an existing segment read-write at ``size`` bytes, all zero.
+
+        Only for the holder of the segment's lock, to redo the creation of a process
+        that died before finishing it (a segment still 0 bytes long, or whose magic
+        word, written last, is still 0): nobody else can be using it.
+
+        Raises
+        ------
+        SegmentMissingError, SegmentPermissionError, SegmentFullError
+        """
+        try:
+            mem = posix_ipc.SharedMemory(name, 0)
+        except posix_ipc.ExistentialError as exc:
+            raise SegmentMissingError(name, "does not exist") from exc
+        except posix_ipc.PermissionsError as exc:
+            raise SegmentPermissionError(name, f"cannot be opened: {exc}") from exc
+        fd = mem.fd
+        try:
+            st = os.fstat(fd)
+            _check_owner(name, st)
+            os.ftruncate(fd, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+                    raise _full_error(name, size, os.strerror(exc.errno)) from exc
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            mem.close_fd()
+        mm[:] = bytes(size)
+        return cls(name, mm, size, True, False, st.st_ino)
 
     # --------------------------------------------------------------------------------
 
@@ -447,20 +474,41 @@ class Segment:
         with contextlib.suppress(BufferError, ValueError):
             mm.close()
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the segment's cross-process lock (``flock`` on a fresh descriptor).
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the segment's cross-process lock (see :func:`segment_lock`)."""
+        return segment_lock(self.name)
 
-        The kernel drops the lock when the holder dies, so a SIGKILLed process never
-        leaves it held. Used only for rare operations (claiming a worker slot, growing
-        counters), never on a routing or recording path.
-        """
-        fd = _open_for_lock(self.name)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+
+def _check_owner(name: str, st: os.stat_result) -> None:
+    if st.st_uid != os.geteuid():
+        raise SegmentPermissionError(
+            name,
+            f"is owned by uid {st.st_uid}, not by this process's uid {os.geteuid()}; "
+            "refusing to route on a segment another user controls",
+        )
+    if st.st_mode & 0o022:
+        raise SegmentPermissionError(
+            name,
+            f"has mode {st.st_mode & 0o777:04o}, writable by group or others; "
+            "cslb segments are created 0600",
+        )
+
+
+@contextlib.contextmanager
+def segment_lock(name: str) -> Iterator[None]:
+    """Hold the cross-process lock of segment ``name`` (``flock`` on a fresh descriptor).
+
+    The kernel drops the lock when the holder dies, so a SIGKILLed process never
+    leaves it held. Used only for rare operations (creating or taking over counters,
+    claiming a worker slot, growing counters), never on a routing or recording path.
+    Works on a segment of any size, even one its creator never sized.
+    """
+    fd = _open_for_lock(name)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def current_inode(name: str) -> int | None:

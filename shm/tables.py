@@ -119,6 +119,7 @@ from shm.errors import (
     SegmentExistsError,
     SegmentLayoutError,
     SegmentMissingError,
+    SegmentSizeError,
     SlotOwnershipError,
     TableChecksumError,
     TableInputError,
@@ -184,6 +185,7 @@ _MAX_BUCKET_BITS = 32  # lbcore builds at most MAX_BUCKET_BITS; accept any sane 
 _PAGE = 4096
 
 # Word indices used on hot paths.
+_C_MAGIC = word(TABLES_CONTROL, "magic")
 _C_CURRENT = word(TABLES_CONTROL, "current")
 _C_GENERATION = word(TABLES_CONTROL, "generation")
 _C_WRITER_PID = word(TABLES_CONTROL, "writer_pid")
@@ -1228,21 +1230,27 @@ class TableWriter:
     def _open_control(self, replace_invalid: bool) -> tuple[Segment, WriterLock]:
         for _ in range(3):
             try:
-                seg = Segment.create(self.name, CONTROL_BYTES)
+                seg: Segment | None = Segment.create(self.name, CONTROL_BYTES)
             except SegmentExistsError:
-                seg = attach_initialized(self.name, writable=True, min_size=1, initialized=False)
+                seg = None
             try:
                 lock = WriterLock(self.name)
+            except SegmentMissingError:
+                continue  # removed meanwhile (a writer closing): start over
             except WriterBusyError as exc:
-                pid = seg.words[_C_WRITER_PID] if seg.size >= CONTROL_BYTES else 0
-                seg.close()
+                if seg is not None:
+                    seg.close()
                 raise WriterBusyError(
-                    self.name, f"process {pid} is the table writer (writer lock held)"
+                    self.name, f"process {self._busy_pid()} is the table writer (writer lock held)"
                 ) from exc
-            if seg.size == CONTROL_BYTES and not any(seg.buf):  # new, or creator died
-                self._init_control(seg)
-                return seg, lock
+            # We hold the writer lock: no other writer is live, none is creating.
             try:
+                if seg is None:
+                    seg = self._attach_locked()
+                if seg.words[_C_MAGIC] == 0:
+                    # New, or its creator died before writing the magic (written last).
+                    self._init_control(seg)
+                    return seg, lock
                 check_header(
                     seg, TABLES_CONTROL, MAGIC_TABLES_CONTROL, "a cslb tables control segment"
                 )
@@ -1250,14 +1258,43 @@ class TableWriter:
             except SegmentCorruptError:
                 if not replace_invalid:
                     lock.release()
-                    seg.close()
+                    if seg is not None:
+                        seg.close()
                     raise
-                seg.unlink()
+                unlink_name(self.name)
                 lock.release()
-                seg.close()
+                if seg is not None:
+                    seg.close()
+            except BaseException:
+                lock.release()
+                raise
         raise WriterBusyError(self.name, "could not create or take over the control segment")
 
+    def _attach_locked(self) -> Segment:
+        """Map the existing control segment, holding the writer lock."""
+        try:
+            seg = Segment.attach(self.name, writable=True, min_size=8)
+        except SegmentSizeError:
+            # Its creator died before sizing it (nothing can be in it).
+            return Segment.reinitialize(self.name, CONTROL_BYTES)
+        if seg.words[_C_MAGIC] == 0 and seg.size != CONTROL_BYTES:
+            seg.close()
+            return Segment.reinitialize(self.name, CONTROL_BYTES)
+        return seg
+
+    def _busy_pid(self) -> int:
+        """PID of the writer holding the lock, as its control segment says (0: unknown)."""
+        try:
+            seg = Segment.attach(self.name, min_size=CONTROL_BYTES)
+        except SegmentError:
+            return 0
+        try:
+            return int(seg.words[_C_WRITER_PID])
+        finally:
+            seg.close()
+
     def _init_control(self, seg: Segment) -> None:
+        seg.buf[:] = bytes(seg.size)  # whatever a creator killed mid-way left
         hdr = seg.header(TABLES_CONTROL)
         hdr["version"] = LAYOUT_VERSION
         hdr["size"] = seg.size
@@ -1265,6 +1302,7 @@ class TableWriter:
         hdr["current"] = 0
         hdr["generation"] = 0
         hdr["created_ns"] = self._clock()
+        seam("tables.control.init")
         fence()
         hdr["magic"] = MAGIC_TABLES_CONTROL  # last: readers wait for it
 

@@ -412,3 +412,52 @@ def test_readers_follow_a_writer_that_was_stopped_and_started_again(namespace, p
     assert reader.writer_alive() and reader.generation() == 1
     assert old.valid() and len(old.endpoints) == 4  # the old table is still intact
     ask(b, "close")
+
+
+def creator_stopped_at(ns, at, kind, conn):
+    """Creates the tables (or counters) of ``ns`` and stops at seam ``at`` until killed."""
+    from shm import CounterStore
+
+    def hook(point):
+        if point == at:
+            conn.send("paused")
+            time.sleep(600)
+
+    set_seam_hook(hook)
+    if kind == "tables":
+        TableWriter(ns)
+    else:
+        CounterStore.create(ns, rows=2, columns=8)
+
+
+@pytest.mark.parametrize(
+    "kind, at",
+    [
+        ("tables", "segment.created"),
+        ("tables", "tables.control.init"),
+        ("counters", "segment.created"),
+        ("counters", "counters.control.init"),
+    ],
+)
+def test_a_creator_killed_mid_creation_does_not_block_the_next(namespace, procs, kind, at):
+    """Review N1: killed after creating the control segment but before sizing it, or
+    before writing its magic (written last), a creator leaves an unfinished segment; the
+    next one, holding the lock, finishes the job instead of calling it foreign."""
+    from shm import CounterStore
+
+    a, b = procs.ctx.Pipe(duplex=False)
+    creator = procs.start(creator_stopped_at, namespace, at, kind, b)
+    assert a.poll(30) and a.recv() == "paused"
+    os.kill(creator.pid, signal.SIGKILL)
+    creator.join(10)
+    name = segment_name(namespace, kind)
+    assert name in list_segments(namespace)  # unfinished: 0 bytes, or magic 0
+    if kind == "tables":
+        with TableWriter(namespace) as w:
+            assert w.publish(lbcore.RingSet(_eps_n(3), vnodes=5)) == 1
+            assert TableReader(namespace).table().generation == 1
+    else:
+        store = CounterStore.create(namespace, rows=2, columns=8)
+        store.claim().record_start([3], 0)
+        assert CounterStore.attach(namespace).reader().read(0, 8).in_flight[3] == 1
+        store.close()
