@@ -461,3 +461,37 @@ def test_handles_tell_when_the_owner_removed_the_counters(namespace):
     fresh.claim().record_start([1], T0)
     assert again.reader().read(T0, 8).in_flight[1] == 1
     again.close()
+
+
+def test_releasing_per_thread_rows_mid_request_leaves_no_negative_counts(store):
+    """Review N2: release() frees every thread's row while one thread is mid-request;
+    that thread's record_end must fail, not land in a newly claimed row and drive it
+    negative."""
+    rec = ThreadRecorder(store)
+    started, go = threading.Event(), threading.Event()
+    outcome = {}
+
+    def worker():
+        rec.record_start([2, 3], T0)
+        started.set()
+        go.wait(10)
+        try:
+            rec.record_end([2, 3], T0, [MS, MS], T0 + MS)
+            outcome["end"] = "recorded"
+        except SlotOwnershipError as exc:
+            outcome["end"] = str(exc)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert started.wait(10)
+    rec.release()
+    go.set()
+    t.join(10)
+    assert "was released" in outcome["end"]
+    for r in range(store.rows):
+        for part in OPEN_PARTS:
+            assert (block(store, r, part) >= 0).all(), (r, part)
+    assert store.reader().read(T0 + MS, 8).in_flight.sum() == 0
+    assert not any(s.claimed for s in store.slots())
+    with pytest.raises(SlotOwnershipError, match="was released"):
+        rec.record_start([1], T0)  # nor does a thread that never recorded get a row
