@@ -44,6 +44,7 @@ from shm.errors import (
     TableInputError,
     TableUnavailableError,
     WriterBusyError,
+    WriterUnusableError,
 )
 from shm.layout import LAYOUT_VERSION
 from shm.segment import check_namespace, list_segments, segment_name
@@ -84,6 +85,7 @@ __all__ = [
     "TableWriter",
     "ThreadRecorder",
     "WriterBusyError",
+    "WriterUnusableError",
     "check_namespace",
     "list_segments",
     "segment_name",

@@ -59,7 +59,14 @@ from typing import Any
 
 import numpy as np
 
-from lbcore.signals import DEFAULT_WINDOW_NS, LOAD_SIGNALS, effective_load, window_weights
+from lbcore.signals import (
+    DEFAULT_LATENCY_CAP,
+    DEFAULT_WINDOW_NS,
+    LOAD_SIGNALS,
+    effective_load,
+    load_for,
+    window_weights,
+)
 from lbcore.signals import mean_latency as _mean_latency
 from lbcore.signals import occupancy as _occupancy
 from shm.errors import (
@@ -1143,24 +1150,23 @@ class HostLoads:
             self.global_latency_s,
         )
 
-    def effective(self, cap: float = 5.0) -> np.ndarray:
+    def effective(self, cap: float = DEFAULT_LATENCY_CAP) -> np.ndarray:
         """``max(in_flight, occupancy) × min(latency / global latency, cap)`` (lbcore)."""
         return effective_load(
             self.in_flight, self.occupancy, self.mean_latency_s, self.global_latency_s, cap=cap
         )
 
     def signal(self, name: str) -> np.ndarray:
-        """The ``float64`` load vector a knob's load signal names.
+        """The ``float64`` load vector a knob's load signal names, by lbcore's rule.
 
-        ``occupancy``, ``in-flight`` or ``effective`` (see :data:`lbcore.signals.LOAD_SIGNALS`).
+        ``occupancy``, ``in-flight`` or ``effective`` (see :data:`lbcore.signals.LOAD_SIGNALS`
+        and :func:`lbcore.signals.load_for`).
         """
-        if name == "occupancy":
-            return self.occupancy
-        if name == "in-flight":
-            return self.in_flight.astype(np.float64)
-        if name == "effective":
-            return self.effective()
-        raise CounterInputError(f"unknown load signal {name!r}, expected one of {LOAD_SIGNALS}")
+        if name not in LOAD_SIGNALS:
+            raise CounterInputError(f"unknown load signal {name!r}, expected one of {LOAD_SIGNALS}")
+        return load_for(
+            name, self.in_flight, self.occupancy, self.mean_latency_s, self.global_latency_s
+        )
 
 
 class CounterReader:

@@ -30,6 +30,7 @@ __all__ = [
     "TableInputError",
     "TableUnavailableError",
     "WriterBusyError",
+    "WriterUnusableError",
 ]
 
 
@@ -134,3 +135,11 @@ class ProcessLivenessError(ShmError, OSError):
 
 class SlotOwnershipError(ShmError):
     """A counter recorder is used after its slot was released, or in a forked child."""
+
+
+class WriterUnusableError(SlotOwnershipError):
+    """A :class:`~shm.tables.TableWriter` is used after ``close()``, or in a forked child.
+
+    (A subclass of :class:`SlotOwnershipError` only so that code written against the
+    first release, which raised that, keeps working.)
+    """

@@ -106,7 +106,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -120,11 +120,11 @@ from shm.errors import (
     SegmentLayoutError,
     SegmentMissingError,
     SegmentSizeError,
-    SlotOwnershipError,
     TableChecksumError,
     TableInputError,
     TableUnavailableError,
     WriterBusyError,
+    WriterUnusableError,
 )
 from shm.layout import (
     BUFFER_HEADER,
@@ -160,6 +160,9 @@ from shm.segment import (
     unlink_name,
     unlink_stale_epochs,
 )
+
+if TYPE_CHECKING:
+    from shm.counters import CounterStore
 
 __all__ = [
     "DEFAULT_SLOT_REUSE_NS",
@@ -1165,8 +1168,8 @@ class TableWriter:
         default: the counters' occupancy window plus two buckets (12 s for the default
         window, also without counters).
     counters
-        A :class:`shm.counters.CounterStore`: before each publish its matrix is grown
-        to hold every slot of the new table.
+        The host's :class:`shm.counters.CounterStore`, if any: before each publish its
+        matrix is grown to hold every slot of the new table.
     replace_invalid
         Replace an existing control segment that is foreign or of another layout
         version instead of raising.
@@ -1192,7 +1195,7 @@ class TableWriter:
         namespace: str,
         *,
         slot_reuse_ns: int | None = None,
-        counters: Any = None,
+        counters: CounterStore | None = None,
         replace_invalid: bool = False,
         min_capacity_bytes: int = 1 << 20,
         clock: Callable[[], int] = time.monotonic_ns,
@@ -1325,9 +1328,9 @@ class TableWriter:
 
     def _check_usable(self) -> None:
         if self._closed:
-            raise SlotOwnershipError(f"table writer of {self.name} is closed")
+            raise WriterUnusableError(f"table writer of {self.name} is closed")
         if os.getpid() != self._pid:
-            raise SlotOwnershipError(
+            raise WriterUnusableError(
                 f"table writer of {self.name} was created in process {self._pid}; "
                 "a forked child must create its own writer"
             )
@@ -1371,6 +1374,8 @@ class TableWriter:
             Malformed input; nothing is published and the previous generation stays.
         SegmentFullError
             Growing the buffers needs more room than ``/dev/shm`` has.
+        WriterUnusableError
+            The writer was closed, or this is a forked child of its process.
         """
         self._check_usable()
         if not isinstance(ring_set, lbcore.RingSet):

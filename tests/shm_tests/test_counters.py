@@ -495,3 +495,24 @@ def test_releasing_per_thread_rows_mid_request_leaves_no_negative_counts(store):
     assert not any(s.claimed for s in store.slots())
     with pytest.raises(SlotOwnershipError, match="was released"):
         rec.record_start([1], T0)  # nor does a thread that never recorded get a row
+
+
+def test_host_loads_follow_lbcores_load_rules(store):
+    """Review N3: effective load uses lbcore's rule and its latency cap (a pod far
+    slower than the rest is capped exactly as lbcore caps it)."""
+    from lbcore.signals import load_for
+
+    rec = store.claim()
+    rec.record_start([0] * 9 + [1], T0)
+    rec.record_end([0] * 9, T0, [10 * MS] * 9, T0 + 10 * MS)
+    rec.record_start([1, 2, 2], T0 + 10 * MS)  # slot 1: one more open, one ends slowly
+    rec.record_end([1], T0, [900 * MS], T0 + 900 * MS)
+    loads = store.reader().read(T0 + 900 * MS, 4)
+    ratio = loads.mean_latency_s[1] / loads.global_latency_s
+    assert ratio > 5  # beyond lbcore's default cap
+    for name in ("effective", "occupancy", "in-flight"):
+        want = load_for(
+            name, loads.in_flight, loads.occupancy, loads.mean_latency_s, loads.global_latency_s
+        )
+        assert np.array_equal(loads.signal(name), want), name
+    assert np.array_equal(loads.effective(), loads.signal("effective"))

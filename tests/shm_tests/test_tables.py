@@ -22,6 +22,7 @@ from shm import (
     TableReader,
     TableWriter,
     WriterBusyError,
+    WriterUnusableError,
     list_segments,
     segment_name,
 )
@@ -396,7 +397,7 @@ def test_writer_in_a_forked_child_is_refused(namespace, procs):
             try:
                 w.publish(lbcore.RingSet(EPS[:4]))
                 os.write(wr, b"published")
-            except SlotOwnershipError as exc:
+            except WriterUnusableError as exc:
                 os.write(wr, str(exc).encode()[:200])
 
         p = procs.start(child)
@@ -587,3 +588,16 @@ def test_growth_adds_a_quarter_of_headroom_not_double_the_buffers(namespace):
         assert cap < grown < 1.5 * cap  # it did have to grow, a little
         assert grown <= w.capacity_bytes() <= grown * 1.25 + 4096
         assert TableReader(namespace).table().nodes == (pad,) * 20
+
+
+def test_a_closed_writer_says_so(namespace):
+    """Review N3: a closed writer raises WriterUnusableError (not a recorder's error),
+    which old callers catching SlotOwnershipError still catch."""
+    w = TableWriter(namespace)
+    w.publish(lbcore.RingSet(EPS[:3]))
+    w.close()
+    with pytest.raises(WriterUnusableError, match=r"table writer of .* is closed") as info:
+        w.publish(lbcore.RingSet(EPS[:3]))
+    assert isinstance(info.value, SlotOwnershipError)
+    with pytest.raises(WriterUnusableError):
+        w.heartbeat()
