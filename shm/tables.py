@@ -25,7 +25,7 @@ Publish (writer; ``fence`` = store->store ordering, see :func:`shm.segment.fence
 Read (reader; ``fence`` = load->load ordering)::
 
     c = control.current ; fence ; s1 = buffer(c).seq ; fence
-    retry if s1 is odd, or if control.current != c now
+    retry if control.current != c now, or if s1 is odd
     map the payload; first time for this (epoch, buffer, s1): verify the checksum and
     every offset, count and index, build the Table of zero-copy views
     fence ; retry unless buffer(c).seq == s1 still
@@ -813,6 +813,10 @@ class _TablesView:
         self.offsets = (0, 0)
         self.buffer_bytes = 0
         self.writable = control.writable
+        # (mapping, buffer, seq, error) of a current buffer found unusable: while none of
+        # these changes, later reads raise the same error at once instead of checking
+        # the whole table again (or waiting out the timeout) on every call.
+        self.bad: tuple[memoryview, int, int, SegmentError] | None = None
 
     def data_segment(self, epoch: int) -> Segment:
         if self.data is not None and self.data_epoch == epoch:
@@ -881,12 +885,14 @@ class _TablesView:
             seq1 = w[si]
             if _WEAK:
                 fence()  # load seq1 before `current` again and before the payload
-            if seq1 & 1:
-                last = f"buffer {b} was being rewritten"
-            elif self.cw[_C_CURRENT] != cur:
+            if self.cw[_C_CURRENT] != cur:
                 # The buffer may hold a newer generation that `current` does not name
                 # yet (the writer completed it and has not switched): not ours to use.
                 last = "the writer switched buffers while this one was being mapped"
+            elif (v := self.bad) is not None and v[0] is w and v[1] == b and v[2] == seq1:
+                raise v[3]  # judged before, not rewritten since
+            elif seq1 & 1:
+                last = f"buffer {b} was being rewritten"
             else:
                 if (
                     cached is not None
@@ -920,16 +926,22 @@ class _TablesView:
                     bad_tries += 1
                     if bad_tries >= 3:
                         assert bad is not None
+                        self.bad = (w, b, seq1, bad)
                         raise bad
                     time.sleep(0.001)
                     continue
                 last = f"buffer {b} was rewritten while it was read"
             spins += 1
             if time.monotonic() > deadline:
-                raise TableUnavailableError(
+                err = TableUnavailableError(
                     self.control.name,
                     f"no consistent table within {timeout_s:g} s ({spins} retries; last: {last})",
                 )
+                if seq1 & 1 and self.cw[_C_CURRENT] == cur:
+                    # The writer never rewrites the current buffer: an odd seq that stayed
+                    # there all along is damage, not a publish in progress.
+                    self.bad = (w, b, seq1, err)
+                raise err
             time.sleep(0 if spins < 100 else 0.0005)
 
     def _decode(self, data: Segment, b: int, off: int, w: memoryview) -> Table:

@@ -601,3 +601,48 @@ def test_a_closed_writer_says_so(namespace):
     assert isinstance(info.value, SlotOwnershipError)
     with pytest.raises(WriterUnusableError):
         w.heartbeat()
+
+
+@pytest.mark.parametrize("damage", ["payload", "seq"])
+def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, damage):
+    """Review N4: while the current generation stays corrupt, every table() call must
+    not check the whole table again (a checksum over megabytes) or wait out the
+    timeout: the verdict is kept until the buffer or current changes."""
+    from shm import TableUnavailableError
+    from shm import tables as tables_mod
+    from shm.segment import set_seam_hook
+
+    checksums = []
+    real = tables_mod._checksum
+    monkeypatch.setattr(tables_mod, "_checksum", lambda data: checksums.append(1) or real(data))
+    passes = []
+    set_seam_hook(lambda point: passes.append(point) if point == "tables.read.mapped" else None)
+    try:
+        with TableWriter(namespace) as w:
+            w.publish(fading_set())
+            reader = TableReader(namespace, timeout_s=0.2)
+            t = reader.table()
+            seg = data_words(namespace, t)
+            off = reader._view.offsets[t.buffer]
+            if damage == "payload":
+                seg.buf[off + BUFFER_HEADER_BYTES + 1000] ^= 0x40
+                error = TableChecksumError
+            else:
+                seg.words[off // 8] += 1  # an odd seq in the current buffer
+                error = TableUnavailableError
+            fresh = TableReader(namespace, timeout_s=0.2)
+            checksums.clear()
+            with pytest.raises(error):
+                fresh.table()
+            first_checks, first_passes = len(checksums), len(passes)
+            for _ in range(5):
+                passes.clear()
+                with pytest.raises(error):
+                    fresh.table()
+                assert passes == ["tables.read.mapped"]  # one look, no retries
+            assert len(checksums) == first_checks  # no table checked again
+            assert first_passes >= 3
+            w.publish(fading_set())  # a new generation in the other buffer
+            assert fresh.table().generation == 2
+    finally:
+        set_seam_hook(None)
