@@ -792,6 +792,7 @@ class Recorder:
         for q in range(max(period - k + 1, self._period + 1), period + 1):
             j = q % k
             if periods[j] != q:
+                seam("counters.rotate")  # once per bucket and row, not per call
                 if self._open[j].any():
                     self._open_old += self._open[j]  # counted twice, never zero times
                     self._open[j] = 0
