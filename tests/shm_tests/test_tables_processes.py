@@ -209,8 +209,7 @@ def test_writer_killed_while_growing_leaves_an_orphan_the_next_one_replaces(name
         assert np.array_equal(t.ring_set.route(["a", "b"], 0), big.route(["a", "b"], 0))
 
 
-@pytest.mark.parametrize("kill_reader_mid_map", [True])
-def test_killed_readers_do_not_disturb_the_writer(namespace, procs, kill_reader_mid_map):
+def test_killed_readers_do_not_disturb_the_writer(namespace, procs):
     seed_namespace(namespace)
 
     def spin(ns):
