@@ -700,6 +700,7 @@ def _namespace_counters(namespace: str) -> list[str]:
 
 
 _add_at = np.add.at
+_NO_SLOTS = np.empty(0, dtype=np.intp)
 _max = np.maximum.reduce
 _min = np.minimum.reduce
 
@@ -810,6 +811,8 @@ class Recorder:
         if type(s) is not np.ndarray or s.dtype != np.intp:
             s = np.asarray(s)
             if s.dtype != np.intp:
+                if s.size == 0 and s.dtype.kind in "iuf":
+                    return _NO_SLOTS  # an empty fan-out (say, every key went to fallback)
                 if s.dtype.kind not in "iu" or s.dtype.itemsize > 8:
                     raise CounterInputError(
                         f"endpoint slots must be integers, got a {s.dtype} array {s!r:.80}"
@@ -899,7 +902,7 @@ class Recorder:
         d = durations_ns
         if type(d) is not np.ndarray or d.dtype != np.int64:
             d = np.asarray(d)
-            if d.dtype.kind not in "iu":
+            if d.dtype.kind not in "iu" and not (d.size == 0 and d.dtype.kind == "f"):
                 raise CounterInputError(f"durations must be integer nanoseconds, got {d.dtype}")
             d = d.astype(np.int64)
         n = s.size
@@ -1138,16 +1141,35 @@ class HostLoads:
     global_latency_s: float
 
     def take(self, slots: Any) -> HostLoads:
-        """The loads of the given slots, in that order (e.g. ``Table.slots``: per endpoint)."""
+        """The loads of the given slots, in that order (e.g. ``Table.slots``: per endpoint).
+
+        Slots this snapshot does not cover (given to endpoints published after it was
+        read) count as idle: no in-flight, no occupancy, no completions (NaN latency).
+
+        Raises
+        ------
+        CounterInputError
+            A negative slot.
+        """
         idx = np.asarray(slots, dtype=np.intp)
+        n = self.in_flight.size
+        if idx.size and int(idx.min()) < 0:
+            raise CounterInputError(f"endpoint slots must be >= 0, got {int(idx.min())}")
+        extra = int(idx.max()) + 1 - n if idx.size else 0
+
+        def pick(arr: np.ndarray, idle: float) -> np.ndarray:
+            if extra > 0:
+                arr = np.concatenate((arr, np.full(extra, idle, dtype=arr.dtype)))
+            return arr.take(idx)
+
         return HostLoads(
             self.now_ns,
             self.window_ns,
-            self.in_flight.take(idx),
-            self.occupancy.take(idx),
-            self.completed.take(idx),
-            self.mean_latency_s.take(idx),
-            self.failure_rate.take(idx),
+            pick(self.in_flight, 0),
+            pick(self.occupancy, 0.0),
+            pick(self.completed, 0.0),
+            pick(self.mean_latency_s, np.nan),
+            pick(self.failure_rate, np.nan),
             self.global_latency_s,
         )
 

@@ -626,3 +626,25 @@ def test_a_thread_recording_during_another_threads_rotation_loses_nothing(store,
     assert loads.in_flight.tolist() == [0, 0, 0, 0]
     assert b_waited == (kind == "locked")
     rec.release()
+
+
+def test_slots_newer_than_a_load_snapshot_count_as_idle(store):
+    rec = store.claim()
+    rec.record_start([1, 1], T0)
+    loads = store.reader().read(T0 + 10 * MS, 4)  # a snapshot of slots 0..3
+    per_endpoint = loads.take([1, 9])  # slot 9: an endpoint published after it
+    assert per_endpoint.in_flight.tolist() == [2, 0]
+    assert per_endpoint.occupancy[1] == 0 and per_endpoint.completed[1] == 0
+    assert np.isnan(per_endpoint.mean_latency_s[1]) and np.isnan(per_endpoint.failure_rate[1])
+    assert np.allclose(per_endpoint.signal("effective"), [2, 0])
+    with pytest.raises(CounterInputError, match="must be >= 0"):
+        loads.take([-1])
+
+
+def test_an_empty_fan_out_records_nothing_and_raises_nothing(store):
+    rec = store.claim()
+    before = raw(store, rec.row)
+    rec.record_start([], T0)  # every key of the batch went to fallback
+    rec.record_end([], T0, [], T0 + MS)
+    rec.record_end(np.array([], np.int32), [], np.array([], np.int64), T0 + MS, failed=[])
+    assert np.array_equal(raw(store, rec.row), before)
