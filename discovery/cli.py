@@ -5,6 +5,14 @@ endpoints, and publishes ring sets into shared memory for the host's workers. Ru
 the foreground until SIGTERM or SIGINT, then stops its informers and, by default,
 removes the tables segments it owns.
 
+With no endpoint source at all (no ``--service``, ``--endpoints-file`` or ``--endpoint``,
+nor their variables) it runs on the static example file, the embedded default that
+needs no cluster: ``examples/endpoints.json`` in the current directory if there is one,
+else the one of the source tree this package was installed from (a checkout or an
+editable install). It says so in an ``endpoints_file_default`` log line naming the
+file. Inside a cluster (``KUBERNETES_SERVICE_HOST`` set) there is no default: routing
+real traffic to example addresses would be wrong, so a missing source is an error.
+
 Exit status: 0 after a clean stop, 2 for bad arguments or configuration, 1 when it
 cannot publish (another discovery process owns the namespace, /dev/shm unusable) or
 crashed (the tables then stay for the next process to take over).
@@ -18,6 +26,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from discovery.events import EventLog
@@ -25,7 +34,55 @@ from discovery.settings import DISCOVERY_KNOBS, KnobState
 from discovery.static import EndpointsFileError, EndpointSpec, parse_endpoints
 from lbcore.knobs import ROUTING_KNOBS, KnobError, add_arguments, from_args
 
-__all__ = ["build_parser", "main"]
+__all__ = [
+    "EXAMPLE_ENDPOINTS",
+    "NoEndpointSourceError",
+    "build_parser",
+    "default_endpoints_file",
+    "main",
+]
+
+#: The static example file, relative to the current directory or the source tree.
+EXAMPLE_ENDPOINTS = Path("examples") / "endpoints.json"
+
+# The source tree this package was installed from (checkout or editable install).
+_SOURCE_TREE = Path(__file__).resolve().parent.parent
+
+
+class NoEndpointSourceError(Exception):
+    """No endpoint source was given and the example file cannot stand in."""
+
+
+def default_endpoints_file(
+    cwd: str | os.PathLike[str], environ: Mapping[str, str], source_tree: Path = _SOURCE_TREE
+) -> Path:
+    """The endpoints file to run on when no source was given (see the module docs).
+
+    Raises
+    ------
+    NoEndpointSourceError
+        Inside a cluster, or when neither place has the example file; the message
+        says what was tried and what to give instead.
+    """
+    give = "give --service SVC (Kubernetes), --endpoints-file FILE or --endpoint URL"
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        raise NoEndpointSourceError(
+            f"no endpoint source: {give} (inside a cluster the example endpoints are not "
+            "used as a default)"
+        )
+    tried = []
+    for base in (Path(cwd), source_tree):
+        path = (base / EXAMPLE_ENDPOINTS).resolve()
+        if path in tried:
+            continue
+        if path.is_file():
+            return path
+        tried.append(path)
+    raise NoEndpointSourceError(
+        f"no endpoint source: {give} (no example file to default to: tried "
+        + ", ".join(str(p) for p in tried)
+        + ")"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,12 +130,21 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
         static: list[EndpointSpec] = parse_endpoints(list(args.endpoint), "--endpoint")
     except (KnobError, EndpointsFileError) as exc:
         return _fail(str(exc))
+    default = None
     if not (settings["service"] or settings["endpoints_file"] or static):
-        return _fail(
-            "no endpoint source: give --service SVC (Kubernetes), --endpoints-file FILE "
-            "or --endpoint URL"
-        )
+        try:
+            default = default_endpoints_file(os.getcwd(), env)
+        except NoEndpointSourceError as exc:
+            return _fail(str(exc))
+        settings["endpoints_file"] = str(default)
     log = EventLog(sys.stderr, level=settings["log_level"])
+    if default is not None:
+        log.warning(
+            "endpoints_file_default",
+            path=str(default),
+            why="no --service, --endpoints-file or --endpoint given (and not in a cluster)",
+            note="static example endpoints, for running without a cluster",
+        )
     return _run(settings, routing, static, log)
 
 
@@ -110,10 +176,6 @@ def _run(
             backoff_max_s=settings["backoff_max_s"],
         )
     try:
-        shm.check_namespace(settings["shm_namespace"])
-    except shm.NamespaceError as exc:
-        return _fail(f"--shm-namespace: {exc}")
-    try:
         publisher = Publisher(settings["shm_namespace"])
     except (shm.ShmError, OSError) as exc:
         return _fail(f"cannot publish into shared memory: {exc}", 1)
@@ -126,6 +188,7 @@ def _run(
         heartbeat_s=settings["heartbeat_s"],
         file_poll_s=settings["file_poll_s"],
         configmap_wait_s=settings["configmap_wait_s"],
+        removals_at_once=settings["removals_at_once"],
     )
     if static:
         disc.add_list(static)

@@ -11,7 +11,11 @@ Pure: time is an argument (CLOCK_MONOTONIC nanoseconds).
 
 from __future__ import annotations
 
-__all__ = ["Debouncer"]
+__all__ = ["DebounceError", "Debouncer"]
+
+
+class DebounceError(ValueError):
+    """A debounce delay or cap that cannot work (negative, or a cap below the delay)."""
 
 
 class Debouncer:
@@ -25,15 +29,20 @@ class Debouncer:
     max_delay_ns
         Longest time from the first change of a burst to its release, in nanoseconds;
         ``None``: five times ``delay_ns``.
+
+    Raises
+    ------
+    DebounceError
+        If ``delay_ns`` is negative or ``max_delay_ns`` is below it.
     """
 
     def __init__(self, delay_ns: int, max_delay_ns: int | None = None) -> None:
         if delay_ns < 0:
-            raise ValueError(f"debounce delay must be >= 0 ns, got {delay_ns}")
+            raise DebounceError(f"debounce delay must be >= 0 ns, got {delay_ns}")
         self.delay_ns = int(delay_ns)
         self.max_delay_ns = int(5 * delay_ns if max_delay_ns is None else max_delay_ns)
         if self.max_delay_ns < self.delay_ns:
-            raise ValueError(
+            raise DebounceError(
                 f"debounce cap ({self.max_delay_ns} ns) must be >= the delay ({self.delay_ns} ns)"
             )
         self.first_ns: int | None = None

@@ -14,11 +14,13 @@ strings from the same EndpointSlices or the rings differ. The rules, as Skipper'
 * addresses are de-duplicated across slices, formatted ``scheme://host:port`` with IPv6
   hosts in brackets (Go's ``net.JoinHostPort``), and sorted as strings.
 
-The port is chosen per slice: the TCP port called ``port_name``, or, without a name, the
-slice's only TCP port. (Skipper takes the last slice's ports for all slices of a
-Service; every EndpointSlice controller writes the same ports into all slices of one
-Service, so the results agree.) cslb additionally keeps each endpoint's ``nodeName``
-and pod name (``targetRef.name``) for logs and ``cslb inspect``.
+The port is chosen per slice: the TCP port called ``port_name`` (or, if ``port_name`` is
+all digits, the TCP port with that number: Kubernetes port names must contain a letter,
+so the two cannot be confused), or, without one, the slice's only TCP port. (Skipper
+takes the last slice's ports for all slices of a Service; every EndpointSlice controller
+writes the same ports into all slices of one Service, so the results agree.) cslb
+additionally keeps each endpoint's ``nodeName`` and pod name (``targetRef.name``) for
+logs and ``cslb inspect``.
 
 Malformed slices (missing or wrongly typed fields, addresses that are not IPs of the
 slice's address type) raise :class:`SliceError` naming the slice and the field; single
@@ -141,6 +143,12 @@ def _pick_port(ports: Any, port_name: str | None, where: str) -> tuple[int | Non
             )
         if protocol == "TCP":
             tcp.append((name, number))
+    if port_name and port_name.isdigit():
+        for _, number in tcp:
+            if number == int(port_name):
+                return number, ""
+        numbers = ", ".join(str(p) for _, p in tcp) or "none"
+        return None, f"no TCP port {port_name} (ports: {numbers})"
     if port_name:
         for name, number in tcp:
             if name == port_name:
@@ -181,7 +189,8 @@ def parse_slice(obj: Any, *, port_name: str | None = None, scheme: str = "http")
     obj
         The slice as the API returns it (``{"metadata": ..., "addressType": ..., ...}``).
     port_name
-        Name of the port to use; ``None`` means the slice's only TCP port.
+        Name of the port to use, or its number as digits (``"8080"``); ``None`` means the
+        slice's only TCP port.
     scheme
         URL scheme of the endpoint addresses (Skipper: ``http`` unless the backend says
         otherwise).

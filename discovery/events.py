@@ -1,7 +1,7 @@
 """Structured logs of the discovery process: one JSON object per line, one line per event.
 
 Every line has ``ts`` (wall-clock time, ISO 8601 UTC, for humans and log shippers),
-``level``, ``event`` (a stable snake_case name such as ``pods_added``,
+``level``, ``event`` (a stable snake_case name such as ``endpoint_added``,
 ``publish``, ``api_error``) and event-specific fields. Operators grep for the event
 name; tests read the same lines.
 
@@ -18,10 +18,14 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["LEVELS", "EventLog"]
+__all__ = ["LEVELS", "EventLog", "LogLevelError"]
 
 #: Levels in increasing severity.
 LEVELS = ("debug", "info", "warning", "error")
+
+
+class LogLevelError(ValueError):
+    """A log level that is not one of :data:`LEVELS`."""
 
 
 def _iso(ts: float) -> str:
@@ -40,6 +44,11 @@ class EventLog:
         Lowest level written to ``stream`` (sinks get every event).
     component
         Value of the ``component`` field of every line.
+
+    Raises
+    ------
+    LogLevelError
+        If ``level`` is not one of :data:`LEVELS`.
     """
 
     def __init__(
@@ -50,7 +59,7 @@ class EventLog:
         component: str = "discovery",
     ) -> None:
         if level not in LEVELS:
-            raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
+            raise LogLevelError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
         self.stream = stream
         self.min_level = LEVELS.index(level)
         self.component = component

@@ -5,8 +5,13 @@ publisher) and prints its generation, the publisher's liveness (PID still runnin
 heartbeat age), table age, the routing knobs, the fade curve, each fading ring with its
 share now, and every endpoint with zone, node, counter slot and ring tier.
 
+The fade shares shown are those of N-ring fade-in; under ``fade_mode=skipper`` workers
+use Skipper's per-request fade-in instead, and the output says so (and shows Skipper's
+fade-in score of each ring's pods).
+
 Exit status: 0 with a live publisher, 3 when the table is there but its publisher is
-dead or silent (workers route on a stale table), 1 when there is no table.
+dead or silent (workers route on a stale table), 1 when there is no table, 2 for bad
+arguments.
 """
 
 from __future__ import annotations
@@ -16,11 +21,30 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import shm
+from discovery.settings import PUBLISHED_KNOBS, SHM_NAMESPACE, seconds_at_least
+from lbcore.fade import fadein_score
+from lbcore.knobs import Knob, KnobError, add_arguments, from_args
 
-__all__ = ["build_parser", "main", "snapshot"]
+__all__ = ["INSPECT_KNOBS", "build_parser", "main", "snapshot"]
+
+#: ``--stale-after``: when a publisher counts as dead.
+STALE_AFTER = Knob(
+    "stale_after_s",
+    "CSLB_STALE_AFTER",
+    "--stale-after",
+    5.0,
+    seconds_at_least(0.01),
+    "A publisher heartbeat older than this many seconds means the publisher is not alive "
+    "(exit status 3).",
+    "SECONDS",
+)
+
+#: Settings of ``cslb inspect`` (the namespace is discovery's own declaration).
+INSPECT_KNOBS: tuple[Knob, ...] = (SHM_NAMESPACE, STALE_AFTER)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,20 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cslb inspect",
         description="Print the routing table the host's workers use (from shared memory).",
     )
-    p.add_argument(
-        "--shm-namespace",
-        default=None,
-        metavar="NS",
-        help="shared-memory namespace [env CSLB_SHM_NAMESPACE, default 'default']",
-    )
+    add_arguments(p, INSPECT_KNOBS)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument(
-        "--stale-after",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="a heartbeat older than this means the publisher is not alive (default 5)",
-    )
     return p
 
 
@@ -61,20 +73,24 @@ def snapshot(namespace: str, *, stale_after_s: float = 5.0) -> dict[str, Any]:
 
         def read(t: shm.Table) -> dict[str, Any]:
             rs = t.ring_set
+            knobs = {name: getattr(t.knobs, name) for name in PUBLISHED_KNOBS}
+            knobs["enabled"] = bool(knobs["enabled"])
+            mode = knobs["fade_mode"]
             shares = rs.share_list(now) if rs.endpoints else []
             tiers = [int(x) for x in rs.tiers]
             fading = []
             for k, (start, share) in enumerate(zip(rs.starts_ns, shares, strict=True), start=1):
-                fading.append(
-                    {
-                        "ring": k,
-                        "added": [
-                            ep for ep, tier in zip(rs.endpoints, tiers, strict=True) if tier == k
-                        ],
-                        "age_s": round((now - start) / 1e9, 3),
-                        "share": round(share, 6),
-                    }
-                )
+                added = [ep for ep, tier in zip(rs.endpoints, tiers, strict=True) if tier == k]
+                ring: dict[str, Any] = {
+                    "ring": k,
+                    "added": added,
+                    "age_s": round((now - start) / 1e9, 3),
+                    "share": round(share, 6),  # N-ring share
+                }
+                if mode == "skipper":
+                    score = fadein_score(now - start, rs.duration_ns, rs.exponent)
+                    ring["skipper_score"] = round(score, 6)
+                fading.append(ring)
             eps = [
                 {
                     "address": ep,
@@ -96,19 +112,14 @@ def snapshot(namespace: str, *, stale_after_s: float = 5.0) -> dict[str, Any]:
                     strict=True,
                 )
             ]
-            k = t.knobs
             return {
                 "generation": int(t.generation),
                 "published_age_s": round((now - t.published_ns) / 1e9, 3) if t.generation else None,
                 "publisher_pid": int(t.publisher_pid),
-                "knobs": {
-                    "enabled": bool(k.enabled),
-                    "percentage": k.percentage,
-                    "balance_factor": k.balance_factor,
-                    "max_hops": k.max_hops,
-                    "load_signal": k.load_signal,
-                },
+                "knobs": knobs,
                 "fade": {
+                    "mode": mode,
+                    "n_ring_shares_apply": mode == "n-ring",
                     "duration_s": rs.duration_ns / 1e9,
                     "exponent": rs.exponent,
                     "vnodes": rs.vnodes,
@@ -148,18 +159,25 @@ def _text(s: dict[str, Any]) -> str:
         + (f"table age {age:.1f} s" if age is not None else "nothing published yet"),
         f"publisher pid {s['writer_pid']}: {live}, last heartbeat {s['heartbeat_age_s']:.1f} s ago",
         "knobs: " + ", ".join(f"{k}={_fmt(k, v)}" for k, v in s["knobs"].items()),
-        "fade: duration {duration_s:g} s, exponent {exponent:g}, vnodes {vnodes}".format(
-            **s["fade"]
-        ),
+        "fade: mode {mode}{why}, duration {duration_s:g} s, exponent {exponent:g}, "
+        "vnodes {vnodes}".format(why=_FADE_MODES.get(s["fade"]["mode"], ""), **s["fade"]),
     ]
     eps = s["endpoints"]
     established = sum(1 for e in eps if e["tier"] == 0)
     lines.append(f"rings: established ring of {established} endpoint(s)")
     for r in s["fading_rings"]:
-        lines.append(
-            f"  ring {r['ring']}: +{len(r['added'])} endpoint(s), started {r['age_s']:.1f} s "
-            f"ago, share now {r['share'] * 100:.2f} %"
+        head = (
+            f"  ring {r['ring']}: +{len(r['added'])} endpoint(s), started {r['age_s']:.1f} s ago, "
         )
+        if "skipper_score" in r:
+            lines.append(
+                head + f"Skipper fade-in score now {r['skipper_score'] * 100:.2f} % "
+                f"(N-ring share {r['share'] * 100:.2f} %, not used)"
+            )
+        elif s["fade"]["n_ring_shares_apply"]:
+            lines.append(head + f"share now {r['share'] * 100:.2f} %")
+        else:
+            lines.append(head + f"N-ring share {r['share'] * 100:.2f} % (not used)")
     lines.append(f"endpoints ({len(eps)}):")
     if eps:
         w = max(len(e["address"]) for e in eps)
@@ -176,6 +194,16 @@ def _text(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_FADE_MODES = {
+    "n-ring": " (each scale-up has its own ring; shares below)",
+    "skipper": (
+        " (Skipper's per-request fade-in: workers filter new pods by the score below, "
+        "N-ring shares are not used)"
+    ),
+    "off": " (new pods take their full share at once)",
+}
+
+
 def _fmt(name: str, v: Any) -> str:
     if v is None:
         return "unlimited" if name == "max_hops" else "off"
@@ -184,12 +212,17 @@ def _fmt(name: str, v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
     """Run ``cslb inspect``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    ns = args.shm_namespace or os.environ.get("CSLB_SHM_NAMESPACE") or "default"
     try:
-        s = snapshot(ns, stale_after_s=args.stale_after)
+        settings = from_args(args, os.environ if environ is None else environ, INSPECT_KNOBS)
+    except KnobError as exc:
+        print(f"cslb inspect: {exc}", file=sys.stderr)
+        return 2
+    ns = settings["shm_namespace"]
+    try:
+        s = snapshot(ns, stale_after_s=settings["stale_after_s"])
     except shm.SegmentMissingError:
         print(
             f"cslb inspect: no routing tables in shared-memory namespace {ns!r} "
@@ -200,8 +233,15 @@ def main(argv: list[str]) -> int:
     except shm.ShmError as exc:
         print(f"cslb inspect: cannot read the tables of {ns!r}: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(s, indent=2))
-    else:
-        print(_text(s))
-    return 0 if s["publisher_alive"] else 3
+    status = 0 if s["publisher_alive"] else 3
+    out = json.dumps(s, indent=2) if args.json else _text(s)
+    try:
+        sys.stdout.write(out + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped early (`cslb inspect --json | head`): not our error. Point
+        # stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return status

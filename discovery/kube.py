@@ -13,12 +13,19 @@ The loop follows client-go's reflector:
   resource version; the server ends the watch after a jittered ``timeoutSeconds``
   (between the configured value and twice it) and the loop resumes from the last
   resource version without relisting;
-* **410 Gone** / "too old resource version" (an ``ERROR`` event or an HTTP 410) relists;
+* **410 Gone** / "too old resource version" (an ``ERROR`` event or an HTTP 410) relists:
+  at once the first time, after the jittered backoff when the watch expires again before
+  it delivered anything (client-go's reflector waits on its backoff manager before every
+  relist; a server that expires every watch must not get a list per round trip);
 * every request carries a client-side timeout (connect, read), so a connection that goes
-  silent without a FIN cannot hang the watch forever;
+  silent without a FIN cannot hang the watch forever; a watch silent for the whole read
+  timeout is resumed at once (it already waited that long), not counted as an error;
 * errors (API down, 5xx, garbage) are retried after a jittered exponential backoff; the
   store, and so the last good endpoint set, is kept meanwhile. A relist replaces the
-  store in one step, so no empty intermediate state is ever reported.
+  store in one step, so no empty intermediate state is ever reported;
+* :meth:`ListWatch.stop` cuts the connection the informer thread is using (a list or a
+  watch, even one whose server never answers), so a SIGTERM is not held up by a request
+  timeout.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+from urllib3.exceptions import ReadTimeoutError
 
 from discovery.endpoints import ParsedSlice, merge_slices, parse_slice
 from discovery.events import EventLog
@@ -50,8 +58,10 @@ __all__ = [
     "EndpointSliceInformer",
     "KubeConfigError",
     "ListWatch",
+    "RequestTracker",
     "WatchTiming",
     "load_client",
+    "track_requests",
 ]
 
 #: The label EndpointSlice controllers put on every slice of a Service.
@@ -89,7 +99,7 @@ def load_client(kubeconfig: str = "") -> tuple[k8s_client.ApiClient, str]:
     KubeConfigError
         Naming what was tried.
     """
-    cfg = type.__call__(k8s_client.Configuration)
+    cfg = k8s_client.Configuration()
     namespace = ""
     try:
         if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -125,7 +135,8 @@ class WatchTiming:
     request_timeout_s
         Longest silence while reading a response (a list, or a watch between events).
     watch_timeout_s
-        Server-side watch timeout; each watch asks for a random value in ``[t, 2t)``.
+        Server-side watch timeout; each watch asks for a random whole number of seconds
+        in ``[t, 2t]`` (``timeoutSeconds`` is an integer).
     backoff_s, backoff_max_s
         First and longest retry delay after an error.
     """
@@ -165,6 +176,84 @@ class Backoff:
     def reset(self) -> None:
         """Back to the first delay (after a success)."""
         self.failures = 0
+
+
+class RequestTracker:
+    """The connection each thread has checked out of one API client's pools.
+
+    The ``kubernetes`` client blocks in urllib3 while a request waits for an answer; the
+    only way to end that wait early is to shut the socket down. urllib3 does not say
+    which connection a request uses, so :func:`track_requests` makes the client's pools
+    report every connection they hand out and take back, by thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_thread: dict[int, Any] = {}
+
+    def checked_out(self, conn: Any) -> None:
+        """A pool handed ``conn`` to the calling thread."""
+        with self._lock:
+            self._by_thread[threading.get_ident()] = conn
+
+    def returned(self, conn: Any) -> None:
+        """The calling thread gave ``conn`` back (``None``: it was closed instead)."""
+        with self._lock:
+            ident = threading.get_ident()
+            if conn is None or self._by_thread.get(ident) is conn:
+                self._by_thread.pop(ident, None)
+
+    def interrupt(self, thread_ident: int) -> bool:
+        """Shut down the socket the thread ``thread_ident`` is using; True if it had one."""
+        with self._lock:
+            conn = self._by_thread.get(thread_ident)
+        sock = getattr(conn, "sock", None) if conn is not None else None
+        if sock is None:
+            return False
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        return True
+
+
+def track_requests(api: k8s_client.ApiClient) -> RequestTracker:
+    """The :class:`RequestTracker` of ``api`` (installed on first use).
+
+    Replaces the pool classes of the client's urllib3 pool manager by subclasses that
+    report :meth:`~urllib3.HTTPConnectionPool._get_conn` and ``_put_conn`` (urllib3 1.26
+    and 2.x have both). A urllib3 without them gets a tracker that knows nothing: a stop
+    then waits for the request's read timeout, as before.
+    """
+    pm = api.rest_client.pool_manager
+    tracker = getattr(pm, "_cslb_requests", None)
+    if isinstance(tracker, RequestTracker):
+        return tracker
+    tracker = RequestTracker()
+    classes = getattr(pm, "pool_classes_by_scheme", None)
+    if not isinstance(classes, dict) or not all(
+        hasattr(c, "_get_conn") and hasattr(c, "_put_conn") for c in classes.values()
+    ):
+        return tracker
+
+    def tracked(base: type) -> type:
+        class TrackedPool(base):  # type: ignore[misc, valid-type]
+            def _get_conn(self, timeout: float | None = None) -> Any:
+                conn = super()._get_conn(timeout)
+                tracker.checked_out(conn)
+                return conn
+
+            def _put_conn(self, conn: Any) -> None:
+                tracker.returned(conn)
+                super()._put_conn(conn)
+
+        TrackedPool.__name__ = f"Tracked{base.__name__}"
+        return TrackedPool
+
+    pm.pool_classes_by_scheme = {k: tracked(v) for k, v in classes.items()}
+    pm.clear()  # pools made before this point use the old classes
+    pm._cslb_requests = tracker
+    return tracker
 
 
 def _name_of(obj: Any) -> str:
@@ -220,7 +309,10 @@ class ListWatch(Generic[T]):
     timing
         Timeouts and backoff.
     rng
-        Randomness for jitter.
+        Randomness for jitter (backoff, watch timeouts).
+    requests
+        The API client's :class:`RequestTracker` (:func:`track_requests`), so that
+        :meth:`stop` can cut a request that is waiting for an answer.
     """
 
     def __init__(
@@ -235,6 +327,7 @@ class ListWatch(Generic[T]):
         log: EventLog,
         timing: WatchTiming,
         rng: random.Random | None = None,
+        requests: RequestTracker | None = None,
     ) -> None:
         self.kind = kind
         self.list_call = list_call
@@ -253,6 +346,11 @@ class ListWatch(Generic[T]):
         self._stop = threading.Event()
         self._resp: Any = None
         self._thread: threading.Thread | None = None
+        self._thread_ident: int | None = None
+        self._requests = requests
+        # Expirations since the watch last delivered something: the first relists at
+        # once, the next ones wait on the backoff.
+        self._expired_in_a_row = 0
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -261,14 +359,44 @@ class ListWatch(Generic[T]):
         self._thread = threading.Thread(target=self.run, name=f"informer-{self.kind}", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the loop: interrupts a blocked watch read, waits for the thread."""
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop the loop and wait for its thread (at most ``timeout_s`` seconds).
+
+        Returns True if the thread has ended.
+        """
+        self.signal_stop()
+        return self.join(timeout_s)
+
+    def signal_stop(self) -> None:
+        """Ask the loop to stop and cut the request it is blocked in; does not wait."""
         self._stop.set()
+        self._interrupt()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the stopped loop's thread; True if it ended.
+
+        Cuts the thread's request again while waiting: a connection being opened when
+        :meth:`signal_stop` ran had no socket to shut down yet.
+        """
+        thread = self._thread
+        if thread is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while thread.is_alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            thread.join(min(left, 0.05))
+            if self._stop.is_set():
+                self._interrupt()
+        return not thread.is_alive()
+
+    def _interrupt(self) -> None:
         resp = self._resp
         if resp is not None:
             _shutdown(resp)
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if self._requests is not None and self._thread_ident is not None:
+            self._requests.interrupt(self._thread_ident)
 
     @property
     def stopped(self) -> bool:
@@ -277,6 +405,7 @@ class ListWatch(Generic[T]):
 
     def run(self) -> None:
         """The loop (blocking): list, watch, resume, relist, back off; until stopped."""
+        self._thread_ident = threading.get_ident()
         while not self._stop.is_set():
             op = "list" if self.resource_version is None else "watch"
             try:
@@ -286,30 +415,25 @@ class ListWatch(Generic[T]):
                     self._watch()
                 continue
             except _ExpiredError as exc:
-                self.log.warning(
-                    "watch_expired",
-                    kind=self.kind,
-                    resource_version=self.resource_version,
-                    error=str(exc),
-                    action="relist",
-                    retry_in_s=0.0,
-                )
-                self.resource_version = None
-                continue  # relist at once, like client-go
+                self._expired(str(exc))
+                continue
             except Exception as exc:
                 if self._stop.is_set():
                     break
                 desc, status = _describe(exc)
                 if status == 410:
-                    self.log.warning(
-                        "watch_expired",
+                    self._expired(desc)
+                    continue
+                if op == "watch" and _is_read_timeout(exc):
+                    # No data, not even a bookmark, for the whole read timeout: a dead
+                    # connection. It already waited that long; resume at once.
+                    self.log.info(
+                        "watch_silent",
                         kind=self.kind,
+                        silent_s=self.timing.request_timeout_s,
+                        action="resume",
                         resource_version=self.resource_version,
-                        error=desc,
-                        action="relist",
-                        retry_in_s=0.0,
                     )
-                    self.resource_version = None
                     continue
                 delay = self.backoff.next()
                 self.stats["errors"] += 1
@@ -325,6 +449,23 @@ class ListWatch(Generic[T]):
                     keeping=f"last good state ({len(self.store)} objects)",
                 )
                 self._stop.wait(delay)
+
+    def _expired(self, error: str) -> None:
+        """The resource version is gone: relist (at once the first time in a row)."""
+        self._expired_in_a_row += 1
+        delay = 0.0 if self._expired_in_a_row == 1 else self.backoff.next()
+        self.log.warning(
+            "watch_expired",
+            kind=self.kind,
+            resource_version=self.resource_version,
+            error=error,
+            action="relist",
+            expired_in_a_row=self._expired_in_a_row,
+            retry_in_s=round(delay, 3),
+        )
+        self.resource_version = None
+        if delay > 0:
+            self._stop.wait(delay)
 
     # -- list ------------------------------------------------------------------------------
 
@@ -371,7 +512,9 @@ class ListWatch(Generic[T]):
         self.store = store
         self.resource_version = rv
         self.stats["lists"] += 1
-        self.backoff.reset()
+        if not self._expired_in_a_row:
+            # Inside a run of expirations the backoff keeps growing until a watch works.
+            self.backoff.reset()
         self.log.info(
             "api_list",
             kind=self.kind,
@@ -401,8 +544,17 @@ class ListWatch(Generic[T]):
 
     # -- watch -----------------------------------------------------------------------------
 
+    def watch_timeout(self) -> int:
+        """The server-side timeout of the next watch: whole seconds, uniform in [t, 2t].
+
+        Jittered like client-go's reflector (``minWatchTimeout * (1 + rand)``), rounded
+        rather than truncated so short timeouts keep their spread.
+        """
+        t = self.timing.watch_timeout_s
+        return max(1, round(self._rng.uniform(t, 2.0 * t)))
+
     def _watch(self) -> None:
-        server_timeout = int(self.timing.watch_timeout_s * (1.0 + self._rng.random()))
+        server_timeout = self.watch_timeout()
         rv = self.resource_version
         t0 = time.monotonic()
         resp = self.list_call(
@@ -431,6 +583,7 @@ class ListWatch(Generic[T]):
                 events += 1
                 if events == 1:
                     self.backoff.reset()
+                    self._expired_in_a_row = 0
         finally:
             self._resp = None
             resp.release_conn()
@@ -497,6 +650,15 @@ class ListWatch(Generic[T]):
         self.on_change(dict(self.store), reason)
 
 
+def _is_read_timeout(exc: BaseException) -> bool:
+    """True for a read that waited the whole client-side read timeout.
+
+    (urllib3 raises :class:`ReadTimeoutError` both while waiting for the headers and
+    while reading the stream; a connect timeout is a different error and backs off.)
+    """
+    return isinstance(exc, ReadTimeoutError)
+
+
 def _shutdown(resp: Any) -> None:
     """Unblock a thread reading ``resp`` (a urllib3 response) by shutting its socket."""
     conn = getattr(resp, "connection", None)
@@ -555,6 +717,7 @@ class EndpointSliceInformer:
             log=log,
             timing=timing,
             rng=rng,
+            requests=track_requests(api),
         )
 
     def _parse(self, obj: dict[str, Any]) -> ParsedSlice:
@@ -577,9 +740,17 @@ class EndpointSliceInformer:
         """Start the informer thread."""
         self.watch.start()
 
-    def stop(self) -> None:
-        """Stop the informer thread."""
-        self.watch.stop()
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop the informer thread; True once it has ended (see :meth:`ListWatch.stop`)."""
+        return self.watch.stop(timeout_s)
+
+    def signal_stop(self) -> None:
+        """Ask the informer thread to stop, cutting its request; does not wait."""
+        self.watch.signal_stop()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the stopped informer thread; True once it has ended."""
+        return self.watch.join(timeout_s)
 
 
 def parse_configmap(obj: dict[str, Any]) -> dict[str, str]:
@@ -626,6 +797,7 @@ class ConfigMapInformer:
             log=log,
             timing=timing,
             rng=rng,
+            requests=track_requests(api),
         )
 
     def _changed(self, store: dict[str, dict[str, str]], reason: str) -> None:
@@ -635,6 +807,14 @@ class ConfigMapInformer:
         """Start the informer thread."""
         self.watch.start()
 
-    def stop(self) -> None:
-        """Stop the informer thread."""
-        self.watch.stop()
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop the informer thread; True once it has ended (see :meth:`ListWatch.stop`)."""
+        return self.watch.stop(timeout_s)
+
+    def signal_stop(self) -> None:
+        """Ask the informer thread to stop, cutting its request; does not wait."""
+        self.watch.signal_stop()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the stopped informer thread; True once it has ended."""
+        return self.watch.join(timeout_s)

@@ -8,7 +8,9 @@ merges them, and decides when to publish:
 * the **first publish** waits until every endpoint source has synced once (and the
   ConfigMap, for at most ``configmap_wait_s``), so workers never see a partial set;
 * **endpoint changes** are debounced (:class:`discovery.debounce.Debouncer`): a burst
-  becomes one publish, so a scale-up becomes one fading ring;
+  becomes one publish, so a scale-up becomes one fading ring; with ``removals_at_once``
+  the endpoints a burst removes are published at once (its additions still wait), so a
+  terminating pod leaves the tables without waiting for the debounce;
 * **knob changes** (ConfigMap) publish at once: the kill switch must not wait;
 * a publish whose ring set, endpoint details and knobs equal the current table is
   skipped, so the generation counts real changes only;
@@ -38,12 +40,32 @@ from discovery.settings import PUBLISHED_KNOBS, KnobState, unknown_configmap_key
 from discovery.static import EndpointsFileError, EndpointsFileWatcher, EndpointSpec
 from lbcore.knobs import KnobError
 
-__all__ = ["Discovery", "PublisherLike"]
+__all__ = ["Discovery", "InformerLike", "PublisherLike"]
 
 # Longest sleep of the loop: bounds how late a stop requested by a signal is noticed.
 _MAX_WAIT_S = 0.2
 
+# How long a stop waits, in all, for the informer threads to end (seconds). They are
+# all told to stop first and their blocked requests are cut, so this is a safety cap.
+_INFORMER_STOP_WAIT_S = 5.0
+
 _PUBLISHED = PUBLISHED_KNOBS
+
+
+class InformerLike(Protocol):
+    """What the loop needs from an informer (:mod:`discovery.kube`)."""
+
+    def start(self) -> None:
+        """Start its thread."""
+        ...
+
+    def signal_stop(self) -> None:
+        """Ask its thread to stop (cutting a blocked request); must not wait."""
+        ...
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for its thread; True once it has ended."""
+        ...
 
 
 class PublisherLike(Protocol):
@@ -106,6 +128,9 @@ class Discovery:
         How often the endpoints file is checked (seconds).
     configmap_wait_s
         How long the first publish waits for the ConfigMap (seconds).
+    removals_at_once
+        Publish endpoint removals without waiting for the debounce (additions still
+        wait for it).
     clock
         CLOCK_MONOTONIC in nanoseconds.
     """
@@ -121,6 +146,7 @@ class Discovery:
         heartbeat_s: float = 1.0,
         file_poll_s: float = 1.0,
         configmap_wait_s: float = 10.0,
+        removals_at_once: bool = False,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.publisher = publisher
@@ -132,11 +158,13 @@ class Discovery:
         self.heartbeat_ns = round(heartbeat_s * 1e9)
         self.file_poll_ns = round(file_poll_s * 1e9)
         self.configmap_wait_ns = round(configmap_wait_s * 1e9)
+        self.removals_at_once = removals_at_once
+        self._removals_pending = False
         self.sources: dict[str, _Source] = {}
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.stop_event = threading.Event()
         self._file: EndpointsFileWatcher | None = None
-        self._informers: list[Any] = []
+        self._informers: list[InformerLike] = []
         self._configmap: str | None = None
         self._configmap_synced = False
         self.published_knobs: dict[str, Any] | None = None
@@ -170,12 +198,12 @@ class Discovery:
         self._file = EndpointsFileWatcher(path)
         self.sources["file"] = _Source("file")
 
-    def add_informer(self, name: str, informer: Any) -> None:
-        """An endpoint informer (``start``/``stop``) that calls :meth:`post_endpoints`."""
+    def add_informer(self, name: str, informer: InformerLike) -> None:
+        """An endpoint informer that calls :meth:`post_endpoints`."""
         self.sources[name] = _Source(name)
         self._informers.append(informer)
 
-    def add_configmap_informer(self, name: str, informer: Any) -> None:
+    def add_configmap_informer(self, name: str, informer: InformerLike) -> None:
         """A ConfigMap informer that calls :meth:`post_configmap`."""
         self._configmap = name
         self._informers.append(informer)
@@ -250,6 +278,8 @@ class Discovery:
         )
         if self.published:
             self.debouncer.note(self.clock())
+            if self.removals_at_once and before - after:
+                self._removals_pending = True
 
     def _on_configmap(self, data: dict[str, str] | None, reason: str) -> None:
         source = f"ConfigMap {self._configmap}"
@@ -299,10 +329,23 @@ class Discovery:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def _publish(self, reason: str, now_ns: int, *, membership: bool) -> None:
+    def _publish(
+        self,
+        reason: str,
+        now_ns: int,
+        *,
+        membership: bool,
+        endpoints: Sequence[EndpointSpec] | None = None,
+    ) -> bool:
+        """Publish a ring set; True if a new generation went out.
+
+        The endpoints are ``endpoints`` if given, else the sources' merged set
+        (``membership``) or the current set (a knob change).
+        """
         knobs = self.knob_values()
         params = FadeParams.from_knobs(knobs)
-        endpoints = self.wanted() if membership else self.state.endpoints()
+        if endpoints is None:
+            endpoints = self.wanted() if membership else self.state.endpoints()
         t0 = time.perf_counter()
         t = self.state.transition(endpoints, now_ns, params)
         published = {k: knobs[k] for k in _PUBLISHED}
@@ -320,7 +363,7 @@ class Discovery:
             self._knobs_dirty = False
             # Collapse completed fades in private state; they route as before.
             self.state.commit(t)
-            return
+            return False
         try:
             gen = self.publisher.publish(t, knobs, now_ns)
         except Exception as exc:
@@ -332,7 +375,7 @@ class Discovery:
                 retry_in_s=1.0,
                 action="previous generation stays current",
             )
-            return
+            return False
         self._retry_at = None
         if membership:
             self.debouncer.reset()
@@ -382,6 +425,19 @@ class Discovery:
                 generation=gen,
                 why="the sources report no ready endpoints: every key falls back",
             )
+        return True
+
+    def _publish_removals(self, now_ns: int) -> None:
+        """Publish the current set less the endpoints the sources no longer have."""
+        wanted = self.wanted()
+        keep_addresses = {s.address for s in wanted}
+        current = self.state.endpoints()
+        keep = [s for s in current if s.address in keep_addresses]
+        if len(keep) == len(current):
+            return
+        if self._publish("endpoints removed", now_ns, membership=False, endpoints=keep):
+            if self.state.endpoints() == wanted:
+                self.debouncer.reset()  # the burst held removals only: nothing left
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -436,8 +492,25 @@ class Discovery:
                     except queue.Empty:
                         break
         finally:
-            for inf in self._informers:
-                inf.stop()
+            self._stop_informers()
+
+    def _stop_informers(self) -> None:
+        """Tell every informer to stop, then wait for them together (not one by one)."""
+        for inf in self._informers:
+            inf.signal_stop()
+        deadline = time.monotonic() + _INFORMER_STOP_WAIT_S
+        stuck = [
+            type(inf).__name__
+            for inf in self._informers
+            if not inf.join(max(deadline - time.monotonic(), 0.0))
+        ]
+        if stuck:
+            self.log.warning(
+                "informers_not_stopped",
+                informers=stuck,
+                waited_s=_INFORMER_STOP_WAIT_S,
+                action="left behind (daemon threads end with the process)",
+            )
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         if msg[0] == "endpoints":
@@ -460,6 +533,11 @@ class Discovery:
                 self._publish("initial sync", now, membership=True)
             return
         retrying = self._retry_at is not None
+        if self._removals_pending and self._all_synced():
+            self._removals_pending = False
+            self._publish_removals(now)
+            if self._retry_at is not None:
+                return
         if self._all_synced() and (
             self.debouncer.due(now) or (retrying and self.debouncer.pending)
         ):

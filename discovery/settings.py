@@ -14,41 +14,48 @@ knobs stay in force) and logged; a deleted ConfigMap falls back to flags/environ
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from lbcore.knobs import ROUTING_KNOBS, Knob, KnobError, from_mapping, parse_bool
+import shm
+from discovery.events import LEVELS
+
+# lbcore.knobs' own parsers, reused rather than copied (private there for now).
+from lbcore.knobs import (
+    ROUTING_KNOBS,
+    Knob,
+    KnobError,
+    from_mapping,
+    parse_bool,
+    parse_choice,
+    parse_seconds,
+)
 from lbcore.knobs import docs_table as _docs_table
 
 __all__ = [
     "DISCOVERY_KNOBS",
     "PUBLISHED_KNOBS",
+    "SHM_NAMESPACE",
     "KnobState",
     "docs_table",
+    "knob",
+    "seconds_at_least",
     "unknown_configmap_keys",
 ]
 
-#: Routing knobs carried by the tables (fade duration, exponent and vnodes travel in the
-#: ring set itself).
-PUBLISHED_KNOBS = (
-    "enabled",
-    "percentage",
-    "balance_factor",
-    "max_hops",
-    "load_signal",
-    "fade_mode",
-)
+#: Routing knobs carried by the tables: the fields of :class:`shm.Knobs` (fade duration,
+#: exponent and vnodes travel in the ring set itself).
+PUBLISHED_KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(shm.Knobs))
 
 
-def _seconds(minimum: float) -> Any:
+def seconds_at_least(minimum: float) -> Callable[[str], float]:
+    """A parser of a finite number of seconds (``"2"``, ``"2.5s"``) that is ``>= minimum``."""
+
     def parse(text: str) -> float:
-        try:
-            value = float(text.strip().removesuffix("s"))
-        except ValueError:
-            raise ValueError("expected a number of seconds") from None
-        if not (math.isfinite(value) and value >= minimum):
-            raise ValueError(f"expected a finite number of seconds >= {minimum:g}")
+        value = parse_seconds(text)
+        if value < minimum:
+            raise ValueError(f"expected seconds >= {minimum:g}")
         return value
 
     return parse
@@ -58,18 +65,8 @@ def _text(text: str) -> str:
     return text.strip()
 
 
-def _scheme(text: str) -> str:
-    t = text.strip().lower()
-    if t not in ("http", "https"):
-        raise ValueError("expected http or https")
-    return t
-
-
-def _level(text: str) -> str:
-    t = text.strip().lower()
-    if t not in ("debug", "info", "warning", "error"):
-        raise ValueError("expected debug, info, warning or error")
-    return t
+def _shm_namespace(text: str) -> str:
+    return shm.check_namespace(text.strip())
 
 
 #: Settings of the discovery process (not published; each host's own).
@@ -100,15 +97,16 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "--port-name",
         "",
         _text,
-        "Name of the EndpointSlice port to route to; empty: the slices' only TCP port.",
-        "NAME",
+        "Name of the EndpointSlice port to route to, or its number (the pod's port, e.g. "
+        "8080); empty: the slices' only TCP port.",
+        "NAME|NUMBER",
     ),
     Knob(
         "scheme",
         "CSLB_SCHEME",
         "--scheme",
         "http",
-        _scheme,
+        parse_choice(("http", "https")),
         "Scheme of the endpoint addresses (scheme://ip:port, as Skipper hashes them).",
         "SCHEME",
     ),
@@ -137,7 +135,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_CONFIGMAP_WAIT",
         "--configmap-wait",
         10.0,
-        _seconds(0.0),
+        seconds_at_least(0.0),
         "How long in seconds the first publish waits for the ConfigMap before it uses "
         "the flag and environment knobs.",
         "SECONDS",
@@ -156,7 +154,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_SHM_NAMESPACE",
         "--shm-namespace",
         "default",
-        _text,
+        _shm_namespace,
         "Namespace of the shared-memory segments (/dev/shm/cslb.<ns>.*) the host's workers read.",
         "NS",
     ),
@@ -165,7 +163,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_DEBOUNCE",
         "--debounce",
         2.0,
-        _seconds(0.0),
+        seconds_at_least(0.0),
         "Quiet time in seconds after the last endpoint change before the ring is rebuilt; "
         "folds a rolling deployment or a scale-up into one update.",
         "SECONDS",
@@ -175,17 +173,28 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_DEBOUNCE_MAX",
         "--debounce-max",
         10.0,
-        _seconds(0.0),
+        seconds_at_least(0.0),
         "Longest wait in seconds from the first change of a burst to its publish, for "
         "sources that never go quiet (raised to the debounce if smaller).",
         "SECONDS",
+    ),
+    Knob(
+        "removals_at_once",
+        "CSLB_REMOVALS_AT_ONCE",
+        "--removals-at-once",
+        False,
+        parse_bool,
+        "Publish endpoint removals (deleted, not-ready, terminating pods) at once instead "
+        "of after the debounce; additions still wait for it, so a scale-up stays one "
+        "fading ring. A rolling deployment then takes one more generation per burst.",
+        "BOOL",
     ),
     Knob(
         "heartbeat_s",
         "CSLB_HEARTBEAT",
         "--heartbeat",
         1.0,
-        _seconds(0.01),
+        seconds_at_least(0.01),
         "Interval in seconds of the publisher heartbeat workers use to tell a live "
         "discovery process from a dead one.",
         "SECONDS",
@@ -195,7 +204,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_REQUEST_TIMEOUT",
         "--request-timeout",
         90.0,
-        _seconds(0.01),
+        seconds_at_least(0.01),
         "Client-side read timeout in seconds of every Kubernetes API request: a watch "
         "that sends nothing (not even a bookmark) for this long is dropped and resumed.",
         "SECONDS",
@@ -205,7 +214,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_CONNECT_TIMEOUT",
         "--connect-timeout",
         5.0,
-        _seconds(0.01),
+        seconds_at_least(0.01),
         "Timeout in seconds for connecting to the Kubernetes API.",
         "SECONDS",
     ),
@@ -214,7 +223,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_WATCH_TIMEOUT",
         "--watch-timeout",
         300.0,
-        _seconds(1.0),
+        seconds_at_least(1.0),
         "Server-side watch timeout in seconds; each watch asks for a random value between "
         "this and twice this (as client-go's reflector) and is then resumed.",
         "SECONDS",
@@ -224,7 +233,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_BACKOFF",
         "--backoff",
         0.8,
-        _seconds(0.001),
+        seconds_at_least(0.001),
         "First retry delay in seconds after a Kubernetes API error; doubles per failure "
         "(with jitter) up to --backoff-max.",
         "SECONDS",
@@ -234,7 +243,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_BACKOFF_MAX",
         "--backoff-max",
         30.0,
-        _seconds(0.001),
+        seconds_at_least(0.001),
         "Longest retry delay in seconds after Kubernetes API errors.",
         "SECONDS",
     ),
@@ -243,7 +252,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_FILE_POLL",
         "--file-poll",
         1.0,
-        _seconds(0.01),
+        seconds_at_least(0.01),
         "How often in seconds the endpoints file is checked for changes.",
         "SECONDS",
     ),
@@ -262,11 +271,25 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "CSLB_LOG_LEVEL",
         "--log-level",
         "info",
-        _level,
+        parse_choice(LEVELS),
         "Lowest level of the JSON log lines written to stderr.",
         "LEVEL",
     ),
 )
+
+
+_BY_NAME = {k.name: k for k in DISCOVERY_KNOBS}
+
+#: ``--shm-namespace`` (``CSLB_SHM_NAMESPACE``): also read by ``cslb inspect``.
+SHM_NAMESPACE = _BY_NAME["shm_namespace"]
+
+
+def knob(name: str) -> Knob:
+    """The discovery setting called ``name``."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KnobError(f"no discovery setting named {name!r}") from None
 
 
 def docs_table() -> str:

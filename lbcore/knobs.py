@@ -33,6 +33,8 @@ __all__ = [
     "from_mapping",
     "knob",
     "parse_bool",
+    "parse_choice",
+    "parse_seconds",
 ]
 
 #: Fade-in mechanisms: cslb's N-ring fade-in, Skipper's probabilistic one, or none.
@@ -142,7 +144,9 @@ def _max_hops(text: str) -> int | None:
     return value
 
 
-def _choice(options: Sequence[str]) -> Callable[[str], str]:
+def parse_choice(options: Sequence[str]) -> Callable[[str], str]:
+    """A parser accepting one of ``options`` (case-insensitive)."""
+
     def parse(text: str) -> str:
         t = text.strip().lower()
         if t not in options:
@@ -152,7 +156,8 @@ def _choice(options: Sequence[str]) -> Callable[[str], str]:
     return parse
 
 
-def _seconds(text: str) -> float:
+def parse_seconds(text: str) -> float:
+    """Seconds ``>= 0``, with an optional ``s`` suffix."""
     value = _number(text.strip().removesuffix("s"))
     if value < 0:
         raise ValueError("expected seconds >= 0")
@@ -225,7 +230,7 @@ ROUTING_KNOBS: tuple[Knob, ...] = (
         "CSLB_LOAD_SIGNAL",
         "--load-signal",
         "effective",
-        _choice(LOAD_SIGNALS),
+        parse_choice(LOAD_SIGNALS),
         "Load that bounded load compares: 'effective' = max(in-flight, occupancy) × "
         "min(pod latency / global latency, 5); 'occupancy' = busy-seconds per second over "
         "the window; 'in-flight' = open requests (Skipper's signal).",
@@ -236,7 +241,7 @@ ROUTING_KNOBS: tuple[Knob, ...] = (
         "CSLB_FADE_MODE",
         "--fade-mode",
         "n-ring",
-        _choice(FADE_MODES),
+        parse_choice(FADE_MODES),
         "How new pods are brought in: 'n-ring' (each scale-up event gets its own ring and "
         "curve, each key moves once), 'skipper' (Skipper's per-request random filter) or "
         "'off' (new pods take their full share at once).",
@@ -247,7 +252,7 @@ ROUTING_KNOBS: tuple[Knob, ...] = (
         "CSLB_FADE_DURATION",
         "--fade-duration",
         30.0,
-        _seconds,
+        parse_seconds,
         "Fade-in window D in seconds: a new ring carries clamp(t / D, 0, 1) ** E of the "
         "keys. 0 disables fade-in.",
         "SECONDS",

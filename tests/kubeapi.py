@@ -8,8 +8,9 @@ resumable from a resource version, ended by the server after ``timeoutSeconds``;
 compacted; label (``k=v``) and field (``metadata.name=x``) selectors.
 
 Faults are injected per request: HTTP errors with a Status body, garbage bodies, a
-watch that goes silent (headers sent, then nothing, connection held open), a watch
-dropped mid-stream, and the whole server going away and coming back on the same port.
+watch that goes silent (headers sent, then nothing, connection held open), a request
+that is never answered at all, a watch dropped mid-stream, a watch expired by an
+``ERROR`` event, and the whole server going away and coming back on the same port.
 
 Only listens on 127.0.0.1 (a free port). ``stop()`` ends every handler thread.
 """
@@ -42,7 +43,9 @@ class Fault:
     body that is not JSON / a watch line that is not JSON), ``silent`` (watch: headers,
     ``events`` real events, then nothing while holding the connection), ``drop`` (watch:
     headers, ``events`` events, half a chunk, then close), ``reset`` (close without an
-    answer), ``gone`` (HTTP 410 to a watch).
+    answer), ``gone`` (HTTP 410), ``expired`` (watch: a 200 whose stream is one 410
+    ``ERROR`` event), ``hang`` (read the request, then answer nothing, not even headers,
+    while holding the connection).
     """
 
     op: str  # "list" | "watch" | "any"
@@ -397,6 +400,19 @@ class _Handler(BaseHTTPRequestHandler):
             if fault.action == "gone":
                 self._json(410, status_body(410, "Expired", "too old resource version"))
                 return
+            if fault.action == "hang":
+                self._hold_open()
+                return
+            if fault.action == "expired" and watch:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                msg = "too old resource version: injected"
+                ev = {"type": "ERROR", "object": status_body(410, "Expired", msg)}
+                self._chunk(json.dumps(ev).encode() + b"\n")
+                self._chunk(b"")
+                return
             if fault.action == "garbage" and not watch:
                 body = b"<html>502 Bad Gateway</html>"
                 self.send_response(200)
@@ -528,13 +544,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _misbehave(self, fault: Fault) -> None:
-        api = self.server_api
         if fault.action == "drop":
             self.wfile.write(b'40\r\n{"type":"MODIF')  # half a chunk, then gone
             self.wfile.flush()
             self._close_hard()
             return
-        # silent: no data, no FIN, until the client gives up or the server stops
+        self._hold_open()
+
+    def _hold_open(self) -> None:
+        """No data, no FIN, until the client gives up or the server stops."""
+        api = self.server_api
         while not api._closing.is_set():
             try:
                 self.connection.settimeout(0.1)

@@ -1,6 +1,7 @@
 """``cslb discovery`` and ``cslb inspect`` as real processes: fake Kubernetes API on
 127.0.0.1, real shared memory, a reader in the test process, SIGTERM and SIGKILL."""
 
+import contextlib
 import json
 import os
 import signal
@@ -12,10 +13,16 @@ import pytest
 
 import lbcore
 import shm
+from discovery import inspect_cmd
+from discovery.publisher import Publisher
+from discovery.ringstate import FadeParams, RingState
+from discovery.static import EndpointSpec
+from lbcore.knobs import defaults
 from tests.discovery_harness import ROOT, Proc, segments, shm_namespace, wait_until
 from tests.kubeapi import CONFIGMAPS, SLICES, FakeKubeAPI, configmap, endpoint, endpoint_slice
 
 NS = "shop"
+S = 1_000_000_000
 EXAMPLE = ROOT / "examples" / "endpoints.json"
 FAST_FLAGS = [
     "--debounce",
@@ -187,8 +194,10 @@ def test_sigkill_leaves_the_table_and_the_next_process_takes_over(procs, tmp_pat
 
 
 def test_static_file_is_the_default_that_runs_without_a_cluster(procs):
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST",)}
+    env.update(CSLB_SERVICE="", CSLB_ENDPOINTS_FILE="")
     with shm_namespace() as ns:
-        p = Proc("discovery", "--endpoints-file", str(EXAMPLE), "--shm-namespace", ns)
+        p = Proc("discovery", "--shm-namespace", ns, env=env)  # no source given
         procs.append(p)
         r = reader_for(ns, 1)
         try:
@@ -196,8 +205,49 @@ def test_static_file_is_the_default_that_runs_without_a_cluster(procs):
             assert sorted(r.table().endpoints) == sorted(want)
         finally:
             r.close()
+        (default,) = p.events("endpoints_file_default")
+        assert default["path"] == str(EXAMPLE) and default["level"] == "warning"
         p.signal(signal.SIGINT)
         assert p.wait(10) == 0 and segments(ns) == []
+
+
+def test_no_default_source_inside_a_cluster():
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": "127.0.0.1"}
+    p = cslb("discovery", env=env)
+    assert p.returncode == 2
+    assert "no endpoint source" in p.stderr and "inside a cluster" in p.stderr
+
+
+def test_sigterm_is_prompt_while_every_list_hangs(kube, procs, tmp_path):
+    # The API server accepts both lists and never answers; the read timeout is long.
+    kube.fail("list", SLICES, "hang", times=-1)
+    kube.fail("list", CONFIGMAPS, "hang", times=-1)
+    kc = kube.kubeconfig(str(tmp_path / "kc"), namespace=NS)
+    with shm_namespace() as ns:
+        p = Proc(
+            "discovery",
+            "--kubeconfig",
+            kc,
+            "--service",
+            "catalog",
+            "--configmap",
+            "knobs",
+            "--shm-namespace",
+            ns,
+            "--request-timeout",
+            "60",
+        )
+        procs.append(p)
+        kube.wait_for_requests("list", SLICES, 1, timeout=20)
+        kube.wait_for_requests("list", CONFIGMAPS, 1, timeout=20)
+        time.sleep(0.2)  # both informer threads now wait for an answer
+        t0 = time.monotonic()
+        p.signal(signal.SIGTERM)
+        assert p.wait(15) == 0
+        assert time.monotonic() - t0 < 2.0  # not the 5 s per informer a join waited
+        assert segments(ns) == []
+        assert not p.events("informers_not_stopped") and not p.events("api_error")
+        assert p.events("stopped")[0]["clean"] is True
 
 
 def test_a_second_publisher_is_refused(procs):
@@ -216,7 +266,6 @@ def test_a_second_publisher_is_refused(procs):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "no endpoint source"),
         (["-e", "http://a:1", "--debounce", "soon"], "invalid CSLB_DEBOUNCE='soon'"),
         (["-e", "http://a:1", "--percentage", "140"], "percentage from 0 to 100"),
         (["-e", "http://a:1", "-e", "http://a:1"], "listed twice"),
@@ -260,3 +309,93 @@ def test_worker_side_modules_do_not_import_the_kubernetes_client():
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.fixture
+def published():
+    """Publishes tables from this process: n established pods and a fading ring of 2."""
+    with contextlib.ExitStack() as stack:
+
+        def publish(n=10, fade_mode="n-ring"):
+            ns = stack.enter_context(shm_namespace())
+            pub = Publisher(ns)
+            stack.callback(pub.close, unlink=True)
+            knobs = {**defaults(), "fade_mode": fade_mode}
+            st = RingState(FadeParams.from_knobs(knobs))
+            specs = [
+                EndpointSpec(f"http://10.4.{i // 250}.{i % 250}:8080", "z", "n") for i in range(n)
+            ]
+            now = time.monotonic_ns()
+            st.commit(st.transition(specs, now - 20 * S))
+            new = [EndpointSpec("http://10.5.0.1:8080"), EndpointSpec("http://10.5.0.2:8080")]
+            # The fading ring started 15 s ago: half way through the 30 s fade.
+            pub.publish(st.transition([*specs, *new], now - 15 * S), knobs, now)
+            pub.heartbeat(time.monotonic_ns())
+            return ns
+
+        yield publish
+
+
+def test_inspect_shows_the_fade_mode_and_which_shares_apply(published):
+    ns = published(fade_mode="skipper")
+    s = inspect_cmd.snapshot(ns)
+    assert s["knobs"]["fade_mode"] == "skipper"
+    assert s["fade"]["mode"] == "skipper" and s["fade"]["n_ring_shares_apply"] is False
+    (ring,) = s["fading_rings"]
+    assert ring["added"] == ["http://10.5.0.1:8080", "http://10.5.0.2:8080"]
+    assert 0.1 < ring["skipper_score"] < 0.25  # (15 s / 30 s) ** 2.5 = 0.177
+    text = inspect_cmd._text(s)
+    assert "fade_mode=skipper" in text and "fade: mode skipper" in text
+    assert "N-ring shares are not used" in text and "Skipper fade-in score now" in text
+    assert "share now" not in text
+    ns2 = published(fade_mode="n-ring")
+    s2 = inspect_cmd.snapshot(ns2)
+    assert (
+        s2["fade"]["n_ring_shares_apply"] is True and "skipper_score" not in s2["fading_rings"][0]
+    )
+    assert "share now 17." in inspect_cmd._text(s2)
+
+
+def test_inspect_into_a_closed_pipe_ends_quietly(published):
+    ns = published(n=2000)  # a JSON document far larger than a pipe's buffer
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cslb", "inspect", "--json"],
+        cwd=ROOT,
+        env={**os.environ, "CSLB_SHM_NAMESPACE": ns},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert p.stdout.read(1) == b"{"
+        p.stdout.close()  # `cslb inspect --json | head -c 1`
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    assert p.returncode == 0, err
+    assert b"Traceback" not in err and b"BrokenPipe" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--stale-after", "-1"], {}, "flag --stale-after: invalid CSLB_STALE_AFTER='-1'"),
+        (["--stale-after", "nan"], {}, "expected a finite number"),
+        (["--stale-after", "0"], {}, "expected seconds >= 0.01"),
+        ([], {"CSLB_STALE_AFTER": "soon"}, "environment: invalid CSLB_STALE_AFTER='soon'"),
+        (["--shm-namespace", "a/b"], {}, "invalid CSLB_SHM_NAMESPACE='a/b'"),
+        ([], {"CSLB_SHM_NAMESPACE": "a b"}, "invalid CSLB_SHM_NAMESPACE='a b'"),
+    ],
+)
+def test_inspect_rejects_bad_settings(args, env, message, capsys):
+    assert inspect_cmd.main(args, env) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cslb inspect: ") and message in err, err
+
+
+def test_inspect_reads_its_namespace_from_the_environment(published, capsys):
+    ns = published()
+    assert inspect_cmd.main(["--json"], {"CSLB_SHM_NAMESPACE": ns}) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["namespace"] == ns and len(doc["endpoints"]) == 12

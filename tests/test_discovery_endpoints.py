@@ -1,5 +1,7 @@
 """EndpointSlice -> endpoint addresses, by Skipper's dataclient rules."""
 
+import random
+
 import pytest
 
 import lbcore
@@ -52,6 +54,18 @@ def test_port_by_name_or_the_only_port():
     assert missing.endpoints == () and "no TCP port named 'grpc'" in missing.problems[0]
     one = endpoint_slice("s", "svc", [endpoint("10.0.0.1")], ports=[("", 9000)])
     assert addrs(one) == ["http://10.0.0.1:9000"]
+
+
+def test_port_by_number():
+    two = endpoint_slice(
+        "s", "svc", [endpoint("10.0.0.1")], ports=[("http", 8080), ("metrics", 9911)]
+    )
+    assert addrs(two, port_name="9911") == ["http://10.0.0.1:9911"]
+    assert addrs(two, port_name="8080") == ["http://10.0.0.1:8080"]
+    missing = parse_slice(two, port_name="7000")
+    assert missing.endpoints == () and "no TCP port 7000 (ports: 8080, 9911)" in missing.problems[0]
+    unnamed = endpoint_slice("s", "svc", [endpoint("10.0.0.1")], ports=[("", 9000), ("", 9001)])
+    assert addrs(unnamed, port_name="9001") == ["http://10.0.0.1:9001"]
 
 
 def test_udp_ports_are_not_candidates():
@@ -169,15 +183,34 @@ def test_fqdn_slices():
     assert "not a DNS name" in p.problems[0]
 
 
-def test_rings_from_slices_equal_rings_from_skippers_strings():
-    ips = [f"10.2.{i // 250}.{i % 250}" for i in range(60)]
+@pytest.mark.parametrize("name", ["ring_pub_ring_http_10.json", "ring_pub_ring_http_50_hpe10.json"])
+def test_rings_from_slices_route_like_skipper(vector_dir, name):
+    """Skipper's own answers (golden vectors) from a ring built on EndpointSlices.
+
+    The vector's endpoints are split over slices the way a controller might (shuffled,
+    one pod in two slices, plus a not-ready and a terminating pod that must stay out);
+    the addresses cslb builds must be Skipper's strings in Skipper's order, so the ring
+    routes every vector key to the endpoint Skipper chose.
+    """
+    import json
+
+    v = json.loads((vector_dir / name).read_text(encoding="utf-8"))
+    hosts = [e.removeprefix("http://").removesuffix(":8080") for e in v["endpoints"]]
+    assert all(f"http://{h}:8080" == e for h, e in zip(hosts, v["endpoints"], strict=True))
+    shuffled = hosts[:]
+    random.Random(3).shuffle(shuffled)
+    third = len(shuffled) // 3 or 1
+    parts = [shuffled[:third], shuffled[third : 2 * third], shuffled[2 * third :]]
+    parts[1].append(parts[0][0])  # the same pod in two slices
     slices = [
-        endpoint_slice(f"s{j}", "svc", [endpoint(ip) for ip in ips[j * 20 : (j + 1) * 20]])
-        for j in range(3)
+        endpoint_slice(f"svc-{j}", "svc", [endpoint(h) for h in part])
+        for j, part in enumerate(parts)
+    ]
+    slices[2]["endpoints"] += [
+        endpoint("10.255.0.1", ready=False),
+        endpoint("10.255.0.2", terminating=True),
     ]
     got = addrs(*slices)
-    want = sorted(f"http://{ip}:8080" for ip in ips)
-    assert got == want
-    keys = [f"product-{i}" for i in range(500)]
-    a, b = lbcore.Ring(got), lbcore.Ring(want)
-    assert [got[i] for i in a.lookup(keys)] == [want[i] for i in b.lookup(keys)]
+    assert got == v["endpoints"]  # Skipper's strings, sorted as Skipper sorts them
+    ring = lbcore.Ring(got, vnodes=v["hashes_per_endpoint"])
+    assert ring.lookup(v["keys"]).tolist() == v["expected"]

@@ -1,6 +1,7 @@
 """The list+watch informers, driving the real ``kubernetes`` client against a small
 Kubernetes API server on 127.0.0.1 (tests/kubeapi.py)."""
 
+import random
 import threading
 import time
 
@@ -11,6 +12,7 @@ from discovery.kube import (
     ConfigMapInformer,
     EndpointSliceInformer,
     KubeConfigError,
+    ListWatch,
     WatchTiming,
     load_client,
 )
@@ -148,7 +150,7 @@ def test_list_seeds_then_watch_follows(kube, informer):
     w = kube.requests_of("watch")[0]
     assert w.query["allowWatchBookmarks"] == "true"
     assert w.query["resourceVersion"] == "103"  # the list's resourceVersion
-    assert 2 <= int(w.query["timeoutSeconds"]) < 4  # jittered in [t, 2t)
+    assert 2 <= int(w.query["timeoutSeconds"]) <= 4  # jittered in [t, 2t]
     assert inf.watch.stats["lists"] == 1
 
 
@@ -252,7 +254,7 @@ def test_a_list_without_items_is_an_error_not_an_empty_service(kube, informer, m
 def test_a_silent_watch_is_dropped_at_the_read_timeout(kube, informer):
     kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
     rec = Recorder()
-    informer(rec)
+    inf = informer(rec)
     rec.wait_addresses(urls(ips(2)))
     kube.fail("watch", SLICES, "silent", events=0)
     kube.pause()  # end the current watch; the next one is silent: no data, no FIN
@@ -263,8 +265,13 @@ def test_a_silent_watch_is_dropped_at_the_read_timeout(kube, informer):
     rec.wait_addresses(urls(ips(3)), timeout=5)
     waited = time.monotonic() - t0
     assert waited < FAST.request_timeout_s + 1.0
-    timeouts = [e for e in rec.named("api_error") if "Read timed out" in e["error"]]
-    assert timeouts and timeouts[0]["op"] == "watch"
+    # A silent watch already waited the read timeout: resumed at once, not an error.
+    (silent,) = rec.named("watch_silent")
+    assert silent["level"] == "info" and silent["action"] == "resume"
+    assert silent["silent_s"] == FAST.request_timeout_s
+    # (the pause itself dropped a watch and refused connections: those are errors)
+    assert not [e for e in rec.named("api_error") if "timed out" in e["error"]]
+    assert inf.watch.stats["lists"] == 1
 
 
 def test_a_watch_dropped_mid_stream_resumes_where_it_was(kube, informer):
@@ -423,13 +430,102 @@ def test_load_client_errors_name_the_file(tmp_path):
 def test_server_side_watch_timeout_resumes_without_relist_or_error(kube, informer):
     kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
     rec = Recorder()
-    inf = informer(rec, WatchTiming(1.0, 1.0, 1.0, 0.05, 0.2))
+    # Seed 7: the first three watches ask for 1, 1 and 2 s.
+    inf = informer(rec, WatchTiming(1.0, 1.0, 1.0, 0.05, 0.2), rng=random.Random(7))
     rec.wait_addresses(urls(ips(2)))
     kube.wait_for_requests("watch", SLICES, 3, timeout=8)  # each ends after 1-2 s
     watches = kube.requests_of("watch")
-    assert all(1 <= int(w.query["timeoutSeconds"]) < 2 for w in watches)
+    asked = [int(w.query["timeoutSeconds"]) for w in watches]
+    assert set(asked) == {1, 2}  # jittered even for t = 1 s
     kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
     rec.wait_addresses(urls(ips(3)))
     assert inf.watch.stats["lists"] == 1 and not rec.named("api_error")
     rvs = [int(w.query["resourceVersion"]) for w in kube.requests_of("watch")]
     assert rvs == sorted(rvs)  # always resumed from the newest version it had seen
+
+
+def test_watch_timeouts_are_whole_seconds_spread_over_t_to_2t():
+    for t in (1.0, 2.0, 300.0):
+        lw = ListWatch(
+            kind="EndpointSlice",
+            list_call=lambda *a, **kw: None,
+            namespace=NS,
+            selectors={},
+            parse=dict,
+            on_change=lambda store, reason: None,
+            log=EventLog(None),
+            timing=WatchTiming(watch_timeout_s=t),
+            rng=random.Random(11),
+        )
+        got = [lw.watch_timeout() for _ in range(400)]
+        assert all(type(x) is int and t <= x <= 2 * t for x in got), (t, got[:10])
+        if t < 100:
+            assert set(got) == set(range(int(t), int(2 * t) + 1))  # every whole second
+        else:
+            assert len(set(got)) > 200 and 1.4 * t < sum(got) / len(got) < 1.6 * t
+
+
+@pytest.mark.parametrize("action", ["gone", "expired"], ids=["http-410", "error-event"])
+def test_repeated_expirations_back_off_before_relisting(kube, informer, action):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    fault = kube.fail("watch", SLICES, action, times=-1)  # every watch expires at once
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait(lambda: len(rec.named("watch_expired")) >= 5, what="five expirations")
+    expired = rec.named("watch_expired")[:5]
+    assert [e["expired_in_a_row"] for e in expired] == [1, 2, 3, 4, 5]
+    delays = [e["retry_in_s"] for e in expired]
+    assert delays[0] == 0.0  # the first relists at once
+    for n, d in enumerate(delays[1:]):  # then FAST's backoff: 0.05 s doubling to 0.2 s
+        base = min(FAST.backoff_max_s, FAST.backoff_s * 2**n)
+        assert 0.5 * base - 1e-3 <= d <= base + 1e-3, (n, delays)
+    # The server saw the waits: list k+1 came at least delay k after list k.
+    lists = [r.t for r in kube.requests_of("list")]
+    assert len(lists) >= 5
+    for k in range(1, 4):
+        assert lists[k + 1] - lists[k] >= delays[k] - 0.005, (lists, delays)
+    assert rec.addresses() == urls(ips(2))  # every relist reported the same good set
+    # A watch that works ends the run: the next expiration relists at once again.
+    kube.clear_faults()
+    rec.wait(lambda: inf.watch._expired_in_a_row == 0, what="a working watch")
+    kube.fail("watch", SLICES, action)
+    fault.times = 0
+    kube.pause()  # ends the working watch; the next one expires
+    kube.resume()
+    rec.wait(lambda: len(rec.named("watch_expired")) > 5 and inf.watch.stats["watches"] > 0)
+    rec.wait(lambda: rec.named("watch_expired")[-1]["expired_in_a_row"] == 1, what="reset")
+    assert rec.named("watch_expired")[-1]["retry_in_s"] == 0.0
+
+
+def test_stop_cuts_a_list_that_is_never_answered(kube, informer):
+    kube.fail("list", SLICES, "hang", times=-1)
+    rec = Recorder()
+    inf = informer(rec, WatchTiming(1.0, 30.0, 60.0, 0.05, 0.2))
+    kube.wait_for_requests("list", SLICES, 1)
+    time.sleep(0.1)  # the informer thread is now blocked waiting for the answer
+    t0 = time.monotonic()
+    assert inf.stop(timeout_s=5.0)  # the thread has ended ...
+    assert time.monotonic() - t0 < 1.0  # ... because its request was cut, not timed out
+    assert not rec.updates and not rec.named("api_error")
+
+
+def test_a_slice_turned_malformed_keeps_its_previous_version_across_a_relist(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    kube.put(SLICES, NS, slice_of("catalog-b", ips(2, start=20)))
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait_addresses(urls(ips(2) + ips(2, start=20)))
+    broken = slice_of("catalog-a", ips(1))
+    del broken["addressType"]
+    kube.put(SLICES, NS, broken)  # stored: the relist's list returns it too
+    rec.wait(lambda: rec.named("object_invalid"), what="the MODIFIED slice rejected")
+    kube.fail("watch", SLICES, "gone")  # force a relist ...
+    kube.pause()  # ... by ending the current watch
+    kube.put(SLICES, NS, slice_of("catalog-c", ["10.1.0.99"]))
+    kube.resume()
+    rec.wait_addresses(urls([*ips(2), *ips(2, start=20), "10.1.0.99"]))
+    assert rec.updates[-1][0] == "relist" and inf.watch.stats["lists"] == 2
+    during_list = [e for e in rec.named("object_invalid") if e["during"] == "list"]
+    assert [e["name"] for e in during_list] == ["catalog-a"]
+    assert during_list[0]["action"] == "ignored; previous version kept"
+    assert "addressType" in during_list[0]["error"]

@@ -1,6 +1,7 @@
 """The discovery loop end to end inside one process: fake Kubernetes API -> real
 ``kubernetes`` client -> debounce and ring-set state -> real shared memory."""
 
+import json
 import os
 import time
 
@@ -352,3 +353,40 @@ def test_a_resumed_publisher_keeps_the_kill_switch_until_it_reads_the_configmap(
     kube.clear_faults()
     kube.put(CONFIGMAPS, NS, configmap("cslb", {"CSLB_ENABLED": "true"}))
     assert lp2.wait_generation(2).knobs.enabled is True
+
+
+def test_removals_at_once_leave_before_the_debounce_additions_after_it(ns, tmp_path):
+    f = tmp_path / "endpoints.json"
+
+    def write(*hosts):
+        f.write_text(json.dumps([f"http://10.0.0.{h}:80" for h in hosts]))
+
+    def eps(*hosts):
+        return sorted(f"http://10.0.0.{h}:80" for h in hosts)
+
+    write(1, 2, 3, 4)
+    lp = Loop(ns, endpoints_file=str(f), debounce_s=0.4, debounce_max_s=2.0)
+    lp.disc.removals_at_once = True
+    lp.start()
+    try:
+        lp.wait_generation(1)
+        write(2, 3, 4, 9)  # one change: pod 1 terminates, pod 9 arrives
+        t = lp.wait_generation(2)
+        assert sorted(t.endpoints) == eps(2, 3, 4)  # the removal went out alone ...
+        t = lp.wait_generation(3)
+        assert sorted(t.endpoints) == eps(2, 3, 4, 9)  # ... the addition after the debounce
+        assert len(t.ring_set.starts_ns) == 1
+        pubs = {p["generation"]: p for p in lp.named("publish")}
+        assert (pubs[2]["reason"], pubs[2]["removed"], pubs[2]["added"]) == (
+            "endpoints removed",
+            1,
+            0,
+        )
+        assert (pubs[3]["reason"], pubs[3]["added"]) == ("endpoints changed", 1)
+        # A burst of removals only: one publish, nothing left for the debounce.
+        write(2, 9)
+        assert sorted(lp.wait_generation(4).endpoints) == eps(2, 9)
+        time.sleep(0.6)  # past the debounce
+        assert lp.generation() == 4 and not lp.named("publish_skipped")
+    finally:
+        lp.stop()

@@ -1,22 +1,34 @@
 """Pure parts of discovery: debounce, backoff, ring-set state machine, knob layers, file
 watcher, event log."""
 
+import dataclasses
 import io
 import json
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import lbcore
-from discovery.debounce import Debouncer
-from discovery.events import EventLog
+import shm
+from discovery.cli import NoEndpointSourceError, default_endpoints_file
+from discovery.debounce import DebounceError, Debouncer
+from discovery.events import EventLog, LogLevelError
 from discovery.kube import Backoff
 from discovery.ringstate import FadeParams, RingState
-from discovery.settings import DISCOVERY_KNOBS, KnobState, unknown_configmap_keys
+from discovery.settings import (
+    DISCOVERY_KNOBS,
+    PUBLISHED_KNOBS,
+    KnobState,
+    knob,
+    unknown_configmap_keys,
+)
 from discovery.static import EndpointsFileError, EndpointsFileWatcher, EndpointSpec
 from lbcore.knobs import ROUTING_KNOBS, KnobError, defaults
+
+ROOT = Path(__file__).resolve().parent.parent
 
 S = 1_000_000_000
 
@@ -51,9 +63,9 @@ def test_debounce_cap_releases_a_source_that_never_goes_quiet():
 
 
 def test_debounce_rejects_bad_settings():
-    with pytest.raises(ValueError, match=">= 0"):
+    with pytest.raises(DebounceError, match=">= 0"):
         Debouncer(-1)
-    with pytest.raises(ValueError, match="cap"):
+    with pytest.raises(DebounceError, match="cap"):
         Debouncer(10, 5)
     assert Debouncer(0).max_delay_ns == 0
 
@@ -207,8 +219,65 @@ def test_discovery_settings_declared_once():
     assert by["debounce_s"].default == 2.0
     with pytest.raises(KnobError, match="CSLB_DEBOUNCE"):
         by["debounce_s"].convert("-1", "test")
-    with pytest.raises(KnobError, match="expected http or https"):
+    with pytest.raises(KnobError, match="expected one of http, https"):
         by["scheme"].convert("ftp", "test")
+    with pytest.raises(KnobError, match="expected one of debug, info, warning, error"):
+        by["log_level"].convert("loud", "test")
+    with pytest.raises(KnobError, match=r"CSLB_SHM_NAMESPACE='a/b'.*is invalid"):
+        by["shm_namespace"].convert("a/b", "test")
+    assert knob("shm_namespace") is by["shm_namespace"]
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "want"),
+    [
+        ("debounce_s", "2.5s", 2.5),
+        ("debounce_s", "0", 0.0),
+        ("heartbeat_s", "0.01", 0.01),
+        ("heartbeat_s", "0.001", "expected seconds >= 0.01"),
+        ("watch_timeout_s", "0.5", "expected seconds >= 1"),
+        ("debounce_s", "nan", "expected a finite number"),
+        ("debounce_s", "inf", "expected a finite number"),
+        ("debounce_s", "soon", "expected a number"),
+        ("request_timeout_s", "-1", "expected seconds >= 0"),
+    ],
+)
+def test_second_settings_parse_through_lbcore_knobs(name, raw, want):
+    k = knob(name)
+    if isinstance(want, float):
+        assert k.convert(raw, "test") == want
+    else:
+        with pytest.raises(KnobError, match=want):
+            k.convert(raw, "test")
+
+
+def test_published_knobs_are_the_table_knobs_and_routing_knobs():
+    assert PUBLISHED_KNOBS == tuple(f.name for f in dataclasses.fields(shm.Knobs))
+    assert "fade_mode" in PUBLISHED_KNOBS
+    assert set(PUBLISHED_KNOBS) <= {k.name for k in ROUTING_KNOBS}
+
+
+# -- the embedded default source --------------------------------------------------------
+
+
+def test_the_example_file_is_the_default_outside_a_cluster(tmp_path):
+    example = ROOT / "examples" / "endpoints.json"
+    # In a directory with its own examples/endpoints.json: that one.
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "endpoints.json").write_text('["http://10.9.0.1:80"]')
+    assert default_endpoints_file(tmp_path, {}) == tmp_path / "examples" / "endpoints.json"
+    # Anywhere else: the source tree's.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert default_endpoints_file(elsewhere, {}) == example
+    # Neither: an error naming both places.
+    with pytest.raises(NoEndpointSourceError, match="no endpoint source") as err:
+        default_endpoints_file(elsewhere, {}, source_tree=tmp_path / "nowhere")
+    assert str(elsewhere / "examples" / "endpoints.json") in str(err.value)
+    assert str(tmp_path / "nowhere" / "examples" / "endpoints.json") in str(err.value)
+    # Inside a cluster there is no default, even with the file at hand.
+    with pytest.raises(NoEndpointSourceError, match="inside a cluster"):
+        default_endpoints_file(tmp_path, {"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
 
 
 # -- endpoints file ---------------------------------------------------------------------
@@ -253,7 +322,7 @@ def test_event_log_writes_one_json_object_per_line():
     assert rec["event"] == "api_error" and rec["level"] == "error" and rec["retry_in_s"] == 0.8
     assert rec["ts"].endswith("Z") and rec["error"] == "line1\nline2"
     assert [r["event"] for r in seen] == ["hidden", "api_error"]
-    with pytest.raises(ValueError, match="log level"):
+    with pytest.raises(LogLevelError, match="log level 'loud' is not one of debug, info"):
         EventLog(buf, level="loud")
 
 
