@@ -27,6 +27,7 @@ from shm.errors import (
     CounterInputError,
     NamespaceError,
     NoFreeSlotError,
+    ProcessLivenessError,
     SegmentCorruptError,
     SegmentError,
     SegmentExistsError,
@@ -43,6 +44,7 @@ from shm.errors import (
     TableInputError,
     TableUnavailableError,
     WriterBusyError,
+    WriterUnusableError,
 )
 from shm.layout import LAYOUT_VERSION
 from shm.segment import check_namespace, list_segments, segment_name
@@ -59,6 +61,7 @@ __all__ = [
     "LockedRecorder",
     "NamespaceError",
     "NoFreeSlotError",
+    "ProcessLivenessError",
     "Recorder",
     "SegmentCorruptError",
     "SegmentError",
@@ -82,6 +85,7 @@ __all__ = [
     "TableWriter",
     "ThreadRecorder",
     "WriterBusyError",
+    "WriterUnusableError",
     "check_namespace",
     "list_segments",
     "segment_name",

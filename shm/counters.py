@@ -5,22 +5,27 @@ The counter matrix has one row per *worker slot* and one column per *endpoint sl
 row has exactly one writer, the process (or thread) that claimed it, so cells are plain
 aligned ``int64`` words updated without locks or atomics; readers sum the rows.
 
-Per cell (row, endpoint slot):
+Per cell (row, endpoint slot), per time bucket (``bucket_ns`` wide; ``window_buckets``
+of them span the occupancy window, two more are kept so a bucket is recycled only once
+it is out of every reader's window):
 
-* ``in_flight``: requests started and not yet ended;
-* ``start_sum``: sum of the start times of those open requests (relative to the
-  matrix's ``base_ns``), so readers can count the busy time of requests still open;
-* per time bucket (``bucket_ns`` wide; ``window_buckets`` of them span the occupancy
-  window, two more are kept so a bucket is recycled only once it is out of every
-  reader's window): ``busy_ns`` (time spent waiting on the endpoint inside the
-  bucket), ``completed``, ``latency_ns`` (summed durations of requests that ended in
-  the bucket) and ``failures``.
+* ``open``, ``open_start_sum``: requests started in the bucket and not yet ended, and
+  the sum of their start times relative to the bucket's start, so readers can count the
+  busy time of open requests, each at most for the window (a request open for minutes
+  counts one window, not its age);
+* ``busy_ns`` (time spent waiting on the endpoint inside the bucket), ``completed``,
+  ``latency_ns`` (summed durations of requests that ended in the bucket) and
+  ``failures``;
+
+and ``open_old``: open requests that started before every bucket the row holds (older
+than the window, so each counts one full window).
 
 Each row also records which time bucket each of its bucket columns holds
-(``periods``). The row's writer recycles a bucket column (zeroes it, then stamps the
-new period) when time moves on; readers weigh every bucket by the share of it inside
-the window (:func:`lbcore.signals.window_weights`), so buckets of idle or dead workers
-age out without anyone writing to them. Time is CLOCK_MONOTONIC nanoseconds, passed in.
+(``periods``). The row's writer recycles a bucket column (moves its open requests to
+``open_old``, zeroes it, then stamps the new period) when time moves on; readers weigh
+every bucket by the share of it inside the window
+(:func:`lbcore.signals.window_weights`), so buckets of idle or dead workers age out
+without anyone writing to them. Time is CLOCK_MONOTONIC nanoseconds, passed in.
 
 Readers take no lock and see each cell's value indivisibly, but not a cross-cell
 snapshot: a sum read while a worker records may count a request's ``completed``
@@ -43,6 +48,7 @@ grower copied it; rows of idle or dead workers keep the grower's copy.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -53,7 +59,14 @@ from typing import Any
 
 import numpy as np
 
-from lbcore.signals import DEFAULT_WINDOW_NS, LOAD_SIGNALS, effective_load, window_weights
+from lbcore.signals import (
+    DEFAULT_LATENCY_CAP,
+    DEFAULT_WINDOW_NS,
+    LOAD_SIGNALS,
+    effective_load,
+    load_for,
+    window_weights,
+)
 from lbcore.signals import mean_latency as _mean_latency
 from lbcore.signals import occupancy as _occupancy
 from shm.errors import (
@@ -64,9 +77,11 @@ from shm.errors import (
     SegmentExistsError,
     SegmentLayoutError,
     SegmentMissingError,
+    SegmentSizeError,
     SlotOwnershipError,
 )
 from shm.layout import (
+    BUCKET_FIELDS,
     COUNTERS_CONTROL,
     COUNTERS_DATA,
     LAYOUT_VERSION,
@@ -76,6 +91,7 @@ from shm.layout import (
     SLOT_CLAIMED,
     SLOT_FREE,
     align,
+    cell_words,
     row_layout,
     word,
 )
@@ -83,12 +99,16 @@ from shm.segment import (
     Segment,
     attach_initialized,
     check_header,
+    current_inode,
+    epoch_segments,
     fence,
-    list_segments,
+    own_start_ticks,
     process_alive,
-    process_start_ticks,
+    seam,
+    segment_lock,
     segment_name,
     unlink_name,
+    unlink_stale_epochs,
 )
 
 __all__ = [
@@ -162,10 +182,23 @@ class _Matrix:
         self.buckets = k
         self.layout = layout
         self.rows2d = seg.array(np.int64, off, rows * row_words).reshape(rows, row_words)
-        p, f = layout["in_flight"], layout["busy_ns"]
-        # (rows, 2 + 4 * buckets, columns): in_flight, start_sum, then the bucket fields.
-        self.fields = self.rows2d[:, p : f + 4 * k * cols].reshape(rows, 2 + 4 * k, cols)
+        p = layout["open_old"]
+        # (rows, 1 + 6 * buckets, columns): open_old, then the bucket fields.
+        self.fields = self.rows2d[:, p : p + cell_words(k) * cols].reshape(
+            rows, cell_words(k), cols
+        )
         self.periods = self.rows2d[:, :k]
+
+    def block(self, row: int, name: str) -> np.ndarray:
+        """View of one part of row ``row``.
+
+        ``open_old`` (``[columns]``) or one of :data:`~shm.layout.BUCKET_FIELDS`
+        (``[buckets][columns]``).
+        """
+        if name == "open_old":
+            return self.fields[row, 0]
+        i = 1 + BUCKET_FIELDS.index(name) * self.buckets
+        return self.fields[row, i : i + self.buckets]
 
     def copy_row(self, src: _Matrix, r: int) -> None:
         """Copy row ``r`` of ``src`` (fewer or equal columns) into this matrix."""
@@ -353,11 +386,27 @@ class CounterStore:
         ctl_size = align(slots_off + rows * SLOT.itemsize, _PAGE)
         for _ in range(3):
             try:
-                seg = Segment.create(name, ctl_size)
+                seg: Segment | None = Segment.create(name, ctl_size)
             except SegmentExistsError:
-                seg = attach_initialized(name, writable=True, min_size=1, initialized=False)
-            with seg.lock():
-                if seg.size == ctl_size and seg.words[_C_MAGIC] == 0 and not any(seg.buf):
+                seg = None
+            with contextlib.ExitStack() as held:
+                try:
+                    held.enter_context(segment_lock(name))
+                except SegmentMissingError:
+                    continue  # removed meanwhile: start over
+                # Under the lock nobody else creates, takes over or grows these counters.
+                if seg is None:
+                    try:
+                        seg = Segment.attach(name, writable=True, min_size=8)
+                    except SegmentSizeError:  # its creator died before sizing it
+                        seg = Segment.reinitialize(name, ctl_size)
+                if seg.words[_C_MAGIC] == 0:
+                    # New, or its creator died before writing the magic (written last).
+                    if seg.size != ctl_size:
+                        seg.close()
+                        seg = Segment.reinitialize(name, ctl_size)
+                    else:
+                        seg.buf[:] = bytes(ctl_size)
                     h = seg.header(COUNTERS_CONTROL)
                     h["version"] = LAYOUT_VERSION
                     h["size"] = ctl_size
@@ -369,6 +418,8 @@ class CounterStore:
                     h["base_ns"] = clock()
                     h["slots_offset"] = slots_off
                     h["created_ns"] = clock()
+                    # Data segments of an earlier incarnation are nobody's now.
+                    unlink_stale_epochs(namespace, "counters", None)
                     try:
                         data = _create_data(f"{name}.1", 1, rows, _columns_for(columns), buckets)
                     except BaseException:
@@ -376,6 +427,7 @@ class CounterStore:
                         raise
                     data.close()
                     h["current"] = 1
+                    seam("counters.control.init")
                     fence()
                     h["magic"] = MAGIC_COUNTERS_CONTROL
                     return cls(_Control(seg), namespace, owner=True)
@@ -389,7 +441,10 @@ class CounterStore:
                             f"{ctl.window_buckets} buckets; asked for {rows} rows and a "
                             f"{window_ns} ns window in {window_buckets} buckets",
                         )
-                    ctl.current()
+                    m = ctl.current()
+                    # Other epochs are left by a process killed while growing the matrix
+                    # (before or after the switch).
+                    unlink_stale_epochs(namespace, "counters", m.epoch)
                     return cls(ctl, namespace, owner=True)
                 except (SegmentCorruptError, SegmentMissingError):
                     if not replace_invalid:
@@ -397,7 +452,8 @@ class CounterStore:
                         raise
                     for seg_name in _namespace_counters(namespace):
                         unlink_name(seg_name)
-            seg.close()
+            if seg is not None:
+                seg.close()
         raise SegmentLayoutError(name, "could not create or take over the counters")
 
     @classmethod
@@ -463,11 +519,14 @@ class CounterStore:
         Raises
         ------
         NoFreeSlotError
-            Every slot is held by a live process.
+            Every slot is held by a live process (or one whose liveness cannot be
+            told right now: such a slot is never taken).
+        ProcessLivenessError
+            This process's own start time cannot be read from ``/proc``.
         """
         self._check_writable()
         pid = os.getpid()
-        ticks = process_start_ticks(pid) or 0
+        ticks = own_start_ticks()
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
         with ctl.seg.lock():
@@ -574,20 +633,35 @@ class CounterStore:
             old = ctl.current()
             if n <= old.columns:
                 return old.columns
-            cols = _columns_for(max(n, 2 * old.columns))
+            unlink_stale_epochs(self.namespace, "counters", old.epoch)  # a killed grower's
+            # At least 25 % more (growth copies every row, so keep it geometric), but
+            # no doubling: /dev/shm holds the old and the new matrix until the switch.
+            cols = _columns_for(max(n, old.columns + old.columns // 4))
             epoch = old.epoch + 1
             seg = _create_data(f"{self.name}.{epoch}", epoch, ctl.rows, cols, ctl.buckets)
             new = _Matrix(seg, epoch, ctl.rows, ctl.buckets)
             for r in np.flatnonzero(ctl.slots["used"] != 0).tolist():
                 new.copy_row(old, r)
             fence()
+            seam("counters.grow.switch")
             ctl.cw[_C_CURRENT] = epoch
+            seam("counters.grow.switched")
             ctl.matrix = new
             old.seg.unlink()
             old.seg.close()
             return cols
 
     # -- lifecycle ----------------------------------------------------------------------
+
+    def replaced(self) -> bool:
+        """True if the control segment this store maps was removed or recreated.
+
+        That happens when the owner closed the counters (which removes them) or
+        replaced invalid ones. Recorders of this store then write into segments no
+        new reader sees, and readers see only the old rows: attach again and claim a
+        new slot (a worker should check this about once a second; one ``stat`` call).
+        """
+        return current_inode(self.name) != self._ctl.seg.inode
 
     def reader(self) -> CounterReader:
         """A host-wide reader over these counters."""
@@ -600,7 +674,13 @@ class CounterStore:
             raise SlotOwnershipError(f"counter store {self.name} was attached read-only")
 
     def close(self, *, unlink: bool | None = None) -> None:
-        """Detach; the owner (:meth:`create`) also unlinks the counters (``unlink=None``)."""
+        """Detach; the owner (:meth:`create`) also unlinks the counters (``unlink=None``).
+
+        Unlinking while workers still record leaves their recorders writing into the
+        removed segments (they cannot tell without :meth:`replaced`); an owner that
+        outlives its workers only for a restart should close with ``unlink=False`` so
+        the next owner takes the counters over, history and slots included.
+        """
         if self._closed:
             return
         self._closed = True
@@ -616,22 +696,17 @@ class CounterStore:
 
 
 def _namespace_counters(namespace: str) -> list[str]:
-    base = segment_name(namespace, "counters")
-    return [
-        s
-        for s in list_segments(namespace)
-        if s == base or (s.startswith(base + ".") and s[len(base) + 1 :].isdigit())
-    ]
+    return [segment_name(namespace, "counters"), *epoch_segments(namespace, "counters").values()]
 
 
 _add_at = np.add.at
+_NO_SLOTS = np.empty(0, dtype=np.intp)
 _max = np.maximum.reduce
 _min = np.minimum.reduce
 
 
 def _release_in_flight(m: _Matrix, row: int) -> None:
-    m.fields[row, 0] = 0  # in_flight
-    m.fields[row, 1] = 0  # start_sum
+    m.fields[row, : 1 + 2 * m.buckets] = 0  # open_old, open, open_start_sum
 
 
 # ------------------------------------------------------------------------------------
@@ -669,7 +744,6 @@ class Recorder:
         self._cw = ctl.cw
         self._bucket_ns = ctl.bucket_ns
         self._k = ctl.buckets
-        self._base = ctl.base_ns
         self._period = -(1 << 62)
         self._released = False
         self._forked = False
@@ -683,12 +757,13 @@ class Recorder:
         k = self._k
         self._matrix = m
         self._cols = m.columns
-        self._in_flight = f[0]
-        self._start_sum = f[1]
-        self._busy = f[2 : 2 + k]
-        self._completed = f[2 + k : 2 + 2 * k]
-        self._latency = f[2 + 2 * k : 2 + 3 * k]
-        self._failures = f[2 + 3 * k : 2 + 4 * k]
+        self._open_old = f[0]
+        self._open = f[1 : 1 + k]
+        self._open_sum = f[1 + k : 1 + 2 * k]
+        self._busy = f[1 + 2 * k : 1 + 3 * k]
+        self._completed = f[1 + 3 * k : 1 + 4 * k]
+        self._latency = f[1 + 4 * k : 1 + 5 * k]
+        self._failures = f[1 + 5 * k : 1 + 6 * k]
         self._periods = m.periods[self.row]
         self._epoch = m.epoch
 
@@ -707,12 +782,22 @@ class Recorder:
         self._bind(new)
 
     def _rotate(self, period: int) -> None:
-        """Make the bucket columns hold the ``buckets`` periods ending at ``period``."""
+        """Make the bucket columns hold the ``buckets`` periods ending at ``period``.
+
+        Requests still open that started in a recycled column's period are older than
+        every bucket kept now, hence than the window: they move to ``open_old``.
+        """
         k = self._k
         periods = self._periods
-        for q in range(period - k + 1, period + 1):
+        # Columns of periods up to self._period are stamped already (one writer per row).
+        for q in range(max(period - k + 1, self._period + 1), period + 1):
             j = q % k
             if periods[j] != q:
+                seam("counters.rotate")  # once per bucket and row, not per call
+                if self._open[j].any():
+                    self._open_old += self._open[j]  # counted twice, never zero times
+                    self._open[j] = 0
+                    self._open_sum[j] = 0
                 self._busy[j] = 0
                 self._completed[j] = 0
                 self._latency[j] = 0
@@ -726,6 +811,8 @@ class Recorder:
         if type(s) is not np.ndarray or s.dtype != np.intp:
             s = np.asarray(s)
             if s.dtype != np.intp:
+                if s.size == 0 and s.dtype.kind in "iuf":
+                    return _NO_SLOTS  # an empty fan-out (say, every key went to fallback)
                 if s.dtype.kind not in "iu" or s.dtype.itemsize > 8:
                     raise CounterInputError(
                         f"endpoint slots must be integers, got a {s.dtype} array {s!r:.80}"
@@ -763,8 +850,16 @@ class Recorder:
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
         s = self._slots(slots)
-        _add_at(self._in_flight, s, 1)
-        _add_at(self._start_sum, s, now_ns - self._base)
+        b = self._bucket_ns
+        q = now_ns // b
+        if q > self._period:
+            self._rotate(q)
+        if q > self._period - self._k:  # a bucket this row holds
+            j = q % self._k
+            _add_at(self._open[j], s, 1)
+            _add_at(self._open_sum[j], s, now_ns - q * b)
+        else:  # a thread that took long to get the row's lock: older than every bucket
+            _add_at(self._open_old, s, 1)
 
     def record_end(
         self,
@@ -807,7 +902,7 @@ class Recorder:
         d = durations_ns
         if type(d) is not np.ndarray or d.dtype != np.int64:
             d = np.asarray(d)
-            if d.dtype.kind not in "iu":
+            if d.dtype.kind not in "iu" and not (d.size == 0 and d.dtype.kind == "f"):
                 raise CounterInputError(f"durations must be integer nanoseconds, got {d.dtype}")
             d = d.astype(np.int64)
         n = s.size
@@ -833,10 +928,11 @@ class Recorder:
         # Threads sharing a row (LockedRecorder) may record slightly out of time order:
         # a period the row has moved past is still fine while its bucket is retained.
         if scalar_start and started_ns >= period * b and period > self._period - self._k:
-            # Every call started in this bucket (and ended by now_ns): all of it is here.
+            # Every call started in this bucket (and ended by now_ns): all of it is here,
+            # and so are its open entries (record_start put them in this bucket).
             k = period % self._k
-            _add_at(self._in_flight, s, -1)
-            _add_at(self._start_sum, s, self._base - started_ns)
+            _add_at(self._open[k], s, -1)
+            _add_at(self._open_sum[k], s, period * b - started_ns)
             _add_at(self._busy[k], s, d)
             _add_at(self._completed[k], s, 1)
             _add_at(self._latency[k], s, d)
@@ -853,8 +949,18 @@ class Recorder:
         b, kk = self._bucket_ns, self._k
         newest = self._period
         oldest = newest - kk + 1  # the buckets this row holds; older time is forgotten
-        _add_at(self._in_flight, s, -1)
-        _add_at(self._start_sum, s, self._base - st)
+        # A call's open entry is in its start bucket's column while the row holds that
+        # bucket (record_start put it there, rotation has not moved it), else in open_old.
+        qs = st // b
+        held = qs >= oldest
+        if held.all():
+            _add_at(self._open, (qs % kk, s), -1)
+            _add_at(self._open_sum, (qs % kk, s), qs * b - st)
+        else:
+            h = held.nonzero()[0]
+            _add_at(self._open, (qs[h] % kk, s[h]), -1)
+            _add_at(self._open_sum, (qs[h] % kk, s[h]), qs[h] * b - st[h])
+            _add_at(self._open_old, s[~held], -1)
         end = st + d
         for q in range(max(oldest, int(st.min()) // b), newest + 1):
             part = np.minimum(end, (q + 1) * b) - np.maximum(st, q * b)
@@ -914,6 +1020,11 @@ class LockedRecorder:
 class ThreadRecorder:
     """A row per thread, claimed on each thread's first call (no lock on the way).
 
+    A thread's first call claims its row (a ``flock`` and a ``/proc`` read, ~0.1 ms,
+    once); later calls take no lock. Each thread holds a row for the life of the
+    recorder, so the counters need a row per thread of every worker (see README,
+    "gthread workers"); :class:`LockedRecorder` needs one row per process.
+
     Parameters
     ----------
     store
@@ -925,14 +1036,19 @@ class ThreadRecorder:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[Recorder] = []
+        self._released = False
 
     def _mine(self) -> Recorder:
         rec = getattr(self._local, "rec", None)
         if rec is None:
-            rec = self._store.claim(thread_id=threading.get_ident())
-            self._local.rec = rec
-            with self._lock:
+            with self._lock:  # claims are rare; serialized so none follows release()
+                if self._released:
+                    raise SlotOwnershipError(
+                        "this per-thread recorder was released; claim a new one"
+                    )
+                rec = self._store.claim(thread_id=threading.get_ident())
                 self._all.append(rec)
+            self._local.rec = rec
         return rec
 
     def record_start(self, slots: Any, now_ns: int) -> None:
@@ -952,12 +1068,18 @@ class ThreadRecorder:
             return [r.row for r in self._all]
 
     def release(self, now_ns: int | None = None) -> None:
-        """Give back every thread's slot."""
+        """Give back every thread's slot; the recorder cannot be used afterwards.
+
+        A thread still in a request then gets :class:`~shm.errors.SlotOwnershipError`
+        from its ``record_end`` (its in-flight counts were released with its row), as
+        from any later call; it never lands in a new row, which would drive that row's
+        counts negative.
+        """
         with self._lock:
+            self._released = True
             recs, self._all = self._all, []
         for rec in recs:
             rec.release(now_ns)
-        self._local = threading.local()
 
 
 # ------------------------------------------------------------------------------------
@@ -1019,37 +1141,55 @@ class HostLoads:
     global_latency_s: float
 
     def take(self, slots: Any) -> HostLoads:
-        """The loads of the given slots, in that order (e.g. ``Table.slots``: per endpoint)."""
+        """The loads of the given slots, in that order (e.g. ``Table.slots``: per endpoint).
+
+        Slots this snapshot does not cover (given to endpoints published after it was
+        read) count as idle: no in-flight, no occupancy, no completions (NaN latency).
+
+        Raises
+        ------
+        CounterInputError
+            A negative slot.
+        """
         idx = np.asarray(slots, dtype=np.intp)
+        n = self.in_flight.size
+        if idx.size and int(idx.min()) < 0:
+            raise CounterInputError(f"endpoint slots must be >= 0, got {int(idx.min())}")
+        extra = int(idx.max()) + 1 - n if idx.size else 0
+
+        def pick(arr: np.ndarray, idle: float) -> np.ndarray:
+            if extra > 0:
+                arr = np.concatenate((arr, np.full(extra, idle, dtype=arr.dtype)))
+            return arr.take(idx)
+
         return HostLoads(
             self.now_ns,
             self.window_ns,
-            self.in_flight.take(idx),
-            self.occupancy.take(idx),
-            self.completed.take(idx),
-            self.mean_latency_s.take(idx),
-            self.failure_rate.take(idx),
+            pick(self.in_flight, 0),
+            pick(self.occupancy, 0.0),
+            pick(self.completed, 0.0),
+            pick(self.mean_latency_s, np.nan),
+            pick(self.failure_rate, np.nan),
             self.global_latency_s,
         )
 
-    def effective(self, cap: float = 5.0) -> np.ndarray:
+    def effective(self, cap: float = DEFAULT_LATENCY_CAP) -> np.ndarray:
         """``max(in_flight, occupancy) × min(latency / global latency, cap)`` (lbcore)."""
         return effective_load(
             self.in_flight, self.occupancy, self.mean_latency_s, self.global_latency_s, cap=cap
         )
 
     def signal(self, name: str) -> np.ndarray:
-        """The ``float64`` load vector a knob's load signal names.
+        """The ``float64`` load vector a knob's load signal names, by lbcore's rule.
 
-        ``occupancy``, ``in-flight`` or ``effective`` (see :data:`lbcore.signals.LOAD_SIGNALS`).
+        ``occupancy``, ``in-flight`` or ``effective`` (see :data:`lbcore.signals.LOAD_SIGNALS`
+        and :func:`lbcore.signals.load_for`).
         """
-        if name == "occupancy":
-            return self.occupancy
-        if name == "in-flight":
-            return self.in_flight.astype(np.float64)
-        if name == "effective":
-            return self.effective()
-        raise CounterInputError(f"unknown load signal {name!r}, expected one of {LOAD_SIGNALS}")
+        if name not in LOAD_SIGNALS:
+            raise CounterInputError(f"unknown load signal {name!r}, expected one of {LOAD_SIGNALS}")
+        return load_for(
+            name, self.in_flight, self.occupancy, self.mean_latency_s, self.global_latency_s
+        )
 
 
 class CounterReader:
@@ -1095,15 +1235,30 @@ class CounterReader:
         # as one strided view, no copy; rows never used hold zeros and weigh nothing.
         hi = int(used[-1]) + 1
         cells = m.fields[:hi, :, :n]
-        weights = bucket_weights(m.periods[:hi], ctl.bucket_ns, now_ns, w_ns)
-        in_flight_rows = cells[:, 0, :]
-        open_ns = np.clip(
-            in_flight_rows * (now_ns - ctl.base_ns) - cells[:, 1, :], 0, in_flight_rows * w_ns
-        ).sum(axis=0)
-        in_flight = np.maximum(in_flight_rows.sum(axis=0), 0)
+        periods = m.periods[:hi]
+        weights = bucket_weights(periods, ctl.bucket_ns, now_ns, w_ns)
+        # Busy time of requests still open, each counted from its start but at most for
+        # the window: per start bucket, count x (now - bucket start) - start offsets,
+        # clipped to [0, count x window]. Exact for buckets wholly inside or outside the
+        # window; in the one straddling its start, off by at most a bucket per request.
+        old = np.maximum(cells[:, 0, :], 0)
+        opens = cells[:, 1 : 1 + k, :]
+        in_flight = np.maximum(old.sum(axis=0) + opens.sum(axis=(0, 1)), 0)
+        open_ns = old.sum(axis=0) * w_ns
+        ri, ji = np.nonzero(opens.any(axis=2))  # the few (row, bucket)s with open requests
+        if ri.size:
+            # Time since each bucket's start, capped at window + bucket: a bucket that
+            # old holds only requests older than the window, and the cap keeps the
+            # products far from overflowing.
+            b_ns = ctl.bucket_ns
+            since = np.minimum(now_ns - periods[ri, ji] * b_ns, w_ns + b_ns)[:, None]
+            c = np.maximum(opens[ri, ji], 0)
+            busy_open = c * since - cells[ri, 1 + k + ji, :]
+            np.clip(busy_open, 0, c * w_ns, out=busy_open)
+            open_ns += busy_open.sum(axis=0)
         # (rows, field, bucket, slot) weighted over rows and buckets, all four fields at once.
         busy, completed, latency_ns, failures = np.einsum(
-            "rk,rfkc->fc", weights, cells[:, 2:, :].reshape(hi, 4, k, n)
+            "rk,rfkc->fc", weights, cells[:, 1 + 2 * k :, :].reshape(hi, 4, k, n)
         )
         with np.errstate(invalid="ignore", divide="ignore"):
             failure_rate = np.where(
@@ -1121,6 +1276,13 @@ class CounterReader:
             failure_rate=failure_rate,
             global_latency_s=glob,
         )
+
+    def replaced(self) -> bool:
+        """True if the counters control segment was removed or recreated since attaching.
+
+        Attach a new reader then (see :meth:`CounterStore.replaced`).
+        """
+        return current_inode(self._ctl.seg.name) != self._ctl.seg.inode
 
     def close(self) -> None:
         """Drop the reader's mappings."""

@@ -13,6 +13,7 @@ __all__ = [
     "CounterInputError",
     "NamespaceError",
     "NoFreeSlotError",
+    "ProcessLivenessError",
     "SegmentCorruptError",
     "SegmentError",
     "SegmentExistsError",
@@ -29,6 +30,7 @@ __all__ = [
     "TableInputError",
     "TableUnavailableError",
     "WriterBusyError",
+    "WriterUnusableError",
 ]
 
 
@@ -123,5 +125,21 @@ class NoFreeSlotError(SegmentError):
     """Every worker slot of the counter matrix is held by a live process."""
 
 
+class ProcessLivenessError(ShmError, OSError):
+    """Whether a process is alive cannot be told.
+
+    ``/proc/<pid>/stat`` could not be read for a reason other than the process being
+    gone (out of file descriptors, ...).
+    """
+
+
 class SlotOwnershipError(ShmError):
     """A counter recorder is used after its slot was released, or in a forked child."""
+
+
+class WriterUnusableError(SlotOwnershipError):
+    """A :class:`~shm.tables.TableWriter` is used after ``close()``, or in a forked child.
+
+    (A subclass of :class:`SlotOwnershipError` only so that code written against the
+    first release, which raised that, keeps working.)
+    """

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
+    "BUCKET_FIELDS",
     "BUFFER_HEADER",
     "BUFFER_HEADER_BYTES",
     "CONTROL_BYTES",
@@ -43,6 +44,7 @@ __all__ = [
     "MAGIC_PAYLOAD",
     "MAGIC_TABLES_CONTROL",
     "MAGIC_TABLES_DATA",
+    "OPEN_FIELDS",
     "PAYLOAD_HEADER",
     "SECTION",
     "SLOT",
@@ -52,6 +54,7 @@ __all__ = [
     "TABLES_DATA",
     "TABLE_SECTIONS",
     "align",
+    "cell_words",
     "magic_word",
     "ring_sections",
     "row_layout",
@@ -59,7 +62,9 @@ __all__ = [
 ]
 
 #: Layout version of every segment kind; bump on any incompatible change.
-LAYOUT_VERSION = 1
+#: 2: open requests are kept per start bucket (``open``, ``open_start_sum``) plus a
+#: count of older ones (``open_old``), replacing ``in_flight`` and ``start_sum``.
+LAYOUT_VERSION = 2
 
 
 def magic_word(tag: bytes) -> int:
@@ -202,7 +207,7 @@ COUNTERS_CONTROL = np.dtype(
         ("window_buckets", "u8"),  # buckets that span the occupancy window
         ("bucket_ns", "u8"),
         ("window_ns", "u8"),
-        ("base_ns", "i8"),  # start-time sums are stored relative to this (CLOCK_MONOTONIC)
+        ("base_ns", "i8"),  # creation time (CLOCK_MONOTONIC); informational since layout 2
         ("slots_offset", "u8"),  # byte offset of the slot table
         ("created_ns", "i8"),
     ]
@@ -233,25 +238,37 @@ COUNTERS_DATA = np.dtype(
     ]
 )
 
-#: Per-bucket counter fields of a cell, in row order after ``in_flight`` and ``start_sum``.
+#: Per-bucket fields of a cell for requests still open: how many started in the bucket,
+#: and the sum of their start times relative to the bucket's start (ns).
+OPEN_FIELDS = ("open", "open_start_sum")
+
+#: Per-bucket counter fields of a cell for what happened in the bucket.
 COUNTER_FIELDS = ("busy_ns", "completed", "latency_ns", "failures")
+
+#: Every per-bucket field, in row order after ``open_old``.
+BUCKET_FIELDS = OPEN_FIELDS + COUNTER_FIELDS
 
 
 def row_layout(columns: int, buckets: int) -> dict[str, int]:
     """Word offsets of the parts of one counter row, and the row's length in words.
 
     A row is, in ``int64`` words: ``periods[buckets]`` (padded to 8 words: the time
-    bucket each bucket column currently holds, ``-1`` if none), ``in_flight[columns]``,
-    ``start_sum[columns]`` (sum of start times of open requests, relative to
-    ``base_ns``), then for each of :data:`COUNTER_FIELDS` a ``[buckets][columns]``
+    bucket each bucket column currently holds, ``-1`` if none), ``open_old[columns]``
+    (requests still open that started before every bucket the row holds: older than
+    the window), then for each of :data:`BUCKET_FIELDS` a ``[buckets][columns]``
     block. ``columns`` is a multiple of 8, so every part and every row starts on a
     64-byte boundary (no false sharing between workers' rows).
     """
     periods_words = align(buckets, 8)
-    out = {"periods": 0, "in_flight": periods_words, "start_sum": periods_words + columns}
-    off = periods_words + 2 * columns
-    for name in COUNTER_FIELDS:
+    out = {"periods": 0, "open_old": periods_words}
+    off = periods_words + columns
+    for name in BUCKET_FIELDS:
         out[name] = off
         off += buckets * columns
     out["row_words"] = off
     return out
+
+
+def cell_words(buckets: int) -> int:
+    """``int64`` words per (worker slot, endpoint slot) cell of the counter matrix."""
+    return 1 + len(BUCKET_FIELDS) * buckets

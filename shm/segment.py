@@ -26,13 +26,14 @@ import platform
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import posix_ipc
 
 from shm.errors import (
     NamespaceError,
+    ProcessLivenessError,
     SegmentExistsError,
     SegmentFullError,
     SegmentLayoutError,
@@ -52,12 +53,19 @@ __all__ = [
     "attach_initialized",
     "check_header",
     "check_namespace",
+    "current_inode",
+    "epoch_segments",
     "fence",
     "list_segments",
+    "own_start_ticks",
     "process_alive",
     "process_start_ticks",
+    "seam",
+    "segment_lock",
     "segment_name",
+    "set_seam_hook",
     "unlink_name",
+    "unlink_stale_epochs",
 ]
 
 #: Where Linux keeps POSIX shared memory (used for free-space checks and listings).
@@ -100,6 +108,59 @@ def list_segments(namespace: str) -> list[str]:
     return sorted("/" + e for e in entries if e.startswith(prefix))
 
 
+def epoch_segments(namespace: str, kind: str) -> dict[int, str]:
+    """Existing data segments ``/cslb.<namespace>.<kind>.<epoch>``, by epoch."""
+    base = segment_name(namespace, kind) + "."
+    out = {}
+    for name in list_segments(namespace):
+        tail = name[len(base) :]
+        if name.startswith(base) and tail.isascii() and tail.isdigit():
+            out[int(tail)] = name
+    return out
+
+
+def unlink_stale_epochs(namespace: str, kind: str, keep: int | None) -> list[str]:
+    """Unlink every data segment of ``kind`` but epoch ``keep``; returns what it removed.
+
+    Only for the holder of the kind's lock (the table writer; a counters grower under
+    the control segment's lock): then no other process is creating or switching data
+    segments, so every epoch the control segment does not name is a leftover of a
+    process killed while growing (the new segment before the switch, or the old one
+    after it). Readers that still map a removed segment keep their mapping.
+    """
+    removed = []
+    for epoch, name in sorted(epoch_segments(namespace, kind).items()):
+        if epoch != keep and unlink_name(name):
+            removed.append(name)
+    return removed
+
+
+# ------------------------------------------------------------------------------------
+# Test seam.
+
+_seam_hook: Callable[[str], None] | None = None
+
+
+def seam(point: str) -> None:
+    """Mark a point of a protocol where another process may act (a test seam).
+
+    The multi-process tests force the interleavings that matter (a reader stalled
+    between two loads, a writer killed between two stores) by installing a hook in a
+    child process that pauses there. Without a hook this is one global load; it sits
+    only on slow paths (remapping, publishing, growing, creating), never on the
+    per-batch ones.
+    """
+    hook = _seam_hook
+    if hook is not None:
+        hook(point)
+
+
+def set_seam_hook(hook: Callable[[str], None] | None) -> None:
+    """Install (or with ``None`` remove) the hook :func:`seam` calls; for tests only."""
+    global _seam_hook
+    _seam_hook = hook
+
+
 # ------------------------------------------------------------------------------------
 # Process identity.
 
@@ -108,15 +169,26 @@ def process_start_ticks(pid: int) -> int | None:
     """Start time of a live process in clock ticks since boot, ``None`` if it is gone.
 
     A zombie (killed but not yet waited for) counts as gone: it holds no memory and
-    will never touch a counter again.
+    will never touch a counter again. Only "no such process" (``ENOENT``, ``ESRCH``)
+    means gone.
+
+    Raises
+    ------
+    ProcessLivenessError
+        ``/proc/<pid>/stat`` could not be read for another reason (``EMFILE``,
+        ``ENFILE``, ``ENOMEM``, ``EACCES`` ...): whether the process lives is unknown.
     """
     try:
         with open(f"/proc/{int(pid)}/stat", "rb") as f:
             stat = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    except OSError:
-        return None
+    except OSError as exc:
+        raise ProcessLivenessError(
+            exc.errno,
+            f"cannot tell whether process {pid} is alive: reading /proc/{pid}/stat failed "
+            f"({exc.strerror})",
+        ) from exc
     # The command name (field 2) is parenthesised and may hold spaces or ')'.
     rest = stat[stat.rfind(b")") + 2 :].split()
     if not rest or rest[0] in (b"Z", b"X", b"x"):
@@ -124,11 +196,38 @@ def process_start_ticks(pid: int) -> int | None:
     return int(rest[19])  # field 22 overall: starttime
 
 
+def own_start_ticks() -> int:
+    """Start time of the calling process in clock ticks since boot (with its PID, its identity).
+
+    Raises
+    ------
+    ProcessLivenessError
+        ``/proc/self/stat`` cannot be read (out of file descriptors, no ``/proc``):
+        without it no slot or writer ownership can be recorded safely.
+    """
+    pid = os.getpid()
+    ticks = process_start_ticks(pid)
+    if ticks is None:
+        raise ProcessLivenessError(
+            errno.ENOENT, f"cannot read the start time of this process ({pid}): is /proc mounted?"
+        )
+    return ticks
+
+
 def process_alive(pid: int, start_ticks: int) -> bool:
-    """True if process ``pid`` exists, is not a zombie and started at ``start_ticks``."""
+    """True if process ``pid`` exists, is not a zombie and started at ``start_ticks``.
+
+    Also True when that cannot be told (``/proc`` unreadable for a reason other than
+    the process being gone, say out of file descriptors): a live owner taken for dead
+    would have its in-flight counts dropped and its row handed to a second writer,
+    while a dead one taken for live only keeps its row until the next check.
+    """
     if pid <= 0:
         return False
-    ticks = process_start_ticks(pid)
+    try:
+        ticks = process_start_ticks(pid)
+    except ProcessLivenessError:
+        return True
     return ticks is not None and ticks == start_ticks
 
 
@@ -206,12 +305,18 @@ class Segment:
         Mapped read-write (creators, writers) or read-only (readers).
     created : bool
         True if this handle created the segment.
+    inode : int
+        Inode of the segment in ``/dev/shm``: a segment removed and created anew under
+        the same name has another one.
     """
 
-    __slots__ = ("_mm", "buf", "created", "name", "size", "words", "writable")
+    __slots__ = ("_mm", "buf", "created", "inode", "name", "size", "words", "writable")
 
-    def __init__(self, name: str, mm: mmap.mmap, size: int, writable: bool, created: bool):
+    def __init__(
+        self, name: str, mm: mmap.mmap, size: int, writable: bool, created: bool, inode: int = 0
+    ):
         self.name = name
+        self.inode = inode
         self._mm = mm
         self.size = size
         self.writable = writable
@@ -245,6 +350,7 @@ class Segment:
             raise SegmentExistsError(name, "already exists") from exc
         fd = mem.fd
         try:
+            seam("segment.created")  # exists, still 0 bytes
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, size)
             try:
@@ -255,13 +361,14 @@ class Segment:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                     raise
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            inode = os.fstat(fd).st_ino
         except BaseException:
             with contextlib.suppress(posix_ipc.ExistentialError):
                 mem.unlink()
             raise
         finally:
             mem.close_fd()
-        return cls(name, mm, size, True, True)
+        return cls(name, mm, size, True, True, inode)
 
     @classmethod
     def attach(cls, name: str, *, writable: bool = False, min_size: int = 32) -> Segment:
@@ -288,18 +395,7 @@ class Segment:
             raise SegmentPermissionError(name, f"cannot be opened: {exc}") from exc
         try:
             st = os.fstat(mem.fd)
-            if st.st_uid != os.geteuid():
-                raise SegmentPermissionError(
-                    name,
-                    f"is owned by uid {st.st_uid}, not by this process's uid {os.geteuid()}; "
-                    "refusing to route on a segment another user controls",
-                )
-            if st.st_mode & 0o022:
-                raise SegmentPermissionError(
-                    name,
-                    f"has mode {st.st_mode & 0o777:04o}, writable by group or others; "
-                    "cslb segments are created 0600",
-                )
+            _check_owner(name, st)
             size = st.st_size
             if size < min_size:
                 raise SegmentSizeError(
@@ -311,7 +407,43 @@ class Segment:
             mm = mmap.mmap(mem.fd, size, mmap.MAP_SHARED, prot)
         finally:
             mem.close_fd()
-        return cls(name, mm, size, writable, False)
+        return cls(name, mm, size, writable, False, st.st_ino)
+
+    @classmethod
+    def reinitialize(cls, name: str, size: int) -> Segment:
+        """Map an existing segment read-write at ``size`` bytes, all zero.
+
+        Only for the holder of the segment's lock, to redo the creation of a process
+        that died before finishing it (a segment still 0 bytes long, or whose magic
+        word, written last, is still 0): nobody else can be using it.
+
+        Raises
+        ------
+        SegmentMissingError, SegmentPermissionError, SegmentFullError
+        """
+        try:
+            mem = posix_ipc.SharedMemory(name, 0)
+        except posix_ipc.ExistentialError as exc:
+            raise SegmentMissingError(name, "does not exist") from exc
+        except posix_ipc.PermissionsError as exc:
+            raise SegmentPermissionError(name, f"cannot be opened: {exc}") from exc
+        fd = mem.fd
+        try:
+            st = os.fstat(fd)
+            _check_owner(name, st)
+            os.ftruncate(fd, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+                    raise _full_error(name, size, os.strerror(exc.errno)) from exc
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            mem.close_fd()
+        mm[:] = bytes(size)
+        return cls(name, mm, size, True, False, st.st_ino)
 
     # --------------------------------------------------------------------------------
 
@@ -342,20 +474,49 @@ class Segment:
         with contextlib.suppress(BufferError, ValueError):
             mm.close()
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the segment's cross-process lock (``flock`` on a fresh descriptor).
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the segment's cross-process lock (see :func:`segment_lock`)."""
+        return segment_lock(self.name)
 
-        The kernel drops the lock when the holder dies, so a SIGKILLed process never
-        leaves it held. Used only for rare operations (claiming a worker slot, growing
-        counters), never on a routing or recording path.
-        """
-        fd = _open_for_lock(self.name)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+
+def _check_owner(name: str, st: os.stat_result) -> None:
+    if st.st_uid != os.geteuid():
+        raise SegmentPermissionError(
+            name,
+            f"is owned by uid {st.st_uid}, not by this process's uid {os.geteuid()}; "
+            "refusing to route on a segment another user controls",
+        )
+    if st.st_mode & 0o022:
+        raise SegmentPermissionError(
+            name,
+            f"has mode {st.st_mode & 0o777:04o}, writable by group or others; "
+            "cslb segments are created 0600",
+        )
+
+
+@contextlib.contextmanager
+def segment_lock(name: str) -> Iterator[None]:
+    """Hold the cross-process lock of segment ``name`` (``flock`` on a fresh descriptor).
+
+    The kernel drops the lock when the holder dies, so a SIGKILLed process never
+    leaves it held. Used only for rare operations (creating or taking over counters,
+    claiming a worker slot, growing counters), never on a routing or recording path.
+    Works on a segment of any size, even one its creator never sized.
+    """
+    fd = _open_for_lock(name)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def current_inode(name: str) -> int | None:
+    """Inode of the segment now named ``name`` (``None`` if there is none)."""
+    try:
+        return os.stat(SHM_DIR + name).st_ino
+    except OSError:
+        return None
 
 
 def unlink_name(name: str) -> bool:

@@ -24,37 +24,59 @@ Publish (writer; ``fence`` = store->store ordering, see :func:`shm.segment.fence
 
 Read (reader; ``fence`` = load->load ordering)::
 
-    c = control.current ; s1 = buffer(c).seq ; retry if odd ; fence
+    c = control.current ; fence ; s1 = buffer(c).seq ; fence
+    retry if control.current != c now, or if s1 is odd
     map the payload; first time for this (epoch, buffer, s1): verify the checksum and
     every offset, count and index, build the Table of zero-copy views
+    fence ; retry unless buffer(c).seq == s1 still
     ... route on the views ...
     fence ; s2 = buffer(c).seq ; the routing result counts only if s1 == s2
 
 Why it is correct:
 
+* A reader only takes a generation that ``current`` named at some moment after the
+  generation was complete. The writer's stores go: the idle buffer's ``seq`` even
+  (payload complete), then ``current`` names that buffer. The reader's loads go:
+  ``current`` (``c``), the buffer's ``seq`` (``s1``), ``current`` again. If ``s1`` is
+  the even ``seq`` of a publish, the second load of ``current`` happens after that
+  publish's buffer was complete, so it returns either that publish's switch (or a
+  later one), or the *other* buffer — never ``c`` from before. Only comparing the two
+  loads of ``current`` makes this hold: a reader that stalled after loading ``c``
+  while the writer published once into the other buffer and then completed the next
+  generation in ``c``'s buffer, but had not switched yet, would otherwise take a
+  generation that is not current, go back to the older current one on its next call,
+  and, had the writer died before switching, see a new writer publish a *different*
+  table under the same generation number (review finding B1; the regression test
+  forces exactly that interleaving with real processes). A stale ``current`` equal to
+  ``c`` after a later switch back to the same buffer is harmless: that switch came
+  after another rewrite of the buffer, whose odd ``seq`` the final ``seq`` check sees.
 * The writer never writes the buffer ``current`` names, so a reader holding the
   current buffer is undisturbed until the writer has published *twice* more. When it
   does rewrite that buffer, it makes ``seq`` odd *before* its first payload store and
   even (and larger) only *after* its last; a reader whose route overlapped any payload
-  store therefore reads ``s2 != s1`` (or an odd ``s1``) and retries. ``Table.valid()``
-  is that second read, and :meth:`TableReader.consistent` the retry loop; a routing
-  function that faults on garbage (say an out-of-range owner) while the table is
-  invalid is retried the same way, and NumPy's bounds checks mean a garbage index
-  can raise but never read outside the mapping.
-* A reader never routes on a buffer that was not completely written: ``current`` names
-  a buffer only after its ``seq`` became even, so the odd ``seq`` of a writer killed
-  mid-publish is never in the current buffer, and readers keep the previous
-  generation; a new writer takes the writer lock (released by the kernel when the
-  old writer died), writes the idle buffer again and publishes the next generation.
-* Generations only increase: ``current`` only ever moves to the newest published
-  buffer, and a buffer is only ever rewritten with a newer generation.
+  store therefore reads ``s2 != s1`` and retries. ``Table.valid()`` is that second
+  read, and :meth:`TableReader.consistent` the retry loop; a routing function that
+  faults on garbage (say an out-of-range owner) while the table is invalid is retried
+  the same way, and NumPy's bounds checks mean a garbage index can raise but never
+  read outside the mapping.
+* A writer killed mid-publish leaves an odd ``seq`` in a buffer ``current`` does not
+  name, or a complete buffer it never switched to: readers never take either (first
+  point) and keep the previous generation; a new writer takes the writer lock
+  (released by the kernel when the old writer died), continues the generation count
+  from the control segment, writes the idle buffer again and publishes.
+* Generations only increase, per reader: each table a reader returns was current at
+  its second load of ``current``, later loads of one location never return older
+  values (coherence), and ``current`` only ever moves to newer generations. (A
+  :class:`TableReader` that follows a *new* control segment, after the writer removed
+  the old one, follows that writer's count, which starts again at 1.)
 * Readers write nothing to the tables segments (they are mapped read-only) and take no
-  lock, so they cannot block the writer; a reader can only be delayed by a writer that
-  republishes faster than it can map a table.
+  cross-process lock, so they cannot block the writer; a reader can only be delayed by
+  a writer that republishes faster than it can map a table.
 * On x86-64 (TSO) the CPU keeps loads in order with loads and stores with stores,
-  which is all a seqlock needs, and the fences are no-ops. On arm64 or POWER they are
-  real barriers (:func:`shm.segment.fence`); they order the reader's ``seq`` loads
-  around its payload loads and the writer's ``seq`` stores around its payload stores.
+  which is all this needs, and the fences are no-ops. On arm64 or POWER they are real
+  barriers (:func:`shm.segment.fence`): the reader's order ``current`` -> ``seq`` ->
+  ``current`` -> payload -> ``seq`` and the writer's ``seq`` -> payload -> ``seq`` ->
+  ``current`` are each fenced.
 * What the checksum buys there: it does not depend on any barrier at all. A reader
   verifies it the first time it maps a generation, over every payload byte it will use,
   so whatever the CPU did with the order in which the writer's stores became visible,
@@ -63,26 +85,35 @@ Why it is correct:
   as :class:`~shm.errors.TableChecksumError`). Cache coherence, which every CPU keeps
   per memory location, then guarantees that the reader's later loads of those bytes
   return these values or newer ones (a rewrite), never older ones. The same check
-  catches a corrupted or foreign segment. The barriers are then needed only for the
-  rare case of a reader still routing on a buffer the writer reuses two publishes
-  later, where ``seq`` must be ordered around the payload loads.
+  catches a corrupted or foreign segment. The barriers are then needed for the
+  ordering of ``current`` and ``seq`` (first point) and for a reader still routing on
+  a buffer the writer reuses two publishes later, where ``seq`` must be ordered
+  around the payload loads.
 
 Capacity: a table larger than the buffers goes to a new data segment
-``/cslb.<ns>.tables.<epoch+1>`` with larger buffers; ``current`` then names the new
-epoch and readers attach it on their next :meth:`TableReader.table` call. The writer
-unlinks the old segment at once (readers still mapping it keep their mapping until
-they drop their last view of it).
+``/cslb.<ns>.tables.<epoch+1>`` whose buffers hold 1.25x its size; ``current`` then
+names the new epoch and readers attach it on their next :meth:`TableReader.table`
+call. The writer unlinks the old segment at once (readers still mapping it keep their
+mapping until they drop their last view of it), so ``/dev/shm`` holds both segments
+only briefly. A writer killed between creating the new segment and switching, or
+between switching and unlinking the old one, leaves one behind: the next writer
+removes every data segment ``current`` does not name when it takes over.
+
+Restart: a writer that stops cleanly removes the segments; readers keep their last
+table, and :class:`TableReader` switches to the next writer's new control segment by
+itself once that writer has published (checked every ``recheck_s``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -95,11 +126,12 @@ from shm.errors import (
     SegmentExistsError,
     SegmentLayoutError,
     SegmentMissingError,
-    SlotOwnershipError,
+    SegmentSizeError,
     TableChecksumError,
     TableInputError,
     TableUnavailableError,
     WriterBusyError,
+    WriterUnusableError,
 )
 from shm.layout import (
     BUFFER_HEADER,
@@ -125,13 +157,19 @@ from shm.segment import (
     WriterLock,
     attach_initialized,
     check_header,
+    current_inode,
+    epoch_segments,
     fence,
-    list_segments,
+    own_start_ticks,
     process_alive,
-    process_start_ticks,
+    seam,
     segment_name,
     unlink_name,
+    unlink_stale_epochs,
 )
+
+if TYPE_CHECKING:
+    from shm.counters import CounterStore
 
 __all__ = [
     "DEFAULT_SLOT_REUSE_NS",
@@ -157,6 +195,7 @@ _MAX_BUCKET_BITS = 32  # lbcore builds at most MAX_BUCKET_BITS; accept any sane 
 _PAGE = 4096
 
 # Word indices used on hot paths.
+_C_MAGIC = word(TABLES_CONTROL, "magic")
 _C_CURRENT = word(TABLES_CONTROL, "current")
 _C_GENERATION = word(TABLES_CONTROL, "generation")
 _C_WRITER_PID = word(TABLES_CONTROL, "writer_pid")
@@ -167,6 +206,8 @@ _B_GENERATION = word(BUFFER_HEADER, "generation")
 _B_PAYLOAD = word(BUFFER_HEADER, "payload_bytes")
 _B_CHECKSUM = word(BUFFER_HEADER, "checksum")
 _DIR_OFFSET = align(PAYLOAD_HEADER.itemsize, 8)
+_now_ns = time.monotonic_ns
+_NO_SEQ = memoryview(np.zeros(1, dtype=np.uint64)).cast("B").cast("Q")  # never equals 1
 
 
 def _checksum(data: memoryview) -> int:
@@ -781,6 +822,10 @@ class _TablesView:
         self.offsets = (0, 0)
         self.buffer_bytes = 0
         self.writable = control.writable
+        # (mapping, buffer, seq, error) of a current buffer found unusable: while none of
+        # these changes, later reads raise the same error at once instead of checking
+        # the whole table again (or waiting out the timeout) on every call.
+        self.bad: tuple[memoryview, int, int, SegmentError] | None = None
 
     def data_segment(self, epoch: int) -> Segment:
         if self.data is not None and self.data_epoch == epoch:
@@ -815,6 +860,13 @@ class _TablesView:
         self.offsets, self.buffer_bytes = (off0, off1), bb
         return seg
 
+    def close(self) -> None:
+        """Drop the mappings (views handed out keep theirs alive)."""
+        if self.data is not None:
+            self.data.close()
+            self.data = None
+        self.control.close()
+
     def read(self, cached: Table | None, timeout_s: float) -> tuple[int, Table]:
         """The current table, retried until consistent; returns ``(current word, table)``."""
         deadline = time.monotonic() + timeout_s
@@ -826,6 +878,8 @@ class _TablesView:
             cur = self.cw[_C_CURRENT]
             if cur == 0:
                 return 0, _empty_table()
+            if _WEAK:
+                fence()  # load `current` before the buffer's seq
             epoch, b = cur >> 1, cur & 1
             try:
                 data = self.data_segment(epoch)
@@ -833,18 +887,25 @@ class _TablesView:
                 if self.cw[_C_CURRENT] == cur:
                     raise  # named by control, yet gone: someone removed it
                 continue  # the writer grew the tables again meanwhile
+            seam("tables.read.mapped")
             off = self.offsets[b]
             w = data.words
             si = off // 8 + _B_SEQ
             seq1 = w[si]
-            if seq1 & 1:
+            if _WEAK:
+                fence()  # load seq1 before `current` again and before the payload
+            if self.cw[_C_CURRENT] != cur:
+                # The buffer may hold a newer generation that `current` does not name
+                # yet (the writer completed it and has not switched): not ours to use.
+                last = "the writer switched buffers while this one was being mapped"
+            elif (v := self.bad) is not None and v[0] is w and v[1] == b and v[2] == seq1:
+                raise v[3]  # judged before, not rewritten since
+            elif seq1 & 1:
                 last = f"buffer {b} was being rewritten"
             else:
-                if _WEAK:
-                    fence()
                 if (
                     cached is not None
-                    and cached.segment == data.name
+                    and cached._seq_words is w  # this very mapping, not a namesake
                     and cached.buffer == b
                     and cached._seq == seq1
                 ):
@@ -874,16 +935,22 @@ class _TablesView:
                     bad_tries += 1
                     if bad_tries >= 3:
                         assert bad is not None
+                        self.bad = (w, b, seq1, bad)
                         raise bad
                     time.sleep(0.001)
                     continue
                 last = f"buffer {b} was rewritten while it was read"
             spins += 1
             if time.monotonic() > deadline:
-                raise TableUnavailableError(
+                err = TableUnavailableError(
                     self.control.name,
                     f"no consistent table within {timeout_s:g} s ({spins} retries; last: {last})",
                 )
+                if seq1 & 1 and self.cw[_C_CURRENT] == cur:
+                    # The writer never rewrites the current buffer: an odd seq that stayed
+                    # there all along is damage, not a publish in progress.
+                    self.bad = (w, b, seq1, err)
+                raise err
             time.sleep(0 if spins < 100 else 0.0005)
 
     def _decode(self, data: Segment, b: int, off: int, w: memoryview) -> Table:
@@ -923,12 +990,26 @@ def _attach_control(namespace: str, *, writable: bool) -> Segment:
 class TableReader:
     """A worker's handle on a namespace's routing tables.
 
+    Thread-safe: the threads of a gthread worker may share one reader. The per-batch
+    path (nothing changed) takes no lock; remapping after a publish is serialized by a
+    per-reader lock, so one thread maps a new generation and the others wait for it
+    and reuse it.
+
+    Follows a restarted writer: if the control segment was removed and created anew
+    (a writer stopped cleanly, which removes the segments, and a new one started), the
+    reader notices within ``recheck_s`` and switches to the new segments once the new
+    writer has published, keeping the last table until then. The new writer's
+    generations count from 1 again.
+
     Parameters
     ----------
     namespace
         The namespace the writer publishes under.
     timeout_s
         How long :meth:`table` keeps retrying before it gives up (seconds).
+    recheck_s
+        How often :meth:`table` checks that the control segment it maps is still the
+        namespace's (seconds; one ``stat`` call each time).
 
     Raises
     ------
@@ -936,16 +1017,28 @@ class TableReader:
         No writer has created the tables yet.
     SegmentCorruptError
         The control segment is foreign, truncated or of another layout version.
+
+    Attributes
+    ----------
+    reattached : int
+        How many times the reader switched to a new control segment.
     """
 
-    def __init__(self, namespace: str, *, timeout_s: float = 1.0) -> None:
+    def __init__(self, namespace: str, *, timeout_s: float = 1.0, recheck_s: float = 1.0) -> None:
         self.namespace = namespace
         self.timeout_s = timeout_s
+        self.recheck_s = recheck_s
+        self.reattached = 0
+        self._lock = threading.Lock()
         self._view = _TablesView(_attach_control(namespace, writable=False))
         self._ctl = self._view.cw
-        self._table: Table | None = None
-        self._current = -1
-        self._inode = self._control_inode()
+        # (control words, current word, table, its seq word, index and value): one
+        # attribute, so a thread on the fast path never pairs one remap's table with
+        # another's control or current word.
+        self._state: tuple[memoryview, int, Table | None, memoryview, int, int]
+        self._set_state(-1, None)
+        self._inode = self._view.control.inode
+        self._recheck_ns = _now_ns() + int(recheck_s * 1e9)
 
     @property
     def name(self) -> str:
@@ -955,7 +1048,8 @@ class TableReader:
     def table(self) -> Table:
         """The current table: cached while nothing changed, remapped after a publish.
 
-        When nothing changed this costs two shared-memory loads (~0.2 µs). After a
+        When nothing changed this costs two shared-memory loads and a clock read
+        (~0.15 µs; the clock paces the check for a replaced control segment). After a
         publish it maps the new generation once: verifies its checksum, validates its
         layout and wraps its rings (milliseconds for thousands of endpoints).
 
@@ -967,20 +1061,63 @@ class TableReader:
         TableUnavailableError
             No consistent read within ``timeout_s``.
         """
-        t = self._table
-        if t is not None and self._ctl[_C_CURRENT] == self._current:
+        ctl, cur, t, seq_words, seq_index, seq = self._state
+        if ctl[_C_CURRENT] == cur:
             if _WEAK:
                 fence()
-            if t._seq_words[t._seq_index] == t._seq:
-                return t
-        self._current, self._table = self._view.read(self._table, self.timeout_s)
-        return self._table
+            if seq_words[seq_index] == seq and _now_ns() < self._recheck_ns:
+                return t  # never None here: cur is -1 while there is no table
+        return self._refresh()
+
+    def _set_state(self, cur: int, t: Table | None) -> None:
+        if t is None:
+            self._state = (self._ctl, -1, None, _NO_SEQ, 0, 1)
+        else:
+            self._state = (self._ctl, cur, t, t._seq_words, t._seq_index, t._seq)
+
+    def _refresh(self) -> Table:
+        with self._lock:
+            if _now_ns() >= self._recheck_ns:
+                self._follow_replacement()
+            ctl, cur, t = self._state[:3]
+            if t is not None and ctl[_C_CURRENT] == cur and t.valid():
+                return t  # another thread remapped while we waited for the lock
+            cur, t = self._view.read(t, self.timeout_s)
+            self._set_state(cur, t)
+            return t
+
+    def _follow_replacement(self) -> None:
+        """Switch to a new control segment if the namespace has one that was published."""
+        self._recheck_ns = _now_ns() + int(self.recheck_s * 1e9)
+        if current_inode(self.name) == self._inode:
+            return
+        try:
+            control = _attach_control(self.namespace, writable=False)
+        except SegmentError:
+            return  # gone, or being created: keep routing on the last table
+        if control.words[_C_CURRENT] == 0:
+            control.close()  # its writer has published nothing yet: keep the last table
+            return
+        old = self._view
+        self._view = _TablesView(control)
+        self._ctl = self._view.cw
+        self._set_state(-1, None)  # same segment names, other content: no reuse
+        self._inode = control.inode
+        self.reattached += 1
+        old.close()  # tables handed out keep their own mappings alive
+
+    def _maybe_follow(self) -> None:
+        if _now_ns() >= self._recheck_ns:
+            with self._lock:
+                self._follow_replacement()
 
     def consistent(self, fn: Callable[[Table], T]) -> T:
         """``fn(table)`` on the current table, repeated until it ran on a valid table.
 
         A failure of ``fn`` while the table was being rewritten is retried too; a
-        failure on a valid table propagates.
+        failure on a valid table propagates. To use the table after ``fn`` (say its
+        ``slots`` for the routed endpoints), return it from ``fn``:
+        ``t, idx = reader.consistent(lambda t: (t, t.ring_set.route(keys, now)))``.
         """
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -1000,39 +1137,37 @@ class TableReader:
 
     def generation(self) -> int:
         """Latest published generation as the control segment says (no remapping)."""
+        self._maybe_follow()
         return int(self._ctl[_C_GENERATION])
 
     def heartbeat_ns(self) -> int:
         """CLOCK_MONOTONIC time of the writer's last heartbeat or publish (ns)."""
+        self._maybe_follow()
         return int(np.int64(np.uint64(self._ctl[_C_HEARTBEAT])))
 
     def writer_pid(self) -> int:
         """PID of the last process that took over as writer (0 if none)."""
+        self._maybe_follow()
         return int(self._ctl[_C_WRITER_PID])
 
     def writer_alive(self) -> bool:
         """True if that writer process is still running (PID and start time match)."""
+        self._maybe_follow()
         return process_alive(self._ctl[_C_WRITER_PID], self._ctl[_C_WRITER_START])
 
-    def _control_inode(self) -> int | None:
-        try:
-            return os.stat(f"/dev/shm{self.name}").st_ino
-        except OSError:
-            return None
-
     def replaced(self) -> bool:
-        """True if the control segment was removed or recreated since this reader attached.
+        """True if the control segment this reader maps was removed or recreated.
 
-        Create a new reader then. Costs one ``stat`` call.
+        :meth:`table` follows a new control segment by itself once its writer has
+        published (then this is False again). Costs one ``stat`` call.
         """
-        return self._control_inode() != self._inode
+        return current_inode(self.name) != self._inode
 
     def close(self) -> None:
         """Drop this reader's mappings (tables already returned keep theirs alive)."""
-        self._table = None
-        if self._view.data is not None:
-            self._view.data.close()
-        self._view.control.close()
+        with self._lock:
+            self._set_state(-1, None)
+            self._view.close()
 
     def __enter__(self) -> TableReader:
         return self
@@ -1062,8 +1197,8 @@ class TableWriter:
         default: the counters' occupancy window plus two buckets (12 s for the default
         window, also without counters).
     counters
-        A :class:`shm.counters.CounterStore`: before each publish its matrix is grown
-        to hold every slot of the new table.
+        The host's :class:`shm.counters.CounterStore`, if any: before each publish its
+        matrix is grown to hold every slot of the new table.
     replace_invalid
         Replace an existing control segment that is foreign or of another layout
         version instead of raising.
@@ -1071,6 +1206,17 @@ class TableWriter:
         Smallest payload capacity of each buffer, in bytes.
     clock
         CLOCK_MONOTONIC source for publish and heartbeat times (nanoseconds).
+
+    Attributes
+    ----------
+    generation : int
+        The last generation published in this namespace (continues a previous
+        writer's count).
+    recovered : Table or None
+        The table a previous writer left current, if it could be read.
+    removed_stale : list[str]
+        Data segments a previous writer left behind (killed while growing the tables)
+        that this writer removed when it took over.
     """
 
     def __init__(
@@ -1078,13 +1224,14 @@ class TableWriter:
         namespace: str,
         *,
         slot_reuse_ns: int | None = None,
-        counters: Any = None,
+        counters: CounterStore | None = None,
         replace_invalid: bool = False,
         min_capacity_bytes: int = 1 << 20,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.namespace = namespace
         self.name = segment_name(namespace, "tables")
+        ticks = own_start_ticks()  # before taking anything over
         self._clock = clock
         self._counters = counters
         self._min_capacity = int(min_capacity_bytes)
@@ -1102,7 +1249,10 @@ class TableWriter:
         self.generation = 0
         self.recovered: Table | None = None
         self._recover()
-        ticks = process_start_ticks(self._pid) or 0
+        # A writer killed while growing leaves the new data segment (before the switch)
+        # or the old one (after it): we hold the writer lock, so they are nobody's.
+        cur = self._cw[_C_CURRENT]
+        self.removed_stale = unlink_stale_epochs(namespace, "tables", cur >> 1 if cur else None)
         self._cw[_C_WRITER_START] = ticks
         self._cw[_C_WRITER_PID] = self._pid
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(self._clock())))
@@ -1112,21 +1262,27 @@ class TableWriter:
     def _open_control(self, replace_invalid: bool) -> tuple[Segment, WriterLock]:
         for _ in range(3):
             try:
-                seg = Segment.create(self.name, CONTROL_BYTES)
+                seg: Segment | None = Segment.create(self.name, CONTROL_BYTES)
             except SegmentExistsError:
-                seg = attach_initialized(self.name, writable=True, min_size=1, initialized=False)
+                seg = None
             try:
                 lock = WriterLock(self.name)
+            except SegmentMissingError:
+                continue  # removed meanwhile (a writer closing): start over
             except WriterBusyError as exc:
-                pid = seg.words[_C_WRITER_PID] if seg.size >= CONTROL_BYTES else 0
-                seg.close()
+                if seg is not None:
+                    seg.close()
                 raise WriterBusyError(
-                    self.name, f"process {pid} is the table writer (writer lock held)"
+                    self.name, f"process {self._busy_pid()} is the table writer (writer lock held)"
                 ) from exc
-            if seg.size == CONTROL_BYTES and not any(seg.buf):  # new, or creator died
-                self._init_control(seg)
-                return seg, lock
+            # We hold the writer lock: no other writer is live, none is creating.
             try:
+                if seg is None:
+                    seg = self._attach_locked()
+                if seg.words[_C_MAGIC] == 0:
+                    # New, or its creator died before writing the magic (written last).
+                    self._init_control(seg)
+                    return seg, lock
                 check_header(
                     seg, TABLES_CONTROL, MAGIC_TABLES_CONTROL, "a cslb tables control segment"
                 )
@@ -1134,14 +1290,43 @@ class TableWriter:
             except SegmentCorruptError:
                 if not replace_invalid:
                     lock.release()
-                    seg.close()
+                    if seg is not None:
+                        seg.close()
                     raise
-                seg.unlink()
+                unlink_name(self.name)
                 lock.release()
-                seg.close()
+                if seg is not None:
+                    seg.close()
+            except BaseException:
+                lock.release()
+                raise
         raise WriterBusyError(self.name, "could not create or take over the control segment")
 
+    def _attach_locked(self) -> Segment:
+        """Map the existing control segment, holding the writer lock."""
+        try:
+            seg = Segment.attach(self.name, writable=True, min_size=8)
+        except SegmentSizeError:
+            # Its creator died before sizing it (nothing can be in it).
+            return Segment.reinitialize(self.name, CONTROL_BYTES)
+        if seg.words[_C_MAGIC] == 0 and seg.size != CONTROL_BYTES:
+            seg.close()
+            return Segment.reinitialize(self.name, CONTROL_BYTES)
+        return seg
+
+    def _busy_pid(self) -> int:
+        """PID of the writer holding the lock, as its control segment says (0: unknown)."""
+        try:
+            seg = Segment.attach(self.name, min_size=CONTROL_BYTES)
+        except SegmentError:
+            return 0
+        try:
+            return int(seg.words[_C_WRITER_PID])
+        finally:
+            seg.close()
+
     def _init_control(self, seg: Segment) -> None:
+        seg.buf[:] = bytes(seg.size)  # whatever a creator killed mid-way left
         hdr = seg.header(TABLES_CONTROL)
         hdr["version"] = LAYOUT_VERSION
         hdr["size"] = seg.size
@@ -1149,6 +1334,7 @@ class TableWriter:
         hdr["current"] = 0
         hdr["generation"] = 0
         hdr["created_ns"] = self._clock()
+        seam("tables.control.init")
         fence()
         hdr["magic"] = MAGIC_TABLES_CONTROL  # last: readers wait for it
 
@@ -1171,9 +1357,9 @@ class TableWriter:
 
     def _check_usable(self) -> None:
         if self._closed:
-            raise SlotOwnershipError(f"table writer of {self.name} is closed")
+            raise WriterUnusableError(f"table writer of {self.name} is closed")
         if os.getpid() != self._pid:
-            raise SlotOwnershipError(
+            raise WriterUnusableError(
                 f"table writer of {self.name} was created in process {self._pid}; "
                 "a forked child must create its own writer"
             )
@@ -1217,6 +1403,8 @@ class TableWriter:
             Malformed input; nothing is published and the previous generation stays.
         SegmentFullError
             Growing the buffers needs more room than ``/dev/shm`` has.
+        WriterUnusableError
+            The writer was closed, or this is a forked child of its process.
         """
         self._check_usable()
         if not isinstance(ring_set, lbcore.RingSet):
@@ -1269,9 +1457,11 @@ class TableWriter:
         fence()
         words[base + _B_SEQ] = seq + 1
         fence()
+        seam("tables.publish.switch")
         self._cw[_C_CURRENT] = (self._view.data_epoch << 1) | b
         self._cw[_C_GENERATION] = gen
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
+        seam("tables.publish.switched")
         self.generation = gen
         self._slots = alloc
         if cur_before and (cur_before >> 1) != self._view.data_epoch:
@@ -1324,7 +1514,9 @@ class TableWriter:
         if cur and data is not None and payload_bytes <= capacity:
             return data, 1 - (cur & 1), None
         epoch = (cur >> 1) + 1 if cur else 1
-        want = max(self._min_capacity, payload_bytes + payload_bytes // 4, 2 * max(capacity, 0))
+        # 25 % headroom; growth stays geometric (each new capacity is > 1.25x the old
+        # one, since the payload outgrew it), without doubling what /dev/shm must hold.
+        want = max(self._min_capacity, payload_bytes + payload_bytes // 4)
         bb = align(BUFFER_HEADER_BYTES + want, _PAGE)
         size = DATA_HEADER_BYTES + 2 * bb
         name = f"{self.name}.{epoch}"
@@ -1378,12 +1570,9 @@ class TableWriter:
             return
         self._closed = True
         if unlink and os.getpid() == self._pid:
-            prefix = self.name + "."
-            for seg_name in list_segments(self.namespace):
-                if seg_name == self.name or (
-                    seg_name.startswith(prefix) and seg_name[len(prefix) :].isdigit()
-                ):
-                    unlink_name(seg_name)
+            unlink_name(self.name)
+            for seg_name in epoch_segments(self.namespace, "tables").values():
+                unlink_name(seg_name)
         if self._view.data is not None:
             self._view.data.close()
         self._ctl_seg.close()

@@ -40,6 +40,14 @@ def raw(store, row):
     return store._ctl.current().fields[row].copy()
 
 
+def block(store, row, name):
+    """A copy of one part of a row: ``open_old`` or a per-bucket field."""
+    return store._ctl.current().block(row, name).copy()
+
+
+OPEN_PARTS = ("open_old", "open", "open_start_sum")
+
+
 def test_a_fan_out_counts_in_flight_then_busy_time(store):
     rec = store.claim()
     reader = store.reader()
@@ -66,11 +74,9 @@ def test_busy_time_spreads_over_buckets_and_ages_out(store):
     reader = store.reader()
     rec.record_start([3], T0)
     rec.record_end([3], T0, [900 * MS], T0 + 900 * MS)  # spans 5 buckets of 200 ms
-    cells = raw(store, rec.row)
-    k = store.buckets
-    busy = cells[2 : 2 + k, 3]
+    busy = block(store, rec.row, "busy_ns")[:, 3]
     assert sorted(busy.tolist(), reverse=True)[:5] == [200 * MS] * 4 + [100 * MS]
-    assert cells[2 + k : 2 + 2 * k, 3].sum() == 1  # completed once, where it ended
+    assert block(store, rec.row, "completed")[:, 3].sum() == 1  # once, where it ended
     for now, occ in [(T0 + 900 * MS, 0.45), (T0 + 2 * S, 0.45), (T0 + 2500 * MS, 0.2)]:
         assert math.isclose(reader.read(now, 4).occupancy[3], occ), now
     late = reader.read(T0 + 3 * S, 4)
@@ -106,8 +112,9 @@ def test_batch_equals_one_call_at_a_time(store):
         now = end + int(rng.integers(0, 300 * MS))
     a, b = raw(store, batch.row), raw(store, single.row)
     assert np.array_equal(a, b)
-    assert a[0].sum() == 0 and a[1].sum() == 0  # nothing left in flight
-    assert a[2:].sum() > 0
+    for part in OPEN_PARTS:  # nothing left in flight
+        assert not block(store, batch.row, part).any(), part
+    assert block(store, batch.row, "busy_ns").sum() > 0
 
 
 def test_out_of_order_times_in_one_row_keep_every_count(store):
@@ -167,13 +174,17 @@ def test_growth_keeps_rows_and_recorders_follow(store, namespace):
     first = segment_name(namespace, "counters", 1)
     assert store.columns == 16 and first in list_segments(namespace)
     assert store.ensure_columns(10) == 16  # fits: nothing happens
-    assert store.ensure_columns(1000) == 1000
-    assert first not in list_segments(namespace)
-    assert segment_name(namespace, "counters", 2) in list_segments(namespace)
+    assert store.ensure_columns(17) == 24  # at least 25 % more (in steps of 8)
+    assert store.ensure_columns(1000) == 1000  # or what is needed
+    assert store.ensure_columns(1001) == 1256
+    assert list_segments(namespace) == [
+        segment_name(namespace, "counters"),
+        segment_name(namespace, "counters", 4),
+    ]
     rec.record_start([999], T0 + 20 * MS)  # the recorder follows on its next call
     rec.record_end([3], T0, [30 * MS], T0 + 30 * MS)
     loads = reader.read(T0 + 40 * MS)
-    assert reader.columns == 1000 and loads.in_flight.size == 1000
+    assert reader.columns == 1256 and loads.in_flight.size == 1256
     assert loads.in_flight[[3, 15, 999]].tolist() == [1, 0, 1]
     assert loads.completed[[3, 15]].tolist() == [1, 1]
 
@@ -261,32 +272,82 @@ def test_corrupted_counter_segments(namespace):
 
 @pytest.mark.parametrize("kind", ["locked", "per-thread"])
 def test_gthread_style_threads_lose_no_update(store, kind):
+    """Threads of one process record fan-outs whose calls span several buckets, with the
+    row rotating to new buckets every other round and times slightly out of order
+    between threads (taken before the lock, as in a gthread worker). Nothing may be
+    lost: in-flight ends at 0, no cell goes negative, and every retained bucket holds
+    exactly the completions and latency recorded for it. (Under the GIL each NumPy
+    call is indivisible; the race a lock prevents is pinned deterministically by
+    test_a_thread_recording_during_another_threads_rotation_loses_nothing.)"""
+    import sys
+
     rec = LockedRecorder(store.claim()) if kind == "locked" else ThreadRecorder(store)
-    rounds, threads, fan = 300, 4, 20
+    rounds, threads, fan = 200, 4, 12
+    b = store.bucket_ns
     errors = []
+    ends: list[tuple[int, int, int]] = []  # (end time, duration, slot) of every call
+    # Rounds in lockstep keep the threads' times within the row's retained buckets
+    # (a call ending before them would be folded into the oldest one, by design).
+    lockstep = threading.Barrier(threads)
 
     def work(seed):
         rng = np.random.default_rng(seed)
+        mine = []
         try:
             for i in range(rounds):
+                lockstep.wait(10)
                 slots = rng.integers(0, 16, fan)
-                now = T0 + i * MS
-                rec.record_start(slots, now)
-                rec.record_end(slots, now, np.full(fan, 100_000), now + MS)
+                # Each thread's call of a round starts in a bucket of its own, newer
+                # than the last round's: the row rotates several times per round.
+                start = T0 + (i * threads + seed) * b + int(rng.integers(0, b // 4))
+                durations = rng.integers(b, 3 * b, fan)  # each call spans 2-4 buckets
+                now = start + int(durations.max())
+                rec.record_start(slots, start)
+                rec.record_end(slots, start, durations, now)
+                mine += [
+                    (start + int(d), int(d), int(s)) for d, s in zip(durations, slots, strict=True)
+                ]
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
+            lockstep.abort()
+        ends.extend(mine)
 
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
     assert errors == []
-    loads = store.reader().read(T0 + rounds * MS + MS, 16)
-    assert loads.in_flight.sum() == 0
-    assert loads.completed.sum() == rounds * threads * fan
+    rows = [rec.recorder.row] if kind == "locked" else rec.rows
     if kind == "per-thread":
-        assert sorted(rec.rows) == [0, 1, 2, 3]
+        assert sorted(rows) == [0, 1, 2, 3]
+    m = store._ctl.current()
+    completed = np.zeros((store.buckets, 16), np.int64)
+    latency = np.zeros((store.buckets, 16), np.int64)
+    newest = max(int(p) for r in rows for p in m.periods[r])
+    for r in rows:
+        for part in OPEN_PARTS:
+            assert not block(store, r, part).any(), (r, part)  # nothing left in flight
+        for name in ("busy_ns", "completed", "latency_ns", "failures"):
+            assert (block(store, r, name) >= 0).all(), (r, name)
+        for j, period in enumerate(m.periods[r].tolist()):
+            if period > newest - store.buckets:  # a bucket of the final retained range
+                completed[period % store.buckets] += block(store, r, "completed")[j]
+                latency[period % store.buckets] += block(store, r, "latency_ns")[j]
+    want_completed = np.zeros_like(completed)
+    want_latency = np.zeros_like(latency)
+    for end, d, s in ends:
+        q = end // b
+        if q > newest - store.buckets:
+            want_completed[q % store.buckets, s] += 1
+            want_latency[q % store.buckets, s] += d
+    assert np.array_equal(completed, want_completed)
+    assert np.array_equal(latency, want_latency)
     rec.release()
     assert all(not s.claimed for s in store.slots())
 
@@ -372,3 +433,218 @@ def test_freed_slots_wait_for_the_counters_window(namespace):
         w.publish(lbcore.RingSet([*eps[1:5], "http://10.6.0.9:80"]))
         assert reader.table().slots[-1] == 0  # aged out of the 2 s window: reused
     store.close()
+
+
+def test_an_old_open_request_counts_the_window_not_its_age(store):
+    """Review S4: open requests are clipped to the window one by one, not as a cell's
+    sum. W = 2 s here; a request open 100 s counts 2 s, one open 1 s counts 1 s."""
+    rec, other = store.claim(), store.claim()
+    reader = store.reader()
+    # Slot 1: the old request's bucket is recycled when time moves on (-> open_old).
+    rec.record_start([1], T0 - 100 * S)
+    rec.record_start([1], T0 - 1 * S)
+    # Slot 2: a worker that recorded nothing since: its bucket column is stale.
+    other.record_start([2], T0 - 100 * S)
+    rec.record_start([2], T0 - 1 * S)
+    # Slot 3: a start older than every kept bucket, recorded late (LockedRecorder threads).
+    rec.record_start([3], T0 - 1 * S)
+    rec.record_start([3], T0 - 100 * S)
+    # Slot 4: ten requests open 100 ms and one open 100 s: (10 x 0.1 + 2) / 2 = 1.5,
+    # not min(10 x 0.1 + 100, 11 x 2) / 2 = 11.
+    rec.record_start([4], T0 - 100 * S)
+    rec.record_start([4] * 10, T0 - 100 * MS)
+    loads = reader.read(T0, 5)
+    assert loads.in_flight.tolist() == [0, 2, 2, 2, 11]
+    assert np.allclose(loads.occupancy, [0, 1.5, 1.5, 1.5, 1.5])
+    # Ending them finds each open entry where it is (a kept bucket or open_old).
+    rec.record_end([1, 1], [T0 - 100 * S, T0 - 1 * S], [100 * S, S], T0)
+    other.record_end([2], T0 - 100 * S, [100 * S], T0)
+    rec.record_end([2, 3, 3], [T0 - S, T0 - S, T0 - 100 * S], [S, S, 100 * S], T0)
+    rec.record_end([4] * 11, [T0 - 100 * S] + [T0 - 100 * MS] * 10, [100 * S] + [100 * MS] * 10, T0)
+    after = reader.read(T0, 5)
+    assert after.in_flight.tolist() == [0] * 5
+    for r in (rec.row, other.row):
+        for part in OPEN_PARTS:
+            assert not block(store, r, part).any(), (r, part)
+    # Now ended, each request's busy time inside the window counts: min(duration, 2 s).
+    assert np.allclose(after.occupancy, [0, 1.5, 1.5, 1.5, 1.5])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_open_request_occupancy_is_off_by_at_most_a_bucket_per_straddling_request(namespace, seed):
+    """Random open requests of ages up to 3 windows over several rows: the reader's
+    busy time of open requests is exact except for requests that started in the bucket
+    holding the window's start, each off by at most one bucket."""
+    rng = np.random.default_rng(seed)
+    st = CounterStore.create(namespace, rows=4, columns=8, window_ns=W, window_buckets=10)
+    b = st.bucket_ns
+    recs = [st.claim() for _ in range(4)]
+    starts = {r.row: [] for r in recs}
+    for t in sorted(rng.integers(T0 - 3 * W, T0, 60).tolist()):
+        r = recs[int(rng.integers(0, 4))]
+        r.record_start([5], t)
+        starts[r.row].append(t)
+    got = st.reader().read(T0, 8).occupancy[5] * W
+    ages = [T0 - t for ts in starts.values() for t in ts]
+    truth = sum(min(a, W) for a in ages)
+    straddling = sum((T0 - W) // b == t // b for ts in starts.values() for t in ts)
+    assert abs(got - truth) <= straddling * b + 1, (got, truth, straddling)
+    st.close()
+
+
+def test_handles_tell_when_the_owner_removed_the_counters(namespace):
+    """Review S2 (counters): recorders of removed counters cannot record anywhere a
+    reader looks; replaced() says so, and a new attach sees the new counters."""
+    owner = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
+    worker = CounterStore.attach(namespace)
+    rec = worker.claim()
+    reader = CounterReader(namespace)
+    assert not worker.replaced() and not reader.replaced() and not owner.replaced()
+    owner.close()  # the owner unlinks
+    assert worker.replaced() and reader.replaced()
+    again = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
+    assert worker.replaced() and reader.replaced()  # a new segment, not theirs
+    rec.record_start([1], T0)  # lands in the removed matrix
+    assert again.reader().read(T0, 8).in_flight[1] == 0
+    fresh = CounterStore.attach(namespace)
+    assert not fresh.replaced()
+    fresh.claim().record_start([1], T0)
+    assert again.reader().read(T0, 8).in_flight[1] == 1
+    again.close()
+
+
+def test_releasing_per_thread_rows_mid_request_leaves_no_negative_counts(store):
+    """Review N2: release() frees every thread's row while one thread is mid-request;
+    that thread's record_end must fail, not land in a newly claimed row and drive it
+    negative."""
+    rec = ThreadRecorder(store)
+    started, go = threading.Event(), threading.Event()
+    outcome = {}
+
+    def worker():
+        rec.record_start([2, 3], T0)
+        started.set()
+        go.wait(10)
+        try:
+            rec.record_end([2, 3], T0, [MS, MS], T0 + MS)
+            outcome["end"] = "recorded"
+        except SlotOwnershipError as exc:
+            outcome["end"] = str(exc)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert started.wait(10)
+    rec.release()
+    go.set()
+    t.join(10)
+    assert "was released" in outcome["end"]
+    for r in range(store.rows):
+        for part in OPEN_PARTS:
+            assert (block(store, r, part) >= 0).all(), (r, part)
+    assert store.reader().read(T0 + MS, 8).in_flight.sum() == 0
+    assert not any(s.claimed for s in store.slots())
+    with pytest.raises(SlotOwnershipError, match="was released"):
+        rec.record_start([1], T0)  # nor does a thread that never recorded get a row
+
+
+def test_host_loads_follow_lbcores_load_rules(store):
+    """Review N3: effective load uses lbcore's rule and its latency cap (a pod far
+    slower than the rest is capped exactly as lbcore caps it)."""
+    from lbcore.signals import load_for
+
+    rec = store.claim()
+    rec.record_start([0] * 9 + [1], T0)
+    rec.record_end([0] * 9, T0, [10 * MS] * 9, T0 + 10 * MS)
+    rec.record_start([1, 2, 2], T0 + 10 * MS)  # slot 1: one more open, one ends slowly
+    rec.record_end([1], T0, [900 * MS], T0 + 900 * MS)
+    loads = store.reader().read(T0 + 900 * MS, 4)
+    ratio = loads.mean_latency_s[1] / loads.global_latency_s
+    assert ratio > 5  # beyond lbcore's default cap
+    for name in ("effective", "occupancy", "in-flight"):
+        want = load_for(
+            name, loads.in_flight, loads.occupancy, loads.mean_latency_s, loads.global_latency_s
+        )
+        assert np.array_equal(loads.signal(name), want), name
+    assert np.array_equal(loads.effective(), loads.signal("effective"))
+
+
+@pytest.mark.parametrize("kind", ["locked", "per-thread"])
+def test_a_thread_recording_during_another_threads_rotation_loses_nothing(store, kind):
+    """Review N5: thread A's call moves the row to a new bucket and stops just as it
+    starts recycling that bucket's column; thread B then records a call in the new
+    bucket. Sharing a row, B must wait for A (LockedRecorder's lock): otherwise A goes
+    on to zero the column B just recorded into, losing B's call and leaving its open
+    entry negative. With a row per thread there is nothing to share."""
+    from shm.segment import set_seam_hook
+
+    rec = LockedRecorder(store.claim()) if kind == "locked" else ThreadRecorder(store)
+    b = store.bucket_ns
+    paused, go = threading.Event(), threading.Event()
+    errors = []
+    a_thread = None
+
+    def hook(point):
+        if point == "counters.rotate" and threading.current_thread() is a_thread:
+            if not paused.is_set():
+                paused.set()
+                go.wait(10)
+
+    def a():
+        try:
+            rec.record_end([1], T0, [b], T0 + b)  # ends in the next bucket: rotates
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def b_call():
+        try:
+            rec.record_start([2], T0 + b + 10 * MS)
+            rec.record_end([2], T0 + b + 10 * MS, [5 * MS], T0 + b + 15 * MS)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    a_thread = threading.Thread(target=lambda: (rec.record_start([1], T0), a()))
+    set_seam_hook(hook)
+    try:
+        a_thread.start()
+        assert paused.wait(10)
+        b_thread = threading.Thread(target=b_call)
+        b_thread.start()
+        b_thread.join(0.3)
+        b_waited = b_thread.is_alive()
+        go.set()
+        a_thread.join(10)
+        b_thread.join(10)
+    finally:
+        set_seam_hook(None)
+    assert errors == []
+    rows = [rec.recorder.row] if kind == "locked" else rec.rows
+    for r in rows:
+        for part in ("open_old", "open"):
+            assert (block(store, r, part) >= 0).all(), (r, part)
+    loads = store.reader().read(T0 + b + 20 * MS, 4)
+    assert loads.completed.tolist() == [0, 1, 1, 0]
+    assert loads.in_flight.tolist() == [0, 0, 0, 0]
+    assert b_waited == (kind == "locked")
+    rec.release()
+
+
+def test_slots_newer_than_a_load_snapshot_count_as_idle(store):
+    rec = store.claim()
+    rec.record_start([1, 1], T0)
+    loads = store.reader().read(T0 + 10 * MS, 4)  # a snapshot of slots 0..3
+    per_endpoint = loads.take([1, 9])  # slot 9: an endpoint published after it
+    assert per_endpoint.in_flight.tolist() == [2, 0]
+    assert per_endpoint.occupancy[1] == 0 and per_endpoint.completed[1] == 0
+    assert np.isnan(per_endpoint.mean_latency_s[1]) and np.isnan(per_endpoint.failure_rate[1])
+    assert np.allclose(per_endpoint.signal("effective"), [2, 0])
+    with pytest.raises(CounterInputError, match="must be >= 0"):
+        loads.take([-1])
+
+
+def test_an_empty_fan_out_records_nothing_and_raises_nothing(store):
+    rec = store.claim()
+    before = raw(store, rec.row)
+    rec.record_start([], T0)  # every key of the batch went to fallback
+    rec.record_end([], T0, [], T0 + MS)
+    rec.record_end(np.array([], np.int32), [], np.array([], np.int64), T0 + MS, failed=[])
+    assert np.array_equal(raw(store, rec.row), before)

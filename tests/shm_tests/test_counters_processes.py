@@ -1,13 +1,23 @@
 """Counters with real worker processes: occupancy accuracy, SIGKILLed workers, growth."""
 
+import contextlib
+import errno
 import os
+import resource
 import signal
 import time
 
 import numpy as np
 import pytest
 
-from shm import CounterStore, NoFreeSlotError
+from shm import (
+    CounterStore,
+    NoFreeSlotError,
+    ProcessLivenessError,
+    list_segments,
+    segment_name,
+)
+from shm.segment import process_alive, process_start_ticks, set_seam_hook
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -171,4 +181,106 @@ def test_a_worker_follows_growth_and_keeps_its_counts(namespace, procs):
     loads = store.reader().read(time.monotonic_ns())
     assert loads.in_flight[[3, 900]].tolist() == [1, 1]
     assert loads.completed[3] == 1
+    store.close()
+
+
+def seam_grower(ns, at, conn):
+    """Grows the counters and stops at seam ``at`` until SIGKILLed."""
+
+    def hook(point):
+        if point == at:
+            conn.send("paused")
+            time.sleep(600)
+
+    set_seam_hook(hook)
+    CounterStore.attach(ns).ensure_columns(500)
+
+
+@pytest.mark.parametrize("cleaner", ["create", "grow"])
+@pytest.mark.parametrize("at", ["counters.grow.switch", "counters.grow.switched"])
+def test_a_grower_killed_mid_growth_leaves_nothing_behind(namespace, procs, at, cleaner):
+    """Review S1: a process killed while growing the matrix leaves the new data segment
+    (before the switch) or the old one (after it); the next owner taking over, or the
+    next grower, removes it. Recorded counts survive either way."""
+    store = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
+    rec = store.claim()
+    rec.record_start([3], time.monotonic_ns())
+    a, b = procs.ctx.Pipe(duplex=False)
+    grower = procs.start(seam_grower, namespace, at, b)
+    assert a.poll(30) and a.recv() == "paused"
+    ctl, one, two = (segment_name(namespace, "counters", e) for e in (None, 1, 2))
+    assert list_segments(namespace) == [ctl, one, two]
+    os.kill(grower.pid, signal.SIGKILL)
+    grower.join(10)
+    if cleaner == "create":  # an owner restarted with the same geometry takes over
+        other = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
+    else:  # a process that grows the matrix again
+        other = CounterStore.attach(namespace)
+        other.ensure_columns(1000)
+    current = other._ctl.current().seg.name
+    assert list_segments(namespace) == [ctl, current]
+    assert other.reader().read(time.monotonic_ns(), 8).in_flight[3] == 1
+    store.close()
+
+
+@contextlib.contextmanager
+def only_free_fds(k):
+    """Run the body with exactly ``k`` free file descriptors in this process."""
+    used = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + 64, hard))
+    filler = []
+    try:
+        while True:
+            try:
+                filler.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE
+                break
+        for _ in range(k):
+            os.close(filler.pop())
+        yield
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_reaper_that_cannot_read_proc_leaves_live_owners_alone(namespace, procs):
+    """Review S3: with /proc unreadable (here: out of file descriptors), a live worker's
+    row must be neither reaped (its in-flight dropped) nor handed to a new claimant."""
+    store = CounterStore.create(namespace, rows=1, columns=8, window_ns=W, window_buckets=10)
+    a, b = procs.ctx.Pipe(duplex=False)
+    worker = procs.start(stuck_worker, namespace, b)
+    assert a.poll(30)
+    row = a.recv()
+    ticks = process_start_ticks(worker.pid)
+    before = store.reader().read(time.monotonic_ns(), 8)  # (maps the matrix: one fd fewer)
+    with only_free_fds(0):
+        try:
+            process_start_ticks(worker.pid)
+        except ProcessLivenessError as exc:
+            unknown = exc
+        alive = process_alive(worker.pid, ticks)
+        try:
+            store.claim()  # cannot even read its own identity: must not claim anything
+        except ProcessLivenessError as exc:
+            own = exc
+    with only_free_fds(1):  # the lock takes the one left; /proc/<pid>/stat cannot open
+        reaped = store.reap()
+        try:
+            store.claim()
+            claimed = "claimed a live worker's row"
+        except NoFreeSlotError:
+            claimed = "refused"
+    assert unknown.errno == errno.EMFILE and f"/proc/{worker.pid}/stat" in str(unknown)
+    assert alive
+    assert own.errno == errno.EMFILE and "/proc/" in str(own)
+    assert reaped == [] and claimed == "refused"
+    loads = store.reader().read(time.monotonic_ns(), 8)
+    assert loads.in_flight.tolist() == before.in_flight.tolist() == [2, 0, 0, 1, 0, 1, 0, 0]
+    assert store.slots()[row].claimed and store.slots()[row].pid == worker.pid
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(10)
+    assert store.reap() == [row]  # once /proc answers, the dead owner is reaped
     store.close()

@@ -18,7 +18,12 @@ from shm import (
     list_segments,
     segment_name,
 )
-from shm.layout import MAGIC_COUNTERS_CONTROL, MAGIC_TABLES_CONTROL, TABLES_CONTROL
+from shm.layout import (
+    LAYOUT_VERSION,
+    MAGIC_COUNTERS_CONTROL,
+    MAGIC_TABLES_CONTROL,
+    TABLES_CONTROL,
+)
 from shm.segment import (
     SHM_DIR,
     Segment,
@@ -133,10 +138,11 @@ def test_check_header_version_and_size(namespace):
 
     seg = _control(namespace, fill)
     with pytest.raises(
-        SegmentVersionError, match="is layout version 99, this build reads version 1"
+        SegmentVersionError,
+        match=f"is layout version 99, this build reads version {LAYOUT_VERSION}",
     ):
         check_header(seg, TABLES_CONTROL, MAGIC_TABLES_CONTROL, "tables control")
-    seg.words[1] = 1
+    seg.words[1] = LAYOUT_VERSION
     seg.words[2] = 8192
     with pytest.raises(SegmentSizeError, match="header says 8192 bytes but the segment has 4096"):
         check_header(seg, TABLES_CONTROL, MAGIC_TABLES_CONTROL, "tables control")

@@ -2,6 +2,7 @@ import math
 import os
 import random
 import re
+import threading
 import zlib
 
 import numpy as np
@@ -21,10 +22,11 @@ from shm import (
     TableReader,
     TableWriter,
     WriterBusyError,
+    WriterUnusableError,
     list_segments,
     segment_name,
 )
-from shm.layout import BUFFER_HEADER_BYTES
+from shm.layout import BUFFER_HEADER_BYTES, LAYOUT_VERSION
 from shm.segment import SHM_DIR, Segment
 from tests.shm_tests.helpers import KEYS
 
@@ -322,6 +324,9 @@ def test_capacity_grows_to_new_segments_readers_follow(namespace):
         big = lbcore.RingSet(big_eps)
         w.publish(big)
         assert w.capacity_bytes() > cap1
+        # 25 % headroom over the payload, no more (review S6: no doubling on top).
+        payload = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        assert payload <= w.capacity_bytes() <= payload * 1.25 + 4096
         t2 = reader.table()
         assert t2.generation == 2 and t2.segment != seg1 and len(t2.endpoints) == 5000
         assert list_segments(namespace) == sorted([segment_name(namespace, "tables"), t2.segment])
@@ -392,7 +397,7 @@ def test_writer_in_a_forked_child_is_refused(namespace, procs):
             try:
                 w.publish(lbcore.RingSet(EPS[:4]))
                 os.write(wr, b"published")
-            except SlotOwnershipError as exc:
+            except WriterUnusableError as exc:
                 os.write(wr, str(exc).encode()[:200])
 
         p = procs.start(child)
@@ -443,7 +448,8 @@ def test_other_layout_version(namespace):
         ctl = Segment.attach(segment_name(namespace, "tables"), writable=True)
         ctl.words[1] = 7
         with pytest.raises(
-            SegmentVersionError, match="is layout version 7, this build reads version 1"
+            SegmentVersionError,
+            match=f"is layout version 7, this build reads version {LAYOUT_VERSION}",
         ):
             TableReader(namespace)
 
@@ -514,3 +520,129 @@ def test_random_corruption_never_crashes_or_reads_out_of_bounds(namespace):
                 outcomes["refused"] += 1
             fresh.close()
         assert outcomes["refused"] > 100
+
+
+def test_threads_share_one_reader_while_the_tables_grow(namespace):
+    """Review S7: a gthread worker's threads share one TableReader. Thread A stops inside
+    a remap (current loaded, data segment mapped); the writer grows the tables to a new
+    segment; thread B then needs a remap too. B must wait for A (one remap at a time),
+    not switch the reader's mappings under A's feet; both end on the new table."""
+    from shm.segment import set_seam_hook
+
+    small = lbcore.RingSet(EPS[:3], vnodes=5)
+    big = lbcore.RingSet([f"http://10.8.{i // 200}.{i % 200}:80" for i in range(400)])
+    with TableWriter(namespace, min_capacity_bytes=4096) as w:
+        w.publish(small)
+        reader = TableReader(namespace)
+        paused, go = threading.Event(), threading.Event()
+        results, errors = {}, []
+        a_thread = None
+
+        def hook(point):
+            if point == "tables.read.mapped" and threading.current_thread() is a_thread:
+                if not paused.is_set():
+                    paused.set()
+                    go.wait(10)
+
+        def run(name):
+            try:
+                t = reader.table()
+                results[name] = (t.generation, len(t.endpoints), t.valid())
+            except Exception as exc:
+                errors.append((name, exc))
+
+        set_seam_hook(hook)
+        try:
+            a_thread = threading.Thread(target=run, args=("a",))
+            a_thread.start()
+            assert paused.wait(10)
+            w.publish(big)  # grows: a new data segment, the old one unlinked
+            b_thread = threading.Thread(target=run, args=("b",))
+            b_thread.start()
+            b_thread.join(0.3)
+            b_waited = b_thread.is_alive()
+            go.set()
+            a_thread.join(10)
+            b_thread.join(10)
+        finally:
+            set_seam_hook(None)
+        assert errors == []
+        assert b_waited, "thread B remapped while thread A was inside a remap"
+        assert results == {"a": (2, 400, True), "b": (2, 400, True)}
+        keys = [f"K{i}" for i in range(100)]
+        assert np.array_equal(reader.table().ring_set.route(keys, 0), big.route(keys, 0))
+
+
+def test_growth_adds_a_quarter_of_headroom_not_double_the_buffers(namespace):
+    """Review S6: a table that just outgrows its buffers gets new ones 1.25x its size,
+    not twice the old ones (both segments exist until the switch: /dev/shm is small)."""
+    rs = lbcore.RingSet(EPS[:20], vnodes=50)
+    with TableWriter(namespace, min_capacity_bytes=4096) as w:
+        w.publish(rs)
+        cap = w.capacity_bytes()
+        payload = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        # Long node names make the next payload ~1.3x the last: just over the capacity.
+        pad = "n" * (int(0.3 * payload) // 20)
+        w.publish(rs, nodes=[pad] * 20)
+        grown = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        assert cap < grown < 1.5 * cap  # it did have to grow, a little
+        assert grown <= w.capacity_bytes() <= grown * 1.25 + 4096
+        assert TableReader(namespace).table().nodes == (pad,) * 20
+
+
+def test_a_closed_writer_says_so(namespace):
+    """Review N3: a closed writer raises WriterUnusableError (not a recorder's error),
+    which old callers catching SlotOwnershipError still catch."""
+    w = TableWriter(namespace)
+    w.publish(lbcore.RingSet(EPS[:3]))
+    w.close()
+    with pytest.raises(WriterUnusableError, match=r"table writer of .* is closed") as info:
+        w.publish(lbcore.RingSet(EPS[:3]))
+    assert isinstance(info.value, SlotOwnershipError)
+    with pytest.raises(WriterUnusableError):
+        w.heartbeat()
+
+
+@pytest.mark.parametrize("damage", ["payload", "seq"])
+def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, damage):
+    """Review N4: while the current generation stays corrupt, every table() call must
+    not check the whole table again (a checksum over megabytes) or wait out the
+    timeout: the verdict is kept until the buffer or current changes."""
+    from shm import TableUnavailableError
+    from shm import tables as tables_mod
+    from shm.segment import set_seam_hook
+
+    checksums = []
+    real = tables_mod._checksum
+    monkeypatch.setattr(tables_mod, "_checksum", lambda data: checksums.append(1) or real(data))
+    passes = []
+    set_seam_hook(lambda point: passes.append(point) if point == "tables.read.mapped" else None)
+    try:
+        with TableWriter(namespace) as w:
+            w.publish(fading_set())
+            reader = TableReader(namespace, timeout_s=0.2)
+            t = reader.table()
+            seg = data_words(namespace, t)
+            off = reader._view.offsets[t.buffer]
+            if damage == "payload":
+                seg.buf[off + BUFFER_HEADER_BYTES + 1000] ^= 0x40
+                error = TableChecksumError
+            else:
+                seg.words[off // 8] += 1  # an odd seq in the current buffer
+                error = TableUnavailableError
+            fresh = TableReader(namespace, timeout_s=0.2)
+            checksums.clear()
+            with pytest.raises(error):
+                fresh.table()
+            first_checks, first_passes = len(checksums), len(passes)
+            for _ in range(5):
+                passes.clear()
+                with pytest.raises(error):
+                    fresh.table()
+                assert passes == ["tables.read.mapped"]  # one look, no retries
+            assert len(checksums) == first_checks  # no table checked again
+            assert first_passes >= 3
+            w.publish(fading_set())  # a new generation in the other buffer
+            assert fresh.table().generation == 2
+    finally:
+        set_seam_hook(None)

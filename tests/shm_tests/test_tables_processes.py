@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import lbcore
-from shm import TableReader, TableUnavailableError, TableWriter, segment_name
+from shm import TableReader, TableUnavailableError, TableWriter, list_segments, segment_name
 from shm.layout import TABLES_CONTROL, TABLES_DATA, word
-from shm.segment import Segment
+from shm.segment import Segment, set_seam_hook
 from tests.shm_tests.helpers import VARIANTS, check, expected_routes, publish_generation, variant
 
 RING_SETS = [variant(v) for v in range(VARIANTS)]
@@ -209,8 +209,7 @@ def test_writer_killed_while_growing_leaves_an_orphan_the_next_one_replaces(name
         assert np.array_equal(t.ring_set.route(["a", "b"], 0), big.route(["a", "b"], 0))
 
 
-@pytest.mark.parametrize("kill_reader_mid_map", [True])
-def test_killed_readers_do_not_disturb_the_writer(namespace, procs, kill_reader_mid_map):
+def test_killed_readers_do_not_disturb_the_writer(namespace, procs):
     seed_namespace(namespace)
 
     def spin(ns):
@@ -225,3 +224,239 @@ def test_killed_readers_do_not_disturb_the_writer(namespace, procs, kill_reader_
         p.join(10)
     with TableWriter(namespace) as w:
         assert publish_generation(w, RING_SETS) == 2
+
+
+# ---------------------------------------------------------------------------------------
+# Forced interleavings: child processes pause at the protocol's seams (shm.segment.seam).
+
+
+def _eps_n(n, salt=7):
+    return [f"http://10.{salt}.0.{i}:80" for i in range(1, n + 1)]
+
+
+def seam_reader(ns, paused, go, conn):
+    """Answers each "read" with (generation, endpoints); the first read pauses between
+    loading ``current`` and loading the buffer's ``seq`` until ``go``."""
+    armed = [True]
+
+    def hook(point):
+        if point == "tables.read.mapped" and armed[0]:
+            armed[0] = False
+            paused.set()
+            go.wait(30)
+
+    set_seam_hook(hook)
+    reader = TableReader(ns)
+    while (cmd := conn.recv()) != "stop":
+        assert cmd == "read"
+        t = reader.table()
+        conn.send((t.generation, len(t.endpoints)))
+
+
+def seam_writer(ns, conn, resume, at="tables.publish.switch", min_capacity=1 << 20):
+    """Publishes ("publish", n, pause) commands; with ``pause`` it stops at seam ``at``
+    (default: the new buffer is complete, ``current`` does not name it yet) until
+    ``resume`` (or SIGKILL)."""
+    armed = [False]
+
+    def hook(point):
+        if point == at and armed[0]:
+            conn.send("paused")
+            resume.wait(30)
+
+    set_seam_hook(hook)
+    w = TableWriter(ns, min_capacity_bytes=min_capacity)
+    while True:
+        _, n, pause = conn.recv()
+        armed[0] = pause
+        conn.send(w.publish(lbcore.RingSet(_eps_n(n), vnodes=5)))
+
+
+@pytest.mark.parametrize("writer_fate", ["resumed", "killed"])
+def test_a_stalled_reader_never_routes_ahead_of_current(namespace, procs, writer_fate):
+    """Regression (review B1): a reader stalls after loading ``current`` (naming buffer
+    X at generation 2) while the writer publishes 3 into Y and completes 4 in X but has
+    not yet switched ``current``. The reader must not take generation 4 from X: it is
+    not current yet, the next call would go back to 3, and if the writer dies there a
+    new writer publishes a different generation 4."""
+    ctx = procs.ctx
+    resume = ctx.Event()
+    wconn, wchild = ctx.Pipe()
+    writer = procs.start(seam_writer, namespace, wchild, resume)  # 1 MiB: no growth
+
+    def publish(n, pause=False):
+        wconn.send(("publish", n, pause))
+        assert wconn.poll(30)
+        return wconn.recv()
+
+    assert publish(4) == 1 and publish(5) == 2  # current: buffer 1, generation 2
+    paused, go = ctx.Event(), ctx.Event()
+    rconn, rchild = ctx.Pipe()
+    procs.start(seam_reader, namespace, paused, go, rchild)
+    rconn.send("read")
+    assert paused.wait(30), "the reader did not reach the seam"
+    assert publish(6) == 3  # into buffer 0; current names it
+    wconn.send(("publish", 7, True))  # generation 4 into buffer 1, not yet current
+    assert wconn.poll(30) and wconn.recv() == "paused"
+    go.set()
+    seen = []
+    assert rconn.poll(30)
+    seen.append(rconn.recv())
+    rconn.send("read")
+    assert rconn.poll(30)
+    seen.append(rconn.recv())
+    if writer_fate == "killed":
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join(10)
+        with TableWriter(namespace) as w2:
+            assert w2.generation == 3
+            assert w2.publish(lbcore.RingSet(_eps_n(8), vnodes=5)) == 4
+            rconn.send("read")
+            assert rconn.poll(30)
+            seen.append(rconn.recv())
+            w2.close(unlink=False)
+        want_last = (4, 8)
+    else:
+        resume.set()
+        assert wconn.poll(30) and wconn.recv() == 4
+        rconn.send("read")
+        assert rconn.poll(30)
+        seen.append(rconn.recv())
+        want_last = (4, 7)
+    rconn.send("stop")
+    gens = [g for g, _ in seen]
+    assert gens == sorted(gens), f"generations went backwards: {seen}"
+    assert len({g: n for g, n in seen}) == len(set(seen)), f"a generation named two tables: {seen}"
+    assert seen == [(3, 6), (3, 6), want_last]
+
+
+def ask(conn, msg):
+    conn.send(msg)
+    assert conn.poll(30), f"no answer to {msg!r}"
+    return conn.recv()
+
+
+@pytest.mark.parametrize("at", ["tables.publish.switch", "tables.publish.switched"])
+def test_a_writer_killed_while_growing_leaves_nothing_behind_its_successor(namespace, procs, at):
+    """Review S1: killed between creating the larger segment and switching to it, a
+    writer leaves the new segment; killed after the switch, the old one. The next
+    writer removes whichever the control segment does not name."""
+    resume = procs.ctx.Event()
+    wconn, wchild = procs.ctx.Pipe()
+    writer = procs.start(seam_writer, namespace, wchild, resume, at, 4096)
+    assert ask(wconn, ("publish", 3, False)) == 1
+    ctl, one, two = (segment_name(namespace, "tables", e) for e in (None, 1, 2))
+    assert ask(wconn, ("publish", 300, True)) == "paused"  # growing into epoch 2
+    assert list_segments(namespace) == [ctl, one, two]
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join(10)
+    reader = TableReader(namespace)
+    survivor, stale = (one, two) if at == "tables.publish.switch" else (two, one)
+    assert reader.table().segment == survivor
+    assert reader.table().generation == (1 if survivor == one else 2)
+    with TableWriter(namespace) as w:
+        assert w.removed_stale == [stale]
+        assert list_segments(namespace) == [ctl, survivor]
+        big = lbcore.RingSet(_eps_n(300), vnodes=5)
+        g = w.publish(big)
+        t = reader.table()
+        assert t.generation == g and np.array_equal(t.ring_set.route(["k"], 0), big.route(["k"], 0))
+        assert list_segments(namespace) == [ctl, t.segment]
+
+
+def stoppable_writer(ns, n, conn):
+    """Creates the writer, then publishes ``n`` endpoints on "publish", closes cleanly
+    (removing the segments) on "close"."""
+    w = TableWriter(ns)
+    conn.send("created")
+    while (cmd := conn.recv()) != "close":
+        assert cmd == "publish"
+        conn.send(w.publish(lbcore.RingSet(_eps_n(n, salt=n), vnodes=5)))
+    w.close()
+    conn.send("closed")
+
+
+def test_readers_follow_a_writer_that_was_stopped_and_started_again(namespace, procs):
+    """Review S2: a writer that stops cleanly removes its segments; the next one creates
+    new ones under the same names, its first generation in the same buffer with the
+    same seq. A reader keeps its last table meanwhile and then follows the new writer
+    by itself (it must not mistake the new buffer for the one it cached)."""
+    a, child = procs.ctx.Pipe()
+    first = procs.start(stoppable_writer, namespace, 4, child)
+    assert a.poll(30) and a.recv() == "created"
+    assert ask(a, "publish") == 1
+    reader = TableReader(namespace, recheck_s=0.02)
+    old = reader.table()
+    assert old.generation == 1 and len(old.endpoints) == 4
+    assert ask(a, "close") == "closed"
+    first.join(10)
+    assert list_segments(namespace) == [] and reader.replaced()
+    time.sleep(0.05)
+    assert reader.table() is old and old.valid()  # nothing to follow: keep routing
+    b, child = procs.ctx.Pipe()
+    procs.start(stoppable_writer, namespace, 6, child)
+    assert b.poll(30) and b.recv() == "created"
+    time.sleep(0.05)
+    assert reader.table() is old  # the new writer has published nothing yet
+    assert reader.reattached == 0
+    assert ask(b, "publish") == 1
+    deadline = time.monotonic() + 10
+    while reader.table() is old and time.monotonic() < deadline:
+        time.sleep(0.005)
+    t = reader.table()
+    assert (t.generation, len(t.endpoints)) == (1, 6)
+    want = lbcore.RingSet(_eps_n(6, salt=6), vnodes=5).route(["a", "b", "c"], 0)
+    assert np.array_equal(t.ring_set.route(["a", "b", "c"], 0), want)
+    assert reader.reattached == 1 and not reader.replaced()
+    assert reader.writer_alive() and reader.generation() == 1
+    assert old.valid() and len(old.endpoints) == 4  # the old table is still intact
+    ask(b, "close")
+
+
+def creator_stopped_at(ns, at, kind, conn):
+    """Creates the tables (or counters) of ``ns`` and stops at seam ``at`` until killed."""
+    from shm import CounterStore
+
+    def hook(point):
+        if point == at:
+            conn.send("paused")
+            time.sleep(600)
+
+    set_seam_hook(hook)
+    if kind == "tables":
+        TableWriter(ns)
+    else:
+        CounterStore.create(ns, rows=2, columns=8)
+
+
+@pytest.mark.parametrize(
+    "kind, at",
+    [
+        ("tables", "segment.created"),
+        ("tables", "tables.control.init"),
+        ("counters", "segment.created"),
+        ("counters", "counters.control.init"),
+    ],
+)
+def test_a_creator_killed_mid_creation_does_not_block_the_next(namespace, procs, kind, at):
+    """Review N1: killed after creating the control segment but before sizing it, or
+    before writing its magic (written last), a creator leaves an unfinished segment; the
+    next one, holding the lock, finishes the job instead of calling it foreign."""
+    from shm import CounterStore
+
+    a, b = procs.ctx.Pipe(duplex=False)
+    creator = procs.start(creator_stopped_at, namespace, at, kind, b)
+    assert a.poll(30) and a.recv() == "paused"
+    os.kill(creator.pid, signal.SIGKILL)
+    creator.join(10)
+    name = segment_name(namespace, kind)
+    assert name in list_segments(namespace)  # unfinished: 0 bytes, or magic 0
+    if kind == "tables":
+        with TableWriter(namespace) as w:
+            assert w.publish(lbcore.RingSet(_eps_n(3), vnodes=5)) == 1
+            assert TableReader(namespace).table().generation == 1
+    else:
+        store = CounterStore.create(namespace, rows=2, columns=8)
+        store.claim().record_start([3], 0)
+        assert CounterStore.attach(namespace).reader().read(0, 8).in_flight[3] == 1
+        store.close()
