@@ -533,8 +533,10 @@ class RingSet:
         """Ring per key (like :meth:`ring_choice`), as a list for a few keys."""
         if hashes.size > SCALAR_MAX:
             return self.ring_choice(hashes, now_ns)
+        if not self.starts_ns:
+            return [0] * hashes.size
         thresholds = [unit_threshold(s) for s in self.share_list(now_ns)]
-        if not any(thresholds):
+        if not thresholds[0]:  # the oldest ring has the largest share
             return [0] * hashes.size
         out = []
         for m in mix64_of(hashes.tolist(), FADE_SALT):
