@@ -268,12 +268,7 @@ def _attach_control(namespace: str, *, writable: bool) -> _Control:
 def _create_data(name: str, epoch: int, rows: int, columns: int, buckets: int) -> Segment:
     layout = row_layout(columns, buckets)
     size = align(_HEADER_BYTES + rows * layout["row_words"] * 8, _PAGE)
-    try:
-        seg = Segment.create(name, size)
-    except SegmentExistsError:
-        # Left by a process killed while growing the matrix (never named by control).
-        unlink_name(name)
-        seg = Segment.create(name, size)
+    seg = Segment.create_replacing(name, size)
     h = seg.header(COUNTERS_DATA)
     h["version"] = LAYOUT_VERSION
     h["size"] = size

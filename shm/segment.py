@@ -289,6 +289,22 @@ def _full_error(name: str, size: int, detail: str) -> SegmentFullError:
     )
 
 
+def _allocate(fd: int, name: str, size: int) -> None:
+    """Size a new segment and reserve its pages now.
+
+    A full ``/dev/shm`` then fails here, with the segment named, rather than as a SIGBUS
+    on the first write.
+    """
+    os.ftruncate(fd, size)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise _full_error(name, size, os.strerror(exc.errno)) from exc
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+
+
 class Segment:
     """One mapped POSIX shared-memory segment.
 
@@ -329,6 +345,19 @@ class Segment:
         return f"Segment({self.name!r}, {self.size} bytes, {mode})"
 
     @classmethod
+    def create_replacing(cls, name: str, size: int) -> Segment:
+        """:meth:`create`, first unlinking a leftover of the same name.
+
+        For data segments a process killed while growing left behind: the control segment
+        never named them, so no reader uses them. The caller holds the writer lock.
+        """
+        try:
+            return cls.create(name, size)
+        except SegmentExistsError:
+            unlink_name(name)
+            return cls.create(name, size)
+
+    @classmethod
     def create(cls, name: str, size: int) -> Segment:
         """Create, allocate and map a new segment (mode 0600); fails if it exists.
 
@@ -352,14 +381,7 @@ class Segment:
         try:
             seam("segment.created")  # exists, still 0 bytes
             os.fchmod(fd, 0o600)
-            os.ftruncate(fd, size)
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                    raise _full_error(name, size, os.strerror(exc.errno)) from exc
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
+            _allocate(fd, name, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             inode = os.fstat(fd).st_ino
         except BaseException:
@@ -431,14 +453,7 @@ class Segment:
         try:
             st = os.fstat(fd)
             _check_owner(name, st)
-            os.ftruncate(fd, size)
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                    raise _full_error(name, size, os.strerror(exc.errno)) from exc
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
+            _allocate(fd, name, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             mem.close_fd()

@@ -1520,13 +1520,7 @@ class TableWriter:
         bb = align(BUFFER_HEADER_BYTES + want, _PAGE)
         size = DATA_HEADER_BYTES + 2 * bb
         name = f"{self.name}.{epoch}"
-        try:
-            seg = Segment.create(name, size)
-        except SegmentExistsError:
-            # Left by a writer killed while growing: control never named it, so no
-            # reader uses it. We hold the writer lock; replace it.
-            unlink_name(name)
-            seg = Segment.create(name, size)
+        seg = Segment.create_replacing(name, size)  # we hold the writer lock
         hdr = seg.header(TABLES_DATA)
         hdr["version"] = LAYOUT_VERSION
         hdr["size"] = size
