@@ -635,14 +635,18 @@ class RingSet:
         if candidates is None and attempt == 0 and table is not None:
             # One gather from the master position, in the row of the key's ring.
             master = self.rings[-1]
-            choice = self._choice_of(h, now_ns)
             if h.size <= SCALAR_MAX:
+                keys_h = h.tolist()
                 size = table.shape[1]
                 item = table.item
-                pos = master.positions_of(h.tolist())
+                pos = master.positions_of(keys_h)
+                if not self.starts_ns:
+                    return np.array([item(p) for p in pos], np.int32)
+                choice = self._choice_of(h, now_ns)
                 return np.array(
                     [item(k * size + p) for k, p in zip(choice, pos, strict=True)], np.int32
                 )
+            choice = self._choice_of(h, now_ns)
             pos = master.positions(h)
             if not self.starts_ns:
                 return table[0].take(pos)
