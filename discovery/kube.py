@@ -674,7 +674,29 @@ def _shutdown(resp: Any) -> None:
 # The two informers discovery runs.
 
 
-class EndpointSliceInformer:
+class _Informer:
+    """Thread control shared by the informers: each wraps one :class:`ListWatch`."""
+
+    watch: ListWatch[Any]
+
+    def start(self) -> None:
+        """Start the informer thread."""
+        self.watch.start()
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop the informer thread; True once it has ended (see :meth:`ListWatch.stop`)."""
+        return self.watch.stop(timeout_s)
+
+    def signal_stop(self) -> None:
+        """Ask the informer thread to stop, cutting its request; does not wait."""
+        self.watch.signal_stop()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the stopped informer thread; True once it has ended."""
+        return self.watch.join(timeout_s)
+
+
+class EndpointSliceInformer(_Informer):
     """The ready endpoints of one Service, from its EndpointSlices.
 
     Parameters
@@ -736,22 +758,6 @@ class EndpointSliceInformer:
         slices = [store[name] for name in sorted(store)]
         self.on_update(merge_slices(slices), reason)
 
-    def start(self) -> None:
-        """Start the informer thread."""
-        self.watch.start()
-
-    def stop(self, timeout_s: float = 5.0) -> bool:
-        """Stop the informer thread; True once it has ended (see :meth:`ListWatch.stop`)."""
-        return self.watch.stop(timeout_s)
-
-    def signal_stop(self) -> None:
-        """Ask the informer thread to stop, cutting its request; does not wait."""
-        self.watch.signal_stop()
-
-    def join(self, timeout_s: float) -> bool:
-        """Wait for the stopped informer thread; True once it has ended."""
-        return self.watch.join(timeout_s)
-
 
 def parse_configmap(obj: dict[str, Any]) -> dict[str, str]:
     """A ConfigMap's ``data`` (``{}`` if it has none).
@@ -771,7 +777,7 @@ def parse_configmap(obj: dict[str, Any]) -> dict[str, str]:
     return dict(data)
 
 
-class ConfigMapInformer:
+class ConfigMapInformer(_Informer):
     """One ConfigMap's data: a dictionary when it exists, ``None`` when it does not."""
 
     def __init__(
@@ -802,19 +808,3 @@ class ConfigMapInformer:
 
     def _changed(self, store: dict[str, dict[str, str]], reason: str) -> None:
         self.on_update(store.get(self.name), reason)
-
-    def start(self) -> None:
-        """Start the informer thread."""
-        self.watch.start()
-
-    def stop(self, timeout_s: float = 5.0) -> bool:
-        """Stop the informer thread; True once it has ended (see :meth:`ListWatch.stop`)."""
-        return self.watch.stop(timeout_s)
-
-    def signal_stop(self) -> None:
-        """Ask the informer thread to stop, cutting its request; does not wait."""
-        self.watch.signal_stop()
-
-    def join(self, timeout_s: float) -> bool:
-        """Wait for the stopped informer thread; True once it has ended."""
-        return self.watch.join(timeout_s)
