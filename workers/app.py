@@ -1,4 +1,4 @@
-"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
+r"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
 
 ``workers.app:app`` answers
 
@@ -13,9 +13,9 @@
 
 * ``application/json``: an array of product IDs (strings or integers), or an object
   ``{"keys": [...], "attempt": 0, "group": false}`` (``attempt`` and ``group`` optional);
-* ``text/plain``: one product ID per line. Lines end with ``\\n`` (a ``\\r`` before it is
+* ``text/plain``: one product ID per line. Lines end with ``\n`` (a ``\r`` before it is
   dropped too); the last line's ending is optional, so an empty body is an empty batch
-  and ``"\\n"`` is one empty key. Lines are routed as the bytes sent (UTF-8 unless the
+  and ``"\n"`` is one empty key. Lines are routed as the bytes sent (UTF-8 unless the
   ``charset`` parameter names another encoding), so keys containing newlines need JSON.
 
 ``attempt`` and ``group`` may also be given in the query string (``/route?attempt=1``).
@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import numpy as np
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 import shm
 from lbcore.errors import LBCoreError
 from lbcore.knobs import Knob, from_mapping
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 from workers import status
 from workers.metrics import STALE_AFTER, CslbCollector, HostMonitor
 
@@ -552,7 +552,7 @@ class CslbApp:
     # -- /route ------------------------------------------------------------------------
 
     def router(self) -> Router:
-        """This process's router, attached on first use.
+        """The router of this process, attached on first use.
 
         Raises
         ------
@@ -564,7 +564,7 @@ class CslbApp:
             return r
         with self._lock:
             if self._router is None:
-                from workers.router import Router  # noqa: PLC0415 (not in the master)
+                from workers.router import Router  # here: never in the master
 
                 try:
                     self._router = Router.attach(self.namespace)
@@ -643,7 +643,9 @@ class CslbApp:
             try:
                 refresh = float(values[-1]) if values else refresh
             except ValueError:
-                raise HTTPError(400, f"refresh must be a number of seconds, got {values[-1]!r}")
+                raise HTTPError(
+                    400, f"refresh must be a number of seconds, got {values[-1][:32]!r}"
+                ) from None
         page = status.render(self.monitor.snapshot(), refresh_s=refresh)
         return 200, "text/html; charset=utf-8", page.encode(), [("Cache-Control", "no-store")]
 

@@ -43,10 +43,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 import shm
 from lbcore.fade import fadein_score
 from lbcore.knobs import Knob, parse_seconds
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = [
     "STALE_AFTER",

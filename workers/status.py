@@ -107,7 +107,10 @@ def _summary(s: HostSnapshot) -> str:
 
 def _endpoints(s: HostSnapshot) -> str:
     if not s.endpoints:
-        return '<p class="muted" id="no-endpoints">No endpoints: every key falls back to the ingress.</p>'
+        return (
+            '<p class="muted" id="no-endpoints">'
+            "No endpoints: every key falls back to the ingress.</p>"
+        )
     bf = s.knobs.get("balance_factor")
     loaded = [e.occupancy for e in s.endpoints if e.occupancy is not None and not e.ejected]
     limit = bf * sum(loaded) / len(loaded) if bf is not None and loaded else None
