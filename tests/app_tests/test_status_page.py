@@ -52,7 +52,7 @@ class Element:
 
 
 class Tree(HTMLParser):
-    VOID = {"meta", "br", "img", "input", "link", "hr"}
+    VOID = frozenset({"meta", "br", "img", "input", "link", "hr"})
 
     def __init__(self, html: str) -> None:
         super().__init__()
