@@ -70,7 +70,9 @@ __all__ = [
     "CslbApp",
     "HTTPError",
     "app",
+    "check_keys",
     "parse_route_request",
+    "read_body",
 ]
 
 log = logging.getLogger("cslb.workers.app")
@@ -180,21 +182,27 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid JSON number")
 
 
-def _check_keys(keys: list[Any]) -> None:
-    """Raise 400 unless every key is a str or int of at most MAX_KEY_BYTES bytes."""
+# One decoder, built once: json.loads with any keyword builds a new one per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def check_keys(keys: list[Any]) -> None:
+    """Raise 400 unless every key is a str, int or bytes of at most MAX_KEY_BYTES bytes.
+
+    The message names the first bad key by position, in JSON's words.
+    """
     types = set(map(type, keys))
-    if types <= {str, int}:
-        if str in types and int not in types:
-            if max(map(len, keys)) <= _CHARS_SAFE:
+    if types <= {str, int, bytes}:
+        if int not in types:
+            if max(map(len, keys), default=0) <= _CHARS_SAFE:
                 return  # the common case: short strings, two C-level passes
-        elif int in types and str not in types:
-            if max(k.bit_length() for k in keys) <= _BITS_SAFE:
-                return
+        elif types == {int} and max(k.bit_length() for k in keys) <= _BITS_SAFE:
+            return
     for i, k in enumerate(keys):
         t = type(k)
-        if t is str:
+        if t is str or t is bytes:
             if len(k) > _CHARS_SAFE:
-                n = len(k.encode("utf-8", "surrogatepass"))
+                n = len(k.encode("utf-8", "surrogatepass")) if t is str else len(k)
                 if n > MAX_KEY_BYTES:
                     raise HTTPError(
                         400,
@@ -266,14 +274,18 @@ def _query(query: str) -> dict[str, Any]:
 
 
 def _parse_json(body: bytes, max_batch: int) -> tuple[list[Any], dict[str, Any]]:
-    if not body.strip():
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPError(
+            400, f"invalid JSON: the body is not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
+    if not text.strip():
         raise HTTPError(400, "empty request body; expected a JSON array of product IDs")
     try:
-        doc = json.loads(body, parse_constant=_reject_constant)
+        doc = _DECODER.decode(text)
     except RecursionError:
         raise HTTPError(400, "invalid JSON: nested too deeply") from None
-    except UnicodeDecodeError as exc:
-        raise HTTPError(400, f"invalid JSON: the body is not UTF-8 ({exc.reason})") from None
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of >4300 digits
         raise HTTPError(400, f"invalid JSON: {exc}") from None
     options: dict[str, Any] = {}
@@ -304,7 +316,6 @@ def _parse_json(body: bytes, max_batch: int) -> tuple[list[Any], dict[str, Any]]
         )
     if len(keys) > max_batch:
         raise HTTPError(413, f"{len(keys)} keys in one request; at most {max_batch} are allowed")
-    _check_keys(keys)
     return keys, options
 
 
@@ -353,7 +364,12 @@ def _media_type(header: str) -> tuple[str, str | None]:
 
 
 def parse_route_request(
-    body: bytes, content_type: str, query: str = "", *, max_batch: int = MAX_BATCH.default
+    body: bytes,
+    content_type: str,
+    query: str = "",
+    *,
+    max_batch: int = MAX_BATCH.default,
+    check: bool = True,
 ) -> tuple[list[Any], int, bool]:
     """Keys, ``attempt`` and ``group`` of a ``POST /route`` request.
 
@@ -367,6 +383,10 @@ def parse_route_request(
         The query string.
     max_batch
         Most keys allowed.
+    check
+        Check every key's type and length (:func:`check_keys`). The app leaves that to
+        the router's hashing, which checks the same in passing, and calls
+        :func:`check_keys` only to word the error when the router refuses a key.
 
     Returns
     -------
@@ -384,6 +404,8 @@ def parse_route_request(
         if charset is not None and charset not in _UTF8:
             raise HTTPError(415, f"JSON bodies must be UTF-8, not {charset[:64]!r}")
         keys, given = _parse_json(body, max_batch)
+        if check:
+            check_keys(keys)
         for name in given:
             if name in options:
                 raise HTTPError(400, f"{name} is given both in the query string and the body")
@@ -579,12 +601,14 @@ class CslbApp:
             environ.get("CONTENT_TYPE", ""),
             environ.get("QUERY_STRING", ""),
             max_batch=self.max_batch,
+            check=False,
         )
         router = self.router()
         try:
             idx, table = router.route_table(keys, attempt=attempt)
         except (TypeError, ValueError) as exc:
-            if isinstance(exc, LBCoreError):  # anything the parser let through
+            if isinstance(exc, LBCoreError):  # a bad key: say which, in JSON's words
+                check_keys(keys)
                 raise HTTPError(400, str(exc)) from None
             raise
         except shm.ShmError as exc:
