@@ -508,7 +508,9 @@ class CslbApp:
         self.registry.register(CslbCollector(namespace, monitor=self.monitor))
         self._router: Router | None = None
         self._lock = threading.Lock()
-        self._encoded: tuple[Any, np.ndarray] = (None, _encoded_endpoints(()))
+        # The table the endpoints' JSON strings were made for, and those strings (as an
+        # array, so that idx -1 takes the trailing "null", and as a list).
+        self._encoded: tuple[Any, np.ndarray, list[str]] = (None, _encoded_endpoints(()), [])
         self._routes: dict[str, dict[str, Callable[[dict[str, Any]], tuple]]] = {
             "/route": {"POST": self._route},
             "/metrics": {"GET": self._metrics},
@@ -613,32 +615,36 @@ class CslbApp:
             raise
         except shm.ShmError as exc:
             raise HTTPError(503, f"cannot route: {exc}") from None
-        cached, enc = self._encoded
+        cached, enc, enc_list = self._encoded
         if cached is not table:
             enc = _encoded_endpoints(table.endpoints)
-            self._encoded = (table, enc)
-        if not group:
+            enc_list = enc.tolist()
+            self._encoded = (table, enc, enc_list)
+        if group:
+            out = self._grouped(idx, table.generation, enc_list)
+        else:
             out = f'{{"generation": {table.generation}, "endpoints": [{", ".join(enc.take(idx))}]}}'
-            return 200, _JSON, out.encode(), []
-        return 200, _JSON, self._grouped(idx, table, enc).encode(), []
+        return 200, _JSON, out.encode(), []
 
     @staticmethod
-    def _grouped(idx: np.ndarray, table: shm.Table, enc: np.ndarray) -> str:
+    def _grouped(idx: np.ndarray, generation: int, enc: list[str]) -> str:
+        """The group form: positions per endpoint (table order), fallback positions apart."""
+        if not idx.size:
+            return f'{{"generation": {generation}, "groups": {{}}, "fallback": []}}'
         order = np.argsort(idx, kind="stable")
         ranked = idx[order]
-        cuts = (np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist()
-        groups = []
-        fallback = "[]"
-        for chunk in np.split(order, cuts) if idx.size else ():
-            e = int(idx[chunk[0]])
-            positions = json.dumps(chunk.tolist())
-            if e < 0:
-                fallback = positions
-            else:
-                groups.append(f"{enc[e]}: {positions}")
+        cuts = [0, *(np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist(), idx.size]
+        pos = list(map(str, order.tolist()))
+        heads = ranked[cuts[:-1]].tolist()
+        groups = [
+            f"{enc[e]}: [{', '.join(pos[lo:hi])}]"
+            for e, lo, hi in zip(heads, cuts, cuts[1:], strict=False)
+            if e >= 0
+        ]
+        fallback = ", ".join(pos[: cuts[1]]) if heads[0] < 0 else ""  # -1 sorts first
         return (
-            f'{{"generation": {table.generation}, "groups": {{{", ".join(groups)}}}, '
-            f'"fallback": {fallback}}}'
+            f'{{"generation": {generation}, "groups": {{{", ".join(groups)}}}, '
+            f'"fallback": [{fallback}]}}'
         )
 
     # -- the rest ----------------------------------------------------------------------
