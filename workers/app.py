@@ -594,6 +594,11 @@ class CslbApp:
                     self._router = Router.attach(self.namespace)
                 except shm.ShmError as exc:
                     raise HTTPError(503, f"cannot route: {exc}") from None
+                except Exception as exc:
+                    # Say, user code in this worker attached the process's router to
+                    # another namespace: this worker cannot route, the next may.
+                    log.exception("cslb app: cannot attach the router of %s", self.namespace)
+                    raise HTTPError(503, f"cannot attach the router: {exc}") from None
             return self._router
 
     def _route(self, environ: dict[str, Any]) -> tuple:

@@ -559,3 +559,38 @@ def test_fuzz_json_documents(app: CslbApp, doc: Any, content_type: str, query: s
 def test_fuzz_raw_bodies(app: CslbApp, body: bytes, content_type: str, chunked: bool) -> None:
     r = call(app, "POST", "/route", body, content_type=content_type, chunked=chunked)
     _check_answer(r, body, content_type, "")
+
+
+def test_worker_whose_router_belongs_elsewhere_answers_503(app: CslbApp, namespace: str) -> None:
+    from workers.router import Router
+
+    other = Router.attach(f"{namespace}o")  # user code attached another namespace first
+    try:
+        r = post_json(app, KEYS[:3])
+        assert r.code == 503 and "cannot attach the router" in r.error
+        assert call(app, "GET", "/healthz").code == 200  # the host is fine
+    finally:
+        other.close()
+    assert post_json(app, KEYS[:3]).code == 200
+
+
+def test_module_level_app_reads_the_environment_on_first_request(
+    host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import app as module
+
+    host.publish()
+    monkeypatch.setenv("CSLB_SHM_NAMESPACE", host.namespace)
+    monkeypatch.setenv("CSLB_MAX_BATCH", "2")
+    lazy = module._LazyApp()
+    try:
+        assert lazy._app is None  # nothing built, nothing mapped at import
+        assert post_json(lazy, ["a", "b"]).json()["generation"] == 1
+        assert post_json(lazy, ["a", "b", "c"]).code == 413
+        assert lazy.get().namespace == host.namespace
+    finally:
+        lazy.get().close()
+    monkeypatch.setenv("CSLB_MAX_BATCH", "none")
+    with pytest.raises(KnobError, match="CSLB_MAX_BATCH"):
+        module._LazyApp()  # a bad setting stops the server at start-up
+    assert callable(module.app)
