@@ -143,17 +143,18 @@ def _endpoints(s: HostSnapshot) -> str:
             value = f"{occ:.2f}"
         latency = "–" if e.latency_s is None else f"{e.latency_s * 1e3:.1f} ms"
         cls = ' class="ejected" title="ejected"' if e.ejected else ""
+        ring = f"fading {e.tier}" if e.tier else "established"
         rows.append(
             f"<tr{cls}><td>{escape(e.address)}</td><td>{escape(e.zone) or '–'}</td>"
-            f"<td>{escape(e.node) or '–'}</td><td class=num>{e.tier or 'established'}</td>"
+            f"<td>{escape(e.node) or '–'}</td><td>{ring}</td>"
             f"<td>{bar}</td><td class=num>{value}</td>"
             f"<td class=num>{_num(e.in_flight, 'd')}</td><td class=num>{latency}</td>"
             f"<td class=num>{_num(e.requests_total, 'd')}</td>"
             f"<td class=num>{_num(e.failures_total, 'd')}</td></tr>"
         )
     note = (
-        f'<p class="muted">Bar: full width = {scale:.3g}; black mark = bounded-load bar '
-        f"(balance factor {bf:g} × mean occupancy).</p>"
+        f'<p class="muted">Bar: full width = {scale:.3g}; black mark = balance factor {bf:g} × '
+        "mean occupancy (the bounded-load bar when the load signal is occupancy).</p>"
         if limit is not None
         else ""
     )
@@ -173,6 +174,7 @@ def _fading(s: HostSnapshot) -> str:
         f"<tr><th>ring</th><th>new endpoints</th><th>fade window</th><th></th>"
         f"<th>{what.get(mode, 'share')}</th></tr>"
     )
+    window = s.knobs.get("fade_duration_s", 0.0)
     rows = []
     for r in s.fading:
         added = ", ".join(escape(a) for a in r.added) or "–"
@@ -181,7 +183,8 @@ def _fading(s: HostSnapshot) -> str:
             f"<td class=num>{r.ring}</td><td>{added}</td>"
             f'<td><div class="bar"><span class="fill ring" '
             f'style="width:{_pct(r.progress)}"></span></div></td>'
-            f"<td class=num>{r.age_s:.1f} s</td><td class=num>{_pct(r.share)}</td></tr>"
+            f"<td class=num>{r.age_s:.1f} s of {window:g} s</td>"
+            f"<td class=num>{_pct(r.share)}</td></tr>"
         )
     return f'<table id="fading">{head}{"".join(rows)}</table>'
 
