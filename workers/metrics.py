@@ -14,24 +14,24 @@ the collector turns it into metric families, ``/healthz`` asks it for
 Metrics (labels ``endpoint``, ``zone`` per endpoint of the current table; ``ring`` per
 fading ring, 1 = oldest):
 
-===================================  ========  ==================================================
-name                                 type      meaning
-===================================  ========  ==================================================
-``cslb_endpoint_occupancy``          gauge     busy-seconds per second over the window
-``cslb_endpoint_in_flight``          gauge     open requests, all workers of the host
-``cslb_endpoint_latency_seconds``    gauge     mean latency over the window (absent: none ended)
-``cslb_endpoint_requests_total``     counter   requests ended, lifetime of the counters
-``cslb_endpoint_failures_total``     counter   failed requests, lifetime of the counters
-``cslb_endpoint_ejected``            gauge     1 if outlier detection ejected the endpoint
-``cslb_decisions_total``             counter   keys routed by the host's workers
-``cslb_fallback_total``              counter   keys answered with fallback (ingress)
-``cslb_bounded_load_moves_total``    counter   keys bounded load moved off their ring owner
-``cslb_table_generation``            gauge     publish count of the current table (0: none)
-``cslb_table_age_seconds``           gauge     time since that table was published
-``cslb_discovery_heartbeat_age_seconds`` gauge time since the publisher's last heartbeat
-``cslb_fade_share``                  gauge     share of keys each fading ring carries now
-``cslb_discovery_up``                gauge     1 while the publisher runs and heartbeats
-===================================  ========  ==================================================
+========================================  =======  =================================================
+name                                      type     meaning
+========================================  =======  =================================================
+``cslb_endpoint_occupancy``               gauge    busy-seconds per second over the window
+``cslb_endpoint_in_flight``               gauge    open requests, all workers of the host
+``cslb_endpoint_latency_seconds``         gauge    mean latency over the window (absent: none ended)
+``cslb_endpoint_requests_total``          counter  requests ended, lifetime of the counters
+``cslb_endpoint_failures_total``          counter  failed requests, lifetime of the counters
+``cslb_endpoint_ejected``                 gauge    1 if outlier detection ejected the endpoint
+``cslb_decisions_total``                  counter  keys routed by the host's workers
+``cslb_fallback_total``                   counter  keys answered with fallback (ingress)
+``cslb_bounded_load_moves_total``         counter  keys bounded load moved off their ring owner
+``cslb_table_generation``                 gauge    publish count of the current table (0: none)
+``cslb_table_age_seconds``                gauge    time since that table was published
+``cslb_discovery_heartbeat_age_seconds``  gauge    time since the publisher's last heartbeat
+``cslb_fade_share``                       gauge    share of keys each fading ring carries now
+``cslb_discovery_up``                     gauge    1 while the publisher runs and heartbeats
+========================================  =======  =================================================
 """
 
 from __future__ import annotations
