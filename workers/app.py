@@ -53,7 +53,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 import shm
-from lbcore.errors import LBCoreError
+from lbcore.errors import KeyEncodingError, KeyTooLongError, KeyTypeError
 from lbcore.knobs import Knob, from_mapping
 from workers import status
 from workers.metrics import STALE_AFTER, CslbCollector, HostMonitor
@@ -613,11 +613,9 @@ class CslbApp:
         router = self.router()
         try:
             idx, table = router.route_table(keys, attempt=attempt)
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, LBCoreError):  # a bad key: say which, in JSON's words
-                check_keys(keys)
-                raise HTTPError(400, str(exc)) from None
-            raise
+        except (KeyTypeError, KeyEncodingError, KeyTooLongError) as exc:
+            check_keys(keys)  # a bad key: say which, in JSON's words if it is one of those
+            raise HTTPError(400, str(exc)) from None
         except shm.ShmError as exc:
             raise HTTPError(503, f"cannot route: {exc}") from None
         cached, enc, enc_list = self._encoded
