@@ -164,6 +164,35 @@ def test_bounded_load_parity_with_lbcore_and_moves(host, signal_name):
     assert not (idx == 0).any()
     st = r.stats()
     assert st["moves"] == moved and st["decisions"] == len(KEYS)
+    assert host.store.reader().stats() == {"decisions": len(KEYS), "fallbacks": 0, "moves": moved}
+    rec.release()
+
+
+def test_moves_count_only_keys_the_gate_lets_through(host):
+    rs = lbcore.RingSet(endpoints(8))
+    host.publish(rs, knobs=knobs(percentage=50.0, load_signal="in-flight", max_hops=None))
+    r = host.router()
+    rec = _load_up(host, r.table(), {0: 8, 5: 8})
+    host.clock.advance(1.0)
+    idx = r.route(KEYS)
+    gate = lbcore.Gate(True, 50.0).mask(lbcore.hash_keys(KEYS))
+    plain = rs.route(KEYS, 0)
+    assert (idx[~gate] == -1).all()
+    moved = int(((idx != plain) & gate).sum())
+    assert (
+        0
+        < moved
+        < int(
+            (
+                rs.route(KEYS, 0, loads=r.loads().signal("in-flight"), balance_factor=1.25) != plain
+            ).sum()
+        )
+    )
+    assert host.store.reader().stats() == {
+        "decisions": len(KEYS),
+        "fallbacks": int((~gate).sum()),
+        "moves": moved,
+    }
     rec.release()
 
 
@@ -449,6 +478,9 @@ def test_fail_logs_one_structured_line_and_counts(host, caplog):
     failed_eps = {int(idx[1]), int(idx[2])}
     got = {i for i, fr in enumerate(loads.failure_rate.tolist()) if fr > 0}
     assert got == failed_eps
+    assert loads.requests_total.sum() == 3
+    assert loads.failures_total.sum() == 2
+    assert {i for i, f in enumerate(loads.failures_total.tolist()) if f} == failed_eps
 
 
 def test_gthread_threads_record_concurrently_with_exact_totals(host):
@@ -478,9 +510,12 @@ def test_gthread_threads_record_concurrently_with_exact_totals(host):
     loads = host.loads()
     assert loads.in_flight.sum() == 0
     assert loads.completed.sum() == threads * calls_per_thread * 3
+    assert loads.requests_total.sum() == threads * calls_per_thread * 3
+    assert loads.failures_total.sum() == threads * calls_per_thread // 10
     st = r.stats()
     assert st["decisions"] == threads * calls_per_thread * 3
     assert st["failures"] == threads * calls_per_thread // 10
+    assert host.store.reader().stats()["decisions"] == st["decisions"]
 
 
 # ------------------------------------------------------------------------------------
@@ -558,9 +593,6 @@ def test_forked_child_does_not_reuse_the_parents_router(host, namespace):
         parent.close()
 
 
-@pytest.mark.skipif(
-    not hasattr(shm.CounterStore, "reserve"), reason="needs CounterStore.reserve (shm: workers)"
-)
 def test_forked_worker_adopts_the_row_its_master_reserved(host, namespace):
     host.publish(lbcore.RingSet(endpoints(5)))
     row = host.store.reserve()
@@ -625,3 +657,61 @@ def test_close_releases_the_row(host):
 def test_module_declares_its_knob():
     assert router_mod.LOAD_REFRESH.env == "CSLB_LOAD_REFRESH"
     assert router_mod.LOAD_REFRESH.convert("0.2s", "test") == pytest.approx(0.2)
+
+
+def test_a_row_not_reserved_for_us_falls_back_to_a_free_row(host, monkeypatch):
+    host.publish(lbcore.RingSet(endpoints(3)))
+    other = host.store.claim()  # row held by this process, not reserved
+    monkeypatch.setenv("CSLB_COUNTER_ROW", str(other.row))
+    r = Router.attach(host.ns)
+    try:
+        assert r.row != other.row and not r.adopted
+    finally:
+        r.close()
+        other.release()
+
+
+def _variant(g: int) -> lbcore.RingSet:
+    v = g % 3
+    return lbcore.RingSet(endpoints(3 + 3 * v, net=v), vnodes=20)
+
+
+def _churn(ns: str, publishes: int) -> None:
+    import time
+
+    writer = shm.TableWriter(ns)
+    deadline = time.monotonic() + 10
+    for _ in range(publishes):
+        writer.publish(_variant(writer.generation + 1), knobs=shm.Knobs(balance_factor=None))
+        if time.monotonic() > deadline:
+            break
+    writer.close(unlink=False)
+    os._exit(0)
+
+
+def test_routes_are_consistent_while_a_writer_process_republishes(host, namespace):
+    keys = KEYS[:64]
+    expected = {v: _variant(v).route(keys, 0) for v in range(3)}
+    host.writer.publish(_variant(1), knobs=shm.Knobs(balance_factor=None))
+    host.writer.close(unlink=False)
+    r = host.router()
+    ctx = multiprocessing.get_context("fork")
+    p = ctx.Process(target=_churn, args=(namespace, 400), daemon=True)
+    p.start()
+    seen = set()
+    try:
+        for _ in range(20_000):
+            idx, t = r.route_table(keys)
+            assert t.generation >= 1
+            np.testing.assert_array_equal(idx, expected[t.generation % 3])
+            assert len(t.endpoints) == 3 + 3 * (t.generation % 3)
+            seen.add(t.generation)
+            if p.exitcode is not None:
+                break
+    finally:
+        p.join(15)
+        if p.exitcode is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(5)
+    assert len(seen) > 10  # the router followed the churn
+    host.writer = shm.TableWriter(namespace, counters=host.store, clock=host.clock)

@@ -165,12 +165,21 @@ class _Snapshot:
         "max_hops",
         "mode",
         "read_ns",
+        "slots",
         "table",
     )
 
-    def __init__(self, table: shm.Table, loads: shm.HostLoads, read_ns: int, due_ns: int) -> None:
+    def __init__(
+        self,
+        table: shm.Table,
+        slots: np.ndarray,
+        loads: shm.HostLoads,
+        read_ns: int,
+        due_ns: int,
+    ) -> None:
         knobs = table.knobs
         self.table = table
+        self.slots = slots
         self.loads = loads
         self.read_ns = read_ns
         self.due_ns = due_ns
@@ -234,14 +243,6 @@ def _idle_loads(n: int, now_ns: int) -> shm.HostLoads:
         else:  # in_flight and any per-slot integer totals
             values[f.name] = np.zeros(n, dtype=np.int64)
     return shm.HostLoads(**values)
-
-
-def _namespace_from_env() -> str:
-    raw = os.environ.get("CSLB_SHM_NAMESPACE", "default")
-    knob = getattr(shm, "SHM_NAMESPACE", None)
-    if knob is not None:
-        return knob.convert(raw, "environment")
-    return shm.check_namespace(raw)
 
 
 def _row_from_env() -> int | None:
@@ -405,7 +406,7 @@ class Router:
         RouterInputError
             ``CSLB_COUNTER_ROW`` or ``CSLB_LOAD_REFRESH`` is malformed.
         """
-        ns = _namespace_from_env() if namespace is None else namespace
+        ns = shm.shm_namespace(os.environ) if namespace is None else namespace
         with cls._attach_lock:
             cur = cls.current()
             if cur is not None:
@@ -469,11 +470,10 @@ class Router:
         row = self._wanted_row
         if row is not None:
             try:
-                return store.claim(row=row), True  # type: ignore[call-arg]
+                return store.claim(row=row), True
             except shm.SlotOwnershipError as exc:
+                # Say, a process started by the worker, which inherited its environment.
                 log.warning("counter row %d is not reserved for this process (%s)", row, exc)
-            except TypeError:
-                log.warning("this shm build cannot adopt reserved rows; claiming a free one")
         return store.claim(), False
 
     def _check_usable(self) -> None:
@@ -488,7 +488,11 @@ class Router:
     # -- snapshots ----------------------------------------------------------------------
 
     def _snapshot(self, now: int) -> _Snapshot | None:
-        """The snapshot to route on: the current table with a fresh-enough load read."""
+        """The snapshot to route on: the current table with a fresh-enough load read.
+
+        ``None`` while there is no usable table (nothing published, segments missing or
+        corrupt, or a writer rewriting faster than we can read for a second).
+        """
         if now >= self._next_check:
             with self._lock:
                 if now >= self._next_check:
@@ -496,31 +500,56 @@ class Router:
         reader = self._reader
         if reader is None:
             return None
-        try:
-            t = reader.table()
-        except shm.ShmError as exc:
+        deadline = 0.0
+        while True:
+            try:
+                t = reader.table()
+            except shm.ShmError as exc:
+                s = self._snap
+                if s is not None and s.table.valid():
+                    return s  # keep routing on the last good generation
+                log.warning("no usable routing table in %s: %s", self.namespace, exc)
+                return None
             s = self._snap
-            if s is not None and s.table.valid():
-                return s  # keep routing on the last good generation
-            log.warning("no usable routing table in %s: %s", self.namespace, exc)
-            return None
-        s = self._snap
-        if s is not None and s.table is t and now < s.due_ns:
-            return s
-        return self._refresh(t, now)
+            if s is not None and s.table is t and now < s.due_ns:
+                return s
+            s = self._refresh(t, now)
+            if s is not None:
+                return s
+            # The writer began rewriting t's buffer while we read it: the next table()
+            # call maps the generation it published.
+            if not deadline:
+                deadline = time.monotonic() + _RETRY_S
+            elif time.monotonic() > deadline:
+                log.warning("no stable table in %s for %g s", self.namespace, _RETRY_S)
+                return None
 
-    def _refresh(self, t: shm.Table, now: int) -> _Snapshot:
+    def _refresh(self, t: shm.Table, now: int) -> _Snapshot | None:
+        """A new snapshot of ``t`` (``None`` if ``t`` was rewritten while we read it)."""
         with self._lock:
             s = self._snap
             if s is not None and s.table is t and now < s.due_ns:
                 return s  # another thread refreshed meanwhile
-            counters = self._counters
-            n = len(t.endpoints)
-            if counters is None or n == 0:
-                loads = _idle_loads(n, now)
-            else:
-                loads = counters.read(now, columns=t.n_slots).take(t.slots)
-            s = _Snapshot(t, loads, now, now + self.refresh_ns)
+            try:
+                # A private copy: the table's arrays are views of shared memory that the
+                # writer may reuse two publishes later; garbage there must not become,
+                # say, a gigantic allocation in take().
+                slots = np.array(t.slots, dtype=np.intp)
+                if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= t.n_slots):
+                    raise shm.SegmentLayoutError(t.segment, "endpoint slot out of range")
+                counters = self._counters
+                n = len(t.endpoints)
+                if counters is None or n == 0:
+                    loads = _idle_loads(n, now)
+                else:
+                    loads = counters.read(now, columns=t.n_slots).take(slots)
+                s = _Snapshot(t, slots, loads, now, now + self.refresh_ns)
+            except Exception:
+                if t.valid():
+                    raise
+                return None
+            if not t.valid():
+                return None
             self._snap = s
             return s
 
@@ -587,7 +616,9 @@ class Router:
             t = s.table
             try:
                 idx, moves = self._route_on(s, h, now, int(attempt))
-            except lbcore.LBCoreError:
+            except Exception:
+                # Content rewritten under our feet can fail in any way; on a table that
+                # is still valid the error is real.
                 if t.valid():
                     raise
             else:
@@ -701,11 +732,10 @@ class Router:
             st["fallbacks"] += fallbacks
             st["moves"] += moves
         rec = self._rec
-        count = getattr(rec, "count", None) if rec is not None else None
-        if count is not None:
+        if rec is not None:
             try:
-                count(decisions, fallbacks, moves)
-            except shm.ShmError as exc:
+                rec.count(decisions, fallbacks, moves)
+            except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 log.warning("decision counts not recorded: %s", exc)
 
     def stats(self) -> dict[str, int]:
@@ -897,7 +927,10 @@ class Tracker:
         if not bool(routed.all()):
             self._calls = np.flatnonzero(routed)
             idx = idx[routed]
-        self._slots = self.table.slots.take(idx).astype(np.intp)
+        snap = router._snap
+        # The snapshot's private copy of the current table's slots, when it is that table.
+        slots = snap.slots if snap is not None and snap.table is self.table else self.table.slots
+        self._slots = slots.take(idx).astype(np.intp, copy=False)
         self._rec = router._rec
         self._start = router._clock()
         if self._rec is not None and self._slots.size:
