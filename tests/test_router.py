@@ -715,3 +715,27 @@ def test_routes_are_consistent_while_a_writer_process_republishes(host, namespac
             p.join(5)
     assert len(seen) > 10  # the router followed the churn
     host.writer = shm.TableWriter(namespace, counters=host.store, clock=host.clock)
+
+
+@pytest.mark.parametrize("ejected", [False, True])
+def test_small_batches_walk_until_the_answer_tables_pay_then_agree(host, clock, ejected):
+    eps = endpoints(30)
+    t0 = clock()
+    rs = lbcore.RingSet(eps[:25], duration_ns=D_NS).scale_up(eps[25:], t0)
+    ej = np.zeros(30, dtype=bool)
+    if ejected:
+        ej[[2, 26]] = True
+    host.publish(rs, ejected=ej, knobs=knobs(load_signal="in-flight", max_hops=4))
+    r = host.router(refresh_s=5.0)
+    rec = _load_up(host, r.table(), {0: 9, 1: 7, 3: 5, 27: 6})
+    clock.advance(D_NS / 2e9)  # the snapshot is due again: it sees the load
+    keys = KEYS[:800]
+    got = np.concatenate([r.route(keys[i : i + 10]) for i in range(0, len(keys), 10)])
+    assert r._snap._answer is not None  # 3000 positions / 8 = 375 keys: built on the way
+    load = r.loads().signal("in-flight")
+    cand = ~ej if ejected else None
+    expect = rs.route(keys, clock(), loads=load, balance_factor=1.25, max_hops=4, candidates=cand)
+    np.testing.assert_array_equal(got, expect)
+    plain = rs.route(keys, clock(), candidates=cand)
+    assert r.stats()["moves"] == int((got != plain).sum()) > 0
+    rec.release()

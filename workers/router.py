@@ -165,6 +165,7 @@ class _Snapshot:
         "max_hops",
         "mode",
         "read_ns",
+        "routed",
         "slots",
         "table",
     )
@@ -192,6 +193,35 @@ class _Snapshot:
         # inflating their load: that would raise the average and so the bar for all.
         self.candidates = ~ej if ej.size and bool(ej.any()) else None
         self._answer: tuple[np.ndarray, np.ndarray | None] | None = None
+        self.routed = 0
+        if self.balance_factor is None and self.candidates is None:
+            self._answer = (table.ring_set.owner_table, None)  # nothing to build
+
+    def amortized(self, n: int) -> bool:
+        """Count ``n`` keys routed on this snapshot; true once the answer tables pay.
+
+        Building them costs about as much as walking one key per ring position, so,
+        as lbcore does for its redirect tables, they are built once an eighth of the
+        ring's positions worth of keys were routed on the snapshot; before that keys
+        are walked (a worker with little traffic never builds them).
+        """
+        if self._answer is not None:
+            return True
+        self.routed += n  # racy under threads: at worst the tables come a batch later
+        return self.routed >= max(self.table.ring_set.owner_table.size // 8, 8)
+
+    def reuse(self, previous: _Snapshot | None) -> None:
+        """Take ``previous``'s answer tables if they were built on equal inputs."""
+        if (
+            self._answer is None
+            and previous is not None
+            and previous.table is self.table
+            and previous._answer is not None
+            and self.load is not None
+            and previous.load is not None
+            and np.array_equal(self.load, previous.load)
+        ):
+            self._answer = previous._answer
 
     def answer(self) -> tuple[np.ndarray, np.ndarray | None]:
         """The answer tables ``(answer, moved)``, built on first use.
@@ -550,6 +580,7 @@ class Router:
                 return None
             if not t.valid():
                 return None
+            s.reuse(self._snap)  # an idle host's loads stay equal: nothing to rebuild
             self._snap = s
             return s
 
@@ -648,8 +679,8 @@ class Router:
             return np.full(n, -1, dtype=np.int32), 0
         if s.mode == "skipper":
             idx, moved = self._route_skipper(s, h, now, attempt)
-        elif attempt:
-            idx, moved = self._route_retry(s, h, now, attempt)
+        elif attempt or not s.amortized(n):
+            idx, moved = self._route_lbcore(s, h, now, attempt)
         else:
             answer, moved_table = s.answer()
             pos = rs.rings[-1].positions(h)
@@ -670,10 +701,10 @@ class Router:
                 moved &= keep
         return idx, 0 if moved is None else int(np.count_nonzero(moved))
 
-    def _route_retry(
+    def _route_lbcore(
         self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """``attempt > 0`` in the N-ring modes: lbcore's ring-set routing, grouped by ring."""
+        """Retries, and snapshots too young for answer tables: lbcore's ring-set routing."""
         rs = s.table.ring_set
         when = now if s.mode != "off" else _FAR_FUTURE
         kw = {"candidates": s.candidates, "max_hops": s.max_hops, "attempt": attempt, "hashes": h}
