@@ -160,6 +160,7 @@ class _Snapshot:
         "balance_factor",
         "candidates",
         "due_ns",
+        "gate",
         "load",
         "loads",
         "max_hops",
@@ -185,6 +186,7 @@ class _Snapshot:
         self.read_ns = read_ns
         self.due_ns = due_ns
         self.mode = knobs.fade_mode
+        self.gate = knobs.gate()
         self.balance_factor = knobs.balance_factor
         self.max_hops = knobs.max_hops
         self.load = loads.signal(knobs.load_signal) if loads.in_flight.size else None
@@ -673,7 +675,7 @@ class Router:
         """Route hashes ``h`` on snapshot ``s``: ``(indices, bounded-load moves)``."""
         t = s.table
         n = h.size
-        gate = t.knobs.gate()
+        gate = s.gate
         rs = t.ring_set
         if not gate.enabled or gate.percentage <= 0.0 or not rs.rings or n == 0:
             return np.full(n, -1, dtype=np.int32), 0
