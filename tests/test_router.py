@@ -739,3 +739,25 @@ def test_small_batches_walk_until_the_answer_tables_pay_then_agree(host, clock, 
     plain = rs.route(keys, clock(), candidates=cand)
     assert r.stats()["moves"] == int((got != plain).sum()) > 0
     rec.release()
+
+
+def test_tables_and_counters_created_after_attach_are_picked_up(namespace, clock):
+    r = Router(namespace, clock=clock)  # a worker that started before discovery
+    try:
+        assert r.row is None and (r.route(KEYS[:4]) == -1).all()
+        h = Host(namespace, clock)
+        try:
+            rs = lbcore.RingSet(endpoints(5))
+            h.publish(rs, knobs=knobs(balance_factor=None))
+            assert (r.route(KEYS[:4]) == -1).all()  # checked about once a second
+            clock.advance(1.01)
+            np.testing.assert_array_equal(r.route(KEYS), rs.route(KEYS, 0))
+            assert r.row is not None
+            idx, t = r.route_table(KEYS[:6])
+            with r.track(idx, t):
+                assert h.loads().in_flight.sum() == 6
+        finally:
+            r.close()
+            h.close()
+    finally:
+        r.close()
