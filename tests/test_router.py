@@ -761,3 +761,37 @@ def test_tables_and_counters_created_after_attach_are_picked_up(namespace, clock
             h.close()
     finally:
         r.close()
+
+
+def test_tracking_on_a_table_rewritten_since_records_nothing(host, caplog):
+    rs = lbcore.RingSet(endpoints(4))
+    host.publish(rs)
+    r = host.router()
+    idx1, t1 = r.route_table(KEYS[:8])
+    host.publish(lbcore.RingSet(endpoints(6)))
+    host.publish(lbcore.RingSet(endpoints(7)))  # reuses t1's buffer
+    r.route(KEYS[:1])
+    assert not t1.valid()
+    with caplog.at_level(logging.WARNING, logger="cslb.router"), r.track(idx1, t1):
+        assert host.loads().in_flight.sum() == 0
+    assert "not recorded" in caplog.text
+    idx, t = r.route_table(KEYS[:8])
+    with r.track(idx, t):  # the current generation records as usual
+        assert host.loads().in_flight.sum() == 8
+
+
+def test_no_free_counter_row_still_routes(namespace, clock, caplog):
+    h = Host(namespace, clock, rows=1)
+    taken = h.store.claim()
+    try:
+        h.publish(lbcore.RingSet(endpoints(3)), knobs=knobs(balance_factor=None))
+        with caplog.at_level(logging.WARNING, logger="cslb.router"):
+            r = h.router()
+            assert r.row is None
+            clock.advance(1.1)
+            np.testing.assert_array_equal(r.route(KEYS), lbcore.Ring(endpoints(3)).lookup(KEYS))
+        assert caplog.text.count("no counter row") == 1
+        assert r.stats()["decisions"] == len(KEYS)
+    finally:
+        taken.release()
+        h.close()

@@ -320,6 +320,7 @@ _ROUTERS: weakref.WeakSet[Router] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     Router._current = None
+    Router._attach_lock = threading.Lock()  # another thread may have held it at the fork
     for r in list(_ROUTERS):
         r._forked = True
 
@@ -404,6 +405,7 @@ class Router:
         self.reattached = 0
         self._snap: _Snapshot | None = None
         self._next_check = 0
+        self._no_row_logged = False
         self._connect(self._clock())
         _ROUTERS.add(self)
 
@@ -490,7 +492,9 @@ class Router:
             try:
                 rec, self.adopted = self._claim(store)
             except shm.ShmError as exc:
-                log.warning("no counter row for this worker in %s: %s", self.namespace, exc)
+                if not self._no_row_logged:  # retried every second: say it once
+                    log.warning("no counter row for this worker in %s: %s", self.namespace, exc)
+                    self._no_row_logged = True
                 return
             self.row = rec.row
             self._rec = shm.LockedRecorder(rec) if self.threads else rec
@@ -961,9 +965,23 @@ class Tracker:
             self._calls = np.flatnonzero(routed)
             idx = idx[routed]
         snap = router._snap
-        # The snapshot's private copy of the current table's slots, when it is that table.
-        slots = snap.slots if snap is not None and snap.table is self.table else self.table.slots
-        self._slots = slots.take(idx).astype(np.intp, copy=False)
+        t = self.table
+        if snap is not None and snap.table is t:
+            # The snapshot's private copy of the current table's slots.
+            self._slots = snap.slots.take(idx)
+        else:
+            self._slots = t.slots.take(idx).astype(np.intp)
+            if self._slots.size and (
+                not t.valid() or int(self._slots.max()) >= t.n_slots or self._slots.min() < 0
+            ):
+                # An old generation whose buffer the writer has reused since: its slots
+                # are gone. Not recording beats recording onto other endpoints' columns.
+                log.warning(
+                    "fan-out on table generation %d not recorded: that table was replaced "
+                    "twice since it was routed on",
+                    t.generation,
+                )
+                self._slots = np.empty(0, dtype=np.intp)
         self._rec = router._rec
         self._start = router._clock()
         if self._rec is not None and self._slots.size:
