@@ -24,15 +24,19 @@ The load snapshot
 -----------------
 Summing every worker's counter row costs more than routing a batch, so the router
 reads the host's loads on a cadence (:data:`LOAD_REFRESH`, ``CSLB_LOAD_REFRESH``,
-default 0.1 s) and immediately when a new table generation appears. With each snapshot
-it builds, lazily on the first batch that needs it, an *answer table*: per ring and per
-position of the newest ring, the bounded-load answer with ejected endpoints left out
-(:func:`lbcore.redirect_table` per ring, gathered through the ring set's ``ring_pos``,
-exactly what :meth:`lbcore.RingSet.route` caches for one load snapshot), plus a boolean
-table "this answer differs from the plain ring's", so counting bounded-load moves costs
-one more gather. A batch then costs: hashing, one bucket-table position lookup, the
-fade draw (while a ring is fading) and one gather. ``perf/bench_router.py`` measures
-that against reading a fresh snapshot per batch, and the staleness.
+default 0.1 s) and immediately when a new table generation appears. On a snapshot it
+builds an *answer table*: per ring and per position of the newest ring, the bounded-load
+answer with ejected endpoints left out (:func:`lbcore.redirect_table` per ring, gathered
+through the ring set's ``ring_pos``, exactly what :meth:`lbcore.RingSet.route` caches
+for one load snapshot), plus a boolean table "this answer differs from the plain
+ring's", so counting bounded-load moves costs one more gather. A batch then costs:
+hashing, one bucket-table position lookup, the fade draw (while a ring is fading) and
+one gather. The tables are built only once keys worth an eighth of the ring positions
+were routed on the snapshot (lbcore's own rule: building costs about a walk per
+position); before that, and for retries, keys are walked by
+:meth:`lbcore.RingSet.route`. A refresh that reads the same load vector (an idle host)
+keeps the tables. ``perf/bench_router.py`` measures the cost against reading a fresh
+snapshot per batch, and the staleness.
 
 Checks per batch are constant-cost: :meth:`shm.TableReader.table` (two shared-memory
 loads and a clock read), one identity comparison with the snapshot's table, and
