@@ -879,17 +879,21 @@ class Router:
         )
 
 
-_FAR_FUTURE = (1 << 62) - 1  # every fading ring at share 1 (fade_mode=off)
+_FAR_FUTURE = (1 << 62) - 1
+_umax = np.maximum.reduce  # every fading ring at share 1 (fade_mode=off)
 
 
 def _indices(idx: Any, n: int) -> np.ndarray:
-    arr = np.asarray(idx)
+    """Validated endpoint indices (``route``'s own ``int32`` arrays pass without a copy)."""
+    arr = idx if type(idx) is np.ndarray else np.asarray(idx)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise RouterInputError(
             f"endpoint indices must be a 1-D integer array, got {arr.dtype} of shape {arr.shape}"
         )
-    arr = arr.astype(np.int64, copy=False)
-    if arr.size and (int(arr.min()) < -1 or int(arr.max()) >= n):
+    if arr.dtype != np.int32 and arr.dtype != np.int64:
+        arr = arr.astype(np.int64)  # unsigned or narrow: compare and index safely
+    # -1 <= i < n for all i, in one reduction: i + 1 as unsigned is below n + 1.
+    if arr.size and int(_umax((arr + 1).view(np.uint32 if arr.itemsize == 4 else np.uint64))) > n:
         raise RouterInputError(
             f"endpoint indices must be in -1..{n - 1} for a table of {n} endpoints, got "
             f"values from {int(arr.min())} to {int(arr.max())}"
