@@ -224,22 +224,28 @@ def test_fade_mode_off_routes_on_the_newest_ring(host, clock):
     np.testing.assert_array_equal(r.route(KEYS), lbcore.Ring(old + new).lookup(KEYS))
 
 
-def test_skipper_fade_mode_matches_lbcore_skipper_route(host, clock):
+@pytest.mark.parametrize("bf", [None, 1.25])
+def test_skipper_fade_mode_matches_lbcore_skipper_route(host, clock, bf):
     old, new = endpoints(8), endpoints(4, net=1)
     t0 = clock()
     rs = lbcore.RingSet(old, duration_ns=D_NS).scale_up(new, t0)
-    host.publish(rs, knobs=knobs(balance_factor=None, fade_mode="skipper"))
+    host.publish(rs, knobs=knobs(balance_factor=bf, fade_mode="skipper", load_signal="in-flight"))
     r = host.router()
+    rec = _load_up(host, r.table(), {0: 7, 9: 5, 3: 2})
     clock.now = t0 + D_NS // 2
     idx = r.route(KEYS)
     h = lbcore.hash_keys(KEYS)
     ages = [None] * 8 + [clock.now - t0] * 4
+    kw = {} if bf is None else {"loads": r.loads().signal("in-flight"), "balance_factor": bf}
     expect = skipper_fadein_route(
-        rs.master, KEYS, ages, D_NS, rs.exponent, unit_interval(h, SKIPPER_SALT)
+        rs.master, KEYS, ages, D_NS, rs.exponent, unit_interval(h, SKIPPER_SALT), max_hops=10, **kw
     )
     np.testing.assert_array_equal(idx, expect)
     share_new = float((idx >= 8).mean())
     assert 0.0 < share_new < 1 / 3  # fading in: below the new pods' full third
+    if bf is not None:
+        assert r.stats()["moves"] > 0 and not (idx == 0).any()
+    rec.release()
 
 
 # ------------------------------------------------------------------------------------
