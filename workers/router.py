@@ -907,9 +907,7 @@ _EMPTY: list[shm.Table] = []
 def _empty_table() -> shm.Table:
     """A generation-0 table without endpoints (no tables published yet)."""
     if not _EMPTY:
-        from shm.tables import _empty_table as make
-
-        _EMPTY.append(make())
+        _EMPTY.append(shm.Table.empty())
     return _EMPTY[0]
 
 
