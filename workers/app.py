@@ -225,8 +225,8 @@ def check_keys(keys: list[Any]) -> None:
 
 def _attempt(value: Any, source: str) -> int:
     if type(value) is not int or not 0 <= value <= MAX_ATTEMPT:
-        shown = value if type(value) in (int, float, bool) else _what(value)
-        raise HTTPError(400, f"{source} must be an integer from 0 to {MAX_ATTEMPT}, got {shown!r}")
+        shown = json.dumps(value)[:32] if type(value) in (int, float, bool) else _what(value)
+        raise HTTPError(400, f"{source} must be an integer from 0 to {MAX_ATTEMPT}, got {shown}")
     return value
 
 

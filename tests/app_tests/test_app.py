@@ -594,3 +594,12 @@ def test_module_level_app_reads_the_environment_on_first_request(
     with pytest.raises(KnobError, match="CSLB_MAX_BATCH"):
         module._LazyApp()  # a bad setting stops the server at start-up
     assert callable(module.app)
+
+
+def test_bad_values_are_quoted_short(app: CslbApp) -> None:
+    r = post_json(app, {"keys": [], "attempt": 10**4000})
+    assert r.code == 400 and len(r.error) < 200
+    assert post_json(app, {"keys": [], "attempt": True}).error.endswith("got true")
+    assert post_json(app, {"keys": [], "attempt": "1"}).error.endswith("got a string")
+    r = post_json(app, KEYS[:1], query="x" * 5000 + "=1")
+    assert r.code == 400 and len(r.error) < 200
