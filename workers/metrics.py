@@ -289,11 +289,36 @@ class HostMonitor:
 
     # -- reading -----------------------------------------------------------------------
 
-    def _publisher(self, reader: shm.TableReader, now: int) -> tuple[int, float, bool, bool]:
-        """Publisher PID, heartbeat age (s), process running, alive (running and fresh)."""
+    def _publisher(self, reader: shm.TableReader, now: int) -> tuple[int, float, str | None]:
+        """Publisher PID, heartbeat age (s) and why it is not alive (``None``: alive).
+
+        Alive: the tables the reader maps are still the namespace's (a discovery that
+        stops cleanly removes them), their writer process runs and its heartbeat is
+        younger than ``stale_after_s``.
+        """
         beat_age = (now - reader.heartbeat_ns()) / 1e9
-        running = reader.writer_alive()
-        return reader.writer_pid(), beat_age, running, running and beat_age <= self.stale_after_s
+        pid = reader.writer_pid()
+        if reader.replaced():
+            return (
+                pid,
+                beat_age,
+                (
+                    f"the routing tables of namespace {self.namespace!r} were removed "
+                    "(discovery stopped or is restarting); workers route on the last table"
+                ),
+            )
+        if not reader.writer_alive():
+            return pid, beat_age, f"publisher process {pid} is not running"
+        if beat_age > self.stale_after_s:
+            return (
+                pid,
+                beat_age,
+                (
+                    f"publisher heartbeat is {beat_age:.1f} s old (stale after "
+                    f"{self.stale_after_s:g} s)"
+                ),
+            )
+        return pid, beat_age, None
 
     def health(self) -> Health:
         """Table published and publisher alive? Cheap: reads no counters, maps no table."""
@@ -301,10 +326,10 @@ class HostMonitor:
         try:
             reader = self._table_reader()
             generation = reader.generation()
-            pid, beat_age, running, alive = self._publisher(reader, now)
+            pid, beat_age, dead = self._publisher(reader, now)
         except shm.ShmError as exc:
             return Health(False, self._unavailable(exc))
-        return self._verdict(generation, pid, beat_age, alive, running)
+        return self._verdict(generation, pid, beat_age, dead)
 
     def _unavailable(self, exc: shm.ShmError) -> str:
         if isinstance(exc, shm.SegmentMissingError):
@@ -314,22 +339,14 @@ class HostMonitor:
             )
         return f"routing tables of namespace {self.namespace!r} unreadable: {exc}"
 
-    def _verdict(
-        self, generation: int, pid: int, beat_age: float, alive: bool, running: bool
-    ) -> Health:
+    @staticmethod
+    def _verdict(generation: int, pid: int, beat_age: float, dead: str | None) -> Health:
         facts = {"generation": generation, "heartbeat_age_s": beat_age, "writer_pid": pid}
-        if alive and generation > 0:
-            return Health(True, "ok", **facts)
-        if not running:
-            return Health(False, f"publisher process {pid} is not running", **facts)
-        if not alive:
-            return Health(
-                False,
-                f"publisher heartbeat is {beat_age:.1f} s old (stale after "
-                f"{self.stale_after_s:g} s)",
-                **facts,
-            )
-        return Health(False, "discovery has not published a routing table yet", **facts)
+        if dead is not None:
+            return Health(False, dead, **facts)
+        if generation == 0:
+            return Health(False, "discovery has not published a routing table yet", **facts)
+        return Health(True, "ok", **facts)
 
     def snapshot(self) -> HostSnapshot:
         """Everything ``/metrics`` and ``/status`` show, read at one instant.
@@ -345,7 +362,7 @@ class HostMonitor:
         }
         try:
             reader = self._table_reader()
-            pid, beat_age, running, alive = self._publisher(reader, now)
+            pid, beat_age, dead = self._publisher(reader, now)
             generation, published_ns, knobs, fading, endpoints, n_slots = reader.consistent(
                 lambda t: _read_table(t, now)
             )
@@ -357,10 +374,10 @@ class HostMonitor:
             table_age_s=(now - published_ns) / 1e9 if generation else None,
             heartbeat_age_s=beat_age,
             writer_pid=pid,
-            publisher_alive=alive,
+            publisher_alive=dead is None,
             knobs=knobs,
             fading=fading,
-            health=self._verdict(generation, pid, beat_age, alive, running),
+            health=self._verdict(generation, pid, beat_age, dead),
         )
         counters = self._counter_reader()
         if counters is None:

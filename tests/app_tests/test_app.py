@@ -603,3 +603,28 @@ def test_bad_values_are_quoted_short(app: CslbApp) -> None:
     assert post_json(app, {"keys": [], "attempt": "1"}).error.endswith("got a string")
     r = post_json(app, KEYS[:1], query="x" * 5000 + "=1")
     assert r.code == 400 and len(r.error) < 200
+
+
+def test_healthz_after_discovery_stops_cleanly_and_restarts(host: Host, app: CslbApp) -> None:
+    assert call(app, "GET", "/healthz").code == 200
+    assert call(app, "GET", "/metrics").code == 200  # scraped before: the table is mapped
+    assert post_json(app, KEYS[:5]).code == 200
+    host.writer.close()  # a clean stop removes the tables
+    r = call(app, "GET", "/healthz")
+    assert (
+        r.code == 503 and "were removed (discovery stopped or is restarting)" in r.json()["reason"]
+    )
+    fams = {
+        f.name: f
+        for f in text_string_to_metric_families(call(app, "GET", "/metrics").body.decode())
+    }
+    assert fams["cslb_discovery_up"].samples[0].value == 0.0
+    assert fams["cslb_table_generation"].samples[0].value == 1.0  # the table still in use
+    assert post_json(app, KEYS[:5]).json()["endpoints"] == expected(KEYS[:5])
+    host.writer = shm.TableWriter(host.namespace, counters=host.counters)  # restarted
+    host.publish(ENDPOINTS[:4])
+    deadline = time.monotonic() + 5
+    while call(app, "GET", "/healthz").code != 200:
+        assert time.monotonic() < deadline, call(app, "GET", "/healthz").json()
+        time.sleep(0.05)
+    assert call(app, "GET", "/healthz").json()["generation"] == 1  # the new writer's count
