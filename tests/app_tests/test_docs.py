@@ -68,3 +68,25 @@ def test_the_route_examples_have_the_shapes_shown(host: Host) -> None:
         assert list(health) == list(shown)
     finally:
         app.close()
+
+
+def test_app_modules_import_only_what_the_workers_room_may() -> None:
+    """DESIGN.md, "The rooms": workers uses lbcore, shm and prometheus_client (and the
+    NumPy arrays they hand out), never discovery or the Kubernetes client."""
+    import ast
+    import sys
+
+    allowed = {"lbcore", "shm", "prometheus_client", "numpy", "workers"}
+    root = Path(__file__).parents[2] / "workers"
+    for name in ("app.py", "metrics.py", "status.py"):
+        tree = ast.parse((root / name).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods = [node.module]
+            else:
+                continue
+            for mod in mods:
+                top = mod.split(".")[0]
+                assert top in allowed or top in sys.stdlib_module_names, (name, mod)
