@@ -49,6 +49,7 @@ def server(host: Host, tmp_path: Path) -> Iterator[tuple[str, int]]:
         CSLB_MAX_BATCH="500",
         CSLB_MAX_BODY_BYTES="65536",
     )
+    env.pop("GUNICORN_CMD_ARGS", None)  # only the flags below
     proc = subprocess.Popen(
         [
             sys.executable,
