@@ -23,7 +23,8 @@ _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#1d232b;background:#fafbfc}
 h1{font-size:1.3em;margin:0 0 .2em}h2{font-size:1.05em;margin:1.4em 0 .4em}
 .ok{color:#1a7f37}.bad{color:#b42318}.muted{color:#667085}
-table{border-collapse:collapse}td,th{padding:.25em .7em;text-align:left;vertical-align:middle}
+table{border-collapse:collapse}
+td,th{padding:.25em .7em;text-align:left;vertical-align:middle;white-space:nowrap}
 th{font-weight:600;border-bottom:1px solid #d0d5dd}tr+tr td{border-top:1px solid #eaecf0}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 .bar{position:relative;width:240px;height:14px;background:#eaecf0;border-radius:3px}
@@ -113,7 +114,8 @@ def _endpoints(s: HostSnapshot) -> str:
         )
     bf = s.knobs.get("balance_factor")
     loaded = [e.occupancy for e in s.endpoints if e.occupancy is not None and not e.ejected]
-    limit = bf * sum(loaded) / len(loaded) if bf is not None and loaded else None
+    mean = sum(loaded) / len(loaded) if loaded else 0.0
+    limit = bf * mean if bf is not None and mean > 0 else None  # no bar on an idle host
     scale = bar_scale(s.endpoints, limit)
     window = f" over {s.window_s:g} s" if s.window_s else ""
     head = (

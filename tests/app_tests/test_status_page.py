@@ -304,3 +304,10 @@ def test_status_served_with_refresh_parameter(host: Host) -> None:
             assert time.monotonic() - t0 < 5
     finally:
         app.close()
+
+
+def test_idle_host_draws_no_load_bar(host: Host) -> None:
+    host.publish()
+    tree = Tree(render(HostMonitor(host.namespace).snapshot()))
+    assert {o for o, _ in bars(tree).values()} == {0.0}
+    assert tree.by_class("limit") == [] and tree.by_class("hot") == []
