@@ -673,12 +673,17 @@ class CslbApp:
         query = environ.get("QUERY_STRING", "")
         if query:
             values = parse_qs(query).get("refresh", [])
-            try:
-                refresh = float(values[-1]) if values else refresh
-            except ValueError:
-                raise HTTPError(
-                    400, f"refresh must be a number of seconds, got {values[-1][:32]!r}"
-                ) from None
+            if values:
+                try:
+                    refresh = float(values[-1])
+                except ValueError:
+                    refresh = -1.0
+                if not 0.0 <= refresh <= 86400.0:
+                    raise HTTPError(
+                        400,
+                        "refresh must be a number of seconds from 0 (never) to 86400, "
+                        f"got {values[-1][:32]!r}",
+                    )
         page = status.render(self.monitor.snapshot(), refresh_s=refresh)
         return 200, "text/html; charset=utf-8", page.encode(), [("Cache-Control", "no-store")]
 

@@ -301,6 +301,10 @@ def test_status_served_with_refresh_parameter(host: Host) -> None:
                 urllib.request.urlopen(f"{base}/status?refresh=soon", timeout=10)
             assert err.value.code == 400
             assert "refresh must be a number" in json.loads(err.value.read())["error"]
+            for bad in ("nan", "inf", "-1"):
+                with pytest.raises(urllib.error.HTTPError) as err:
+                    urllib.request.urlopen(f"{base}/status?refresh={bad}", timeout=10)
+                assert err.value.code == 400
             assert time.monotonic() - t0 < 5
     finally:
         app.close()
