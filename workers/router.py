@@ -6,10 +6,18 @@ routing tables (:class:`shm.TableReader`), claims a row of the host's counter ma
 serves each of them::
 
     router = Router.attach()
-    idx, table = router.route_table(product_ids)
-    with router.track(idx, table, keys=product_ids) as t:
+    idx = router.route(product_ids)
+    urls = router.endpoints_of(idx)
+    with router.track(idx) as t:
         ...                      # the fan-out; t.fail(i) marks call i failed
-    urls = router.endpoints_of(idx, table)
+
+Indices are only meaningful with the table generation they were computed on. The
+router remembers, per thread, the array its last :meth:`Router.route` /
+:meth:`Router.route_table` call returned, with that call's table and keys:
+:meth:`Router.endpoints_of` and :meth:`Router.track` given that very array (or a slice
+of it, for the table) use them even if a new generation was published in between.
+Pass ``table`` (from :meth:`Router.route_table`) and ``keys`` explicitly when the
+indices went through another array (a copy, a fancy-indexed subset) or another thread.
 
 Routing a batch
 ---------------
@@ -50,8 +58,10 @@ Recording
 threads of a gthread worker share it safely). Fallback entries (``-1``) are not
 recorded: those calls go through the ingress. Per routed batch the router adds the
 decision statistics to its row (``Recorder.count``): *decisions* = keys routed
-(fallbacks included), *fallbacks* = keys answered ``-1``, *moves* = keys that bounded
-load sent elsewhere than the plain ring (with ejected endpoints left out) would have.
+(fallbacks included, and retries: a key routed with ``attempt=0`` and again with
+``attempt=1`` is two decisions; so is ``cslb_decisions_total``), *fallbacks* = keys
+answered ``-1``, *moves* = keys that bounded load sent elsewhere than the plain ring
+(with ejected endpoints left out) would have.
 
 Failures
 --------
@@ -408,6 +418,9 @@ class Router:
         self.adopted = False
         self.reattached = 0
         self._snap: _Snapshot | None = None
+        # Per thread, the last (indices, table, keys) route_table() returned: mapping or
+        # tracking that very array later uses its table and keys (see endpoints_of).
+        self._last = threading.local()
         self._next_check = 0
         self._no_row_logged = False
         self._connect(self._clock())
@@ -442,7 +455,9 @@ class Router:
         RouterStateError
             This process already attached a router to another namespace.
         RouterInputError
-            ``CSLB_COUNTER_ROW`` or ``CSLB_LOAD_REFRESH`` is malformed.
+            ``CSLB_COUNTER_ROW`` is malformed.
+        lbcore.knobs.KnobError
+            ``CSLB_LOAD_REFRESH`` is malformed (``refresh_s`` not given).
         """
         ns = shm.shm_namespace(os.environ) if namespace is None else namespace
         with cls._attach_lock:
@@ -513,7 +528,10 @@ class Router:
                 return store.claim(row=row), True
             except shm.SlotOwnershipError as exc:
                 # Say, a process started by the worker, which inherited its environment.
+                # Said once: the row will not become ours later, so ask only for a free one
+                # from now on (while none is free, _connect retries every second).
                 log.warning("counter row %d is not reserved for this process (%s)", row, exc)
+                self._wanted_row = None
         return store.claim(), False
 
     def _check_usable(self) -> None:
@@ -675,6 +693,7 @@ class Router:
                 break
         if n:
             self._count(n, int(np.count_nonzero(idx < 0)), moves)
+        self._last.routed = (idx, t, keys)
         return idx, t
 
     def _route_on(
@@ -790,6 +809,15 @@ class Router:
 
     # -- mapping indices ----------------------------------------------------------------
 
+    def _routed_on(self, idx: Any) -> tuple[np.ndarray, shm.Table, Any] | None:
+        """This thread's last ``(indices, table, keys)`` if ``idx`` is that array or a view."""
+        last = getattr(self._last, "routed", None)
+        if last is None or type(idx) is not np.ndarray:
+            return None
+        if idx is last[0] or idx.base is last[0]:
+            return last
+        return None
+
     def endpoints_of(self, idx: Any, table: shm.Table | None = None) -> list[str | None]:
         """Endpoint address per index (``None`` for fallback).
 
@@ -798,15 +826,22 @@ class Router:
         idx
             Indices from :meth:`route` / :meth:`route_table`.
         table
-            The table they were computed on (from :meth:`route_table`); default the
-            current one, which is only right if no generation was published since.
+            The table they were computed on (from :meth:`route_table`). Default: if
+            ``idx`` is the very array this thread's last :meth:`route` /
+            :meth:`route_table` call returned (or a slice of it), that call's table;
+            otherwise the current one, which is only right if no generation was
+            published since.
 
         Raises
         ------
         RouterInputError
             Indices that are not integers in ``-1 .. len(endpoints) - 1``.
         """
-        t = self.table() if table is None else table
+        if table is None:
+            last = self._routed_on(idx)
+            t = self.table() if last is None else last[1]
+        else:
+            t = table
         arr = _indices(idx, len(t.endpoints))
         eps = t.endpoints
         return [eps[i] if i >= 0 else None for i in arr.tolist()]
@@ -829,13 +864,23 @@ class Router:
             Endpoint index per call (from :meth:`route_table`); ``-1`` entries are
             fallback calls and are not recorded.
         table
-            The table ``idx`` was computed on (default the current one).
+            The table ``idx`` was computed on. Default: as in :meth:`endpoints_of` (the
+            table of this thread's last routing call if ``idx`` is its array or a slice
+            of it, else the current one).
         keys
-            The product IDs, one per call, for the failure log line.
+            The product IDs, one per call, for the failure log line. Default: the keys
+            of this thread's last routing call if ``idx`` is the very array it returned.
         attempt
             The attempt these calls are (for the failure log line).
         """
         self._check_usable()
+        if table is None or keys is None:
+            last = self._routed_on(idx)
+            if last is not None:
+                if table is None:
+                    table = last[1]
+                if keys is None and idx is last[0] and last[2] is not None:
+                    keys = last[2]
         t = self.table() if table is None else table
         arr = _indices(idx, len(t.endpoints))
         if keys is not None and len(keys) != arr.size:
@@ -891,6 +936,12 @@ def _indices(idx: Any, n: int) -> np.ndarray:
             f"endpoint indices must be a 1-D integer array, got {arr.dtype} of shape {arr.shape}"
         )
     if arr.dtype != np.int32 and arr.dtype != np.int64:
+        if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= n:
+            # Checked before the conversion: 2**64 - 1 as int64 would be -1 (fallback).
+            raise RouterInputError(
+                f"endpoint indices must be in -1..{n - 1} for a table of {n} endpoints, got "
+                f"{int(arr.max())}"
+            )
         arr = arr.astype(np.int64)  # unsigned or narrow: compare and index safely
     # -1 <= i < n for all i, in one reduction: i + 1 as unsigned is below n + 1.
     if arr.size and int(_umax((arr + 1).view(np.uint32 if arr.itemsize == 4 else np.uint64))) > n:
@@ -927,6 +978,7 @@ class Tracker:
         "_exited",
         "_failed",
         "_logged",
+        "_n",
         "_rec",
         "_slots",
         "_start",
@@ -946,13 +998,16 @@ class Tracker:
         attempt: int,
     ) -> None:
         self.router = router
-        self.idx = idx
+        # A private copy: the caller may reuse its array while the calls are open, and
+        # fail(i) must still name the endpoint call i went to.
+        self.idx = idx.copy()
         self.table = table
         self.keys = keys
         self.attempt = attempt
         self._rec: Any = None
         self._calls: np.ndarray | None = None  # positions of routed calls (None: all)
-        self._slots = np.empty(0, dtype=np.intp)
+        self._n = 0  # routed calls (done/fail bookkeeping, recorded or not)
+        self._slots = np.empty(0, dtype=np.intp)  # their counter slots; empty: not recorded
         self._start = 0
         self._ends: np.ndarray | None = None
         self._failed: np.ndarray | None = None
@@ -970,6 +1025,7 @@ class Tracker:
         if not bool(routed.all()):
             self._calls = np.flatnonzero(routed)
             idx = idx[routed]
+        self._n = idx.size
         snap = router._snap
         t = self.table
         if snap is not None and snap.table is t:
@@ -1019,7 +1075,7 @@ class Tracker:
         if j is None:
             return
         if self._ends is None:
-            self._ends = np.full(self._slots.size, -1, dtype=np.int64)
+            self._ends = np.full(self._n, -1, dtype=np.int64)
         self._ends[j] = self.router._clock()
 
     def fail(self, i: int) -> None:
@@ -1033,7 +1089,7 @@ class Tracker:
         if j is None:
             return
         if self._failed is None:
-            self._failed = np.zeros(self._slots.size, dtype=np.bool_)
+            self._failed = np.zeros(self._n, dtype=np.bool_)
         if self._failed[j]:
             return
         self._failed[j] = True
