@@ -810,7 +810,7 @@ class Router:
     # -- mapping indices ----------------------------------------------------------------
 
     def _routed_on(self, idx: Any) -> tuple[np.ndarray, shm.Table, Any] | None:
-        """This thread's last ``(indices, table, keys)`` if ``idx`` is that array or a view."""
+        """Last ``(indices, table, keys)`` routed by this thread, if ``idx`` is (a view of) it."""
         last = getattr(self._last, "routed", None)
         if last is None or type(idx) is not np.ndarray:
             return None
