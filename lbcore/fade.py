@@ -30,6 +30,7 @@ from lbcore.bounded import (
     check_max_hops,
     redirect_table,
     skip_to_eligible,
+    target_load,
 )
 from lbcore.errors import ArgumentError, EndpointError, FadeError
 from lbcore.hashing import (
@@ -239,6 +240,23 @@ def skipper_fadein_route(
 
 # --------------------------------------------------------------------------------------
 # N-ring fade-in.
+
+
+def _decisions(
+    ring: Ring, loads: np.ndarray, balance_factor: float, candidates: Any, max_hops: int | None
+) -> bytes:
+    """What :func:`redirect_table` reads of ``loads`` on ``ring``, as bytes (see caller)."""
+    listed, eligible = ring._selection(candidates)
+    if int(listed.sum()) <= 1:
+        return b"-"  # nothing or one candidate: no load is read
+    good = eligible & (loads <= target_load(loads, listed, balance_factor))
+    if max_hops is None:
+        return good.tobytes()
+    # A capped walk over busy endpoints only takes the least loaded one it saw (the
+    # first seen among equals): the order of their loads, ties included, is all it reads.
+    over = loads[eligible & ~good]
+    rank = np.unique(over, return_inverse=True)[1].astype(np.int32)
+    return good.tobytes() + rank.tobytes()
 
 
 def _plain_per_position(ring: Ring, candidates: Any) -> np.ndarray:
@@ -621,6 +639,27 @@ class RingSet:
         that many keys one by one costs in array calls: below that, walk the keys.
         """
         return keys >= max(self.owner_table.size // 8, 2 * SCALAR_MAX)
+
+    def answer_fingerprint(
+        self,
+        loads: Any,
+        balance_factor: float,
+        *,
+        candidates: Any = None,
+        max_hops: int | None = None,
+    ) -> bytes:
+        """Everything :meth:`answer_table` reads of ``loads``, as bytes.
+
+        Per ring: which endpoints are under the bar, and with ``max_hops`` the order of
+        the loads of those over it. Two load vectors with equal fingerprints (same set,
+        same other arguments) give equal answer tables, so a worker whose load snapshot
+        moved without changing any of that keeps its table instead of rebuilding it.
+        Costs a few array calls per ring, far less than building the table.
+        """
+        bf = check_balance_factor(balance_factor)
+        hops = check_max_hops(max_hops)
+        load = check_loads(loads, len(self.endpoints))
+        return b"|".join(_decisions(ring, load, bf, candidates, hops) for ring in self.rings)
 
     def answer_table(
         self,

@@ -378,3 +378,34 @@ def test_skipper_route_with_listed_endpoints_and_retries(attempt, bf):
     new_only = np.array([False] * 8 + [True] * 4)
     got = skipper_fadein_route(ring, keys, ages, D, 2.5, thr, candidates=new_only, **kw)
     assert (got >= 8).all()
+
+
+def test_equal_answer_fingerprints_give_equal_answer_tables():
+    rs = RingSet(BASE[:12], vnodes=20).scale_up(NEW1[:3], T0)
+    rng = np.random.default_rng(5)
+    cand = np.ones(15, bool)
+    cand[4] = False
+    for hops in (None, 2):
+        kw = {"candidates": cand, "max_hops": hops}
+        base = rng.integers(0, 4, 15).astype(np.float64)
+        fp = rs.answer_fingerprint(base, 1.25, **kw)
+        table = rs.answer_table(base, 1.25, **kw)
+        same = changed = 0
+        for _ in range(300):
+            other = base + rng.random(15) * 0.6 * (rng.random(15) < 0.2)
+            t2 = rs.answer_table(other, 1.25, **kw)
+            if rs.answer_fingerprint(other, 1.25, **kw) == fp:
+                same += 1
+                np.testing.assert_array_equal(t2, table)
+            elif not np.array_equal(t2, table):
+                changed += 1
+        assert same > 10 and changed > 10  # both cases were exercised
+    # The order of busy loads matters only with a hop cap.
+    loads = np.zeros(15)
+    loads[[0, 1]] = [50.0, 60.0]
+    swapped = loads.copy()
+    swapped[[0, 1]] = [60.0, 50.0]
+    assert rs.answer_fingerprint(loads, 1.25) == rs.answer_fingerprint(swapped, 1.25)
+    assert rs.answer_fingerprint(loads, 1.25, max_hops=1) != rs.answer_fingerprint(
+        swapped, 1.25, max_hops=1
+    )
