@@ -100,7 +100,7 @@ import numpy as np
 
 import lbcore
 import shm
-from lbcore.fade import fadein_scores, skipper_fadein_candidates
+from lbcore.fade import fadein_scores, skipper_fadein_route
 from lbcore.hashing import unit_interval
 from lbcore.knobs import Knob, parse_seconds
 
@@ -166,14 +166,17 @@ class _Snapshot:
     """One table generation with one host-load snapshot, and the answer tables built on it.
 
     Immutable once built, except for the lazily built answer tables (two threads may
-    both build them; both results are equal, the last one stays).
+    both build them; both results are equal, the last one stays) and the key count.
     """
 
     __slots__ = (
         "_answer",
+        "_fingerprint",
+        "_plain",
         "balance_factor",
         "candidates",
         "due_ns",
+        "eager",
         "gate",
         "load",
         "loads",
@@ -209,34 +212,62 @@ class _Snapshot:
         # inflating their load: that would raise the average and so the bar for all.
         self.candidates = ~ej if ej.size and bool(ej.any()) else None
         self._answer: tuple[np.ndarray, np.ndarray | None] | None = None
+        self._plain: np.ndarray | None = None
+        self._fingerprint: bytes | None = None
         self.routed = 0
+        self.eager = False
         if self.balance_factor is None and self.candidates is None:
             self._answer = (table.ring_set.owner_table, None)  # nothing to build
 
     def amortized(self, n: int) -> bool:
-        """Count ``n`` keys routed on this snapshot; true once the answer tables pay.
+        """Count ``n`` keys routed on this snapshot; true when routing on the answer tables.
 
-        Building them costs about as much as walking one key per ring position, so,
-        as lbcore does for its redirect tables, they are built once an eighth of the
-        ring's positions worth of keys were routed on the snapshot; before that keys
-        are walked (a worker with little traffic never builds them).
+        Building them walks every ring position once (:meth:`lbcore.RingSet.amortized`:
+        about what walking an eighth of that many keys costs). They are built on the
+        first batch when the keys this worker routed per second so far, over the
+        refresh interval, pay for them (:attr:`eager`), else once that many keys were
+        routed on this snapshot; before that keys are walked. Tables kept from the
+        previous snapshot (:meth:`follow`) are used at once.
         """
+        self.routed += n  # racy under threads: at worst a count is lost
         if self._answer is not None:
             return True
-        self.routed += n  # racy under threads: at worst the tables come a batch later
-        return self.routed >= max(self.table.ring_set.owner_table.size // 8, 8)
+        return self.eager or self.table.ring_set.amortized(self.routed)
 
-    def reuse(self, previous: _Snapshot | None) -> None:
-        """Take ``previous``'s answer tables if they were built on equal inputs."""
-        if (
-            self._answer is None
-            and previous is not None
-            and previous.table is self.table
-            and previous._answer is not None
-            and self.load is not None
-            and previous.load is not None
-            and np.array_equal(self.load, previous.load)
-        ):
+    def fingerprint(self) -> bytes:
+        """What the answer tables read of this snapshot's loads (lbcore's rule)."""
+        fp = self._fingerprint
+        if fp is None:
+            if self.balance_factor is None or self.load is None:
+                fp = b""
+            else:
+                fp = self.table.ring_set.answer_fingerprint(
+                    self.load,
+                    self.balance_factor,
+                    candidates=self.candidates,
+                    max_hops=self.max_hops,
+                )
+            self._fingerprint = fp
+        return fp
+
+    def follow(self, previous: _Snapshot | None, refresh_ns: int) -> None:
+        """Carry over from the snapshot this one replaces: tables and the key rate.
+
+        The answer tables stay if the new loads change no bar decision on the same
+        table (:meth:`lbcore.RingSet.answer_fingerprint`); the plain table (candidates
+        without bounded load) depends on no load at all. And the rate of keys routed
+        on ``previous`` decides whether to build the tables on the first batch.
+        """
+        if previous is None:
+            return
+        life = self.read_ns - previous.read_ns
+        if life > 0:
+            expected = previous.routed * max(refresh_ns, life) / life
+            self.eager = self.table.ring_set.amortized(int(expected))
+        if previous.table is not self.table or self._answer is not None:
+            return
+        self._plain = previous._plain
+        if previous._answer is not None and previous.fingerprint() == self.fingerprint():
             self._answer = previous._answer
 
     def answer(self) -> tuple[np.ndarray, np.ndarray | None]:
@@ -252,23 +283,14 @@ class _Snapshot:
 
     def _build(self) -> tuple[np.ndarray, np.ndarray | None]:
         rs = self.table.ring_set
-        cand, bf = self.candidates, self.balance_factor
-        if cand is None:
-            plain = rs.owner_table
-        else:
-            plain = np.empty_like(rs.owner_table)
-            for k, ring in enumerate(rs.rings):
-                # A node's own hash maps to its own position: the answer per position.
-                per_pos = ring.lookup(None, candidates=cand, hashes=ring.hashes)
-                plain[k] = per_pos.take(rs.ring_pos[k])
-        if bf is None:
+        plain = self._plain
+        if plain is None:
+            plain = self._plain = rs.answer_table(candidates=self.candidates)
+        if self.balance_factor is None:
             return plain, None
-        bounded = np.empty_like(rs.owner_table)
-        for k, ring in enumerate(rs.rings):
-            per_pos = lbcore.redirect_table(
-                ring, self.load, bf, candidates=cand, max_hops=self.max_hops
-            )
-            bounded[k] = per_pos.take(rs.ring_pos[k])
+        bounded = rs.answer_table(
+            self.load, self.balance_factor, candidates=self.candidates, max_hops=self.max_hops
+        )
         return bounded, bounded != plain
 
 
@@ -608,7 +630,7 @@ class Router:
                 return None
             if not t.valid():
                 return None
-            s.reuse(self._snap)  # an idle host's loads stay equal: nothing to rebuild
+            s.follow(self._snap, self.refresh_ns)
             self._snap = s
             return s
 
@@ -746,44 +768,30 @@ class Router:
     def _route_skipper(
         self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Skipper's fade-in: per key a threshold, candidates = endpoints scoring above it.
+        """Skipper's fade-in (:func:`lbcore.fade.skipper_fadein_route`), ejected unlisted.
 
         Skipper draws one random threshold per request; here the draw is a salted re-mix
         of the key's hash (:data:`SKIPPER_SALT`), so a key's answer is deterministic for
         a given time while the whole batch still sees Skipper's candidate shares.
-        Ejected endpoints score below every threshold and are then left out, which is
-        Skipper's filter applied to the list without them.
         """
         rs = s.table.ring_set
-        ring = rs.rings[-1]
         # Scores per fading event (tier 0: established, fully in), then per endpoint.
         ages: list[int | None] = [None, *(now - start for start in rs.starts_ns)]
         scores = fadein_scores(ages, rs.duration_ns, rs.exponent).take(rs.tiers)
-        if s.candidates is not None:
-            scores[~s.candidates] = -1.0
-        thresholds = unit_interval(h, SKIPPER_SALT)
-        idx = np.empty(h.size, dtype=np.int32)
-        moved = None if s.balance_factor is None else np.zeros(h.size, dtype=np.bool_)
-        for rows, mask in skipper_fadein_candidates(scores, thresholds):
-            if s.candidates is not None:
-                mask &= s.candidates
-            hr = h[rows]
-            plain = ring.lookup(None, candidates=mask, attempt=attempt, hashes=hr)
-            if s.balance_factor is None:
-                idx[rows] = plain
-                continue
-            res = ring.lookup_bounded(
-                None,
-                s.load,
-                s.balance_factor,
-                candidates=mask,
-                max_hops=s.max_hops,
-                attempt=attempt,
-                hashes=hr,
-            )
-            idx[rows] = res
-            moved[rows] = (res != plain) & (res >= 0)  # type: ignore[index]
-        return idx, moved
+        kw: dict[str, Any] = {
+            "candidates": s.candidates,
+            "attempt": attempt,
+            "hashes": h,
+            "scores": scores,
+        }
+        args = (rs.master, None, None, rs.duration_ns, rs.exponent, unit_interval(h, SKIPPER_SALT))
+        plain = skipper_fadein_route(*args, **kw)
+        if s.balance_factor is None:
+            return plain, None
+        idx = skipper_fadein_route(
+            *args, loads=s.load, balance_factor=s.balance_factor, max_hops=s.max_hops, **kw
+        )
+        return idx, (idx != plain) & (idx >= 0)
 
     def _count(self, decisions: int, fallbacks: int, moves: int) -> None:
         with self._stats_lock:
