@@ -175,8 +175,9 @@ class _Snapshot:
         "_plain",
         "balance_factor",
         "candidates",
+        "carried",
         "due_ns",
-        "eager",
+        "expected",
         "gate",
         "load",
         "loads",
@@ -214,25 +215,30 @@ class _Snapshot:
         self._answer: tuple[np.ndarray, np.ndarray | None] | None = None
         self._plain: np.ndarray | None = None
         self._fingerprint: bytes | None = None
-        self.routed = 0
-        self.eager = False
+        self.routed = 0  # keys routed on this snapshot and those it follows with equal answers
+        self.carried = 0  # of which on those before it
+        self.expected = 0  # keys expected on this snapshot (the worker's recent rate)
         if self.balance_factor is None and self.candidates is None:
             self._answer = (table.ring_set.owner_table, None)  # nothing to build
 
-    def amortized(self, n: int) -> bool:
+    def amortized(self, n: int, costs: _Costs) -> bool:
         """Count ``n`` keys routed on this snapshot; true when routing on the answer tables.
 
-        Building them walks every ring position once (:meth:`lbcore.RingSet.amortized`:
-        about what walking an eighth of that many keys costs). They are built on the
-        first batch when the keys this worker routed per second so far, over the
-        refresh interval, pay for them (:attr:`eager`), else once that many keys were
-        routed on this snapshot; before that keys are walked. Tables kept from the
-        previous snapshot (:meth:`follow`) are used at once.
+        Tables kept from the previous snapshot (:meth:`follow`) are used at once.
+        Otherwise they are built as soon as walking the keys still expected on them
+        would cost more than building them, by this worker's own measurements
+        (:class:`_Costs`). Keys expected: those the worker routed per refresh interval
+        on the previous snapshot (:attr:`expected`), or more if more were already
+        routed on answers equal to this snapshot's (they will likely stay equal as
+        long again); until the first measurement, lbcore's rule
+        (:meth:`lbcore.RingSet.amortized`).
         """
         self.routed += n  # racy under threads: at worst a count is lost
         if self._answer is not None:
             return True
-        return self.eager or self.table.ring_set.amortized(self.routed)
+        size = self.table.ring_set.owner_table.size
+        ahead = max(self.expected, self.routed - self.carried) + self.carried
+        return costs.pays(ahead, size) if costs.measured else self.table.ring_set.amortized(ahead)
 
     def fingerprint(self) -> bytes:
         """What the answer tables read of this snapshot's loads (lbcore's rule)."""
@@ -262,23 +268,34 @@ class _Snapshot:
             return
         life = self.read_ns - previous.read_ns
         if life > 0:
-            expected = previous.routed * max(refresh_ns, life) / life
-            self.eager = self.table.ring_set.amortized(int(expected))
+            keys = previous.routed - previous.carried
+            self.expected = int(keys * max(refresh_ns, life) / life)
         if previous.table is not self.table or self._answer is not None:
             return
         self._plain = previous._plain
-        if previous._answer is not None and previous.fingerprint() == self.fingerprint():
+        same = (
+            self.load is not None
+            and previous.load is not None
+            and np.array_equal(self.load, previous.load)  # an idle host: no fingerprint
+        )
+        if same or previous.fingerprint() == self.fingerprint():
+            # The same answers: tables built on previous serve this snapshot too, and
+            # keys routed on it count towards paying for building them.
             self._answer = previous._answer
+            self.routed = self.carried = previous.routed
 
-    def answer(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """The answer tables ``(answer, moved)``, built on first use.
+    def answer(self, costs: _Costs | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """The answer tables ``(answer, moved)``, built on first use (timed into ``costs``).
 
         Per (ring, newest-ring position): the endpoint, and whether bounded load moved
         it off the plain ring's answer (``moved`` is ``None`` without bounded load).
         """
         a = self._answer
         if a is None:
+            t0 = time.perf_counter_ns()
             a = self._answer = self._build()
+            if costs is not None:
+                costs.built(a[0].size, time.perf_counter_ns() - t0)
         return a
 
     def _build(self) -> tuple[np.ndarray, np.ndarray | None]:
@@ -292,6 +309,56 @@ class _Snapshot:
             self.load, self.balance_factor, candidates=self.candidates, max_hops=self.max_hops
         )
         return bounded, bounded != plain
+
+
+class _Costs:
+    """What walking a key and building answer tables cost this worker (measured).
+
+    Exponentially weighted means of the wall time of walks (per key) and of table
+    builds (per table entry); cheap enough to take on every walk (two clock reads).
+    """
+
+    __slots__ = ("_built", "_first", "build_ns_per_entry", "measured", "walk_ns_per_key")
+
+    _ALPHA = 0.2
+
+    # Before the first build: what one costs per entry on this machine kind
+    # (PERF-NOTES: 0.3-0.7 ms for 10k positions, ~4.5 ms for 100k).
+    _BUILD_PRIOR_NS = 35.0
+
+    def __init__(self) -> None:
+        self.walk_ns_per_key = 0.0
+        self.build_ns_per_entry = self._BUILD_PRIOR_NS
+        self.measured = False  # walks were timed
+        self._first: list[float] = []
+        self._built = False
+
+    def walked(self, keys: int, ns: int) -> None:
+        if not keys:
+            return
+        per = ns / keys
+        w = self.walk_ns_per_key
+        if self.measured:
+            # One slow sample (a page fault, a thread switch) moves the mean at most 2x:
+            # walks may be rare once builds win, so an outlier would stay for long.
+            per = min(max(per, 0.5 * w), 2.0 * w)
+            self.walk_ns_per_key = w + self._ALPHA * (per - w)
+        else:
+            self._first.append(per)
+            if len(self._first) == 3:  # the median of the first three
+                self.walk_ns_per_key = sorted(self._first)[1]
+                self.measured = True
+
+    def built(self, entries: int, ns: int) -> None:
+        if entries:
+            per = ns / entries
+            b = self.build_ns_per_entry
+            self.build_ns_per_entry = b + self._ALPHA * (per - b) if self._built else per
+            self._built = True
+
+    def pays(self, keys: int, entries: int) -> bool:
+        """Whether walking ``keys`` keys costs more than building ``entries`` entries."""
+        return keys * self.walk_ns_per_key >= entries * self.build_ns_per_entry
 
 
 def _idle_loads(n: int, now_ns: int) -> shm.HostLoads:
@@ -440,6 +507,7 @@ class Router:
         self.adopted = False
         self.reattached = 0
         self._snap: _Snapshot | None = None
+        self._costs = _Costs()
         # Per thread, the last (indices, table, keys) route_table() returned: mapping or
         # tracking that very array later uses its table and keys (see endpoints_of).
         self._last = threading.local()
@@ -730,10 +798,13 @@ class Router:
             return np.full(n, -1, dtype=np.int32), 0
         if s.mode == "skipper":
             idx, moved = self._route_skipper(s, h, now, attempt)
-        elif attempt or not s.amortized(n):
+        elif attempt or not s.amortized(n, self._costs):
+            t0 = time.perf_counter_ns()
             idx, moved = self._route_lbcore(s, h, now, attempt)
+            if not attempt:
+                self._costs.walked(n, time.perf_counter_ns() - t0)
         else:
-            answer, moved_table = s.answer()
+            answer, moved_table = s._answer or s.answer(self._costs)
             pos = rs.rings[-1].positions(h)
             last = len(rs.rings) - 1
             if last == 0:
