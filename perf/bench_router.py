@@ -137,12 +137,14 @@ def bench_route(ns: str, quick: bool) -> None:
                 )
                 # Parts of the batch cost.
                 s = r._snap
-                answer, moved = s.answer()
+                answer, moved, _complete = s.answer()
                 hs = [lbcore.hash_keys(b) for b in batches]
                 flats = [rs.ring_choice(h, now) * answer.shape[1] + ring.positions(h) for h in hs]
                 it = iter(flats * 5)
                 moves = _per_batch_us(
-                    lambda _b, it=it, moved=moved: np.count_nonzero(moved.take(next(it))),
+                    lambda _b, it=it, moved=moved: (
+                        moved is not None and np.count_nonzero(moved.take(next(it)))
+                    ),
                     batches,
                 )
                 reader = r._reader

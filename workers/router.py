@@ -212,14 +212,15 @@ class _Snapshot:
         # Ejected endpoints are left out as candidates (lbcore's skip rule), never by
         # inflating their load: that would raise the average and so the bar for all.
         self.candidates = ~ej if ej.size and bool(ej.any()) else None
-        self._answer: tuple[np.ndarray, np.ndarray | None] | None = None
+        # (answer, moved or None, complete): see answer().
+        self._answer: tuple[np.ndarray, np.ndarray | None, bool] | None = None
         self._plain: np.ndarray | None = None
         self._fingerprint: bytes | None = None
         self.routed = 0  # keys routed on this snapshot and those it follows with equal answers
         self.carried = 0  # of which on those before it
         self.expected = 0  # keys expected on this snapshot (the worker's recent rate)
         if self.balance_factor is None and self.candidates is None:
-            self._answer = (table.ring_set.owner_table, None)  # nothing to build
+            self._answer = (table.ring_set.owner_table, None, True)  # nothing to build
 
     def amortized(self, n: int, costs: _Costs) -> bool:
         """Count ``n`` keys routed on this snapshot; true when routing on the answer tables.
@@ -284,11 +285,13 @@ class _Snapshot:
             self._answer = previous._answer
             self.routed = self.carried = previous.routed
 
-    def answer(self, costs: _Costs | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-        """The answer tables ``(answer, moved)``, built on first use (timed into ``costs``).
+    def answer(self, costs: _Costs | None = None) -> tuple[np.ndarray, np.ndarray | None, bool]:
+        """The answer tables ``(answer, moved, complete)``, built on first use.
 
         Per (ring, newest-ring position): the endpoint, and whether bounded load moved
-        it off the plain ring's answer (``moved`` is ``None`` without bounded load).
+        it off the plain ring's answer (``moved`` is ``None`` if it moved none: without
+        bounded load, or no endpoint over the bar); ``complete``: no entry is ``-1``
+        (so a batch needs no fallback count). The build is timed into ``costs``.
         """
         a = self._answer
         if a is None:
@@ -298,17 +301,18 @@ class _Snapshot:
                 costs.built(a[0].size, time.perf_counter_ns() - t0)
         return a
 
-    def _build(self) -> tuple[np.ndarray, np.ndarray | None]:
+    def _build(self) -> tuple[np.ndarray, np.ndarray | None, bool]:
         rs = self.table.ring_set
         plain = self._plain
         if plain is None:
             plain = self._plain = rs.answer_table(candidates=self.candidates)
         if self.balance_factor is None:
-            return plain, None
+            return plain, None, not bool((plain < 0).any())
         bounded = rs.answer_table(
             self.load, self.balance_factor, candidates=self.candidates, max_hops=self.max_hops
         )
-        return bounded, bounded != plain
+        moved = bounded != plain
+        return bounded, moved if moved.any() else None, not bool((bounded < 0).any())
 
 
 class _Costs:
@@ -760,11 +764,11 @@ class Router:
             now = self._clock()
             s = self._snapshot(now)
             if s is None:
-                idx, moves, t = np.full(n, -1, dtype=np.int32), 0, _empty_table()
+                idx, moves, fallbacks, t = np.full(n, -1, dtype=np.int32), 0, n, _empty_table()
                 break
             t = s.table
             try:
-                idx, moves = self._route_on(s, h, now, int(attempt))
+                idx, moves, fallbacks = self._route_on(s, h, now, int(attempt))
             except Exception:
                 # Content rewritten under our feet can fail in any way; on a table that
                 # is still valid the error is real.
@@ -779,23 +783,24 @@ class Router:
                 deadline = time.monotonic() + _RETRY_S
             elif time.monotonic() > deadline:
                 log.warning("no stable table in %s for %g s; fallback", self.namespace, _RETRY_S)
-                idx, moves, t = np.full(n, -1, dtype=np.int32), 0, _empty_table()
+                idx, moves, fallbacks, t = np.full(n, -1, dtype=np.int32), 0, n, _empty_table()
                 break
         if n:
-            self._count(n, int(np.count_nonzero(idx < 0)), moves)
+            self._count(n, fallbacks, moves)
         self._last.routed = (idx, t, keys)
         return idx, t
 
     def _route_on(
         self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
-    ) -> tuple[np.ndarray, int]:
-        """Route hashes ``h`` on snapshot ``s``: ``(indices, bounded-load moves)``."""
+    ) -> tuple[np.ndarray, int, int]:
+        """Route hashes ``h`` on snapshot ``s``: ``(indices, bounded-load moves, fallbacks)``."""
         t = s.table
         n = h.size
         gate = s.gate
         rs = t.ring_set
         if not gate.enabled or gate.percentage <= 0.0 or not rs.rings or n == 0:
-            return np.full(n, -1, dtype=np.int32), 0
+            return np.full(n, -1, dtype=np.int32), 0, n
+        complete = False  # known to hold no fallback
         if s.mode == "skipper":
             idx, moved = self._route_skipper(s, h, now, attempt)
         elif attempt or not s.amortized(n, self._costs):
@@ -804,7 +809,7 @@ class Router:
             if not attempt:
                 self._costs.walked(n, time.perf_counter_ns() - t0)
         else:
-            answer, moved_table = s._answer or s.answer(self._costs)
+            answer, moved_table, complete = s._answer or s.answer(self._costs)
             pos = rs.rings[-1].positions(h)
             last = len(rs.rings) - 1
             if last == 0:
@@ -821,7 +826,9 @@ class Router:
             idx[~keep] = lbcore.FALLBACK
             if moved is not None:
                 moved &= keep
-        return idx, 0 if moved is None else int(np.count_nonzero(moved))
+            complete = False
+        moves = 0 if moved is None else int(np.count_nonzero(moved))
+        return idx, moves, 0 if complete else int(np.count_nonzero(idx < 0))
 
     def _route_lbcore(
         self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
