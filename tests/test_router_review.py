@@ -425,3 +425,115 @@ def test_a_refused_row_is_asked_for_once(namespace, caplog):  # noqa: F811
         assert r.row == other.row and not r.adopted
     finally:
         host.close()
+
+
+def _damage_current(ns: str, how: str) -> int:
+    """Damage the current generation's buffer in shared memory; returns its generation."""
+    from shm.layout import BUFFER_HEADER_BYTES
+    from shm.segment import Segment
+
+    with shm.TableReader(ns) as reader:
+        t = reader.table()
+        seg = Segment.attach(t.segment, writable=True)
+        off = reader._view.offsets[t.buffer]
+        if how == "payload":
+            seg.buf[off + BUFFER_HEADER_BYTES + 200] ^= 0x40  # checksum mismatch
+        else:
+            seg.words[off // 8] += 1  # an odd seq that never settles
+        seg.close()
+        return t.generation
+
+
+@pytest.mark.parametrize("how", ["payload", "seq"])
+def test_a_corrupt_generation_is_read_once_per_recheck_and_logged_once(namespace, caplog, how):  # noqa: F811
+    """Finding 3: no 1 s stall, no WARNING per call, no re-read of a known-bad generation."""
+    import logging
+
+    from shm.segment import set_seam_hook
+
+    host = _host(namespace)
+    reads: list[str] = []
+    try:
+        rs = lbcore.RingSet(endpoints(5))
+        host.publish(rs)
+        host.publish(rs)
+        _damage_current(namespace, how)
+        set_seam_hook(lambda p: reads.append(p) if p == "tables.read.mapped" else None)
+        with caplog.at_level(logging.WARNING, logger="cslb.router"):
+            r = host.router()
+            assert r._reader.timeout_s <= 0.1  # a damaged buffer costs a worker little
+            for _ in range(30):
+                assert (r.route(["a", "b"]) == -1).all()
+                host.clock.advance(0.01)
+            first = len(reads)
+            for _ in range(30):
+                r.route(["a"])
+                host.clock.advance(0.01)
+            assert len(reads) == first  # not read again within the recheck interval
+            host.clock.advance(1.0)
+            r.route(["a"])
+            assert len(reads) > first  # ... and read again after it
+        warnings = [m for m in caplog.messages if "no usable routing table" in m]
+        assert len(warnings) == 1, caplog.messages
+        host.publish(rs)  # a good generation: used at once, without waiting for a recheck
+        np.testing.assert_array_equal(r.route(["a", "b"]), rs.route(["a", "b"], 0))
+    finally:
+        set_seam_hook(None)
+        host.close()
+
+
+def test_a_corrupt_new_generation_keeps_the_last_good_one(namespace, caplog):  # noqa: F811
+    import logging
+
+    host = _host(namespace)
+    try:
+        rs = lbcore.RingSet(endpoints(5))
+        host.publish(rs, knobs=shm.Knobs(load_signal="in-flight"))
+        r = host.router(refresh_s=0.1)
+        keys = [f"K{i}" for i in range(50)]
+        expect = r.route(keys)
+        host.publish(lbcore.RingSet(endpoints(7)))
+        _damage_current(namespace, "payload")
+        rec = host.store.claim()
+        rec.record_start([int(r.table().slots[2])] * 9, host.clock())
+        with caplog.at_level(logging.WARNING, logger="cslb.router"):
+            for _ in range(20):
+                host.clock.advance(0.2)
+                np.testing.assert_array_equal(r.route(keys)[expect != 2], expect[expect != 2])
+        assert r.table().generation == 1
+        assert r.loads().in_flight[2] == 9  # the last good table's loads still refresh
+        assert sum("unusable, routing on generation 1" in m for m in caplog.messages) == 1
+        rec.release()
+    finally:
+        host.close()
+
+
+@pytest.mark.parametrize("kind", ["tables", "counters"])
+def test_foreign_segments_at_attach_warn_once_missing_ones_do_not(namespace, caplog, kind):  # noqa: F811
+    """Finding 4: a segment that is not ours is a WARNING (once); a missing one is DEBUG."""
+    import logging
+    import os
+
+    from shm.segment import SHM_DIR
+
+    clock = Clock()
+    path = os.path.join(SHM_DIR, f"cslb.{namespace}.{kind}")
+    with open(path, "wb") as f:
+        f.write(b"\xfe" * (1 << 20))  # someone else's segment under our name
+    try:
+        with caplog.at_level(logging.DEBUG, logger="cslb.router"):
+            r = workers_router.Router(namespace, clock=clock)
+            for _ in range(4):
+                clock.advance(1.1)
+                assert (r.route(["a"]) == -1).all()
+            r.close()
+        warned = [
+            rec for rec in caplog.records if rec.levelno == logging.WARNING and kind in rec.message
+        ]
+        assert len(warned) == 1, [rec.message for rec in caplog.records]
+        assert "cannot be used" in warned[0].message and "magic" in warned[0].message.lower()
+        other = "counters" if kind == "tables" else "tables"
+        missing = [rec for rec in caplog.records if other in rec.message]
+        assert missing and all(rec.levelno == logging.DEBUG for rec in missing)
+    finally:
+        os.unlink(path)

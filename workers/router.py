@@ -143,6 +143,10 @@ SKIPPER_SALT = 0x736B697070657221
 
 _CHECK_NS = 1_000_000_000  # pace of the replaced()/missing-segment checks
 _RETRY_S = 1.0  # how long route() retries on tables the writer keeps rewriting
+# How long TableReader.table() retries one read. A reader waits only while the writer
+# switches buffers (microseconds); a buffer that never settles is damage, and a worker
+# must not stall its request on it (shm remembers the verdict after the first wait).
+_READ_TIMEOUT_S = 0.05
 _MAX_KEY_BYTES = lbcore.MAX_KEY_BYTES
 
 
@@ -517,6 +521,8 @@ class Router:
         self._last = threading.local()
         self._next_check = 0
         self._no_row_logged = False
+        self._warned: set[tuple[Any, ...]] = set()
+        self._bad: tuple[int, int] | None = None  # (generation, recheck time) of a bad read
         self._connect(self._clock())
         _ROUTERS.add(self)
 
@@ -582,9 +588,17 @@ class Router:
         self._next_check = now + _CHECK_NS
         if self._reader is None:
             try:
-                self._reader = shm.TableReader(self.namespace)
-            except shm.SegmentError as exc:
+                self._reader = shm.TableReader(self.namespace, timeout_s=_READ_TIMEOUT_S)
+            except shm.SegmentMissingError as exc:
                 log.debug("tables of %s not readable yet: %s", self.namespace, exc)
+            except shm.SegmentError as exc:  # foreign, another layout version, damaged
+                self._warn_once(
+                    ("attach", "tables", str(exc)),
+                    "tables of %s cannot be used (retried every %g s; fallback meanwhile): %s",
+                    self.namespace,
+                    _CHECK_NS / 1e9,
+                    exc,
+                )
         store = self._store
         if store is not None and store.replaced():
             log.warning(
@@ -599,8 +613,18 @@ class Router:
         if self._store is None:
             try:
                 store = shm.CounterStore.attach(self.namespace)
-            except shm.SegmentError as exc:
+            except shm.SegmentMissingError as exc:
                 log.debug("counters of %s not attachable yet: %s", self.namespace, exc)
+                return
+            except shm.SegmentError as exc:
+                self._warn_once(
+                    ("attach", "counters", str(exc)),
+                    "counters of %s cannot be used (retried every %g s; load not recorded "
+                    "meanwhile): %s",
+                    self.namespace,
+                    _CHECK_NS / 1e9,
+                    exc,
+                )
                 return
             try:
                 rec, self.adopted = self._claim(store)
@@ -614,6 +638,16 @@ class Router:
             self._counters = store.reader()
             self._store = store
             self._wanted_row = None  # a reserved row is adopted once, never again
+
+    def _warn_once(self, cause: tuple[Any, ...], msg: str, *args: Any) -> None:
+        """Log ``msg`` at WARNING the first time ``cause`` happens (not on every retry)."""
+        warned = self._warned
+        if cause in warned:
+            return
+        if len(warned) >= 64:  # a bounded memory of causes: say them again after many
+            warned.clear()
+        warned.add(cause)
+        log.warning(msg, *args)
 
     def _claim(self, store: shm.CounterStore) -> tuple[shm.Recorder, bool]:
         row = self._wanted_row
@@ -652,16 +686,36 @@ class Router:
         reader = self._reader
         if reader is None:
             return None
+        bad = self._bad
+        if bad is not None:
+            # The current generation could not be read: not again until it changes or
+            # the recheck interval passed (a corrupt table costs a checksum per read).
+            if now < bad[1] and reader.generation() == bad[0]:
+                return self._last_good(now)
+            self._bad = None
         deadline = 0.0
         while True:
             try:
                 t = reader.table()
             except shm.ShmError as exc:
-                s = self._snap
-                if s is not None and s.table.valid():
-                    return s  # keep routing on the last good generation
-                log.warning("no usable routing table in %s: %s", self.namespace, exc)
-                return None
+                self._bad = (reader.generation(), now + _CHECK_NS)
+                s = self._last_good(now)
+                if s is not None:
+                    self._warn_once(
+                        ("table", type(exc), str(exc)),
+                        "routing table of %s unusable, routing on generation %d meanwhile: %s",
+                        self.namespace,
+                        s.table.generation,
+                        exc,
+                    )
+                else:
+                    self._warn_once(
+                        ("table", type(exc), str(exc)),
+                        "no usable routing table in %s (fallback): %s",
+                        self.namespace,
+                        exc,
+                    )
+                return s
             s = self._snap
             if s is not None and s.table is t and now < s.due_ns:
                 return s
@@ -675,6 +729,15 @@ class Router:
             elif time.monotonic() > deadline:
                 log.warning("no stable table in %s for %g s", self.namespace, _RETRY_S)
                 return None
+
+    def _last_good(self, now: int) -> _Snapshot | None:
+        """The last snapshot, refreshed when due, while its table is still valid."""
+        s = self._snap
+        if s is None or not s.table.valid():
+            return None
+        if now >= s.due_ns:
+            s = self._refresh(s.table, now) or s
+        return s
 
     def _refresh(self, t: shm.Table, now: int) -> _Snapshot | None:
         """A new snapshot of ``t`` (``None`` if ``t`` was rewritten while we read it)."""
