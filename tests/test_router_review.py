@@ -537,3 +537,99 @@ def test_foreign_segments_at_attach_warn_once_missing_ones_do_not(namespace, cap
         assert missing and all(rec.levelno == logging.DEBUG for rec in missing)
     finally:
         os.unlink(path)
+
+
+# ------------------------------------------------------------------------------------
+# Finding 8: the gaps mutations survived.
+
+
+def test_threads_share_the_row_through_a_locked_recorder(namespace):  # noqa: F811
+    host = _host(namespace)
+    try:
+        host.publish(lbcore.RingSet(endpoints(3)))
+        assert isinstance(host.router(threads=True)._rec, shm.LockedRecorder)
+        assert isinstance(host.router()._rec, shm.LockedRecorder)  # the default: gthread-safe
+        assert not isinstance(host.router(threads=False)._rec, shm.LockedRecorder)
+    finally:
+        host.close()
+
+
+def test_a_refresh_torn_by_the_writer_is_retried_on_the_new_generation(namespace):  # noqa: F811
+    host = _host(namespace)
+    try:
+        host.publish(lbcore.RingSet(endpoints(4)))
+        r = host.router(refresh_s=0.0)
+        r.route(["warm"])
+        final = lbcore.RingSet(endpoints(6, net=3))
+        real = r._counters.read
+        torn = []
+
+        def read_while_the_writer_publishes(now, columns=None):
+            if not torn:  # the writer rewrites the buffer this refresh is reading
+                torn.append(host.publish(lbcore.RingSet(endpoints(5, net=2))))
+                torn.append(host.publish(final))
+            return real(now, columns=columns)
+
+        r._counters.read = read_while_the_writer_publishes
+        keys = [f"SKU-{i}" for i in range(200)]
+        host.publish(lbcore.RingSet(endpoints(4, net=1)))  # due: the next route refreshes
+        idx, t = r.route_table(keys)
+        assert torn == [3, 4] and t.generation == 4
+        np.testing.assert_array_equal(
+            idx,
+            final.route(keys, host.clock(), loads=np.zeros(6), balance_factor=1.25, max_hops=10),
+        )
+    finally:
+        host.close()
+
+
+def test_tracking_on_a_rewritten_table_with_slots_in_range_records_nothing(namespace):  # noqa: F811
+    """The valid() check, not the slot range check, must stop recording on a reused buffer."""
+    host = _host(namespace)
+    try:
+        eps = endpoints(4)
+        host.publish(lbcore.RingSet(eps))
+        r = host.router()
+        idx1, t1 = r.route_table([f"k{i}" for i in range(40)])
+        host.publish(lbcore.RingSet(eps[::-1]))  # the same slots, in another order
+        host.publish(lbcore.RingSet(eps[1:] + eps[:1]))  # rewrites t1's buffer
+        r.route(["x"])
+        assert not t1.valid()
+        assert int(np.asarray(t1.slots).max()) < t1.n_slots  # in range: garbage that fits
+        with r.track(idx1, t1):
+            assert host.loads().in_flight.sum() == 0
+    finally:
+        host.close()
+
+
+def test_answer_tables_are_kept_while_no_bar_decision_changes(namespace):  # noqa: F811
+    host = _host(namespace)
+    try:
+        rs = lbcore.RingSet(endpoints(10))
+        host.publish(rs, knobs=shm.Knobs(load_signal="in-flight"))
+        r = host.router(refresh_s=0.1)
+        keys = [f"SKU-{i}" for i in range(3000)]
+        rec = host.store.claim()
+        slots = [int(s) for s in r.table().slots]
+        rec.record_start([slots[0]] * 30 + [slots[1]] * 2, host.clock())
+        host.clock.advance(0.2)
+        r.route(keys)
+        r.route(keys)
+        built = r._snap._answer
+        assert built is not None and built[1] is not None  # endpoint 0 is over the bar
+        rec.record_start([slots[1]], host.clock())  # 3 in flight on 1: still under the bar
+        host.clock.advance(0.2)
+        got = r.route(keys)
+        assert r.loads().in_flight[1] == 3 and r._snap._answer is built  # kept, not rebuilt
+        load = r.loads().signal("in-flight")
+        np.testing.assert_array_equal(
+            got, rs.route(keys, host.clock(), loads=load, balance_factor=1.25, max_hops=10)
+        )
+        rec.record_start([slots[1]] * 40, host.clock())  # now 1 is over the bar too
+        host.clock.advance(0.2)
+        got = r.route(keys)
+        assert r._snap._answer is not built
+        assert not np.isin(got, [0, 1]).any()
+        rec.release()
+    finally:
+        host.close()
