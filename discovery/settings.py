@@ -65,10 +65,6 @@ def _text(text: str) -> str:
     return text.strip()
 
 
-def _shm_namespace(text: str) -> str:
-    return shm.check_namespace(text.strip())
-
-
 #: Settings of the discovery process (not published; each host's own).
 DISCOVERY_KNOBS: tuple[Knob, ...] = (
     Knob(
@@ -149,15 +145,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "JSON or YAML file of endpoints, re-read when it changes (see examples/).",
         "FILE",
     ),
-    Knob(
-        "shm_namespace",
-        "CSLB_SHM_NAMESPACE",
-        "--shm-namespace",
-        "default",
-        _shm_namespace,
-        "Namespace of the shared-memory segments (/dev/shm/cslb.<ns>.*) the host's workers read.",
-        "NS",
-    ),
+    shm.SHM_NAMESPACE,
     Knob(
         "debounce_s",
         "CSLB_DEBOUNCE",

@@ -48,10 +48,12 @@ from shm.errors import (
 )
 from shm.layout import LAYOUT_VERSION
 from shm.segment import check_namespace, list_segments, segment_name
+from shm.settings import SHM_NAMESPACE, shm_namespace
 from shm.tables import Knobs, SlotAllocator, Table, TableReader, TableWriter
 
 __all__ = [
     "LAYOUT_VERSION",
+    "SHM_NAMESPACE",
     "CapacityError",
     "CounterInputError",
     "CounterReader",
@@ -89,4 +91,5 @@ __all__ = [
     "check_namespace",
     "list_segments",
     "segment_name",
+    "shm_namespace",
 ]

@@ -90,6 +90,9 @@ from shm.layout import (
     SLOT,
     SLOT_CLAIMED,
     SLOT_FREE,
+    SLOT_RESERVED,
+    STATS_FIELDS,
+    TOTAL_FIELDS,
     align,
     cell_words,
     row_layout,
@@ -188,6 +191,13 @@ class _Matrix:
             rows, cell_words(k), cols
         )
         self.periods = self.rows2d[:, :k]
+        st = layout["stats"]
+        self.stats = self.rows2d[:, st : st + 8]
+        t = layout[TOTAL_FIELDS[0]]
+        # (rows, 2, columns): requests_total, failures_total.
+        self.totals = self.rows2d[:, t : t + len(TOTAL_FIELDS) * cols].reshape(
+            rows, len(TOTAL_FIELDS), cols
+        )
 
     def block(self, row: int, name: str) -> np.ndarray:
         """View of one part of row ``row``.
@@ -204,7 +214,9 @@ class _Matrix:
         """Copy row ``r`` of ``src`` (fewer or equal columns) into this matrix."""
         c = src.columns
         self.periods[r] = src.periods[r]
+        self.stats[r] = src.stats[r]
         self.fields[r, :, :c] = src.fields[r]
+        self.totals[r, :, :c] = src.totals[r]
 
 
 class _Control:
@@ -300,6 +312,7 @@ class SlotInfo:
     alive: bool
     claims: int
     used: bool
+    reserved: bool = False
 
 
 # ------------------------------------------------------------------------------------
@@ -501,7 +514,9 @@ class CounterStore:
 
     # -- slots --------------------------------------------------------------------------
 
-    def claim(self, *, thread_id: int = 0, now_ns: int | None = None) -> Recorder:
+    def claim(
+        self, *, thread_id: int = 0, now_ns: int | None = None, row: int | None = None
+    ) -> Recorder:
         """Claim a free worker slot (or one whose owner died) for this process.
 
         Parameters
@@ -510,12 +525,18 @@ class CounterStore:
             ``threading.get_ident()`` when the row is for one thread of the process.
         now_ns
             CLOCK_MONOTONIC time of the claim (ns).
+        row
+            Adopt this row, reserved for this process by its parent (a prefork master's
+            :meth:`reserve` before the fork), instead of taking any free row.
 
         Raises
         ------
         NoFreeSlotError
             Every slot is held by a live process (or one whose liveness cannot be
             told right now: such a slot is never taken).
+        SlotOwnershipError
+            ``row`` is out of range or not reserved by this process's parent (or by this
+            process); nothing was claimed.
         ProcessLivenessError
             This process's own start time cannot be read from ``/proc``.
         """
@@ -526,25 +547,13 @@ class CounterStore:
         ctl = self._ctl
         with ctl.seg.lock():
             m = ctl.current()
-            state = ctl.slots["state"]
-            free = np.flatnonzero(state == SLOT_FREE)
-            row = int(free[0]) if free.size else -1
-            if row < 0:
-                for r in range(ctl.rows):
-                    s = ctl.slots[r]
-                    if not process_alive(int(s["pid"]), int(s["start_ticks"])):
-                        row = r
-                        break
-            if row < 0:
-                pids = sorted({int(p) for p in ctl.slots["pid"]})
-                raise NoFreeSlotError(
-                    self.name,
-                    f"all {ctl.rows} worker slots are held by live processes "
-                    f"(pids {pids[:10]}{'...' if len(pids) > 10 else ''}); "
-                    "create the counters with more rows",
-                )
-            _release_in_flight(m, row)
-            s = ctl.slots[row : row + 1]
+            if row is not None:
+                self._check_reserved(row, (os.getppid(), pid))
+                target = int(row)
+            else:
+                target = self._free_row(ctl)
+                _release_in_flight(m, target)
+            s = ctl.slots[target : target + 1]
             s["pid"] = pid
             s["start_ticks"] = ticks
             s["thread_id"] = thread_id
@@ -553,10 +562,113 @@ class CounterStore:
             s["used"] = 1
             fence()
             s["state"] = SLOT_CLAIMED
-        return Recorder(self, row)
+        return Recorder(self, target)
+
+    def _free_row(self, ctl: _Control) -> int:
+        """A free row, else one whose owner (or reserver) died; call under the lock."""
+        state = ctl.slots["state"]
+        free = np.flatnonzero(state == SLOT_FREE)
+        if free.size:
+            return int(free[0])
+        for r in range(ctl.rows):
+            s = ctl.slots[r]
+            if not process_alive(int(s["pid"]), int(s["start_ticks"])):
+                return r
+        pids = sorted({int(p) for p in ctl.slots["pid"]})
+        raise NoFreeSlotError(
+            self.name,
+            f"all {ctl.rows} worker slots are held by live processes "
+            f"(pids {pids[:10]}{'...' if len(pids) > 10 else ''}); "
+            "create the counters with more rows",
+        )
+
+    def _check_reserved(self, row: Any, holders: tuple[int, ...]) -> None:
+        ctl = self._ctl
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
+            raise SlotOwnershipError(f"row must be an integer, got {row!r}")
+        if not 0 <= int(row) < ctl.rows:
+            raise SlotOwnershipError(
+                f"row {row} is out of range: {self.name} has rows 0..{ctl.rows - 1}"
+            )
+        s = ctl.slots[int(row)]
+        state, holder = int(s["state"]), int(s["pid"])
+        if state != SLOT_RESERVED or holder not in holders:
+            what = {SLOT_FREE: "free", SLOT_CLAIMED: "claimed", SLOT_RESERVED: "reserved"}
+            raise SlotOwnershipError(
+                f"row {row} of {self.name} is not reserved for process {os.getpid()}: it is "
+                f"{what.get(state, f'in state {state}')} by pid {holder}; claim without a row"
+            )
+
+    def reserve(self, now_ns: int | None = None) -> int:
+        """Reserve a worker slot for a child this process is about to fork.
+
+        A prefork master calls this before each fork (gunicorn's ``pre_fork``); the child
+        adopts the row with ``claim(row=...)``. Until then the row is held by this
+        process, so no other process takes it; :meth:`release` frees it if the child
+        dies before or after adopting it.
+
+        Returns
+        -------
+        int
+            The reserved row.
+
+        Raises
+        ------
+        NoFreeSlotError
+            Every slot is held by a live process.
+        """
+        self._check_writable()
+        now = time.monotonic_ns() if now_ns is None else int(now_ns)
+        ctl = self._ctl
+        with ctl.seg.lock():
+            m = ctl.current()
+            row = self._free_row(ctl)
+            _release_in_flight(m, row)
+            s = ctl.slots[row : row + 1]
+            s["pid"] = os.getpid()
+            s["start_ticks"] = own_start_ticks()
+            s["thread_id"] = 0
+            s["claimed_ns"] = now
+            fence()
+            s["state"] = SLOT_RESERVED
+        return row
+
+    def release(self, row: int, pid: int, now_ns: int | None = None) -> bool:
+        """Free ``row`` if process ``pid`` holds it or it is still reserved by this process.
+
+        For a prefork master's ``child_exit``: the exited child's row is freed at once
+        (its in-flight counts released, history and totals kept), whether the child
+        adopted it or died before that.
+
+        Returns
+        -------
+        bool
+            Whether the row was freed (``False``: someone else holds it now).
+        """
+        self._check_writable()
+        now = time.monotonic_ns() if now_ns is None else int(now_ns)
+        ctl = self._ctl
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
+            raise SlotOwnershipError(f"row must be an integer, got {row!r}")
+        if not 0 <= int(row) < ctl.rows:
+            raise SlotOwnershipError(
+                f"row {row} is out of range: {self.name} has rows 0..{ctl.rows - 1}"
+            )
+        with ctl.seg.lock():
+            s = ctl.slots[int(row) : int(row) + 1]
+            state, holder = int(s["state"][0]), int(s["pid"][0])
+            if not (
+                (state == SLOT_CLAIMED and holder == int(pid))
+                or (state == SLOT_RESERVED and holder in (int(pid), os.getpid()))
+            ):
+                return False
+            _release_in_flight(ctl.current(), int(row))
+            s["state"] = SLOT_FREE
+            s["released_ns"] = now
+        return True
 
     def reap(self, now_ns: int | None = None) -> list[int]:
-        """Free every slot whose owner died; release its in-flight counts.
+        """Free every slot whose owner (or reserver) died; release its in-flight counts.
 
         Returns
         -------
@@ -569,7 +681,8 @@ class CounterStore:
         ctl = self._ctl
         with ctl.seg.lock():
             m = ctl.current()
-            for r in np.flatnonzero(ctl.slots["state"] == SLOT_CLAIMED).tolist():
+            held = (ctl.slots["state"] == SLOT_CLAIMED) | (ctl.slots["state"] == SLOT_RESERVED)
+            for r in np.flatnonzero(held).tolist():
                 s = ctl.slots[r : r + 1]
                 if not process_alive(int(s["pid"][0]), int(s["start_ticks"][0])):
                     _release_in_flight(m, r)
@@ -592,6 +705,7 @@ class CounterStore:
                     alive=claimed and process_alive(int(s["pid"]), int(s["start_ticks"])),
                     claims=int(s["claims"]),
                     used=bool(s["used"]),
+                    reserved=int(s["state"]) == SLOT_RESERVED,
                 )
             )
         return out
@@ -760,6 +874,10 @@ class Recorder:
         self._latency = f[1 + 4 * k : 1 + 5 * k]
         self._failures = f[1 + 5 * k : 1 + 6 * k]
         self._periods = m.periods[self.row]
+        tot = m.totals[self.row]
+        self._requests_total = tot[0]
+        self._failures_total = tot[1]
+        self._stats = memoryview(m.stats[self.row])  # item updates at ~30 ns, no NumPy
         self._epoch = m.epoch
 
     def _follow(self) -> None:
@@ -931,11 +1049,43 @@ class Recorder:
             _add_at(self._busy[k], s, d)
             _add_at(self._completed[k], s, 1)
             _add_at(self._latency[k], s, d)
+            _add_at(self._requests_total, s, 1)
             if failed is not None:
                 _add_at(self._failures[k], s, failed)
+                _add_at(self._failures_total, s, failed)
             return
         st = np.full(n, started_ns, dtype=np.int64) if scalar_start else st_arr
         self._record_end_spread(s, st, d, failed)
+        _add_at(self._requests_total, s, 1)
+        if failed is not None:
+            _add_at(self._failures_total, s, failed)
+
+    def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
+        """Add one routed batch to the row's lifetime decision totals.
+
+        Parameters
+        ----------
+        decisions
+            Keys routed (fallbacks included).
+        fallbacks
+            Keys returned as fallback (``-1``).
+        moves
+            Keys bounded load moved off their ring owner.
+
+        Raises
+        ------
+        CounterInputError
+            A negative or non-integer count; nothing is counted then.
+        """
+        for v in (decisions, fallbacks, moves):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise CounterInputError(f"decision counts must be integers >= 0, got {v!r}")
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        st = self._stats
+        st[0] += int(decisions)
+        st[1] += int(fallbacks)
+        st[2] += int(moves)
 
     def _record_end_spread(
         self, s: np.ndarray, st: np.ndarray, d: np.ndarray, failed: np.ndarray | None
@@ -1006,6 +1156,11 @@ class LockedRecorder:
         with self._lock:
             self.recorder.record_end(slots, started_ns, durations_ns, now_ns, failed)
 
+    def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
+        """See :meth:`Recorder.count`."""
+        with self._lock:
+            self.recorder.count(decisions, fallbacks, moves)
+
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back."""
         with self._lock:
@@ -1055,6 +1210,10 @@ class ThreadRecorder:
     ) -> None:
         """See :meth:`Recorder.record_end`."""
         self._mine().record_end(slots, started_ns, durations_ns, now_ns, failed)
+
+    def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
+        """See :meth:`Recorder.count`."""
+        self._mine().count(decisions, fallbacks, moves)
 
     @property
     def rows(self) -> list[int]:
@@ -1124,6 +1283,10 @@ class HostLoads:
         ``float64`` share of those requests that failed (NaN: none completed).
     global_latency_s : float
         Mean latency over all slots in seconds (NaN: nothing completed).
+    requests_total, failures_total : numpy.ndarray
+        ``int64`` requests ended (and those that failed) per slot since the counters
+        were created, all workers ever summed: never age out (Prometheus counters). A
+        slot reused for a new endpoint carries its previous endpoint's totals on.
     """
 
     now_ns: int
@@ -1134,6 +1297,8 @@ class HostLoads:
     mean_latency_s: np.ndarray
     failure_rate: np.ndarray
     global_latency_s: float
+    requests_total: np.ndarray
+    failures_total: np.ndarray
 
     def take(self, slots: Any) -> HostLoads:
         """The loads of the given slots, in that order (e.g. ``Table.slots``: per endpoint).
@@ -1166,6 +1331,8 @@ class HostLoads:
             pick(self.mean_latency_s, np.nan),
             pick(self.failure_rate, np.nan),
             self.global_latency_s,
+            pick(self.requests_total, 0),
+            pick(self.failures_total, 0),
         )
 
     def effective(self, cap: float = DEFAULT_LATENCY_CAP) -> np.ndarray:
@@ -1225,7 +1392,8 @@ class CounterReader:
         if used.size == 0 or n == 0:
             z = np.zeros(n)
             nan = np.full(n, np.nan)
-            return HostLoads(now_ns, w_ns, np.zeros(n, np.int64), z, z, nan, nan, float("nan"))
+            zi = np.zeros(n, np.int64)
+            return HostLoads(now_ns, w_ns, zi, z, z, nan, nan, float("nan"), zi, zi)
         # Rows are claimed lowest first, so the used rows are (nearly) a prefix: read them
         # as one strided view, no copy; rows never used hold zeros and weigh nothing.
         hi = int(used[-1]) + 1
@@ -1270,7 +1438,26 @@ class CounterReader:
             mean_latency_s=_mean_latency(latency_ns / 1e9, completed),
             failure_rate=failure_rate,
             global_latency_s=glob,
+            requests_total=m.totals[:hi, 0, :n].sum(axis=0),
+            failures_total=m.totals[:hi, 1, :n].sum(axis=0),
         )
+
+    def stats(self) -> dict[str, int]:
+        """Lifetime routing-decision totals of every worker of the host.
+
+        Returns
+        -------
+        dict[str, int]
+            ``decisions``, ``fallbacks`` and ``moves`` (keys bounded load moved), summed
+            over every row ever used (see :meth:`Recorder.count`).
+        """
+        ctl = self._ctl
+        m = ctl.current()
+        used = np.flatnonzero(ctl.slots["used"] != 0)
+        if used.size == 0:
+            return dict.fromkeys(STATS_FIELDS, 0)
+        sums = m.stats[: int(used[-1]) + 1, : len(STATS_FIELDS)].sum(axis=0)
+        return {name: int(v) for name, v in zip(STATS_FIELDS, sums, strict=True)}
 
     def replaced(self) -> bool:
         """True if the counters control segment was removed or recreated since attaching.

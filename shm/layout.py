@@ -50,9 +50,12 @@ __all__ = [
     "SLOT",
     "SLOT_CLAIMED",
     "SLOT_FREE",
+    "SLOT_RESERVED",
+    "STATS_FIELDS",
     "TABLES_CONTROL",
     "TABLES_DATA",
     "TABLE_SECTIONS",
+    "TOTAL_FIELDS",
     "align",
     "cell_words",
     "magic_word",
@@ -64,7 +67,7 @@ __all__ = [
 #: Layout version of every segment kind; bump on any incompatible change.
 #: 2: open requests are kept per start bucket (``open``, ``open_start_sum``) plus a
 #: count of older ones (``open_old``), replacing ``in_flight`` and ``start_sum``.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 
 
 def magic_word(tag: bytes) -> int:
@@ -197,6 +200,8 @@ def ring_sections(k: int) -> tuple[tuple[str, str], ...]:
 
 SLOT_FREE = 0
 SLOT_CLAIMED = 1
+#: Held by a process (a prefork master) for a child about to fork, which adopts it.
+SLOT_RESERVED = 2
 
 COUNTERS_CONTROL = np.dtype(
     [
@@ -216,7 +221,7 @@ COUNTERS_CONTROL = np.dtype(
 #: One worker slot (one row of the counter matrix) in the control segment's slot table.
 SLOT = np.dtype(
     [
-        ("state", "u8"),  # SLOT_FREE or SLOT_CLAIMED
+        ("state", "u8"),  # SLOT_FREE, SLOT_CLAIMED or SLOT_RESERVED
         ("pid", "u8"),
         ("start_ticks", "u8"),  # owner's start time (/proc/<pid>/stat field 22)
         ("thread_id", "u8"),  # threading.get_ident() of a per-thread row, else 0
@@ -248,23 +253,34 @@ COUNTER_FIELDS = ("busy_ns", "completed", "latency_ns", "failures")
 #: Every per-bucket field, in row order after ``open_old``.
 BUCKET_FIELDS = OPEN_FIELDS + COUNTER_FIELDS
 
+#: Per-cell lifetime totals (never age out, never reset while the counters exist).
+TOTAL_FIELDS = ("requests_total", "failures_total")
+
+#: Per-row lifetime totals of routing decisions (8 words are reserved for them).
+STATS_FIELDS = ("decisions", "fallbacks", "moves")
+
 
 def row_layout(columns: int, buckets: int) -> dict[str, int]:
     """Word offsets of the parts of one counter row, and the row's length in words.
 
     A row is, in ``int64`` words: ``periods[buckets]`` (padded to 8 words: the time
-    bucket each bucket column currently holds, ``-1`` if none), ``open_old[columns]``
-    (requests still open that started before every bucket the row holds: older than
-    the window), then for each of :data:`BUCKET_FIELDS` a ``[buckets][columns]``
-    block. ``columns`` is a multiple of 8, so every part and every row starts on a
-    64-byte boundary (no false sharing between workers' rows).
+    bucket each bucket column currently holds, ``-1`` if none), ``stats[8]`` (lifetime
+    totals of :data:`STATS_FIELDS`, the rest reserved), ``open_old[columns]`` (requests
+    still open that started before every bucket the row holds: older than the window),
+    then for each of :data:`BUCKET_FIELDS` a ``[buckets][columns]`` block, then for each
+    of :data:`TOTAL_FIELDS` a ``[columns]`` block. ``columns`` is a multiple of 8, so
+    every part and every row starts on a 64-byte boundary (no false sharing between
+    workers' rows).
     """
     periods_words = align(buckets, 8)
-    out = {"periods": 0, "open_old": periods_words}
-    off = periods_words + columns
+    out = {"periods": 0, "stats": periods_words, "open_old": periods_words + 8}
+    off = periods_words + 8 + columns
     for name in BUCKET_FIELDS:
         out[name] = off
         off += buckets * columns
+    for name in TOTAL_FIELDS:
+        out[name] = off
+        off += columns
     out["row_words"] = off
     return out
 

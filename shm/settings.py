@@ -1,0 +1,45 @@
+"""The one process setting every room shares: the shared-memory namespace.
+
+Discovery publishes into it, the gunicorn master creates its counters in it, and every
+worker's :class:`workers.Router` maps it, so it is declared once, here, and read the same
+way everywhere: ``CSLB_SHM_NAMESPACE`` or ``--shm-namespace``, default ``default``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from lbcore.knobs import Knob
+from shm.segment import check_namespace
+
+__all__ = ["SHM_NAMESPACE", "shm_namespace"]
+
+
+def _shm_namespace(text: str) -> str:
+    return check_namespace(text.strip())
+
+
+#: ``--shm-namespace`` / ``CSLB_SHM_NAMESPACE``.
+SHM_NAMESPACE = Knob(
+    "shm_namespace",
+    "CSLB_SHM_NAMESPACE",
+    "--shm-namespace",
+    "default",
+    _shm_namespace,
+    "Namespace of the shared-memory segments (/dev/shm/cslb.<ns>.*) the host's workers read.",
+    "NS",
+)
+
+
+def shm_namespace(environ: Mapping[str, str]) -> str:
+    """The namespace ``environ`` names (``CSLB_SHM_NAMESPACE``), else the default.
+
+    Raises
+    ------
+    lbcore.knobs.KnobError
+        The variable is set to an invalid namespace; the message names it.
+    """
+    raw = environ.get(SHM_NAMESPACE.env)
+    if raw is None or not raw.strip():
+        return str(SHM_NAMESPACE.default)
+    return str(SHM_NAMESPACE.convert(raw, "environment"))

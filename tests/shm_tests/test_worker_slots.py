@@ -1,0 +1,194 @@
+"""Slots a prefork master reserves for its workers, lifetime totals and decision counts.
+
+Real processes (fork children, SIGKILLed) on real POSIX shared memory.
+"""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from lbcore.knobs import KnobError
+from shm import (
+    SHM_NAMESPACE,
+    CounterInputError,
+    CounterStore,
+    NoFreeSlotError,
+    SlotOwnershipError,
+    shm_namespace,
+)
+
+S = 1_000_000_000
+MS = 1_000_000
+
+
+def _adopt_and_hold(ns, row, slots, conn):
+    """A forked worker: adopt the reserved row, open a fan-out, report, then wait."""
+    rec = CounterStore.attach(ns).claim(row=row)
+    now = time.monotonic_ns()
+    rec.record_start(slots, now)
+    rec.count(len(slots) + 2, fallbacks=2, moves=1)
+    conn.send((rec.row, os.getpid()))
+    time.sleep(60)
+
+
+def _try_adopt(ns, row, conn):
+    try:
+        rec = CounterStore.attach(ns).claim(row=row)
+        conn.send(("adopted", rec.row))
+    except SlotOwnershipError as exc:
+        conn.send(("refused", str(exc)))
+
+
+def _reserve_and_wait(ns, conn):
+    conn.send(CounterStore.attach(ns).reserve())
+    time.sleep(60)
+
+
+def test_a_forked_worker_adopts_the_row_its_master_reserved(namespace, procs):
+    store = CounterStore.create(namespace, rows=4, columns=8)
+    store.claim()  # row 0 taken by someone else
+    row = store.reserve()
+    assert row == 1
+    info = store.slots()[row]
+    assert info.reserved and not info.claimed and info.pid == os.getpid()
+    a, b = procs.ctx.Pipe(duplex=False)
+    p = procs.start(_adopt_and_hold, namespace, row, [3, 3, 5], b)
+    assert a.poll(10)
+    got_row, pid = a.recv()
+    assert (got_row, pid) == (row, p.pid)
+    info = store.slots()[row]
+    assert info.claimed and not info.reserved and info.pid == p.pid and info.alive
+    reader = store.reader()
+    loads = reader.read(time.monotonic_ns(), 8)
+    assert loads.in_flight[3] == 2 and loads.in_flight[5] == 1
+    assert reader.stats() == {"decisions": 5, "fallbacks": 2, "moves": 1}
+    # SIGKILL the worker mid-request; the master's child_exit releases its row.
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    assert store.release(row, p.pid) is True
+    info = store.slots()[row]
+    assert not info.claimed and not info.reserved
+    loads = reader.read(time.monotonic_ns(), 8)
+    assert loads.in_flight.sum() == 0
+    # Counted decisions survive the worker and its row's release.
+    assert reader.stats() == {"decisions": 5, "fallbacks": 2, "moves": 1}
+    # Releasing again, or a row held by another pid, frees nothing.
+    assert store.release(row, p.pid) is False
+    assert store.release(0, p.pid) is False and store.slots()[0].claimed
+
+
+def test_only_the_reservers_child_may_adopt_the_row(namespace, procs):
+    store = CounterStore.create(namespace, rows=4, columns=8)
+    a, b = procs.ctx.Pipe(duplex=False)
+    procs.start(_reserve_and_wait, namespace, b)  # another master reserves row 0
+    assert a.poll(10)
+    foreign = a.recv()
+    with pytest.raises(SlotOwnershipError, match=f"row {foreign} .* not reserved for process"):
+        store.claim(row=foreign)
+    # A child of ours cannot adopt a row reserved by a sibling process either.
+    c, d = procs.ctx.Pipe(duplex=False)
+    procs.start(_try_adopt, namespace, foreign, d)
+    assert c.poll(10)
+    verdict, msg = c.recv()
+    assert verdict == "refused" and "reserved by pid" in msg
+    # Free, claimed and out-of-range rows are refused with what they are.
+    free = next(s.row for s in store.slots() if not s.claimed and not s.reserved)
+    with pytest.raises(SlotOwnershipError, match="it is free"):
+        store.claim(row=free)
+    with pytest.raises(SlotOwnershipError, match="out of range"):
+        store.claim(row=9)
+    with pytest.raises(SlotOwnershipError, match="must be an integer"):
+        store.claim(row=True)
+    assert not any(s.claimed for s in store.slots())  # nothing was claimed by the refusals
+
+
+def test_a_child_that_dies_before_adopting_frees_its_reserved_row(namespace, procs):
+    store = CounterStore.create(namespace, rows=2, columns=8)
+    r0, r1 = store.reserve(), store.reserve()
+    assert {r0, r1} == {0, 1}
+    with pytest.raises(NoFreeSlotError):
+        store.reserve()  # both rows held by this (live) process
+    p = procs.start(time.sleep, 60)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    assert store.release(r1, p.pid) is True  # still reserved by us: freed
+    assert store.reserve() == r1
+
+
+def test_reap_frees_rows_whose_reserver_died(namespace, procs):
+    store = CounterStore.create(namespace, rows=2, columns=8)
+    a, b = procs.ctx.Pipe(duplex=False)
+    p = procs.start(_reserve_and_wait, namespace, b)
+    assert a.poll(10)
+    row = a.recv()
+    assert store.reap() == []  # reserver alive: kept
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    assert store.reap() == [row]
+    assert not store.slots()[row].reserved
+
+
+def test_request_totals_outlive_the_window_and_survive_growth(namespace):
+    store = CounterStore.create(namespace, rows=2, columns=8, window_ns=2 * S, window_buckets=2)
+    rec = store.claim()
+    t = 10 * S
+    rec.record_start([1, 1, 2], t)
+    rec.record_end([1, 1, 2], t, [MS, MS, MS], t + MS, failed=[True, False, True])
+    # A call spanning buckets takes the general path; it counts too.
+    rec.record_start([2], t + MS)
+    rec.record_end([2], t + MS, [3 * S], t + 3 * S + MS)
+    reader = store.reader()
+    later = reader.read(t + 60 * S, 8)  # long after the window
+    assert later.completed.sum() == 0
+    assert later.requests_total.tolist()[:3] == [0, 2, 2]
+    assert later.failures_total.tolist()[:3] == [0, 1, 1]
+    taken = later.take(np.array([2, 1, 40]))  # slot 40: beyond this snapshot, idle
+    assert taken.requests_total.tolist() == [2, 2, 0]
+    assert taken.failures_total.tolist() == [1, 1, 0]
+    store.ensure_columns(100)
+    rec.record_start([90], t + 61 * S)
+    rec.record_end([90], t + 61 * S, [MS], t + 61 * S + MS)
+    grown = reader.read(t + 62 * S)
+    assert grown.requests_total[[1, 2, 90]].tolist() == [2, 2, 1]
+    assert grown.failures_total[[1, 2, 90]].tolist() == [1, 1, 0]
+
+
+def test_decision_counts_add_up_over_rows_and_reuse(namespace, procs):
+    store = CounterStore.create(namespace, rows=2, columns=8)
+    reader = store.reader()
+    assert reader.stats() == {"decisions": 0, "fallbacks": 0, "moves": 0}
+    rec = store.claim()
+    rec.count(100, 3, 7)
+    rec.count(np.int64(10))
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(CounterInputError, match="integers >= 0"):
+            rec.count(bad)
+    assert reader.stats() == {"decisions": 110, "fallbacks": 3, "moves": 7}
+    rec.release()
+    again = store.claim()  # same row reused: the totals carry on, never reset
+    assert again.row == rec.row
+    again.count(1, 1, 0)
+    store.ensure_columns(64)  # growth copies the row's totals
+    assert reader.stats() == {"decisions": 111, "fallbacks": 4, "moves": 7}
+
+    def child():
+        again.count(5)  # a forked child must not write its parent's row
+
+    p = procs.start(child)
+    p.join(10)
+    assert p.exitcode != 0
+    assert reader.stats()["decisions"] == 111
+
+
+def test_the_namespace_setting_is_declared_once_and_validated():
+    assert SHM_NAMESPACE.env == "CSLB_SHM_NAMESPACE" and SHM_NAMESPACE.default == "default"
+    assert shm_namespace({}) == "default"
+    assert shm_namespace({"CSLB_SHM_NAMESPACE": " blue-1 "}) == "blue-1"
+    with pytest.raises(KnobError, match="CSLB_SHM_NAMESPACE"):
+        shm_namespace({"CSLB_SHM_NAMESPACE": "a/b"})
+    from discovery import settings
+
+    assert settings.SHM_NAMESPACE is SHM_NAMESPACE
