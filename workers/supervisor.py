@@ -272,6 +272,7 @@ class DiscoverySupervisor:
         self._started_at = 0.0
         self._failures = 0
         self._restart_at: float | None = None
+        self._last_pid = 0
         self._stopped = False
         self._owner_pid = os.getpid()
 
@@ -313,7 +314,7 @@ class DiscoverySupervisor:
             argv = [sys.executable, "-c", _PDEATHSIG_SHIM, str(os.getpid()), *argv]
         env = dict(os.environ if self.env is None else self.env)
         env.pop("CSLB_COUNTER_ROW", None)  # a worker's setting, never discovery's
-        self._proc = subprocess.Popen(  # noqa: S603 - our own command line
+        self._proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             env=env,
@@ -385,9 +386,7 @@ class DiscoverySupervisor:
         self._last_pid = self._proc.pid
         self.last_exit = _describe(status)
         if status is not None:
-            self._proc.returncode = (
-                -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.waitstatus_to_exitcode(status)
-            )
+            self._proc.returncode = os.waitstatus_to_exitcode(status)
         else:
             self._proc.returncode = 0  # nothing left to wait for
         if self._pidfd is not None:
