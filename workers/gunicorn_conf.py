@@ -101,6 +101,7 @@ class _Master:
         self.rows = 0
         self.store: shm.CounterStore | None = None
         self.owns_store = False
+        self.owns_namespace = False  # embedded: we created its counters, we clean it up
         self.supervisor: DiscoverySupervisor | None = None
         self.log: Any = None
         self.next_reap = 0.0
@@ -128,7 +129,7 @@ class _Master:
         try:
             if self.settings["discovery"] == "embedded":
                 self.store = _own_counters(self.namespace, self.rows)
-                self.owns_store = True
+                self.owns_store = self.owns_namespace = True
                 self._start_discovery(server)
             else:
                 self.store, self.owns_store = _external_counters(self.namespace, self.rows)
@@ -282,13 +283,14 @@ class _Master:
         if self.store is not None:
             self.store.close(unlink=unlink and self.owns_store)
             self.store = None
-        if unlink and self.settings.get("discovery") == "embedded" and self.namespace:
+        if unlink and self.owns_namespace:
             # Discovery unlinks its tables on a clean stop; after a SIGKILL they stay.
             left = shm.list_segments(self.namespace)
             for name in left:
                 shm.segment.unlink_name(name)
             if left:
                 self.log.info("cslb: removed leftover segments %s", left)
+        self.owns_namespace = self.owns_store = False
         self.pid = 0
 
 
@@ -317,7 +319,7 @@ def _own_counters(namespace: str, rows: int) -> shm.CounterStore:
                 "its own CSLB_SHM_NAMESPACE"
             ) from None
         store = shm.CounterStore.create(namespace, rows=rows, replace_invalid=True)
-    live = sorted({s.pid for s in store.slots() if s.alive})
+    live = _holders(store)
     if live:
         store.close(unlink=False)
         raise CslbStartupError(
@@ -328,13 +330,22 @@ def _own_counters(namespace: str, rows: int) -> shm.CounterStore:
     return store
 
 
+def _holders(store: shm.CounterStore) -> list[int]:
+    """PIDs of live processes holding (claimed or reserved) a row of ``store``."""
+    pids = set()
+    for s in store.slots():
+        if s.alive or (s.reserved and s.pid > 0 and os.path.exists(f"/proc/{s.pid}")):
+            pids.add(s.pid)
+    return sorted(pids)
+
+
 def _live_holders(namespace: str) -> list[int]:
     try:
         other = shm.CounterStore.attach(namespace, writable=False)
     except shm.ShmError:
         return []
     try:
-        return sorted({s.pid for s in other.slots() if s.alive})
+        return _holders(other)
     finally:
         other.close(unlink=False)
 
