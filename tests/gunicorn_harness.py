@@ -85,12 +85,19 @@ def cmdline(pid: int) -> str:
 
 
 def wait_for(
-    what: str, check: Callable[[], Any], timeout_s: float, interval_s: float = 0.05
+    what: str,
+    check: Callable[[], Any],
+    timeout_s: float,
+    interval_s: float = 0.05,
+    max_tries: int = 10_000,
 ) -> Any:
-    """Poll ``check`` until it returns something truthy; AssertionError after the timeout."""
+    """Poll ``check`` until it returns something truthy; AssertionError after the timeout.
+
+    Bounded in time (``timeout_s``) and in count (``max_tries`` calls of ``check``).
+    """
     deadline = time.monotonic() + timeout_s
     last: Any = None
-    while True:
+    for _ in range(max_tries):
         try:
             last = check()
         except (OSError, http.client.HTTPException, ValueError) as exc:
