@@ -106,10 +106,11 @@ def wait_for(
             if last:
                 return last
         if time.monotonic() >= deadline:
-            raise AssertionError(
-                f"timed out after {timeout_s} s waiting for {what} (last: {last!r})"
-            )
+            break
         time.sleep(interval_s)
+    raise AssertionError(
+        f"gave up waiting for {what} after {timeout_s} s or {max_tries} tries (last: {last!r})"
+    )
 
 
 class Server:

@@ -182,8 +182,13 @@ class _Master:
                 if reader is None:
                     with contextlib.suppress(shm.SegmentMissingError, shm.SegmentCorruptError):
                         reader = shm.TableReader(self.namespace)
+                table = None
                 if reader is not None and reader.generation() > 0:
-                    table = reader.table()
+                    try:
+                        table = reader.table()
+                    except shm.ShmError as exc:  # mid-publish or corrupt: look again
+                        self.log.debug("cslb: first table not readable yet: %s", exc)
+                if table is not None:
                     if self.owns_store and self.store is not None and table.n_slots:
                         self.store.ensure_columns(int(table.n_slots))
                     self.log.info(
