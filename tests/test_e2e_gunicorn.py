@@ -52,6 +52,9 @@ def test_rows_supervision_and_clean_stop(tmp_path: Path) -> None:
         server.wait_ready(workers=2)
         master = server.pid
         assert _threads(master) == 1  # no thread in the master (NumPy's BLAS pool included)
+        # No source given: discovery's own default, the example file of the source tree.
+        assert '"event":"endpoints_file_default"' in server.log()
+        assert str(REPO / "examples" / "endpoints.json") in server.log()
         workers = set(server.worker_pids())
         assert len(workers) == 2
 
@@ -283,6 +286,20 @@ def test_serve_rejects_bad_arguments(argv, message, tmp_path: Path) -> None:
     assert message in out.stderr.decode(), out.stderr.decode()
 
 
-def test_serve_help_lists_it_in_cslb() -> None:
+def test_serve_help_lists_it_in_cslb(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "cslb"], capture_output=True, timeout=60)
     assert b"serve" in out.stdout
+    f = tmp_path / "eps.json"
+    f.write_text("[]")
+    out = subprocess.run(
+        [sys.executable, "-m", "cslb", "serve", "--print-command", "--endpoints-file", str(f),
+         "--percentage", "20", "--", "--timeout", "9"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("CSLB_")},
+        capture_output=True,
+        timeout=60,
+        text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:2] == [f"CSLB_ENDPOINTS_FILE={f}", "CSLB_PERCENTAGE=20"]
+    assert lines[2].endswith("--no-control-socket --timeout 9 workers.app:app")

@@ -143,6 +143,12 @@ def command(
     SystemExit
         Bad arguments (argparse prints the usage and the problem; status 2).
     """
+    return _plan(argv, environ, python)[0]
+
+
+def _plan(
+    argv: Sequence[str], environ: MutableMapping[str, str], python: str | None
+) -> tuple[list[str], argparse.Namespace]:
     args_list = list(argv)
     extra: list[str] = []
     if "--" in args_list:
@@ -194,7 +200,7 @@ def command(
         out += ["--control-socket", args.control_socket]
     else:
         out += ["--no-control-socket"]
-    return [*out, *extra, args.app]
+    return [*out, *extra, args.app], args
 
 
 def _cslb_environ(environ: Mapping[str, str]) -> list[str]:
@@ -205,10 +211,10 @@ def main(argv: list[str], environ: MutableMapping[str, str] | None = None) -> in
     """Run ``cslb serve``: exec gunicorn (returns only with ``--print-command``)."""
     env = dict(os.environ if environ is None else environ)
     try:
-        cmd = command(argv, env)
+        cmd, args = _plan(argv, env, None)
     except SystemExit as exc:
         return int(exc.code or 0)
-    if "--print-command" in argv[: argv.index("--") if "--" in argv else len(argv)]:
+    if args.print_command:
         for line in _cslb_environ(env):
             print(line)
         print(" ".join(cmd))
