@@ -143,6 +143,24 @@ def test_discovery_failing_at_startup_stops_the_server(tmp_path: Path) -> None:
         assert [p for p in server.seen if alive(p)] == []
 
 
+def test_more_workers_than_rows(tmp_path: Path) -> None:
+    with serving(PING, tmp_path, env={"CSLB_COUNTER_ROWS": "1"}) as server:
+        server.wait_ready(workers=2)
+        rows: dict[int, str | None] = {}
+        wait_for(
+            "both workers to answer",
+            lambda: (
+                rows.update({a["pid"]: a["row"] for a in _answers(server, 4)}) or len(rows) == 2
+            ),
+            10.0,
+        )
+        assert sorted(rows.values(), key=str) == ["0", None]  # one row, one without
+        assert "no counter row for the next worker" in server.log()
+        assert "CSLB_COUNTER_ROWS" in server.log()
+        result = server.stop()
+        assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
+
+
 def test_bad_cslb_setting_is_named(tmp_path: Path) -> None:
     with serving(PING, tmp_path, env={"CSLB_COUNTER_ROWS": "many"}) as server:
         assert server.proc.wait(timeout=60) != 0

@@ -253,11 +253,16 @@ class _Master:
                     exc,
                 )
 
-    def release(self, worker: Any) -> None:
+    def release(self, server: Any, worker: Any) -> None:
         if not self.active:
             return
         assert self.store is not None
         row = getattr(worker, "cslb_row", None)
+        live = getattr(server, "WORKERS", {}).values()
+        if row is not None and any(getattr(w, "cslb_row", None) == row for w in live):
+            # The worker freed its row itself (Router.close at exit) and the master has
+            # reserved it for a newer worker since: that reservation is not ours to free.
+            row = None
         try:
             if row is not None:
                 self.store.release(row, worker.pid)
@@ -423,7 +428,7 @@ def post_fork(server: Any, worker: Any) -> None:
 
 def child_exit(server: Any, worker: Any) -> None:
     """Master, after a worker exited: free its counter row(s), check discovery."""
-    MASTER.release(worker)
+    MASTER.release(server, worker)
     MASTER.tick()
 
 
