@@ -81,3 +81,15 @@ def test_compose_rejects_unknown_hooks() -> None:
         conf.compose(post_request=lambda req, worker: None)
     with pytest.raises(TypeError, match="post_fork must be callable"):
         conf.compose({"post_fork": 3})
+
+
+def test_docs_name_every_master_setting_and_hook() -> None:
+    from pathlib import Path
+
+    from workers.supervisor import SUPERVISOR_KNOBS
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "gunicorn.md").read_text()
+    for k in SUPERVISOR_KNOBS:
+        assert f"| `{k.env}` |" in doc, k.env
+    for name in conf.HOOKS:
+        assert f"| `{name}` |" in doc, name
