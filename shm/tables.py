@@ -424,6 +424,14 @@ class Table:
         "zones",
     )
 
+    @classmethod
+    def empty(cls) -> Table:
+        """A generation-0 table without endpoints: what readers see before any publish.
+
+        Always valid; routing on it gives fallback (``-1``) for every key.
+        """
+        return _empty_table()
+
     def __repr__(self) -> str:
         return (
             f"Table(generation {self.generation}, {len(self.endpoints)} endpoints, "

@@ -1,0 +1,803 @@
+"""workers.Router on real shared memory: a TableWriter and a CounterStore in the test
+process (the discovery process and the gunicorn master's part), routers reading them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+import lbcore
+import shm
+from lbcore.fade import skipper_fadein_route
+from lbcore.hashing import unit_interval
+from shm.segment import SHM_DIR, unlink_name
+from workers import router as router_mod
+from workers.router import SKIPPER_SALT, Router, RouterInputError, RouterStateError
+
+D_NS = 30_000_000_000
+KEYS = [f"SKU-{i:06d}" for i in range(4000)]
+_counter = itertools.count()
+_PREFIX = f"r{os.getpid()}x"
+
+
+def _ours() -> list[str]:
+    return sorted("/" + e for e in os.listdir(SHM_DIR) if e.startswith(f"cslb.{_PREFIX}"))
+
+
+@pytest.fixture
+def namespace():
+    ns = f"{_PREFIX}{next(_counter)}{uuid.uuid4().hex[:6]}"
+    yield ns
+    for name in [s for s in _ours() if s.startswith(f"/cslb.{ns}.")]:
+        unlink_name(name)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leftovers():
+    yield
+    for name in _ours():
+        unlink_name(name)
+
+
+class Clock:
+    """An injectable CLOCK_MONOTONIC (ns) that only moves when told."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.now = time.monotonic_ns()
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += int(seconds * 1e9)
+
+
+class Host:
+    """The host's shared state: counters (master) and a table writer (discovery)."""
+
+    def __init__(self, namespace: str, clock: Clock, rows: int = 8) -> None:
+        self.ns = namespace
+        self.clock = clock
+        self.store = shm.CounterStore.create(namespace, rows=rows, clock=clock)
+        self.writer = shm.TableWriter(namespace, counters=self.store, clock=clock)
+        self.routers: list[Router] = []
+
+    def publish(self, rs: lbcore.RingSet, **kw) -> int:
+        n = len(rs.endpoints)
+        kw.setdefault("nodes", [f"node-{i}" for i in range(n)])
+        kw.setdefault("zones", [f"zone-{i % 3}" for i in range(n)])
+        return self.writer.publish(rs, **kw)
+
+    def router(self, **kw) -> Router:
+        kw.setdefault("clock", self.clock)
+        r = Router(self.ns, **kw)
+        self.routers.append(r)
+        return r
+
+    def loads(self) -> shm.HostLoads:
+        return self.store.reader().read(self.clock())
+
+    def close(self) -> None:
+        for r in self.routers:
+            r.close()
+        self.writer.close()
+        self.store.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def host(namespace, clock):
+    h = Host(namespace, clock)
+    yield h
+    h.close()
+
+
+def endpoints(n: int, net: int = 0) -> list[str]:
+    return [f"http://10.{net}.0.{i + 1}:8080" for i in range(n)]
+
+
+def knobs(**kw) -> shm.Knobs:
+    return shm.Knobs(**kw)
+
+
+# ------------------------------------------------------------------------------------
+# Parity with lbcore.
+
+
+def test_plain_ring_parity_with_lbcore(host):
+    rs = lbcore.RingSet(endpoints(20))
+    host.publish(rs, knobs=knobs(balance_factor=None))
+    r = host.router()
+    idx, table = r.route_table(KEYS)
+    assert idx.dtype == np.int32
+    assert table.generation == 1
+    np.testing.assert_array_equal(idx, lbcore.Ring(endpoints(20)).lookup(KEYS))
+    # Tiny batches take the same answer as the big one.
+    for i in (0, 17, 3999):
+        assert r.route([KEYS[i]])[0] == idx[i]
+    assert r.endpoints_of(idx[:3], table) == [table.endpoints[i] for i in idx[:3]]
+    assert r.stats() == {"decisions": 4003, "fallbacks": 0, "moves": 0, "failures": 0}
+
+
+def _load_up(host: Host, table: shm.Table, per_endpoint: dict[int, int]) -> shm.Recorder:
+    """Open calls on some endpoints from another worker's row (host-wide in-flight)."""
+    rec = host.store.claim()
+    slots = [int(table.slots[e]) for e, c in per_endpoint.items() for _ in range(c)]
+    rec.record_start(slots, host.clock())
+    return rec
+
+
+@pytest.mark.parametrize("signal_name", ["in-flight", "occupancy", "effective"])
+def test_bounded_load_parity_with_lbcore_and_moves(host, signal_name):
+    eps = endpoints(12)
+    rs = lbcore.RingSet(eps)
+    k = knobs(balance_factor=1.25, max_hops=3, load_signal=signal_name)
+    host.publish(rs, knobs=k)
+    r = host.router(refresh_s=0.5)
+    table = r.table()
+    rec = _load_up(host, table, {0: 9, 1: 5, 4: 2})
+    host.clock.advance(2.0)  # occupancy builds up; the router's snapshot is due again
+    idx = r.route(KEYS)
+    snap_loads = r.loads()
+    assert snap_loads.in_flight.tolist()[:2] == [9, 5]
+    load = snap_loads.signal(signal_name)
+    expect = rs.route(KEYS, host.clock(), loads=load, balance_factor=1.25, max_hops=3)
+    np.testing.assert_array_equal(idx, expect)
+    plain = rs.route(KEYS, host.clock())
+    moved = int((idx != plain).sum())
+    assert moved > 100  # endpoint 0 is far over the bar
+    assert not (idx == 0).any()
+    st = r.stats()
+    assert st["moves"] == moved and st["decisions"] == len(KEYS)
+    assert host.store.reader().stats() == {"decisions": len(KEYS), "fallbacks": 0, "moves": moved}
+    rec.release()
+
+
+def test_moves_count_only_keys_the_gate_lets_through(host):
+    rs = lbcore.RingSet(endpoints(8))
+    host.publish(rs, knobs=knobs(percentage=50.0, load_signal="in-flight", max_hops=None))
+    r = host.router()
+    rec = _load_up(host, r.table(), {0: 8, 5: 8})
+    host.clock.advance(1.0)
+    idx = r.route(KEYS)
+    gate = lbcore.Gate(True, 50.0).mask(lbcore.hash_keys(KEYS))
+    plain = rs.route(KEYS, 0)
+    assert (idx[~gate] == -1).all()
+    moved = int(((idx != plain) & gate).sum())
+    assert (
+        0
+        < moved
+        < int(
+            (
+                rs.route(KEYS, 0, loads=r.loads().signal("in-flight"), balance_factor=1.25) != plain
+            ).sum()
+        )
+    )
+    assert host.store.reader().stats() == {
+        "decisions": len(KEYS),
+        "fallbacks": int((~gate).sum()),
+        "moves": moved,
+    }
+    rec.release()
+
+
+def test_nring_fade_in_shares_over_time_follow_lbcore(host, clock):
+    old, new = endpoints(10), endpoints(5, net=1)
+    t0 = clock()
+    rs = lbcore.RingSet(old, duration_ns=D_NS).scale_up(new, t0)
+    host.publish(rs, knobs=knobs(balance_factor=None))
+    r = host.router()
+    new_idx = set(range(10, 15))
+    shares = []
+    for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+        clock.now = t0 + int(frac * D_NS)
+        idx = r.route(KEYS)
+        np.testing.assert_array_equal(idx, rs.route(KEYS, clock.now))
+        shares.append(float(np.isin(idx, list(new_idx)).mean()))
+    assert shares[0] == 0.0
+    assert shares == sorted(shares) and shares[2] > 0.0
+    # Fully faded in: exactly the ring of all 15 endpoints.
+    np.testing.assert_array_equal(idx, lbcore.Ring(old + new).lookup(KEYS))
+    assert 0.25 < shares[-1] < 0.42  # a third of the endpoints
+
+
+def test_fade_mode_off_routes_on_the_newest_ring(host, clock):
+    old, new = endpoints(6), endpoints(3, net=1)
+    rs = lbcore.RingSet(old, duration_ns=D_NS).scale_up(new, clock())
+    host.publish(rs, knobs=knobs(balance_factor=None, fade_mode="off"))
+    r = host.router()
+    np.testing.assert_array_equal(r.route(KEYS), lbcore.Ring(old + new).lookup(KEYS))
+
+
+@pytest.mark.parametrize("bf", [None, 1.25])
+def test_skipper_fade_mode_matches_lbcore_skipper_route(host, clock, bf):
+    old, new = endpoints(8), endpoints(4, net=1)
+    t0 = clock()
+    rs = lbcore.RingSet(old, duration_ns=D_NS).scale_up(new, t0)
+    host.publish(rs, knobs=knobs(balance_factor=bf, fade_mode="skipper", load_signal="in-flight"))
+    r = host.router()
+    rec = _load_up(host, r.table(), {0: 7, 9: 5, 3: 2})
+    clock.now = t0 + D_NS // 2
+    idx = r.route(KEYS)
+    h = lbcore.hash_keys(KEYS)
+    ages = [None] * 8 + [clock.now - t0] * 4
+    kw = {} if bf is None else {"loads": r.loads().signal("in-flight"), "balance_factor": bf}
+    expect = skipper_fadein_route(
+        rs.master, KEYS, ages, D_NS, rs.exponent, unit_interval(h, SKIPPER_SALT), max_hops=10, **kw
+    )
+    np.testing.assert_array_equal(idx, expect)
+    share_new = float((idx >= 8).mean())
+    assert 0.0 < share_new < 1 / 3  # fading in: below the new pods' full third
+    if bf is not None:
+        assert r.stats()["moves"] > 0 and not (idx == 0).any()
+    rec.release()
+
+
+# ------------------------------------------------------------------------------------
+# Gate, ejected endpoints, retries, fallbacks.
+
+
+def test_gate_kill_switch_and_percentage(host):
+    eps = endpoints(10)
+    rs = lbcore.RingSet(eps)
+    host.publish(rs, knobs=knobs(percentage=30.0, balance_factor=None))
+    r = host.router()
+    idx = r.route(KEYS)
+    expect = lbcore.Gate(True, 30.0).apply(rs.route(KEYS, 0), lbcore.hash_keys(KEYS))
+    np.testing.assert_array_equal(idx, expect)
+    assert 0.25 < float((idx >= 0).mean()) < 0.35
+    assert r.stats()["fallbacks"] == int((idx < 0).sum())
+    host.publish(rs, knobs=knobs(enabled=False))
+    assert (r.route(KEYS) == -1).all()
+    host.publish(rs, knobs=knobs(percentage=0.0))
+    assert (r.route(KEYS[:3]) == -1).all()
+
+
+@pytest.mark.parametrize("bf", [None, 1.1])
+def test_ejected_endpoints_are_never_chosen(host, bf):
+    eps = endpoints(10)
+    rs = lbcore.RingSet(eps)
+    ejected = np.zeros(10, dtype=bool)
+    ejected[[1, 4, 7]] = True
+    host.publish(rs, ejected=ejected, knobs=knobs(balance_factor=bf, load_signal="in-flight"))
+    r = host.router()
+    rec = _load_up(host, r.table(), {0: 6, 2: 3})
+    host.clock.advance(1.0)
+    for attempt in (0, 1):
+        idx = r.route(KEYS, attempt=attempt)
+        assert (idx >= 0).all()
+        assert not np.isin(idx, [1, 4, 7]).any()
+        kw = {} if bf is None else {"loads": r.loads().signal("in-flight"), "balance_factor": bf}
+        expect = rs.route(KEYS, host.clock(), candidates=~ejected, attempt=attempt, **kw)
+        np.testing.assert_array_equal(idx, expect)
+    rec.release()
+
+
+def test_ejected_never_chosen_in_skipper_mode(host, clock):
+    rs = lbcore.RingSet(endpoints(6), duration_ns=D_NS).scale_up(endpoints(3, net=1), clock())
+    ejected = np.zeros(9, dtype=bool)
+    ejected[[0, 7]] = True
+    host.publish(rs, ejected=ejected, knobs=knobs(fade_mode="skipper"))
+    r = host.router()
+    clock.advance(10)
+    for attempt in (0, 1):
+        idx = r.route(KEYS, attempt=attempt)
+        assert (idx >= 0).all() and not np.isin(idx, [0, 7]).any()
+
+
+def test_all_ejected_empty_and_missing_tables_give_fallback(host, namespace):
+    r = host.router()
+    assert (r.route(KEYS[:5]) == -1).all()  # nothing published yet: generation 0
+    assert r.table().generation == 0
+    rs = lbcore.RingSet(endpoints(4))
+    host.publish(rs, ejected=np.ones(4, dtype=bool))
+    for bf in (None, 1.25):
+        host.publish(rs, ejected=np.ones(4, dtype=bool), knobs=knobs(balance_factor=bf))
+        assert (r.route(KEYS) == -1).all()
+        assert (r.route(KEYS, attempt=1) == -1).all()
+    host.publish(lbcore.RingSet(()))
+    idx, t = r.route_table(KEYS[:7])
+    assert (idx == -1).all() and len(t.endpoints) == 0
+    assert r.endpoints_of(idx, t) == [None] * 7
+    # A namespace without any segments: fallback, never an exception.
+    lonely = Router(f"{namespace}-none")
+    try:
+        assert (lonely.route(KEYS[:3]) == -1).all()
+        assert lonely.row is None
+        with lonely.track(np.array([-1, -1])) as t:
+            t.fail(0)
+    finally:
+        lonely.close()
+
+
+@pytest.mark.parametrize("bf", [None, 1.25])
+def test_retry_attempt_differs_from_first_attempt(host, bf):
+    rs = lbcore.RingSet(endpoints(8))
+    host.publish(rs, knobs=knobs(balance_factor=bf, load_signal="in-flight"))
+    r = host.router()
+    rec = _load_up(host, r.table(), {3: 4})
+    host.clock.advance(1.0)
+    first = r.route(KEYS)
+    retry = r.route(KEYS, attempt=1)
+    assert (retry >= 0).all() and (first >= 0).all()
+    assert (retry != first).all()
+    np.testing.assert_array_equal(r.route(KEYS, attempt=1), retry)  # deterministic
+    rec.release()
+
+
+def test_bad_input_raises_lbcore_errors_and_counts_nothing(host):
+    host.publish(lbcore.RingSet(endpoints(3)))
+    r = host.router()
+    with pytest.raises(lbcore.KeyTypeError):
+        r.route(["ok", 1.5])
+    with pytest.raises(lbcore.KeyTypeError):
+        r.route(np.array([1.0, 2.0]))
+    with pytest.raises(lbcore.KeyTooLongError, match="4096"):
+        r.route(["x" * 4097])
+    with pytest.raises(lbcore.ArgumentError):
+        r.route(["a"], attempt=-1)
+    assert r.stats()["decisions"] == 0
+    assert r.route(["y" * 4096, "", " \n", "ünï"]).shape == (4,)
+    assert r.route([123])[0] == r.route(["123"])[0]
+    table = r.table()
+    with pytest.raises(RouterInputError, match=r"-1\.\.2"):
+        r.endpoints_of([0, 3], table)
+    with pytest.raises(RouterInputError, match="integer"):
+        r.track(np.array([0.5]))
+    with pytest.raises(RouterInputError, match="2 keys for 1 calls"):
+        r.track([0], table, keys=["a", "b"])
+    with pytest.raises(RouterInputError):
+        Router(host.ns, refresh_s=-1)
+
+
+# ------------------------------------------------------------------------------------
+# Generations and the load snapshot cadence.
+
+
+def test_new_generation_is_followed_and_refreshes_loads_at_once(host):
+    host.publish(lbcore.RingSet(endpoints(5)), knobs=knobs(load_signal="in-flight"))
+    r = host.router(refresh_s=60.0)
+    idx1, t1 = r.route_table(KEYS)
+    rec = _load_up(host, t1, {2: 3})
+    assert r.loads().in_flight.sum() == 0  # cached snapshot, not due for a minute
+    eps2 = endpoints(7, net=2)
+    rs2 = lbcore.RingSet(eps2)
+    host.publish(rs2, knobs=knobs(balance_factor=None))
+    idx2, t2 = r.route_table(KEYS)
+    assert t2.generation == 2 and t2.endpoints == tuple(eps2)
+    np.testing.assert_array_equal(idx2, rs2.route(KEYS, 0))
+    assert r.endpoints_of(idx1[:2], t1) != r.endpoints_of(idx2[:2], t2)
+    # The new generation's endpoints got new counter slots: still idle.
+    assert r.loads().in_flight.sum() == 0
+    host.publish(lbcore.RingSet(endpoints(5)), knobs=knobs(load_signal="in-flight"))
+    assert r.loads().in_flight.tolist() == [0, 0, 3, 0, 0]  # endpoint kept its slot
+    rec.release()
+
+
+def test_load_snapshot_refreshes_on_its_cadence(host, clock):
+    host.publish(lbcore.RingSet(endpoints(4)), knobs=knobs(load_signal="in-flight"))
+    r = host.router(refresh_s=0.5)
+    t = r.table()
+    first = r.loads()
+    assert first.in_flight.sum() == 0
+    rec = _load_up(host, t, {1: 2})
+    clock.advance(0.49)
+    assert r.loads() is first  # still within the cadence
+    clock.advance(0.02)
+    fresh = r.loads()
+    assert fresh is not first and fresh.in_flight.tolist() == [0, 2, 0, 0]
+    assert fresh.now_ns == clock()
+    rec.release()
+    r0 = host.router(refresh_s=0.0)  # every batch
+    r0.route(KEYS[:1])
+    a = r0.loads()
+    assert r0.loads() is not a
+
+
+# ------------------------------------------------------------------------------------
+# Recording.
+
+
+def test_track_records_in_flight_and_occupancy_host_wide(host, clock):
+    host.publish(lbcore.RingSet(endpoints(6)))
+    r = host.router()
+    idx, table = r.route_table(KEYS[:50])
+    idx[[3, 9]] = -1  # two keys went to fallback
+    with r.track(idx, table, keys=KEYS[:50]):
+        during = host.loads().take(table.slots)
+        assert during.in_flight.sum() == 48
+        np.testing.assert_array_equal(during.in_flight, np.bincount(idx[idx >= 0], minlength=6))
+        clock.advance(2.0)
+    after = host.loads().take(table.slots)
+    assert after.in_flight.sum() == 0
+    # 48 calls x 2 s over a 10 s window = 9.6 busy-seconds per second, host-wide.
+    assert after.occupancy.sum() == pytest.approx(48 * 2.0 / 10.0)
+    assert after.completed.sum() == 48
+
+
+def test_track_done_and_exception_still_records_the_end(host, clock):
+    host.publish(lbcore.RingSet(endpoints(3)))
+    r = host.router()
+    idx, table = r.route_table(["a", "b"])
+    with pytest.raises(RuntimeError), r.track(idx, table) as t:
+        clock.advance(1.0)
+        t.done(0)
+        clock.advance(1.0)
+        raise RuntimeError("the fan-out blew up")
+    loads = host.loads().take(table.slots)
+    assert loads.in_flight.sum() == 0 and loads.completed.sum() == 2
+    assert loads.occupancy.sum() == pytest.approx((1.0 + 2.0) / 10.0)
+    with pytest.raises(RouterStateError):
+        t.fail(0)  # the tracker is finished
+
+
+def test_fail_logs_one_structured_line_and_counts(host, caplog):
+    eps = endpoints(4)
+    host.publish(lbcore.RingSet(eps), nodes=["n-a", "n-b", "n-c", "n-d"], zones=["z1"] * 4)
+    r = host.router()
+    keys = ["SKU-1", b"SKU-\xff", 77]
+    idx, table = r.route_table(keys, attempt=1)
+    with (
+        caplog.at_level(logging.WARNING, logger="cslb.router"),
+        r.track(idx, table, keys=keys, attempt=1) as t,
+    ):
+        t.fail(1)
+        t.fail(1)  # once per call
+        t.fail(2)
+    lines = [rec for rec in caplog.records if rec.name == "cslb.router"]
+    assert len(lines) == 2
+    first = json.loads(lines[0].getMessage())
+    e = int(idx[1])
+    assert first == {
+        "event": "cslb_call_failed",
+        "product_id": "SKU-\\xff",
+        "endpoint": eps[e],
+        "pod_ip": f"10.0.0.{e + 1}",
+        "node": "n-abcd"[0] + "-" + "abcd"[e],
+        "zone": "z1",
+        "attempt": 1,
+        "generation": 1,
+        "call": 1,
+        "pid": os.getpid(),
+    }
+    assert lines[0].cslb["product_id"] == "SKU-\\xff"
+    assert json.loads(lines[1].getMessage())["product_id"] == "77"
+    assert "\n" not in lines[0].getMessage()
+    assert r.stats()["failures"] == 2
+    loads = host.loads().take(table.slots)
+    assert loads.completed.sum() == 3
+    failed_eps = {int(idx[1]), int(idx[2])}
+    got = {i for i, fr in enumerate(loads.failure_rate.tolist()) if fr > 0}
+    assert got == failed_eps
+    assert loads.requests_total.sum() == 3
+    assert loads.failures_total.sum() == 2
+    assert {i for i, f in enumerate(loads.failures_total.tolist()) if f} == failed_eps
+
+
+def test_gthread_threads_record_concurrently_with_exact_totals(host):
+    host.publish(lbcore.RingSet(endpoints(8)))
+    r = host.router(threads=True)
+    calls_per_thread, threads = 300, 6
+    errors: list[BaseException] = []
+    start = threading.Barrier(threads)
+
+    def work(t: int) -> None:
+        try:
+            start.wait()
+            for i in range(calls_per_thread):
+                idx, table = r.route_table([f"k{t}-{i}-{j}" for j in range(3)])
+                with r.track(idx, table) as tr:
+                    if i % 10 == 0:
+                        tr.fail(0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join(timeout=60)
+    assert not errors
+    loads = host.loads()
+    assert loads.in_flight.sum() == 0
+    assert loads.completed.sum() == threads * calls_per_thread * 3
+    assert loads.requests_total.sum() == threads * calls_per_thread * 3
+    assert loads.failures_total.sum() == threads * calls_per_thread // 10
+    st = r.stats()
+    assert st["decisions"] == threads * calls_per_thread * 3
+    assert st["failures"] == threads * calls_per_thread // 10
+    assert host.store.reader().stats()["decisions"] == st["decisions"]
+
+
+# ------------------------------------------------------------------------------------
+# Lifecycle: attach, fork, reserved rows, replaced counters.
+
+
+def test_attach_is_one_per_process_and_reads_the_environment(host, monkeypatch):
+    host.publish(lbcore.RingSet(endpoints(3)))
+    monkeypatch.setenv("CSLB_SHM_NAMESPACE", host.ns)
+    monkeypatch.setenv("CSLB_LOAD_REFRESH", "0.25")
+    assert Router.current() is None
+    r = Router.attach()
+    try:
+        assert Router.current() is r and Router.attach() is r
+        assert r.namespace == host.ns and r.refresh_ns == 250_000_000
+        assert r.row is not None and not r.adopted
+        with pytest.raises(RouterStateError, match="close it"):
+            Router.attach(f"{host.ns}-other")
+    finally:
+        r.close()
+    assert Router.current() is None
+    with pytest.raises(RouterStateError, match="closed"):
+        r.route(["a"])
+    monkeypatch.setenv("CSLB_COUNTER_ROW", "x")
+    with pytest.raises(RouterInputError, match="CSLB_COUNTER_ROW"):
+        Router.attach(host.ns)
+    monkeypatch.setenv("CSLB_COUNTER_ROW", "")
+    monkeypatch.setenv("CSLB_LOAD_REFRESH", "soon")
+    with pytest.raises(lbcore.knobs.KnobError, match="CSLB_LOAD_REFRESH"):
+        Router.attach(host.ns)
+
+
+def _child_checks(ns: str, parent_router: Router, conn) -> None:
+    try:
+        out = {"current": Router.current() is None}
+        try:
+            parent_router.route(["a"])
+            out["parent_usable"] = True
+        except RouterStateError:
+            out["parent_usable"] = False
+        own = Router.attach(ns)
+        out["own_row"] = own.row
+        out["route"] = own.route(KEYS[:20]).tolist()
+        own.close()
+        conn.send(out)
+    except BaseException as exc:
+        conn.send({"error": repr(exc)})
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def test_forked_child_does_not_reuse_the_parents_router(host, namespace):
+    host.publish(lbcore.RingSet(endpoints(5)))
+    parent = Router.attach(namespace)
+    try:
+        ctx = multiprocessing.get_context("fork")
+        a, b = ctx.Pipe()
+        p = ctx.Process(target=_child_checks, args=(namespace, parent, b), daemon=True)
+        p.start()
+        try:
+            assert a.poll(30), "the child did not answer"
+            got = a.recv()
+        finally:
+            p.join(10)
+            if p.exitcode is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(5)
+        assert "error" not in got, got
+        assert got["current"] is True and got["parent_usable"] is False
+        assert got["own_row"] is not None and got["own_row"] != parent.row
+        assert got["route"] == parent.route(KEYS[:20]).tolist()
+        assert Router.current() is parent
+    finally:
+        parent.close()
+
+
+def test_forked_worker_adopts_the_row_its_master_reserved(host, namespace):
+    host.publish(lbcore.RingSet(endpoints(5)))
+    row = host.store.reserve()
+    ctx = multiprocessing.get_context("fork")
+    a, b = ctx.Pipe()
+
+    def child(conn) -> None:
+        try:
+            os.environ["CSLB_COUNTER_ROW"] = str(row)
+            r = Router.attach(namespace)
+            conn.send((r.row, r.adopted))
+            r.close()
+        finally:
+            conn.close()
+            os._exit(0)
+
+    p = ctx.Process(target=child, args=(b,), daemon=True)
+    p.start()
+    try:
+        assert a.poll(30)
+        assert a.recv() == (row, True)
+    finally:
+        p.join(10)
+        if p.exitcode is None:
+            os.kill(p.pid, signal.SIGKILL)
+
+
+def test_reclaims_a_row_after_the_counters_were_replaced(host, namespace, clock):
+    host.publish(lbcore.RingSet(endpoints(4)))
+    r = host.router()
+    first_row = r.row
+    assert first_row is not None
+    idx, table = r.route_table(KEYS[:10])
+    host.writer.close(unlink=False)
+    host.store.close()  # the owner removes the counters ...
+    host.store = shm.CounterStore.create(namespace, rows=8, clock=clock)  # ... and restarts
+    host.writer = shm.TableWriter(namespace, counters=host.store, clock=clock)
+    host.writer.publish(lbcore.RingSet(endpoints(4)))
+    clock.advance(0.5)
+    r.route(KEYS[:1])
+    assert r.reattached == 0  # polled about once a second, not per batch
+    clock.advance(0.6)
+    idx, table = r.route_table(KEYS[:10])
+    assert r.reattached == 1
+    mine = [s for s in host.store.slots() if s.claimed and s.pid == os.getpid()]
+    assert [s.row for s in mine] == [r.row]
+    with r.track(idx, table):
+        assert host.loads().in_flight.sum() == 10  # recorded into the new counters
+    assert host.loads().in_flight.sum() == 0
+
+
+def test_close_releases_the_row(host):
+    host.publish(lbcore.RingSet(endpoints(3)))
+    r = host.router()
+    row = r.row
+    assert host.store.slots()[row].claimed
+    r.close()
+    r.close()
+    assert not host.store.slots()[row].claimed
+
+
+def test_module_declares_its_knob():
+    assert router_mod.LOAD_REFRESH.env == "CSLB_LOAD_REFRESH"
+    assert router_mod.LOAD_REFRESH.convert("0.2s", "test") == pytest.approx(0.2)
+
+
+def test_a_row_not_reserved_for_us_falls_back_to_a_free_row(host, monkeypatch):
+    host.publish(lbcore.RingSet(endpoints(3)))
+    other = host.store.claim()  # row held by this process, not reserved
+    monkeypatch.setenv("CSLB_COUNTER_ROW", str(other.row))
+    r = Router.attach(host.ns)
+    try:
+        assert r.row != other.row and not r.adopted
+    finally:
+        r.close()
+        other.release()
+
+
+def _variant(g: int) -> lbcore.RingSet:
+    v = g % 3
+    return lbcore.RingSet(endpoints(3 + 3 * v, net=v), vnodes=20)
+
+
+def _churn(ns: str, publishes: int) -> None:
+    import time
+
+    writer = shm.TableWriter(ns)
+    deadline = time.monotonic() + 10
+    for _ in range(publishes):
+        writer.publish(_variant(writer.generation + 1), knobs=shm.Knobs(balance_factor=None))
+        if time.monotonic() > deadline:
+            break
+    writer.close(unlink=False)
+    os._exit(0)
+
+
+def test_routes_are_consistent_while_a_writer_process_republishes(host, namespace):
+    keys = KEYS[:64]
+    expected = {v: _variant(v).route(keys, 0) for v in range(3)}
+    host.writer.publish(_variant(1), knobs=shm.Knobs(balance_factor=None))
+    host.writer.close(unlink=False)
+    r = host.router()
+    ctx = multiprocessing.get_context("fork")
+    p = ctx.Process(target=_churn, args=(namespace, 400), daemon=True)
+    p.start()
+    seen = set()
+    try:
+        for _ in range(20_000):
+            idx, t = r.route_table(keys)
+            assert t.generation >= 1
+            np.testing.assert_array_equal(idx, expected[t.generation % 3])
+            assert len(t.endpoints) == 3 + 3 * (t.generation % 3)
+            seen.add(t.generation)
+            if p.exitcode is not None:
+                break
+    finally:
+        p.join(15)
+        if p.exitcode is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(5)
+    assert len(seen) > 10  # the router followed the churn
+    host.writer = shm.TableWriter(namespace, counters=host.store, clock=host.clock)
+
+
+@pytest.mark.parametrize("ejected", [False, True])
+def test_small_batches_walk_until_the_answer_tables_pay_then_agree(host, clock, ejected):
+    eps = endpoints(30)
+    t0 = clock()
+    rs = lbcore.RingSet(eps[:25], duration_ns=D_NS).scale_up(eps[25:], t0)
+    ej = np.zeros(30, dtype=bool)
+    if ejected:
+        ej[[2, 26]] = True
+    host.publish(rs, ejected=ej, knobs=knobs(load_signal="in-flight", max_hops=4))
+    r = host.router(refresh_s=5.0)
+    rec = _load_up(host, r.table(), {0: 9, 1: 7, 3: 5, 27: 6})
+    clock.advance(D_NS / 2e9)  # the snapshot is due again: it sees the load
+    keys = KEYS[:800]
+    got = np.concatenate([r.route(keys[i : i + 10]) for i in range(0, len(keys), 10)])
+    assert r._snap._answer is not None  # 3000 positions / 8 = 375 keys: built on the way
+    load = r.loads().signal("in-flight")
+    cand = ~ej if ejected else None
+    expect = rs.route(keys, clock(), loads=load, balance_factor=1.25, max_hops=4, candidates=cand)
+    np.testing.assert_array_equal(got, expect)
+    plain = rs.route(keys, clock(), candidates=cand)
+    assert r.stats()["moves"] == int((got != plain).sum()) > 0
+    rec.release()
+
+
+def test_tables_and_counters_created_after_attach_are_picked_up(namespace, clock):
+    r = Router(namespace, clock=clock)  # a worker that started before discovery
+    try:
+        assert r.row is None and (r.route(KEYS[:4]) == -1).all()
+        h = Host(namespace, clock)
+        try:
+            rs = lbcore.RingSet(endpoints(5))
+            h.publish(rs, knobs=knobs(balance_factor=None))
+            assert (r.route(KEYS[:4]) == -1).all()  # checked about once a second
+            clock.advance(1.01)
+            np.testing.assert_array_equal(r.route(KEYS), rs.route(KEYS, 0))
+            assert r.row is not None
+            idx, t = r.route_table(KEYS[:6])
+            with r.track(idx, t):
+                assert h.loads().in_flight.sum() == 6
+        finally:
+            r.close()
+            h.close()
+    finally:
+        r.close()
+
+
+def test_tracking_on_a_table_rewritten_since_records_nothing(host, caplog):
+    rs = lbcore.RingSet(endpoints(4))
+    host.publish(rs)
+    r = host.router()
+    idx1, t1 = r.route_table(KEYS[:8])
+    host.publish(lbcore.RingSet(endpoints(6)))
+    host.publish(lbcore.RingSet(endpoints(7)))  # reuses t1's buffer
+    r.route(KEYS[:1])
+    assert not t1.valid()
+    with caplog.at_level(logging.WARNING, logger="cslb.router"), r.track(idx1, t1):
+        assert host.loads().in_flight.sum() == 0
+    assert "not recorded" in caplog.text
+    idx, t = r.route_table(KEYS[:8])
+    with r.track(idx, t):  # the current generation records as usual
+        assert host.loads().in_flight.sum() == 8
+
+
+def test_no_free_counter_row_still_routes(namespace, clock, caplog):
+    h = Host(namespace, clock, rows=1)
+    taken = h.store.claim()
+    try:
+        h.publish(lbcore.RingSet(endpoints(3)), knobs=knobs(balance_factor=None))
+        with caplog.at_level(logging.WARNING, logger="cslb.router"):
+            r = h.router()
+            assert r.row is None
+            clock.advance(1.1)
+            np.testing.assert_array_equal(r.route(KEYS), lbcore.Ring(endpoints(3)).lookup(KEYS))
+        assert caplog.text.count("no counter row") == 1
+        assert r.stats()["decisions"] == len(KEYS)
+    finally:
+        taken.release()
+        h.close()

@@ -1,0 +1,1077 @@
+"""The Router: what user code in a worker process calls to route and to record load.
+
+One :class:`Router` per worker process (:meth:`Router.attach`). It maps the host's
+routing tables (:class:`shm.TableReader`), claims a row of the host's counter matrix
+(:class:`shm.CounterStore`) and answers, for a batch of product IDs, which endpoint
+serves each of them::
+
+    router = Router.attach()
+    idx, table = router.route_table(product_ids)
+    with router.track(idx, table, keys=product_ids) as t:
+        ...                      # the fan-out; t.fail(i) marks call i failed
+    urls = router.endpoints_of(idx, table)
+
+Routing a batch
+---------------
+:meth:`Router.route` applies, in one pass: the rollout gate of the table's knobs;
+N-ring fade-in (or Skipper's fade-in when ``fade_mode`` is ``skipper``); bounded load
+on the host-wide load vector the knobs' ``load_signal`` names; ejected endpoints (never
+chosen); and ``attempt`` for the single fast retry. Every rule is lbcore's: the router
+only composes :func:`lbcore.redirect_table`, :meth:`lbcore.Ring.lookup` and the ring
+set's position maps.
+
+The load snapshot
+-----------------
+Summing every worker's counter row costs more than routing a batch, so the router
+reads the host's loads on a cadence (:data:`LOAD_REFRESH`, ``CSLB_LOAD_REFRESH``,
+default 0.1 s) and immediately when a new table generation appears. On a snapshot it
+builds an *answer table*: per ring and per position of the newest ring, the bounded-load
+answer with ejected endpoints left out (:func:`lbcore.redirect_table` per ring, gathered
+through the ring set's ``ring_pos``, exactly what :meth:`lbcore.RingSet.route` caches
+for one load snapshot), plus a boolean table "this answer differs from the plain
+ring's", so counting bounded-load moves costs one more gather. A batch then costs:
+hashing, one bucket-table position lookup, the fade draw (while a ring is fading) and
+one gather. The tables are built only once keys worth an eighth of the ring positions
+were routed on the snapshot (lbcore's own rule: building costs about a walk per
+position); before that, and for retries, keys are walked by
+:meth:`lbcore.RingSet.route`. A refresh that reads the same load vector (an idle host)
+keeps the tables. ``perf/bench_router.py`` measures the cost against reading a fresh
+snapshot per batch, and the staleness.
+
+Checks per batch are constant-cost: :meth:`shm.TableReader.table` (two shared-memory
+loads and a clock read), one identity comparison with the snapshot's table, and
+:meth:`shm.Table.valid` after routing (a result computed on a table the writer began
+to rewrite is computed again on the new one).
+
+Recording
+---------
+:meth:`Router.track` records a whole fan-out with one ``record_start`` and one
+``record_end`` call on the worker's row (through :class:`shm.LockedRecorder`, so the
+threads of a gthread worker share it safely). Fallback entries (``-1``) are not
+recorded: those calls go through the ingress. Per routed batch the router adds the
+decision statistics to its row (``Recorder.count``): *decisions* = keys routed
+(fallbacks included), *fallbacks* = keys answered ``-1``, *moves* = keys that bounded
+load sent elsewhere than the plain ring (with ejected endpoints left out) would have.
+
+Failures
+--------
+:meth:`Tracker.fail` logs one line on the ``cslb.router`` logger at WARNING: a JSON
+object (ASCII, so always a single line) with ``event`` = ``"cslb_call_failed"``,
+``product_id``, ``endpoint``, ``pod_ip`` (the endpoint's host), ``node``, ``zone``,
+``attempt``, ``generation``, ``call`` (position in the fan-out) and ``pid``. The same
+fields are attached to the log record as ``record.cslb`` for structured handlers.
+
+Lifecycle
+---------
+:meth:`Router.attach` adopts the counter row the gunicorn master reserved for this
+worker (``CSLB_COUNTER_ROW``), else claims any free row. About once a second it checks
+whether the counters were replaced (the master restarted them) and then attaches the
+new ones and claims a new row; missing tables or counters (discovery not started yet)
+are retried at the same pace, and meanwhile every key is fallback. A forked child
+never uses its parent's router: :meth:`Router.current` is ``None`` there and the
+parent's router raises :class:`RouterStateError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import numpy as np
+
+import lbcore
+import shm
+from lbcore.fade import fadein_scores, skipper_fadein_candidates
+from lbcore.hashing import unit_interval
+from lbcore.knobs import Knob, parse_seconds
+
+__all__ = [
+    "COUNTER_ROW_ENV",
+    "LOAD_REFRESH",
+    "ROUTER_KNOBS",
+    "SKIPPER_SALT",
+    "Router",
+    "RouterError",
+    "RouterInputError",
+    "RouterStateError",
+    "Tracker",
+]
+
+log = logging.getLogger("cslb.router")
+
+#: Environment variable through which the gunicorn master hands a worker its reserved row.
+COUNTER_ROW_ENV = "CSLB_COUNTER_ROW"
+
+#: How often the worker re-reads the host's loads (seconds).
+LOAD_REFRESH = Knob(
+    "load_refresh_s",
+    "CSLB_LOAD_REFRESH",
+    "--load-refresh",
+    0.1,
+    parse_seconds,
+    "Seconds between two reads of the host's load counters by a worker; bounded load "
+    "decides on a snapshot at most this old (a new table generation is read at once). "
+    "0 reads them for every batch.",
+    "SECONDS",
+)
+
+#: The router's own process settings (declared like the routing knobs).
+ROUTER_KNOBS: tuple[Knob, ...] = (LOAD_REFRESH,)
+
+#: Salt of the per-key draw that stands in for Skipper's per-request random threshold
+#: in ``fade_mode=skipper`` (independent of the N-ring and gate draws).
+SKIPPER_SALT = 0x736B697070657221
+
+_CHECK_NS = 1_000_000_000  # pace of the replaced()/missing-segment checks
+_RETRY_S = 1.0  # how long route() retries on tables the writer keeps rewriting
+_MAX_KEY_BYTES = lbcore.MAX_KEY_BYTES
+
+
+class RouterError(Exception):
+    """Base class of the router's own errors."""
+
+
+class RouterInputError(RouterError, ValueError):
+    """An argument of a router call is malformed (indices, call numbers, settings)."""
+
+
+class RouterStateError(RouterError):
+    """The router cannot be used here: closed, or inherited by a forked child."""
+
+
+# ------------------------------------------------------------------------------------
+# The load snapshot and what is precomputed from it.
+
+
+class _Snapshot:
+    """One table generation with one host-load snapshot, and the answer tables built on it.
+
+    Immutable once built, except for the lazily built answer tables (two threads may
+    both build them; both results are equal, the last one stays).
+    """
+
+    __slots__ = (
+        "_answer",
+        "balance_factor",
+        "candidates",
+        "due_ns",
+        "gate",
+        "load",
+        "loads",
+        "max_hops",
+        "mode",
+        "read_ns",
+        "routed",
+        "slots",
+        "table",
+    )
+
+    def __init__(
+        self,
+        table: shm.Table,
+        slots: np.ndarray,
+        loads: shm.HostLoads,
+        read_ns: int,
+        due_ns: int,
+    ) -> None:
+        knobs = table.knobs
+        self.table = table
+        self.slots = slots
+        self.loads = loads
+        self.read_ns = read_ns
+        self.due_ns = due_ns
+        self.mode = knobs.fade_mode
+        self.gate = knobs.gate()
+        self.balance_factor = knobs.balance_factor
+        self.max_hops = knobs.max_hops
+        self.load = loads.signal(knobs.load_signal) if loads.in_flight.size else None
+        ej = table.ejected
+        # Ejected endpoints are left out as candidates (lbcore's skip rule), never by
+        # inflating their load: that would raise the average and so the bar for all.
+        self.candidates = ~ej if ej.size and bool(ej.any()) else None
+        self._answer: tuple[np.ndarray, np.ndarray | None] | None = None
+        self.routed = 0
+        if self.balance_factor is None and self.candidates is None:
+            self._answer = (table.ring_set.owner_table, None)  # nothing to build
+
+    def amortized(self, n: int) -> bool:
+        """Count ``n`` keys routed on this snapshot; true once the answer tables pay.
+
+        Building them costs about as much as walking one key per ring position, so,
+        as lbcore does for its redirect tables, they are built once an eighth of the
+        ring's positions worth of keys were routed on the snapshot; before that keys
+        are walked (a worker with little traffic never builds them).
+        """
+        if self._answer is not None:
+            return True
+        self.routed += n  # racy under threads: at worst the tables come a batch later
+        return self.routed >= max(self.table.ring_set.owner_table.size // 8, 8)
+
+    def reuse(self, previous: _Snapshot | None) -> None:
+        """Take ``previous``'s answer tables if they were built on equal inputs."""
+        if (
+            self._answer is None
+            and previous is not None
+            and previous.table is self.table
+            and previous._answer is not None
+            and self.load is not None
+            and previous.load is not None
+            and np.array_equal(self.load, previous.load)
+        ):
+            self._answer = previous._answer
+
+    def answer(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The answer tables ``(answer, moved)``, built on first use.
+
+        Per (ring, newest-ring position): the endpoint, and whether bounded load moved
+        it off the plain ring's answer (``moved`` is ``None`` without bounded load).
+        """
+        a = self._answer
+        if a is None:
+            a = self._answer = self._build()
+        return a
+
+    def _build(self) -> tuple[np.ndarray, np.ndarray | None]:
+        rs = self.table.ring_set
+        cand, bf = self.candidates, self.balance_factor
+        if cand is None:
+            plain = rs.owner_table
+        else:
+            plain = np.empty_like(rs.owner_table)
+            for k, ring in enumerate(rs.rings):
+                # A node's own hash maps to its own position: the answer per position.
+                per_pos = ring.lookup(None, candidates=cand, hashes=ring.hashes)
+                plain[k] = per_pos.take(rs.ring_pos[k])
+        if bf is None:
+            return plain, None
+        bounded = np.empty_like(rs.owner_table)
+        for k, ring in enumerate(rs.rings):
+            per_pos = lbcore.redirect_table(
+                ring, self.load, bf, candidates=cand, max_hops=self.max_hops
+            )
+            bounded[k] = per_pos.take(rs.ring_pos[k])
+        return bounded, bounded != plain
+
+
+def _idle_loads(n: int, now_ns: int) -> shm.HostLoads:
+    """Loads of ``n`` endpoints nobody has called (no counters to read)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(shm.HostLoads):
+        if f.name == "now_ns":
+            values[f.name] = int(now_ns)
+        elif f.name == "window_ns":
+            values[f.name] = 0
+        elif f.name == "global_latency_s":
+            values[f.name] = math.nan
+        elif f.name in ("mean_latency_s", "failure_rate"):
+            values[f.name] = np.full(n, np.nan)
+        elif f.name in ("occupancy", "completed"):
+            values[f.name] = np.zeros(n)
+        else:  # in_flight and any per-slot integer totals
+            values[f.name] = np.zeros(n, dtype=np.int64)
+    return shm.HostLoads(**values)
+
+
+def _row_from_env() -> int | None:
+    raw = os.environ.get(COUNTER_ROW_ENV)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        row = int(raw.strip())
+    except ValueError:
+        raise RouterInputError(
+            f"environment: invalid {COUNTER_ROW_ENV}={raw!r}: expected a counter row number >= 0"
+        ) from None
+    if row < 0:
+        raise RouterInputError(
+            f"environment: invalid {COUNTER_ROW_ENV}={raw!r}: expected a counter row number >= 0"
+        )
+    return row
+
+
+def _pod_ip(endpoint: str) -> str:
+    try:
+        host = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}").hostname
+    except ValueError:
+        host = None
+    return host or endpoint
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key).decode("utf-8", "backslashreplace")
+    if isinstance(key, np.generic):
+        key = key.item()
+        if isinstance(key, bytes):
+            return key.decode("utf-8", "backslashreplace")
+    return str(key)
+
+
+# ------------------------------------------------------------------------------------
+# The router.
+
+_ROUTERS: weakref.WeakSet[Router] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    Router._current = None
+    Router._attach_lock = threading.Lock()  # another thread may have held it at the fork
+    for r in list(_ROUTERS):
+        r._forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Router:
+    """Routes batches of product IDs and records the load of the calls made to them.
+
+    Use :meth:`attach` (one router per process); the constructor is for tests and
+    tools that need several routers in one process.
+
+    Parameters
+    ----------
+    namespace
+        Shared-memory namespace of the host's tables and counters.
+    threads
+        ``True`` (or ``None``): the process's threads share the counter row through a
+        :class:`shm.LockedRecorder` (safe under gthread); ``False``: one thread records
+        (no lock).
+    row
+        Counter row reserved for this process by its parent (the gunicorn master);
+        ``None``: claim any free row.
+    refresh_s
+        Load snapshot cadence in seconds (:data:`LOAD_REFRESH`).
+    clock
+        CLOCK_MONOTONIC source in nanoseconds (fade-in time, load snapshots, call
+        durations); injectable for tests.
+
+    Attributes
+    ----------
+    namespace : str
+        The namespace.
+    row : int or None
+        The counter row this process records into (``None`` without counters).
+    adopted : bool
+        Whether that row was the one reserved for this process.
+    reattached : int
+        How many times the router re-attached replaced counters.
+    """
+
+    _current: ClassVar[Router | None] = None
+    _attach_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        threads: bool | None = None,
+        row: int | None = None,
+        refresh_s: float | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.namespace = shm.check_namespace(namespace)
+        if refresh_s is None:
+            refresh_s = LOAD_REFRESH.convert(
+                os.environ.get(LOAD_REFRESH.env, str(LOAD_REFRESH.default)), "environment"
+            )
+        elif isinstance(refresh_s, bool) or not isinstance(refresh_s, (int, float)):
+            raise RouterInputError(f"refresh_s must be seconds >= 0, got {refresh_s!r}")
+        if not (refresh_s >= 0 and math.isfinite(refresh_s)):
+            raise RouterInputError(f"refresh_s must be seconds >= 0, got {refresh_s!r}")
+        if row is not None and (isinstance(row, bool) or not isinstance(row, int) or row < 0):
+            raise RouterInputError(f"row must be a counter row number >= 0, got {row!r}")
+        self.refresh_ns = int(refresh_s * 1e9)
+        self.threads = threads is not False
+        self._clock = clock
+        self._pid = os.getpid()
+        self._forked = False
+        self._closed = False
+        self._lock = threading.Lock()  # snapshot refresh and (re)attaching
+        self._stats_lock = threading.Lock()
+        self._stats = {"decisions": 0, "fallbacks": 0, "moves": 0, "failures": 0}
+        self._reader: shm.TableReader | None = None
+        self._store: shm.CounterStore | None = None
+        self._counters: shm.CounterReader | None = None
+        self._rec: Any = None
+        self._wanted_row = row
+        self.row: int | None = None
+        self.adopted = False
+        self.reattached = 0
+        self._snap: _Snapshot | None = None
+        self._next_check = 0
+        self._no_row_logged = False
+        self._connect(self._clock())
+        _ROUTERS.add(self)
+
+    # -- attaching ----------------------------------------------------------------------
+
+    @classmethod
+    def attach(
+        cls,
+        namespace: str | None = None,
+        *,
+        threads: bool | None = None,
+        row: int | None = None,
+        refresh_s: float | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> Router:
+        """The process's router, attached on first use.
+
+        Parameters
+        ----------
+        namespace
+            ``None``: ``CSLB_SHM_NAMESPACE`` (default ``"default"``).
+        threads, refresh_s, clock
+            See :class:`Router`.
+        row
+            ``None``: ``CSLB_COUNTER_ROW`` if set (the row the gunicorn master reserved
+            for this worker), else any free row.
+
+        Raises
+        ------
+        RouterStateError
+            This process already attached a router to another namespace.
+        RouterInputError
+            ``CSLB_COUNTER_ROW`` or ``CSLB_LOAD_REFRESH`` is malformed.
+        """
+        ns = shm.shm_namespace(os.environ) if namespace is None else namespace
+        with cls._attach_lock:
+            cur = cls.current()
+            if cur is not None:
+                if cur.namespace != ns:
+                    raise RouterStateError(
+                        f"this process's router is attached to namespace {cur.namespace!r}; "
+                        f"close it before attaching to {ns!r}"
+                    )
+                return cur
+            if row is None:
+                row = _row_from_env()
+            router = cls(ns, threads=threads, row=row, refresh_s=refresh_s, clock=clock)
+            cls._current = router
+            return router
+
+    @classmethod
+    def current(cls) -> Router | None:
+        """The router :meth:`attach` returned in this process, or ``None``."""
+        cur = cls._current
+        if cur is None or cur._pid != os.getpid() or cur._closed:
+            return None
+        return cur
+
+    def _connect(self, now: int) -> None:
+        """Attach whatever is missing or replaced (under ``self._lock`` or in __init__)."""
+        self._next_check = now + _CHECK_NS
+        if self._reader is None:
+            try:
+                self._reader = shm.TableReader(self.namespace)
+            except shm.SegmentError as exc:
+                log.debug("tables of %s not readable yet: %s", self.namespace, exc)
+        store = self._store
+        if store is not None and store.replaced():
+            log.warning(
+                "counters of %s were replaced (owner restarted); claiming a new row",
+                self.namespace,
+            )
+            self._store = self._counters = self._rec = None
+            self.row = None
+            self.adopted = False
+            self.reattached += 1
+            self._snap = None
+        if self._store is None:
+            try:
+                store = shm.CounterStore.attach(self.namespace)
+            except shm.SegmentError as exc:
+                log.debug("counters of %s not attachable yet: %s", self.namespace, exc)
+                return
+            try:
+                rec, self.adopted = self._claim(store)
+            except shm.ShmError as exc:
+                if not self._no_row_logged:  # retried every second: say it once
+                    log.warning("no counter row for this worker in %s: %s", self.namespace, exc)
+                    self._no_row_logged = True
+                return
+            self.row = rec.row
+            self._rec = shm.LockedRecorder(rec) if self.threads else rec
+            self._counters = store.reader()
+            self._store = store
+            self._wanted_row = None  # a reserved row is adopted once, never again
+
+    def _claim(self, store: shm.CounterStore) -> tuple[shm.Recorder, bool]:
+        row = self._wanted_row
+        if row is not None:
+            try:
+                return store.claim(row=row), True
+            except shm.SlotOwnershipError as exc:
+                # Say, a process started by the worker, which inherited its environment.
+                log.warning("counter row %d is not reserved for this process (%s)", row, exc)
+        return store.claim(), False
+
+    def _check_usable(self) -> None:
+        if self._forked or self._pid != os.getpid():
+            raise RouterStateError(
+                f"this router was attached in process {self._pid}; a forked child must "
+                "call Router.attach() itself"
+            )
+        if self._closed:
+            raise RouterStateError(f"router of namespace {self.namespace!r} is closed")
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    def _snapshot(self, now: int) -> _Snapshot | None:
+        """The snapshot to route on: the current table with a fresh-enough load read.
+
+        ``None`` while there is no usable table (nothing published, segments missing or
+        corrupt, or a writer rewriting faster than we can read for a second).
+        """
+        if now >= self._next_check:
+            with self._lock:
+                if now >= self._next_check:
+                    self._connect(now)
+        reader = self._reader
+        if reader is None:
+            return None
+        deadline = 0.0
+        while True:
+            try:
+                t = reader.table()
+            except shm.ShmError as exc:
+                s = self._snap
+                if s is not None and s.table.valid():
+                    return s  # keep routing on the last good generation
+                log.warning("no usable routing table in %s: %s", self.namespace, exc)
+                return None
+            s = self._snap
+            if s is not None and s.table is t and now < s.due_ns:
+                return s
+            s = self._refresh(t, now)
+            if s is not None:
+                return s
+            # The writer began rewriting t's buffer while we read it: the next table()
+            # call maps the generation it published.
+            if not deadline:
+                deadline = time.monotonic() + _RETRY_S
+            elif time.monotonic() > deadline:
+                log.warning("no stable table in %s for %g s", self.namespace, _RETRY_S)
+                return None
+
+    def _refresh(self, t: shm.Table, now: int) -> _Snapshot | None:
+        """A new snapshot of ``t`` (``None`` if ``t`` was rewritten while we read it)."""
+        with self._lock:
+            s = self._snap
+            if s is not None and s.table is t and now < s.due_ns:
+                return s  # another thread refreshed meanwhile
+            try:
+                # A private copy: the table's arrays are views of shared memory that the
+                # writer may reuse two publishes later; garbage there must not become,
+                # say, a gigantic allocation in take().
+                slots = np.array(t.slots, dtype=np.intp)
+                if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= t.n_slots):
+                    raise shm.SegmentLayoutError(t.segment, "endpoint slot out of range")
+                counters = self._counters
+                n = len(t.endpoints)
+                if counters is None or n == 0:
+                    loads = _idle_loads(n, now)
+                else:
+                    loads = counters.read(now, columns=t.n_slots).take(slots)
+                s = _Snapshot(t, slots, loads, now, now + self.refresh_ns)
+            except Exception:
+                if t.valid():
+                    raise
+                return None
+            if not t.valid():
+                return None
+            s.reuse(self._snap)  # an idle host's loads stay equal: nothing to rebuild
+            self._snap = s
+            return s
+
+    def table(self) -> shm.Table:
+        """The current table generation (an empty generation-0 table before any).
+
+        Raises
+        ------
+        RouterStateError
+            Closed, or a forked child's inherited router.
+        """
+        self._check_usable()
+        s = self._snapshot(self._clock())
+        return s.table if s is not None else _empty_table()
+
+    def loads(self) -> shm.HostLoads:
+        """The cached host-wide load snapshot, per endpoint of :meth:`table`."""
+        self._check_usable()
+        now = self._clock()
+        s = self._snapshot(now)
+        return s.loads if s is not None else _idle_loads(0, now)
+
+    # -- routing ------------------------------------------------------------------------
+
+    def route(self, keys: Any, *, attempt: int = 0) -> np.ndarray:
+        """Endpoint index per key (``int32``; ``-1``: fallback through the ingress).
+
+        Parameters
+        ----------
+        keys
+            A batch of product IDs: ``str``, ``bytes`` or integers (see
+            :func:`lbcore.hash_keys`), each at most 4,096 bytes.
+        attempt
+            ``0`` for the first choice; ``1`` for the single fast retry: the next
+            distinct eligible endpoint, never the one of attempt 0.
+
+        Raises
+        ------
+        lbcore.KeyTypeError, lbcore.KeyTooLongError, lbcore.KeyEncodingError
+            Bad keys (nothing is counted then).
+        lbcore.ArgumentError
+            ``attempt`` is not a non-negative integer.
+        """
+        return self.route_table(keys, attempt=attempt)[0]
+
+    def route_table(self, keys: Any, *, attempt: int = 0) -> tuple[np.ndarray, shm.Table]:
+        """:meth:`route` plus the exact table generation the answer was computed on.
+
+        Map the indices with that table (:meth:`endpoints_of`, :meth:`track`), never
+        with a later one: a new generation may order its endpoints differently.
+        """
+        self._check_usable()
+        h = lbcore.hash_keys(keys, max_key_bytes=_MAX_KEY_BYTES)
+        if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 0:
+            raise lbcore.ArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
+        n = h.size
+        deadline = 0.0
+        while True:
+            now = self._clock()
+            s = self._snapshot(now)
+            if s is None:
+                idx, moves, t = np.full(n, -1, dtype=np.int32), 0, _empty_table()
+                break
+            t = s.table
+            try:
+                idx, moves = self._route_on(s, h, now, int(attempt))
+            except Exception:
+                # Content rewritten under our feet can fail in any way; on a table that
+                # is still valid the error is real.
+                if t.valid():
+                    raise
+            else:
+                if t.valid():
+                    break
+            # The writer rewrote this table's buffer while we routed on it: the next
+            # table() call maps the new generation.
+            if not deadline:
+                deadline = time.monotonic() + _RETRY_S
+            elif time.monotonic() > deadline:
+                log.warning("no stable table in %s for %g s; fallback", self.namespace, _RETRY_S)
+                idx, moves, t = np.full(n, -1, dtype=np.int32), 0, _empty_table()
+                break
+        if n:
+            self._count(n, int(np.count_nonzero(idx < 0)), moves)
+        return idx, t
+
+    def _route_on(
+        self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
+    ) -> tuple[np.ndarray, int]:
+        """Route hashes ``h`` on snapshot ``s``: ``(indices, bounded-load moves)``."""
+        t = s.table
+        n = h.size
+        gate = s.gate
+        rs = t.ring_set
+        if not gate.enabled or gate.percentage <= 0.0 or not rs.rings or n == 0:
+            return np.full(n, -1, dtype=np.int32), 0
+        if s.mode == "skipper":
+            idx, moved = self._route_skipper(s, h, now, attempt)
+        elif attempt or not s.amortized(n):
+            idx, moved = self._route_lbcore(s, h, now, attempt)
+        else:
+            answer, moved_table = s.answer()
+            pos = rs.rings[-1].positions(h)
+            last = len(rs.rings) - 1
+            if last == 0:
+                flat = pos
+            elif s.mode == "off":
+                flat = pos + last * answer.shape[1]
+            else:
+                flat = rs.ring_choice(h, now) * answer.shape[1]
+                flat += pos
+            idx = answer.take(flat)
+            moved = None if moved_table is None else moved_table.take(flat)
+        if not gate.passes_all:
+            keep = gate.mask(h)
+            idx[~keep] = lbcore.FALLBACK
+            if moved is not None:
+                moved &= keep
+        return idx, 0 if moved is None else int(np.count_nonzero(moved))
+
+    def _route_lbcore(
+        self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Retries, and snapshots too young for answer tables: lbcore's ring-set routing."""
+        rs = s.table.ring_set
+        when = now if s.mode != "off" else _FAR_FUTURE
+        kw = {"candidates": s.candidates, "max_hops": s.max_hops, "attempt": attempt, "hashes": h}
+        plain = rs.route(None, when, **kw)
+        if s.balance_factor is None:
+            return plain, None
+        idx = rs.route(None, when, loads=s.load, balance_factor=s.balance_factor, **kw)
+        return idx, (idx != plain) & (idx >= 0)
+
+    def _route_skipper(
+        self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Skipper's fade-in: per key a threshold, candidates = endpoints scoring above it.
+
+        Skipper draws one random threshold per request; here the draw is a salted re-mix
+        of the key's hash (:data:`SKIPPER_SALT`), so a key's answer is deterministic for
+        a given time while the whole batch still sees Skipper's candidate shares.
+        Ejected endpoints score below every threshold and are then left out, which is
+        Skipper's filter applied to the list without them.
+        """
+        rs = s.table.ring_set
+        ring = rs.rings[-1]
+        # Scores per fading event (tier 0: established, fully in), then per endpoint.
+        ages: list[int | None] = [None, *(now - start for start in rs.starts_ns)]
+        scores = fadein_scores(ages, rs.duration_ns, rs.exponent).take(rs.tiers)
+        if s.candidates is not None:
+            scores[~s.candidates] = -1.0
+        thresholds = unit_interval(h, SKIPPER_SALT)
+        idx = np.empty(h.size, dtype=np.int32)
+        moved = None if s.balance_factor is None else np.zeros(h.size, dtype=np.bool_)
+        for rows, mask in skipper_fadein_candidates(scores, thresholds):
+            if s.candidates is not None:
+                mask &= s.candidates
+            hr = h[rows]
+            plain = ring.lookup(None, candidates=mask, attempt=attempt, hashes=hr)
+            if s.balance_factor is None:
+                idx[rows] = plain
+                continue
+            res = ring.lookup_bounded(
+                None,
+                s.load,
+                s.balance_factor,
+                candidates=mask,
+                max_hops=s.max_hops,
+                attempt=attempt,
+                hashes=hr,
+            )
+            idx[rows] = res
+            moved[rows] = (res != plain) & (res >= 0)  # type: ignore[index]
+        return idx, moved
+
+    def _count(self, decisions: int, fallbacks: int, moves: int) -> None:
+        with self._stats_lock:
+            st = self._stats
+            st["decisions"] += decisions
+            st["fallbacks"] += fallbacks
+            st["moves"] += moves
+        rec = self._rec
+        if rec is not None:
+            try:
+                rec.count(decisions, fallbacks, moves)
+            except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
+                log.warning("decision counts not recorded: %s", exc)
+
+    def stats(self) -> dict[str, int]:
+        """Totals of this process since attaching.
+
+        Keys ``decisions``, ``fallbacks``, ``moves`` and ``failures``; the host-wide
+        totals are in the shared counters (:meth:`shm.CounterReader.stats`).
+        """
+        with self._stats_lock:
+            return dict(self._stats)
+
+    # -- mapping indices ----------------------------------------------------------------
+
+    def endpoints_of(self, idx: Any, table: shm.Table | None = None) -> list[str | None]:
+        """Endpoint address per index (``None`` for fallback).
+
+        Parameters
+        ----------
+        idx
+            Indices from :meth:`route` / :meth:`route_table`.
+        table
+            The table they were computed on (from :meth:`route_table`); default the
+            current one, which is only right if no generation was published since.
+
+        Raises
+        ------
+        RouterInputError
+            Indices that are not integers in ``-1 .. len(endpoints) - 1``.
+        """
+        t = self.table() if table is None else table
+        arr = _indices(idx, len(t.endpoints))
+        eps = t.endpoints
+        return [eps[i] if i >= 0 else None for i in arr.tolist()]
+
+    # -- recording ----------------------------------------------------------------------
+
+    def track(
+        self,
+        idx: Any,
+        table: shm.Table | None = None,
+        keys: Sequence[Any] | None = None,
+        *,
+        attempt: int = 0,
+    ) -> Tracker:
+        """Context manager recording one fan-out: in-flight up on enter, busy time on exit.
+
+        Parameters
+        ----------
+        idx
+            Endpoint index per call (from :meth:`route_table`); ``-1`` entries are
+            fallback calls and are not recorded.
+        table
+            The table ``idx`` was computed on (default the current one).
+        keys
+            The product IDs, one per call, for the failure log line.
+        attempt
+            The attempt these calls are (for the failure log line).
+        """
+        self._check_usable()
+        t = self.table() if table is None else table
+        arr = _indices(idx, len(t.endpoints))
+        if keys is not None and len(keys) != arr.size:
+            raise RouterInputError(f"track got {len(keys)} keys for {arr.size} calls")
+        return Tracker(self, arr, t, keys, int(attempt))
+
+    def close(self) -> None:
+        """Give the counter row back and drop the mappings (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if Router._current is self:
+            Router._current = None
+        if self._forked or self._pid != os.getpid():
+            return  # the parent's row and mappings are the parent's to release
+        rec = self._rec
+        self._rec = None
+        if rec is not None:
+            try:
+                rec.release()
+            except shm.ShmError as exc:
+                log.warning("counter row not released: %s", exc)
+        if self._reader is not None:
+            self._reader.close()
+        if self._counters is not None:
+            self._counters.close()
+        if self._store is not None:
+            self._store.close()
+        self._snap = None
+
+    def __enter__(self) -> Router:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Router(namespace={self.namespace!r}, row={self.row}, pid={self._pid}, "
+            f"refresh={self.refresh_ns / 1e9:g}s)"
+        )
+
+
+_FAR_FUTURE = (1 << 62) - 1
+_umax = np.maximum.reduce  # every fading ring at share 1 (fade_mode=off)
+
+
+def _indices(idx: Any, n: int) -> np.ndarray:
+    """Validated endpoint indices (``route``'s own ``int32`` arrays pass without a copy)."""
+    arr = idx if type(idx) is np.ndarray else np.asarray(idx)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise RouterInputError(
+            f"endpoint indices must be a 1-D integer array, got {arr.dtype} of shape {arr.shape}"
+        )
+    if arr.dtype != np.int32 and arr.dtype != np.int64:
+        arr = arr.astype(np.int64)  # unsigned or narrow: compare and index safely
+    # -1 <= i < n for all i, in one reduction: i + 1 as unsigned is below n + 1.
+    if arr.size and int(_umax((arr + 1).view(np.uint32 if arr.itemsize == 4 else np.uint64))) > n:
+        raise RouterInputError(
+            f"endpoint indices must be in -1..{n - 1} for a table of {n} endpoints, got "
+            f"values from {int(arr.min())} to {int(arr.max())}"
+        )
+    return arr
+
+
+_EMPTY: list[shm.Table] = []
+
+
+def _empty_table() -> shm.Table:
+    """A generation-0 table without endpoints (no tables published yet)."""
+    if not _EMPTY:
+        _EMPTY.append(shm.Table.empty())
+    return _EMPTY[0]
+
+
+class Tracker:
+    """Records one fan-out (from :meth:`Router.track`); use it as a context manager.
+
+    On enter every routed call counts as in flight at its endpoint; on exit each call
+    ends, with its busy time from enter to its :meth:`done` time (default: the exit),
+    and failed if :meth:`fail` was called for it. An exception inside the block still
+    records the end (the calls are not marked failed by it).
+    """
+
+    __slots__ = (
+        "_calls",
+        "_ends",
+        "_entered",
+        "_exited",
+        "_failed",
+        "_logged",
+        "_rec",
+        "_slots",
+        "_start",
+        "attempt",
+        "idx",
+        "keys",
+        "router",
+        "table",
+    )
+
+    def __init__(
+        self,
+        router: Router,
+        idx: np.ndarray,
+        table: shm.Table,
+        keys: Sequence[Any] | None,
+        attempt: int,
+    ) -> None:
+        self.router = router
+        self.idx = idx
+        self.table = table
+        self.keys = keys
+        self.attempt = attempt
+        self._rec: Any = None
+        self._calls: np.ndarray | None = None  # positions of routed calls (None: all)
+        self._slots = np.empty(0, dtype=np.intp)
+        self._start = 0
+        self._ends: np.ndarray | None = None
+        self._failed: np.ndarray | None = None
+        self._logged: set[int] = set()
+        self._entered = self._exited = False
+
+    def __enter__(self) -> Tracker:
+        if self._entered:
+            raise RouterStateError("a tracker records one fan-out; call router.track() again")
+        self._entered = True
+        router = self.router
+        router._check_usable()
+        idx = self.idx
+        routed = idx >= 0
+        if not bool(routed.all()):
+            self._calls = np.flatnonzero(routed)
+            idx = idx[routed]
+        snap = router._snap
+        t = self.table
+        if snap is not None and snap.table is t:
+            # The snapshot's private copy of the current table's slots.
+            self._slots = snap.slots.take(idx)
+        else:
+            self._slots = t.slots.take(idx).astype(np.intp)
+            if self._slots.size and (
+                not t.valid() or int(self._slots.max()) >= t.n_slots or self._slots.min() < 0
+            ):
+                # An old generation whose buffer the writer has reused since: its slots
+                # are gone. Not recording beats recording onto other endpoints' columns.
+                log.warning(
+                    "fan-out on table generation %d not recorded: that table was replaced "
+                    "twice since it was routed on",
+                    t.generation,
+                )
+                self._slots = np.empty(0, dtype=np.intp)
+        self._rec = router._rec
+        self._start = router._clock()
+        if self._rec is not None and self._slots.size:
+            self._rec.record_start(self._slots, self._start)
+        return self
+
+    def _position(self, i: int) -> int | None:
+        """Index of call ``i`` among the recorded calls (``None``: a fallback call)."""
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise RouterInputError(f"call number must be an integer, got {i!r}")
+        n = self.idx.size
+        if not -n <= i < n:
+            raise RouterInputError(f"call {i} does not exist in a fan-out of {n} calls")
+        i = int(i) % n
+        if self.idx[i] < 0:
+            return None
+        if self._calls is None:
+            return i
+        return int(np.searchsorted(self._calls, i))
+
+    def _check_open(self) -> None:
+        if not self._entered or self._exited:
+            raise RouterStateError("the tracker is not recording (use it inside its with block)")
+
+    def done(self, i: int) -> None:
+        """Call ``i`` ended now (its busy time stops here instead of at the exit)."""
+        self._check_open()
+        j = self._position(i)
+        if j is None:
+            return
+        if self._ends is None:
+            self._ends = np.full(self._slots.size, -1, dtype=np.int64)
+        self._ends[j] = self.router._clock()
+
+    def fail(self, i: int) -> None:
+        """Call ``i`` failed: counted as a failure of its endpoint, logged once.
+
+        A fallback call (``-1``) is neither counted nor logged: it went through the
+        ingress, not to one of our endpoints.
+        """
+        self._check_open()
+        j = self._position(i)
+        if j is None:
+            return
+        if self._failed is None:
+            self._failed = np.zeros(self._slots.size, dtype=np.bool_)
+        if self._failed[j]:
+            return
+        self._failed[j] = True
+        i = int(i) % self.idx.size
+        t = self.table
+        e = int(self.idx[i])
+        ep = t.endpoints[e]
+        fields = {
+            "event": "cslb_call_failed",
+            "product_id": None if self.keys is None else _key_text(self.keys[i]),
+            "endpoint": ep,
+            "pod_ip": _pod_ip(ep),
+            "node": t.nodes[e],
+            "zone": t.zones[e],
+            "attempt": self.attempt,
+            "generation": t.generation,
+            "call": i,
+            "pid": os.getpid(),
+        }
+        log.warning("%s", json.dumps(fields, ensure_ascii=True), extra={"cslb": fields})
+        with self.router._stats_lock:
+            self.router._stats["failures"] += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self._exited:
+            return
+        self._exited = True
+        rec = self._rec
+        if rec is None or not self._slots.size:
+            return
+        end = self.router._clock()
+        if self._ends is None:
+            durations: Any = np.full(self._slots.size, max(end - self._start, 0), np.int64)
+        else:
+            ends = np.where(self._ends < 0, end, self._ends)
+            durations = np.maximum(ends - self._start, 0)
+        try:
+            rec.record_end(self._slots, self._start, durations, end, self._failed)
+        except shm.ShmError as exc:
+            # Released meanwhile (router closed, counters replaced): nothing to add to.
+            log.warning("fan-out end not recorded: %s", exc)
