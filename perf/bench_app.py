@@ -1,0 +1,146 @@
+"""Benchmark of the bundled WSGI app (``python perf/bench_app.py``), in process.
+
+What ``POST /route`` adds on top of routing: each figure is the median cost of one
+request made by calling ``workers.app.CslbApp`` with a WSGI environ (no server, no
+socket), next to its baselines measured in the same run: ``Router.route_table`` on the
+same, already decoded keys, and ``json.loads`` of the same body. Every request carries a
+fresh batch of 100 13-character SKUs (a CPU that sees the same batch again learns it),
+on a 100-endpoint table with loads recorded. Also the cost of a ``/metrics`` scrape and
+a ``/status`` page (summing the counter rows of 8 workers), and of ``/healthz``.
+
+gunicorn itself costs ~280 µs of CPU per request on this machine kind (PERF-NOTES), so
+the app's share is what these figures add to that. Runs in about 15 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import lbcore
+import shm
+from shm.segment import list_segments, unlink_name
+from workers.app import CslbApp
+
+
+def _eps(n: int) -> list[str]:
+    return [f"http://10.1.{i // 250}.{i % 250 + 1}:8080" for i in range(n)]
+
+
+def _batches(count: int, size: int, seed: int) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    return [[f"AD{x:09d}-K11" for x in rng.integers(0, 10**9, size)] for _ in range(count)]
+
+
+def _environ(method: str, path: str, body: bytes, ctype: str, query: str = "") -> dict[str, Any]:
+    return {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "QUERY_STRING": query,
+        "CONTENT_TYPE": ctype,
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body),
+    }
+
+
+def _start_response(status: str, headers: list[tuple[str, str]]) -> None:
+    if not status.startswith("200"):
+        raise RuntimeError(f"benchmark request failed: {status}")
+
+
+def _per_call_us(fn: Callable[[Any], Any], inputs: list[Any], repeat: int = 5) -> float:
+    """Median over ``repeat`` passes of the mean µs per call over ``inputs``."""
+    runs = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for x in inputs:
+            fn(x)
+        runs.append((time.perf_counter() - t) / len(inputs) * 1e6)
+    return statistics.median(runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=2000, help="requests per pass")
+    args = p.parse_args(argv)
+    n = args.requests
+    ns = f"benchapp{uuid.uuid4().hex[:8]}"
+    store = shm.CounterStore.create(ns, rows=8, columns=128)
+    writer = shm.TableWriter(ns, counters=store)
+    app = CslbApp(ns)
+    try:
+        writer.publish(lbcore.RingSet(_eps(100)))
+        now = time.monotonic_ns()
+        recs = [store.claim() for _ in range(7)]  # 7 other workers with recorded load
+        rng = np.random.default_rng(0)
+        for rec in recs:
+            slots = rng.integers(0, 100, 400)
+            rec.record_start(slots, now - 3_000_000_000)
+            rec.record_end(slots, now - 3_000_000_000, rng.integers(1e6, 5e7, 400), now)
+            rec.count(400, 4, 10)
+        batches = _batches(5 * n, 100, 1)
+        bodies = [json.dumps(b).encode() for b in batches]
+        texts = ["\n".join(b).encode() for b in batches]
+        groups = [json.dumps({"keys": b, "group": True}).encode() for b in batches]
+        router = app.router()
+        for b in batches[:200]:  # warm up: map the table, first load snapshot
+            router.route_table(b)
+
+        def chunks(items: list[Any], k: int) -> list[Any]:
+            return items[k * n : (k + 1) * n]
+
+        loads = _per_call_us(json.loads, chunks(bodies, 0))
+        route = _per_call_us(router.route_table, chunks(batches, 1))
+        as_json = _per_call_us(
+            lambda b: app(_environ("POST", "/route", b, "application/json"), _start_response),
+            chunks(bodies, 2),
+        )
+        as_text = _per_call_us(
+            lambda b: app(_environ("POST", "/route", b, "text/plain"), _start_response),
+            chunks(texts, 3),
+        )
+        as_group = _per_call_us(
+            lambda b: app(_environ("POST", "/route", b, "application/json"), _start_response),
+            chunks(groups, 4),
+        )
+        get = [_environ("GET", "/", b"", "")] * 50
+        metrics = _per_call_us(
+            lambda e: app({**e, "PATH_INFO": "/metrics"}, _start_response), get, repeat=3
+        )
+        status = _per_call_us(
+            lambda e: app({**e, "PATH_INFO": "/status"}, _start_response), get, repeat=3
+        )
+        health = _per_call_us(
+            lambda e: app({**e, "PATH_INFO": "/healthz"}, _start_response), get * 20, repeat=3
+        )
+        print(f"POST /route, 100 keys per request, 100 endpoints ({n} requests per pass)")
+        print(f"  baseline json.loads(body)           {loads:8.1f} µs")
+        print(f"  baseline Router.route_table(keys)   {route:8.1f} µs")
+        for name, us in [("JSON array", as_json), ("text/plain", as_text), ("group", as_group)]:
+            print(
+                f"  app, {name:<12}                  {us:8.1f} µs   "
+                f"{us / route:4.2f}x routing, app's own share {us - route:5.1f} µs"
+            )
+        print("other paths (8 counter rows, 100 endpoints)")
+        print(f"  GET /metrics                         {metrics:8.1f} µs")
+        print(f"  GET /status                          {status:8.1f} µs")
+        print(f"  GET /healthz                         {health:8.1f} µs")
+    finally:
+        app.close()
+        writer.close()
+        store.close(unlink=True)
+        for name in list_segments(ns):
+            unlink_name(name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

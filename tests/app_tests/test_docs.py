@@ -1,0 +1,92 @@
+"""docs/http.md stays in sync with the code: every setting, every metric, the examples."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from lbcore.knobs import docs_table
+from tests.app_tests.conftest import Host
+from tests.app_tests.test_app import call
+from workers.app import APP_KNOBS, MAX_ATTEMPT, MAX_KEY_BYTES, CslbApp
+from workers.metrics import CslbCollector
+
+DOC = (Path(__file__).parents[2] / "docs" / "http.md").read_text(encoding="utf-8")
+
+
+def section(name: str) -> str:
+    m = re.search(rf"<!-- {name} -->\n(.*?)<!-- /{name} -->", DOC, re.S)
+    assert m, name
+    return m.group(1).strip()
+
+
+def test_settings_table_is_generated_from_the_knobs() -> None:
+    assert section("app-knobs") == docs_table(APP_KNOBS)
+    assert f"over {MAX_KEY_BYTES:,} bytes" in DOC
+    assert f"(0 to {MAX_ATTEMPT})" in DOC
+
+
+def test_metrics_table_names_every_family_with_its_type(namespace: str) -> None:
+    rows = {}
+    for line in section("metrics").splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].strip("`")] = cells[1]
+    want = {}
+    for f in CslbCollector(namespace).describe():
+        name = f"{f.name}_total" if f.type == "counter" else f.name
+        want[name] = f.type
+    assert rows == want
+
+
+def test_the_route_examples_have_the_shapes_shown(host: Host) -> None:
+    host.publish()
+    app = CslbApp(host.namespace)
+    try:
+        examples = re.findall(
+            r"curl -s '?localhost:8000/route(\?group=1)?'? --json '(.*?)'\n(.*?)\n", DOC
+        )
+        assert len(examples) == 2
+        for query, body, shown in examples:
+            r = call(
+                app,
+                "POST",
+                "/route",
+                body.encode(),
+                content_type="application/json",
+                query=query.lstrip("?"),
+            )
+            got, doc = r.json(), json.loads(shown)
+            assert list(got) == list(doc)
+            if "endpoints" in doc:
+                assert len(got["endpoints"]) == len(doc["endpoints"])
+            else:
+                positions = [p for ps in got["groups"].values() for p in ps] + got["fallback"]
+                assert sorted(positions) == list(range(len(json.loads(body))))
+        health = call(app, "GET", "/healthz").json()
+        shown = json.loads(re.search(r"curl -s localhost:8000/healthz\n(.*?)\n", DOC).group(1))
+        assert list(health) == list(shown)
+    finally:
+        app.close()
+
+
+def test_app_modules_import_only_what_the_workers_room_may() -> None:
+    """DESIGN.md, "The rooms": workers uses lbcore, shm and prometheus_client (and the
+    NumPy arrays they hand out), never discovery or the Kubernetes client."""
+    import ast
+    import sys
+
+    allowed = {"lbcore", "shm", "prometheus_client", "numpy", "workers"}
+    root = Path(__file__).parents[2] / "workers"
+    for name in ("app.py", "metrics.py", "status.py"):
+        tree = ast.parse((root / name).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods = [node.module]
+            else:
+                continue
+            for mod in mods:
+                top = mod.split(".")[0]
+                assert top in allowed or top in sys.stdlib_module_names, (name, mod)

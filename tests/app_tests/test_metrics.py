@@ -1,0 +1,236 @@
+"""The Prometheus collector over real shared memory, parsed with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import time
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import shm
+from tests.app_tests.conftest import ENDPOINTS, ZONES, Host
+from workers.metrics import STALE_AFTER, CslbCollector, HostMonitor
+
+NEW = ["http://10.9.1.1:8080", "http://10.9.1.2:8080"]
+
+
+def scrape(namespace: str, **kw) -> tuple[str, dict]:
+    registry = CollectorRegistry()
+    registry.register(CslbCollector(namespace, **kw))
+    text = generate_latest(registry).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    return text, families
+
+
+def samples(families: dict, family: str, sample: str | None = None) -> dict:
+    """{labels as a sorted tuple: value} of one family's samples named ``sample``."""
+    name = sample or family
+    return {
+        tuple(sorted(s.labels.items())): s.value for s in families[family].samples if s.name == name
+    }
+
+
+def per_endpoint(families: dict, family: str, sample: str | None = None) -> dict[str, float]:
+    return {dict(k)["endpoint"]: v for k, v in samples(families, family, sample).items()}
+
+
+def scalar(families: dict, family: str, sample: str | None = None) -> float:
+    (value,) = samples(families, family, sample).values()
+    return value
+
+
+EXPECTED_FAMILIES = {
+    "cslb_endpoint_occupancy": "gauge",
+    "cslb_endpoint_in_flight": "gauge",
+    "cslb_endpoint_latency_seconds": "gauge",
+    "cslb_endpoint_requests": "counter",
+    "cslb_endpoint_failures": "counter",
+    "cslb_endpoint_ejected": "gauge",
+    "cslb_decisions": "counter",
+    "cslb_fallback": "counter",
+    "cslb_bounded_load_moves": "counter",
+    "cslb_table_generation": "gauge",
+    "cslb_table_age_seconds": "gauge",
+    "cslb_discovery_heartbeat_age_seconds": "gauge",
+    "cslb_fade_share": "gauge",
+    "cslb_discovery_up": "gauge",
+}
+
+
+def test_nothing_there_yet_still_answers(namespace: str) -> None:
+    text, fams = scrape(namespace)
+    assert {n: f.type for n, f in fams.items()} == EXPECTED_FAMILIES
+    assert scalar(fams, "cslb_discovery_up") == 0.0
+    assert scalar(fams, "cslb_table_generation") == 0.0
+    assert samples(fams, "cslb_table_age_seconds") == {}
+    assert samples(fams, "cslb_endpoint_occupancy") == {}
+    assert samples(fams, "cslb_decisions", "cslb_decisions_total") == {}
+    # Every family has help text and the text format has HELP and TYPE lines for it.
+    for name, f in fams.items():
+        assert f.documentation, name
+        suffix = "_total" if f.type == "counter" else ""
+        assert f"# HELP {name}{suffix} " in text
+        assert f"# TYPE {name}{suffix} {f.type}" in text
+
+
+def test_table_without_counters(namespace: str) -> None:
+    h = Host(namespace, counters=False)
+    try:
+        h.publish(ejected=[i == 2 for i in range(len(ENDPOINTS))])
+        _, fams = scrape(namespace)
+        assert scalar(fams, "cslb_discovery_up") == 1.0
+        assert scalar(fams, "cslb_table_generation") == 1.0
+        assert per_endpoint(fams, "cslb_endpoint_ejected") == {
+            e: float(i == 2) for i, e in enumerate(ENDPOINTS)
+        }
+        assert samples(fams, "cslb_endpoint_occupancy") == {}  # unknown, not zero
+        assert samples(fams, "cslb_decisions", "cslb_decisions_total") == {}
+    finally:
+        h.close()
+
+
+def test_per_endpoint_load_totals_and_labels(host: Host) -> None:
+    host.publish()
+    a, b, c = ENDPOINTS[:3]
+    host.busy(a, 5.0, calls=10, failed=3)  # 0.5 busy-seconds per second over 10 s
+    host.busy(b, 2.0, calls=4)
+    host.open(c, 3)
+    host.recorder.count(100, 7, 4)
+    host.recorder.count(20, 1, 0)
+    _, fams = scrape(host.namespace)
+    occ = per_endpoint(fams, "cslb_endpoint_occupancy")
+    assert set(occ) == set(ENDPOINTS)
+    assert occ[a] == pytest.approx(0.5, abs=0.02)
+    assert occ[b] == pytest.approx(0.2, abs=0.02)
+    assert 0.0 <= occ[c] < 0.3  # three calls open since just now (under a second)
+    assert all(occ[e] == 0.0 for e in ENDPOINTS[3:])
+    assert per_endpoint(fams, "cslb_endpoint_in_flight") == {
+        e: (3.0 if e == c else 0.0) for e in ENDPOINTS
+    }
+    latency = per_endpoint(fams, "cslb_endpoint_latency_seconds")
+    assert set(latency) == {a, b}  # no sample where nothing ended in the window
+    assert latency[a] == pytest.approx(0.5, rel=1e-6)
+    assert latency[b] == pytest.approx(0.5, rel=1e-6)
+    req = per_endpoint(fams, "cslb_endpoint_requests", "cslb_endpoint_requests_total")
+    fail = per_endpoint(fams, "cslb_endpoint_failures", "cslb_endpoint_failures_total")
+    assert req == {e: {a: 10.0, b: 4.0}.get(e, 0.0) for e in ENDPOINTS}
+    assert fail == {e: (3.0 if e == a else 0.0) for e in ENDPOINTS}
+    assert scalar(fams, "cslb_decisions", "cslb_decisions_total") == 120.0
+    assert scalar(fams, "cslb_fallback", "cslb_fallback_total") == 8.0
+    assert scalar(fams, "cslb_bounded_load_moves", "cslb_bounded_load_moves_total") == 4.0
+    # Labels: endpoint and zone, as published.
+    zone_of = dict(zip(ENDPOINTS, ZONES, strict=True))
+    for s in fams["cslb_endpoint_occupancy"].samples:
+        assert set(s.labels) == {"endpoint", "zone"}
+        assert s.labels["zone"] == zone_of[s.labels["endpoint"]]
+
+
+def _record_in_child(namespace: str, slot: int, conn) -> None:
+    """A second worker: claims its own row, records 3 s busy and 50 decisions, exits."""
+    try:
+        store = shm.CounterStore.attach(namespace)
+        rec = store.claim()
+        now = time.monotonic_ns()
+        start = now - 5_000_000_000
+        s = np.array([slot], dtype=np.int64)
+        rec.record_start(s, start)
+        rec.record_end(s, start, np.array([3_000_000_000]), start + 3_000_000_000)
+        rec.count(50, 5, 2)
+        conn.send(rec.row)
+    finally:
+        os._exit(0)
+
+
+def test_sums_every_workers_row(host: Host) -> None:
+    """Any worker answers for the whole host: rows of other processes are summed."""
+    host.publish()
+    a = ENDPOINTS[0]
+    host.busy(a, 2.0, calls=2)
+    host.recorder.count(10, 1, 1)
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_record_in_child, args=(host.namespace, host.slot(a), child))
+    p.start()
+    try:
+        assert parent.poll(10)
+        assert parent.recv() != host.recorder.row
+    finally:
+        p.join(10)
+        if p.exitcode is None:
+            os.kill(p.pid, 9)
+            p.join(5)
+    _, fams = scrape(host.namespace)
+    assert per_endpoint(fams, "cslb_endpoint_occupancy")[a] == pytest.approx(0.5, abs=0.02)
+    assert per_endpoint(fams, "cslb_endpoint_requests", "cslb_endpoint_requests_total")[a] == 3
+    assert scalar(fams, "cslb_decisions", "cslb_decisions_total") == 60.0
+    assert scalar(fams, "cslb_fallback", "cslb_fallback_total") == 6.0
+    assert scalar(fams, "cslb_bounded_load_moves", "cslb_bounded_load_moves_total") == 3.0
+
+
+def test_generation_age_and_fade_shares(host: Host) -> None:
+    host.publish()
+    t0 = time.monotonic_ns()
+    host.publish(fading=[(NEW[:1], 15.0), (NEW[1:], 3.0)], now_ns=t0 - 2_000_000_000)
+    _, fams = scrape(host.namespace)
+    elapsed = (time.monotonic_ns() - t0) / 1e9
+    assert scalar(fams, "cslb_table_generation") == 2.0
+    assert 2.0 <= scalar(fams, "cslb_table_age_seconds") <= 2.0 + elapsed + 0.01
+    shares = {dict(k)["ring"]: v for k, v in samples(fams, "cslb_fade_share").items()}
+    assert set(shares) == {"1", "2"}
+    # Ring 1 started 17 s ago, ring 2 5 s ago, of a 30 s window with exponent 2.5.
+    assert shares["1"] == pytest.approx((17 / 30) ** 2.5, abs=0.03)
+    assert shares["2"] == pytest.approx((5 / 30) ** 2.5, abs=0.005)
+    assert set(per_endpoint(fams, "cslb_endpoint_occupancy")) == set(ENDPOINTS) | set(NEW)
+
+
+def test_skipper_fade_mode_reports_skipper_scores(host: Host) -> None:
+    host.publish(fading=[(NEW, 15.0)], knobs=shm.Knobs(fade_mode="skipper"))
+    _, fams = scrape(host.namespace)
+    (share,) = samples(fams, "cslb_fade_share").values()
+    assert share == pytest.approx(0.5**2.5, abs=0.03)
+
+
+def test_stale_heartbeat_means_discovery_down(host: Host) -> None:
+    host.publish(now_ns=time.monotonic_ns() - 8_000_000_000)
+    _, fams = scrape(host.namespace)
+    assert scalar(fams, "cslb_discovery_up") == 0.0
+    assert scalar(fams, "cslb_discovery_heartbeat_age_seconds") >= 8.0
+    assert scalar(fams, "cslb_table_generation") == 1.0  # still routing on it
+    _, fams = scrape(host.namespace, stale_after_s=30.0)
+    assert scalar(fams, "cslb_discovery_up") == 1.0
+    host.writer.heartbeat()
+    _, fams = scrape(host.namespace)
+    assert scalar(fams, "cslb_discovery_up") == 1.0
+    assert scalar(fams, "cslb_discovery_heartbeat_age_seconds") < 1.0
+
+
+def test_replaced_counters_are_read_afresh(namespace: str) -> None:
+    h = Host(namespace)
+    monitor = HostMonitor(namespace)
+    try:
+        h.publish()
+        h.recorder.count(5, 0, 0)
+        assert monitor.snapshot().decisions == 5
+        h.recorder.release()
+        h.recorder = None
+        h.counters.close(unlink=True)  # the master restarted: new counters
+        h.counters = shm.CounterStore.create(namespace, rows=8, columns=16)
+        h.recorder = h.counters.claim()
+        h.recorder.count(2, 0, 0)
+        assert monitor.snapshot().decisions == 2
+    finally:
+        monitor.close()
+        h.close()
+
+
+def test_stale_after_knob() -> None:
+    assert STALE_AFTER.env == "CSLB_STALE_AFTER"
+    assert STALE_AFTER.convert("2.5s", "test") == 2.5
+    with pytest.raises(ValueError, match="CSLB_STALE_AFTER"):
+        STALE_AFTER.convert("0", "test")
+    assert not math.isnan(STALE_AFTER.default)

@@ -1,0 +1,739 @@
+r"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
+
+``workers.app:app`` answers
+
+* ``POST /route``: which endpoint serves each product ID of a batch;
+* ``GET /metrics``: the host's routing metrics for Prometheus (any worker answers for
+  the whole host, read from shared memory; see :mod:`workers.metrics`);
+* ``GET /healthz``: 200 while a table is published and its publisher is alive, else
+  503 with the reason (JSON both ways);
+* ``GET /status``: an HTML page for people (:mod:`workers.status`).
+
+``POST /route`` takes one of
+
+* ``application/json``: an array of product IDs (strings or integers), or an object
+  ``{"keys": [...], "attempt": 0, "group": false}`` (``attempt`` and ``group`` optional);
+* ``text/plain``: one product ID per line. Lines end with ``\n`` (a ``\r`` before it is
+  dropped too); the last line's ending is optional, so an empty body is an empty batch
+  and ``"\n"`` is one empty key. Lines are routed as the bytes sent (UTF-8 unless the
+  ``charset`` parameter names another encoding), so keys containing newlines need JSON.
+
+``attempt`` and ``group`` may also be given in the query string (``/route?attempt=1``).
+A request without ``Content-Type`` is read as JSON.
+
+The answer is ``{"generation": G, "endpoints": [url or null, ...]}``, one entry per key
+in order (``null``: fallback, send that key through the ingress), all computed on the
+table of generation ``G``. With ``group`` it is ``{"generation": G, "groups": {url:
+[positions...]}, "fallback": [positions...]}``: 0-based positions of the keys each
+endpoint serves, endpoints in table order, and the fallback keys' positions in their own
+list (always present, possibly empty), so no endpoint string can collide with them.
+
+Errors are JSON ``{"error": message, "status": code}``: 400 bad input (invalid JSON,
+keys that are not strings or integers, keys over 4096 UTF-8 bytes, bad ``attempt``), 404
+unknown path, 405 wrong method (with ``Allow``), 411 chunked body without a terminated
+input stream, 413 body or batch over the limits, 415 unsupported content type, 503 no
+routing table to route on. Bad input never costs more than its own request.
+
+The app attaches its :class:`~workers.router.Router` on the first ``/route`` request,
+never at import, so a gunicorn master that preloads it forks no shared-memory state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+import shm
+from lbcore.errors import KeyEncodingError, KeyTooLongError, KeyTypeError
+from lbcore.knobs import Knob, from_mapping
+from workers import status
+from workers.metrics import STALE_AFTER, CslbCollector, HostMonitor
+
+if TYPE_CHECKING:
+    from workers.router import Router
+
+__all__ = [
+    "APP_KNOBS",
+    "MAX_ATTEMPT",
+    "MAX_BATCH",
+    "MAX_BODY_BYTES",
+    "MAX_KEY_BYTES",
+    "CslbApp",
+    "HTTPError",
+    "app",
+    "check_keys",
+    "parse_route_request",
+    "read_body",
+]
+
+log = logging.getLogger("cslb.workers.app")
+
+#: Longest product ID in bytes (UTF-8 for strings, decimal digits for integers).
+MAX_KEY_BYTES = 4096
+#: Largest ``attempt``: retries beyond a few distinct endpoints make no sense.
+MAX_ATTEMPT = 64
+_CHARS_SAFE = MAX_KEY_BYTES // 4  # a str this short is at most MAX_KEY_BYTES in UTF-8
+_BITS_SAFE = 13_000  # an int this narrow has fewer than 3,914 decimal digits
+
+
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip().replace("_", ""))
+        except ValueError:
+            raise ValueError(f"expected an integer from {low} to {high}") from None
+        if not low <= value <= high:
+            raise ValueError(f"expected an integer from {low} to {high}")
+        return value
+
+    return parse
+
+
+#: ``CSLB_MAX_BODY_BYTES``: largest ``/route`` request body.
+MAX_BODY_BYTES = Knob(
+    "max_body_bytes",
+    "CSLB_MAX_BODY_BYTES",
+    "--max-body-bytes",
+    1 << 20,
+    _int_between(64, 1 << 30),
+    "Largest POST /route request body in bytes; a larger one is refused with 413 before "
+    "it is read.",
+    "BYTES",
+)
+
+#: ``CSLB_MAX_BATCH``: most keys in one ``/route`` request.
+MAX_BATCH = Knob(
+    "max_batch",
+    "CSLB_MAX_BATCH",
+    "--max-batch",
+    10_000,
+    _int_between(1, 10_000_000),
+    "Most product IDs in one POST /route request; more are refused with 413.",
+    "KEYS",
+)
+
+#: The app's own settings (the namespace is :data:`shm.SHM_NAMESPACE`).
+APP_KNOBS: tuple[Knob, ...] = (MAX_BODY_BYTES, MAX_BATCH, STALE_AFTER)
+
+_JSON = "application/json"
+_STATUS_TEXT = {
+    200: "200 OK",
+    400: "400 Bad Request",
+    404: "404 Not Found",
+    405: "405 Method Not Allowed",
+    411: "411 Length Required",
+    413: "413 Content Too Large",
+    415: "415 Unsupported Media Type",
+    500: "500 Internal Server Error",
+    503: "503 Service Unavailable",
+}
+_JSON_TYPES = {
+    float: "a number with a fraction or exponent",
+    bool: "a boolean",
+    type(None): "null",
+    list: "an array",
+    dict: "an object",
+    str: "a string",
+    int: "an integer",
+}
+_OBJECT_FIELDS = ("keys", "attempt", "group")
+_QUERY_FIELDS = ("attempt", "group")
+_UTF8 = ("utf-8", "utf8", "us-ascii", "ascii")
+
+
+class HTTPError(Exception):
+    """A request the app refuses, with its HTTP status and a message naming the problem.
+
+    Parameters
+    ----------
+    status
+        HTTP status code (4xx, or 503).
+    message
+        What was wrong and what was expected.
+    headers
+        Extra response headers (``Allow`` for 405).
+    """
+
+    def __init__(self, status: int, message: str, headers: Iterable[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = list(headers)
+
+
+# --------------------------------------------------------------------------------------
+# Request parsing (pure: bytes in, keys out).
+
+
+def _what(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid JSON number")
+
+
+# One decoder, built once: json.loads with any keyword builds a new one per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def check_keys(keys: list[Any]) -> None:
+    """Raise 400 unless every key is a str, int or bytes of at most MAX_KEY_BYTES bytes.
+
+    The message names the first bad key by position, in JSON's words.
+    """
+    types = set(map(type, keys))
+    if types <= {str, int, bytes}:
+        if int not in types:
+            if max(map(len, keys), default=0) <= _CHARS_SAFE:
+                return  # the common case: short strings, two C-level passes
+        elif types == {int} and max(k.bit_length() for k in keys) <= _BITS_SAFE:
+            return
+    for i, k in enumerate(keys):
+        t = type(k)
+        if t is str or t is bytes:
+            if len(k) > _CHARS_SAFE:
+                n = len(k.encode("utf-8", "surrogatepass")) if t is str else len(k)
+                if n > MAX_KEY_BYTES:
+                    raise HTTPError(
+                        400,
+                        f"key {i} is {n} bytes long in UTF-8; product IDs may be at most "
+                        f"{MAX_KEY_BYTES} bytes",
+                    )
+        elif t is int:
+            if k.bit_length() > _BITS_SAFE and len(str(k)) > MAX_KEY_BYTES:
+                raise HTTPError(
+                    400,
+                    f"key {i} is an integer of {len(str(k))} characters; product IDs may be "
+                    f"at most {MAX_KEY_BYTES} bytes",
+                )
+        else:
+            raise HTTPError(
+                400,
+                f"key {i} is {_what(k)}; product IDs must be strings or integers",
+            )
+
+
+def _attempt(value: Any, source: str) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_ATTEMPT:
+        shown = json.dumps(value)[:32] if type(value) in (int, float, bool) else _what(value)
+        raise HTTPError(400, f"{source} must be an integer from 0 to {MAX_ATTEMPT}, got {shown}")
+    return value
+
+
+def _group(value: Any, source: str) -> bool:
+    if type(value) is not bool:
+        raise HTTPError(400, f"{source} must be true or false, got {_what(value)}")
+    return value
+
+
+def _query(query: str) -> dict[str, Any]:
+    """``attempt`` and ``group`` from a query string."""
+    try:
+        pairs = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=16)
+    except ValueError as exc:
+        raise HTTPError(400, f"bad query string: {exc}") from None
+    out: dict[str, Any] = {}
+    for name, values in pairs.items():
+        if name not in _QUERY_FIELDS:
+            raise HTTPError(
+                400,
+                f"unknown query parameter {name[:64]!r}; expected {', '.join(_QUERY_FIELDS)}",
+            )
+        if len(values) > 1:
+            raise HTTPError(400, f"query parameter {name!r} is given {len(values)} times")
+        raw = values[0].strip()
+        if name == "attempt":
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 3):
+                raise HTTPError(
+                    400,
+                    f"query parameter attempt must be an integer from 0 to {MAX_ATTEMPT}, "
+                    f"got {raw[:32]!r}",
+                )
+            out["attempt"] = _attempt(int(raw), "query parameter attempt")
+        else:
+            low = raw.lower()
+            if low in ("", "1", "true", "yes", "on"):
+                out["group"] = True
+            elif low in ("0", "false", "no", "off"):
+                out["group"] = False
+            else:
+                raise HTTPError(
+                    400, f"query parameter group must be true or false, got {raw[:32]!r}"
+                )
+    return out
+
+
+def _parse_json(body: bytes, max_batch: int) -> tuple[list[Any], dict[str, Any]]:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPError(
+            400, f"invalid JSON: the body is not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
+    if not text.strip():
+        raise HTTPError(400, "empty request body; expected a JSON array of product IDs")
+    try:
+        doc = _DECODER.decode(text)
+    except RecursionError:
+        raise HTTPError(400, "invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of >4300 digits
+        raise HTTPError(400, f"invalid JSON: {exc}") from None
+    options: dict[str, Any] = {}
+    if type(doc) is dict:
+        unknown = [k for k in doc if k not in _OBJECT_FIELDS]
+        if unknown:
+            raise HTTPError(
+                400,
+                f"unknown field {unknown[0][:64]!r} in the request object; expected "
+                f"{', '.join(_OBJECT_FIELDS)}",
+            )
+        if "keys" not in doc:
+            raise HTTPError(400, 'the request object has no "keys" array of product IDs')
+        keys = doc["keys"]
+        if type(keys) is not list:
+            raise HTTPError(400, f'"keys" must be an array of product IDs, got {_what(keys)}')
+        if "attempt" in doc:
+            options["attempt"] = _attempt(doc["attempt"], '"attempt"')
+        if "group" in doc:
+            options["group"] = _group(doc["group"], '"group"')
+    elif type(doc) is list:
+        keys = doc
+    else:
+        raise HTTPError(
+            400,
+            f"the body is {_what(doc)}; expected a JSON array of product IDs or an object "
+            'with a "keys" array',
+        )
+    if len(keys) > max_batch:
+        raise HTTPError(413, f"{len(keys)} keys in one request; at most {max_batch} are allowed")
+    return keys, options
+
+
+def _parse_text(body: bytes, charset: str | None, max_batch: int) -> list[bytes]:
+    if charset is not None and charset not in _UTF8:
+        try:
+            text = body.decode(charset)
+        except LookupError:
+            raise HTTPError(415, f"unknown charset {charset[:64]!r}") from None
+        except UnicodeDecodeError as exc:
+            raise HTTPError(400, f"the body is not valid {charset}: {exc.reason}") from None
+        try:
+            body = text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise HTTPError(400, f"the body holds text that is not Unicode: {exc.reason}") from None
+    if not body:
+        return []
+    if body.endswith(b"\n"):
+        body = body[:-1]
+    n = body.count(b"\n") + 1
+    if n > max_batch:
+        raise HTTPError(413, f"{n} keys in one request; at most {max_batch} are allowed")
+    lines = body.split(b"\n")
+    if b"\r" in body:
+        lines = [ln[:-1] if ln.endswith(b"\r") else ln for ln in lines]
+    longest = max(map(len, lines))
+    if longest > MAX_KEY_BYTES:
+        i = next(i for i, ln in enumerate(lines) if len(ln) == longest)
+        raise HTTPError(
+            400,
+            f"key {i} (line {i + 1}) is {longest} bytes long; product IDs may be at most "
+            f"{MAX_KEY_BYTES} bytes",
+        )
+    return lines
+
+
+def _media_type(header: str) -> tuple[str, str | None]:
+    """Media type (lowercase) and charset parameter of a Content-Type header."""
+    main, _, params = header.partition(";")
+    charset = None
+    for p in params.split(";"):
+        name, _, value = p.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower()
+    return main.strip().lower(), charset
+
+
+def parse_route_request(
+    body: bytes,
+    content_type: str,
+    query: str = "",
+    *,
+    max_batch: int = MAX_BATCH.default,
+    check: bool = True,
+) -> tuple[list[Any], int, bool]:
+    """Keys, ``attempt`` and ``group`` of a ``POST /route`` request.
+
+    Parameters
+    ----------
+    body
+        The request body.
+    content_type
+        The ``Content-Type`` header (``""``: JSON).
+    query
+        The query string.
+    max_batch
+        Most keys allowed.
+    check
+        Check every key's type and length (:func:`check_keys`). The app leaves that to
+        the router's hashing, which checks the same in passing, and calls
+        :func:`check_keys` only to word the error when the router refuses a key.
+
+    Returns
+    -------
+    tuple
+        The keys (``str``/``int`` from JSON, ``bytes`` from text), attempt and group.
+
+    Raises
+    ------
+    HTTPError
+        400, 413 or 415, with a message naming the problem.
+    """
+    media, charset = _media_type(content_type)
+    options = _query(query) if query else {}
+    if media in ("", _JSON) or (media.startswith("application/") and media.endswith("+json")):
+        if charset is not None and charset not in _UTF8:
+            raise HTTPError(415, f"JSON bodies must be UTF-8, not {charset[:64]!r}")
+        keys, given = _parse_json(body, max_batch)
+        if check:
+            check_keys(keys)
+        for name in given:
+            if name in options:
+                raise HTTPError(400, f"{name} is given both in the query string and the body")
+        options.update(given)
+    elif media == "text/plain":
+        keys = _parse_text(body, charset, max_batch)
+    else:
+        raise HTTPError(
+            415,
+            f"unsupported Content-Type {media[:100]!r}; send application/json (an array "
+            "of product IDs, or an object with keys) or text/plain (one ID per line)",
+        )
+    return keys, options.get("attempt", 0), options.get("group", False)
+
+
+def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes, honouring Content-Length and chunking.
+
+    Raises
+    ------
+    HTTPError
+        413 over ``limit``; 400 for a bad Content-Length or a body that ends early; 411
+        for a chunked body the server did not de-chunk (no ``wsgi.input_terminated``).
+    """
+    stream = environ["wsgi.input"]
+    raw = str(environ.get("CONTENT_LENGTH") or "").strip()
+    if raw:
+        if not (raw.isascii() and raw.isdigit()):
+            raise HTTPError(400, f"Content-Length must be a non-negative integer, got {raw[:32]!r}")
+        n = int(raw)
+        if n > limit:
+            raise HTTPError(413, f"request body of {n} bytes; at most {limit} bytes are allowed")
+        chunks = []
+        left = n
+        while left:
+            chunk = stream.read(left)
+            if not chunk:
+                raise HTTPError(
+                    400, f"request body ended after {n - left} of the {n} bytes announced"
+                )
+            chunks.append(chunk)
+            left -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if environ.get("wsgi.input_terminated"):
+        chunks = []
+        size = 0
+        while True:
+            chunk = stream.read(min(1 << 16, limit + 1 - size))
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"request body over {limit} bytes; at most {limit} allowed")
+            chunks.append(chunk)
+    if "chunked" in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower():
+        raise HTTPError(411, "chunked request bodies need a server that de-chunks them")
+    return b""  # no Content-Length, not chunked: no body (RFC 9112 6.3)
+
+
+# --------------------------------------------------------------------------------------
+# The app.
+
+
+def _encoded_endpoints(endpoints: tuple[str, ...]) -> np.ndarray:
+    """JSON text of each endpoint, plus ``null`` last, so that index -1 takes it."""
+    out = np.empty(len(endpoints) + 1, dtype=object)
+    out[: len(endpoints)] = [json.dumps(e) for e in endpoints]
+    out[-1] = "null"
+    return out
+
+
+class CslbApp:
+    """The WSGI app: ``/route``, ``/metrics``, ``/healthz``, ``/status``.
+
+    Parameters
+    ----------
+    namespace
+        Shared-memory namespace of the host's tables and counters.
+    max_body_bytes
+        Largest ``/route`` body, in bytes.
+    max_batch
+        Most keys in one ``/route`` request.
+    stale_after_s
+        Heartbeat age in seconds beyond which the publisher counts as dead.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        max_body_bytes: int = MAX_BODY_BYTES.default,
+        max_batch: int = MAX_BATCH.default,
+        stale_after_s: float = STALE_AFTER.default,
+    ) -> None:
+        self.namespace = namespace
+        self.max_body_bytes = int(max_body_bytes)
+        self.max_batch = int(max_batch)
+        self.monitor = HostMonitor(namespace, stale_after_s=stale_after_s)
+        self.registry = CollectorRegistry()
+        self.registry.register(CslbCollector(namespace, monitor=self.monitor))
+        self._router: Router | None = None
+        self._lock = threading.Lock()
+        # The table the endpoints' JSON strings were made for, and those strings (as an
+        # array, so that idx -1 takes the trailing "null", and as a list).
+        self._encoded: tuple[Any, np.ndarray, list[str]] = (None, _encoded_endpoints(()), [])
+        self._routes: dict[str, dict[str, Callable[[dict[str, Any]], tuple]]] = {
+            "/route": {"POST": self._route},
+            "/metrics": {"GET": self._metrics},
+            "/healthz": {"GET": self._healthz},
+            "/status": {"GET": self._status},
+            "/": {"GET": self._index},
+        }
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> CslbApp:
+        """The app configured from ``CSLB_*`` variables (defaults for the rest).
+
+        Raises
+        ------
+        lbcore.knobs.KnobError
+            A variable is set to an invalid value (the message names it).
+        """
+        env = os.environ if environ is None else environ
+        knobs = (shm.SHM_NAMESPACE, *APP_KNOBS)
+        values = {k.name: k.default for k in knobs}
+        values.update(from_mapping(env, knobs, source="environment"))
+        return cls(
+            values["shm_namespace"],
+            max_body_bytes=values["max_body_bytes"],
+            max_batch=values["max_batch"],
+            stale_after_s=values["stale_after_s"],
+        )
+
+    # -- WSGI --------------------------------------------------------------------------
+
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        """Serve one request."""
+        method = environ.get("REQUEST_METHOD", "GET").upper()
+        path = environ.get("PATH_INFO", "") or "/"
+        try:
+            handlers = self._routes.get(path)
+            if handlers is None:
+                raise HTTPError(
+                    404, f"no such path {path[:200]!r}; try /route, /metrics, /healthz or /status"
+                )
+            handler = handlers.get("GET" if method == "HEAD" else method)
+            if handler is None:
+                allowed = ", ".join(sorted({*handlers, *(["HEAD"] if "GET" in handlers else [])}))
+                raise HTTPError(
+                    405, f"{path} does not take {method[:20]}; use {allowed}", [("Allow", allowed)]
+                )
+            status, ctype, body, headers = handler(environ)
+        except HTTPError as exc:
+            status, ctype, headers = exc.status, _JSON, exc.headers
+            body = json.dumps({"error": exc.message, "status": exc.status}).encode()
+        except Exception:
+            log.exception("cslb app: %s %s failed", method, path[:200])
+            status, ctype, headers = 500, _JSON, []
+            body = b'{"error": "internal error (logged by the worker)", "status": 500}'
+        start_response(
+            _STATUS_TEXT[status],
+            [("Content-Type", ctype), ("Content-Length", str(len(body))), *headers],
+        )
+        return [b""] if method == "HEAD" else [body]
+
+    # -- /route ------------------------------------------------------------------------
+
+    def router(self) -> Router:
+        """The router of this process, attached on first use.
+
+        Raises
+        ------
+        HTTPError
+            503 when the namespace has no tables or counters, or no free counter slot.
+        """
+        r = self._router
+        if r is not None:
+            return r
+        with self._lock:
+            if self._router is None:
+                from workers.router import Router  # here: never in the master
+
+                try:
+                    self._router = Router.attach(self.namespace)
+                except shm.ShmError as exc:
+                    raise HTTPError(503, f"cannot route: {exc}") from None
+                except Exception as exc:
+                    # Say, user code in this worker attached the process's router to
+                    # another namespace: this worker cannot route, the next may.
+                    log.exception("cslb app: cannot attach the router of %s", self.namespace)
+                    raise HTTPError(503, f"cannot attach the router: {exc}") from None
+            return self._router
+
+    def _route(self, environ: dict[str, Any]) -> tuple:
+        body = read_body(environ, self.max_body_bytes)
+        keys, attempt, group = parse_route_request(
+            body,
+            environ.get("CONTENT_TYPE", ""),
+            environ.get("QUERY_STRING", ""),
+            max_batch=self.max_batch,
+            check=False,
+        )
+        router = self.router()
+        try:
+            idx, table = router.route_table(keys, attempt=attempt)
+        except (KeyTypeError, KeyEncodingError, KeyTooLongError) as exc:
+            check_keys(keys)  # a bad key: say which, in JSON's words if it is one of those
+            raise HTTPError(400, str(exc)) from None
+        except shm.ShmError as exc:
+            raise HTTPError(503, f"cannot route: {exc}") from None
+        cached, enc, enc_list = self._encoded
+        if cached is not table:
+            enc = _encoded_endpoints(table.endpoints)
+            enc_list = enc.tolist()
+            self._encoded = (table, enc, enc_list)
+        if group:
+            out = self._grouped(idx, table.generation, enc_list)
+        else:
+            out = f'{{"generation": {table.generation}, "endpoints": [{", ".join(enc.take(idx))}]}}'
+        return 200, _JSON, out.encode(), []
+
+    @staticmethod
+    def _grouped(idx: np.ndarray, generation: int, enc: list[str]) -> str:
+        """The group form: positions per endpoint (table order), fallback positions apart."""
+        if not idx.size:
+            return f'{{"generation": {generation}, "groups": {{}}, "fallback": []}}'
+        order = np.argsort(idx, kind="stable")
+        ranked = idx[order]
+        cuts = [0, *(np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist(), idx.size]
+        pos = list(map(str, order.tolist()))
+        heads = ranked[cuts[:-1]].tolist()
+        groups = [
+            f"{enc[e]}: [{', '.join(pos[lo:hi])}]"
+            for e, lo, hi in zip(heads, cuts, cuts[1:], strict=False)
+            if e >= 0
+        ]
+        fallback = ", ".join(pos[: cuts[1]]) if heads[0] < 0 else ""  # -1 sorts first
+        return (
+            f'{{"generation": {generation}, "groups": {{{", ".join(groups)}}}, '
+            f'"fallback": [{fallback}]}}'
+        )
+
+    # -- the rest ----------------------------------------------------------------------
+
+    def _metrics(self, environ: dict[str, Any]) -> tuple:
+        encoder, ctype = choose_encoder(environ.get("HTTP_ACCEPT"))
+        return 200, ctype, encoder(self.registry), []
+
+    def _healthz(self, environ: dict[str, Any]) -> tuple:
+        h = self.monitor.health()
+        doc = {
+            "status": "ok" if h.ok else "unavailable",
+            "reason": h.reason,
+            "namespace": self.namespace,
+            "generation": h.generation,
+            "heartbeat_age_s": None if h.heartbeat_age_s is None else round(h.heartbeat_age_s, 3),
+            "publisher_pid": h.writer_pid,
+        }
+        return (200 if h.ok else 503), _JSON, json.dumps(doc).encode(), []
+
+    def _status(self, environ: dict[str, Any]) -> tuple:
+        refresh: float | None = 5.0
+        query = environ.get("QUERY_STRING", "")
+        if query:
+            values = parse_qs(query).get("refresh", [])
+            if values:
+                try:
+                    refresh = float(values[-1])
+                except ValueError:
+                    refresh = -1.0
+                if not 0.0 <= refresh <= 86400.0:
+                    raise HTTPError(
+                        400,
+                        "refresh must be a number of seconds from 0 (never) to 86400, "
+                        f"got {values[-1][:32]!r}",
+                    )
+        page = status.render(self.monitor.snapshot(), refresh_s=refresh)
+        return 200, "text/html; charset=utf-8", page.encode(), [("Cache-Control", "no-store")]
+
+    def _index(self, environ: dict[str, Any]) -> tuple:
+        text = (
+            f"cslb routing service (namespace {self.namespace})\n"
+            "POST /route    route a batch of product IDs (JSON array or text/plain lines)\n"
+            "GET  /metrics  Prometheus metrics of the whole host\n"
+            "GET  /healthz  200 while the routing table is fresh\n"
+            "GET  /status   status page\n"
+        )
+        return 200, "text/plain; charset=utf-8", text.encode(), []
+
+    def close(self) -> None:
+        """Release the router's counter slot and the monitor's mappings."""
+        with self._lock:
+            if self._router is not None:
+                self._router.close()
+                self._router = None
+        self.monitor.close()
+
+
+class _LazyApp:
+    """``workers.app:app``: the :class:`CslbApp` configured from the environment.
+
+    Built on the first request (in the worker), so importing this module in a gunicorn
+    master maps nothing; the settings are checked at import all the same, so a bad
+    ``CSLB_*`` value stops the server at start-up with a message naming it.
+    """
+
+    def __init__(self) -> None:
+        self._app: CslbApp | None = None
+        self._lock = threading.Lock()
+        CslbApp.from_environ()  # validate now; cheap, attaches nothing
+
+    def get(self) -> CslbApp:
+        """The app, built on first use."""
+        a = self._app
+        if a is None:
+            with self._lock:
+                if self._app is None:
+                    self._app = CslbApp.from_environ()
+                a = self._app
+        return a
+
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        """Serve one request."""
+        return self.get()(environ, start_response)
+
+
+app = _LazyApp()

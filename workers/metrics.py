@@ -1,0 +1,630 @@
+"""The host's routing state as Prometheus metrics, read from shared memory.
+
+Any worker answers ``/metrics`` for the whole host: the collector reads the current
+routing table (:class:`shm.TableReader`) and sums every worker's counter row
+(:class:`shm.CounterReader`) at scrape time, the way prometheus_client's multiprocess
+collector merges per-process files, but without files and without
+``PROMETHEUS_MULTIPROC_DIR``. Per-decision counting stays in cslb's own shared counters
+(one batched store per routed batch); nothing here runs on the routing path.
+
+:class:`HostMonitor` takes one consistent snapshot of the host (:class:`HostSnapshot`);
+the collector turns it into metric families, ``/healthz`` asks it for
+:meth:`HostMonitor.health` and the status page renders it.
+
+Metrics (labels ``endpoint``, ``zone`` per endpoint of the current table; ``ring`` per
+fading ring, 1 = oldest):
+
+========================================  =======  =================================================
+name                                      type     meaning
+========================================  =======  =================================================
+``cslb_endpoint_occupancy``               gauge    busy-seconds per second over the window
+``cslb_endpoint_in_flight``               gauge    open requests, all workers of the host
+``cslb_endpoint_latency_seconds``         gauge    mean latency over the window (absent: none ended)
+``cslb_endpoint_requests_total``          counter  requests ended, lifetime of the counters
+``cslb_endpoint_failures_total``          counter  failed requests, lifetime of the counters
+``cslb_endpoint_ejected``                 gauge    1 if outlier detection ejected the endpoint
+``cslb_decisions_total``                  counter  keys routed by the host's workers
+``cslb_fallback_total``                   counter  keys answered with fallback (ingress)
+``cslb_bounded_load_moves_total``         counter  keys bounded load moved off their ring owner
+``cslb_table_generation``                 gauge    publish count of the current table (0: none)
+``cslb_table_age_seconds``                gauge    time since that table was published
+``cslb_discovery_heartbeat_age_seconds``  gauge    time since the publisher's last heartbeat
+``cslb_fade_share``                       gauge    share of keys each fading ring carries now
+``cslb_discovery_up``                     gauge    1 while the publisher runs and heartbeats
+========================================  =======  =================================================
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+import shm
+from lbcore.fade import fadein_score
+from lbcore.knobs import Knob, parse_seconds
+
+__all__ = [
+    "STALE_AFTER",
+    "CslbCollector",
+    "EndpointState",
+    "FadingRing",
+    "Health",
+    "HostMonitor",
+    "HostSnapshot",
+]
+
+
+def _stale_after(text: str) -> float:
+    value = parse_seconds(text)
+    if value < 0.01:
+        raise ValueError("expected seconds >= 0.01")
+    return value
+
+
+#: ``CSLB_STALE_AFTER``: when the publisher counts as dead. The same setting and meaning
+#: as ``cslb inspect --stale-after`` (declared again here: workers do not import discovery).
+STALE_AFTER = Knob(
+    "stale_after_s",
+    "CSLB_STALE_AFTER",
+    "--stale-after",
+    5.0,
+    _stale_after,
+    "A publisher heartbeat older than this many seconds means the publisher is not alive: "
+    "/healthz answers 503 and cslb_discovery_up is 0 (workers keep routing on the last table).",
+    "SECONDS",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointState:
+    """One endpoint of the current table with its host-wide load.
+
+    Load fields are ``None`` when the host has no counters (nothing recorded yet).
+
+    Attributes
+    ----------
+    address, zone, node : str
+        As published (zone and node ``""`` when unknown).
+    slot : int
+        Counter slot (column of the counter matrix).
+    tier : int
+        Ring tier: 0 established, ``k`` joined with the ``k``-th fading ring.
+    weight : float
+        Published weight.
+    ejected : bool
+        Ejected by outlier detection.
+    in_flight : int | None
+        Open requests, all workers summed.
+    occupancy : float | None
+        Busy-seconds per second over the window.
+    latency_s : float | None
+        Mean latency over the window in seconds (``None``: nothing ended in it).
+    requests_total, failures_total : int | None
+        Lifetime totals of ended and failed requests.
+    """
+
+    address: str
+    zone: str
+    node: str
+    slot: int
+    tier: int
+    weight: float
+    ejected: bool
+    in_flight: int | None = None
+    occupancy: float | None = None
+    latency_s: float | None = None
+    requests_total: int | None = None
+    failures_total: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FadingRing:
+    """One fading ring of the current table.
+
+    Attributes
+    ----------
+    ring : int
+        1 = the oldest fading ring.
+    added : tuple[str, ...]
+        Endpoints that joined with it.
+    age_s : float
+        Seconds since its fade started.
+    progress : float
+        Elapsed share of the fade window, in ``[0, 1]``.
+    share : float
+        Share of keys it carries now under the table's fade mode (N-ring share; Skipper's
+        fade-in score under ``fade_mode=skipper``; 1 under ``off``).
+    """
+
+    ring: int
+    added: tuple[str, ...]
+    age_s: float
+    progress: float
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Verdict for ``/healthz``.
+
+    Attributes
+    ----------
+    ok : bool
+        True while a table is published and its publisher runs and heartbeats.
+    reason : str
+        Why not (or ``"ok"``).
+    generation : int
+        Latest published generation (0: none).
+    heartbeat_age_s : float | None
+        Seconds since the publisher's last heartbeat (``None``: no tables).
+    writer_pid : int
+        PID of the publisher (0: unknown).
+    """
+
+    ok: bool
+    reason: str
+    generation: int = 0
+    heartbeat_age_s: float | None = None
+    writer_pid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HostSnapshot:
+    """The host's routing state at one instant (CLOCK_MONOTONIC ``now_ns``).
+
+    Attributes
+    ----------
+    namespace : str
+        Shared-memory namespace.
+    now_ns : int
+        When it was taken, in nanoseconds.
+    health : Health
+        Table published and publisher alive?
+    tables_present : bool
+        The namespace has a tables segment.
+    generation : int
+        Publish count of the current table (0: nothing published).
+    table_age_s : float | None
+        Seconds since that table was published.
+    heartbeat_age_s : float | None
+        Seconds since the publisher's last heartbeat or publish.
+    writer_pid : int
+        PID of the publisher (0: unknown).
+    publisher_alive : bool
+        Publisher process running and its heartbeat younger than ``stale_after_s``.
+    stale_after_s : float
+        The threshold used, in seconds.
+    knobs : dict[str, Any]
+        Routing knobs of the table (plus fade duration, exponent and vnodes).
+    fading : tuple[FadingRing, ...]
+        Fading rings, oldest first.
+    endpoints : tuple[EndpointState, ...]
+        Endpoints in table order.
+    counters_present : bool
+        The namespace has counters (per-endpoint loads and decision totals are known).
+    decisions, fallbacks, moves : int | None
+        Host lifetime totals of routed keys, fallback answers and bounded-load moves.
+    window_s : float | None
+        The occupancy window, in seconds.
+    """
+
+    namespace: str
+    now_ns: int
+    health: Health
+    tables_present: bool = False
+    generation: int = 0
+    table_age_s: float | None = None
+    heartbeat_age_s: float | None = None
+    writer_pid: int = 0
+    publisher_alive: bool = False
+    stale_after_s: float = STALE_AFTER.default
+    knobs: dict[str, Any] = field(default_factory=dict)
+    fading: tuple[FadingRing, ...] = ()
+    endpoints: tuple[EndpointState, ...] = ()
+    counters_present: bool = False
+    decisions: int | None = None
+    fallbacks: int | None = None
+    moves: int | None = None
+    window_s: float | None = None
+
+
+class HostMonitor:
+    """Read-only view of a namespace's tables and counters, attached lazily.
+
+    Safe to create before anything exists (in a gunicorn master, or before discovery has
+    started): each call attaches what is there now and reports the rest as absent. Thread
+    safe. Maps segments read-only and writes nothing.
+
+    Parameters
+    ----------
+    namespace
+        Shared-memory namespace.
+    stale_after_s
+        Heartbeat age in seconds beyond which the publisher counts as dead.
+    clock
+        CLOCK_MONOTONIC nanoseconds (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        stale_after_s: float = STALE_AFTER.default,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        shm.check_namespace(namespace)
+        self.namespace = namespace
+        self.stale_after_s = float(stale_after_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tables: shm.TableReader | None = None
+        self._counters: shm.CounterReader | None = None
+
+    # -- attaching ---------------------------------------------------------------------
+
+    def _table_reader(self) -> shm.TableReader:
+        with self._lock:
+            if self._tables is None:
+                self._tables = shm.TableReader(self.namespace)
+            return self._tables
+
+    def _counter_reader(self) -> shm.CounterReader | None:
+        with self._lock:
+            c = self._counters
+            if c is not None and c.replaced():
+                c.close()  # the owner recreated the counters: read the new ones
+                self._counters = c = None
+            if c is None:
+                try:
+                    self._counters = c = shm.CounterReader(self.namespace)
+                except shm.ShmError:
+                    return None
+            return c
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _publisher(self, reader: shm.TableReader, now: int) -> tuple[int, float, str | None]:
+        """Publisher PID, heartbeat age (s) and why it is not alive (``None``: alive).
+
+        Alive: the tables the reader maps are still the namespace's (a discovery that
+        stops cleanly removes them), their writer process runs and its heartbeat is
+        younger than ``stale_after_s``.
+        """
+        beat_age = (now - reader.heartbeat_ns()) / 1e9
+        pid = reader.writer_pid()
+        if reader.replaced():
+            return (
+                pid,
+                beat_age,
+                (
+                    f"the routing tables of namespace {self.namespace!r} were removed "
+                    "(discovery stopped or is restarting); workers route on the last table"
+                ),
+            )
+        if not reader.writer_alive():
+            return pid, beat_age, f"publisher process {pid} is not running"
+        if beat_age > self.stale_after_s:
+            return (
+                pid,
+                beat_age,
+                (
+                    f"publisher heartbeat is {beat_age:.1f} s old (stale after "
+                    f"{self.stale_after_s:g} s)"
+                ),
+            )
+        return pid, beat_age, None
+
+    def health(self) -> Health:
+        """Table published and publisher alive? Cheap: reads no counters, maps no table."""
+        now = self._clock()
+        try:
+            reader = self._table_reader()
+            generation = reader.generation()
+            pid, beat_age, dead = self._publisher(reader, now)
+        except shm.ShmError as exc:
+            return Health(False, self._unavailable(exc))
+        return self._verdict(generation, pid, beat_age, dead)
+
+    def _unavailable(self, exc: shm.ShmError) -> str:
+        if isinstance(exc, shm.SegmentMissingError):
+            return (
+                f"no routing tables in shared-memory namespace {self.namespace!r} "
+                "(discovery has not started)"
+            )
+        return f"routing tables of namespace {self.namespace!r} unreadable: {exc}"
+
+    @staticmethod
+    def _verdict(generation: int, pid: int, beat_age: float, dead: str | None) -> Health:
+        facts = {"generation": generation, "heartbeat_age_s": beat_age, "writer_pid": pid}
+        if dead is not None:
+            return Health(False, dead, **facts)
+        if generation == 0:
+            return Health(False, "discovery has not published a routing table yet", **facts)
+        return Health(True, "ok", **facts)
+
+    def snapshot(self) -> HostSnapshot:
+        """Everything ``/metrics`` and ``/status`` show, read at one instant.
+
+        Never raises for missing or unreadable segments: they show as absent, with the
+        reason in :attr:`HostSnapshot.health`.
+        """
+        now = self._clock()
+        base: dict[str, Any] = {
+            "namespace": self.namespace,
+            "now_ns": now,
+            "stale_after_s": self.stale_after_s,
+        }
+        try:
+            reader = self._table_reader()
+            pid, beat_age, dead = self._publisher(reader, now)
+            generation, published_ns, knobs, fading, endpoints, n_slots = reader.consistent(
+                lambda t: _read_table(t, now)
+            )
+        except shm.ShmError as exc:
+            return HostSnapshot(**base, health=Health(False, self._unavailable(exc)))
+        base.update(
+            tables_present=True,
+            generation=generation,
+            table_age_s=(now - published_ns) / 1e9 if generation else None,
+            heartbeat_age_s=beat_age,
+            writer_pid=pid,
+            publisher_alive=dead is None,
+            knobs=knobs,
+            fading=fading,
+            health=self._verdict(generation, pid, beat_age, dead),
+        )
+        counters = self._counter_reader()
+        if counters is None:
+            return HostSnapshot(**base, endpoints=tuple(endpoints))
+        try:
+            stats = counters.stats()
+            loads = counters.read(now, n_slots).take([e.slot for e in endpoints])
+        except shm.ShmError:
+            return HostSnapshot(**base, endpoints=tuple(endpoints))
+        in_flight = loads.in_flight.tolist()
+        occupancy = loads.occupancy.tolist()
+        latency = loads.mean_latency_s.tolist()
+        requests = loads.requests_total.tolist()
+        failures = loads.failures_total.tolist()
+        loaded = tuple(
+            EndpointState(
+                e.address,
+                e.zone,
+                e.node,
+                e.slot,
+                e.tier,
+                e.weight,
+                e.ejected,
+                in_flight=int(in_flight[i]),
+                occupancy=float(occupancy[i]),
+                latency_s=None if math.isnan(latency[i]) else float(latency[i]),
+                requests_total=int(requests[i]),
+                failures_total=int(failures[i]),
+            )
+            for i, e in enumerate(endpoints)
+        )
+        return HostSnapshot(
+            **base,
+            endpoints=loaded,
+            counters_present=True,
+            decisions=int(stats["decisions"]),
+            fallbacks=int(stats["fallbacks"]),
+            moves=int(stats["moves"]),
+            window_s=loads.window_ns / 1e9,
+        )
+
+    def close(self) -> None:
+        """Drop the mappings (the next call attaches again)."""
+        with self._lock:
+            if self._tables is not None:
+                self._tables.close()
+            if self._counters is not None:
+                self._counters.close()
+            self._tables = self._counters = None
+
+
+def _read_table(
+    t: shm.Table, now: int
+) -> tuple[int, int, dict[str, Any], tuple[FadingRing, ...], list[EndpointState], int]:
+    """Copy out of a table everything a snapshot needs (run under ``consistent``)."""
+    rs = t.ring_set
+    k = t.knobs
+    knobs: dict[str, Any] = {
+        "enabled": bool(k.enabled),
+        "percentage": k.percentage,
+        "balance_factor": k.balance_factor,
+        "max_hops": k.max_hops,
+        "load_signal": k.load_signal,
+        "fade_mode": k.fade_mode,
+        "fade_duration_s": rs.duration_ns / 1e9,
+        "fade_exponent": rs.exponent,
+        "vnodes": rs.vnodes,
+    }
+    tiers = [int(x) for x in rs.tiers] if rs.endpoints else []
+    fading = []
+    if rs.endpoints:
+        for ring, (start, share) in enumerate(
+            zip(rs.starts_ns, rs.share_list(now), strict=True), start=1
+        ):
+            age = now - start
+            if k.fade_mode == "skipper":
+                share = fadein_score(age, rs.duration_ns, rs.exponent)
+            elif k.fade_mode == "off":
+                share = 1.0
+            progress = min(max(age / rs.duration_ns, 0.0), 1.0) if rs.duration_ns > 0 else 1.0
+            added = tuple(ep for ep, tier in zip(rs.endpoints, tiers, strict=True) if tier == ring)
+            fading.append(FadingRing(ring, added, age / 1e9, progress, float(share)))
+    endpoints = [
+        EndpointState(address, zone, node, slot, tier, weight, ejected)
+        for address, zone, node, slot, tier, weight, ejected in zip(
+            t.endpoints,
+            t.zones,
+            t.nodes,
+            t.slots.tolist(),
+            tiers,
+            t.weights.tolist(),
+            t.ejected.tolist(),
+            strict=True,
+        )
+    ]
+    return int(t.generation), int(t.published_ns), knobs, tuple(fading), endpoints, int(t.n_slots)
+
+
+# --------------------------------------------------------------------------------------
+# The collector.
+
+
+def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _counter(name: str, doc: str, labels: list[str] | None = None) -> CounterMetricFamily:
+    # prometheus_client names the family without "_total" and appends it to the sample.
+    return CounterMetricFamily(name, doc, labels=labels)
+
+
+class CslbCollector:
+    """Prometheus collector of a namespace's routing state, host-wide.
+
+    Register it in its own registry and serve ``generate_latest(registry)``::
+
+        registry = CollectorRegistry()
+        registry.register(CslbCollector("prapi"))
+
+    Every scrape reads the shared memory afresh (a few hundred microseconds for a
+    hundred endpoints). With no tables or counters yet it still answers, with
+    ``cslb_discovery_up 0`` and ``cslb_table_generation 0``.
+
+    Parameters
+    ----------
+    namespace
+        Shared-memory namespace.
+    stale_after_s
+        Heartbeat age in seconds beyond which ``cslb_discovery_up`` is 0.
+    monitor
+        A :class:`HostMonitor` to share (``/healthz`` and ``/status`` use the same one);
+        by default the collector makes its own.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        stale_after_s: float = STALE_AFTER.default,
+        monitor: HostMonitor | None = None,
+    ) -> None:
+        self.monitor = monitor or HostMonitor(namespace, stale_after_s=stale_after_s)
+
+    def describe(self) -> Iterator[Metric]:
+        """The families this collector yields (without samples), for the registry."""
+        return iter(self._families(None))
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families of one snapshot of the host."""
+        return iter(self._families(self.monitor.snapshot()))
+
+    def _families(self, s: HostSnapshot | None) -> list[Metric]:
+        ep = ["endpoint", "zone"]
+        occupancy = _gauge(
+            "cslb_endpoint_occupancy",
+            "Busy-seconds per second the host's workers spent waiting on the endpoint, "
+            "over the occupancy window (1 = one request open all the time).",
+            ep,
+        )
+        in_flight = _gauge(
+            "cslb_endpoint_in_flight", "Requests to the endpoint open now, all workers.", ep
+        )
+        latency = _gauge(
+            "cslb_endpoint_latency_seconds",
+            "Mean latency of requests to the endpoint that ended within the occupancy "
+            "window (no sample when none ended).",
+            ep,
+        )
+        requests = _counter(
+            "cslb_endpoint_requests", "Requests to the endpoint that ended (all workers).", ep
+        )
+        failures = _counter(
+            "cslb_endpoint_failures", "Requests to the endpoint that failed (all workers).", ep
+        )
+        ejected = _gauge(
+            "cslb_endpoint_ejected", "1 if outlier detection ejected the endpoint, else 0.", ep
+        )
+        decisions = _counter("cslb_decisions", "Keys routed by the host's workers.")
+        fallback = _counter(
+            "cslb_fallback",
+            "Keys answered with fallback (the caller uses the ingress): gate, kill switch, "
+            "empty or all-ejected table.",
+        )
+        moves = _counter(
+            "cslb_bounded_load_moves",
+            "Keys bounded load routed away from their ring owner because it was over the bar.",
+        )
+        generation = _gauge(
+            "cslb_table_generation", "Publish count of the routing table in use (0: none)."
+        )
+        table_age = _gauge(
+            "cslb_table_age_seconds",
+            "Time since the routing table in use was published (no sample before the first).",
+        )
+        beat_age = _gauge(
+            "cslb_discovery_heartbeat_age_seconds",
+            "Time since the discovery process last wrote a heartbeat or published.",
+        )
+        fade = _gauge(
+            "cslb_fade_share",
+            "Share of keys a fading ring carries now (ring 1 = oldest; under "
+            "fade_mode=skipper Skipper's fade-in score of the ring's pods).",
+            ["ring"],
+        )
+        up = _gauge(
+            "cslb_discovery_up",
+            "1 while the discovery process runs and its heartbeat is fresh, else 0.",
+        )
+        families: list[Metric] = [
+            occupancy,
+            in_flight,
+            latency,
+            requests,
+            failures,
+            ejected,
+            decisions,
+            fallback,
+            moves,
+            generation,
+            table_age,
+            beat_age,
+            fade,
+            up,
+        ]
+        if s is None:
+            return families
+        up.add_metric([], 1.0 if s.publisher_alive else 0.0)
+        generation.add_metric([], float(s.generation))
+        if s.table_age_s is not None:
+            table_age.add_metric([], s.table_age_s)
+        if s.heartbeat_age_s is not None:
+            beat_age.add_metric([], s.heartbeat_age_s)
+        for r in s.fading:
+            fade.add_metric([str(r.ring)], r.share)
+        for e in s.endpoints:
+            labels = [e.address, e.zone]
+            ejected.add_metric(labels, 1.0 if e.ejected else 0.0)
+            if e.occupancy is None:
+                continue
+            occupancy.add_metric(labels, e.occupancy)
+            in_flight.add_metric(labels, float(e.in_flight or 0))
+            if e.latency_s is not None:
+                latency.add_metric(labels, e.latency_s)
+            requests.add_metric(labels, float(e.requests_total or 0))
+            failures.add_metric(labels, float(e.failures_total or 0))
+        if s.counters_present:
+            decisions.add_metric([], float(s.decisions or 0))
+            fallback.add_metric([], float(s.fallbacks or 0))
+            moves.add_metric([], float(s.moves or 0))
+        return families
