@@ -128,7 +128,11 @@ class Server:
         self.port = free_port()
         self.namespace = namespace
         self.log_path = tmp_path / f"server-{self.port}.log"
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("CSLB_")}
+        environ = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("CSLB_") and k != "GUNICORN_CMD_ARGS"
+        }
         environ.update(
             {
                 "CSLB_SHM_NAMESPACE": namespace,
