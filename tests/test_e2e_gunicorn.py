@@ -139,6 +139,7 @@ def test_discovery_failing_at_startup_stops_the_server(tmp_path: Path) -> None:
         assert code != 0
         assert "invalid CSLB_DEBOUNCE='soon'" in log  # discovery's own message
         assert "exited with status 2 before publishing a table" in log
+        assert "restarting" not in log  # a startup failure is final, not retried
         assert shm.list_segments(server.namespace) == []
         assert [p for p in server.seen if alive(p)] == []
 

@@ -174,7 +174,7 @@ class _Master:
         try:
             while True:
                 sup = self.supervisor
-                if sup is not None and not sup.poll():
+                if sup is not None and not sup.poll(restart=False):
                     raise CslbStartupError(
                         f"cslb: the discovery process {sup.last_exit} before publishing a "
                         "table (its log lines above say why)"

@@ -354,11 +354,11 @@ class DiscoverySupervisor:
             return False, None
         return True, status
 
-    def poll(self) -> bool:
+    def poll(self, *, restart: bool = True) -> bool:
         """Check the child without blocking; returns True while it runs.
 
-        A child found dead is logged and forgotten, and a restart is scheduled with
-        backoff (see :meth:`tick`).
+        A child found dead is logged and forgotten, and (with ``restart``) a restart is
+        scheduled with backoff (see :meth:`tick`).
         """
         if self._proc is None or os.getpid() != self._owner_pid:
             return False
@@ -366,7 +366,14 @@ class DiscoverySupervisor:
         if not done:
             return True
         self._forget(status)
-        if not self._stopped:
+        if not restart:
+            self.log.error(
+                "cslb: discovery (pid %s) %s after %.1f s",
+                self._last_pid,
+                self.last_exit,
+                self.clock() - self._started_at,
+            )
+        elif not self._stopped:
             lived = self.clock() - self._started_at
             self._failures = 1 if lived >= self.stable_s else self._failures + 1
             delay = min(self.backoff_s * 2 ** (self._failures - 1), self.backoff_max_s)
