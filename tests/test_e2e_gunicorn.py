@@ -132,6 +132,25 @@ def test_rows_supervision_and_clean_stop(tmp_path: Path) -> None:
         assert result["segments"] == []
 
 
+def test_hung_discovery_is_replaced(tmp_path: Path) -> None:
+    env = {"CSLB_DISCOVERY_STALL_TIMEOUT": "1.5"}  # heartbeat every 0.2 s (harness)
+    with serving(PING, tmp_path, env=env) as server:
+        server.wait_ready(workers=2)
+        (disc,) = server.discovery_pids()
+        time.sleep(2.0)
+        assert server.discovery_pids() == [disc]  # a live heartbeat is left alone
+        os.kill(disc, signal.SIGSTOP)  # alive, but its loop (and heartbeat) stops
+        new = wait_for(
+            "a new discovery process",
+            lambda: [p for p in server.discovery_pids() if p != disc],
+            15.0,
+        )
+        assert new and not alive(disc)
+        assert "wrote no heartbeat" in server.log()
+        result = server.stop()
+        assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
+
+
 def test_discovery_failing_at_startup_stops_the_server(tmp_path: Path) -> None:
     with serving(PING, tmp_path, env={"CSLB_DEBOUNCE": "soon"}) as server:
         code = server.proc.wait(timeout=60)

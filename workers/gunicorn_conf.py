@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, MutableMapping
@@ -106,6 +107,7 @@ class _Master:
         self.log: Any = None
         self.next_reap = 0.0
         self.loop_hooked = False
+        self.reader: shm.TableReader | None = None  # for discovery's heartbeat
 
     @property
     def active(self) -> bool:
@@ -224,6 +226,7 @@ class _Master:
         now = time.monotonic()
         if now >= self.next_reap and self.store is not None:
             self.next_reap = now + REAP_INTERVAL_S
+            self.check_stall()
             try:
                 rows = self.store.reap()
             except shm.ShmError as exc:
@@ -231,6 +234,29 @@ class _Master:
             else:
                 if rows:
                     self.log.info("cslb: reclaimed counter rows %s of dead processes", rows)
+
+    def check_stall(self) -> None:
+        """SIGKILL a discovery process that runs but stopped writing its heartbeat."""
+        sup, timeout = self.supervisor, self.settings.get("stall_timeout_s", 0.0)
+        if sup is None or sup.pid is None or not timeout:
+            return
+        try:
+            if self.reader is None:
+                self.reader = shm.TableReader(self.namespace)
+            if self.reader.writer_pid() != sup.pid:
+                return  # not the writer yet: its heartbeat is not in the tables
+            age_s = (time.monotonic_ns() - self.reader.heartbeat_ns()) / 1e9
+        except shm.ShmError:
+            return
+        if age_s > timeout:
+            self.log.error(
+                "cslb: discovery (pid %s) wrote no heartbeat for %.1f s (limit %.1f s, "
+                "CSLB_DISCOVERY_STALL_TIMEOUT): hung; SIGKILL",
+                sup.pid,
+                age_s,
+                timeout,
+            )
+            sup.signal(signal.SIGKILL)  # its death is seen and restarted like any other
 
     # -- workers ------------------------------------------------------------------------
 
@@ -281,6 +307,7 @@ class _Master:
             self.supervisor.detach_in_child()
         self.supervisor = None
         self.store = None  # the master's; CounterStore.close never unlinks from a child
+        self.reader = None
 
     # -- stop ---------------------------------------------------------------------------
 
@@ -290,6 +317,9 @@ class _Master:
         unlink = bool(self.settings.get("unlink_on_exit", True))
         if self.supervisor is not None:
             self.supervisor.stop()
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
         if self.store is not None:
             self.store.close(unlink=unlink and self.owns_store)
             self.store = None

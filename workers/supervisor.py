@@ -136,6 +136,16 @@ SUPERVISOR_KNOBS: tuple[Knob, ...] = (
         "SECONDS",
     ),
     Knob(
+        "stall_timeout_s",
+        "CSLB_DISCOVERY_STALL_TIMEOUT",
+        "--discovery-stall-timeout",
+        30.0,
+        _seconds_at_least(0.0),
+        "A running discovery process whose heartbeat in the tables is older than this "
+        "many seconds is hung: the master SIGKILLs it and starts a new one. 0: never.",
+        "SECONDS",
+    ),
+    Knob(
         "unlink_on_exit",
         "CSLB_UNLINK_ON_EXIT",
         "--unlink-on-exit",
