@@ -112,6 +112,7 @@ from shm.segment import (
     segment_name,
     unlink_name,
     unlink_stale_epochs,
+    unreaped_child,
 )
 
 __all__ = [
@@ -572,7 +573,10 @@ class CounterStore:
             return int(free[0])
         for r in range(ctl.rows):
             s = ctl.slots[r]
-            if not process_alive(int(s["pid"]), int(s["start_ticks"])):
+            pid = int(s["pid"])
+            # A dead child of ours not yet waited for: its exit (child_exit -> release)
+            # is still to come and must not free a row handed on to a newer child.
+            if not process_alive(pid, int(s["start_ticks"])) and not unreaped_child(pid):
                 return r
         pids = sorted({int(p) for p in ctl.slots["pid"]})
         raise NoFreeSlotError(
@@ -638,7 +642,9 @@ class CounterStore:
 
         For a prefork master's ``child_exit``: the exited child's row is freed at once
         (its in-flight counts released, history and totals kept), whether the child
-        adopted it or died before that.
+        adopted it or died before that. The caller passes the row it reserved for that
+        child; :meth:`reserve` never hands on the row of a child the caller has not
+        waited for yet, so the row cannot have been reserved again meanwhile.
 
         Returns
         -------

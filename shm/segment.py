@@ -196,6 +196,22 @@ def process_start_ticks(pid: int) -> int | None:
     return int(rest[19])  # field 22 overall: starttime
 
 
+def unreaped_child(pid: int) -> bool:
+    """True if ``pid`` is a zombie child of the calling process (exited, not yet waited for).
+
+    A prefork master hears of such a child's exit later (gunicorn's ``child_exit`` runs
+    from its SIGCHLD handling), so whatever the child held is still the master's to
+    release. False when it cannot be told.
+    """
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    rest = stat[stat.rfind(b")") + 2 :].split()
+    return len(rest) > 1 and rest[0] == b"Z" and int(rest[1]) == os.getpid()
+
+
 def own_start_ticks() -> int:
     """Start time of the calling process in clock ticks since boot (with its PID, its identity).
 

@@ -192,3 +192,48 @@ def test_the_namespace_setting_is_declared_once_and_validated():
     from discovery import settings
 
     assert settings.SHM_NAMESPACE is SHM_NAMESPACE
+
+
+def _claim_and_hold(ns, slots, conn):
+    rec = CounterStore.attach(ns).claim()
+    if slots:
+        rec.record_start(slots, time.monotonic_ns())
+    conn.send(rec.row)
+    time.sleep(60)
+
+
+def test_reserving_a_dead_owners_row_releases_its_in_flight(namespace, procs):
+    store = CounterStore.create(namespace, rows=1, columns=8)
+    a, b = procs.ctx.Pipe(duplex=False)
+    p = procs.start(_claim_and_hold, namespace, [2, 2, 5], b)
+    assert a.poll(10) and a.recv() == 0
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)  # waited for: an ordinary dead owner
+    assert store.reader().read(time.monotonic_ns()).in_flight.sum() == 3
+    assert store.reserve() == 0
+    assert store.reader().read(time.monotonic_ns()).in_flight.sum() == 0
+
+
+def test_a_late_child_exit_cannot_free_the_row_reserved_for_the_next_child(namespace):
+    """gunicorn: worker A dies; if the master forks B (pre_fork -> reserve) before it has
+    waited for A, A's row is not handed to B: A's child_exit would free it under B."""
+    store = CounterStore.create(namespace, rows=2, columns=8)
+    store.claim()  # row 0 held by a live process (us)
+    pid = os.fork()
+    if pid == 0:  # worker A: claim, then die at once
+        try:
+            CounterStore.attach(namespace).claim()
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # A exited but is not waited for: a zombie child
+        if not store.slots()[1].alive and store.slots()[1].pid == pid:
+            break
+        time.sleep(0.01)
+    try:
+        with pytest.raises(NoFreeSlotError):
+            store.reserve()  # A's row is not handed on while its exit is pending
+    finally:
+        os.waitpid(pid, 0)
+    assert store.release(1, pid) is True  # child_exit(A), right after gunicorn's wait
+    assert store.reserve() == 1  # now B may have it
