@@ -26,11 +26,6 @@ import lbcore
 import shm
 from tests.gunicorn_harness import Server, alive, cmdline, serving, wait_for
 
-# The Router and the bundled app are built in parallel (issue 5); until both are on
-# this branch there is nothing to serve.
-pytest.importorskip("workers.router", reason="workers.router (the Router) not merged yet")
-pytest.importorskip("workers.app", reason="workers.app (the bundled app) not merged yet")
-
 DEBOUNCE_S = 0.3
 FILE_POLL_S = 0.1  # the harness's CSLB_FILE_POLL
 ENDPOINTS = [f"http://10.9.0.{i}:8080" for i in range(1, 7)]
