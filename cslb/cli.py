@@ -16,6 +16,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "discovery.cli",
         "run the host's discovery process (EndpointSlices/static -> shared-memory tables)",
     ),
+    "serve": (
+        "workers.serve",
+        "run the routing service under gunicorn with discovery embedded (no cluster needed)",
+    ),
     "inspect": (
         "discovery.inspect_cmd",
         "print the host's current routing table: generation, endpoints, fades, knobs",

@@ -1,0 +1,232 @@
+"""workers.supervisor: the discovery child's supervisor, with real child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lbcore.knobs import KnobError
+from tests.gunicorn_harness import alive, wait_for
+from workers.supervisor import (
+    DiscoverySupervisor,
+    check_settings,
+    discovery_command,
+    settings_from_env,
+)
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ListLog:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def _add(self, msg: str, *args: object) -> None:
+        self.lines.append(msg % args)
+
+    info = warning = error = debug = _add
+
+
+@pytest.fixture
+def sup_factory():
+    made: list[DiscoverySupervisor] = []
+
+    def make(command=SLEEP, **kw) -> DiscoverySupervisor:
+        kw.setdefault("log", ListLog())
+        sup = DiscoverySupervisor(command, **kw)
+        made.append(sup)
+        return sup
+
+    yield make
+    for sup in made:  # stop every child we started, by its pidfd/PID
+        sup.stop(timeout_s=1.0)
+
+
+def test_start_poll_stop(sup_factory) -> None:
+    sup = sup_factory()
+    pid = sup.start()
+    assert sup.pid == pid and alive(pid)
+    assert sup.poll() is True
+    assert sup.stop(timeout_s=5.0) == "killed by SIGTERM"
+    assert not alive(pid)
+    assert sup.pid is None and sup.stopped
+    assert sup.tick() is False  # a stopped supervisor never restarts
+    with pytest.raises(RuntimeError, match="stopped"):
+        sup.start()
+
+
+def test_death_is_seen_and_restarted_with_growing_backoff(sup_factory) -> None:
+    clock = FakeClock()
+    sup = sup_factory(
+        [sys.executable, "-c", "raise SystemExit(3)"],
+        backoff_s=0.5,
+        backoff_max_s=1.5,
+        clock=clock,
+    )
+    delays = []
+    sup.start()
+    for _ in range(4):
+        wait_for("the child to exit", lambda: not sup.poll(), 10.0)
+        assert sup.last_exit == "exited with status 3"
+        assert sup.restart_at is not None
+        delays.append(sup.restart_at - clock.now)
+        assert sup.tick() is False  # not yet due: no new process
+        assert sup.pid is None
+        clock.now = sup.restart_at
+        assert sup.tick() is True
+    assert delays == [0.5, 1.0, 1.5, 1.5]
+    assert sup.starts == 5
+
+
+def test_long_lived_child_resets_the_backoff(sup_factory) -> None:
+    clock = FakeClock()
+    sup = sup_factory(backoff_s=0.5, stable_s=30.0, clock=clock)
+    pid = sup.start()
+    os.kill(pid, signal.SIGKILL)
+    wait_for("the child to die", lambda: not sup.poll(), 10.0)
+    clock.now = sup.restart_at
+    assert sup.tick() is True
+    pid2 = sup.pid
+    assert pid2 is not None and pid2 != pid
+    clock.now += 31.0  # lived long enough
+    os.kill(pid2, signal.SIGKILL)
+    wait_for("the child to die", lambda: not sup.poll(), 10.0)
+    assert sup.last_exit == "killed by SIGKILL"
+    assert sup.restart_at - clock.now == 0.5
+
+
+def test_child_reaped_by_someone_else(sup_factory) -> None:
+    """gunicorn's arbiter reaps with waitpid(-1): the supervisor still sees the death."""
+    sup = sup_factory(backoff_s=0.0)
+    pid = sup.start()
+    os.kill(pid, signal.SIGKILL)
+    wpid, status = os.waitpid(pid, 0)  # what the arbiter's reap_workers does
+    assert wpid == pid and os.WIFSIGNALED(status)
+    assert sup.poll() is False
+    assert "unknown" in sup.last_exit
+    assert sup.signal(signal.SIGTERM) is False  # nothing to signal, no reused PID hit
+    assert sup.tick() is True  # restarted (no backoff configured)
+    assert sup.pid != pid and alive(sup.pid)
+
+
+def test_sigkill_after_stop_timeout(sup_factory, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    stubborn = [
+        sys.executable,
+        "-c",
+        "import pathlib,signal,sys,time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "pathlib.Path(sys.argv[1]).touch()\n"
+        "time.sleep(60)\n",
+        str(ready),
+    ]
+    log = ListLog()
+    sup = sup_factory(stubborn, log=log)
+    pid = sup.start()
+    wait_for("the child to ignore SIGTERM", ready.exists, 10.0)
+    t0 = time.monotonic()
+    assert sup.stop(timeout_s=0.5) == "killed by SIGKILL"
+    assert 0.4 < time.monotonic() - t0 < 5.0
+    assert not alive(pid)
+    assert any("SIGKILL" in line for line in log.lines)
+
+
+def test_unexecutable_command_is_retried_with_backoff(sup_factory, tmp_path: Path) -> None:
+    clock = FakeClock()
+    missing = str(tmp_path / "no-such-program")
+    sup = sup_factory([missing], deathsig=False, backoff_s=1.0, clock=clock)
+    with pytest.raises(OSError):
+        sup.start()
+    # As a restart (tick), a failed exec is logged and retried later, never raised.
+    sup._restart_at = clock.now
+    assert sup.tick() is False
+    assert sup.restart_at == clock.now + 1.0
+
+
+def test_child_dies_with_a_sigkilled_master(tmp_path: Path) -> None:
+    """PR_SET_PDEATHSIG: a SIGKILLed master does not leave discovery running."""
+    pid_file = tmp_path / "child.pid"
+    master = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import pathlib,sys,time\n"
+            "from workers.supervisor import DiscoverySupervisor\n"
+            "s = DiscoverySupervisor([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "pid = s.start()\n"
+            "pathlib.Path(sys.argv[1]).write_text(str(pid))\n"
+            "time.sleep(60)\n",
+            str(pid_file),
+        ],
+        start_new_session=True,
+    )
+    child = 0
+    try:
+        child = int(
+            wait_for("the child pid", lambda: pid_file.exists() and pid_file.read_text(), 20)
+        )
+        wait_for("the child to run python", lambda: "time.sleep(60)" in _cmd(child), 10.0)
+        master.kill()
+        master.wait(timeout=10)
+        wait_for("the orphan to get SIGTERM", lambda: not alive(child), 10.0)
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait(timeout=10)
+        if child and alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_settings_from_env_and_errors() -> None:
+    s = settings_from_env({})
+    assert s["discovery"] == "embedded" and s["counter_rows"] == 0
+    s = settings_from_env({"CSLB_DISCOVERY": "external", "CSLB_COUNTER_ROWS": "12"})
+    assert s["discovery"] == "external" and s["counter_rows"] == 12
+    with pytest.raises(KnobError, match="CSLB_DISCOVERY="):
+        settings_from_env({"CSLB_DISCOVERY": "sidecar"})
+    with pytest.raises(KnobError, match="CSLB_COUNTER_ROWS"):
+        settings_from_env({"CSLB_COUNTER_ROWS": "-1"})
+    with pytest.raises(KnobError, match="CSLB_DISCOVERY_STOP_TIMEOUT"):
+        settings_from_env({"CSLB_DISCOVERY_STOP_TIMEOUT": "soon"})
+    bad = settings_from_env(
+        {"CSLB_DISCOVERY_RESTART_BACKOFF": "5", "CSLB_DISCOVERY_RESTART_BACKOFF_MAX": "1"}
+    )
+    with pytest.raises(KnobError, match="RESTART_BACKOFF_MAX must be >="):
+        check_settings(bad)
+
+
+def test_constructor_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="command"):
+        DiscoverySupervisor([])
+    with pytest.raises(ValueError, match="backoff_s"):
+        DiscoverySupervisor(SLEEP, backoff_s=-1)
+    with pytest.raises(ValueError, match="stop_timeout_s"):
+        DiscoverySupervisor(SLEEP, stop_timeout_s=float("nan"))
+
+
+def test_discovery_command_runs_cslb_discovery() -> None:
+    cmd = discovery_command(["--debounce", "0.1"])
+    assert cmd[1:] == ["-m", "cslb", "discovery", "--debounce", "0.1"]
+    out = subprocess.run([*discovery_command(["--help"])], capture_output=True, timeout=60)
+    assert out.returncode == 0 and b"cslb discovery" in out.stdout

@@ -1,0 +1,593 @@
+"""gunicorn config module: ``gunicorn -c python:workers.gunicorn_conf yourapp:app``.
+
+In the master (the arbiter), before any worker forks:
+
+1. ``on_starting`` creates the host's counters (``shm.CounterStore.create``, one row per
+   worker thread plus room for a graceful reload) and starts the host's discovery
+   process, ``python -m cslb discovery``, by fork+exec as a supervised child. The
+   discovery settings (``CSLB_ENDPOINTS_FILE``, ``CSLB_SERVICE``, ``CSLB_DEBOUNCE``...)
+   reach it through the inherited environment. No Kubernetes client and no thread is
+   created in the master.
+2. ``when_ready`` waits (bounded, ``CSLB_DISCOVERY_START_WAIT``) for the first published
+   table, so the first workers route from their first request; a discovery process that
+   exits during that wait stops the server with its exit status.
+3. ``pre_fork`` reserves a counter row for the worker about to fork (``worker.cslb_row``);
+   ``post_fork`` (in the worker) hands it over as ``CSLB_COUNTER_ROW``, which
+   :meth:`workers.Router.attach` adopts; ``child_exit`` releases it and reaps rows of
+   any other dead process.
+4. The arbiter's main loop polls discovery about once a second and on every SIGCHLD
+   and restarts it with backoff; see "arbiter loop" below.
+5. ``on_exit`` stops discovery (SIGTERM, SIGKILL after ``CSLB_DISCOVERY_STOP_TIMEOUT``)
+   and unlinks the namespace's segments.
+
+With ``CSLB_DISCOVERY=external`` the master starts no discovery process: a sidecar
+publishes the tables. The master attaches to that host's counters, or creates them (and
+then owns and unlinks them) if none exist.
+
+Arbiter loop: gunicorn has no periodic hook, so ``on_starting`` wraps two methods of the
+arbiter *instance* (``reap_workers``, ``manage_workers``): the first polls discovery
+before the arbiter's ``waitpid(-1)`` so its exit status is not lost, the second restarts
+it when its backoff delay passed and reaps counter rows of dead processes. If a future
+gunicorn lacks these methods, supervision falls back to worker events (``pre_fork``,
+``child_exit``) and a warning says so.
+
+Your own hooks: add them in your config file and call :func:`compose` at its end::
+
+    from workers.gunicorn_conf import *   # cslb's hooks
+    from workers.gunicorn_conf import compose
+
+    def post_fork(server, worker):        # yours: runs after cslb's
+        ...
+
+    compose(globals())                    # wraps every hook defined above with cslb's
+
+Set-up hooks (``on_starting``, ``when_ready``, ``pre_fork``, ``post_fork``) run cslb's
+part first; tear-down hooks (``child_exit``, ``worker_exit``, ``on_exit``) run yours first
+and cslb's even if yours raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+# NumPy's bundled OpenBLAS starts a thread pool when NumPy is imported; the master
+# imports NumPy (through shm) and must have no thread when it forks. One BLAS thread
+# per process is also what a prefork server wants. An explicit setting wins.
+if "numpy" not in sys.modules:
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+    del _var
+
+import shm
+from lbcore.knobs import KnobError
+from workers.supervisor import (
+    DiscoverySupervisor,
+    check_settings,
+    discovery_command,
+    settings_from_env,
+)
+
+__all__ = [
+    "child_exit",
+    "nworkers_changed",
+    "on_exit",
+    "on_starting",
+    "post_fork",
+    "pre_fork",
+    "when_ready",
+    "worker_exit",
+]
+
+#: How often the arbiter loop reaps counter rows of dead processes (seconds).
+REAP_INTERVAL_S = 1.0
+
+
+class CslbStartupError(RuntimeError):
+    """The master cannot start cslb's part (gunicorn prints it and exits with status 1)."""
+
+
+class _Master:
+    """cslb's state in the gunicorn master (one per process; see :data:`MASTER`)."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        self.settings: dict[str, Any] = {}
+        self.namespace = ""
+        self.rows = 0
+        self.store: shm.CounterStore | None = None
+        self.owns_store = False
+        self.owns_namespace = False  # embedded: we created its counters, we clean it up
+        self.supervisor: DiscoverySupervisor | None = None
+        self.log: Any = None
+        self.next_reap = 0.0
+        self.loop_hooked = False
+        self.reader: shm.TableReader | None = None  # for discovery's heartbeat
+
+    @property
+    def active(self) -> bool:
+        return self.pid == os.getpid() and self.store is not None
+
+    # -- start --------------------------------------------------------------------------
+
+    def start(self, server: Any) -> None:
+        self.log = server.log
+        try:
+            self.settings = settings_from_env()
+            check_settings(self.settings)
+            self.namespace = shm.shm_namespace(os.environ)
+        except KnobError as exc:
+            raise CslbStartupError(f"cslb: {exc}") from None
+        self.pid = os.getpid()
+        os.environ.pop("CSLB_COUNTER_ROW", None)  # set per worker in post_fork
+        threads = max(int(getattr(server.cfg, "threads", 1) or 1), 1)
+        workers = max(int(server.cfg.workers), 1)
+        self.rows = self.settings["counter_rows"] or min(2 * workers * threads + 4, 4096)
+        try:
+            if self.settings["discovery"] == "embedded":
+                self.store = _own_counters(self.namespace, self.rows)
+                self.owns_store = self.owns_namespace = True
+                self._start_discovery(server)
+            else:
+                self.store, self.owns_store = _external_counters(self.namespace, self.rows)
+        except BaseException:
+            self.stop(server)
+            raise
+        self.log.info(
+            "cslb: namespace %r, %d counter rows (%s), discovery %s",
+            self.namespace,
+            self.store.rows,
+            "created" if self.owns_store else "attached",
+            self.settings["discovery"],
+        )
+        _hook_arbiter_loop(server, self)
+        tasks = _thread_count()
+        if tasks > 1:
+            self.log.warning(
+                "cslb: the master runs %d threads before forking workers (NumPy imported "
+                "before OPENBLAS_NUM_THREADS could be set?); forked workers inherit only "
+                "the forking thread",
+                tasks,
+            )
+
+    def _start_discovery(self, server: Any) -> None:
+        s = self.settings
+        self.supervisor = DiscoverySupervisor(
+            discovery_command(),
+            backoff_s=s["restart_backoff_s"],
+            backoff_max_s=s["restart_backoff_max_s"],
+            stop_timeout_s=s["stop_timeout_s"],
+            log=server.log,
+        )
+        try:
+            self.supervisor.start()
+        except OSError as exc:
+            raise CslbStartupError(f"cslb: cannot start the discovery process: {exc}") from None
+
+    def wait_for_table(self, server: Any) -> None:
+        """Wait for the first published table, bounded by ``start_wait_s``."""
+        deadline = time.monotonic() + self.settings["start_wait_s"]
+        reader: shm.TableReader | None = None
+        try:
+            while True:
+                sup = self.supervisor
+                if sup is not None and not sup.poll(restart=False):
+                    raise CslbStartupError(
+                        f"cslb: the discovery process {sup.last_exit} before publishing a "
+                        "table (its log lines above say why)"
+                    )
+                if reader is None:
+                    with contextlib.suppress(shm.SegmentMissingError, shm.SegmentCorruptError):
+                        reader = shm.TableReader(self.namespace)
+                table = None
+                if reader is not None and reader.generation() > 0:
+                    try:
+                        table = reader.table()
+                    except shm.ShmError as exc:  # mid-publish or corrupt: look again
+                        self.log.debug("cslb: first table not readable yet: %s", exc)
+                if table is not None:
+                    if self.owns_store and self.store is not None and table.n_slots:
+                        self.store.ensure_columns(int(table.n_slots))
+                    self.log.info(
+                        "cslb: table generation %d with %d endpoints published by pid %d",
+                        table.generation,
+                        len(table.endpoints),
+                        table.publisher_pid,
+                    )
+                    return
+                if time.monotonic() >= deadline:
+                    self.log.warning(
+                        "cslb: no routing table after %.1f s: starting workers anyway "
+                        "(they answer with the fallback until one is published)",
+                        self.settings["start_wait_s"],
+                    )
+                    return
+                time.sleep(0.02)
+        finally:
+            if reader is not None:
+                reader.close()
+
+    # -- loop ---------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        if self.pid == os.getpid() and self.supervisor is not None:
+            self.supervisor.poll()
+
+    def tick(self) -> None:
+        if not self.active:
+            return
+        if self.supervisor is not None:
+            self.supervisor.tick()
+        now = time.monotonic()
+        if now >= self.next_reap and self.store is not None:
+            self.next_reap = now + REAP_INTERVAL_S
+            self.check_stall()
+            try:
+                rows = self.store.reap()
+            except shm.ShmError as exc:
+                self.log.warning("cslb: cannot reap counter rows: %s", exc)
+            else:
+                if rows:
+                    self.log.info("cslb: reclaimed counter rows %s of dead processes", rows)
+
+    def check_stall(self) -> None:
+        """SIGKILL a discovery process that runs but stopped writing its heartbeat."""
+        sup, timeout = self.supervisor, self.settings.get("stall_timeout_s", 0.0)
+        if sup is None or sup.pid is None or not timeout:
+            return
+        try:
+            if self.reader is None:
+                self.reader = shm.TableReader(self.namespace)
+            if self.reader.writer_pid() != sup.pid:
+                return  # not the writer yet: its heartbeat is not in the tables
+            age_s = (time.monotonic_ns() - self.reader.heartbeat_ns()) / 1e9
+        except shm.ShmError:
+            return
+        if age_s > timeout:
+            self.log.error(
+                "cslb: discovery (pid %s) wrote no heartbeat for %.1f s (limit %.1f s, "
+                "CSLB_DISCOVERY_STALL_TIMEOUT): hung; SIGKILL",
+                sup.pid,
+                age_s,
+                timeout,
+            )
+            sup.signal(signal.SIGKILL)  # its death is seen and restarted like any other
+
+    # -- workers ------------------------------------------------------------------------
+
+    def reserve(self, worker: Any) -> None:
+        worker.cslb_row = None
+        if not self.active:
+            return
+        assert self.store is not None
+        for attempt in range(2):
+            try:
+                worker.cslb_row = self.store.reserve()
+                return
+            except shm.NoFreeSlotError as exc:
+                if attempt == 0:
+                    self.store.reap()
+                    continue
+                self.log.error(
+                    "cslb: no counter row for the next worker: %s (set CSLB_COUNTER_ROWS "
+                    "higher than workers x threads); it will claim a row itself if one frees",
+                    exc,
+                )
+
+    def release(self, server: Any, worker: Any) -> None:
+        if not self.active:
+            return
+        assert self.store is not None
+        row = getattr(worker, "cslb_row", None)
+        live = getattr(server, "WORKERS", {}).values()
+        if row is not None and any(getattr(w, "cslb_row", None) == row for w in live):
+            # The worker freed its row itself (Router.close at exit) and the master has
+            # reserved it for a newer worker since: that reservation is not ours to free.
+            row = None
+        try:
+            if row is not None:
+                self.store.release(row, worker.pid)
+            self.store.reap()  # the worker's other rows (gthread) and anyone else's
+        except shm.ShmError as exc:
+            self.log.warning("cslb: cannot release row %s of worker %s: %s", row, worker.pid, exc)
+
+    def in_child(self, worker: Any) -> None:
+        """In the forked worker: hand over the row; forget the master's handles."""
+        row = getattr(worker, "cslb_row", None)
+        if row is None:
+            os.environ.pop("CSLB_COUNTER_ROW", None)
+        else:
+            os.environ["CSLB_COUNTER_ROW"] = str(row)
+        if self.supervisor is not None:
+            self.supervisor.detach_in_child()
+        self.supervisor = None
+        self.store = None  # the master's; CounterStore.close never unlinks from a child
+        self.reader = None
+
+    # -- stop ---------------------------------------------------------------------------
+
+    def stop(self, server: Any) -> None:
+        if self.pid != os.getpid():
+            return
+        unlink = bool(self.settings.get("unlink_on_exit", True))
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+        if self.store is not None:
+            self.store.close(unlink=unlink and self.owns_store)
+            self.store = None
+        if unlink and self.owns_namespace:
+            # Discovery unlinks its tables on a clean stop; after a SIGKILL they stay.
+            left = shm.list_segments(self.namespace)
+            for name in left:
+                shm.segment.unlink_name(name)
+            if left:
+                self.log.info("cslb: removed leftover segments %s", left)
+        self.owns_namespace = self.owns_store = False
+        self.pid = 0
+
+
+#: cslb's state in this process (the gunicorn master).
+MASTER = _Master()
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def _own_counters(namespace: str, rows: int) -> shm.CounterStore:
+    """Create (or take over) the namespace's counters for this master."""
+    try:
+        store = shm.CounterStore.create(namespace, rows=rows)
+    except shm.SegmentCorruptError as exc:
+        # Another geometry or version: replace it unless a live process uses it.
+        live = _live_holders(namespace)
+        if live:
+            raise CslbStartupError(
+                f"cslb: the counters of shm namespace {namespace!r} are in use by live "
+                f"processes {live} ({exc}); another server on this host? Give this one "
+                "its own CSLB_SHM_NAMESPACE"
+            ) from None
+        store = shm.CounterStore.create(namespace, rows=rows, replace_invalid=True)
+    live = _holders(store)
+    if live:
+        store.close(unlink=False)
+        raise CslbStartupError(
+            f"cslb: shm namespace {namespace!r} is in use: counter rows are held by live "
+            f"processes {live}; another server on this host? Give this one its own "
+            "CSLB_SHM_NAMESPACE (or use CSLB_DISCOVERY=external to share a sidecar's)"
+        )
+    return store
+
+
+def _holders(store: shm.CounterStore) -> list[int]:
+    """PIDs of live processes holding (claimed or reserved) a row of ``store``."""
+    pids = set()
+    for s in store.slots():
+        if s.alive or (s.reserved and s.pid > 0 and os.path.exists(f"/proc/{s.pid}")):
+            pids.add(s.pid)
+    return sorted(pids)
+
+
+def _live_holders(namespace: str) -> list[int]:
+    try:
+        other = shm.CounterStore.attach(namespace, writable=False)
+    except shm.ShmError:
+        return []
+    try:
+        return _holders(other)
+    finally:
+        other.close(unlink=False)
+
+
+def _external_counters(namespace: str, rows: int) -> tuple[shm.CounterStore, bool]:
+    """Attach to a sidecar host's counters, or create them (owned) if none exist."""
+    try:
+        return shm.CounterStore.attach(namespace, writable=True), False
+    except shm.SegmentMissingError:
+        return shm.CounterStore.create(namespace, rows=rows), True
+
+
+def _hook_arbiter_loop(server: Any, master: _Master) -> None:
+    """Run ``master.poll`` before the arbiter reaps and ``master.tick`` each loop."""
+    if getattr(server, "_cslb_loop_hooked", False):
+        return
+    reap = getattr(server, "reap_workers", None)
+    manage = getattr(server, "manage_workers", None)
+    if not (callable(reap) and callable(manage)):
+        server.log.warning(
+            "cslb: this gunicorn's arbiter has no reap_workers/manage_workers: discovery "
+            "is checked only when workers fork or exit"
+        )
+        return
+
+    def reap_workers() -> Any:
+        master.poll()
+        return reap()
+
+    def manage_workers() -> Any:
+        master.tick()
+        return manage()
+
+    server.reap_workers = reap_workers
+    server.manage_workers = manage_workers
+    server._cslb_loop_hooked = True
+    master.loop_hooked = True
+
+
+# --------------------------------------------------------------------------------------
+# The hooks (gunicorn checks their arity: keep the signatures).
+
+
+def on_starting(server: Any) -> None:
+    """Master, before binding: create the counters and start discovery."""
+    MASTER.start(server)
+
+
+def when_ready(server: Any) -> None:
+    """Master, listening, before the first fork: wait for the first table (bounded)."""
+    if not MASTER.active:
+        return
+    try:
+        MASTER.wait_for_table(server)
+    except BaseException:
+        MASTER.stop(server)  # on_exit does not run when when_ready raises
+        raise
+
+
+def pre_fork(server: Any, worker: Any) -> None:
+    """Master, before each fork: check discovery, reserve the worker's counter row."""
+    MASTER.tick()
+    MASTER.reserve(worker)
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    """Worker, right after fork: ``CSLB_COUNTER_ROW`` = the reserved row."""
+    MASTER.in_child(worker)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """Master, after a worker exited: free its counter row(s), check discovery."""
+    MASTER.release(server, worker)
+    MASTER.tick()
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    """Worker, on its way out: give back the Router's rows if one was attached."""
+    router_mod = sys.modules.get("workers.router")
+    router_cls = getattr(router_mod, "Router", None)
+    current = getattr(router_cls, "current", None)
+    if current is None:
+        return
+    router = current()
+    if router is not None:
+        with contextlib.suppress(Exception):
+            router.close()
+
+
+def nworkers_changed(server: Any, new_value: int, old_value: int | None) -> None:
+    """Master: warn when more workers than counter rows are asked for (TTIN)."""
+    if old_value is None or not MASTER.active:
+        return
+    threads = max(int(getattr(server.cfg, "threads", 1) or 1), 1)
+    if new_value * threads > MASTER.rows:
+        server.log.warning(
+            "cslb: %d workers x %d threads exceed the %d counter rows; extra workers "
+            "record no load (raise CSLB_COUNTER_ROWS and restart)",
+            new_value,
+            threads,
+            MASTER.rows,
+        )
+
+
+def on_exit(server: Any) -> None:
+    """Master, last: stop discovery, unlink the namespace's segments."""
+    MASTER.stop(server)
+
+
+# --------------------------------------------------------------------------------------
+# Composing with your own hooks.
+
+#: cslb's hooks: name -> (function, arity, True if cslb's part runs first (set-up) or
+#: False if yours runs first (tear-down)).
+HOOKS: dict[str, tuple[Callable[..., Any], int, bool]] = {
+    "on_starting": (on_starting, 1, True),
+    "when_ready": (when_ready, 1, True),
+    "pre_fork": (pre_fork, 2, True),
+    "post_fork": (post_fork, 2, True),
+    "child_exit": (child_exit, 2, False),
+    "worker_exit": (worker_exit, 2, False),
+    "nworkers_changed": (nworkers_changed, 3, True),
+    "on_exit": (on_exit, 1, False),
+}
+
+
+def _chain(
+    name: str, ours: Callable[..., Any], theirs: Callable[..., Any], arity: int, first: bool
+) -> Callable[..., Any]:
+    def run(*args: Any) -> None:
+        if first:
+            ours(*args)
+            theirs(*args)
+        else:
+            try:
+                theirs(*args)
+            finally:
+                ours(*args)
+
+    # gunicorn validates a hook's arity, so each composed hook keeps the exact signature.
+    hook: Callable[..., Any]
+    if arity == 1:
+
+        def hook(server: Any) -> None:
+            run(server)
+
+    elif arity == 2:
+
+        def hook(server: Any, worker: Any) -> None:
+            run(server, worker)
+
+    else:
+
+        def hook(server: Any, new_value: Any, old_value: Any) -> None:
+            run(server, new_value, old_value)
+
+    hook.__name__ = hook.__qualname__ = name
+    hook.__doc__ = f"cslb's {name} composed with {getattr(theirs, '__qualname__', theirs)!r}."
+    hook._cslb_composed = True  # type: ignore[attr-defined]
+    return hook
+
+
+def compose(
+    namespace: MutableMapping[str, Any] | None = None, /, **hooks: Callable[..., Any]
+) -> dict[str, Callable[..., Any]]:
+    """Compose cslb's gunicorn hooks with yours.
+
+    Parameters
+    ----------
+    namespace
+        Your config module's ``globals()``: every gunicorn hook defined there is
+        replaced by its composition with cslb's, and cslb's other hooks are added.
+    **hooks
+        Hooks given by name instead (``post_fork=my_post_fork``).
+
+    Returns
+    -------
+    dict
+        Hook name -> the function gunicorn should call (also written into
+        ``namespace``).
+
+    Raises
+    ------
+    TypeError
+        A hook given by keyword is not a gunicorn hook cslb uses, or not callable.
+    """
+    given: dict[str, Callable[..., Any]] = {}
+    if namespace is not None:
+        given.update({k: namespace[k] for k in HOOKS if k in namespace})
+    for name, fn in hooks.items():
+        if name not in HOOKS:
+            raise TypeError(f"compose() got {name!r}: cslb composes only {sorted(HOOKS)}")
+        given[name] = fn
+    out: dict[str, Callable[..., Any]] = {}
+    for name, (ours, arity, first) in HOOKS.items():
+        theirs = given.get(name)
+        if theirs is None or theirs is ours or getattr(theirs, "_cslb_composed", False):
+            out[name] = theirs or ours
+            continue
+        if not callable(theirs):
+            raise TypeError(f"{name} must be callable, got {type(theirs).__name__}")
+        out[name] = _chain(name, ours, theirs, arity, first)
+    if namespace is not None:
+        namespace.update(out)
+    return out
