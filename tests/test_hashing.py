@@ -200,3 +200,10 @@ def test_max_key_bytes_counts_utf8_bytes_on_the_short_str_path():
         lbcore.hash_keys(["k", b"x" * 5000], max_key_bytes=lim)  # mixed types: checked path
     with pytest.raises(lbcore.KeyTypeError):
         lbcore.hash_keys(["k", 1.5], max_key_bytes=lim)
+    # A batch whose UTF-8 fits the limit altogether, and one key that cannot encode.
+    small = [f"SKU-{i:09d}" for i in range(300)]
+    np.testing.assert_array_equal(
+        lbcore.hash_keys(small, max_key_bytes=lim), lbcore.hash_keys(small)
+    )
+    with pytest.raises(lbcore.KeyEncodingError):
+        lbcore.hash_keys(["k", "a\udc80"], max_key_bytes=lim)
