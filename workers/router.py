@@ -18,6 +18,7 @@ router remembers, per thread, the array its last :meth:`Router.route` /
 of it, for the table) use them even if a new generation was published in between.
 Pass ``table`` (from :meth:`Router.route_table`) and ``keys`` explicitly when the
 indices went through another array (a copy, a fancy-indexed subset) or another thread.
+(So each thread's last batch of keys stays referenced until its next routing call.)
 
 Routing a batch
 ---------------
@@ -827,10 +828,18 @@ class Router:
         Map the indices with that table (:meth:`endpoints_of`, :meth:`track`), never
         with a later one: a new generation may order its endpoints differently.
         """
-        self._check_usable()
+        if self._forked or self._closed:  # (the at-fork hook sets _forked in a child)
+            self._check_usable()
         h = lbcore.hash_keys(keys, max_key_bytes=_MAX_KEY_BYTES)
-        if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 0:
-            raise lbcore.ArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
+        if attempt.__class__ is not int or attempt < 0:
+            if (
+                isinstance(attempt, bool)
+                or not isinstance(attempt, (int, np.integer))
+                or attempt < 0
+            ):
+                raise lbcore.ArgumentError(
+                    f"attempt must be a non-negative integer, got {attempt!r}"
+                )
         n = h.size
         deadline = 0.0
         while True:
