@@ -617,6 +617,8 @@ def test_healthz_after_discovery_stops_cleanly_and_restarts(host: Host, app: Csl
     assert (
         r.code == 503 and "were removed (discovery stopped or is restarting)" in r.json()["reason"]
     )
+    # Review nit 12: nothing of the removed publisher is reported as current.
+    assert (r.json()["publisher_pid"], r.json()["heartbeat_age_s"]) == (0, None)
     fams = {
         f.name: f
         for f in text_string_to_metric_families(call(app, "GET", "/metrics").body.decode())
@@ -815,3 +817,14 @@ def test_fuzz_binary_bodies(app: CslbApp, keys: list[bytes], cut: int, noise: by
     assert doc["endpoints"] == expected(got)
     if kind == "packed" and all(len(k) <= MAX_KEY_BYTES for k in keys):
         assert got == keys
+
+
+def test_endpoint_strings_follow_a_reordered_table(host: Host, app: CslbApp) -> None:
+    keys = [f"SKU-{i}" for i in range(200)]
+    assert post_json(app, keys).code == 200
+    new = list(reversed(ENDPOINTS))
+    host.publish(new)
+    time.sleep(0.01)
+    doc = post_json(app, keys).json()
+    assert doc["generation"] == 2
+    assert doc["endpoints"] == expected(keys, new)
