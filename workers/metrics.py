@@ -108,6 +108,9 @@ class EndpointState:
         Mean latency over the window in seconds (``None``: nothing ended in it).
     requests_total, failures_total : int | None
         Lifetime totals of ended and failed requests.
+    load : float | None
+        The load bounded load compares: the table's ``load_signal`` (occupancy,
+        in-flight or effective load) computed by the router's rule.
     """
 
     address: str
@@ -122,6 +125,7 @@ class EndpointState:
     latency_s: float | None = None
     requests_total: int | None = None
     failures_total: int | None = None
+    load: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,6 +405,10 @@ class HostMonitor:
         latency = loads.mean_latency_s.tolist()
         requests = loads.requests_total.tolist()
         failures = loads.failures_total.tolist()
+        try:
+            signal = loads.signal(knobs["load_signal"]).tolist()
+        except (KeyError, shm.ShmError, ValueError):
+            signal = [None] * len(endpoints)
         loaded = tuple(
             EndpointState(
                 e.address,
@@ -415,6 +423,7 @@ class HostMonitor:
                 latency_s=None if math.isnan(latency[i]) else float(latency[i]),
                 requests_total=int(requests[i]),
                 failures_total=int(failures[i]),
+                load=None if signal[i] is None else float(signal[i]),
             )
             for i, e in enumerate(endpoints)
         )
