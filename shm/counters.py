@@ -766,6 +766,31 @@ class CounterStore:
             old.seg.close()
             return cols
 
+    def reset_totals(self, slots: Any) -> None:
+        """Zero the lifetime request and failure totals of endpoint ``slots`` in every row.
+
+        For a table writer handing a freed slot to a new endpoint: its Prometheus
+        counters must start at zero, not at the previous endpoint's totals. Only freed
+        slots (no worker routes to them any more, and the occupancy window has passed
+        since) may be reset; a call still open on the old endpoint that ends after
+        this is counted for the new one.
+
+        Raises
+        ------
+        CounterInputError
+            A slot out of range.
+        """
+        self._check_writable()
+        idx = np.asarray(slots, dtype=np.intp).ravel()
+        ctl = self._ctl
+        with ctl.seg.lock():
+            m = ctl.current()
+            if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= m.columns):
+                raise CounterInputError(
+                    f"endpoint slots must be in 0..{m.columns - 1}, got {idx.tolist()[:10]}"
+                )
+            m.totals[:, :, idx] = 0
+
     # -- lifecycle ----------------------------------------------------------------------
 
     def replaced(self) -> bool:
@@ -1290,9 +1315,10 @@ class HostLoads:
     global_latency_s : float
         Mean latency over all slots in seconds (NaN: nothing completed).
     requests_total, failures_total : numpy.ndarray
-        ``int64`` requests ended (and those that failed) per slot since the counters
-        were created, all workers ever summed: never age out (Prometheus counters). A
-        slot reused for a new endpoint carries its previous endpoint's totals on.
+        ``int64`` requests ended (and those that failed) per slot since the slot was
+        given to its endpoint, all workers ever summed: never age out (Prometheus
+        counters). A writer handing a freed slot to a new endpoint zeroes them
+        (:meth:`CounterStore.reset_totals`).
     """
 
     now_ns: int

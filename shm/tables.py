@@ -294,6 +294,8 @@ class SlotAllocator:
         self.freed_ns: dict[int, int] = {}
         self.freed_by: dict[str, int] = {}  # address -> its freed, not yet reused slot
         self.n_slots = 0
+        #: Slots the last :meth:`assign` handed to a *different* endpoint than before.
+        self.reused: list[int] = []
 
     def copy(self) -> SlotAllocator:
         """An independent copy (publish works on a copy and commits it on success)."""
@@ -335,6 +337,7 @@ class SlotAllocator:
         reusable = sorted(s for s, t in self.freed_ns.items() if now_ns - t >= self.reuse_after_ns)
         reusable.reverse()  # pop() takes the lowest
         out = np.empty(len(endpoints), dtype=np.int32)
+        self.reused = []
         for i, ep in enumerate(endpoints):
             s = self.slot_of.get(ep)
             if s is None:
@@ -345,6 +348,7 @@ class SlotAllocator:
                         cand = reusable.pop()
                         if cand in self.freed_ns:
                             s = cand
+                            self.reused.append(s)
                             break
                     if s is None:
                         s = self.n_slots
@@ -1448,6 +1452,8 @@ class TableWriter:
             return self.generation
         if self._counters is not None:
             self._counters.ensure_columns(alloc.n_slots)
+            if alloc.reused:  # a new endpoint's lifetime totals start at zero
+                self._counters.reset_totals(alloc.reused)
         cur_before = self._cw[_C_CURRENT]
         data, b, old = self._target(enc.payload_bytes)
         off = self._view.offsets[b]

@@ -237,3 +237,33 @@ def test_a_late_child_exit_cannot_free_the_row_reserved_for_the_next_child(names
         os.waitpid(pid, 0)
     assert store.release(1, pid) is True  # child_exit(A), right after gunicorn's wait
     assert store.reserve() == 1  # now B may have it
+
+
+def test_a_slot_handed_to_a_new_endpoint_starts_its_totals_at_zero(namespace):
+    import lbcore
+    from shm import TableReader, TableWriter
+
+    store = CounterStore.create(namespace, rows=2, columns=8, window_ns=2 * S, window_buckets=2)
+    writer = TableWriter(namespace, counters=store, slot_reuse_ns=4 * S)
+    try:
+        a, b, c = "http://10.0.0.1:80", "http://10.0.0.2:80", "http://10.0.0.3:80"
+        t = 100 * S
+        writer.publish(lbcore.RingSet((a, b)), now_ns=t)
+        rec = store.claim()
+        rec.record_start([0, 0, 1], t)
+        rec.record_end([0, 0, 1], t, [MS] * 3, t + MS, failed=[True, False, False])
+        writer.publish(lbcore.RingSet((b,)), now_ns=t + S)  # a leaves: slot 0 freed
+        writer.publish(lbcore.RingSet((b, a)), now_ns=t + 2 * S)  # a is back: keeps slot 0
+        reader = store.reader()
+        assert reader.read(t + 3 * S).requests_total[:2].tolist() == [2, 1]
+        writer.publish(lbcore.RingSet((b,)), now_ns=t + 3 * S)  # a leaves again
+        writer.publish(lbcore.RingSet((b, c)), now_ns=t + 10 * S)  # c takes slot 0
+        with TableReader(namespace) as tables:
+            table = tables.table()
+            assert int(table.slots[table.endpoints.index(c)]) == 0  # a's old slot
+        got = reader.read(t + 10 * S)
+        assert got.requests_total[:2].tolist() == [0, 1]
+        assert got.failures_total[:2].tolist() == [0, 0]
+    finally:
+        writer.close()
+        store.close()
