@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import re
 import signal
 import time
 
@@ -373,3 +374,70 @@ def test_fade_share_under_fade_off_is_one(host: Host) -> None:
     host.publish(fading=[(NEW[:1], 5.0)], knobs=shm.Knobs(fade_mode="off"))
     _, fams = scrape(host.namespace)
     assert [s.value for s in fams["cslb_fade_share"].samples] == [1.0]
+
+
+# --------------------------------------------------------------------------------------
+# Review nit 1: the app writes the exposition itself, byte for byte the library's.
+
+
+class _Fixed:
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+def _library(families: list, openmetrics: bool) -> bytes:
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    registry = CollectorRegistry()
+    registry.register(_Fixed(families))
+    return om_latest(registry) if openmetrics else generate_latest(registry)
+
+
+def test_exposition_is_byte_for_byte_prometheus_clients(host: Host, namespace: str) -> None:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from workers.metrics import exposition
+
+    states = [list(CslbCollector(namespace + "none").collect())]  # nothing there
+    host.publish(fading=[(NEW, 7.0)], ejected=[i == 2 for i in range(len(ENDPOINTS) + 2)])
+    host.busy(ENDPOINTS[0], 2.0, calls=3, failed=1)
+    host.open(ENDPOINTS[1], 2)
+    host.recorder.count(123_456_789, 12, 3)
+    states.append(list(CslbCollector(host.namespace).collect()))
+    odd = GaugeMetricFamily(
+        "cslb_odd_seconds", 'help with "quotes", a \\ and a\nnewline', labels=["b", "a"]
+    )
+    for i, v in enumerate([0.0, -1.5, 1e22, 12345678.9, float("inf"), float("-inf"), 1 / 3]):
+        odd.add_metric([f'v"{i}\\\n', "ü"], v)
+    odd.add_metric(["x", "y"], float("nan"))
+    odd_counter = CounterMetricFamily("cslb_odd", "c", labels=["k"])
+    odd_counter.add_metric(["1"], 2.0**60)
+    states.append([odd, odd_counter])
+    for families in states:
+        for om in (False, True):
+            assert exposition(families, openmetrics=om) == _library(families, om), om
+    with pytest.raises(ValueError, match="gauges and counters, not info"):
+        from prometheus_client.core import InfoMetricFamily
+
+        exposition([InfoMetricFamily("cslb_x", "x", value={"a": "b"})])
+
+
+def test_metrics_path_serves_our_exposition_for_both_formats(host: Host) -> None:
+    from tests.app_tests.test_app import call
+    from workers.app import CslbApp
+
+    host.publish()
+    host.busy(ENDPOINTS[0], 1.0)
+    app = CslbApp(host.namespace)
+    try:
+        for accept, om in ((None, False), ("application/openmetrics-text", True)):
+            r = call(app, "GET", "/metrics", extra={"HTTP_ACCEPT": accept} if accept else {})
+            fixed = _Fixed(list(app.collector.collect()))  # a later snapshot, same shape
+            want = _library(fixed.families, om).decode()
+            drop = re.compile(r"^cslb_(table_age|discovery_heartbeat_age)_seconds .*$", re.M)
+            assert drop.sub("", r.body.decode()) == drop.sub("", want)
+    finally:
+        app.close()
