@@ -441,3 +441,28 @@ def test_metrics_path_serves_our_exposition_for_both_formats(host: Host) -> None
             assert drop.sub("", r.body.decode()) == drop.sub("", want)
     finally:
         app.close()
+
+
+def test_a_new_pod_on_a_reused_slot_starts_its_totals_at_zero(namespace: str) -> None:
+    """Review S2 as /metrics shows it (the fix is the table writer's, on main)."""
+    import lbcore
+
+    store = shm.CounterStore.create(namespace, rows=2, columns=8)
+    writer = shm.TableWriter(namespace, counters=store, slot_reuse_ns=1_000_000_000)
+    rec = store.claim()
+    try:
+        old, keep, new = ENDPOINTS[0], ENDPOINTS[1], NEW[0]
+        t = time.monotonic_ns()
+        writer.publish(lbcore.RingSet([old, keep]), now_ns=t)
+        rec.record_start([0, 0, 1], t)
+        rec.record_end([0, 0, 1], t, [1000] * 3, t + 1000, failed=[True, False, False])
+        writer.publish(lbcore.RingSet([keep]), now_ns=t + 1)  # old leaves: slot 0 freed
+        writer.publish(lbcore.RingSet([keep, new]), now_ns=t + 2_000_000_000)  # new gets it
+        _, fams = scrape(namespace)
+        requests = per_endpoint(fams, "cslb_endpoint_requests", "cslb_endpoint_requests_total")
+        failures = per_endpoint(fams, "cslb_endpoint_failures", "cslb_endpoint_failures_total")
+        assert requests == {keep: 1.0, new: 0.0} and failures == {keep: 0.0, new: 0.0}
+    finally:
+        rec.release()
+        writer.close()
+        store.close(unlink=True)
