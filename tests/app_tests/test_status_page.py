@@ -353,3 +353,20 @@ def test_idle_host_draws_no_load_bar(host: Host) -> None:
     tree = Tree(render(HostMonitor(host.namespace).snapshot()))
     assert {o for o, _ in bars(tree).values()} == {0.0}
     assert tree.by_class("limit") == [] and tree.by_class("hot") == []
+
+
+def test_status_marks_ejected_and_fading_endpoints(host: Host) -> None:
+    host.publish(fading=[([NEW], 5.0)], ejected=[i == 1 for i in range(len(ENDPOINTS) + 1)])
+    html = render(HostMonitor(host.namespace).snapshot())
+    rows = {m.group(2): m.group(1) for m in re.finditer(r"<tr([^>]*)><td>([^<]*)</td>", html)}
+    assert 'class="ejected"' in rows[ENDPOINTS[1]]
+    assert "ejected" not in rows[ENDPOINTS[0]]
+    assert f"<td>{NEW}</td><td>–</td><td>–</td><td>fading 1</td>" in html
+
+
+def test_table_age_is_not_heartbeat_age_on_the_page(host: Host) -> None:
+    host.publish(now_ns=time.monotonic_ns() - 20_000_000_000)
+    host.writer.heartbeat()
+    tree = Tree(render(HostMonitor(host.namespace).snapshot()))
+    assert float(tree.by_id("table-age").all_text()) >= 20.0
+    assert tree.by_id("health").all_text() == "healthy"
