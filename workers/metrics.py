@@ -519,8 +519,9 @@ class CslbCollector:
         registry = CollectorRegistry()
         registry.register(CslbCollector("prapi"))
 
-    Every scrape reads the shared memory afresh (a few hundred microseconds for a
-    hundred endpoints). With no tables or counters yet it still answers, with
+    Every scrape reads the shared memory afresh (about 0.5 ms for a hundred endpoints
+    and 8 worker rows; the app's ``/metrics`` with writing takes 2-4 ms, see
+    :func:`exposition`). With no tables or counters yet it still answers, with
     ``cslb_discovery_up 0`` and ``cslb_table_generation 0``.
 
     Parameters
