@@ -40,12 +40,11 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 import shm
 from lbcore.fade import fadein_score
@@ -59,7 +58,6 @@ __all__ = [
     "Health",
     "HostMonitor",
     "HostSnapshot",
-    "exposition",
 ]
 
 
@@ -520,8 +518,8 @@ class CslbCollector:
         registry.register(CslbCollector("prapi"))
 
     Every scrape reads the shared memory afresh (about 0.5 ms for a hundred endpoints
-    and 8 worker rows; the app's ``/metrics`` with writing takes 2-4 ms, see
-    :func:`exposition`). With no tables or counters yet it still answers, with
+    and 8 worker rows; the app's ``/metrics``, written by prometheus_client, takes
+    4-7 ms). With no tables or counters yet it still answers, with
     ``cslb_discovery_up 0`` and ``cslb_table_generation 0``.
 
     Parameters
@@ -652,69 +650,3 @@ class CslbCollector:
             fallback.add_metric([], float(s.fallbacks or 0))
             moves.add_metric([], float(s.moves or 0))
         return families
-
-
-# --------------------------------------------------------------------------------------
-# The text exposition, written directly.
-
-
-def _escape_label_value(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
-def _escape_help(doc: str) -> str:
-    return doc.replace("\\", r"\\").replace("\n", r"\n")
-
-
-def exposition(families: Iterable[Metric], *, openmetrics: bool = False) -> bytes:
-    """Prometheus text (0.0.4) or OpenMetrics exposition of gauge and counter families.
-
-    Byte for byte what :func:`prometheus_client.generate_latest` (or its OpenMetrics
-    twin) writes for such families, at a fraction of the cost: a scrape of a hundred
-    endpoints has six hundred samples sharing a hundred label sets, and this escapes
-    and formats each label set once instead of once per sample (the library also checks
-    every label name on every sample). Families of other types, or samples with a
-    timestamp or exemplar, are refused.
-
-    Parameters
-    ----------
-    families
-        Metric families, e.g. :meth:`CslbCollector.collect`.
-    openmetrics
-        Write OpenMetrics 1.0 (``# UNIT`` lines, ``# EOF``) instead of the 0.0.4 text.
-
-    Raises
-    ------
-    ValueError
-        A family this writer does not handle.
-    """
-    out: list[str] = []
-    label_text: dict[tuple[tuple[str, str], ...], str] = {}
-    for m in families:
-        name, mtype = m.name, m.type
-        if mtype not in ("gauge", "counter"):
-            raise ValueError(f"exposition writes gauges and counters, not {mtype} ({name})")
-        if openmetrics:
-            out.append(f"# HELP {name} {_escape_label_value(m.documentation)}\n")
-            out.append(f"# TYPE {name} {mtype}\n")
-            if m.unit:
-                out.append(f"# UNIT {name} {m.unit}\n")
-        else:
-            head = f"{name}_total" if mtype == "counter" else name
-            out.append(f"# HELP {head} {_escape_help(m.documentation)}\n# TYPE {head} {mtype}\n")
-        for s in m.samples:
-            if s.timestamp is not None or s.exemplar is not None:
-                raise ValueError(f"exposition writes no timestamps or exemplars ({s.name})")
-            if s.labels:
-                key = tuple(s.labels.items())
-                text = label_text.get(key)
-                if text is None:
-                    pairs = sorted(s.labels.items())
-                    text = ",".join(f'{k}="{_escape_label_value(v)}"' for k, v in pairs)
-                    text = label_text[key] = "{" + text + "}"
-            else:
-                text = ""
-            out.append(f"{s.name}{text} {floatToGoString(s.value)}\n")
-    if openmetrics:
-        out.append("# EOF\n")
-    return "".join(out).encode("utf-8")
