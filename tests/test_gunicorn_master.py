@@ -139,7 +139,7 @@ def test_child_exit_leaves_a_row_reserved_for_a_newer_worker(namespaces) -> None
     m.stop(server)
 
 
-def test_counters_removed_under_the_master(namespaces, holders) -> None:
+def test_counters_removed_under_the_master(namespaces) -> None:
     """B1: a peer removed the shared counters; the master re-attaches and forks on."""
     m, server = _master(namespaces())
     before = SimpleNamespace(pid=0)
@@ -152,14 +152,17 @@ def test_counters_removed_under_the_master(namespaces, holders) -> None:
     assert worker.cslb_row is not None
     assert m.log.has("removed or replaced")
     assert f"/cslb.{m.namespace}.counters" in shm.list_segments(m.namespace)
-    # The new counters hold the new reservation; the worker from before the removal
-    # exiting does not free a row of the new counters.
-    child = holders(m.namespace, worker.cslb_row)
-    worker.pid = child.pid
+    # Row numbers of the old counters mean nothing in the new ones: the worker from
+    # before the removal exiting frees no row of the new counters ...
     before.pid = 999_999_997
     before.cslb_row = worker.cslb_row
     m.release(server, before)
-    assert _slot(m.store, worker.cslb_row).claimed
+    assert _slot(m.store, worker.cslb_row).reserved
+    # ... and, still running, it does not keep a new worker's row from being freed.
+    worker.pid = 999_999_996  # died before adopting its row
+    server.WORKERS[before.pid] = before
+    m.release(server, worker)
+    assert not _slot(m.store, worker.cslb_row).reserved
     # The periodic tick reaps and checks without raising either.
     m.next_reap = 0.0
     m.tick()
