@@ -160,7 +160,7 @@ def test_discovery_failing_at_startup_stops_the_server(tmp_path: Path) -> None:
         assert "exited with status 2 before publishing a table" in log
         assert "restarting" not in log  # a startup failure is final, not retried
         assert shm.list_segments(server.namespace) == []
-        assert [p for p in server.seen if alive(p)] == []
+        assert [p for p in server.seen if server.ours(p)] == []
 
 
 def test_more_workers_than_rows(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lbcore.knobs import KnobError
-from tests.gunicorn_harness import alive, wait_for
+from tests.gunicorn_harness import alive, unique_namespace, wait_for
 from workers.supervisor import (
     DiscoverySupervisor,
     check_settings,
@@ -265,3 +265,30 @@ def test_discovery_command_runs_cslb_discovery() -> None:
     assert cmd[1:] == ["-m", "cslb", "discovery", "--debounce", "0.1"]
     out = subprocess.run([*discovery_command(["--help"])], capture_output=True, timeout=60)
     assert out.returncode == 0 and b"cslb discovery" in out.stdout
+
+
+def test_harness_never_kills_a_reused_pid(tmp_path: Path) -> None:
+    """Server.kill signals a PID only while it names the process the tree had."""
+    from shm.segment import process_start_ticks
+    from tests.gunicorn_harness import Server
+
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait(timeout=30)
+    stranger = subprocess.Popen(SLEEP)  # stands for a process that got a seen PID again
+    try:
+        server = Server.__new__(Server)
+        server.pid, server.proc, server.namespace = done.pid, done, unique_namespace("h")
+        server._log = open(tmp_path / "log", "wb")
+        ticks = process_start_ticks(stranger.pid)
+        assert ticks is not None
+        server.seen = {stranger.pid: ticks - 1}  # same PID, another start time
+        server.kill()
+        with pytest.raises(subprocess.TimeoutExpired):  # still running: not SIGKILLed
+            stranger.wait(timeout=0.5)
+        server.seen = {stranger.pid: ticks}
+        server.kill()
+        assert stranger.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if stranger.poll() is None:
+            stranger.kill()
+            stranger.wait(timeout=10)
