@@ -124,9 +124,11 @@ class Server:
         namespace: str,
         env: Mapping[str, str] | None = None,
         gunicorn: bool = False,
+        unlink: bool = True,
     ) -> None:
         self.port = free_port()
         self.namespace = namespace
+        self.unlink = unlink  # False: the namespace is shared; its owner cleans it up
         self.log_path = tmp_path / f"server-{self.port}.log"
         environ = {
             k: v
@@ -268,7 +270,7 @@ class Server:
         return {"exit": code, "left": left, "segments": segments}
 
     def kill(self) -> None:
-        """Force: SIGKILL every process of the tree by PID, unlink the namespace."""
+        """Force: SIGKILL every process of the tree by PID, unlink the namespace (``unlink``)."""
         with contextlib.suppress(OSError):
             self.tree()
         for pid in sorted(self.seen):
@@ -277,8 +279,9 @@ class Server:
                     os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        for name in shm.list_segments(self.namespace):
-            unlink_name(name)
+        if self.unlink:
+            for name in shm.list_segments(self.namespace):
+                unlink_name(name)
         self._log.close()
 
 

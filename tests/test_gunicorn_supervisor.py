@@ -278,6 +278,7 @@ def test_harness_never_kills_a_reused_pid(tmp_path: Path) -> None:
     try:
         server = Server.__new__(Server)
         server.pid, server.proc, server.namespace = done.pid, done, unique_namespace("h")
+        server.unlink = True
         server._log = open(tmp_path / "log", "wb")
         ticks = process_start_ticks(stranger.pid)
         assert ticks is not None
