@@ -262,6 +262,10 @@ def test_user_config_composes_with_cslb_hooks(tmp_path: Path) -> None:
         answers = _answers(server, 6)
         assert all(a["marker"] == f"row={a['row']}" and a["row"] is not None for a in answers)
         assert server.discovery_pids()  # cslb's on_starting ran too
+        # Plain gunicorn 25.1+ would start its control socket thread after the first
+        # forks; the config module turns it off, so the master stays single-threaded.
+        assert _threads(server.pid) == 1
+        assert "Control socket" not in server.log()
         result = server.stop()
         assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
         seen_at_exit = marks.read_text().split(",")
@@ -388,6 +392,7 @@ def test_serve_print_command_and_errors(tmp_path: Path) -> None:
     [
         (["--endpoints-file", "nope.json"], "--endpoints-file nope.json: no such file"),
         (["--namespace", "shop"], "give --service too"),
+        (["--endpoints-file", "x.json", "--namespace", "shop"], "nothing with --endpoints-file"),
         (["--endpoints-file", "x", "--service", "s"], "not allowed with argument"),
         (["--workers", "0"], "expected a positive integer"),
         (["--balance-factor", "0.5"], "CSLB_BALANCE_FACTOR"),

@@ -310,3 +310,18 @@ def test_control_socket_setting_reaches_gunicorn(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
         out[bool(extra)] = res.stdout.strip().splitlines()[-1]
     assert out == {False: "True", True: "False"}
+
+
+def test_start_log_says_created_taken_over_or_attached(namespaces) -> None:
+    ns = namespaces()
+    m, server = _master(ns, "embedded")
+    m.store.close(unlink=False)  # a previous master's, same geometry
+    assert m._attach_counters() == "taken over"
+    m.stop(server)
+    assert shm.list_segments(ns) == []
+    assert m._attach_counters() == "created"
+    ext, _ = _master(ns, "external")
+    assert ext._attach_counters() == "attached"
+    ext.store.close(unlink=False)
+    m.pid = os.getpid()
+    m.stop(server)
