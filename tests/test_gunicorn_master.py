@@ -325,3 +325,10 @@ def test_start_log_says_created_taken_over_or_attached(namespaces) -> None:
     ext.store.close(unlink=False)
     m.pid = os.getpid()
     m.stop(server)
+
+
+def test_older_gunicorn_is_refused_by_name() -> None:
+    conf.check_gunicorn((25, 1, 0))
+    conf.check_gunicorn((27, 0, 1))
+    with pytest.raises(conf.CslbStartupError, match=r"gunicorn 23\.0\.0 is too old.*>= 25\.1"):
+        conf.check_gunicorn((23, 0, 0))

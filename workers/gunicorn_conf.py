@@ -118,6 +118,21 @@ class CslbStartupError(RuntimeError):
     """The master cannot start cslb's part (gunicorn prints it and exits with status 1)."""
 
 
+#: Oldest gunicorn this module supports: 25.1 added ``--no-control-socket``, and before
+#: 25 the arbiter reaped workers (and ran ``child_exit``) inside its SIGCHLD handler.
+MIN_GUNICORN = (25, 1)
+
+
+def check_gunicorn(version: tuple[int, ...]) -> None:
+    """Raise :class:`CslbStartupError` if gunicorn ``version`` is older than supported."""
+    if tuple(version[:2]) < MIN_GUNICORN:
+        raise CslbStartupError(
+            "cslb: gunicorn {} is too old: workers.gunicorn_conf needs gunicorn >= {}".format(
+                ".".join(map(str, version)), ".".join(map(str, MIN_GUNICORN))
+            )
+        )
+
+
 class _Master:
     """cslb's state in the gunicorn master (one per process; see :data:`MASTER`)."""
 
@@ -144,6 +159,9 @@ class _Master:
 
     def start(self, server: Any) -> None:
         self.log = server.log
+        import gunicorn
+
+        check_gunicorn(tuple(getattr(gunicorn, "version_info", (0, 0))))
         try:
             self.settings = settings_from_env()
             check_settings(self.settings)
