@@ -1246,6 +1246,7 @@ class TableWriter:
         ticks = own_start_ticks()  # before taking anything over
         self._clock = clock
         self._counters = counters
+        self._follow_counters = counters is not None
         self._min_capacity = int(min_capacity_bytes)
         self._pid = os.getpid()
         self._closed = False
@@ -1268,6 +1269,27 @@ class TableWriter:
         self._cw[_C_WRITER_START] = ticks
         self._cw[_C_WRITER_PID] = self._pid
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(self._clock())))
+
+    def _follow_replaced_counters(self) -> None:
+        """Attach the namespace's counters again if they were removed or recreated.
+
+        A gunicorn master that restarts (or an external server that recreated them)
+        makes new counters; growing or resetting the old, unlinked ones would reach no
+        worker. One ``stat`` per publish.
+        """
+        if not self._follow_counters:
+            return
+        c = self._counters
+        if c is not None and not c.replaced():
+            return
+        from shm.counters import CounterStore
+
+        if c is not None:
+            c.close(unlink=False)
+        try:
+            self._counters = CounterStore.attach(self.namespace, writable=True)
+        except (SegmentMissingError, SegmentCorruptError):
+            self._counters = None  # none now; looked for again at the next publish
 
     # -- setup --------------------------------------------------------------------------
 
@@ -1450,6 +1472,7 @@ class TableWriter:
         if skip_unchanged and self._unchanged(enc):
             self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
             return self.generation
+        self._follow_replaced_counters()
         if self._counters is not None:
             self._counters.ensure_columns(alloc.n_slots)
             if alloc.reused:  # a new endpoint's lifetime totals start at zero

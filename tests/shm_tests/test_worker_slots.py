@@ -267,3 +267,24 @@ def test_a_slot_handed_to_a_new_endpoint_starts_its_totals_at_zero(namespace):
     finally:
         writer.close()
         store.close()
+
+
+def test_a_writer_follows_counters_recreated_under_it(namespace):
+    import lbcore
+    from shm import TableWriter
+
+    first = CounterStore.create(namespace, rows=2, columns=8)
+    writer = TableWriter(namespace, counters=first)
+    try:
+        eps = [f"http://10.0.1.{i}:80" for i in range(4)]
+        writer.publish(lbcore.RingSet(eps))
+        first.close()  # the owner (a gunicorn master) goes away and removes them
+        second = CounterStore.create(namespace, rows=2, columns=8)  # the next one
+        many = [f"http://10.0.2.{i}:80" for i in range(40)]
+        writer.publish(lbcore.RingSet(eps + many))  # needs 44 slots
+        assert second.columns >= 44  # grown: the writer grew the live counters
+        second.close()
+        writer.publish(lbcore.RingSet(eps))  # no counters at all now: still publishes
+        assert writer.generation == 3
+    finally:
+        writer.close()
