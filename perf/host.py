@@ -166,8 +166,9 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
                 f"each run followed ≥ {row['generations_followed']} new generations"
             )
     notes = [
-        f"Median of {rounds} runs of {seconds:g} s each, 100 endpoints (10 % fading in), fresh SKU batches "
-        f"through route_table + track; a new generation published every {PUBLISH_EVERY_S:g} s "
+        f"Median of {rounds} runs of {seconds:g} s each, 100 endpoints (10 % fading in), "
+        "fresh SKU batches through "
+        f"route_table + track; a new generation published every {PUBLISH_EVERY_S:g} s "
         "by a writer thread in the parent process (ring-set build + publish, ±10 % pods).",
     ]
     return {"rows": rows, "notes": notes}
