@@ -75,7 +75,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     from workers.router import Router
 
     rings = (10, 100, 1_000)
-    batches = (1, 100, 100_000) if quick else FULL_BATCHES
+    batches = (1, 100, 10_000) if quick else FULL_BATCHES
     rng = np.random.default_rng(20261129)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
