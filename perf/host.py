@@ -135,7 +135,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     """
     cores = max(multiprocessing.cpu_count(), 1)
     counts = list(range(1, cores + 1))
-    seconds = 1.0 if quick else 3.0
+    seconds = 1.0 if quick else 4.0
     rounds = 1 if quick else 3
     batches = (100,) if quick else (100, 1_000)
     rows: list[dict[str, Any]] = []

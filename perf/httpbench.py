@@ -204,7 +204,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     if wrk is None:
         return {"rows": [], "notes": ["wrk is not installed (apt-get install wrk): skipped"]}
     cores = max(os.cpu_count() or 1, 1)
-    seconds = 1.0 if quick else 3.0
+    seconds = 1.0 if quick else 5.0
     modes = {"sync": 1} if quick else {"sync": 1, "gthread": 4}
     sizes = (100,) if quick else SIZES
     rng = np.random.default_rng(6)

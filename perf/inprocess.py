@@ -42,17 +42,17 @@ FULL_RINGS = (10, 100, 1_000)
 def _reps(batch: int, op: str, quick: bool) -> int:
     """Repetitions (fresh batches) per figure: enough for a stable median, bounded time."""
     if batch <= 10:
-        reps = 300
+        reps = 500
     elif batch <= 100:
-        reps = 150
+        reps = 300
     elif batch <= 1_000:
-        reps = 40
+        reps = 80
     else:
-        reps = 5
+        reps = 7
     if op in ("python loop", "uhashring"):  # microseconds per key: fewer repetitions do
         reps = max(reps // 3, 3)
     if quick:
-        reps = max(reps // 15, 2)
+        reps = max(reps // 30, 2)
     return reps
 
 

@@ -213,7 +213,7 @@ def _http(part: dict[str, Any]) -> list[str]:
         "IDs/request",
         "app",
         "requests/s",
-        "M decisions/s",
+        "M IDs/s (cslb: decisions)",
         "p50 ms",
         "p99 ms",
         "server CPU µs/request",
