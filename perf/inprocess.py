@@ -8,6 +8,8 @@ For rings of 10 / 100 / 1,000 endpoints × 100 virtual nodes, SKU strings (a lis
   on a host whose table has a ring fading in (half-way), bounded load on the host-wide
   occupancy (another worker's row holds busy endpoints), the rollout gate on and the
   fan-out recorded in the shared counters: what a worker does per batch;
+* ``cslb route only``: ``route_table`` alone (what recording the fan-out adds is the
+  difference);
 * ``lbcore Ring.lookup``: the bare ring lookup of the same endpoints (the floor);
 * ``python loop``: ``xxhash.xxh64_intdigest`` + ``bisect`` per key on a list ring;
 * ``uhashring``: ``HashRing.get_node`` per key (its defaults: md5, 160 vnodes).
@@ -34,7 +36,6 @@ from perf.common import (
     unique_namespace,
 )
 
-OPS = ("cslb Router", "lbcore Ring.lookup", "python loop", "uhashring")
 FULL_BATCHES = (1, 10, 100, 1_000, 100_000)
 FULL_RINGS = (10, 100, 1_000)
 
@@ -74,18 +75,18 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     """
     from workers.router import Router
 
-    rings = (10, 100, 1_000)
     batches = (1, 100, 10_000) if quick else FULL_BATCHES
     rng = np.random.default_rng(20261129)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    for n_eps in rings:
+    for n_eps in FULL_RINGS:
         with LoadedHost(unique_namespace("ip"), n_eps) as host:
             router = Router(host.namespace)
             try:
                 ring = lbcore.Ring(host.endpoints)
                 ops: dict[str, Any] = {
                     "cslb Router": (full_route(router), None),
+                    "cslb route only": (router.route_table, None),
                     "lbcore Ring.lookup": (ring.lookup, None),
                     "python loop": (PythonLoopRing(ring).lookup, as_python),
                 }
@@ -130,8 +131,3 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
         "the rollout gate at 100 %."
     )
     return {"rows": rows, "notes": notes}
-
-
-def find(rows: list[dict[str, Any]], **match: Any) -> list[dict[str, Any]]:
-    """Rows whose fields equal ``match``."""
-    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]

@@ -60,7 +60,7 @@ def test_quick_run_writes_results_page_with_tables(tmp_path: Path) -> None:
     for eps in (10, 100, 1_000):
         for kind in ("sku", "int"):
             for batch in (1, 100):
-                for op in ("cslb Router", "lbcore Ring.lookup", "python loop"):
+                for op in ("cslb Router", "cslb route only", "lbcore Ring.lookup", "python loop"):
                     assert (eps, kind, batch, op) in cells
                 row = f"| {eps:,}×100 | {kind} | {batch:,} |"
                 assert row in page
