@@ -113,8 +113,8 @@ def measure(
 
 
 def unique_namespace(tag: str) -> str:
-    """A fresh shm namespace for one benchmark (``b<tag><pid><random>``)."""
-    return f"b{tag}{os.getpid()}{uuid.uuid4().hex[:6]}"
+    """A fresh shm namespace for one benchmark (``perf<tag><pid><random>``)."""
+    return f"perf{tag}{os.getpid()}{uuid.uuid4().hex[:6]}"
 
 
 def unlink_namespace(namespace: str) -> None:

@@ -36,7 +36,7 @@ def _bench(*args: str, out: Path) -> subprocess.CompletedProcess:
 
 
 def _segments() -> set[str]:
-    return {s for s in os.listdir("/dev/shm") if s.startswith("cslb.b")}
+    return {s for s in os.listdir("/dev/shm") if s.startswith("cslb.perf")}
 
 
 def test_quick_run_writes_results_page_with_tables(tmp_path: Path) -> None:
