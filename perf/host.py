@@ -19,17 +19,32 @@ from typing import Any
 
 import numpy as np
 
-from perf.common import LoadedHost, full_route, make_skus, unique_namespace
+import lbcore
+from perf.common import LoadedHost, PythonLoopRing, full_route, make_skus, unique_namespace
 
 PUBLISH_EVERY_S = 1.0
+ROUTER = "cslb Router"
+LOOP = "python loop"
 
 
-def _worker(namespace: str, batch: int, seconds: float, seed: int, go: Any, conn: Any) -> None:
+def _worker(
+    namespace: str,
+    endpoints: list[str],
+    op: str,
+    batch: int,
+    seconds: float,
+    seed: int,
+    go: Any,
+    conn: Any,
+) -> None:
     from workers.router import Router
 
-    router = Router(namespace)
+    router = Router(namespace) if op == ROUTER else None
     try:
-        route = full_route(router)
+        if router is not None:
+            route = full_route(router)
+        else:  # the machine's own scaling: pure Python, nothing shared between processes
+            route = PythonLoopRing(lbcore.Ring(endpoints)).lookup
         rng = np.random.default_rng(seed)
         pool = [make_skus(rng, batch) for _ in range(max(100_000 // batch, 64))]
         for b in pool[:16]:
@@ -37,7 +52,7 @@ def _worker(namespace: str, batch: int, seconds: float, seed: int, go: Any, conn
         conn.send("ready")
         if not go.wait(120):
             return
-        first = router.table().generation
+        first = router.table().generation if router is not None else 0
         i = 0
         t0 = time.perf_counter()
         deadline = t0 + seconds
@@ -53,11 +68,12 @@ def _worker(namespace: str, batch: int, seconds: float, seed: int, go: Any, conn
                 "batches": i,
                 "decisions": i * batch,
                 "seconds": elapsed,
-                "generations": router.table().generation - first,
+                "generations": router.table().generation - first if router is not None else 0,
             }
         )
     finally:
-        router.close()
+        if router is not None:
+            router.close()
 
 
 def _publisher(host: LoadedHost, stop: threading.Event, published: list[float]) -> None:
@@ -75,7 +91,7 @@ def _publisher(host: LoadedHost, stop: threading.Event, published: list[float]) 
 
 
 def run_once(
-    host: LoadedHost, procs: int, batch: int, seconds: float, seed: int = 0
+    host: LoadedHost, op: str, procs: int, batch: int, seconds: float, seed: int = 0
 ) -> dict[str, Any]:
     """``procs`` routing processes for ``seconds``; returns the host's totals."""
     ctx = multiprocessing.get_context("fork")  # no thread runs in this process yet
@@ -89,7 +105,7 @@ def run_once(
             a, b = ctx.Pipe(duplex=False)
             p = ctx.Process(
                 target=_worker,
-                args=(host.namespace, batch, seconds, seed * 100 + k, go, b),
+                args=(host.namespace, host.endpoints, op, batch, seconds, seed * 100 + k, go, b),
                 daemon=True,
             )
             p.start()
@@ -137,20 +153,23 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     counts = list(range(1, cores + 1))
     seconds = 1.0 if quick else 4.0
     rounds = 1 if quick else 3
-    batches = (100,) if quick else (100, 1_000)
-    rows: list[dict[str, Any]] = []
-    for batch in batches:
-        runs: dict[int, list[dict[str, Any]]] = {p: [] for p in counts}
-        with LoadedHost(unique_namespace("host"), 100, rows=cores + 4) as host:
-            # Rounds interleave the process counts: a neighbour's load hits them alike.
-            for k in range(rounds):
+    cases = [(ROUTER, 100), (LOOP, 100)] + ([] if quick else [(ROUTER, 1_000)])
+    runs: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    with LoadedHost(unique_namespace("host"), 100, rows=cores + 4) as host:
+        # Rounds interleave cases and process counts: a neighbour's load hits them alike.
+        for k in range(rounds):
+            for op, batch in cases:
                 for procs in counts:
-                    runs[procs].append(run_once(host, procs, batch, seconds, seed=k * 10 + procs))
-        one = statistics.median(r["decisions_per_s"] for r in runs[1])
+                    r = run_once(host, op, procs, batch, seconds, seed=k * 10 + procs)
+                    runs.setdefault((op, batch, procs), []).append(r)
+    rows: list[dict[str, Any]] = []
+    for op, batch in cases:
+        one = statistics.median(r["decisions_per_s"] for r in runs[op, batch, 1])
         for procs in counts:
-            rs = runs[procs]
+            rs = runs[op, batch, procs]
             total = statistics.median(r["decisions_per_s"] for r in rs)
             row = {
+                "op": op,
                 "processes": procs,
                 "batch": batch,
                 "decisions_per_s": total,
@@ -161,14 +180,21 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
             }
             rows.append(row)
             log(
-                f"  host batch {batch:>5} × {procs} processes: "
-                f"{total / 1e6:.2f} M decisions/s, efficiency {row['efficiency']:.2f}, "
-                f"each run followed ≥ {row['generations_followed']} new generations"
+                f"  host {op:<11} batch {batch:>5} × {procs} processes: "
+                f"{total / 1e6:.2f} M keys/s, efficiency {row['efficiency']:.2f}"
+                + (
+                    f", each run followed ≥ {row['generations_followed']} new generations"
+                    if op == ROUTER
+                    else ""
+                )
             )
     notes = [
         f"Median of {rounds} runs of {seconds:g} s each, 100 endpoints (10 % fading in), "
         "fresh SKU batches through "
         f"route_table + track; a new generation published every {PUBLISH_EVERY_S:g} s "
-        "by a writer thread in the parent process (ring-set build + publish, ±10 % pods).",
+        "by a writer thread in the parent process (ring-set build + publish, ±10 % pods). "
+        "The python loop rows (the pure-Python xxhash + bisect loop, nothing shared) show "
+        "how far this machine itself scales at the time: the control for the Router's "
+        "scaling.",
     ]
     return {"rows": rows, "notes": notes}

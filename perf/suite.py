@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         got = module.run(quick=args.quick, log=lambda s: print(s, flush=True))
         parts[name] = {
             **got,
+            "format": results.FORMAT,
             "quick": bool(args.quick),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": time.monotonic() - t0,
