@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from lbcore.bounded import check_balance_factor, check_loads, check_max_hops, redirect_table
+from lbcore.bounded import (
+    check_balance_factor,
+    check_loads,
+    check_max_hops,
+    redirect_table,
+    skip_to_eligible,
+    target_load,
+)
 from lbcore.errors import ArgumentError, EndpointError, FadeError
 from lbcore.hashing import (
     hash_keys,
@@ -158,7 +165,10 @@ def skipper_fadein_route(
     loads: Any = None,
     balance_factor: float | None = None,
     max_hops: int | None = None,
+    candidates: Any = None,
+    attempt: int = 0,
     hashes: np.ndarray | None = None,
+    scores: np.ndarray | None = None,
 ) -> np.ndarray:
     """Route a batch with Skipper's fade-in (compatibility mode): each key is one request.
 
@@ -177,34 +187,88 @@ def skipper_fadein_route(
     loads, balance_factor, max_hops
         Optional bounded load, as in :meth:`lbcore.Ring.lookup_bounded` (Skipper itself
         has no hop cap: ``None``).
+    candidates
+        Boolean mask (or indices) of the endpoints on Skipper's endpoint list, say all
+        but the ejected ones; ``None``: all. Skipper's fade-in filters that list: a
+        key's candidates are the listed endpoints scoring above its threshold, or every
+        listed endpoint if none does.
+    attempt
+        As in :meth:`lbcore.Ring.lookup`: ``1`` for the retry (the next distinct
+        candidate).
     hashes
         Precomputed ``uint64`` key hashes.
+    scores
+        Precomputed :func:`fadein_scores` of ``ages_ns`` (then ``ages_ns`` is not read):
+        a caller routing many batches at one instant computes them once per fading event.
 
     Returns
     -------
     numpy.ndarray
-        ``int32`` endpoint indices.
+        ``int32`` endpoint indices (``-1`` when nothing is listed).
     """
     h = hash_keys(keys) if hashes is None else hashes
     thr = np.asarray(thresholds, dtype=np.float64)
     if thr.shape != h.shape:
         raise FadeError(f"need one threshold per key: {thr.shape} for {h.size} keys")
-    scores = fadein_scores(ages_ns, duration_ns, exponent)
+    if scores is None:
+        scores = fadein_scores(ages_ns, duration_ns, exponent)
     if scores.size != len(ring.endpoints):
         raise FadeError(f"need one age per endpoint: {scores.size} for {len(ring.endpoints)}")
+    listed = ring.listed_mask(candidates)
+    if listed is not None:
+        # Unlisted endpoints score below every threshold (thresholds are >= 0), so the
+        # groups are Skipper's filter over the listed ones; the masks then drop them.
+        scores = np.where(listed, scores, -1.0)
     out = np.empty(h.size, dtype=np.int32)
     for rows, mask in skipper_fadein_candidates(scores, thr):
+        if listed is not None:
+            mask &= listed
         if balance_factor is None:
-            out[rows] = ring.lookup(None, candidates=mask, hashes=h[rows])
+            out[rows] = ring.lookup(None, candidates=mask, attempt=attempt, hashes=h[rows])
         else:
             out[rows] = ring.lookup_bounded(
-                None, loads, balance_factor, candidates=mask, max_hops=max_hops, hashes=h[rows]
+                None,
+                loads,
+                balance_factor,
+                candidates=mask,
+                max_hops=max_hops,
+                attempt=attempt,
+                hashes=h[rows],
             )
     return out
 
 
 # --------------------------------------------------------------------------------------
 # N-ring fade-in.
+
+
+def _decisions(
+    ring: Ring, loads: np.ndarray, balance_factor: float, candidates: Any, max_hops: int | None
+) -> bytes:
+    """What :func:`redirect_table` reads of ``loads`` on ``ring``, as bytes (see caller)."""
+    listed, eligible = ring._selection(candidates)
+    if int(listed.sum()) <= 1:
+        return b"-"  # nothing or one candidate: no load is read
+    good = eligible & (loads <= target_load(loads, listed, balance_factor))
+    if max_hops is None:
+        return good.tobytes()
+    # A capped walk over busy endpoints only takes the least loaded one it saw (the
+    # first seen among equals): the order of their loads, ties included, is all it reads.
+    over = loads[eligible & ~good]
+    rank = np.unique(over, return_inverse=True)[1].astype(np.int32)
+    return good.tobytes() + rank.tobytes()
+
+
+def _plain_per_position(ring: Ring, candidates: Any) -> np.ndarray:
+    """:meth:`Ring.lookup` (``attempt=0``) of a key at every position of ``ring``."""
+    listed, eligible = ring._selection(candidates)
+    count = int(listed.sum())
+    if count == 0 or not eligible.any():
+        return np.full(len(ring), -1, dtype=np.int32)
+    if count == 1:  # Skipper's Apply: one candidate left takes every key
+        return np.full(len(ring), int(np.flatnonzero(listed)[0]), dtype=np.int32)
+    pos = skip_to_eligible(ring, np.arange(len(ring), dtype=np.intp), eligible)
+    return ring.owners.take(pos)
 
 
 def _share(elapsed_ns: float, duration_ns: int, exponent: float) -> float:
@@ -562,13 +626,87 @@ class RingSet:
         seen = self._seen_snapshot
         routed = n + (seen[1] if seen is not None and seen[0] == snapshot else 0)
         self._seen_snapshot = (snapshot, routed)
-        if routed < max(self.owner_table.size // 8, 2 * SCALAR_MAX):
+        if not self.amortized(routed):
             return None
+        table = self.answer_table(loads, balance_factor, max_hops=max_hops)
+        self._bounded = (snapshot, table)
+        return table
+
+    def amortized(self, keys: int) -> bool:
+        """Whether :meth:`answer_table` pays for ``keys`` keys routed on one load snapshot.
+
+        Building it walks every ring position once, about what walking an eighth of
+        that many keys one by one costs in array calls: below that, walk the keys.
+        """
+        return keys >= max(self.owner_table.size // 8, 2 * SCALAR_MAX)
+
+    def answer_fingerprint(
+        self,
+        loads: Any,
+        balance_factor: float,
+        *,
+        candidates: Any = None,
+        max_hops: int | None = None,
+    ) -> bytes:
+        """Everything :meth:`answer_table` reads of ``loads``, as bytes.
+
+        Per ring: which endpoints are under the bar, and with ``max_hops`` the order of
+        the loads of those over it. Two load vectors with equal fingerprints (same set,
+        same other arguments) give equal answer tables, so a worker whose load snapshot
+        moved without changing any of that keeps its table instead of rebuilding it.
+        Costs a few array calls per ring, far less than building the table.
+        """
+        bf = check_balance_factor(balance_factor)
+        hops = check_max_hops(max_hops)
+        load = check_loads(loads, len(self.endpoints))
+        return b"|".join(_decisions(ring, load, bf, candidates, hops) for ring in self.rings)
+
+    def answer_table(
+        self,
+        loads: Any = None,
+        balance_factor: float | None = None,
+        *,
+        candidates: Any = None,
+        max_hops: int | None = None,
+    ) -> np.ndarray:
+        """The answer for every (ring, newest-ring position) on one load snapshot.
+
+        Routing a key at ``now_ns`` is then one gather, exactly what :meth:`route` with
+        the same arguments (``attempt=0``) answers::
+
+            flat = ring_set.ring_choice(h, now_ns) * table.shape[1]
+            flat += ring_set.master.positions(h)
+            idx = table.take(flat)
+
+        Parameters
+        ----------
+        loads, balance_factor, max_hops
+            Bounded load as in :meth:`route`; ``balance_factor=None``: the plain rings.
+        candidates
+            Endpoints that may be chosen (mask or indices); ``None``: all.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``int32`` of shape ``(len(rings), len(master))``; ``-1`` where no endpoint
+            is eligible. Without bounded load and candidates this is :attr:`owner_table`
+            itself (do not write to it).
+        """
+        if balance_factor is None and candidates is None:
+            return self.owner_table
+        if balance_factor is not None:
+            if loads is None:
+                raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
+            bf = check_balance_factor(balance_factor)
+            hops = check_max_hops(max_hops)
+            load = check_loads(loads, len(self.endpoints))
         table = np.empty_like(self.owner_table)
         for k, ring in enumerate(self.rings):
-            redirect = redirect_table(ring, loads, balance_factor, max_hops=max_hops)
-            table[k] = redirect.take(self.ring_pos[k])
-        self._bounded = (snapshot, table)
+            if balance_factor is None:
+                per_pos = _plain_per_position(ring, candidates)
+            else:
+                per_pos = redirect_table(ring, load, bf, candidates=candidates, max_hops=hops)
+            table[k] = per_pos.take(self.ring_pos[k])
         return table
 
     def route(

@@ -633,7 +633,15 @@ def _hash_small(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray:
     encoded: Any = None
     try:
         if t is str:
-            if max_key_bytes is None:
+            # No key is longer than all of them together: a batch whose UTF-8 fits the
+            # limit needs no per-key length (a non-str key fails the join and takes the
+            # checked path below); nor do keys of at most a quarter of the limit in
+            # code points (UTF-8 takes at most 4 bytes per code point).
+            if (
+                max_key_bytes is None
+                or len("".join(keys).encode()) <= max_key_bytes
+                or max(map(len, keys)) <= max_key_bytes >> 2
+            ):
                 return np.fromiter(map(_xxh64, map(str.encode, keys)), np.uint64, n)
             encoded = list(map(str.encode, keys))
         elif t is bytes:

@@ -8,6 +8,11 @@ Prints, each next to a baseline measured in the same run:
    lookup; with ejected endpoints too (the router's answer table vs lbcore's candidate
    path); and the share of the batch cost spent counting bounded-load moves and
    checking the table generation;
+1b. a worker routing at 100, 1,000 and 2,500 batches per second (a simulated clock,
+   so the CPU never sleeps between batches) with the default refresh cadence, on a
+   steady and on a busy host, against the same worker with a 60 s cadence on a built
+   answer table: mean cost per batch with refreshes and table builds included, the
+   share of batches routed by one gather, and how many tables were built;
 2. the cost of one snapshot refresh (summing the counter rows, the load signal) and of
    building the answer tables, and what that adds per batch at the default cadence;
 3. staleness: while another worker's load changes every few milliseconds, the age of
@@ -17,7 +22,7 @@ Prints, each next to a baseline measured in the same run:
 
 Every repetition routes a fresh batch (a CPU that sees the same batch again learns it);
 figures are medians. Absolute numbers drift by up to 2x on shared machines; the ratios
-are what to read. About 30 s on 2 cores (``--quick``: about 10 s).
+are what to read. About 40 s on 2 cores (``--quick``: about 15 s).
 """
 
 from __future__ import annotations
@@ -137,12 +142,14 @@ def bench_route(ns: str, quick: bool) -> None:
                 )
                 # Parts of the batch cost.
                 s = r._snap
-                answer, moved = s.answer()
+                answer, moved, _complete = s.answer()
                 hs = [lbcore.hash_keys(b) for b in batches]
                 flats = [rs.ring_choice(h, now) * answer.shape[1] + ring.positions(h) for h in hs]
                 it = iter(flats * 5)
                 moves = _per_batch_us(
-                    lambda _b, it=it, moved=moved: np.count_nonzero(moved.take(next(it))),
+                    lambda _b, it=it, moved=moved: (
+                        moved is not None and np.count_nonzero(moved.take(next(it)))
+                    ),
                     batches,
                 )
                 reader = r._reader
@@ -169,6 +176,113 @@ def bench_route(ns: str, quick: bool) -> None:
 
 
 # ------------------------------------------------------------------------------------
+# 1b. A worker at realistic rates with the default cadence.
+
+
+class _SimClock:
+    """CLOCK_MONOTONIC that a benchmark moves: one worker's time between its batches."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic_ns()
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def bench_rates(ns: str, quick: bool) -> None:
+    default = float(LOAD_REFRESH.default)
+    print(
+        f"\n== 1b. a worker routing batches of {BATCH} at a given rate (simulated clock), "
+        f"refresh {default:g} s (default)\n   vs 60 s, default knobs (effective load, "
+        "bounded 1.25, 10 hops), 10 % fading in; another worker's load\n   changes every "
+        "5 ms (busy) or not at all (idle). Mean µs per batch, refreshes and\n   answer-table "
+        "builds included; 'on tables': share of batches routed by one gather."
+    )
+    print(
+        f"{'endpoints':>9} {'load':<5} {'batch/s':>7} {'default µs':>10} {'60 s µs':>8} "
+        f"{'default/60s':>11} {'on tables':>9} {'refreshes':>9} {'builds':>6}"
+    )
+    for n in (100, 1000):
+        for busy in (False, True):
+            for rate in (100, 1000, 2500):
+                row = [
+                    _median_run(
+                        f"{ns}rt{n}{int(busy)}{rate}r{int(r * 10)}", n, busy, rate, r, quick
+                    )
+                    for r in (default, 60.0)
+                ]
+                (d_us, d_tab, d_ref, d_b), (c_us, _t, _r, _b) = row
+                print(
+                    f"{n:>9} {'busy' if busy else 'idle':<5} {rate:>7} {d_us:>10.1f} "
+                    f"{c_us:>8.1f} {d_us / c_us:>11.2f} {d_tab:>9.0%} {d_ref:>9} {d_b:>6}"
+                )
+
+
+def _median_run(
+    ns: str, n: int, busy: bool, rate: int, refresh: float, quick: bool
+) -> tuple[float, float, int, int]:
+    """:func:`_rate_run` repeated (3 times, once with ``--quick``): the median cost."""
+    runs = [_rate_run(f"{ns}x{k}", n, busy, rate, refresh, quick) for k in range(1 if quick else 3)]
+    return sorted(runs)[len(runs) // 2]
+
+
+def _rate_run(
+    ns: str, n: int, busy: bool, rate: int, refresh: float, quick: bool
+) -> tuple[float, float, int, int]:
+    store, writer, _rs, rec = _loaded_host(ns, n)
+    other = store.claim()
+    clock = _SimClock()
+    try:
+        r = Router(ns, refresh_s=refresh, clock=clock)
+        slots = np.asarray(r.table().slots, dtype=np.intp)
+        rng = np.random.default_rng(n + rate)
+        step = 1_000_000_000 // rate
+        count = max(int(rate * (0.6 if quick else 1.5)), 300)
+        batches = _batches(count, seed=rate)
+        for b in _batches(20, seed=rate + 1):  # first-call costs are not the steady state
+            clock.now += step
+            r.route(b)
+        if refresh >= 60:
+            r._snap.answer()  # the baseline: routing on a built answer table
+        open_: list[tuple[np.ndarray, int]] = []
+        next_churn = clock.now
+        total = 0.0
+        on_tables = refreshes = builds = 0
+        last_snap = None
+        last_answer = None
+        for b in batches:
+            clock.now += step
+            if busy and clock.now >= next_churn:
+                # Another worker: fan-outs of 20 calls open ~40 ms, one every 5 ms.
+                next_churn = clock.now + 5_000_000
+                e = slots[rng.integers(0, n, 20)]
+                other.record_start(e, clock.now)
+                open_.append((e, clock.now))
+                while open_ and clock.now - open_[0][1] >= 40_000_000:
+                    e0, t0 = open_.pop(0)
+                    other.record_end(e0, t0, np.full(e0.size, clock.now - t0), clock.now)
+            t0 = time.perf_counter()
+            r.route(b)
+            total += time.perf_counter() - t0
+            s = r._snap
+            if s is not last_snap:
+                refreshes += 1
+                last_snap = s
+            if s._answer is not None:
+                on_tables += 1
+                if s._answer is not last_answer:
+                    builds += 1
+                    last_answer = s._answer
+        r.close()
+        return total / count * 1e6, on_tables / count, refreshes, builds
+    finally:
+        other.release()
+        rec.release()
+        writer.close()
+        store.close()
+
+
+# ------------------------------------------------------------------------------------
 # 2. Refresh cost.
 
 
@@ -176,7 +290,7 @@ def bench_refresh(ns: str) -> None:
     print("\n== 2. cost of one load-snapshot refresh (8 counter rows in use), median ms")
     print(
         f"{'endpoints':>9} {'read+signal':>11} {'answer tables':>13} {'total':>7} "
-        f"{'per batch @0.1s, 250 batch/s':>29} {'route() µs':>10}"
+        f"{'per batch @0.1s, 2,500 batch/s':>31} {'route() µs':>10}"
     )
     for n in (100, 1000):
         sub = f"{ns}rf{n}"
@@ -205,13 +319,13 @@ def bench_refresh(ns: str) -> None:
             amort = (rd + bd) * 1e3 / 250
             positions = t.ring_set.owner_table.size
             print(
-                f"{n:>9} {rd:>11.3f} {bd:>13.3f} {rd + bd:>7.3f} {amort:>26.2f} µs "
+                f"{n:>9} {rd:>11.3f} {bd:>13.3f} {rd + bd:>7.3f} {amort:>28.2f} µs "
                 f"{route_us:>10.1f}"
             )
             print(
-                f"{'':>9} (answer tables are built only after {max(positions // 8, 8)} keys "
-                f"= {max(positions // 8, 8) / BATCH:.0f} batches on one snapshot; before, "
-                "keys are walked)"
+                f"{'':>9} (the tables pay after {positions // 8} keys = "
+                f"{positions // 8 / BATCH:.0f} batches on one snapshot; kept across refreshes "
+                "that change no bar decision: see 1b)"
             )
             r.close()
         finally:
@@ -363,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = f"bench{os.getpid()}{uuid.uuid4().hex[:4]}"
     try:
         bench_route(ns, args.quick)
+        bench_rates(ns, args.quick)
         bench_refresh(ns)
         bench_staleness(ns, 1.0 if args.quick else 2.5)
         bench_track(ns)

@@ -278,3 +278,134 @@ def test_from_parts_wraps_a_built_set():
             duration_ns=rs.duration_ns,
             exponent=rs.exponent,
         )
+
+
+# ---------------------------------------------------------------------------------------
+# The answer table (what a worker caches per load snapshot) and Skipper with a listed set.
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_answer_table_gather_equals_route(seed):
+    rng = np.random.default_rng(seed)
+    rs = RingSet(BASE[: int(rng.integers(2, 20))], duration_ns=D, vnodes=int(rng.choice([5, 50])))
+    t = T0
+    for ev, new in enumerate((NEW1, NEW2)[: int(rng.integers(0, 3))]):
+        t += ev * 7 * S
+        rs = rs.scale_up(new[: int(rng.integers(1, len(new) + 1))], t)
+    n = len(rs.endpoints)
+    loads = rng.integers(0, 6, n).astype(np.float64)
+    cand = None if rng.random() < 0.4 else rng.random(n) < 0.7
+    bf = None if rng.random() < 0.3 else float(rng.choice([1.0, 1.25, 2.0]))
+    hops = None if rng.random() < 0.5 else int(rng.integers(1, 6))
+    now = t + int(rng.integers(0, D))
+    kw = {} if bf is None else {"loads": loads, "balance_factor": bf}
+    table = rs.answer_table(**kw, candidates=cand, max_hops=hops)
+    assert table.shape == rs.owner_table.shape and table.dtype == np.int32
+    h = lbcore.hash_keys(KEYS[:5000])
+    flat = rs.ring_choice(h, now) * table.shape[1] + rs.master.positions(h)
+    expect = rs.route(None, now, **kw, candidates=cand, max_hops=hops, hashes=h)
+    np.testing.assert_array_equal(table.take(flat), expect)
+    if cand is not None and cand.any():
+        assert not np.isin(table, np.flatnonzero(~cand)).any()
+
+
+def test_answer_table_plain_is_the_owner_table_and_checks_its_inputs():
+    rs = RingSet(BASE[:5]).scale_up(NEW1[:2], T0)
+    assert rs.answer_table() is rs.owner_table
+    assert (rs.answer_table(candidates=np.zeros(7, bool)) == -1).all()
+    only = rs.answer_table(candidates=[3])
+    assert (only == 3).all()
+    with pytest.raises(lbcore.ArgumentError, match="needs loads"):
+        rs.answer_table(balance_factor=1.25)
+    with pytest.raises(lbcore.LoadError):
+        rs.answer_table(np.ones(3), 1.25)
+    with pytest.raises(lbcore.BalanceFactorError):
+        rs.answer_table(np.ones(7), 0.5)
+    assert rs.amortized(rs.owner_table.size // 8) and not rs.amortized(10)
+
+
+def _skipper_per_key(ring, h, scores, thr, listed, attempt, loads=None, bf=None, hops=None):
+    """Skipper's filter request by request over the listed endpoints (reference)."""
+    out = []
+    for i in range(h.size):
+        m = listed & (thr[i] < scores)
+        if not m.any():
+            m = listed.copy()
+        if bf is None:
+            r = ring.lookup(None, candidates=m, attempt=attempt, hashes=h[i : i + 1])
+        else:
+            r = ring.lookup_bounded(
+                None, loads, bf, candidates=m, max_hops=hops, attempt=attempt, hashes=h[i : i + 1]
+            )
+        out.append(int(r[0]))
+    return np.array(out, np.int32)
+
+
+@pytest.mark.parametrize(("attempt", "bf"), [(0, None), (1, None), (0, 1.25), (1, 1.1)])
+def test_skipper_route_with_listed_endpoints_and_retries(attempt, bf):
+    rs = RingSet(BASE[:8], duration_ns=D).scale_up(NEW1[:4], T0)
+    ring = rs.master
+    ages = [None] * 8 + [D // 2] * 4
+    scores = lbcore.fade.fadein_scores(ages, D, 2.5)
+    rng = np.random.default_rng(attempt)
+    keys = KEYS[:600]
+    h = lbcore.hash_keys(keys)
+    thr = rng.random(h.size)
+    loads = rng.integers(0, 5, 12).astype(np.float64)
+    kw = {} if bf is None else {"loads": loads, "balance_factor": bf, "max_hops": 4}
+    for listed in (np.ones(12, bool), np.array([True] * 6 + [False] * 2 + [True, False] * 2)):
+        got = skipper_fadein_route(
+            ring, keys, ages, D, 2.5, thr, candidates=listed, attempt=attempt, **kw
+        )
+        exp = _skipper_per_key(ring, h, scores, thr, listed, attempt, loads, bf, kw.get("max_hops"))
+        np.testing.assert_array_equal(got, exp)
+        assert listed[got].all()
+        same = skipper_fadein_route(
+            ring,
+            None,
+            None,
+            D,
+            2.5,
+            thr,
+            candidates=listed,
+            attempt=attempt,
+            hashes=h,
+            scores=scores,
+            **kw,
+        )
+        np.testing.assert_array_equal(same, got)
+    # Every established endpoint unlisted: the new ones take every key, whatever the draw.
+    new_only = np.array([False] * 8 + [True] * 4)
+    got = skipper_fadein_route(ring, keys, ages, D, 2.5, thr, candidates=new_only, **kw)
+    assert (got >= 8).all()
+
+
+def test_equal_answer_fingerprints_give_equal_answer_tables():
+    rs = RingSet(BASE[:12], vnodes=20).scale_up(NEW1[:3], T0)
+    rng = np.random.default_rng(5)
+    cand = np.ones(15, bool)
+    cand[4] = False
+    for hops in (None, 2):
+        kw = {"candidates": cand, "max_hops": hops}
+        base = rng.integers(0, 4, 15).astype(np.float64)
+        fp = rs.answer_fingerprint(base, 1.25, **kw)
+        table = rs.answer_table(base, 1.25, **kw)
+        same = changed = 0
+        for _ in range(300):
+            other = base + rng.random(15) * 0.6 * (rng.random(15) < 0.2)
+            t2 = rs.answer_table(other, 1.25, **kw)
+            if rs.answer_fingerprint(other, 1.25, **kw) == fp:
+                same += 1
+                np.testing.assert_array_equal(t2, table)
+            elif not np.array_equal(t2, table):
+                changed += 1
+        assert same > 10 and changed > 10  # both cases were exercised
+    # The order of busy loads matters only with a hop cap.
+    loads = np.zeros(15)
+    loads[[0, 1]] = [50.0, 60.0]
+    swapped = loads.copy()
+    swapped[[0, 1]] = [60.0, 50.0]
+    assert rs.answer_fingerprint(loads, 1.25) == rs.answer_fingerprint(swapped, 1.25)
+    assert rs.answer_fingerprint(loads, 1.25, max_hops=1) != rs.answer_fingerprint(
+        swapped, 1.25, max_hops=1
+    )

@@ -185,3 +185,25 @@ def test_long_batches_are_hashed_in_blocks_with_batch_wide_error_positions():
     keys[BLOCK + 7] = None
     with pytest.raises(lbcore.KeyTypeError, match=f"key {BLOCK + 7} has type NoneType"):
         lbcore.hash_keys(keys)
+
+
+def test_max_key_bytes_counts_utf8_bytes_on_the_short_str_path():
+    # Up to a quarter of the limit in code points needs no encoded length; beyond,
+    # the encoded length decides (4-byte, 2-byte and 1-byte code points).
+    lim = 4096
+    ok = ["\U0001f600" * 1024, "ü" * 2048, "a" * 4096, "k"]
+    np.testing.assert_array_equal(lbcore.hash_keys(ok, max_key_bytes=lim), lbcore.hash_keys(ok))
+    for bad in (["k", "ü" * 2049], ["k", "\U0001f600" * 1025], ["k", "a" * 4097]):
+        with pytest.raises(lbcore.KeyTooLongError, match="key 1 is"):
+            lbcore.hash_keys(bad, max_key_bytes=lim)
+    with pytest.raises(lbcore.KeyTooLongError):
+        lbcore.hash_keys(["k", b"x" * 5000], max_key_bytes=lim)  # mixed types: checked path
+    with pytest.raises(lbcore.KeyTypeError):
+        lbcore.hash_keys(["k", 1.5], max_key_bytes=lim)
+    # A batch whose UTF-8 fits the limit altogether, and one key that cannot encode.
+    small = [f"SKU-{i:09d}" for i in range(300)]
+    np.testing.assert_array_equal(
+        lbcore.hash_keys(small, max_key_bytes=lim), lbcore.hash_keys(small)
+    )
+    with pytest.raises(lbcore.KeyEncodingError):
+        lbcore.hash_keys(["k", "a\udc80"], max_key_bytes=lim)

@@ -671,7 +671,7 @@ def test_a_row_not_reserved_for_us_falls_back_to_a_free_row(host, monkeypatch):
     monkeypatch.setenv("CSLB_COUNTER_ROW", str(other.row))
     r = Router.attach(host.ns)
     try:
-        assert r.row != other.row and not r.adopted
+        assert r.row is not None and r.row != other.row and not r.adopted
     finally:
         r.close()
         other.release()

@@ -6,10 +6,19 @@ routing tables (:class:`shm.TableReader`), claims a row of the host's counter ma
 serves each of them::
 
     router = Router.attach()
-    idx, table = router.route_table(product_ids)
-    with router.track(idx, table, keys=product_ids) as t:
+    idx = router.route(product_ids)
+    urls = router.endpoints_of(idx)
+    with router.track(idx) as t:
         ...                      # the fan-out; t.fail(i) marks call i failed
-    urls = router.endpoints_of(idx, table)
+
+Indices are only meaningful with the table generation they were computed on. The
+router remembers, per thread, the array its last :meth:`Router.route` /
+:meth:`Router.route_table` call returned, with that call's table and keys:
+:meth:`Router.endpoints_of` and :meth:`Router.track` given that very array (or a slice
+of it, for the table) use them even if a new generation was published in between.
+Pass ``table`` (from :meth:`Router.route_table`) and ``keys`` explicitly when the
+indices went through another array (a copy, a fancy-indexed subset) or another thread.
+(So each thread's last batch of keys stays referenced until its next routing call.)
 
 Routing a batch
 ---------------
@@ -17,26 +26,36 @@ Routing a batch
 N-ring fade-in (or Skipper's fade-in when ``fade_mode`` is ``skipper``); bounded load
 on the host-wide load vector the knobs' ``load_signal`` names; ejected endpoints (never
 chosen); and ``attempt`` for the single fast retry. Every rule is lbcore's: the router
-only composes :func:`lbcore.redirect_table`, :meth:`lbcore.Ring.lookup` and the ring
-set's position maps.
+only composes :meth:`lbcore.RingSet.answer_table`, :meth:`lbcore.RingSet.route` and
+:func:`lbcore.fade.skipper_fadein_route`.
 
 The load snapshot
 -----------------
 Summing every worker's counter row costs more than routing a batch, so the router
 reads the host's loads on a cadence (:data:`LOAD_REFRESH`, ``CSLB_LOAD_REFRESH``,
 default 0.1 s) and immediately when a new table generation appears. On a snapshot it
-builds an *answer table*: per ring and per position of the newest ring, the bounded-load
-answer with ejected endpoints left out (:func:`lbcore.redirect_table` per ring, gathered
-through the ring set's ``ring_pos``, exactly what :meth:`lbcore.RingSet.route` caches
-for one load snapshot), plus a boolean table "this answer differs from the plain
-ring's", so counting bounded-load moves costs one more gather. A batch then costs:
-hashing, one bucket-table position lookup, the fade draw (while a ring is fading) and
-one gather. The tables are built only once keys worth an eighth of the ring positions
-were routed on the snapshot (lbcore's own rule: building costs about a walk per
-position); before that, and for retries, keys are walked by
-:meth:`lbcore.RingSet.route`. A refresh that reads the same load vector (an idle host)
-keeps the tables. ``perf/bench_router.py`` measures the cost against reading a fresh
-snapshot per batch, and the staleness.
+routes by *answer tables*: per ring and per position of the newest ring, the
+bounded-load answer with ejected endpoints left out (:meth:`lbcore.RingSet.answer_table`),
+plus a boolean table "this answer differs from the plain ring's", so counting
+bounded-load moves costs one more gather. A batch then costs: hashing, one
+bucket-table position lookup, the fade draw (while a ring is fading) and one gather.
+
+Building the tables walks every ring position (about 0.7 ms for 100 endpoints x 100
+virtual nodes with one fading ring, 4 ms for 1,000), so the router builds them only
+when that pays, and keeps them as long as they are right:
+
+* a refresh whose loads change no bar decision (:meth:`lbcore.RingSet.answer_fingerprint`:
+  which endpoints are under the bar, and with a hop cap the order of the busy ones'
+  loads) keeps the tables: on a host whose load is steady they are built once per
+  table generation;
+* otherwise they are built on the first batch when walking the keys expected on the
+  snapshot (the worker's key rate over the refresh interval, or more if more keys
+  were routed on answers equal to this snapshot's) would cost more than the build,
+  by the worker's own timings of its walks and builds; until then, and for retries,
+  keys are walked by :meth:`lbcore.RingSet.route`.
+
+``perf/bench_router.py`` measures the cost per batch at 100 to 2,500 batches per
+second against a never-refreshed snapshot, and the staleness.
 
 Checks per batch are constant-cost: :meth:`shm.TableReader.table` (two shared-memory
 loads and a clock read), one identity comparison with the snapshot's table, and
@@ -50,8 +69,10 @@ Recording
 threads of a gthread worker share it safely). Fallback entries (``-1``) are not
 recorded: those calls go through the ingress. Per routed batch the router adds the
 decision statistics to its row (``Recorder.count``): *decisions* = keys routed
-(fallbacks included), *fallbacks* = keys answered ``-1``, *moves* = keys that bounded
-load sent elsewhere than the plain ring (with ejected endpoints left out) would have.
+(fallbacks included, and retries: a key routed with ``attempt=0`` and again with
+``attempt=1`` is two decisions; so is ``cslb_decisions_total``), *fallbacks* = keys
+answered ``-1``, *moves* = keys that bounded load sent elsewhere than the plain ring
+(with ejected endpoints left out) would have.
 
 Failures
 --------
@@ -90,7 +111,7 @@ import numpy as np
 
 import lbcore
 import shm
-from lbcore.fade import fadein_scores, skipper_fadein_candidates
+from lbcore.fade import fadein_scores, skipper_fadein_route
 from lbcore.hashing import unit_interval
 from lbcore.knobs import Knob, parse_seconds
 
@@ -133,6 +154,10 @@ SKIPPER_SALT = 0x736B697070657221
 
 _CHECK_NS = 1_000_000_000  # pace of the replaced()/missing-segment checks
 _RETRY_S = 1.0  # how long route() retries on tables the writer keeps rewriting
+# How long TableReader.table() retries one read. A reader waits only while the writer
+# switches buffers (microseconds); a buffer that never settles is damage, and a worker
+# must not stall its request on it (shm remembers the verdict after the first wait).
+_READ_TIMEOUT_S = 0.05
 _MAX_KEY_BYTES = lbcore.MAX_KEY_BYTES
 
 
@@ -156,14 +181,18 @@ class _Snapshot:
     """One table generation with one host-load snapshot, and the answer tables built on it.
 
     Immutable once built, except for the lazily built answer tables (two threads may
-    both build them; both results are equal, the last one stays).
+    both build them; both results are equal, the last one stays) and the key count.
     """
 
     __slots__ = (
         "_answer",
+        "_fingerprint",
+        "_plain",
         "balance_factor",
         "candidates",
+        "carried",
         "due_ns",
+        "expected",
         "gate",
         "load",
         "loads",
@@ -198,68 +227,157 @@ class _Snapshot:
         # Ejected endpoints are left out as candidates (lbcore's skip rule), never by
         # inflating their load: that would raise the average and so the bar for all.
         self.candidates = ~ej if ej.size and bool(ej.any()) else None
-        self._answer: tuple[np.ndarray, np.ndarray | None] | None = None
-        self.routed = 0
+        # (answer, moved or None, complete): see answer().
+        self._answer: tuple[np.ndarray, np.ndarray | None, bool] | None = None
+        self._plain: np.ndarray | None = None
+        self._fingerprint: bytes | None = None
+        self.routed = 0  # keys routed on this snapshot and those it follows with equal answers
+        self.carried = 0  # of which on those before it
+        self.expected = 0  # keys expected on this snapshot (the worker's recent rate)
         if self.balance_factor is None and self.candidates is None:
-            self._answer = (table.ring_set.owner_table, None)  # nothing to build
+            self._answer = (table.ring_set.owner_table, None, True)  # nothing to build
 
-    def amortized(self, n: int) -> bool:
-        """Count ``n`` keys routed on this snapshot; true once the answer tables pay.
+    def amortized(self, n: int, costs: _Costs) -> bool:
+        """Count ``n`` keys routed on this snapshot; true when routing on the answer tables.
 
-        Building them costs about as much as walking one key per ring position, so,
-        as lbcore does for its redirect tables, they are built once an eighth of the
-        ring's positions worth of keys were routed on the snapshot; before that keys
-        are walked (a worker with little traffic never builds them).
+        Tables kept from the previous snapshot (:meth:`follow`) are used at once.
+        Otherwise they are built as soon as walking the keys still expected on them
+        would cost more than building them, by this worker's own measurements
+        (:class:`_Costs`). Keys expected: those the worker routed per refresh interval
+        on the previous snapshot (:attr:`expected`), or more if more were already
+        routed on answers equal to this snapshot's (they will likely stay equal as
+        long again); until the first measurement, lbcore's rule
+        (:meth:`lbcore.RingSet.amortized`).
         """
+        self.routed += n  # racy under threads: at worst a count is lost
         if self._answer is not None:
             return True
-        self.routed += n  # racy under threads: at worst the tables come a batch later
-        return self.routed >= max(self.table.ring_set.owner_table.size // 8, 8)
+        size = self.table.ring_set.owner_table.size
+        ahead = max(self.expected, self.routed - self.carried) + self.carried
+        return costs.pays(ahead, size) if costs.measured else self.table.ring_set.amortized(ahead)
 
-    def reuse(self, previous: _Snapshot | None) -> None:
-        """Take ``previous``'s answer tables if they were built on equal inputs."""
-        if (
-            self._answer is None
-            and previous is not None
-            and previous.table is self.table
-            and previous._answer is not None
-            and self.load is not None
+    def fingerprint(self) -> bytes:
+        """What the answer tables read of this snapshot's loads (lbcore's rule)."""
+        fp = self._fingerprint
+        if fp is None:
+            if self.balance_factor is None or self.load is None:
+                fp = b""
+            else:
+                fp = self.table.ring_set.answer_fingerprint(
+                    self.load,
+                    self.balance_factor,
+                    candidates=self.candidates,
+                    max_hops=self.max_hops,
+                )
+            self._fingerprint = fp
+        return fp
+
+    def follow(self, previous: _Snapshot | None, refresh_ns: int) -> None:
+        """Carry over from the snapshot this one replaces: tables and the key rate.
+
+        The answer tables stay if the new loads change no bar decision on the same
+        table (:meth:`lbcore.RingSet.answer_fingerprint`); the plain table (candidates
+        without bounded load) depends on no load at all. And the rate of keys routed
+        on ``previous`` decides whether to build the tables on the first batch.
+        """
+        if previous is None:
+            return
+        life = self.read_ns - previous.read_ns
+        if life > 0:
+            keys = previous.routed - previous.carried
+            self.expected = int(keys * max(refresh_ns, life) / life)
+        if previous.table is not self.table or self._answer is not None:
+            return
+        self._plain = previous._plain
+        same = (
+            self.load is not None
             and previous.load is not None
-            and np.array_equal(self.load, previous.load)
-        ):
+            and np.array_equal(self.load, previous.load)  # an idle host: no fingerprint
+        )
+        if same or previous.fingerprint() == self.fingerprint():
+            # The same answers: tables built on previous serve this snapshot too, and
+            # keys routed on it count towards paying for building them.
             self._answer = previous._answer
+            self.routed = self.carried = previous.routed
 
-    def answer(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """The answer tables ``(answer, moved)``, built on first use.
+    def answer(self, costs: _Costs | None = None) -> tuple[np.ndarray, np.ndarray | None, bool]:
+        """The answer tables ``(answer, moved, complete)``, built on first use.
 
         Per (ring, newest-ring position): the endpoint, and whether bounded load moved
-        it off the plain ring's answer (``moved`` is ``None`` without bounded load).
+        it off the plain ring's answer (``moved`` is ``None`` if it moved none: without
+        bounded load, or no endpoint over the bar); ``complete``: no entry is ``-1``
+        (so a batch needs no fallback count). The build is timed into ``costs``.
         """
         a = self._answer
         if a is None:
+            t0 = time.perf_counter_ns()
             a = self._answer = self._build()
+            if costs is not None:
+                costs.built(a[0].size, time.perf_counter_ns() - t0)
         return a
 
-    def _build(self) -> tuple[np.ndarray, np.ndarray | None]:
+    def _build(self) -> tuple[np.ndarray, np.ndarray | None, bool]:
         rs = self.table.ring_set
-        cand, bf = self.candidates, self.balance_factor
-        if cand is None:
-            plain = rs.owner_table
+        plain = self._plain
+        if plain is None:
+            plain = self._plain = rs.answer_table(candidates=self.candidates)
+        if self.balance_factor is None:
+            return plain, None, not bool((plain < 0).any())
+        bounded = rs.answer_table(
+            self.load, self.balance_factor, candidates=self.candidates, max_hops=self.max_hops
+        )
+        moved = bounded != plain
+        return bounded, moved if moved.any() else None, not bool((bounded < 0).any())
+
+
+class _Costs:
+    """What walking a key and building answer tables cost this worker (measured).
+
+    Exponentially weighted means of the wall time of walks (per key) and of table
+    builds (per table entry); cheap enough to take on every walk (two clock reads).
+    """
+
+    __slots__ = ("_built", "_first", "build_ns_per_entry", "measured", "walk_ns_per_key")
+
+    _ALPHA = 0.2
+
+    # Before the first build: what one costs per entry on this machine kind
+    # (PERF-NOTES: 0.3-0.7 ms for 10k positions, ~4.5 ms for 100k).
+    _BUILD_PRIOR_NS = 35.0
+
+    def __init__(self) -> None:
+        self.walk_ns_per_key = 0.0
+        self.build_ns_per_entry = self._BUILD_PRIOR_NS
+        self.measured = False  # walks were timed
+        self._first: list[float] = []
+        self._built = False
+
+    def walked(self, keys: int, ns: int) -> None:
+        if not keys:
+            return
+        per = ns / keys
+        w = self.walk_ns_per_key
+        if self.measured:
+            # One slow sample (a page fault, a thread switch) moves the mean at most 2x:
+            # walks may be rare once builds win, so an outlier would stay for long.
+            per = min(max(per, 0.5 * w), 2.0 * w)
+            self.walk_ns_per_key = w + self._ALPHA * (per - w)
         else:
-            plain = np.empty_like(rs.owner_table)
-            for k, ring in enumerate(rs.rings):
-                # A node's own hash maps to its own position: the answer per position.
-                per_pos = ring.lookup(None, candidates=cand, hashes=ring.hashes)
-                plain[k] = per_pos.take(rs.ring_pos[k])
-        if bf is None:
-            return plain, None
-        bounded = np.empty_like(rs.owner_table)
-        for k, ring in enumerate(rs.rings):
-            per_pos = lbcore.redirect_table(
-                ring, self.load, bf, candidates=cand, max_hops=self.max_hops
-            )
-            bounded[k] = per_pos.take(rs.ring_pos[k])
-        return bounded, bounded != plain
+            self._first.append(per)
+            if len(self._first) == 3:  # the median of the first three
+                self.walk_ns_per_key = sorted(self._first)[1]
+                self.measured = True
+
+    def built(self, entries: int, ns: int) -> None:
+        if entries:
+            per = ns / entries
+            b = self.build_ns_per_entry
+            self.build_ns_per_entry = b + self._ALPHA * (per - b) if self._built else per
+            self._built = True
+
+    def pays(self, keys: int, entries: int) -> bool:
+        """Whether walking ``keys`` keys costs more than building ``entries`` entries."""
+        return keys * self.walk_ns_per_key >= entries * self.build_ns_per_entry
 
 
 def _idle_loads(n: int, now_ns: int) -> shm.HostLoads:
@@ -408,8 +526,14 @@ class Router:
         self.adopted = False
         self.reattached = 0
         self._snap: _Snapshot | None = None
+        self._costs = _Costs()
+        # Per thread, the last (indices, table, keys) route_table() returned: mapping or
+        # tracking that very array later uses its table and keys (see endpoints_of).
+        self._last = threading.local()
         self._next_check = 0
         self._no_row_logged = False
+        self._warned: set[tuple[Any, ...]] = set()
+        self._bad: tuple[int, int] | None = None  # (generation, recheck time) of a bad read
         self._connect(self._clock())
         _ROUTERS.add(self)
 
@@ -442,7 +566,9 @@ class Router:
         RouterStateError
             This process already attached a router to another namespace.
         RouterInputError
-            ``CSLB_COUNTER_ROW`` or ``CSLB_LOAD_REFRESH`` is malformed.
+            ``CSLB_COUNTER_ROW`` is malformed.
+        lbcore.knobs.KnobError
+            ``CSLB_LOAD_REFRESH`` is malformed (``refresh_s`` not given).
         """
         ns = shm.shm_namespace(os.environ) if namespace is None else namespace
         with cls._attach_lock:
@@ -473,9 +599,17 @@ class Router:
         self._next_check = now + _CHECK_NS
         if self._reader is None:
             try:
-                self._reader = shm.TableReader(self.namespace)
-            except shm.SegmentError as exc:
+                self._reader = shm.TableReader(self.namespace, timeout_s=_READ_TIMEOUT_S)
+            except shm.SegmentMissingError as exc:
                 log.debug("tables of %s not readable yet: %s", self.namespace, exc)
+            except shm.SegmentError as exc:  # foreign, another layout version, damaged
+                self._warn_once(
+                    ("attach", "tables", str(exc)),
+                    "tables of %s cannot be used (retried every %g s; fallback meanwhile): %s",
+                    self.namespace,
+                    _CHECK_NS / 1e9,
+                    exc,
+                )
         store = self._store
         if store is not None and store.replaced():
             log.warning(
@@ -490,8 +624,18 @@ class Router:
         if self._store is None:
             try:
                 store = shm.CounterStore.attach(self.namespace)
-            except shm.SegmentError as exc:
+            except shm.SegmentMissingError as exc:
                 log.debug("counters of %s not attachable yet: %s", self.namespace, exc)
+                return
+            except shm.SegmentError as exc:
+                self._warn_once(
+                    ("attach", "counters", str(exc)),
+                    "counters of %s cannot be used (retried every %g s; load not recorded "
+                    "meanwhile): %s",
+                    self.namespace,
+                    _CHECK_NS / 1e9,
+                    exc,
+                )
                 return
             try:
                 rec, self.adopted = self._claim(store)
@@ -506,6 +650,16 @@ class Router:
             self._store = store
             self._wanted_row = None  # a reserved row is adopted once, never again
 
+    def _warn_once(self, cause: tuple[Any, ...], msg: str, *args: Any) -> None:
+        """Log ``msg`` at WARNING the first time ``cause`` happens (not on every retry)."""
+        warned = self._warned
+        if cause in warned:
+            return
+        if len(warned) >= 64:  # a bounded memory of causes: say them again after many
+            warned.clear()
+        warned.add(cause)
+        log.warning(msg, *args)
+
     def _claim(self, store: shm.CounterStore) -> tuple[shm.Recorder, bool]:
         row = self._wanted_row
         if row is not None:
@@ -513,7 +667,10 @@ class Router:
                 return store.claim(row=row), True
             except shm.SlotOwnershipError as exc:
                 # Say, a process started by the worker, which inherited its environment.
+                # Said once: the row will not become ours later, so ask only for a free one
+                # from now on (while none is free, _connect retries every second).
                 log.warning("counter row %d is not reserved for this process (%s)", row, exc)
+                self._wanted_row = None
         return store.claim(), False
 
     def _check_usable(self) -> None:
@@ -540,16 +697,36 @@ class Router:
         reader = self._reader
         if reader is None:
             return None
+        bad = self._bad
+        if bad is not None:
+            # The current generation could not be read: not again until it changes or
+            # the recheck interval passed (a corrupt table costs a checksum per read).
+            if now < bad[1] and reader.generation() == bad[0]:
+                return self._last_good(now)
+            self._bad = None
         deadline = 0.0
         while True:
             try:
                 t = reader.table()
             except shm.ShmError as exc:
-                s = self._snap
-                if s is not None and s.table.valid():
-                    return s  # keep routing on the last good generation
-                log.warning("no usable routing table in %s: %s", self.namespace, exc)
-                return None
+                self._bad = (reader.generation(), now + _CHECK_NS)
+                s = self._last_good(now)
+                if s is not None:
+                    self._warn_once(
+                        ("table", type(exc), str(exc)),
+                        "routing table of %s unusable, routing on generation %d meanwhile: %s",
+                        self.namespace,
+                        s.table.generation,
+                        exc,
+                    )
+                else:
+                    self._warn_once(
+                        ("table", type(exc), str(exc)),
+                        "no usable routing table in %s (fallback): %s",
+                        self.namespace,
+                        exc,
+                    )
+                return s
             s = self._snap
             if s is not None and s.table is t and now < s.due_ns:
                 return s
@@ -563,6 +740,15 @@ class Router:
             elif time.monotonic() > deadline:
                 log.warning("no stable table in %s for %g s", self.namespace, _RETRY_S)
                 return None
+
+    def _last_good(self, now: int) -> _Snapshot | None:
+        """The last snapshot, refreshed when due, while its table is still valid."""
+        s = self._snap
+        if s is None or not s.table.valid():
+            return None
+        if now >= s.due_ns:
+            s = self._refresh(s.table, now) or s
+        return s
 
     def _refresh(self, t: shm.Table, now: int) -> _Snapshot | None:
         """A new snapshot of ``t`` (``None`` if ``t`` was rewritten while we read it)."""
@@ -590,7 +776,7 @@ class Router:
                 return None
             if not t.valid():
                 return None
-            s.reuse(self._snap)  # an idle host's loads stay equal: nothing to rebuild
+            s.follow(self._snap, self.refresh_ns)
             self._snap = s
             return s
 
@@ -642,21 +828,29 @@ class Router:
         Map the indices with that table (:meth:`endpoints_of`, :meth:`track`), never
         with a later one: a new generation may order its endpoints differently.
         """
-        self._check_usable()
+        if self._forked or self._closed:  # (the at-fork hook sets _forked in a child)
+            self._check_usable()
         h = lbcore.hash_keys(keys, max_key_bytes=_MAX_KEY_BYTES)
-        if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 0:
-            raise lbcore.ArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
+        if attempt.__class__ is not int or attempt < 0:
+            if (
+                isinstance(attempt, bool)
+                or not isinstance(attempt, (int, np.integer))
+                or attempt < 0
+            ):
+                raise lbcore.ArgumentError(
+                    f"attempt must be a non-negative integer, got {attempt!r}"
+                )
         n = h.size
         deadline = 0.0
         while True:
             now = self._clock()
             s = self._snapshot(now)
             if s is None:
-                idx, moves, t = np.full(n, -1, dtype=np.int32), 0, _empty_table()
+                idx, moves, fallbacks, t = np.full(n, -1, dtype=np.int32), 0, n, _empty_table()
                 break
             t = s.table
             try:
-                idx, moves = self._route_on(s, h, now, int(attempt))
+                idx, moves, fallbacks = self._route_on(s, h, now, int(attempt))
             except Exception:
                 # Content rewritten under our feet can fail in any way; on a table that
                 # is still valid the error is real.
@@ -671,28 +865,33 @@ class Router:
                 deadline = time.monotonic() + _RETRY_S
             elif time.monotonic() > deadline:
                 log.warning("no stable table in %s for %g s; fallback", self.namespace, _RETRY_S)
-                idx, moves, t = np.full(n, -1, dtype=np.int32), 0, _empty_table()
+                idx, moves, fallbacks, t = np.full(n, -1, dtype=np.int32), 0, n, _empty_table()
                 break
         if n:
-            self._count(n, int(np.count_nonzero(idx < 0)), moves)
+            self._count(n, fallbacks, moves)
+        self._last.routed = (idx, t, keys)
         return idx, t
 
     def _route_on(
         self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
-    ) -> tuple[np.ndarray, int]:
-        """Route hashes ``h`` on snapshot ``s``: ``(indices, bounded-load moves)``."""
+    ) -> tuple[np.ndarray, int, int]:
+        """Route hashes ``h`` on snapshot ``s``: ``(indices, bounded-load moves, fallbacks)``."""
         t = s.table
         n = h.size
         gate = s.gate
         rs = t.ring_set
         if not gate.enabled or gate.percentage <= 0.0 or not rs.rings or n == 0:
-            return np.full(n, -1, dtype=np.int32), 0
+            return np.full(n, -1, dtype=np.int32), 0, n
+        complete = False  # known to hold no fallback
         if s.mode == "skipper":
             idx, moved = self._route_skipper(s, h, now, attempt)
-        elif attempt or not s.amortized(n):
+        elif attempt or not s.amortized(n, self._costs):
+            t0 = time.perf_counter_ns()
             idx, moved = self._route_lbcore(s, h, now, attempt)
+            if not attempt:
+                self._costs.walked(n, time.perf_counter_ns() - t0)
         else:
-            answer, moved_table = s.answer()
+            answer, moved_table, complete = s._answer or s.answer(self._costs)
             pos = rs.rings[-1].positions(h)
             last = len(rs.rings) - 1
             if last == 0:
@@ -709,7 +908,9 @@ class Router:
             idx[~keep] = lbcore.FALLBACK
             if moved is not None:
                 moved &= keep
-        return idx, 0 if moved is None else int(np.count_nonzero(moved))
+            complete = False
+        moves = 0 if moved is None else int(np.count_nonzero(moved))
+        return idx, moves, 0 if complete else int(np.count_nonzero(idx < 0))
 
     def _route_lbcore(
         self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
@@ -727,44 +928,30 @@ class Router:
     def _route_skipper(
         self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Skipper's fade-in: per key a threshold, candidates = endpoints scoring above it.
+        """Skipper's fade-in (:func:`lbcore.fade.skipper_fadein_route`), ejected unlisted.
 
         Skipper draws one random threshold per request; here the draw is a salted re-mix
         of the key's hash (:data:`SKIPPER_SALT`), so a key's answer is deterministic for
         a given time while the whole batch still sees Skipper's candidate shares.
-        Ejected endpoints score below every threshold and are then left out, which is
-        Skipper's filter applied to the list without them.
         """
         rs = s.table.ring_set
-        ring = rs.rings[-1]
         # Scores per fading event (tier 0: established, fully in), then per endpoint.
         ages: list[int | None] = [None, *(now - start for start in rs.starts_ns)]
         scores = fadein_scores(ages, rs.duration_ns, rs.exponent).take(rs.tiers)
-        if s.candidates is not None:
-            scores[~s.candidates] = -1.0
-        thresholds = unit_interval(h, SKIPPER_SALT)
-        idx = np.empty(h.size, dtype=np.int32)
-        moved = None if s.balance_factor is None else np.zeros(h.size, dtype=np.bool_)
-        for rows, mask in skipper_fadein_candidates(scores, thresholds):
-            if s.candidates is not None:
-                mask &= s.candidates
-            hr = h[rows]
-            plain = ring.lookup(None, candidates=mask, attempt=attempt, hashes=hr)
-            if s.balance_factor is None:
-                idx[rows] = plain
-                continue
-            res = ring.lookup_bounded(
-                None,
-                s.load,
-                s.balance_factor,
-                candidates=mask,
-                max_hops=s.max_hops,
-                attempt=attempt,
-                hashes=hr,
-            )
-            idx[rows] = res
-            moved[rows] = (res != plain) & (res >= 0)  # type: ignore[index]
-        return idx, moved
+        kw: dict[str, Any] = {
+            "candidates": s.candidates,
+            "attempt": attempt,
+            "hashes": h,
+            "scores": scores,
+        }
+        args = (rs.master, None, None, rs.duration_ns, rs.exponent, unit_interval(h, SKIPPER_SALT))
+        plain = skipper_fadein_route(*args, **kw)
+        if s.balance_factor is None:
+            return plain, None
+        idx = skipper_fadein_route(
+            *args, loads=s.load, balance_factor=s.balance_factor, max_hops=s.max_hops, **kw
+        )
+        return idx, (idx != plain) & (idx >= 0)
 
     def _count(self, decisions: int, fallbacks: int, moves: int) -> None:
         with self._stats_lock:
@@ -790,6 +977,15 @@ class Router:
 
     # -- mapping indices ----------------------------------------------------------------
 
+    def _routed_on(self, idx: Any) -> tuple[np.ndarray, shm.Table, Any] | None:
+        """Last ``(indices, table, keys)`` routed by this thread, if ``idx`` is (a view of) it."""
+        last = getattr(self._last, "routed", None)
+        if last is None or type(idx) is not np.ndarray:
+            return None
+        if idx is last[0] or idx.base is last[0]:
+            return last
+        return None
+
     def endpoints_of(self, idx: Any, table: shm.Table | None = None) -> list[str | None]:
         """Endpoint address per index (``None`` for fallback).
 
@@ -798,15 +994,22 @@ class Router:
         idx
             Indices from :meth:`route` / :meth:`route_table`.
         table
-            The table they were computed on (from :meth:`route_table`); default the
-            current one, which is only right if no generation was published since.
+            The table they were computed on (from :meth:`route_table`). Default: if
+            ``idx`` is the very array this thread's last :meth:`route` /
+            :meth:`route_table` call returned (or a slice of it), that call's table;
+            otherwise the current one, which is only right if no generation was
+            published since.
 
         Raises
         ------
         RouterInputError
             Indices that are not integers in ``-1 .. len(endpoints) - 1``.
         """
-        t = self.table() if table is None else table
+        if table is None:
+            last = self._routed_on(idx)
+            t = self.table() if last is None else last[1]
+        else:
+            t = table
         arr = _indices(idx, len(t.endpoints))
         eps = t.endpoints
         return [eps[i] if i >= 0 else None for i in arr.tolist()]
@@ -829,13 +1032,23 @@ class Router:
             Endpoint index per call (from :meth:`route_table`); ``-1`` entries are
             fallback calls and are not recorded.
         table
-            The table ``idx`` was computed on (default the current one).
+            The table ``idx`` was computed on. Default: as in :meth:`endpoints_of` (the
+            table of this thread's last routing call if ``idx`` is its array or a slice
+            of it, else the current one).
         keys
-            The product IDs, one per call, for the failure log line.
+            The product IDs, one per call, for the failure log line. Default: the keys
+            of this thread's last routing call if ``idx`` is the very array it returned.
         attempt
             The attempt these calls are (for the failure log line).
         """
         self._check_usable()
+        if table is None or keys is None:
+            last = self._routed_on(idx)
+            if last is not None:
+                if table is None:
+                    table = last[1]
+                if keys is None and idx is last[0] and last[2] is not None:
+                    keys = last[2]
         t = self.table() if table is None else table
         arr = _indices(idx, len(t.endpoints))
         if keys is not None and len(keys) != arr.size:
@@ -891,6 +1104,12 @@ def _indices(idx: Any, n: int) -> np.ndarray:
             f"endpoint indices must be a 1-D integer array, got {arr.dtype} of shape {arr.shape}"
         )
     if arr.dtype != np.int32 and arr.dtype != np.int64:
+        if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= n:
+            # Checked before the conversion: 2**64 - 1 as int64 would be -1 (fallback).
+            raise RouterInputError(
+                f"endpoint indices must be in -1..{n - 1} for a table of {n} endpoints, got "
+                f"{int(arr.max())}"
+            )
         arr = arr.astype(np.int64)  # unsigned or narrow: compare and index safely
     # -1 <= i < n for all i, in one reduction: i + 1 as unsigned is below n + 1.
     if arr.size and int(_umax((arr + 1).view(np.uint32 if arr.itemsize == 4 else np.uint64))) > n:
@@ -927,6 +1146,7 @@ class Tracker:
         "_exited",
         "_failed",
         "_logged",
+        "_n",
         "_rec",
         "_slots",
         "_start",
@@ -946,13 +1166,16 @@ class Tracker:
         attempt: int,
     ) -> None:
         self.router = router
-        self.idx = idx
+        # A private copy: the caller may reuse its array while the calls are open, and
+        # fail(i) must still name the endpoint call i went to.
+        self.idx = idx.copy()
         self.table = table
         self.keys = keys
         self.attempt = attempt
         self._rec: Any = None
         self._calls: np.ndarray | None = None  # positions of routed calls (None: all)
-        self._slots = np.empty(0, dtype=np.intp)
+        self._n = 0  # routed calls (done/fail bookkeeping, recorded or not)
+        self._slots = np.empty(0, dtype=np.intp)  # their counter slots; empty: not recorded
         self._start = 0
         self._ends: np.ndarray | None = None
         self._failed: np.ndarray | None = None
@@ -970,6 +1193,7 @@ class Tracker:
         if not bool(routed.all()):
             self._calls = np.flatnonzero(routed)
             idx = idx[routed]
+        self._n = idx.size
         snap = router._snap
         t = self.table
         if snap is not None and snap.table is t:
@@ -1019,7 +1243,7 @@ class Tracker:
         if j is None:
             return
         if self._ends is None:
-            self._ends = np.full(self._slots.size, -1, dtype=np.int64)
+            self._ends = np.full(self._n, -1, dtype=np.int64)
         self._ends[j] = self.router._clock()
 
     def fail(self, i: int) -> None:
@@ -1033,7 +1257,7 @@ class Tracker:
         if j is None:
             return
         if self._failed is None:
-            self._failed = np.zeros(self._slots.size, dtype=np.bool_)
+            self._failed = np.zeros(self._n, dtype=np.bool_)
         if self._failed[j]:
             return
         self._failed[j] = True
