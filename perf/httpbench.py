@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -185,6 +186,24 @@ def run_wrk(
     raise RuntimeError(f"wrk printed no summary (status {out.returncode}): {out.stderr[-500:]}")
 
 
+def _measure(wrk: str, server: Server, bodies: Path, ctype: str, seconds: float) -> dict:
+    """One wrk run against ``server`` with the server's CPU time around it."""
+    pids = server.tree()
+    c0 = cpu_seconds(pids)
+    r = run_wrk(wrk, server.port, bodies, ctype, seconds, CONNECTIONS)
+    cpu = cpu_seconds(pids) - c0
+    errors = sum(
+        r[k] for k in ("connect_errors", "read_errors", "write_errors", "status_errors", "timeouts")
+    )
+    return {
+        "requests_per_s": r["requests"] / (r["duration_us"] / 1e6),
+        "p50_ms": r["p50_us"] / 1e3,
+        "p99_ms": r["p99_us"] / 1e3,
+        "cpu_us_per_request": cpu / max(r["requests"], 1) * 1e6,
+        "errors": errors,
+    }
+
+
 def _write_bodies(path: Path, bodies: list[bytes]) -> None:
     with open(path, "wb") as f:
         for b in bodies:
@@ -204,7 +223,8 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     if wrk is None:
         return {"rows": [], "notes": ["wrk is not installed (apt-get install wrk): skipped"]}
     cores = max(os.cpu_count() or 1, 1)
-    seconds = 1.0 if quick else 5.0
+    seconds = 1.0 if quick else 3.0
+    repeats = 1 if quick else 3
     modes = {"sync": 1} if quick else {"sync": 1, "gthread": 4}
     sizes = (100,) if quick else SIZES
     rng = np.random.default_rng(6)
@@ -246,54 +266,46 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
                         )
                 for s in servers.values():  # warm up: every worker attached, caches filled
                     run_wrk(wrk, s.port, files["json", sizes[0]], "application/json", 1, 4)
-                for n in sizes:
-                    for kind in kinds:
-                        for app, s in servers.items():
-                            pids = s.tree()
-                            c0 = cpu_seconds(pids)
-                            r = run_wrk(
-                                wrk, s.port, files[kind, n], BODY_TYPES[kind], seconds, CONNECTIONS
-                            )
-                            cpu = cpu_seconds(pids) - c0
-                            secs = r["duration_us"] / 1e6
-                            reqs = max(r["requests"], 1)
-                            errors = sum(
-                                r[k]
-                                for k in (
-                                    "connect_errors",
-                                    "read_errors",
-                                    "write_errors",
-                                    "status_errors",
-                                    "timeouts",
-                                )
-                            )
-                            row = {
-                                "server": mode,
-                                "app": app,
-                                "body": kind,
-                                "ids": n,
-                                "requests_per_s": r["requests"] / secs,
-                                "decisions_per_s": r["requests"] * n / secs,
-                                "p50_ms": r["p50_us"] / 1e3,
-                                "p99_ms": r["p99_us"] / 1e3,
-                                "cpu_us_per_request": cpu / reqs * 1e6,
-                                "errors": errors,
-                            }
-                            rows.append(row)
-                            log(
-                                f"  http {mode:<7} {app:<4} {kind:<6} {n:>5} IDs: "
-                                f"{row['requests_per_s']:>7.0f} req/s "
-                                f"{row['decisions_per_s'] / 1e6:>5.2f} M dec/s "
-                                f"p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
-                                f"CPU {row['cpu_us_per_request']:.0f} µs/req"
-                                + (f" ERRORS {errors}" if errors else "")
-                            )
+                runs: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+                # Repeats interleave the two servers and every body: a neighbour's load
+                # or a slow moment hits all of them alike.
+                for _ in range(repeats):
+                    for n in sizes:
+                        for kind in kinds:
+                            for app, s in servers.items():
+                                m = _measure(wrk, s, files[kind, n], BODY_TYPES[kind], seconds)
+                                runs.setdefault((app, kind, n), []).append(m)
+                for (app, kind, n), got in runs.items():
+                    med = {k: statistics.median(m[k] for m in got) for k in got[0]}
+                    row = {
+                        "server": mode,
+                        "app": app,
+                        "body": kind,
+                        "ids": n,
+                        "requests_per_s": med["requests_per_s"],
+                        "decisions_per_s": med["requests_per_s"] * n,
+                        "p50_ms": med["p50_ms"],
+                        "p99_ms": med["p99_ms"],
+                        "cpu_us_per_request": med["cpu_us_per_request"],
+                        "errors": int(sum(m["errors"] for m in got)),
+                        "runs": len(got),
+                    }
+                    rows.append(row)
+                    log(
+                        f"  http {mode:<7} {app:<4} {kind:<6} {n:>5} IDs: "
+                        f"{row['requests_per_s']:>7.0f} req/s "
+                        f"{row['decisions_per_s'] / 1e6:>5.2f} M IDs/s "
+                        f"p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
+                        f"CPU {row['cpu_us_per_request']:.0f} µs/req"
+                        + (f" ERRORS {row['errors']}" if row["errors"] else "")
+                    )
             finally:
                 for s in servers.values():
                     s.stop()
     notes.append(
         f"cslb serve with {cores} workers (sync; gthread with 4 threads each), 100 endpoints; "
-        f"wrk -t1 -c{CONNECTIONS}, {seconds:g} s per run, {BODIES_PER_KIND} different bodies "
+        f"wrk -t1 -c{CONNECTIONS}, medians of {repeats} runs of {seconds:g} s, "
+        f"{BODIES_PER_KIND} different bodies "
         "per kind and size; the load generator shares the cores with the server. Server CPU "
         "= user + system time of the gunicorn master, its workers and the discovery process. "
         'The no-op app answers {"keys": N}; the cslb app answers the endpoint of every ID.'
