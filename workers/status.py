@@ -1,6 +1,8 @@
 """``GET /status``: one self-contained HTML page showing what the host routes on.
 
-Per-pod occupancy bars (with the bounded-load bar ``balance_factor × mean`` marked),
+Per-pod occupancy bars, each pod's load in the table's load signal (red over the
+bounded-load bar ``balance_factor × (1 + Σ load) / n``, marked on the bars when the
+signal is occupancy),
 fading rings with the progress of their fade window and the share of keys they carry,
 the routing knobs, the table's generation and age and the publisher's health. Plain
 server-rendered HTML with inline CSS: no build step, no script, no external asset, so
@@ -113,31 +115,35 @@ def _endpoints(s: HostSnapshot) -> str:
             "No endpoints: every key falls back to the ingress.</p>"
         )
     bf = s.knobs.get("balance_factor")
-    loaded = [e.occupancy for e in s.endpoints if e.occupancy is not None and not e.ejected]
-    mean = sum(loaded) / len(loaded) if loaded else 0.0
-    limit = bf * mean if bf is not None and mean > 0 else None  # no bar on an idle host
+    signal = s.knobs.get("load_signal", "occupancy")
+    loads = [e.load for e in s.endpoints if e.load is not None and not e.ejected]
+    # Bounded load's bar (lbcore.Ring.lookup_bounded): balance_factor × (1 + Σ load) / n
+    # over the eligible endpoints, in the unit of the table's load signal. None on an
+    # idle host (nobody can be over it).
+    bar = bf * (1.0 + sum(loads)) / len(loads) if bf is not None and sum(loads) > 0 else None
+    limit = bar if signal == "occupancy" else None  # drawn on the occupancy bars only then
     scale = bar_scale(s.endpoints, limit)
     window = f" over {s.window_s:g} s" if s.window_s else ""
     head = (
         "<tr><th>endpoint</th><th>zone</th><th>node</th><th>ring</th>"
-        f"<th>occupancy{window}</th><th></th><th>in flight</th><th>latency</th>"
-        "<th>requests</th><th>failures</th></tr>"
+        f"<th>occupancy{window}</th><th></th><th>load ({escape(str(signal))})</th>"
+        "<th>in flight</th><th>latency</th><th>requests</th><th>failures</th></tr>"
     )
     rows = []
     for e in s.endpoints:
         occ = e.occupancy
         if occ is None:
-            bar = '<span class="muted">no counters</span>'
+            cell = '<span class="muted">no counters</span>'
             value = "–"
         else:
-            hot = " hot" if limit is not None and occ > limit else ""
+            hot = " hot" if bar is not None and (e.load or 0.0) > bar else ""
             marker = (
                 f'<span class="limit" style="left:{_pct(limit / scale)}" '
                 f'title="bounded-load bar {limit:.3g}"></span>'
                 if limit is not None
                 else ""
             )
-            bar = (
+            cell = (
                 f'<div class="bar" data-endpoint="{escape(e.address)}" data-occupancy="{occ!r}">'
                 f'<span class="fill{hot}" style="width:{_pct(min(occ / scale, 1.0))}"></span>'
                 f"{marker}</div>"
@@ -149,17 +155,20 @@ def _endpoints(s: HostSnapshot) -> str:
         rows.append(
             f"<tr{cls}><td>{escape(e.address)}</td><td>{escape(e.zone) or '–'}</td>"
             f"<td>{escape(e.node) or '–'}</td><td>{ring}</td>"
-            f"<td>{bar}</td><td class=num>{value}</td>"
+            f"<td>{cell}</td><td class=num>{value}</td>"
+            f'<td class=num data-load="{e.load!r}">{_num(e.load)}</td>'
             f"<td class=num>{_num(e.in_flight, 'd')}</td><td class=num>{latency}</td>"
             f"<td class=num>{_num(e.requests_total, 'd')}</td>"
             f"<td class=num>{_num(e.failures_total, 'd')}</td></tr>"
         )
-    note = (
-        f'<p class="muted">Bar: full width = {scale:.3g}; black mark = balance factor {bf:g} × '
-        "mean occupancy (the bounded-load bar when the load signal is occupancy).</p>"
-        if limit is not None
-        else ""
-    )
+    note = ""
+    if bar is not None:
+        mark = " (the black mark)" if limit is not None else ""
+        note = (
+            f'<p class="muted" id="load-bar">Bar: full width = {scale:.3g}. Red: load over '
+            f"the bounded-load bar {bar:.3g}{mark} = balance factor {bf:g} × (1 + total "
+            f"{escape(str(signal))} load) / {len(loads)} endpoints.</p>"
+        )
     return f'<table id="endpoints">{head}{"".join(rows)}</table>{note}'
 
 

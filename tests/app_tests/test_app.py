@@ -617,6 +617,8 @@ def test_healthz_after_discovery_stops_cleanly_and_restarts(host: Host, app: Csl
     assert (
         r.code == 503 and "were removed (discovery stopped or is restarting)" in r.json()["reason"]
     )
+    # Review nit 12: nothing of the removed publisher is reported as current.
+    assert (r.json()["publisher_pid"], r.json()["heartbeat_age_s"]) == (0, None)
     fams = {
         f.name: f
         for f in text_string_to_metric_families(call(app, "GET", "/metrics").body.decode())
@@ -631,3 +633,198 @@ def test_healthz_after_discovery_stops_cleanly_and_restarts(host: Host, app: Csl
         assert time.monotonic() < deadline, call(app, "GET", "/healthz").json()
         time.sleep(0.05)
     assert call(app, "GET", "/healthz").json()["generation"] == 1  # the new writer's count
+
+
+# --------------------------------------------------------------------------------------
+# Review findings (B1, S1, S4, nits 5-9).
+
+
+class _Raising(io.RawIOBase):
+    """A server's wsgi.input that fails like gunicorn's on a malformed chunked body."""
+
+    def read(self, n: int = -1) -> bytes:
+        raise OSError("No more data after: None")
+
+
+def test_unreadable_body_is_400_not_500(app: CslbApp) -> None:
+    for extra in (
+        {"wsgi.input": _Raising(), "wsgi.input_terminated": True, "CONTENT_LENGTH": ""},
+        {"wsgi.input": _Raising(), "CONTENT_LENGTH": "10"},
+    ):
+        r = call(app, "POST", "/route", content_type="application/json", extra=extra)
+        assert r.code == 400, (r.code, r.body)
+        assert r.error == "the request body could not be read: OSError: No more data after: None"
+    assert post_json(app, KEYS[:3]).code == 200  # the worker goes on
+
+
+def test_duplicate_fields_in_the_request_object_are_refused(app: CslbApp) -> None:
+    body = b'{"keys": ["a"], "attempt": 1, "attempt": 0}'
+    r = call(app, "POST", "/route", body, content_type="application/json")
+    assert r.code == 400
+    assert r.error == "field 'attempt' is given twice in an object; give each field once"
+    r = call(app, "POST", "/route", b'{"keys": ["a"], "keys": ["b"]}')
+    assert r.code == 400 and "'keys' is given twice" in r.error
+    r = call(app, "POST", "/route", b'{"keys": ["a"], "attempt": 1}')
+    assert r.code == 200
+
+
+def test_body_limit_is_exact_and_query_fields_once(app: CslbApp) -> None:
+    limit = app.max_body_bytes
+    body = b'["a"]'.ljust(limit, b" ")  # JSON allows trailing whitespace
+    assert call(app, "POST", "/route", body, content_type="application/json").code == 200
+    r = call(app, "POST", "/route", body + b" ", content_type="application/json")
+    assert r.code == 413 and f"request body of {limit + 1} bytes" in r.error
+    r = post_json(app, ["a"], query="group=1&group=0")
+    assert r.code == 400 and "given 2 times" in r.error
+
+
+def test_huge_content_length_is_413_with_a_short_message(app: CslbApp) -> None:
+    for digits in (19, 5000):
+        r = call(
+            app,
+            "POST",
+            "/route",
+            content_type="application/json",
+            extra={"CONTENT_LENGTH": "9" * digits, "wsgi.input": _Raising()},
+        )
+        assert r.code == 413, r.body
+        assert len(r.error) < 120 and f"a {digits}-digit number of bytes" in r.error
+
+
+def test_attempt_beyond_the_endpoints_is_all_fallback(app: CslbApp) -> None:
+    n = len(ENDPOINTS)
+    last = post_json(app, {"keys": KEYS, "attempt": n - 1}).json()["endpoints"]
+    assert None not in last
+    assert post_json(app, {"keys": KEYS, "attempt": n}).json()["endpoints"] == [None] * len(KEYS)
+
+
+def test_text_plain_drops_a_leading_byte_order_mark(app: CslbApp) -> None:
+    want = post_json(app, ["a", "b"]).json()
+    for body in (b"\xef\xbb\xbfa\nb", "a\nb".encode("utf-16")):
+        ctype = "text/plain" if body[0] == 0xEF else "text/plain; charset=utf-16"
+        assert call(app, "POST", "/route", body, content_type=ctype).json() == want
+    r = call(app, "POST", "/route", b"\xef\xbb\xbf", content_type="text/plain")
+    assert r.json()["endpoints"] == []
+    # Only at the start: elsewhere it is part of the key.
+    r = call(app, "POST", "/route", b"a\n\xef\xbb\xbfb", content_type="text/plain")
+    assert r.json()["endpoints"] == expected(["a", "\ufeffb"])
+
+
+def test_content_type_without_a_media_type_is_415(app: CslbApp) -> None:
+    for ctype in (";;;", "; charset=utf-8", " ;"):
+        r = call(app, "POST", "/route", b'["a"]', content_type=ctype)
+        assert r.code == 415 and "names no media type" in r.error, ctype
+    assert call(app, "POST", "/route", b'["a"]', content_type="  ").code == 200  # blank: JSON
+
+
+def test_status_refresh_is_a_plain_number_given_once(app: CslbApp) -> None:
+    for query in ("refresh=1_0", "refresh=nan", "refresh=1e3", "refresh=5&refresh=0", "refresh="):
+        r = call(app, "GET", "/status", query=query)
+        assert r.code == 400 and "refresh" in r.error, query
+    for query, meta in (("refresh=10", 'content="10"'), ("refresh=2.5", 'content="2.5"')):
+        r = call(app, "GET", "/status", query=query)
+        assert r.code == 200 and meta.encode() in r.body
+    assert b"http-equiv" not in call(app, "GET", "/status", query="refresh=0").body
+
+
+# --------------------------------------------------------------------------------------
+# application/octet-stream: length-prefixed keys (S4).
+
+
+def packed(keys: list[bytes]) -> bytes:
+    """The binary body, built by hand (not with the app's own pack_keys)."""
+    out = len(keys).to_bytes(4, "little")
+    out += b"".join(len(k).to_bytes(2, "little") for k in keys)
+    return out + b"".join(keys)
+
+
+def post_binary(app: CslbApp, body: bytes, **kw) -> Response:
+    return call(app, "POST", "/route", body, content_type="application/octet-stream", **kw)
+
+
+def test_binary_body_carries_any_byte_string(app: CslbApp) -> None:
+    from workers.app import pack_keys
+
+    keys = [b"SKU-1", b"", b"line\nbreak\xff\x00", b"\x00", b"x" * MAX_KEY_BYTES, "ü".encode()]
+    r = post_binary(app, packed(keys))
+    assert r.code == 200
+    assert r.json() == {"generation": 1, "endpoints": expected(keys)}
+    # Keys alike long take another path through the parser: same answers.
+    same = [f"AD{i:09d}-K11".encode() for i in range(300)]
+    assert post_binary(app, packed(same)).json()["endpoints"] == expected(same)
+    assert post_binary(app, packed([])).json() == {"generation": 1, "endpoints": []}
+    grouped = post_binary(app, packed(same), query="group=1&attempt=1").json()
+    retry = post_json(app, {"keys": [k.decode() for k in same], "attempt": 1, "group": True})
+    assert grouped == retry.json()
+    assert pack_keys(keys) == packed(keys)
+    assert pack_keys(["ü", b"a"]) == packed(["ü".encode(), b"a"])
+    with pytest.raises(ValueError, match="key 1 is 4097 bytes long"):
+        pack_keys([b"a", b"x" * (MAX_KEY_BYTES + 1)])
+
+
+BAD_BINARY = [
+    (b"", 400, "binary body of 0 bytes; it must start with the number of keys"),
+    (b"\x01\x00\x00", 400, "binary body of 3 bytes"),
+    (b"\x02\x00\x00\x00\x01\x00", 400, "announces 2 keys, whose lengths need 8 bytes"),
+    (b"\x00\x00\x00\x00z", 400, "announces 0 keys but has 1 more bytes"),
+    (packed([b"ab", b"c"])[:-1], 400, "the 2 key lengths add up to 3 bytes, but 2 bytes"),
+    (packed([b"ab", b"c"]) + b"!", 400, "the 2 key lengths add up to 3 bytes, but 4 bytes"),
+    (packed([b"a", b"x" * (MAX_KEY_BYTES + 1)]), 400, "key 1 is 4097 bytes long"),
+    (packed([b"k"] * 1001), 413, "1001 keys in one request; at most 1000"),
+    (b"\xff\xff\xff\xff", 400, "announces 4294967295 keys"),
+]
+
+
+@pytest.mark.parametrize(("body", "code", "message"), BAD_BINARY)
+def test_bad_binary_bodies(app: CslbApp, body: bytes, code: int, message: str) -> None:
+    r = post_binary(app, body)
+    assert (r.code, message in r.error) == (code, True), r.error
+
+
+_binary_keys = st.lists(
+    st.binary(max_size=40) | st.binary(min_size=4090, max_size=4100), max_size=8
+)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    keys=_binary_keys,
+    cut=st.integers(-3, 3),
+    noise=st.binary(max_size=700),
+    kind=st.sampled_from(["packed", "cut", "noise", "count"]),
+)
+def test_fuzz_binary_bodies(app: CslbApp, keys: list[bytes], cut: int, noise: bytes, kind: str):
+    """Any body gives 200 with one answer per key, or a 4xx naming the problem."""
+    body = packed(keys)
+    if kind == "cut":
+        body = body[: len(body) + cut] if cut < 0 else body + noise[:cut]
+    elif kind == "noise":
+        body = noise
+    elif kind == "count":  # a plausible count in front of random bytes
+        body = len(noise[4:]).to_bytes(4, "little")[: 4 + cut] + noise[4:]
+    r = post_binary(app, body)
+    assert r.code in (200, 400, 413), (r.status, r.body[:300])
+    doc = json.loads(r.body)
+    if r.code != 200:
+        assert doc["status"] == r.code and doc["error"]
+        return
+    got = parse_route_request(body, "application/octet-stream", max_batch=1000)[0]
+    assert packed(got) == body  # the parser's keys are exactly what the body holds
+    assert doc["endpoints"] == expected(got)
+    if kind == "packed" and all(len(k) <= MAX_KEY_BYTES for k in keys):
+        assert got == keys
+
+
+def test_endpoint_strings_follow_a_reordered_table(host: Host, app: CslbApp) -> None:
+    keys = [f"SKU-{i}" for i in range(200)]
+    assert post_json(app, keys).code == 200
+    new = list(reversed(ENDPOINTS))
+    host.publish(new)
+    time.sleep(0.01)
+    doc = post_json(app, keys).json()
+    assert doc["generation"] == 2
+    assert doc["endpoints"] == expected(keys, new)

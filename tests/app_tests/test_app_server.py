@@ -180,3 +180,40 @@ def test_concurrent_requests_on_threads(server: tuple[str, int]) -> None:
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(one, range(40)))
     assert results == [(200, want)] * 40
+
+
+def _raw(addr: tuple[str, int], data: bytes) -> bytes:
+    """Send ``data`` as is, half-close, and read the whole answer."""
+    import socket
+
+    with socket.create_connection(addr, timeout=10) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_malformed_chunked_bodies_are_400_from_gunicorn(server: tuple[str, int]) -> None:
+    head = (
+        b"POST /route HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    for body in (b'zz\r\n["a"]\r\n0\r\n\r\n', b'5\r\n["a"]\r\n', b'fffffffffff\r\n["a"]\r\n'):
+        out = _raw(server, head + body)
+        status = out.split(b"\r\n", 1)[0]
+        assert status == b"HTTP/1.1 400 Bad Request", (body, out[:300])
+        assert b"the request body could not be read" in out
+    ok = _raw(server, head + b'5\r\n["a"]\r\n0\r\n\r\n')
+    assert ok.startswith(b"HTTP/1.1 200 OK"), ok[:300]
+    # The binary body over the wire: a key with a newline and bytes that are not UTF-8.
+    keys = [b"a\nb\xff", b"SKU-1"]
+    body = b"\x02\x00\x00\x00\x04\x00\x05\x00" + b"".join(keys)
+    status, headers, out = request(
+        server, "POST", "/route", body, {"Content-Type": "application/octet-stream"}
+    )
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert json.loads(out)["endpoints"] == [
+        ENDPOINTS[i] for i in lbcore.Ring(ENDPOINTS).lookup(keys)
+    ]

@@ -90,3 +90,61 @@ def test_app_modules_import_only_what_the_workers_room_may() -> None:
             for mod in mods:
                 top = mod.split(".")[0]
                 assert top in allowed or top in sys.stdlib_module_names, (name, mod)
+
+
+def test_binary_body_snippet_writes_what_pack_keys_writes(host: Host) -> None:
+    from workers.app import pack_keys
+
+    (snippet,) = re.findall(r"```python\n(.*?)```", DOC, re.S)
+    keys = [b"SKU-1", b"", b"a\nb\xff", b"x" * MAX_KEY_BYTES]
+    scope: dict = {"keys": keys}
+    exec(snippet, scope)
+    assert scope["body"] == pack_keys(keys)
+    host.publish()
+    app = CslbApp(host.namespace)
+    try:
+        r = call(app, "POST", "/route", scope["body"], content_type="application/octet-stream")
+        assert r.code == 200 and len(r.json()["endpoints"]) == len(keys)
+    finally:
+        app.close()
+    rows = section_table("### The binary body")
+    assert [r[0] for r in rows] == ["4", "2 × `n`", "sum of the lengths"]
+    assert "uint32" in rows[0][1] and "uint16" in rows[1][1] and "4,096" in rows[1][1]
+
+
+def section_table(heading: str) -> list[list[str]]:
+    """Body rows of the first table after ``heading``."""
+    lines = DOC[DOC.index(heading) :].splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+    rows = []
+    for ln in lines[start + 2 :]:
+        if not ln.startswith("|"):
+            break
+        rows.append([c.strip() for c in ln.strip("|").split("|")])
+    return rows
+
+
+def test_review_findings_are_documented() -> None:
+    """What the app review asked docs/http.md and the app's docstring to say."""
+    import workers.app
+
+    flat = " ".join(DOC.split())
+    # S2: lifetime totals start when the endpoint gets its slot, never inherited.
+    assert "count from when discovery assigned it its counter slot" in flat
+    assert "never with the totals of the pod that had the slot before" in flat
+    # S3: the fade share's stable label.
+    assert "`started_ns` names the ring by when its fade started" in flat
+    # S4: which body carries which key.
+    assert "The binary body carries every key." in flat
+    # nit 2: the group answer's own cost is quoted, not only the array's.
+    assert "the `group` answer costs about" in flat
+    # nit 5: attempts beyond the endpoints.
+    assert "answers `null` (fallback) for every key" in flat
+    # nit 6: the byte order mark.
+    assert "A UTF-8 byte order mark at the very start of the body is dropped" in flat
+    # nit 13: slow clients and sync workers.
+    assert "holds that worker until gunicorn's `--timeout`" in flat and "--threads N" in flat
+    # nit 4: no table is 200 with generation 0, not 503.
+    doc = " ".join(workers.app.__doc__.split())
+    assert "503 no routing table" not in doc
+    assert "the answer is 200 with generation 0 and every key ``null``" in doc

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import re
+import signal
 import time
 
 import numpy as np
@@ -180,12 +182,65 @@ def test_generation_age_and_fade_shares(host: Host) -> None:
     elapsed = (time.monotonic_ns() - t0) / 1e9
     assert scalar(fams, "cslb_table_generation") == 2.0
     assert 2.0 <= scalar(fams, "cslb_table_age_seconds") <= 2.0 + elapsed + 0.01
-    shares = {dict(k)["ring"]: v for k, v in samples(fams, "cslb_fade_share").items()}
-    assert set(shares) == {"1", "2"}
+    shares = {dict(k)["started_ns"]: v for k, v in samples(fams, "cslb_fade_share").items()}
+    first, second = str(t0 - 17_000_000_000), str(t0 - 5_000_000_000)
+    assert set(shares) == {first, second}
     # Ring 1 started 17 s ago, ring 2 5 s ago, of a 30 s window with exponent 2.5.
-    assert shares["1"] == pytest.approx((17 / 30) ** 2.5, abs=0.03)
-    assert shares["2"] == pytest.approx((5 / 30) ** 2.5, abs=0.005)
+    assert shares[first] == pytest.approx((17 / 30) ** 2.5, abs=0.03)
+    assert shares[second] == pytest.approx((5 / 30) ** 2.5, abs=0.005)
     assert set(per_endpoint(fams, "cslb_endpoint_occupancy")) == set(ENDPOINTS) | set(NEW)
+
+
+def test_fade_share_series_keep_their_name_when_an_older_ring_finishes(host: Host) -> None:
+    """Review S3: a ring's series is named by its start, not its position among the
+    fading rings, so it does not jump when the oldest ring finishes."""
+    t = time.monotonic_ns()
+    host.publish(fading=[(NEW[:1], 29.0), (NEW[1:], 3.0)], now_ns=t)
+    _, fams = scrape(host.namespace)
+    before = {dict(k)["started_ns"]: v for k, v in samples(fams, "cslb_fade_share").items()}
+    host.publish([*ENDPOINTS, NEW[0]], fading=[(NEW[1:], 3.0)], now_ns=t)  # ring 1 done
+    _, fams = scrape(host.namespace)
+    after = {dict(k)["started_ns"]: v for k, v in samples(fams, "cslb_fade_share").items()}
+    young = str(t - 3_000_000_000)
+    assert set(before) == {str(t - 29_000_000_000), young} and set(after) == {young}
+    assert after[young] == pytest.approx(before[young], abs=0.01)  # no jump
+    assert after[young] < 0.1
+
+
+def test_skipper_score_at_the_start_of_a_fade(host: Host) -> None:
+    """Review nit 11: where Skipper's score and the N-ring share differ (age 0: Skipper
+    counts the pod as fully in, the N-ring share is 0), each mode reports its own."""
+    t = time.monotonic_ns()
+    for mode, want in (("skipper", 1.0), ("n-ring", 0.0)):
+        host.publish(fading=[(NEW, 0.0)], knobs=shm.Knobs(fade_mode=mode), now_ns=t)
+        monitor = HostMonitor(host.namespace, clock=lambda: t)
+        try:
+            registry = CollectorRegistry()
+            registry.register(CslbCollector(host.namespace, monitor=monitor))
+            fams = {
+                f.name: f
+                for f in text_string_to_metric_families(generate_latest(registry).decode())
+            }
+            assert [x.value for x in fams["cslb_fade_share"].samples] == [want], mode
+        finally:
+            monitor.close()
+
+
+def test_seconds_gauges_declare_their_unit(host: Host) -> None:
+    """Review nit 3: OpenMetrics gets a # UNIT line for every *_seconds family."""
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    host.publish()
+    host.busy(ENDPOINTS[0], 0.5)
+    registry = CollectorRegistry()
+    registry.register(CslbCollector(host.namespace))
+    text = om_latest(registry).decode()
+    units = {line.split()[2]: line.split()[3] for line in text.splitlines() if "# UNIT" in line}
+    assert units == {
+        "cslb_endpoint_latency_seconds": "seconds",
+        "cslb_table_age_seconds": "seconds",
+        "cslb_discovery_heartbeat_age_seconds": "seconds",
+    }
 
 
 def test_skipper_fade_mode_reports_skipper_scores(host: Host) -> None:
@@ -234,3 +289,151 @@ def test_stale_after_knob() -> None:
     with pytest.raises(ValueError, match="CSLB_STALE_AFTER"):
         STALE_AFTER.convert("0", "test")
     assert not math.isnan(STALE_AFTER.default)
+
+
+# --------------------------------------------------------------------------------------
+# From the review (S5): totals across a SIGKILLed worker, lifetime vs window, ages.
+
+
+def _totals(namespace: str) -> dict[str, float]:
+    _, fams = scrape(namespace)
+    out = {}
+    for f in fams.values():
+        for s in f.samples:
+            if s.name.endswith("_total"):
+                key = s.name + (f"[{s.labels['endpoint']}]" if "endpoint" in s.labels else "")
+                out[key] = s.value
+    return out
+
+
+def _worker_then_hang(namespace: str, row: int, slot: int, conn) -> None:
+    """A forked worker adopts ``row``, records, reports and waits to be SIGKILLed."""
+    try:
+        store = shm.CounterStore.attach(namespace)
+        rec = store.claim(row=row)
+        s = np.array([slot, slot], dtype=np.int64)
+        t0 = 1_000
+        rec.record_start(s, t0)
+        rec.record_end(s, t0, np.array([10, 10]), t0 + 10, failed=np.array([True, False]))
+        rec.record_start(s[:1], t0)  # stays in flight
+        rec.count(70, 3, 2)
+        conn.send("ready")
+        signal.pause()
+    finally:
+        os._exit(0)
+
+
+def test_counted_totals_survive_a_sigkilled_worker_and_row_reuse(host: Host) -> None:
+    host.publish()
+    slot = host.slot(ENDPOINTS[0])
+    host.recorder.count(5, 0, 0)
+    before = _totals(host.namespace)
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(2):  # the second child reuses the first one's row
+        row = host.counters.reserve()
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_worker_then_hang, args=(host.namespace, row, slot, child))
+        p.start()
+        try:
+            assert parent.poll(10) and parent.recv() == "ready"
+            live = _totals(host.namespace)
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(10)
+            dead = _totals(host.namespace)
+            assert host.counters.release(row, p.pid)  # the master's child_exit
+            released = _totals(host.namespace)
+        finally:
+            if p.exitcode is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(5)
+        assert live == dead == released, (live, dead, released)
+        assert live["cslb_decisions_total"] == before["cslb_decisions_total"] + 70 * (round_ + 1)
+        assert live[f"cslb_endpoint_requests_total[{ENDPOINTS[0]}]"] == 2 * (round_ + 1)
+        assert live[f"cslb_endpoint_failures_total[{ENDPOINTS[0]}]"] == round_ + 1
+        for k, v in before.items():
+            assert live[k] >= v, k
+
+
+def test_lifetime_totals_outlive_the_occupancy_window(host: Host) -> None:
+    host.publish()
+    host.busy(ENDPOINTS[0], 0.5, calls=4, failed=1, ago_s=40.0)  # long before the window
+    t = _totals(host.namespace)
+    assert t[f"cslb_endpoint_requests_total[{ENDPOINTS[0]}]"] == 4
+    assert t[f"cslb_endpoint_failures_total[{ENDPOINTS[0]}]"] == 1
+
+
+def test_table_age_is_not_heartbeat_age(host: Host) -> None:
+    host.publish(now_ns=time.monotonic_ns() - 20_000_000_000)
+    host.writer.heartbeat()
+    _, fams = scrape(host.namespace)
+    assert scalar(fams, "cslb_table_age_seconds") >= 20.0
+    assert scalar(fams, "cslb_discovery_heartbeat_age_seconds") < 5.0
+
+
+def test_fade_share_under_fade_off_is_one(host: Host) -> None:
+    host.publish(fading=[(NEW[:1], 5.0)], knobs=shm.Knobs(fade_mode="off"))
+    _, fams = scrape(host.namespace)
+    assert [s.value for s in fams["cslb_fade_share"].samples] == [1.0]
+
+
+# --------------------------------------------------------------------------------------
+# /metrics is prometheus_client's own writer over the collector, in both formats.
+
+
+class _Fixed:
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+def _library(families: list, openmetrics: bool) -> bytes:
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    registry = CollectorRegistry()
+    registry.register(_Fixed(families))
+    return om_latest(registry) if openmetrics else generate_latest(registry)
+
+
+def test_metrics_path_serves_the_librarys_exposition_for_both_formats(host: Host) -> None:
+    from tests.app_tests.test_app import call
+    from workers.app import CslbApp
+
+    host.publish()
+    host.busy(ENDPOINTS[0], 1.0)
+    app = CslbApp(host.namespace)
+    try:
+        for accept, om in ((None, False), ("application/openmetrics-text", True)):
+            r = call(app, "GET", "/metrics", extra={"HTTP_ACCEPT": accept} if accept else {})
+            fixed = _Fixed(list(app.collector.collect()))  # a later snapshot, same shape
+            want = _library(fixed.families, om).decode()
+            drop = re.compile(r"^cslb_(table_age|discovery_heartbeat_age)_seconds .*$", re.M)
+            assert drop.sub("", r.body.decode()) == drop.sub("", want)
+    finally:
+        app.close()
+
+
+def test_a_new_pod_on_a_reused_slot_starts_its_totals_at_zero(namespace: str) -> None:
+    """Review S2 as /metrics shows it (the fix is the table writer's, on main)."""
+    import lbcore
+
+    store = shm.CounterStore.create(namespace, rows=2, columns=8)
+    writer = shm.TableWriter(namespace, counters=store, slot_reuse_ns=1_000_000_000)
+    rec = store.claim()
+    try:
+        old, keep, new = ENDPOINTS[0], ENDPOINTS[1], NEW[0]
+        t = time.monotonic_ns()
+        writer.publish(lbcore.RingSet([old, keep]), now_ns=t)
+        rec.record_start([0, 0, 1], t)
+        rec.record_end([0, 0, 1], t, [1000] * 3, t + 1000, failed=[True, False, False])
+        writer.publish(lbcore.RingSet([keep]), now_ns=t + 1)  # old leaves: slot 0 freed
+        writer.publish(lbcore.RingSet([keep, new]), now_ns=t + 2_000_000_000)  # new gets it
+        _, fams = scrape(namespace)
+        requests = per_endpoint(fams, "cslb_endpoint_requests", "cslb_endpoint_requests_total")
+        failures = per_endpoint(fams, "cslb_endpoint_failures", "cslb_endpoint_failures_total")
+        assert requests == {keep: 1.0, new: 0.0} and failures == {keep: 0.0, new: 0.0}
+    finally:
+        rec.release()
+        writer.close()
+        store.close(unlink=True)

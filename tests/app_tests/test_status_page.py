@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import pytest
 
 import shm
-from tests.app_tests.conftest import ENDPOINTS, Host
+from tests.app_tests.conftest import ENDPOINTS, Host, new_namespace
 from workers.app import CslbApp
 from workers.metrics import EndpointState, Health, HostMonitor, HostSnapshot
 from workers.status import render
@@ -95,11 +95,18 @@ def bars(tree: Tree) -> dict[str, tuple[float, float]]:
     return out
 
 
-def loaded_host(host: Host) -> None:
+def ring_age(row: Element) -> float:
+    """Seconds since the fading ring of a table row started, as the page says."""
+    cells = [td.all_text() for td in row.find_all(lambda e: e.tag == "td")]
+    (age,) = [m.group(1) for c in cells if (m := re.fullmatch(r"([0-9.]+) s of 30 s", c))]
+    return float(age)
+
+
+def loaded_host(host: Host, signal: str = "occupancy") -> None:
     # Published 3 s ago; the ring started fading 12 s before that (15 s ago).
     host.publish(
         fading=[([NEW], 12.0)],
-        knobs=shm.Knobs(balance_factor=1.25, percentage=50.0),
+        knobs=shm.Knobs(balance_factor=1.25, percentage=50.0, load_signal=signal),
         now_ns=time.monotonic_ns() - 3_000_000_000,
     )
     host.busy(ENDPOINTS[0], 8.0, calls=8)  # occupancy 0.8
@@ -122,14 +129,14 @@ def test_bars_widths_rings_knobs_and_age(host: Host) -> None:
     # Full width is 1.0 busy-seconds per second here (nothing is above it).
     for e, (o, width) in got.items():
         assert width == pytest.approx(100 * o, abs=0.06), e
-    # The bounded-load bar: 1.25 x the mean occupancy of the 7 endpoints.
-    mean = sum(occ.values()) / len(occ)
+    # The bounded-load bar of lbcore: 1.25 x (1 + total occupancy) / 7 endpoints.
+    bar = 1.25 * (1 + sum(occ.values())) / len(occ)
     (limit,) = {m.attrs["style"] for m in tree.by_class("limit")}
     assert float(re.search(r"left:([0-9.]+)%", limit).group(1)) == pytest.approx(
-        125 * mean, abs=0.06
+        100 * bar, abs=0.06
     )
     hot = {b.parent.attrs["data-endpoint"] for b in tree.by_class("hot")}
-    assert hot == {e for e, o in occ.items() if o > 1.25 * mean}
+    assert hot == {e for e, o in occ.items() if o > bar} == {ENDPOINTS[0]}
     # The fading ring: 15 s of 30 s, share 0.5 ** 2.5.
     (ring,) = tree.by_class("fading")
     assert ring.attrs["data-ring"] == "1"
@@ -149,6 +156,29 @@ def test_bars_widths_rings_knobs_and_age(host: Host) -> None:
     # Self-contained: no script, no external asset of any kind.
     for needle in ("<script", "src=", "href=", "url(", "@import", "<link"):
         assert needle not in html, needle
+
+
+def test_load_bar_follows_the_tables_load_signal() -> None:
+    """Review nit 10: red marks the endpoints over bounded load's bar in the unit of the
+    table's load signal; the mark on the occupancy bars appears only for occupancy."""
+    for signal in ("effective", "in-flight", "occupancy"):
+        host = Host(new_namespace())  # a fresh host per signal: no load left over
+        try:
+            loaded_host(host, signal)
+            host.open(ENDPOINTS[3], 3)  # 3 open calls: a load of 3 (not occupancy)
+            tree = Tree(render(HostMonitor(host.namespace).snapshot()))
+        finally:
+            host.close()
+        hot = {b.parent.attrs["data-endpoint"] for b in tree.by_class("hot")}
+        if signal == "occupancy":
+            assert hot == {ENDPOINTS[0]} and len(tree.by_class("limit")) == len(ENDPOINTS) + 1
+        else:
+            assert hot == {ENDPOINTS[3]}, signal  # 3 > 1.25 x (1 + ~4.4) / 7
+            assert tree.by_class("limit") == []
+        assert f"total {signal} load" in tree.by_id("load-bar").all_text()
+        cells = tree.root.find_all(lambda e: "data-load" in e.attrs)
+        loads = [float(td.attrs["data-load"]) for td in cells]
+        assert loads[3] == pytest.approx(3.0 if signal != "occupancy" else 0.0, abs=0.01)
 
 
 def test_scale_grows_with_the_hottest_endpoint() -> None:
@@ -241,6 +271,9 @@ for (const bar of document.querySelectorAll('.bar[data-endpoint]')) {
   bar.dataset.fillPx = fill.getBoundingClientRect().width;
   bar.dataset.fillColor = getComputedStyle(fill).backgroundColor;
 }
+for (const row of document.querySelectorAll('tr.fading')) {
+  row.dataset.fillPx = row.querySelector('.fill').getBoundingClientRect().width;
+}
 </script>"""
 
 
@@ -264,7 +297,18 @@ def test_renders_in_headless_chromium(host: Host, tmp_path: Path) -> None:
     for e, (o, width) in got.items():
         assert width == pytest.approx(100 * o, abs=0.06), e
     assert tree.by_id("health").all_text() == "healthy"
-    assert len(tree.by_class("fading")) == 1
+    # Review nit 14: the fading ring's progress, the knobs and the table age, as rendered.
+    (ring,) = tree.by_class("fading")
+    age = ring_age(ring)  # 15 s and what the page took (seconds, on a busy machine)
+    assert NEW in ring.all_text() and 15.0 <= age < 45.0
+    (progress,) = ring.find_all(lambda e: "fill" in e.classes())
+    assert progress.width_pct() == pytest.approx(100 * min(age / 30, 1.0), abs=0.4)
+    assert float(ring.attrs["data-share"]) == pytest.approx(min(age / 30, 1) ** 2.5, abs=0.01)
+    assert tree.by_id("knob-percentage").all_text() == "50"
+    assert tree.by_id("knob-balance_factor").all_text() == "1.25"
+    assert tree.by_id("knob-load_signal").all_text() == "occupancy"
+    assert tree.by_id("generation").all_text() == "1"
+    assert 2.9 <= float(tree.by_id("table-age").all_text()) <= 10.0
     # Laid out: the fills' pixel widths are proportional to occupancy.
     measured = tmp_path / "measured.html"
     measured.write_text(page.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
@@ -285,6 +329,9 @@ def test_renders_in_headless_chromium(host: Host, tmp_path: Path) -> None:
         assert fill_px == pytest.approx(240.0 * o, abs=1.0), e
         assert color in ("rgb(46, 111, 216)", "rgb(217, 72, 15)"), color
     assert laid[ENDPOINTS[0]][2] > laid[ENDPOINTS[1]][2] > laid[ENDPOINTS[2]][2] > 40
+    (ring,) = tree.by_class("fading")
+    want = 240.0 * min(ring_age(ring) / 30, 1.0)  # of the page fetched above
+    assert float(ring.attrs["data-fill-px"]) == pytest.approx(want, abs=1.5)
 
 
 def test_status_served_with_refresh_parameter(host: Host) -> None:
@@ -315,3 +362,20 @@ def test_idle_host_draws_no_load_bar(host: Host) -> None:
     tree = Tree(render(HostMonitor(host.namespace).snapshot()))
     assert {o for o, _ in bars(tree).values()} == {0.0}
     assert tree.by_class("limit") == [] and tree.by_class("hot") == []
+
+
+def test_status_marks_ejected_and_fading_endpoints(host: Host) -> None:
+    host.publish(fading=[([NEW], 5.0)], ejected=[i == 1 for i in range(len(ENDPOINTS) + 1)])
+    html = render(HostMonitor(host.namespace).snapshot())
+    rows = {m.group(2): m.group(1) for m in re.finditer(r"<tr([^>]*)><td>([^<]*)</td>", html)}
+    assert 'class="ejected"' in rows[ENDPOINTS[1]]
+    assert "ejected" not in rows[ENDPOINTS[0]]
+    assert f"<td>{NEW}</td><td>–</td><td>–</td><td>fading 1</td>" in html
+
+
+def test_table_age_is_not_heartbeat_age_on_the_page(host: Host) -> None:
+    host.publish(now_ns=time.monotonic_ns() - 20_000_000_000)
+    host.writer.heartbeat()
+    tree = Tree(render(HostMonitor(host.namespace).snapshot()))
+    assert float(tree.by_id("table-age").all_text()) >= 20.0
+    assert tree.by_id("health").all_text() == "healthy"
