@@ -5,8 +5,9 @@ command (gunicorn, the cslb config, embedded discovery on a 100-endpoint file, o
 worker per core): one serves the bundled routing app, the other
 :mod:`perf.noop_app`, which parses the same bodies with the same code and answers
 without routing. wrk (one thread, a few connections, fixed duration) posts fresh SKU
-batches — JSON arrays, text lines and the compact binary body (``uint16`` little-endian
-length + bytes per key) — of 100 and 1,000 IDs; the runs of the two servers alternate.
+batches — JSON arrays, text lines and the compact binary body
+(:func:`workers.app.pack_keys`: key count, lengths, then the keys' bytes) — of 100 and
+1,000 IDs; the runs of the two servers alternate.
 Figures: requests/s, decisions/s (requests × IDs), wrk's p50 and p99 latency, and the
 server's CPU time per request (user + system of the gunicorn master and all its
 children, from ``/proc/<pid>/stat`` before and after the run). Every process is stopped
@@ -21,7 +22,6 @@ import os
 import shutil
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -76,8 +76,9 @@ def encode(kind: str, keys: list[str]) -> bytes:
     if kind == "text":
         return "\n".join(keys).encode()
     if kind == "binary":
-        raw = [k.encode() for k in keys]
-        return b"".join(struct.pack("<H", len(b)) + b for b in raw)
+        from workers.app import pack_keys  # the app's own layout (docs/http.md)
+
+        return pack_keys(keys)
     raise ValueError(f"unknown body kind {kind!r}; expected one of {', '.join(BODY_TYPES)}")
 
 
