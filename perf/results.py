@@ -317,15 +317,16 @@ def charts(parts: dict[str, Any], out_dir: Path) -> list[str]:
         fig, axes = plt.subplots(1, len(rings), figsize=(4.2 * len(rings), 3.8), sharey=True)
         axes = list(axes) if len(rings) > 1 else [axes]
         for ax, eps in zip(axes, rings, strict=True):
-            for op in dict.fromkeys(r["op"] for r in ip):
+            for i, op in enumerate(dict.fromkeys(r["op"] for r in ip)):
+                color = f"C{i}"  # one colour per implementation, solid SKUs, dotted IDs
                 for kind, style in (("sku", "-"), ("int", ":")):
                     pts = sorted(
                         (r["batch"], r["ns_per_key"])
                         for r in _pick(ip, endpoints=eps, op=op, keys=kind)
                     )
                     if pts:
-                        ax.plot(*zip(*pts, strict=True), style, marker="o", ms=3,
-                                label=f"{op} ({kind})")  # fmt: skip
+                        ax.plot(*zip(*pts, strict=True), style, color=color, marker="o",
+                                ms=3, label=f"{op} ({kind})")  # fmt: skip
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_title(f"{eps:,} endpoints × 100 vnodes")
