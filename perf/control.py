@@ -251,7 +251,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
         "Build = RingState.transition (scale-up: +10 % endpoints fading in; scale-down: "
         "the same 10 % removed), publish = Publisher.publish into shared memory; medians "
         "of alternating changes after the first publish of a size, with no worker "
-        "routing. Propagation: {workers} "
+        f"routing. Propagation: {workers} "
         "routing processes (100-key batches, route_table + track, "
         f"{PAUSE_S * 1e3:g} ms pause between batches) while the same changes are published; "
         f"a gap over {STALL_LIMIT_S * 1e3:g} ms between two batches of a worker counts as "

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from perf.control import STALL_LIMIT_S
+
 PARTS = ("inprocess", "host", "http", "control")
 #: Version of the figures' layout in RESULTS.json; parts kept from a run with another
 #: version are dropped (rerun them) rather than misread.
@@ -26,7 +28,7 @@ TITLES = {
 INPROCESS_CHART = "inprocess.png"
 HOST_CHART = "host.png"
 HTTP_CPU_LIMIT = 0.15  # routing may add at most 15 % CPU per request over the no-op app
-STALL_LIMIT_MS = 50.0
+STALL_LIMIT_MS = STALL_LIMIT_S * 1e3
 
 
 def _rows(part: dict[str, Any] | None) -> list[dict[str, Any]]:
