@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import shm
-from shm.segment import unlink_name
+from shm.segment import process_start_ticks, unlink_name
 
 REPO = Path(__file__).resolve().parent.parent
 APPS_DIR = Path(__file__).resolve().parent / "gunicorn_apps"
@@ -124,9 +124,11 @@ class Server:
         namespace: str,
         env: Mapping[str, str] | None = None,
         gunicorn: bool = False,
+        unlink: bool = True,
     ) -> None:
         self.port = free_port()
         self.namespace = namespace
+        self.unlink = unlink  # False: the namespace is shared; its owner cleans it up
         self.log_path = tmp_path / f"server-{self.port}.log"
         environ = {
             k: v
@@ -165,7 +167,9 @@ class Server:
             start_new_session=True,
         )
         self.pid = self.proc.pid  # cslb serve execs gunicorn: the master keeps this PID
-        self.seen: set[int] = set()
+        # Every process of the tree seen so far, with its start time (clock ticks): a PID
+        # reused by an unrelated process after ours exited is never signalled.
+        self.seen: dict[int, int] = {}
 
     # -- talking --------------------------------------------------------------------------
 
@@ -209,9 +213,16 @@ class Server:
 
     def tree(self) -> list[int]:
         pids = descendants_of(self.pid)
-        self.seen.update(pids)
-        self.seen.add(self.pid)
+        for pid in [self.pid, *pids]:
+            if pid not in self.seen:
+                ticks = process_start_ticks(pid)
+                if ticks is not None:
+                    self.seen[pid] = ticks
         return pids
+
+    def ours(self, pid: int) -> bool:
+        """True while ``pid`` is still the process of the tree seen under that PID."""
+        return alive(pid) and process_start_ticks(pid) == self.seen.get(pid)
 
     def discovery_pids(self) -> list[int]:
         return [p for p in self.tree() if "cslb discovery" in cmdline(p)]
@@ -251,25 +262,26 @@ class Server:
             code = None
         # Children reparented to init after the master exits: wait briefly for them.
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(alive(p) for p in self.seen):
+        while time.monotonic() < deadline and any(self.ours(p) for p in self.seen):
             time.sleep(0.05)
-        left = sorted(p for p in self.seen if alive(p))
+        left = sorted(p for p in self.seen if self.ours(p))
         segments = shm.list_segments(self.namespace)
         self.kill()
         return {"exit": code, "left": left, "segments": segments}
 
     def kill(self) -> None:
-        """Force: SIGKILL every process of the tree by PID, unlink the namespace."""
+        """Force: SIGKILL every process of the tree by PID, unlink the namespace (``unlink``)."""
         with contextlib.suppress(OSError):
             self.tree()
         for pid in sorted(self.seen):
-            if alive(pid):
+            if self.ours(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
-        for name in shm.list_segments(self.namespace):
-            unlink_name(name)
+        if self.unlink:
+            for name in shm.list_segments(self.namespace):
+                unlink_name(name)
         self._log.close()
 
 

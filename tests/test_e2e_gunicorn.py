@@ -13,10 +13,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import shm
+from shm.segment import process_start_ticks
 from tests.gunicorn_harness import (
     APPS_DIR,
     REPO,
@@ -47,11 +49,32 @@ def _threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
+def _pidfds(pid: int) -> list[str]:
+    """Open pidfds of process ``pid`` (the master's handle on discovery is one)."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if "pidfd" in target:
+            out.append(target)
+    return out
+
+
 def test_rows_supervision_and_clean_stop(tmp_path: Path) -> None:
     with serving(PING, tmp_path) as server:
         server.wait_ready(workers=2)
         master = server.pid
         assert _threads(master) == 1  # no thread in the master (NumPy's BLAS pool included)
+        assert "threads while forking" not in server.log()  # none at any fork either
+        # Discovery starts before the first worker forks.
+        (disc,) = server.discovery_pids()
+        first_worker = min(process_start_ticks(p) or 0 for p in server.worker_pids())
+        assert process_start_ticks(disc) < first_worker
+        # The master tracks discovery through a pidfd; its workers hold none of it.
+        assert _pidfds(master)
+        assert all(_pidfds(w) == [] for w in server.worker_pids())
         # No source given: discovery's own default, the example file of the source tree.
         assert '"event":"endpoints_file_default"' in server.log()
         assert str(REPO / "examples" / "endpoints.json") in server.log()
@@ -126,10 +149,27 @@ def test_rows_supervision_and_clean_stop(tmp_path: Path) -> None:
         assert server.discovery_pids() == [disc]
         assert all(a["row"] is not None for a in _answers(server, 4))
 
+        (disc,) = server.discovery_pids()
         result = server.stop()
         assert result["exit"] == 0, server.log()
         assert result["left"] == [], [cmdline(p) for p in result["left"]]
         assert result["segments"] == []
+        # on_exit stopped discovery (SIGTERM: a clean exit), it did not just die.
+        assert f"discovery (pid {disc}) stopped: exited with status 0" in server.log()
+
+
+def test_leftover_segments_of_a_killed_discovery_are_removed(tmp_path: Path) -> None:
+    env = {"CSLB_DISCOVERY_RESTART_BACKOFF": "60", "CSLB_DISCOVERY_RESTART_BACKOFF_MAX": "60"}
+    with serving([*PING, "--workers", "1"], tmp_path, env=env) as server:
+        server.wait_ready(workers=1)
+        (disc,) = server.discovery_pids()
+        os.kill(disc, signal.SIGKILL)  # its tables stay; no restart for 60 s
+        wait_for("the master to see discovery die", lambda: "killed by SIGKILL" in server.log(), 15)
+        assert f"/cslb.{server.namespace}.tables" in shm.list_segments(server.namespace)
+        result = server.stop()
+        assert result["exit"] == 0 and result["left"] == [], server.log()
+        assert result["segments"] == []
+        assert "removed leftover segments" in server.log()
 
 
 def test_hung_discovery_is_replaced(tmp_path: Path) -> None:
@@ -155,12 +195,12 @@ def test_discovery_failing_at_startup_stops_the_server(tmp_path: Path) -> None:
     with serving(PING, tmp_path, env={"CSLB_DEBOUNCE": "soon"}) as server:
         code = server.proc.wait(timeout=60)
         log = server.log()
-        assert code != 0
+        assert code == 1  # gunicorn's status for a failing hook (docs/gunicorn.md says so)
         assert "invalid CSLB_DEBOUNCE='soon'" in log  # discovery's own message
         assert "exited with status 2 before publishing a table" in log
         assert "restarting" not in log  # a startup failure is final, not retried
         assert shm.list_segments(server.namespace) == []
-        assert [p for p in server.seen if alive(p)] == []
+        assert [p for p in server.seen if server.ours(p)] == []
 
 
 def test_more_workers_than_rows(tmp_path: Path) -> None:
@@ -222,17 +262,23 @@ def test_user_config_composes_with_cslb_hooks(tmp_path: Path) -> None:
         answers = _answers(server, 6)
         assert all(a["marker"] == f"row={a['row']}" and a["row"] is not None for a in answers)
         assert server.discovery_pids()  # cslb's on_starting ran too
+        # Plain gunicorn 25.1+ would start its control socket thread after the first
+        # forks; the config module turns it off, so the master stays single-threaded.
+        assert _threads(server.pid) == 1
+        assert "Control socket" not in server.log()
         result = server.stop()
         assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
         seen_at_exit = marks.read_text().split(",")
         assert f"/cslb.{server.namespace}.counters" in seen_at_exit
 
 
-def test_external_discovery(tmp_path: Path) -> None:
+@pytest.fixture
+def sidecar():
+    """``cslb discovery`` run as a sidecar in its own namespace; stopped by PID."""
     ns = unique_namespace("x")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CSLB_")}
-    env.update({"CSLB_SHM_NAMESPACE": ns, "PYTHONPATH": str(APPS_DIR)})
-    sidecar = subprocess.Popen(
+    env.update({"CSLB_SHM_NAMESPACE": ns, "CSLB_HEARTBEAT": "0.2"})
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -253,27 +299,66 @@ def test_external_discovery(tmp_path: Path) -> None:
             lambda: f"/cslb.{ns}.tables" in shm.list_segments(ns),
             20.0,
         )
-        with serving([*PING, "--discovery", "external"], tmp_path, namespace=ns) as server:
-            server.wait_ready(workers=2)
-            assert server.discovery_pids() == []  # the master started none
-            assert all(a["row"] is not None for a in _answers(server, 4))
-            assert "counter rows (created)" in server.log()
-            result = server.stop()
-            assert result["exit"] == 0 and result["left"] == []
-            # The master removed the counters it created, not the sidecar's tables.
-            assert f"/cslb.{ns}.tables" in result["segments"]
-            assert not any(".counters" in s for s in result["segments"])
-            assert alive(sidecar.pid)
+        yield SimpleNamespace(namespace=ns, proc=proc)
     finally:
-        sidecar.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
         try:
-            sidecar.wait(timeout=10)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            sidecar.kill()
-            sidecar.wait(timeout=10)
+            proc.kill()
+            proc.wait(timeout=10)
         for name in shm.list_segments(ns):
             shm.segment.unlink_name(name)
     assert shm.list_segments(ns) == []
+
+
+def test_external_discovery(tmp_path: Path, sidecar) -> None:
+    ns = sidecar.namespace
+    with serving([*PING, "--discovery", "external"], tmp_path, namespace=ns) as server:
+        server.wait_ready(workers=2)
+        assert server.discovery_pids() == []  # the master started none
+        assert all(a["row"] is not None for a in _answers(server, 4))
+        assert "counter rows (created)" in server.log()
+        result = server.stop()
+        assert result["exit"] == 0 and result["left"] == []
+        # The master removed the counters (no one else held a row), not the sidecar's
+        # tables.
+        assert f"/cslb.{ns}.tables" in result["segments"]
+        assert not any(".counters" in s for s in result["segments"])
+        assert alive(sidecar.proc.pid)
+
+
+def test_two_servers_share_a_sidecar(tmp_path: Path, sidecar) -> None:
+    """B1: the first server to stop leaves the counters the other one uses."""
+    ns = sidecar.namespace
+    args = [*PING, "--discovery", "external", "--workers", "1"]
+    with serving(args, tmp_path, namespace=ns, unlink=False) as a:
+        a.wait_ready(workers=1)
+        with serving(args, tmp_path, namespace=ns, unlink=False) as b:
+            b.wait_ready(workers=1)
+            assert "counter rows (created)" in a.log()
+            assert "counter rows (attached)" in b.log()
+            (b_worker,) = b.worker_pids()
+            assert b.get_json("/")["row"] is not None
+            result = a.stop()
+            assert result["exit"] == 0 and result["left"] == [], a.log()
+            assert "kept: rows held by live processes" in a.log()
+            assert f"/cslb.{ns}.counters" in shm.list_segments(ns)
+            # B's master forks a replacement on the same counters, with a row.
+            os.kill(b_worker, signal.SIGKILL)
+            new = wait_for(
+                "a replacement worker in B",
+                lambda: [p for p in b.worker_pids() if p != b_worker],
+                20.0,
+            )
+            answer = wait_for("the new worker to answer", lambda: b.get_json("/"), 10.0)
+            assert answer["pid"] == new[0] and answer["row"] is not None, b.log()
+            assert alive(b.pid) and "Unhandled exception" not in b.log()
+            result = b.stop()
+            assert result["exit"] == 0 and result["left"] == [], b.log()
+            # The last server out removed the counters; the sidecar's tables stay.
+            assert f"/cslb.{ns}.tables" in result["segments"]
+            assert not any(".counters" in name for name in result["segments"])
 
 
 def test_serve_print_command_and_errors(tmp_path: Path) -> None:
@@ -307,6 +392,7 @@ def test_serve_print_command_and_errors(tmp_path: Path) -> None:
     [
         (["--endpoints-file", "nope.json"], "--endpoints-file nope.json: no such file"),
         (["--namespace", "shop"], "give --service too"),
+        (["--endpoints-file", "x.json", "--namespace", "shop"], "nothing with --endpoints-file"),
         (["--endpoints-file", "x", "--service", "s"], "not allowed with argument"),
         (["--workers", "0"], "expected a positive integer"),
         (["--balance-factor", "0.5"], "CSLB_BALANCE_FACTOR"),

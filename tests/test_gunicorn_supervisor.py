@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lbcore.knobs import KnobError
-from tests.gunicorn_harness import alive, wait_for
+from tests.gunicorn_harness import alive, unique_namespace, wait_for
 from workers.supervisor import (
     DiscoverySupervisor,
     check_settings,
@@ -160,17 +160,22 @@ def test_unexecutable_command_is_retried_with_backoff(sup_factory, tmp_path: Pat
 def test_child_dies_with_a_sigkilled_master(tmp_path: Path) -> None:
     """PR_SET_PDEATHSIG: a SIGKILLed master does not leave discovery running."""
     pid_file = tmp_path / "child.pid"
+    ready = tmp_path / "child.ready"
     master = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import pathlib,sys,time\n"
             "from workers.supervisor import DiscoverySupervisor\n"
-            "s = DiscoverySupervisor([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "child = [sys.executable, '-c', "
+            "'import pathlib,sys,time; pathlib.Path(sys.argv[1]).touch(); time.sleep(60)', "
+            "sys.argv[2]]\n"
+            "s = DiscoverySupervisor(child)\n"
             "pid = s.start()\n"
             "pathlib.Path(sys.argv[1]).write_text(str(pid))\n"
             "time.sleep(60)\n",
             str(pid_file),
+            str(ready),
         ],
         start_new_session=True,
     )
@@ -179,7 +184,9 @@ def test_child_dies_with_a_sigkilled_master(tmp_path: Path) -> None:
         child = int(
             wait_for("the child pid", lambda: pid_file.exists() and pid_file.read_text(), 20)
         )
-        wait_for("the child to run python", lambda: "time.sleep(60)" in _cmd(child), 10.0)
+        # The real child (past the pdeathsig shim's exec) says it runs.
+        wait_for("the child to run", ready.exists, 20.0)
+        assert alive(child)
         master.kill()
         master.wait(timeout=10)
         wait_for("the orphan to get SIGTERM", lambda: not alive(child), 10.0)
@@ -191,11 +198,39 @@ def test_child_dies_with_a_sigkilled_master(tmp_path: Path) -> None:
             os.kill(child, signal.SIGKILL)
 
 
-def _cmd(pid: int) -> str:
+def _spawn_with_pid(pid: int, tries: int = 50) -> subprocess.Popen | None:
+    """A child of this process with PID ``pid`` (through ns_last_pid), or None."""
+    for _ in range(tries):
+        try:
+            Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        except OSError:
+            return None
+        p = subprocess.Popen(SLEEP)
+        if p.pid == pid:
+            return p
+        p.kill()
+        p.wait(timeout=10)
+    return None
+
+
+def test_reused_pid_is_never_taken_for_the_child(sup_factory) -> None:
+    """The arbiter reaped discovery and a new child of the master got its PID."""
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("needs a writable /proc/sys/kernel/ns_last_pid (root) to reuse a PID")
+    sup = sup_factory(backoff_s=60.0, deathsig=False)
+    pid = sup.start()
+    os.kill(pid, signal.SIGKILL)
+    assert os.waitpid(pid, 0)[0] == pid  # the arbiter's waitpid(-1)
+    impostor = _spawn_with_pid(pid)
+    if impostor is None:
+        pytest.skip(f"could not get PID {pid} again (a busy machine took it)")
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
+        assert sup.poll() is False  # the child is gone, whatever now runs as its PID
+        assert sup.signal(signal.SIGTERM) is False
+        assert impostor.poll() is None, "the supervisor signalled the new process"
+    finally:
+        impostor.kill()
+        impostor.wait(timeout=10)
 
 
 def test_settings_from_env_and_errors() -> None:
@@ -230,3 +265,31 @@ def test_discovery_command_runs_cslb_discovery() -> None:
     assert cmd[1:] == ["-m", "cslb", "discovery", "--debounce", "0.1"]
     out = subprocess.run([*discovery_command(["--help"])], capture_output=True, timeout=60)
     assert out.returncode == 0 and b"cslb discovery" in out.stdout
+
+
+def test_harness_never_kills_a_reused_pid(tmp_path: Path) -> None:
+    """Server.kill signals a PID only while it names the process the tree had."""
+    from shm.segment import process_start_ticks
+    from tests.gunicorn_harness import Server
+
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait(timeout=30)
+    stranger = subprocess.Popen(SLEEP)  # stands for a process that got a seen PID again
+    try:
+        server = Server.__new__(Server)
+        server.pid, server.proc, server.namespace = done.pid, done, unique_namespace("h")
+        server.unlink = True
+        server._log = open(tmp_path / "log", "wb")
+        ticks = process_start_ticks(stranger.pid)
+        assert ticks is not None
+        server.seen = {stranger.pid: ticks - 1}  # same PID, another start time
+        server.kill()
+        with pytest.raises(subprocess.TimeoutExpired):  # still running: not SIGKILLed
+            stranger.wait(timeout=0.5)
+        server.seen = {stranger.pid: ticks}
+        server.kill()
+        assert stranger.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if stranger.poll() is None:
+            stranger.kill()
+            stranger.wait(timeout=10)

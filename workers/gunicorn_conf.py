@@ -10,7 +10,8 @@ In the master (the arbiter), before any worker forks:
    created in the master.
 2. ``when_ready`` waits (bounded, ``CSLB_DISCOVERY_START_WAIT``) for the first published
    table, so the first workers route from their first request; a discovery process that
-   exits during that wait stops the server with its exit status.
+   exits during that wait stops the server (exit status 1; discovery's own log lines
+   say why).
 3. ``pre_fork`` reserves a counter row for the worker about to fork (``worker.cslb_row``);
    ``post_fork`` (in the worker) hands it over as ``CSLB_COUNTER_ROW``, which
    :meth:`workers.Router.attach` adopts; ``child_exit`` releases it and reaps rows of
@@ -21,8 +22,17 @@ In the master (the arbiter), before any worker forks:
    and unlinks the namespace's segments.
 
 With ``CSLB_DISCOVERY=external`` the master starts no discovery process: a sidecar
-publishes the tables. The master attaches to that host's counters, or creates them (and
-then owns and unlinks them) if none exist.
+publishes the tables. The master attaches to that host's counters, or creates them if
+none exist. Counters are shared by every server on the namespace: a master removes them
+on exit only when no other live process holds one of their rows (the last one out), and
+a master whose counters were removed or replaced under it attaches again (or creates
+them) and forks on; a worker forked meanwhile gets no row from the master and claims a
+free one itself.
+
+gunicorn's control socket (25.1+) runs a thread in the master from the first worker
+fork on; this module sets ``control_socket_disable = True`` unless ``--control-socket``
+is on the command line (or in ``GUNICORN_CMD_ARGS``). A config file that star-imports
+this module may set ``control_socket_disable = False`` after the import.
 
 Arbiter loop: gunicorn has no periodic hook, so ``on_starting`` wraps two methods of the
 arbiter *instance* (``reap_workers``, ``manage_workers``): the first polls discovery
@@ -50,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import time
@@ -75,6 +86,7 @@ from workers.supervisor import (
 
 __all__ = [
     "child_exit",
+    "control_socket_disable",
     "nworkers_changed",
     "on_exit",
     "on_starting",
@@ -88,8 +100,37 @@ __all__ = [
 REAP_INTERVAL_S = 1.0
 
 
+def _control_socket_asked(argv: list[str], environ: MutableMapping[str, str]) -> bool:
+    """True if ``--control-socket`` is given on gunicorn's command line or GUNICORN_CMD_ARGS."""
+    try:
+        extra = shlex.split(environ.get("GUNICORN_CMD_ARGS", ""))
+    except ValueError:
+        extra = []
+    return any(a == "--control-socket" or a.startswith("--control-socket=") for a in argv + extra)
+
+
+#: gunicorn setting: no control socket (a thread in the master, a socket path shared by
+#: every server of the user) unless one is asked for with ``--control-socket PATH``.
+control_socket_disable = not _control_socket_asked(sys.argv[1:], os.environ)
+
+
 class CslbStartupError(RuntimeError):
     """The master cannot start cslb's part (gunicorn prints it and exits with status 1)."""
+
+
+#: Oldest gunicorn this module supports: 25.1 added ``--no-control-socket``, and before
+#: 25 the arbiter reaped workers (and ran ``child_exit``) inside its SIGCHLD handler.
+MIN_GUNICORN = (25, 1)
+
+
+def check_gunicorn(version: tuple[int, ...]) -> None:
+    """Raise :class:`CslbStartupError` if gunicorn ``version`` is older than supported."""
+    if tuple(version[:2]) < MIN_GUNICORN:
+        raise CslbStartupError(
+            "cslb: gunicorn {} is too old: workers.gunicorn_conf needs gunicorn >= {}".format(
+                ".".join(map(str, version)), ".".join(map(str, MIN_GUNICORN))
+            )
+        )
 
 
 class _Master:
@@ -101,22 +142,26 @@ class _Master:
         self.namespace = ""
         self.rows = 0
         self.store: shm.CounterStore | None = None
-        self.owns_store = False
+        self.store_epoch = 0  # +1 each time the counters are attached again
         self.owns_namespace = False  # embedded: we created its counters, we clean it up
         self.supervisor: DiscoverySupervisor | None = None
         self.log: Any = None
         self.next_reap = 0.0
         self.loop_hooked = False
         self.reader: shm.TableReader | None = None  # for discovery's heartbeat
+        self.warned: set[str] = set()
 
     @property
     def active(self) -> bool:
-        return self.pid == os.getpid() and self.store is not None
+        return self.pid == os.getpid()
 
     # -- start --------------------------------------------------------------------------
 
     def start(self, server: Any) -> None:
         self.log = server.log
+        import gunicorn
+
+        check_gunicorn(tuple(getattr(gunicorn, "version_info", (0, 0))))
         try:
             self.settings = settings_from_env()
             check_settings(self.settings)
@@ -129,31 +174,34 @@ class _Master:
         workers = max(int(server.cfg.workers), 1)
         self.rows = self.settings["counter_rows"] or min(2 * workers * threads + 4, 4096)
         try:
+            how = self._attach_counters()
             if self.settings["discovery"] == "embedded":
-                self.store = _own_counters(self.namespace, self.rows)
-                self.owns_store = self.owns_namespace = True
+                self.owns_namespace = True
                 self._start_discovery(server)
-            else:
-                self.store, self.owns_store = _external_counters(self.namespace, self.rows)
         except BaseException:
             self.stop(server)
             raise
+        assert self.store is not None
         self.log.info(
             "cslb: namespace %r, %d counter rows (%s), discovery %s",
             self.namespace,
             self.store.rows,
-            "created" if self.owns_store else "attached",
+            how,
             self.settings["discovery"],
         )
         _hook_arbiter_loop(server, self)
-        tasks = _thread_count()
-        if tasks > 1:
-            self.log.warning(
-                "cslb: the master runs %d threads before forking workers (NumPy imported "
-                "before OPENBLAS_NUM_THREADS could be set?); forked workers inherit only "
-                "the forking thread",
-                tasks,
-            )
+
+    def _attach_counters(self) -> str:
+        """Create, take over or attach the namespace's counters; returns which it was."""
+        existed = shm.segment_name(self.namespace, "counters") in shm.list_segments(self.namespace)
+        if self.settings["discovery"] == "embedded":
+            self.store = _own_counters(self.namespace, self.rows)
+            how = "taken over" if existed else "created"
+        else:
+            self.store, created = _external_counters(self.namespace, self.rows)
+            how = "created" if created else "attached"
+        self.store_epoch += 1
+        return how
 
     def _start_discovery(self, server: Any) -> None:
         s = self.settings
@@ -191,7 +239,7 @@ class _Master:
                     except shm.ShmError as exc:  # mid-publish or corrupt: look again
                         self.log.debug("cslb: first table not readable yet: %s", exc)
                 if table is not None:
-                    if self.owns_store and self.store is not None and table.n_slots:
+                    if self.owns_namespace and self.store is not None and table.n_slots:
                         self.store.ensure_columns(int(table.n_slots))
                     self.log.info(
                         "cslb: table generation %d with %d endpoints published by pid %d",
@@ -215,7 +263,7 @@ class _Master:
     # -- loop ---------------------------------------------------------------------------
 
     def poll(self) -> None:
-        if self.pid == os.getpid() and self.supervisor is not None:
+        if self.active and self.supervisor is not None:
             self.supervisor.poll()
 
     def tick(self) -> None:
@@ -224,9 +272,12 @@ class _Master:
         if self.supervisor is not None:
             self.supervisor.tick()
         now = time.monotonic()
-        if now >= self.next_reap and self.store is not None:
+        if now >= self.next_reap:
             self.next_reap = now + REAP_INTERVAL_S
             self.check_stall()
+            if not self.check_counters():
+                return
+            assert self.store is not None
             try:
                 rows = self.store.reap()
             except shm.ShmError as exc:
@@ -234,6 +285,44 @@ class _Master:
             else:
                 if rows:
                     self.log.info("cslb: reclaimed counter rows %s of dead processes", rows)
+
+    def check_counters(self) -> bool:
+        """Attach the counters again if they were removed or replaced; True if usable.
+
+        Counters shared with other servers (``CSLB_DISCOVERY=external``) or removed by
+        hand are found again here, at most once a second and before each fork.
+        """
+        store = self.store
+        try:
+            if store is not None and not store.replaced():
+                return True
+            if store is not None:
+                store.close(unlink=False)
+                self.store = None
+                self.log.warning(
+                    "cslb: the counters of shm namespace %r were removed or replaced by "
+                    "another process; attaching again",
+                    self.namespace,
+                )
+            how = self._attach_counters()
+        except (shm.ShmError, CslbStartupError) as exc:
+            self._warn_once(
+                f"counters:{exc}",
+                "cslb: no counters for shm namespace %r: %s; workers fork without a row "
+                "(retried every %.0f s)",
+                self.namespace,
+                exc,
+                REAP_INTERVAL_S,
+            )
+            return False
+        self.warned = {w for w in self.warned if not w.startswith("counters:")}
+        self.log.info("cslb: counters of shm namespace %r %s again", self.namespace, how)
+        return True
+
+    def _warn_once(self, key: str, msg: str, *args: Any) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            self.log.warning(msg, *args)
 
     def check_stall(self) -> None:
         """SIGKILL a discovery process that runs but stopped writing its heartbeat."""
@@ -260,32 +349,67 @@ class _Master:
 
     # -- workers ------------------------------------------------------------------------
 
+    def before_fork(self) -> None:
+        """Checks of the master's state that forked workers inherit (warned once each)."""
+        tasks = _thread_count()
+        if tasks > 1:
+            self._warn_once(
+                "threads",
+                "cslb: the master runs %d threads while forking workers (a control socket "
+                "enabled, NumPy imported before OPENBLAS_NUM_THREADS could be set, a thread "
+                "started by a hook?); a forked worker inherits only the forking thread and "
+                "any lock another thread held",
+                tasks,
+            )
+        router_cls = getattr(sys.modules.get("workers.router"), "Router", None)
+        current = getattr(router_cls, "current", None)
+        if current is not None and current() is not None:
+            self._warn_once(
+                "router",
+                "cslb: a workers.Router was attached in the master (a module-level "
+                "Router.attach() with --preload?); every worker inherits it unusable and "
+                "without its counter row: call Router.attach() in request code, not at import",
+            )
+
     def reserve(self, worker: Any) -> None:
         worker.cslb_row = None
         if not self.active:
             return
-        assert self.store is not None
         for attempt in range(2):
+            if not self.check_counters():
+                return
+            assert self.store is not None
             try:
                 worker.cslb_row = self.store.reserve()
+                worker.cslb_epoch = self.store_epoch
                 return
             except shm.NoFreeSlotError as exc:
                 if attempt == 0:
-                    self.store.reap()
+                    with contextlib.suppress(shm.ShmError):
+                        self.store.reap()
                     continue
                 self.log.error(
                     "cslb: no counter row for the next worker: %s (set CSLB_COUNTER_ROWS "
                     "higher than workers x threads); it will claim a row itself if one frees",
                     exc,
                 )
+            except shm.ShmError as exc:
+                # Removed under us (say, by another server) between the check and here:
+                # check_counters attaches again on the second attempt.
+                self.log.warning("cslb: cannot reserve a counter row: %s", exc)
 
     def release(self, server: Any, worker: Any) -> None:
-        if not self.active:
+        if not self.active or self.store is None:
             return
-        assert self.store is not None
         row = getattr(worker, "cslb_row", None)
-        live = getattr(server, "WORKERS", {}).values()
-        if row is not None and any(getattr(w, "cslb_row", None) == row for w in live):
+        if getattr(worker, "cslb_epoch", None) != self.store_epoch:
+            row = None  # reserved in counters we no longer use
+        held = {
+            getattr(w, "cslb_row", None)
+            for w in getattr(server, "WORKERS", {}).values()
+            if w is not worker and getattr(w, "cslb_epoch", None) == self.store_epoch
+        }
+        if row is not None and row in held:
             # The worker freed its row itself (Router.close at exit) and the master has
             # reserved it for a newer worker since: that reservation is not ours to free.
             row = None
@@ -312,7 +436,7 @@ class _Master:
     # -- stop ---------------------------------------------------------------------------
 
     def stop(self, server: Any) -> None:
-        if self.pid != os.getpid():
+        if not self.active:
             return
         unlink = bool(self.settings.get("unlink_on_exit", True))
         if self.supervisor is not None:
@@ -320,17 +444,37 @@ class _Master:
         if self.reader is not None:
             self.reader.close()
             self.reader = None
+        keep_counters = not unlink
         if self.store is not None:
-            self.store.close(unlink=unlink and self.owns_store)
+            # Never remove counters another live process holds a row of (another server
+            # sharing a sidecar's namespace): checked and removed under their lock, so a
+            # server reserving meanwhile either shows up here or finds them gone.
+            try:
+                with shm.segment.segment_lock(self.store.name):
+                    others = _holders(self.store) if unlink else []
+                    if others:
+                        keep_counters = True
+                        self.log.info(
+                            "cslb: counters of shm namespace %r kept: rows held by live "
+                            "processes %s",
+                            self.namespace,
+                            others,
+                        )
+                    self.store.close(unlink=not keep_counters)
+            except shm.ShmError:  # removed already
+                self.store.close(unlink=False)
             self.store = None
         if unlink and self.owns_namespace:
             # Discovery unlinks its tables on a clean stop; after a SIGKILL they stay.
             left = shm.list_segments(self.namespace)
+            if keep_counters:
+                counters = shm.segment_name(self.namespace, "counters")
+                left = [n for n in left if not n.startswith(counters)]
             for name in left:
                 shm.segment.unlink_name(name)
             if left:
                 self.log.info("cslb: removed leftover segments %s", left)
-        self.owns_namespace = self.owns_store = False
+        self.owns_namespace = False
         self.pid = 0
 
 
@@ -371,10 +515,13 @@ def _own_counters(namespace: str, rows: int) -> shm.CounterStore:
 
 
 def _holders(store: shm.CounterStore) -> list[int]:
-    """PIDs of live processes holding (claimed or reserved) a row of ``store``."""
+    """PIDs of live processes other than this one holding (claimed or reserved) a row."""
+    me = os.getpid()
     pids = set()
     for s in store.slots():
-        if s.alive or (s.reserved and s.pid > 0 and os.path.exists(f"/proc/{s.pid}")):
+        if s.pid == me or s.pid <= 0:
+            continue
+        if s.alive or (s.reserved and shm.segment.process_start_ticks(s.pid) is not None):
             pids.add(s.pid)
     return sorted(pids)
 
@@ -391,7 +538,7 @@ def _live_holders(namespace: str) -> list[int]:
 
 
 def _external_counters(namespace: str, rows: int) -> tuple[shm.CounterStore, bool]:
-    """Attach to a sidecar host's counters, or create them (owned) if none exist."""
+    """Attach to a sidecar host's counters, or create them if none exist (True: created)."""
     try:
         return shm.CounterStore.attach(namespace, writable=True), False
     except shm.SegmentMissingError:
@@ -399,7 +546,11 @@ def _external_counters(namespace: str, rows: int) -> tuple[shm.CounterStore, boo
 
 
 def _hook_arbiter_loop(server: Any, master: _Master) -> None:
-    """Run ``master.poll`` before the arbiter reaps and ``master.tick`` each loop."""
+    """Run ``master.poll`` before the arbiter reaps and ``master.tick`` each loop.
+
+    An exception in cslb's part is logged and swallowed: escaping into gunicorn's main
+    loop it would stop the master without running ``on_exit``.
+    """
     if getattr(server, "_cslb_loop_hooked", False):
         return
     reap = getattr(server, "reap_workers", None)
@@ -412,11 +563,17 @@ def _hook_arbiter_loop(server: Any, master: _Master) -> None:
         return
 
     def reap_workers() -> Any:
-        master.poll()
+        try:
+            master.poll()
+        except Exception:
+            server.log.exception("cslb: checking the discovery process failed")
         return reap()
 
     def manage_workers() -> Any:
-        master.tick()
+        try:
+            master.tick()
+        except Exception:
+            server.log.exception("cslb: supervising discovery and counter rows failed")
         return manage()
 
     server.reap_workers = reap_workers
@@ -446,8 +603,10 @@ def when_ready(server: Any) -> None:
 
 
 def pre_fork(server: Any, worker: Any) -> None:
-    """Master, before each fork: check discovery, reserve the worker's counter row."""
+    """Master, before each fork: check discovery and threads, reserve the worker's row."""
     MASTER.tick()
+    if MASTER.active:
+        MASTER.before_fork()
     MASTER.reserve(worker)
 
 

@@ -156,6 +156,11 @@ def _plan(
         args_list, extra = args_list[:cut], args_list[cut + 1 :]
     p = build_parser()
     args = p.parse_args(args_list)
+    if args.namespace and args.endpoints_file:
+        p.error(
+            "--namespace names the Kubernetes namespace of --service; it means nothing with "
+            "--endpoints-file"
+        )
     if args.namespace and not (args.service or environ.get("CSLB_SERVICE")):
         p.error("--namespace names the Kubernetes namespace of --service: give --service too")
     try:

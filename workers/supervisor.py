@@ -4,13 +4,14 @@ The master starts ``python -m cslb discovery`` by fork+exec (no Kubernetes clien
 thread in the master), restarts it with exponential backoff when it dies, and stops it
 with SIGTERM, then SIGKILL after a timeout, when the server stops.
 
-Two gunicorn facts shape this module (gunicorn 22-27, ``gunicorn/arbiter.py``):
+Two gunicorn facts shape this module (gunicorn 25.1-27, ``gunicorn/arbiter.py``):
 
 * The arbiter reaps children with ``waitpid(-1, WNOHANG)`` in ``reap_workers`` and
   quietly drops a PID that is not one of its workers ("Reaped unknown child process",
   debug level). So the supervisor may find its child already reaped by the arbiter: it
-  tracks the child through a *pidfd* (Linux >= 5.3), which tells exit from life even
-  after someone else reaped it and can never signal a reused PID. The exit status is
+  tracks the child through a *pidfd* (Linux >= 5.4 for ``waitid(P_PIDFD)``), which
+  tells exit from life even after someone else reaped it and can never wait on or
+  signal a reused PID. The exit status is
   then unknown unless :meth:`DiscoverySupervisor.poll` ran first, which is why the
   config module polls before the arbiter reaps (:mod:`workers.gunicorn_conf`).
 * No gunicorn hook runs periodically; restarts are driven by :meth:`tick`, which the
@@ -209,6 +210,14 @@ def _describe(status: int | None) -> str:
     return f"wait status {status}"
 
 
+def _wait_status(res: os.waitid_result) -> int:
+    """The ``waitpid`` status word of a ``waitid`` result (for :func:`_describe`)."""
+    if res.si_code == os.CLD_EXITED:
+        return (res.si_status & 0xFF) << 8
+    core = 0x80 if res.si_code == os.CLD_DUMPED else 0
+    return (res.si_status & 0x7F) | core
+
+
 class DiscoverySupervisor:
     """Start, watch, restart and stop one child process (the host's discovery).
 
@@ -350,10 +359,21 @@ class DiscoverySupervisor:
         assert self._proc is not None
         pid = self._proc.pid
         if self._pidfd is not None:
-            p = select.poll()
-            p.register(self._pidfd, select.POLLIN)
-            if not p.poll(0):
-                return False, None
+            # Wait on the pidfd itself, never on the bare PID: once the arbiter reaped our
+            # child, the PID may name a newer child of the master (a worker) already.
+            try:
+                res = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+            except ChildProcessError:
+                return True, None  # reaped by the arbiter's waitpid(-1)
+            except (AttributeError, OSError):  # no P_PIDFD (Linux < 5.4): ask the pidfd
+                p = select.poll()
+                p.register(self._pidfd, select.POLLIN)
+                if not p.poll(0):
+                    return False, None
+            else:
+                if res is None:
+                    return False, None
+                return True, _wait_status(res)
         try:
             wpid, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
