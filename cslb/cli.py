@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "discovery.inspect_cmd",
         "print the host's current routing table: generation, endpoints, fades, knobs",
     ),
+    "bench": (
+        "perf.suite",
+        "run the benchmark suite (in-process, host, HTTP, control plane) -> perf/RESULTS.md",
+    ),
     "simulate": (
         "perf.sim.cli",
         "simulate scale-ups, load signals and slow pods with lbcore's routing",

@@ -18,14 +18,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import bisect
 import gc
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,54 +30,7 @@ import numpy as np
 import xxhash
 
 import lbcore
-
-SKU_ALPHABET = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", dtype=np.uint8)
-S = 1_000_000_000
-
-
-def make_skus(rng: np.random.Generator, n: int) -> list[str]:
-    """``n`` Zalando-style 13-character SKUs (``AD112G0AB-K11``) as a list of str."""
-    chars = SKU_ALPHABET[rng.integers(0, SKU_ALPHABET.size, size=(n, 13))]
-    chars[:, 9] = ord("-")
-    return chars.view("S13").ravel().astype("U13").tolist()
-
-
-def make_ids(rng: np.random.Generator, n: int) -> np.ndarray:
-    """``n`` int64 product IDs (up to 12 digits), as a NumPy array."""
-    return rng.integers(1, 10**12, size=n, dtype=np.int64)
-
-
-class PythonLoopRing:
-    """The loop a user writes without cslb: hash each key, bisect a sorted list of nodes."""
-
-    def __init__(self, ring: lbcore.Ring) -> None:
-        self.hashes = ring.hashes.tolist()
-        self.owners = ring.owners.tolist()
-
-    def lookup(self, keys: Any) -> list[int]:
-        hashes, owners, size = self.hashes, self.owners, len(self.hashes)
-        h64 = xxhash.xxh64_intdigest
-        out = []
-        for k in keys:
-            b = k.encode() if isinstance(k, str) else str(k).encode()
-            i = bisect.bisect_left(hashes, h64(b))
-            out.append(owners[i if i < size else 0])
-        return out
-
-
-def measure(fn: Callable[[Any], Any], batches: list[Any], n: int) -> float:
-    """Median ns per key of ``fn`` over fresh batches."""
-    times = []
-    if isinstance(getattr(fn, "__self__", None), PythonLoopRing):
-        # The loop gets Python ints (faster to format than NumPy scalars), converted
-        # outside the timing.
-        batches = [b.tolist() if isinstance(b, np.ndarray) else b for b in batches]
-    fn(batches[0])  # warm caches of the code, not of the data
-    for b in batches[1:]:
-        t0 = time.perf_counter_ns()
-        fn(b)
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times) / n
+from perf.common import PythonLoopRing, S, as_python, make_ids, make_skus, measure
 
 
 def reps_for(n: int, quick: bool) -> int:
@@ -160,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             for kind, maker in (("sku", make_skus), ("int", make_ids)):
                 for n in sizes:
                     reps = reps_for(n, args.quick)
-                    base = measure(loop.lookup, [maker(rng, n) for _ in range(reps + 1)], n)
+                    base = measure(
+                        loop.lookup, [maker(rng, n) for _ in range(reps + 1)], n, as_python
+                    )
                     for name, fn in ops.items():
                         # Fresh batches for every op too: no op runs on data another warmed.
                         ns = measure(fn, [maker(rng, n) for _ in range(reps + 1)], n)

@@ -119,6 +119,7 @@ import numpy as np
 
 import lbcore
 from lbcore import knobs as lbcore_knobs
+from lbcore.ring import host_key
 from lbcore.signals import DEFAULT_WINDOW_NS
 from shm.errors import (
     SegmentCorruptError,
@@ -622,12 +623,40 @@ def _encode(
 class _Decoder:
     """Checks one buffer's payload and builds the :class:`Table` of views over it."""
 
-    def __init__(self, data: Segment, buffer: int, start: int, payload_bytes: int) -> None:
+    def __init__(
+        self,
+        data: Segment,
+        buffer: int,
+        start: int,
+        payload_bytes: int,
+        host_keys: dict[str, str] | None = None,
+    ) -> None:
         self.data = data
         self.buffer = buffer
         self.start = start
         self.nbytes = payload_bytes
         self.where = f"buffer {buffer}"
+        # endpoint -> lbcore.host_key of the previous generation a reader decoded: a new
+        # generation mostly repeats its endpoints, and parsing 20,000 URLs costs ~0.1 s.
+        self.host_keys = {} if host_keys is None else host_keys
+
+    def host_ids(self, eps: tuple[str, ...]) -> np.ndarray:
+        """Per endpoint, the id of its host identity (what ``lbcore.Ring.host_ids`` gives).
+
+        Also replaces :attr:`host_keys` by the keys of exactly these endpoints.
+        """
+        known = self.host_keys
+        keys: dict[str, str] = {}
+        ids: dict[str, int] = {}
+        out = np.empty(len(eps), dtype=np.intp)
+        for i, ep in enumerate(eps):
+            key = known.get(ep)
+            if key is None:
+                key = host_key(ep)
+            keys[ep] = key
+            out[i] = ids.setdefault(key, len(ids))
+        self.host_keys = keys
+        return out
 
     def fail(self, message: str) -> SegmentLayoutError:
         return SegmentLayoutError(self.data.name, f"{self.where}: {message}")
@@ -716,6 +745,9 @@ class _Decoder:
         if duration < 0 or not math.isfinite(exponent) or exponent <= 0:
             raise self.fail(f"fade duration {duration} ns / exponent {exponent} out of range")
         rings = []
+        # Host identities are per endpoint, not per ring: one parse serves every ring (a
+        # single ring parses them itself, and only if candidate routing needs them).
+        host_ids = self.host_ids(eps) if n_rings > 1 else None
         for k in range(n_rings):
             m = int(ring_nodes[k])
             (hn, _), (on, _), (bn, _) = ring_sections(k)
@@ -739,8 +771,6 @@ class _Decoder:
             # Entries: e >= 0 a ring position; -1 "search"; e <= -2 the one node -e - 2.
             if int(buckets.min()) < -(m + 1) or int(buckets.max()) >= m:
                 raise self.fail(f"ring {k} bucket table points outside the ring")
-            # Host identities are per endpoint, not per ring: parse the addresses once.
-            host_ids = rings[0].host_ids if rings else None
             rings.append(
                 lbcore.Ring.from_arrays(
                     eps, hashes, owners, vnodes=vnodes, buckets=buckets, host_ids=host_ids
@@ -838,6 +868,7 @@ class _TablesView:
         # these changes, later reads raise the same error at once instead of checking
         # the whole table again (or waiting out the timeout) on every call.
         self.bad: tuple[memoryview, int, int, SegmentError] | None = None
+        self.host_keys: dict[str, str] = {}  # of the last decoded generation (see _Decoder)
 
     def data_segment(self, epoch: int) -> Segment:
         if self.data is not None and self.data_epoch == epoch:
@@ -984,7 +1015,10 @@ class _TablesView:
                 f"buffer {b} generation {gen}: payload checksum 0x{found:08x} does not match "
                 f"the stored 0x{checksum:08x} (corrupted, or written by something else)",
             )
-        return _Decoder(data, b, start, nbytes).decode(gen)
+        decoder = _Decoder(data, b, start, nbytes, self.host_keys)
+        table = decoder.decode(gen)
+        self.host_keys = decoder.host_keys
+        return table
 
 
 def _attach_control(namespace: str, *, writable: bool) -> Segment:

@@ -1,0 +1,314 @@
+"""HTTP: ``cslb serve`` under load from wrk, next to a no-op app that only parses the body.
+
+Two servers run side by side on 127.0.0.1, each started with the same ``cslb serve``
+command (gunicorn, the cslb config, embedded discovery on a 100-endpoint file, one
+worker per core): one serves the bundled routing app, the other
+:mod:`perf.noop_app`, which parses the same bodies with the same code and answers
+without routing. wrk (one thread, a few connections, fixed duration) posts fresh SKU
+batches — JSON arrays, text lines and the compact binary body
+(:func:`workers.app.pack_keys`: key count, lengths, then the keys' bytes) — of 100 and
+1,000 IDs; the runs of the two servers alternate.
+Figures: requests/s, decisions/s (requests × IDs), wrk's p50 and p99 latency, and the
+server's CPU time per request (user + system of the gunicorn master and all its
+children, from ``/proc/<pid>/stat`` before and after the run). Every process is stopped
+by PID and every shared-memory segment of the run unlinked.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perf.common import (
+    cpu_seconds,
+    endpoint_urls,
+    make_skus,
+    process_tree,
+    stop_tree,
+    unique_namespace,
+    unlink_namespace,
+)
+
+LUA = Path(__file__).resolve().parent / "wrk_post.lua"
+BODY_TYPES = {
+    "json": "application/json",
+    "text": "text/plain",
+    "binary": "application/octet-stream",
+}
+SIZES = (100, 1_000)
+BODIES_PER_KIND = 200
+CONNECTIONS = 8
+
+
+def ensure_wrk(log: Any = print) -> str | None:
+    """Path of ``wrk``; installs Debian's package when missing and running as root."""
+    path = shutil.which("wrk")
+    if path is None and hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        log("  wrk missing: apt-get install -y wrk")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False, timeout=300)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "wrk"],
+            env=env,
+            check=False,
+            timeout=300,
+        )
+        path = shutil.which("wrk")
+    return path
+
+
+def encode(kind: str, keys: list[str]) -> bytes:
+    """One ``POST /route`` body of ``keys`` in format ``kind`` (json, text or binary)."""
+    if kind == "json":
+        return json.dumps(keys).encode()
+    if kind == "text":
+        return "\n".join(keys).encode()
+    if kind == "binary":
+        from workers.app import pack_keys  # the app's own layout (docs/http.md)
+
+        return pack_keys(keys)
+    raise ValueError(f"unknown body kind {kind!r}; expected one of {', '.join(BODY_TYPES)}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _request(port: int, method: str, path: str, body: bytes = b"", ctype: str = "") -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request(method, path, body=body or None, headers={"Content-Type": ctype})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+class Server:
+    """``cslb serve`` on a free 127.0.0.1 port in its own namespace; stop() by PID."""
+
+    def __init__(self, app: str | None, threads: int, workers: int, endpoints: Path, tmp: Path):
+        self.port = _free_port()
+        self.namespace = unique_namespace("http")
+        cmd = [
+            sys.executable,
+            "-m",
+            "cslb.cli",
+            "serve",
+            "--endpoints-file",
+            str(endpoints),
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+            "--shm-namespace",
+            self.namespace,
+        ]
+        if app:
+            cmd += ["--app", app]
+        env = {k: v for k, v in os.environ.items() if k != "GUNICORN_CMD_ARGS"}
+        self.log_path = tmp / f"{self.namespace}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self.pids: list[int] = [self.proc.pid]
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                if _request(self.port, "GET", "/healthz") == 200:
+                    self.pids = process_tree(self.proc.pid)
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        tail = self.log_path.read_bytes()[-2000:].decode(errors="replace")
+        raise RuntimeError(f"server on port {self.port} did not get ready:\n{tail}")
+
+    def tree(self) -> list[int]:
+        self.pids = sorted(set(self.pids) | set(process_tree(self.proc.pid)))
+        return self.pids
+
+    def stop(self) -> None:
+        try:
+            stop_tree(self.proc.pid, self.tree())
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            self._log.close()
+            unlink_namespace(self.namespace)
+
+
+def run_wrk(
+    wrk: str, port: int, bodies: Path, ctype: str, seconds: float, connections: int
+) -> dict[str, Any]:
+    """One bounded wrk run; returns the CSLB_WRK summary line as a dict."""
+    cmd = [
+        wrk,
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(round(seconds), 1)}s",
+        "--timeout",
+        "5s",
+        "-s",
+        str(LUA),
+        f"http://127.0.0.1:{port}",
+        "--",
+        str(bodies),
+        ctype,
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith("CSLB_WRK "):
+            return json.loads(line[len("CSLB_WRK ") :])
+    raise RuntimeError(f"wrk printed no summary (status {out.returncode}): {out.stderr[-500:]}")
+
+
+def _measure(wrk: str, server: Server, bodies: Path, ctype: str, seconds: float) -> dict:
+    """One wrk run against ``server`` with the server's CPU time around it."""
+    pids = server.tree()
+    c0 = cpu_seconds(pids)
+    r = run_wrk(wrk, server.port, bodies, ctype, seconds, CONNECTIONS)
+    cpu = cpu_seconds(pids) - c0
+    errors = sum(
+        r[k] for k in ("connect_errors", "read_errors", "write_errors", "status_errors", "timeouts")
+    )
+    return {
+        "requests_per_s": r["requests"] / (r["duration_us"] / 1e6),
+        "p50_ms": r["p50_us"] / 1e3,
+        "p99_ms": r["p99_us"] / 1e3,
+        "cpu_us_per_request": cpu / max(r["requests"], 1) * 1e6,
+        "errors": errors,
+    }
+
+
+def _write_bodies(path: Path, bodies: list[bytes]) -> None:
+    with open(path, "wb") as f:
+        for b in bodies:
+            f.write(b"%d\n" % len(b))
+            f.write(b)
+
+
+def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
+    """Run the HTTP benchmark; returns ``{"rows": [...], "notes": [...]}``.
+
+    Each row: ``server`` (sync/gthread), ``app`` (cslb/noop), ``body``, ``ids``,
+    ``requests_per_s``, ``decisions_per_s``, ``p50_ms``, ``p99_ms``,
+    ``cpu_us_per_request`` (server CPU, microseconds), ``errors``.
+    """
+    notes: list[str] = []
+    wrk = ensure_wrk(log)
+    if wrk is None:
+        return {"rows": [], "notes": ["wrk is not installed (apt-get install wrk): skipped"]}
+    cores = max(os.cpu_count() or 1, 1)
+    seconds = 1.0 if quick else 3.0
+    repeats = 1 if quick else 3
+    modes = {"sync": 1} if quick else {"sync": 1, "gthread": 4}
+    sizes = (100,) if quick else SIZES
+    rng = np.random.default_rng(6)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="cslb-http-") as tmpdir:
+        tmp = Path(tmpdir)
+        endpoints = tmp / "endpoints.json"
+        endpoints.write_text(
+            json.dumps({"endpoints": [{"address": a} for a in endpoint_urls(100)]})
+        )
+        files: dict[tuple[str, int], Path] = {}
+        for n in sizes:
+            batches = [make_skus(rng, n) for _ in range(BODIES_PER_KIND)]
+            for kind in BODY_TYPES:
+                files[kind, n] = tmp / f"{kind}-{n}.bodies"
+                _write_bodies(files[kind, n], [encode(kind, b) for b in batches])
+        for mode, threads in modes.items():
+            servers = {
+                "cslb": Server(None, threads, cores, endpoints, tmp),
+                "noop": Server("perf.noop_app:app", threads, cores, endpoints, tmp),
+            }
+            try:
+                for s in servers.values():
+                    s.wait_ready()
+                kinds = []
+                for kind, ctype in BODY_TYPES.items():
+                    probe = encode(kind, make_skus(rng, 3))
+                    status = {
+                        a: _request(s.port, "POST", "/route", probe, ctype)
+                        for a, s in servers.items()
+                    }
+                    if all(v == 200 for v in status.values()):
+                        kinds.append(kind)
+                    elif not any(kind in x for x in notes):
+                        notes.append(
+                            f"{kind} bodies ({ctype}) left out: the server answers "
+                            f"{status['cslb']} (the bundled app does not accept them in this "
+                            "build)"
+                        )
+                for s in servers.values():  # warm up: every worker attached, caches filled
+                    run_wrk(wrk, s.port, files["json", sizes[0]], "application/json", 1, 4)
+                runs: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+                # Repeats interleave the two servers and every body: a neighbour's load
+                # or a slow moment hits all of them alike.
+                for _ in range(repeats):
+                    for n in sizes:
+                        for kind in kinds:
+                            for app, s in servers.items():
+                                m = _measure(wrk, s, files[kind, n], BODY_TYPES[kind], seconds)
+                                runs.setdefault((app, kind, n), []).append(m)
+                for (app, kind, n), got in runs.items():
+                    med = {k: statistics.median(m[k] for m in got) for k in got[0]}
+                    row = {
+                        "server": mode,
+                        "app": app,
+                        "body": kind,
+                        "ids": n,
+                        "requests_per_s": med["requests_per_s"],
+                        "decisions_per_s": med["requests_per_s"] * n,
+                        "p50_ms": med["p50_ms"],
+                        "p99_ms": med["p99_ms"],
+                        "cpu_us_per_request": med["cpu_us_per_request"],
+                        "errors": int(sum(m["errors"] for m in got)),
+                        "runs": len(got),
+                    }
+                    rows.append(row)
+                    log(
+                        f"  http {mode:<7} {app:<4} {kind:<6} {n:>5} IDs: "
+                        f"{row['requests_per_s']:>7.0f} req/s "
+                        f"{row['decisions_per_s'] / 1e6:>5.2f} M IDs/s "
+                        f"p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
+                        f"CPU {row['cpu_us_per_request']:.0f} µs/req"
+                        + (f" ERRORS {row['errors']}" if row["errors"] else "")
+                    )
+            finally:
+                for s in servers.values():
+                    s.stop()
+    notes.append(
+        f"cslb serve with {cores} workers (sync; gthread with 4 threads each), 100 endpoints; "
+        f"wrk -t1 -c{CONNECTIONS}, medians of {repeats} runs of {seconds:g} s, "
+        f"{BODIES_PER_KIND} different bodies "
+        "per kind and size; the load generator shares the cores with the server. Server CPU "
+        "= user + system time of the gunicorn master, its workers and the discovery process. "
+        'The no-op app answers {"keys": N}; the cslb app answers the endpoint of every ID.'
+    )
+    return {"rows": rows, "notes": notes}

@@ -1,0 +1,133 @@
+"""In-process routing: the worker's full ``Router`` path next to what a user would otherwise write.
+
+For rings of 10 / 100 / 1,000 endpoints × 100 virtual nodes, SKU strings (a list of
+``str``, as JSON decoding gives them) and int64 IDs (a NumPy array), at batch sizes 1 to
+100,000, in one run:
+
+* ``cslb Router``: :meth:`workers.Router.route_table` then :meth:`~workers.Router.track`
+  on a host whose table has a ring fading in (half-way), bounded load on the host-wide
+  occupancy (another worker's row holds busy endpoints), the rollout gate on and the
+  fan-out recorded in the shared counters: what a worker does per batch;
+* ``cslb route only``: ``route_table`` alone (what recording the fan-out adds is the
+  difference);
+* ``lbcore Ring.lookup``: the bare ring lookup of the same endpoints (the floor);
+* ``python loop``: ``xxhash.xxh64_intdigest`` + ``bisect`` per key on a list ring;
+* ``uhashring``: ``HashRing.get_node`` per key (its defaults: md5, 160 vnodes).
+
+Each figure is the median over repetitions, each on a batch never routed before (a CPU
+that sees the same batch again learns it), in nanoseconds per key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import lbcore
+from perf.common import (
+    KEY_MAKERS,
+    LoadedHost,
+    PythonLoopRing,
+    as_python,
+    full_route,
+    measure,
+    no_gc,
+    unique_namespace,
+)
+
+FULL_BATCHES = (1, 10, 100, 1_000, 100_000)
+FULL_RINGS = (10, 100, 1_000)
+
+
+def _reps(batch: int, op: str, quick: bool) -> int:
+    """Repetitions (fresh batches) per figure: enough for a stable median, bounded time."""
+    if batch <= 10:
+        reps = 500
+    elif batch <= 100:
+        reps = 300
+    elif batch <= 1_000:
+        reps = 80
+    else:
+        reps = 7
+    if op in ("python loop", "uhashring"):  # microseconds per key: fewer repetitions do
+        reps = max(reps // 3, 3)
+    if quick:
+        reps = max(reps // 30, 2)
+    return reps
+
+
+def _uhashring(endpoints: list[str]) -> Any:
+    try:
+        from uhashring import HashRing
+    except ImportError:
+        return None
+    ring = HashRing(nodes=endpoints)
+    get = ring.get_node
+    return lambda keys: [get(k) for k in keys]
+
+
+def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
+    """Run the in-process benchmark; returns ``{"rows": [...], "notes": [...]}``.
+
+    Each row: ``endpoints``, ``keys`` (``sku``/``int``), ``batch``, ``op``,
+    ``ns_per_key`` (median, nanoseconds) and ``mkeys_per_s`` (millions of keys per second).
+    """
+    from workers.router import Router
+
+    batches = (1, 100, 10_000) if quick else FULL_BATCHES
+    rng = np.random.default_rng(20261129)
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for n_eps in FULL_RINGS:
+        with LoadedHost(unique_namespace("ip"), n_eps) as host:
+            router = Router(host.namespace)
+            try:
+                ring = lbcore.Ring(host.endpoints)
+                ops: dict[str, Any] = {
+                    "cslb Router": (full_route(router), None),
+                    "cslb route only": (router.route_table, None),
+                    "lbcore Ring.lookup": (ring.lookup, None),
+                    "python loop": (PythonLoopRing(ring).lookup, as_python),
+                }
+                uh = _uhashring(host.endpoints)
+                if uh is not None:
+                    ops["uhashring"] = (uh, as_python)
+                elif "uhashring" not in " ".join(notes):
+                    notes.append(
+                        "uhashring is not installed (pip install 'cslb[bench]'): no column"
+                    )
+                # A worker routes many batches on one load snapshot: warm it the way
+                # serving would (the answer tables are built after some keys).
+                for _ in range(20):
+                    full_route(router)(KEY_MAKERS["sku"](rng, 100))
+                with no_gc():
+                    for kind, maker in KEY_MAKERS.items():
+                        for n in batches:
+                            for op, (fn, convert) in ops.items():
+                                reps = _reps(n, op, quick)
+                                data = [maker(rng, n) for _ in range(reps + 1)]
+                                ns = measure(fn, data, n, convert)
+                                rows.append(
+                                    {
+                                        "endpoints": n_eps,
+                                        "keys": kind,
+                                        "batch": n,
+                                        "op": op,
+                                        "ns_per_key": ns,
+                                        "mkeys_per_s": 1e3 / ns,
+                                    }
+                                )
+                                log(
+                                    f"  inprocess {n_eps:>5} eps {kind:>3} batch {n:>7,} "
+                                    f"{op:<20} {ns:>10.1f} ns/key"
+                                )
+            finally:
+                router.close()
+    notes.append(
+        "cslb Router = route_table + track (enter/exit) per batch on a table with 10 % of "
+        "the endpoints fading in (30 s window, half-way), bounded load (factor 1.25, "
+        "max 10 hops) on the host-wide occupancy with 10 % of the endpoints busy, "
+        "the rollout gate at 100 %."
+    )
+    return {"rows": rows, "notes": notes}

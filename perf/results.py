@@ -1,0 +1,438 @@
+"""``perf/RESULTS.md``: tables, targets and charts from the figures of a benchmark run.
+
+Nothing here measures; :mod:`perf.suite` runs the parts and hands their figures over
+(also kept as ``RESULTS.json`` next to the page, so a run of some parts only keeps the
+figures of the others, each with its own date and machine).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from perf.control import STALL_LIMIT_S
+
+PARTS = ("inprocess", "host", "http", "control")
+#: Version of the figures' layout in RESULTS.json; parts kept from a run with another
+#: version are dropped (rerun them) rather than misread.
+FORMAT = 2
+TITLES = {
+    "inprocess": "In-process routing",
+    "host": "Host scaling",
+    "http": "HTTP: `cslb serve` under wrk",
+    "control": "Control plane",
+}
+INPROCESS_CHART = "inprocess.png"
+HOST_CHART = "host.png"
+HTTP_CPU_LIMIT = 0.15  # routing may add at most 15 % CPU per request over the no-op app
+STALL_LIMIT_MS = STALL_LIMIT_S * 1e3
+
+
+def _rows(part: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return [] if part is None else part["rows"]
+
+
+def _pick(rows: list[dict[str, Any]], **match: Any) -> list[dict[str, Any]]:
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def _one(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    got = _pick(rows, **match)
+    return got[0] if got else None
+
+
+def _fmt(x: float, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:,.{digits}f}"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.2g}×" if x < 1 else f"{x:.1f}×"
+
+
+def _table(header: list[str], body: list[list[str]], left: int = 1) -> list[str]:
+    """A Markdown table; the first ``left`` columns are text (left-aligned), the rest numbers."""
+    align = ["---" if i < left else "---:" for i in range(len(header))]
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in body]
+    return out
+
+
+# ------------------------------------------------------------------------------------
+# Targets.
+
+
+class Target:
+    """One target of issue 6: its label, the figures it rests on and whether it is met."""
+
+    def __init__(self, label: str, part: str) -> None:
+        self.label = label
+        self.part = part
+        self.checks: list[tuple[str, float, float, bool]] = []  # what, value, bar, met
+        self.context = ""  # a baseline measured alongside, to read the figures by
+
+    def check(self, what: str, value: float, bar: float, ok: Callable[[float, float], bool]):
+        self.checks.append((what, value, bar, bool(ok(value, bar))))
+
+    @property
+    def status(self) -> str:
+        if not self.checks:
+            return "not measured"
+        return "met" if all(c[3] for c in self.checks) else "MISSED"
+
+    def figures(self, unit: str) -> str:
+        out = "; ".join(
+            f"{what}: {_fmt(v, 2)}{unit} ({'ok' if ok else 'miss'}, {v / bar:.2f}× the bar)"
+            for what, v, bar, ok in self.checks
+        )
+        return f"{out}; {self.context}" if self.context else out
+
+
+def targets(parts: dict[str, Any]) -> list[tuple[Target, str]]:
+    """The targets of issue 6 evaluated on ``parts``, each with the unit of its figures."""
+    ge = lambda v, b: v >= b  # noqa: E731
+    le = lambda v, b: v <= b  # noqa: E731
+    lt = lambda v, b: v < b  # noqa: E731
+    ip = _rows(parts.get("inprocess"))
+    out: list[tuple[Target, str]] = []
+
+    def ratio_target(label: str, batch: int, rings: tuple[int, ...], base: str, bar: float):
+        t = Target(label, "inprocess")
+        for eps in rings:
+            for kind in ("sku", "int"):
+                mine = _one(ip, endpoints=eps, keys=kind, batch=batch, op="cslb Router")
+                other = _one(ip, endpoints=eps, keys=kind, batch=batch, op=base)
+                if mine and other:
+                    t.check(f"{eps}×100 {kind}", other["ns_per_key"] / mine["ns_per_key"], bar, ge)
+        out.append((t, "×"))
+
+    ratio_target("Batch 100, Router ≥ 2× the Python loop, 100×100 ring", 100, (100,),
+                 "python loop", 2.0)  # fmt: skip
+    ratio_target("Batch 100, Router ≥ 4× the Python loop, 1,000×100 ring", 100, (1_000,),
+                 "python loop", 4.0)  # fmt: skip
+    ratio_target("Batch 100, Router ≥ 10× uhashring", 100, (100, 1_000), "uhashring", 10.0)
+    ratio_target("Batch 100,000, Router ≥ 10× the Python loop", 100_000, (10, 100, 1_000),
+                 "python loop", 10.0)  # fmt: skip
+
+    t = Target("2 processes ≥ 1.8× one process (batch 100)", "host")
+    hs = _rows(parts.get("host"))
+    for op in ("cslb Router", "python loop"):
+        two = _one(hs, processes=2, batch=100, op=op)
+        one = _one(hs, processes=1, batch=100, op=op)
+        if one and two:
+            ratio = two["decisions_per_s"] / one["decisions_per_s"]
+            if op == "cslb Router":
+                t.check("cslb Router, 2 processes / 1", ratio, 1.8, ge)
+            else:
+                t.context = f"the machine itself (python loop, same run): {ratio:.2f}×"
+    out.append((t, "×"))
+
+    hr = _rows(parts.get("http"))
+    t = Target("HTTP, 100 IDs: routing adds ≤ 15 % CPU per request over the no-op app", "http")
+    for r in _pick(hr, app="cslb", ids=100):
+        base = _one(hr, app="noop", ids=100, server=r["server"], body=r["body"])
+        if base:
+            extra = r["cpu_us_per_request"] / base["cpu_us_per_request"] - 1.0
+            t.check(f"{r['server']} {r['body']}", extra * 100, HTTP_CPU_LIMIT * 100, le)
+    out.append((t, " %"))
+
+    t = Target("HTTP, 1,000 IDs: ≥ 1,000,000 decisions/s for the host", "http")
+    best = max(_pick(hr, app="cslb", ids=1_000), key=lambda r: r["decisions_per_s"], default=None)
+    if best:
+        t.check(f"best: {best['server']} {best['body']}", best["decisions_per_s"] / 1e6, 1.0, ge)
+    out.append((t, " M/s"))
+
+    cp = _rows(parts.get("control"))
+    t = Target("Publishing 20,000 endpoints < 250 ms", "control")
+    r = _one(cp, endpoints=20_000)
+    if r:
+        t.check("scale-up", r["up_total_ms"], 250.0, lt)
+        t.check("scale-down", r["down_total_ms"], 250.0, lt)
+    out.append((t, " ms"))
+    t = Target(f"Publishing never stalls a worker (no gap > {STALL_LIMIT_MS:g} ms)", "control")
+    for r in cp:
+        t.check(f"{r['endpoints']:,} endpoints", r["max_gap_ms"], STALL_LIMIT_MS, le)
+    out.append((t, " ms"))
+    return out
+
+
+# ------------------------------------------------------------------------------------
+# Sections.
+
+
+def _inprocess(part: dict[str, Any]) -> list[str]:
+    rows = part["rows"]
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    out = [
+        "Nanoseconds per key (median over fresh batches; lower is better) and, for cslb, "
+        "millions of keys per second. Ratios are the alternative's time over cslb's.",
+        "",
+    ]
+    header = ["ring", "keys", "batch", *[f"{op} ns/key" for op in ops], "cslb M keys/s"]
+    header += [f"× vs {op}" for op in ops if op != "cslb Router"]
+    body = []
+    seen = list(dict.fromkeys((r["endpoints"], r["keys"], r["batch"]) for r in rows))
+    for eps, kind, batch in seen:
+        cells = {r["op"]: r for r in _pick(rows, endpoints=eps, keys=kind, batch=batch)}
+        mine = cells.get("cslb Router")
+        line = [f"{eps:,}×100", kind, f"{batch:,}"]
+        line += [_fmt(cells[op]["ns_per_key"]) if op in cells else "–" for op in ops]
+        line.append(_fmt(mine["mkeys_per_s"], 2) if mine else "–")
+        for op in ops:
+            if op == "cslb Router":
+                continue
+            ok = mine and op in cells
+            line.append(_ratio(cells[op]["ns_per_key"] / mine["ns_per_key"]) if ok else "–")
+        body.append(line)
+    out += _table(header, body, left=3)
+    out += ["", f"![ns per key vs batch size]({INPROCESS_CHART})"]
+    return out
+
+
+def _host(part: dict[str, Any]) -> list[str]:
+    header = ["what", "batch", "processes", "M keys/s", "efficiency", "new generations followed"]
+    body = [
+        [
+            r.get("op", "cslb Router"),
+            f"{r['batch']:,}",
+            str(r["processes"]),
+            _fmt(r["decisions_per_s"] / 1e6, 2),
+            f"{r['efficiency']:.2f}",
+            f"≥ {r['generations_followed']} per run"
+            if r.get("op", "cslb Router") != "python loop"
+            else "–",
+        ]
+        for r in part["rows"]
+    ]
+    return [
+        "Total keys routed per second by the host (for cslb: decisions through route_table "
+        "+ track, all processes); efficiency = N processes' total / (N × one process).",
+        "",
+        *_table(header, body, left=3),
+        "",
+        f"![decisions per second vs processes]({HOST_CHART})",
+    ]
+
+
+def _http(part: dict[str, Any]) -> list[str]:
+    rows = part["rows"]
+    if not rows:
+        return ["Not run."]
+    header = [
+        "server",
+        "body",
+        "IDs/request",
+        "app",
+        "requests/s",
+        "M IDs/s (cslb: decisions)",
+        "p50 ms",
+        "p99 ms",
+        "server CPU µs/request",
+        "routing's extra CPU",
+    ]
+    body = []
+    for r in rows:
+        extra = "–"
+        if r["app"] == "cslb":
+            base = _one(rows, app="noop", server=r["server"], body=r["body"], ids=r["ids"])
+            if base:
+                extra = f"{(r['cpu_us_per_request'] / base['cpu_us_per_request'] - 1) * 100:+.0f} %"
+        body.append(
+            [
+                r["server"],
+                r["body"],
+                f"{r['ids']:,}",
+                r["app"] + (f" ({r['errors']} errors)" if r["errors"] else ""),
+                _fmt(r["requests_per_s"]),
+                _fmt(r["decisions_per_s"] / 1e6, 2),
+                _fmt(r["p50_ms"], 2),
+                _fmt(r["p99_ms"], 2),
+                _fmt(r["cpu_us_per_request"]),
+                extra,
+            ]
+        )
+    return _table(header, body, left=4)
+
+
+def _control(part: dict[str, Any]) -> list[str]:
+    header = [
+        "endpoints",
+        "scale-up: build + publish ms",
+        "scale-down: build + publish ms",
+        "first publish ms",
+        "every worker on it after ms (max)",
+        "worker's first batch on it ms",
+        "worker batch ms",
+        "longest gap between batches ms",
+        "PSS per worker MiB",
+    ]
+
+    def change(r: dict[str, Any], kind: str) -> str:
+        return (
+            f"{_fmt(r[kind + '_build_ms'])} + {_fmt(r[kind + '_publish_ms'])} = "
+            f"{_fmt(r[kind + '_total_ms'])}"
+        )
+
+    body = [
+        [
+            f"{r['endpoints']:,}",
+            change(r, "up"),
+            change(r, "down"),
+            _fmt(r["first_publish_ms"]),
+            f"{_fmt(r['reach_ms'])} ({_fmt(r['reach_max_ms'])})",
+            _fmt(r["first_batch_ms"], 2),
+            _fmt(r["batch_ms"], 2),
+            _fmt(r["max_gap_ms"]),
+            ", ".join(_fmt(x) for x in r["pss_mib"]),
+        ]
+        for r in part["rows"]
+    ]
+    return _table(header, body)
+
+
+SECTIONS = {"inprocess": _inprocess, "host": _host, "http": _http, "control": _control}
+
+
+# ------------------------------------------------------------------------------------
+# Charts.
+
+
+def charts(parts: dict[str, Any], out_dir: Path) -> list[str]:
+    """Write the PNG charts into ``out_dir``; returns notes (why a chart is missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return ["matplotlib is not installed (pip install 'cslb[sim]'): no charts"]
+    notes: list[str] = []
+    ip = _rows(parts.get("inprocess"))
+    if ip:
+        rings = sorted({r["endpoints"] for r in ip})
+        fig, axes = plt.subplots(1, len(rings), figsize=(4.2 * len(rings), 3.8), sharey=True)
+        axes = list(axes) if len(rings) > 1 else [axes]
+        for ax, eps in zip(axes, rings, strict=True):
+            for i, op in enumerate(dict.fromkeys(r["op"] for r in ip)):
+                color = f"C{i}"  # one colour per implementation, solid SKUs, dotted IDs
+                for kind, style in (("sku", "-"), ("int", ":")):
+                    pts = sorted(
+                        (r["batch"], r["ns_per_key"])
+                        for r in _pick(ip, endpoints=eps, op=op, keys=kind)
+                    )
+                    if pts:
+                        ax.plot(*zip(*pts, strict=True), style, color=color, marker="o",
+                                ms=3, label=f"{op} ({kind})")  # fmt: skip
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(f"{eps:,} endpoints × 100 vnodes")
+            ax.set_xlabel("batch size (keys)")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].set_ylabel("ns per key (lower is better)")
+        axes[-1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / INPROCESS_CHART, dpi=110)
+        plt.close(fig)
+    hs = _rows(parts.get("host"))
+    if hs:
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for op, batch in dict.fromkeys((r.get("op", "cslb Router"), r["batch"]) for r in hs):
+            pts = sorted(
+                (r["processes"], r["decisions_per_s"] / 1e6)
+                for r in hs
+                if r.get("op", "cslb Router") == op and r["batch"] == batch
+            )
+            xs, ys = zip(*pts, strict=True)
+            (line,) = ax.plot(xs, ys, marker="o", label=f"{op}, batch {batch:,}")
+            ax.plot(xs, [ys[0] * x for x in xs], "--", color=line.get_color(), alpha=0.4)
+        ax.set_xlabel("processes (dashed: linear scaling)")
+        ax.set_ylabel("M keys per second (host)")
+        ax.set_yscale("log")
+        ax.set_xticks(sorted({r["processes"] for r in hs}))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / HOST_CHART, dpi=110)
+        plt.close(fig)
+    return notes
+
+
+# ------------------------------------------------------------------------------------
+# The page.
+
+
+def _machine(m: dict[str, Any]) -> str:
+    v = ", ".join(f"{k} {val}" for k, val in m["versions"].items())
+    load = " / ".join(f"{x:.2f}" for x in m["loadavg"])
+    return (
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_bytes'] / 2**30:.0f} GiB, {m['os']}; "
+        f"{m['python']}; {v}; load average at the start {load}"
+    )
+
+
+def render(parts: dict[str, Any], command: str, chart_notes: list[str]) -> str:
+    """The Markdown page for ``parts`` (name -> {rows, notes, machine, date, ...})."""
+    lines = [
+        "# cslb benchmark results",
+        "",
+        f"Generated by `{command}` — do not edit by hand; run it again to regenerate "
+        "(`python -m perf --help`; `--only` reruns some parts and keeps the others' "
+        "figures, each with its own date). What each part measures is in "
+        "[perf/README.md](README.md).",
+        "",
+        "Absolute numbers move by up to 2× on shared machines; the targets are ratios "
+        "measured in the same run where they can be.",
+        "",
+        "## Targets",
+        "",
+    ]
+    header = ["target", "status", "figures (value, share of the bar)"]
+    body = [[t.label, f"**{t.status}**", t.figures(unit) or "–"] for t, unit in targets(parts)]
+    lines += _table(header, body, left=3)
+    lines += [""]
+    lines += [f"* {n}" for n in chart_notes]
+    for name in PARTS:
+        part = parts.get(name)
+        lines += ["", f"## {TITLES[name]}", ""]
+        if part is None:
+            lines.append(f"Not measured yet: `python -m perf --only {name}`.")
+            continue
+        mode = " — **quick mode (smoke test; not figures to quote)**" if part["quick"] else ""
+        lines += [
+            f"Measured {part['date']} in {part['seconds']:.0f} s{mode}. Machine: "
+            f"{_machine(part['machine'])}.",
+            "",
+        ]
+        lines += SECTIONS[name](part)
+        if part.get("notes"):
+            lines.append("")
+            lines += [f"* {n}" for n in part["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def write(parts: dict[str, Any], out_dir: Path, command: str) -> Path:
+    """Write ``RESULTS.json``, the charts and ``RESULTS.md`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "RESULTS.json").write_text(json.dumps(parts, indent=1, sort_keys=True) + "\n")
+    notes = charts(parts, out_dir)
+    page = out_dir / "RESULTS.md"
+    page.write_text(render(parts, command, notes))
+    return page
+
+
+def load(out_dir: Path) -> dict[str, Any]:
+    """The parts kept in ``out_dir/RESULTS.json`` by an earlier run (empty if none)."""
+    path = out_dir / "RESULTS.json"
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    return {k: v for k, v in data.items() if k in PARTS and v.get("format") == FORMAT}
