@@ -312,32 +312,36 @@ def _check_fade_params(duration_ns: Any, exponent: Any) -> tuple[int, float]:
     return int(duration_ns), e
 
 
-def _position_maps(rings: Sequence[Ring], tiers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _position_maps(
+    rings: Sequence[Ring], node_tier: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
     """Per ring, where each position of the newest (master) ring lands.
 
     Ring ``k`` is the master ring with the nodes of tiers above ``k`` left out, in the same
     order, so a key at master position ``p`` is at ring-``k`` position
     ``ring_pos[k, p]``: the first ring-``k`` node at or after ``p``, wrapped. With
     ``owner_table[k, p]`` the endpoint there, routing a key on any ring is one gather
-    from its master position.
+    from its master position. ``node_tier`` is the tier of each master node.
     """
     if not rings:
         empty = np.empty((0, 0), dtype=np.int32)
         return empty, empty
     master = rings[-1]
     size = len(master)
-    node_tier = tiers[master.owners]
     ring_pos = np.empty((len(rings), size), dtype=np.int32)
     owner_table = np.empty((len(rings), size), dtype=np.int32)
     for k, ring in enumerate(rings):
+        row = ring_pos[k]
         if k == len(rings) - 1:
-            ring_pos[k] = np.arange(size, dtype=np.int32)
-        else:
-            marked = node_tier <= k
-            before = np.cumsum(marked) - marked  # ring-k nodes strictly before p
-            before[before == len(ring)] = 0
-            ring_pos[k] = before
-        owner_table[k] = ring.owners.take(ring_pos[k])
+            row[:] = np.arange(size, dtype=np.int32)
+            owner_table[k] = ring.owners
+            continue
+        assert node_tier is not None
+        marked = node_tier <= k
+        np.cumsum(marked, dtype=np.int32, out=row)
+        row -= marked  # ring-k nodes strictly before p
+        row[row == len(ring)] = 0
+        ring.owners.take(row, out=owner_table[k], mode="clip")  # in range; unbuffered
     return ring_pos, owner_table
 
 
@@ -388,6 +392,7 @@ class RingSet:
         exponent: float = DEFAULT_FADE_EXPONENT,
         vnodes: int = DEFAULT_VNODES,
         master: Ring | None = None,
+        _older: Sequence[Ring] | None = None,
     ) -> None:
         self.duration_ns, self.exponent = _check_fade_params(duration_ns, exponent)
         eps = endpoint_tuple(endpoints, allow_empty=True)
@@ -402,7 +407,8 @@ class RingSet:
         # Normalize: drop events that added no live endpoint; if nothing is established,
         # the oldest fading ring is the only place for keys, so it becomes established.
         live = [k for k in range(1, len(starts) + 1) if (tier == k).any()]
-        if len(live) != len(starts):
+        if len(live) != len(starts) or (starts and not (tier == 0).any()):
+            _older = None  # tiers change: the older rings are not those given
             remap = np.zeros(len(starts) + 1, dtype=np.int32)
             for new, old in enumerate(live, start=1):
                 remap[old] = new
@@ -416,14 +422,24 @@ class RingSet:
         self.starts_ns = starts
         self.vnodes = vnodes
         rings: list[Ring] = []
+        node_tier = None
         if eps:
             full = master if master is not None else Ring(eps, vnodes)
             if full.endpoints != eps:
                 raise FadeError("master ring endpoints differ from the ring set's endpoints")
-            for k in range(len(starts) + 1):
-                rings.append(full if k == len(starts) else full.subset(tier <= k))
+            if starts:
+                node_tier = tier.take(full.owners)
+            if _older is not None and len(_older) == len(starts):
+                # A scale-up: the older rings keep their nodes and bucket tables; only
+                # their endpoint list grows.
+                rings.extend(r.with_endpoints(eps) for r in _older)
+            else:
+                for k in range(len(starts)):
+                    # Exactly the endpoints of tiers <= k: never widened to host aliases.
+                    rings.append(full.keep_nodes(node_tier <= k))
+            rings.append(full)
         self.rings: tuple[Ring, ...] = tuple(rings)
-        self.ring_pos, self.owner_table = _position_maps(self.rings, tier)
+        self.ring_pos, self.owner_table = _position_maps(self.rings, node_tier)
         self._bounded: tuple[tuple[Any, ...], np.ndarray] | None = None
         self._seen_snapshot: tuple[Any, ...] | None = None
 
@@ -518,7 +534,7 @@ class RingSet:
             return RingSet(
                 new, duration_ns=self.duration_ns, exponent=self.exponent, vnodes=self.vnodes
             )
-        dup = sorted(set(new) & set(self.endpoints)) or sorted({e for e in new if new.count(e) > 1})
+        dup = sorted(set(new) & set(self.endpoints))  # duplicates within `new`: endpoint_tuple
         if dup:
             raise EndpointError(f"scale-up adds endpoints that already exist: {dup[:5]}")
         if self.starts_ns and now_ns < self.starts_ns[-1]:
@@ -536,6 +552,7 @@ class RingSet:
             exponent=self.exponent,
             vnodes=self.vnodes,
             master=None if master is None else master.with_added(new),
+            _older=self.rings,
         )
 
     def remove(self, endpoints: Iterable[str]) -> RingSet:
@@ -545,12 +562,14 @@ class RingSet:
             return self
         keep = np.array([ep not in gone for ep in self.endpoints], dtype=np.bool_)
         eps = tuple(ep for ep in self.endpoints if ep not in gone)
-        master = self.master.subset(keep) if self.master is not None and keep.any() else None
-        if master is not None:
-            # Re-index the kept nodes into the compacted endpoint list.
-            new_index = np.cumsum(keep) - 1
-            master = Ring.from_arrays(
-                eps, master.hashes, new_index[master.owners].astype(np.int32), vnodes=self.vnodes
+        master = None
+        if self.master is not None and keep.any():
+            # Exactly the kept endpoints' nodes (an alias of a removed endpoint on the
+            # same host must not keep them), re-indexed into the compacted list; the
+            # bucket table is built once, here.
+            new_index = (np.cumsum(keep, dtype=np.int32) - 1).astype(np.int32)
+            master = self.master.keep_nodes(
+                keep.take(self.master.owners), endpoints=eps, reindex=new_index
             )
         return RingSet(
             eps,

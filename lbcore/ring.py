@@ -78,15 +78,20 @@ def build_bucket_table(hashes: np.ndarray, bits: int) -> np.ndarray:
         a hash maps to ``p`` if it is ``<= hashes[p]``, else to ``p + 1`` (wrapped).
         ``e == -1``: several nodes; the hash needs a search.
     """
-    size = hashes.size
-    counts = np.bincount((hashes >> np.uint64(64 - bits)).astype(np.intp), minlength=1 << bits)
-    first = np.zeros(1 << bits, dtype=np.int64)
-    np.cumsum(counts[:-1], out=first[1:])
-    first[first == size] = 0  # hashes above the last node roll over to position 0
-    one = counts == 1
+    # Few and small temporaries: fresh pages fault on first write, and on a
+    # 2-million-node ring the faults cost more than the arithmetic (PERF-NOTES).
+    n_buckets = 1 << bits
+    first = np.zeros(n_buckets, dtype=np.int32)
+    if not hashes.size:
+        return first
+    shift = np.uint64(64 - bits)
+    counts = np.bincount((hashes >> shift).view(np.int64), minlength=n_buckets)
+    np.cumsum(counts[:-1], out=first[1:])  # nodes before each bucket
+    first[int(hashes[-1] >> shift) + 1 :] = 0  # above the last node: roll over to position 0
+    one = np.flatnonzero(counts == 1)
     first[one] = -first[one] - 2
     first[counts > 1] = -1
-    return first.astype(np.int32)
+    return first
 
 
 def sorted_nodes(hashes: np.ndarray, vnodes: int, first: int) -> tuple[np.ndarray, np.ndarray]:
@@ -238,14 +243,14 @@ class Ring:
         clash = sorted(set(new) & set(self.endpoints))
         if clash:
             raise EndpointError(f"endpoints already on the ring: {clash[:5]}")
-        eps = self.endpoints + new
+        eps = self.endpoints + new  # both checked: unique, and no clash between them
         add_hashes, add_owners = sorted_nodes(
             hash_node_names(new, self.vnodes), self.vnodes, len(self.endpoints)
         )
         at = np.searchsorted(self.hashes, add_hashes)
         ring = Ring.__new__(Ring)
         ring._init(
-            endpoint_tuple(eps),
+            eps,
             self.vnodes,
             np.insert(self.hashes, at, add_hashes),
             np.insert(self.owners, at, add_owners),
@@ -346,6 +351,46 @@ class Ring:
             self.hashes[keep],
             self.owners[keep],
             host_ids=self._host_ids,
+        )
+        return ring
+
+    def with_endpoints(self, endpoints: tuple[str, ...]) -> Ring:
+        """The same nodes and bucket table over a longer endpoint list (indices stay).
+
+        ``endpoints`` must start with this ring's endpoints (a ring set that grew by a
+        scale-up); nothing is hashed, sorted or rebuilt.
+        """
+        if endpoints[: len(self.endpoints)] != self.endpoints:
+            raise EndpointError("a ring's endpoint list can only grow at its end")
+        ring = Ring.__new__(Ring)
+        ring._init(endpoints, self.vnodes, self.hashes, self.owners, self.buckets)
+        return ring
+
+    def keep_nodes(
+        self,
+        keep: np.ndarray,
+        *,
+        endpoints: tuple[str, ...] | None = None,
+        reindex: np.ndarray | None = None,
+    ) -> Ring:
+        """The ring of exactly the nodes where ``keep`` (one bool per ring position) is set.
+
+        Unlike :meth:`subset` this never widens to host aliases: it is how a ring set
+        builds its fading rings and drops deleted endpoints, where the ring must hold
+        exactly the listed endpoints (as Skipper builds a route's ring from its endpoint
+        list). ``endpoints`` and ``reindex`` (old endpoint index -> new one) give the kept
+        nodes a compacted endpoint list; by default the indices stay.
+        """
+        owners = self.owners[keep]
+        if reindex is not None:
+            owners = reindex.take(owners)
+        ring = Ring.__new__(Ring)
+        ring._init(
+            self.endpoints if endpoints is None else endpoints,
+            self.vnodes,
+            self.hashes[keep],
+            owners,
+            host_ids=self._host_ids if endpoints is None else None,
         )
         return ring
 

@@ -409,3 +409,80 @@ def test_equal_answer_fingerprints_give_equal_answer_tables():
     assert rs.answer_fingerprint(loads, 1.25, max_hops=1) != rs.answer_fingerprint(
         swapped, 1.25, max_hops=1
     )
+
+
+# Aliases: one host written differently (default port, case, a path). Skipper hashes each
+# address string on its own, so a ring holds exactly the endpoints listed for it; only
+# the skip rule (candidates) compares hosts.
+_HOSTS = [f"http://10.0.0.{i}:8080" for i in range(1, 9)]
+_ALIASES = ["http://web-a:80", "HTTP://WEB-A", "http://10.0.0.2:8080/x"]
+_LATER = ["http://10.0.1.1:8080", "http://10.0.1.2:8080"]
+
+
+def _assert_same_set(got: RingSet, want: RingSet) -> None:
+    assert got.endpoints == want.endpoints
+    np.testing.assert_array_equal(got.tiers, want.tiers)
+    assert got.starts_ns == want.starts_ns
+    assert len(got.rings) == len(want.rings)
+    for a, b in zip(got.rings, want.rings, strict=True):
+        np.testing.assert_array_equal(a.hashes, b.hashes)
+        np.testing.assert_array_equal(a.owners, b.owners)
+        np.testing.assert_array_equal(a.buckets, b.buckets)
+        np.testing.assert_array_equal(a.present, b.present)
+    np.testing.assert_array_equal(got.ring_pos, want.ring_pos)
+    np.testing.assert_array_equal(got.owner_table, want.owner_table)
+
+
+def test_removing_an_alias_drops_its_nodes_while_its_host_stays():
+    rs = RingSet([*_HOSTS, *_ALIASES]).scale_up(_LATER, 10)
+    out = rs.with_endpoints([*_HOSTS, *_LATER], 20)
+    for ring in out.rings:
+        assert len(ring) == 100 * int(ring.present.sum())
+    assert [len(r) for r in out.rings] == [800, 1000]
+    _assert_same_set(out, RingSet([*_HOSTS, *_LATER], [0] * 8 + [1, 1], (10,)))
+    h = lbcore.hash_keys(KEYS[:5000])
+    assert set(out.route(None, 15, hashes=h).tolist()) <= set(range(len(out.endpoints)))
+
+
+def test_aliases_in_different_tiers_stay_in_their_own_rings():
+    # The alias of an established host fades in as a new endpoint of its own.
+    rs = RingSet(_HOSTS).scale_up(["http://10.0.0.2:8080/x", "http://10.0.0.3:8080/"], 10)
+    assert [len(r) for r in rs.rings] == [800, 1000]
+    assert not rs.rings[0].present[8:].any()
+    np.testing.assert_array_equal(np.unique(rs.tiers[rs.rings[0].owners]), [0])
+    _assert_same_set(rs, RingSet(rs.endpoints, rs.tiers, rs.starts_ns))
+    # Candidates still follow Skipper's skip rule: listing a host keeps its aliases.
+    cand = np.zeros(len(rs.endpoints), dtype=bool)
+    cand[1] = True  # http://10.0.0.2:8080, host of the alias at index 8
+    assert rs.rings[1].candidate_mask(cand)[8]
+
+
+def test_scale_up_reuses_the_older_rings_and_equals_a_fresh_build():
+    rs = RingSet(BASE).scale_up(NEW1, T0)
+    rs2 = rs.scale_up(NEW2, T0 + S)
+    assert rs2.rings[0].buckets is rs.rings[0].buckets  # not rebuilt
+    _assert_same_set(rs2, RingSet(rs2.endpoints, rs2.tiers, rs2.starts_ns))
+    # After deletions and a collapse the older rings are rebuilt, still equal.
+    rs3 = rs2.with_endpoints([*BASE[2:], *NEW1[1:], *NEW2], T0 + 2 * S).advance(T0 + D)
+    _assert_same_set(rs3, RingSet(rs3.endpoints, rs3.tiers, rs3.starts_ns))
+    rs4 = rs3.scale_up(["http://10.10.3.1:8080"], T0 + D + S)
+    _assert_same_set(rs4, RingSet(rs4.endpoints, rs4.tiers, rs4.starts_ns))
+
+
+def test_bucket_table_matches_a_direct_computation():
+    from lbcore.ring import build_bucket_table
+
+    rng = np.random.default_rng(5)
+    for size, bits in [(1, 8), (3, 8), (700, 8), (5000, 12), (20000, 10)]:
+        h = np.sort(rng.integers(0, 2**64, size, dtype=np.uint64))
+        h[-1] = np.uint64(2**64 - 1) if size % 2 else h[-1]
+        got = build_bucket_table(h, bits)
+        top = (h >> np.uint64(64 - bits)).astype(np.int64)
+        for b in range(1 << bits):
+            inside = np.flatnonzero(top == b)
+            if inside.size > 1:
+                assert got[b] == -1
+            elif inside.size == 1:
+                assert got[b] == -int(inside[0]) - 2
+            else:
+                assert got[b] == int(np.searchsorted(top, b)) % size
