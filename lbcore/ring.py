@@ -18,7 +18,7 @@ worker shares it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -266,15 +266,16 @@ class Ring:
         *,
         vnodes: int = DEFAULT_VNODES,
         buckets: np.ndarray | None = None,
-        host_ids: np.ndarray | None = None,
+        host_ids: np.ndarray | Callable[[], np.ndarray] | None = None,
     ) -> Ring:
         """Wrap ring arrays that were built elsewhere (a published table) without copying.
 
         ``hashes`` must be sorted and ``owners`` index ``endpoints``; ``buckets`` is the
         matching :func:`build_bucket_table` output, built here when not given;
         ``host_ids`` is another ring's :attr:`host_ids` for the same endpoints (parsing
-        thousands of addresses costs milliseconds). A reader of shared memory validates
-        these before calling.
+        thousands of addresses costs milliseconds), or a function that returns them,
+        called on first use (rings of one set share one parse, done only if candidate
+        routing needs it). A reader of shared memory validates these before calling.
         """
         ring = cls.__new__(cls)
         ring._init(tuple(endpoints), vnodes, hashes, owners, buckets, host_ids)
@@ -287,7 +288,7 @@ class Ring:
         hashes: np.ndarray,
         owners: np.ndarray,
         buckets: np.ndarray | None = None,
-        host_ids: np.ndarray | None = None,
+        host_ids: np.ndarray | Callable[[], np.ndarray] | None = None,
     ) -> None:
         self.endpoints = eps
         self.vnodes = vnodes
@@ -302,7 +303,7 @@ class Ring:
                 raise EndpointError(f"bucket table has {buckets.size} entries, not a power of two")
             self.bucket_bits, self.buckets = bits, buckets
         self._shift = np.uint64(64 - self.bucket_bits)
-        if host_ids is not None and host_ids.shape != (len(eps),):
+        if isinstance(host_ids, np.ndarray) and host_ids.shape != (len(eps),):
             raise EndpointError(f"host_ids has {host_ids.size} entries for {len(eps)} endpoints")
         self._host_ids = host_ids  # parsed on first use: only candidate sets need them
         self.present = np.bincount(owners, minlength=len(eps)) > 0
@@ -315,11 +316,21 @@ class Ring:
     @property
     def host_ids(self) -> np.ndarray:
         """Per endpoint, an id shared by endpoints with the same :func:`host_key`."""
-        if self._host_ids is None:
+        h = self._host_ids
+        if type(h) is np.ndarray:
+            return h
+        if h is None:
             ids: dict[str, int] = {}
             keys = [host_key(e) for e in self.endpoints]
-            self._host_ids = np.array([ids.setdefault(k, len(ids)) for k in keys], np.intp)
-        return self._host_ids
+            h = np.array([ids.setdefault(k, len(ids)) for k in keys], np.intp)
+        else:
+            h = h()
+            if h.shape != (len(self.endpoints),):
+                raise EndpointError(
+                    f"host_ids has {h.size} entries for {len(self.endpoints)} endpoints"
+                )
+        self._host_ids = h
+        return h
 
     def _has_aliases(self) -> bool:
         h = self.host_ids

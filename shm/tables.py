@@ -639,24 +639,41 @@ class _Decoder:
         # endpoint -> lbcore.host_key of the previous generation a reader decoded: a new
         # generation mostly repeats its endpoints, and parsing 20,000 URLs costs ~0.1 s.
         self.host_keys = {} if host_keys is None else host_keys
+        self.on_host_keys: Callable[[dict[str, str]], None] | None = None
 
-    def host_ids(self, eps: tuple[str, ...]) -> np.ndarray:
+    def host_ids(self, eps: tuple[str, ...]) -> Callable[[], np.ndarray]:
         """Per endpoint, the id of its host identity (what ``lbcore.Ring.host_ids`` gives).
 
-        Also replaces :attr:`host_keys` by the keys of exactly these endpoints.
+        Lazy: a function the rings call on first use (only candidate routing needs
+        them; parsing 20,000 URLs costs ~0.1 s), computed once for all rings of the
+        table. It then also replaces :attr:`host_keys` by the keys of exactly these
+        endpoints (the next generation's decoder starts from them).
         """
         known = self.host_keys
-        keys: dict[str, str] = {}
-        ids: dict[str, int] = {}
-        out = np.empty(len(eps), dtype=np.intp)
-        for i, ep in enumerate(eps):
-            key = known.get(ep)
-            if key is None:
-                key = host_key(ep)
-            keys[ep] = key
-            out[i] = ids.setdefault(key, len(ids))
-        self.host_keys = keys
-        return out
+        done: list[np.ndarray] = []
+        lock = threading.Lock()
+
+        def compute() -> np.ndarray:
+            with lock:
+                if done:
+                    return done[0]
+                keys: dict[str, str] = {}
+                ids: dict[str, int] = {}
+                out = np.empty(len(eps), dtype=np.intp)
+                for i, ep in enumerate(eps):
+                    key = known.get(ep)
+                    if key is None:
+                        key = host_key(ep)
+                    keys[ep] = key
+                    out[i] = ids.setdefault(key, len(ids))
+                out.flags.writeable = False
+                done.append(out)
+                self.host_keys = keys
+                if self.on_host_keys is not None:
+                    self.on_host_keys(keys)
+                return out
+
+        return compute
 
     def fail(self, message: str) -> SegmentLayoutError:
         return SegmentLayoutError(self.data.name, f"{self.where}: {message}")
@@ -747,7 +764,7 @@ class _Decoder:
         rings = []
         # Host identities are per endpoint, not per ring: one parse serves every ring (a
         # single ring parses them itself, and only if candidate routing needs them).
-        host_ids = self.host_ids(eps) if n_rings > 1 else None
+        host_ids = self.host_ids(eps) if n else None
         for k in range(n_rings):
             m = int(ring_nodes[k])
             (hn, _), (on, _), (bn, _) = ring_sections(k)
@@ -1016,9 +1033,11 @@ class _TablesView:
                 f"the stored 0x{checksum:08x} (corrupted, or written by something else)",
             )
         decoder = _Decoder(data, b, start, nbytes, self.host_keys)
-        table = decoder.decode(gen)
-        self.host_keys = decoder.host_keys
-        return table
+        decoder.on_host_keys = self._keep_host_keys
+        return decoder.decode(gen)
+
+    def _keep_host_keys(self, keys: dict[str, str]) -> None:
+        self.host_keys = keys  # parsed by a table's rings (lazily): the next decode reuses
 
 
 def _attach_control(namespace: str, *, writable: bool) -> Segment:
@@ -1056,6 +1075,15 @@ class TableReader:
     recheck_s
         How often :meth:`table` checks that the control segment it maps is still the
         namespace's (seconds; one ``stat`` call each time).
+    background
+        Map new generations off the caller's path: when a new generation is current
+        and the previous table is still valid (the writer reuses its buffer only two
+        publishes later), :meth:`table` starts mapping the new one (checksum,
+        validation) in a background thread and keeps returning the previous table
+        until it is ready (a worker keeps routing instead of stalling on a large
+        table); once the previous table's buffer is being rewritten, :meth:`table`
+        waits for the new one. Off by default: then :meth:`table` returns the current
+        generation as soon as it was published.
 
     Raises
     ------
@@ -1070,12 +1098,25 @@ class TableReader:
         How many times the reader switched to a new control segment.
     """
 
-    def __init__(self, namespace: str, *, timeout_s: float = 1.0, recheck_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        timeout_s: float = 1.0,
+        recheck_s: float = 1.0,
+        background: bool = False,
+    ) -> None:
         self.namespace = namespace
         self.timeout_s = timeout_s
         self.recheck_s = recheck_s
+        self.background = bool(background)
         self.reattached = 0
+        #: Generations mapped by the background thread (``background=True``).
+        self.mapped_in_background = 0
         self._lock = threading.Lock()
+        # The background map in progress: (thread, the process that started it, result
+        # box holding (current word, table) or the exception it raised).
+        self._bg: tuple[threading.Thread, int, list[Any]] | None = None
         self._view = _TablesView(_attach_control(namespace, writable=False))
         self._ctl = self._view.cw
         # (control words, current word, table, its seq word, index and value): one
@@ -1123,6 +1164,10 @@ class TableReader:
 
     def _refresh(self) -> Table:
         with self._lock:
+            if self.background:
+                kept = self._refresh_in_background()
+                if kept is not None:
+                    return kept
             if _now_ns() >= self._recheck_ns:
                 self._follow_replacement()
             ctl, cur, t = self._state[:3]
@@ -1132,8 +1177,60 @@ class TableReader:
             self._set_state(cur, t)
             return t
 
+    def _refresh_in_background(self) -> Table | None:
+        """:meth:`_refresh` with ``background``; ``None``: read in the foreground.
+
+        Called with the lock held. Returns the table to use now: a new generation the
+        background thread finished mapping, or the previous table while it is still
+        valid and the thread maps the new one. The view is only ever used by one
+        thread at a time: the foreground reads only when no background map runs.
+        """
+        bg = self._bg
+        ctl, cur, t = self._state[:3]
+        if bg is not None:
+            thread, pid, box = bg
+            if pid != os.getpid():
+                self._bg = None  # inherited through fork: the thread is not ours
+            else:
+                if thread.is_alive():
+                    if t is not None and t.valid():
+                        return t
+                    thread.join()  # the previous table's buffer is being rewritten: wait
+                self._bg = None
+                if box and not isinstance(box[0], BaseException):
+                    new_cur, new = box[0]
+                    if new.valid():
+                        self.mapped_in_background += 1
+                        self._set_state(new_cur, new)
+                        if ctl[_C_CURRENT] == new_cur:
+                            return new
+                        cur, t = new_cur, new  # already superseded: map the next one
+                else:
+                    return None  # failed: the foreground read reports it (remembered)
+        if t is None or ctl[_C_CURRENT] == cur or _now_ns() >= self._recheck_ns or not t.valid():
+            return None
+        box: list[Any] = []
+        view = self._view
+
+        def run() -> None:
+            try:
+                box.append(view.read(None, self.timeout_s))
+            except BaseException as exc:  # handed to the caller's thread
+                box.append(exc)
+
+        thread = threading.Thread(target=run, name="cslb-table-map", daemon=True)
+        self._bg = (thread, os.getpid(), box)
+        thread.start()
+        return t
+
+    def _background_busy(self) -> bool:
+        bg = self._bg
+        return bg is not None and bg[1] == os.getpid() and bg[0].is_alive()
+
     def _follow_replacement(self) -> None:
         """Switch to a new control segment if the namespace has one that was published."""
+        if self._background_busy():
+            return  # it reads the view this would replace: check again after it
         self._recheck_ns = _now_ns() + int(self.recheck_s * 1e9)
         if current_inode(self.name) == self._inode:
             return
@@ -1145,6 +1242,7 @@ class TableReader:
             control.close()  # its writer has published nothing yet: keep the last table
             return
         old = self._view
+        self._bg = None  # a finished background map of the old segments: not ours now
         self._view = _TablesView(control)
         self._ctl = self._view.cw
         self._set_state(-1, None)  # same segment names, other content: no reuse
@@ -1212,6 +1310,10 @@ class TableReader:
     def close(self) -> None:
         """Drop this reader's mappings (tables already returned keep theirs alive)."""
         with self._lock:
+            bg = self._bg
+            if bg is not None and bg[1] == os.getpid():
+                bg[0].join()
+            self._bg = None
             self._set_state(-1, None)
             self._view.close()
 
