@@ -1,0 +1,116 @@
+"""TableReader(background=True): a new generation is mapped in a thread while table()
+keeps returning the previous one, never a table whose buffer is being rewritten."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import lbcore
+from shm import TableChecksumError, TableReader, TableWriter
+from shm.layout import BUFFER_HEADER_BYTES
+from shm.segment import Segment, set_seam_hook
+
+EPS = [f"http://10.7.0.{i}:8080" for i in range(1, 41)]
+KEYS = [f"sku-{i}" for i in range(500)]
+
+
+def _sets() -> list[lbcore.RingSet]:
+    rs1 = lbcore.RingSet(EPS[:30])
+    rs2 = rs1.scale_up(EPS[30:35], 10**12)
+    rs3 = rs2.with_endpoints([*EPS[1:35], *EPS[35:]], 10**12 + 10**9)
+    return [rs1, rs2, rs3]
+
+
+def _writer(namespace: str) -> TableWriter:
+    # Room for every generation in one data segment: buffers are reused, never grown.
+    return TableWriter(namespace, min_capacity_bytes=8 << 20)
+
+
+@pytest.fixture
+def held():
+    """An event the background mapping thread waits for at its first seam."""
+    gate = threading.Event()
+
+    def hook(point: str) -> None:
+        if point == "tables.read.mapped" and threading.current_thread().name == "cslb-table-map":
+            assert gate.wait(10), "background map held too long"
+
+    set_seam_hook(hook)
+    try:
+        yield gate
+    finally:
+        gate.set()
+        set_seam_hook(None)
+
+
+def _until(reader: TableReader, generation: int, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        t = reader.table()
+        assert t.valid()
+        if t.generation == generation:
+            return t
+        assert time.monotonic() < deadline, f"still on generation {t.generation}"
+        time.sleep(0.002)
+
+
+def test_previous_table_serves_while_the_new_one_is_mapped(namespace, held):
+    rs1, rs2, _ = _sets()
+    with _writer(namespace) as w, TableReader(namespace, background=True) as r:
+        w.publish(rs1)
+        t1 = r.table()  # nothing to fall back on: mapped at once
+        assert t1.generation == 1 and r.mapped_in_background == 0
+        w.publish(rs2)
+        for _ in range(5):
+            assert r.table() is t1 and t1.valid()
+        held.set()
+        t2 = _until(r, 2)
+        assert r.mapped_in_background == 1
+        assert t2.endpoints == rs2.endpoints
+        np.testing.assert_array_equal(t2.ring_set.route(KEYS, 10**12), rs2.route(KEYS, 10**12))
+        assert r.table() is t2  # cached from now on
+
+
+def test_a_rewritten_previous_buffer_waits_for_the_new_generation(namespace, held):
+    rs1, rs2, rs3 = _sets()
+    with _writer(namespace) as w, TableReader(namespace, background=True) as r:
+        w.publish(rs1)
+        t1 = r.table()
+        w.publish(rs2)
+        assert r.table() is t1  # mapping generation 2 in the background
+        w.publish(rs3)  # rewrites t1's buffer
+        assert not t1.valid()
+        threading.Timer(0.2, held.set).start()
+        t0 = time.monotonic()
+        t = r.table()  # must not return t1: waits for the background map
+        assert time.monotonic() - t0 >= 0.1
+        assert t.valid() and t.generation == 3
+        assert t.endpoints == rs3.endpoints
+
+
+def test_a_corrupt_new_generation_is_reported_and_the_old_one_stays_usable(namespace, held):
+    rs1, rs2, _ = _sets()
+    with _writer(namespace) as w, TableReader(namespace, background=True) as r:
+        w.publish(rs1)
+        t1 = r.table()
+        w.publish(rs2)
+        assert r.table() is t1
+        # Damage generation 2 while the thread is held before reading it.
+        seg = Segment.attach(t1.segment, writable=True)
+        try:
+            off = r._view.offsets[1 - t1.buffer] + BUFFER_HEADER_BYTES + 1000
+            seg.buf[off] ^= 0x40
+        finally:
+            seg.close()
+        held.set()
+        deadline = time.monotonic() + 10
+        with pytest.raises(TableChecksumError, match="generation 2: payload checksum"):
+            while time.monotonic() < deadline:
+                assert r.table() is t1
+                time.sleep(0.002)
+        assert t1.valid()
+        np.testing.assert_array_equal(t1.ring_set.route(KEYS, 0), rs1.route(KEYS, 0))
