@@ -329,19 +329,23 @@ class SlotAllocator:
         numpy.ndarray
             ``int32`` slot per endpoint, unique.
         """
+        slot_of = self.slot_of
         wanted = set(endpoints)
-        for ep, s in list(self.slot_of.items()):
-            if ep not in wanted:
-                del self.slot_of[ep]
-                self.freed_ns[s] = now_ns
-                self.freed_by[ep] = s
-        reusable = sorted(s for s, t in self.freed_ns.items() if now_ns - t >= self.reuse_after_ns)
-        reusable.reverse()  # pop() takes the lowest
-        out = np.empty(len(endpoints), dtype=np.int32)
+        for ep in [ep for ep in slot_of if ep not in wanted]:
+            s = slot_of.pop(ep)
+            self.freed_ns[s] = now_ns
+            self.freed_by[ep] = s
+        got: list[int | None] = list(map(slot_of.get, endpoints))
         self.reused = []
-        for i, ep in enumerate(endpoints):
-            s = self.slot_of.get(ep)
-            if s is None:
+        if None in got:  # new endpoints (a lookup per endpoint above covers the rest)
+            reusable = sorted(
+                s for s, t in self.freed_ns.items() if now_ns - t >= self.reuse_after_ns
+            )
+            reusable.reverse()  # pop() takes the lowest
+            for i, s in enumerate(got):
+                if s is not None:
+                    continue
+                ep = endpoints[i]
                 s = self.freed_by.pop(ep, None)
                 if s is None or s not in self.freed_ns:
                     s = None
@@ -355,12 +359,12 @@ class SlotAllocator:
                         s = self.n_slots
                         self.n_slots += 1
                 self.freed_ns.pop(s, None)
-                self.slot_of[ep] = s
-            out[i] = s
-        # Forget "came back" hints for slots that now belong to someone else.
-        taken = set(self.slot_of.values())
-        self.freed_by = {ep: s for ep, s in self.freed_by.items() if s not in taken}
-        return out
+                slot_of[ep] = s
+                got[i] = s
+            # Forget "came back" hints for slots that now belong to someone else.
+            taken = set(slot_of.values())
+            self.freed_by = {ep: s for ep, s in self.freed_by.items() if s not in taken}
+        return np.array(got, dtype=np.int32)
 
     def freed_array(self) -> np.ndarray:
         """Per slot: ``-1`` in use, else the CLOCK_MONOTONIC time it was freed (ns)."""
@@ -490,13 +494,19 @@ def _empty_table() -> Table:
 
 
 def _blob(strings: Sequence[str], what: str) -> bytes:
-    for s in strings:
-        if not isinstance(s, str):
-            raise TableInputError(f"{what} must be strings, got {type(s).__name__}: {s!r}")
-        if "\0" in s:
-            raise TableInputError(f"{what} must not contain NUL characters: {s!r}")
     try:
-        return "\0".join(strings).encode("utf-8")
+        joined = "\0".join(strings)
+    except TypeError:
+        joined = None
+    if joined is None or joined.count("\0") != max(len(strings) - 1, 0):
+        for s in strings:  # find the culprit
+            if not isinstance(s, str):
+                raise TableInputError(f"{what} must be strings, got {type(s).__name__}: {s!r}")
+            if "\0" in s:
+                raise TableInputError(f"{what} must not contain NUL characters: {s!r}")
+    assert joined is not None
+    try:
+        return joined.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise TableInputError(f"{what} are not valid Unicode (lone surrogate?): {exc}") from exc
 
