@@ -432,7 +432,7 @@ class RingSet:
             if _older is not None and len(_older) == len(starts):
                 # A scale-up: the older rings keep their nodes and bucket tables; only
                 # their endpoint list grows.
-                rings.extend(r.with_endpoints(eps) for r in _older)
+                rings.extend(r.with_more_endpoints(eps) for r in _older)
             else:
                 for k in range(len(starts)):
                     # Exactly the endpoints of tiers <= k: never widened to host aliases.

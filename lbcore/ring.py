@@ -365,7 +365,7 @@ class Ring:
         )
         return ring
 
-    def with_endpoints(self, endpoints: tuple[str, ...]) -> Ring:
+    def with_more_endpoints(self, endpoints: tuple[str, ...]) -> Ring:
         """The same nodes and bucket table over a longer endpoint list (indices stay).
 
         ``endpoints`` must start with this ring's endpoints (a ring set that grew by a
@@ -394,7 +394,7 @@ class Ring:
         """
         owners = self.owners[keep]
         if reindex is not None:
-            owners = reindex.take(owners)
+            owners = reindex.take(owners).astype(np.int32, copy=False)
         ring = Ring.__new__(Ring)
         ring._init(
             self.endpoints if endpoints is None else endpoints,

@@ -267,3 +267,23 @@ def test_sorted_nodes_orders_ties_in_the_packed_bits_by_the_full_hash():
     hashes, owners = sorted_nodes(h, 100, 7)
     order = np.argsort(h, kind="stable")
     assert np.array_equal(hashes, h[order]) and np.array_equal(owners, order // 100 + 7)
+
+
+def test_keep_nodes_holds_exactly_the_kept_endpoints_while_subset_widens_to_aliases():
+    eps = ["http://10.0.0.1:8080", "http://10.0.0.2:8080", "http://10.0.0.2:8080/x", "http://a"]
+    r = lbcore.Ring(eps)
+    members = np.array([True, True, False, True])
+    exact = r.keep_nodes(members[r.owners])
+    fresh = lbcore.Ring([eps[0], eps[1], eps[3]])
+    assert len(exact) == 300 and exact.present.tolist() == members.tolist()
+    np.testing.assert_array_equal(exact.hashes, fresh.hashes)
+    np.testing.assert_array_equal(exact.buckets, fresh.buckets)
+    assert len(r.subset(members)) == 400  # Skipper's skip rule: the alias's host is listed
+    # Compacted to the kept endpoints' own list.
+    kept = tuple(e for e, m in zip(eps, members, strict=True) if m)
+    compact = r.keep_nodes(members[r.owners], endpoints=kept, reindex=np.array([0, 1, -1, 2]))
+    np.testing.assert_array_equal(compact.owners, fresh.owners)
+    grown = fresh.with_more_endpoints((*kept, "http://b"))
+    assert grown.buckets is fresh.buckets and grown.present.tolist() == [True] * 3 + [False]
+    with pytest.raises(lbcore.EndpointError, match="only grow at its end"):
+        fresh.with_more_endpoints(("http://b", *kept))
