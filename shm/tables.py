@@ -99,6 +99,14 @@ only briefly. A writer killed between creating the new segment and switching, or
 between switching and unlinking the old one, leaves one behind: the next writer
 removes every data segment ``current`` does not name when it takes over.
 
+Mapping off the caller's path: verifying and validating a new generation costs tens of
+milliseconds for tens of thousands of endpoints (a CRC-32 over ~100 MiB at 20,000
+endpoints, then every offset, count and index). ``TableReader(background=True)`` does it
+in a thread while :meth:`TableReader.table` keeps returning the previous table, which
+stays valid until the writer has published twice more (it never writes the current
+buffer); should that buffer be rewritten first, :meth:`TableReader.table` waits for the
+new generation. Every guarantee above holds unchanged: the thread runs the same read.
+
 Restart: a writer that stops cleanly removes the segments; readers keep their last
 table, and :class:`TableReader` switches to the next writer's new control segment by
 itself once that writer has published (checked every ``recheck_s``).
