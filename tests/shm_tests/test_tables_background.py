@@ -114,3 +114,52 @@ def test_a_corrupt_new_generation_is_reported_and_the_old_one_stays_usable(names
                 time.sleep(0.002)
         assert t1.valid()
         np.testing.assert_array_equal(t1.ring_set.route(KEYS, 0), rs1.route(KEYS, 0))
+
+
+def test_threads_share_one_background_reader_while_the_writer_publishes(namespace):
+    sets = _sets()
+    with _writer(namespace) as w, TableReader(namespace, background=True) as r:
+        w.publish(sets[0])
+        r.table()
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        seen: list[list[int]] = [[] for _ in range(4)]
+
+        def reader(out: list[int]) -> None:
+            try:
+                while not stop.is_set():
+                    t = r.table()
+                    # A result counts only if the table is still valid afterwards (a
+                    # buffer rewritten under the route may even make it raise).
+                    try:
+                        idx = t.ring_set.route(KEYS[:50], 10**12)
+                    except Exception:
+                        if t.valid():
+                            raise
+                        continue
+                    if t.valid():
+                        assert idx.min() >= 0 and idx.max() < len(t.endpoints)
+                    out.append(t.generation)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=reader, args=(seen[i],)) for i in range(4)]
+        for th in threads:
+            th.start()
+        try:
+            for i in range(1, 40):
+                w.publish(sets[i % 3])
+                time.sleep(0.003)
+        finally:
+            final = w.generation
+            deadline = time.monotonic() + 10
+            while r.table().generation != final and time.monotonic() < deadline:
+                time.sleep(0.002)
+            stop.set()
+            for th in threads:
+                th.join(10)
+        assert not errors, errors
+        for gens in seen:
+            assert gens == sorted(gens)  # never back to an older generation
+        assert r.table().generation == final
+        assert r.mapped_in_background >= 1
