@@ -132,6 +132,7 @@ class SimConfig:
     hit_s: float = 0.001
     miss_s: float = 0.015
     concurrency: int = 8
+    pod_speed_sigma: float = 0.0
     fade: str = _KNOB["fade_mode"]
     fade_s: float = _KNOB["fade_duration_s"]
     fade_exponent: float = _KNOB["fade_exponent"]
@@ -211,6 +212,7 @@ class SimConfig:
         finite("hit_s", 0)
         finite("miss_s", 0)
         need(self.concurrency >= 1, f"concurrency must be >= 1, got {self.concurrency}")
+        finite("pod_speed_sigma", 0, strict=False)
         need(1 <= self.clients <= 64, f"clients must be 1..64 hosts, got {self.clients}")
         need(self.fade in FADE_MODES, f"fade must be one of {FADE_MODES}, got {self.fade!r}")
         finite("fade_s", 0, strict=False)
@@ -486,7 +488,9 @@ class Simulation:
 
         is_new = np.zeros(n_pods, dtype=np.bool_)
         is_new[sched.new_pods] = True
-        slow_factor = np.ones(n_pods)
+        # Pods on unequal nodes: a fixed service-time multiplier per pod (mean 1).
+        speed = pod_speed_factors(n_pods, cfg.pod_speed_sigma, cfg.seed)
+        slow_factor = speed.copy()
         # Every client host keeps its own counters (cslb pools a host's workers, not hosts):
         # a "lane" is one (client, pod) pair, lane = client * n_pods + pod.
         n_cl = cfg.clients
@@ -582,7 +586,7 @@ class Simulation:
                     for p in pods:
                         cache.drop(p)
             for at, until, pod, factor in slow_events:
-                slow_factor[pod] = factor if at <= t + 1e-9 < until else 1.0
+                slow_factor[pod] = speed[pod] * (factor if at <= t + 1e-9 < until else 1.0)
 
             # 3. load snapshot.
             need_occ = cfg.balance_factor is not None or (m - warm_ticks + 1) % per_report == 0
@@ -948,6 +952,20 @@ def client_loads(
             for c in range(in_flight.shape[0])
         ]
     )
+
+
+def pod_speed_factors(pods: int, sigma: float, seed: int) -> np.ndarray:
+    """Every pod's fixed service-time multiplier: lognormal with mean 1 and shape ``sigma``.
+
+    Pods of one deployment land on nodes of different CPU generations and share them
+    with different neighbours, so the same call takes longer on some pods than on
+    others. ``sigma`` 0 gives identical pods. Drawn from its own stream of ``seed``, so
+    a run's workload is the same with and without it.
+    """
+    if sigma == 0:
+        return np.ones(pods)
+    z = np.random.default_rng([seed, 2]).standard_normal(pods)
+    return np.exp(sigma * z - sigma * sigma / 2)
 
 
 def _owners(pods: list[int], hashes: np.ndarray, vnodes: int) -> np.ndarray:

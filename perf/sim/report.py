@@ -128,6 +128,11 @@ def to_text(result: ScenarioResult) -> str:
         f"* model: catalogue {cfg.catalogue:,} (Zipf {cfg.zipf:g}), cache {cfg.cache_size:,} "
         f"per pod, hit {cfg.hit_s * 1e3:g} ms / miss {cfg.miss_s * 1e3:g} ms, "
         f"concurrency {cfg.concurrency}, tick {cfg.tick_s * 1e3:g} ms, seed {cfg.seed}"
+        + (
+            f", pod speeds lognormal sigma {cfg.pod_speed_sigma:g}"
+            if cfg.pod_speed_sigma
+            else ""
+        )
     )
     lines.append(f"* wall time {result.wall_s:.1f} s for {len(result.runs)} run(s)")
     lines += [f"! warning: {w}" for w in result.warnings]
