@@ -4,8 +4,8 @@
   cslb's N-ring fade-in;
 * :func:`load_signal`: bounded load on in-flight counts (balance factor 1.10) versus
   occupancy (1.25 and 1.35): each variant's per-pod occupancy spread, normalised by its
-  mean, at the same pod count and at the pod count each needs to keep p99 latency under
-  the same bound;
+  mean and absolute, with the bar a client host compares against, at the same pod count
+  and at the pod count each needs to keep p99 latency under the same bound;
 * :func:`slow_pod`: one pod turns slow; its traffic without bounded load, with bounded
   load on occupancy, and with latency weighting (lbcore's effective load).
 
@@ -401,6 +401,10 @@ def load_signal(
         "occupancy = busy-seconds per second per pod over the whole run (the summed "
         "latency of its calls / run length); '/ mean' divides by the fleet's mean so "
         "fleets of different sizes compare",
+        "a host's bar: what lbcore compares a host's load per pod against on average, "
+        "(1 + its summed load) / pods x bf (the 1 counts the call being routed); "
+        "in-flight counts under a bar below 1 spill on any open call, and occupancy is "
+        "held near bar / mean x the mean",
     ]
     if slo_p99_ms is not None:
         notes.append(
