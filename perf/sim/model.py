@@ -17,7 +17,9 @@ Time advances in ticks (default 10 ms). In every tick:
    with Zipf popularity, each from one of ``clients`` hosts) and all calls of a host are
    routed at once on its snapshot by lbcore;
 5. each pod's cache answers hit or miss (a miss is a database read); the service time
-   is the hit or miss time, times the pod's slow factor; each pod serves at most
+   is the hit or miss time, times the pod's fixed speed factor (pods on unequal nodes,
+   :func:`pod_speed_factors`; 1 unless ``pod_speed_sigma`` is set) and its slow factor
+   while a :class:`SlowPod` event lasts; each pod serves at most
    ``concurrency`` calls at once and queues the rest (FIFO);
 6. everything is counted into the report interval the tick belongs to.
 
@@ -56,6 +58,7 @@ __all__ = [
     "Simulation",
     "SlowPod",
     "client_loads",
+    "pod_speed_factors",
     "run",
     "to_jsonable",
 ]
@@ -119,7 +122,9 @@ class SimConfig:
     production defaults (:func:`lbcore.knobs.defaults`, the occupancy window
     :data:`lbcore.signals.DEFAULT_WINDOW_NS`) except ``balance_factor``: ``None`` (no
     bounded load) here, 1.25 in production, so a scenario switches bounded load on
-    where it is part of the question.
+    where it is part of the question. ``pod_speed_sigma`` puts pods on unequal nodes:
+    each pod's service times are multiplied by a fixed lognormal factor of mean 1 and
+    this shape (:func:`pod_speed_factors`); 0 (the default) keeps pods equal.
     """
 
     pods: int = 50
