@@ -203,6 +203,34 @@ def test_discovery_failing_at_startup_stops_the_server(tmp_path: Path) -> None:
         assert [p for p in server.seen if server.ours(p)] == []
 
 
+@pytest.mark.parametrize("failure", ["port taken", "app does not import"])
+def test_a_server_failing_after_on_starting_leaves_nothing(failure: str, tmp_path: Path) -> None:
+    import socket
+
+    holder = socket.socket()
+    try:
+        args = PING
+        if failure == "port taken":
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            args = [*PING, "--bind", f"127.0.0.1:{holder.getsockname()[1]}"]
+        else:
+            args = ["--app", "no_such_module_cslb:app"]
+        with serving(args, tmp_path) as server:
+            code = server.proc.wait(timeout=60)
+            assert code != 0, server.log()
+            log = server.log()
+            assert "cslb: discovery" in log  # it got past on_starting: discovery ran
+            wait_for(
+                "the namespace to be empty",
+                lambda: shm.list_segments(server.namespace) == [],
+                10.0,
+            )
+            assert [p for p in server.seen if server.ours(p)] == []
+    finally:
+        holder.close()
+
+
 def test_more_workers_than_rows(tmp_path: Path) -> None:
     with serving(PING, tmp_path, env={"CSLB_COUNTER_ROWS": "1"}) as server:
         server.wait_ready(workers=2)

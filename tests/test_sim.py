@@ -380,6 +380,8 @@ def test_bad_config_is_named():
     bad("fade_s must be a finite number", fade_s=float("inf"))
     bad("max_batch must be 1..catalogue", catalogue=50)
     bad(r"would need about .* GiB of arrays", seconds=1e9)
+    bad("pod_speed_sigma must be a finite number >= 0", pod_speed_sigma=-0.1)
+    bad("pod_speed_sigma must be a finite number >= 0", pod_speed_sigma=float("nan"))
     with pytest.raises(lbcore.BalanceFactorError):
         run(replace(SMALL, balance_factor=0.9))
 
@@ -396,6 +398,26 @@ def test_defaults_are_lbcore_production_defaults_except_bounded_load():
     )
     assert cfg.window_s * 1e9 == lbcore.signals.DEFAULT_WINDOW_NS
     assert cfg.balance_factor is None  # documented: scenarios switch bounded load on
+
+
+def test_pods_on_unequal_nodes_serve_at_their_own_fixed_speed():
+    # sigma 0: identical pods, and the run is exactly the one without the setting
+    assert (sim_model.pod_speed_factors(5, 0.0, 1) == 1.0).all()
+    f = sim_model.pod_speed_factors(20_000, 0.3, 1)
+    assert f.mean() == pytest.approx(1.0, abs=0.01)  # mean 1: the fleet's work is kept
+    assert np.log(f).std() == pytest.approx(0.3, abs=0.01)
+    assert (f == sim_model.pod_speed_factors(20_000, 0.3, 1)).all()  # seeded
+    assert (f != sim_model.pod_speed_factors(20_000, 0.3, 2)).any()
+    # in a run without bounded load the same calls reach the same pods and caches, and
+    # each pod's busy time is its busy time on equal nodes times its factor (plus a
+    # little queueing)
+    cfg = replace(SMALL, pods=6, rate_per_pod=100.0, pod_speed_sigma=0.5, seconds=4.0)
+    r, plain = run(cfg), run(replace(cfg, pod_speed_sigma=0.0))
+    assert (r.pod_calls == plain.pod_calls).all()
+    ratio = r.pod_busy_s.sum(axis=1) / plain.pod_busy_s.sum(axis=1)
+    factors = sim_model.pod_speed_factors(6, 0.5, cfg.seed)
+    assert factors.max() / factors.min() > 2
+    np.testing.assert_allclose(ratio, factors, rtol=0.05)
 
 
 # ------------------------------------------------------------------------------------

@@ -74,6 +74,10 @@ def test_json_output_carries_summary_series_and_warnings(capsys, tmp_path):
         (["--scenario", "scale-up", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
         (["--scenario", "load-signal", "--slo-ms", "0"], "argument --slo-ms: expected a finite"),
         (["--scenario", "scale-up", "--clients", "65"], "expected an integer from 1 to 64"),
+        (
+            ["--scenario", "load-signal", "--pod-speed-sigma", "-0.2"],
+            "argument --pod-speed-sigma: expected a finite number >= 0",
+        ),
         (["--scenario", "scale-up", "--catalogue", "50"], "batches carry up to 100 distinct"),
     ],
 )
@@ -123,3 +127,13 @@ def test_plot_writes_a_png(tmp_path):
     assert rc == 0
     png = tmp_path / "sim-slow-pod.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_pod_speed_sigma_reaches_the_run_and_is_reported():
+    args = cli.build_parser().parse_args(["--scenario", "load-signal", "--pod-speed-sigma", "0.2"])
+    assert cli._config(args).pod_speed_sigma == 0.2
+    default = cli.build_parser().parse_args(["--scenario", "load-signal"])
+    assert cli._config(default).pod_speed_sigma == 0.0
+    p = cslb("--scenario", "slow-pod", *FAST, "--pod-speed-sigma", "0.3", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "pod speeds lognormal sigma 0.3" in p.stdout

@@ -83,6 +83,28 @@ def test_load_signal_occupancy_keeps_cache_hits_but_does_not_narrow_the_spread()
         assert occ["over_mean"]["p5_p95_width"] > inflight["over_mean"]["p5_p95_width"]
 
 
+def test_load_signal_unequal_pods_occupancy_caps_each_pod_at_the_host_bar_in_flight_does_not():
+    # Pods on unequal nodes, 32 client hosts each with its own counters: a host has about
+    # 0.05 calls open per pod. The in-flight bar is below one call, so it fires on
+    # whichever pod a host happens to have a call open to; occupancy (a 5-s rate) holds
+    # every pod under its bar, bf x (1 + 1 / a host's summed load) x the mean. Neither
+    # lifts the slowest-loaded pods (README, Load signal). Seeds 1-3: occupancy max 1.64-1.93
+    # of the mean under bars of 1.92-2.15; in-flight max 1.80-2.46 over bars of 1.65-1.70;
+    # p5 equal within 0.01.
+    base = replace(
+        SMALL, pods=40, clients=32, pod_speed_sigma=0.3, rate_per_pod=350.0, seconds=10.0
+    )
+    v = load_signal(base, slo_p99_ms=None).summary["by_variant"]
+    inflight = v["in-flight bf 1.1"]
+    assert inflight["host_load_per_pod"] < 0.1 and inflight["host_bar"] < 1.0
+    assert inflight["over_mean"]["max"] > inflight["host_bar_over_mean"] + 0.1
+    for occ in (v["occupancy bf 1.25"], v["occupancy bf 1.35"]):
+        assert occ["over_mean"]["max"] <= occ["host_bar_over_mean"] + 0.05
+        assert occ["over_mean"]["max"] < inflight["over_mean"]["max"]
+        assert occ["over_mean"]["p5"] == pytest.approx(inflight["over_mean"]["p5"], abs=0.05)
+        assert occ["hit_rate"] > inflight["hit_rate"]
+
+
 def test_load_signal_occupancy_needs_fewer_pods_for_the_same_p99(tmp_path):
     r = load_signal(_load_base(), occupancy_factors=(1.25,), search_seconds=8.0)
     v = r.summary["by_variant"]

@@ -58,6 +58,7 @@ and cslb's even if yours raises.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shlex
@@ -150,6 +151,7 @@ class _Master:
         self.loop_hooked = False
         self.reader: shm.TableReader | None = None  # for discovery's heartbeat
         self.warned: set[str] = set()
+        self.exit_registered = False
 
     @property
     def active(self) -> bool:
@@ -169,6 +171,13 @@ class _Master:
         except KnobError as exc:
             raise CslbStartupError(f"cslb: {exc}") from None
         self.pid = os.getpid()
+        if not self.exit_registered:
+            # gunicorn skips on_exit when it fails after on_starting (the port is taken,
+            # the app does not import: sys.exit from the arbiter); the interpreter's exit
+            # still runs this, so nothing is left in /dev/shm. A no-op after on_exit and
+            # in forked workers (stop() acts only in the master that started).
+            atexit.register(self._stop_at_exit, server)
+            self.exit_registered = True
         os.environ.pop("CSLB_COUNTER_ROW", None)  # set per worker in post_fork
         threads = max(int(getattr(server.cfg, "threads", 1) or 1), 1)
         workers = max(int(server.cfg.workers), 1)
@@ -434,6 +443,15 @@ class _Master:
         self.reader = None
 
     # -- stop ---------------------------------------------------------------------------
+
+    def _stop_at_exit(self, server: Any) -> None:
+        if not self.active:
+            return
+        try:
+            self.log.info("cslb: the master exits without on_exit: stopping discovery")
+            self.stop(server)
+        except Exception as exc:  # the interpreter is exiting: report, never raise
+            sys.stderr.write(f"cslb: cleanup at exit failed: {exc!r}\n")
 
     def stop(self, server: Any) -> None:
         if not self.active:

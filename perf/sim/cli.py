@@ -153,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-size", type=_integer(1), help="products per pod cache (2,000)")
     p.add_argument("--concurrency", type=_integer(1), help="calls a pod serves at once (8)")
     p.add_argument(
+        "--pod-speed-sigma",
+        type=_number(0, strict=False),
+        help="pods on unequal nodes: each pod's service times x a fixed lognormal factor "
+        "(mean 1) of this shape; 0.2 spreads pod speeds by about +-20 %% (default 0: equal)",
+    )
+    p.add_argument(
         "--clients", type=_integer(1, 64), help="client hosts, each with its own counters (8)"
     )
     p.add_argument(
@@ -222,6 +228,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         ("cache_size", "cache_size"),
         ("concurrency", "concurrency"),
         ("clients", "clients"),
+        ("pod_speed_sigma", "pod_speed_sigma"),
         ("fade_s", "fade_s"),
         ("exponent", "fade_exponent"),
     ):

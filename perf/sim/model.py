@@ -17,7 +17,9 @@ Time advances in ticks (default 10 ms). In every tick:
    with Zipf popularity, each from one of ``clients`` hosts) and all calls of a host are
    routed at once on its snapshot by lbcore;
 5. each pod's cache answers hit or miss (a miss is a database read); the service time
-   is the hit or miss time, times the pod's slow factor; each pod serves at most
+   is the hit or miss time, times the pod's fixed speed factor (pods on unequal nodes,
+   :func:`pod_speed_factors`; 1 unless ``pod_speed_sigma`` is set) and its slow factor
+   while a :class:`SlowPod` event lasts; each pod serves at most
    ``concurrency`` calls at once and queues the rest (FIFO);
 6. everything is counted into the report interval the tick belongs to.
 
@@ -56,6 +58,7 @@ __all__ = [
     "Simulation",
     "SlowPod",
     "client_loads",
+    "pod_speed_factors",
     "run",
     "to_jsonable",
 ]
@@ -119,7 +122,9 @@ class SimConfig:
     production defaults (:func:`lbcore.knobs.defaults`, the occupancy window
     :data:`lbcore.signals.DEFAULT_WINDOW_NS`) except ``balance_factor``: ``None`` (no
     bounded load) here, 1.25 in production, so a scenario switches bounded load on
-    where it is part of the question.
+    where it is part of the question. ``pod_speed_sigma`` puts pods on unequal nodes:
+    each pod's service times are multiplied by a fixed lognormal factor of mean 1 and
+    this shape (:func:`pod_speed_factors`); 0 (the default) keeps pods equal.
     """
 
     pods: int = 50
@@ -132,6 +137,7 @@ class SimConfig:
     hit_s: float = 0.001
     miss_s: float = 0.015
     concurrency: int = 8
+    pod_speed_sigma: float = 0.0
     fade: str = _KNOB["fade_mode"]
     fade_s: float = _KNOB["fade_duration_s"]
     fade_exponent: float = _KNOB["fade_exponent"]
@@ -211,6 +217,7 @@ class SimConfig:
         finite("hit_s", 0)
         finite("miss_s", 0)
         need(self.concurrency >= 1, f"concurrency must be >= 1, got {self.concurrency}")
+        finite("pod_speed_sigma", 0, strict=False)
         need(1 <= self.clients <= 64, f"clients must be 1..64 hosts, got {self.clients}")
         need(self.fade in FADE_MODES, f"fade must be one of {FADE_MODES}, got {self.fade!r}")
         finite("fade_s", 0, strict=False)
@@ -486,7 +493,9 @@ class Simulation:
 
         is_new = np.zeros(n_pods, dtype=np.bool_)
         is_new[sched.new_pods] = True
-        slow_factor = np.ones(n_pods)
+        # Pods on unequal nodes: a fixed service-time multiplier per pod (mean 1).
+        speed = pod_speed_factors(n_pods, cfg.pod_speed_sigma, cfg.seed)
+        slow_factor = speed.copy()
         # Every client host keeps its own counters (cslb pools a host's workers, not hosts):
         # a "lane" is one (client, pod) pair, lane = client * n_pods + pod.
         n_cl = cfg.clients
@@ -582,7 +591,7 @@ class Simulation:
                     for p in pods:
                         cache.drop(p)
             for at, until, pod, factor in slow_events:
-                slow_factor[pod] = factor if at <= t + 1e-9 < until else 1.0
+                slow_factor[pod] = speed[pod] * (factor if at <= t + 1e-9 < until else 1.0)
 
             # 3. load snapshot.
             need_occ = cfg.balance_factor is not None or (m - warm_ticks + 1) % per_report == 0
@@ -948,6 +957,20 @@ def client_loads(
             for c in range(in_flight.shape[0])
         ]
     )
+
+
+def pod_speed_factors(pods: int, sigma: float, seed: int) -> np.ndarray:
+    """Every pod's fixed service-time multiplier: lognormal with mean 1 and shape ``sigma``.
+
+    Pods of one deployment land on nodes of different CPU generations and share them
+    with different neighbours, so the same call takes longer on some pods than on
+    others. ``sigma`` 0 gives identical pods. Drawn from its own stream of ``seed``, so
+    a run's workload is the same with and without it.
+    """
+    if sigma == 0:
+        return np.ones(pods)
+    z = np.random.default_rng([seed, 2]).standard_normal(pods)
+    return np.exp(sigma * z - sigma * sigma / 2)
 
 
 def _owners(pods: list[int], hashes: np.ndarray, vnodes: int) -> np.ndarray:

@@ -43,6 +43,9 @@ _LOAD_SIGNAL_ROWS = [
     ("occupancy p95 / mean", ("over_mean", "p95"), "f2"),
     ("occupancy max / mean", ("over_mean", "max"), "f2"),
     ("p5-p95 width / mean", ("over_mean", "p5_p95_width"), "f2"),
+    ("occupancy p5 / p95 (busy-s/s)", [("over_mean", "abs_p5"), ("over_mean", "abs_p95")], "pair"),
+    ("a host's load per pod", "host_load_per_pod", "f3"),
+    ("a host's bar, / mean", ["host_bar", "host_bar_over_mean"], "pair3"),
     ("hit rate", "hit_rate", "pct"),
     ("DB reads/s", "db_reads_per_s", "int"),
     ("key moves/s", "moves_per_s", "int"),
@@ -55,6 +58,12 @@ _LOAD_SIGNAL_ROWS = [
     ("  p95 / mean", ("at_pods_needed", "over_mean", "p95"), "f2"),
     ("  max / mean", ("at_pods_needed", "over_mean", "max"), "f2"),
     ("  p5-p95 width / mean", ("at_pods_needed", "over_mean", "p5_p95_width"), "f2"),
+    (
+        "  p5 / p95 (busy-s/s)",
+        [("at_pods_needed", "over_mean", "abs_p5"), ("at_pods_needed", "over_mean", "abs_p95")],
+        "pair",
+    ),
+    ("  a host's bar / mean", ("at_pods_needed", "host_bar_over_mean"), "f2"),
     ("  hit rate", ("at_pods_needed", "hit_rate"), "pct"),
     ("  call latency p99 ms", ("at_pods_needed", "lat_p99_ms"), "f1"),
 ]
@@ -77,16 +86,24 @@ def _fmt(v: Any, kind: str) -> str:
         return "-"
     if isinstance(v, float) and math.isnan(v):
         return "n/a"
+    if kind in ("pair", "pair3"):
+        a, b = v
+        return f"{_fmt(a, 'f3' if kind == 'pair3' else 'f2')} / {_fmt(b, 'f2')}"
     if kind == "pct":
         return f"{100 * v:.1f}%"
     if kind == "int":
         return f"{v:,.0f}"
     if kind == "f1":
         return f"{v:.1f}"
+    if kind == "f3":
+        return f"{v:.3f}"
     return f"{v:.2f}"
 
 
-def _get(row: dict[str, Any], key: str | tuple[str, ...]) -> Any:
+def _get(row: dict[str, Any], key: Any) -> Any:
+    if isinstance(key, list):  # two values shown as "a / b"
+        values = [_get(row, k) for k in key]
+        return None if any(v is None for v in values) else values
     value: Any = row
     for k in (key,) if isinstance(key, str) else key:
         if not isinstance(value, dict):
@@ -128,6 +145,7 @@ def to_text(result: ScenarioResult) -> str:
         f"* model: catalogue {cfg.catalogue:,} (Zipf {cfg.zipf:g}), cache {cfg.cache_size:,} "
         f"per pod, hit {cfg.hit_s * 1e3:g} ms / miss {cfg.miss_s * 1e3:g} ms, "
         f"concurrency {cfg.concurrency}, tick {cfg.tick_s * 1e3:g} ms, seed {cfg.seed}"
+        + (f", pod speeds lognormal sigma {cfg.pod_speed_sigma:g}" if cfg.pod_speed_sigma else "")
     )
     lines.append(f"* wall time {result.wall_s:.1f} s for {len(result.runs)} run(s)")
     lines += [f"! warning: {w}" for w in result.warnings]

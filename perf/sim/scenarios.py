@@ -4,8 +4,8 @@
   cslb's N-ring fade-in;
 * :func:`load_signal`: bounded load on in-flight counts (balance factor 1.10) versus
   occupancy (1.25 and 1.35): each variant's per-pod occupancy spread, normalised by its
-  mean, at the same pod count and at the pod count each needs to keep p99 latency under
-  the same bound;
+  mean and absolute, with the bar a client host compares against, at the same pod count
+  and at the pod count each needs to keep p99 latency under the same bound;
 * :func:`slow_pod`: one pod turns slow; its traffic without bounded load, with bounded
   load on occupancy, and with latency weighting (lbcore's effective load).
 
@@ -292,12 +292,16 @@ def occupancy_spread(result: SimResult) -> dict[str, float]:
 
     Occupancy is busy-seconds per second (the summed latency of a pod's calls over the
     run length); dividing by the mean compares fleets of different sizes.
+    ``abs_p5``/``abs_p95`` are the same percentiles undivided (busy-seconds per second),
+    as Zalando's figures are: a smaller fleet carrying the same work raises them.
     """
     occ = result.pod_busy_s[result.members].sum(axis=1) / result.config.seconds
     mean = float(occ.mean())
     p5, p50, p95 = np.percentile(occ, [5, 50, 95]) / mean
     return {
         "mean": mean,
+        "abs_p5": float(p5) * mean,
+        "abs_p95": float(p95) * mean,
         "min": float(occ.min()) / mean,
         "p5": float(p5),
         "p50": float(p50),
@@ -372,6 +376,7 @@ def load_signal(
             "lat_p99_ms": tot["lat_p99_ms"],
             "batch_p99_ms": tot["batch_p99_ms"],
             "moves_per_s": tot["moves"] / cfg.seconds,
+            **_host_bar(cfg, tot["occupancy_mean"], bf),
         }
         if slo_p99_ms is not None:
             cb = None if progress is None else _search_progress(progress, label)
@@ -383,6 +388,7 @@ def load_signal(
                     "pods": at.config.pods,
                     "over_mean": occupancy_spread(at),
                     "hit_rate": at.totals["hit_rate"],
+                    **_host_bar(at.config, at.totals["occupancy_mean"], bf),
                     "lat_p99_ms": at.totals["lat_p99_ms"],
                 }
                 runs_warn = [f"{label} at {at.config.pods} pods: {w}" for w in at.warnings]
@@ -395,6 +401,10 @@ def load_signal(
         "occupancy = busy-seconds per second per pod over the whole run (the summed "
         "latency of its calls / run length); '/ mean' divides by the fleet's mean so "
         "fleets of different sizes compare",
+        "a host's bar: what lbcore compares a host's load per pod against on average, "
+        "(1 + its summed load) / pods x bf (the 1 counts the call being routed); "
+        "in-flight counts under a bar below 1 spill on any open call, and occupancy is "
+        "held near bar / mean x the mean",
     ]
     if slo_p99_ms is not None:
         notes.append(
@@ -413,6 +423,27 @@ def load_signal(
         notes,
         warnings,
     )
+
+
+def _host_bar(cfg: SimConfig, occupancy_mean: float, bf: float) -> dict[str, float]:
+    """What one client host's bounded load compares, on average, at ``cfg.pods`` pods.
+
+    A host sees only its own calls: per pod, ``occupancy_mean / clients`` busy-seconds
+    per second, which by Little's law is also its mean count of open calls per pod.
+    lbcore's bar is ``(1 + Σ load) / pods × bf``: the ``1`` counts the call being routed,
+    so the bar over the mean load is ``bf × (1 + 1 / Σ load)``. For in-flight counts a
+    bar below 1 means any open call from the host puts a pod over it; for occupancy a
+    host whose summed load is a few busy-seconds per second gets a bar well above
+    ``bf`` times the mean.
+    """
+    host_load = occupancy_mean / cfg.clients
+    host_sum = host_load * cfg.pods
+    bar = (1.0 + host_sum) / cfg.pods * bf
+    return {
+        "host_load_per_pod": host_load,
+        "host_bar": bar,
+        "host_bar_over_mean": bar / host_load if host_load > 0 else math.nan,
+    }
 
 
 def _search_progress(progress: Progress, label: str) -> Callable[[int, float], None]:
