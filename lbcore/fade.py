@@ -31,6 +31,7 @@ from lbcore.bounded import (
     redirect_table,
     skip_to_eligible,
     target_load,
+    walk_snapshot,
 )
 from lbcore.errors import ArgumentError, EndpointError, FadeError
 from lbcore.hashing import (
@@ -719,6 +720,10 @@ class RingSet:
             bf = check_balance_factor(balance_factor)
             hops = check_max_hops(max_hops)
             load = check_loads(loads, len(self.endpoints))
+        if balance_factor is not None and candidates is None:
+            fast = self._bounded_answers(load, bf, hops)
+            if fast is not None:
+                return fast
         table = np.empty_like(self.owner_table)
         for k, ring in enumerate(self.rings):
             if balance_factor is None:
@@ -726,6 +731,32 @@ class RingSet:
             else:
                 per_pos = redirect_table(ring, load, bf, candidates=candidates, max_hops=hops)
             table[k] = per_pos.take(self.ring_pos[k])
+        return table
+
+    def _bounded_answers(
+        self, load: np.ndarray, balance_factor: float, max_hops: int | None
+    ) -> np.ndarray | None:
+        """:meth:`answer_table` with bounded load and no candidates, walking only where needed.
+
+        Every endpoint on a ring is eligible there, so a key whose plain endpoint is under
+        its ring's bar stays on it (the walk stops at its first step): the answer is the
+        owner table except at the entries whose owner is over the bar, and only those
+        are walked. ``None`` where a ring has fewer than two endpoints (Skipper's
+        one-candidate shortcut: the general path).
+        """
+        table = self.owner_table.copy()
+        for k, ring in enumerate(self.rings):
+            present = ring.present
+            if int(np.count_nonzero(present)) < 2:
+                return None
+            good = present & (load <= target_load(load, present, balance_factor))
+            row = table[k]
+            over = np.flatnonzero(~good.take(row))
+            if over.size:
+                starts = self.ring_pos[k].take(over).astype(np.intp)
+                row[over] = walk_snapshot(
+                    ring, starts, present, present, load, balance_factor, max_hops
+                )
         return table
 
     def route(

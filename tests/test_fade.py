@@ -486,3 +486,41 @@ def test_bucket_table_matches_a_direct_computation():
                 assert got[b] == -int(inside[0]) - 2
             else:
                 assert got[b] == int(np.searchsorted(top, b)) % size
+
+
+@pytest.mark.parametrize("hops", [None, 1, 3, 10])
+def test_bounded_answer_table_equals_a_redirect_table_per_ring(hops):
+    # The answer table walks only entries whose plain endpoint is over the bar; the
+    # reference walks every position of every ring (lbcore.redirect_table).
+    rng = np.random.default_rng(11 + (hops or 0))
+    rs = RingSet(BASE).scale_up(NEW1, T0).scale_up(NEW2, T0 + S)
+    rs = rs.with_endpoints([*BASE[3:], *NEW1, *NEW2[1:]], T0 + 2 * S)
+    n = len(rs.endpoints)
+    profiles = [
+        np.zeros(n),
+        rng.integers(0, 5, n).astype(float),
+        rng.pareto(1.5, n),
+        np.where(np.arange(n) % 4 == 0, 50.0, 0.0),
+        np.full(n, 3.0),
+    ]
+    for load in profiles:
+        for bf in (1.0, 1.1, 1.25, 2.0):
+            want = np.stack(
+                [
+                    lbcore.redirect_table(ring, load, bf, max_hops=hops).take(rs.ring_pos[k])
+                    for k, ring in enumerate(rs.rings)
+                ]
+            )
+            got = rs.answer_table(load, bf, max_hops=hops)
+            np.testing.assert_array_equal(got, want)
+            assert got is not rs.owner_table
+    # One endpoint on the oldest ring: Skipper's one-candidate shortcut still applies.
+    one = RingSet(BASE[:1]).scale_up(NEW2, T0)
+    load = np.arange(len(one.endpoints), dtype=float)
+    want = np.stack(
+        [
+            lbcore.redirect_table(ring, load, 1.1, max_hops=hops).take(one.ring_pos[k])
+            for k, ring in enumerate(one.rings)
+        ]
+    )
+    np.testing.assert_array_equal(one.answer_table(load, 1.1, max_hops=hops), want)
