@@ -962,7 +962,7 @@ class Router:
         rec = self._rec
         if rec is not None:
             try:
-                rec.count(decisions, fallbacks, moves)
+                rec._count_trusted(decisions, fallbacks, moves)  # our own ints >= 0
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 log.warning("decision counts not recorded: %s", exc)
 
@@ -1041,7 +1041,8 @@ class Router:
         attempt
             The attempt these calls are (for the failure log line).
         """
-        self._check_usable()
+        if self._forked or self._closed:  # (the at-fork hook sets _forked in a child)
+            self._check_usable()
         if table is None or keys is None:
             last = self._routed_on(idx)
             if last is not None:
@@ -1094,6 +1095,7 @@ class Router:
 
 _FAR_FUTURE = (1 << 62) - 1
 _umax = np.maximum.reduce  # every fading ring at share 1 (fade_mode=off)
+_umin = np.minimum.reduce
 
 
 def _indices(idx: Any, n: int) -> np.ndarray:
@@ -1187,17 +1189,19 @@ class Tracker:
             raise RouterStateError("a tracker records one fan-out; call router.track() again")
         self._entered = True
         router = self.router
-        router._check_usable()
+        if router._forked or router._closed:
+            router._check_usable()
         idx = self.idx
-        routed = idx >= 0
-        if not bool(routed.all()):
+        if idx.size and _umin(idx) < 0:
+            routed = idx >= 0
             self._calls = np.flatnonzero(routed)
             idx = idx[routed]
         self._n = idx.size
         snap = router._snap
         t = self.table
         if snap is not None and snap.table is t:
-            # The snapshot's private copy of the current table's slots.
+            # The snapshot's private copy of the current table's slots (checked to be in
+            # 0 .. n_slots - 1 when the snapshot was taken).
             self._slots = snap.slots.take(idx)
         else:
             self._slots = t.slots.take(idx).astype(np.intp)
@@ -1213,9 +1217,9 @@ class Tracker:
                 )
                 self._slots = np.empty(0, dtype=np.intp)
         self._rec = router._rec
-        self._start = router._clock()
+        self._start = start = int(router._clock())
         if self._rec is not None and self._slots.size:
-            self._rec.record_start(self._slots, self._start)
+            self._rec._record_start_trusted(self._slots, start, t.n_slots)
         return self
 
     def _position(self, i: int) -> int | None:
@@ -1288,14 +1292,16 @@ class Tracker:
         rec = self._rec
         if rec is None or not self._slots.size:
             return
-        end = self.router._clock()
+        end = int(self.router._clock())
         if self._ends is None:
-            durations: Any = np.full(self._slots.size, max(end - self._start, 0), np.int64)
+            durations: Any = max(end - self._start, 0)  # every call: one int
         else:
             ends = np.where(self._ends < 0, end, self._ends)
             durations = np.maximum(ends - self._start, 0)
         try:
-            rec.record_end(self._slots, self._start, durations, end, self._failed)
+            rec._record_end_trusted(
+                self._slots, self._start, durations, end, self._failed, self.table.n_slots
+            )
         except shm.ShmError as exc:
             # Released meanwhile (router closed, counters replaced): nothing to add to.
             log.warning("fan-out end not recorded: %s", exc)
