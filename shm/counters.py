@@ -845,6 +845,7 @@ _add_at = np.add.at
 _END_FIELDS = ("open", "open_start_sum", "busy_ns", "completed", "latency_ns")
 _END_CONSTANTS = np.array((-1, 0, 0, 1, 0, 1), dtype=np.int64)[:, None]
 _NO_SLOTS = np.empty(0, dtype=np.intp)
+_ONE = np.array(1, dtype=np.int64)  # a 0-d array: np.add.at skips the scalar conversion
 _max = np.maximum.reduce
 _min = np.minimum.reduce
 
@@ -1031,10 +1032,10 @@ class Recorder:
             self._rotate(q)
         if q > self._period - self._k:  # a bucket this row holds
             j = q % self._k
-            _add_at(self._open[j], s, 1)
+            _add_at(self._open[j], s, _ONE)
             _add_at(self._open_sum[j], s, now_ns - q * b)
         else:  # a thread that took long to get the row's lock: older than every bucket
-            _add_at(self._open_old, s, 1)
+            _add_at(self._open_old, s, _ONE)
 
     def record_end(
         self,

@@ -201,6 +201,7 @@ class _Snapshot:
         "read_ns",
         "routed",
         "slots",
+        "slots_ext",
         "table",
     )
 
@@ -215,6 +216,9 @@ class _Snapshot:
         knobs = table.knobs
         self.table = table
         self.slots = slots
+        # Counter slot of index i at i + 1, a placeholder for fallback (-1) at 0: track()
+        # maps a fan-out with one bounds-checked take (see Router._fast_slots).
+        self.slots_ext = np.concatenate((_SLOT_PLACEHOLDER, slots))
         self.loads = loads
         self.read_ns = read_ns
         self.due_ns = due_ns
@@ -1051,10 +1055,25 @@ class Router:
                 if keys is None and idx is last[0] and last[2] is not None:
                     keys = last[2]
         t = self.table() if table is None else table
-        arr = _indices(idx, len(t.endpoints))
+        snap = self._snap
+        if (
+            snap is not None
+            and snap.table is t
+            and idx.__class__ is np.ndarray
+            and (idx.dtype is _I32 or idx.dtype is _I64)
+            and idx.ndim == 1
+        ):
+            slots, calls = _fast_slots(idx, snap.slots_ext, len(t.endpoints))
+            arr = idx
+        else:
+            arr = _indices(idx, len(t.endpoints))
+            slots = calls = None
         if keys is not None and len(keys) != arr.size:
             raise RouterInputError(f"track got {len(keys)} keys for {arr.size} calls")
-        return Tracker(self, arr, t, keys, int(attempt))
+        tracker = Tracker(self, arr, t, keys, int(attempt))
+        if slots is not None:
+            tracker._mapped = (slots, calls)
+        return tracker
 
     def close(self) -> None:
         """Give the counter row back and drop the mappings (idempotent)."""
@@ -1096,6 +1115,39 @@ class Router:
 _FAR_FUTURE = (1 << 62) - 1
 _umax = np.maximum.reduce  # every fading ring at share 1 (fade_mode=off)
 _umin = np.minimum.reduce
+_count_nonzero = np.count_nonzero  # a quarter of a ufunc reduction's call cost
+_I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
+_ONE = {4: np.array(1, dtype=np.int32), 8: np.array(1, dtype=np.int64)}  # 0-d: no scalar cast
+_UNSIGNED = {4: np.uint32, 8: np.uint64}
+_SLOT_PLACEHOLDER = np.zeros(1, dtype=np.intp)
+
+
+def _fast_slots(
+    idx: np.ndarray, slots_ext: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Counter slots of the routed calls of ``idx`` (1-D int32/int64), and their positions.
+
+    ``slots_ext`` is a snapshot's :attr:`_Snapshot.slots_ext` for ``n`` endpoints. The
+    bounds check is the take itself: ``i + 1`` as unsigned is in ``0 .. n`` exactly for
+    ``-1 <= i < n``. Positions are ``None`` when no call is a fallback.
+
+    Raises
+    ------
+    RouterInputError
+        An index outside ``-1 .. n - 1``.
+    """
+    size = idx.itemsize
+    u = np.add(idx, _ONE[size]).view(_UNSIGNED[size])
+    try:
+        slots = slots_ext.take(u)
+    except IndexError:
+        _indices(idx, n)  # raises the error that names the bad values
+        raise
+    if _count_nonzero(u) != u.size:  # a fallback (-1) call: not recorded
+        routed = u != 0
+        return slots[routed], np.flatnonzero(routed)
+    return slots, None
 
 
 def _indices(idx: Any, n: int) -> np.ndarray:
@@ -1148,6 +1200,7 @@ class Tracker:
         "_exited",
         "_failed",
         "_logged",
+        "_mapped",
         "_n",
         "_rec",
         "_slots",
@@ -1183,6 +1236,8 @@ class Tracker:
         self._failed: np.ndarray | None = None
         self._logged: set[int] = set()
         self._entered = self._exited = False
+        # (slots, positions) computed by Router.track on the snapshot of this table.
+        self._mapped: tuple[np.ndarray, np.ndarray | None] | None = None
 
     def __enter__(self) -> Tracker:
         if self._entered:
@@ -1191,14 +1246,24 @@ class Tracker:
         router = self.router
         if router._forked or router._closed:
             router._check_usable()
+        t = self.table
+        mapped = self._mapped
+        if mapped is not None:
+            # Router.track mapped the calls on the snapshot's private copy of the slots.
+            self._slots, self._calls = mapped
+            self._n = self._slots.size
+            self._rec = rec = router._rec
+            self._start = start = int(router._clock())
+            if rec is not None and self._n:
+                rec._record_start_trusted(self._slots, start, t.n_slots)
+            return self
         idx = self.idx
-        if idx.size and _umin(idx) < 0:
+        if _count_nonzero(idx >= 0) != idx.size:
             routed = idx >= 0
             self._calls = np.flatnonzero(routed)
             idx = idx[routed]
         self._n = idx.size
         snap = router._snap
-        t = self.table
         if snap is not None and snap.table is t:
             # The snapshot's private copy of the current table's slots (checked to be in
             # 0 .. n_slots - 1 when the snapshot was taken).
