@@ -801,3 +801,37 @@ def test_no_free_counter_row_still_routes(namespace, clock, caplog):
     finally:
         taken.release()
         h.close()
+
+
+def test_track_maps_the_routers_own_arrays_and_still_checks_them(host, clock):
+    """track() maps int32/int64 arrays with one bounds-checked take on the snapshot:
+    fallbacks set by the caller after routing are left out, bad indices are refused
+    (nothing recorded), and every dtype records the same counts."""
+    host.publish(lbcore.RingSet(endpoints(5)))
+    r = host.router()
+    idx, table = r.route_table(KEYS[:40])
+    want = np.bincount(idx, minlength=5)
+    for arr in (idx, idx.astype(np.int64), idx.astype(np.int16), idx.tolist()):
+        with r.track(arr, table):
+            during = host.loads().take(table.slots)
+            assert during.in_flight.tolist() == want.tolist()
+        assert host.loads().take(table.slots).in_flight.sum() == 0
+    idx[[0, 5, 6]] = -1  # the caller sent these through the ingress after all
+    with r.track(idx, table):
+        during = host.loads().take(table.slots).in_flight
+        assert during.tolist() == np.bincount(idx[idx >= 0], minlength=5).tolist()
+    before = host.loads().take(table.slots).requests_total.copy()
+    for bad in (5, -2, np.iinfo(np.int32).max, np.iinfo(np.int32).min):
+        wrong = idx.copy()
+        wrong[7] = bad
+        with pytest.raises(RouterInputError, match=r"-1\.\.4"):
+            r.track(wrong, table)
+        with pytest.raises(RouterInputError, match=r"-1\.\.4"):
+            r.track(wrong.astype(np.int64), table)
+    with pytest.raises(RouterInputError, match="integer"):
+        r.track(idx.reshape(5, 8), table)
+    assert host.loads().take(table.slots).in_flight.sum() == 0
+    assert host.loads().take(table.slots).requests_total.tolist() == before.tolist()
+    with r.track(np.empty(0, np.int32), table):
+        pass
+    assert r.stats()["failures"] == 0

@@ -1060,7 +1060,7 @@ class Router:
             snap is not None
             and snap.table is t
             and idx.__class__ is np.ndarray
-            and (idx.dtype is _I32 or idx.dtype is _I64)
+            and idx.dtype is _I32  # (route's own; int64 i + 1 as uint64 could wrap to -1)
             and idx.ndim == 1
         ):
             slots, calls = _fast_slots(idx, snap.slots_ext, len(t.endpoints))
@@ -1117,16 +1117,14 @@ _umax = np.maximum.reduce  # every fading ring at share 1 (fade_mode=off)
 _umin = np.minimum.reduce
 _count_nonzero = np.count_nonzero  # a quarter of a ufunc reduction's call cost
 _I32 = np.dtype(np.int32)
-_I64 = np.dtype(np.int64)
-_ONE = {4: np.array(1, dtype=np.int32), 8: np.array(1, dtype=np.int64)}  # 0-d: no scalar cast
-_UNSIGNED = {4: np.uint32, 8: np.uint64}
+_ONE32 = np.array(1, dtype=np.int32)  # 0-d: no scalar conversion per call
 _SLOT_PLACEHOLDER = np.zeros(1, dtype=np.intp)
 
 
 def _fast_slots(
     idx: np.ndarray, slots_ext: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Counter slots of the routed calls of ``idx`` (1-D int32/int64), and their positions.
+    """Counter slots of the routed calls of ``idx`` (1-D ``int32``), and their positions.
 
     ``slots_ext`` is a snapshot's :attr:`_Snapshot.slots_ext` for ``n`` endpoints. The
     bounds check is the take itself: ``i + 1`` as unsigned is in ``0 .. n`` exactly for
@@ -1137,8 +1135,7 @@ def _fast_slots(
     RouterInputError
         An index outside ``-1 .. n - 1``.
     """
-    size = idx.itemsize
-    u = np.add(idx, _ONE[size]).view(_UNSIGNED[size])
+    u = np.add(idx, _ONE32).view(np.uint32)  # below 2**32: take converts it exactly
     try:
         slots = slots_ext.take(u)
     except IndexError:
