@@ -726,6 +726,6 @@ def test_the_trusted_path_follows_growth_and_still_checks_beyond_its_columns(sto
     loads = store.reader().read(T0 + MS)
     assert loads.completed[30] == 1 and loads.in_flight.sum() == 0
     before = raw(store, rec.row)
-    with pytest.raises(CounterInputError, match="0..39"):
+    with pytest.raises(CounterInputError, match=r"0\.\.39"):
         rec._record_start_trusted(np.array([50], dtype=np.intp), T0, 64)
     assert np.array_equal(raw(store, rec.row), before)
