@@ -652,9 +652,9 @@ def test_an_empty_fan_out_records_nothing_and_raises_nothing(store):
 
 @pytest.mark.parametrize("seed", [11, 12])
 def test_the_trusted_path_records_what_one_call_at_a_time_records(store, seed):
-    """The router's trusted calls (a fan-out's end in one np.add.at over the row) record
-    exactly what checked per-call recording does: repeated slots, one duration for all
-    calls or one each, failures or none, calls spanning buckets and ending in later ones."""
+    """The router's trusted calls record exactly what checked per-call recording does:
+    repeated slots, one duration for all calls or one each, failures or none, calls
+    spanning buckets and ending in later ones."""
     rng = np.random.default_rng(seed)
     fast, single = store.claim(), store.claim()
     calls = np.zeros(16, np.int64)
@@ -699,14 +699,21 @@ def test_the_trusted_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store):
     k = (start // store.bucket_ns) % (store._ctl.buckets)
     assert block(store, rec.row, "open")[k, [3, 7]].tolist() == [3, 1]
     assert block(store, rec.row, "open_start_sum")[k, [3, 7]].tolist() == [60 * MS, 20 * MS]
-    rec._record_end_trusted(slots, start, 5 * MS, start + 5 * MS, np.array([1, 0, 1, 1], bool), 16)
+    failed = np.array([1, 0, 1, 1], bool)
+    rec._record_end_trusted(slots, start, 5 * MS, start + 5 * MS, failed, 16)
+    totals = store._ctl.current().totals[rec.row]
+    assert totals[0, [3, 7]].tolist() == [3, 1] and totals[0].sum() == 4
+    assert totals[1, [3, 7]].tolist() == [2, 1] and totals[1].sum() == 3
+    # And the same fan-out again without failures (the end path without them).
+    rec._record_start_trusted(slots, start, 16)
+    rec._record_end_trusted(slots, start, 5 * MS, start + 5 * MS, None, 16)
     for part in OPEN_PARTS:
         assert not block(store, rec.row, part).any(), part
     # (slot 3, slot 7): three calls and one, of which two failed and one
     expect = {
-        "busy_ns": (15 * MS, 5 * MS),
-        "completed": (3, 1),
-        "latency_ns": (15 * MS, 5 * MS),
+        "busy_ns": (30 * MS, 10 * MS),
+        "completed": (6, 2),
+        "latency_ns": (30 * MS, 10 * MS),
         "failures": (2, 1),
     }
     for name, (v3, v7) in expect.items():
@@ -714,7 +721,7 @@ def test_the_trusted_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store):
         assert got[k, [3, 7]].tolist() == [v3, v7], name
         assert got.sum() == v3 + v7, name  # nothing anywhere else
     totals = store._ctl.current().totals[rec.row]
-    assert totals[0, [3, 7]].tolist() == [3, 1] and totals[0].sum() == 4
+    assert totals[0, [3, 7]].tolist() == [6, 2] and totals[0].sum() == 8
     assert totals[1, [3, 7]].tolist() == [2, 1] and totals[1].sum() == 3
 
 
