@@ -709,7 +709,7 @@ def test_the_trusted_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store):
     rec._record_end_trusted(slots, start, 5 * MS, start + 5 * MS, None, 16)
     for part in OPEN_PARTS:
         assert not block(store, rec.row, part).any(), part
-    # (slot 3, slot 7): three calls and one, of which two failed and one
+    # (slot 3, slot 7): twice three calls and one; two and one of them failed
     expect = {
         "busy_ns": (30 * MS, 10 * MS),
         "completed": (6, 2),
