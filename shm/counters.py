@@ -840,7 +840,12 @@ def _namespace_counters(namespace: str) -> list[str]:
 
 
 _add_at = np.add.at
+# What a fan-out's end adds to per call in its bucket column, in the order of the values
+# record_end builds (then requests_total, failures, failures_total).
+_END_FIELDS = ("open", "open_start_sum", "busy_ns", "completed", "latency_ns")
+_END_CONSTANTS = np.array((-1, 0, 0, 1, 0, 1), dtype=np.int64)[:, None]
 _NO_SLOTS = np.empty(0, dtype=np.intp)
+_ONE = np.array(1, dtype=np.int64)  # a 0-d array: np.add.at skips the scalar conversion
 _max = np.maximum.reduce
 _min = np.minimum.reduce
 
@@ -909,6 +914,19 @@ class Recorder:
         self._requests_total = tot[0]
         self._failures_total = tot[1]
         self._stats = memoryview(m.stats[self.row])  # item updates at ~30 ns, no NumPy
+        # The whole row as one flat view, and per bucket column the word offsets (in that
+        # view) of what record_end adds to: one np.add.at for a whole fan-out's end.
+        self._row_words = m.rows2d[self.row]
+        lay = m.layout
+        cols = m.columns
+        self._end_offsets = [
+            np.array(
+                [lay[name] + j * cols for name in _END_FIELDS]
+                + [lay["requests_total"], lay["failures"] + j * cols, lay["failures_total"]],
+                dtype=np.intp,
+            )[:, None]
+            for j in range(k)
+        ]
         self._epoch = m.epoch
 
     def _follow(self) -> None:
@@ -993,17 +1011,31 @@ class Recorder:
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
-        s = self._slots(slots)
+        self._start(self._slots(slots), now_ns)
+
+    def _record_start_trusted(self, slots: np.ndarray, now_ns: int, bound: int) -> None:
+        """:meth:`record_start` for slots the caller checked (the router's own arrays).
+
+        ``slots`` is a 1-D ``intp`` array whose entries are in ``0 .. bound - 1``; only a
+        ``bound`` beyond this row's columns is checked (then as :meth:`record_start` does).
+        """
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        if bound > self._cols:
+            slots = self._slots(slots)  # grown meanwhile, or really out of range
+        self._start(slots, now_ns)
+
+    def _start(self, s: np.ndarray, now_ns: int) -> None:
         b = self._bucket_ns
         q = now_ns // b
         if q > self._period:
             self._rotate(q)
         if q > self._period - self._k:  # a bucket this row holds
             j = q % self._k
-            _add_at(self._open[j], s, 1)
+            _add_at(self._open[j], s, _ONE)
             _add_at(self._open_sum[j], s, now_ns - q * b)
         else:  # a thread that took long to get the row's lock: older than every bucket
-            _add_at(self._open_old, s, 1)
+            _add_at(self._open_old, s, _ONE)
 
     def record_end(
         self,
@@ -1058,35 +1090,84 @@ class Recorder:
             failed = np.asarray(failed, dtype=np.bool_)
             if failed.shape != (n,):
                 raise CounterInputError(f"failure flags have shape {failed.shape}, expected ({n},)")
-        scalar_start = isinstance(started_ns, (int, np.integer))
-        if not scalar_start:
-            st_arr = np.asarray(started_ns, dtype=np.int64)
-            if st_arr.shape != (n,):
-                raise CounterInputError(f"start times have shape {st_arr.shape}, expected ({n},)")
-        if n == 0:
-            return
+        if isinstance(started_ns, (int, np.integer)):
+            started: int | np.ndarray = int(started_ns)
+        else:
+            started = np.asarray(started_ns, dtype=np.int64)
+            if started.shape != (n,):
+                raise CounterInputError(f"start times have shape {started.shape}, expected ({n},)")
+        if n:
+            self._end(s, started, d, now_ns, failed)
+
+    def _record_end_trusted(
+        self,
+        slots: np.ndarray,
+        started_ns: int,
+        durations_ns: int | np.ndarray,
+        now_ns: int,
+        failed: np.ndarray | None,
+        bound: int,
+    ) -> None:
+        """:meth:`record_end` for arguments the caller checked (the router's own arrays).
+
+        ``slots``: a 1-D ``intp`` array with entries in ``0 .. bound - 1`` (only a
+        ``bound`` beyond this row's columns is checked); ``started_ns``: an ``int``;
+        ``durations_ns``: an ``int >= 0`` for every call or an ``int64`` array of
+        durations ``>= 0``; ``failed``: ``None`` or a ``bool`` array, one per call.
+        """
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        if bound > self._cols:
+            slots = self._slots(slots)
+        if slots.size:
+            self._end(slots, started_ns, durations_ns, now_ns, failed)
+
+    def _end(
+        self,
+        s: np.ndarray,
+        started: int | np.ndarray,
+        d: int | np.ndarray,
+        now_ns: int,
+        failed: np.ndarray | None,
+    ) -> None:
+        """Record the end of ``s.size > 0`` checked calls (see :meth:`record_end`).
+
+        ``started`` and ``d`` are an ``int`` for every call or an ``int64`` array each.
+        """
+        n = s.size
         b = self._bucket_ns
         period = now_ns // b
         if period > self._period:
             self._rotate(period)
+        scalar_start = started.__class__ is int
         # Threads sharing a row (LockedRecorder) may record slightly out of time order:
         # a period the row has moved past is still fine while its bucket is retained.
-        if scalar_start and started_ns >= period * b and period > self._period - self._k:
+        if scalar_start and started >= period * b and period > self._period - self._k:
             # Every call started in this bucket (and ended by now_ns): all of it is here,
-            # and so are its open entries (record_start put them in this bucket).
-            k = period % self._k
-            _add_at(self._open[k], s, -1)
-            _add_at(self._open_sum[k], s, period * b - started_ns)
-            _add_at(self._busy[k], s, d)
-            _add_at(self._completed[k], s, 1)
-            _add_at(self._latency[k], s, d)
-            _add_at(self._requests_total, s, 1)
-            if failed is not None:
-                _add_at(self._failures[k], s, failed)
-                _add_at(self._failures_total, s, failed)
+            # and so are its open entries (record_start put them in this bucket). One
+            # np.add.at over the row adds every field of every call (repeats add up).
+            offsets = self._end_offsets[period % self._k]
+            opened = period * b - started
+            if failed is None and d.__class__ is int:
+                vals = np.array((-1, opened, d, 1, d, 1), dtype=np.int64).repeat(n)
+                idx = np.add(offsets[:6], s)
+            else:
+                rows = 6 if failed is None else 8
+                v2 = np.empty((rows, n), dtype=np.int64)
+                v2[:6] = _END_CONSTANTS
+                v2[1] = opened
+                v2[2] = d
+                v2[4] = d
+                if failed is not None:
+                    v2[6] = failed
+                    v2[7] = failed
+                vals = v2.ravel()
+                idx = np.add(offsets[:rows], s)
+            _add_at(self._row_words, idx.ravel(), vals)
             return
-        st = np.full(n, started_ns, dtype=np.int64) if scalar_start else st_arr
-        self._record_end_spread(s, st, d, failed)
+        st = np.full(n, started, dtype=np.int64) if scalar_start else started
+        dd = np.full(n, d, dtype=np.int64) if d.__class__ is int else d
+        self._record_end_spread(s, st, dd, failed)
         _add_at(self._requests_total, s, 1)
         if failed is not None:
             _add_at(self._failures_total, s, failed)
@@ -1117,6 +1198,15 @@ class Recorder:
         st[0] += int(decisions)
         st[1] += int(fallbacks)
         st[2] += int(moves)
+
+    def _count_trusted(self, decisions: int, fallbacks: int, moves: int) -> None:
+        """:meth:`count` for Python ``int`` counts ``>= 0`` the caller computed itself."""
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        st = self._stats
+        st[0] += decisions
+        st[1] += fallbacks
+        st[2] += moves
 
     def _record_end_spread(
         self, s: np.ndarray, st: np.ndarray, d: np.ndarray, failed: np.ndarray | None
@@ -1192,6 +1282,28 @@ class LockedRecorder:
         with self._lock:
             self.recorder.count(decisions, fallbacks, moves)
 
+    def _record_start_trusted(self, slots: np.ndarray, now_ns: int, bound: int) -> None:
+        with self._lock:
+            self.recorder._record_start_trusted(slots, now_ns, bound)
+
+    def _record_end_trusted(
+        self,
+        slots: np.ndarray,
+        started_ns: int,
+        durations_ns: int | np.ndarray,
+        now_ns: int,
+        failed: np.ndarray | None,
+        bound: int,
+    ) -> None:
+        with self._lock:
+            self.recorder._record_end_trusted(
+                slots, started_ns, durations_ns, now_ns, failed, bound
+            )
+
+    def _count_trusted(self, decisions: int, fallbacks: int, moves: int) -> None:
+        with self._lock:
+            self.recorder._count_trusted(decisions, fallbacks, moves)
+
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back."""
         with self._lock:
@@ -1245,6 +1357,23 @@ class ThreadRecorder:
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """See :meth:`Recorder.count`."""
         self._mine().count(decisions, fallbacks, moves)
+
+    def _record_start_trusted(self, slots: np.ndarray, now_ns: int, bound: int) -> None:
+        self._mine()._record_start_trusted(slots, now_ns, bound)
+
+    def _record_end_trusted(
+        self,
+        slots: np.ndarray,
+        started_ns: int,
+        durations_ns: int | np.ndarray,
+        now_ns: int,
+        failed: np.ndarray | None,
+        bound: int,
+    ) -> None:
+        self._mine()._record_end_trusted(slots, started_ns, durations_ns, now_ns, failed, bound)
+
+    def _count_trusted(self, decisions: int, fallbacks: int, moves: int) -> None:
+        self._mine()._count_trusted(decisions, fallbacks, moves)
 
     @property
     def rows(self) -> list[int]:

@@ -801,3 +801,63 @@ def test_no_free_counter_row_still_routes(namespace, clock, caplog):
     finally:
         taken.release()
         h.close()
+
+
+def test_track_maps_the_routers_own_arrays_and_still_checks_them(host, clock):
+    """track() maps int32/int64 arrays with one bounds-checked take on the snapshot:
+    fallbacks set by the caller after routing are left out, bad indices are refused
+    (nothing recorded), and every dtype records the same counts."""
+    host.publish(lbcore.RingSet(endpoints(5)))
+    r = host.router()
+    idx, table = r.route_table(KEYS[:40])
+    want = np.bincount(idx, minlength=5)
+    for arr in (idx, idx.astype(np.int64), idx.astype(np.int16), idx.tolist()):
+        with r.track(arr, table):
+            during = host.loads().take(table.slots)
+            assert during.in_flight.tolist() == want.tolist()
+        assert host.loads().take(table.slots).in_flight.sum() == 0
+    idx[[0, 5, 6]] = -1  # the caller sent these through the ingress after all
+    with r.track(idx, table):
+        during = host.loads().take(table.slots).in_flight
+        assert during.tolist() == np.bincount(idx[idx >= 0], minlength=5).tolist()
+    before = host.loads().take(table.slots).requests_total.copy()
+    for bad in (5, -2, np.iinfo(np.int32).max, np.iinfo(np.int32).min):
+        wrong = idx.copy()
+        wrong[7] = bad
+        with pytest.raises(RouterInputError, match=r"-1\.\.4"):
+            r.track(wrong, table)
+        with pytest.raises(RouterInputError, match=r"-1\.\.4"):
+            r.track(wrong.astype(np.int64), table)
+    with pytest.raises(RouterInputError, match="integer"):
+        r.track(idx.reshape(5, 8), table)
+    assert host.loads().take(table.slots).in_flight.sum() == 0
+    assert host.loads().take(table.slots).requests_total.tolist() == before.tolist()
+    with r.track(np.empty(0, np.int32), table):
+        pass
+    assert r.stats()["failures"] == 0
+
+
+def test_the_routers_fade_draw_is_lbcores_ring_choice():
+    """The router's fade draw (0-d constants, no scalar operands) picks exactly the ring
+    lbcore.RingSet.ring_choice picks, with several fading rings, before, during and
+    after their fades; and its mix is lbcore's mix64."""
+    from lbcore.fade import FADE_SALT
+    from lbcore.hashing import mix64
+
+    rng = np.random.default_rng(5)
+    t0 = 10**15
+    rs = lbcore.RingSet(endpoints(20), duration_ns=D_NS)
+    rs = rs.scale_up(endpoints(3, net=1), t0).scale_up(endpoints(2, net=2), t0 + D_NS // 3)
+    h = rng.integers(0, 2**64, 5000, dtype=np.uint64)
+    assert np.array_equal(router_mod._fade_mix(h), mix64(h, FADE_SALT))
+    width = len(rs.rings[-1].hashes)
+    seen = set()
+    for now in [t0 - 1, t0, t0 + 1, *rng.integers(t0, t0 + 2 * D_NS, 12).tolist(), t0 + 5 * D_NS]:
+        want = rs.ring_choice(h, now)
+        got = router_mod._ring_offsets(rs, h, now, width)
+        got = np.zeros(h.size, np.intp) if got is None else got
+        assert got.dtype == np.intp
+        assert np.array_equal(got, want * width), now
+        seen.update(np.unique(want).tolist())
+    assert seen == {0, 1, 2}  # every ring was drawn somewhere
+    assert router_mod._ring_offsets(rs, h[:0], t0 + D_NS, width).size == 0

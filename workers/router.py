@@ -111,8 +111,8 @@ import numpy as np
 
 import lbcore
 import shm
-from lbcore.fade import fadein_scores, skipper_fadein_route
-from lbcore.hashing import unit_interval
+from lbcore.fade import FADE_SALT, fadein_scores, skipper_fadein_route
+from lbcore.hashing import unit_interval, unit_threshold
 from lbcore.knobs import Knob, parse_seconds
 
 __all__ = [
@@ -201,6 +201,7 @@ class _Snapshot:
         "read_ns",
         "routed",
         "slots",
+        "slots_ext",
         "table",
     )
 
@@ -215,6 +216,9 @@ class _Snapshot:
         knobs = table.knobs
         self.table = table
         self.slots = slots
+        # Counter slot of index i at i + 1, a placeholder for fallback (-1) at 0: track()
+        # maps a fan-out with one bounds-checked take (see _fast_slots).
+        self.slots_ext = np.concatenate((_SLOT_PLACEHOLDER, slots))
         self.loads = loads
         self.read_ns = read_ns
         self.due_ns = due_ns
@@ -899,8 +903,8 @@ class Router:
             elif s.mode == "off":
                 flat = pos + last * answer.shape[1]
             else:
-                flat = rs.ring_choice(h, now) * answer.shape[1]
-                flat += pos
+                off = _ring_offsets(rs, h, now, answer.shape[1])
+                flat = pos if off is None else np.add(pos, off)
             idx = answer.take(flat)
             moved = None if moved_table is None else moved_table.take(flat)
         if not gate.passes_all:
@@ -962,7 +966,7 @@ class Router:
         rec = self._rec
         if rec is not None:
             try:
-                rec.count(decisions, fallbacks, moves)
+                rec._count_trusted(decisions, fallbacks, moves)  # our own ints >= 0
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 log.warning("decision counts not recorded: %s", exc)
 
@@ -1041,7 +1045,8 @@ class Router:
         attempt
             The attempt these calls are (for the failure log line).
         """
-        self._check_usable()
+        if self._forked or self._closed:  # (the at-fork hook sets _forked in a child)
+            self._check_usable()
         if table is None or keys is None:
             last = self._routed_on(idx)
             if last is not None:
@@ -1050,10 +1055,25 @@ class Router:
                 if keys is None and idx is last[0] and last[2] is not None:
                     keys = last[2]
         t = self.table() if table is None else table
-        arr = _indices(idx, len(t.endpoints))
+        snap = self._snap
+        if (
+            snap is not None
+            and snap.table is t
+            and idx.__class__ is np.ndarray
+            and idx.dtype is _I32  # (route's own; int64 i + 1 as uint64 could wrap to -1)
+            and idx.ndim == 1
+        ):
+            slots, calls = _fast_slots(idx, snap.slots_ext, len(t.endpoints))
+            arr = idx
+        else:
+            arr = _indices(idx, len(t.endpoints))
+            slots = calls = None
         if keys is not None and len(keys) != arr.size:
             raise RouterInputError(f"track got {len(keys)} keys for {arr.size} calls")
-        return Tracker(self, arr, t, keys, int(attempt))
+        tracker = Tracker(self, arr, t, keys, int(attempt))
+        if slots is not None:
+            tracker._mapped = (slots, calls)
+        return tracker
 
     def close(self) -> None:
         """Give the counter row back and drop the mappings (idempotent)."""
@@ -1094,6 +1114,86 @@ class Router:
 
 _FAR_FUTURE = (1 << 62) - 1
 _umax = np.maximum.reduce  # every fading ring at share 1 (fade_mode=off)
+_umin = np.minimum.reduce
+_count_nonzero = np.count_nonzero  # a quarter of a ufunc reduction's call cost
+_I32 = np.dtype(np.int32)
+_ONE32 = np.array(1, dtype=np.int32)  # 0-d: no scalar conversion per call
+_SLOT_PLACEHOLDER = np.zeros(1, dtype=np.intp)
+
+# lbcore's fade draw (RingSet.ring_choice: MurmurHash3 fmix64 of hash ^ FADE_SALT, see
+# lbcore.hashing.mix64) with every constant a 0-d array: a NumPy call with a scalar
+# operand pays a conversion each time (~0.25 us of a ~0.35 us call at batch 100).
+_U64 = np.uint64
+_MIX_SALT = np.array(FADE_SALT, dtype=_U64)
+_MIX_SHIFT = np.array(33, dtype=_U64)
+_MIX_C1 = np.array(0xFF51AFD7ED558CCD, dtype=_U64)
+_MIX_C2 = np.array(0xC4CEB9FE1A85EC53, dtype=_U64)
+
+
+def _fade_mix(h: np.ndarray) -> np.ndarray:
+    """``lbcore.hashing.mix64(h, FADE_SALT)`` in nine calls without scalar operands."""
+    # Three buffers in turn: an output that is also an input costs NumPy an overlap
+    # check, 2.5x the call on small batches.
+    a = np.bitwise_xor(h, _MIX_SALT)
+    b = np.right_shift(a, _MIX_SHIFT)
+    c = np.bitwise_xor(a, b)
+    np.multiply(c, _MIX_C1, out=a)
+    np.right_shift(a, _MIX_SHIFT, out=b)
+    np.bitwise_xor(a, b, out=c)
+    np.multiply(c, _MIX_C2, out=a)
+    np.right_shift(a, _MIX_SHIFT, out=b)
+    return np.bitwise_xor(a, b, out=c)
+
+
+def _ring_offsets(rs: lbcore.RingSet, h: np.ndarray, now_ns: int, width: int) -> np.ndarray | None:
+    """``rs.ring_choice(h, now_ns) * width`` (``intp``); ``None`` when every key uses ring 0.
+
+    lbcore's rule: each key uses the newest ring ``k`` whose share exceeds its draw.
+    """
+    off: np.ndarray | None = None
+    mixed = None
+    for k, share in enumerate(rs.share_list(now_ns), start=1):
+        # Shares fall from older to newer rings, so later (newer) rings overwrite.
+        t = unit_threshold(share)
+        if t == 0:
+            continue
+        if t >> 64:
+            off = np.full(h.size, k * width, dtype=np.intp)
+            continue
+        if mixed is None:
+            mixed = _fade_mix(h)
+        below = np.less(mixed, np.array(t, dtype=_U64))
+        if off is None:
+            off = np.multiply(below, np.array(k * width, dtype=np.intp))
+        else:
+            np.copyto(off, k * width, where=below)
+    return off
+
+
+def _fast_slots(
+    idx: np.ndarray, slots_ext: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Counter slots of the routed calls of ``idx`` (1-D ``int32``), and their positions.
+
+    ``slots_ext`` is a snapshot's :attr:`_Snapshot.slots_ext` for ``n`` endpoints. The
+    bounds check is the take itself: ``i + 1`` as unsigned is in ``0 .. n`` exactly for
+    ``-1 <= i < n``. Positions are ``None`` when no call is a fallback.
+
+    Raises
+    ------
+    RouterInputError
+        An index outside ``-1 .. n - 1``.
+    """
+    u = np.add(idx, _ONE32).view(np.uint32)  # below 2**32: take converts it exactly
+    try:
+        slots = slots_ext.take(u)
+    except IndexError:
+        _indices(idx, n)  # raises the error that names the bad values
+        raise
+    if _count_nonzero(u) != u.size:  # a fallback (-1) call: not recorded
+        routed = u != 0
+        return slots[routed], np.flatnonzero(routed)
+    return slots, None
 
 
 def _indices(idx: Any, n: int) -> np.ndarray:
@@ -1146,6 +1246,7 @@ class Tracker:
         "_exited",
         "_failed",
         "_logged",
+        "_mapped",
         "_n",
         "_rec",
         "_slots",
@@ -1181,23 +1282,37 @@ class Tracker:
         self._failed: np.ndarray | None = None
         self._logged: set[int] = set()
         self._entered = self._exited = False
+        # (slots, positions) computed by Router.track on the snapshot of this table.
+        self._mapped: tuple[np.ndarray, np.ndarray | None] | None = None
 
     def __enter__(self) -> Tracker:
         if self._entered:
             raise RouterStateError("a tracker records one fan-out; call router.track() again")
         self._entered = True
         router = self.router
-        router._check_usable()
+        if router._forked or router._closed:
+            router._check_usable()
+        t = self.table
+        mapped = self._mapped
+        if mapped is not None:
+            # Router.track mapped the calls on the snapshot's private copy of the slots.
+            self._slots, self._calls = mapped
+            self._n = self._slots.size
+            self._rec = rec = router._rec
+            self._start = start = int(router._clock())
+            if rec is not None and self._n:
+                rec._record_start_trusted(self._slots, start, t.n_slots)
+            return self
         idx = self.idx
-        routed = idx >= 0
-        if not bool(routed.all()):
+        if _count_nonzero(idx >= 0) != idx.size:
+            routed = idx >= 0
             self._calls = np.flatnonzero(routed)
             idx = idx[routed]
         self._n = idx.size
         snap = router._snap
-        t = self.table
         if snap is not None and snap.table is t:
-            # The snapshot's private copy of the current table's slots.
+            # The snapshot's private copy of the current table's slots (checked to be in
+            # 0 .. n_slots - 1 when the snapshot was taken).
             self._slots = snap.slots.take(idx)
         else:
             self._slots = t.slots.take(idx).astype(np.intp)
@@ -1213,9 +1328,9 @@ class Tracker:
                 )
                 self._slots = np.empty(0, dtype=np.intp)
         self._rec = router._rec
-        self._start = router._clock()
+        self._start = start = int(router._clock())
         if self._rec is not None and self._slots.size:
-            self._rec.record_start(self._slots, self._start)
+            self._rec._record_start_trusted(self._slots, start, t.n_slots)
         return self
 
     def _position(self, i: int) -> int | None:
@@ -1288,14 +1403,16 @@ class Tracker:
         rec = self._rec
         if rec is None or not self._slots.size:
             return
-        end = self.router._clock()
+        end = int(self.router._clock())
         if self._ends is None:
-            durations: Any = np.full(self._slots.size, max(end - self._start, 0), np.int64)
+            durations: Any = max(end - self._start, 0)  # every call: one int
         else:
             ends = np.where(self._ends < 0, end, self._ends)
             durations = np.maximum(ends - self._start, 0)
         try:
-            rec.record_end(self._slots, self._start, durations, end, self._failed)
+            rec._record_end_trusted(
+                self._slots, self._start, durations, end, self._failed, self.table.n_slots
+            )
         except shm.ShmError as exc:
             # Released meanwhile (router closed, counters replaced): nothing to add to.
             log.warning("fan-out end not recorded: %s", exc)

@@ -648,3 +648,91 @@ def test_an_empty_fan_out_records_nothing_and_raises_nothing(store):
     rec.record_end([], T0, [], T0 + MS)
     rec.record_end(np.array([], np.int32), [], np.array([], np.int64), T0 + MS, failed=[])
     assert np.array_equal(raw(store, rec.row), before)
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_the_trusted_path_records_what_one_call_at_a_time_records(store, seed):
+    """The router's trusted calls record exactly what checked per-call recording does:
+    repeated slots, one duration for all calls or one each, failures or none, calls
+    spanning buckets and ending in later ones."""
+    rng = np.random.default_rng(seed)
+    fast, single = store.claim(), store.claim()
+    calls = np.zeros(16, np.int64)
+    fails = np.zeros(16, np.int64)
+    now = T0
+    for _ in range(80):
+        n = int(rng.integers(0, 30))
+        slots = rng.integers(0, 4 if rng.random() < 0.5 else 16, n).astype(np.intp)
+        start = now + int(rng.integers(0, 150 * MS))
+        fast._record_start_trusted(slots, start, 16)
+        for s in slots.tolist():
+            single.record_start([s], start)
+        if rng.random() < 0.5:  # Tracker without done(): one int for every call
+            d: int | np.ndarray = int(rng.integers(0, 500 * MS))
+            durs = np.full(n, d, dtype=np.int64)
+        else:
+            d = durs = rng.integers(0, 500 * MS, n)
+        end = start + int(durs.max(initial=0)) + int(rng.integers(0, 5 * MS))
+        failed = rng.random(n) < 0.3 if rng.random() < 0.5 else None
+        fast._record_end_trusted(slots, start, d, end, failed, 16)
+        for i in range(n):
+            f = None if failed is None else failed[i : i + 1]
+            single.record_end(slots[i : i + 1], start, durs[i : i + 1], end, failed=f)
+        np.add.at(calls, slots, 1)
+        if failed is not None:
+            np.add.at(fails, slots, failed)
+        now = end + int(rng.integers(0, 300 * MS))
+    assert np.array_equal(raw(store, fast.row), raw(store, single.row))
+    totals = store._ctl.current().totals
+    assert totals[fast.row, 0, :16].tolist() == calls.tolist()
+    assert totals[fast.row, 1, :16].tolist() == fails.tolist()
+    assert np.array_equal(totals[fast.row], totals[single.row])
+    for part in OPEN_PARTS:  # nothing left in flight
+        assert not block(store, fast.row, part).any(), part
+
+
+def test_the_trusted_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store):
+    rec = store.claim()
+    slots = np.array([3, 3, 7, 3], dtype=np.intp)
+    start = T0 + 20 * MS
+    rec._record_start_trusted(slots, start, 16)
+    k = (start // store.bucket_ns) % (store._ctl.buckets)
+    assert block(store, rec.row, "open")[k, [3, 7]].tolist() == [3, 1]
+    assert block(store, rec.row, "open_start_sum")[k, [3, 7]].tolist() == [60 * MS, 20 * MS]
+    failed = np.array([1, 0, 1, 1], bool)
+    rec._record_end_trusted(slots, start, 5 * MS, start + 5 * MS, failed, 16)
+    totals = store._ctl.current().totals[rec.row]
+    assert totals[0, [3, 7]].tolist() == [3, 1] and totals[0].sum() == 4
+    assert totals[1, [3, 7]].tolist() == [2, 1] and totals[1].sum() == 3
+    # And the same fan-out again without failures (the end path without them).
+    rec._record_start_trusted(slots, start, 16)
+    rec._record_end_trusted(slots, start, 5 * MS, start + 5 * MS, None, 16)
+    for part in OPEN_PARTS:
+        assert not block(store, rec.row, part).any(), part
+    # (slot 3, slot 7): twice three calls and one; two and one of them failed
+    expect = {
+        "busy_ns": (30 * MS, 10 * MS),
+        "completed": (6, 2),
+        "latency_ns": (30 * MS, 10 * MS),
+        "failures": (2, 1),
+    }
+    for name, (v3, v7) in expect.items():
+        got = block(store, rec.row, name)
+        assert got[k, [3, 7]].tolist() == [v3, v7], name
+        assert got.sum() == v3 + v7, name  # nothing anywhere else
+    totals = store._ctl.current().totals[rec.row]
+    assert totals[0, [3, 7]].tolist() == [6, 2] and totals[0].sum() == 8
+    assert totals[1, [3, 7]].tolist() == [2, 1] and totals[1].sum() == 3
+
+
+def test_the_trusted_path_follows_growth_and_still_checks_beyond_its_columns(store):
+    rec = store.claim()
+    store.ensure_columns(40)  # another process grew the counters: rec has 16 columns
+    rec._record_start_trusted(np.array([30], dtype=np.intp), T0, 40)
+    rec._record_end_trusted(np.array([30], dtype=np.intp), T0, MS, T0 + MS, None, 40)
+    loads = store.reader().read(T0 + MS)
+    assert loads.completed[30] == 1 and loads.in_flight.sum() == 0
+    before = raw(store, rec.row)
+    with pytest.raises(CounterInputError, match=r"0\.\.39"):
+        rec._record_start_trusted(np.array([50], dtype=np.intp), T0, 64)
+    assert np.array_equal(raw(store, rec.row), before)
