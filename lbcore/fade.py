@@ -506,9 +506,18 @@ class RingSet:
 
     def ring_choice(self, hashes: np.ndarray, now_ns: int) -> np.ndarray:
         """Index of the ring each key uses: the newest ring ``k`` with ``u < s_k``, else 0."""
-        choice = np.zeros(hashes.size, dtype=np.intp)
+        off = self.ring_offsets(hashes, now_ns, 1)
+        return np.zeros(hashes.size, dtype=np.intp) if off is None else off
+
+    def ring_offsets(self, hashes: np.ndarray, now_ns: int, width: int) -> np.ndarray | None:
+        """:meth:`ring_choice` times ``width`` (``intp``), or ``None`` when every key uses ring 0.
+
+        The row offset of each key's ring in a ``(rings, width)`` table such as
+        :meth:`answer_table`'s, in as few array calls as the choice needs.
+        """
         if not self.starts_ns:
-            return choice
+            return None
+        off: np.ndarray | None = None
         mixed = None
         for k, share in enumerate(self.share_list(now_ns), start=1):
             # Shares fall from older to newer rings, so later (newer) rings overwrite.
@@ -516,12 +525,16 @@ class RingSet:
             if t == 0:
                 continue
             if t >> 64:
-                choice[:] = k
+                off = np.full(hashes.size, k * width, dtype=np.intp)
                 continue
             if mixed is None:
                 mixed = mix64(hashes, FADE_SALT)
-            choice[mixed < np.uint64(t)] = k
-        return choice
+            below = np.less(mixed, np.array(t, dtype=np.uint64))
+            if off is None:
+                off = np.multiply(below, np.array(k * width, dtype=np.intp))
+            else:
+                np.copyto(off, k * width, where=below)
+        return off
 
     # ---------------------------------------------------------------------------------
     # Events.

@@ -524,3 +524,37 @@ def test_bounded_answer_table_equals_a_redirect_table_per_ring(hops):
         ]
     )
     np.testing.assert_array_equal(one.answer_table(load, 1.1, max_hops=hops), want)
+
+
+def test_ring_offsets_and_mix64_match_a_per_key_reference():
+    """The vectorized fade draw (mix64 with 0-d constants, ring_offsets) against the
+    scalar fmix64 and the rule written per key: the newest ring k with u < s_k(t)."""
+    from lbcore.fade import FADE_SALT
+    from lbcore.hashing import mix64, mix64_of, unit_threshold
+
+    rng = np.random.default_rng(5)
+    d_ns = 30_000_000_000
+    t0 = 10**15
+    eps = [f"http://10.0.0.{i}:80" for i in range(20)]
+    rs = lbcore.RingSet(eps, duration_ns=d_ns)
+    rs = rs.scale_up(["http://10.0.1.1:80", "http://10.0.1.2:80"], t0)
+    rs = rs.scale_up(["http://10.0.2.1:80"], t0 + d_ns // 3)
+    h = rng.integers(0, 2**64, 3000, dtype=np.uint64)
+    mixed = mix64_of(h.tolist(), FADE_SALT)
+    assert mix64(h, FADE_SALT).tolist() == mixed
+    assert mix64(h, 12345).tolist() == mix64_of(h.tolist(), 12345)  # any salt
+    width = 7
+    seen = set()
+    for now in [t0 - 1, t0, t0 + 1, *rng.integers(t0, t0 + 2 * d_ns, 10).tolist(), t0 + 5 * d_ns]:
+        thresholds = [unit_threshold(s) for s in rs.share_list(now)]
+        want = [
+            max((k for k, t in enumerate(thresholds, start=1) if m < t), default=0) for m in mixed
+        ]
+        got = rs.ring_offsets(h, now, width)
+        got = [0] * h.size if got is None else got.tolist()
+        assert got == [w * width for w in want], now
+        assert rs.ring_choice(h, now).tolist() == want
+        seen.update(want)
+    assert seen == {0, 1, 2}
+    assert rs.ring_offsets(h[:0], t0 + d_ns, width).size == 0
+    assert lbcore.RingSet(eps).ring_offsets(h, t0, width) is None  # no fading ring

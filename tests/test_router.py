@@ -835,29 +835,3 @@ def test_track_maps_the_routers_own_arrays_and_still_checks_them(host, clock):
     with r.track(np.empty(0, np.int32), table):
         pass
     assert r.stats()["failures"] == 0
-
-
-def test_the_routers_fade_draw_is_lbcores_ring_choice():
-    """The router's fade draw (0-d constants, no scalar operands) picks exactly the ring
-    lbcore.RingSet.ring_choice picks, with several fading rings, before, during and
-    after their fades; and its mix is lbcore's mix64."""
-    from lbcore.fade import FADE_SALT
-    from lbcore.hashing import mix64
-
-    rng = np.random.default_rng(5)
-    t0 = 10**15
-    rs = lbcore.RingSet(endpoints(20), duration_ns=D_NS)
-    rs = rs.scale_up(endpoints(3, net=1), t0).scale_up(endpoints(2, net=2), t0 + D_NS // 3)
-    h = rng.integers(0, 2**64, 5000, dtype=np.uint64)
-    assert np.array_equal(router_mod._fade_mix(h), mix64(h, FADE_SALT))
-    width = len(rs.rings[-1].hashes)
-    seen = set()
-    for now in [t0 - 1, t0, t0 + 1, *rng.integers(t0, t0 + 2 * D_NS, 12).tolist(), t0 + 5 * D_NS]:
-        want = rs.ring_choice(h, now)
-        got = router_mod._ring_offsets(rs, h, now, width)
-        got = np.zeros(h.size, np.intp) if got is None else got
-        assert got.dtype == np.intp
-        assert np.array_equal(got, want * width), now
-        seen.update(np.unique(want).tolist())
-    assert seen == {0, 1, 2}  # every ring was drawn somewhere
-    assert router_mod._ring_offsets(rs, h[:0], t0 + D_NS, width).size == 0

@@ -111,8 +111,8 @@ import numpy as np
 
 import lbcore
 import shm
-from lbcore.fade import FADE_SALT, fadein_scores, skipper_fadein_route
-from lbcore.hashing import unit_interval, unit_threshold
+from lbcore.fade import fadein_scores, skipper_fadein_route
+from lbcore.hashing import unit_interval
 from lbcore.knobs import Knob, parse_seconds
 
 __all__ = [
@@ -903,7 +903,7 @@ class Router:
             elif s.mode == "off":
                 flat = pos + last * answer.shape[1]
             else:
-                off = _ring_offsets(rs, h, now, answer.shape[1])
+                off = rs.ring_offsets(h, now, answer.shape[1])
                 flat = pos if off is None else np.add(pos, off)
             idx = answer.take(flat)
             moved = None if moved_table is None else moved_table.take(flat)
@@ -1119,55 +1119,6 @@ _count_nonzero = np.count_nonzero  # a quarter of a ufunc reduction's call cost
 _I32 = np.dtype(np.int32)
 _ONE32 = np.array(1, dtype=np.int32)  # 0-d: no scalar conversion per call
 _SLOT_PLACEHOLDER = np.zeros(1, dtype=np.intp)
-
-# lbcore's fade draw (RingSet.ring_choice: MurmurHash3 fmix64 of hash ^ FADE_SALT, see
-# lbcore.hashing.mix64) with every constant a 0-d array: a NumPy call with a scalar
-# operand pays a conversion each time (~0.25 us of a ~0.35 us call at batch 100).
-_U64 = np.uint64
-_MIX_SALT = np.array(FADE_SALT, dtype=_U64)
-_MIX_SHIFT = np.array(33, dtype=_U64)
-_MIX_C1 = np.array(0xFF51AFD7ED558CCD, dtype=_U64)
-_MIX_C2 = np.array(0xC4CEB9FE1A85EC53, dtype=_U64)
-
-
-def _fade_mix(h: np.ndarray) -> np.ndarray:
-    """``lbcore.hashing.mix64(h, FADE_SALT)`` in nine calls without scalar operands."""
-    # Three buffers in turn: an output that is also an input costs NumPy an overlap
-    # check, 2.5x the call on small batches.
-    a = np.bitwise_xor(h, _MIX_SALT)
-    b = np.right_shift(a, _MIX_SHIFT)
-    c = np.bitwise_xor(a, b)
-    np.multiply(c, _MIX_C1, out=a)
-    np.right_shift(a, _MIX_SHIFT, out=b)
-    np.bitwise_xor(a, b, out=c)
-    np.multiply(c, _MIX_C2, out=a)
-    np.right_shift(a, _MIX_SHIFT, out=b)
-    return np.bitwise_xor(a, b, out=c)
-
-
-def _ring_offsets(rs: lbcore.RingSet, h: np.ndarray, now_ns: int, width: int) -> np.ndarray | None:
-    """``rs.ring_choice(h, now_ns) * width`` (``intp``); ``None`` when every key uses ring 0.
-
-    lbcore's rule: each key uses the newest ring ``k`` whose share exceeds its draw.
-    """
-    off: np.ndarray | None = None
-    mixed = None
-    for k, share in enumerate(rs.share_list(now_ns), start=1):
-        # Shares fall from older to newer rings, so later (newer) rings overwrite.
-        t = unit_threshold(share)
-        if t == 0:
-            continue
-        if t >> 64:
-            off = np.full(h.size, k * width, dtype=np.intp)
-            continue
-        if mixed is None:
-            mixed = _fade_mix(h)
-        below = np.less(mixed, np.array(t, dtype=_U64))
-        if off is None:
-            off = np.multiply(below, np.array(k * width, dtype=np.intp))
-        else:
-            np.copyto(off, k * width, where=below)
-    return off
 
 
 def _fast_slots(
