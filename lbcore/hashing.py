@@ -676,6 +676,15 @@ def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray
             out = _hash_separated(joined, n, 0x0A, max_key_bytes)
             if out is not None:
                 return out
+    elif type(first) is bytes:
+        try:
+            joined_b = b"\n".join(keys)  # bytes-like keys only; anything else raises
+        except TypeError:
+            joined_b = None  # mixed types: the general path names the bad key
+        if joined_b is not None:
+            out = _hash_separated(joined_b, n, 0x0A, max_key_bytes)
+            if out is not None:  # None: some key holds a newline
+                return out
     elif type(first) is int and set(map(type, keys)) == {int}:  # bool is not int here
         try:
             values = np.fromiter(keys, dtype=np.int64, count=n)

@@ -207,3 +207,19 @@ def test_max_key_bytes_counts_utf8_bytes_on_the_short_str_path():
     )
     with pytest.raises(lbcore.KeyEncodingError):
         lbcore.hash_keys(["k", "a\udc80"], max_key_bytes=lim)
+
+
+@pytest.mark.parametrize("n", [600, 3000])
+def test_long_bytes_batches_take_the_joined_path_and_match_xxhash(n):
+    import xxhash
+
+    rng = np.random.default_rng(n)
+    same = [f"SKU{int(v)}".encode() for v in rng.integers(10**9, 10**10, n)]
+    mixed = [bytes(rng.integers(0, 256, int(k), dtype=np.uint8)) for k in rng.integers(0, 40, n)]
+    for keys in (same, mixed, [*same[:-2], b"with\nnewline", bytearray(b"ba")]):
+        want = [xxhash.xxh64_intdigest(bytes(k)) for k in keys]
+        assert lbcore.hash_keys(keys).tolist() == want
+    with pytest.raises(lbcore.KeyTypeError, match=f"key {n} has type float"):
+        lbcore.hash_keys([*same, 1.5])
+    with pytest.raises(lbcore.KeyTooLongError):
+        lbcore.hash_keys([*same[:-1], b"x" * 5000], max_key_bytes=4096)
