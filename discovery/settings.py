@@ -15,7 +15,7 @@ knobs stay in force) and logged; a deleted ConfigMap falls back to flags/environ
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import shm
@@ -29,7 +29,7 @@ from lbcore.knobs import (
     from_mapping,
     parse_bool,
     parse_choice,
-    parse_seconds,
+    seconds_at_least,
 )
 from lbcore.knobs import docs_table as _docs_table
 
@@ -47,18 +47,6 @@ __all__ = [
 #: Routing knobs carried by the tables: the fields of :class:`shm.Knobs` (fade duration,
 #: exponent and vnodes travel in the ring set itself).
 PUBLISHED_KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(shm.Knobs))
-
-
-def seconds_at_least(minimum: float) -> Callable[[str], float]:
-    """A parser of a finite number of seconds (``"2"``, ``"2.5s"``) that is ``>= minimum``."""
-
-    def parse(text: str) -> float:
-        value = parse_seconds(text)
-        if value < minimum:
-            raise ValueError(f"expected seconds >= {minimum:g}")
-        return value
-
-    return parse
 
 
 def _text(text: str) -> str:

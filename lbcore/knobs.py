@@ -35,6 +35,7 @@ __all__ = [
     "parse_bool",
     "parse_choice",
     "parse_seconds",
+    "seconds_at_least",
 ]
 
 #: Fade-in mechanisms: cslb's N-ring fade-in, Skipper's probabilistic one, or none.
@@ -169,6 +170,18 @@ def _positive(text: str) -> float:
     if value <= 0:
         raise ValueError("expected a number > 0")
     return value
+
+
+def seconds_at_least(minimum: float) -> Callable[[str], float]:
+    """A parser of a finite number of seconds (``"2"``, ``"2.5s"``) that is ``>= minimum``."""
+
+    def parse(text: str) -> float:
+        value = parse_seconds(text)
+        if value < minimum:
+            raise ValueError(f"expected seconds >= {minimum:g}")
+        return value
+
+    return parse
 
 
 def _vnodes(text: str) -> int:

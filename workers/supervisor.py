@@ -38,7 +38,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from lbcore.knobs import Knob, KnobError, from_mapping, parse_bool, parse_choice, parse_seconds
+from lbcore.knobs import (
+    Knob,
+    KnobError,
+    from_mapping,
+    parse_bool,
+    parse_choice,
+    seconds_at_least,
+)
 
 __all__ = [
     "DISCOVERY_MODES",
@@ -50,16 +57,6 @@ __all__ = [
 
 #: ``embedded``: the master runs discovery as its child; ``external``: a sidecar does.
 DISCOVERY_MODES = ("embedded", "external")
-
-
-def _seconds_at_least(minimum: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        value = parse_seconds(text)
-        if value < minimum:
-            raise ValueError(f"expected seconds >= {minimum:g}")
-        return value
-
-    return parse
 
 
 def _rows(text: str) -> int:
@@ -102,7 +99,7 @@ SUPERVISOR_KNOBS: tuple[Knob, ...] = (
         "CSLB_DISCOVERY_START_WAIT",
         "--discovery-start-wait",
         10.0,
-        _seconds_at_least(0.0),
+        seconds_at_least(0.0),
         "How long in seconds the master waits for the first published table before it "
         "forks workers (they route everything to the fallback until a table exists).",
         "SECONDS",
@@ -112,7 +109,7 @@ SUPERVISOR_KNOBS: tuple[Knob, ...] = (
         "CSLB_DISCOVERY_RESTART_BACKOFF",
         "--discovery-restart-backoff",
         0.5,
-        _seconds_at_least(0.0),
+        seconds_at_least(0.0),
         "Delay in seconds before the master restarts a dead discovery process; doubles "
         "per consecutive failure up to the maximum and resets after 30 s of life.",
         "SECONDS",
@@ -122,7 +119,7 @@ SUPERVISOR_KNOBS: tuple[Knob, ...] = (
         "CSLB_DISCOVERY_RESTART_BACKOFF_MAX",
         "--discovery-restart-backoff-max",
         30.0,
-        _seconds_at_least(0.0),
+        seconds_at_least(0.0),
         "Longest delay in seconds between restarts of a discovery process that keeps dying.",
         "SECONDS",
     ),
@@ -131,7 +128,7 @@ SUPERVISOR_KNOBS: tuple[Knob, ...] = (
         "CSLB_DISCOVERY_STOP_TIMEOUT",
         "--discovery-stop-timeout",
         5.0,
-        _seconds_at_least(0.0),
+        seconds_at_least(0.0),
         "How long in seconds the master waits for discovery to exit after SIGTERM before "
         "it sends SIGKILL.",
         "SECONDS",
@@ -141,7 +138,7 @@ SUPERVISOR_KNOBS: tuple[Knob, ...] = (
         "CSLB_DISCOVERY_STALL_TIMEOUT",
         "--discovery-stall-timeout",
         30.0,
-        _seconds_at_least(0.0),
+        seconds_at_least(0.0),
         "A running discovery process whose heartbeat in the tables is older than this "
         "many seconds is hung: the master SIGKILLs it and starts a new one. 0: never.",
         "SECONDS",
