@@ -17,6 +17,9 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+import numpy as np
+
+from lbcore.bounded import target_load
 from workers.metrics import EndpointState, HostSnapshot
 
 __all__ = ["bar_scale", "render"]
@@ -117,10 +120,13 @@ def _endpoints(s: HostSnapshot) -> str:
     bf = s.knobs.get("balance_factor")
     signal = s.knobs.get("load_signal", "occupancy")
     loads = [e.load for e in s.endpoints if e.load is not None and not e.ejected]
-    # Bounded load's bar (lbcore.Ring.lookup_bounded): balance_factor × (1 + Σ load) / n
-    # over the eligible endpoints, in the unit of the table's load signal. None on an
-    # idle host (nobody can be over it).
-    bar = bf * (1.0 + sum(loads)) / len(loads) if bf is not None and sum(loads) > 0 else None
+    # Bounded load's bar, by lbcore's rule (balance_factor × (1 + Σ load) / n over the
+    # eligible endpoints), in the unit of the table's load signal. None on an idle host
+    # (nobody can be over it).
+    bar = None
+    if bf is not None and sum(loads) > 0:
+        arr = np.asarray(loads, dtype=np.float64)
+        bar = target_load(arr, np.ones(arr.size, dtype=np.bool_), float(bf))
     limit = bar if signal == "occupancy" else None  # drawn on the occupancy bars only then
     scale = bar_scale(s.endpoints, limit)
     window = f" over {s.window_s:g} s" if s.window_s else ""
