@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,28 +23,34 @@ from perf.suite import build_parser
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _bench(*args: str, out: Path) -> subprocess.CompletedProcess:
+def _bench(*args: str, out: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """Run ``python -m perf --quick``; the finished process and its PID."""
     env = {k: v for k, v in os.environ.items() if k != "GUNICORN_CMD_ARGS"}
-    return subprocess.run(
-        [sys.executable, "-m", "perf", "--quick", "--out", str(out), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    argv = [sys.executable, "-m", "perf", "--quick", "--out", str(out), *args]
+    with subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), proc.pid
 
 
-def _segments() -> set[str]:
-    return {s for s in os.listdir("/dev/shm") if s.startswith("cslb.perf")}
+def _segments(pid: int) -> set[str]:
+    """Segments of the namespaces a benchmark process ``pid`` made (``perf<tag><pid><6 hex>``).
+
+    Other benchmark runs on the machine (their own PIDs) are not counted.
+    """
+    mine = re.compile(rf"cslb\.perf[a-z]+{pid}[0-9a-f]{{6}}\.")
+    return {s for s in os.listdir("/dev/shm") if mine.match(s)}
 
 
 def test_quick_run_writes_results_page_with_tables(tmp_path: Path) -> None:
-    before = _segments()
-    run = _bench("--only", "inprocess,control", out=tmp_path)
+    run, pid = _bench("--only", "inprocess,control", out=tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert _segments() <= before, "the benchmark left shared-memory segments behind"
+    assert not _segments(pid), "the benchmark left shared-memory segments behind"
 
     page = (tmp_path / "RESULTS.md").read_text()
     data = json.loads((tmp_path / "RESULTS.json").read_text())
@@ -91,8 +98,9 @@ def test_quick_run_writes_results_page_with_tables(tmp_path: Path) -> None:
     assert (tmp_path / results.INPROCESS_CHART).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # A partial run replaces only its part and keeps the other's figures and date.
-    again = _bench("--only", "control", out=tmp_path)
+    again, pid = _bench("--only", "control", out=tmp_path)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert not _segments(pid), "the benchmark left shared-memory segments behind"
     data2 = json.loads((tmp_path / "RESULTS.json").read_text())
     assert data2["inprocess"] == data["inprocess"]
     assert data2["control"]["date"] >= data["control"]["date"]
