@@ -433,9 +433,9 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
             "worker that accepted them; sync closes each after its request: –), and in "
             "brackets each worker's share of the workers' CPU time in percent. When one "
             "gthread worker holds every connection its threads contend for the GIL across "
-            "both cores and the CPU per request nearly doubles, for either app: compare "
-            "cslb and noop runs with like splits. More connections do not spread them (16 "
-            "and 32 landed 16/0 and 32/0 too): one worker's accept loop takes the burst. "
-            + "; ".join(splits)
+            "both cores, which in some runs nearly doubles the CPU per request (for either "
+            "app) and in others costs little: compare cslb and noop runs with like splits. "
+            "More connections do not spread them (16 and 32 landed 16/0 and 32/0 too): "
+            "one worker's accept loop takes the burst. " + "; ".join(splits)
         )
     return {"rows": rows, "notes": notes}
