@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from perf.common import (
+    children_of,
     cpu_seconds,
     endpoint_urls,
     make_skus,
@@ -146,6 +147,27 @@ class Server:
         tail = self.log_path.read_bytes()[-2000:].decode(errors="replace")
         raise RuntimeError(f"server on port {self.port} did not get ready:\n{tail}")
 
+    def workers(self) -> list[int]:
+        """PIDs of the gunicorn workers.
+
+        The master's children that run its command line (the discovery process runs
+        another).
+        """
+        try:
+            with open(f"/proc/{self.proc.pid}/cmdline", "rb") as f:
+                master = f.read()
+        except OSError:
+            return []
+        out = []
+        for pid in children_of(self.proc.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read() == master:
+                        out.append(pid)
+            except OSError:
+                pass
+        return sorted(out)
+
     def tree(self) -> list[int]:
         self.pids = sorted(set(self.pids) | set(process_tree(self.proc.pid)))
         return self.pids
@@ -162,11 +184,10 @@ class Server:
             unlink_namespace(self.namespace)
 
 
-def run_wrk(
+def _wrk_command(
     wrk: str, port: int, bodies: Path, ctype: str, seconds: float, connections: int
-) -> dict[str, Any]:
-    """One bounded wrk run; returns the CSLB_WRK summary line as a dict."""
-    cmd = [
+) -> list[str]:
+    return [
         wrk,
         "-t1",
         f"-c{connections}",
@@ -180,19 +201,90 @@ def run_wrk(
         str(bodies),
         ctype,
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=False)
-    for line in out.stdout.splitlines():
+
+
+def _wrk_summary(returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
+    for line in stdout.splitlines():
         if line.startswith("CSLB_WRK "):
             return json.loads(line[len("CSLB_WRK ") :])
-    raise RuntimeError(f"wrk printed no summary (status {out.returncode}): {out.stderr[-500:]}")
+    raise RuntimeError(f"wrk printed no summary (status {returncode}): {stderr[-500:]}")
 
 
-def _measure(wrk: str, server: Server, bodies: Path, ctype: str, seconds: float) -> dict:
-    """One wrk run against ``server`` with the server's CPU time around it."""
+def run_wrk(
+    wrk: str, port: int, bodies: Path, ctype: str, seconds: float, connections: int
+) -> dict[str, Any]:
+    """One bounded wrk run; returns the CSLB_WRK summary line as a dict."""
+    cmd = _wrk_command(wrk, port, bodies, ctype, seconds, connections)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=False)
+    return _wrk_summary(out.returncode, out.stdout, out.stderr)
+
+
+def connections_per_worker(port: int, workers: list[int]) -> list[int]:
+    """Established TCP connections to 127.0.0.1:``port`` held by each of ``workers``.
+
+    From ``/proc/net/tcp`` (local port, state 01) and each worker's socket descriptors.
+    Under gthread wrk's keep-alive connections stay with the worker that accepted them
+    for the whole run, so this says how the load was split between the workers.
+    """
+    inodes: set[str] = set()
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    except OSError:
+        return [0] * len(workers)
+    out = []
+    for pid in workers:
+        n = 0
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    n += 1
+        except OSError:
+            pass
+        out.append(n)
+    return out
+
+
+def _split(values: list[float]) -> str:
+    """``"63/37"``: each worker's share in percent, largest first."""
+    total = sum(values)
+    if total <= 0:
+        return "–"
+    return "/".join(f"{v / total * 100:.0f}" for v in sorted(values, reverse=True))
+
+
+def _measure(
+    wrk: str, server: Server, bodies: Path, ctype: str, seconds: float, keepalive: bool
+) -> dict:
+    """One wrk run against ``server`` with the server's CPU time around it.
+
+    Also how the run's load fell on the workers: each worker's share of the workers'
+    CPU time, and (sampled half-way through the run) the wrk connections each holds.
+    """
     pids = server.tree()
+    workers = server.workers()
     c0 = cpu_seconds(pids)
-    r = run_wrk(wrk, server.port, bodies, ctype, seconds, CONNECTIONS)
+    w0 = [cpu_seconds([w]) for w in workers]
+    cmd = _wrk_command(wrk, server.port, bodies, ctype, seconds, CONNECTIONS)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        time.sleep(max(round(seconds), 1) / 2)
+        conns = connections_per_worker(server.port, workers) if keepalive else []
+        try:
+            stdout, stderr = proc.communicate(timeout=seconds + 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+    r = _wrk_summary(proc.returncode, stdout, stderr)
     cpu = cpu_seconds(pids) - c0
+    worker_cpu = [cpu_seconds([w]) - c for w, c in zip(workers, w0, strict=True)]
     errors = sum(
         r[k] for k in ("connect_errors", "read_errors", "write_errors", "status_errors", "timeouts")
     )
@@ -202,6 +294,8 @@ def _measure(wrk: str, server: Server, bodies: Path, ctype: str, seconds: float)
         "p99_ms": r["p99_us"] / 1e3,
         "cpu_us_per_request": cpu / max(r["requests"], 1) * 1e6,
         "errors": errors,
+        "worker_cpu_split": _split(worker_cpu),
+        "connections_split": "/".join(map(str, sorted(conns, reverse=True))) or "–",
     }
 
 
@@ -230,6 +324,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     sizes = (100,) if quick else SIZES
     rng = np.random.default_rng(6)
     rows: list[dict[str, Any]] = []
+    splits: list[str] = []
     with tempfile.TemporaryDirectory(prefix="cslb-http-") as tmpdir:
         tmp = Path(tmpdir)
         endpoints = tmp / "endpoints.json"
@@ -274,10 +369,16 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
                     for n in sizes:
                         for kind in kinds:
                             for app, s in servers.items():
-                                m = _measure(wrk, s, files[kind, n], BODY_TYPES[kind], seconds)
+                                m = _measure(
+                                    wrk, s, files[kind, n], BODY_TYPES[kind], seconds, threads > 1
+                                )
                                 runs.setdefault((app, kind, n), []).append(m)
                 for (app, kind, n), got in runs.items():
-                    med = {k: statistics.median(m[k] for m in got) for k in got[0]}
+                    med = {
+                        k: statistics.median(m[k] for m in got)
+                        for k, v in got[0].items()
+                        if not isinstance(v, str)
+                    }
                     row = {
                         "server": mode,
                         "app": app,
@@ -290,14 +391,28 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
                         "cpu_us_per_request": med["cpu_us_per_request"],
                         "errors": int(sum(m["errors"] for m in got)),
                         "runs": len(got),
+                        # per run, in run order: how the load fell on the workers
+                        "worker_cpu_split": [m["worker_cpu_split"] for m in got],
+                        "connections_split": [m["connections_split"] for m in got],
                     }
+                    splits.append(
+                        f"{mode} {app} {kind} {n}: "
+                        + ", ".join(
+                            f"{c} ({w})"
+                            for c, w in zip(
+                                row["connections_split"], row["worker_cpu_split"], strict=True
+                            )
+                        )
+                    )
                     rows.append(row)
                     log(
                         f"  http {mode:<7} {app:<4} {kind:<6} {n:>5} IDs: "
                         f"{row['requests_per_s']:>7.0f} req/s "
                         f"{row['decisions_per_s'] / 1e6:>5.2f} M IDs/s "
                         f"p50 {row['p50_ms']:.2f} ms p99 {row['p99_ms']:.2f} ms "
-                        f"CPU {row['cpu_us_per_request']:.0f} µs/req"
+                        f"CPU {row['cpu_us_per_request']:.0f} µs/req "
+                        f"conns {','.join(row['connections_split'])} "
+                        f"worker CPU % {','.join(row['worker_cpu_split'])}"
                         + (f" ERRORS {row['errors']}" if row["errors"] else "")
                     )
             finally:
@@ -311,4 +426,16 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
         "= user + system time of the gunicorn master, its workers and the discovery process. "
         'The no-op app answers {"keys": N}; the cslb app answers the endpoint of every ID.'
     )
+    if splits:
+        notes.append(
+            "How the load fell on the workers, per run: under gthread the wrk connections "
+            "each worker held half-way through the run (keep-alive: they stay with the "
+            "worker that accepted them; sync closes each after its request: –), and in "
+            "brackets each worker's share of the workers' CPU time in percent. When one "
+            "gthread worker holds every connection its threads contend for the GIL across "
+            "both cores, which in some runs nearly doubles the CPU per request (for either "
+            "app) and in others costs little: compare cslb and noop runs with like splits. "
+            "More connections do not spread them (16 and 32 landed 16/0 and 32/0 too): "
+            "one worker's accept loop takes the burst. " + "; ".join(splits)
+        )
     return {"rows": rows, "notes": notes}

@@ -615,12 +615,50 @@ def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
 # The app.
 
 
-def _encoded_endpoints(endpoints: tuple[str, ...]) -> np.ndarray:
-    """JSON text of each endpoint, plus ``null`` last, so that index -1 takes it."""
-    out = np.empty(len(endpoints) + 1, dtype=object)
-    out[: len(endpoints)] = [json.dumps(e) for e in endpoints]
-    out[-1] = "null"
-    return out
+#: Most padding the fixed-width answer pieces may add, as a share of the bytes the
+#: endpoints' JSON strings need without it; beyond that the answer is joined per key.
+_MAX_PADDING = 0.25
+
+
+class _Answers:
+    """The pieces of the ``/route`` answers on one table, built once per generation.
+
+    ``enc``: the JSON text of each endpoint and ``"null"`` last (so that index -1, the
+    fallback, takes it), for the group form. ``pieces``: the same as one fixed-width
+    ``bytes`` array, each entry ``,"endpoint"`` padded with spaces (JSON whitespace) to
+    the longest, so that an answer of ``n`` keys is one ``take`` and one ``tobytes``
+    (no Python step per key); ``None`` when the endpoints' lengths differ so much that
+    the padding would add over :data:`_MAX_PADDING` to the answer's size (then the
+    strings are joined per key).
+    """
+
+    __slots__ = ("enc", "generation", "head", "pieces", "table")
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.generation = int(table.generation) if table is not None else 0
+        endpoints = () if table is None else table.endpoints
+        # json.dumps escapes every non-ASCII character: the text is ASCII.
+        self.enc = [*map(json.dumps, endpoints), "null"]
+        self.head = b'{"generation": %d, "endpoints": [' % self.generation
+        raw = [b"," + e.encode("ascii") for e in self.enc]
+        width = max(map(len, raw))
+        need = sum(map(len, raw[:-1])) or 1
+        self.pieces: np.ndarray | None = None
+        if len(raw) == 1 or width * (len(raw) - 1) <= need * (1.0 + _MAX_PADDING):
+            self.pieces = np.array([r.ljust(width) for r in raw], dtype=f"S{width}")
+
+    def plain(self, idx: np.ndarray) -> bytes:
+        """The answer ``{"generation": G, "endpoints": [...]}`` for indices ``idx``."""
+        if not idx.size:
+            return self.head + b"]}"
+        pieces = self.pieces
+        if pieces is not None:
+            body = pieces.take(idx).tobytes()
+            # Drop the comma of the first entry, in the same copy as the head and tail.
+            return b"".join((self.head, memoryview(body)[1:], b"]}"))
+        enc = self.enc
+        return b"%b%b]}" % (self.head, ", ".join([enc[i] for i in idx.tolist()]).encode())
 
 
 class CslbApp:
@@ -655,9 +693,8 @@ class CslbApp:
         self.registry.register(self.collector)
         self._router: Router | None = None
         self._lock = threading.Lock()
-        # The table the endpoints' JSON strings were made for, and those strings (as an
-        # array, so that idx -1 takes the trailing "null", and as a list).
-        self._encoded: tuple[Any, np.ndarray, list[str]] = (None, _encoded_endpoints(()), [])
+        # The pieces of the answers on the table routed last (rebuilt per generation).
+        self._answers = _Answers(None)
         self._routes: dict[str, dict[str, Callable[[dict[str, Any]], tuple]]] = {
             "/route": {"POST": self._route},
             "/metrics": {"GET": self._metrics},
@@ -757,7 +794,7 @@ class CslbApp:
             max_batch=self.max_batch,
             check=False,
         )
-        router = self.router()
+        router = self._router if self._router is not None else self.router()
         try:
             idx, table = router.route_table(keys, attempt=attempt)
         except (KeyTypeError, KeyEncodingError, KeyTooLongError) as exc:
@@ -765,16 +802,14 @@ class CslbApp:
             raise HTTPError(400, str(exc)) from None
         except shm.ShmError as exc:
             raise HTTPError(503, f"cannot route: {exc}") from None
-        cached, enc, enc_list = self._encoded
-        if cached is not table:
-            enc = _encoded_endpoints(table.endpoints)
-            enc_list = enc.tolist()
-            self._encoded = (table, enc, enc_list)
+        answers = self._answers
+        if answers.table is not table:
+            answers = self._answers = _Answers(table)
         if group:
-            out = self._grouped(idx, table.generation, enc_list)
+            out = self._grouped(idx, answers.generation, answers.enc).encode()
         else:
-            out = f'{{"generation": {table.generation}, "endpoints": [{", ".join(enc.take(idx))}]}}'
-        return 200, _JSON, out.encode(), []
+            out = answers.plain(idx)
+        return 200, _JSON, out, []
 
     @staticmethod
     def _grouped(idx: np.ndarray, generation: int, enc: list[str]) -> str:
@@ -881,7 +916,8 @@ class _LazyApp:
         self, environ: dict[str, Any], start_response: Callable[..., Any]
     ) -> Iterable[bytes]:
         """Serve one request."""
-        return self.get()(environ, start_response)
+        a = self._app
+        return (a if a is not None else self.get())(environ, start_response)
 
 
 app = _LazyApp()

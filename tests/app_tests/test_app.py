@@ -202,6 +202,35 @@ def test_new_generation_is_followed(host: Host, app: CslbApp) -> None:
     assert doc == {"generation": 2, "endpoints": expected(KEYS, ENDPOINTS[:3])}
 
 
+def test_answers_with_endpoints_of_different_lengths(host: Host) -> None:
+    """Endpoints a few characters apart: the answer is built from space-padded pieces;
+    one endpoint far longer than the rest: joined per key, with no padding. Both are the
+    same JSON, fallback keys included."""
+    near = [
+        "http://10.0.0.1:8080",
+        "http://10.0.0.100:8080",
+        "http://10.0.0.22:80",
+        "http://10.0.0.5:81",
+    ]
+    far = [*near[:3], "http://" + "pod-" * 60 + "x.svc.cluster.local:8080"]
+    app = CslbApp(host.namespace)
+    try:
+        for generation, endpoints in enumerate((near, far), start=1):
+            host.publish(endpoints, knobs=shm.Knobs(percentage=50.0))
+            time.sleep(0.01)
+            r = post_json(app, KEYS)
+            gate = lbcore.Gate(True, 50.0).mask(lbcore.hash_keys(KEYS))
+            ring = expected(KEYS, endpoints)
+            want = [e if g else None for e, g in zip(ring, gate, strict=True)]
+            assert r.json() == {"generation": generation, "endpoints": want}
+            assert None in want and len(set(want)) > 2
+            assert (b"  " in r.body) == (endpoints is near), r.body[:200]
+            assert post_json(app, []).json() == {"generation": generation, "endpoints": []}
+            assert post_json(app, KEYS[:1]).json()["endpoints"] == want[:1]
+    finally:
+        app.close()
+
+
 def test_no_tables_answers_fallback(namespace: str) -> None:
     app = CslbApp(namespace)
     try:
