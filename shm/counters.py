@@ -848,6 +848,11 @@ _NO_SLOTS = np.empty(0, dtype=np.intp)
 _ONE = np.array(1, dtype=np.int64)  # a 0-d array: np.add.at skips the scalar conversion
 _max = np.maximum.reduce
 _min = np.minimum.reduce
+# A fan-out of at least this many calls, and this many per counter column, is recorded
+# by call counts per slot (np.bincount, then a few whole-column additions) instead of an
+# np.add.at entry per call and field: ~1 ns per call instead of ~3 per call and field.
+_COUNTS_MIN = 1024
+_COUNTS_PER_COLUMN = 2
 
 
 def _release_in_flight(m: _Matrix, row: int) -> None:
@@ -1032,6 +1037,15 @@ class Recorder:
             self._rotate(q)
         if q > self._period - self._k:  # a bucket this row holds
             j = q % self._k
+            if s.size >= _COUNTS_MIN and s.size >= _COUNTS_PER_COLUMN * self._cols:
+                # A long fan-out: add each slot's call count (one pass over the calls,
+                # then per column) instead of one np.add.at entry per call; the sums are
+                # the same integers.
+                c = np.bincount(s, minlength=self._cols)
+                np.add(self._open[j], c, out=self._open[j])
+                np.multiply(c, now_ns - q * b, out=c)
+                np.add(self._open_sum[j], c, out=self._open_sum[j])
+                return
             _add_at(self._open[j], s, _ONE)
             _add_at(self._open_sum[j], s, now_ns - q * b)
         else:  # a thread that took long to get the row's lock: older than every bucket
@@ -1148,6 +1162,9 @@ class Recorder:
             # np.add.at over the row adds every field of every call (repeats add up).
             offsets = self._end_offsets[period % self._k]
             opened = period * b - started
+            if d.__class__ is int and n >= _COUNTS_MIN and n >= _COUNTS_PER_COLUMN * self._cols:
+                self._end_counts(s, period % self._k, opened, d, failed)
+                return
             if failed is None and d.__class__ is int:
                 vals = np.array((-1, opened, d, 1, d, 1), dtype=np.int64).repeat(n)
                 idx = np.add(offsets[:6], s)
@@ -1171,6 +1188,31 @@ class Recorder:
         _add_at(self._requests_total, s, 1)
         if failed is not None:
             _add_at(self._failures_total, s, failed)
+
+    def _end_counts(
+        self, s: np.ndarray, j: int, opened: int, d: int, failed: np.ndarray | None
+    ) -> None:
+        """:meth:`_end`'s one-bucket case for a long fan-out, by call counts per slot.
+
+        Every call adds the same values (``d`` for all), so each field gets the slot's
+        call count times them: a pass over the calls and a few per column instead of an
+        ``np.add.at`` entry per call and field. The sums are the same integers.
+        """
+        c = np.bincount(s, minlength=self._cols)
+        t = np.empty_like(c)
+        # In the order the np.add.at path writes the fields.
+        np.subtract(self._open[j], c, out=self._open[j])
+        np.multiply(c, opened, out=t)
+        np.add(self._open_sum[j], t, out=self._open_sum[j])
+        np.multiply(c, d, out=t)
+        np.add(self._busy[j], t, out=self._busy[j])
+        np.add(self._completed[j], c, out=self._completed[j])
+        np.add(self._latency[j], t, out=self._latency[j])
+        np.add(self._requests_total, c, out=self._requests_total)
+        if failed is not None:
+            fc = np.bincount(s[failed], minlength=self._cols)
+            np.add(self._failures[j], fc, out=self._failures[j])
+            np.add(self._failures_total, fc, out=self._failures_total)
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """Add one routed batch to the row's lifetime decision totals.
