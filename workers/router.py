@@ -1119,6 +1119,7 @@ _count_nonzero = np.count_nonzero  # a quarter of a ufunc reduction's call cost
 _I32 = np.dtype(np.int32)
 _ONE32 = np.array(1, dtype=np.int32)  # 0-d: no scalar conversion per call
 _SLOT_PLACEHOLDER = np.zeros(1, dtype=np.intp)
+_NO_SLOTS = np.empty(0, dtype=np.intp)  # (never written: a tracker replaces it)
 
 
 def _fast_slots(
@@ -1196,7 +1197,6 @@ class Tracker:
         "_entered",
         "_exited",
         "_failed",
-        "_logged",
         "_mapped",
         "_n",
         "_rec",
@@ -1227,11 +1227,10 @@ class Tracker:
         self._rec: Any = None
         self._calls: np.ndarray | None = None  # positions of routed calls (None: all)
         self._n = 0  # routed calls (done/fail bookkeeping, recorded or not)
-        self._slots = np.empty(0, dtype=np.intp)  # their counter slots; empty: not recorded
+        self._slots = _NO_SLOTS  # their counter slots; empty: not recorded
         self._start = 0
         self._ends: np.ndarray | None = None
         self._failed: np.ndarray | None = None
-        self._logged: set[int] = set()
         self._entered = self._exited = False
         # (slots, positions) computed by Router.track on the snapshot of this table.
         self._mapped: tuple[np.ndarray, np.ndarray | None] | None = None
@@ -1277,7 +1276,7 @@ class Tracker:
                     "twice since it was routed on",
                     t.generation,
                 )
-                self._slots = np.empty(0, dtype=np.intp)
+                self._slots = _NO_SLOTS
         self._rec = router._rec
         self._start = start = int(router._clock())
         if self._rec is not None and self._slots.size:
