@@ -925,7 +925,7 @@ class Recorder:
         self._row_words = m.rows2d[self.row]
         lay = m.layout
         cols = m.columns
-        self._end_offsets = [
+        ends = [
             np.array(
                 [lay[name] + j * cols for name in _END_FIELDS]
                 + [lay["requests_total"], lay["failures"] + j * cols, lay["failures_total"]],
@@ -933,6 +933,8 @@ class Recorder:
             )[:, None]
             for j in range(k)
         ]
+        # Per bucket column: the offsets without the failure fields, and with them.
+        self._end_offsets = [(e[:6], e) for e in ends]
         self._epoch = m.epoch
 
     def _follow(self) -> None:
@@ -1168,7 +1170,7 @@ class Recorder:
                 return
             if failed is None and d.__class__ is int:
                 vals = np.array((-1, opened, d, 1, d, 1), dtype=np.int64).repeat(n)
-                idx = np.add(offsets[:6], s)
+                idx = np.add(offsets[0], s)
             else:
                 rows = 6 if failed is None else 8
                 v2 = np.empty((rows, n), dtype=np.int64)
@@ -1180,7 +1182,7 @@ class Recorder:
                     v2[6] = failed
                     v2[7] = failed
                 vals = v2.ravel()
-                idx = np.add(offsets[:rows], s)
+                idx = np.add(offsets[0] if failed is None else offsets[1], s)
             _add_at(self._row_words, idx.ravel(), vals)
             return
         st = np.full(n, started, dtype=np.int64) if scalar_start else started

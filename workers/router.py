@@ -194,6 +194,8 @@ class _Snapshot:
         "due_ns",
         "expected",
         "gate",
+        "gate_all",
+        "last_ring",
         "load",
         "loads",
         "max_hops",
@@ -224,6 +226,12 @@ class _Snapshot:
         self.due_ns = due_ns
         self.mode = knobs.fade_mode
         self.gate = knobs.gate()
+        rings = table.ring_set.rings
+        # Per batch: -1 routes every key to fallback (gate closed, no ring); else the
+        # newest ring's index. And whether the gate lets every key through.
+        gate = self.gate
+        self.last_ring = len(rings) - 1 if gate.enabled and gate.percentage > 0.0 else -1
+        self.gate_all = gate.passes_all
         self.balance_factor = knobs.balance_factor
         self.max_hops = knobs.max_hops
         self.load = loads.signal(knobs.load_signal) if loads.in_flight.size else None
@@ -880,24 +888,24 @@ class Router:
         self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
     ) -> tuple[np.ndarray, int, int]:
         """Route hashes ``h`` on snapshot ``s``: ``(indices, bounded-load moves, fallbacks)``."""
-        t = s.table
         n = h.size
-        gate = s.gate
-        rs = t.ring_set
-        if not gate.enabled or gate.percentage <= 0.0 or not rs.rings or n == 0:
+        last = s.last_ring
+        if last < 0 or n == 0:
             return np.full(n, -1, dtype=np.int32), 0, n
+        rs = s.table.ring_set
         complete = False  # known to hold no fallback
         if s.mode == "skipper":
             idx, moved = self._route_skipper(s, h, now, attempt)
-        elif attempt or not s.amortized(n, self._costs):
+        elif attempt or (s._answer is None and not s.amortized(n, self._costs)):
             t0 = time.perf_counter_ns()
             idx, moved = self._route_lbcore(s, h, now, attempt)
             if not attempt:
                 self._costs.walked(n, time.perf_counter_ns() - t0)
         else:
+            if s._answer is not None:
+                s.routed += n  # (what amortized() counts; racy under threads, as there)
             answer, moved_table, complete = s._answer or s.answer(self._costs)
-            pos = rs.rings[-1].positions(h)
-            last = len(rs.rings) - 1
+            pos = rs.rings[last].positions(h)
             if last == 0:
                 flat = pos
             elif s.mode == "off":
@@ -907,8 +915,8 @@ class Router:
                 flat = pos if off is None else np.add(pos, off)
             idx = answer.take(flat)
             moved = None if moved_table is None else moved_table.take(flat)
-        if not gate.passes_all:
-            keep = gate.mask(h)
+        if not s.gate_all:
+            keep = s.gate.mask(h)
             idx[~keep] = lbcore.FALLBACK
             if moved is not None:
                 moved &= keep
