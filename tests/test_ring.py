@@ -244,6 +244,7 @@ def test_bucket_table_resolution_paths_agree_with_binary_search(bits):
     want = np.searchsorted(r.hashes, h, side="left") % len(r)
     assert np.array_equal(small.positions(h), want)  # many misses: comparison path
     assert np.array_equal(small.positions(h[:40]), want[:40])  # few misses: search path
+    assert np.array_equal(small.positions(h[:20]), want[:20])  # at most _RESOLVE_MIN misses
     assert small.positions_of(h[:300].tolist()) == want[:300].tolist()  # key-by-key path
 
 
