@@ -34,10 +34,13 @@ __all__ = ["DEFAULT_VNODES", "Ring", "bucket_bits_for", "build_bucket_table", "h
 DEFAULT_VNODES = 100
 
 _I64 = np.dtype(np.int64)
-# Misses in a batch above which one-node buckets are resolved by comparison, not search
-# (array calls, ~10 us at any count) instead of key by key in Python (~0.5 us each):
-# measured crossover ~20-25 misses, on rings of 10,000 and 100,000 nodes.
-_RESOLVE_MIN = 24
+# How a batch's misses (keys whose bucket holds a node) are settled, by their number:
+# up to _SEARCH_MIN key by key in Python (~0.5 us each); up to _RESOLVE_MIN by one
+# np.searchsorted over them (~4 us plus ~0.1 us each); beyond, one-node buckets by a
+# comparison with their node (~10 array calls, ~10 us plus little per miss). Measured
+# crossovers on rings of 10,000 and 100,000 nodes.
+_SEARCH_MIN = 8
+_RESOLVE_MIN = 128
 # 2^21 int32 entries = 8 MiB per ring; 2^22 measured no faster on a 100,000-node ring and
 # two buffers of such tables would not fit a container's default 64 MiB /dev/shm.
 MAX_BUCKET_BITS = 21
@@ -508,6 +511,10 @@ class Ring:
             if several.size:
                 found[several] = np.searchsorted(self.hashes, hm[several], side="left")
             found %= self.hashes.size  # past the last node: roll over to position 0
+            pos[miss] = found
+        elif miss.size > _SEARCH_MIN:
+            found = np.searchsorted(self.hashes, hashes[miss], side="left")
+            found %= self.hashes.size
             pos[miss] = found
         elif miss.size:
             # A few keys (small batches): settle each in Python, cheaper than the array calls.
