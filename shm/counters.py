@@ -935,6 +935,7 @@ class Recorder:
         ]
         # Per bucket column: the offsets without the failure fields, and with them.
         self._end_offsets = [(e[:6], e) for e in ends]
+        self._open_rows = [(self._open[j], self._open_sum[j]) for j in range(k)]
         self._epoch = m.epoch
 
     def _follow(self) -> None:
@@ -1049,8 +1050,9 @@ class Recorder:
                 np.multiply(c, now_ns - q * b, out=c)
                 np.add(self._open_sum[j], c, out=self._open_sum[j])
                 return
-            _add_at(self._open[j], s, _ONE)
-            _add_at(self._open_sum[j], s, now_ns - q * b)
+            opens = self._open_rows[j]  # (views made once per binding, not per call)
+            _add_at(opens[0], s, _ONE)
+            _add_at(opens[1], s, now_ns - q * b)
         else:  # a thread that took long to get the row's lock: older than every bucket
             _add_at(self._open_old, s, _ONE)
 
