@@ -738,6 +738,47 @@ def in_blocks(fn: Any, keys: Any, dtype: Any) -> np.ndarray:
     return out
 
 
+def _hash_long_str(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray | None:
+    """A long list of ``str`` keys: joined once, then encoded and hashed a block at a time.
+
+    Joining the whole list visits every key object once; slicing the list into blocks
+    first visits each twice more (the slice and its release), ~2.5 ns per key of ~25 at
+    100,000 SKUs. Blocks are cut in the joined text at ``BLOCK * (len(keys[0]) + 1)``
+    characters, which is exact when every key has the first key's length; each block
+    then proves it holds exactly its keys (a newline at its end, and :func:`_hash_separated`
+    finds one separator per key boundary in it and no other), so the n - 1 newlines are
+    the separators and block ``j`` holds keys ``j * BLOCK ...``. ``None``: another batch
+    (the block path answers, and names a bad key).
+    """
+    if type(keys[0]) is not str:
+        return None
+    try:
+        joined = "\n".join(keys)
+    except TypeError:
+        return None
+    n = len(keys)
+    stride = len(keys[0]) + 1
+    if stride == 1 or len(joined) != n * stride - 1:
+        return None
+    out = np.empty(n, dtype=np.uint64)
+    for a in range(0, n, BLOCK):
+        b = min(n, a + BLOCK)
+        if b < n and joined[b * stride - 1] != "\n":
+            return None
+        try:
+            block = joined[a * stride : b * stride - 1].encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        try:
+            h = _hash_separated(block, b - a, 0x0A, max_key_bytes)
+        except KeyTooLongError as exc:
+            raise KeyTooLongError(_shift_key_index(str(exc), a)) from None
+        if h is None:
+            return None
+        out[a:b] = h
+    return out
+
+
 def _blocked(keys: Any, max_key_bytes: int | None) -> np.ndarray:
     """Hash a long batch in blocks of :data:`BLOCK` keys (see :func:`in_blocks`)."""
     return in_blocks(lambda block: hash_keys(block, max_key_bytes=max_key_bytes), keys, np.uint64)
@@ -782,7 +823,8 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
     tk = type(keys)
     if tk is list or tk is tuple:
         if len(keys) > 2 * BLOCK:
-            return _blocked(keys, max_key_bytes)
+            out = _hash_long_str(keys, max_key_bytes)
+            return _blocked(keys, max_key_bytes) if out is None else out
         return _hash_sequence(keys, max_key_bytes) if keys else np.empty(0, dtype=np.uint64)
     if isinstance(keys, (str, bytes, bytearray, memoryview, int, np.integer)):
         keys = [keys]
