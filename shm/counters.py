@@ -1022,19 +1022,23 @@ class Recorder:
             self._follow()
         self._start(self._slots(slots), now_ns)
 
-    def _record_start_trusted(self, slots: np.ndarray, now_ns: int, bound: int) -> None:
+    def _record_start_trusted(
+        self, slots: np.ndarray, now_ns: int, bound: int
+    ) -> np.ndarray | None:
         """:meth:`record_start` for slots the caller checked (the router's own arrays).
 
         ``slots`` is a 1-D ``intp`` array whose entries are in ``0 .. bound - 1``; only a
         ``bound`` beyond this row's columns is checked (then as :meth:`record_start` does).
+        Returns the calls per slot when a long fan-out was recorded by them (``None``
+        otherwise), for :meth:`_record_end_trusted` of the same slots to reuse.
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
         if bound > self._cols:
             slots = self._slots(slots)  # grown meanwhile, or really out of range
-        self._start(slots, now_ns)
+        return self._start(slots, now_ns)
 
-    def _start(self, s: np.ndarray, now_ns: int) -> None:
+    def _start(self, s: np.ndarray, now_ns: int) -> np.ndarray | None:
         b = self._bucket_ns
         q = now_ns // b
         if q > self._period:
@@ -1047,14 +1051,14 @@ class Recorder:
                 # the same integers.
                 c = np.bincount(s, minlength=self._cols)
                 np.add(self._open[j], c, out=self._open[j])
-                np.multiply(c, now_ns - q * b, out=c)
-                np.add(self._open_sum[j], c, out=self._open_sum[j])
-                return
+                np.add(self._open_sum[j], c * (now_ns - q * b), out=self._open_sum[j])
+                return c
             opens = self._open_rows[j]  # (views made once per binding, not per call)
             _add_at(opens[0], s, _ONE)
             _add_at(opens[1], s, now_ns - q * b)
         else:  # a thread that took long to get the row's lock: older than every bucket
             _add_at(self._open_old, s, _ONE)
+        return None
 
     def record_end(
         self,
@@ -1126,20 +1130,22 @@ class Recorder:
         now_ns: int,
         failed: np.ndarray | None,
         bound: int,
+        counts: np.ndarray | None = None,
     ) -> None:
         """:meth:`record_end` for arguments the caller checked (the router's own arrays).
 
         ``slots``: a 1-D ``intp`` array with entries in ``0 .. bound - 1`` (only a
         ``bound`` beyond this row's columns is checked); ``started_ns``: an ``int``;
         ``durations_ns``: an ``int >= 0`` for every call or an ``int64`` array of
-        durations ``>= 0``; ``failed``: ``None`` or a ``bool`` array, one per call.
+        durations ``>= 0``; ``failed``: ``None`` or a ``bool`` array, one per call;
+        ``counts``: what :meth:`_record_start_trusted` returned for these slots.
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
         if bound > self._cols:
             slots = self._slots(slots)
         if slots.size:
-            self._end(slots, started_ns, durations_ns, now_ns, failed)
+            self._end(slots, started_ns, durations_ns, now_ns, failed, counts)
 
     def _end(
         self,
@@ -1148,10 +1154,12 @@ class Recorder:
         d: int | np.ndarray,
         now_ns: int,
         failed: np.ndarray | None,
+        counts: np.ndarray | None = None,
     ) -> None:
         """Record the end of ``s.size > 0`` checked calls (see :meth:`record_end`).
 
-        ``started`` and ``d`` are an ``int`` for every call or an ``int64`` array each.
+        ``started`` and ``d`` are an ``int`` for every call or an ``int64`` array each;
+        ``counts``: the calls per slot of ``s`` if known (from their start).
         """
         n = s.size
         b = self._bucket_ns
@@ -1168,7 +1176,7 @@ class Recorder:
             offsets = self._end_offsets[period % self._k]
             opened = period * b - started
             if d.__class__ is int and n >= _COUNTS_MIN and 4 * n >= self._cols:
-                self._end_counts(s, period % self._k, opened, d, failed)
+                self._end_counts(s, period % self._k, opened, d, failed, counts)
                 return
             if failed is None and d.__class__ is int:
                 vals = np.array((-1, opened, d, 1, d, 1), dtype=np.int64).repeat(n)
@@ -1195,7 +1203,13 @@ class Recorder:
             _add_at(self._failures_total, s, failed)
 
     def _end_counts(
-        self, s: np.ndarray, j: int, opened: int, d: int, failed: np.ndarray | None
+        self,
+        s: np.ndarray,
+        j: int,
+        opened: int,
+        d: int,
+        failed: np.ndarray | None,
+        counts: np.ndarray | None,
     ) -> None:
         """:meth:`_end`'s one-bucket case for a long fan-out, by call counts per slot.
 
@@ -1203,7 +1217,9 @@ class Recorder:
         call count times them: a pass over the calls and a few per column instead of an
         ``np.add.at`` entry per call and field. The sums are the same integers.
         """
-        c = np.bincount(s, minlength=self._cols)
+        c = counts
+        if c is None or c.size != self._cols:  # (the counters may have grown since)
+            c = np.bincount(s, minlength=self._cols)
         t = np.empty_like(c)
         # In the order the np.add.at path writes the fields.
         np.subtract(self._open[j], c, out=self._open[j])
@@ -1329,9 +1345,11 @@ class LockedRecorder:
         with self._lock:
             self.recorder.count(decisions, fallbacks, moves)
 
-    def _record_start_trusted(self, slots: np.ndarray, now_ns: int, bound: int) -> None:
+    def _record_start_trusted(
+        self, slots: np.ndarray, now_ns: int, bound: int
+    ) -> np.ndarray | None:
         with self._lock:
-            self.recorder._record_start_trusted(slots, now_ns, bound)
+            return self.recorder._record_start_trusted(slots, now_ns, bound)
 
     def _record_end_trusted(
         self,
@@ -1341,10 +1359,11 @@ class LockedRecorder:
         now_ns: int,
         failed: np.ndarray | None,
         bound: int,
+        counts: np.ndarray | None = None,
     ) -> None:
         with self._lock:
             self.recorder._record_end_trusted(
-                slots, started_ns, durations_ns, now_ns, failed, bound
+                slots, started_ns, durations_ns, now_ns, failed, bound, counts
             )
 
     def _count_trusted(self, decisions: int, fallbacks: int, moves: int) -> None:
@@ -1405,8 +1424,10 @@ class ThreadRecorder:
         """See :meth:`Recorder.count`."""
         self._mine().count(decisions, fallbacks, moves)
 
-    def _record_start_trusted(self, slots: np.ndarray, now_ns: int, bound: int) -> None:
-        self._mine()._record_start_trusted(slots, now_ns, bound)
+    def _record_start_trusted(
+        self, slots: np.ndarray, now_ns: int, bound: int
+    ) -> np.ndarray | None:
+        return self._mine()._record_start_trusted(slots, now_ns, bound)
 
     def _record_end_trusted(
         self,
@@ -1416,8 +1437,11 @@ class ThreadRecorder:
         now_ns: int,
         failed: np.ndarray | None,
         bound: int,
+        counts: np.ndarray | None = None,
     ) -> None:
-        self._mine()._record_end_trusted(slots, started_ns, durations_ns, now_ns, failed, bound)
+        self._mine()._record_end_trusted(
+            slots, started_ns, durations_ns, now_ns, failed, bound, counts
+        )
 
     def _count_trusted(self, decisions: int, fallbacks: int, moves: int) -> None:
         self._mine()._count_trusted(decisions, fallbacks, moves)

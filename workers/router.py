@@ -1201,6 +1201,7 @@ class Tracker:
 
     __slots__ = (
         "_calls",
+        "_counts",
         "_ends",
         "_entered",
         "_exited",
@@ -1239,6 +1240,7 @@ class Tracker:
         self._start = 0
         self._ends: np.ndarray | None = None
         self._failed: np.ndarray | None = None
+        self._counts: np.ndarray | None = None  # calls per slot, if the start counted them
         self._entered = self._exited = False
         # (slots, positions) computed by Router.track on the snapshot of this table.
         self._mapped: tuple[np.ndarray, np.ndarray | None] | None = None
@@ -1259,7 +1261,7 @@ class Tracker:
             self._rec = rec = router._rec
             self._start = start = int(router._clock())
             if rec is not None and self._n:
-                rec._record_start_trusted(self._slots, start, t.n_slots)
+                self._counts = rec._record_start_trusted(self._slots, start, t.n_slots)
             return self
         idx = self.idx
         if _count_nonzero(idx >= 0) != idx.size:
@@ -1288,7 +1290,7 @@ class Tracker:
         self._rec = router._rec
         self._start = start = int(router._clock())
         if self._rec is not None and self._slots.size:
-            self._rec._record_start_trusted(self._slots, start, t.n_slots)
+            self._counts = self._rec._record_start_trusted(self._slots, start, t.n_slots)
         return self
 
     def _position(self, i: int) -> int | None:
@@ -1369,7 +1371,13 @@ class Tracker:
             durations = np.maximum(ends - self._start, 0)
         try:
             rec._record_end_trusted(
-                self._slots, self._start, durations, end, self._failed, self.table.n_slots
+                self._slots,
+                self._start,
+                durations,
+                end,
+                self._failed,
+                self.table.n_slots,
+                self._counts,
             )
         except shm.ShmError as exc:
             # Released meanwhile (router closed, counters replaced): nothing to add to.
