@@ -278,6 +278,19 @@ def _share(elapsed_ns: float, duration_ns: int, exponent: float) -> float:
     return min(max(elapsed_ns / duration_ns, 0.0), 1.0) ** exponent
 
 
+_INTP_SCALARS: dict[int, np.ndarray] = {}
+
+
+def _intp_scalar(value: int) -> np.ndarray:
+    """A cached 0-d ``intp`` array (a NumPy call with a Python int converts it each time)."""
+    a = _INTP_SCALARS.get(value)
+    if a is None:
+        if len(_INTP_SCALARS) >= 256:  # row offsets of a few ring sets at a time
+            _INTP_SCALARS.clear()
+        a = _INTP_SCALARS[value] = np.array(value, dtype=np.intp)
+    return a
+
+
 def fade_share(elapsed_ns: Any, duration_ns: int, exponent: float) -> np.ndarray | float:
     """Share of keys a fading ring carries: ``clamp(elapsed / duration, 0, 1) ** exponent``.
 
@@ -519,9 +532,12 @@ class RingSet:
             return None
         off: np.ndarray | None = None
         mixed = None
-        for k, share in enumerate(self.share_list(now_ns), start=1):
+        duration, exponent = self.duration_ns, self.exponent
+        k = 0
+        for start in self.starts_ns:  # (share_list inline: this runs once per batch)
+            k += 1
             # Shares fall from older to newer rings, so later (newer) rings overwrite.
-            t = unit_threshold(share)
+            t = unit_threshold(_share(now_ns - start, duration, exponent))
             if t == 0:
                 continue
             if t >> 64:
@@ -531,7 +547,7 @@ class RingSet:
                 mixed = mix64(hashes, FADE_SALT)
             below = np.less(mixed, np.array(t, dtype=np.uint64))
             if off is None:
-                off = np.multiply(below, np.array(k * width, dtype=np.intp))
+                off = np.multiply(below, _intp_scalar(k * width))
             else:
                 np.copyto(off, k * width, where=below)
         return off

@@ -59,6 +59,24 @@ _P5 = _U64(2870177450012600261)
 _V1_INIT = _U64((int(_P1) + int(_P2)) & 0xFFFFFFFFFFFFFFFF)  # seed 0
 _V4_INIT = _U64((-int(_P1)) & 0xFFFFFFFFFFFFFFFF)
 _LE_U64 = np.dtype("<u8")
+# The constants as 0-d arrays for ufunc operands: a NumPy scalar operand is converted on
+# every call (~0.2 us of a ~0.5 us call on a few hundred keys).
+_P1a, _P2a, _P3a, _P4a, _P5a = (
+    np.array(int(p), dtype=np.uint64) for p in (_P1, _P2, _P3, _P4, _P5)
+)
+_U64_CONSTS: dict[int, np.ndarray] = {}
+
+
+def _u64(value: int) -> np.ndarray:
+    """``value`` as a cached 0-d ``uint64`` array (shift counts, masks, lengths, powers of 10)."""
+    a = _U64_CONSTS.get(value)
+    if a is None:
+        if len(_U64_CONSTS) >= 1024:  # key lengths are unbounded without max_key_bytes
+            _U64_CONSTS.clear()
+        a = _U64_CONSTS[value] = np.array(value, dtype=np.uint64)
+    return a
+
+
 _NATIVE_LE = sys.byteorder == "little"
 
 _xxh64 = xxhash.xxh64_intdigest
@@ -121,18 +139,18 @@ def _check_lengths(lengths: np.ndarray, max_key_bytes: int | None) -> None:
 
 def _rotl(x: np.ndarray, r: int, tmp: np.ndarray) -> np.ndarray:
     """Rotate ``x`` left by ``r`` bits in place, using ``tmp`` as scratch."""
-    np.right_shift(x, _U64(64 - r), out=tmp)
-    np.left_shift(x, _U64(r), out=x)
+    np.right_shift(x, _u64(64 - r), out=tmp)
+    np.left_shift(x, _u64(r), out=x)
     np.bitwise_or(x, tmp, out=x)
     return x
 
 
 def _round(acc: np.ndarray, lane: np.ndarray, tmp: np.ndarray) -> np.ndarray:
     """XXH64 round: ``acc = rotl(acc + lane * P2, 31) * P1`` in place."""
-    np.multiply(lane, _P2, out=tmp)
+    np.multiply(lane, _P2a, out=tmp)
     np.add(acc, tmp, out=acc)
     _rotl(acc, 31, tmp)
-    np.multiply(acc, _P1, out=acc)
+    np.multiply(acc, _P1a, out=acc)
     return acc
 
 
@@ -180,53 +198,53 @@ def _xxh64_lanes(words: Any, length: int, out: np.ndarray | None = None) -> np.n
             k1.fill(0)
             _round(k1, acc, tmp)
             np.bitwise_xor(h, k1, out=h)
-            np.multiply(h, _P1, out=h)
-            np.add(h, _P4, out=h)
+            np.multiply(h, _P1a, out=h)
+            np.add(h, _P4a, out=h)
     else:
         h = np.empty(n, dtype=np.uint64) if out is None else out
         h.fill(_P5)
-    np.add(h, _U64(length), out=h)
+    np.add(h, _u64(length), out=h)
     while length - offset >= 8:
         k1.fill(0)
         _round(k1, words[offset // 8], tmp)
         np.bitwise_xor(h, k1, out=h)
         _rotl(h, 27, tmp)
-        np.multiply(h, _P1, out=h)
-        np.add(h, _P4, out=h)
+        np.multiply(h, _P1a, out=h)
+        np.add(h, _P4a, out=h)
         offset += 8
     rest = length - offset
     if rest:
         last = words[offset // 8]
         shift = 0
         if rest >= 4:
-            np.bitwise_and(last, _U64(0xFFFFFFFF), out=k1)
-            np.multiply(k1, _P1, out=k1)
+            np.bitwise_and(last, _u64(0xFFFFFFFF), out=k1)
+            np.multiply(k1, _P1a, out=k1)
             np.bitwise_xor(h, k1, out=h)
             _rotl(h, 23, tmp)
-            np.multiply(h, _P2, out=h)
-            np.add(h, _P3, out=h)
+            np.multiply(h, _P2a, out=h)
+            np.add(h, _P3a, out=h)
             shift = 32
             rest -= 4
         for _ in range(rest):
-            np.right_shift(last, _U64(shift), out=k1)
-            np.bitwise_and(k1, _U64(0xFF), out=k1)
-            np.multiply(k1, _P5, out=k1)
+            np.right_shift(last, _u64(shift), out=k1)
+            np.bitwise_and(k1, _u64(0xFF), out=k1)
+            np.multiply(k1, _P5a, out=k1)
             np.bitwise_xor(h, k1, out=h)
             _rotl(h, 11, tmp)
-            np.multiply(h, _P1, out=h)
+            np.multiply(h, _P1a, out=h)
             shift += 8
-    return _xorshift_multiply(h, tmp, ((33, _P2), (29, _P3)), 32)  # XXH64's avalanche
+    return _xorshift_multiply(h, tmp, ((33, _P2a), (29, _P3a)), 32)  # XXH64's avalanche
 
 
 def _xorshift_multiply(
-    x: np.ndarray, tmp: np.ndarray, rounds: tuple[tuple[int, np.uint64], ...], last: int
+    x: np.ndarray, tmp: np.ndarray, rounds: tuple[tuple[int, np.ndarray], ...], last: int
 ) -> np.ndarray:
     """``x ^= x >> s; x *= m`` for each ``(s, m)``, then ``x ^= x >> last``, in place."""
     for shift, mult in rounds:
-        np.right_shift(x, _U64(shift), out=tmp)
+        np.right_shift(x, _u64(shift), out=tmp)
         np.bitwise_xor(x, tmp, out=x)
         np.multiply(x, mult, out=x)
-    np.right_shift(x, _U64(last), out=tmp)
+    np.right_shift(x, _u64(last), out=tmp)
     np.bitwise_xor(x, tmp, out=x)
     return x
 
@@ -459,8 +477,8 @@ def _decimal_digits(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     quo = np.empty(n, dtype=np.uint64)
     low = np.empty(n, dtype=np.uint64)
     for g in range(width // 4 - 1, width // 4 - 1 - groups, -1):
-        np.floor_divide(rem, _U64(10_000), out=quo)
-        np.multiply(quo, _U64(10_000), out=low)
+        np.floor_divide(rem, _u64(10_000), out=quo)
+        np.multiply(quo, _u64(10_000), out=low)
         np.subtract(rem, low, out=low)
         np.take(_DIGITS4, low.view(np.int64), out=mat[:, g], mode="clip")
         rem, quo = quo, rem
@@ -518,15 +536,15 @@ def _lanes_of_decimal(values: np.ndarray, length: int) -> list[np.ndarray]:
             if prev is None:
                 np.copyto(chunk, values)
             else:
-                np.multiply(prev, _U64(10**tail), out=chunk)
+                np.multiply(prev, _u64(10**tail), out=chunk)
                 np.subtract(values, chunk, out=chunk)
             table = _DIGITS_TAIL_LANE[tail][k % 2]
         else:
-            np.floor_divide(values, _U64(10 ** (length - 4 * k - 4)), out=quo)
+            np.floor_divide(values, _u64(10 ** (length - 4 * k - 4)), out=quo)
             if prev is None:
                 np.copyto(chunk, quo)
             else:
-                np.multiply(prev, _U64(10_000), out=chunk)
+                np.multiply(prev, _u64(10_000), out=chunk)
                 np.subtract(quo, chunk, out=chunk)
             table = _DIGITS4_LANE[k % 2]
             prev, quo = quo, (prev if prev is not None else np.empty(m, dtype=np.uint64))
@@ -547,7 +565,7 @@ def _hash_nonnegative(values: np.ndarray) -> np.ndarray:
     ndigits = np.full(n, low, dtype=np.uint8)
     ge = np.empty(n, dtype=np.bool_)
     for k in range(low, top):  # only the digit counts this batch spans
-        np.greater_equal(values, _U64(10**k), out=ge)
+        np.greater_equal(values, _u64(10**k), out=ge)
         np.add(ndigits, ge, out=ndigits)
     counts = np.bincount(ndigits, minlength=21)
     present = np.flatnonzero(counts)
@@ -555,12 +573,10 @@ def _hash_nonnegative(values: np.ndarray) -> np.ndarray:
         length = int(present[0])
         return _xxh64_lanes(_lanes_of_decimal(values, length), length)
     out = np.empty(n, dtype=np.uint64)
-    order = np.argsort(ndigits, kind="stable")  # radix sort on uint8
-    bounds = np.concatenate(([0], np.cumsum(counts[present])))
-    for length, lo, hi in zip(
-        present.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True
-    ):
-        members = order[lo:hi]
+    # One comparison and flatnonzero per digit count present (a handful): ~5x faster
+    # than argsort of the uint8 counts (~9 ns per key at 32,768 keys, stable or not).
+    for length in present.tolist():
+        members = np.flatnonzero(ndigits == length)
         sub = values[members]
         if members.size < _GROUP_MIN:
             out[members] = [_xxh64(str(v).encode("ascii")) for v in sub.tolist()]
@@ -720,6 +736,47 @@ def in_blocks(fn: Any, keys: Any, dtype: Any) -> np.ndarray:
     return out
 
 
+def _hash_long_str(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray | None:
+    """A long list of ``str`` keys: joined once, then encoded and hashed a block at a time.
+
+    Joining the whole list visits every key object once; slicing the list into blocks
+    first visits each twice more (the slice and its release), ~2.5 ns per key of ~25 at
+    100,000 SKUs. Blocks are cut in the joined text at ``BLOCK * (len(keys[0]) + 1)``
+    characters, which is exact when every key has the first key's length; each block
+    then proves it holds exactly its keys (a newline at its end, and :func:`_hash_separated`
+    finds one separator per key boundary in it and no other), so the n - 1 newlines are
+    the separators and block ``j`` holds keys ``j * BLOCK ...``. ``None``: another batch
+    (the block path answers, and names a bad key).
+    """
+    if type(keys[0]) is not str:
+        return None
+    try:
+        joined = "\n".join(keys)
+    except TypeError:
+        return None
+    n = len(keys)
+    stride = len(keys[0]) + 1
+    if stride == 1 or len(joined) != n * stride - 1:
+        return None
+    out = np.empty(n, dtype=np.uint64)
+    for a in range(0, n, BLOCK):
+        b = min(n, a + BLOCK)
+        if b < n and joined[b * stride - 1] != "\n":
+            return None
+        try:
+            block = joined[a * stride : b * stride - 1].encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        try:
+            h = _hash_separated(block, b - a, 0x0A, max_key_bytes)
+        except KeyTooLongError as exc:
+            raise KeyTooLongError(_shift_key_index(str(exc), a)) from None
+        if h is None:
+            return None
+        out[a:b] = h
+    return out
+
+
 def _blocked(keys: Any, max_key_bytes: int | None) -> np.ndarray:
     """Hash a long batch in blocks of :data:`BLOCK` keys (see :func:`in_blocks`)."""
     return in_blocks(lambda block: hash_keys(block, max_key_bytes=max_key_bytes), keys, np.uint64)
@@ -764,7 +821,8 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
     tk = type(keys)
     if tk is list or tk is tuple:
         if len(keys) > 2 * BLOCK:
-            return _blocked(keys, max_key_bytes)
+            out = _hash_long_str(keys, max_key_bytes)
+            return _blocked(keys, max_key_bytes) if out is None else out
         return _hash_sequence(keys, max_key_bytes) if keys else np.empty(0, dtype=np.uint64)
     if isinstance(keys, (str, bytes, bytearray, memoryview, int, np.integer)):
         keys = [keys]
@@ -822,6 +880,7 @@ _MIX_SHIFT = np.array(33, dtype=_U64)
 _MIX_C1 = np.array(int(_FMIX_C1), dtype=_U64)
 _MIX_C2 = np.array(int(_FMIX_C2), dtype=_U64)
 _SALTS: dict[int, np.ndarray] = {}
+_xor, _shr, _mul = np.bitwise_xor, np.right_shift, np.multiply
 
 
 def mix64(hashes: np.ndarray, salt: int) -> np.ndarray:
@@ -831,16 +890,18 @@ def mix64(hashes: np.ndarray, salt: int) -> np.ndarray:
     if salt_arr is None:
         salt_arr = _SALTS[key] = np.array(key, dtype=_U64)
     # Three buffers in turn: an output that is also an input costs NumPy an overlap
-    # check, 2.5x the call on small batches.
-    a = np.bitwise_xor(hashes, salt_arr)
-    b = np.right_shift(a, _MIX_SHIFT)
-    c = np.bitwise_xor(a, b)
-    np.multiply(c, _MIX_C1, out=a)
-    np.right_shift(a, _MIX_SHIFT, out=b)
-    np.bitwise_xor(a, b, out=c)
-    np.multiply(c, _MIX_C2, out=a)
-    np.right_shift(a, _MIX_SHIFT, out=b)
-    return np.bitwise_xor(a, b, out=c)
+    # check, 2.5x the call on small batches. Module-level ufuncs with a positional
+    # output: ~50 ns less per call than a keyword ``out=`` (a sixth of a call at 100).
+    xor, shr, mul, k = _xor, _shr, _mul, _MIX_SHIFT
+    a = xor(hashes, salt_arr)
+    b = shr(a, k)
+    c = xor(a, b)
+    mul(c, _MIX_C1, a)
+    shr(a, k, b)
+    xor(a, b, c)
+    mul(c, _MIX_C2, a)
+    shr(a, k, b)
+    return xor(a, b, c)
 
 
 def _fmix_of(h: int, salt: int) -> int:

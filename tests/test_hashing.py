@@ -223,3 +223,34 @@ def test_long_bytes_batches_take_the_joined_path_and_match_xxhash(n):
         lbcore.hash_keys([*same, 1.5])
     with pytest.raises(lbcore.KeyTooLongError):
         lbcore.hash_keys([*same[:-1], b"x" * 5000], max_key_bytes=4096)
+
+
+def test_long_str_batches_are_joined_once_and_hash_like_short_ones():
+    from lbcore import hashing
+    from lbcore.hashing import BLOCK
+
+    rng = np.random.default_rng(9)
+    n = 2 * BLOCK + 51
+    skus = [f"K{int(v):012d}" for v in rng.integers(0, 10**12, n)]
+    accented = list(skus)
+    accented[BLOCK + 3] = "é" + skus[BLOCK + 3][1:]  # same code points, one more byte
+    shifted = list(skus)
+    shifted[BLOCK + 5] += "x"  # one key longer, the next shorter: blocks still line up
+    shifted[BLOCK + 6] = shifted[BLOCK + 6][:-1]
+    for keys in (skus, tuple(skus), accented, shifted):
+        got = hashing._hash_long_str(keys, None)
+        assert got is not None  # the joined path
+        assert got.tolist() == [ref(k) for k in keys]
+        assert lbcore.hash_keys(keys).tolist() == got.tolist()
+    with pytest.raises(lbcore.KeyTooLongError, match=f"key {BLOCK + 5} is 14 bytes"):
+        lbcore.hash_keys(shifted, max_key_bytes=13)
+    # Not for it: lengths that do not add up, a newline inside a key, other types.
+    newline = list(skus)
+    newline[7] = skus[7][:5] + "\n" + skus[7][6:]
+    uneven = [*skus[:-1], "x"]
+    for keys in (newline, uneven, [*skus[:-1], b"K1"], [*skus[:-1], 7]):
+        assert hashing._hash_long_str(keys, None) is None
+        assert lbcore.hash_keys(keys)[-2:].tolist() == [ref(k) for k in keys[-2:]]
+    assert lbcore.hash_keys(newline)[7] == ref(newline[7])
+    with pytest.raises(lbcore.KeyEncodingError):
+        lbcore.hash_keys([*skus[:-1], "a\udc80"])

@@ -194,6 +194,8 @@ class _Snapshot:
         "due_ns",
         "expected",
         "gate",
+        "gate_all",
+        "last_ring",
         "load",
         "loads",
         "max_hops",
@@ -224,6 +226,12 @@ class _Snapshot:
         self.due_ns = due_ns
         self.mode = knobs.fade_mode
         self.gate = knobs.gate()
+        rings = table.ring_set.rings
+        # Per batch: -1 routes every key to fallback (gate closed, no ring); else the
+        # newest ring's index. And whether the gate lets every key through.
+        gate = self.gate
+        self.last_ring = len(rings) - 1 if gate.enabled and gate.percentage > 0.0 else -1
+        self.gate_all = gate.passes_all
         self.balance_factor = knobs.balance_factor
         self.max_hops = knobs.max_hops
         self.load = loads.signal(knobs.load_signal) if loads.in_flight.size else None
@@ -880,24 +888,24 @@ class Router:
         self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
     ) -> tuple[np.ndarray, int, int]:
         """Route hashes ``h`` on snapshot ``s``: ``(indices, bounded-load moves, fallbacks)``."""
-        t = s.table
         n = h.size
-        gate = s.gate
-        rs = t.ring_set
-        if not gate.enabled or gate.percentage <= 0.0 or not rs.rings or n == 0:
+        last = s.last_ring
+        if last < 0 or n == 0:
             return np.full(n, -1, dtype=np.int32), 0, n
+        rs = s.table.ring_set
         complete = False  # known to hold no fallback
         if s.mode == "skipper":
             idx, moved = self._route_skipper(s, h, now, attempt)
-        elif attempt or not s.amortized(n, self._costs):
+        elif attempt or (s._answer is None and not s.amortized(n, self._costs)):
             t0 = time.perf_counter_ns()
             idx, moved = self._route_lbcore(s, h, now, attempt)
             if not attempt:
                 self._costs.walked(n, time.perf_counter_ns() - t0)
         else:
+            if s._answer is not None:
+                s.routed += n  # (what amortized() counts; racy under threads, as there)
             answer, moved_table, complete = s._answer or s.answer(self._costs)
-            pos = rs.rings[-1].positions(h)
-            last = len(rs.rings) - 1
+            pos = rs.rings[last].positions(h)
             if last == 0:
                 flat = pos
             elif s.mode == "off":
@@ -907,8 +915,8 @@ class Router:
                 flat = pos if off is None else np.add(pos, off)
             idx = answer.take(flat)
             moved = None if moved_table is None else moved_table.take(flat)
-        if not gate.passes_all:
-            keep = gate.mask(h)
+        if not s.gate_all:
+            keep = s.gate.mask(h)
             idx[~keep] = lbcore.FALLBACK
             if moved is not None:
                 moved &= keep
@@ -1119,6 +1127,7 @@ _count_nonzero = np.count_nonzero  # a quarter of a ufunc reduction's call cost
 _I32 = np.dtype(np.int32)
 _ONE32 = np.array(1, dtype=np.int32)  # 0-d: no scalar conversion per call
 _SLOT_PLACEHOLDER = np.zeros(1, dtype=np.intp)
+_NO_SLOTS = np.empty(0, dtype=np.intp)  # (never written: a tracker replaces it)
 
 
 def _fast_slots(
@@ -1192,11 +1201,11 @@ class Tracker:
 
     __slots__ = (
         "_calls",
+        "_counts",
         "_ends",
         "_entered",
         "_exited",
         "_failed",
-        "_logged",
         "_mapped",
         "_n",
         "_rec",
@@ -1227,11 +1236,11 @@ class Tracker:
         self._rec: Any = None
         self._calls: np.ndarray | None = None  # positions of routed calls (None: all)
         self._n = 0  # routed calls (done/fail bookkeeping, recorded or not)
-        self._slots = np.empty(0, dtype=np.intp)  # their counter slots; empty: not recorded
+        self._slots = _NO_SLOTS  # their counter slots; empty: not recorded
         self._start = 0
         self._ends: np.ndarray | None = None
         self._failed: np.ndarray | None = None
-        self._logged: set[int] = set()
+        self._counts: np.ndarray | None = None  # calls per slot, if the start counted them
         self._entered = self._exited = False
         # (slots, positions) computed by Router.track on the snapshot of this table.
         self._mapped: tuple[np.ndarray, np.ndarray | None] | None = None
@@ -1252,7 +1261,7 @@ class Tracker:
             self._rec = rec = router._rec
             self._start = start = int(router._clock())
             if rec is not None and self._n:
-                rec._record_start_trusted(self._slots, start, t.n_slots)
+                self._counts = rec._record_start_trusted(self._slots, start, t.n_slots)
             return self
         idx = self.idx
         if _count_nonzero(idx >= 0) != idx.size:
@@ -1277,11 +1286,11 @@ class Tracker:
                     "twice since it was routed on",
                     t.generation,
                 )
-                self._slots = np.empty(0, dtype=np.intp)
+                self._slots = _NO_SLOTS
         self._rec = router._rec
         self._start = start = int(router._clock())
         if self._rec is not None and self._slots.size:
-            self._rec._record_start_trusted(self._slots, start, t.n_slots)
+            self._counts = self._rec._record_start_trusted(self._slots, start, t.n_slots)
         return self
 
     def _position(self, i: int) -> int | None:
@@ -1362,7 +1371,13 @@ class Tracker:
             durations = np.maximum(ends - self._start, 0)
         try:
             rec._record_end_trusted(
-                self._slots, self._start, durations, end, self._failed, self.table.n_slots
+                self._slots,
+                self._start,
+                durations,
+                end,
+                self._failed,
+                self.table.n_slots,
+                self._counts,
             )
         except shm.ShmError as exc:
             # Released meanwhile (router closed, counters replaced): nothing to add to.

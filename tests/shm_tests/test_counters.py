@@ -725,6 +725,62 @@ def test_the_trusted_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store):
     assert totals[1, [3, 7]].tolist() == [2, 1] and totals[1].sum() == 3
 
 
+@pytest.mark.parametrize("with_failures", [False, True])
+def test_a_long_fan_out_recorded_by_counts_equals_the_per_call_path(store, with_failures):
+    """A fan-out long enough for the per-slot count path (np.bincount) records, field by
+    field, exactly what the same calls recorded as short fan-outs (np.add.at) do."""
+    from shm import counters
+
+    rng = np.random.default_rng(5)
+    long_rec, short_rec = store.claim(), store.claim()
+    n = max(counters._COUNTS_MIN, 16) + 37
+    assert n < 2 * counters._COUNTS_MIN  # chunks of 100 take the np.add.at path
+    for rnd in range(3):
+        slots = rng.integers(0, 11, n).astype(np.intp)  # repeats; slots 11-15 untouched
+        start = T0 + rnd * S + int(rng.integers(0, 50 * MS))
+        failed = rng.random(n) < 0.25 if with_failures else None
+        d = int(rng.integers(0, 40 * MS))
+        counts = long_rec._record_start_trusted(slots, start, 16)
+        assert counts.tolist() == np.bincount(slots, minlength=16).tolist()
+        for a in range(0, n, 100):  # well below the count path's threshold
+            assert short_rec._record_start_trusted(slots[a : a + 100], start, 16) is None
+        # Mid-flight: the open counts agree too.
+        assert np.array_equal(raw(store, long_rec.row), raw(store, short_rec.row))
+        # The end reuses the start's counts (as a Tracker does), or counts again.
+        long_rec._record_end_trusted(slots, start, d, start + d, failed, 16, counts)
+        for a in range(0, n, 100):
+            f = None if failed is None else failed[a : a + 100]
+            short_rec._record_end_trusted(slots[a : a + 100], start, d, start + d, f, 16)
+        assert np.array_equal(raw(store, long_rec.row), raw(store, short_rec.row))
+    totals = store._ctl.current().totals
+    assert np.array_equal(totals[long_rec.row], totals[short_rec.row])
+    assert totals[long_rec.row, 0].sum() == 3 * n
+    assert (totals[long_rec.row, 1].sum() > 0) == with_failures
+    assert block(store, long_rec.row, "busy_ns").sum() > 0
+    for part in OPEN_PARTS:
+        assert not block(store, long_rec.row, part).any(), part
+
+
+def test_a_long_fan_out_ending_after_the_counters_grew_counts_its_calls_again(store):
+    from shm import counters
+
+    rec = store.claim()
+    n = counters._COUNTS_MIN + 5
+    slots = (np.arange(n) % 16).astype(np.intp)
+    start = T0 + 10 * MS
+    counts = rec._record_start_trusted(slots, start, 16)
+    assert counts is not None and counts.size == 16
+    store.ensure_columns(40)  # another process grew the counters meanwhile
+    rec._record_end_trusted(slots, start, MS, start + MS, None, 16, counts)
+    for part in OPEN_PARTS:
+        assert not block(store, rec.row, part).any(), part
+    k = (start // store.bucket_ns) % store._ctl.buckets
+    completed = block(store, rec.row, "completed")[k]
+    assert completed.size >= 40 and completed[:16].tolist() == counts.tolist()
+    assert not completed[16:].any()
+    assert block(store, rec.row, "busy_ns")[k, :16].tolist() == (counts * MS).tolist()
+
+
 def test_the_trusted_path_follows_growth_and_still_checks_beyond_its_columns(store):
     rec = store.claim()
     store.ensure_columns(40)  # another process grew the counters: rec has 16 columns
