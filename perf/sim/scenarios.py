@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.bounded import routed_call_load, target_load
 from perf.sim.model import ScaleUp, SimConfig, SimResult, SlowPod, run
 
 __all__ = [
@@ -330,7 +331,9 @@ def load_signal(
     Parameters
     ----------
     base
-        Fleet and traffic (default: 100 pods, 35,000 calls/s, 60 s).
+        Fleet and traffic (default: 100 pods on unequal nodes, ``pod_speed_sigma`` 0.2,
+        35,000 calls/s from 32 client hosts, 60 s, the bar counting the routed call as
+        what it adds to the signal, ``bar_increment="routed-call"``).
     in_flight_factor
         Balance factor of the in-flight variant (Zalando's was 1.10).
     occupancy_factors
@@ -350,7 +353,14 @@ def load_signal(
         the mean), cache and latency figures, and ``pods_needed`` with the spread at
         that pod count (``at_pods_needed``).
     """
-    base = base or SimConfig(pods=100, rate_per_pod=350.0, seconds=60.0)
+    base = base or SimConfig(
+        pods=100,
+        rate_per_pod=350.0,
+        seconds=60.0,
+        clients=32,
+        pod_speed_sigma=0.2,
+        bar_increment="routed-call",
+    )
     variants = [("in-flight", in_flight_factor)] + [("occupancy", f) for f in occupancy_factors]
     t0 = time.perf_counter()
     runs = []
@@ -376,7 +386,7 @@ def load_signal(
             "lat_p99_ms": tot["lat_p99_ms"],
             "batch_p99_ms": tot["batch_p99_ms"],
             "moves_per_s": tot["moves"] / cfg.seconds,
-            **_host_bar(cfg, tot["occupancy_mean"], bf),
+            **_host_bar(cfg, r, bf),
         }
         if slo_p99_ms is not None:
             cb = None if progress is None else _search_progress(progress, label)
@@ -388,7 +398,7 @@ def load_signal(
                     "pods": at.config.pods,
                     "over_mean": occupancy_spread(at),
                     "hit_rate": at.totals["hit_rate"],
-                    **_host_bar(at.config, at.totals["occupancy_mean"], bf),
+                    **_host_bar(at.config, at, bf),
                     "lat_p99_ms": at.totals["lat_p99_ms"],
                 }
                 runs_warn = [f"{label} at {at.config.pods} pods: {w}" for w in at.warnings]
@@ -397,14 +407,16 @@ def load_signal(
     notes = [
         f"{base.pods} pods, {base.total_rate:,.0f} calls/s, {base.clients} client hosts "
         f"each with its own load counters, concurrency limit {base.concurrency} per pod, "
-        f"occupancy window {base.window_s:g} s, hop cap {base.max_hops}",
+        f"occupancy window {base.window_s:g} s, hop cap {base.max_hops}, pod speed "
+        f"sigma {base.pod_speed_sigma:g}, bar increment {base.bar_increment}",
         "occupancy = busy-seconds per second per pod over the whole run (the summed "
         "latency of its calls / run length); '/ mean' divides by the fleet's mean so "
         "fleets of different sizes compare",
         "a host's bar: what lbcore compares a host's load per pod against on average, "
-        "(1 + its summed load) / pods x bf (the 1 counts the call being routed); "
-        "in-flight counts under a bar below 1 spill on any open call, and occupancy is "
-        "held near bar / mean x the mean",
+        "(inc + its summed load) / pods x bf; inc counts the call being routed: 1 for "
+        "in-flight counts, and for occupancy 1 (bar increment 'skipper') or the call's "
+        "mean latency / window (~0, 'routed-call'); in-flight counts under a bar below 1 "
+        "spill on any open call, and occupancy is held near bar / mean x the mean",
     ]
     if slo_p99_ms is not None:
         notes.append(
@@ -425,24 +437,34 @@ def load_signal(
     )
 
 
-def _host_bar(cfg: SimConfig, occupancy_mean: float, bf: float) -> dict[str, float]:
+def _host_bar(cfg: SimConfig, result: SimResult, bf: float) -> dict[str, float]:
     """What one client host's bounded load compares, on average, at ``cfg.pods`` pods.
 
     A host sees only its own calls: per pod, ``occupancy_mean / clients`` busy-seconds
     per second, which by Little's law is also its mean count of open calls per pod.
-    lbcore's bar is ``(1 + Σ load) / pods × bf``: the ``1`` counts the call being routed,
-    so the bar over the mean load is ``bf × (1 + 1 / Σ load)``. For in-flight counts a
-    bar below 1 means any open call from the host puts a pod over it; for occupancy a
-    host whose summed load is a few busy-seconds per second gets a bar well above
-    ``bf`` times the mean.
+    lbcore's bar is ``(inc + Σ load) / pods × bf`` (:func:`lbcore.bounded.target_load`),
+    so the bar over the mean load is ``bf × (1 + inc / Σ load)``. ``inc`` counts the
+    call being routed: 1.0 for in-flight counts, and for occupancy 1.0 with
+    ``bar_increment="skipper"`` or the call's mean latency over the window with
+    ``"routed-call"`` (:func:`lbcore.bounded.routed_call_load`). For in-flight counts a
+    bar below 1 means any open call from the host puts a pod over it; for occupancy
+    with Skipper's 1.0 a host whose summed load is a few busy-seconds per second gets a
+    bar well above ``bf`` times the mean.
     """
+    occupancy_mean = result.totals["occupancy_mean"]
     host_load = occupancy_mean / cfg.clients
-    host_sum = host_load * cfg.pods
-    bar = (1.0 + host_sum) / cfg.pods * bf
+    inc = 1.0
+    if cfg.bar_increment == "routed-call":
+        calls = result.totals["calls"]
+        mean_latency = occupancy_mean * cfg.pods * cfg.seconds / calls if calls else None
+        inc = routed_call_load(cfg.signal, mean_latency, cfg.window_s)
+    loads = np.full(cfg.pods, host_load)
+    bar = target_load(loads, np.ones(cfg.pods, dtype=np.bool_), bf, inc)
     return {
         "host_load_per_pod": host_load,
         "host_bar": bar,
         "host_bar_over_mean": bar / host_load if host_load > 0 else math.nan,
+        "bar_increment": inc,
     }
 
 
