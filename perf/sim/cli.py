@@ -26,7 +26,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "load-signal": {
         "pods": 100,
         "rate_per_pod": 350.0,
-        "seconds": 60.0,
+        "seconds": 30.0,
         "clients": 32,
         "pod_speed_sigma": 0.2,
         "bar_increment": "routed-call",
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seconds",
         type=_number(1, strict=False, unit=" (one 1-s report interval)"),
-        help="simulated seconds after warm-up (120 / 60 / 80 by scenario)",
+        help="simulated seconds after warm-up (120 / 30 / 80 by scenario)",
     )
     p.add_argument("--seed", type=_integer(0), default=1, help="random seed, >= 0 (default 1)")
     p.add_argument(

@@ -227,13 +227,18 @@ def pods_needed(
     *,
     seconds: float = 20.0,
     max_factor: float = 3.0,
+    start: int | None = None,
+    shrink: float = 0.5,
     progress: Callable[[int, float], None] | None = None,
 ) -> dict[str, Any]:
     """Fewest pods that keep call p99 latency within ``slo_p99_ms`` at the same rate.
 
-    Bisects over the pod count (each probe a fresh, pre-warmed run of ``seconds``),
-    assuming p99 latency does not improve when pods are taken away; the answer is
-    within 2 % of ``config.pods`` (at least 1 pod) of the true boundary.
+    Brackets the answer from ``start`` (shrinking the pod count by ``shrink`` while the
+    bound holds, growing it by half while it does not), then bisects (each probe a
+    fresh, pre-warmed run of ``seconds``), assuming p99 latency does not improve when
+    pods are taken away; the answer is within 2 % of ``config.pods`` (at least 1 pod)
+    of the true boundary. A ``start`` near the answer (another variant's) with
+    ``shrink`` near 1 needs fewer probes than halving from ``config.pods``.
 
     Parameters
     ----------
@@ -245,6 +250,10 @@ def pods_needed(
         Length of every probe run, in seconds.
     max_factor
         Give up above this many times ``config.pods``.
+    start
+        First pod count probed (default ``config.pods``).
+    shrink
+        Factor, ``0 < shrink < 1``, by which the count falls while the bound holds.
     progress
         Called as ``progress(pods, p99_ms)`` after each probe.
 
@@ -269,14 +278,18 @@ def pods_needed(
             progress(n, value)
         return value
 
-    hi = config.pods
+    if not 0.0 < shrink < 1.0:
+        raise ValueError(f"shrink must be between 0 and 1 (exclusive), got {shrink!r}")
+    hi = config.pods if start is None else max(1, int(start))
+    lo = 0  # largest count known to miss the bound (0: none yet)
     while p99(hi) > slo_p99_ms:
         if hi >= max_factor * config.pods:
             return {"pods": None, "probes": probes, "result": None}
-        hi = math.ceil(hi * 1.5)
-    lo = max(1, hi // 2)
-    while lo > 1 and p99(lo) <= slo_p99_ms:
-        hi, lo = lo, max(1, lo // 2)
+        lo, hi = hi, math.ceil(hi * 1.5)
+    if not lo:
+        lo = max(1, min(hi - 1, int(hi * shrink)))
+        while lo > 1 and p99(lo) <= slo_p99_ms:
+            hi, lo = lo, max(1, min(lo - 1, int(lo * shrink)))
     # p99(lo) > slo (or lo == 1), p99(hi) <= slo
     step = max(1, round(config.pods * 0.02))
     while hi - lo > step:
@@ -318,7 +331,7 @@ def load_signal(
     in_flight_factor: float = 1.10,
     occupancy_factors: tuple[float, ...] = (1.25, 1.35),
     slo_p99_ms: float | None = 25.0,
-    search_seconds: float = 20.0,
+    search_seconds: float = 10.0,
     progress: Progress | None = None,
 ) -> ScenarioResult:
     """Bounded load on in-flight counts versus occupancy, in steady state.
@@ -326,13 +339,15 @@ def load_signal(
     Every variant runs at ``base.pods``; if ``slo_p99_ms`` is set, :func:`pods_needed`
     then finds the pod count each variant needs to keep call p99 latency within it, and
     the spread is reported there too (from the search's run at that count), so fleets
-    are compared as each would be sized.
+    are compared as each would be sized. The first variant's search halves down from
+    ``base.pods``; the others start at the answer before theirs and step down by 10 %
+    (the same boundary, found with fewer probes).
 
     Parameters
     ----------
     base
         Fleet and traffic (default: 100 pods on unequal nodes, ``pod_speed_sigma`` 0.2,
-        35,000 calls/s from 32 client hosts, 60 s, the bar counting the routed call as
+        35,000 calls/s from 32 client hosts, 30 s, the bar counting the routed call as
         what it adds to the signal, ``bar_increment="routed-call"``).
     in_flight_factor
         Balance factor of the in-flight variant (Zalando's was 1.10).
@@ -356,7 +371,7 @@ def load_signal(
     base = base or SimConfig(
         pods=100,
         rate_per_pod=350.0,
-        seconds=60.0,
+        seconds=30.0,
         clients=32,
         pod_speed_sigma=0.2,
         bar_increment="routed-call",
@@ -365,6 +380,7 @@ def load_signal(
     t0 = time.perf_counter()
     runs = []
     rows: dict[str, Any] = {}
+    last_needed: int | None = None
     for signal, bf in variants:
         label = f"{signal} bf {bf:g}"
         cfg = replace(
@@ -390,7 +406,14 @@ def load_signal(
         }
         if slo_p99_ms is not None:
             cb = None if progress is None else _search_progress(progress, label)
-            found = pods_needed(cfg, slo_p99_ms, seconds=search_seconds, progress=cb)
+            found = pods_needed(
+                cfg,
+                slo_p99_ms,
+                seconds=search_seconds,
+                progress=cb,
+                **({"start": last_needed, "shrink": 0.9} if last_needed else {}),
+            )
+            last_needed = found["pods"]
             at = found.pop("result")
             row["pods_needed"] = found
             if at is not None:
