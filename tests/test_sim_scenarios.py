@@ -1,10 +1,12 @@
 """The simulator's three scenarios on small configurations: what matches Zalando's
 published results, and (load signal) under which model settings, as the README states it."""
 
+import types
 from dataclasses import replace
 
 import pytest
 
+from perf.sim import scenarios
 from perf.sim.model import SimConfig
 from perf.sim.scenarios import load_signal, scale_up, slow_pod
 
@@ -174,3 +176,41 @@ def test_slow_pod_latency_weighting_moves_more_traffic_off_it_than_occupancy():
     assert eff["lat_p99_ms_slow"] < 0.6 * occ["lat_p99_ms_slow"]
     assert eff["share_slow"] < occ["share_slow"]
     assert occ["lat_p99_ms_slow"] < off["lat_p99_ms_slow"]
+
+
+class _P99Curve:
+    """Stands in for a simulation run in the pods-needed search: a known, monotone p99
+    curve (ms) over the pod count, so the search's bracketing and bisection are checked
+    against the exact boundary."""
+
+    def __init__(self, boundary: int) -> None:
+        self.boundary = boundary
+        self.probed: list[int] = []
+
+    def __call__(self, cfg, label="", **kw):
+        self.probed.append(cfg.pods)
+        p99 = 20.0 if cfg.pods >= self.boundary else 20.0 + (self.boundary - cfg.pods)
+        return types.SimpleNamespace(config=cfg, totals={"lat_p99_ms": p99})
+
+
+@pytest.mark.parametrize("start", [None, 30, 37, 41, 60, 150])
+def test_pods_needed_finds_the_boundary_from_any_start(monkeypatch, start):
+    curve = _P99Curve(boundary=37)
+    monkeypatch.setattr(scenarios, "run", curve)
+    base = replace(SMALL, pods=100)
+    kw = {} if start is None else {"start": start, "shrink": 0.9}
+    found = scenarios.pods_needed(base, 20.5, **kw)
+    # within the tolerance (2 % of 100 pods), never below the boundary
+    assert 37 <= found["pods"] <= 39
+    assert found["result"].config.pods == found["pods"]
+    assert [p for p, _ in found["probes"]] == curve.probed
+    if start == 41:  # a start near the answer needs few probes
+        assert len(curve.probed) <= 4
+
+
+def test_pods_needed_gives_up_past_max_factor_and_rejects_a_bad_shrink(monkeypatch):
+    monkeypatch.setattr(scenarios, "run", _P99Curve(boundary=10_000))
+    found = scenarios.pods_needed(replace(SMALL, pods=10), 20.5, max_factor=3.0)
+    assert found["pods"] is None and found["result"] is None
+    with pytest.raises(ValueError, match="shrink must be between 0 and 1"):
+        scenarios.pods_needed(replace(SMALL, pods=10), 20.5, shrink=1.0)
