@@ -10,6 +10,15 @@ that another evaluation order misses by one ulp; an endpoint is acceptable when
 ``float64(load) <= target`` (``<=``: a load equal to the bar is accepted). The ``1.0``
 counts the request being routed.
 
+That ``1.0`` is one open request: right for in-flight counts, wrong in size for a load
+averaged over a window. A call adds only its latency's share of the window to a pod's
+occupancy (busy-seconds per second), about 0.0005 for 5 ms in 10 s, so with Skipper's
+1.0 a host whose summed occupancy is a few busy-seconds per second gets a bar of
+``balance_factor × (1 + 1 / Σ load)`` times its mean instead of ``balance_factor``
+times it. :func:`routed_call_load` gives the increment that fits a signal and
+:func:`in_call_units` re-expresses loads so that the routing functions' 1.0 is that
+increment (the bar is scale-free otherwise); in-flight loads pass through untouched.
+
 Like Envoy's ``BoundedLoadHashingLoadBalancer`` this decorates a table: it needs only
 ring positions and their owners, so the same code bounds the plain ring, every ring of
 a fade-in ring set and a zone's ring.
@@ -36,7 +45,9 @@ __all__ = [
     "check_balance_factor",
     "check_loads",
     "check_max_hops",
+    "in_call_units",
     "redirect_table",
+    "routed_call_load",
     "skip_to_eligible",
     "target_load",
     "walk_sequential",
@@ -99,17 +110,77 @@ def check_max_hops(max_hops: Any) -> int | None:
     return int(max_hops)
 
 
-def target_load(loads: np.ndarray, listed: np.ndarray, balance_factor: float) -> float:
+def target_load(
+    loads: np.ndarray, listed: np.ndarray, balance_factor: float, increment: float = 1.0
+) -> float:
     """Skipper's bar: ``(1.0 + Σ loads of candidates in list order) / n × balance_factor``.
 
     The sum is a left-to-right float64 accumulation starting at 1.0 (``np.cumsum`` adds in
-    that order; ``np.sum`` would add pairwise and round differently).
+    that order; ``np.sum`` would add pairwise and round differently). ``increment``
+    replaces the 1.0 (the routed call's load, :func:`routed_call_load`); the default is
+    Skipper's.
     """
     cand = loads if listed.all() else loads[listed]
     acc = np.empty(cand.size + 1)
-    acc[0] = 1.0
+    acc[0] = increment
     acc[1:] = cand
     return _bar(float(np.cumsum(acc, out=acc)[-1]), cand.size, balance_factor)
+
+
+def routed_call_load(
+    signal: str, mean_latency_s: float | None = None, window_s: float | None = None
+) -> float:
+    """What routing one more call adds to a pod's load, in the unit of ``signal``.
+
+    Parameters
+    ----------
+    signal
+        ``"in-flight"`` or ``"effective"`` (``max(in_flight, occupancy) × ratio``, whose
+        in-flight part is a count): one open request, 1.0, Skipper's increment.
+        ``"occupancy"`` (busy-seconds per second over a window): the call's expected
+        latency as a share of the window, ``mean_latency_s / window_s``.
+    mean_latency_s
+        Expected latency of the call, in seconds (for example the host's mean over the
+        window, :func:`lbcore.signals.mean_latency`); needed for occupancy. ``None`` or
+        NaN (nothing completed in the window, so every occupancy is 0): 1.0.
+    window_s
+        The occupancy window, in seconds.
+
+    Returns
+    -------
+    float
+        The increment, ``> 0``; pass it to :func:`in_call_units` (or
+        :func:`target_load` to show the bar).
+    """
+    if signal in ("in-flight", "effective"):
+        return 1.0
+    if signal != "occupancy":
+        raise ArgumentError(
+            f"unknown load signal {signal!r}; expected 'in-flight', 'occupancy' or 'effective'"
+        )
+    if mean_latency_s is None or not math.isfinite(mean_latency_s) or mean_latency_s <= 0:
+        return 1.0
+    if window_s is None or not math.isfinite(window_s) or window_s <= 0:
+        raise ArgumentError(f"occupancy window must be > 0 seconds, got {window_s!r}")
+    return float(mean_latency_s) / float(window_s)
+
+
+def in_call_units(loads: np.ndarray, increment: float) -> np.ndarray:
+    """``loads`` divided by ``increment``: the routing functions' 1.0 becomes ``increment``.
+
+    Every bounded-load decision compares ``load <= (1.0 + Σ load) / n × balance_factor``
+    or picks the least loaded endpoint, both unchanged by a common positive scale except
+    for the 1.0; on ``loads / increment`` they decide as the bar
+    ``(increment + Σ load) / n × balance_factor`` would on ``loads`` (up to float
+    rounding). ``increment`` 1.0 returns ``loads`` itself (in-flight counts stay
+    Skipper-exact).
+    """
+    inc = float(increment)
+    if not math.isfinite(inc) or inc <= 0.0:
+        raise ArgumentError(f"increment must be a finite number > 0, got {increment!r}")
+    if inc == 1.0:
+        return loads
+    return np.asarray(loads, dtype=np.float64) / inc
 
 
 def _bar(total: float, count: int, balance_factor: float) -> float:

@@ -322,6 +322,32 @@ def test_client_loads_weigh_occupancy_by_latency_for_the_effective_signal():
     np.testing.assert_array_equal(fl, in_flight)
 
 
+def test_client_loads_in_routed_call_units():
+    # bar_increment="routed-call": each host's occupancy is divided by what one call of
+    # the host's mean latency adds to it (latency / window), so lbcore's 1.0 for the
+    # routed call is that call; counts are left alone.
+    window = 10 * NS
+    completed = np.array([[100.0, 100.0, 20.0], [50.0, 50.0, 50.0]])
+    per_call_s = np.array([[0.002, 0.002, 0.010], [0.004, 0.004, 0.004]])
+    busy_ns = completed * per_call_s * 1e9
+    in_flight = np.array([[0, 1, 0], [2, 0, 0]])
+    args = (in_flight, busy_ns, completed, window)
+    occ = sim_model.client_loads("occupancy", *args)
+    units = sim_model.client_loads("occupancy", *args, bar_increment="routed-call")
+    for c in range(2):
+        inc = (busy_ns[c].sum() * 1e-9 / completed[c].sum()) / 10.0
+        assert 0 < inc < 0.001
+        np.testing.assert_allclose(units[c], occ[c] / inc)
+    # in routed-call units a pod's occupancy is the number of mean-latency calls of work
+    # it did in the window
+    np.testing.assert_allclose(units[1], completed[1])
+    for signal in ("in-flight", "effective"):
+        np.testing.assert_array_equal(
+            sim_model.client_loads(signal, *args, bar_increment="routed-call"),
+            sim_model.client_loads(signal, *args),
+        )
+
+
 # ------------------------------------------------------------------------------------
 # Whole runs: conservation and determinism.
 
@@ -371,6 +397,7 @@ def test_bad_config_is_named():
             run(replace(SMALL, **changes))
 
     bad("fade must be one of", fade="nring")
+    bad("bar_increment must be one of", bar_increment="zero")
     bad(r"report_s .* whole multiple of tick_s", report_s=0.015)
     bad("slow pod 99 is not a starting pod", events=(SlowPod(1.0, 2.0, 99, 2.0),))
     bad("removes 6 of 6 pods; at least one must stay", events=(ScaleDown(1.0, 6),))

@@ -13,7 +13,7 @@ from typing import Any
 
 from lbcore.bounded import check_balance_factor
 from lbcore.errors import BalanceFactorError
-from perf.sim.model import SIGNALS, SimConfig, SimConfigError
+from perf.sim.model import BAR_INCREMENTS, SIGNALS, SimConfig, SimConfigError
 from perf.sim.progress import ProgressBar
 from perf.sim.report import to_json, to_text
 from perf.sim.scenarios import SCENARIOS, ScenarioResult
@@ -21,9 +21,16 @@ from perf.sim.scenarios import SCENARIOS, ScenarioResult
 __all__ = ["build_parser", "main"]
 
 # Per scenario: default pods, calls/s per starting pod, simulated seconds.
-_DEFAULTS = {
+_DEFAULTS: dict[str, dict[str, Any]] = {
     "scale-up": {"pods": 50, "rate_per_pod": 700.0, "seconds": 120.0},
-    "load-signal": {"pods": 100, "rate_per_pod": 350.0, "seconds": 60.0},
+    "load-signal": {
+        "pods": 100,
+        "rate_per_pod": 350.0,
+        "seconds": 30.0,
+        "clients": 32,
+        "pod_speed_sigma": 0.2,
+        "bar_increment": "routed-call",
+    },
     "slow-pod": {"pods": 20, "rate_per_pod": 350.0, "seconds": 80.0},
 }
 # Options that only some scenarios use.
@@ -132,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seconds",
         type=_number(1, strict=False, unit=" (one 1-s report interval)"),
-        help="simulated seconds after warm-up (120 / 60 / 80 by scenario)",
+        help="simulated seconds after warm-up (120 / 30 / 80 by scenario)",
     )
     p.add_argument("--seed", type=_integer(0), default=1, help="random seed, >= 0 (default 1)")
     p.add_argument(
@@ -156,10 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--pod-speed-sigma",
         type=_number(0, strict=False),
         help="pods on unequal nodes: each pod's service times x a fixed lognormal factor "
-        "(mean 1) of this shape; 0.2 spreads pod speeds by about +-20 %% (default 0: equal)",
+        "(mean 1) of this shape; 0.2 spreads pod speeds by about +-20 %% (default 0: equal; "
+        "load-signal 0.2)",
     )
     p.add_argument(
-        "--clients", type=_integer(1, 64), help="client hosts, each with its own counters (8)"
+        "--clients",
+        type=_integer(1, 64),
+        help="client hosts, each with its own counters (8; load-signal 32)",
+    )
+    p.add_argument(
+        "--bar-increment",
+        choices=BAR_INCREMENTS,
+        help="what the bounded-load bar adds for the routed call: skipper = 1.0 whatever "
+        "the signal (as cslb routes today), routed-call = what the call adds to the signal "
+        "(its latency's share of the window for occupancy, 1 for counts) (default "
+        "skipper; load-signal routed-call)",
     )
     p.add_argument(
         "--slo-ms",
@@ -215,9 +233,7 @@ def _plot_dir(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
 def _config(args: argparse.Namespace) -> SimConfig:
     d = _DEFAULTS[args.scenario]
     cfg = SimConfig(
-        pods=args.pods or d["pods"],
-        rate_per_pod=d["rate_per_pod"],
-        seconds=args.seconds or d["seconds"],
+        **{**d, "pods": args.pods or d["pods"], "seconds": args.seconds or d["seconds"]},
         seed=args.seed,
     )
     changes: dict[str, Any] = {}
@@ -229,6 +245,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         ("concurrency", "concurrency"),
         ("clients", "clients"),
         ("pod_speed_sigma", "pod_speed_sigma"),
+        ("bar_increment", "bar_increment"),
         ("fade_s", "fade_s"),
         ("exponent", "fade_exponent"),
     ):

@@ -12,7 +12,10 @@ Time advances in ticks (default 10 ms). In every tick:
    (:func:`lbcore.signals.occupancy` over the busy-time buckets of the last window,
    weighted by :func:`lbcore.signals.window_weights`) and per-pod and host-wide mean
    latency (:func:`lbcore.signals.mean_latency`), turned into the load of the
-   configured signal by :func:`lbcore.signals.load_for` (:func:`client_loads`);
+   configured signal by :func:`lbcore.signals.load_for` (:func:`client_loads`); with
+   ``bar_increment="routed-call"`` each host's loads are re-expressed by
+   :func:`lbcore.bounded.in_call_units` so that the bar counts the routed call as what
+   it adds to the signal (:func:`lbcore.bounded.routed_call_load`), not as 1.0;
 4. the tick's batch requests arrive (Poisson batches of 1..100 distinct product IDs
    with Zipf popularity, each from one of ``clients`` hosts) and all calls of a host are
    routed at once on its snapshot by lbcore;
@@ -42,13 +45,14 @@ from typing import Any
 import numpy as np
 
 import lbcore
-from lbcore import knobs, signals
+from lbcore import bounded, knobs, signals
 from perf.sim.cache import TickLRU
 from perf.sim.pods import PodQueues
 from perf.sim.routing import FADE_MODES, Router, endpoint_name, make_router
 from perf.sim.workload import Batches, Catalogue
 
 __all__ = [
+    "BAR_INCREMENTS",
     "SIGNALS",
     "ScaleDown",
     "ScaleUp",
@@ -65,6 +69,11 @@ __all__ = [
 
 #: Load signals bounded load can use (lbcore.signals.LOAD_SIGNALS).
 SIGNALS = tuple(signals.LOAD_SIGNALS)
+#: What the bounded-load bar adds for the call being routed: ``skipper``, 1.0 whatever
+#: the signal (lbcore's routing functions as cslb calls them); ``routed-call``, what the
+#: call adds to the signal (:func:`lbcore.bounded.routed_call_load`: 1.0 for counts,
+#: its mean latency's share of the window for occupancy).
+BAR_INCREMENTS = ("skipper", "routed-call")
 
 #: Production defaults of the routing knobs (lbcore.knobs), the simulator's defaults too.
 _KNOB = knobs.defaults()
@@ -144,6 +153,7 @@ class SimConfig:
     balance_factor: float | None = None
     signal: str = _KNOB["load_signal"]
     max_hops: int | None = _KNOB["max_hops"]
+    bar_increment: str = "skipper"
     clients: int = 8
     window_s: float = signals.DEFAULT_WINDOW_NS / 1e9
     bucket_s: float = 0.1
@@ -225,6 +235,10 @@ class SimConfig:
         if self.balance_factor is not None:
             lbcore.bounded.check_balance_factor(self.balance_factor)
         need(self.signal in SIGNALS, f"signal must be one of {SIGNALS}, got {self.signal!r}")
+        need(
+            self.bar_increment in BAR_INCREMENTS,
+            f"bar_increment must be one of {BAR_INCREMENTS}, got {self.bar_increment!r}",
+        )
         need(
             self.max_hops is None or self.max_hops >= 1,
             f"max_hops must be >= 1 or None, got {self.max_hops}",
@@ -610,6 +624,7 @@ class Simulation:
                     (busy_buckets @ weights).reshape(n_cl, n_pods),
                     (count_buckets @ weights).reshape(n_cl, n_pods),
                     window_ns,
+                    bar_increment=cfg.bar_increment,
                 )
 
             # 4.-5. arrivals, routing, caches, service.
@@ -916,6 +931,8 @@ def client_loads(
     busy_ns: np.ndarray,
     completed: np.ndarray,
     window_ns: int,
+    *,
+    bar_increment: str = "skipper",
 ) -> np.ndarray:
     """The load every client host's bounded load compares, from its own counters.
 
@@ -936,6 +953,11 @@ def client_loads(
         Number of calls that returned in the window.
     window_ns
         The occupancy window, in nanoseconds.
+    bar_increment
+        ``"skipper"``: the loads as the signal reads them (the bar adds 1.0 for the
+        routed call); ``"routed-call"``: each host's loads divided by what one call adds
+        to its signal (:func:`lbcore.bounded.routed_call_load` with the host's mean
+        latency, :func:`lbcore.bounded.in_call_units`), so the bar adds that instead.
 
     Returns
     -------
@@ -945,18 +967,20 @@ def client_loads(
     busy_s = busy_ns * 1e-9
     pod_latency = signals.mean_latency(busy_s, completed)
     host_latency = signals.mean_latency(busy_s.sum(axis=1), completed.sum(axis=1))
-    return np.stack(
-        [
-            signals.load_for(
-                signal,
-                in_flight[c],
-                signals.occupancy(busy_ns[c], window_ns),
-                pod_latency[c],
-                float(host_latency[c]),
-            )
-            for c in range(in_flight.shape[0])
-        ]
-    )
+    rows = []
+    for c in range(in_flight.shape[0]):
+        load = signals.load_for(
+            signal,
+            in_flight[c],
+            signals.occupancy(busy_ns[c], window_ns),
+            pod_latency[c],
+            float(host_latency[c]),
+        )
+        if bar_increment == "routed-call":
+            inc = bounded.routed_call_load(signal, float(host_latency[c]), window_ns * 1e-9)
+            load = bounded.in_call_units(load, inc)
+        rows.append(load)
+    return np.stack(rows)
 
 
 def pod_speed_factors(pods: int, sigma: float, seed: int) -> np.ndarray:

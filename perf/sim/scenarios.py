@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.bounded import routed_call_load, target_load
 from perf.sim.model import ScaleUp, SimConfig, SimResult, SlowPod, run
 
 __all__ = [
@@ -226,13 +227,18 @@ def pods_needed(
     *,
     seconds: float = 20.0,
     max_factor: float = 3.0,
+    start: int | None = None,
+    shrink: float = 0.5,
     progress: Callable[[int, float], None] | None = None,
 ) -> dict[str, Any]:
     """Fewest pods that keep call p99 latency within ``slo_p99_ms`` at the same rate.
 
-    Bisects over the pod count (each probe a fresh, pre-warmed run of ``seconds``),
-    assuming p99 latency does not improve when pods are taken away; the answer is
-    within 2 % of ``config.pods`` (at least 1 pod) of the true boundary.
+    Brackets the answer from ``start`` (shrinking the pod count by ``shrink`` while the
+    bound holds, growing it by half while it does not), then bisects (each probe a
+    fresh, pre-warmed run of ``seconds``), assuming p99 latency does not improve when
+    pods are taken away; the answer is within 2 % of ``config.pods`` (at least 1 pod)
+    of the true boundary. A ``start`` near the answer (another variant's) with
+    ``shrink`` near 1 needs fewer probes than halving from ``config.pods``.
 
     Parameters
     ----------
@@ -244,6 +250,10 @@ def pods_needed(
         Length of every probe run, in seconds.
     max_factor
         Give up above this many times ``config.pods``.
+    start
+        First pod count probed (default ``config.pods``).
+    shrink
+        Factor, ``0 < shrink < 1``, by which the count falls while the bound holds.
     progress
         Called as ``progress(pods, p99_ms)`` after each probe.
 
@@ -268,14 +278,18 @@ def pods_needed(
             progress(n, value)
         return value
 
-    hi = config.pods
+    if not 0.0 < shrink < 1.0:
+        raise ValueError(f"shrink must be between 0 and 1 (exclusive), got {shrink!r}")
+    hi = config.pods if start is None else max(1, int(start))
+    lo = 0  # largest count known to miss the bound (0: none yet)
     while p99(hi) > slo_p99_ms:
         if hi >= max_factor * config.pods:
             return {"pods": None, "probes": probes, "result": None}
-        hi = math.ceil(hi * 1.5)
-    lo = max(1, hi // 2)
-    while lo > 1 and p99(lo) <= slo_p99_ms:
-        hi, lo = lo, max(1, lo // 2)
+        lo, hi = hi, math.ceil(hi * 1.5)
+    if not lo:
+        lo = max(1, min(hi - 1, int(hi * shrink)))
+        while lo > 1 and p99(lo) <= slo_p99_ms:
+            hi, lo = lo, max(1, min(lo - 1, int(lo * shrink)))
     # p99(lo) > slo (or lo == 1), p99(hi) <= slo
     step = max(1, round(config.pods * 0.02))
     while hi - lo > step:
@@ -317,7 +331,7 @@ def load_signal(
     in_flight_factor: float = 1.10,
     occupancy_factors: tuple[float, ...] = (1.25, 1.35),
     slo_p99_ms: float | None = 25.0,
-    search_seconds: float = 20.0,
+    search_seconds: float = 10.0,
     progress: Progress | None = None,
 ) -> ScenarioResult:
     """Bounded load on in-flight counts versus occupancy, in steady state.
@@ -325,12 +339,16 @@ def load_signal(
     Every variant runs at ``base.pods``; if ``slo_p99_ms`` is set, :func:`pods_needed`
     then finds the pod count each variant needs to keep call p99 latency within it, and
     the spread is reported there too (from the search's run at that count), so fleets
-    are compared as each would be sized.
+    are compared as each would be sized. The first variant's search halves down from
+    ``base.pods``; the others start at the answer before theirs and step down by 10 %
+    (the same boundary, found with fewer probes).
 
     Parameters
     ----------
     base
-        Fleet and traffic (default: 100 pods, 35,000 calls/s, 60 s).
+        Fleet and traffic (default: 100 pods on unequal nodes, ``pod_speed_sigma`` 0.2,
+        35,000 calls/s from 32 client hosts, 30 s, the bar counting the routed call as
+        what it adds to the signal, ``bar_increment="routed-call"``).
     in_flight_factor
         Balance factor of the in-flight variant (Zalando's was 1.10).
     occupancy_factors
@@ -350,11 +368,19 @@ def load_signal(
         the mean), cache and latency figures, and ``pods_needed`` with the spread at
         that pod count (``at_pods_needed``).
     """
-    base = base or SimConfig(pods=100, rate_per_pod=350.0, seconds=60.0)
+    base = base or SimConfig(
+        pods=100,
+        rate_per_pod=350.0,
+        seconds=30.0,
+        clients=32,
+        pod_speed_sigma=0.2,
+        bar_increment="routed-call",
+    )
     variants = [("in-flight", in_flight_factor)] + [("occupancy", f) for f in occupancy_factors]
     t0 = time.perf_counter()
     runs = []
     rows: dict[str, Any] = {}
+    last_needed: int | None = None
     for signal, bf in variants:
         label = f"{signal} bf {bf:g}"
         cfg = replace(
@@ -376,11 +402,18 @@ def load_signal(
             "lat_p99_ms": tot["lat_p99_ms"],
             "batch_p99_ms": tot["batch_p99_ms"],
             "moves_per_s": tot["moves"] / cfg.seconds,
-            **_host_bar(cfg, tot["occupancy_mean"], bf),
+            **_host_bar(cfg, r, bf),
         }
         if slo_p99_ms is not None:
             cb = None if progress is None else _search_progress(progress, label)
-            found = pods_needed(cfg, slo_p99_ms, seconds=search_seconds, progress=cb)
+            found = pods_needed(
+                cfg,
+                slo_p99_ms,
+                seconds=search_seconds,
+                progress=cb,
+                **({"start": last_needed, "shrink": 0.9} if last_needed else {}),
+            )
+            last_needed = found["pods"]
             at = found.pop("result")
             row["pods_needed"] = found
             if at is not None:
@@ -388,7 +421,7 @@ def load_signal(
                     "pods": at.config.pods,
                     "over_mean": occupancy_spread(at),
                     "hit_rate": at.totals["hit_rate"],
-                    **_host_bar(at.config, at.totals["occupancy_mean"], bf),
+                    **_host_bar(at.config, at, bf),
                     "lat_p99_ms": at.totals["lat_p99_ms"],
                 }
                 runs_warn = [f"{label} at {at.config.pods} pods: {w}" for w in at.warnings]
@@ -397,14 +430,16 @@ def load_signal(
     notes = [
         f"{base.pods} pods, {base.total_rate:,.0f} calls/s, {base.clients} client hosts "
         f"each with its own load counters, concurrency limit {base.concurrency} per pod, "
-        f"occupancy window {base.window_s:g} s, hop cap {base.max_hops}",
+        f"occupancy window {base.window_s:g} s, hop cap {base.max_hops}, pod speed "
+        f"sigma {base.pod_speed_sigma:g}, bar increment {base.bar_increment}",
         "occupancy = busy-seconds per second per pod over the whole run (the summed "
         "latency of its calls / run length); '/ mean' divides by the fleet's mean so "
         "fleets of different sizes compare",
         "a host's bar: what lbcore compares a host's load per pod against on average, "
-        "(1 + its summed load) / pods x bf (the 1 counts the call being routed); "
-        "in-flight counts under a bar below 1 spill on any open call, and occupancy is "
-        "held near bar / mean x the mean",
+        "(inc + its summed load) / pods x bf; inc counts the call being routed: 1 for "
+        "in-flight counts, and for occupancy 1 (bar increment 'skipper') or the call's "
+        "mean latency / window (~0, 'routed-call'); in-flight counts under a bar below 1 "
+        "spill on any open call, and occupancy is held near bar / mean x the mean",
     ]
     if slo_p99_ms is not None:
         notes.append(
@@ -425,24 +460,34 @@ def load_signal(
     )
 
 
-def _host_bar(cfg: SimConfig, occupancy_mean: float, bf: float) -> dict[str, float]:
+def _host_bar(cfg: SimConfig, result: SimResult, bf: float) -> dict[str, float]:
     """What one client host's bounded load compares, on average, at ``cfg.pods`` pods.
 
     A host sees only its own calls: per pod, ``occupancy_mean / clients`` busy-seconds
     per second, which by Little's law is also its mean count of open calls per pod.
-    lbcore's bar is ``(1 + Σ load) / pods × bf``: the ``1`` counts the call being routed,
-    so the bar over the mean load is ``bf × (1 + 1 / Σ load)``. For in-flight counts a
-    bar below 1 means any open call from the host puts a pod over it; for occupancy a
-    host whose summed load is a few busy-seconds per second gets a bar well above
-    ``bf`` times the mean.
+    lbcore's bar is ``(inc + Σ load) / pods × bf`` (:func:`lbcore.bounded.target_load`),
+    so the bar over the mean load is ``bf × (1 + inc / Σ load)``. ``inc`` counts the
+    call being routed: 1.0 for in-flight counts, and for occupancy 1.0 with
+    ``bar_increment="skipper"`` or the call's mean latency over the window with
+    ``"routed-call"`` (:func:`lbcore.bounded.routed_call_load`). For in-flight counts a
+    bar below 1 means any open call from the host puts a pod over it; for occupancy
+    with Skipper's 1.0 a host whose summed load is a few busy-seconds per second gets a
+    bar well above ``bf`` times the mean.
     """
+    occupancy_mean = result.totals["occupancy_mean"]
     host_load = occupancy_mean / cfg.clients
-    host_sum = host_load * cfg.pods
-    bar = (1.0 + host_sum) / cfg.pods * bf
+    inc = 1.0
+    if cfg.bar_increment == "routed-call":
+        calls = result.totals["calls"]
+        mean_latency = occupancy_mean * cfg.pods * cfg.seconds / calls if calls else None
+        inc = routed_call_load(cfg.signal, mean_latency, cfg.window_s)
+    loads = np.full(cfg.pods, host_load)
+    bar = target_load(loads, np.ones(cfg.pods, dtype=np.bool_), bf, inc)
     return {
         "host_load_per_pod": host_load,
         "host_bar": bar,
         "host_bar_over_mean": bar / host_load if host_load > 0 else math.nan,
+        "bar_increment": inc,
     }
 
 
