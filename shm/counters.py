@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.bounded import routed_call_load
 from lbcore.signals import (
     DEFAULT_LATENCY_CAP,
     DEFAULT_WINDOW_NS,
@@ -1584,6 +1585,21 @@ class HostLoads:
         return load_for(
             name, self.in_flight, self.occupancy, self.mean_latency_s, self.global_latency_s
         )
+
+    def bar_increment(self, name: str) -> float:
+        """What bounded load's bar counts for the call being routed, in ``name``'s unit.
+
+        :func:`lbcore.bounded.routed_call_load` with the host's mean call latency over
+        the occupancy window (:attr:`global_latency_s`: summed latency over summed
+        completions of every slot read) and the window: 1.0 for ``in-flight`` and
+        ``effective`` (Skipper's), ``global_latency_s / window`` seconds per second
+        for ``occupancy`` (1.0 while nothing completed in the window). Routing on
+        ``lbcore.bounded.in_call_units(signal(name), bar_increment(name))`` decides as
+        the bar ``(increment + Σ load) / n × balance_factor`` on :meth:`signal`.
+        """
+        if name not in LOAD_SIGNALS:
+            raise CounterInputError(f"unknown load signal {name!r}, expected one of {LOAD_SIGNALS}")
+        return routed_call_load(name, self.global_latency_s, self.window_ns / 1e9)
 
 
 class CounterReader:

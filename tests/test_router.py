@@ -168,6 +168,80 @@ def test_bounded_load_parity_with_lbcore_and_moves(host, signal_name):
     rec.release()
 
 
+def test_occupancy_bar_binds_at_balance_factor_times_the_mean(host):
+    """Occupancy counts the routed call as its latency's share of the window, not 1.0.
+
+    Ten pods with occupancy 0.15, 0.125 and eight at 0.1 (50 ms calls, 10 s window): the
+    mean is 0.1075 and the bar 1.25 x (0.005 + 1.075) / 10 = 0.135, so the 0.15 pod
+    (1.4x the mean) is over it and the 0.125 pod (1.16x) is not. With Skipper's 1.0 the
+    bar would be 1.25 x 2.075 / 10 = 0.259 (2.4x the mean): nobody over, nothing moved.
+    """
+    eps = endpoints(10)
+    rs = lbcore.RingSet(eps)
+    host.publish(rs, knobs=knobs(balance_factor=1.25, max_hops=None, load_signal="occupancy"))
+    r = host.router(refresh_s=0.5)
+    table = r.table()
+    rec = host.store.claim()
+    calls = np.repeat(np.asarray(table.slots, dtype=np.int64), [30, 25] + [20] * 8)
+    start = host.clock() - 3_000_000_000
+    rec.record_start(calls, start)
+    rec.record_end(calls, start, np.full(calls.size, 50_000_000, np.int64), start + 50_000_000)
+    host.clock.advance(1.0)  # the router's snapshot is due again: it sees these loads
+    idx = r.route(KEYS)
+    loads = r.loads()
+    occ = loads.occupancy
+    np.testing.assert_allclose(occ, [0.15, 0.125] + [0.1] * 8, rtol=1e-9)
+    assert loads.global_latency_s == pytest.approx(0.05)
+    inc = loads.bar_increment("occupancy")
+    assert inc == pytest.approx(0.05 / 10.0)
+    everyone = np.ones(occ.size, dtype=np.bool_)
+    bar = lbcore.bounded.target_load(occ, everyone, 1.25, increment=inc)
+    assert bar == pytest.approx(1.25 * (0.005 + 1.075) / 10)
+    assert bar / occ.mean() == pytest.approx(1.25 * (1 + inc / occ.sum()))  # ~1.256 x mean
+    assert occ[1] < bar < occ[0]
+    assert lbcore.bounded.target_load(occ, everyone, 1.25) > 2.4 * occ.mean()  # Skipper's
+    # Every key of the hot pod moved; the 1.16x pod keeps all of its own keys.
+    plain = rs.route(KEYS, host.clock())
+    assert not (idx == 0).any()
+    assert (idx[plain == 1] == 1).all()
+    moved = int((idx != plain).sum())
+    assert moved == int((plain == 0).sum()) > 200
+    assert r.stats()["moves"] == moved
+    # The same walk by lbcore on the occupancy in routed-call units.
+    expect = rs.route(
+        KEYS, host.clock(), loads=lbcore.bounded.in_call_units(occ, inc), balance_factor=1.25
+    )
+    np.testing.assert_array_equal(idx, expect)
+    rec.release()
+
+
+@pytest.mark.parametrize("signal_name", ["in-flight", "effective"])
+def test_count_signals_route_on_the_very_signal_array(host, signal_name):
+    """In-flight and effective loads keep Skipper's 1.0: the router's vector is the
+    signal itself, bit for bit, even with completions in the window."""
+    eps = endpoints(8)
+    rs = lbcore.RingSet(eps)
+    host.publish(rs, knobs=knobs(balance_factor=1.1, load_signal=signal_name))
+    r = host.router(refresh_s=0.5)
+    table = r.table()
+    rec = _load_up(host, table, {0: 4, 3: 2})
+    done = np.asarray(table.slots, dtype=np.int64)[[1, 2, 2]]
+    start = host.clock() - 1_000_000_000
+    rec.record_start(done, start)
+    rec.record_end(done, start, np.full(3, 30_000_000, np.int64), start + 30_000_000)
+    host.clock.advance(1.0)
+    r.route(KEYS[:10])
+    loads = r.loads()
+    assert loads.bar_increment(signal_name) == 1.0
+    assert loads.bar_increment("occupancy") == pytest.approx(0.003)
+    with pytest.raises(shm.CounterInputError, match="unknown load signal"):
+        loads.bar_increment("queue-length")
+    snap = r._snapshot(host.clock())
+    assert snap is not None
+    assert snap.load.tobytes() == loads.signal(signal_name).tobytes()
+    rec.release()
+
+
 def test_moves_count_only_keys_the_gate_lets_through(host):
     rs = lbcore.RingSet(endpoints(8))
     host.publish(rs, knobs=knobs(percentage=50.0, load_signal="in-flight", max_hops=None))

@@ -51,6 +51,26 @@ def _expected(rs, h, now, mode, load, bf, hops, cand, attempt):
     return rs.route(None, when, loads=load, balance_factor=bf, **kw), plain
 
 
+def _routing_load(loads: shm.HostLoads, sig: str) -> np.ndarray:
+    """The signal in routed-call units, by lbcore alone: for occupancy the bar adds the
+    host's mean call latency over the window as a share of the window, not 1.0."""
+    load = loads.signal(sig)
+    if sig != "occupancy":
+        return load
+    # The host's mean latency from the per-endpoint means and completions (one table on
+    # the host: its slots are every slot read), as lbcore.signals.mean_latency defines it.
+    done = loads.completed
+    sums = np.where(done > 0, np.nan_to_num(loads.mean_latency_s) * done, 0.0)
+    mean = float(lbcore.signals.mean_latency(sums.sum(), done.sum()))
+    if np.isnan(mean):
+        assert np.isnan(loads.global_latency_s)
+    else:
+        assert loads.global_latency_s == pytest.approx(mean, rel=1e-12)
+    inc = lbcore.bounded.routed_call_load(sig, loads.global_latency_s, loads.window_ns / 1e9)
+    assert inc == (1.0 if np.isnan(mean) else pytest.approx(mean / 10.0, rel=1e-12))
+    return lbcore.bounded.in_call_units(load, inc)
+
+
 @pytest.mark.parametrize("seed", range(120))
 def test_random_parity_with_lbcore(namespace, seed):  # noqa: F811
     rng = np.random.default_rng(seed)
@@ -104,7 +124,7 @@ def test_random_parity_with_lbcore(namespace, seed):  # noqa: F811
             [r.route(keys[i : i + 7], attempt=attempt) for i in range(0, len(keys), 7)]
         )
         big = r.route(keys, attempt=attempt)  # maybe on answer tables by now
-        load = r.loads().signal(sig)
+        load = _routing_load(r.loads(), sig)
         now = clock()
         cand = None if not ej.any() else ~ej
         exp, plain = _expected(rs, h, now, mode, load, bf, hops, cand, attempt)

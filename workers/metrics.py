@@ -221,6 +221,10 @@ class HostSnapshot:
         Host lifetime totals of routed keys, fallback answers and bounded-load moves.
     window_s : float | None
         The occupancy window, in seconds.
+    bar_increment : float | None
+        What bounded load's bar counts for the call being routed, in the load signal's
+        unit (:meth:`shm.HostLoads.bar_increment`, as the routers do): 1.0 for in-flight
+        and effective load, the host's mean latency over the window for occupancy.
     """
 
     namespace: str
@@ -241,6 +245,7 @@ class HostSnapshot:
     fallbacks: int | None = None
     moves: int | None = None
     window_s: float | None = None
+    bar_increment: float | None = None
 
 
 class HostMonitor:
@@ -407,8 +412,10 @@ class HostMonitor:
         failures = loads.failures_total.tolist()
         try:
             signal = loads.signal(knobs["load_signal"]).tolist()
+            increment: float | None = loads.bar_increment(knobs["load_signal"])
         except (KeyError, shm.ShmError, ValueError):
             signal = [None] * len(endpoints)
+            increment = None
         loaded = tuple(
             EndpointState(
                 e.address,
@@ -435,6 +442,7 @@ class HostMonitor:
             fallbacks=int(stats["fallbacks"]),
             moves=int(stats["moves"]),
             window_s=loads.window_ns / 1e9,
+            bar_increment=increment,
         )
 
     def close(self) -> None:

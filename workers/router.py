@@ -24,10 +24,15 @@ Routing a batch
 ---------------
 :meth:`Router.route` applies, in one pass: the rollout gate of the table's knobs;
 N-ring fade-in (or Skipper's fade-in when ``fade_mode`` is ``skipper``); bounded load
-on the host-wide load vector the knobs' ``load_signal`` names; ejected endpoints (never
-chosen); and ``attempt`` for the single fast retry. Every rule is lbcore's: the router
-only composes :meth:`lbcore.RingSet.answer_table`, :meth:`lbcore.RingSet.route` and
-:func:`lbcore.fade.skipper_fadein_route`.
+on the host-wide load vector the knobs' ``load_signal`` names (its bar counting the
+call being routed as what it adds to that signal, :meth:`shm.HostLoads.bar_increment`:
+one request for in-flight and effective load, Skipper's 1.0; for occupancy the host's
+mean call latency as a share of the occupancy window, so the bar is about
+``balance_factor`` times the mean, not ``balance_factor × (1 + 1 / Σ occupancy)``
+times it); ejected endpoints (never chosen); and ``attempt`` for the single fast
+retry. Every rule is lbcore's: the router only composes
+:meth:`lbcore.RingSet.answer_table`, :meth:`lbcore.RingSet.route`,
+:func:`lbcore.fade.skipper_fadein_route` and :func:`lbcore.bounded.in_call_units`.
 
 The load snapshot
 -----------------
@@ -111,6 +116,7 @@ import numpy as np
 
 import lbcore
 import shm
+from lbcore.bounded import in_call_units
 from lbcore.fade import fadein_scores, skipper_fadein_route
 from lbcore.hashing import unit_interval
 from lbcore.knobs import Knob, parse_seconds
@@ -234,7 +240,15 @@ class _Snapshot:
         self.gate_all = gate.passes_all
         self.balance_factor = knobs.balance_factor
         self.max_hops = knobs.max_hops
-        self.load = loads.signal(knobs.load_signal) if loads.in_flight.size else None
+        # In routed-call units: bounded load's 1.0 becomes what a call adds to the signal
+        # (for occupancy its latency's share of the window, not one busy second per
+        # second); in-flight and effective pass through as the very same array.
+        sig = knobs.load_signal
+        self.load = (
+            in_call_units(loads.signal(sig), loads.bar_increment(sig))
+            if loads.in_flight.size
+            else None
+        )
         ej = table.ejected
         # Ejected endpoints are left out as candidates (lbcore's skip rule), never by
         # inflating their load: that would raise the average and so the bar for all.

@@ -1,8 +1,10 @@
 """``GET /status``: one self-contained HTML page showing what the host routes on.
 
 Per-pod occupancy bars, each pod's load in the table's load signal (red over the
-bounded-load bar ``balance_factor × (1 + Σ load) / n``, marked on the bars when the
-signal is occupancy),
+bounded-load bar ``balance_factor × (increment + Σ load) / n``, marked on the bars when
+the signal is occupancy; the increment is what the routers count for the call being
+routed: 1 for in-flight and effective load, the mean latency's share of the window for
+occupancy),
 fading rings with the progress of their fade window and the share of keys they carry,
 the routing knobs, the table's generation and age and the publisher's health. Plain
 server-rendered HTML with inline CSS: no build step, no script, no external asset, so
@@ -120,13 +122,14 @@ def _endpoints(s: HostSnapshot) -> str:
     bf = s.knobs.get("balance_factor")
     signal = s.knobs.get("load_signal", "occupancy")
     loads = [e.load for e in s.endpoints if e.load is not None and not e.ejected]
-    # Bounded load's bar, by lbcore's rule (balance_factor × (1 + Σ load) / n over the
-    # eligible endpoints), in the unit of the table's load signal. None on an idle host
-    # (nobody can be over it).
+    # Bounded load's bar, by lbcore's rule (balance_factor × (increment + Σ load) / n
+    # over the eligible endpoints, the increment the routers use), in the unit of the
+    # table's load signal. None on an idle host (nobody can be over it).
     bar = None
+    inc = 1.0 if s.bar_increment is None else s.bar_increment
     if bf is not None and sum(loads) > 0:
         arr = np.asarray(loads, dtype=np.float64)
-        bar = target_load(arr, np.ones(arr.size, dtype=np.bool_), float(bf))
+        bar = target_load(arr, np.ones(arr.size, dtype=np.bool_), float(bf), increment=inc)
     limit = bar if signal == "occupancy" else None  # drawn on the occupancy bars only then
     scale = bar_scale(s.endpoints, limit)
     window = f" over {s.window_s:g} s" if s.window_s else ""
@@ -170,10 +173,15 @@ def _endpoints(s: HostSnapshot) -> str:
     note = ""
     if bar is not None:
         mark = " (the black mark)" if limit is not None else ""
+        why = (
+            " (the call being routed: mean latency over the window / window)"
+            if signal == "occupancy" and inc != 1.0
+            else ""
+        )
         note = (
             f'<p class="muted" id="load-bar">Bar: full width = {scale:.3g}. Red: load over '
-            f"the bounded-load bar {bar:.3g}{mark} = balance factor {bf:g} × (1 + total "
-            f"{escape(str(signal))} load) / {len(loads)} endpoints.</p>"
+            f"the bounded-load bar {bar:.3g}{mark} = balance factor {bf:g} × ({inc:.3g} + "
+            f"total {escape(str(signal))} load) / {len(loads)} endpoints{why}.</p>"
         )
     return f'<table id="endpoints">{head}{"".join(rows)}</table>{note}'
 

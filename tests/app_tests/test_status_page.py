@@ -129,14 +129,18 @@ def test_bars_widths_rings_knobs_and_age(host: Host) -> None:
     # Full width is 1.0 busy-seconds per second here (nothing is above it).
     for e, (o, width) in got.items():
         assert width == pytest.approx(100 * o, abs=0.06), e
-    # The bounded-load bar of lbcore: 1.25 x (1 + total occupancy) / 7 endpoints.
-    bar = 1.25 * (1 + sum(occ.values())) / len(occ)
+    # The bounded-load bar the routers use: 1.25 x (increment + total occupancy) / 7
+    # endpoints, the increment being the routed call's share of the window: every call
+    # took 1 s, the window is 10 s, so 0.1 (Skipper's 1 would put the bar at 0.43 and
+    # leave the 0.4 pod cool).
+    bar = 1.25 * (1.0 / 10.0 + sum(occ.values())) / len(occ)
     (limit,) = {m.attrs["style"] for m in tree.by_class("limit")}
     assert float(re.search(r"left:([0-9.]+)%", limit).group(1)) == pytest.approx(
         100 * bar, abs=0.06
     )
     hot = {b.parent.attrs["data-endpoint"] for b in tree.by_class("hot")}
-    assert hot == {e for e, o in occ.items() if o > bar} == {ENDPOINTS[0]}
+    assert hot == {e for e, o in occ.items() if o > bar} == {ENDPOINTS[0], ENDPOINTS[1]}
+    assert "× (0.1 + total occupancy load) / 7 endpoints" in tree.by_id("load-bar").all_text()
     # The fading ring: 15 s of 30 s, share 0.5 ** 2.5.
     (ring,) = tree.by_class("fading")
     assert ring.attrs["data-ring"] == "1"
@@ -170,11 +174,15 @@ def test_load_bar_follows_the_tables_load_signal() -> None:
         finally:
             host.close()
         hot = {b.parent.attrs["data-endpoint"] for b in tree.by_class("hot")}
+        text = tree.by_id("load-bar").all_text()
         if signal == "occupancy":
-            assert hot == {ENDPOINTS[0]} and len(tree.by_class("limit")) == len(ENDPOINTS) + 1
+            # 0.8 and 0.4 > 1.25 x (0.1 + 1.4) / 7: the routed call adds 1 s / 10 s.
+            assert hot == set(ENDPOINTS[:2]) and len(tree.by_class("limit")) == len(ENDPOINTS) + 1
+            assert "(0.1 + total" in text
         else:
             assert hot == {ENDPOINTS[3]}, signal  # 3 > 1.25 x (1 + ~4.4) / 7
             assert tree.by_class("limit") == []
+            assert "(1 + total" in text
         assert f"total {signal} load" in tree.by_id("load-bar").all_text()
         cells = tree.root.find_all(lambda e: "data-load" in e.attrs)
         loads = [float(td.attrs["data-load"]) for td in cells]
