@@ -308,7 +308,9 @@ def test_client_loads_weigh_occupancy_by_latency_for_the_effective_signal():
     per_call_s = np.array([[0.002, 0.002, 0.010], [0.004, 0.004, 0.004]])
     busy_ns = completed * per_call_s * 1e9
     in_flight = np.array([[0, 1, 0], [2, 0, 0]])
-    occ = sim_model.client_loads("occupancy", in_flight, busy_ns, completed, window)
+    occ = sim_model.client_loads(
+        "occupancy", in_flight, busy_ns, completed, window, bar_increment="skipper"
+    )
     np.testing.assert_allclose(occ, busy_ns / window)
     eff = sim_model.client_loads("effective", in_flight, busy_ns, completed, window)
     host0_mean = busy_ns[0].sum() * 1e-9 / completed[0].sum()
@@ -323,17 +325,19 @@ def test_client_loads_weigh_occupancy_by_latency_for_the_effective_signal():
 
 
 def test_client_loads_in_routed_call_units():
-    # bar_increment="routed-call": each host's occupancy is divided by what one call of
-    # the host's mean latency adds to it (latency / window), so lbcore's 1.0 for the
-    # routed call is that call; counts are left alone.
+    # bar_increment="routed-call" (the default, as cslb's router): each host's occupancy
+    # is divided by what one call of the host's mean latency adds to it (latency /
+    # window), so lbcore's 1.0 for the routed call is that call; counts are left alone.
+    # "skipper" leaves the signal as it reads.
     window = 10 * NS
     completed = np.array([[100.0, 100.0, 20.0], [50.0, 50.0, 50.0]])
     per_call_s = np.array([[0.002, 0.002, 0.010], [0.004, 0.004, 0.004]])
     busy_ns = completed * per_call_s * 1e9
     in_flight = np.array([[0, 1, 0], [2, 0, 0]])
     args = (in_flight, busy_ns, completed, window)
-    occ = sim_model.client_loads("occupancy", *args)
-    units = sim_model.client_loads("occupancy", *args, bar_increment="routed-call")
+    occ = sim_model.client_loads("occupancy", *args, bar_increment="skipper")
+    np.testing.assert_allclose(occ, busy_ns / window)
+    units = sim_model.client_loads("occupancy", *args)
     for c in range(2):
         inc = (busy_ns[c].sum() * 1e-9 / completed[c].sum()) / 10.0
         assert 0 < inc < 0.001
@@ -343,8 +347,8 @@ def test_client_loads_in_routed_call_units():
     np.testing.assert_allclose(units[1], completed[1])
     for signal in ("in-flight", "effective"):
         np.testing.assert_array_equal(
-            sim_model.client_loads(signal, *args, bar_increment="routed-call"),
             sim_model.client_loads(signal, *args),
+            sim_model.client_loads(signal, *args, bar_increment="skipper"),
         )
 
 

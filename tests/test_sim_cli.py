@@ -150,6 +150,8 @@ def test_load_signal_defaults_and_bar_increment_option():
     assert cfg.bar_increment == "skipper"
     for scenario in ("scale-up", "slow-pod"):
         cfg = cli._config(parse(["--scenario", scenario]))
-        assert (cfg.clients, cfg.bar_increment) == (8, "skipper")
+        assert (cfg.clients, cfg.bar_increment) == (8, "routed-call")  # as production routes
+        cfg = cli._config(parse(["--scenario", scenario, "--bar-increment", "skipper"]))
+        assert cfg.bar_increment == "skipper"
     with pytest.raises(SystemExit):
         parse(["--scenario", "load-signal", "--bar-increment", "zero"])

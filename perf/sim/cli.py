@@ -29,7 +29,6 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         "seconds": 30.0,
         "clients": 32,
         "pod_speed_sigma": 0.2,
-        "bar_increment": "routed-call",
     },
     "slow-pod": {"pods": 20, "rate_per_pod": 350.0, "seconds": 80.0},
 }
@@ -174,10 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bar-increment",
         choices=BAR_INCREMENTS,
-        help="what the bounded-load bar adds for the routed call: skipper = 1.0 whatever "
-        "the signal (as cslb routes today), routed-call = what the call adds to the signal "
-        "(its latency's share of the window for occupancy, 1 for counts) (default "
-        "skipper; load-signal routed-call)",
+        help="what the bounded-load bar adds for the routed call: routed-call = what the "
+        "call adds to the signal (its mean latency's share of the window for occupancy, 1 "
+        "for counts; as cslb's worker router routes, the default), skipper = 1.0 whatever "
+        "the signal (Skipper's formula, what cslb did for occupancy before)",
     )
     p.add_argument(
         "--slo-ms",

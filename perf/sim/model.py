@@ -12,10 +12,12 @@ Time advances in ticks (default 10 ms). In every tick:
    (:func:`lbcore.signals.occupancy` over the busy-time buckets of the last window,
    weighted by :func:`lbcore.signals.window_weights`) and per-pod and host-wide mean
    latency (:func:`lbcore.signals.mean_latency`), turned into the load of the
-   configured signal by :func:`lbcore.signals.load_for` (:func:`client_loads`); with
-   ``bar_increment="routed-call"`` each host's loads are re-expressed by
-   :func:`lbcore.bounded.in_call_units` so that the bar counts the routed call as what
-   it adds to the signal (:func:`lbcore.bounded.routed_call_load`), not as 1.0;
+   configured signal by :func:`lbcore.signals.load_for` (:func:`client_loads`), and
+   (``bar_increment="routed-call"``, the default, as cslb's worker router does) each
+   host's loads are re-expressed by :func:`lbcore.bounded.in_call_units` so that the
+   bar counts the routed call as what it adds to the signal
+   (:func:`lbcore.bounded.routed_call_load` with the host's mean latency over the
+   window: for occupancy its latency's share of the window), not as 1.0;
 4. the tick's batch requests arrive (Poisson batches of 1..100 distinct product IDs
    with Zipf popularity, each from one of ``clients`` hosts) and all calls of a host are
    routed at once on its snapshot by lbcore;
@@ -69,10 +71,11 @@ __all__ = [
 
 #: Load signals bounded load can use (lbcore.signals.LOAD_SIGNALS).
 SIGNALS = tuple(signals.LOAD_SIGNALS)
-#: What the bounded-load bar adds for the call being routed: ``skipper``, 1.0 whatever
-#: the signal (lbcore's routing functions as cslb calls them); ``routed-call``, what the
-#: call adds to the signal (:func:`lbcore.bounded.routed_call_load`: 1.0 for counts,
-#: its mean latency's share of the window for occupancy).
+#: What the bounded-load bar adds for the call being routed: ``routed-call`` (the
+#: default, what cslb's worker router does), what the call adds to the signal
+#: (:func:`lbcore.bounded.routed_call_load`: 1.0 for counts, its mean latency's share
+#: of the window for occupancy); ``skipper``, 1.0 whatever the signal (Skipper's
+#: formula, what cslb did for occupancy before; kept for comparison).
 BAR_INCREMENTS = ("skipper", "routed-call")
 
 #: Production defaults of the routing knobs (lbcore.knobs), the simulator's defaults too.
@@ -153,7 +156,7 @@ class SimConfig:
     balance_factor: float | None = None
     signal: str = _KNOB["load_signal"]
     max_hops: int | None = _KNOB["max_hops"]
-    bar_increment: str = "skipper"
+    bar_increment: str = "routed-call"
     clients: int = 8
     window_s: float = signals.DEFAULT_WINDOW_NS / 1e9
     bucket_s: float = 0.1
@@ -932,7 +935,7 @@ def client_loads(
     completed: np.ndarray,
     window_ns: int,
     *,
-    bar_increment: str = "skipper",
+    bar_increment: str = "routed-call",
 ) -> np.ndarray:
     """The load every client host's bounded load compares, from its own counters.
 
@@ -954,10 +957,12 @@ def client_loads(
     window_ns
         The occupancy window, in nanoseconds.
     bar_increment
+        ``"routed-call"`` (the default, as cslb's worker router routes): each host's
+        loads divided by what one call adds to its signal
+        (:func:`lbcore.bounded.routed_call_load` with the host's mean latency,
+        :func:`lbcore.bounded.in_call_units`), so the bar adds that instead of 1.0;
         ``"skipper"``: the loads as the signal reads them (the bar adds 1.0 for the
-        routed call); ``"routed-call"``: each host's loads divided by what one call adds
-        to its signal (:func:`lbcore.bounded.routed_call_load` with the host's mean
-        latency, :func:`lbcore.bounded.in_call_units`), so the bar adds that instead.
+        routed call: Skipper's formula, what cslb did for occupancy before).
 
     Returns
     -------

@@ -348,7 +348,7 @@ def load_signal(
     base
         Fleet and traffic (default: 100 pods on unequal nodes, ``pod_speed_sigma`` 0.2,
         35,000 calls/s from 32 client hosts, 30 s, the bar counting the routed call as
-        what it adds to the signal, ``bar_increment="routed-call"``).
+        what it adds to the signal, ``bar_increment="routed-call"`` as everywhere).
     in_flight_factor
         Balance factor of the in-flight variant (Zalando's was 1.10).
     occupancy_factors
@@ -374,7 +374,6 @@ def load_signal(
         seconds=30.0,
         clients=32,
         pod_speed_sigma=0.2,
-        bar_increment="routed-call",
     )
     variants = [("in-flight", in_flight_factor)] + [("occupancy", f) for f in occupancy_factors]
     t0 = time.perf_counter()
@@ -587,6 +586,12 @@ def slow_pod(
         f"t={until_s:g} s; share = its fraction of all calls per second",
         f"phases: before = up to the start, slow = start+{base.window_s:g} s..end (the "
         f"occupancy window has caught up), after = end+{base.window_s:g} s..run end",
+        f"bar increment {base.bar_increment}: the bar counts the routed call as "
+        + (
+            "its mean latency / window for occupancy, 1 for effective load (as cslb's router)"
+            if base.bar_increment == "routed-call"
+            else "1 whatever the signal (Skipper's formula)"
+        ),
     ]
     warnings = _run_warnings(runs)
     if until_s + base.window_s >= base.seconds:
