@@ -246,7 +246,9 @@ ROUTING_KNOBS: tuple[Knob, ...] = (
         parse_choice(LOAD_SIGNALS),
         "Load that bounded load compares: 'effective' = max(in-flight, occupancy) × "
         "min(pod latency / global latency, 5); 'occupancy' = busy-seconds per second over "
-        "the window; 'in-flight' = open requests (Skipper's signal).",
+        "the window, its bar counting the routed call as its mean latency / window instead "
+        "of Skipper's 1 request (so it binds at about balance_factor × the mean); "
+        "'in-flight' = open requests (Skipper's signal).",
         "SIGNAL",
     ),
     Knob(
