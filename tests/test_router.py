@@ -215,6 +215,52 @@ def test_occupancy_bar_binds_at_balance_factor_times_the_mean(host):
     rec.release()
 
 
+def test_occupancy_answer_tables_follow_a_latency_change_at_equal_occupancy(host):
+    """The same occupancy from shorter calls lowers the bar (a routed call adds less):
+    answer tables built on the first snapshot must not be kept for the second."""
+    eps = endpoints(4)
+    rs = lbcore.RingSet(eps)
+    host.publish(rs, knobs=knobs(balance_factor=1.25, max_hops=None, load_signal="occupancy"))
+    r = host.router(refresh_s=0.5)
+    table = r.table()
+    rec = host.store.claim()
+    slots = np.asarray(table.slots, dtype=np.int64)
+
+    def busy(calls: list[int], seconds: float) -> None:
+        c = np.repeat(slots, calls)
+        start = host.clock() - 3_000_000_000
+        d = int(seconds * 1e9)
+        rec.record_start(c, start)
+        rec.record_end(c, start, np.full(c.size, d, np.int64), start + d)
+
+    plain = rs.route(KEYS, host.clock())
+    busy([3, 2, 2, 2], 1.0)  # occupancy 0.3, 0.2, 0.2, 0.2 from 1-s calls
+    host.clock.advance(1.0)
+    for _ in range(3):  # enough keys for the answer tables to pay
+        first = r.route(KEYS)
+    occ1 = r.loads().occupancy
+    assert r._snap is not None and r._snap._answer is not None  # routed on answer tables
+    # bar 1.25 x (0.1 + 0.9) / 4 = 0.3125: nobody over it
+    np.testing.assert_array_equal(first, plain)
+    host.clock.advance(12.0)  # those calls leave the 10-s window
+    busy([30, 20, 20, 20], 0.1)  # the same occupancy from 0.1-s calls
+    host.clock.advance(1.0)
+    second = r.route(KEYS)
+    loads = r.loads()
+    np.testing.assert_array_equal(loads.occupancy, occ1)
+    # bar 1.25 x (0.01 + 0.9) / 4 = 0.284: endpoint 0 (0.3) is over it now
+    assert loads.bar_increment("occupancy") == pytest.approx(0.01)
+    assert not (second == 0).any()
+    expect = rs.route(
+        KEYS,
+        host.clock(),
+        loads=lbcore.bounded.in_call_units(loads.occupancy, 0.01),
+        balance_factor=1.25,
+    )
+    np.testing.assert_array_equal(second, expect)
+    rec.release()
+
+
 @pytest.mark.parametrize("signal_name", ["in-flight", "effective"])
 def test_count_signals_route_on_the_very_signal_array(host, signal_name):
     """In-flight and effective loads keep Skipper's 1.0: the router's vector is the
