@@ -163,3 +163,47 @@ def test_threads_share_one_background_reader_while_the_writer_publishes(namespac
             assert gens == sorted(gens)  # never back to an older generation
         assert r.table().generation == final
         assert r.mapped_in_background >= 1
+
+
+def test_generations_up_to_foreground_bytes_are_mapped_at_once(namespace, held):
+    rs1, rs2, rs3 = _sets()
+    with _writer(namespace) as w:
+        w.publish(rs1)
+        w.publish(rs2)
+        size = w.capacity_bytes()  # every payload here is smaller than the buffers
+        with TableReader(namespace, background=True, foreground_bytes=size) as r:
+            assert r.table().generation == 2
+            w.publish(rs3)
+            t3 = r.table()  # at most `size` bytes: mapped by this call, held thread or not
+            assert t3.generation == 3 and r.mapped_in_background == 0
+            assert t3.endpoints == rs3.endpoints
+        with TableReader(namespace, background=True, foreground_bytes=1000) as r:
+            t3 = r.table()
+            w.publish(rs1)
+            assert r.table() is t3  # larger: mapped in the (held) background thread
+            held.set()
+            assert _until(r, 4).endpoints == rs1.endpoints
+            assert r.mapped_in_background == 1
+
+
+def test_a_due_segment_recheck_does_not_pull_the_map_into_the_foreground(namespace, held):
+    rs1, rs2, _ = _sets()
+    with _writer(namespace) as w, TableReader(namespace, background=True, recheck_s=0.0) as r:
+        w.publish(rs1)
+        t1 = r.table()
+        w.publish(rs2)
+        for _ in range(5):  # the recheck is due on every call: a stat, then the thread
+            assert r.table() is t1
+        held.set()
+        assert _until(r, 2).endpoints == rs2.endpoints
+        assert r.mapped_in_background == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(-1, ValueError), (1.5, TypeError), (True, TypeError), ("1", TypeError)]
+)
+def test_foreground_bytes_must_be_a_byte_count(namespace, value, error):
+    with _writer(namespace) as w:
+        w.publish(_sets()[0])
+        with pytest.raises(error, match="foreground_bytes must be an int >= 0"):
+            TableReader(namespace, background=True, foreground_bytes=value)
