@@ -122,7 +122,6 @@ import math
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -131,6 +130,7 @@ import numpy as np
 
 import lbcore
 from lbcore import knobs as lbcore_knobs
+from lbcore.hashing import digest
 from lbcore.ring import host_key
 from lbcore.signals import DEFAULT_WINDOW_NS
 from shm.errors import (
@@ -162,6 +162,7 @@ from shm.layout import (
     TABLES_DATA,
     align,
     ring_sections,
+    table_sections,
     word,
 )
 from shm.segment import (
@@ -224,9 +225,10 @@ _NO_SEQ = memoryview(np.zeros(1, dtype=np.uint64)).cast("B").cast("Q")  # never 
 
 
 def _checksum(data: memoryview) -> int:
-    # CRC-32 from the standard library (~3.9 GB/s here): shm may not import xxhash
-    # itself and lbcore no longer exports a bytes hash (XXH64 would be ~2.5x faster).
-    return zlib.crc32(data)
+    # XXH3-64 through lbcore (shm may not import xxhash itself): ~20 GB/s here against
+    # CRC-32's ~3 GB/s, which was half of mapping a 20,000-endpoint table; it releases
+    # the GIL on large buffers, so a background map does not hold up routing threads.
+    return digest(data)
 
 
 # ------------------------------------------------------------------------------------
@@ -629,11 +631,15 @@ def _encode(
         ("ring_pos", _bytes_of(np.asarray(ring_set.ring_pos, dtype=np.int32))),
         ("owner_table", _bytes_of(np.asarray(ring_set.owner_table, dtype=np.int32))),
     ]
+    if rings and not np.array_equal(ring_set.owner_table[-1], rings[-1].owners):
+        # Readers take the newest ring's owners from this row (it is not stored twice).
+        raise TableInputError("ring set's owner table does not end with its newest ring's owners")
     for k, ring in enumerate(rings):
-        names = ring_sections(k)
-        sections.append((names[0][0], _bytes_of(np.asarray(ring.hashes, dtype=np.uint64))))
-        sections.append((names[1][0], _bytes_of(np.asarray(ring.owners, dtype=np.int32))))
-        sections.append((names[2][0], _bytes_of(np.asarray(ring.buckets, dtype=np.int32))))
+        arrays = {"hashes": (ring.hashes, np.uint64), "owners": (ring.owners, np.int32)}
+        arrays["buckets"] = (ring.buckets, np.int32)
+        for name, _ in ring_sections(k, len(rings)):
+            arr, dt = arrays[name.split(".")[1]]
+            sections.append((name, _bytes_of(np.asarray(arr, dtype=dt))))
     h["sections"] = len(sections)
     return _Encoded(hdr, sections)
 
@@ -723,7 +729,7 @@ class _Decoder:
         if n_slots > _MAX_ENDPOINTS * 4 or n_slots < n:
             raise self.fail(f"{n_slots} counter slots for {n} endpoints")
         n_sections = int(h["sections"])
-        expect = len(TABLE_SECTIONS) + 3 * n_rings
+        expect = table_sections(n_rings)
         if n_sections != expect:
             raise self.fail(f"{n_sections} sections, expected {expect} for {n_rings} rings")
         directory = data.array(SECTION, start + _DIR_OFFSET, n_sections).copy()
@@ -731,7 +737,7 @@ class _Decoder:
         names = [name for name, _ in TABLE_SECTIONS]
         dtypes = [dt for _, dt in TABLE_SECTIONS]
         for k in range(n_rings):
-            for name, dt in ring_sections(k):
+            for name, dt in ring_sections(k, n_rings):
                 names.append(name)
                 dtypes.append(dt)
         views: dict[str, Any] = {}
@@ -787,13 +793,20 @@ class _Decoder:
         # Host identities are per endpoint, not per ring: one parse serves every ring (a
         # single ring parses them itself, and only if candidate routing needs them).
         host_ids = self.host_ids(eps) if n else None
+        master = int(ring_nodes[-1]) if n_rings else 0
+        if n_rings and not 1 <= master <= n * vnodes:
+            raise self.fail(f"newest ring has {master} nodes for {n} endpoints x {vnodes} vnodes")
+        ring_pos = count("ring_pos", n_rings * master).reshape(n_rings, master)
+        owner_table = count("owner_table", n_rings * master).reshape(n_rings, master)
+        if master and (int(owner_table.min()) < 0 or int(owner_table.max()) >= n):
+            raise self.fail(f"owner table must hold endpoint indices 0..{n - 1}")
         for k in range(n_rings):
             m = int(ring_nodes[k])
-            (hn, _), (on, _), (bn, _) = ring_sections(k)
-            if not 1 <= m <= n * vnodes:
-                raise self.fail(f"ring {k} has {m} nodes for {n} endpoints x {vnodes} vnodes")
+            names = dict(ring_sections(k, n_rings))
+            hn, bn = f"ring{k}.hashes", f"ring{k}.buckets"
+            if not 1 <= m <= master:
+                raise self.fail(f"ring {k} has {m} nodes, its newest ring {master}")
             hashes = count(hn, m)
-            owners = count(on, m)
             buckets = views[bn]
             bits = buckets.size.bit_length() - 1
             if buckets.size != 1 << bits or not _MIN_BUCKET_BITS <= bits <= _MAX_BUCKET_BITS:
@@ -803,26 +816,24 @@ class _Decoder:
                 )
             if m > 1 and bool((hashes[1:] < hashes[:-1]).any()):
                 raise self.fail(f"ring {k} hashes are not sorted")
-            if int(owners.min()) < 0 or int(owners.max()) >= n:
-                raise self.fail(f"ring {k} owners must be endpoint indices 0..{n - 1}")
-            if int(tiers[owners].max()) > k:
-                raise self.fail(f"ring {k} holds endpoints of a newer fading event")
+            if f"ring{k}.owners" in names:
+                owners = count(f"ring{k}.owners", m)
+                if int(owners.min()) < 0 or int(owners.max()) >= n:
+                    raise self.fail(f"ring {k} owners must be endpoint indices 0..{n - 1}")
+                if int(tiers.take(owners).max()) > k:
+                    raise self.fail(f"ring {k} holds endpoints of a newer fading event")
+            else:  # the newest ring: its owners are the owner table's last row (checked)
+                owners = owner_table[k]
             # Entries: e >= 0 a ring position; -1 "search"; e <= -2 the one node -e - 2.
             if int(buckets.min()) < -(m + 1) or int(buckets.max()) >= m:
                 raise self.fail(f"ring {k} bucket table points outside the ring")
+            if int(ring_pos[k].min()) < 0 or int(ring_pos[k].max()) >= m:
+                raise self.fail(f"routing map of ring {k} points outside the ring")
             rings.append(
                 lbcore.Ring.from_arrays(
                     eps, hashes, owners, vnodes=vnodes, buckets=buckets, host_ids=host_ids
                 )
             )
-        master = int(ring_nodes[-1]) if n_rings else 0
-        ring_pos = count("ring_pos", n_rings * master).reshape(n_rings, master)
-        owner_table = count("owner_table", n_rings * master).reshape(n_rings, master)
-        for k in range(n_rings):
-            if master and (int(ring_pos[k].min()) < 0 or int(ring_pos[k].max()) >= len(rings[k])):
-                raise self.fail(f"routing map of ring {k} points outside the ring")
-        if master and (int(owner_table.min()) < 0 or int(owner_table.max()) >= n):
-            raise self.fail(f"owner table must hold endpoint indices 0..{n - 1}")
         knobs = self._knobs(h)
         t = Table.__new__(Table)
         t.generation = generation
@@ -1062,8 +1073,8 @@ class _TablesView:
         if found != checksum:
             raise TableChecksumError(
                 data.name,
-                f"buffer {b} generation {gen}: payload checksum 0x{found:08x} does not match "
-                f"the stored 0x{checksum:08x} (corrupted, or written by something else)",
+                f"buffer {b} generation {gen}: payload checksum 0x{found:016x} does not "
+                f"match the stored 0x{checksum:016x} (corrupted, or written by something else)",
             )
         decoder = _Decoder(data, b, start, nbytes, self.host_keys)
         decoder.on_host_keys = self._keep_host_keys
