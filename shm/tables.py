@@ -133,6 +133,7 @@ from lbcore import knobs as lbcore_knobs
 from lbcore.hashing import digest
 from lbcore.ring import host_key
 from lbcore.signals import DEFAULT_WINDOW_NS
+from shm.background import BackgroundWorker, Job
 from shm.errors import (
     SegmentCorruptError,
     SegmentError,
@@ -764,7 +765,7 @@ class _Decoder:
         eps = self._strings(views["addresses"], n, "addresses")
         zones = self._strings(views["zones"], n, "zones")
         nodes = self._strings(views["nodes"], n, "nodes")
-        if any(not ep for ep in eps):
+        if "" in eps:  # (one C-level scan; a generator holds the GIL far longer)
             raise self.fail("an endpoint address is empty")
         slots = count("slot", n)
         if n and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
@@ -1170,9 +1171,13 @@ class TableReader:
         #: Generations mapped by the background thread (``background=True``).
         self.mapped_in_background = 0
         self._lock = threading.Lock()
-        # The background map in progress: (thread, the process that started it, result
-        # box holding (current word, table) or the exception it raised).
-        self._bg: tuple[threading.Thread, int, list[Any]] | None = None
+        # The background map in progress: (its job, the process that submitted it); the
+        # job's result is (current word, table).
+        self._bg: tuple[Job, int] | None = None
+        self._worker: BackgroundWorker | None = None
+        if self.background:
+            self._worker = BackgroundWorker("cslb-table-map")
+            self._worker.start()  # now: starting a thread makes its caller wait for it
         self._view = _TablesView(_attach_control(namespace, writable=False))
         self._ctl = self._view.cw
         # (control words, current word, table, its seq word, index and value): one
@@ -1244,17 +1249,17 @@ class TableReader:
         bg = self._bg
         ctl, cur, t = self._state[:3]
         if bg is not None:
-            thread, pid, box = bg
+            job, pid = bg
             if pid != os.getpid():
                 self._bg = None  # inherited through fork: the thread is not ours
             else:
-                if thread.is_alive():
+                if not job.done():
                     if t is not None and t.valid():
                         return t
-                    thread.join()  # the previous table's buffer is being rewritten: wait
+                    job.wait()  # the previous table's buffer is being rewritten: wait
                 self._bg = None
-                if box and not isinstance(box[0], BaseException):
-                    new_cur, new = box[0]
+                if job.error is None:
+                    new_cur, new = job.result
                     if new.valid():
                         self.mapped_in_background += 1
                         self._set_state(new_cur, new)
@@ -1274,23 +1279,14 @@ class TableReader:
             self.foreground_bytes
         ):
             return None  # small: mapped at once by the caller
-        box: list[Any] = []
-        view = self._view
-
-        def run() -> None:
-            try:
-                box.append(view.read(None, self.timeout_s))
-            except BaseException as exc:  # handed to the caller's thread
-                box.append(exc)
-
-        thread = threading.Thread(target=run, name="cslb-table-map", daemon=True)
-        self._bg = (thread, os.getpid(), box)
-        thread.start()
+        view, timeout_s = self._view, self.timeout_s
+        assert self._worker is not None
+        self._bg = (self._worker.submit(lambda: view.read(None, timeout_s)), os.getpid())
         return t
 
     def _background_busy(self) -> bool:
         bg = self._bg
-        return bg is not None and bg[1] == os.getpid() and bg[0].is_alive()
+        return bg is not None and bg[1] == os.getpid() and not bg[0].done()
 
     def _follow_replacement(self) -> None:
         """Switch to a new control segment if the namespace has one that was published."""
@@ -1377,8 +1373,10 @@ class TableReader:
         with self._lock:
             bg = self._bg
             if bg is not None and bg[1] == os.getpid():
-                bg[0].join()
+                bg[0].wait()
             self._bg = None
+            if self._worker is not None:
+                self._worker.close()
             self._set_state(-1, None)
             self._view.close()
 

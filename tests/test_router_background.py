@@ -180,7 +180,7 @@ def test_a_failed_background_build_is_reported_once_and_keys_are_walked(
         for _ in range(3):
             got = np.concatenate([r.route(keys[i : i + 10]) for i in range(0, len(keys), 10)])
             np.testing.assert_array_equal(got, rs.route(keys, 0, loads=load, balance_factor=1.25))
-            _wait(lambda: r._building is None or not r._building[0].is_alive())
+            _wait(lambda: r._building is None or r._building[0].done())
     assert calls == ["cslb-answer-build"]  # not retried on every batch
     said = [m for m in caplog.messages if "answer tables of generation 1" in m]
     assert len(said) == 1 and "no room for answer tables" in said[0]

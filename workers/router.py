@@ -75,12 +75,16 @@ measures the longest gap between a worker's batches during publishes).
   decides on loads one refresh older, for the few milliseconds of the build), and on a
   new generation walks its keys (:meth:`lbcore.RingSet.route`), as before a build pays.
 
-The threads are started by the routing calls of the process that routes, and a
-routing call notices one that ended; a forked child never sees its parent's threads
-(it attaches its own router, see Lifecycle). In a sync worker they run while the
-worker waits for the network; in a gthread worker they are one more thread. Both
-hand the GIL over at every NumPy call, so a batch waits for at most one of their
-NumPy calls. ``Router(background=False)`` maps and builds on the routing thread.
+Each kind of work has one long-lived daemon thread (:class:`shm.BackgroundWorker`,
+``cslb-table-map`` and ``cslb-answer-build``), started when the router attaches: handing
+it a job is a queue put, where starting a thread would make the batch wait until the
+new thread got a core. A forked child never sees its parent's threads (it attaches its
+own router, see Lifecycle). In a sync worker they run while the worker waits for the
+network; in a gthread worker they are two more threads. They hand the GIL over at each
+NumPy call that releases it, so a batch waits at most for one of their calls that holds
+it (a few milliseconds at 20,000 endpoints: decoding the address list, a ring's
+``bincount``, a step of the bounded-load walk). ``Router(background=False)`` maps and
+builds on the routing thread and starts no thread.
 
 Checks per batch are constant-cost: :meth:`shm.TableReader.table` (two shared-memory
 loads and a clock read), one identity comparison with the snapshot's table, and
@@ -583,9 +587,13 @@ class Router:
         self.reattached = 0
         self._snap: _Snapshot | None = None
         self._costs = _Costs()
-        # The answer-table build running in the background: (thread, PID that started it).
-        self._building: tuple[threading.Thread, int] | None = None
+        # The answer-table build handed to the background: (its job, PID that submitted it).
+        self._building: tuple[shm.background.Job, int] | None = None
         self._build_lock = threading.Lock()
+        self._builder: shm.BackgroundWorker | None = None
+        if background is not False:
+            self._builder = shm.BackgroundWorker("cslb-answer-build")
+            self._builder.start()  # now: starting a thread makes its caller wait for it
         # Per thread, the last (indices, table, keys) route_table() returned: mapping or
         # tracking that very array later uses its table and keys (see endpoints_of).
         self._last = threading.local()
@@ -1004,22 +1012,19 @@ class Router:
         """Start building ``s``'s answer tables in a thread, unless a build is running."""
         pid = os.getpid()
         b = self._building
-        if b is not None and b[1] == pid and b[0].is_alive():
+        if b is not None and b[1] == pid and not b[0].done():
             return  # ``s`` is started after it: the next batch asks again
         with self._build_lock:
             b = self._building
-            if (b is not None and b[1] == pid and b[0].is_alive()) or s._answer is not None:
+            if (b is not None and b[1] == pid and not b[0].done()) or s._answer is not None:
                 return
-            # A thread per build (a few per second at most): nothing to hand over or
-            # to stop at fork, where threads do not follow the child anyway.
-            thread = threading.Thread(
-                target=self._build_answers, args=(s,), name="cslb-answer-build", daemon=True
-            )
-            self._building = (thread, pid)
-            thread.start()
+            builder = self._builder
+            if builder is None:  # background=False builds at once; never here
+                return
+            self._building = (builder.submit(lambda: self._build_answers(s)), pid)
 
     def _build_answers(self, s: _Snapshot) -> None:
-        """Thread body: build ``s``'s answer tables; the routing thread picks them up."""
+        """Background job: build ``s``'s answer tables; the routing thread picks them up."""
         t0 = time.thread_time_ns()  # CPU time: waits for the GIL are not build cost
         try:
             a = s._build()
@@ -1216,6 +1221,8 @@ class Router:
                 log.warning("counter row not released: %s", exc)
         if self._reader is not None:
             self._reader.close()
+        if self._builder is not None:
+            self._builder.close()
         if self._counters is not None:
             self._counters.close()
         if self._store is not None:
