@@ -200,6 +200,7 @@ def _propagation(
             published.append((gen, time.monotonic_ns()))
             time.sleep(0.4)
         pss = [pss_bytes(p.pid) for p in procs]
+        pss_anon = [_rollup(p.pid, "Pss_Anon") for p in procs]
         stop.set()
         runs = []
         for a in pipes:
@@ -254,7 +255,17 @@ def _propagation(
         "max_gap_runqueue_ms": worst_gap[2] / 1e6,
         "max_gap_own_ms": max(own) / 1e6 if own else float("nan"),
         "pss_mib": [x / 2**20 for x in pss],
+        "pss_anon_mib": [x / 2**20 for x in pss_anon],
     }
+
+
+def _rollup(pid: int, field: str) -> float:
+    """A field of ``/proc/<pid>/smaps_rollup`` in bytes (NaN if the kernel has none)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024.0
+    return float("nan")
 
 
 def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
@@ -264,7 +275,8 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     ``<kind>_build_ms``, ``<kind>_publish_ms``, ``<kind>_total_ms`` (medians);
     ``total_ms`` (the slower kind), ``first_publish_ms``, ``reach_ms`` / ``reach_max_ms`` (publish
     returned → every worker routed on it), ``first_batch_ms``, ``batch_ms``,
-    ``max_gap_ms``, ``pss_mib`` (per worker); ``max_gap_cpu_ms`` and
+    ``max_gap_ms``, ``pss_mib`` and ``pss_anon_mib`` (per worker: all, and the
+    process's own memory without the shared tables); ``max_gap_cpu_ms`` and
     ``max_gap_runqueue_ms``: of the longest gap, the routing thread's CPU time and its
     wait for a core (a busy host, not the worker); ``max_gap_own_ms``: the longest gap
     less its wait for a core. Not with ``quick``: the same propagation figures for

@@ -90,3 +90,25 @@ def test_a_forked_child_gets_a_thread_of_its_own():
     finally:
         gate.set()
         w.close()
+
+
+def test_a_finished_job_keeps_its_result_but_not_what_its_function_referenced():
+    import gc
+    import weakref
+
+    class Big:
+        pass
+
+    big = Big()
+    ref = weakref.ref(big)
+    w = BackgroundWorker("cslb-test-bg-ref", trim=True)  # trim: glibc's malloc_trim after jobs
+    try:
+        job = w.submit(lambda big=big: 7)
+        del big
+        assert job.wait(10) and job.result == 7
+        gc.collect()
+        assert ref() is None
+        with pytest.raises(RuntimeError, match="already ran"):
+            job.fn()
+    finally:
+        w.close()
