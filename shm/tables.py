@@ -122,6 +122,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -1175,11 +1176,12 @@ class TableReader:
         # job's result is (current word, table).
         self._bg: tuple[Job, int] | None = None
         self._worker: BackgroundWorker | None = None
-        if self.background:
-            self._worker = BackgroundWorker("cslb-table-map")
-            self._worker.start()  # now: starting a thread makes its caller wait for it
         self._view = _TablesView(_attach_control(namespace, writable=False))
         self._ctl = self._view.cw
+        if self.background:  # (after attaching: a reader that failed starts no thread)
+            self._worker = BackgroundWorker("cslb-table-map")
+            self._worker.start()  # now: starting a thread makes its caller wait for it
+            weakref.finalize(self, self._worker.close)  # a reader dropped unclosed
         # (control words, current word, table, its seq word, index and value): one
         # attribute, so a thread on the fast path never pairs one remap's table with
         # another's control or current word.

@@ -226,3 +226,18 @@ def test_a_child_forked_during_a_background_map_attaches_and_follows_on_its_own(
             p.join(5)
     assert got == (2, rs2.route(KEYS[:200], 0).tolist())
     assert _followed(r, 2)[1].generation == 2
+
+
+def test_routers_dropped_without_close_leave_no_threads(host):
+    import gc
+
+    host.publish(lbcore.RingSet(endpoints(4)), knobs=knobs(balance_factor=None))
+    gc.collect()
+    before = threading.active_count()
+    for _ in range(5):
+        r = Router(host.ns, background=True)
+        assert r.route_table(KEYS[:10])[1].generation == 1
+        r._rec.release()  # its counter row (close() would; this router is only dropped)
+        del r
+    gc.collect()
+    _wait(lambda: threading.active_count() == before)

@@ -594,6 +594,7 @@ class Router:
         if background is not False:
             self._builder = shm.BackgroundWorker("cslb-answer-build", trim=True)
             self._builder.start()  # now: starting a thread makes its caller wait for it
+            weakref.finalize(self, self._builder.close)  # a router dropped unclosed
         # Per thread, the last (indices, table, keys) route_table() returned: mapping or
         # tracking that very array later uses its table and keys (see endpoints_of).
         self._last = threading.local()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import lbcore
-from shm import TableChecksumError, TableReader, TableWriter
+from shm import SegmentMissingError, TableChecksumError, TableReader, TableWriter
 from shm.layout import BUFFER_HEADER_BYTES
 from shm.segment import Segment, set_seam_hook
 
@@ -207,3 +207,11 @@ def test_foreground_bytes_must_be_a_byte_count(namespace, value, error):
         w.publish(_sets()[0])
         with pytest.raises(error, match="foreground_bytes must be an int >= 0"):
             TableReader(namespace, background=True, foreground_bytes=value)
+
+
+def test_a_reader_that_cannot_attach_starts_no_thread(namespace):
+    before = threading.active_count()
+    for _ in range(5):  # what a worker does every second while discovery is not up yet
+        with pytest.raises(SegmentMissingError):
+            TableReader(namespace, background=True)
+    assert threading.active_count() == before
