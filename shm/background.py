@@ -15,7 +15,6 @@ thread there (jobs queued in the parent stay the parent's).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
 import threading
@@ -73,19 +72,10 @@ class BackgroundWorker:
     ----------
     name
         Name of the thread (shown by ``py-spy``, ``threading.enumerate()``).
-    trim
-        After each job, hand the memory malloc keeps free back to the OS (glibc's
-        ``malloc_trim``; nothing elsewhere). For jobs that allocate and drop large
-        arrays: glibc serves a thread from an arena of its own and, once a large block
-        was freed, serves blocks of that size from arenas instead of fresh mappings,
-        so a worker rebuilding 20 MiB tables every 0.1 s in a thread otherwise keeps
-        tens of MiB it no longer uses (measured: ~25 MiB per worker at 20,000
-        endpoints).
     """
 
-    def __init__(self, name: str, *, trim: bool = False) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.trim = trim
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Job | None] | None = None
         self._pid = 0
@@ -100,12 +90,7 @@ class BackgroundWorker:
         q = self._queue
         if q is None or self._pid != os.getpid():
             q = queue.SimpleQueue()
-            thread = threading.Thread(
-                target=_serve,
-                args=(q, _malloc_trim if self.trim else None),
-                name=self.name,
-                daemon=True,
-            )
+            thread = threading.Thread(target=_serve, args=(q,), name=self.name, daemon=True)
             thread.start()
             self._queue, self._pid = q, os.getpid()
         return q
@@ -134,24 +119,9 @@ class BackgroundWorker:
             self._queue = None
 
 
-def _serve(q: queue.SimpleQueue[Job | None], after: Callable[[], Any] | None) -> None:
+def _serve(q: queue.SimpleQueue[Job | None]) -> None:
     while True:
         job = q.get()
         if job is None:
             return
         job._run()
-        if after is not None:
-            after()
-
-
-def _find_malloc_trim() -> Callable[[], Any] | None:
-    try:
-        fn = ctypes.CDLL(None).malloc_trim  # glibc; ctypes releases the GIL for the call
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return lambda: fn(0)
-
-
-_malloc_trim = _find_malloc_trim()

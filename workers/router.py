@@ -592,7 +592,7 @@ class Router:
         self._build_lock = threading.Lock()
         self._builder: shm.BackgroundWorker | None = None
         if background is not False:
-            self._builder = shm.BackgroundWorker("cslb-answer-build", trim=True)
+            self._builder = shm.BackgroundWorker("cslb-answer-build")
             self._builder.start()  # now: starting a thread makes its caller wait for it
             weakref.finalize(self, self._builder.close)  # a router dropped unclosed
         # Per thread, the last (indices, table, keys) route_table() returned: mapping or

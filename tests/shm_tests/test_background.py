@@ -101,7 +101,7 @@ def test_a_finished_job_keeps_its_result_but_not_what_its_function_referenced():
 
     big = Big()
     ref = weakref.ref(big)
-    w = BackgroundWorker("cslb-test-bg-ref", trim=True)  # trim: glibc's malloc_trim after jobs
+    w = BackgroundWorker("cslb-test-bg-ref")
     try:
         job = w.submit(lambda big=big: 7)
         del big
