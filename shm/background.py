@@ -72,10 +72,21 @@ class BackgroundWorker:
     ----------
     name
         Name of the thread (shown by ``py-spy``, ``threading.enumerate()``).
+    idle
+        Called on the thread whenever no job came for ``idle_s`` seconds (say, to look
+        for work nobody asked for yet). Must not wait for a job of this worker. Its
+        exceptions are dropped: it is a best-effort look ahead, whatever it would have
+        done the caller does itself later, and raises there.
+    idle_s
+        Seconds without a job before ``idle`` is called (again).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self, name: str, *, idle: Callable[[], Any] | None = None, idle_s: float = 0.05
+    ) -> None:
         self.name = name
+        self.idle = idle
+        self.idle_s = float(idle_s)
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Job | None] | None = None
         self._pid = 0
@@ -90,7 +101,9 @@ class BackgroundWorker:
         q = self._queue
         if q is None or self._pid != os.getpid():
             q = queue.SimpleQueue()
-            thread = threading.Thread(target=_serve, args=(q,), name=self.name, daemon=True)
+            thread = threading.Thread(
+                target=_serve, args=(q, self.idle, self.idle_s), name=self.name, daemon=True
+            )
             thread.start()
             self._queue, self._pid = q, os.getpid()
         return q
@@ -119,9 +132,16 @@ class BackgroundWorker:
             self._queue = None
 
 
-def _serve(q: queue.SimpleQueue[Job | None]) -> None:
+def _serve(q: queue.SimpleQueue[Job | None], idle: Callable[[], Any] | None, idle_s: float) -> None:
     while True:
-        job = q.get()
+        try:
+            job = q.get(timeout=idle_s) if idle is not None else q.get()
+        except queue.Empty:
+            try:
+                idle()  # type: ignore[misc]
+            except Exception:  # best effort (see BackgroundWorker: idle)
+                pass
+            continue
         if job is None:
             return
         job._run()

@@ -106,7 +106,9 @@ in a thread while :meth:`TableReader.table` keeps returning the previous table, 
 stays valid until the writer has published twice more (it never writes the current
 buffer); should that buffer be rewritten first, :meth:`TableReader.table` waits for the
 new generation. Every guarantee above holds unchanged: the thread runs the same read.
-With ``foreground_bytes``, generations up to that size are still mapped by the caller
+While nobody calls :meth:`TableReader.table`, the thread looks for a new generation
+every ``prefetch_s`` and maps it ahead (an idle worker's next call neither maps nor
+waits). With ``foreground_bytes``, generations up to that size are still mapped by the caller
 (cheaper than handing them to a thread; the workers' Router uses 2 MiB). A due check
 for a replaced control segment (``recheck_s``) is a ``stat`` made before the thread
 starts, never a reason to map in the foreground.
@@ -1136,6 +1138,11 @@ class TableReader:
         costs about 0.35 ms per MiB on a 2-vCPU Zen3 VM, so small tables are followed
         at once for less than a thread hand-over costs). Default 0: every new
         generation but the first is mapped in the background.
+    prefetch_s
+        With ``background``: while nobody calls :meth:`table`, the background thread
+        looks for a new generation every this many seconds and maps it ahead, so an
+        idle worker's next call finds it mapped (it would otherwise map it then, or
+        wait for it if the writer had published twice meanwhile).
 
     Raises
     ------
@@ -1158,6 +1165,7 @@ class TableReader:
         recheck_s: float = 1.0,
         background: bool = False,
         foreground_bytes: int = 0,
+        prefetch_s: float = 0.05,
     ) -> None:
         if isinstance(foreground_bytes, bool) or not isinstance(foreground_bytes, int):
             raise TypeError(f"foreground_bytes must be an int >= 0, got {foreground_bytes!r}")
@@ -1179,7 +1187,14 @@ class TableReader:
         self._view = _TablesView(_attach_control(namespace, writable=False))
         self._ctl = self._view.cw
         if self.background:  # (after attaching: a reader that failed starts no thread)
-            self._worker = BackgroundWorker("cslb-table-map")
+            me = weakref.ref(self)  # the thread must not keep an unused reader alive
+
+            def look_ahead() -> None:
+                reader = me()
+                if reader is not None:
+                    reader._prefetch()
+
+            self._worker = BackgroundWorker("cslb-table-map", idle=look_ahead, idle_s=prefetch_s)
             self._worker.start()  # now: starting a thread makes its caller wait for it
             weakref.finalize(self, self._worker.close)  # a reader dropped unclosed
         # (control words, current word, table, its seq word, index and value): one
@@ -1285,6 +1300,40 @@ class TableReader:
         assert self._worker is not None
         self._bg = (self._worker.submit(lambda: view.read(None, timeout_s)), os.getpid())
         return t
+
+    def _prefetch(self) -> None:
+        """On the background thread when idle: map a new generation nobody asked for yet.
+
+        Only after the first :meth:`table` call, and never while a map is pending or a
+        caller holds the lock (it will look itself). The next :meth:`table` call takes
+        the mapped generation as it takes any background result.
+        """
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            bg = self._bg
+            if bg is not None and (bg[1] != os.getpid() or not bg[0].done()):
+                return
+            ctl, cur, t = self._state[:3]
+            now = ctl[_C_CURRENT]
+            # (The same current word names a newer generation once its buffer was reused.)
+            if t is None or now == 0 or (now == cur and t.valid()):
+                return
+            if bg is not None:
+                if bg[0].error is not None:
+                    return  # a failed map: the next table() call reads (and reports) it
+                done_cur, done = bg[0].result
+                if done_cur == now and done.valid():
+                    return  # mapped already, not picked up yet
+            if _now_ns() >= self._recheck_ns:
+                self._follow_replacement()  # a stat; a replaced segment resets the state
+                if self._state[2] is None:
+                    return  # the next table() call maps the new writer's first table
+            view, timeout_s = self._view, self.timeout_s
+            assert self._worker is not None
+            self._bg = (self._worker.submit(lambda: view.read(None, timeout_s)), os.getpid())
+        finally:
+            self._lock.release()
 
     def _background_busy(self) -> bool:
         bg = self._bg

@@ -241,3 +241,30 @@ def test_routers_dropped_without_close_leave_no_threads(host):
         del r
     gc.collect()
     _wait(lambda: threading.active_count() == before)
+
+
+def test_an_idle_worker_finds_new_generations_mapped_when_a_request_comes(host):
+    reads: list[str] = []
+
+    def hook(point: str) -> None:
+        if point == "tables.read.mapped":
+            reads.append(threading.current_thread().name)
+
+    rs1 = lbcore.RingSet(endpoints(6))
+    host.publish(rs1, knobs=knobs(balance_factor=None))
+    r = host.router(background=True)
+    assert r.route_table(KEYS)[1].generation == 1
+    set_seam_hook(hook)
+    try:
+        rs3 = lbcore.RingSet(endpoints(8, net=3))
+        host.publish(lbcore.RingSet(endpoints(7, net=2)), knobs=knobs(balance_factor=None))
+        host.publish(rs3, knobs=knobs(balance_factor=None))  # generation 1's buffer reused
+        # No request meanwhile: the router's map thread looks ahead on its own.
+        _wait(lambda: "cslb-table-map" in reads and r._reader._bg[0].done())
+        _wait(lambda: r._reader._bg[0].result[1].generation == 3)
+        idx, t = r.route_table(KEYS)  # the first request after idling: no map, no wait
+        assert t.generation == 3
+        np.testing.assert_array_equal(idx, rs3.route(KEYS, 0))
+        assert "MainThread" not in reads
+    finally:
+        set_seam_hook(None)

@@ -68,7 +68,10 @@ measures the longest gap between a worker's batches during publishes).
   thread; batches keep routing on the previous generation, which stays valid until the
   writer has published twice more, and the first batch after the thread finished
   routes on the new one. Tables up to 2 MiB (a few dozen endpoints) are mapped by the
-  batch that first sees them, so the worker follows them at once.
+  batch that first sees them, so the worker follows them at once. A worker that routes
+  nothing for a while still follows: the map thread looks for a new generation every
+  50 ms while idle and maps it ahead, so its next request neither maps nor waits (had
+  the writer published twice meanwhile, the table it routed on last would be gone).
 * Answer tables whose build this worker measured to take over 1 ms are built in a
   background thread (one at a time). Meanwhile a batch on a new load snapshot routes
   on the previous snapshot's answer tables of the same generation (bounded load then

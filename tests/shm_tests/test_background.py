@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+import time
 
 import pytest
 
@@ -110,5 +111,26 @@ def test_a_finished_job_keeps_its_result_but_not_what_its_function_referenced():
         assert ref() is None
         with pytest.raises(RuntimeError, match="already ran"):
             job.fn()
+    finally:
+        w.close()
+
+
+def test_idle_is_called_on_the_thread_between_jobs_and_its_errors_are_dropped():
+    calls: list[str] = []
+
+    def idle():
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise RuntimeError("a look ahead that failed")
+
+    w = BackgroundWorker("cslb-test-bg-idle", idle=idle, idle_s=0.005)
+    try:
+        w.start()
+        deadline = time.monotonic() + 10
+        while len(calls) < 3:  # the first call raised: the thread carried on
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        assert set(calls) == {"cslb-test-bg-idle"}
+        assert w.submit(lambda: 5).wait(10)
     finally:
         w.close()

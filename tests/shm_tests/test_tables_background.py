@@ -215,3 +215,48 @@ def test_a_reader_that_cannot_attach_starts_no_thread(namespace):
         with pytest.raises(SegmentMissingError):
             TableReader(namespace, background=True)
     assert threading.active_count() == before
+
+
+@pytest.fixture
+def reads():
+    """Names of the threads that read a table buffer (at the read's first seam)."""
+    names: list[str] = []
+
+    def hook(point: str) -> None:
+        if point == "tables.read.mapped":
+            names.append(threading.current_thread().name)
+
+    set_seam_hook(hook)
+    try:
+        yield names
+    finally:
+        set_seam_hook(None)
+
+
+def test_an_idle_reader_maps_new_generations_ahead_of_its_next_call(namespace, reads):
+    rs1, rs2, rs3 = _sets()
+    with _writer(namespace) as w, TableReader(namespace, background=True, prefetch_s=0.005) as r:
+        w.publish(rs1)
+        assert r.table().generation == 1
+        assert reads == ["MainThread"]  # the first table: mapped by the call
+        w.publish(rs2)
+        w.publish(rs3)  # the writer reuses generation 1's buffer: the old table is gone
+        deadline = time.monotonic() + 10
+        while not (r._bg is not None and r._bg[0].done() and r._bg[0].result[1].generation == 3):
+            assert time.monotonic() < deadline, "generation 3 not mapped ahead"
+            time.sleep(0.002)
+        t = r.table()  # no map, no wait: taken from the background thread
+        assert t.generation == 3 and t.endpoints == rs3.endpoints and t.valid()
+        assert reads[0] == "MainThread" and set(reads[1:]) == {"cslb-table-map"}
+        assert r.table() is t
+        n = len(reads)
+        time.sleep(0.05)  # idle, nothing new: the thread maps nothing more
+        assert len(reads) == n
+
+
+def test_a_reader_never_called_maps_nothing_ahead(namespace, reads):
+    rs1, _, _ = _sets()
+    with _writer(namespace) as w, TableReader(namespace, background=True, prefetch_s=0.005):
+        w.publish(rs1)
+        time.sleep(0.05)
+        assert reads == []  # the first table is the caller's (it may never route)
