@@ -13,12 +13,18 @@ to a scale-up or scale-down by 10 % (the new ring set, fading rings included), t
    has routed a batch on the new generation; the longest gap between two consecutive
    batches of any worker (a worker that waited for the publisher would show it); the
    cost of a worker's first batch on a new generation (mapping it, new answer tables);
-   and each worker's PSS (``/proc/<pid>/smaps_rollup``) with the table mapped.
+   and each worker's PSS (``/proc/<pid>/smaps_rollup``) with the table mapped. A gap
+   is split, from the routing thread's ``/proc/thread-self/schedstat``, into its CPU
+   time, its wait for a core (other processes of the host, two workers and the
+   publisher on two cores) and the rest (sleeping, waiting for the GIL). The same is
+   measured with ``Router(background=False)`` as the baseline of the run: mapping and
+   answer-table builds on the routing thread.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import statistics
 import time
 from typing import Any
@@ -90,8 +96,17 @@ class _Discovery:
             unlink_namespace(self.namespace)
 
 
-def _worker(namespace: str, seed: int, go: Any, stop: Any, conn: Any) -> None:
-    """Route until ``stop``; send per batch (end time ns, generation, duration ns)."""
+def _worker(
+    namespace: str, seed: int, go: Any, stop: Any, conn: Any, background: bool | None = None
+) -> None:
+    """Route until ``stop``, then send per-batch figures (nanoseconds).
+
+    Per batch: end time, generation, duration, and the routing thread's CPU time and
+    run-queue wait so far (``/proc/thread-self/schedstat``).
+
+    ``background``: the :class:`workers.Router` argument (``False``: map new generations
+    and build answer tables on the routing thread, the baseline).
+    """
     from workers.router import Router
 
     rng = np.random.default_rng(seed)
@@ -99,7 +114,7 @@ def _worker(namespace: str, seed: int, go: Any, stop: Any, conn: Any) -> None:
     conn.send("forked")
     if not go.wait(120):
         return
-    router = Router(namespace)
+    router = Router(namespace, background=background)
     try:
         route = full_route(router)
         for b in pool[:20]:
@@ -109,18 +124,24 @@ def _worker(namespace: str, seed: int, go: Any, stop: Any, conn: Any) -> None:
         ends = np.zeros(cap, np.int64)
         gens = np.zeros(cap, np.int64)
         took = np.zeros(cap, np.int64)
+        sched = np.zeros((cap, 2), np.int64)
         i = 0
         clock = time.monotonic_ns
-        while not stop.is_set() and i < cap:
-            t0 = clock()
-            idx, table = router.route_table(pool[i % 500])
-            with router.track(idx, table):
-                pass
-            t1 = clock()
-            ends[i], gens[i], took[i] = t1, table.generation, t1 - t0
-            i += 1
-            time.sleep(PAUSE_S)
-        conn.send((ends[:i], gens[:i], took[:i]))
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        try:
+            while not stop.is_set() and i < cap:
+                t0 = clock()
+                idx, table = router.route_table(pool[i % 500])
+                with router.track(idx, table):
+                    pass
+                t1 = clock()
+                ends[i], gens[i], took[i] = t1, table.generation, t1 - t0
+                sched[i] = os.pread(fd, 64, 0).split()[:2]
+                i += 1
+                time.sleep(PAUSE_S)
+        finally:
+            os.close(fd)
+        conn.send((ends[:i], gens[:i], took[:i], sched[:i]))
     finally:
         router.close()
 
@@ -148,7 +169,9 @@ def _build_publish(n: int, reps: int) -> dict[str, Any]:
     return out
 
 
-def _propagation(n: int, changes: int, workers: int) -> dict[str, Any]:
+def _propagation(
+    n: int, changes: int, workers: int, background: bool | None = None
+) -> dict[str, Any]:
     ctx = multiprocessing.get_context("fork")  # before any publisher exists in this process
     d = _Discovery(unique_namespace("cq"), n)
     go, stop = ctx.Event(), ctx.Event()
@@ -156,7 +179,9 @@ def _propagation(n: int, changes: int, workers: int) -> dict[str, Any]:
     try:
         for k in range(workers):
             a, b = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(d.namespace, k, go, stop, b), daemon=True)
+            p = ctx.Process(
+                target=_worker, args=(d.namespace, k, go, stop, b, background), daemon=True
+            )
             p.start()
             procs.append(p)
             pipes.append(a)
@@ -175,6 +200,7 @@ def _propagation(n: int, changes: int, workers: int) -> dict[str, Any]:
             published.append((gen, time.monotonic_ns()))
             time.sleep(0.4)
         pss = [pss_bytes(p.pid) for p in procs]
+        pss_anon = [_rollup(p.pid, "Pss_Anon") for p in procs]
         stop.set()
         runs = []
         for a in pipes:
@@ -194,7 +220,7 @@ def _propagation(n: int, changes: int, workers: int) -> dict[str, Any]:
     reach, firsts, gaps, steady = [], [], [], []
     for gen, done in published:
         worst = 0
-        for ends, gens, took in runs:
+        for ends, gens, took, _ in runs:
             on = np.flatnonzero(gens >= gen)
             if not on.size:
                 worst = None
@@ -204,10 +230,24 @@ def _propagation(n: int, changes: int, workers: int) -> dict[str, Any]:
             firsts.append(int(took[j]))
         if worst is not None:
             reach.append(worst)
-    for ends, _gens, took in runs:
-        inside = ends >= t_first
-        if np.count_nonzero(inside) > 1:
-            gaps.append(int(np.diff(ends[inside]).max()))
+    worst_gap = (0, 0, 0)  # (wall, CPU, run-queue wait) of the longest gap, ns
+    own = []  # per worker, the longest gap less its run-queue wait
+    own_cpu = 0  # the routing thread's CPU time in the longest of those
+    for ends, _gens, took, sched in runs:
+        inside = np.flatnonzero(ends >= t_first)
+        if inside.size > 1:
+            wall = np.diff(ends[inside])
+            cpu = np.diff(sched[inside, 0])
+            wait = np.diff(sched[inside, 1])
+            j = int(wall.argmax())
+            gaps.append(int(wall[j]))
+            if wall[j] > worst_gap[0]:
+                worst_gap = (int(wall[j]), int(cpu[j]), int(wait[j]))
+            mine = wall - wait
+            k = int(mine.argmax())
+            if not own or mine[k] > max(own):
+                own_cpu = int(cpu[k])
+            own.append(int(mine[k]))
         steady.append(float(np.median(took)))
     return {
         "reach_ms": statistics.median(reach) / 1e6 if reach else float("nan"),
@@ -216,8 +256,22 @@ def _propagation(n: int, changes: int, workers: int) -> dict[str, Any]:
         "first_batch_ms": statistics.median(firsts) / 1e6 if firsts else float("nan"),
         "batch_ms": statistics.median(steady) / 1e6,
         "max_gap_ms": max(gaps) / 1e6 if gaps else float("nan"),
+        "max_gap_cpu_ms": worst_gap[1] / 1e6,
+        "max_gap_runqueue_ms": worst_gap[2] / 1e6,
+        "max_gap_own_ms": max(own) / 1e6 if own else float("nan"),
+        "max_gap_own_cpu_ms": own_cpu / 1e6,
         "pss_mib": [x / 2**20 for x in pss],
+        "pss_anon_mib": [x / 2**20 for x in pss_anon],
     }
+
+
+def _rollup(pid: int, field: str) -> float:
+    """A field of ``/proc/<pid>/smaps_rollup`` in bytes (NaN if the kernel has none)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024.0
+    return float("nan")
 
 
 def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
@@ -227,7 +281,14 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     ``<kind>_build_ms``, ``<kind>_publish_ms``, ``<kind>_total_ms`` (medians);
     ``total_ms`` (the slower kind), ``first_publish_ms``, ``reach_ms`` / ``reach_max_ms`` (publish
     returned → every worker routed on it), ``first_batch_ms``, ``batch_ms``,
-    ``max_gap_ms``, ``pss_mib`` (per worker).
+    ``max_gap_ms``, ``pss_mib`` and ``pss_anon_mib`` (per worker: all, and the
+    process's own memory without the shared tables); ``max_gap_cpu_ms`` and
+    ``max_gap_runqueue_ms``: of the longest gap, the routing thread's CPU time and its
+    wait for a core (a busy host, not the worker); ``max_gap_own_ms``: the longest gap
+    less its wait for a core, and ``max_gap_own_cpu_ms`` the routing thread's CPU time
+    in it (the rest: the pause between batches, waits for the GIL). Not with
+    ``quick``: the same propagation figures for ``Router(background=False)`` (mapping
+    and answer builds on the routing thread), prefixed ``fg_``.
     """
     sizes = (100, 1_000) if quick else SIZES
     workers = max(multiprocessing.cpu_count(), 1)
@@ -237,15 +298,28 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
         row: dict[str, Any] = {"endpoints": n}
         row.update(_build_publish(n, reps))
         row.update(_propagation(n, 2 if quick else 3, workers))
+        if not quick:
+            # The baseline in the same run: new generations mapped and answer tables
+            # built on the routing thread (Router(background=False)).
+            base = _propagation(n, 3, workers, background=False)
+            row.update({f"fg_{k}": v for k, v in base.items()})
         rows.append(row)
         log(
             f"  control {n:>6} endpoints: scale-up {row['up_build_ms']:.1f} ms build + "
             f"{row['up_publish_ms']:.1f} ms publish, scale-down {row['down_build_ms']:.1f} + "
             f"{row['down_publish_ms']:.1f} ms; every worker on it "
             f"{row['reach_ms']:.1f} ms later (max {row['reach_max_ms']:.1f}); longest gap "
-            f"between batches {row['max_gap_ms']:.1f} ms; PSS/worker "
+            f"between batches {row['max_gap_ms']:.1f} ms ({row['max_gap_runqueue_ms']:.1f} of "
+            f"it waiting for a core; {row['max_gap_own_ms']:.1f} without); PSS/worker "
             + ", ".join(f"{x:.1f}" for x in row["pss_mib"])
             + " MiB"
+            + (
+                f"; on the routing thread: every worker on it {row['fg_reach_ms']:.1f} ms "
+                f"later, longest gap {row['fg_max_gap_ms']:.1f} ms "
+                f"({row['fg_max_gap_own_ms']:.1f} without waits for a core)"
+                if "fg_reach_ms" in row
+                else ""
+            )
         )
     notes = [
         "Build = RingState.transition (scale-up: +10 % endpoints fading in; scale-down: "

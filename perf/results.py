@@ -269,8 +269,9 @@ def _control(part: dict[str, Any]) -> list[str]:
         "every worker on it after ms (max)",
         "worker's first batch on it ms",
         "worker batch ms",
-        "longest gap between batches ms",
+        "longest gap between batches ms (less waits for a core)",
         "PSS per worker MiB",
+        "on the routing thread: every worker on it ms / longest gap ms",
     ]
 
     def change(r: dict[str, Any], kind: str) -> str:
@@ -288,8 +289,9 @@ def _control(part: dict[str, Any]) -> list[str]:
             f"{_fmt(r['reach_ms'])} ({_fmt(r['reach_max_ms'])})",
             _fmt(r["first_batch_ms"], 2),
             _fmt(r["batch_ms"], 2),
-            _fmt(r["max_gap_ms"]),
+            f"{_fmt(r['max_gap_ms'])} ({_fmt(r.get('max_gap_own_ms', math.nan))})",
             ", ".join(_fmt(x) for x in r["pss_mib"]),
+            f"{_fmt(r.get('fg_reach_ms', math.nan))} / {_fmt(r.get('fg_max_gap_ms', math.nan))}",
         ]
         for r in part["rows"]
     ]

@@ -13,6 +13,7 @@
 Imports only NumPy, ``posix_ipc`` and :mod:`lbcore`.
 """
 
+from shm.background import BackgroundWorker
 from shm.counters import (
     CounterReader,
     CounterStore,
@@ -54,6 +55,7 @@ from shm.tables import Knobs, SlotAllocator, Table, TableReader, TableWriter
 __all__ = [
     "LAYOUT_VERSION",
     "SHM_NAMESPACE",
+    "BackgroundWorker",
     "CapacityError",
     "CounterInputError",
     "CounterReader",

@@ -61,13 +61,16 @@ __all__ = [
     "magic_word",
     "ring_sections",
     "row_layout",
+    "table_sections",
     "word",
 ]
 
 #: Layout version of every segment kind; bump on any incompatible change.
 #: 2: open requests are kept per start bucket (``open``, ``open_start_sum``) plus a
 #: count of older ones (``open_old``), replacing ``in_flight`` and ``start_sum``.
-LAYOUT_VERSION = 3
+#: 4: tables no longer repeat the newest ring's owners (the last row of ``owner_table``
+#: is that array) and are checksummed with XXH3-64 instead of CRC-32.
+LAYOUT_VERSION = 4
 
 
 def magic_word(tag: bytes) -> int:
@@ -138,7 +141,7 @@ TABLES_DATA = np.dtype(
 
 #: Header of each of the two buffers of a data segment. ``seq`` is odd while the
 #: writer rewrites the buffer and grows by two with every rewrite; ``checksum`` is the
-#: CRC-32 of the payload.
+#: XXH3-64 of the payload (:func:`lbcore.hashing.digest`).
 BUFFER_HEADER = np.dtype(
     [("seq", "u8"), ("generation", "u8"), ("payload_bytes", "u8"), ("checksum", "u8")]
 )
@@ -170,7 +173,7 @@ PAYLOAD_HEADER = np.dtype(
 #: One entry of the section directory: byte offset from the payload start, and length.
 SECTION = np.dtype([("offset", "u8"), ("nbytes", "u8")])
 
-#: Sections every table has, in directory order; then three per ring (see
+#: Sections every table has, in directory order; then those of each ring (see
 #: :func:`ring_sections`). Each is ``(name, dtype or None for a byte blob)``.
 TABLE_SECTIONS: tuple[tuple[str, str | None], ...] = (
     ("addresses", None),  # UTF-8, NUL-separated
@@ -190,9 +193,20 @@ TABLE_SECTIONS: tuple[tuple[str, str | None], ...] = (
 )
 
 
-def ring_sections(k: int) -> tuple[tuple[str, str], ...]:
-    """Directory entries of ring ``k``: its sorted hashes, their owners, its bucket table."""
+def ring_sections(k: int, rings: int) -> tuple[tuple[str, str], ...]:
+    """Directory entries of ring ``k`` of ``rings``: sorted hashes, owners, bucket table.
+
+    The newest ring (``k == rings - 1``) has no owners section: its owners are the last
+    row of ``owner_table`` (a master position is its own ring position).
+    """
+    if k == rings - 1:
+        return ((f"ring{k}.hashes", "u8"), (f"ring{k}.buckets", "i4"))
     return ((f"ring{k}.hashes", "u8"), (f"ring{k}.owners", "i4"), (f"ring{k}.buckets", "i4"))
+
+
+def table_sections(rings: int) -> int:
+    """Number of directory entries of a table with ``rings`` rings."""
+    return len(TABLE_SECTIONS) + 3 * rings - (1 if rings else 0)
 
 
 # ------------------------------------------------------------------------------------

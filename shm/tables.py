@@ -106,6 +106,12 @@ in a thread while :meth:`TableReader.table` keeps returning the previous table, 
 stays valid until the writer has published twice more (it never writes the current
 buffer); should that buffer be rewritten first, :meth:`TableReader.table` waits for the
 new generation. Every guarantee above holds unchanged: the thread runs the same read.
+While nobody calls :meth:`TableReader.table`, the thread looks for a new generation
+every ``prefetch_s`` and maps it ahead (an idle worker's next call neither maps nor
+waits). With ``foreground_bytes``, generations up to that size are still mapped by the caller
+(cheaper than handing them to a thread; the workers' Router uses 2 MiB). A due check
+for a replaced control segment (``recheck_s``) is a ``stat`` made before the thread
+starts, never a reason to map in the foreground.
 
 Restart: a writer that stops cleanly removes the segments; readers keep their last
 table, and :class:`TableReader` switches to the next writer's new control segment by
@@ -118,7 +124,7 @@ import math
 import os
 import threading
 import time
-import zlib
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -127,8 +133,10 @@ import numpy as np
 
 import lbcore
 from lbcore import knobs as lbcore_knobs
+from lbcore.hashing import digest
 from lbcore.ring import host_key
 from lbcore.signals import DEFAULT_WINDOW_NS
+from shm.background import BackgroundWorker, Job
 from shm.errors import (
     SegmentCorruptError,
     SegmentError,
@@ -158,6 +166,7 @@ from shm.layout import (
     TABLES_DATA,
     align,
     ring_sections,
+    table_sections,
     word,
 )
 from shm.segment import (
@@ -220,9 +229,10 @@ _NO_SEQ = memoryview(np.zeros(1, dtype=np.uint64)).cast("B").cast("Q")  # never 
 
 
 def _checksum(data: memoryview) -> int:
-    # CRC-32 from the standard library (~3.9 GB/s here): shm may not import xxhash
-    # itself and lbcore no longer exports a bytes hash (XXH64 would be ~2.5x faster).
-    return zlib.crc32(data)
+    # XXH3-64 through lbcore (shm may not import xxhash itself): ~20 GB/s here against
+    # CRC-32's ~3 GB/s, which was half of mapping a 20,000-endpoint table; it releases
+    # the GIL on large buffers, so a background map does not hold up routing threads.
+    return digest(data)
 
 
 # ------------------------------------------------------------------------------------
@@ -625,11 +635,15 @@ def _encode(
         ("ring_pos", _bytes_of(np.asarray(ring_set.ring_pos, dtype=np.int32))),
         ("owner_table", _bytes_of(np.asarray(ring_set.owner_table, dtype=np.int32))),
     ]
+    if rings and not np.array_equal(ring_set.owner_table[-1], rings[-1].owners):
+        # Readers take the newest ring's owners from this row (it is not stored twice).
+        raise TableInputError("ring set's owner table does not end with its newest ring's owners")
     for k, ring in enumerate(rings):
-        names = ring_sections(k)
-        sections.append((names[0][0], _bytes_of(np.asarray(ring.hashes, dtype=np.uint64))))
-        sections.append((names[1][0], _bytes_of(np.asarray(ring.owners, dtype=np.int32))))
-        sections.append((names[2][0], _bytes_of(np.asarray(ring.buckets, dtype=np.int32))))
+        arrays = {"hashes": (ring.hashes, np.uint64), "owners": (ring.owners, np.int32)}
+        arrays["buckets"] = (ring.buckets, np.int32)
+        for name, _ in ring_sections(k, len(rings)):
+            arr, dt = arrays[name.split(".")[1]]
+            sections.append((name, _bytes_of(np.asarray(arr, dtype=dt))))
     h["sections"] = len(sections)
     return _Encoded(hdr, sections)
 
@@ -719,7 +733,7 @@ class _Decoder:
         if n_slots > _MAX_ENDPOINTS * 4 or n_slots < n:
             raise self.fail(f"{n_slots} counter slots for {n} endpoints")
         n_sections = int(h["sections"])
-        expect = len(TABLE_SECTIONS) + 3 * n_rings
+        expect = table_sections(n_rings)
         if n_sections != expect:
             raise self.fail(f"{n_sections} sections, expected {expect} for {n_rings} rings")
         directory = data.array(SECTION, start + _DIR_OFFSET, n_sections).copy()
@@ -727,7 +741,7 @@ class _Decoder:
         names = [name for name, _ in TABLE_SECTIONS]
         dtypes = [dt for _, dt in TABLE_SECTIONS]
         for k in range(n_rings):
-            for name, dt in ring_sections(k):
+            for name, dt in ring_sections(k, n_rings):
                 names.append(name)
                 dtypes.append(dt)
         views: dict[str, Any] = {}
@@ -754,7 +768,7 @@ class _Decoder:
         eps = self._strings(views["addresses"], n, "addresses")
         zones = self._strings(views["zones"], n, "zones")
         nodes = self._strings(views["nodes"], n, "nodes")
-        if any(not ep for ep in eps):
+        if "" in eps:  # (one C-level scan; a generator holds the GIL far longer)
             raise self.fail("an endpoint address is empty")
         slots = count("slot", n)
         if n and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
@@ -783,13 +797,20 @@ class _Decoder:
         # Host identities are per endpoint, not per ring: one parse serves every ring (a
         # single ring parses them itself, and only if candidate routing needs them).
         host_ids = self.host_ids(eps) if n else None
+        master = int(ring_nodes[-1]) if n_rings else 0
+        if n_rings and not 1 <= master <= n * vnodes:
+            raise self.fail(f"newest ring has {master} nodes for {n} endpoints x {vnodes} vnodes")
+        ring_pos = count("ring_pos", n_rings * master).reshape(n_rings, master)
+        owner_table = count("owner_table", n_rings * master).reshape(n_rings, master)
+        if master and (int(owner_table.min()) < 0 or int(owner_table.max()) >= n):
+            raise self.fail(f"owner table must hold endpoint indices 0..{n - 1}")
         for k in range(n_rings):
             m = int(ring_nodes[k])
-            (hn, _), (on, _), (bn, _) = ring_sections(k)
-            if not 1 <= m <= n * vnodes:
-                raise self.fail(f"ring {k} has {m} nodes for {n} endpoints x {vnodes} vnodes")
+            names = dict(ring_sections(k, n_rings))
+            hn, bn = f"ring{k}.hashes", f"ring{k}.buckets"
+            if not 1 <= m <= master:
+                raise self.fail(f"ring {k} has {m} nodes, its newest ring {master}")
             hashes = count(hn, m)
-            owners = count(on, m)
             buckets = views[bn]
             bits = buckets.size.bit_length() - 1
             if buckets.size != 1 << bits or not _MIN_BUCKET_BITS <= bits <= _MAX_BUCKET_BITS:
@@ -799,26 +820,24 @@ class _Decoder:
                 )
             if m > 1 and bool((hashes[1:] < hashes[:-1]).any()):
                 raise self.fail(f"ring {k} hashes are not sorted")
-            if int(owners.min()) < 0 or int(owners.max()) >= n:
-                raise self.fail(f"ring {k} owners must be endpoint indices 0..{n - 1}")
-            if int(tiers[owners].max()) > k:
-                raise self.fail(f"ring {k} holds endpoints of a newer fading event")
+            if f"ring{k}.owners" in names:
+                owners = count(f"ring{k}.owners", m)
+                if int(owners.min()) < 0 or int(owners.max()) >= n:
+                    raise self.fail(f"ring {k} owners must be endpoint indices 0..{n - 1}")
+                if int(tiers.take(owners).max()) > k:
+                    raise self.fail(f"ring {k} holds endpoints of a newer fading event")
+            else:  # the newest ring: its owners are the owner table's last row (checked)
+                owners = owner_table[k]
             # Entries: e >= 0 a ring position; -1 "search"; e <= -2 the one node -e - 2.
             if int(buckets.min()) < -(m + 1) or int(buckets.max()) >= m:
                 raise self.fail(f"ring {k} bucket table points outside the ring")
+            if int(ring_pos[k].min()) < 0 or int(ring_pos[k].max()) >= m:
+                raise self.fail(f"routing map of ring {k} points outside the ring")
             rings.append(
                 lbcore.Ring.from_arrays(
                     eps, hashes, owners, vnodes=vnodes, buckets=buckets, host_ids=host_ids
                 )
             )
-        master = int(ring_nodes[-1]) if n_rings else 0
-        ring_pos = count("ring_pos", n_rings * master).reshape(n_rings, master)
-        owner_table = count("owner_table", n_rings * master).reshape(n_rings, master)
-        for k in range(n_rings):
-            if master and (int(ring_pos[k].min()) < 0 or int(ring_pos[k].max()) >= len(rings[k])):
-                raise self.fail(f"routing map of ring {k} points outside the ring")
-        if master and (int(owner_table.min()) < 0 or int(owner_table.max()) >= n):
-            raise self.fail(f"owner table must hold endpoint indices 0..{n - 1}")
         knobs = self._knobs(h)
         t = Table.__new__(Table)
         t.generation = generation
@@ -938,6 +957,17 @@ class _TablesView:
         self.offsets, self.buffer_bytes = (off0, off1), bb
         return seg
 
+    def payload_hint(self, cur: int) -> int:
+        """Payload bytes the buffer ``cur`` names says it holds, without reading it.
+
+        Only a size hint for deciding where to map it (not checked, may be racing a
+        rewrite); a buffer of a data segment not mapped yet counts as unbounded.
+        """
+        data = self.data
+        if not cur or data is None or (cur >> 1) != self.data_epoch:
+            return 1 << 62
+        return int(data.words[self.offsets[cur & 1] // 8 + _B_PAYLOAD])
+
     def close(self) -> None:
         """Drop the mappings (views handed out keep theirs alive)."""
         if self.data is not None:
@@ -1047,8 +1077,8 @@ class _TablesView:
         if found != checksum:
             raise TableChecksumError(
                 data.name,
-                f"buffer {b} generation {gen}: payload checksum 0x{found:08x} does not match "
-                f"the stored 0x{checksum:08x} (corrupted, or written by something else)",
+                f"buffer {b} generation {gen}: payload checksum 0x{found:016x} does not "
+                f"match the stored 0x{checksum:016x} (corrupted, or written by something else)",
             )
         decoder = _Decoder(data, b, start, nbytes, self.host_keys)
         decoder.on_host_keys = self._keep_host_keys
@@ -1102,6 +1132,17 @@ class TableReader:
         table); once the previous table's buffer is being rewritten, :meth:`table`
         waits for the new one. Off by default: then :meth:`table` returns the current
         generation as soon as it was published.
+    foreground_bytes
+        With ``background``: a new generation whose payload is at most this many
+        bytes is mapped by :meth:`table` itself, as without ``background`` (mapping
+        costs about 0.35 ms per MiB on a 2-vCPU Zen3 VM, so small tables are followed
+        at once for less than a thread hand-over costs). Default 0: every new
+        generation but the first is mapped in the background.
+    prefetch_s
+        With ``background``: while nobody calls :meth:`table`, the background thread
+        looks for a new generation every this many seconds and maps it ahead, so an
+        idle worker's next call finds it mapped (it would otherwise map it then, or
+        wait for it if the writer had published twice meanwhile).
 
     Raises
     ------
@@ -1123,20 +1164,39 @@ class TableReader:
         timeout_s: float = 1.0,
         recheck_s: float = 1.0,
         background: bool = False,
+        foreground_bytes: int = 0,
+        prefetch_s: float = 0.05,
     ) -> None:
+        if isinstance(foreground_bytes, bool) or not isinstance(foreground_bytes, int):
+            raise TypeError(f"foreground_bytes must be an int >= 0, got {foreground_bytes!r}")
+        if foreground_bytes < 0:
+            raise ValueError(f"foreground_bytes must be an int >= 0, got {foreground_bytes}")
         self.namespace = namespace
         self.timeout_s = timeout_s
         self.recheck_s = recheck_s
         self.background = bool(background)
+        self.foreground_bytes = foreground_bytes
         self.reattached = 0
         #: Generations mapped by the background thread (``background=True``).
         self.mapped_in_background = 0
         self._lock = threading.Lock()
-        # The background map in progress: (thread, the process that started it, result
-        # box holding (current word, table) or the exception it raised).
-        self._bg: tuple[threading.Thread, int, list[Any]] | None = None
+        # The background map in progress: (its job, the process that submitted it); the
+        # job's result is (current word, table).
+        self._bg: tuple[Job, int] | None = None
+        self._worker: BackgroundWorker | None = None
         self._view = _TablesView(_attach_control(namespace, writable=False))
         self._ctl = self._view.cw
+        if self.background:  # (after attaching: a reader that failed starts no thread)
+            me = weakref.ref(self)  # the thread must not keep an unused reader alive
+
+            def look_ahead() -> None:
+                reader = me()
+                if reader is not None:
+                    reader._prefetch()
+
+            self._worker = BackgroundWorker("cslb-table-map", idle=look_ahead, idle_s=prefetch_s)
+            self._worker.start()  # now: starting a thread makes its caller wait for it
+            weakref.finalize(self, self._worker.close)  # a reader dropped unclosed
         # (control words, current word, table, its seq word, index and value): one
         # attribute, so a thread on the fast path never pairs one remap's table with
         # another's control or current word.
@@ -1206,17 +1266,17 @@ class TableReader:
         bg = self._bg
         ctl, cur, t = self._state[:3]
         if bg is not None:
-            thread, pid, box = bg
+            job, pid = bg
             if pid != os.getpid():
                 self._bg = None  # inherited through fork: the thread is not ours
             else:
-                if thread.is_alive():
+                if not job.done():
                     if t is not None and t.valid():
                         return t
-                    thread.join()  # the previous table's buffer is being rewritten: wait
+                    job.wait()  # the previous table's buffer is being rewritten: wait
                 self._bg = None
-                if box and not isinstance(box[0], BaseException):
-                    new_cur, new = box[0]
+                if job.error is None:
+                    new_cur, new = job.result
                     if new.valid():
                         self.mapped_in_background += 1
                         self._set_state(new_cur, new)
@@ -1225,25 +1285,59 @@ class TableReader:
                         cur, t = new_cur, new  # already superseded: map the next one
                 else:
                     return None  # failed: the foreground read reports it (remembered)
-        if t is None or ctl[_C_CURRENT] == cur or _now_ns() >= self._recheck_ns or not t.valid():
+        if _now_ns() >= self._recheck_ns:
+            # Before mapping in the background (the thread uses the view this may
+            # replace); a replaced control segment resets the state: foreground.
+            self._follow_replacement()
+            ctl, cur, t = self._state[:3]
+        if t is None or ctl[_C_CURRENT] == cur or not t.valid():
             return None
-        box: list[Any] = []
-        view = self._view
-
-        def run() -> None:
-            try:
-                box.append(view.read(None, self.timeout_s))
-            except BaseException as exc:  # handed to the caller's thread
-                box.append(exc)
-
-        thread = threading.Thread(target=run, name="cslb-table-map", daemon=True)
-        self._bg = (thread, os.getpid(), box)
-        thread.start()
+        if self.foreground_bytes and self._view.payload_hint(ctl[_C_CURRENT]) <= (
+            self.foreground_bytes
+        ):
+            return None  # small: mapped at once by the caller
+        view, timeout_s = self._view, self.timeout_s
+        assert self._worker is not None
+        self._bg = (self._worker.submit(lambda: view.read(None, timeout_s)), os.getpid())
         return t
+
+    def _prefetch(self) -> None:
+        """On the background thread when idle: map a new generation nobody asked for yet.
+
+        Only after the first :meth:`table` call, and never while a map is pending or a
+        caller holds the lock (it will look itself). The next :meth:`table` call takes
+        the mapped generation as it takes any background result.
+        """
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            bg = self._bg
+            if bg is not None and (bg[1] != os.getpid() or not bg[0].done()):
+                return
+            ctl, cur, t = self._state[:3]
+            now = ctl[_C_CURRENT]
+            # (The same current word names a newer generation once its buffer was reused.)
+            if t is None or now == 0 or (now == cur and t.valid()):
+                return
+            if bg is not None:
+                if bg[0].error is not None:
+                    return  # a failed map: the next table() call reads (and reports) it
+                done_cur, done = bg[0].result
+                if done_cur == now and done.valid():
+                    return  # mapped already, not picked up yet
+            if _now_ns() >= self._recheck_ns:
+                self._follow_replacement()  # a stat; a replaced segment resets the state
+                if self._state[2] is None:
+                    return  # the next table() call maps the new writer's first table
+            view, timeout_s = self._view, self.timeout_s
+            assert self._worker is not None
+            self._bg = (self._worker.submit(lambda: view.read(None, timeout_s)), os.getpid())
+        finally:
+            self._lock.release()
 
     def _background_busy(self) -> bool:
         bg = self._bg
-        return bg is not None and bg[1] == os.getpid() and bg[0].is_alive()
+        return bg is not None and bg[1] == os.getpid() and not bg[0].done()
 
     def _follow_replacement(self) -> None:
         """Switch to a new control segment if the namespace has one that was published."""
@@ -1330,8 +1424,10 @@ class TableReader:
         with self._lock:
             bg = self._bg
             if bg is not None and bg[1] == os.getpid():
-                bg[0].join()
+                bg[0].wait()
             self._bg = None
+            if self._worker is not None:
+                self._worker.close()
             self._set_state(-1, None)
             self._view.close()
 

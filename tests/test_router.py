@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -132,6 +133,22 @@ def test_plain_ring_parity_with_lbcore(host):
         assert r.route([KEYS[i]])[0] == idx[i]
     assert r.endpoints_of(idx[:3], table) == [table.endpoints[i] for i in idx[:3]]
     assert r.stats() == {"decisions": 4003, "fallbacks": 0, "moves": 0, "failures": 0}
+
+
+def _followed(r: Router, generation: int, keys=KEYS, timeout_s: float = 10.0):
+    """``r.route_table(keys)`` once ``r`` routes on ``generation`` (waiting at most
+    ``timeout_s``: a router maps a new generation in the background unless it is small).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        idx, t = r.route_table(keys)
+        assert t.valid()
+        if t.generation >= generation:
+            return idx, t
+        assert time.monotonic() < deadline, (
+            f"still on generation {t.generation} after {timeout_s} s"
+        )
+        time.sleep(0.002)
 
 
 def _load_up(host: Host, table: shm.Table, per_endpoint: dict[int, int]) -> shm.Recorder:
@@ -372,20 +389,27 @@ def test_skipper_fade_mode_matches_lbcore_skipper_route(host, clock, bf):
 # Gate, ejected endpoints, retries, fallbacks.
 
 
-def test_gate_kill_switch_and_percentage(host):
+@pytest.mark.parametrize("background", [None, True])
+def test_gate_kill_switch_and_percentage(host, background):
     eps = endpoints(10)
     rs = lbcore.RingSet(eps)
     host.publish(rs, knobs=knobs(percentage=30.0, balance_factor=None))
-    r = host.router()
+    r = host.router(background=background)
     idx = r.route(KEYS)
     expect = lbcore.Gate(True, 30.0).apply(rs.route(KEYS, 0), lbcore.hash_keys(KEYS))
     np.testing.assert_array_equal(idx, expect)
     assert 0.25 < float((idx >= 0).mean()) < 0.35
     assert r.stats()["fallbacks"] == int((idx < 0).sum())
     host.publish(rs, knobs=knobs(enabled=False))
-    assert (r.route(KEYS) == -1).all()
+    if background is None:  # a small table: followed by the very next batch
+        assert r.route_table(KEYS)[1].generation == 2
+    else:  # mapped in the background: the old gate until then
+        idx, t = r.route_table(KEYS)
+        if t.generation == 1:
+            np.testing.assert_array_equal(idx, expect)
+    assert (_followed(r, 2)[0] == -1).all()
     host.publish(rs, knobs=knobs(percentage=0.0))
-    assert (r.route(KEYS[:3]) == -1).all()
+    assert (_followed(r, 3, KEYS[:3])[0] == -1).all()
 
 
 @pytest.mark.parametrize("bf", [None, 1.1])
@@ -489,22 +513,26 @@ def test_bad_input_raises_lbcore_errors_and_counts_nothing(host):
 # Generations and the load snapshot cadence.
 
 
-def test_new_generation_is_followed_and_refreshes_loads_at_once(host):
+@pytest.mark.parametrize("background", [None, True])
+def test_new_generation_is_followed_and_refreshes_loads_at_once(host, background):
     host.publish(lbcore.RingSet(endpoints(5)), knobs=knobs(load_signal="in-flight"))
-    r = host.router(refresh_s=60.0)
+    r = host.router(refresh_s=60.0, background=background)
     idx1, t1 = r.route_table(KEYS)
     rec = _load_up(host, t1, {2: 3})
     assert r.loads().in_flight.sum() == 0  # cached snapshot, not due for a minute
     eps2 = endpoints(7, net=2)
     rs2 = lbcore.RingSet(eps2)
     host.publish(rs2, knobs=knobs(balance_factor=None))
-    idx2, t2 = r.route_table(KEYS)
+    if background is None:  # a small table: followed by the very next batch
+        assert r.table().generation == 2
+    idx2, t2 = _followed(r, 2)
     assert t2.generation == 2 and t2.endpoints == tuple(eps2)
     np.testing.assert_array_equal(idx2, rs2.route(KEYS, 0))
     assert r.endpoints_of(idx1[:2], t1) != r.endpoints_of(idx2[:2], t2)
     # The new generation's endpoints got new counter slots: still idle.
     assert r.loads().in_flight.sum() == 0
     host.publish(lbcore.RingSet(endpoints(5)), knobs=knobs(load_signal="in-flight"))
+    _followed(r, 3)
     assert r.loads().in_flight.tolist() == [0, 0, 3, 0, 0]  # endpoint kept its slot
     rec.release()
 
@@ -821,6 +849,12 @@ def test_routes_are_consistent_while_a_writer_process_republishes(host, namespac
     host.writer.publish(_variant(1), knobs=shm.Knobs(balance_factor=None))
     host.writer.close(unlink=False)
     r = host.router()
+    # The first table is read before the churn starts: with nothing to fall back on, a
+    # reader that cannot get a consistent read within its limit routes everything to
+    # fallback (measured on a loaded host). From then on it keeps the last good table.
+    idx, t = r.route_table(keys)
+    assert t.generation == 1
+    np.testing.assert_array_equal(idx, expected[1])
     ctx = multiprocessing.get_context("fork")
     p = ctx.Process(target=_churn, args=(namespace, 400), daemon=True)
     p.start()

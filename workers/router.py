@@ -62,6 +62,38 @@ when that pays, and keeps them as long as they are right:
 ``perf/bench_router.py`` measures the cost per batch at 100 to 2,500 batches per
 second against a never-refreshed snapshot, and the staleness.
 
+Following new tables
+--------------------
+Work proportional to the table never runs on the routing thread for a large table:
+a worker serving requests must not stall while discovery publishes (``perf/control.py``
+measures the longest gap between a worker's batches during publishes).
+
+* A new generation is mapped (checksum, validation: ~0.35 ms per MiB, ~50 ms for
+  20,000 endpoints with a fading ring) by :class:`shm.TableReader` in a background
+  thread; batches keep routing on the previous generation, which stays valid until the
+  writer has published twice more, and the first batch after the thread finished
+  routes on the new one. Tables up to 2 MiB (a few dozen endpoints) are mapped by the
+  batch that first sees them, so the worker follows them at once. A worker that routes
+  nothing for a while still follows: the map thread looks for a new generation every
+  50 ms while idle and maps it ahead, so its next request neither maps nor waits (had
+  the writer published twice meanwhile, the table it routed on last would be gone).
+* Answer tables whose build this worker measured to take over 1 ms are built in a
+  background thread (one at a time). Meanwhile a batch on a new load snapshot routes
+  on the previous snapshot's answer tables of the same generation (bounded load then
+  decides on loads one refresh older, for the few milliseconds of the build), and on a
+  new generation walks its keys (:meth:`lbcore.RingSet.route`), as before a build pays.
+
+Each kind of work has one long-lived daemon thread (:class:`shm.BackgroundWorker`,
+``cslb-table-map`` and ``cslb-answer-build``), started when the router attaches: handing
+it a job is a queue put, where starting a thread would make the batch wait until the
+new thread got a core. A forked child never sees its parent's threads (it attaches its
+own router, see Lifecycle). In a sync worker they run while the worker waits for the
+network; in a gthread worker they are two more threads. They hand the GIL over at each
+NumPy call that releases it, so a batch waits at most for one of their calls that holds
+it (a few milliseconds at 20,000 endpoints: decoding the address list, a ring's
+``bincount``, a step of the bounded-load walk). ``Router(background=False)`` maps and
+builds on the routing thread and starts no thread.
+
 Checks per batch are constant-cost: :meth:`shm.TableReader.table` (two shared-memory
 loads and a clock read), one identity comparison with the snapshot's table, and
 :meth:`shm.Table.valid` after routing (a result computed on a table the writer began
@@ -165,6 +197,15 @@ _RETRY_S = 1.0  # how long route() retries on tables the writer keeps rewriting
 # must not stall its request on it (shm remembers the verdict after the first wait).
 _READ_TIMEOUT_S = 0.05
 _MAX_KEY_BYTES = lbcore.MAX_KEY_BYTES
+# Work a new table generation or load snapshot brings is done on the routing thread
+# only when it is small; larger work runs in a background thread while the worker
+# keeps routing (see "Following new tables" in the module docs). Mapping a table costs
+# ~0.35 ms per MiB (checksum, validation; 2-vCPU Zen3 VM): up to 2 MiB (tables of a
+# few dozen endpoints) it is mapped at once.
+_INLINE_MAP_BYTES = 2 << 20
+# Answer tables are built at once when this worker's measured build cost per entry
+# says it takes at most this long (ns): ~100 endpoints x 100 virtual nodes.
+_INLINE_BUILD_NS = 1_000_000
 
 
 class RouterError(Exception):
@@ -195,6 +236,7 @@ class _Snapshot:
         "_fingerprint",
         "_plain",
         "balance_factor",
+        "build_failed",
         "candidates",
         "carried",
         "due_ns",
@@ -210,6 +252,7 @@ class _Snapshot:
         "routed",
         "slots",
         "slots_ext",
+        "stale",
         "table",
     )
 
@@ -257,6 +300,10 @@ class _Snapshot:
         self._answer: tuple[np.ndarray, np.ndarray | None, bool] | None = None
         self._plain: np.ndarray | None = None
         self._fingerprint: bytes | None = None
+        # The answer tables of an earlier snapshot of the same table, routed on while
+        # this one's are built in the background (see Router._answers).
+        self.stale: tuple[np.ndarray, np.ndarray | None, bool] | None = None
+        self.build_failed = False  # a background build raised on a valid table: walk
         self.routed = 0  # keys routed on this snapshot and those it follows with equal answers
         self.carried = 0  # of which on those before it
         self.expected = 0  # keys expected on this snapshot (the worker's recent rate)
@@ -315,6 +362,7 @@ class _Snapshot:
         if previous.table is not self.table or self._answer is not None:
             return
         self._plain = previous._plain
+        self.stale = previous._answer or previous.stale
         same = (
             self.load is not None
             and previous.load is not None
@@ -498,6 +546,13 @@ class Router:
     clock
         CLOCK_MONOTONIC source in nanoseconds (fade-in time, load snapshots, call
         durations); injectable for tests.
+    background
+        Where a new table generation is mapped and answer tables are built: ``None``
+        (default) in a background thread unless the work is small (tables up to
+        2 MiB, answer tables this worker builds in under 1 ms), ``True`` always in
+        the background, ``False`` always on the routing thread (every new generation
+        is then routed on by the first batch after its publish, at the cost of
+        stalling that batch; see "Following new tables" in the module docs).
 
     Attributes
     ----------
@@ -522,8 +577,12 @@ class Router:
         row: int | None = None,
         refresh_s: float | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
+        background: bool | None = None,
     ) -> None:
         self.namespace = shm.check_namespace(namespace)
+        if background is not None and not isinstance(background, bool):
+            raise RouterInputError(f"background must be True, False or None, got {background!r}")
+        self.background = background
         if refresh_s is None:
             refresh_s = LOAD_REFRESH.convert(
                 os.environ.get(LOAD_REFRESH.env, str(LOAD_REFRESH.default)), "environment"
@@ -553,6 +612,14 @@ class Router:
         self.reattached = 0
         self._snap: _Snapshot | None = None
         self._costs = _Costs()
+        # The answer-table build handed to the background: (its job, PID that submitted it).
+        self._building: tuple[shm.background.Job, int] | None = None
+        self._build_lock = threading.Lock()
+        self._builder: shm.BackgroundWorker | None = None
+        if background is not False:
+            self._builder = shm.BackgroundWorker("cslb-answer-build")
+            self._builder.start()  # now: starting a thread makes its caller wait for it
+            weakref.finalize(self, self._builder.close)  # a router dropped unclosed
         # Per thread, the last (indices, table, keys) route_table() returned: mapping or
         # tracking that very array later uses its table and keys (see endpoints_of).
         self._last = threading.local()
@@ -625,7 +692,12 @@ class Router:
         self._next_check = now + _CHECK_NS
         if self._reader is None:
             try:
-                self._reader = shm.TableReader(self.namespace, timeout_s=_READ_TIMEOUT_S)
+                self._reader = shm.TableReader(
+                    self.namespace,
+                    timeout_s=_READ_TIMEOUT_S,
+                    background=self.background is not False,
+                    foreground_bytes=_INLINE_MAP_BYTES if self.background is None else 0,
+                )
             except shm.SegmentMissingError as exc:
                 log.debug("tables of %s not readable yet: %s", self.namespace, exc)
             except shm.SegmentError as exc:  # foreign, another layout version, damaged
@@ -910,15 +982,19 @@ class Router:
         complete = False  # known to hold no fallback
         if s.mode == "skipper":
             idx, moved = self._route_skipper(s, h, now, attempt)
-        elif attempt or (s._answer is None and not s.amortized(n, self._costs)):
+        elif (
+            attempt
+            or ((ready := s._answer) is None and not s.amortized(n, self._costs))
+            or not (a := ready or self._answers(s))  # being built: walk meanwhile
+        ):
             t0 = time.perf_counter_ns()
             idx, moved = self._route_lbcore(s, h, now, attempt)
             if not attempt:
                 self._costs.walked(n, time.perf_counter_ns() - t0)
         else:
-            if s._answer is not None:
+            if ready is not None:
                 s.routed += n  # (what amortized() counts; racy under threads, as there)
-            answer, moved_table, complete = s._answer or s.answer(self._costs)
+            answer, moved_table, complete = a
             pos = rs.rings[last].positions(h)
             if last == 0:
                 flat = pos
@@ -937,6 +1013,62 @@ class Router:
             complete = False
         moves = 0 if moved is None else int(np.count_nonzero(moved))
         return idx, moves, 0 if complete else int(np.count_nonzero(idx < 0))
+
+    def _answers(self, s: _Snapshot) -> tuple[np.ndarray, np.ndarray | None, bool] | None:
+        """Answer tables to route on for ``s``, whose own are not built yet.
+
+        Built right here when this worker's measured cost says that is quick (or with
+        ``background=False``); otherwise a background thread builds them (one build at
+        a time) and, until they are ready, the routing thread uses those of the
+        previous snapshot of the same table (bounded load then decides on loads one
+        refresh older), or walks the keys (``None``) on a new generation.
+        """
+        costs = self._costs
+        bg = self.background
+        if bg is False or (
+            bg is None
+            and s.table.ring_set.owner_table.size * costs.build_ns_per_entry <= _INLINE_BUILD_NS
+        ):
+            return s.answer(costs)
+        if not s.build_failed:
+            self._build_in_background(s)
+        return s._answer or s.stale
+
+    def _build_in_background(self, s: _Snapshot) -> None:
+        """Start building ``s``'s answer tables in a thread, unless a build is running."""
+        pid = os.getpid()
+        b = self._building
+        if b is not None and b[1] == pid and not b[0].done():
+            return  # ``s`` is started after it: the next batch asks again
+        with self._build_lock:
+            b = self._building
+            if (b is not None and b[1] == pid and not b[0].done()) or s._answer is not None:
+                return
+            builder = self._builder
+            if builder is None:  # background=False builds at once; never here
+                return
+            self._building = (builder.submit(lambda: self._build_answers(s)), pid)
+
+    def _build_answers(self, s: _Snapshot) -> None:
+        """Background job: build ``s``'s answer tables; the routing thread picks them up."""
+        t0 = time.thread_time_ns()  # CPU time: waits for the GIL are not build cost
+        try:
+            a = s._build()
+        except Exception as exc:
+            if s.table.valid():  # else: rewritten under us; that generation is gone
+                s.build_failed = True
+                self._warn_once(
+                    ("answer build", type(exc), str(exc)),
+                    "answer tables of generation %d in %s not built (walking keys): %r",
+                    s.table.generation,
+                    self.namespace,
+                    exc,
+                )
+            return
+        if s.table.valid():
+            s._answer = a
+            s.stale = None
+            self._costs.built(a[0].size, time.thread_time_ns() - t0)
 
     def _route_lbcore(
         self, s: _Snapshot, h: np.ndarray, now: int, attempt: int
@@ -1115,6 +1247,8 @@ class Router:
                 log.warning("counter row not released: %s", exc)
         if self._reader is not None:
             self._reader.close()
+        if self._builder is not None:
+            self._builder.close()
         if self._counters is not None:
             self._counters.close()
         if self._store is not None:

@@ -3,12 +3,12 @@ import os
 import random
 import re
 import threading
-import zlib
 
 import numpy as np
 import pytest
 
 import lbcore
+from lbcore.hashing import digest
 from shm import (
     Knobs,
     SegmentLayoutError,
@@ -468,7 +468,7 @@ def _rewrite_checksum(reader, t, seg):
     words = seg.words
     n = words[off // 8 + 2]
     start = off + BUFFER_HEADER_BYTES
-    words[off // 8 + 3] = zlib.crc32(seg.buf[start : start + n])
+    words[off // 8 + 3] = digest(seg.buf[start : start + n])
 
 
 def test_bad_layout_with_a_valid_checksum_is_caught_before_use(namespace):
@@ -646,3 +646,64 @@ def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, dam
             assert fresh.table().generation == 2
     finally:
         set_seam_hook(None)
+
+
+@pytest.mark.parametrize("fading", [False, True])
+def test_the_newest_rings_owners_are_stored_once_as_the_owner_tables_last_row(namespace, fading):
+    rs = fading_set() if fading else lbcore.RingSet(EPS)
+    with TableWriter(namespace) as w:
+        w.publish(rs)
+        reader = TableReader(namespace)
+        t = reader.table()
+        got = t.ring_set
+        # One array in shared memory, read through both names.
+        assert np.shares_memory(got.rings[-1].owners, got.owner_table[-1])
+        np.testing.assert_array_equal(got.rings[-1].owners, rs.rings[-1].owners)
+        for k in range(len(rs.rings) - 1):  # older rings keep their own owners
+            assert not np.shares_memory(got.rings[k].owners, got.owner_table)
+            np.testing.assert_array_equal(got.rings[k].owners, rs.rings[k].owners)
+        np.testing.assert_array_equal(got.route(KEYS, 10**13), rs.route(KEYS, 10**13))
+        # The payload holds no section for it: its size is what the other sections need.
+        words = reader._view.data.words
+        payload = int(words[reader._view.offsets[t.buffer] // 8 + 2])
+        arrays = [got.ring_pos, got.owner_table, *(r.hashes for r in got.rings)]
+        arrays += [r.buckets for r in got.rings] + [r.owners for r in got.rings[:-1]]
+        assert payload < sum(a.nbytes for a in arrays) + rs.master.owners.nbytes
+        reader.close()
+
+
+def test_a_ring_set_whose_owner_table_disagrees_with_its_newest_ring_is_refused(namespace):
+    rs = fading_set()
+    table = rs.owner_table.copy()
+    table[-1, 7] = (table[-1, 7] + 1) % len(rs.endpoints)
+    bad = lbcore.RingSet.from_parts(
+        rs.endpoints,
+        rs.tiers,
+        rs.starts_ns,
+        rs.rings,
+        rs.ring_pos,
+        table,
+        duration_ns=rs.duration_ns,
+        exponent=rs.exponent,
+    )
+    with TableWriter(namespace) as w:
+        w.publish(rs)
+        with pytest.raises(TableInputError, match="owner table does not end with its newest"):
+            w.publish(bad)
+        assert w.generation == 1
+        t = TableReader(namespace).table()
+        assert t.generation == 1
+        np.testing.assert_array_equal(t.ring_set.route(KEYS, 10**13), rs.route(KEYS, 10**13))
+
+
+def test_the_checksum_is_xxh3_of_the_payload(namespace):
+    with TableWriter(namespace) as w:
+        w.publish(fading_set())
+        reader = TableReader(namespace)
+        t = reader.table()
+        seg = reader._view.data
+        off = reader._view.offsets[t.buffer]
+        n = int(seg.words[off // 8 + 2])
+        start = off + BUFFER_HEADER_BYTES
+        assert int(seg.words[off // 8 + 3]) == digest(seg.buf[start : start + n])
+        reader.close()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import lbcore
-from shm import TableChecksumError, TableReader, TableWriter
+from shm import SegmentMissingError, TableChecksumError, TableReader, TableWriter
 from shm.layout import BUFFER_HEADER_BYTES
 from shm.segment import Segment, set_seam_hook
 
@@ -163,3 +163,100 @@ def test_threads_share_one_background_reader_while_the_writer_publishes(namespac
             assert gens == sorted(gens)  # never back to an older generation
         assert r.table().generation == final
         assert r.mapped_in_background >= 1
+
+
+def test_generations_up_to_foreground_bytes_are_mapped_at_once(namespace, held):
+    rs1, rs2, rs3 = _sets()
+    with _writer(namespace) as w:
+        w.publish(rs1)
+        w.publish(rs2)
+        size = w.capacity_bytes()  # every payload here is smaller than the buffers
+        with TableReader(namespace, background=True, foreground_bytes=size) as r:
+            assert r.table().generation == 2
+            w.publish(rs3)
+            t3 = r.table()  # at most `size` bytes: mapped by this call, held thread or not
+            assert t3.generation == 3 and r.mapped_in_background == 0
+            assert t3.endpoints == rs3.endpoints
+        with TableReader(namespace, background=True, foreground_bytes=1000) as r:
+            t3 = r.table()
+            w.publish(rs1)
+            assert r.table() is t3  # larger: mapped in the (held) background thread
+            held.set()
+            assert _until(r, 4).endpoints == rs1.endpoints
+            assert r.mapped_in_background == 1
+
+
+def test_a_due_segment_recheck_does_not_pull_the_map_into_the_foreground(namespace, held):
+    rs1, rs2, _ = _sets()
+    with _writer(namespace) as w, TableReader(namespace, background=True, recheck_s=0.0) as r:
+        w.publish(rs1)
+        t1 = r.table()
+        w.publish(rs2)
+        for _ in range(5):  # the recheck is due on every call: a stat, then the thread
+            assert r.table() is t1
+        held.set()
+        assert _until(r, 2).endpoints == rs2.endpoints
+        assert r.mapped_in_background == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(-1, ValueError), (1.5, TypeError), (True, TypeError), ("1", TypeError)]
+)
+def test_foreground_bytes_must_be_a_byte_count(namespace, value, error):
+    with _writer(namespace) as w:
+        w.publish(_sets()[0])
+        with pytest.raises(error, match="foreground_bytes must be an int >= 0"):
+            TableReader(namespace, background=True, foreground_bytes=value)
+
+
+def test_a_reader_that_cannot_attach_starts_no_thread(namespace):
+    before = threading.active_count()
+    for _ in range(5):  # what a worker does every second while discovery is not up yet
+        with pytest.raises(SegmentMissingError):
+            TableReader(namespace, background=True)
+    assert threading.active_count() == before
+
+
+@pytest.fixture
+def reads():
+    """Names of the threads that read a table buffer (at the read's first seam)."""
+    names: list[str] = []
+
+    def hook(point: str) -> None:
+        if point == "tables.read.mapped":
+            names.append(threading.current_thread().name)
+
+    set_seam_hook(hook)
+    try:
+        yield names
+    finally:
+        set_seam_hook(None)
+
+
+def test_an_idle_reader_maps_new_generations_ahead_of_its_next_call(namespace, reads):
+    rs1, rs2, rs3 = _sets()
+    with _writer(namespace) as w, TableReader(namespace, background=True, prefetch_s=0.005) as r:
+        w.publish(rs1)
+        assert r.table().generation == 1
+        assert reads == ["MainThread"]  # the first table: mapped by the call
+        w.publish(rs2)
+        w.publish(rs3)  # the writer reuses generation 1's buffer: the old table is gone
+        deadline = time.monotonic() + 10
+        while not (r._bg is not None and r._bg[0].done() and r._bg[0].result[1].generation == 3):
+            assert time.monotonic() < deadline, "generation 3 not mapped ahead"
+            time.sleep(0.002)
+        t = r.table()  # no map, no wait: taken from the background thread
+        assert t.generation == 3 and t.endpoints == rs3.endpoints and t.valid()
+        assert reads[0] == "MainThread" and set(reads[1:]) == {"cslb-table-map"}
+        assert r.table() is t
+        n = len(reads)
+        time.sleep(0.05)  # idle, nothing new: the thread maps nothing more
+        assert len(reads) == n
+
+
+def test_a_reader_never_called_maps_nothing_ahead(namespace, reads):
+    rs1, _, _ = _sets()
+    with _writer(namespace) as w, TableReader(namespace, background=True, prefetch_s=0.005):
+        w.publish(rs1)
+        time.sleep(0.05)
+        assert reads == []  # the first table is the caller's (it may never route)
