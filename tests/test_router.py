@@ -238,7 +238,7 @@ def test_occupancy_answer_tables_follow_a_latency_change_at_equal_occupancy(host
     eps = endpoints(4)
     rs = lbcore.RingSet(eps)
     host.publish(rs, knobs=knobs(balance_factor=1.25, max_hops=None, load_signal="occupancy"))
-    r = host.router(refresh_s=0.5)
+    r = host.router(refresh_s=0.5, background=False)  # answer tables built when they pay
     table = r.table()
     rec = host.store.claim()
     slots = np.asarray(table.slots, dtype=np.int64)
