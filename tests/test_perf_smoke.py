@@ -113,3 +113,11 @@ def test_only_rejects_unknown_parts(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "unknown part 'gpu'" in err and "inprocess, host, http, control" in err
+
+
+def test_http_bench_repeats_only_runs_with_every_connection_on_one_worker() -> None:
+    from perf.httpbench import lopsided
+
+    assert lopsided("8/0") and lopsided("16/0/0")
+    assert not lopsided("7/1") and not lopsided("4/4") and not lopsided("6/0/2")
+    assert not lopsided("–")  # sync: connections close after each request
