@@ -7,6 +7,7 @@ client and ``cslb discovery`` never loads gunicorn.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # name -> (module with main(argv) -> int, one-line summary)
@@ -54,7 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cslb: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        status = int(module.main(rest) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``cslb simulate --json | head``): no traceback. Point
+        # stdout at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return status
 
 
 if __name__ == "__main__":

@@ -80,3 +80,21 @@ def test_yaml_endpoints_file(tmp_path):
     p = cslb("route", "-f", str(f), "--json", "x")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["routes"][0]["endpoint"].startswith("http://10.0.0.")
+
+
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    """``cslb route --stdin | head -1``: the pipe closes under the writer; no traceback."""
+    keys = "".join(f"SKU-{i:08d}\n" for i in range(200_000)).encode()
+    argv = [sys.executable, "-m", "cslb", "route", "-e", "http://10.0.0.1:80", "--stdin"]
+    with subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
+        proc.stdin.write(keys)  # the whole input fits: routing starts after EOF
+        proc.stdin.close()
+        first = proc.stdout.readline()
+        proc.stdout.close()  # like head -1: about 5 MB of answers are still to come
+        err = proc.stderr.read().decode()
+        status = proc.wait(timeout=60)
+    assert first.startswith(b"SKU-00000000  http://10.0.0.1:80")
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert status == 1

@@ -594,7 +594,12 @@ def slow_pod(
         ),
     ]
     warnings = _run_warnings(runs)
-    if until_s + base.window_s >= base.seconds:
+    if at_s + base.window_s >= base.seconds:
+        warnings.append(
+            f"the run ends at {base.seconds:g} s, before the 'slow' phase "
+            f"({at_s + base.window_s:g} s on) begins: its figures are empty"
+        )
+    elif until_s + base.window_s >= base.seconds:
         warnings.append(
             f"the run ends at {base.seconds:g} s, before the 'after' phase "
             f"({until_s + base.window_s:g} s on) begins"
