@@ -379,6 +379,21 @@ def test_every_request_is_counted_once(fade):
     assert r.pod_busy_s.sum() > 0.5 * t["completed"] * cfg.hit_s
 
 
+@pytest.mark.parametrize("fade", ["off", "skipper", "n-ring"])
+def test_scale_down_takes_the_newest_pods_out_of_routing_at_once(fade):
+    # 6 pods, 4 added (ready 1-1.75 s), the 2 newest deleted at 6 s, while N-ring's fade
+    # (published 3.75 s, 3 s long) is still running: they got calls before, none after.
+    cfg = replace(SMALL, fade=fade, events=(ScaleUp(1.0, 4, 1.0), ScaleDown(6.0, 2)))
+    r = run(cfg)
+    assert r.new_pods.tolist() == [6, 7, 8, 9]
+    assert r.members.tolist() == list(range(8))
+    gone, kept = r.pod_calls[[8, 9]], r.pod_calls[[6, 7]]
+    assert (gone[:, 4:6] > 0).all()  # interval i covers [i, i + 1) s
+    assert (gone[:, 6:] == 0).all()
+    assert (kept[:, 6:] > 0).all()
+    assert int(r.pod_calls[:, 6:].sum()) == int(r.series["calls"][6:].sum())
+
+
 def test_same_seed_same_result_other_seed_other_result():
     cfg = replace(
         SMALL,

@@ -79,6 +79,10 @@ def test_json_output_carries_summary_series_and_warnings(capsys, tmp_path):
             "argument --pod-speed-sigma: expected a finite number >= 0",
         ),
         (["--scenario", "scale-up", "--catalogue", "50"], "batches carry up to 100 distinct"),
+        (
+            ["--scenario", "scale-up", "--signal", "in-flight"],
+            "--signal has no effect on --scenario scale-up without --balance-factor",
+        ),
     ],
 )
 def test_bad_options_are_named(args, message, capsys):

@@ -211,6 +211,11 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
                 f"{flag} has no effect on --scenario {args.scenario}; it applies to "
                 f"{' and '.join(scenarios)}"
             )
+    if args.scenario == "scale-up" and args.signal is not None and args.balance_factor is None:
+        parser.error(
+            "--signal has no effect on --scenario scale-up without --balance-factor "
+            "(the scale-up runs without bounded load unless a balance factor is given)"
+        )
 
 
 def _plot_dir(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
