@@ -29,7 +29,8 @@ def test_simulate_is_registered_and_prints_a_table():
     assert "no bounded load" in p.stdout and "effective bf 1.25" in p.stdout
     assert "slow pod's share while slow" in p.stdout
     # 4 s cannot show the pod recovering: said, not hidden
-    assert "! warning: the run ends at 4 s, before the 'after' phase" in p.stdout
+    assert "! warning: the run ends at 4 s, before the 'slow' phase" in p.stdout
+    assert "the 'after' phase's figures are empty" in p.stdout
 
 
 def test_json_output_carries_summary_series_and_warnings(capsys, tmp_path):

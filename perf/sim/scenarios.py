@@ -597,7 +597,8 @@ def slow_pod(
     if at_s + base.window_s >= base.seconds:
         warnings.append(
             f"the run ends at {base.seconds:g} s, before the 'slow' phase "
-            f"({at_s + base.window_s:g} s on) begins: its figures are empty"
+            f"({at_s + base.window_s:g} s on) begins: its and the 'after' phase's "
+            "figures are empty"
         )
     elif until_s + base.window_s >= base.seconds:
         warnings.append(
