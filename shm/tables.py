@@ -1392,9 +1392,18 @@ class TableReader:
                 )
 
     def generation(self) -> int:
-        """Latest published generation as the control segment says (no remapping)."""
+        """Latest published generation as the control segment says (no remapping).
+
+        A writer killed between switching ``current`` and storing the generation word
+        leaves the word one behind the table ``current`` names (published all the same);
+        when this reader has mapped that table, its generation is the answer.
+        """
         self._maybe_follow()
-        return int(self._ctl[_C_GENERATION])
+        ctl, cur, t = self._state[:3]
+        gen = int(self._ctl[_C_GENERATION])
+        if t is not None and ctl is self._ctl and ctl[_C_CURRENT] == cur and t.generation > gen:
+            return t.generation
+        return gen
 
     def heartbeat_ns(self) -> int:
         """CLOCK_MONOTONIC time of the writer's last heartbeat or publish (ns)."""
@@ -1631,7 +1640,11 @@ class TableWriter:
             _, table = self._view.read(None, 1.0)
         except SegmentError:
             return  # unreadable: keep the generation count, start slots afresh
-        self.generation = max(self.generation, table.generation)
+        if table.generation > self.generation:
+            # The last writer died between switching ``current`` and storing the
+            # generation word: store it now, so every reader reads it again.
+            self.generation = table.generation
+            self._cw[_C_GENERATION] = table.generation
         self.recovered = table
         self._slots = SlotAllocator.recover(
             table.endpoints, table.slots, table.slot_freed_ns, self._slots.reuse_after_ns
@@ -1746,6 +1759,7 @@ class TableWriter:
         fence()
         seam("tables.publish.switch")
         self._cw[_C_CURRENT] = (self._view.data_epoch << 1) | b
+        seam("tables.publish.current")  # published; the generation word not yet stored
         self._cw[_C_GENERATION] = gen
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
         seam("tables.publish.switched")

@@ -336,6 +336,33 @@ def ask(conn, msg):
     return conn.recv()
 
 
+def test_a_writer_killed_between_current_and_the_generation_word(namespace, procs):
+    """``current`` names the new table, the generation word still says the one before:
+    the table is published, readers say its generation, and the next writer counts on
+    from it (never a second, different table under the same generation)."""
+    resume = procs.ctx.Event()
+    wconn, wchild = procs.ctx.Pipe()
+    writer = procs.start(seam_writer, namespace, wchild, resume, "tables.publish.current")
+    assert ask(wconn, ("publish", 3, False)) == 1
+    assert ask(wconn, ("publish", 4, True)) == "paused"
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join(10)
+    reader = TableReader(namespace)
+    try:
+        t = reader.table()
+        assert (t.generation, len(t.endpoints)) == (2, 4)
+        assert reader.generation() == 2
+        with TableWriter(namespace) as w2:
+            assert w2.generation == 2
+            assert TableReader(namespace).generation() == 2  # the word is repaired
+            assert w2.publish(lbcore.RingSet(_eps_n(5), vnodes=5)) == 3
+            t = reader.table()
+            assert (t.generation, len(t.endpoints)) == (3, 5)
+            w2.close(unlink=False)
+    finally:
+        reader.close()
+
+
 @pytest.mark.parametrize("at", ["tables.publish.switch", "tables.publish.switched"])
 def test_a_writer_killed_while_growing_leaves_nothing_behind_its_successor(namespace, procs, at):
     """Review S1: killed between creating the larger segment and switching to it, a
