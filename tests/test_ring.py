@@ -244,8 +244,12 @@ def test_bucket_table_resolution_paths_agree_with_binary_search(bits):
     want = np.searchsorted(r.hashes, h, side="left") % len(r)
     assert np.array_equal(small.positions(h), want)  # many misses: comparison path
     # Fewer misses: one search over them, and (fewest) key by key.
+    # Each with a key past the last node too (it rolls over to position 0).
+    top = np.array([2**64 - 1], dtype=np.uint64)
     for k in (200, 100, 40, 20, 8, 3):
         assert np.array_equal(small.positions(h[:k]), want[:k]), k
+        got = small.positions(np.concatenate((h[:k], top)))
+        assert np.array_equal(got, np.append(want[:k], 0)), k
     assert small.positions_of(h[:300].tolist()) == want[:300].tolist()  # key-by-key path
 
 
