@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -91,6 +92,7 @@ class BackgroundWorker:
         self._queue: queue.SimpleQueue[Job | None] | None = None
         self._pid = 0
         self._closed = False
+        _WORKERS.add(self)
 
     def start(self) -> None:
         """Start the thread now (else on the first :meth:`submit`); idempotent."""
@@ -130,6 +132,19 @@ class BackgroundWorker:
             if self._queue is not None and self._pid == os.getpid():
                 self._queue.put(None)
             self._queue = None
+
+
+_WORKERS: weakref.WeakSet[BackgroundWorker] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread may have held a worker's lock at the fork; in the child nobody
+    # would release it.
+    for w in list(_WORKERS):
+        w._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _serve(q: queue.SimpleQueue[Job | None], idle: Callable[[], Any] | None, idle_s: float) -> None:

@@ -1102,6 +1102,19 @@ def _attach_control(namespace: str, *, writable: bool) -> Segment:
 # Reader.
 
 
+_BACKGROUND_READERS: weakref.WeakSet[TableReader] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A background reader's thread takes the reader's lock (its idle look-ahead, every
+    # ``prefetch_s``); forked while it held it, the child's lock would never be released.
+    for r in list(_BACKGROUND_READERS):
+        r._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class TableReader:
     """A worker's handle on a namespace's routing tables.
 
@@ -1189,6 +1202,7 @@ class TableReader:
         self._view = _TablesView(_attach_control(namespace, writable=False))
         self._ctl = self._view.cw
         if self.background:  # (after attaching: a reader that failed starts no thread)
+            _BACKGROUND_READERS.add(self)  # its thread takes the lock: reset at a fork
             me = weakref.ref(self)  # the thread must not keep an unused reader alive
 
             def look_ahead() -> None:

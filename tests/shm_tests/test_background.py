@@ -134,3 +134,45 @@ def test_idle_is_called_on_the_thread_between_jobs_and_its_errors_are_dropped():
         assert w.submit(lambda: 5).wait(10)
     finally:
         w.close()
+
+
+def _lock_free_in_child(obj, conn) -> None:
+    conn.send(obj._lock.acquire(timeout=2))
+
+
+def fork_while_locked(obj) -> bool:
+    """Fork while another thread holds ``obj._lock``; can the child take it?"""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with obj._lock:
+            held.set()
+            release.wait(20)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(10)
+        ctx = multiprocessing.get_context("fork")
+        a, b = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_lock_free_in_child, args=(obj, b))
+        p.start()
+        try:
+            assert a.poll(20), "child did not report"
+            return a.recv()
+        finally:
+            p.join(10)
+            if p.exitcode is None:
+                p.kill()
+                p.join(5)
+    finally:
+        release.set()
+        t.join(10)
+
+
+def test_a_child_forked_while_another_thread_holds_the_lock_can_submit():
+    w = BackgroundWorker("cslb-test-bg-forklock")
+    try:
+        assert fork_while_locked(w)
+    finally:
+        w.close()

@@ -260,3 +260,14 @@ def test_a_reader_never_called_maps_nothing_ahead(namespace, reads):
         w.publish(rs1)
         time.sleep(0.05)
         assert reads == []  # the first table is the caller's (it may never route)
+
+
+def test_a_child_forked_while_the_map_thread_holds_the_reader_lock_can_read(namespace):
+    """The look-ahead thread takes the reader's lock every ``prefetch_s``; a fork at that
+    moment must not leave the child a lock nobody releases."""
+    from tests.shm_tests.test_background import fork_while_locked
+
+    with _writer(namespace) as w, TableReader(namespace, background=True) as r:
+        w.publish(_sets()[0])
+        assert r.table().generation == 1
+        assert fork_while_locked(r)
