@@ -4,7 +4,6 @@ batches keep routing on what they had (real shared memory, real threads and fork
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 
@@ -14,6 +13,7 @@ import pytest
 import lbcore
 from shm.segment import set_seam_hook
 from tests import test_router as base
+from tests.background_harness import held_background_map, run_forked
 from tests.test_router import D_NS, KEYS, _followed, _load_up, endpoints, knobs
 from workers import router as router_mod
 from workers.router import Router
@@ -28,18 +28,8 @@ _no_leftovers = base._no_leftovers
 @pytest.fixture
 def held_map():
     """Holds shm's background mapping thread at its first seam until the event is set."""
-    gate = threading.Event()
-
-    def hook(point: str) -> None:
-        if point == "tables.read.mapped" and threading.current_thread().name == "cslb-table-map":
-            assert gate.wait(10), "background map held too long"
-
-    set_seam_hook(hook)
-    try:
+    with held_background_map() as gate:
         yield gate
-    finally:
-        gate.set()
-        set_seam_hook(None)
 
 
 @pytest.fixture
@@ -208,22 +198,14 @@ def test_a_child_forked_during_a_background_map_attaches_and_follows_on_its_own(
     rs2 = lbcore.RingSet(endpoints(9, net=1))
     host.publish(rs2, knobs=knobs(balance_factor=None))
     assert r.route_table(KEYS)[1].generation == 1  # its map thread is held now
-    ctx = multiprocessing.get_context("fork")
-    a, b = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_child, args=(namespace, b), daemon=True)
-    p.start()
-    try:
+
+    def release() -> None:
         # The parent's held thread does not exist in the child: the child maps its own
-        # (its seam hook is the inherited one, whose gate the parent opens below).
+        # (its seam hook is the inherited one, whose gate the parent opens here).
         time.sleep(0.05)
         held_map.set()
-        assert a.poll(20), "child did not report"
-        got = a.recv()
-    finally:
-        p.join(10)
-        if p.exitcode is None:
-            p.kill()
-            p.join(5)
+
+    got, _ = run_forked(_child, namespace, while_running=release)
     assert got == (2, rs2.route(KEYS[:200], 0).tolist())
     assert _followed(r, 2)[1].generation == 2
 

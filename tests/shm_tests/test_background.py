@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import threading
 import time
@@ -10,6 +9,7 @@ import time
 import pytest
 
 from shm import BackgroundWorker
+from tests.background_harness import run_forked
 
 
 def test_jobs_run_in_order_on_one_named_thread_and_submit_does_not_wait():
@@ -72,19 +72,8 @@ def test_a_forked_child_gets_a_thread_of_its_own():
     gate = threading.Event()
     try:
         busy = w.submit(lambda: gate.wait(10))  # the parent's thread is busy at the fork
-        ctx = multiprocessing.get_context("fork")
-        a, b = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_in_child, args=(w, b))
-        p.start()
-        try:
-            assert a.poll(20), "child did not report"
-            got = a.recv()
-        finally:
-            p.join(10)
-            if p.exitcode is None:
-                p.kill()
-                p.join(5)
-        assert got == (p.pid, "cslb-test-bg-fork")
+        got, pid = run_forked(_in_child, w)
+        assert got == (pid, "cslb-test-bg-fork")
         assert not busy.done()  # the parent's own job is untouched
         gate.set()
         assert busy.wait(10)
@@ -153,18 +142,7 @@ def fork_while_locked(obj) -> bool:
     t.start()
     try:
         assert held.wait(10)
-        ctx = multiprocessing.get_context("fork")
-        a, b = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_lock_free_in_child, args=(obj, b))
-        p.start()
-        try:
-            assert a.poll(20), "child did not report"
-            return a.recv()
-        finally:
-            p.join(10)
-            if p.exitcode is None:
-                p.kill()
-                p.join(5)
+        return run_forked(_lock_free_in_child, obj)[0]
     finally:
         release.set()
         t.join(10)

@@ -13,6 +13,8 @@ import lbcore
 from shm import SegmentMissingError, TableChecksumError, TableReader, TableWriter
 from shm.layout import BUFFER_HEADER_BYTES
 from shm.segment import Segment, set_seam_hook
+from tests.background_harness import held_background_map
+from tests.shm_tests.test_background import fork_while_locked
 
 EPS = [f"http://10.7.0.{i}:8080" for i in range(1, 41)]
 KEYS = [f"sku-{i}" for i in range(500)]
@@ -33,18 +35,8 @@ def _writer(namespace: str) -> TableWriter:
 @pytest.fixture
 def held():
     """An event the background mapping thread waits for at its first seam."""
-    gate = threading.Event()
-
-    def hook(point: str) -> None:
-        if point == "tables.read.mapped" and threading.current_thread().name == "cslb-table-map":
-            assert gate.wait(10), "background map held too long"
-
-    set_seam_hook(hook)
-    try:
+    with held_background_map() as gate:
         yield gate
-    finally:
-        gate.set()
-        set_seam_hook(None)
 
 
 def _until(reader: TableReader, generation: int, timeout_s: float = 10.0):
@@ -265,8 +257,6 @@ def test_a_reader_never_called_maps_nothing_ahead(namespace, reads):
 def test_a_child_forked_while_the_map_thread_holds_the_reader_lock_can_read(namespace):
     """The look-ahead thread takes the reader's lock every ``prefetch_s``; a fork at that
     moment must not leave the child a lock nobody releases."""
-    from tests.shm_tests.test_background import fork_while_locked
-
     with _writer(namespace) as w, TableReader(namespace, background=True) as r:
         w.publish(_sets()[0])
         assert r.table().generation == 1
