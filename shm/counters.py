@@ -1826,6 +1826,32 @@ class CounterReader:
             ),
         )
 
+    def totals(self, columns: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Lifetime totals per endpoint slot, all workers ever summed (no window math).
+
+        Parameters
+        ----------
+        columns
+            Number of endpoint slots to read; default all.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            ``requests_total`` (``int64`` per slot) and failures per kind (``int64``
+            ``(slots, 4)``, columns in :data:`lbcore.outlier.FAILURE_KINDS` order).
+        """
+        ctl = self._ctl
+        m = ctl.current()
+        n = m.columns if columns is None else min(int(columns), m.columns)
+        used = np.flatnonzero(ctl.slots["used"] != 0)
+        nk = len(KIND_FIELDS)
+        if used.size == 0:
+            return np.zeros(n, np.int64), np.zeros((n, nk), np.int64)
+        hi = int(used[-1]) + 1
+        requests = m.totals[:hi, 0, :n].sum(axis=0)
+        kinds = np.ascontiguousarray(m.totals[:hi, 2 : 2 + nk, :n].sum(axis=0).T)
+        return requests, kinds
+
     def stats(self) -> dict[str, int]:
         """Lifetime routing-decision totals of every worker of the host.
 
