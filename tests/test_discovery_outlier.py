@@ -20,6 +20,7 @@ from lbcore.outlier import (
     OutlierParams,
 )
 from tests.discovery_harness import Loop, shm_namespace, wait_until
+from tests.kubeapi import CONFIGMAPS, FakeKubeAPI, configmap
 
 S = 1_000_000_000
 EPS = [f"http://10.7.0.{i}:8080" for i in range(1, 11)]
@@ -294,12 +295,30 @@ def test_a_restarted_discovery_keeps_ejections_and_their_until_times(fleet):
     assert f.loop.named("endpoint_readmitted")[0]["address"] == bad
 
 
-def test_turning_detection_off_readmits_at_once(fleet):
-    f = fleet(knobs={"outlier_ejection_time_s": 60.0})
+@pytest.fixture
+def kube():
+    api = FakeKubeAPI()
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def test_the_configmap_sets_outlier_knobs_and_turning_detection_off_readmits_at_once(
+    fleet, kube, tmp_path
+):
+    kube.put(CONFIGMAPS, "shop", configmap("cslb", {"CSLB_OUTLIER_EJECTION_TIME": "60"}))
+    kc = kube.kubeconfig(str(tmp_path / "kubeconfig"), namespace="shop")
+    f = fleet(kube=kube, kubeconfig=kc, configmap="cslb", service=None)
     bad = EPS[6]
     f.calls({bad: (0, 5, FAIL_CONNECT)})
     wait_until(lambda: f.ejected() == {bad}, 5, "the ejection")
-    f.loop.disc.knobs.set_overlay({"CSLB_OUTLIER_DETECTION": "false"}, "test")
+    t = f.table()
+    left = int(t.ejections.until_ns[t.endpoints.index(bad)]) - time.monotonic_ns()
+    assert 55 * S < left <= 60 * S  # the ConfigMap's base ejection time, not the 1.5 s flag
+    assert not f.loop.named("configmap_unknown_keys")
+    kube.put(CONFIGMAPS, "shop", configmap("cslb", {"CSLB_OUTLIER_DETECTION": "false"}))
     wait_until(lambda: not f.ejected(), 5, "the readmission")
     f.calls({bad: (0, 9, FAIL_CONNECT)})
     time.sleep(0.4)
