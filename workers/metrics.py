@@ -399,8 +399,8 @@ class HostMonitor:
         try:
             reader = self._table_reader()
             pid, beat_age, dead = self._publisher(reader, now)
-            generation, published_ns, knobs, fading, endpoints, n_slots, panic = (
-                reader.consistent(lambda t: _read_table(t, now))
+            generation, published_ns, knobs, fading, endpoints, n_slots, panic = reader.consistent(
+                lambda t: _read_table(t, now)
             )
         except shm.ShmError as exc:
             return HostSnapshot(**base, health=Health(False, self._unavailable(exc)))
@@ -421,7 +421,10 @@ class HostMonitor:
             return HostSnapshot(**base, endpoints=tuple(endpoints))
         try:
             stats = counters.stats()
-            loads = counters.read(now, n_slots).take([e.slot for e in endpoints])
+            # (window failures per kind are not shown: skip their sums)
+            loads = counters.read(now, n_slots, failure_kinds=False).take(
+                [e.slot for e in endpoints]
+            )
         except shm.ShmError:
             return HostSnapshot(**base, endpoints=tuple(endpoints))
         in_flight = loads.in_flight.tolist()
