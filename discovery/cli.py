@@ -189,6 +189,7 @@ def _run(
         file_poll_s=settings["file_poll_s"],
         configmap_wait_s=settings["configmap_wait_s"],
         removals_at_once=settings["removals_at_once"],
+        drop_warn_share=settings["drop_warn_share"],
     )
     if static:
         disc.add_list(static)

@@ -131,6 +131,9 @@ class Discovery:
     removals_at_once
         Publish endpoint removals without waiting for the debounce (additions still
         wait for it).
+    drop_warn_share
+        A publish removing more than this share of the endpoints in force logs a
+        ``publish_drop`` warning (1: never).
     clock
         CLOCK_MONOTONIC in nanoseconds.
     """
@@ -147,6 +150,7 @@ class Discovery:
         file_poll_s: float = 1.0,
         configmap_wait_s: float = 10.0,
         removals_at_once: bool = False,
+        drop_warn_share: float = 0.5,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.publisher = publisher
@@ -159,6 +163,7 @@ class Discovery:
         self.file_poll_ns = round(file_poll_s * 1e9)
         self.configmap_wait_ns = round(configmap_wait_s * 1e9)
         self.removals_at_once = removals_at_once
+        self.drop_warn_share = float(drop_warn_share)
         self._removals_pending = False
         self.sources: dict[str, _Source] = {}
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -419,6 +424,20 @@ class Discovery:
             },
             build_ms=round((time.perf_counter() - t0) * 1e3, 2),
         )
+        before = len(rs.endpoints) - len(t.added) + len(t.removed)
+        if before and len(t.removed) > self.drop_warn_share * before:
+            self.log.warning(
+                "publish_drop",
+                generation=gen,
+                endpoints_before=before,
+                endpoints=len(rs.endpoints),
+                removed=len(t.removed),
+                share_removed=round(len(t.removed) / before, 4),
+                warn_above=self.drop_warn_share,
+                removed_endpoints=[s.address for s in t.removed[:20]],
+                why="more endpoints left in one publish than --drop-warn-share allows; "
+                "published all the same (check the Service, the file or the selector)",
+            )
         if not rs.endpoints:
             self.log.warning(
                 "publish_empty",

@@ -89,6 +89,7 @@ class Loop:
         heartbeat_s: float = 0.05,
         configmap_wait_s: float = 2.0,
         port_name: str = "",
+        drop_warn_share: float = 0.5,
     ) -> None:
         self.ns = ns
         self.events: list[dict[str, Any]] = []
@@ -106,6 +107,7 @@ class Loop:
             heartbeat_s=heartbeat_s,
             file_poll_s=0.05,
             configmap_wait_s=configmap_wait_s,
+            drop_warn_share=drop_warn_share,
         )
         self.api = None
         if static:

@@ -339,15 +339,19 @@ class HostMonitor:
         return pid, beat_age, None
 
     def health(self) -> Health:
-        """Table published and publisher alive? Cheap: reads no counters, maps no table."""
+        """Table published, with endpoints, and publisher alive? Reads no counters.
+
+        Maps the current table (once per generation) to count its endpoints.
+        """
         now = self._clock()
         try:
             reader = self._table_reader()
             generation = reader.generation()
             pid, beat_age, dead = self._publisher(reader, now)
+            endpoints = len(reader.table().endpoints) if generation else None
         except shm.ShmError as exc:
             return Health(False, self._unavailable(exc))
-        return self._verdict(generation, pid, beat_age, dead)
+        return self._verdict(generation, pid, beat_age, dead, endpoints)
 
     def _unavailable(self, exc: shm.ShmError) -> str:
         if isinstance(exc, shm.SegmentMissingError):
@@ -358,12 +362,25 @@ class HostMonitor:
         return f"routing tables of namespace {self.namespace!r} unreadable: {exc}"
 
     @staticmethod
-    def _verdict(generation: int, pid: int, beat_age: float | None, dead: str | None) -> Health:
+    def _verdict(
+        generation: int,
+        pid: int,
+        beat_age: float | None,
+        dead: str | None,
+        endpoints: int | None,
+    ) -> Health:
         facts = {"generation": generation, "heartbeat_age_s": beat_age, "writer_pid": pid}
         if dead is not None:
             return Health(False, dead, **facts)
         if generation == 0:
             return Health(False, "discovery has not published a routing table yet", **facts)
+        if endpoints == 0:
+            return Health(
+                False,
+                f"the routing table (generation {generation}) has no endpoints: discovery "
+                "found no ready endpoint, so every key falls back to the ingress",
+                **facts,
+            )
         return Health(True, "ok", **facts)
 
     def snapshot(self) -> HostSnapshot:
@@ -395,7 +412,7 @@ class HostMonitor:
             publisher_alive=dead is None,
             knobs=knobs,
             fading=fading,
-            health=self._verdict(generation, pid, beat_age, dead),
+            health=self._verdict(generation, pid, beat_age, dead, len(endpoints)),
         )
         counters = self._counter_reader()
         if counters is None:
