@@ -7,7 +7,6 @@ import json
 import pytest
 
 import shm
-
 from discovery.address import check_address
 from discovery.static import EndpointsFileError, load_endpoints_file, parse_endpoints
 from tests.app_tests.test_app import call
