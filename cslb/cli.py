@@ -38,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(len(n) for n in COMMANDS)
-    lines = ["usage: cslb COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: cslb [--version] COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
     lines += ["", "Run 'cslb COMMAND --help' for a command's options."]
     return "\n".join(lines)
@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("--version", "-V"):
+        from cslb import __version__
+
+        print(f"cslb {__version__}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"cslb: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

@@ -98,3 +98,13 @@ def test_a_reader_that_stops_early_gets_no_traceback() -> None:
     assert first.startswith(b"SKU-00000000  http://10.0.0.1:80")
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert status == 1
+
+
+def test_version_prints_the_installed_distributions_version():
+    import importlib.metadata
+
+    for flag in ("--version", "-V"):
+        p = cslb(flag)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout == f"cslb {importlib.metadata.version('cslb')}\n"
+    assert "--version" in cslb("--help").stdout

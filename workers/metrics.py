@@ -32,11 +32,13 @@ name                                      type     meaning
 ``cslb_discovery_heartbeat_age_seconds``  gauge    time since the publisher's last heartbeat
 ``cslb_fade_share``                       gauge    share of keys each fading ring carries now
 ``cslb_discovery_up``                     gauge    1 while the publisher runs and heartbeats
+``cslb_build_info``                       gauge    1, labelled with what runs (``version``)
 ========================================  =======  =================================================
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import threading
 import time
@@ -58,6 +60,7 @@ __all__ = [
     "Health",
     "HostMonitor",
     "HostSnapshot",
+    "build_info",
 ]
 
 
@@ -80,6 +83,18 @@ STALE_AFTER = Knob(
     "/healthz answers 503 and cslb_discovery_up is 0 (workers keep routing on the last table).",
     "SECONDS",
 )
+
+
+def build_info() -> dict[str, str]:
+    """The labels of ``cslb_build_info`` (one sample, value 1): what this process runs.
+
+    ``version`` is the installed cslb distribution's. A new label is one more entry here.
+    """
+    try:
+        version = importlib.metadata.version("cslb")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"version": version}
 
 
 @dataclass(frozen=True, slots=True)
@@ -633,7 +648,14 @@ class CslbCollector:
             "cslb_discovery_up",
             "1 while the discovery process runs and its heartbeat is fresh, else 0.",
         )
+        info = build_info()
+        build = _gauge(
+            "cslb_build_info",
+            "Always 1; the labels say what runs (version: the cslb release).",
+            list(info),
+        )
         families: list[Metric] = [
+            build,
             occupancy,
             in_flight,
             latency,
@@ -651,6 +673,7 @@ class CslbCollector:
         ]
         if s is None:
             return families
+        build.add_metric(list(info.values()), 1.0)
         up.add_metric([], 1.0 if s.publisher_alive else 0.0)
         generation.add_metric([], float(s.generation))
         if s.table_age_s is not None:
