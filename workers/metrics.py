@@ -180,7 +180,8 @@ class Health:
     Attributes
     ----------
     ok : bool
-        True while a table is published and its publisher runs and heartbeats.
+        True while a table with endpoints is published and its publisher runs and
+        heartbeats.
     reason : str
         Why not (or ``"ok"``).
     generation : int
@@ -189,6 +190,8 @@ class Health:
         Seconds since the publisher's last heartbeat (``None``: no tables).
     writer_pid : int
         PID of the publisher (0: unknown).
+    endpoints : int | None
+        Endpoints of the current table (``None``: no table).
     """
 
     ok: bool
@@ -196,6 +199,7 @@ class Health:
     generation: int = 0
     heartbeat_age_s: float | None = None
     writer_pid: int = 0
+    endpoints: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,7 +388,12 @@ class HostMonitor:
         dead: str | None,
         endpoints: int | None,
     ) -> Health:
-        facts = {"generation": generation, "heartbeat_age_s": beat_age, "writer_pid": pid}
+        facts = {
+            "generation": generation,
+            "heartbeat_age_s": beat_age,
+            "writer_pid": pid,
+            "endpoints": endpoints,
+        }
         if dead is not None:
             return Health(False, dead, **facts)
         if generation == 0:

@@ -25,12 +25,15 @@ from collections.abc import Mapping, MutableMapping, Sequence
 
 from lbcore.knobs import ROUTING_KNOBS, KnobError, add_arguments, from_args
 from shm.settings import SHM_NAMESPACE
+from workers.mount import APP as MOUNT_APP
 from workers.supervisor import DISCOVERY_MODES
 
 __all__ = ["DEFAULT_APP", "DEFAULT_BIND", "DEFAULT_WORKERS", "build_parser", "command", "main"]
 
 #: The bundled WSGI app.
 DEFAULT_APP = "workers.app:app"
+#: What gunicorn runs for ``--app MODULE:APP``: that app with cslb's paths mounted.
+MOUNTED_APP = "workers.mount:app"
 #: Loopback only by default: exposing the service is a deliberate choice.
 DEFAULT_BIND = "127.0.0.1:8000"
 DEFAULT_WORKERS = 2
@@ -103,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--app",
         default=DEFAULT_APP,
         metavar="MODULE:APP",
-        help=f"WSGI app to serve (default {DEFAULT_APP}, the routing service)",
+        help=f"your WSGI or ASGI app to serve instead of the routing service ({DEFAULT_APP}); "
+        "cslb's /metrics, /healthz, /readyz and /status are mounted into it "
+        "(workers.mount); for an ASGI app add '-- -k uvicorn_worker.UvicornWorker'",
     )
     srv.add_argument(
         SHM_NAMESPACE.flag,
@@ -184,6 +189,13 @@ def _plan(
         environ[SHM_NAMESPACE.env] = args.shm_namespace
     if args.discovery:
         environ["CSLB_DISCOVERY"] = args.discovery
+    app = args.app
+    if app != DEFAULT_APP:
+        try:
+            environ[MOUNT_APP.env] = MOUNT_APP.convert(app, "flag --app")
+        except KnobError as exc:
+            p.error(str(exc))
+        app = MOUNTED_APP
     for k in ROUTING_KNOBS:
         raw = getattr(args, k.name, None)
         if raw is not None:
@@ -205,7 +217,7 @@ def _plan(
         out += ["--control-socket", args.control_socket]
     else:
         out += ["--no-control-socket"]
-    return [*out, *extra, args.app], args
+    return [*out, *extra, app], args
 
 
 def _cslb_environ(environ: Mapping[str, str]) -> list[str]:
