@@ -164,7 +164,9 @@ def _run(
         from discovery.kube import KubeConfigError, WatchTiming, load_client
 
         try:
-            api, default_ns = load_client(settings["kubeconfig"])
+            api, default_ns = load_client(
+                settings["kubeconfig"], service_account_dir=settings["service_account_dir"]
+            )
         except KubeConfigError as exc:
             return _fail(str(exc))
         namespace = namespace or default_ns
@@ -172,6 +174,7 @@ def _run(
             connect_timeout_s=settings["connect_timeout_s"],
             request_timeout_s=settings["request_timeout_s"],
             watch_timeout_s=settings["watch_timeout_s"],
+            watch_idle_s=settings["watch_idle_s"],
             backoff_s=settings["backoff_s"],
             backoff_max_s=settings["backoff_max_s"],
         )

@@ -164,6 +164,11 @@ class EndpointsFileWatcher:
         self._error: str | None = None
         self.endpoints: list[EndpointSpec] | None = None
 
+    @property
+    def error(self) -> str | None:
+        """Why the file's last read could not be used (``None``: it was good)."""
+        return self._error
+
     def _stat(self) -> tuple[int, int, int, int] | None:
         try:
             st = os.stat(self.path)

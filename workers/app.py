@@ -861,6 +861,7 @@ class CslbApp:
             "generation": h.generation,
             "heartbeat_age_s": None if h.heartbeat_age_s is None else round(h.heartbeat_age_s, 3),
             "publisher_pid": h.writer_pid,
+            "discovery_problem": h.problem or None,
         }
         return (200 if h.ok else 503), _JSON, json.dumps(doc).encode(), []
 

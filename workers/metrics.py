@@ -192,6 +192,9 @@ class Health:
         PID of the publisher (0: unknown).
     endpoints : int | None
         Endpoints of the current table (``None``: no table).
+    problem : str
+        What the publisher reports is wrong with its sources (``""``: nothing), e.g. an
+        API request its service account is forbidden to make.
     """
 
     ok: bool
@@ -200,6 +203,7 @@ class Health:
     heartbeat_age_s: float | None = None
     writer_pid: int = 0
     endpoints: int | None = None
+    problem: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,9 +372,21 @@ class HostMonitor:
             generation = reader.generation()
             pid, beat_age, dead = self._publisher(reader, now)
             endpoints = len(reader.table().endpoints) if generation else None
+            problem = self._problem(reader, now)
         except shm.ShmError as exc:
             return Health(False, self._unavailable(exc))
-        return self._verdict(generation, pid, beat_age, dead, endpoints)
+        return self._verdict(generation, pid, beat_age, dead, endpoints, problem)
+
+    @staticmethod
+    def _problem(reader: shm.TableReader, now: int) -> str:
+        """The publisher's report on its sources, with how long it has lasted."""
+        status = reader.status()
+        if status is None:
+            return ""
+        if not status.problem:
+            return ""
+        age = max(now - status.since_ns, 0) / 1e9 if status.since_ns else None
+        return status.problem + ("" if age is None else f" (for {age:.0f} s)")
 
     def _unavailable(self, exc: shm.ShmError) -> str:
         if isinstance(exc, shm.SegmentMissingError):
@@ -387,22 +403,32 @@ class HostMonitor:
         beat_age: float | None,
         dead: str | None,
         endpoints: int | None,
+        problem: str = "",
     ) -> Health:
         facts = {
             "generation": generation,
             "heartbeat_age_s": beat_age,
             "writer_pid": pid,
             "endpoints": endpoints,
+            "problem": problem if dead is None else "",
         }
         if dead is not None:
             return Health(False, dead, **facts)
         if generation == 0:
-            return Health(False, "discovery has not published a routing table yet", **facts)
+            why = f": {problem}" if problem else ""
+            return Health(False, f"discovery has not published a routing table yet{why}", **facts)
         if endpoints == 0:
             return Health(
                 False,
                 f"the routing table (generation {generation}) has no endpoints: discovery "
                 "found no ready endpoint, so every key falls back to the ingress",
+                **facts,
+            )
+        if problem:
+            return Health(
+                False,
+                f"discovery cannot follow its sources: {problem}; workers route on the last "
+                f"good table (generation {generation})",
                 **facts,
             )
         return Health(True, "ok", **facts)
@@ -436,7 +462,9 @@ class HostMonitor:
             publisher_alive=dead is None,
             knobs=knobs,
             fading=fading,
-            health=self._verdict(generation, pid, beat_age, dead, len(endpoints)),
+            health=self._verdict(
+                generation, pid, beat_age, dead, len(endpoints), self._problem(reader, now)
+            ),
         )
         counters = self._counter_reader()
         if counters is None:
