@@ -196,8 +196,10 @@ def _reader(ns: str) -> shm.TableReader | None:
 class Proc:
     """``cslb ...`` as a child process; stopped by PID at the end of the test."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        full_env = {**os.environ, **(env or {})}
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, replace_env: bool = False
+    ) -> None:
+        full_env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
         self.p = subprocess.Popen(
             [sys.executable, "-m", "cslb", *args],
             cwd=ROOT,
