@@ -57,10 +57,9 @@ def sidecar():
 def test_both_variants_render_and_every_object_is_valid(base, sidecar):
     for docs in (base, sidecar):
         kinds = sorted(d["kind"] for d in docs)
-        assert kinds == sorted(
-            ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Service"]
-            + ["Deployment", "Deployment", "PodMonitor", "PrometheusRule"]
-        )
+        want = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Service"]
+        want += ["Deployment", "Deployment", "PodMonitor", "PrometheusRule"]
+        assert kinds == sorted(want)
         for d in docs:
             assert d["metadata"].get("namespace") == NS, d["metadata"]
             assert check_any(d) == [], d["kind"]
@@ -393,13 +392,15 @@ def test_each_right_taken_away_is_named_in_the_log_and_in_healthz(
 
                 (err, *_) = wait_until(forbidden, 20, "a 403 in the log")
                 assert err["level"] == "error"
-                assert err["forbidden"] == {"verb": verb, "resource": FULL[resource], "namespace": NS}
+                want = {"verb": verb, "resource": FULL[resource], "namespace": NS}
+                assert err["forbidden"] == want
                 assert f"verb '{verb}' on '{FULL[resource]}'" in err["hint"]
                 assert f'cannot {verb} resource "{resource}"' in err["error"]
 
                 def healthz():
                     r = call(app, "GET", "/healthz")
-                    return r if f"forbidden to {verb} {FULL[resource]}" in r.json()["reason"] else None
+                    named = f"forbidden to {verb} {FULL[resource]}" in r.json()["reason"]
+                    return r if named else None
 
                 r = wait_until(healthz, 20, "/healthz to say why")
                 assert r.code == 503
