@@ -3,6 +3,7 @@ with the documented one-liner (``app = mount(app)``)."""
 
 import json
 import os
+import time
 
 from prometheus_client import Counter
 
@@ -16,6 +17,8 @@ def plain(environ, start_response):
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"the user's 404"]
     HELLOS.inc()
+    if environ.get("QUERY_STRING") == "slow":
+        time.sleep(0.2)  # holds this sync worker: the next request goes to another
     start_response("200 OK", [("Content-Type", "application/json")])
     return [json.dumps({"hello": "from the user's app", "pid": os.getpid()}).encode()]
 
