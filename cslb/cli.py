@@ -1,7 +1,11 @@
 """``cslb`` command dispatcher.
 
-Subcommands are imported only when used, so ``cslb route`` never loads the Kubernetes
-client and ``cslb discovery`` never loads gunicorn.
+Every subcommand's argument parsing lives in this package (``cslb.<name>_cmd``, each a
+thin wrapper over its room's function: :func:`discovery.cli.run`,
+:func:`discovery.inspect_cmd.run`, :func:`workers.serve.plan`...); ``bench`` and
+``simulate`` are still parsed by :mod:`perf`. Subcommands are imported only when used,
+so ``cslb route`` never loads the Kubernetes client and ``cslb discovery`` never loads
+gunicorn.
 """
 
 from __future__ import annotations
@@ -14,15 +18,15 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "route": ("cslb.route_cmd", "print which endpoint each key goes to (Skipper's ring)"),
     "discovery": (
-        "discovery.cli",
+        "cslb.discovery_cmd",
         "run the host's discovery process (EndpointSlices/static -> shared-memory tables)",
     ),
     "serve": (
-        "workers.serve",
+        "cslb.serve_cmd",
         "run the routing service under gunicorn with discovery embedded (no cluster needed)",
     ),
     "inspect": (
-        "discovery.inspect_cmd",
+        "cslb.inspect_cmd",
         "print the host's current routing table: generation, endpoints, fades, knobs",
     ),
     "bench": (

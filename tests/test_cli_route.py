@@ -108,3 +108,17 @@ def test_version_prints_the_installed_distributions_version():
         assert p.returncode == 0, p.stderr
         assert p.stdout == f"cslb {importlib.metadata.version('cslb')}\n"
     assert "--version" in cslb("--help").stdout
+
+
+def test_subcommand_argument_parsing_lives_in_the_cslb_package():
+    """The rooms expose functions; only cslb/ (and perf's own bench/simulate) parse argv."""
+    import re
+
+    for room in ("discovery", "workers", "lbcore", "shm"):
+        for path in (ROOT / room).rglob("*.py"):
+            assert not re.search(r"ArgumentParser\(", path.read_text()), path
+    from cslb.cli import COMMANDS
+
+    for name, (module, _) in COMMANDS.items():
+        if name not in ("bench", "simulate"):
+            assert module == f"cslb.{name}_cmd", name

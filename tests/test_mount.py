@@ -107,7 +107,7 @@ def test_cslb_serve_app_mounts_into_an_asgi_app_under_uvicorns_worker(tmp_path: 
 
 
 def test_a_bad_app_spec_is_refused_before_gunicorn_starts() -> None:
-    from workers.serve import command
+    from cslb.serve_cmd import command
 
     env: dict[str, str] = {}
     with pytest.raises(SystemExit):
