@@ -81,6 +81,8 @@ typedef struct {
     PyObject *table_error;
     PyObject *np_integer;   /* numpy.integer, for NumPy integer scalars in a list */
     PyObject *np_empty;     /* numpy.empty */
+    PyObject *np_ndarray;   /* numpy.ndarray */
+    PyObject *argument_error;
     PyObject *dtype_i32, *dtype_u64, *dtype_u8, *dtype_intp;
 } lb_state;
 extern lb_state LB;

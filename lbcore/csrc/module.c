@@ -120,6 +120,8 @@ PyMODINIT_FUNC PyInit__kernel(void)
         !(LB.key_too_long_error = attr("lbcore.errors", "KeyTooLongError")) ||
         !(LB.table_error = attr("lbcore.errors", "TableDataError")) ||
         !(LB.np_integer = attr("numpy", "integer")) || !(LB.np_empty = attr("numpy", "empty")) ||
+        !(LB.np_ndarray = attr("numpy", "ndarray")) ||
+        !(LB.argument_error = attr("lbcore.errors", "ArgumentError")) ||
         !(LB.dtype_i32 = attr("numpy", "int32")) || !(LB.dtype_u64 = attr("numpy", "uint64")) ||
         !(LB.dtype_u8 = attr("numpy", "uint8")) || !(LB.dtype_intp = attr("numpy", "int64")))
         return NULL;

@@ -103,7 +103,7 @@ static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
         return -1;
     }
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "$OOOnnOOOOOOpniKnKOOiKKOLOpn", names, &hashes, &owners, &buckets, &n,
+            args, kw, "$OOOnnOOOOOOpninKOOiKKOLOpn", names, &hashes, &owners, &buckets, &n,
             &views, &eligible, &good, &listed, &elig_count, &single, &loads, &bounded,
             &max_hops, &choice, &fixed_view, &choice_salt, &thresholds, &saturated, &gate,
             &gate_salt, &gate_threshold, &slots, &n_slots, &guard, &closed, &max_key_bytes))

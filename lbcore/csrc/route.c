@@ -489,14 +489,15 @@ PyObject *lb_plan_counter_slots(PyObject *self, PyObject *idx)
         f++;
     if (iv.itemsize != 4 || strcmp(f, "i") != 0) {
         PyBuffer_Release(&iv);
-        PyErr_SetString(PyExc_ValueError, "indices must be a contiguous int32 array");
+        PyErr_SetString(LB.argument_error, "indices must be a contiguous int32 array");
         return NULL;
     }
     const int32_t *in = (const int32_t *)iv.buf;
     Py_ssize_t n = iv.len / 4, routed = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (in[i] < -1 || in[i] >= p->n) {
-            PyErr_Format(PyExc_ValueError, "index %d at position %zd is not in -1..%zd", in[i], i, p->n - 1);
+            PyErr_Format(LB.argument_error, "endpoint index %d at position %zd is not in -1..%zd",
+                         in[i], i, p->n - 1);
             PyBuffer_Release(&iv);
             return NULL;
         }

@@ -16,16 +16,28 @@
 static int take_i64(PyObject *obj, Py_buffer *v, const char *name, int writable)
 {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, v, flags) < 0)
+    if (!PyObject_TypeCheck(obj, (PyTypeObject *)LB.np_ndarray)) {
+        PyErr_Format(PyExc_TypeError, "scatter_add: %s must be a contiguous int64 array", name);
         return -1;
+    }
+    if (PyObject_GetBuffer(obj, v, flags) < 0) {
+        int readonly = writable && PyObject_CheckBuffer(obj);
+        PyErr_Clear();
+        if (readonly && PyObject_GetBuffer(obj, v, flags & ~PyBUF_WRITABLE) == 0) {
+            PyBuffer_Release(v);
+            PyErr_Format(PyExc_TypeError, "scatter_add: %s must be writable", name);
+        } else {
+            PyErr_Format(PyExc_TypeError, "scatter_add: %s must be a contiguous int64 array", name);
+        }
+        return -1;
+    }
     const char *f = v->format == NULL ? "B" : v->format;
     if (*f == '=' || *f == '<' || *f == '@')
         f++;
     int ok = v->itemsize == 8 && f[0] != '\0' && f[1] == '\0' &&
              (f[0] == 'q' || f[0] == 'n' || (f[0] == 'l' && sizeof(long) == 8));
     if (!ok) {
-        PyErr_Format(PyExc_TypeError, "scatter_add: %s must be a contiguous int64 array, got format %s",
-                     name, v->format == NULL ? "B" : v->format);
+        PyErr_Format(PyExc_TypeError, "scatter_add: %s must be a contiguous int64 array", name);
         PyBuffer_Release(v);
         return -1;
     }
@@ -43,18 +55,18 @@ PyObject *lb_scatter_add(PyObject *mod, PyObject *args, PyObject *kwargs)
     Py_buffer tv = {0}, iv = {0}, vv = {0}, ov = {0};
     PyObject *result = NULL;
     int64_t constant = 0;
-    int scalar = PyLong_Check(values_o);
-    if (scalar) {
-        constant = PyLong_AsLongLong(values_o);
-        if (constant == -1 && PyErr_Occurred())
-            return NULL;
-    }
+    int scalar = PyLong_Check(values_o) && !PyBool_Check(values_o);
     if (take_i64(target_o, &tv, "target", 1) < 0)
         return NULL;
     if (take_i64(index_o, &iv, "index", 0) < 0)
         goto done;
-    if (!scalar && take_i64(values_o, &vv, "values", 0) < 0)
+    if (scalar) {
+        constant = PyLong_AsLongLong(values_o);
+        if (constant == -1 && PyErr_Occurred())
+            goto done;
+    } else if (take_i64(values_o, &vv, "values", 0) < 0) {
         goto done;
+    }
     if (offsets_o != Py_None && take_i64(offsets_o, &ov, "offsets", 0) < 0)
         goto done;
     Py_ssize_t cells = tv.len / 8, n = iv.len / 8;
