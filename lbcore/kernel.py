@@ -30,6 +30,9 @@ from lbcore.knobs import KERNEL
 
 __all__ = ["batch_of", "hash_keys", "kernel_name", "native", "scatter_add", "use_kernel"]
 
+#: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
+ABI = 1
+
 _native: ModuleType | None = None
 _native_error: str | None = None
 _active = "numpy"
@@ -44,7 +47,15 @@ def _load_native() -> ModuleType | None:
         except ImportError as exc:
             _native_error = f"{type(exc).__name__}: {exc}"
         else:
-            _native = _kernel
+            abi = getattr(_kernel, "ABI", None)
+            if abi != ABI:  # built from other sources: a stale in-place build
+                _native_error = (
+                    f"lbcore/_kernel was built from other sources (interface {abi}, this "
+                    f"lbcore needs {ABI}); reinstall cslb to rebuild it"
+                )
+            else:
+                _kernel.configure(batch_of)
+                _native = _kernel
     return _native
 
 
@@ -187,8 +198,7 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
     k = _native if _active == "native" else None
     if k is None:
         return hashing.hash_keys(keys, max_key_bytes=limit)
-    batch, kind = batch_of(keys)
-    return k.hash_keys(batch, kind, -1 if limit is None else limit)
+    return k.hash_keys(keys, None, -1 if limit is None else limit)
 
 
 # --------------------------------------------------------------------------------------

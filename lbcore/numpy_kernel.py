@@ -66,7 +66,7 @@ def _valid(plan: Plan) -> bool:
 
 
 def route(plan: Plan, keys: Any, kind: Any, attempt: int) -> tuple[np.ndarray, int, int, bool]:
-    """:meth:`lbcore.plan.Plan.route` on arrays (``kind`` is the native kernel's; unused)."""
+    """:meth:`lbcore.plan.Plan.route` on arrays (``kind``: the native kernel's, unused)."""
     return route_hashes(plan, hash_keys(keys, max_key_bytes=plan.max_key_bytes), attempt)
 
 

@@ -424,11 +424,7 @@ class Plan:
         """
         if attempt.__class__ is not int or attempt < 0:
             attempt = _check_attempt(attempt)
-        tk = keys.__class__
-        if tk is list or tk is tuple:
-            return self._route(keys, None, attempt)
-        batch, kind = _kernel.batch_of(keys)
-        return self._route(batch, kind, attempt)
+        return self._route(keys, None, attempt)
 
     def route_hashes(
         self, hashes: np.ndarray, attempt: int = 0

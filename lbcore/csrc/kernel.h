@@ -19,6 +19,9 @@
 #error "lbcore's kernel needs GCC or Clang (__atomic builtins, the C11 memory model)"
 #endif
 
+/* The interface version lbcore.kernel expects (bump on any change of the Python API). */
+#define LB_ABI 1
+
 /* C11 memory-model operations through the compiler's __atomic builtins (the same
  * semantics as <stdatomic.h>, available in C99 mode). */
 #define LOAD_RELAXED(p) __atomic_load_n((p), __ATOMIC_RELAXED)
@@ -49,6 +52,7 @@ enum lb_array_kind { LB_INT = 'i', LB_UINT = 'u', LB_BYTES = 'S', LB_UCS4 = 'U' 
 
 typedef struct {
     PyObject *seq;      /* a list or tuple (borrowed from the caller), or NULL */
+    PyObject *owned;    /* a batch converted by lbcore.kernel.batch_of (owned), or NULL */
     Py_buffer view;     /* an array's buffer when seq is NULL */
     int kind;           /* enum lb_array_kind for arrays */
     Py_ssize_t itemsize;
@@ -83,6 +87,7 @@ typedef struct {
     PyObject *np_empty;     /* numpy.empty */
     PyObject *np_ndarray;   /* numpy.ndarray */
     PyObject *argument_error;
+    PyObject *batch_of;     /* lbcore.kernel.batch_of: any other batch to a list or array */
     PyObject *dtype_i32, *dtype_u64, *dtype_u8, *dtype_intp;
 } lb_state;
 extern lb_state LB;

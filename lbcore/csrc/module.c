@@ -83,7 +83,21 @@ static PyObject *k_floor(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLongLong(sum);
 }
 
+/* configure(batch_of): lbcore.kernel hands over its batch normalizer once it loaded us. */
+static PyObject *k_configure(PyObject *mod, PyObject *batch_of)
+{
+    (void)mod;
+    if (!PyCallable_Check(batch_of)) {
+        PyErr_SetString(PyExc_TypeError, "configure(batch_of): a callable");
+        return NULL;
+    }
+    Py_INCREF(batch_of);
+    Py_XSETREF(LB.batch_of, batch_of);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"configure", k_configure, METH_O, "configure(batch_of): set by lbcore.kernel"},
     {"xxh64", k_xxh64, METH_O, "xxh64(data) -> int: XXH64, seed 0"},
     {"hash_keys", (PyCFunction)(void (*)(void))k_hash_keys, METH_FASTCALL,
      "hash_keys(keys, kind, max_key_bytes) -> uint64 array (max_key_bytes -1: no limit)"},
@@ -109,6 +123,17 @@ static PyObject *attr(const char *module, const char *name)
     return a;
 }
 
+/* numpy.dtype(name): an instance, which numpy.empty takes without converting it. */
+static PyObject *dtype(const char *name)
+{
+    PyObject *make = attr("numpy", "dtype");
+    if (make == NULL)
+        return NULL;
+    PyObject *d = PyObject_CallFunction(make, "s", name);
+    Py_DECREF(make);
+    return d;
+}
+
 PyMODINIT_FUNC PyInit__kernel(void)
 {
     if (sizeof(Py_ssize_t) != 8) {
@@ -122,8 +147,8 @@ PyMODINIT_FUNC PyInit__kernel(void)
         !(LB.np_integer = attr("numpy", "integer")) || !(LB.np_empty = attr("numpy", "empty")) ||
         !(LB.np_ndarray = attr("numpy", "ndarray")) ||
         !(LB.argument_error = attr("lbcore.errors", "ArgumentError")) ||
-        !(LB.dtype_i32 = attr("numpy", "int32")) || !(LB.dtype_u64 = attr("numpy", "uint64")) ||
-        !(LB.dtype_u8 = attr("numpy", "uint8")) || !(LB.dtype_intp = attr("numpy", "int64")))
+        !(LB.dtype_i32 = dtype("int32")) || !(LB.dtype_u64 = dtype("uint64")) ||
+        !(LB.dtype_u8 = dtype("uint8")) || !(LB.dtype_intp = dtype("int64")))
         return NULL;
     if (PyType_Ready(&LB_PlanType) < 0)
         return NULL;
@@ -131,7 +156,9 @@ PyMODINIT_FUNC PyInit__kernel(void)
     if (m == NULL)
         return NULL;
     Py_INCREF(&LB_PlanType);
-    if (PyModule_AddObject(m, "Plan", (PyObject *)&LB_PlanType) < 0) {
+    /* lbcore.kernel loads only a module built from the sources it was shipped with. */
+    if (PyModule_AddIntConstant(m, "ABI", LB_ABI) < 0 ||
+        PyModule_AddObject(m, "Plan", (PyObject *)&LB_PlanType) < 0) {
         Py_DECREF(&LB_PlanType);
         Py_DECREF(m);
         return NULL;
