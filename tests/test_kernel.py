@@ -14,7 +14,7 @@ import xxhash
 
 import lbcore
 from lbcore import hashing
-from lbcore import kernel as K
+from lbcore import kernel as lbkernel
 from lbcore.knobs import KERNEL, docs_table
 
 ROOT = Path(__file__).parents[1]
@@ -38,7 +38,7 @@ def test_this_install_routes_on_the_native_kernel():
     if os.environ.get("CSLB_KERNEL") == "numpy":
         assert lbcore.kernel_name() == "numpy"
     else:
-        assert lbcore.kernel_name() == "native", K._native_error
+        assert lbcore.kernel_name() == "native", lbkernel._native_error
 
 
 def test_cslb_kernel_is_read_at_import():
@@ -104,7 +104,7 @@ def test_the_kernel_knob_is_declared_and_documented():
 
 
 def test_xxh64_matches_the_xxhash_package_on_every_length_and_many_inputs():
-    native = K._load_native()
+    native = lbkernel._load_native()
     rng = np.random.default_rng(64)
     for length in [*range(0, 130), 255, 256, 1000, 4095, 4096, 4097, 65537]:
         for _ in range(6):
@@ -208,7 +208,7 @@ def test_long_batches_are_judged_a_reference_block_at_a_time(kernel):
     # More than two reference blocks: the first block with a bad key decides, as the
     # reference hashes it (a too-long key in block 0 wins over a bad type in block 1).
     n = 2 * hashing.BLOCK + 10
-    keys = ["k%06d" % i for i in range(n)]
+    keys = [f"k{i:06d}" for i in range(n)]
     keys[5] = "y" * 50
     keys[hashing.BLOCK + 3] = 1.5
     for batch in (keys, tuple(keys)):
@@ -217,7 +217,7 @@ def test_long_batches_are_judged_a_reference_block_at_a_time(kernel):
         with pytest.raises(lbcore.KeyTooLongError) as got:
             lbcore.hash_keys(batch, max_key_bytes=20)
         assert str(got.value) == str(want.value)
-    ok = ["k%06d" % i for i in range(n)]
+    ok = [f"k{i:06d}" for i in range(n)]
     assert lbcore.hash_keys(ok).tolist() == hashing.hash_keys(ok).tolist()
 
 
