@@ -318,3 +318,55 @@ def test_scatter_add_refuses_a_read_only_row(kernel):
     row.flags.writeable = False
     with pytest.raises(TypeError, match="writable"):
         lbcore.scatter_add(row, np.array([0], np.int64), 1)
+
+
+@pytest.mark.slow
+def test_a_build_without_a_compiler_installs_and_routes_on_the_numpy_kernel(tmp_path):
+    """What a user without gcc gets: the install succeeds, lbcore warns once and routes."""
+    import shutil
+
+    copy = tmp_path / "src"
+    copy.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, copy / name)
+    shutil.copytree(
+        ROOT / "lbcore", copy / "lbcore", ignore=shutil.ignore_patterns("*.so", "__pycache__")
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("CSLB_KERNEL", "LD_PRELOAD")}
+    build = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--inplace"],
+        cwd=copy,
+        env={**env, "CC": "/bin/false"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    assert 'building extension "lbcore._kernel" failed' in build.stdout + build.stderr
+    assert not list((copy / "lbcore").glob("_kernel*.so"))
+    use = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "default",
+            "-c",
+            # (This venv's editable install would find the checkout's build: only the
+            # copy's lbcore, which has none, may be imported.)
+            "import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+            "if 'editable' not in repr(f).lower()]; "
+            "import lbcore; print(lbcore.kernel_name()); "
+            "rs = lbcore.RingSet(['http://10.0.0.1:80', 'http://10.0.0.2:80']); "
+            "print(lbcore.Plan(rs, 0).route(['SKU-1', 5, b'x'])[0].tolist())",
+        ],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert use.returncode == 0, use.stderr
+    name, answer = use.stdout.splitlines()
+    assert name == "numpy"
+    assert use.stderr.count("native kernel not available") == 1
+    want = lbcore.Plan(lbcore.RingSet(["http://10.0.0.1:80", "http://10.0.0.2:80"]), 0)
+    assert answer == str(want.route(["SKU-1", 5, b"x"])[0].tolist())
