@@ -7,6 +7,8 @@ type. Both kernels must give the same indices, counts, exceptions and counter ce
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,7 +31,13 @@ blob = st.binary(max_size=20) | st.sampled_from([b"", b"\0", b"\xff" * 4096])
 integer = st.integers(min_value=-(2**63), max_value=2**65) | st.sampled_from(
     [0, -1, 2**63 - 1, -(2**63), 2**63, 2**64 - 1, 2**64]
 )
-key = text | blob | integer | blob.map(bytearray) | integer.filter(lambda v: 0 <= v < 2**64).map(np.uint64)
+key = (
+    text
+    | blob
+    | integer
+    | blob.map(bytearray)
+    | integer.filter(lambda v: 0 <= v < 2**64).map(np.uint64)
+)
 bad = st.sampled_from([1.5, None, True, "\ud800", object()])
 
 
@@ -64,7 +72,7 @@ def plans(draw):
     parts = [0, *cuts, n]
     rs = RingSet(eps[: parts[1]] or eps[:1], duration_ns=D, vnodes=vnodes)
     start = 0
-    for a, b in zip(parts[1:-1], parts[2:], strict=True):
+    for a, b in itertools.pairwise(parts):
         start += draw(st.integers(0, D))
         rs = rs.scale_up(eps[max(a, 1) : b], start)
     n = len(rs.endpoints)
@@ -143,6 +151,10 @@ def test_native_and_numpy_agree_on_every_position(args, attempt):
             return answer.tolist(), moved.tolist(), []
         h = plan.master.hashes.copy()  # keys exactly on ring points, and just past them
         h2 = h + np.uint64(1)
-        return answer.tolist(), moved.tolist(), plan.route_hashes(np.concatenate((h, h2)), attempt)[0].tolist()
+        return (
+            answer.tolist(),
+            moved.tolist(),
+            plan.route_hashes(np.concatenate((h, h2)), attempt)[0].tolist(),
+        )
 
     assert on("native", every_position) == on("numpy", every_position)
