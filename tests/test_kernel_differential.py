@@ -72,7 +72,7 @@ def plans(draw):
     parts = [0, *cuts, n]
     rs = RingSet(eps[: parts[1]] or eps[:1], duration_ns=D, vnodes=vnodes)
     start = 0
-    for a, b in itertools.pairwise(parts):
+    for a, b in itertools.pairwise(parts[1:]):
         start += draw(st.integers(0, D))
         rs = rs.scale_up(eps[max(a, 1) : b], start)
     n = len(rs.endpoints)
