@@ -1,9 +1,12 @@
 """cslb's routing core: pure routing math over NumPy arrays.
 
 Skipper-exact consistent hashing (:class:`Ring`), bounded load (:mod:`lbcore.bounded`),
-N-ring and Skipper fade-in (:mod:`lbcore.fade`), the rollout gate (:mod:`lbcore.gate`)
-and load signals (:mod:`lbcore.signals`). No I/O, no processes, no implicit clocks: time
-and loads are arguments.
+N-ring and Skipper fade-in (:mod:`lbcore.fade`), the rollout gate (:mod:`lbcore.gate`),
+load signals (:mod:`lbcore.signals`), and the routing plan a worker asks per batch
+(:class:`lbcore.plan.Plan`), answered by one of two kernels (:mod:`lbcore.kernel`: the
+compiled C kernel or the NumPy reference, :func:`kernel_name`). No I/O, no processes, no
+implicit clocks: time and loads are arguments. The one setting read from the
+environment is ``CSLB_KERNEL``, once, at import.
 """
 
 from lbcore import bounded, fade, gate, signals
@@ -21,10 +24,13 @@ from lbcore.errors import (
     KeyTypeError,
     LBCoreError,
     LoadError,
+    TableDataError,
 )
 from lbcore.fade import RingSet, fade_share, fadein_filter, fadein_score
 from lbcore.gate import FALLBACK, Gate
-from lbcore.hashing import MAX_KEY_BYTES, hash_keys
+from lbcore.hashing import MAX_KEY_BYTES
+from lbcore.kernel import hash_keys, kernel_name, scatter_add, use_kernel
+from lbcore.plan import Plan
 from lbcore.ring import DEFAULT_VNODES, Ring
 from lbcore.signals import effective_load, occupancy
 
@@ -44,8 +50,10 @@ __all__ = [
     "KeyTypeError",
     "LBCoreError",
     "LoadError",
+    "Plan",
     "Ring",
     "RingSet",
+    "TableDataError",
     "bounded",
     "default_key",
     "effective_load",
@@ -55,7 +63,10 @@ __all__ = [
     "fadein_score",
     "gate",
     "hash_keys",
+    "kernel_name",
     "occupancy",
     "redirect_table",
+    "scatter_add",
     "signals",
+    "use_kernel",
 ]

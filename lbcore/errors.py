@@ -49,3 +49,7 @@ class FadeError(LBCoreError, ValueError):
 
 class GateError(LBCoreError, ValueError):
     """A rollout-gate setting is out of range."""
+
+
+class TableDataError(LBCoreError, ValueError):
+    """A ring table holds an entry out of range: damaged, or rewritten while it was read."""
