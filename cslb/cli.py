@@ -1,7 +1,11 @@
 """``cslb`` command dispatcher.
 
-Subcommands are imported only when used, so ``cslb route`` never loads the Kubernetes
-client and ``cslb discovery`` never loads gunicorn.
+Every subcommand's argument parsing lives in this package (``cslb.<name>_cmd``, each a
+thin wrapper over its room's function: :func:`discovery.cli.run`,
+:func:`discovery.inspect_cmd.run`, :func:`workers.serve.plan`...); ``bench`` and
+``simulate`` are still parsed by :mod:`perf`. Subcommands are imported only when used,
+so ``cslb route`` never loads the Kubernetes client and ``cslb discovery`` never loads
+gunicorn.
 """
 
 from __future__ import annotations
@@ -14,15 +18,15 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "route": ("cslb.route_cmd", "print which endpoint each key goes to (Skipper's ring)"),
     "discovery": (
-        "discovery.cli",
+        "cslb.discovery_cmd",
         "run the host's discovery process (EndpointSlices/static -> shared-memory tables)",
     ),
     "serve": (
-        "workers.serve",
+        "cslb.serve_cmd",
         "run the routing service under gunicorn with discovery embedded (no cluster needed)",
     ),
     "inspect": (
-        "discovery.inspect_cmd",
+        "cslb.inspect_cmd",
         "print the host's current routing table: generation, endpoints, fades, knobs",
     ),
     "bench": (
@@ -38,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(len(n) for n in COMMANDS)
-    lines = ["usage: cslb COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: cslb [--version] COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
     lines += ["", "Run 'cslb COMMAND --help' for a command's options."]
     return "\n".join(lines)
@@ -50,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("--version", "-V"):
+        from cslb import __version__
+
+        print(f"cslb {__version__}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"cslb: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

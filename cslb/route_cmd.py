@@ -7,7 +7,7 @@ import json
 import sys
 
 import lbcore
-from discovery.static import EndpointsFileError, EndpointSpec, load_endpoints_file
+from discovery.static import EndpointsFileError, EndpointSpec, load_endpoints_file, parse_endpoints
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     try:
         if args.endpoints_file:
             specs.extend(load_endpoints_file(args.endpoints_file))
-        specs.extend(EndpointSpec(e) for e in args.endpoint)
+        specs.extend(parse_endpoints(list(args.endpoint), "--endpoint"))
         if not specs:
             raise EndpointsFileError(
                 "no endpoints: give --endpoint URL ... or --endpoints-file FILE"

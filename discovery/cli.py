@@ -20,7 +20,6 @@ crashed (the tables then stay for the next process to take over).
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -30,16 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from discovery.events import EventLog
-from discovery.settings import DISCOVERY_KNOBS, LAYERED_KNOBS, OUTLIER_KNOBS, KnobState
-from discovery.static import EndpointsFileError, EndpointSpec, parse_endpoints
-from lbcore.knobs import ROUTING_KNOBS, KnobError, add_arguments, from_args
+from discovery.settings import KnobState
+from discovery.static import EndpointSpec
 
 __all__ = [
     "EXAMPLE_ENDPOINTS",
     "NoEndpointSourceError",
-    "build_parser",
     "default_endpoints_file",
-    "main",
+    "fail",
+    "run",
 ]
 
 #: The static example file, relative to the current directory or the source tree.
@@ -85,79 +83,25 @@ def default_endpoints_file(
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``cslb discovery``."""
-    p = argparse.ArgumentParser(
-        prog="cslb discovery",
-        description=(
-            "Run the host's discovery process: watch a Service's EndpointSlices (list+watch "
-            "with bookmarks, relist on 410, jittered backoff) and/or static endpoints, fold "
-            "bursts with a debounce, fade new pods in ring by ring, and publish the ring "
-            "set with the routing knobs into shared memory. Every option also reads its "
-            "CSLB_* environment variable; flags win."
-        ),
-    )
-    src = p.add_argument_group("endpoint sources and process settings")
-    add_arguments(src, DISCOVERY_KNOBS)
-    src.add_argument(
-        "--endpoint",
-        "-e",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="a static endpoint address, verbatim as Skipper hashes it (scheme://ip:port); "
-        "repeatable",
-    )
-    knobs = p.add_argument_group(
-        "routing knobs (published with the tables; a --configmap overrides them at runtime)"
-    )
-    add_arguments(knobs, ROUTING_KNOBS)
-    outlier = p.add_argument_group(
-        "outlier detection (decided here for the whole host; a --configmap overrides it at runtime)"
-    )
-    add_arguments(outlier, OUTLIER_KNOBS)
-    return p
-
-
-def _fail(msg: str, code: int = 2) -> int:
+def fail(msg: str, code: int = 2) -> int:
+    """Print ``msg`` as ``cslb discovery``'s error; returns ``code``."""
     print(f"cslb discovery: {msg}", file=sys.stderr)
     return code
 
 
-def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
-    """Run ``cslb discovery``; returns the exit status."""
-    env = os.environ if environ is None else environ
-    args = build_parser().parse_args(argv)
-    try:
-        settings = from_args(args, env, DISCOVERY_KNOBS)
-        routing = from_args(args, env, LAYERED_KNOBS)
-        static: list[EndpointSpec] = parse_endpoints(list(args.endpoint), "--endpoint")
-    except (KnobError, EndpointsFileError) as exc:
-        return _fail(str(exc))
-    default = None
-    if not (settings["service"] or settings["endpoints_file"] or static):
-        try:
-            default = default_endpoints_file(os.getcwd(), env)
-        except NoEndpointSourceError as exc:
-            return _fail(str(exc))
-        settings["endpoints_file"] = str(default)
-    log = EventLog(sys.stderr, level=settings["log_level"])
-    if default is not None:
-        log.warning(
-            "endpoints_file_default",
-            path=str(default),
-            why="no --service, --endpoints-file or --endpoint given (and not in a cluster)",
-            note="static example endpoints, for running without a cluster",
-        )
-    return _run(settings, routing, static, log)
-
-
-def _run(
+def run(
     settings: dict[str, Any],
     routing: dict[str, Any],
     static: list[EndpointSpec],
     log: EventLog,
 ) -> int:
+    """Run the discovery process until SIGTERM/SIGINT; returns the exit status.
+
+    ``settings``: :data:`discovery.settings.DISCOVERY_KNOBS` values (an endpoints file
+    already chosen); ``routing``: the routing and outlier knobs; ``static``: ``--endpoint``
+    entries.
+    ``cslb discovery`` (:mod:`cslb.discovery_cmd`) parses the command line and calls this.
+    """
     import shm
     from discovery.publisher import Publisher
     from discovery.service import Discovery
@@ -168,21 +112,24 @@ def _run(
         from discovery.kube import KubeConfigError, WatchTiming, load_client
 
         try:
-            api, default_ns = load_client(settings["kubeconfig"])
+            api, default_ns = load_client(
+                settings["kubeconfig"], service_account_dir=settings["service_account_dir"]
+            )
         except KubeConfigError as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
         namespace = namespace or default_ns
         timing = WatchTiming(
             connect_timeout_s=settings["connect_timeout_s"],
             request_timeout_s=settings["request_timeout_s"],
             watch_timeout_s=settings["watch_timeout_s"],
+            watch_idle_s=settings["watch_idle_s"],
             backoff_s=settings["backoff_s"],
             backoff_max_s=settings["backoff_max_s"],
         )
     try:
         publisher = Publisher(settings["shm_namespace"])
     except (shm.ShmError, OSError) as exc:
-        return _fail(f"cannot publish into shared memory: {exc}", 1)
+        return fail(f"cannot publish into shared memory: {exc}", 1)
     disc = Discovery(
         publisher,
         KnobState(routing),
@@ -193,6 +140,7 @@ def _run(
         file_poll_s=settings["file_poll_s"],
         configmap_wait_s=settings["configmap_wait_s"],
         removals_at_once=settings["removals_at_once"],
+        drop_warn_share=settings["drop_warn_share"],
     )
     if static:
         disc.add_list(static)

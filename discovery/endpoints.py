@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from discovery.address import format_address
 from discovery.static import EndpointSpec
 
 __all__ = [
@@ -99,13 +100,6 @@ class ParsedSlice:
     endpoints: tuple[SliceEndpoint, ...]
     problems: tuple[str, ...] = field(default=())
     port: int | None = None
-
-
-def format_address(scheme: str, host: str, port: int) -> str:
-    """``scheme://host:port``, with an IPv6 host in brackets (like Go's JoinHostPort)."""
-    if ":" in host:
-        return f"{scheme}://[{host}]:{port}"
-    return f"{scheme}://{host}:{port}"
 
 
 def _opt_str(obj: Mapping[str, Any], key: str, where: str) -> str:

@@ -18,7 +18,6 @@ arguments.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -29,10 +28,10 @@ from typing import Any
 import shm
 from discovery.settings import PUBLISHED_KNOBS, SHM_NAMESPACE, seconds_at_least
 from lbcore.fade import fadein_score
-from lbcore.knobs import Knob, KnobError, add_arguments, from_args
+from lbcore.knobs import Knob
 from lbcore.outlier import EJECT_REASONS
 
-__all__ = ["INSPECT_KNOBS", "build_parser", "main", "snapshot"]
+__all__ = ["INSPECT_KNOBS", "run", "snapshot"]
 
 #: ``--stale-after``: when a publisher counts as dead.
 STALE_AFTER = Knob(
@@ -48,17 +47,6 @@ STALE_AFTER = Knob(
 
 #: Settings of ``cslb inspect`` (the namespace is discovery's own declaration).
 INSPECT_KNOBS: tuple[Knob, ...] = (SHM_NAMESPACE, STALE_AFTER)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``cslb inspect``."""
-    p = argparse.ArgumentParser(
-        prog="cslb inspect",
-        description="Print the routing table the host's workers use (from shared memory).",
-    )
-    add_arguments(p, INSPECT_KNOBS)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    return p
 
 
 def snapshot(namespace: str, *, stale_after_s: float = 5.0) -> dict[str, Any]:
@@ -246,14 +234,11 @@ def _fmt(name: str, v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
-    """Run ``cslb inspect``; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    try:
-        settings = from_args(args, os.environ if environ is None else environ, INSPECT_KNOBS)
-    except KnobError as exc:
-        print(f"cslb inspect: {exc}", file=sys.stderr)
-        return 2
+def run(settings: Mapping[str, Any], *, as_json: bool = False) -> int:
+    """Print the namespace's table (``settings``: :data:`INSPECT_KNOBS` values); exit status.
+
+    ``cslb inspect`` (:mod:`cslb.inspect_cmd`) parses the command line and calls this.
+    """
     ns = settings["shm_namespace"]
     try:
         s = snapshot(ns, stale_after_s=settings["stale_after_s"])
@@ -268,7 +253,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
         print(f"cslb inspect: cannot read the tables of {ns!r}: {exc}", file=sys.stderr)
         return 1
     status = 0 if s["publisher_alive"] else 3
-    out = json.dumps(s, indent=2) if args.json else _text(s)
+    out = json.dumps(s, indent=2) if as_json else _text(s)
     try:
         sys.stdout.write(out + "\n")
         sys.stdout.flush()

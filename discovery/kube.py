@@ -43,12 +43,14 @@ from typing import Any, Generic, TypeVar
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.incluster_config import InClusterConfigLoader
 from kubernetes.watch.watch import iter_resp_lines
 from urllib3.exceptions import ReadTimeoutError
 
 from discovery.endpoints import ParsedSlice, merge_slices, parse_slice
 from discovery.events import EventLog
 from discovery.static import EndpointSpec
+from discovery.watchdog import StallCheck
 
 __all__ = [
     "SERVICE_NAME_LABEL",
@@ -88,24 +90,39 @@ class _ExpiredError(Exception):
     """The server no longer has the requested resource version: relist."""
 
 
-def load_client(kubeconfig: str = "") -> tuple[k8s_client.ApiClient, str]:
+def load_client(
+    kubeconfig: str = "",
+    *,
+    service_account_dir: str = _SA_DIR,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[k8s_client.ApiClient, str]:
     """An API client and the default namespace.
 
-    ``kubeconfig`` given: that file (its current context's namespace). Otherwise the pod's
-    service account when running in a cluster, else ``$KUBECONFIG`` / ``~/.kube/config``.
+    ``kubeconfig`` given: that file (its current context's namespace). Otherwise, in a
+    cluster (``KUBERNETES_SERVICE_HOST`` set), the pod's service account: the API at
+    ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``, verified against
+    ``ca.crt`` and authenticated with ``token`` (re-read every minute, so a rotated
+    token is picked up) from ``service_account_dir``, whose ``namespace`` file is the
+    default namespace. Else ``$KUBECONFIG`` / ``~/.kube/config``.
 
     Raises
     ------
     KubeConfigError
         Naming what was tried.
     """
+    env = os.environ if environ is None else environ
     cfg = k8s_client.Configuration()
     namespace = ""
+    in_cluster = not kubeconfig and bool(env.get("KUBERNETES_SERVICE_HOST"))
     try:
-        if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=cfg)
+        if in_cluster:
+            InClusterConfigLoader(
+                token_filename=os.path.join(service_account_dir, "token"),
+                cert_filename=os.path.join(service_account_dir, "ca.crt"),
+                environ=env,
+            ).load_and_set(cfg)
             try:
-                with open(f"{_SA_DIR}/namespace", encoding="utf-8") as fh:
+                with open(os.path.join(service_account_dir, "namespace"), encoding="utf-8") as fh:
                     namespace = fh.read().strip()
             except OSError:
                 namespace = ""
@@ -117,7 +134,11 @@ def load_client(kubeconfig: str = "") -> tuple[k8s_client.ApiClient, str]:
             _, current = k8s_config.list_kube_config_contexts(path)
             namespace = (current or {}).get("context", {}).get("namespace", "") or ""
     except (k8s_config.ConfigException, OSError, TypeError, ValueError) as exc:
-        where = kubeconfig or "in-cluster service account or default kubeconfig"
+        where = kubeconfig or (
+            f"in-cluster service account in {service_account_dir}"
+            if in_cluster
+            else "default kubeconfig"
+        )
         raise KubeConfigError(f"cannot load Kubernetes configuration ({where}): {exc}") from None
     # Retries are ours (jittered backoff, logged); urllib3 must not retry silently.
     cfg.retries = False
@@ -137,6 +158,10 @@ class WatchTiming:
     watch_timeout_s
         Server-side watch timeout; each watch asks for a random whole number of seconds
         in ``[t, 2t]`` (``timeoutSeconds`` is an integer).
+    watch_idle_s
+        Silence of a watch after which it is checked with a list (:mod:`discovery.watchdog`);
+        the check's own request gets at most ``(4, 9)`` seconds (connect, read), so a
+        stalled watch is replaced within about 30 s with the defaults.
     backoff_s, backoff_max_s
         First and longest retry delay after an error.
     """
@@ -144,6 +169,7 @@ class WatchTiming:
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 90.0
     watch_timeout_s: float = 300.0
+    watch_idle_s: float = 15.0
     backoff_s: float = 0.8
     backoff_max_s: float = 30.0
 
@@ -291,6 +317,9 @@ class ListWatch(Generic[T]):
     ----------
     kind
         Object kind for logs (``EndpointSlice``, ``ConfigMap``).
+    resource
+        The resource as RBAC names it (``endpointslices.discovery.k8s.io``,
+        ``configmaps``), for errors and the publisher's status.
     list_call
         The client's list function, e.g. ``DiscoveryV1Api(c).list_namespaced_endpoint_slice``.
     namespace
@@ -319,6 +348,7 @@ class ListWatch(Generic[T]):
         self,
         *,
         kind: str,
+        resource: str = "",
         list_call: Callable[..., Any],
         namespace: str,
         selectors: Mapping[str, str],
@@ -330,6 +360,7 @@ class ListWatch(Generic[T]):
         requests: RequestTracker | None = None,
     ) -> None:
         self.kind = kind
+        self.resource = resource or kind.lower() + "s"
         self.list_call = list_call
         self.namespace = namespace
         self.selectors = dict(selectors)
@@ -351,13 +382,34 @@ class ListWatch(Generic[T]):
         # Expirations since the watch last delivered something: the first relists at
         # once, the next ones wait on the backoff.
         self._expired_in_a_row = 0
+        # Resource version of every object the list and the watch delivered, valid or
+        # not: what a stall check compares a fresh list with.
+        self._rvs: dict[str, str] = {}
+        self._problem: tuple[str, int] | None = None  # (what fails, since: monotonic ns)
+        self._stalled: str | None = None  # set by the stall check when it cuts the watch
+        self.stall_check = StallCheck(
+            idle_s=timing.watch_idle_s,
+            verify=self._verify,
+            cut=self._cut_stalled,
+            stop=self._stop,
+            name=f"stall-check-{kind}",
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Run the list+watch loop in a daemon thread."""
+        """Run the list+watch loop in a daemon thread (and its stall check in another)."""
         self._thread = threading.Thread(target=self.run, name=f"informer-{self.kind}", daemon=True)
         self._thread.start()
+        self.stall_check.start()
+
+    def problem(self) -> tuple[str, int] | None:
+        """What keeps this informer from following the API, and since when.
+
+        ``(description, CLOCK_MONOTONIC ns of the first failure in a row)``, or ``None``
+        while its last request succeeded.
+        """
+        return self._problem
 
     def stop(self, timeout_s: float = 5.0) -> bool:
         """Stop the loop and wait for its thread (at most ``timeout_s`` seconds).
@@ -389,7 +441,8 @@ class ListWatch(Generic[T]):
             thread.join(min(left, 0.05))
             if self._stop.is_set():
                 self._interrupt()
-        return not thread.is_alive()
+        checker = self.stall_check.join(max(deadline - time.monotonic(), 0.0))
+        return not thread.is_alive() and checker
 
     def _interrupt(self) -> None:
         resp = self._resp
@@ -397,6 +450,8 @@ class ListWatch(Generic[T]):
             _shutdown(resp)
         if self._requests is not None and self._thread_ident is not None:
             self._requests.interrupt(self._thread_ident)
+        if self._requests is not None and self.stall_check.ident is not None:
+            self._requests.interrupt(self.stall_check.ident)
 
     @property
     def stopped(self) -> bool:
@@ -420,6 +475,9 @@ class ListWatch(Generic[T]):
             except Exception as exc:
                 if self._stop.is_set():
                     break
+                if op == "watch" and self._stalled is not None:
+                    self._stalled = None  # cut by the stall check (logged there): resume
+                    continue
                 desc, status = _describe(exc)
                 if status == 410:
                     self._expired(desc)
@@ -437,16 +495,37 @@ class ListWatch(Generic[T]):
                     continue
                 delay = self.backoff.next()
                 self.stats["errors"] += 1
+                fields: dict[str, Any] = {}
+                what = f"cannot {op} {self.resource} in namespace {self.namespace}: {desc}"
+                if status == 403:
+                    fields = {
+                        "forbidden": {
+                            "verb": op,
+                            "resource": self.resource,
+                            "namespace": self.namespace,
+                        },
+                        "hint": f"RBAC: the service account needs verb '{op}' on "
+                        f"'{self.resource}' in namespace '{self.namespace}' (a Role and "
+                        "RoleBinding, see deploy/kubernetes/rbac.yaml)",
+                    }
+                    what = (
+                        f"forbidden to {op} {self.resource} in namespace {self.namespace} "
+                        f"(RBAC: grant verb '{op}' on '{self.resource}'): {desc}"
+                    )
+                since = self._problem[1] if self._problem else time.monotonic_ns()
+                self._problem = (f"{what} ({self.backoff.failures} failures)", since)
                 self.log.error(
                     "api_error",
                     kind=self.kind,
                     op=op,
+                    resource=self.resource,
                     error=desc,
                     status=status,
                     failures=self.backoff.failures,
                     retry_in_s=round(delay, 3),
                     resource_version=self.resource_version,
                     keeping=f"last good state ({len(self.store)} objects)",
+                    **fields,
                 )
                 self._stop.wait(delay)
 
@@ -500,6 +579,8 @@ class ListWatch(Generic[T]):
                 f"(keys: {sorted(doc)})"
             )
         store: dict[str, T] = {}
+        self._rvs = {_name_of(o): _rv_of(o) for o in items if _name_of(o)}
+        self._problem = None
         for obj in items:
             name = _name_of(obj)
             try:
@@ -554,6 +635,7 @@ class ListWatch(Generic[T]):
         return max(1, round(self._rng.uniform(t, 2.0 * t)))
 
     def _watch(self) -> None:
+        self._stalled = None
         server_timeout = self.watch_timeout()
         rv = self.resource_version
         t0 = time.monotonic()
@@ -568,15 +650,18 @@ class ListWatch(Generic[T]):
             _request_timeout=self._timeout(),
         )
         self._resp = resp
+        self._problem = None  # the watch is open: the API answers us
         self.stats["watches"] += 1
         events = 0
         self.log.debug("watch_start", kind=self.kind, resource_version=rv, timeout_s=server_timeout)
+        self.stall_check.watch_started(self.stats["watches"])
         try:
             if self._stop.is_set():
                 return
             for line in iter_resp_lines(resp):
                 if self._stop.is_set():
                     return
+                self.stall_check.received()
                 if not line.strip():
                     continue
                 self._event(line)
@@ -585,6 +670,7 @@ class ListWatch(Generic[T]):
                     self.backoff.reset()
                     self._expired_in_a_row = 0
         finally:
+            self.stall_check.watch_ended()
             self._resp = None
             resp.release_conn()
             resp.close()
@@ -626,6 +712,11 @@ class ListWatch(Generic[T]):
             raise _StreamError(f"unknown watch event type {kind!r}")
         self.stats["events"] += 1
         name = _name_of(obj)
+        if name:
+            if kind == "DELETED":
+                self._rvs.pop(name, None)
+            else:
+                self._rvs[name] = rv
         if kind == "DELETED":
             if not name:
                 self._invalid("", ValueError("DELETED event without metadata.name"), kind)
@@ -648,6 +739,57 @@ class ListWatch(Generic[T]):
         if rv:
             self.resource_version = rv
         self.on_change(dict(self.store), reason)
+
+    # -- stall check (discovery.watchdog) ---------------------------------------------------
+
+    def _verify(self) -> str | None:
+        """None if a list (from the API server's watch cache) shows what the watch has."""
+        seen = dict(self._rvs)
+        timeout = (min(self.timing.connect_timeout_s, 4.0), min(self.timing.request_timeout_s, 9.0))
+        try:
+            resp = self.list_call(
+                self.namespace,
+                **self.selectors,
+                resource_version="0",
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
+            try:
+                doc = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+            items = doc.get("items") if isinstance(doc, dict) else None
+            if not isinstance(items, list):
+                raise _StreamError("the list has no 'items'")
+        except Exception as exc:
+            if self._stop.is_set():
+                return None
+            return f"the check list failed: {_describe(exc)[0]}"
+        now = {_name_of(o): _rv_of(o) for o in items if _name_of(o)}
+        if now == seen:
+            self.log.debug("watch_quiet", kind=self.kind, objects=len(now))
+            return None
+        changed = sorted(n for n in now.keys() | seen.keys() if now.get(n) != seen.get(n))
+        return (
+            f"a list shows {len(changed)} object(s) the watch did not deliver: "
+            + ", ".join(changed[:5])
+        )
+
+    def _cut_stalled(self, why: str) -> None:
+        """End a watch that has gone silent while the API moved on (resumed at once)."""
+        resp = self._resp
+        if resp is None:
+            return
+        self._stalled = why
+        self.log.info(
+            "watch_stalled",
+            kind=self.kind,
+            silent_s=self.timing.watch_idle_s,
+            why=why,
+            action="resume",
+            resource_version=self.resource_version,
+        )
+        _shutdown(resp)
 
 
 def _is_read_timeout(exc: BaseException) -> bool:
@@ -695,6 +837,10 @@ class _Informer:
         """Wait for the stopped informer thread; True once it has ended."""
         return self.watch.join(timeout_s)
 
+    def problem(self) -> tuple[str, int] | None:
+        """What keeps the informer from following the API, and since when (monotonic ns)."""
+        return self.watch.problem()
+
 
 class EndpointSliceInformer(_Informer):
     """The ready endpoints of one Service, from its EndpointSlices.
@@ -731,6 +877,7 @@ class EndpointSliceInformer(_Informer):
         self.scheme = scheme
         self.watch = ListWatch[ParsedSlice](
             kind="EndpointSlice",
+            resource="endpointslices.discovery.k8s.io",
             list_call=k8s_client.DiscoveryV1Api(api).list_namespaced_endpoint_slice,
             namespace=namespace,
             selectors={"label_selector": f"{SERVICE_NAME_LABEL}={service}"},
@@ -795,6 +942,7 @@ class ConfigMapInformer(_Informer):
         self.on_update = on_update
         self.watch = ListWatch[dict[str, str]](
             kind="ConfigMap",
+            resource="configmaps",
             list_call=k8s_client.CoreV1Api(api).list_namespaced_config_map,
             namespace=namespace,
             selectors={"field_selector": f"metadata.name={name}"},

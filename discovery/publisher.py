@@ -197,6 +197,10 @@ class Publisher:
         by_kind = np.where(ok[:, None], kinds.take(idx, axis=0), 0)
         return Totals(self._reader_id, slots, req, by_kind)
 
+    def set_status(self, problem: str, since_ns: int) -> None:
+        """Report what is wrong with the sources (``""``: nothing) to the host's readers."""
+        self.writer.set_status(problem, since_ns)
+
     def heartbeat(self, now_ns: int) -> None:
         """Tell readers the publisher is alive (the generation does not change)."""
         self.writer.heartbeat(now_ns)

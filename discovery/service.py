@@ -107,6 +107,10 @@ class PublisherLike(Protocol):
         """Mark the publisher alive."""
         ...
 
+    def set_status(self, problem: str, since_ns: int) -> None:
+        """Report what is wrong with the sources (``""``: nothing)."""
+        ...
+
     def close(self, *, unlink: bool = True) -> None:
         """Stop publishing."""
         ...
@@ -156,6 +160,9 @@ class Discovery:
     removals_at_once
         Publish endpoint removals without waiting for the debounce (additions still
         wait for it).
+    drop_warn_share
+        A publish removing more than this share of the endpoints in force logs a
+        ``publish_drop`` warning (1: never).
     clock
         CLOCK_MONOTONIC in nanoseconds.
     """
@@ -172,6 +179,7 @@ class Discovery:
         file_poll_s: float = 1.0,
         configmap_wait_s: float = 10.0,
         removals_at_once: bool = False,
+        drop_warn_share: float = 0.5,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.publisher = publisher
@@ -184,6 +192,7 @@ class Discovery:
         self.file_poll_ns = round(file_poll_s * 1e9)
         self.configmap_wait_ns = round(configmap_wait_s * 1e9)
         self.removals_at_once = removals_at_once
+        self.drop_warn_share = float(drop_warn_share)
         self._removals_pending = False
         self.sources: dict[str, _Source] = {}
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -197,6 +206,10 @@ class Discovery:
         self._knobs_dirty = False
         self._retry_at: int | None = None
         self._signalled = False
+        # What is wrong, by source, and since when (CLOCK_MONOTONIC ns): reported to the
+        # host's readers with the heartbeat (shm publisher status; /healthz says why).
+        self._problems: dict[str, tuple[str, int]] = {}
+        self._status_written: str | None = None
         self._outlier_params = DEFAULT_OUTLIER_PARAMS
         self._outlier_params = self._current_outlier_params()
         self._held_back: set[str] = set()
@@ -323,6 +336,7 @@ class Discovery:
             changed = self.knobs.set_overlay(data, source)
         except KnobError as exc:
             self._configmap_synced = True
+            self._note_problem("configmap", f"ConfigMap {self._configmap} rejected: {exc}")
             self.log.error(
                 "configmap_invalid",
                 configmap=self._configmap,
@@ -331,6 +345,7 @@ class Discovery:
             )
             return
         self._configmap_synced = True
+        self._problems.pop("configmap", None)
         unknown = unknown_configmap_keys(data or {})
         if unknown:
             self.log.warning("configmap_unknown_keys", configmap=self._configmap, keys=unknown)
@@ -349,6 +364,7 @@ class Discovery:
         try:
             specs = self._file.poll()
         except EndpointsFileError as exc:
+            self._note_problem("file", f"endpoints file rejected: {exc}")
             src = self.sources["file"]
             self.log.error(
                 "endpoints_file_invalid",
@@ -359,6 +375,8 @@ class Discovery:
                 else "waiting for a valid file",
             )
             return
+        if self._file.error is None:
+            self._problems.pop("file", None)
         if specs is not None:
             self._on_endpoints("file", tuple(specs), "file changed")
 
@@ -408,6 +426,7 @@ class Discovery:
             gen = self.publisher.publish(t, knobs, now_ns, ejections=ejections, outlier_panic=panic)
         except Exception as exc:
             self._retry_at = now_ns + 1_000_000_000
+            self._note_problem("publish", f"publish failed: {type(exc).__name__}: {exc}")
             self.log.error(
                 "publish_failed",
                 reason=reason,
@@ -417,6 +436,7 @@ class Discovery:
             )
             return False
         self._retry_at = None
+        self._problems.pop("publish", None)
         if membership:
             self.debouncer.reset()
         self._knobs_dirty = False
@@ -478,6 +498,20 @@ class Discovery:
             },
             build_ms=round((time.perf_counter() - t0) * 1e3, 2),
         )
+        before = len(rs.endpoints) - len(t.added) + len(t.removed)
+        if before and len(t.removed) > self.drop_warn_share * before:
+            self.log.warning(
+                "publish_drop",
+                generation=gen,
+                endpoints_before=before,
+                endpoints=len(rs.endpoints),
+                removed=len(t.removed),
+                share_removed=round(len(t.removed) / before, 4),
+                warn_above=self.drop_warn_share,
+                removed_endpoints=[s.address for s in t.removed[:20]],
+                why="more endpoints left in one publish than --drop-warn-share allows; "
+                "published all the same (check the Service, the file or the selector)",
+            )
         if not rs.endpoints:
             self.log.warning(
                 "publish_empty",
@@ -556,6 +590,7 @@ class Discovery:
                     self._poll_file()
                     next_poll = now + self.file_poll_ns
                 if now >= next_beat:
+                    self._report_status()
                     self.publisher.heartbeat(now)
                     next_beat = now + self.heartbeat_ns
                 self._maybe_publish(now, started)
@@ -603,6 +638,29 @@ class Discovery:
                 waited_s=_INFORMER_STOP_WAIT_S,
                 action="left behind (daemon threads end with the process)",
             )
+
+    def _note_problem(self, source: str, what: str) -> None:
+        """``source`` fails with ``what`` (the start of a run of failures is kept)."""
+        since = self._problems[source][1] if source in self._problems else self.clock()
+        self._problems[source] = (what, since)
+
+    def status(self) -> tuple[str, int]:
+        """What is wrong with the sources now (``""``: nothing) and since when (ns)."""
+        problems = dict(self._problems)
+        for inf in self._informers:
+            p = getattr(inf, "problem", lambda: None)()
+            if p is not None:
+                problems[type(inf).__name__] = p
+        if not problems:
+            return "", 0
+        text = "; ".join(what for what, _ in problems.values())
+        return text, min(since for _, since in problems.values())
+
+    def _report_status(self) -> None:
+        text, since = self.status()
+        if text != self._status_written:
+            self.publisher.set_status(text, since)
+            self._status_written = text
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         if msg[0] == "endpoints":

@@ -61,6 +61,16 @@ def _text(text: str) -> str:
     return text.strip()
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("expected a share from 0 to 1") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("expected a share from 0 to 1")
+    return value
+
+
 #: Settings of the discovery process (not published; each host's own).
 DISCOVERY_KNOBS: tuple[Knob, ...] = (
     Knob(
@@ -111,6 +121,17 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "kubeconfig file; empty: the service account when running in a cluster, else "
         "$KUBECONFIG or ~/.kube/config.",
         "FILE",
+    ),
+    Knob(
+        "service_account_dir",
+        "CSLB_SERVICE_ACCOUNT_DIR",
+        "--service-account-dir",
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        _text,
+        "In a cluster (KUBERNETES_SERVICE_HOST and _PORT set, no --kubeconfig): the "
+        "directory holding the service account's token, ca.crt and namespace files, as "
+        "Kubernetes mounts them. The token is re-read when it rotates.",
+        "DIR",
     ),
     Knob(
         "configmap",
@@ -174,6 +195,17 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "BOOL",
     ),
     Knob(
+        "drop_warn_share",
+        "CSLB_DROP_WARN_SHARE",
+        "--drop-warn-share",
+        0.5,
+        _share,
+        "A publish that removes more than this share (0-1) of the endpoints in force is "
+        "logged as a warning (publish_drop, naming the removed endpoints); it is still "
+        "published. 1 never warns.",
+        "SHARE",
+    ),
+    Knob(
         "heartbeat_s",
         "CSLB_HEARTBEAT",
         "--heartbeat",
@@ -191,6 +223,19 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         seconds_at_least(0.01),
         "Client-side read timeout in seconds of every Kubernetes API request: a watch "
         "that sends nothing (not even a bookmark) for this long is dropped and resumed.",
+        "SECONDS",
+    ),
+    Knob(
+        "watch_idle_s",
+        "CSLB_WATCH_IDLE",
+        "--watch-idle",
+        15.0,
+        seconds_at_least(0.05),
+        "A watch that has sent nothing (no event, no bookmark) for this many seconds is "
+        "checked with a list of the same objects on another connection: unless the list "
+        "answers and shows nothing the watch missed, the watch is dropped and resumed "
+        "from its resource version. A quiet watch is kept; a stalled one is replaced "
+        "within about twice this (client-go pings an HTTP/2 connection idle for 30 s).",
         "SECONDS",
     ),
     Knob(

@@ -7,8 +7,13 @@ File format (JSON or YAML, by extension; JSON if unsure)::
         "http://10.2.0.2:8080"
     ]}
 
-A bare list of the same entries is accepted too. Addresses are used verbatim, as Skipper
-hashes them: write them the way the dataclient builds them, ``scheme://ip:port``.
+A bare list of the same entries is accepted too. An entry's fields are ``address``
+(required), ``zone``, ``node`` and ``pod`` (strings, for logs and ``cslb inspect``); any
+other field is refused by name. There are no weights: Skipper's consistentHash ignores
+endpoint weights, and so does cslb's ring. Addresses are hashed verbatim, as Skipper
+hashes them, so they must be in the form its Kubernetes dataclient builds,
+``scheme://host:port`` (:mod:`discovery.address`); any other spelling is refused with
+the entry and the expected form.
 """
 
 from __future__ import annotations
@@ -18,7 +23,24 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EndpointSpec", "EndpointsFileError", "load_endpoints_file", "parse_endpoints"]
+from discovery.address import EXPECTED_FORM, check_address
+
+__all__ = [
+    "ENTRY_FIELDS",
+    "EndpointSpec",
+    "EndpointsFileError",
+    "load_endpoints_file",
+    "parse_endpoints",
+]
+
+#: The fields an endpoint entry may have.
+ENTRY_FIELDS = ("address", "zone", "node", "pod")
+
+# Fields people write that cslb does not have, and what to do instead.
+_NOT_SUPPORTED = {
+    "weight": "endpoint weights are not supported (Skipper's consistentHash ignores them, "
+    "and so does cslb's ring): remove the field",
+}
 
 
 class EndpointsFileError(ValueError):
@@ -35,16 +57,49 @@ class EndpointSpec:
     pod: str = ""
 
 
+def _entry(item: Any, i: int, source: str) -> EndpointSpec:
+    if isinstance(item, str):
+        return EndpointSpec(item)
+    if not (isinstance(item, dict) and isinstance(item.get("address"), str)):
+        raise EndpointsFileError(
+            f"{source}: endpoint {i} must be an address string or an object with an "
+            f"'address' string, got {item!r:.80}"
+        )
+    where = f"{source}: endpoint {i} ({item['address']!r:.80})"
+    unknown = [k for k in item if k not in ENTRY_FIELDS]
+    if unknown:
+        name = str(unknown[0])
+        why = _NOT_SUPPORTED.get(name, f"the fields are {', '.join(ENTRY_FIELDS)}")
+        raise EndpointsFileError(f"{where}: unknown field {name[:64]!r}: {why}")
+    extra = {}
+    for name in ENTRY_FIELDS[1:]:
+        value = item.get(name)
+        if value is not None and not isinstance(value, str):
+            raise EndpointsFileError(
+                f"{where}: {name!r} must be a string, got {type(value).__name__}"
+            )
+        extra[name] = value or ""
+    return EndpointSpec(item["address"], **extra)
+
+
 def parse_endpoints(doc: Any, source: str = "endpoints") -> list[EndpointSpec]:
     """Validate a decoded endpoints document and return its endpoints in order.
 
     Raises
     ------
     EndpointsFileError
-        If the document is not a list (or ``{"endpoints": list}``) of address strings or
-        objects with an ``address`` string, or if an address repeats.
+        Naming the entry: the document is not a list (or ``{"endpoints": list}``) of
+        address strings or objects with an ``address`` string; an entry has a field other
+        than :data:`ENTRY_FIELDS`; an address is not in Skipper's ``scheme://host:port``
+        form; or an address repeats.
     """
     items = doc.get("endpoints") if isinstance(doc, dict) else doc
+    if isinstance(doc, dict) and set(doc) - {"endpoints"}:
+        other = sorted(str(k) for k in doc if k != "endpoints")
+        raise EndpointsFileError(
+            f"{source}: unknown top-level field {other[0][:64]!r}; the file holds an "
+            "'endpoints' list (or is a bare list)"
+        )
     if not isinstance(items, list):
         raise EndpointsFileError(
             f"{source}: expected a list of endpoints or an object with an 'endpoints' list, "
@@ -53,22 +108,12 @@ def parse_endpoints(doc: Any, source: str = "endpoints") -> list[EndpointSpec]:
     out: list[EndpointSpec] = []
     seen: set[str] = set()
     for i, item in enumerate(items):
-        if isinstance(item, str):
-            spec = EndpointSpec(item)
-        elif isinstance(item, dict) and isinstance(item.get("address"), str):
-            zone, node = item.get("zone") or "", item.get("node") or ""
-            if not isinstance(zone, str) or not isinstance(node, str):
-                raise EndpointsFileError(f"{source}: endpoint {i}: zone and node must be strings")
-            spec = EndpointSpec(item["address"], zone, node)
-        else:
+        spec = _entry(item, i, source)
+        problem = check_address(spec.address)
+        if problem is not None:
             raise EndpointsFileError(
-                f"{source}: endpoint {i} must be an address string or an object with an "
-                f"'address' string, got {item!r:.80}"
-            )
-        if not spec.address.strip() or spec.address != spec.address.strip():
-            raise EndpointsFileError(
-                f"{source}: endpoint {i} address {spec.address!r} is empty "
-                "or has surrounding spaces"
+                f"{source}: endpoint {i} address {spec.address!r:.200} is not in Skipper's "
+                f"form: {problem}; expected {EXPECTED_FORM}"
             )
         if spec.address in seen:
             raise EndpointsFileError(f"{source}: endpoint {spec.address!r} is listed twice")
@@ -118,6 +163,11 @@ class EndpointsFileWatcher:
         self._signature: tuple[int, int, int, int] | None = None
         self._error: str | None = None
         self.endpoints: list[EndpointSpec] | None = None
+
+    @property
+    def error(self) -> str | None:
+        """Why the file's last read could not be used (``None``: it was good)."""
+        return self._error
 
     def _stat(self) -> tuple[int, int, int, int] | None:
         try:

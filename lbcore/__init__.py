@@ -2,9 +2,12 @@
 
 Skipper-exact consistent hashing (:class:`Ring`), bounded load (:mod:`lbcore.bounded`),
 N-ring and Skipper fade-in (:mod:`lbcore.fade`), the rollout gate (:mod:`lbcore.gate`),
-load signals (:mod:`lbcore.signals`) and passive outlier ejection (:mod:`lbcore.outlier`
-judges endpoints, :mod:`lbcore.ejection` keeps ejections over time). No I/O, no
-processes, no implicit clocks: time and loads are arguments.
+load signals (:mod:`lbcore.signals`), passive outlier ejection (:mod:`lbcore.outlier`
+judges endpoints, :mod:`lbcore.ejection` keeps ejections over time), and the routing plan
+a worker asks per batch (:class:`lbcore.plan.Plan`), answered by one of two kernels
+(:mod:`lbcore.kernel`: the compiled C kernel or the NumPy reference, :func:`kernel_name`).
+No I/O, no processes, no implicit clocks: time and loads are arguments. The one setting
+read from the environment is ``CSLB_KERNEL``, once, at import.
 """
 
 from lbcore import bounded, ejection, fade, gate, outlier, signals
@@ -23,10 +26,13 @@ from lbcore.errors import (
     LBCoreError,
     LoadError,
     OutlierError,
+    TableDataError,
 )
 from lbcore.fade import RingSet, fade_share, fadein_filter, fadein_score
 from lbcore.gate import FALLBACK, Gate
-from lbcore.hashing import MAX_KEY_BYTES, hash_keys
+from lbcore.hashing import MAX_KEY_BYTES
+from lbcore.kernel import hash_keys, kernel_name, scatter_add, use_kernel
+from lbcore.plan import Plan
 from lbcore.ring import DEFAULT_VNODES, Ring
 from lbcore.signals import effective_load, occupancy
 
@@ -47,8 +53,10 @@ __all__ = [
     "LBCoreError",
     "LoadError",
     "OutlierError",
+    "Plan",
     "Ring",
     "RingSet",
+    "TableDataError",
     "bounded",
     "default_key",
     "effective_load",
@@ -59,8 +67,11 @@ __all__ = [
     "fadein_score",
     "gate",
     "hash_keys",
+    "kernel_name",
     "occupancy",
     "outlier",
     "redirect_table",
+    "scatter_add",
     "signals",
+    "use_kernel",
 ]

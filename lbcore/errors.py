@@ -53,3 +53,7 @@ class GateError(LBCoreError, ValueError):
 
 class OutlierError(LBCoreError, ValueError):
     """An outlier-detection setting, count or ejection state is invalid."""
+
+
+class TableDataError(LBCoreError, ValueError):
+    """A ring table holds an entry out of range: damaged, or rewritten while it was read."""

@@ -35,19 +35,20 @@ from lbcore.bounded import (
 )
 from lbcore.errors import ArgumentError, EndpointError, FadeError
 from lbcore.hashing import (
-    hash_keys,
     in_blocks,
     is_long_batch,
     mix64,
     mix64_of,
     unit_threshold,
 )
+from lbcore.kernel import hash_keys
 from lbcore.ring import DEFAULT_VNODES, SCALAR_MAX, Ring, check_hashes, endpoint_tuple
 
 __all__ = [
     "DEFAULT_FADE_DURATION_NS",
     "DEFAULT_FADE_EXPONENT",
     "FADE_SALT",
+    "SKIPPER_SALT",
     "RingSet",
     "fade_share",
     "fadein_filter",
@@ -63,6 +64,9 @@ DEFAULT_FADE_DURATION_NS = 30_000_000_000
 DEFAULT_FADE_EXPONENT = 2.5
 #: Salt of the per-key draw ``u`` that chooses a ring (see :func:`lbcore.hashing.unit_interval`).
 FADE_SALT = 0x6661646520696E21
+#: Salt of the per-key draw that stands in for Skipper's per-request random threshold in
+#: Skipper fade-in mode (independent of the N-ring and gate draws).
+SKIPPER_SALT = 0x736B697070657221
 
 # Go's time.Duration saturates at the maximum int64; an endpoint with a zero detected time
 # has that age, so it is fully faded in.

@@ -8,6 +8,8 @@ tables so every worker of a host flips at the same generation); other rooms decl
 their own process settings with the same :class:`Knob` type.
 
 Pure: values come in as mappings and strings; nothing here reads the environment itself.
+(The one setting lbcore reads from the environment, :data:`KERNEL`, is read by
+:mod:`lbcore.kernel` when lbcore is imported.)
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from lbcore.signals import LOAD_SIGNALS
 
 __all__ = [
     "FADE_MODES",
+    "KERNEL",
+    "KERNELS",
     "ROUTING_KNOBS",
     "Knob",
     "KnobError",
@@ -295,6 +299,24 @@ ROUTING_KNOBS: tuple[Knob, ...] = (
 )
 
 _BY_NAME = {k.name: k for k in ROUTING_KNOBS}
+
+#: Kernel choices: the native one if it loads (else NumPy, with a warning), or either.
+KERNELS = ("auto", "native", "numpy")
+
+#: Which kernel lbcore routes on. A process setting, not a routing knob: it is read once,
+#: from the environment, when lbcore is imported (:mod:`lbcore.kernel`).
+KERNEL = Knob(
+    "kernel",
+    "CSLB_KERNEL",
+    "--kernel",
+    "auto",
+    parse_choice(KERNELS),
+    "Which of lbcore's two kernels routes: 'auto' the compiled C kernel if it was built "
+    "and loads, else the NumPy kernel with one warning naming why; 'native' the C kernel "
+    "or fail at import; 'numpy' the NumPy reference kernel (same answers, slower). Read "
+    "once, when lbcore is imported: the only setting lbcore reads from the environment.",
+    "KERNEL",
+)
 
 
 def knob(name: str) -> Knob:

@@ -26,7 +26,8 @@ import numpy as np
 
 from lbcore import bounded as _bounded
 from lbcore.errors import ArgumentError, CandidatesError, EndpointError, LoadError
-from lbcore.hashing import hash_keys, hash_node_names, in_blocks, is_long_batch
+from lbcore.hashing import hash_node_names, in_blocks, is_long_batch
+from lbcore.kernel import hash_keys
 
 __all__ = ["DEFAULT_VNODES", "Ring", "bucket_bits_for", "build_bucket_table", "host_key"]
 

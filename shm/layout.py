@@ -56,6 +56,9 @@ __all__ = [
     "SLOT_FREE",
     "SLOT_RESERVED",
     "STATS_FIELDS",
+    "STATUS_HEADER",
+    "STATUS_MAX_BYTES",
+    "STATUS_OFFSET",
     "TABLES_CONTROL",
     "TABLES_DATA",
     "TABLE_SECTIONS",
@@ -135,6 +138,16 @@ TABLES_CONTROL = np.dtype(
         ("created_ns", "i8"),
     ]
 )
+
+#: The publisher's status, in the tables control segment at :data:`STATUS_OFFSET`: what
+#: it reports about its sources (empty: nothing wrong), written next to the heartbeat
+#: without a publish. ``seq`` is odd while the writer rewrites it (a seqlock);
+#: ``since_ns`` (CLOCK_MONOTONIC) is when the reported problem began; ``nbytes`` of UTF-8
+#: text follow the header. A segment whose writer never wrote one reads all zeros: no
+#: problem, so readers and writers of layout 4 without it agree.
+STATUS_HEADER = np.dtype([("seq", "u8"), ("since_ns", "i8"), ("nbytes", "u8")])
+STATUS_OFFSET = 1024
+STATUS_MAX_BYTES = CONTROL_BYTES - STATUS_OFFSET - 64
 
 TABLES_DATA = np.dtype(
     [

@@ -190,6 +190,7 @@ from shm.segment import (
     unlink_name,
     unlink_stale_epochs,
 )
+from shm.status import PublisherStatus, read_status, write_status
 
 if TYPE_CHECKING:
     from shm.counters import CounterStore
@@ -1456,6 +1457,14 @@ class TableReader:
         self._maybe_follow()
         return int(np.int64(np.uint64(self._ctl[_C_HEARTBEAT])))
 
+    def status(self) -> PublisherStatus | None:
+        """The writer's report on its sources (:meth:`TableWriter.set_status`).
+
+        ``None`` when it cannot be read (a writer killed while rewriting it).
+        """
+        self._maybe_follow()
+        return read_status(self._view.control)
+
     def writer_pid(self) -> int:
         """PID of the last process that took over as writer (0 if none)."""
         self._maybe_follow()
@@ -1574,6 +1583,7 @@ class TableWriter:
         self._cw[_C_WRITER_START] = ticks
         self._cw[_C_WRITER_PID] = self._pid
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(self._clock())))
+        write_status(ctl, "", 0)  # the previous writer's problems are not ours
 
     def _follow_replaced_counters(self) -> None:
         """Attach the namespace's counters again if they were removed or recreated.
@@ -1919,6 +1929,14 @@ class TableWriter:
         self._check_usable()
         now = self._clock() if now_ns is None else int(now_ns)
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
+
+    def set_status(self, problem: str, since_ns: int = 0) -> None:
+        """Report what is wrong with the sources (``""``: nothing) to every reader.
+
+        Does not change the generation; :meth:`TableReader.status` reads it.
+        """
+        self._check_usable()
+        write_status(self._ctl_seg, problem, since_ns)
 
     @property
     def n_slots(self) -> int:

@@ -18,3 +18,22 @@ def load_vectors(kind: str) -> list[tuple[str, dict]]:
 @pytest.fixture(scope="session")
 def vector_dir() -> pathlib.Path:
     return VECTOR_DIR
+
+
+KERNELS = ("native", "numpy")
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request):
+    """Run the test once per lbcore kernel (``lbcore.use_kernel``), restoring the old one.
+
+    Plans built inside the test route on the selected kernel; so do ``lbcore.hash_keys``
+    and ``lbcore.scatter_add``.
+    """
+    import lbcore
+
+    old = lbcore.use_kernel(request.param)
+    try:
+        yield request.param
+    finally:
+        lbcore.use_kernel(old)

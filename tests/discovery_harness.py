@@ -89,6 +89,7 @@ class Loop:
         heartbeat_s: float = 0.05,
         configmap_wait_s: float = 2.0,
         port_name: str = "",
+        drop_warn_share: float = 0.5,
     ) -> None:
         self.ns = ns
         self.events: list[dict[str, Any]] = []
@@ -106,6 +107,7 @@ class Loop:
             heartbeat_s=heartbeat_s,
             file_poll_s=0.05,
             configmap_wait_s=configmap_wait_s,
+            drop_warn_share=drop_warn_share,
         )
         self.api = None
         if static:
@@ -194,8 +196,10 @@ def _reader(ns: str) -> shm.TableReader | None:
 class Proc:
     """``cslb ...`` as a child process; stopped by PID at the end of the test."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        full_env = {**os.environ, **(env or {})}
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, replace_env: bool = False
+    ) -> None:
+        full_env = dict(env or {}) if replace_env else {**os.environ, **(env or {})}
         self.p = subprocess.Popen(
             [sys.executable, "-m", "cslb", *args],
             cwd=ROOT,

@@ -12,6 +12,12 @@ watch that goes silent (headers sent, then nothing, connection held open), a req
 that is never answered at all, a watch dropped mid-stream, a watch expired by an
 ``ERROR`` event, and the whole server going away and coming back on the same port.
 
+Optionally it serves TLS (``tls=(certfile, keyfile)``; :func:`make_test_ca` writes a
+test CA and a server certificate for 127.0.0.1 with the ``openssl`` CLI) and enforces
+RBAC (``rbac=``, an :class:`Rbac` built from the ServiceAccount, Role and RoleBinding
+manifests): a token names a service account, and any request its Role does not allow
+gets kube-apiserver's 403 ``Forbidden`` Status, naming the verb and the resource.
+
 Only listens on 127.0.0.1 (a free port). ``stop()`` ends every handler thread.
 """
 
@@ -19,7 +25,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import select
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +43,117 @@ _PATHS = {
     "apis/discovery.k8s.io/v1": {SLICES: ("EndpointSlice", "discovery.k8s.io/v1")},
     "api/v1": {CONFIGMAPS: ("ConfigMap", "v1")},
 }
+_GROUPS = {"apis/discovery.k8s.io/v1": "discovery.k8s.io", "api/v1": ""}
+
+
+def make_test_ca(directory: str) -> tuple[str, str, str]:
+    """A test CA and a server certificate for 127.0.0.1 / localhost, made with ``openssl``.
+
+    Returns the paths of (CA certificate, server certificate, server key).
+    """
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    ca_key, ca_crt = os.path.join(directory, "ca.key"), os.path.join(directory, "ca.crt")
+    key, csr = os.path.join(directory, "server.key"), os.path.join(directory, "server.csr")
+    crt, ext = os.path.join(directory, "server.crt"), os.path.join(directory, "server.ext")
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    run("req", "-x509", *ec, "-keyout", ca_key, "-out", ca_crt, "-days", "2",
+        "-subj", "/CN=cslb test CA")
+    run("req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=kube-apiserver")
+    with open(ext, "w", encoding="utf-8") as fh:
+        fh.write(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+            "basicConstraints=critical,CA:FALSE\n"
+            "keyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=serverAuth\n"
+            "subjectKeyIdentifier=hash\n"
+            "authorityKeyIdentifier=keyid,issuer\n"
+        )
+    run("x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial",
+        "-out", crt, "-days", "2", "-extfile", ext)
+    return ca_crt, crt, key
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of a Role."""
+
+    api_groups: tuple[str, ...]
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    resource_names: tuple[str, ...] = ()
+
+    def allows(self, verb: str, group: str, resource: str, name: str | None) -> bool:
+        if not ({"*", group} & set(self.api_groups)):
+            return False
+        if not ({"*", resource} & set(self.resources)):
+            return False
+        if not ({"*", verb} & set(self.verbs)):
+            return False
+        # resourceNames authorize a list or watch only with a metadata.name field
+        # selector naming one of them (as kube-apiserver's RBAC authorizer does).
+        return not self.resource_names or name in self.resource_names
+
+
+class Rbac:
+    """Service-account tokens and the Roles bound to them, as kube-apiserver enforces.
+
+    Build it with :meth:`from_manifests` from the decoded ServiceAccount, Role and
+    RoleBinding objects (e.g. ``kubectl kustomize`` output).
+    """
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, str] = {}  # token -> user
+        self.rules: dict[tuple[str, str], list[Rule]] = {}  # (user, namespace) -> rules
+
+    @classmethod
+    def from_manifests(cls, docs: list[dict[str, Any]], tokens: dict[str, str]) -> Rbac:
+        """``tokens``: token -> ``namespace/serviceaccount`` it authenticates as."""
+        rbac = cls()
+        accounts = {
+            f"{d['metadata']['namespace']}/{d['metadata']['name']}"
+            for d in docs
+            if d.get("kind") == "ServiceAccount"
+        }
+        for token, sa in tokens.items():
+            assert sa in accounts, f"no ServiceAccount {sa} in the manifests"
+            ns, name = sa.split("/")
+            rbac.tokens[token] = f"system:serviceaccount:{ns}:{name}"
+        roles = {
+            (d["metadata"]["namespace"], d["metadata"]["name"]): [
+                Rule(
+                    tuple(r.get("apiGroups") or ()),
+                    tuple(r.get("resources") or ()),
+                    tuple(r.get("verbs") or ()),
+                    tuple(r.get("resourceNames") or ()),
+                )
+                for r in d.get("rules") or ()
+            ]
+            for d in docs
+            if d.get("kind") == "Role"
+        }
+        for d in docs:
+            if d.get("kind") != "RoleBinding":
+                continue
+            ns = d["metadata"]["namespace"]
+            ref = d["roleRef"]
+            assert ref["kind"] == "Role", ref
+            for subject in d.get("subjects") or ():
+                if subject.get("kind") != "ServiceAccount":
+                    continue
+                user = f"system:serviceaccount:{subject.get('namespace', ns)}:{subject['name']}"
+                rbac.rules.setdefault((user, ns), []).extend(roles.get((ns, ref["name"]), []))
+        return rbac
+
+    def user(self, token: str) -> str | None:
+        return self.tokens.get(token)
+
+    def allows(
+        self, user: str, verb: str, group: str, resource: str, ns: str, name: str | None
+    ) -> bool:
+        return any(r.allows(verb, group, resource, name) for r in self.rules.get((user, ns), ()))
 
 
 @dataclass
@@ -72,9 +193,22 @@ class Request:
 class FakeKubeAPI:
     """The server. Use as a context manager or call :meth:`start` / :meth:`stop`."""
 
-    def __init__(self, *, port: int = 0, token: str = "test-token") -> None:
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        token: str = "test-token",
+        tls: tuple[str, str] | None = None,
+        rbac: Rbac | None = None,
+    ) -> None:
         self.token = token
         self.port = port
+        self.rbac = rbac
+        self.forbidden: list[Request] = []
+        self._ssl: ssl.SSLContext | None = None
+        if tls is not None:
+            self._ssl = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._ssl.load_cert_chain(*tls)
         self.rv = 100
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.history: list[tuple[int, str, str, str, dict[str, Any]]] = []
@@ -99,7 +233,16 @@ class FakeKubeAPI:
         class Handler(_Handler):
             server_api = api
 
-        srv = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        class Server(ThreadingHTTPServer):
+            def get_request(self) -> tuple[Any, Any]:
+                sock, addr = self.socket.accept()
+                if api._ssl is not None:  # handshake in the handler's thread, not here
+                    sock = api._ssl.wrap_socket(
+                        sock, server_side=True, do_handshake_on_connect=False
+                    )
+                return sock, addr
+
+        srv = Server(("127.0.0.1", self.port), Handler)
         srv.daemon_threads = True
         self.port = srv.server_address[1]
         self._closing.clear()
@@ -149,7 +292,8 @@ class FakeKubeAPI:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self._ssl is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def kubeconfig(self, path: str, namespace: str = "default") -> str:
         """Write a kubeconfig pointing at this server; returns the path."""
@@ -325,8 +469,18 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(10)
+            self.request.do_handshake()
+            self.request.settimeout(None)
         super().setup()
         self.server_api._conns.add(self.connection)
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (ssl.SSLError, OSError):
+            self.close_connection = True
 
     def finish(self) -> None:
         self.server_api._conns.discard(self.connection)
@@ -376,19 +530,39 @@ class _Handler(BaseHTTPRequestHandler):
             return
         watch = query.get("watch") in ("true", "1")
         op = "watch" if watch else "list"
-        api.requests.append(
-            Request(
-                op,
-                resource,
-                ns,
-                query,
-                {k.lower(): v for k, v in self.headers.items()},
-                time.monotonic(),
-            )
+        req = Request(
+            op,
+            resource,
+            ns,
+            query,
+            {k.lower(): v for k, v in self.headers.items()},
+            time.monotonic(),
         )
-        if self.headers.get("Authorization") != f"Bearer {api.token}":
+        api.requests.append(req)
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if api.rbac is not None:
+            user = api.rbac.user(token) if scheme.lower() == "bearer" else None
+        else:
+            user = "tester" if (scheme.lower(), token) == ("bearer", api.token) else None
+        if user is None:
             self._json(401, status_body(401, "Unauthorized", "Unauthorized"))
             return
+        if api.rbac is not None:
+            group = _GROUPS[prefix]
+            field_name = _selectors(query).get("field:metadata.name")
+            if not api.rbac.allows(user, op, group, resource, ns, field_name):
+                api.forbidden.append(req)
+                full = f"{resource}.{group}" if group else resource
+                in_group = f' in API group "{group}"' if group else ' in API group ""'
+                body = status_body(
+                    403,
+                    "Forbidden",
+                    f'{full} is forbidden: User "{user}" cannot {op} resource "{resource}"'
+                    f'{in_group} in the namespace "{ns}"',
+                )
+                body["details"] = {"group": group, "kind": resource}
+                self._json(403, body)
+                return
         fault = api.take_fault(op, resource)
         if fault is not None:
             if fault.action == "status":
@@ -554,14 +728,20 @@ class _Handler(BaseHTTPRequestHandler):
     def _hold_open(self) -> None:
         """No data, no FIN, until the client gives up or the server stops."""
         api = self.server_api
+        tls = isinstance(self.connection, ssl.SSLSocket)
         while not api._closing.is_set():
             try:
+                if tls:  # no MSG_PEEK on TLS: wait for the socket, then read a record
+                    ready, _, _ = select.select([self.connection], [], [], 0.1)
+                    if ready and self.connection.recv(1) == b"":
+                        break
+                    continue
                 self.connection.settimeout(0.1)
                 if self.connection.recv(1, socket.MSG_PEEK) == b"":
                     break  # client closed its end
             except TimeoutError:
                 continue
-            except OSError:
+            except (OSError, ValueError):
                 break
         self._close_hard()
 

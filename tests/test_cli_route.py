@@ -98,3 +98,27 @@ def test_a_reader_that_stops_early_gets_no_traceback() -> None:
     assert first.startswith(b"SKU-00000000  http://10.0.0.1:80")
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     assert status == 1
+
+
+def test_version_prints_the_installed_distributions_version():
+    import importlib.metadata
+
+    for flag in ("--version", "-V"):
+        p = cslb(flag)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout == f"cslb {importlib.metadata.version('cslb')}\n"
+    assert "--version" in cslb("--help").stdout
+
+
+def test_subcommand_argument_parsing_lives_in_the_cslb_package():
+    """The rooms expose functions; only cslb/ (and perf's own bench/simulate) parse argv."""
+    import re
+
+    for room in ("discovery", "workers", "lbcore", "shm"):
+        for path in (ROOT / room).rglob("*.py"):
+            assert not re.search(r"ArgumentParser\(", path.read_text()), path
+    from cslb.cli import COMMANDS
+
+    for name, (module, _) in COMMANDS.items():
+        if name not in ("bench", "simulate"):
+            assert module == f"cslb.{name}_cmd", name

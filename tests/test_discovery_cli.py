@@ -13,6 +13,7 @@ import pytest
 
 import lbcore
 import shm
+from cslb import inspect_cmd as inspect_cli
 from discovery import inspect_cmd
 from discovery.publisher import Publisher
 from discovery.ringstate import FadeParams, RingState
@@ -303,7 +304,7 @@ def test_help_lists_every_setting_and_knob():
 def test_worker_side_modules_do_not_import_the_kubernetes_client():
     code = (
         "import sys, discovery.inspect_cmd, discovery.publisher, discovery.service, "
-        "discovery.static, discovery.ringstate, cslb.route_cmd; "
+        "discovery.static, discovery.ringstate, cslb.route_cmd, cslb.inspect_cmd; "
         "bad = [m for m in sys.modules if m == 'kubernetes' or m.startswith('kubernetes.')]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -389,13 +390,13 @@ def test_inspect_into_a_closed_pipe_ends_quietly(published):
     ],
 )
 def test_inspect_rejects_bad_settings(args, env, message, capsys):
-    assert inspect_cmd.main(args, env) == 2
+    assert inspect_cli.main(args, env) == 2
     err = capsys.readouterr().err
     assert err.startswith("cslb inspect: ") and message in err, err
 
 
 def test_inspect_reads_its_namespace_from_the_environment(published, capsys):
     ns = published()
-    assert inspect_cmd.main(["--json"], {"CSLB_SHM_NAMESPACE": ns}) == 0
+    assert inspect_cli.main(["--json"], {"CSLB_SHM_NAMESPACE": ns}) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["namespace"] == ns and len(doc["endpoints"]) == 12

@@ -529,3 +529,92 @@ def test_a_slice_turned_malformed_keeps_its_previous_version_across_a_relist(kub
     assert [e["name"] for e in during_list] == ["catalog-a"]
     assert during_list[0]["action"] == "ignored; previous version kept"
     assert "addressType" in during_list[0]["error"]
+
+
+# -- a silent watch (connection open, no bytes, no FIN): the stall check ------------------
+
+
+def _stall_timing(idle_s: float) -> WatchTiming:
+    # A read timeout far beyond the test: only the stall check can notice the silence.
+    return WatchTiming(
+        connect_timeout_s=1.0,
+        request_timeout_s=120.0,
+        watch_timeout_s=300.0,
+        watch_idle_s=idle_s,
+        backoff_s=0.05,
+        backoff_max_s=0.2,
+    )
+
+
+def _stalled_watch(kube, informer, timing):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    inf = informer(rec, timing=timing)
+    rec.wait_addresses(urls(ips(2)))
+    fault = kube.fail("watch", SLICES, "silent", events=0)
+    kube.pause()  # end the current watch; the next one is silent: no data, no FIN
+    kube.resume()
+    deadline = time.monotonic() + 10
+    while fault.hits < 1:
+        assert time.monotonic() < deadline, "no silent watch"
+        time.sleep(0.01)
+    return rec, inf
+
+
+def test_a_stalled_watch_is_cut_and_resumed_when_a_list_shows_what_it_missed(kube, informer):
+    timing = _stall_timing(idle_s=1.0)
+    rec, inf = _stalled_watch(kube, informer, timing)
+    time.sleep(2.5)  # silent, but nothing changed: quiet, kept
+    assert inf.watch.stall_check.checks >= 1 and inf.watch.stall_check.cuts == 0
+    assert not rec.named("watch_stalled")
+    errors = len(rec.named("api_error"))  # (the pause's dropped connections)
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
+    t0 = time.monotonic()
+    rec.wait_addresses(urls(ips(3)), timeout=10)
+    waited = time.monotonic() - t0
+    # idle (1 s) + a check + the grace (1 s) + the resumed watch, far below the read timeout
+    assert waited < 5.0
+    (stalled,) = rec.named("watch_stalled")
+    assert stalled["level"] == "info" and stalled["action"] == "resume"
+    assert "the watch did not deliver: catalog-a" in stalled["why"]
+    assert inf.watch.stats["lists"] == 1  # resumed from its resource version, no relist
+    assert len(rec.named("api_error")) == errors  # the cut is not an error, no backoff
+    checks = kube.requests_of("list")[1:]
+    assert checks and all(r.query.get("resourceVersion") == "0" for r in checks)
+
+
+def test_a_quiet_watch_with_bookmarks_is_never_cut(kube, informer):
+    kube.bookmark_every_s = 2.5  # rarer than the idle time, as kube-apiserver's (~1 min)
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    inf = informer(rec, timing=_stall_timing(idle_s=1.0))
+    rec.wait_addresses(urls(ips(2)))
+    deadline = time.monotonic() + 20
+    while inf.watch.stats["bookmarks"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert inf.watch.stats["bookmarks"] >= 3
+    assert inf.watch.stats["watches"] == 1  # the same long-lived watch all along
+    assert inf.watch.stall_check.checks >= 2 and inf.watch.stall_check.cuts == 0
+    assert not rec.named("watch_stalled") and not rec.named("watch_silent")
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
+    rec.wait_addresses(urls(ips(3)), timeout=5)
+
+
+def test_the_default_timing_detects_a_stall_within_30_s():
+    t = WatchTiming()
+    # idle, then a check of at most (connect 4 s + read 9 s), the grace, the tick
+    worst = t.watch_idle_s + min(t.connect_timeout_s, 4.0) + min(t.request_timeout_s, 9.0)
+    assert worst + 1.0 + 0.25 <= 30.0
+    assert t.request_timeout_s >= 60.0  # quiet watches are kept by the check, not cut
+
+
+@pytest.mark.slow
+def test_a_stalled_watch_resumes_within_30_s_with_the_default_settings(kube, informer):
+    timing = WatchTiming(backoff_s=0.05, backoff_max_s=0.2)  # production timeouts
+    kube.bookmark_every_s = None
+    rec, _ = _stalled_watch(kube, informer, timing)
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
+    t0 = time.monotonic()
+    rec.wait_addresses(urls(ips(3)), timeout=35)
+    assert time.monotonic() - t0 <= 30.0
+    assert rec.named("watch_stalled")

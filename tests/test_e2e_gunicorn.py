@@ -390,7 +390,7 @@ def test_two_servers_share_a_sidecar(tmp_path: Path, sidecar) -> None:
 
 
 def test_serve_print_command_and_errors(tmp_path: Path) -> None:
-    from workers import serve
+    from cslb import serve_cmd as serve
 
     env: dict[str, str] = {}
     cmd = serve.command(

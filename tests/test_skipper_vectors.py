@@ -1,4 +1,8 @@
-"""Skipper parity: every public golden vector, through lbcore's public API."""
+"""Skipper parity: every public golden vector, through lbcore's public API, on both kernels.
+
+Each test runs once per kernel (the ``kernel`` fixture): through ``Ring`` (hashing on the
+active kernel) and through a ``Plan`` (one kernel call per batch).
+"""
 
 import hashlib
 import math
@@ -8,6 +12,7 @@ import numpy as np
 import pytest
 
 import lbcore
+from tests.adapters import skipper_adapter as adapter
 from tests.conftest import load_vectors
 
 RING = load_vectors("ring")
@@ -22,7 +27,7 @@ def test_every_vector_kind_is_present():
 
 
 @pytest.mark.parametrize(("name", "v"), RING, ids=[n for n, _ in RING])
-def test_ring_vectors(name, v):
+def test_ring_vectors(name, v, kernel):
     keys = v["keys"]
     assert lbcore.hash_keys(keys).tolist() == [int(h) for h in v["key_hashes"]]
     # Hashing key by key (the small-batch strategy) must agree with the batch strategy.
@@ -53,10 +58,16 @@ def test_ring_vectors(name, v):
     rev = list(reversed(v["endpoints"]))
     chosen = lbcore.Ring(rev, vnodes=v["hashes_per_endpoint"]).lookup(keys)
     assert [rev[i] for i in chosen.tolist()] == [v["endpoints"][i] for i in v["expected"]]
+    # The plan: one kernel call for the batch, and key by key (batch 1).
+    assert adapter.route(v["endpoints"], keys, v["hashes_per_endpoint"]) == v["expected"]
+    plan = lbcore.Plan(lbcore.RingSet(v["endpoints"], vnodes=v["hashes_per_endpoint"]), 0)
+    assert plan.kernel == kernel
+    assert [int(plan.route([k])[0][0]) for k in keys[:100]] == v["expected"][:100]
+    assert adapter.hash64(keys[0]) == int(v["key_hashes"][0])
 
 
 @pytest.mark.parametrize(("name", "v"), BOUNDED, ids=[n for n, _ in BOUNDED])
-def test_bounded_vectors(name, v):
+def test_bounded_vectors(name, v, kernel):
     ring = lbcore.Ring(v["endpoints"], vnodes=v["hashes_per_endpoint"])
     keys = v["keys"]
     assert lbcore.hash_keys(keys).tolist() == [int(h) for h in v["key_hashes"]]
@@ -70,6 +81,16 @@ def test_bounded_vectors(name, v):
             sequential=case["sequential"],
         )
         assert got.tolist() == case["expected"], case["id"]
+        via_plan = adapter.route_bounded(
+            v["endpoints"],
+            keys,
+            v["hashes_per_endpoint"],
+            case["available"],
+            case["inflight"],
+            case["balance_factor"],
+            case["sequential"],
+        )
+        assert via_plan == case["expected"], case["id"]
         if case["sequential"]:
             final = list(case["inflight"])
             for i in got.tolist():
@@ -88,7 +109,7 @@ def test_bounded_vectors(name, v):
 
 
 @pytest.mark.parametrize(("name", "v"), PIPELINE, ids=[n for n, _ in PIPELINE])
-def test_fadein_pipeline_vectors(name, v):
+def test_fadein_pipeline_vectors(name, v, kernel):
     ring = lbcore.Ring(v["endpoints"], vnodes=v["hashes_per_endpoint"])
     for case in v["cases"]:
         filtered = lbcore.fadein_filter(
@@ -102,6 +123,16 @@ def test_fadein_pipeline_vectors(name, v):
             candidates=filtered,
         )
         assert got.tolist() == case["expected"], case["id"]
+        via_plan = adapter.route_bounded(
+            v["endpoints"],
+            v["keys"],
+            v["hashes_per_endpoint"],
+            filtered.tolist(),
+            case["inflight"],
+            case["balance_factor"],
+            False,
+        )
+        assert via_plan == case["expected"], case["id"]
 
 
 def _ulps(a: float, b: float) -> int:
@@ -123,9 +154,10 @@ def test_fadein_score_vectors(name, v):
 
 
 @pytest.mark.parametrize(("name", "v"), DEFAULT_KEY, ids=[n for n, _ in DEFAULT_KEY])
-def test_default_key_vectors(name, v):
+def test_default_key_vectors(name, v, kernel):
     ring = lbcore.Ring(v["endpoints"], vnodes=v["hashes_per_endpoint"])
     for case in v["cases"]:
         key = lbcore.default_key(case["xff"], case["remote_addr"])
         assert key == case["expected_key"], case
         assert ring.lookup([key]).tolist() == [case["expected"]], case
+        assert adapter.route(v["endpoints"], [key], v["hashes_per_endpoint"]) == [case["expected"]]

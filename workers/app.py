@@ -5,8 +5,13 @@ r"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
 * ``POST /route``: which endpoint serves each product ID of a batch;
 * ``GET /metrics``: the host's routing metrics for Prometheus (any worker answers for
   the whole host, read from shared memory; see :mod:`workers.metrics`);
-* ``GET /healthz``: 200 while a table is published and its publisher is alive, else
-  503 with the reason (JSON both ways);
+* ``GET /healthz``: 200 while a table with endpoints is published and its publisher is
+  alive, else 503 with the reason (JSON both ways): for people and alerts;
+* ``GET /readyz``: 200 whenever this worker answers (JSON: whether keys route
+  client-side or fall back to the ingress, and why). A worker that falls back still
+  serves, so this, not ``/healthz``, is what a Kubernetes readiness or liveness probe
+  asks: an empty backend or a discovery outage must not take the client pods out of
+  their Service;
 * ``GET /status``: an HTML page for people (:mod:`workers.status`).
 
 ``POST /route`` takes one of
@@ -674,6 +679,12 @@ class CslbApp:
         Most keys in one ``/route`` request.
     stale_after_s
         Heartbeat age in seconds beyond which the publisher counts as dead.
+
+    Attributes
+    ----------
+    registry
+        The registry ``/metrics`` writes: cslb's collector; register more collectors
+        in it to serve their metrics alongside (:func:`workers.mount.mount` does).
     """
 
     def __init__(
@@ -699,6 +710,7 @@ class CslbApp:
             "/route": {"POST": self._route},
             "/metrics": {"GET": self._metrics},
             "/healthz": {"GET": self._healthz},
+            "/readyz": {"GET": self._readyz},
             "/status": {"GET": self._status},
             "/": {"GET": self._index},
         }
@@ -735,7 +747,9 @@ class CslbApp:
             handlers = self._routes.get(path)
             if handlers is None:
                 raise HTTPError(
-                    404, f"no such path {path[:200]!r}; try /route, /metrics, /healthz or /status"
+                    404,
+                    f"no such path {path[:200]!r}; try /route, /metrics, /healthz, /readyz or "
+                    "/status",
                 )
             handler = handlers.get("GET" if method == "HEAD" else method)
             if handler is None:
@@ -847,8 +861,21 @@ class CslbApp:
             "generation": h.generation,
             "heartbeat_age_s": None if h.heartbeat_age_s is None else round(h.heartbeat_age_s, 3),
             "publisher_pid": h.writer_pid,
+            "discovery_problem": h.problem or None,
         }
         return (200 if h.ok else 503), _JSON, json.dumps(doc).encode(), []
+
+    def _readyz(self, environ: dict[str, Any]) -> tuple:
+        h = self.monitor.health()
+        client_side = bool(h.generation and h.endpoints)
+        doc = {
+            "status": "serving",
+            "routing": "client-side" if client_side else "fallback",
+            "healthz": "ok" if h.ok else "unavailable",
+            "reason": h.reason,
+            "generation": h.generation,
+        }
+        return 200, _JSON, json.dumps(doc).encode(), []
 
     def _status(self, environ: dict[str, Any]) -> tuple:
         refresh: float | None = 5.0
@@ -876,6 +903,7 @@ class CslbApp:
             "POST /route    route a batch of product IDs (JSON array or text/plain lines)\n"
             "GET  /metrics  Prometheus metrics of the whole host\n"
             "GET  /healthz  200 while the routing table is fresh\n"
+            "GET  /readyz   200 while this worker serves (routing or falling back)\n"
             "GET  /status   status page\n"
         )
         return 200, "text/plain; charset=utf-8", text.encode(), []

@@ -35,12 +35,14 @@ name                                      type     meaning
 ``cslb_discovery_heartbeat_age_seconds``  gauge    time since the publisher's last heartbeat
 ``cslb_fade_share``                       gauge    share of keys each fading ring carries now
 ``cslb_discovery_up``                     gauge    1 while the publisher runs and heartbeats
+``cslb_build_info``                       gauge    1, labelled with what runs (``version``)
 ========================================  =======  =================================================
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import math
 import threading
 import time
@@ -63,6 +65,7 @@ __all__ = [
     "Health",
     "HostMonitor",
     "HostSnapshot",
+    "build_info",
 ]
 
 
@@ -85,6 +88,18 @@ STALE_AFTER = Knob(
     "/healthz answers 503 and cslb_discovery_up is 0 (workers keep routing on the last table).",
     "SECONDS",
 )
+
+
+def build_info() -> dict[str, str]:
+    """The labels of ``cslb_build_info`` (one sample, value 1): what this process runs.
+
+    ``version`` is the installed cslb distribution's. A new label is one more entry here.
+    """
+    try:
+        version = importlib.metadata.version("cslb")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"version": version}
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +195,8 @@ class Health:
     Attributes
     ----------
     ok : bool
-        True while a table is published and its publisher runs and heartbeats.
+        True while a table with endpoints is published and its publisher runs and
+        heartbeats.
     reason : str
         Why not (or ``"ok"``).
     generation : int
@@ -189,6 +205,11 @@ class Health:
         Seconds since the publisher's last heartbeat (``None``: no tables).
     writer_pid : int
         PID of the publisher (0: unknown).
+    endpoints : int | None
+        Endpoints of the current table (``None``: no table).
+    problem : str
+        What the publisher reports is wrong with its sources (``""``: nothing), e.g. an
+        API request its service account is forbidden to make.
     """
 
     ok: bool
@@ -196,6 +217,8 @@ class Health:
     generation: int = 0
     heartbeat_age_s: float | None = None
     writer_pid: int = 0
+    endpoints: int | None = None
+    problem: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,15 +380,31 @@ class HostMonitor:
         return pid, beat_age, None
 
     def health(self) -> Health:
-        """Table published and publisher alive? Cheap: reads no counters, maps no table."""
+        """Table published, with endpoints, and publisher alive? Reads no counters.
+
+        Maps the current table (once per generation) to count its endpoints.
+        """
         now = self._clock()
         try:
             reader = self._table_reader()
             generation = reader.generation()
             pid, beat_age, dead = self._publisher(reader, now)
+            endpoints = len(reader.table().endpoints) if generation else None
+            problem = self._problem(reader, now)
         except shm.ShmError as exc:
             return Health(False, self._unavailable(exc))
-        return self._verdict(generation, pid, beat_age, dead)
+        return self._verdict(generation, pid, beat_age, dead, endpoints, problem)
+
+    @staticmethod
+    def _problem(reader: shm.TableReader, now: int) -> str:
+        """The publisher's report on its sources, with how long it has lasted."""
+        status = reader.status()
+        if status is None:
+            return ""
+        if not status.problem:
+            return ""
+        age = max(now - status.since_ns, 0) / 1e9 if status.since_ns else None
+        return status.problem + ("" if age is None else f" (for {age:.0f} s)")
 
     def _unavailable(self, exc: shm.ShmError) -> str:
         if isinstance(exc, shm.SegmentMissingError):
@@ -376,12 +415,40 @@ class HostMonitor:
         return f"routing tables of namespace {self.namespace!r} unreadable: {exc}"
 
     @staticmethod
-    def _verdict(generation: int, pid: int, beat_age: float | None, dead: str | None) -> Health:
-        facts = {"generation": generation, "heartbeat_age_s": beat_age, "writer_pid": pid}
+    def _verdict(
+        generation: int,
+        pid: int,
+        beat_age: float | None,
+        dead: str | None,
+        endpoints: int | None,
+        problem: str = "",
+    ) -> Health:
+        facts = {
+            "generation": generation,
+            "heartbeat_age_s": beat_age,
+            "writer_pid": pid,
+            "endpoints": endpoints,
+            "problem": problem if dead is None else "",
+        }
         if dead is not None:
             return Health(False, dead, **facts)
         if generation == 0:
-            return Health(False, "discovery has not published a routing table yet", **facts)
+            why = f": {problem}" if problem else ""
+            return Health(False, f"discovery has not published a routing table yet{why}", **facts)
+        if endpoints == 0:
+            return Health(
+                False,
+                f"the routing table (generation {generation}) has no endpoints: discovery "
+                "found no ready endpoint, so every key falls back to the ingress",
+                **facts,
+            )
+        if problem:
+            return Health(
+                False,
+                f"discovery cannot follow its sources: {problem}; workers route on the last "
+                f"good table (generation {generation})",
+                **facts,
+            )
         return Health(True, "ok", **facts)
 
     def snapshot(self) -> HostSnapshot:
@@ -414,7 +481,9 @@ class HostMonitor:
             knobs=knobs,
             fading=fading,
             outlier_panic=panic,
-            health=self._verdict(generation, pid, beat_age, dead),
+            health=self._verdict(
+                generation, pid, beat_age, dead, len(endpoints), self._problem(reader, now)
+            ),
         )
         counters = self._counter_reader()
         if counters is None:
@@ -675,7 +744,14 @@ class CslbCollector:
             "cslb_discovery_up",
             "1 while the discovery process runs and its heartbeat is fresh, else 0.",
         )
+        info = build_info()
+        build = _gauge(
+            "cslb_build_info",
+            "Always 1; the labels say what runs (version: the cslb release).",
+            list(info),
+        )
         families: list[Metric] = [
+            build,
             occupancy,
             in_flight,
             latency,
@@ -696,6 +772,7 @@ class CslbCollector:
         ]
         if s is None:
             return families
+        build.add_metric(list(info.values()), 1.0)
         up.add_metric([], 1.0 if s.publisher_alive else 0.0)
         if s.tables_present:
             panic.add_metric([], 1.0 if s.outlier_panic else 0.0)

@@ -1,4 +1,9 @@
-"""Adapter for Skipper's ``check_vectors.py``: every function goes through lbcore's public API."""
+"""Adapter for Skipper's ``check_vectors.py``: every function goes through lbcore's public API.
+
+Routing goes through :class:`lbcore.Plan` (one kernel call per batch) on whichever kernel
+is active (``lbcore.use_kernel``); Skipper's request-by-request traffic (``sequential``)
+is one plan per request, each on the in-flight counts the requests before it left.
+"""
 
 from __future__ import annotations
 
@@ -17,20 +22,35 @@ def ring(endpoints, hashes_per_endpoint):
 
 
 def route(endpoints, keys, hashes_per_endpoint):
-    return lbcore.Ring(endpoints, vnodes=hashes_per_endpoint).lookup(keys).tolist()
+    rs = lbcore.RingSet(endpoints, vnodes=hashes_per_endpoint)
+    return lbcore.Plan(rs, 0, max_key_bytes=None).route(keys)[0].tolist()
 
 
 def route_bounded(
     endpoints, keys, hashes_per_endpoint, available, inflight, balance_factor, sequential
 ):
-    r = lbcore.Ring(endpoints, vnodes=hashes_per_endpoint)
-    return r.lookup_bounded(
-        keys,
-        np.asarray(inflight, dtype=np.float64),
-        balance_factor,
-        candidates=available,
-        sequential=sequential,
-    ).tolist()
+    rs = lbcore.RingSet(endpoints, vnodes=hashes_per_endpoint)
+    ejected = None
+    if available is not None:
+        ejected = np.ones(len(endpoints), dtype=np.bool_)
+        ejected[np.asarray(available, dtype=np.intp)] = False
+    load = np.asarray(inflight, dtype=np.float64)
+
+    def plan(loads):
+        return lbcore.Plan(
+            rs, 0, ejected=ejected, loads=loads, balance_factor=balance_factor, max_key_bytes=None
+        )
+
+    if not sequential:
+        return plan(load).route(keys)[0].tolist()
+    out = []
+    load = load.copy()
+    for key in keys:
+        chosen = int(plan(load).route([key])[0][0])
+        out.append(chosen)
+        if chosen >= 0:
+            load[chosen] += 1.0
+    return out
 
 
 def fadein_score(lifetime_ns, duration_ns, exponent):

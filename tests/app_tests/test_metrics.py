@@ -66,6 +66,7 @@ EXPECTED_FAMILIES = {
     "cslb_discovery_heartbeat_age_seconds": "gauge",
     "cslb_fade_share": "gauge",
     "cslb_discovery_up": "gauge",
+    "cslb_build_info": "gauge",
 }
 
 
@@ -478,3 +479,12 @@ def test_a_new_pod_on_a_reused_slot_starts_its_totals_at_zero(namespace: str) ->
         rec.release()
         writer.close()
         store.close(unlink=True)
+
+
+def test_build_info_names_the_installed_version(namespace: str) -> None:
+    import importlib.metadata
+
+    _, fams = scrape(namespace)
+    (sample,) = fams["cslb_build_info"].samples
+    assert sample.value == 1.0
+    assert sample.labels == {"version": importlib.metadata.version("cslb")}

@@ -1,0 +1,752 @@
+/* Keys: from a list, tuple or array of product IDs to their XXH64 hashes.
+ *
+ * The rules are lbcore.hashing's (the NumPy reference): a str is hashed as its UTF-8
+ * bytes, bytes-like as is, an integer as its decimal string (so 123 and "123" route
+ * alike), a NumPy S array without trailing NUL padding, a U array as UTF-8 of its code
+ * points without trailing NULs. Errors are the reference's too: the first key of the
+ * wrong type or not encodable wins over any key that is too long, and a batch longer
+ * than two reference blocks is judged a block at a time, as the reference hashes it.
+ */
+#include "kernel.h"
+
+#include <string.h>
+
+/* lbcore.hashing.BLOCK: long batches are hashed (and judged) in blocks of this many. */
+#define REF_BLOCK 32768
+
+enum { ERR_NONE, ERR_SET, ERR_TYPE, ERR_ENCODING, ERR_TOO_LONG };
+
+typedef struct {
+    int err;
+    Py_ssize_t index;     /* the key the error names */
+    Py_ssize_t detail;    /* ERR_ENCODING: character; ERR_TOO_LONG: its length */
+    Py_ssize_t count;     /* ERR_TOO_LONG: keys too long in its block */
+    PyObject *bad;        /* ERR_TYPE: the key (borrowed) */
+    /* Too-long keys of the current block. */
+    Py_ssize_t block_first, block_first_len, block_count;
+    /* Scratch for UTF-8 of non-ASCII strings and decimal strings of huge ints. */
+    uint8_t *scratch;
+    size_t scratch_size;
+} hash_state;
+
+static int raise_pending(const hash_state *st, const lb_keys *k)
+{
+    switch (st->err) {
+    case ERR_TYPE: {
+        PyObject *name = PyType_GetName(Py_TYPE(st->bad));
+        if (name == NULL)
+            return -1;
+        PyErr_Format(LB.key_type_error,
+                     "key %zd has type %U; expected str, bytes or int (a product ID: str is "
+                     "hashed as UTF-8, int as its decimal string)",
+                     st->index, name);
+        Py_DECREF(name);
+        return -1;
+    }
+    case ERR_ENCODING:
+        PyErr_Format(LB.key_encoding_error,
+                     "key %zd is not valid Unicode and cannot be encoded as UTF-8: surrogates "
+                     "not allowed at character %zd",
+                     st->index, st->detail);
+        return -1;
+    case ERR_TOO_LONG:
+        PyErr_Format(LB.key_too_long_error,
+                     "key %zd is %zd bytes long; keys may be at most %zd bytes (%zd key(s) too "
+                     "long in this batch)",
+                     st->index, st->detail, k->max_key_bytes, st->count);
+        return -1;
+    default:
+        return -1; /* ERR_SET: the exception is set already */
+    }
+}
+
+static uint8_t *scratch(hash_state *st, size_t need)
+{
+    if (need > st->scratch_size) {
+        size_t size = need < 256 ? 256 : need;
+        uint8_t *p = (uint8_t *)PyMem_RawRealloc(st->scratch, size);
+        if (p == NULL)
+            return NULL;
+        st->scratch = p;
+        st->scratch_size = size;
+    }
+    return st->scratch;
+}
+
+/* A key of len bytes: counted if too long. Returns 1 if it is to be hashed. */
+static inline int length_ok(hash_state *st, const lb_keys *k, Py_ssize_t i, Py_ssize_t len)
+{
+    if (k->max_key_bytes < 0 || len <= k->max_key_bytes)
+        return 1;
+    if (st->block_count++ == 0) {
+        st->block_first = i;
+        st->block_first_len = len;
+    }
+    return 0;
+}
+
+/* At the end of a reference block: its too-long keys become the error. */
+static inline int block_end(hash_state *st)
+{
+    if (st->block_count == 0)
+        return 0;
+    st->err = ERR_TOO_LONG;
+    st->index = st->block_first;
+    st->detail = st->block_first_len;
+    st->count = st->block_count;
+    return -1;
+}
+
+/* ---- decimal strings --------------------------------------------------------------- */
+
+static const char DIGITS2[201] = "00010203040506070809101112131415161718192021222324"
+                                 "25262728293031323334353637383940414243444546474849"
+                                 "50515253545556575859606162636465666768697071727374"
+                                 "75767778798081828384858687888990919293949596979899";
+
+/* Writes the decimal string of m ending at end; returns its start. Eight digits at a
+ * time in 32-bit arithmetic, two at a time from a table. */
+static inline char *format_u64(char *end, uint64_t m)
+{
+    char *p = end;
+    while (m >= 100000000u) {
+        uint32_t low = (uint32_t)(m % 100000000u);
+        m /= 100000000u;
+        for (int j = 0; j < 4; j++) {
+            uint32_t r = low % 100;
+            low /= 100;
+            p -= 2;
+            memcpy(p, DIGITS2 + 2 * r, 2);
+        }
+    }
+    uint32_t v = (uint32_t)m;
+    while (v >= 100) {
+        uint32_t r = v % 100;
+        v /= 100;
+        p -= 2;
+        memcpy(p, DIGITS2 + 2 * r, 2);
+    }
+    if (v >= 10) {
+        p -= 2;
+        memcpy(p, DIGITS2 + 2 * v, 2);
+    } else {
+        *--p = (char)('0' + v);
+    }
+    return p;
+}
+
+static inline uint64_t xxh64_decimal(uint64_t m, int neg, Py_ssize_t *length);
+
+static inline int hash_decimal(hash_state *st, const lb_keys *k, Py_ssize_t i, uint64_t m,
+                               int negative, uint64_t *out)
+{
+    Py_ssize_t len;
+    uint64_t h = xxh64_decimal(m, negative, &len);
+    if (length_ok(st, k, i, len))
+        *out = h;
+    return 0;
+}
+
+/* A Python int (any size; exact int or subclass, by value). */
+static int hash_pylong(hash_state *st, const lb_keys *k, Py_ssize_t i, PyObject *o, uint64_t *out)
+{
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (!overflow) {
+        uint64_t m = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+        return hash_decimal(st, k, i, m, v < 0, out);
+    }
+    if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(o);
+        if (!(u == (unsigned long long)-1 && PyErr_Occurred()))
+            return hash_decimal(st, k, i, (uint64_t)u, 0, out);
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+    }
+    /* Beyond 64 bits: int.__repr__, as the reference formats it (and with its limit on
+     * digits, whose ValueError propagates the same way). */
+    PyObject *text = PyLong_Type.tp_repr(o);
+    if (text == NULL)
+        return -1;
+    Py_ssize_t len = PyUnicode_GET_LENGTH(text);
+    if (length_ok(st, k, i, len))
+        *out = lb_xxh64(PyUnicode_1BYTE_DATA(text), (size_t)len);
+    Py_DECREF(text);
+    return 0;
+}
+
+/* ---- str: UTF-8 straight from the string's storage --------------------------------- */
+
+/* UTF-8 of n code points of the given kind into dst; returns its length, or -1 with
+ * *bad set to the first surrogate's index. */
+static Py_ssize_t utf8_encode(int kind, const void *data, Py_ssize_t n, uint8_t *dst,
+                              Py_ssize_t *bad)
+{
+    uint8_t *p = dst;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, j);
+        if (c < 0x80) {
+            *p++ = (uint8_t)c;
+        } else if (c < 0x800) {
+            *p++ = (uint8_t)(0xC0 | (c >> 6));
+            *p++ = (uint8_t)(0x80 | (c & 0x3F));
+        } else if (c < 0x10000) {
+            if (c >= 0xD800 && c <= 0xDFFF) {
+                *bad = j;
+                return -1;
+            }
+            *p++ = (uint8_t)(0xE0 | (c >> 12));
+            *p++ = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
+            *p++ = (uint8_t)(0x80 | (c & 0x3F));
+        } else if (c <= 0x10FFFF) {
+            *p++ = (uint8_t)(0xF0 | (c >> 18));
+            *p++ = (uint8_t)(0x80 | ((c >> 12) & 0x3F));
+            *p++ = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
+            *p++ = (uint8_t)(0x80 | (c & 0x3F));
+        } else { /* not a code point (only an array of raw UCS4 can hold one) */
+            *bad = j;
+            return -1;
+        }
+    }
+    return (Py_ssize_t)(p - dst);
+}
+
+static int hash_ucs(hash_state *st, const lb_keys *k, Py_ssize_t i, int kind, const void *data,
+                    Py_ssize_t n, uint64_t *out)
+{
+    uint8_t *dst = scratch(st, (size_t)n * 4 + 1);
+    if (dst == NULL) {
+        PyErr_NoMemory();
+        st->err = ERR_SET;
+        return -1;
+    }
+    Py_ssize_t bad = 0;
+    Py_ssize_t len = utf8_encode(kind, data, n, dst, &bad);
+    if (len < 0) {
+        st->err = ERR_ENCODING;
+        st->index = i;
+        st->detail = bad;
+        return -1;
+    }
+    if (length_ok(st, k, i, len))
+        *out = lb_xxh64(dst, (size_t)len);
+    return 0;
+}
+
+/* One key object. Returns 0, or -1 with st->err set. */
+static int hash_object(hash_state *st, const lb_keys *k, Py_ssize_t i, PyObject *o, uint64_t *out)
+{
+    if (PyUnicode_Check(o)) {
+#if PY_VERSION_HEX < 0x030C0000
+        if (PyUnicode_READY(o) < 0) {
+            st->err = ERR_SET;
+            return -1;
+        }
+#endif
+        Py_ssize_t n = PyUnicode_GET_LENGTH(o);
+        if (PyUnicode_IS_ASCII(o)) { /* UTF-8 is the string's own storage: no copy */
+            if (length_ok(st, k, i, n))
+                *out = lb_xxh64(PyUnicode_1BYTE_DATA(o), (size_t)n);
+            return 0;
+        }
+        return hash_ucs(st, k, i, PyUnicode_KIND(o), PyUnicode_DATA(o), n, out);
+    }
+    if (PyBytes_Check(o)) {
+        Py_ssize_t n = PyBytes_GET_SIZE(o);
+        if (length_ok(st, k, i, n))
+            *out = lb_xxh64(PyBytes_AS_STRING(o), (size_t)n);
+        return 0;
+    }
+    if (PyLong_Check(o)) {
+        if (PyBool_Check(o))
+            goto wrong_type;
+        if (hash_pylong(st, k, i, o, out) < 0) {
+            st->err = ERR_SET;
+            return -1;
+        }
+        return 0;
+    }
+    if (PyByteArray_Check(o)) {
+        Py_ssize_t n = PyByteArray_GET_SIZE(o);
+        if (length_ok(st, k, i, n))
+            *out = lb_xxh64(PyByteArray_AS_STRING(o), (size_t)n);
+        return 0;
+    }
+    if (PyMemoryView_Check(o)) {
+        /* bytes(view): its bytes in C order. A contiguous view is read in place. */
+        Py_buffer v;
+        if (PyObject_GetBuffer(o, &v, PyBUF_SIMPLE) == 0) {
+            if (length_ok(st, k, i, v.len))
+                *out = lb_xxh64(v.buf, (size_t)v.len);
+            PyBuffer_Release(&v);
+            return 0;
+        }
+        PyErr_Clear();
+        PyObject *b = PyBytes_FromObject(o);
+        if (b == NULL) {
+            st->err = ERR_SET;
+            return -1;
+        }
+        Py_ssize_t n = PyBytes_GET_SIZE(b);
+        if (length_ok(st, k, i, n))
+            *out = lb_xxh64(PyBytes_AS_STRING(b), (size_t)n);
+        Py_DECREF(b);
+        return 0;
+    }
+    if (LB.np_integer != NULL && PyObject_TypeCheck(o, (PyTypeObject *)LB.np_integer)) {
+        PyObject *v = PyNumber_Index(o);
+        if (v == NULL) {
+            st->err = ERR_SET;
+            return -1;
+        }
+        int rc = hash_pylong(st, k, i, v, out);
+        Py_DECREF(v);
+        if (rc < 0)
+            st->err = ERR_SET;
+        return rc;
+    }
+wrong_type:
+    st->err = ERR_TYPE;
+    st->index = i;
+    st->bad = o;
+    return -1;
+}
+
+/* ---- arrays ----------------------------------------------------------------------- */
+
+static int hash_array_key(hash_state *st, const lb_keys *k, Py_ssize_t i, uint64_t *out)
+{
+    const uint8_t *item = (const uint8_t *)k->view.buf + i * k->itemsize;
+    Py_ssize_t w = k->itemsize;
+    switch (k->kind) {
+    case LB_INT: {
+        int64_t v;
+        switch (w) {
+        case 1: { int8_t x; memcpy(&x, item, 1); v = x; break; }
+        case 2: { int16_t x; memcpy(&x, item, 2); v = x; break; }
+        case 4: { int32_t x; memcpy(&x, item, 4); v = x; break; }
+        default: memcpy(&v, item, 8); break;
+        }
+        return hash_decimal(st, k, i, v < 0 ? 0 - (uint64_t)v : (uint64_t)v, v < 0, out);
+    }
+    case LB_UINT: {
+        uint64_t v;
+        switch (w) {
+        case 1: { uint8_t x; memcpy(&x, item, 1); v = x; break; }
+        case 2: { uint16_t x; memcpy(&x, item, 2); v = x; break; }
+        case 4: { uint32_t x; memcpy(&x, item, 4); v = x; break; }
+        default: memcpy(&v, item, 8); break;
+        }
+        return hash_decimal(st, k, i, v, 0, out);
+    }
+    case LB_BYTES: { /* trailing NULs are NumPy's padding */
+        Py_ssize_t len = w;
+        while (len > 0 && item[len - 1] == 0)
+            len--;
+        if (length_ok(st, k, i, len))
+            *out = lb_xxh64(item, (size_t)len);
+        return 0;
+    }
+    default: { /* LB_UCS4 */
+        Py_ssize_t n = w / 4;
+        uint32_t last;
+        while (n > 0 && (memcpy(&last, item + 4 * (n - 1), 4), last == 0))
+            n--;
+        Py_ssize_t j = 0;
+        uint32_t c = 0;
+        while (j < n && (memcpy(&c, item + 4 * j, 4), c < 0x80))
+            j++;
+        if (j == n) { /* ASCII: one byte per code point */
+            uint8_t *dst = scratch(st, (size_t)n + 1);
+            if (dst == NULL) {
+                st->err = ERR_SET; /* (set by the caller once it holds the GIL) */
+                st->index = -1;
+                return -1;
+            }
+            for (j = 0; j < n; j++) {
+                memcpy(&c, item + 4 * j, 4);
+                dst[j] = (uint8_t)c;
+            }
+            if (length_ok(st, k, i, n))
+                *out = lb_xxh64(dst, (size_t)n);
+            return 0;
+        }
+        /* UCS4 items may be unaligned in a buffer: copy them to aligned scratch. */
+        uint8_t *tmp = scratch(st, (size_t)n * 8 + 1);
+        if (tmp == NULL) {
+            st->err = ERR_SET;
+            st->index = -1;
+            return -1;
+        }
+        Py_UCS4 *cps = (Py_UCS4 *)(void *)(tmp + (size_t)n * 4);
+        memcpy(cps, item, (size_t)n * 4);
+        Py_ssize_t bad = 0;
+        Py_ssize_t len = utf8_encode(PyUnicode_4BYTE_KIND, cps, n, tmp, &bad);
+        if (len < 0) {
+            st->err = ERR_ENCODING;
+            st->index = i;
+            st->detail = bad;
+            return -1;
+        }
+        if (length_ok(st, k, i, len))
+            *out = lb_xxh64(tmp, (size_t)len);
+        return 0;
+    }
+    }
+}
+
+/* Keys [a, b) of a list or tuple. */
+static int hash_seq_range(hash_state *st, lb_keys *k, Py_ssize_t a, Py_ssize_t b, uint64_t *out)
+{
+    PyObject *seq = k->seq;
+    int is_list = PyList_Check(seq);
+    PyObject **items = is_list ? ((PyListObject *)seq)->ob_item : ((PyTupleObject *)seq)->ob_item;
+    for (Py_ssize_t i = a; i < b; i++) {
+        PyObject *o = items[i];
+        if (i + 4 < b)
+            PREFETCH(items[i + 4]); /* the key objects are scattered: load them early */
+        /* The common key, an ASCII str: its storage is its UTF-8; nothing here runs
+         * Python code, so the list cannot change under us. */
+        if (LIKELY(PyUnicode_CheckExact(o) && PyUnicode_IS_COMPACT_ASCII(o))) {
+            Py_ssize_t len = PyUnicode_GET_LENGTH(o);
+            if (LIKELY(length_ok(st, k, i, len)))
+                out[i] = lb_xxh64(PyUnicode_1BYTE_DATA(o), (size_t)len);
+            continue;
+        }
+        /* Any other key may run Python code (an integer's __index__, a buffer export):
+         * hold it, and fetch the next items afresh from a list of unchanged size. */
+        Py_INCREF(o);
+        int rc = hash_object(st, k, i, o, out + i);
+        if (rc < 0 && st->err == ERR_TYPE) {
+            raise_pending(st, k); /* names the key while we still hold it */
+            st->err = ERR_SET;
+        }
+        Py_DECREF(o);
+        if (rc < 0)
+            return -1;
+        Py_ssize_t size = is_list ? PyList_GET_SIZE(seq) : PyTuple_GET_SIZE(seq);
+        if (size != k->n) {
+            PyErr_SetString(PyExc_RuntimeError, "the batch of keys changed size while it was hashed");
+            st->err = ERR_SET;
+            return -1;
+        }
+        items = is_list ? ((PyListObject *)seq)->ob_item : ((PyTupleObject *)seq)->ob_item;
+    }
+    return 0;
+}
+
+/* Integer arrays: one loop per item type. The decimal string is built in registers and
+ * hashed from them: written to memory two digits at a time and read back as 8-byte
+ * lanes, it costs a store-forwarding stall per lane, twice the arithmetic's time. */
+
+/* Eight ASCII digits of v < 10**8, zero-padded, first digit in the lowest byte. */
+static inline uint64_t digits8(uint32_t v)
+{
+    uint32_t hi = v / 10000, lo = v % 10000;
+    uint16_t a, b, c, d;
+    memcpy(&a, DIGITS2 + 2 * (hi / 100), 2);
+    memcpy(&b, DIGITS2 + 2 * (hi % 100), 2);
+    memcpy(&c, DIGITS2 + 2 * (lo / 100), 2);
+    memcpy(&d, DIGITS2 + 2 * (lo % 100), 2);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    a = __builtin_bswap16(a), b = __builtin_bswap16(b), c = __builtin_bswap16(c), d = __builtin_bswap16(d);
+#endif
+    return (uint64_t)a | (uint64_t)b << 16 | (uint64_t)c << 32 | (uint64_t)d << 48;
+}
+
+/* The 8 bytes at byte offset o of the little-endian words w[0..3]. */
+static inline uint64_t lane_at(const uint64_t *w, int o)
+{
+    int q = o >> 3, r = (o & 7) * 8;
+    return r ? (w[q] >> r) | (w[q + 1] << (64 - r)) : w[q];
+}
+
+static const uint64_t POW10[20] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL,
+    10000000ULL, 100000000ULL, 1000000000ULL, 10000000000ULL, 100000000000ULL,
+    1000000000000ULL, 10000000000000ULL, 100000000000000ULL, 1000000000000000ULL,
+    10000000000000000ULL, 100000000000000000ULL, 1000000000000000000ULL,
+    10000000000000000000ULL};
+
+/* XXH64 of the decimal string of (neg ? -m : m); *length gets its length. */
+static inline uint64_t xxh64_decimal(uint64_t m, int neg, Py_ssize_t *length)
+{
+    /* Digits: from the bit length (1233 / 4096 ~ log10(2)), corrected by one compare. */
+    int t10 = (64 - __builtin_clzll(m | 1)) * 1233 >> 12;
+    int digits = t10 + 1 - (m < POW10[t10]);
+    if (digits < 1)
+        digits = 1;
+    uint64_t w[4] = {0x3030303030303030ULL, 0x3030303030303030ULL, 0, 0};
+    if (m >= 100000000u) {
+        uint64_t t = m / 100000000u;
+        if (t >= 100000000u)
+            w[0] = digits8((uint32_t)(t / 100000000u));
+        w[1] = digits8((uint32_t)(t % 100000000u));
+    }
+    w[2] = digits8((uint32_t)(m % 100000000u));
+    int len = digits + neg, o = 24 - len;
+    if (neg) { /* the padding zero before the first digit becomes the sign */
+        int q = o >> 3, r = (o & 7) * 8;
+        w[q] = (w[q] & ~((uint64_t)0xFF << r)) | ((uint64_t)'-' << r);
+    }
+    *length = len;
+    uint64_t h = XXH_P5 + (uint64_t)len;
+    int rem = len;
+    for (; rem >= 8; rem -= 8, o += 8) {
+        h ^= xxh_round(0, lane_at(w, o));
+        h = xxh_rotl(h, 27) * XXH_P1 + XXH_P4;
+    }
+    uint64_t tail = lane_at(w, o);
+    if (rem >= 4) {
+        h ^= (tail & 0xFFFFFFFFu) * XXH_P1;
+        h = xxh_rotl(h, 23) * XXH_P2 + XXH_P3;
+        tail >>= 32;
+        rem -= 4;
+    }
+    for (; rem > 0; rem--, tail >>= 8) {
+        h ^= (tail & 0xFF) * XXH_P5;
+        h = xxh_rotl(h, 11) * XXH_P1;
+    }
+    h ^= h >> 33;
+    h *= XXH_P2;
+    h ^= h >> 29;
+    h *= XXH_P3;
+    return h ^ (h >> 32);
+}
+
+/* Arrays are formatted a group of keys at a time and then hashed: the hash's 8-byte
+ * loads of digits stored a moment before would each wait for the stores to drain. */
+#define GROUP 64
+
+#define INT_RANGE(T, SIGNED)                                                                    \
+    for (Py_ssize_t g = a; g < b; g += GROUP) {                                                 \
+        Py_ssize_t e = g + GROUP < b ? g + GROUP : b;                                           \
+        char text[GROUP][24];                                                                   \
+        uint8_t start[GROUP];                                                                   \
+        for (Py_ssize_t i = g; i < e; i++) {                                                    \
+            T x;                                                                                \
+            memcpy(&x, base + i * (Py_ssize_t)sizeof(T), sizeof(T));                            \
+            char *end = text[i - g] + 24, *p;                                                   \
+            if (SIGNED) {                                                                       \
+                int64_t v = (int64_t)x;                                                         \
+                p = format_u64(end, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);                     \
+                if (v < 0)                                                                      \
+                    *--p = '-';                                                                 \
+            } else {                                                                            \
+                p = format_u64(end, (uint64_t)x);                                               \
+            }                                                                                   \
+            start[i - g] = (uint8_t)(p - text[i - g]);                                          \
+        }                                                                                       \
+        for (Py_ssize_t i = g; i < e; i++) {                                                    \
+            Py_ssize_t len = 24 - start[i - g];                                                 \
+            if (unchecked || length_ok(st, k, i, len))                                          \
+                out[i] = lb_xxh64(text[i - g] + start[i - g], (size_t)len);                     \
+        }                                                                                       \
+    }
+
+static int hash_int_range(hash_state *st, lb_keys *k, Py_ssize_t a, Py_ssize_t b, uint64_t *out)
+{
+    const uint8_t *base = (const uint8_t *)k->view.buf;
+    int unchecked = k->max_key_bytes < 0 || k->max_key_bytes >= 20;
+    if (k->kind == LB_INT) {
+        switch (k->itemsize) {
+        case 1: INT_RANGE(int8_t, 1) break;
+        case 2: INT_RANGE(int16_t, 1) break;
+        case 4: INT_RANGE(int32_t, 1) break;
+        default: INT_RANGE(int64_t, 1) break;
+        }
+    } else {
+        switch (k->itemsize) {
+        case 1: INT_RANGE(uint8_t, 0) break;
+        case 2: INT_RANGE(uint16_t, 0) break;
+        case 4: INT_RANGE(uint32_t, 0) break;
+        default: INT_RANGE(uint64_t, 0) break;
+        }
+    }
+    return 0;
+}
+
+int lb_hash_keys(lb_keys *k, uint64_t *out)
+{
+    hash_state st;
+    memset(&st, 0, sizeof st);
+    Py_ssize_t n = k->n;
+    /* The reference judges a long batch a block at a time (see the top of this file). */
+    Py_ssize_t block = n > 2 * REF_BLOCK ? REF_BLOCK : n;
+    int rc = 0;
+    for (Py_ssize_t a = 0; a < n && rc == 0; a += block) {
+        Py_ssize_t b = a + block < n ? a + block : n;
+        if (k->seq != NULL) {
+            rc = hash_seq_range(&st, k, a, b, out);
+        } else if (k->kind == LB_INT || k->kind == LB_UINT) {
+            rc = hash_int_range(&st, k, a, b, out);
+        } else {
+            for (Py_ssize_t i = a; i < b && rc == 0; i++)
+                rc = hash_array_key(&st, k, i, out + i);
+        }
+        if (rc == 0)
+            rc = block_end(&st);
+    }
+    PyMem_RawFree(st.scratch);
+    if (rc == 0)
+        return 0;
+    /* Arrays may have been hashed without the GIL: the pending error is raised by
+     * lb_keys_raise, called with it. */
+    k->err = st.err;
+    k->err_index = st.index;
+    k->err_detail = st.detail;
+    k->err_count = st.count;
+    return -1;
+}
+
+int lb_keys_raise(lb_keys *k)
+{
+    if (k->err == ERR_SET) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return -1;
+    }
+    hash_state st;
+    memset(&st, 0, sizeof st);
+    st.err = k->err;
+    st.index = k->err_index;
+    st.detail = k->err_detail;
+    st.count = k->err_count;
+    return raise_pending(&st, k);
+}
+
+/* ---- opening a batch ----------------------------------------------------------------- */
+
+/* A 1-D C-contiguous native-order NumPy array of integers, S or U: its kind, read off
+ * the buffer's format (0: anything else, for lbcore.kernel.batch_of to sort out). */
+static int array_kind(const Py_buffer *v)
+{
+    if (v->ndim != 1 || v->format == NULL || v->itemsize < 1)
+        return 0;
+    const char *f = v->format;
+    if (*f == '=' || *f == '<' || *f == '@')
+        f++;
+    if (f[0] != '\0' && f[1] == '\0') {
+        switch (f[0]) {
+        case 'b': case 'h': case 'i': case 'l': case 'q': case 'n':
+            return v->itemsize <= 8 ? LB_INT : 0;
+        case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N':
+            return v->itemsize <= 8 ? LB_UINT : 0;
+        default:
+            return 0;
+        }
+    }
+    while (*f >= '0' && *f <= '9')
+        f++;
+    if (f[0] == 's' && f[1] == '\0')
+        return LB_BYTES;
+    if (f[0] == 'w' && f[1] == '\0' && v->itemsize % 4 == 0)
+        return LB_UCS4;
+    return 0;
+}
+
+int lb_keys_open(lb_keys *k, PyObject *keys, PyObject *kind, Py_ssize_t max_key_bytes)
+{
+    memset(k, 0, sizeof *k);
+    k->max_key_bytes = max_key_bytes;
+    if (kind == NULL || kind == Py_None) {
+        if (PyList_Check(keys) || PyTuple_Check(keys)) {
+            k->seq = keys;
+            k->n = PyList_Check(keys) ? PyList_GET_SIZE(keys) : PyTuple_GET_SIZE(keys);
+            return 0;
+        }
+        if (PyObject_TypeCheck(keys, (PyTypeObject *)LB.np_ndarray)) {
+            if (PyObject_GetBuffer(keys, &k->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+                int code = array_kind(&k->view);
+                if (code && k->view.len > 0) {
+                    k->kind = code;
+                    k->itemsize = k->view.itemsize;
+                    k->n = k->view.len / k->itemsize;
+                    return 0;
+                }
+                PyBuffer_Release(&k->view);
+            } else {
+                PyErr_Clear();
+            }
+        }
+        /* Anything else: lbcore.kernel.batch_of gives a list or a plain array (or the
+         * reference's error). */
+        PyObject *pair = PyObject_CallOneArg(LB.batch_of, keys);
+        if (pair == NULL)
+            return -1;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+            (PyTuple_GET_ITEM(pair, 1) == Py_None && !PyList_Check(PyTuple_GET_ITEM(pair, 0)) &&
+             !PyTuple_Check(PyTuple_GET_ITEM(pair, 0)))) {
+            Py_DECREF(pair);
+            PyErr_SetString(PyExc_TypeError, "batch_of must return (list, None) or (array, kind)");
+            return -1;
+        }
+        int rc = lb_keys_open(k, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), max_key_bytes);
+        if (rc == 0) {
+            k->owned = PyTuple_GET_ITEM(pair, 0); /* keep the converted batch alive */
+            Py_INCREF(k->owned);
+        }
+        Py_DECREF(pair);
+        return rc;
+    }
+    /* kind: (kind character, itemsize) as the Python side read it off the dtype. */
+    int code;
+    Py_ssize_t itemsize;
+    if (!PyArg_ParseTuple(kind, "Cn", &code, &itemsize))
+        return -1;
+    int ok = 0;
+    if (code == LB_INT || code == LB_UINT)
+        ok = itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8;
+    else if (code == LB_BYTES)
+        ok = itemsize >= 0;
+    else if (code == LB_UCS4)
+        ok = itemsize >= 0 && itemsize % 4 == 0;
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "unsupported key array kind %c with itemsize %zd", code, itemsize);
+        return -1;
+    }
+    if (PyObject_GetBuffer(keys, &k->view, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    k->kind = code;
+    k->itemsize = itemsize;
+    if (itemsize == 0) {
+        PyBuffer_Release(&k->view);
+        PyErr_SetString(PyExc_ValueError, "key arrays of itemsize 0 are passed as a list");
+        return -1;
+    }
+    if (k->view.len % itemsize != 0) {
+        PyBuffer_Release(&k->view);
+        PyErr_Format(PyExc_ValueError, "key buffer of %zd bytes is not a whole number of %zd-byte items",
+                     k->view.len, itemsize);
+        return -1;
+    }
+    k->n = k->view.len / itemsize;
+    return 0;
+}
+
+void lb_keys_close(lb_keys *k)
+{
+    if (k->seq == NULL && k->view.obj != NULL)
+        PyBuffer_Release(&k->view);
+    k->view.obj = NULL;
+    Py_CLEAR(k->owned);
+}
+
+PyObject *lb_new_array(Py_ssize_t n, PyObject *dtype, Py_buffer *view)
+{
+    PyObject *size = PyLong_FromSsize_t(n);
+    if (size == NULL)
+        return NULL;
+    PyObject *args[2] = {size, dtype};
+    PyObject *arr = PyObject_Vectorcall(LB.np_empty, args, 2, NULL);
+    Py_DECREF(size);
+    if (arr == NULL)
+        return NULL;
+    if (PyObject_GetBuffer(arr, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}

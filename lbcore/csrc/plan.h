@@ -1,0 +1,57 @@
+/* The native side of lbcore.plan.Plan: its buffers, validated once when it is built. */
+#ifndef LBCORE_PLAN_H
+#define LBCORE_PLAN_H
+
+#include "kernel.h"
+
+enum { CHOICE_FIXED = 0, CHOICE_NRING = 1, CHOICE_SKIPPER = 2 };
+enum { GATE_ALL = 0, GATE_NONE = 1, GATE_PARTIAL = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    /* The newest ring (may be views of shared memory: read with LOAD_RELAXED). */
+    Py_buffer hashes_v, owners_v, buckets_v;
+    const uint64_t *hashes;
+    const int32_t *owners;
+    const int32_t *buckets;
+    Py_ssize_t size;      /* ring positions, >= 1 unless closed */
+    int shift;            /* 64 - bucket bits */
+    Py_ssize_t n;         /* endpoints */
+    /* Views: one per ring (N-ring), per candidate level (Skipper fade-in), or one.
+     * Plan-private memory, built by lbcore.plan; checked for shape here. */
+    Py_ssize_t views;
+    Py_buffer eligible_v, good_v, listed_count_v, eligible_count_v, single_v, loads_v;
+    const uint8_t *eligible;        /* views x n: the walk may stop here */
+    const uint8_t *good;            /* views x n: eligible and under the bar */
+    const int64_t *listed_count;    /* per view: candidates Skipper counts */
+    const int64_t *eligible_count;  /* per view: endpoints the walk may stop at */
+    const int32_t *single;          /* per view: the one candidate, or -1 */
+    const double *loads;            /* n: for the least loaded endpoint a capped walk saw */
+    int bounded;
+    Py_ssize_t max_hops;            /* 0: Skipper's full lap */
+    /* Which view a key uses. */
+    int choice;
+    Py_ssize_t fixed_view;
+    uint64_t choice_salt;
+    Py_buffer thresholds_v, saturated_v;
+    const uint64_t *thresholds;
+    const uint8_t *saturated;       /* the threshold is 2**64 */
+    Py_ssize_t nthresholds;
+    /* The rollout gate. */
+    int gate;
+    uint64_t gate_salt, gate_threshold;
+    /* Endpoint index -> counter slot. */
+    Py_buffer slots_v;
+    const int64_t *slots;
+    int64_t n_slots;
+    /* Sequence check: words[guard_index] == guard_expected while the table is valid. */
+    Py_buffer guard_v;
+    const uint64_t *guard_words;
+    Py_ssize_t guard_index;
+    uint64_t guard_expected;
+    int has_guard;
+    int closed;                     /* every key is fallback */
+    Py_ssize_t max_key_bytes;
+} LBPlan;
+
+#endif

@@ -1,0 +1,289 @@
+"""Choosing and calling lbcore's kernel: the compiled C extension or the NumPy reference.
+
+Both kernels answer the same questions bit for bit — hash a batch of keys, route it on
+a :class:`lbcore.plan.Plan`, add a fan-out to a counter row — and are tested against
+each other. The native one (``lbcore._kernel``, C99 built by ``pip install`` where a C
+compiler works) is what a worker runs; the NumPy one (:mod:`lbcore.numpy_kernel` and
+:mod:`lbcore.hashing`) is the reference and the fallback where nothing was compiled.
+
+Which one runs is the :data:`lbcore.knobs.KERNEL` setting ``CSLB_KERNEL``, read here
+once when lbcore is imported (the one exception to "lbcore reads no environment"):
+``auto`` (default) the native kernel if it loads, else NumPy with one
+:class:`RuntimeWarning` naming why; ``native`` raises :class:`ImportError` at import if
+it cannot load; ``numpy`` never loads it. :func:`use_kernel` switches in-process (tests
+run every parity test on both kernels that way); a plan routes on the kernel that was
+active when it was built.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from lbcore import hashing
+from lbcore.errors import ArgumentError, KeyTypeError
+from lbcore.knobs import KERNEL
+
+__all__ = ["batch_of", "hash_keys", "kernel_name", "native", "scatter_add", "use_kernel"]
+
+#: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
+ABI = 1
+
+_native: ModuleType | None = None
+_native_error: str | None = None
+_active = "numpy"
+
+
+def _load_native() -> ModuleType | None:
+    """The extension module, loaded once; ``None`` (and the reason kept) if it cannot load."""
+    global _native, _native_error
+    if _native is None and _native_error is None:
+        try:
+            from lbcore import _kernel
+        except ImportError as exc:
+            _native_error = f"{type(exc).__name__}: {exc}"
+        else:
+            abi = getattr(_kernel, "ABI", None)
+            if abi != ABI:  # built from other sources: a stale in-place build
+                _native_error = (
+                    f"lbcore/_kernel was built from other sources (interface {abi}, this "
+                    f"lbcore needs {ABI}); reinstall cslb to rebuild it"
+                )
+            else:
+                _kernel.configure(batch_of)
+                _native = _kernel
+    return _native
+
+
+def kernel_name() -> str:
+    """The kernel routing in this process: ``"native"`` or ``"numpy"``."""
+    return _active
+
+
+def native() -> ModuleType | None:
+    """The native extension module while it is the active kernel, else ``None``."""
+    return _native if _active == "native" else None
+
+
+def use_kernel(name: str) -> str:
+    """Switch this process to kernel ``name`` (``"native"`` or ``"numpy"``); returns the old one.
+
+    Plans built afterwards route on it (plans already built keep theirs); hashing and
+    :func:`scatter_add` switch at once.
+
+    Raises
+    ------
+    ArgumentError
+        An unknown name, or ``"native"`` when the extension cannot load (the message
+        says why).
+    """
+    global _active
+    if name not in ("native", "numpy"):
+        raise ArgumentError(f"kernel must be 'native' or 'numpy', got {name!r}")
+    if name == "native" and _load_native() is None:
+        raise ArgumentError(f"the native kernel cannot be loaded: {_native_error}")
+    old, _active = _active, name
+    return old
+
+
+def _select_at_import() -> None:
+    choice = KERNEL.convert(os.environ.get(KERNEL.env, KERNEL.default), "environment")
+    if choice == "numpy":
+        return
+    if _load_native() is not None:
+        use_kernel("native")
+    elif choice == "native":
+        raise ImportError(
+            f"CSLB_KERNEL=native but lbcore's native kernel cannot load: {_native_error}"
+        )
+    else:
+        warnings.warn(
+            f"lbcore: native kernel not available ({_native_error}); routing on the NumPy "
+            "kernel (same answers, slower; build with a C compiler, or set CSLB_KERNEL=numpy "
+            "to silence this)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Batches.
+
+_ARRAY_KINDS = {"i": "i", "u": "u", "S": "S", "U": "U"}
+_SINGLE = (str, bytes, bytearray, memoryview, int, np.integer)
+
+
+def batch_of(keys: Any) -> tuple[Any, tuple[str, int] | None]:
+    """A batch as the kernels take it: ``(list_or_tuple, None)`` or ``(array, (kind, itemsize))``.
+
+    Arrays come back 1-D, C-contiguous and in native byte order; object and StringDType
+    arrays as lists. The same checks and errors as :func:`lbcore.hashing.hash_keys`.
+
+    Raises
+    ------
+    KeyTypeError
+        Not a key or an ordered sequence of keys, a multi-dimensional array, or an array
+        of an unsupported dtype.
+    """
+    tk = type(keys)
+    if tk is list or tk is tuple:
+        return keys, None
+    if isinstance(keys, _SINGLE):
+        return [keys], None
+    if isinstance(keys, np.ndarray):
+        if keys.ndim != 1:
+            keys = keys.reshape(-1) if keys.ndim == 0 else keys
+            if keys.ndim != 1:
+                raise KeyTypeError(f"keys must be a 1-D array, got shape {keys.shape}")
+        kind = keys.dtype.kind
+        code = _ARRAY_KINDS.get(kind)
+        if code is not None and keys.dtype.itemsize and keys.size:
+            if not keys.dtype.isnative:
+                keys = keys.astype(keys.dtype.newbyteorder("="))
+            return np.ascontiguousarray(keys), (code, keys.dtype.itemsize)
+        if code is not None or kind in "OT":
+            return keys.tolist(), None
+        raise KeyTypeError(
+            f"keys array has dtype {keys.dtype}; expected str (U/T), bytes (S), integer or object"
+        )
+    if isinstance(keys, (set, frozenset, dict)) or not hasattr(keys, "__iter__"):
+        raise KeyTypeError(
+            f"keys must be a key or an ordered sequence of keys, got {type(keys).__name__}"
+            + (
+                " (unordered: results could not be matched to keys)"
+                if hasattr(keys, "__iter__")
+                else ""
+            )
+        )
+    return list(keys), None
+
+
+def check_max_key_bytes(max_key_bytes: Any) -> int | None:
+    """Validate a key length limit: ``None`` (no limit) or an integer ``>= 0``."""
+    if max_key_bytes is None:
+        return None
+    if (
+        isinstance(max_key_bytes, bool)
+        or not isinstance(max_key_bytes, (int, np.integer))
+        or max_key_bytes < 0
+    ):
+        raise ArgumentError(f"max_key_bytes must be None or an integer >= 0, got {max_key_bytes!r}")
+    return int(max_key_bytes)
+
+
+def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
+    """XXH64 (seed 0) of every key of a batch, on the active kernel.
+
+    Exactly :func:`lbcore.hashing.hash_keys` (the NumPy reference): same keys accepted,
+    same hashes, same exceptions and messages.
+
+    Parameters
+    ----------
+    keys
+        A batch of ``str`` (UTF-8), ``bytes``-like or integer keys (decimal string), a
+        list, tuple or 1-D array; a single key is a batch of one.
+    max_key_bytes
+        If given, a key longer than this many bytes raises :class:`lbcore.KeyTooLongError`.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``uint64`` hash per key.
+    """
+    limit = check_max_key_bytes(max_key_bytes)
+    k = _native if _active == "native" else None
+    if k is None:
+        return hashing.hash_keys(keys, max_key_bytes=limit)
+    return k.hash_keys(keys, None, -1 if limit is None else limit)
+
+
+# --------------------------------------------------------------------------------------
+# Recording.
+
+_I64 = np.dtype(np.int64)
+
+
+def _i64(a: Any, name: str, *, writable: bool = False) -> np.ndarray:
+    # (The native kernel's checks, in its order: array, layout and writability, dtype.)
+    if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+        raise TypeError(f"scatter_add: {name} must be a contiguous int64 array")
+    if writable and not a.flags.writeable:
+        raise TypeError(f"scatter_add: {name} must be writable")
+    if a.dtype != _I64:
+        raise TypeError(f"scatter_add: {name} must be a contiguous int64 array")
+    return a.reshape(-1)
+
+
+def scatter_add(
+    target: np.ndarray, index: np.ndarray, values: Any, offsets: np.ndarray | None = None
+) -> None:
+    """``target[offsets[r] + index[j]] += value(r, j)`` for every offset and index.
+
+    The primitive shm's counter rows record calls with: ``target`` is a row (a
+    contiguous ``int64`` view, often shared memory that other processes read), ``index``
+    the calls' counter slots, ``offsets`` the fields' word offsets in the row.
+
+    Parameters
+    ----------
+    target
+        Writable, C-contiguous ``int64`` array (viewed flat).
+    index
+        C-contiguous ``int64`` array of ``n`` indices (repeats add up).
+    values
+        An ``int`` for every cell, or a C-contiguous ``int64`` array: ``k`` values (one
+        per offset, with ``offsets``) or ``k * n`` (offset-major).
+    offsets
+        Optional C-contiguous ``int64`` array of ``k`` offsets; default one offset, 0.
+
+    Raises
+    ------
+    TypeError
+        An argument of another dtype or layout.
+    ValueError
+        The number of values fits none of the shapes.
+    IndexError
+        A cell outside ``target``; nothing is added then.
+
+    Notes
+    -----
+    Native: each cell is one atomic load and store ordered by release fences (correct
+    on arm64 as on x86-64), with the GIL held throughout; the caller must be the row's
+    only writer (shm's one-writer-per-row rule, threads serialized by its lock).
+    """
+    k = _native if _active == "native" else None
+    if k is not None:
+        k.scatter_add(target, index, values, offsets)
+        return
+    t = _i64(target, "target", writable=True)
+    idx = _i64(index, "index")
+    scalar = isinstance(values, int) and not isinstance(values, bool)
+    v = np.array([int(values)], dtype=np.int64) if scalar else _i64(values, "values")
+    offs = np.zeros(1, dtype=np.int64) if offsets is None else _i64(offsets, "offsets")
+    n, rows = idx.size, offs.size
+    if scalar:
+        vals = np.full((rows, n), v[0], dtype=np.int64)
+    elif offsets is not None and v.size == rows:
+        vals = np.repeat(v[:, None], n, axis=1)
+    elif v.size == rows * n:
+        vals = v.reshape(rows, n)
+    else:
+        raise ValueError(
+            f"scatter_add: {v.size} values for {n} indices and {rows} offset(s); expected "
+            "one, one per offset or one per (offset, index)"
+        )
+    cells = (offs[:, None] + idx[None, :]).reshape(rows, n)
+    bad = (offs[:, None] < 0) | (idx[None, :] < 0) | (cells < 0) | (cells >= t.size)
+    if bad.any():
+        r, j = (int(x[0]) for x in np.nonzero(bad))
+        raise IndexError(
+            f"scatter_add: index {int(cells[r, j])} (offset {int(offs[r])} + {int(idx[j])} at "
+            f"position {j}) is outside the target's {t.size} cells; nothing was added"
+        )
+    np.add.at(t, cells.ravel(), vals.ravel())
+
+
+_select_at_import()

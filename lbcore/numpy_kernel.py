@@ -1,0 +1,189 @@
+"""The NumPy reference kernel: routing a batch on a :class:`lbcore.plan.Plan` with arrays.
+
+The definition the native kernel (``lbcore/csrc/route.c``) is tested against, key for
+key. Per batch: the XXH64 hashes (:func:`lbcore.hashing.hash_keys`), each key's
+position on the newest ring (:meth:`lbcore.Ring.positions`), its view (the ring or
+Skipper level its second draw picks), then per view the answer:
+
+* fewer candidates than ``attempt + 1`` eligible endpoints: fallback (``-1``); one
+  candidate at attempt 0: that one (Skipper's ``Apply`` shortcut);
+* Skipper's skip rule: from the position to the first endpoint the view holds;
+* plain: that endpoint, or for a retry the ``attempt``-th next distinct one;
+* bounded load: that endpoint if it is under the bar; else Skipper's walk (the first
+  endpoint under the bar within one lap, else the start) without a hop cap, or with
+  one the walk over distinct endpoints (the first under the bar among the first
+  ``max_hops``, else the least loaded of them, the first seen among equals); a retry
+  walks again from the start with the earlier attempts' endpoints left out.
+
+The gate then sends the keys it excludes to fallback. The walks are
+:mod:`lbcore.bounded`'s vectorized ones.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lbcore import bounded
+from lbcore.errors import ArgumentError
+from lbcore.gate import GATE_SALT
+from lbcore.hashing import hash_keys, mix64
+
+if TYPE_CHECKING:
+    from lbcore.plan import Plan
+
+__all__ = ["answers", "counter_slots", "route", "route_hashes"]
+
+_CHOICE_FIXED, _CHOICE_NRING = 0, 1
+_GATE_PARTIAL = 2
+
+# Reading the guard after the ring arrays needs load->load order: free on x86-64 (TSO),
+# a release/acquire pair of an uncontended lock elsewhere (as shm's fence does).
+_TSO = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686", "x86"}
+_fence_local = threading.local()
+
+
+def _fence() -> None:
+    if _TSO:
+        return
+    lock = getattr(_fence_local, "lock", None)
+    if lock is None:
+        lock = _fence_local.lock = threading.Lock()
+        lock.acquire()
+    lock.release()
+    lock.acquire()
+
+
+def _valid(plan: Plan) -> bool:
+    if plan.guard is None:
+        return True
+    words, index, expected = plan.guard
+    _fence()
+    return int(words[index]) == expected
+
+
+def route(plan: Plan, keys: Any, kind: Any, attempt: int) -> tuple[np.ndarray, int, int, bool]:
+    """:meth:`lbcore.plan.Plan.route` on arrays (``kind``: the native kernel's, unused)."""
+    return route_hashes(plan, hash_keys(keys, max_key_bytes=plan.max_key_bytes), attempt)
+
+
+def _views(plan: Plan, h: np.ndarray) -> np.ndarray | None:
+    """Each key's view; ``None`` when every key uses ``plan.fixed_view``."""
+    if plan.choice == _CHOICE_FIXED:
+        return None
+    m = mix64(h, plan.choice_salt)
+    v = np.zeros(h.size, dtype=np.intp)
+    thresholds = zip(plan.fade_thresholds.tolist(), plan.fade_saturated.tolist(), strict=True)
+    for j, (t, sat) in enumerate(thresholds):
+        if plan.choice == _CHOICE_NRING:
+            # The newest ring whose share is above the draw wins (u < s, in integers).
+            if sat:
+                v[:] = j + 1
+            else:
+                v[m < np.uint64(t)] = j + 1
+        elif not sat:
+            v += m >= np.uint64(t)  # Skipper: the levels at or below the draw
+    return v
+
+
+def route_hashes(plan: Plan, h: np.ndarray, attempt: int) -> tuple[np.ndarray, int, int, bool]:
+    """:meth:`lbcore.plan.Plan.route_hashes` on arrays."""
+    n = h.size
+    if plan.closed:
+        return np.full(n, -1, dtype=np.int32), n, 0, _valid(plan)
+    pos = plan.master.positions(h).astype(np.intp)
+    out = np.empty(n, dtype=np.int32)
+    moved = np.zeros(n, dtype=np.bool_)
+    views = _views(plan, h)
+    groups = (
+        [(plan.fixed_view, None)]
+        if views is None
+        else [(v, np.flatnonzero(views == v)) for v in np.unique(views).tolist()]
+    )
+    for v, rows in groups:
+        p = pos if rows is None else pos[rows]
+        res, plain = _answer(plan, v, p, attempt)
+        if rows is None:
+            out[:] = res
+            moved[:] = (res != plain) & (res >= 0)
+        else:
+            out[rows] = res
+            moved[rows] = (res != plain) & (res >= 0)
+    if plan.gate_mode == _GATE_PARTIAL:
+        keep = mix64(h, GATE_SALT) < np.uint64(plan.gate_threshold)
+        out[~keep] = -1
+        moved &= keep
+    return out, int(np.count_nonzero(out < 0)), int(np.count_nonzero(moved)), _valid(plan)
+
+
+def _answer(plan: Plan, v: int, pos: np.ndarray, attempt: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(answer, plain answer)`` of keys at ring positions ``pos`` in view ``v``."""
+    m = pos.size
+    listed, eligible_n = int(plan.listed_count[v]), int(plan.eligible_count[v])
+    if listed == 0 or attempt >= eligible_n:
+        none = np.full(m, -1, dtype=np.int32)
+        return none, none
+    if listed == 1 and attempt == 0:
+        one = np.full(m, int(plan.single[v]), dtype=np.int32)
+        return one, one
+    ring = plan.master
+    owners = ring.owners
+    eligible = plan.eligible[v]
+    start = bounded.skip_to_eligible(ring, pos.copy(), eligible)
+    if attempt == 0:
+        plain = owners.take(start).astype(np.int32)
+    else:
+        plain = owners.take(bounded.advance_distinct(ring, start, eligible, attempt)).astype(
+            np.int32
+        )
+    if plan.good is None:
+        return plain, plain
+    good = plan.good[v]
+    loads = plan.loads
+    res = owners.take(start).astype(np.int32)
+    rest = np.flatnonzero(~good.take(res))
+    if rest.size:
+        if plan.max_hops is None:
+            res[rest] = bounded._walk_to_good(ring, start[rest], good)
+        else:
+            res[rest] = bounded._walk_distinct(
+                ring, start[rest], eligible, good, loads, plan.max_hops, None
+            )
+    if attempt:
+        chosen = res[:, None].astype(np.int64)
+        for _ in range(attempt):
+            nxt = bounded._walk_distinct(ring, start, eligible, good, loads, plan.max_hops, chosen)
+            chosen = np.concatenate((chosen, nxt[:, None].astype(np.int64)), axis=1)
+        res = chosen[:, -1].astype(np.int32)
+    return res, plain
+
+
+def answers(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`lbcore.plan.Plan.answers` on arrays: flat ``(answer, plain)``."""
+    if plan.closed:
+        empty = np.empty(0, dtype=np.int32)
+        return empty, empty
+    size = len(plan.master)
+    pos = np.arange(size, dtype=np.intp)
+    parts = [_answer(plan, v, pos, 0) for v in range(plan.views)]
+    return (
+        np.concatenate([a for a, _ in parts]).astype(np.int32),
+        np.concatenate([p for _, p in parts]).astype(np.int32),
+    )
+
+
+def counter_slots(plan: Plan, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """:meth:`lbcore.plan.Plan.counter_slots` on arrays (``idx``: contiguous ``int32``)."""
+    n = len(plan.slots)
+    bad = np.flatnonzero((idx < -1) | (idx >= n))
+    if bad.size:
+        i = int(bad[0])
+        raise ArgumentError(f"endpoint index {int(idx[i])} at position {i} is not in -1..{n - 1}")
+    routed = idx >= 0
+    if bool(routed.all()):
+        return plan.slots.take(idx), None
+    where = np.flatnonzero(routed).astype(np.int64)
+    return plan.slots.take(idx[routed]), where

@@ -1,0 +1,496 @@
+"""The routing plan: everything one snapshot decides, built once, asked per batch.
+
+A control path (the router, the simulator, the status page) builds one immutable
+:class:`Plan` per (ring set, ejected mask, load snapshot, knobs, time); the hot path asks
+it one question per batch, :meth:`Plan.route`, answered by one kernel call: hash the
+keys, find their ring positions, choose each key's fade ring, apply the rollout gate
+and bounded load, count fallbacks and bounded-load moves. Like Envoy's thread-aware
+load balancers: the table is built when membership or load changes, the worker's pick
+only reads it.
+
+What a plan holds, per *view* (the set of endpoints a key may be routed to: one per
+ring in N-ring fade-in, one per candidate level in Skipper's fade-in, one otherwise):
+which endpoints are candidates (Skipper counts and averages over them), which the walk
+may stop at (candidates widened to their hosts, on that ring), and which of those are
+under the bounded-load bar. All rings are walked on the newest ring's nodes, stepping
+over endpoints a view does not hold (ring ``k`` is the newest ring without the nodes
+of later fading events), so the plan needs the newest ring's hashes, owners and bucket
+table only — shared-memory views are used as they are, never copied. With bounded
+load every key walks from its position until an endpoint is under the bar: most stop
+at once, so no per-position answer table is needed (:meth:`Plan.answers` builds one
+for inspection and tests).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from lbcore import kernel as _kernel
+from lbcore import numpy_kernel
+from lbcore.bounded import check_balance_factor, check_loads, check_max_hops, target_load
+from lbcore.errors import ArgumentError
+from lbcore.fade import FADE_SALT, SKIPPER_SALT, RingSet, fadein_scores
+from lbcore.gate import GATE_SALT, Gate
+from lbcore.hashing import MAX_KEY_BYTES, unit_threshold
+from lbcore.knobs import FADE_MODES
+from lbcore.ring import check_hashes
+
+__all__ = ["CHOICE_FIXED", "CHOICE_NRING", "CHOICE_SKIPPER", "Plan"]
+
+CHOICE_FIXED, CHOICE_NRING, CHOICE_SKIPPER = 0, 1, 2
+GATE_ALL, GATE_NONE, GATE_PARTIAL = 0, 1, 2
+_M64 = (1 << 64) - 1
+_EMPTY_U64 = np.empty(0, dtype=np.uint64)
+_EMPTY_U8 = np.empty(0, dtype=np.uint8)
+
+
+def _thresholds(shares: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Integer forms of ``u < share`` (:func:`lbcore.hashing.unit_threshold`) and "is 2**64"."""
+    ts = [unit_threshold(s) for s in shares]
+    return (
+        np.array([min(t, _M64) for t in ts], dtype=np.uint64),
+        np.array([t > _M64 for t in ts], dtype=np.uint8),
+    )
+
+
+def _check_attempt(attempt: Any) -> int:
+    if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 0:
+        raise ArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
+    return int(attempt)
+
+
+class Plan:
+    """One snapshot's routing, ready for :meth:`route`. Immutable.
+
+    Parameters
+    ----------
+    ring_set
+        The established and fading rings (an empty set routes every key to fallback).
+    now_ns
+        The present on the fade clock (CLOCK_MONOTONIC), in nanoseconds: fade shares and
+        Skipper's fade-in scores are those of this instant.
+    ejected
+        Optional ``bool`` per endpoint: never chosen (left out as candidates).
+    loads
+        Per-endpoint load (finite, ``>= 0``), in the units bounded load compares
+        (:func:`lbcore.bounded.in_call_units`); needed with ``balance_factor``.
+    balance_factor
+        Bounded load's factor (``>= 1``), or ``None`` for plain consistent hashing.
+    max_hops
+        The walk's cap in distinct endpoints (then the least loaded one seen is taken),
+        or ``None`` for Skipper's full lap.
+    gate
+        The rollout gate (default: every key routed).
+    fade_mode
+        ``"n-ring"``, ``"skipper"`` (Skipper's fade-in, a key's draw standing in for the
+        request's random threshold) or ``"off"`` (the newest ring for every key).
+    slots
+        Counter slot per endpoint (default: the endpoint index), for
+        :meth:`counter_slots`.
+    n_slots
+        Counter columns in use (every slot is below it; default ``max(slots) + 1``).
+    guard
+        Optional sequence check ``(words, index, expected)``: a ``uint64`` array (say
+        a shared-memory table's sequence words) whose entry ``index`` equals
+        ``expected`` while the ring arrays are valid; :meth:`route` reads it after
+        routing (with acquire ordering) and reports whether it still held.
+    max_key_bytes
+        Longest key accepted, in bytes (default 4,096, every cslb surface's limit);
+        ``None``: no limit.
+
+    Attributes
+    ----------
+    kernel : str
+        ``"native"`` or ``"numpy"``: the kernel active when the plan was built.
+    views : int
+        Number of views; ``listed``, ``eligible`` and ``good`` are ``(views, endpoints)``
+        ``bool`` arrays (``good`` is ``None`` without bounded load), ``listed_count``,
+        ``eligible_count`` and ``single`` one entry per view.
+    choice : int
+        How a key picks its view: :data:`CHOICE_FIXED` (``fixed_view``),
+        :data:`CHOICE_NRING` (the newest fading ring whose share is above the key's draw;
+        ``fade_thresholds``) or :data:`CHOICE_SKIPPER` (the number of Skipper levels at
+        or below the key's draw).
+    fade_thresholds, fade_saturated : numpy.ndarray
+        Per fading ring (or level), ``u < share`` as ``mix64(h, salt) < threshold``
+        (``saturated``: the threshold is ``2**64``, every key).
+    gate_threshold : int or None
+        A key passes the gate iff ``mix64(h, GATE_SALT) < gate_threshold`` (``None``:
+        every key passes, or none when :attr:`closed`).
+    closed : bool
+        Every key is fallback (no endpoints, or the gate is shut).
+    """
+
+    __slots__ = (
+        "_core",
+        "_counter_slots",
+        "_route",
+        "_route_hashes",
+        "balance_factor",
+        "choice",
+        "choice_salt",
+        "closed",
+        "ejected",
+        "eligible",
+        "eligible_count",
+        "fade_mode",
+        "fade_saturated",
+        "fade_thresholds",
+        "fixed_view",
+        "gate",
+        "gate_mode",
+        "gate_threshold",
+        "good",
+        "guard",
+        "kernel",
+        "listed",
+        "listed_count",
+        "loads",
+        "master",
+        "max_hops",
+        "max_key_bytes",
+        "n_slots",
+        "now_ns",
+        "ring_set",
+        "single",
+        "slots",
+        "views",
+    )
+
+    def __init__(
+        self,
+        ring_set: RingSet,
+        now_ns: int,
+        *,
+        ejected: Any = None,
+        loads: Any = None,
+        balance_factor: float | None = None,
+        max_hops: int | None = None,
+        gate: Gate | None = None,
+        fade_mode: str = "n-ring",
+        slots: Any = None,
+        n_slots: int | None = None,
+        guard: tuple[Any, int, int] | None = None,
+        max_key_bytes: int | None = MAX_KEY_BYTES,
+    ) -> None:
+        if not isinstance(ring_set, RingSet):
+            raise ArgumentError(f"a plan routes on a RingSet, got {type(ring_set).__name__}")
+        if fade_mode not in FADE_MODES:
+            raise ArgumentError(
+                f"fade_mode must be one of {', '.join(FADE_MODES)}, got {fade_mode!r}"
+            )
+        if isinstance(now_ns, bool) or not isinstance(now_ns, (int, np.integer)):
+            raise ArgumentError(f"now_ns must be an integer number of nanoseconds, got {now_ns!r}")
+        gate = Gate() if gate is None else gate
+        if not isinstance(gate, Gate):
+            raise ArgumentError(f"gate must be an lbcore.Gate, got {type(gate).__name__}")
+        n = len(ring_set.endpoints)
+        self.ring_set, self.now_ns, self.fade_mode, self.gate = (
+            ring_set,
+            int(now_ns),
+            fade_mode,
+            gate,
+        )
+        self.max_key_bytes = _kernel.check_max_key_bytes(max_key_bytes)
+        self.balance_factor = (
+            None if balance_factor is None else check_balance_factor(balance_factor)
+        )
+        self.max_hops = check_max_hops(max_hops)
+        if self.balance_factor is not None:
+            if loads is None:
+                raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
+            self.loads = np.ascontiguousarray(check_loads(loads, n), dtype=np.float64)
+        else:
+            self.loads = None if loads is None else check_loads(loads, n)
+        self.ejected = self._ejected(ejected, n)
+        self.slots, self.n_slots = self._slots(slots, n_slots, n)
+        self.guard = None if guard is None else self._guard(guard)
+        self.master = ring_set.master
+        enabled = bool(gate.enabled) and gate.percentage > 0.0
+        self.closed = self.master is None or not enabled
+        self.gate_mode = GATE_NONE if not enabled else GATE_ALL if gate.passes_all else GATE_PARTIAL
+        self.gate_threshold = (
+            unit_threshold(gate.percentage / 100.0) if self.gate_mode == GATE_PARTIAL else None
+        )
+        self._build_views(n)
+        self.kernel = _kernel.kernel_name()
+        native = _kernel.native()
+        if native is not None:
+            self._core = self._native_core(native, n)
+            self._route = self._core.route
+            self._route_hashes = self._core.route_hashes
+            self._counter_slots = self._core.counter_slots
+        else:
+            self._core = None
+            self._route = partial(numpy_kernel.route, self)
+            self._route_hashes = partial(numpy_kernel.route_hashes, self)
+            self._counter_slots = partial(numpy_kernel.counter_slots, self)
+
+    # ---------------------------------------------------------------------------------
+    # Building.
+
+    @staticmethod
+    def _ejected(ejected: Any, n: int) -> np.ndarray | None:
+        if ejected is None:
+            return None
+        arr = np.asarray(ejected)
+        if arr.dtype != np.bool_ or arr.shape != (n,):
+            raise ArgumentError(
+                f"ejected must be one bool per endpoint ({n}), got {arr.dtype} {arr.shape}"
+            )
+        return arr.copy() if arr.any() else None
+
+    @staticmethod
+    def _slots(slots: Any, n_slots: Any, n: int) -> tuple[np.ndarray, int]:
+        s = np.arange(n, dtype=np.int64) if slots is None else np.asarray(slots)
+        if s.shape != (n,) or (s.size and s.dtype.kind not in "iu"):
+            raise ArgumentError(
+                f"slots must be one integer per endpoint ({n}), got {s.dtype} {s.shape}"
+            )
+        s = np.ascontiguousarray(s, dtype=np.int64)
+        top = int(s.max()) + 1 if s.size else 0
+        cols = top if n_slots is None else int(n_slots)
+        if s.size and (int(s.min()) < 0 or top > cols):
+            raise ArgumentError(f"counter slots must be in 0..{cols - 1}, got {s.min()}..{top - 1}")
+        return s, cols
+
+    @staticmethod
+    def _guard(guard: Any) -> tuple[np.ndarray, int, int]:
+        words, index, expected = guard
+        w = np.frombuffer(words, dtype=np.uint64) if not isinstance(words, np.ndarray) else words
+        if w.dtype != np.uint64 or w.ndim != 1 or not 0 <= int(index) < w.size:
+            raise ArgumentError(
+                "guard must be (uint64 words, an index into them, the expected value)"
+            )
+        return w, int(index), int(expected)
+
+    def _build_views(self, n: int) -> None:
+        rs, ej = self.ring_set, self.ejected
+        self.choice, self.fixed_view, self.choice_salt = CHOICE_FIXED, 0, 0
+        self.fade_thresholds, self.fade_saturated = _EMPTY_U64, _EMPTY_U8
+        if self.master is None:
+            self.views = 1
+            self.listed = self.eligible = np.zeros((1, 0), dtype=np.bool_)
+            self.good = None
+            self.listed_count = self.eligible_count = np.zeros(1, dtype=np.int64)
+            self.single = np.full(1, -1, dtype=np.int32)
+            return
+        present = self.master.present
+        cand = None if ej is None else ~ej
+        if self.fade_mode == "skipper":
+            listed_rows = self._skipper_levels(present, cand)
+        else:
+            rings = len(rs.rings)
+            tiers = rs.tiers
+            first = rings - 1 if self.fade_mode == "off" else 0
+            listed_rows = [(tiers <= k) & present for k in range(first, rings)]
+            members = listed_rows
+            if cand is not None:
+                listed_rows = [m & cand for m in members]
+            if self.fade_mode == "n-ring" and rings > 1:
+                self.choice, self.choice_salt = CHOICE_NRING, FADE_SALT
+                self.fade_thresholds, self.fade_saturated = _thresholds(rs.share_list(self.now_ns))
+        listed = np.array(listed_rows, dtype=np.bool_).reshape(len(listed_rows), n)
+        eligible = listed.copy()
+        if (cand is not None or self.fade_mode == "skipper") and self.master._has_aliases():
+            # Skipper's skip rule compares hosts: an endpoint sharing a host with a
+            # candidate is not stepped over (lbcore.Ring.candidate_mask), on its ring.
+            host = self.master.host_ids
+            for v in range(listed.shape[0]):
+                ring_members = (rs.tiers <= self._ring_of(v)) & present
+                widened = np.bincount(host, weights=listed[v], minlength=n)[host] > 0
+                eligible[v] = widened & ring_members
+        self.views = listed.shape[0]
+        self.listed, self.eligible = listed, eligible
+        self.listed_count = listed.sum(axis=1).astype(np.int64)
+        self.eligible_count = eligible.sum(axis=1).astype(np.int64)
+        self.single = np.array(
+            [
+                int(np.flatnonzero(row)[0]) if c == 1 else -1
+                for row, c in zip(listed, self.listed_count, strict=True)
+            ],
+            dtype=np.int32,
+        )
+        self.good = None
+        if self.balance_factor is not None:
+            good = np.zeros_like(eligible)
+            for v in range(self.views):
+                if self.listed_count[v] > 1:
+                    bar = target_load(self.loads, listed[v], self.balance_factor)
+                    good[v] = eligible[v] & (self.loads <= bar)
+            self.good = good
+
+    def _ring_of(self, view: int) -> int:
+        """The ring a view walks on (its tier bound); Skipper's levels all use the newest."""
+        rings = len(self.ring_set.rings)
+        if self.fade_mode == "skipper":
+            return rings - 1
+        return rings - 1 if self.fade_mode == "off" else view
+
+    def _skipper_levels(self, present: np.ndarray, cand: np.ndarray | None) -> list[np.ndarray]:
+        """Skipper's fade-in: per candidate level, the endpoints a key at that level keeps.
+
+        Per request Skipper keeps the endpoints whose fade-in score is above one random
+        threshold (all of them if none is): with the key's draw in its place, the keys of
+        a batch fall into nested candidate sets, one per distinct score
+        (:func:`lbcore.fade.skipper_fadein_candidates`).
+        """
+        rs = self.ring_set
+        ages: list[int | None] = [None, *(self.now_ns - s for s in rs.starts_ns)]
+        scores = fadein_scores(ages, rs.duration_ns, rs.exponent).take(rs.tiers)
+        listed = present if cand is None else present & cand
+        if cand is not None:
+            scores = np.where(cand, scores, -1.0)  # below every draw: never kept by a level
+        levels = np.unique(scores)
+        rows = [listed & (scores >= lv) for lv in levels.tolist()]
+        rows.append(listed.copy())  # a draw above every score: all of them
+        self.choice, self.choice_salt = CHOICE_SKIPPER, SKIPPER_SALT
+        # A key's level is the number of scores at or below its draw u: levels[j] <= u
+        # iff not u < levels[j], i.e. mix64(h) >= unit_threshold(levels[j]).
+        self.fade_thresholds, self.fade_saturated = _thresholds(levels.tolist())
+        return rows
+
+    def _native_core(self, native: Any, n: int) -> Any:
+        m = self.master
+        bounded = self.balance_factor is not None
+        return native.Plan(
+            hashes=None if m is None else m.hashes,
+            owners=None if m is None else m.owners,
+            buckets=None if m is None else m.buckets,
+            n=n,
+            views=self.views,
+            eligible=self.eligible.view(np.uint8).reshape(-1),
+            good=self.good.view(np.uint8).reshape(-1) if bounded else None,
+            listed_count=self.listed_count,
+            eligible_count=self.eligible_count,
+            single=self.single,
+            loads=self.loads if bounded else None,
+            bounded=bounded,
+            max_hops=self.max_hops or 0,
+            choice=self.choice,
+            fixed_view=self.fixed_view,
+            choice_salt=self.choice_salt,
+            thresholds=self.fade_thresholds,
+            saturated=self.fade_saturated,
+            gate=self.gate_mode,
+            gate_salt=GATE_SALT,
+            gate_threshold=self.gate_threshold or 0,
+            slots=self.slots,
+            n_slots=self.n_slots,
+            guard=self.guard,
+            closed=self.closed,
+            max_key_bytes=-1 if self.max_key_bytes is None else self.max_key_bytes,
+        )
+
+    # ---------------------------------------------------------------------------------
+    # Asking.
+
+    def route(self, keys: Any, attempt: int = 0) -> tuple[np.ndarray, int, int, bool]:
+        """Route a batch: ``(indices, fallbacks, moves, valid)``.
+
+        Parameters
+        ----------
+        keys
+            A batch of product IDs (see :func:`lbcore.hash_keys`): a list or tuple of
+            ``str``, ``bytes``-like or ``int``, or a 1-D NumPy array of them.
+        attempt
+            ``0`` for the first choice; ``a > 0`` for a retry: the ``a``-th next distinct
+            endpoint (bounded load: never one chosen by an earlier attempt).
+
+        Returns
+        -------
+        indices : numpy.ndarray
+            ``int32`` endpoint index per key; ``-1``: fallback (through the ingress).
+        fallbacks : int
+            Keys answered ``-1``.
+        moves : int
+            Keys bounded load sent elsewhere than the plain ring (with ejected endpoints
+            left out) would have.
+        valid : bool
+            Whether the guard still held after routing (always ``True`` without one):
+            if not, the ring arrays were rewritten meanwhile and the answer is void.
+
+        Raises
+        ------
+        lbcore.KeyTypeError, lbcore.KeyEncodingError, lbcore.KeyTooLongError
+            Bad keys (nothing is routed or counted).
+        lbcore.ArgumentError
+            ``attempt`` is not a non-negative integer.
+        lbcore.TableDataError
+            A ring array holds an entry out of range while the guard still holds (damage).
+        """
+        if attempt.__class__ is not int or attempt < 0:
+            attempt = _check_attempt(attempt)
+        return self._route(keys, None, attempt)
+
+    def route_hashes(
+        self, hashes: np.ndarray, attempt: int = 0
+    ) -> tuple[np.ndarray, int, int, bool]:
+        """:meth:`route` for precomputed ``uint64`` key hashes (:func:`lbcore.hash_keys`)."""
+        if attempt.__class__ is not int or attempt < 0:
+            attempt = _check_attempt(attempt)
+        return self._route_hashes(np.ascontiguousarray(check_hashes(hashes)), attempt)
+
+    def answers(self) -> tuple[np.ndarray, np.ndarray]:
+        """The attempt-0 answer for every (view, position of the newest ring).
+
+        Returns
+        -------
+        answer : numpy.ndarray
+            ``int32`` of shape ``(views, ring positions)``: the endpoint a key at that
+            position of the newest ring gets in that view (``-1``: fallback). The gate
+            is not applied. With N-ring fade-in and no bounded load or ejections this is
+            :attr:`lbcore.RingSet.owner_table`; in general
+            :meth:`lbcore.RingSet.answer_table` with the plan's arguments.
+        moved : numpy.ndarray
+            ``bool`` of the same shape: bounded load moved the answer off the plain one.
+        """
+        if self._core is not None:
+            answer, plain = self._core.answers()
+        else:
+            answer, plain = numpy_kernel.answers(self)
+        size = 0 if self.closed or self.master is None else len(self.master)
+        shape = (self.views if size else 0, size)
+        answer, plain = answer.reshape(shape), plain.reshape(shape)
+        return answer, (answer != plain) & (answer >= 0)
+
+    def counter_slots(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Counter slots of the routed calls of ``indices`` (``route``'s ``int32`` array).
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            ``int64`` slot of each entry ``>= 0``, in order.
+        positions : numpy.ndarray or None
+            Their positions in ``indices``; ``None`` when no entry is fallback.
+
+        Raises
+        ------
+        lbcore.ArgumentError
+            An entry outside ``-1 .. endpoints - 1``, or not a 1-D integer array.
+        """
+        idx = indices
+        if type(idx) is not np.ndarray or idx.dtype != np.int32 or not idx.flags.c_contiguous:
+            arr = np.asarray(indices)
+            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+                raise ArgumentError(
+                    f"endpoint indices must be a 1-D integer array, got {arr.dtype} {arr.shape}"
+                )
+            wide = arr.astype(np.int64)
+            n = len(self.slots)
+            if wide.size and (int(wide.min()) < -1 or int(wide.max()) >= n):
+                i = int(np.flatnonzero((wide < -1) | (wide >= n))[0])
+                raise ArgumentError(
+                    f"endpoint index {int(wide[i])} at position {i} is not in -1..{n - 1}"
+                )
+            idx = np.ascontiguousarray(wide, dtype=np.int32)
+        return self._counter_slots(idx)
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan({len(self.slots)} endpoints, {self.views} view(s), {self.fade_mode}, "
+            f"balance_factor={self.balance_factor}, max_hops={self.max_hops}, kernel={self.kernel})"
+        )

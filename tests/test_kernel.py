@@ -1,0 +1,372 @@
+"""The two kernels: which one runs, XXH64 from the spec, key hashing and scatter_add parity."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+import lbcore
+from lbcore import hashing
+from lbcore import kernel as lbkernel
+from lbcore.knobs import KERNEL, docs_table
+
+ROOT = Path(__file__).parents[1]
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k != "CSLB_KERNEL"}
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, "-W", "default", "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_this_install_routes_on_the_native_kernel():
+    """The project's own install must have built the kernel (CI builds it too)."""
+    if os.environ.get("CSLB_KERNEL") == "numpy":
+        assert lbcore.kernel_name() == "numpy"
+    else:
+        assert lbcore.kernel_name() == "native", lbkernel._native_error
+
+
+def test_cslb_kernel_is_read_at_import():
+    code = "import lbcore; print(lbcore.kernel_name())"
+    assert run_python(code, CSLB_KERNEL="numpy").stdout.strip() == "numpy"
+    assert run_python(code, CSLB_KERNEL="native").stdout.strip() == "native"
+    auto = run_python(code)
+    assert auto.stdout.strip() == "native" and "RuntimeWarning" not in auto.stderr
+    bad = run_python(code, CSLB_KERNEL="fast")
+    assert (
+        bad.returncode != 0 and "CSLB_KERNEL" in bad.stderr and "auto, native, numpy" in bad.stderr
+    )
+
+
+def test_a_missing_extension_warns_once_under_auto_and_fails_under_native():
+    # The extension made unloadable from the inside: importing it raises.
+    code = """
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "lbcore._kernel":
+                    raise ImportError("no compiler was there")
+        sys.meta_path.insert(0, Block())
+        import warnings
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import lbcore
+        print(lbcore.kernel_name(), len(w), w[0].message if w else "")
+        print(lbcore.Plan(lbcore.RingSet(["http://a:1", "http://b:1"]), 0).route(["k"])[0])
+    """
+    auto = run_python(code)
+    assert auto.returncode == 0, auto.stderr
+    first = auto.stdout.splitlines()[0]
+    assert first.startswith("numpy 1 ") and "no compiler was there" in first
+    native = run_python(
+        code.replace(
+            "import warnings", 'import os; os.environ["CSLB_KERNEL"] = "native"; import warnings'
+        )
+    )
+    assert native.returncode != 0 and "CSLB_KERNEL=native" in native.stderr
+
+
+def test_use_kernel_switches_in_process_and_says_why_not():
+    old = lbcore.use_kernel("numpy")
+    try:
+        assert lbcore.kernel_name() == "numpy"
+        assert lbcore.Plan(lbcore.RingSet(["http://a:1"]), 0).kernel == "numpy"
+        with pytest.raises(lbcore.ArgumentError, match="'native' or 'numpy'"):
+            lbcore.use_kernel("c")
+    finally:
+        lbcore.use_kernel(old)
+
+
+def test_the_kernel_knob_is_declared_and_documented():
+    assert KERNEL.env == "CSLB_KERNEL" and KERNEL.default == "auto"
+    assert KERNEL.convert("NumPy", "test") == "numpy"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert docs_table((KERNEL,)) in readme
+
+
+# ---------------------------------------------------------------------------------------
+# XXH64 written from the specification.
+
+
+def test_xxh64_matches_the_xxhash_package_on_every_length_and_many_inputs():
+    native = lbkernel._load_native()
+    rng = np.random.default_rng(64)
+    for length in [*range(0, 130), 255, 256, 1000, 4095, 4096, 4097, 65537]:
+        for _ in range(6):
+            data = rng.integers(0, 256, length, dtype=np.uint8).tobytes()
+            assert native.xxh64(data) == xxhash.xxh64_intdigest(data), length
+    for special in (b"", b"\0", b"\0" * 31, b"\xff" * 32, "ürün-42".encode(), b"a" * 64):
+        assert native.xxh64(special) == xxhash.xxh64_intdigest(special)
+
+
+# ---------------------------------------------------------------------------------------
+# Keys: the same hashes and the same errors on both kernels.
+
+KEY_BATCHES = [
+    ["AD112G0AB-K11", "", "\0", "ürün-42", "日本語", "😀", "e\u0301", " \n\t", "x" * 4096],
+    [b"AD112G0AB", b"", b"\0\0", b"\xff\xfe", bytearray(b"ba"), memoryview(b"mv")],
+    [0, 1, -1, 123, -(2**63), 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63) - 1, 10**30, -(10**40)],
+    [np.int64(5), np.uint64(2**64 - 1), np.int8(-3), np.uint16(7)],
+    ["123", 123, b"123"],
+    ("a", "b", "c"),
+    np.array([1, -2, 3_000_000_000_000], dtype=np.int64),
+    np.array([0, 2**64 - 1, 2**63], dtype=np.uint64),
+    np.array([-128, 5, 127], dtype=np.int8),
+    np.array([1, 2], dtype=">i8"),
+    np.array([b"ab", b"c\0d", b"", b"\0"], dtype="S4"),
+    np.array(["ab", "ürün", "", "日本"], dtype="U5"),
+    np.array(["a", 1, b"b"], dtype=object),
+    np.array([[1, 2], [3, 4]], dtype=np.int64)[:, 0],
+    np.arange(12, dtype=np.int64)[::3],
+    np.array(7),
+    "single",
+    b"single",
+    12345,
+    range(5),
+    (k for k in ["gen", "erator"]),
+    [],
+    np.array([], dtype=np.int64),
+]
+
+
+@pytest.mark.parametrize("keys", KEY_BATCHES, ids=lambda k: type(k).__name__)
+def test_hash_keys_equals_the_numpy_reference(kernel, keys):
+    if type(keys).__name__ == "generator":
+        keys = list(keys)
+    want = hashing.hash_keys(keys)
+    got = lbcore.hash_keys(keys)
+    assert got.dtype == np.uint64 and got.tolist() == want.tolist()
+    if isinstance(keys, (list, tuple)):
+        assert got.tolist() == [xxhash.xxh64_intdigest(hashing.encode_key(k)) for k in keys]
+
+
+def test_integers_and_their_decimal_strings_hash_alike(kernel):
+    values = [0, 7, -7, 10**12, 2**63 - 1, -(2**63), 2**64 - 1, 2**70, -(2**70)]
+    as_text = [str(v) for v in values]
+    assert lbcore.hash_keys(values).tolist() == lbcore.hash_keys(as_text).tolist()
+    rng = np.random.default_rng(7)
+    for dtype in ("i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8"):
+        info = np.iinfo(dtype)
+        arr = rng.integers(info.min, info.max, 500, dtype=dtype, endpoint=True)
+        arr[:2] = (info.min, info.max)
+        assert (
+            lbcore.hash_keys(arr).tolist()
+            == hashing.hash_keys([str(v) for v in arr.tolist()]).tolist()
+        )
+
+
+BAD_BATCHES = [
+    ([1.5], None),
+    (["ok", None], None),
+    ([True], None),
+    ([np.bool_(True)], None),
+    (["a\ud800b"], None),
+    (["fine", "\udfff"], None),
+    (["x" * 10, 2.0], 4),
+    (["x" * 10, "y" * 3, "z" * 11], 4),
+    ([b"x" * 5], 4),
+    ([10**30], 10),
+    (np.array([10**15, 1], dtype=np.int64), 10),
+    (np.array([b"abcdef"], dtype="S8"), 3),
+    (np.array(["\ud800"], dtype="U2"), None),
+    (np.array([1.5]), None),
+    (np.array([True]), None),
+    (np.zeros((2, 2), dtype=np.int64), None),
+    ({"a", "b"}, None),
+    ({"a": 1}, None),
+    (3.5, None),
+    (None, None),
+]
+
+
+@pytest.mark.parametrize(("keys", "limit"), BAD_BATCHES, ids=lambda x: repr(x)[:30])
+def test_bad_keys_raise_the_same_error_as_the_reference(kernel, keys, limit):
+    with pytest.raises(Exception) as want:
+        hashing.hash_keys(keys, max_key_bytes=limit)
+    with pytest.raises(type(want.value)) as got:
+        lbcore.hash_keys(keys, max_key_bytes=limit)
+    assert str(got.value) == str(want.value)
+    assert isinstance(got.value, lbcore.LBCoreError)
+
+
+def test_long_batches_are_judged_a_reference_block_at_a_time(kernel):
+    # More than two reference blocks: the first block with a bad key decides, as the
+    # reference hashes it (a too-long key in block 0 wins over a bad type in block 1).
+    n = 2 * hashing.BLOCK + 10
+    keys = [f"k{i:06d}" for i in range(n)]
+    keys[5] = "y" * 50
+    keys[hashing.BLOCK + 3] = 1.5
+    for batch in (keys, tuple(keys)):
+        with pytest.raises(lbcore.KeyTooLongError) as want:
+            hashing.hash_keys(batch, max_key_bytes=20)
+        with pytest.raises(lbcore.KeyTooLongError) as got:
+            lbcore.hash_keys(batch, max_key_bytes=20)
+        assert str(got.value) == str(want.value)
+    ok = [f"k{i:06d}" for i in range(n)]
+    assert lbcore.hash_keys(ok).tolist() == hashing.hash_keys(ok).tolist()
+
+
+def test_a_list_changed_while_it_is_hashed_is_an_error_not_a_crash():
+    if lbcore.kernel_name() != "native":
+        pytest.skip("native kernel only")
+    keys: list = []
+
+    class Sneaky(np.int64):  # a NumPy integer whose __index__ empties the batch
+        def __index__(self):
+            keys.clear()
+            return 5
+
+    keys.extend([Sneaky(1), "a", "b", "c"])
+    with pytest.raises(RuntimeError, match="changed size"):
+        lbcore.hash_keys(keys)
+    keys.extend([Sneaky(1), "a"])
+    plan = lbcore.Plan(lbcore.RingSet(["http://a:1", "http://b:1"]), 0)
+    with pytest.raises(RuntimeError, match="changed size"):
+        plan.route(keys)
+
+
+# ---------------------------------------------------------------------------------------
+# scatter_add: the recording primitive.
+
+
+def test_scatter_add_parity_on_random_fan_outs(kernel):
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        cells = int(rng.integers(1, 300))
+        n = int(rng.integers(0, 40))
+        k = int(rng.integers(1, 5))
+        target = rng.integers(-1000, 1000, cells).astype(np.int64)
+        offsets = rng.integers(0, max(1, cells // 2), k).astype(np.int64)
+        index = rng.integers(0, max(1, cells - int(offsets.max())), n).astype(np.int64)
+        shape = int(rng.integers(0, 3))
+        values: object = (
+            int(rng.integers(-5, 5))
+            if shape == 0
+            else rng.integers(-9, 9, k).astype(np.int64)
+            if shape == 1
+            else rng.integers(-9, 9, k * n).astype(np.int64)
+        )
+        want = target.copy()
+        vals = (
+            np.full((k, n), values)
+            if shape == 0
+            else np.repeat(np.asarray(values)[:, None], n, 1)
+            if shape == 1
+            else np.asarray(values).reshape(k, n)
+        )
+        np.add.at(want, (offsets[:, None] + index[None, :]).ravel(), vals.ravel())
+        lbcore.scatter_add(target, index, values, offsets)
+        assert target.tolist() == want.tolist()
+    row = np.zeros(10, dtype=np.int64)
+    lbcore.scatter_add(
+        row, np.array([1, 1, 3], dtype=np.int64), np.array([5, 6, 7], dtype=np.int64)
+    )
+    assert row.tolist() == [0, 11, 0, 7, 0, 0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("target", "index", "values", "offsets"),
+    [
+        (np.zeros(4, np.int64), np.array([4], np.int64), 1, None),
+        (np.zeros(4, np.int64), np.array([0, -1], np.int64), 1, None),
+        (np.zeros(4, np.int64), np.array([1], np.int64), 1, np.array([3], np.int64)),
+        (np.zeros(4, np.int64), np.array([0], np.int64), 1, np.array([-1], np.int64)),
+        (np.zeros(4, np.int64), np.array([0, 1], np.int64), np.array([1, 2, 3], np.int64), None),
+        (np.zeros(4, np.int32), np.array([0], np.int64), 1, None),
+        (np.zeros(4, np.int64), np.array([0], np.int32), 1, None),
+        (np.zeros(8, np.int64)[::2], np.array([0], np.int64), 1, None),
+        (np.zeros(4, np.int64), np.array([0], np.int64), 1.5, None),
+        (np.zeros(4, np.int64), np.array([0], np.int64), True, None),
+        ([0, 0], np.array([0], np.int64), 1, None),
+    ],
+)
+def test_scatter_add_refuses_bad_input_alike_and_adds_nothing(
+    kernel, target, index, values, offsets
+):
+    other = "numpy" if kernel == "native" else "native"
+    before = None if isinstance(target, list) else target.copy()
+    with pytest.raises((IndexError, TypeError, ValueError)) as got:
+        lbcore.scatter_add(target, index, values, offsets)
+    if before is not None:
+        assert target.tolist() == before.tolist()
+    old = lbcore.use_kernel(other)
+    try:
+        with pytest.raises(type(got.value)) as ref:
+            lbcore.scatter_add(target, index, values, offsets)
+    finally:
+        lbcore.use_kernel(old)
+    assert str(got.value) == str(ref.value)
+
+
+def test_scatter_add_refuses_a_read_only_row(kernel):
+    row = np.zeros(4, np.int64)
+    row.flags.writeable = False
+    with pytest.raises(TypeError, match="writable"):
+        lbcore.scatter_add(row, np.array([0], np.int64), 1)
+
+
+@pytest.mark.slow
+def test_a_build_without_a_compiler_installs_and_routes_on_the_numpy_kernel(tmp_path):
+    """What a user without gcc gets: the install succeeds, lbcore warns once and routes."""
+    import shutil
+
+    copy = tmp_path / "src"
+    copy.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, copy / name)
+    shutil.copytree(
+        ROOT / "lbcore", copy / "lbcore", ignore=shutil.ignore_patterns("*.so", "__pycache__")
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("CSLB_KERNEL", "LD_PRELOAD")}
+    build = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--inplace"],
+        cwd=copy,
+        env={**env, "CC": "/bin/false"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    assert 'building extension "lbcore._kernel" failed' in build.stdout + build.stderr
+    assert not list((copy / "lbcore").glob("_kernel*.so"))
+    use = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "default",
+            "-c",
+            # (This venv's editable install would find the checkout's build: only the
+            # copy's lbcore, which has none, may be imported.)
+            "import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+            "if 'editable' not in repr(f).lower()]; "
+            "import lbcore; print(lbcore.kernel_name()); "
+            "rs = lbcore.RingSet(['http://10.0.0.1:80', 'http://10.0.0.2:80']); "
+            "print(lbcore.Plan(rs, 0).route(['SKU-1', 5, b'x'])[0].tolist())",
+        ],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert use.returncode == 0, use.stderr
+    name, answer = use.stdout.splitlines()
+    assert name == "numpy"
+    assert use.stderr.count("native kernel not available") == 1
+    want = lbcore.Plan(lbcore.RingSet(["http://10.0.0.1:80", "http://10.0.0.2:80"]), 0)
+    assert answer == str(want.route(["SKU-1", 5, b"x"])[0].tolist())

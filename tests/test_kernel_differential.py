@@ -1,0 +1,160 @@
+"""Differential test: the native kernel and the NumPy reference on random plans and keys.
+
+Random ring sets (1-2,000 endpoints, up to two fading rings), ejected masks, gates,
+fade modes, loads, balance factors and hop caps; random batches of every accepted key
+type. Both kernels must give the same indices, counts, exceptions and counter cells.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lbcore
+from lbcore import Gate, Plan, RingSet
+
+pytestmark = pytest.mark.skipif(
+    lbcore.kernel.native() is None and lbcore.kernel._load_native() is None,
+    reason="needs the native kernel",
+)
+
+D = 30_000_000_000
+
+text = st.text(st.characters(codec="utf-8"), max_size=20) | st.sampled_from(
+    ["", "\0", "a\0b", "ürün-42", "😀", "x" * 4096, "y" * 4097]
+)
+blob = st.binary(max_size=20) | st.sampled_from([b"", b"\0", b"\xff" * 4096])
+integer = st.integers(min_value=-(2**63), max_value=2**65) | st.sampled_from(
+    [0, -1, 2**63 - 1, -(2**63), 2**63, 2**64 - 1, 2**64]
+)
+key = (
+    text
+    | blob
+    | integer
+    | blob.map(bytearray)
+    | integer.filter(lambda v: 0 <= v < 2**64).map(np.uint64)
+)
+bad = st.sampled_from([1.5, None, True, "\ud800", object()])
+
+
+@st.composite
+def batches(draw):
+    kind = draw(st.sampled_from(["list", "tuple", "int64", "uint64", "S", "U", "mixed-bad"]))
+    n = draw(st.integers(0, 40))
+    if kind in ("list", "tuple"):
+        ks = draw(st.lists(key, min_size=n, max_size=n))
+        return ks if kind == "list" else tuple(ks)
+    if kind == "mixed-bad":
+        ks = draw(st.lists(key, min_size=n, max_size=n))
+        ks.insert(draw(st.integers(0, n)), draw(bad))
+        return ks
+    if kind == "int64":
+        vals = draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n))
+        return np.array(vals, dtype=np.int64)
+    if kind == "uint64":
+        vals = draw(st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n))
+        return np.array(vals, dtype=np.uint64)
+    if kind == "S":
+        return np.array(draw(st.lists(st.binary(max_size=12), min_size=n, max_size=n)), dtype="S12")
+    return np.array(draw(st.lists(st.text(max_size=8), min_size=n, max_size=n)), dtype="U8")
+
+
+@st.composite
+def plans(draw):
+    n = draw(st.integers(1, 2000))
+    vnodes = draw(st.integers(1, max(1, min(100, 20_000 // n))))
+    eps = [f"http://10.{i // 60000}.{(i // 250) % 240}.{i % 250}:{8080 + i % 3}" for i in range(n)]
+    cuts = sorted(draw(st.lists(st.integers(1, n), max_size=2)))
+    parts = [0, *cuts, n]
+    rs = RingSet(eps[: parts[1]] or eps[:1], duration_ns=D, vnodes=vnodes)
+    start = 0
+    for a, b in itertools.pairwise(parts[1:]):
+        start += draw(st.integers(0, D))
+        rs = rs.scale_up(eps[max(a, 1) : b], start)
+    n = len(rs.endpoints)
+    now = start + draw(st.integers(-D, 2 * D))
+    ejected = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=np.bool_)
+    if draw(st.booleans()):
+        ejected[:] = False
+    hot = draw(st.floats(0, 1000, allow_nan=False))
+    loads = np.array(draw(st.lists(st.floats(0, 50, allow_nan=False), min_size=n, max_size=n)))
+    loads[: draw(st.integers(0, n))] += hot
+    gate = Gate(
+        enabled=draw(st.booleans()) or draw(st.booleans()),
+        percentage=draw(st.sampled_from([100.0, 0.0]) | st.floats(0, 100)),
+    )
+    bf = draw(st.none() | st.floats(1.0, 3.0))
+    return {
+        "ring_set": rs,
+        "now_ns": now,
+        "ejected": ejected,
+        "loads": loads,
+        "balance_factor": bf,
+        "max_hops": draw(st.none() | st.integers(1, 20)),
+        "gate": gate,
+        "fade_mode": draw(st.sampled_from(["n-ring", "skipper", "off"])),
+        "slots": np.arange(n, dtype=np.int64)[::-1].copy(),
+        "max_key_bytes": draw(st.sampled_from([4096, None, 5])),
+    }
+
+
+def on(kernel: str, fn):
+    old = lbcore.use_kernel(kernel)
+    try:
+        return fn()
+    except Exception as exc:  # compared between kernels
+        return ("error", type(exc), str(exc))
+    finally:
+        lbcore.use_kernel(old)
+
+
+def routed_and_recorded(args, keys, attempt):
+    plan = Plan(**args)
+    idx, fallbacks, moves, valid = plan.route(keys, attempt=attempt)
+    slots, where = plan.counter_slots(idx)
+    row = np.zeros(3 * len(plan.slots) + 8, dtype=np.int64)
+    offsets = np.array([0, len(plan.slots), 2 * len(plan.slots)], dtype=np.int64)
+    lbcore.scatter_add(row, slots, np.array([1, 7, -2], dtype=np.int64), offsets)
+    return (
+        idx.tolist(),
+        fallbacks,
+        moves,
+        valid,
+        None if where is None else where.tolist(),
+        row.tolist(),
+    )
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(plans(), batches(), st.integers(0, 3))
+def test_native_and_numpy_route_alike(args, keys, attempt):
+    native = on("native", lambda: routed_and_recorded(args, keys, attempt))
+    reference = on("numpy", lambda: routed_and_recorded(args, keys, attempt))
+    assert native == reference
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans(), st.integers(0, 2))
+def test_native_and_numpy_agree_on_every_position(args, attempt):
+    def every_position():
+        plan = Plan(**args)
+        answer, moved = plan.answers()
+        if plan.closed:
+            return answer.tolist(), moved.tolist(), []
+        h = plan.master.hashes.copy()  # keys exactly on ring points, and just past them
+        h2 = h + np.uint64(1)
+        return (
+            answer.tolist(),
+            moved.tolist(),
+            plan.route_hashes(np.concatenate((h, h2)), attempt)[0].tolist(),
+        )
+
+    assert on("native", every_position) == on("numpy", every_position)
