@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from discovery.cli import NoEndpointSourceError, default_endpoints_file, fail, run
 from discovery.events import EventLog
-from discovery.settings import DISCOVERY_KNOBS
+from discovery.settings import DISCOVERY_KNOBS, LAYERED_KNOBS, OUTLIER_KNOBS
 from discovery.static import EndpointsFileError, EndpointSpec, parse_endpoints
 from lbcore.knobs import ROUTING_KNOBS, KnobError, add_arguments, from_args
 
@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
         "routing knobs (published with the tables; a --configmap overrides them at runtime)"
     )
     add_arguments(knobs, ROUTING_KNOBS)
+    outlier = p.add_argument_group(
+        "outlier detection (decided here for the whole host; a --configmap overrides it at "
+        "runtime)"
+    )
+    add_arguments(outlier, OUTLIER_KNOBS)
     return p
 
 
@@ -56,7 +61,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = from_args(args, env, DISCOVERY_KNOBS)
-        routing = from_args(args, env, ROUTING_KNOBS)
+        routing = from_args(args, env, LAYERED_KNOBS)
         static: list[EndpointSpec] = parse_endpoints(list(args.endpoint), "--endpoint")
     except (KnobError, EndpointsFileError) as exc:
         return fail(str(exc))

@@ -98,7 +98,8 @@ def run(
     """Run the discovery process until SIGTERM/SIGINT; returns the exit status.
 
     ``settings``: :data:`discovery.settings.DISCOVERY_KNOBS` values (an endpoints file
-    already chosen); ``routing``: the routing knobs; ``static``: ``--endpoint`` entries.
+    already chosen); ``routing``: the routing and outlier knobs; ``static``: ``--endpoint``
+    entries.
     ``cslb discovery`` (:mod:`cslb.discovery_cmd`) parses the command line and calls this.
     """
     import shm

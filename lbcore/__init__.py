@@ -2,14 +2,15 @@
 
 Skipper-exact consistent hashing (:class:`Ring`), bounded load (:mod:`lbcore.bounded`),
 N-ring and Skipper fade-in (:mod:`lbcore.fade`), the rollout gate (:mod:`lbcore.gate`),
-load signals (:mod:`lbcore.signals`), and the routing plan a worker asks per batch
-(:class:`lbcore.plan.Plan`), answered by one of two kernels (:mod:`lbcore.kernel`: the
-compiled C kernel or the NumPy reference, :func:`kernel_name`). No I/O, no processes, no
-implicit clocks: time and loads are arguments. The one setting read from the
-environment is ``CSLB_KERNEL``, once, at import.
+load signals (:mod:`lbcore.signals`), passive outlier ejection (:mod:`lbcore.outlier`
+judges endpoints, :mod:`lbcore.ejection` keeps ejections over time), and the routing plan
+a worker asks per batch (:class:`lbcore.plan.Plan`), answered by one of two kernels
+(:mod:`lbcore.kernel`: the compiled C kernel or the NumPy reference, :func:`kernel_name`).
+No I/O, no processes, no implicit clocks: time and loads are arguments. The one setting
+read from the environment is ``CSLB_KERNEL``, once, at import.
 """
 
-from lbcore import bounded, fade, gate, signals
+from lbcore import bounded, ejection, fade, gate, outlier, signals
 from lbcore.bounded import redirect_table
 from lbcore.clientkey import default_key
 from lbcore.errors import (
@@ -24,6 +25,7 @@ from lbcore.errors import (
     KeyTypeError,
     LBCoreError,
     LoadError,
+    OutlierError,
     TableDataError,
 )
 from lbcore.fade import RingSet, fade_share, fadein_filter, fadein_score
@@ -50,6 +52,7 @@ __all__ = [
     "KeyTypeError",
     "LBCoreError",
     "LoadError",
+    "OutlierError",
     "Plan",
     "Ring",
     "RingSet",
@@ -57,6 +60,7 @@ __all__ = [
     "bounded",
     "default_key",
     "effective_load",
+    "ejection",
     "fade",
     "fade_share",
     "fadein_filter",
@@ -65,6 +69,7 @@ __all__ = [
     "hash_keys",
     "kernel_name",
     "occupancy",
+    "outlier",
     "redirect_table",
     "scatter_add",
     "signals",

@@ -51,5 +51,9 @@ class GateError(LBCoreError, ValueError):
     """A rollout-gate setting is out of range."""
 
 
+class OutlierError(LBCoreError, ValueError):
+    """An outlier-detection setting, count or ejection state is invalid."""
+
+
 class TableDataError(LBCoreError, ValueError):
     """A ring table holds an entry out of range: damaged, or rewritten while it was read."""

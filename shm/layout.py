@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lbcore.outlier import FAILURE_KINDS
+
 __all__ = [
     "BUCKET_FIELDS",
     "BUFFER_HEADER",
@@ -37,7 +39,9 @@ __all__ = [
     "COUNTERS_DATA",
     "COUNTER_FIELDS",
     "DATA_HEADER_BYTES",
+    "KIND_FIELDS",
     "KIND_NAMES",
+    "KIND_TOTAL_FIELDS",
     "LAYOUT_VERSION",
     "MAGIC_COUNTERS_CONTROL",
     "MAGIC_COUNTERS_DATA",
@@ -73,7 +77,9 @@ __all__ = [
 #: count of older ones (``open_old``), replacing ``in_flight`` and ``start_sum``.
 #: 4: tables no longer repeat the newest ring's owners (the last row of ``owner_table``
 #: is that array) and are checksummed with XXH3-64 instead of CRC-32.
-LAYOUT_VERSION = 4
+#: 5: counters keep failures per kind (:data:`KIND_FIELDS`, :data:`KIND_TOTAL_FIELDS`);
+#: tables carry outlier-ejection state and no longer a ``weight`` section.
+LAYOUT_VERSION = 5
 
 
 def magic_word(tag: bytes) -> int:
@@ -179,6 +185,7 @@ PAYLOAD_HEADER = np.dtype(
         ("max_hops", "i8"),  # -1: Skipper's unlimited walk
         ("load_signal", "S32"),
         ("fade_mode", "S16"),
+        ("outlier_panic", "u8"),  # 1: too few endpoints left, ejections ignored (fail open)
         ("sections", "u8"),
     ]
 )
@@ -193,8 +200,15 @@ TABLE_SECTIONS: tuple[tuple[str, str | None], ...] = (
     ("zones", None),
     ("nodes", None),
     ("slot", "i4"),
-    ("weight", "f8"),
-    ("ejected", "u1"),
+    ("ejected", "u1"),  # what routing skips (none while in outlier panic)
+    # Outlier-ejection state per endpoint (lbcore.ejection.Ejections), for tools and for
+    # a restarted writer: reason code (0: none), until (CLOCK_MONOTONIC ns), multiplier,
+    # next multiplier decay (ns), and ejections so far per reason (endpoints x 3).
+    ("eject_reason", "u1"),
+    ("eject_until_ns", "i8"),
+    ("eject_multiplier", "i4"),
+    ("eject_decay_ns", "i8"),
+    ("ejections", "i8"),
     ("tier", "i4"),
     ("starts_ns", "i8"),  # one per fading ring
     ("slot_freed_ns", "i8"),  # per counter slot: -1 in use, else CLOCK_MONOTONIC freed time
@@ -277,11 +291,19 @@ OPEN_FIELDS = ("open", "open_start_sum")
 #: Per-bucket counter fields of a cell for what happened in the bucket.
 COUNTER_FIELDS = ("busy_ns", "completed", "latency_ns", "failures")
 
-#: Every per-bucket field, in row order after ``open_old``.
-BUCKET_FIELDS = OPEN_FIELDS + COUNTER_FIELDS
+#: Per-bucket failures of each kind (:data:`lbcore.outlier.FAILURE_KINDS`, in code order);
+#: they sum to ``failures``.
+KIND_FIELDS = tuple(f"failures_{kind}" for kind in FAILURE_KINDS)
 
-#: Per-cell lifetime totals (never age out, never reset while the counters exist).
-TOTAL_FIELDS = ("requests_total", "failures_total")
+#: Every per-bucket field, in row order after ``open_old``.
+BUCKET_FIELDS = OPEN_FIELDS + COUNTER_FIELDS + KIND_FIELDS
+
+#: Lifetime failures of each kind, in code order; they sum to ``failures_total``.
+KIND_TOTAL_FIELDS = tuple(f"{name}_total" for name in KIND_FIELDS)
+
+#: Per-cell lifetime totals (never age out; zeroed only when a freed endpoint slot is
+#: given to a new endpoint).
+TOTAL_FIELDS = ("requests_total", "failures_total", *KIND_TOTAL_FIELDS)
 
 #: Per-row lifetime totals of routing decisions (8 words are reserved for them).
 STATS_FIELDS = ("decisions", "fallbacks", "moves")
