@@ -270,8 +270,18 @@ BUCKET_FIELDS = OPEN_FIELDS + COUNTER_FIELDS
 #: Per-cell lifetime totals (never age out, never reset while the counters exist).
 TOTAL_FIELDS = ("requests_total", "failures_total")
 
-#: Per-row lifetime totals of routing decisions (8 words are reserved for them).
-STATS_FIELDS = ("decisions", "fallbacks", "moves")
+#: Per-row lifetime totals of routing decisions (8 words are reserved for them), then
+#: of the fan-out helper (``workers.fanout``): retry calls sent, those that failed too,
+#: retries the retry budget refused, calls the bulkhead kept from an endpoint or queue.
+STATS_FIELDS = (
+    "decisions",
+    "fallbacks",
+    "moves",
+    "retries",
+    "retries_failed",
+    "retries_refused",
+    "bulkhead_rejections",
+)
 
 
 def row_layout(columns: int, buckets: int) -> dict[str, int]:
