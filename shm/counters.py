@@ -15,7 +15,9 @@ it is out of every reader's window):
   counts one window, not its age);
 * ``busy_ns`` (time spent waiting on the endpoint inside the bucket), ``completed``,
   ``latency_ns`` (summed durations of requests that ended in the bucket) and
-  ``failures``;
+  ``failures``, and the failures of each kind (``failures_connect``,
+  ``failures_timeout``, ``failures_status``, ``failures_other``: the codes of
+  :mod:`lbcore.outlier`), which sum to ``failures``;
 
 and ``open_old``: open requests that started before every bucket the row holds (older
 than the window, so each counts one full window).
@@ -60,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from lbcore.bounded import routed_call_load
+from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from lbcore.signals import (
     DEFAULT_LATENCY_CAP,
     DEFAULT_WINDOW_NS,
@@ -83,8 +86,10 @@ from shm.errors import (
 )
 from shm.layout import (
     BUCKET_FIELDS,
+    COUNTER_FIELDS,
     COUNTERS_CONTROL,
     COUNTERS_DATA,
+    KIND_FIELDS,
     LAYOUT_VERSION,
     MAGIC_COUNTERS_CONTROL,
     MAGIC_COUNTERS_DATA,
@@ -188,7 +193,7 @@ class _Matrix:
         self.layout = layout
         self.rows2d = seg.array(np.int64, off, rows * row_words).reshape(rows, row_words)
         p = layout["open_old"]
-        # (rows, 1 + 6 * buckets, columns): open_old, then the bucket fields.
+        # (rows, 1 + len(BUCKET_FIELDS) * buckets, columns): open_old, then the bucket fields.
         self.fields = self.rows2d[:, p : p + cell_words(k) * cols].reshape(
             rows, cell_words(k), cols
         )
@@ -196,7 +201,7 @@ class _Matrix:
         st = layout["stats"]
         self.stats = self.rows2d[:, st : st + 8]
         t = layout[TOTAL_FIELDS[0]]
-        # (rows, 2, columns): requests_total, failures_total.
+        # (rows, len(TOTAL_FIELDS), columns): requests_total, failures_total, then per kind.
         self.totals = self.rows2d[:, t : t + len(TOTAL_FIELDS) * cols].reshape(
             rows, len(TOTAL_FIELDS), cols
         )
@@ -842,7 +847,7 @@ def _namespace_counters(namespace: str) -> list[str]:
 
 _add_at = np.add.at
 # What a fan-out's end adds to per call in its bucket column, in the order of the values
-# record_end builds (then requests_total, failures, failures_total).
+# record_end builds (then requests_total; a failed call adds to its failure words too).
 _END_FIELDS = ("open", "open_start_sum", "busy_ns", "completed", "latency_ns")
 _END_CONSTANTS = np.array((-1, 0, 0, 1, 0, 1), dtype=np.int64)[:, None]
 _NO_SLOTS = np.empty(0, dtype=np.intp)
@@ -856,6 +861,40 @@ _STAT_INDEX = {name: i for i, name in enumerate(STATS_FIELDS)}
 # when it has at least one call per column at its start and one per 4 columns at its end
 # (an end adds to more fields); measured crossovers on 104 to 5,000 columns.
 _COUNTS_MIN = 512
+
+
+_KIND_LIST = ", ".join(f"{c} {k}" for c, k in enumerate(FAILURE_KINDS, 1))
+
+
+def _failure_codes(failed: Any, n: int) -> np.ndarray | None:
+    """Failure code per call (``intp``, 0 = success) from flags or kinds; ``None``: no flags.
+
+    Booleans count as :data:`~lbcore.outlier.FAIL_OTHER` (what a failure was before kinds).
+
+    Raises
+    ------
+    CounterInputError
+        Not one entry per call, not booleans or integers, or codes that name no kind.
+    """
+    if failed is None:
+        return None
+    f = failed if type(failed) is np.ndarray else np.asarray(failed)
+    if f.shape != (n,):
+        raise CounterInputError(f"failure flags have shape {f.shape}, expected ({n},)")
+    if f.dtype == np.bool_:
+        return f.astype(np.intp) * FAIL_OTHER
+    if f.dtype.kind not in "iu":
+        if n == 0:
+            return None
+        raise CounterInputError(
+            f"failure flags must be booleans or integer failure kinds, got a {f.dtype} array"
+        )
+    if n and (_min(f) < 0 or _max(f) > FAIL_OTHER):
+        bad = sorted({int(v) for v in f[(f < 0) | (f > FAIL_OTHER)].tolist()})
+        raise CounterInputError(
+            f"unknown failure kinds {bad[:10]}: expected 0 (success) or {_KIND_LIST}"
+        )
+    return f.astype(np.intp, copy=False)
 
 
 def _release_in_flight(m: _Matrix, row: int) -> None:
@@ -917,26 +956,44 @@ class Recorder:
         self._completed = f[1 + 3 * k : 1 + 4 * k]
         self._latency = f[1 + 4 * k : 1 + 5 * k]
         self._failures = f[1 + 5 * k : 1 + 6 * k]
+        nk = len(KIND_FIELDS)
+        self._kinds = f[1 + 6 * k : 1 + (6 + nk) * k].reshape(nk, k, -1)  # (kind, bucket, slot)
         self._periods = m.periods[self.row]
         tot = m.totals[self.row]
         self._requests_total = tot[0]
         self._failures_total = tot[1]
+        self._kinds_total = tot[2 : 2 + nk]
         self._stats = memoryview(m.stats[self.row])  # item updates at ~30 ns, no NumPy
         # The whole row as one flat view, and per bucket column the word offsets (in that
         # view) of what record_end adds to: one np.add.at for a whole fan-out's end.
         self._row_words = m.rows2d[self.row]
         lay = m.layout
         cols = m.columns
-        ends = [
+        self._end_offsets = [
             np.array(
-                [lay[name] + j * cols for name in _END_FIELDS]
-                + [lay["requests_total"], lay["failures"] + j * cols, lay["failures_total"]],
+                [lay[name] + j * cols for name in _END_FIELDS] + [lay["requests_total"]],
                 dtype=np.intp,
             )[:, None]
             for j in range(k)
         ]
-        # Per bucket column: the offsets without the failure fields, and with them.
-        self._end_offsets = [(e[:6], e) for e in ends]
+        # Per bucket column, per failure code (row 0 unused): the words a failed call adds
+        # one to (failures, failures_total, its kind's bucket field and total).
+        self._fail_offsets = [
+            np.array(
+                [[0, 0, 0, 0]]
+                + [
+                    [
+                        lay["failures"] + j * cols,
+                        lay["failures_total"],
+                        lay[KIND_FIELDS[c]] + j * cols,
+                        lay[f"{KIND_FIELDS[c]}_total"],
+                    ]
+                    for c in range(nk)
+                ],
+                dtype=np.intp,
+            )
+            for j in range(k)
+        ]
         self._open_rows = [(self._open[j], self._open_sum[j]) for j in range(k)]
         self._epoch = m.epoch
 
@@ -975,6 +1032,7 @@ class Recorder:
                 self._completed[j] = 0
                 self._latency[j] = 0
                 self._failures[j] = 0
+                self._kinds[:, j] = 0
                 fence()
                 periods[j] = q
         self._period = period
@@ -1128,13 +1186,15 @@ class Recorder:
         now_ns
             CLOCK_MONOTONIC time now, in nanoseconds (no call ended later).
         failed
-            Optional booleans: which calls failed.
+            Optional, one per call: booleans (``True``: failed, counted as
+            :data:`lbcore.outlier.FAIL_OTHER`) or integer failure kinds (``0``: success,
+            :data:`~lbcore.outlier.FAIL_CONNECT` … :data:`~lbcore.outlier.FAIL_OTHER`).
 
         Raises
         ------
         CounterInputError
-            Mismatched lengths, slots out of range or negative durations; nothing is
-            recorded then.
+            Mismatched lengths, slots out of range, negative durations or unknown
+            failure kinds; nothing is recorded then.
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
@@ -1150,10 +1210,7 @@ class Recorder:
             raise CounterInputError(f"durations have shape {d.shape}, expected ({n},)")
         if n and _min(d) < 0:
             raise CounterInputError(f"durations must be >= 0 ns, got {int(d.min())}")
-        if failed is not None:
-            failed = np.asarray(failed, dtype=np.bool_)
-            if failed.shape != (n,):
-                raise CounterInputError(f"failure flags have shape {failed.shape}, expected ({n},)")
+        failed = _failure_codes(failed, n)
         if isinstance(started_ns, (int, np.integer)):
             started: int | np.ndarray = int(started_ns)
         else:
@@ -1179,13 +1236,16 @@ class Recorder:
         ``bound`` beyond this row's columns is checked); ``started_ns``: an ``int``;
         ``durations_ns``: an ``int >= 0`` for every call or an ``int64`` array of
         durations ``>= 0`` (``started_ns`` may also be an ``int64`` array of start times,
-        as given to :meth:`record_start`); ``failed``: ``None`` or a ``bool`` array;
+        as given to :meth:`record_start`); ``failed``: ``None`` or, one per call,
+        booleans or failure kinds (checked as :meth:`record_end` checks them);
         ``counts``: what :meth:`_record_start_trusted` returned for these slots.
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
         if bound > self._cols:
             slots = self._slots(slots)
+        if failed is not None:
+            failed = _failure_codes(failed, slots.size)
         if slots.size:
             self._end(slots, started_ns, durations_ns, now_ns, failed, counts)
 
@@ -1201,6 +1261,7 @@ class Recorder:
         """Record the end of ``s.size > 0`` checked calls (see :meth:`record_end`).
 
         ``started`` and ``d`` are an ``int`` for every call or an ``int64`` array each;
+        ``failed``: ``None`` or checked failure codes (``intp``, 0 = success);
         ``counts``: the calls per slot of ``s`` if known (from their start).
         """
         n = s.size
@@ -1217,34 +1278,39 @@ class Recorder:
             # Every call started in this bucket (and ended by now_ns): all of it is here,
             # and so are its open entries (record_start put them in this bucket). One
             # np.add.at over the row adds every field of every call (repeats add up).
-            offsets = self._end_offsets[period % self._k]
+            j = period % self._k
             opened = period * b - started  # (an array for calls that started apart)
             if scalar_start and d.__class__ is int and n >= _COUNTS_MIN and 4 * n >= self._cols:
-                self._end_counts(s, period % self._k, opened, d, failed, counts)
+                self._end_counts(s, j, opened, d, failed, counts)
                 return
-            if failed is None and d.__class__ is int and scalar_start:
+            if d.__class__ is int and scalar_start:
                 vals = np.array((-1, opened, d, 1, d, 1), dtype=np.int64).repeat(n)
-                idx = np.add(offsets[0], s)
             else:
-                rows = 6 if failed is None else 8
-                v2 = np.empty((rows, n), dtype=np.int64)
-                v2[:6] = _END_CONSTANTS
+                v2 = np.empty((6, n), dtype=np.int64)
+                v2[:] = _END_CONSTANTS
                 v2[1] = opened
                 v2[2] = d
                 v2[4] = d
-                if failed is not None:
-                    v2[6] = failed
-                    v2[7] = failed
                 vals = v2.ravel()
-                idx = np.add(offsets[0] if failed is None else offsets[1], s)
-            _add_at(self._row_words, idx.ravel(), vals)
+            idx = np.add(self._end_offsets[j], s).ravel()
+            if failed is not None:
+                f = failed.nonzero()[0]
+                if f.size:
+                    # Each failed call adds one to its four failure words as well.
+                    extra = (self._fail_offsets[j][failed[f]] + s[f][:, None]).ravel()
+                    idx = np.concatenate((idx, extra))
+                    vals = np.concatenate((vals, np.ones(extra.size, dtype=np.int64)))
+            _add_at(self._row_words, idx, vals)
             return
         st = np.full(n, started, dtype=np.int64) if scalar_start else started
         dd = np.full(n, d, dtype=np.int64) if d.__class__ is int else d
         self._record_end_spread(s, st, dd, failed)
         _add_at(self._requests_total, s, 1)
         if failed is not None:
-            _add_at(self._failures_total, s, failed)
+            f = failed.nonzero()[0]
+            if f.size:
+                _add_at(self._failures_total, s[f], 1)
+                _add_at(self._kinds_total, (failed[f] - 1, s[f]), 1)
 
     def _end_counts(
         self,
@@ -1274,10 +1340,17 @@ class Recorder:
         np.add(self._completed[j], c, out=self._completed[j])
         np.add(self._latency[j], t, out=self._latency[j])
         np.add(self._requests_total, c, out=self._requests_total)
-        if failed is not None:
-            fc = np.bincount(s[failed], minlength=self._cols)
+        f = _NO_SLOTS if failed is None else failed.nonzero()[0]
+        if f.size:
+            cols = self._cols
+            nk = len(KIND_FIELDS)
+            fk = np.bincount((failed[f] - 1) * cols + s[f], minlength=nk * cols)  # type: ignore[index]
+            fk = fk.reshape(nk, cols)
+            fc = fk.sum(axis=0)
             np.add(self._failures[j], fc, out=self._failures[j])
             np.add(self._failures_total, fc, out=self._failures_total)
+            np.add(self._kinds[:, j], fk, out=self._kinds[:, j])
+            np.add(self._kinds_total, fk, out=self._kinds_total)
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """Add one routed batch to the row's lifetime decision totals.
@@ -1370,7 +1443,11 @@ class Recorder:
             _add_at(self._completed[j], ss, 1)
             _add_at(self._latency[j], ss, d[sel])
             if failed is not None:
-                _add_at(self._failures[j], ss, failed[sel])
+                fs = failed[sel]
+                f = fs.nonzero()[0]
+                if f.size:
+                    _add_at(self._failures[j], ss[f], 1)
+                    _add_at(self._kinds[:, j], (fs[f] - 1, ss[f]), 1)
 
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back (its in-flight counts are zeroed, history stays)."""
@@ -1601,6 +1678,16 @@ class HostLoads:
         given to its endpoint, all workers ever summed: never age out (Prometheus
         counters). A writer handing a freed slot to a new endpoint zeroes them
         (:meth:`CounterStore.reset_totals`).
+    failures : numpy.ndarray
+        ``float64`` failed requests per slot inside the window (weighted like
+        :attr:`completed`; ``failures / completed`` is :attr:`failure_rate`).
+    failures_by_kind : numpy.ndarray
+        ``float64`` ``(slots, 4)``: :attr:`failures` split by kind, column ``code - 1``
+        for the codes of :mod:`lbcore.outlier` (connect, timeout, status, other, as
+        :data:`lbcore.outlier.FAILURE_KINDS`); rows sum to :attr:`failures`.
+    failures_total_by_kind : numpy.ndarray
+        ``int64`` ``(slots, 4)``: :attr:`failures_total` split by kind, columns as in
+        :attr:`failures_by_kind`; rows sum to :attr:`failures_total`.
     """
 
     now_ns: int
@@ -1613,6 +1700,32 @@ class HostLoads:
     global_latency_s: float
     requests_total: np.ndarray
     failures_total: np.ndarray
+    failures: np.ndarray
+    failures_by_kind: np.ndarray
+    failures_total_by_kind: np.ndarray
+
+    @classmethod
+    def idle(cls, n: int, now_ns: int, window_ns: int = 0) -> HostLoads:
+        """Loads of ``n`` endpoint slots nobody has called (nothing recorded, NaN latency)."""
+        z = np.zeros(n)
+        nan = np.full(n, np.nan)
+        zi = np.zeros(n, np.int64)
+        nk = len(FAILURE_KINDS)
+        return cls(
+            now_ns=int(now_ns),
+            window_ns=int(window_ns),
+            in_flight=zi,
+            occupancy=z,
+            completed=z,
+            mean_latency_s=nan,
+            failure_rate=nan,
+            global_latency_s=float("nan"),
+            requests_total=zi,
+            failures_total=zi,
+            failures=z,
+            failures_by_kind=np.zeros((n, nk)),
+            failures_total_by_kind=np.zeros((n, nk), np.int64),
+        )
 
     def take(self, slots: Any) -> HostLoads:
         """The loads of the given slots, in that order (e.g. ``Table.slots``: per endpoint).
@@ -1633,20 +1746,24 @@ class HostLoads:
 
         def pick(arr: np.ndarray, idle: float) -> np.ndarray:
             if extra > 0:
-                arr = np.concatenate((arr, np.full(extra, idle, dtype=arr.dtype)))
-            return arr.take(idx)
+                pad = np.full((extra, *arr.shape[1:]), idle, dtype=arr.dtype)
+                arr = np.concatenate((arr, pad))
+            return arr.take(idx, axis=0)
 
         return HostLoads(
-            self.now_ns,
-            self.window_ns,
-            pick(self.in_flight, 0),
-            pick(self.occupancy, 0.0),
-            pick(self.completed, 0.0),
-            pick(self.mean_latency_s, np.nan),
-            pick(self.failure_rate, np.nan),
-            self.global_latency_s,
-            pick(self.requests_total, 0),
-            pick(self.failures_total, 0),
+            now_ns=self.now_ns,
+            window_ns=self.window_ns,
+            in_flight=pick(self.in_flight, 0),
+            occupancy=pick(self.occupancy, 0.0),
+            completed=pick(self.completed, 0.0),
+            mean_latency_s=pick(self.mean_latency_s, np.nan),
+            failure_rate=pick(self.failure_rate, np.nan),
+            global_latency_s=self.global_latency_s,
+            requests_total=pick(self.requests_total, 0),
+            failures_total=pick(self.failures_total, 0),
+            failures=pick(self.failures, 0.0),
+            failures_by_kind=pick(self.failures_by_kind, 0.0),
+            failures_total_by_kind=pick(self.failures_total_by_kind, 0),
         )
 
     def effective(self, cap: float = DEFAULT_LATENCY_CAP) -> np.ndarray:
@@ -1719,10 +1836,7 @@ class CounterReader:
         k = ctl.buckets
         w_ns = ctl.window_ns
         if used.size == 0 or n == 0:
-            z = np.zeros(n)
-            nan = np.full(n, np.nan)
-            zi = np.zeros(n, np.int64)
-            return HostLoads(now_ns, w_ns, zi, z, z, nan, nan, float("nan"), zi, zi)
+            return HostLoads.idle(n, now_ns, w_ns)
         # Rows are claimed lowest first, so the used rows are (nearly) a prefix: read them
         # as one strided view, no copy; rows never used hold zeros and weigh nothing.
         hi = int(used[-1]) + 1
@@ -1748,10 +1862,11 @@ class CounterReader:
             busy_open = c * since - cells[ri, 1 + k + ji, :]
             np.clip(busy_open, 0, c * w_ns, out=busy_open)
             open_ns += busy_open.sum(axis=0)
-        # (rows, field, bucket, slot) weighted over rows and buckets, all four fields at once.
-        busy, completed, latency_ns, failures = np.einsum(
-            "rk,rfkc->fc", weights, cells[:, 1 + 2 * k :, :].reshape(hi, 4, k, n)
-        )
+        # (rows, field, bucket, slot) weighted over rows and buckets, every field at once.
+        nf = len(COUNTER_FIELDS) + len(KIND_FIELDS)
+        summed = np.einsum("rk,rfkc->fc", weights, cells[:, 1 + 2 * k :, :].reshape(hi, nf, k, n))
+        busy, completed, latency_ns, failures = summed[: len(COUNTER_FIELDS)]
+        by_kind = np.ascontiguousarray(summed[len(COUNTER_FIELDS) :].T)
         with np.errstate(invalid="ignore", divide="ignore"):
             failure_rate = np.where(
                 completed > 0, failures / np.where(completed > 0, completed, 1), np.nan
@@ -1769,6 +1884,11 @@ class CounterReader:
             global_latency_s=glob,
             requests_total=m.totals[:hi, 0, :n].sum(axis=0),
             failures_total=m.totals[:hi, 1, :n].sum(axis=0),
+            failures=failures,
+            failures_by_kind=by_kind,
+            failures_total_by_kind=np.ascontiguousarray(
+                m.totals[:hi, 2 : 2 + len(KIND_FIELDS), :n].sum(axis=0).T
+            ),
         )
 
     def stats(self) -> dict[str, int]:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lbcore.outlier import FAILURE_KINDS
+
 __all__ = [
     "BUCKET_FIELDS",
     "BUFFER_HEADER",
@@ -37,7 +39,9 @@ __all__ = [
     "COUNTERS_DATA",
     "COUNTER_FIELDS",
     "DATA_HEADER_BYTES",
+    "KIND_FIELDS",
     "KIND_NAMES",
+    "KIND_TOTAL_FIELDS",
     "LAYOUT_VERSION",
     "MAGIC_COUNTERS_CONTROL",
     "MAGIC_COUNTERS_DATA",
@@ -70,7 +74,9 @@ __all__ = [
 #: count of older ones (``open_old``), replacing ``in_flight`` and ``start_sum``.
 #: 4: tables no longer repeat the newest ring's owners (the last row of ``owner_table``
 #: is that array) and are checksummed with XXH3-64 instead of CRC-32.
-LAYOUT_VERSION = 4
+#: 5: counters keep failures per kind (:data:`KIND_FIELDS`, :data:`KIND_TOTAL_FIELDS`);
+#: tables carry outlier-ejection state and no longer a ``weight`` section.
+LAYOUT_VERSION = 5
 
 
 def magic_word(tag: bytes) -> int:
@@ -264,11 +270,19 @@ OPEN_FIELDS = ("open", "open_start_sum")
 #: Per-bucket counter fields of a cell for what happened in the bucket.
 COUNTER_FIELDS = ("busy_ns", "completed", "latency_ns", "failures")
 
-#: Every per-bucket field, in row order after ``open_old``.
-BUCKET_FIELDS = OPEN_FIELDS + COUNTER_FIELDS
+#: Per-bucket failures of each kind (:data:`lbcore.outlier.FAILURE_KINDS`, in code order);
+#: they sum to ``failures``.
+KIND_FIELDS = tuple(f"failures_{kind}" for kind in FAILURE_KINDS)
 
-#: Per-cell lifetime totals (never age out, never reset while the counters exist).
-TOTAL_FIELDS = ("requests_total", "failures_total")
+#: Every per-bucket field, in row order after ``open_old``.
+BUCKET_FIELDS = OPEN_FIELDS + COUNTER_FIELDS + KIND_FIELDS
+
+#: Lifetime failures of each kind, in code order; they sum to ``failures_total``.
+KIND_TOTAL_FIELDS = tuple(f"{name}_total" for name in KIND_FIELDS)
+
+#: Per-cell lifetime totals (never age out; zeroed only when a freed endpoint slot is
+#: given to a new endpoint).
+TOTAL_FIELDS = ("requests_total", "failures_total", *KIND_TOTAL_FIELDS)
 
 #: Per-row lifetime totals of routing decisions (8 words are reserved for them), then
 #: of the fan-out helper (``workers.fanout``): retry calls sent, those that failed too,

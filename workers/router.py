@@ -132,7 +132,6 @@ parent's router raises :class:`RouterStateError`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -456,21 +455,7 @@ class _Costs:
 
 def _idle_loads(n: int, now_ns: int) -> shm.HostLoads:
     """Loads of ``n`` endpoints nobody has called (no counters to read)."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(shm.HostLoads):
-        if f.name == "now_ns":
-            values[f.name] = int(now_ns)
-        elif f.name == "window_ns":
-            values[f.name] = 0
-        elif f.name == "global_latency_s":
-            values[f.name] = math.nan
-        elif f.name in ("mean_latency_s", "failure_rate"):
-            values[f.name] = np.full(n, np.nan)
-        elif f.name in ("occupancy", "completed"):
-            values[f.name] = np.zeros(n)
-        else:  # in_flight and any per-slot integer totals
-            values[f.name] = np.zeros(n, dtype=np.int64)
-    return shm.HostLoads(**values)
+    return shm.HostLoads.idle(n, now_ns)
 
 
 def _row_from_env() -> int | None:
