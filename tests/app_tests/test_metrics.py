@@ -61,6 +61,11 @@ EXPECTED_FAMILIES = {
     "cslb_discovery_heartbeat_age_seconds": "gauge",
     "cslb_fade_share": "gauge",
     "cslb_discovery_up": "gauge",
+    # the fan-out helper's counters
+    "cslb_retries": "counter",
+    "cslb_retries_failed": "counter",
+    "cslb_retry_budget_exhausted": "counter",
+    "cslb_bulkhead_rejections": "counter",
 }
 
 
