@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from discovery.events import EventLog
-from discovery.settings import DISCOVERY_KNOBS, KnobState
+from discovery.settings import DISCOVERY_KNOBS, LAYERED_KNOBS, OUTLIER_KNOBS, KnobState
 from discovery.static import EndpointsFileError, EndpointSpec, parse_endpoints
 from lbcore.knobs import ROUTING_KNOBS, KnobError, add_arguments, from_args
 
@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
         "routing knobs (published with the tables; a --configmap overrides them at runtime)"
     )
     add_arguments(knobs, ROUTING_KNOBS)
+    outlier = p.add_argument_group(
+        "outlier detection (decided here for the whole host; a --configmap overrides it at "
+        "runtime)"
+    )
+    add_arguments(outlier, OUTLIER_KNOBS)
     return p
 
 
@@ -126,7 +131,7 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = from_args(args, env, DISCOVERY_KNOBS)
-        routing = from_args(args, env, ROUTING_KNOBS)
+        routing = from_args(args, env, LAYERED_KNOBS)
         static: list[EndpointSpec] = parse_endpoints(list(args.endpoint), "--endpoint")
     except (KnobError, EndpointsFileError) as exc:
         return _fail(str(exc))

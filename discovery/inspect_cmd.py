@@ -3,7 +3,9 @@
 Reads the current table of a shared-memory namespace (read-only; never blocks the
 publisher) and prints its generation, the publisher's liveness (PID still running and
 heartbeat age), table age, the routing knobs, the fade curve, each fading ring with its
-share now, and every endpoint with zone, node, counter slot and ring tier.
+share now, and every endpoint with zone, node, counter slot and ring tier, and for
+ejected endpoints why, until when and how often outlier detection ejected them (and
+whether routing ignores the ejections: outlier panic).
 
 The fade shares shown are those of N-ring fade-in; under ``fade_mode=skipper`` workers
 use Skipper's per-request fade-in instead, and the output says so (and shows Skipper's
@@ -28,6 +30,7 @@ import shm
 from discovery.settings import PUBLISHED_KNOBS, SHM_NAMESPACE, seconds_at_least
 from lbcore.fade import fadein_score
 from lbcore.knobs import Knob, KnobError, add_arguments, from_args
+from lbcore.outlier import EJECT_REASONS
 
 __all__ = ["INSPECT_KNOBS", "build_parser", "main", "snapshot"]
 
@@ -91,6 +94,7 @@ def snapshot(namespace: str, *, stale_after_s: float = 5.0) -> dict[str, Any]:
                     score = fadein_score(now - start, rs.duration_ns, rs.exponent)
                     ring["skipper_score"] = round(score, 6)
                 fading.append(ring)
+            e = t.ejections
             eps = [
                 {
                     "address": ep,
@@ -98,17 +102,20 @@ def snapshot(namespace: str, *, stale_after_s: float = 5.0) -> dict[str, Any]:
                     "node": node,
                     "slot": int(slot),
                     "tier": tier,
-                    "weight": float(w),
                     "ejected": bool(ej),
+                    "ejection": _ejection(reason, until, mult, counts, now),
                 }
-                for ep, zone, node, slot, tier, w, ej in zip(
+                for ep, zone, node, slot, tier, ej, reason, until, mult, counts in zip(
                     t.endpoints,
                     t.zones,
                     t.nodes,
                     t.slots.tolist(),
                     tiers,
-                    t.weights.tolist(),
                     t.ejected.tolist(),
+                    e.reason.tolist(),
+                    e.until_ns.tolist(),
+                    e.multiplier.tolist(),
+                    e.counts.tolist(),
                     strict=True,
                 )
             ]
@@ -125,6 +132,7 @@ def snapshot(namespace: str, *, stale_after_s: float = 5.0) -> dict[str, Any]:
                     "vnodes": rs.vnodes,
                 },
                 "fading_rings": fading,
+                "outlier_panic": bool(t.outlier_panic),
                 "endpoints": sorted(eps, key=lambda e: e["address"]),
                 "counter_slots": int(t.n_slots),
             }
@@ -141,6 +149,28 @@ def snapshot(namespace: str, *, stale_after_s: float = 5.0) -> dict[str, Any]:
             **out,
         }
     return out
+
+
+def _ejection(
+    reason: int, until_ns: int, multiplier: int, counts: list[int], now: int
+) -> dict[str, Any]:
+    """An endpoint's outlier-ejection state for the JSON output."""
+    return {
+        "reason": EJECT_REASONS[reason - 1] if reason else None,
+        "until_ns": int(until_ns) if reason else None,
+        "remaining_s": round(max(until_ns - now, 0) / 1e9, 3) if reason else None,
+        "multiplier": int(multiplier),
+        "ejections": dict(zip(EJECT_REASONS, (int(c) for c in counts), strict=True)),
+    }
+
+
+def _outlier_text(e: dict[str, Any]) -> str:
+    j = e["ejection"]
+    total = sum(j["ejections"].values())
+    if not j["reason"]:
+        return f"  ({total} ejection(s) before)" if total else ""
+    what = "ejected" if e["ejected"] else "ejected but ignored (outlier panic)"
+    return f"  {what}: {j['reason']}, {j['remaining_s']:.0f} s left, ejection {total}"
 
 
 def _text(s: dict[str, Any]) -> str:
@@ -178,6 +208,10 @@ def _text(s: dict[str, Any]) -> str:
             lines.append(head + f"share now {r['share'] * 100:.2f} %")
         else:
             lines.append(head + f"N-ring share {r['share'] * 100:.2f} % (not used)")
+    if s["outlier_panic"]:
+        lines.append(
+            "outlier panic: too few endpoints left un-ejected, routing ignores every ejection"
+        )
     lines.append(f"endpoints ({len(eps)}):")
     if eps:
         w = max(len(e["address"]) for e in eps)
@@ -187,7 +221,7 @@ def _text(s: dict[str, Any]) -> str:
         for e in eps:
             lines.append(
                 f"  {e['address']:<{w}}  {e['zone'] or '-':<{zw}}  {e['node'] or '-':<{nw}}  "
-                f"{e['slot']:>4}  {e['tier']:>4}" + ("  ejected" if e["ejected"] else "")
+                f"{e['slot']:>4}  {e['tier']:>4}" + _outlier_text(e)
             )
     else:
         lines.append("  (none: every key falls back to the ingress)")

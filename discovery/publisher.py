@@ -5,6 +5,10 @@ the tables; it holds the writer lock for the life of the process) and, when the
 host's counter matrix exists, grows it before a publish so every endpoint slot of the
 new table has a column. Counter slots themselves are assigned by the table writer
 (stable per endpoint; a freed slot is reused only after the occupancy window).
+
+It also reads the host's counters for outlier detection
+(:meth:`Publisher.counter_totals`, read-only, following a replaced counter matrix) and
+publishes the ejection state with each table.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 import lbcore
 import shm
+from discovery.outlier import Totals
 from discovery.ringstate import RingState, Transition
 from discovery.settings import PUBLISHED_KNOBS
+from lbcore.ejection import Ejections
 
 __all__ = ["PUBLISHED_KNOBS", "Publisher", "Recovered", "shm_knobs"]
 
@@ -40,12 +48,18 @@ class Recovered:
         Its published knob values, by name.
     published_ns
         CLOCK_MONOTONIC time of that publish, in nanoseconds.
+    ejections
+        Its outlier-ejection state, per endpoint of ``state.ring_set`` (copied).
+    outlier_panic
+        Whether it was in outlier panic.
     """
 
     generation: int
     state: RingState
     knobs: dict[str, Any]
     published_ns: int
+    ejections: Ejections
+    outlier_panic: bool = False
 
 
 class Publisher:
@@ -72,6 +86,8 @@ class Publisher:
         self._writer_grows = self._counters is not None
         self.writer = shm.TableWriter(namespace, counters=self._counters)
         self.recovered = self._recover()
+        self._reader: shm.CounterReader | None = None
+        self._reader_id = 0
 
     def _attach_counters(self) -> shm.CounterStore | None:
         try:
@@ -96,7 +112,16 @@ class Publisher:
         state = RingState.recovered(ring_set, list(t.zones), list(t.nodes))
         k = t.knobs
         knobs = {name: getattr(k, name) for name in PUBLISHED_KNOBS}
-        return Recovered(int(t.generation), state, knobs, int(t.published_ns))
+        e = t.ejections
+        ejections = Ejections.of(e.reason, e.until_ns, e.multiplier, e.decay_ns, e.counts)
+        return Recovered(
+            int(t.generation),
+            state,
+            knobs,
+            int(t.published_ns),
+            ejections,
+            bool(t.outlier_panic),
+        )
 
     @property
     def generation(self) -> int:
@@ -114,8 +139,19 @@ class Publisher:
         # one new slot.
         self._counters.ensure_columns(max(self.writer.n_slots + new_endpoints, 1))
 
-    def publish(self, t: Transition, knobs: Mapping[str, Any], now_ns: int) -> int:
+    def publish(
+        self,
+        t: Transition,
+        knobs: Mapping[str, Any],
+        now_ns: int,
+        *,
+        ejections: Ejections | None = None,
+        outlier_panic: bool = False,
+    ) -> int:
         """Publish a transition's ring set with ``knobs``; returns the new generation.
+
+        ``ejections``: the outlier-ejection state per endpoint of ``t.ring_set`` (default:
+        none ejected); ``outlier_panic``: routing ignores it.
 
         Raises
         ------
@@ -127,9 +163,39 @@ class Publisher:
             t.ring_set,
             zones=t.zones(),
             nodes=t.nodes(),
+            ejections=ejections,
+            outlier_panic=outlier_panic,
             knobs=shm_knobs(knobs),
             now_ns=now_ns,
         )
+
+    def counter_totals(self, endpoints: tuple[str, ...]) -> Totals | None:
+        """Lifetime request and failure totals of ``endpoints`` (``None``: no counters).
+
+        Reads the host's counters read-only; attaches again when they were replaced
+        (then :attr:`Totals.source` changes, so deltas start over).
+        """
+        r = self._reader
+        if r is not None and r.replaced():
+            r.close()
+            r = self._reader = None
+        if r is None:
+            try:
+                r = self._reader = shm.CounterReader(self.namespace)
+            except shm.ShmError:
+                return None
+            self._reader_id += 1
+        slots = self.writer.slots_of(endpoints)
+        try:
+            requests, kinds = r.totals()
+        except shm.ShmError:
+            return None
+        n = requests.size
+        ok = (slots >= 0) & (slots < n)
+        idx = np.where(ok, slots, 0)
+        req = np.where(ok, requests.take(idx), 0)
+        by_kind = np.where(ok[:, None], kinds.take(idx, axis=0), 0)
+        return Totals(self._reader_id, slots, req, by_kind)
 
     def heartbeat(self, now_ns: int) -> None:
         """Tell readers the publisher is alive (the generation does not change)."""
@@ -137,6 +203,9 @@ class Publisher:
 
     def close(self, *, unlink: bool = True) -> None:
         """Release the writer lock; with ``unlink`` remove the tables segments."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._counters is not None:
             self._counters.close(unlink=False)
             self._counters = None

@@ -7,9 +7,16 @@ Each publish applies one endpoint list to the current :class:`lbcore.RingSet`:
    with the next publish instead of causing one;
 2. a change of the fade curve or of the virtual-node count rebuilds the set with the
    same endpoints, tiers and start times;
-3. :meth:`lbcore.RingSet.with_endpoints` removes deleted endpoints from every ring at
-   once and adds the new ones as one scale-up event (one fading ring starting now);
-4. with fade-in off (``fade_mode=off`` or a zero window) the new ring collapses at once.
+3. endpoints whose outlier ejection ended (*readmitted*) are removed from every ring
+   (:meth:`lbcore.RingSet.remove`) so that they come back as new ones in step 4: their
+   keys fade back to them along the usual curve from now, and their caches warm before
+   they take their whole share;
+4. :meth:`lbcore.RingSet.with_endpoints` removes deleted endpoints from every ring at
+   once and adds the new ones (and the readmitted ones) as one scale-up event (one
+   fading ring starting now);
+5. with fade-in off (``fade_mode=off`` or a zero window) the new ring collapses at once.
+
+A readmitted endpoint keeps its counter slot (slots follow the address, not the ring).
 
 Pure apart from the committed state: :meth:`RingState.transition` computes the next
 state and what changed without touching the current one; :meth:`RingState.commit`
@@ -18,7 +25,7 @@ adopts it once it was published, so a failed publish leaves the state as it was.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +70,8 @@ class Transition:
         Endpoints that joined (in one new fading ring, unless fade-in is off) or left.
     updated
         Endpoints whose zone or node changed (the pod name is not published).
+    readmitted
+        Endpoints whose ejection ended, fading back in with the new ring.
     collapsed
         Fading rings that completed and merged into the established ring.
     params_changed
@@ -77,6 +86,7 @@ class Transition:
     updated: tuple[EndpointSpec, ...]
     collapsed: int
     params_changed: bool
+    readmitted: tuple[EndpointSpec, ...] = ()
 
     @property
     def membership_changed(self) -> bool:
@@ -89,7 +99,9 @@ class Transition:
 
         A collapse alone routes every key as before, so it does not count.
         """
-        return bool(self.added or self.removed or self.updated or self.params_changed)
+        return bool(
+            self.added or self.removed or self.updated or self.params_changed or self.readmitted
+        )
 
     def zones(self) -> list[str]:
         """Zone per endpoint, in :attr:`ring_set` order."""
@@ -145,9 +157,16 @@ class RingState:
         return cls(ring_set=ring_set, meta=meta)
 
     def transition(
-        self, endpoints: Sequence[EndpointSpec], now_ns: int, params: FadeParams | None = None
+        self,
+        endpoints: Sequence[EndpointSpec],
+        now_ns: int,
+        params: FadeParams | None = None,
+        readmit: Iterable[str] = (),
     ) -> Transition:
         """Apply ``endpoints`` (the complete wanted set) at ``now_ns``; the state is unchanged.
+
+        ``readmit`` names endpoints whose ejection ended: those still wanted fade in
+        again from ``now_ns`` as if new (remove, then add, in this one transition).
 
         Raises
         ------
@@ -177,6 +196,10 @@ class RingState:
                 vnodes=params.vnodes,
                 master=rs.master if params.vnodes == rs.vnodes else None,
             )
+        wanted_set = set(addresses)
+        back = sorted({a for a in readmit if a in wanted_set and a in self.meta})
+        if back:
+            rs = rs.remove(back)
         rs = rs.with_endpoints(addresses, now_ns)
         if params.duration_ns == 0 and rs.starts_ns:
             rs = rs.advance(now_ns)
@@ -189,7 +212,10 @@ class RingState:
             if s.address in self.meta
             and (self.meta[s.address].zone, self.meta[s.address].node) != (s.zone, s.node)
         )
-        return Transition(rs, params, new_meta, added, removed, updated, collapsed, params_changed)
+        readmitted = tuple(new_meta[a] for a in back)
+        return Transition(
+            rs, params, new_meta, added, removed, updated, collapsed, params_changed, readmitted
+        )
 
     def commit(self, t: Transition) -> None:
         """Adopt a transition (after it was published)."""

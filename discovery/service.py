@@ -12,8 +12,12 @@ merges them, and decides when to publish:
   the endpoints a burst removes are published at once (its additions still wait), so a
   terminating pod leaves the tables without waiting for the debounce;
 * **knob changes** (ConfigMap) publish at once: the kill switch must not wait;
-* a publish whose ring set, endpoint details and knobs equal the current table is
-  skipped, so the generation counts real changes only;
+* **outlier ejection** (:mod:`discovery.outlier`): every ``CSLB_OUTLIER_INTERVAL`` the
+  host's counters are judged; a change of the ejected set (or of the panic state) is
+  published at once, not debounced, with the current endpoints: an ejected endpoint is
+  skipped on the unchanged ring, a readmitted one fades back in through a new ring;
+* a publish whose ring set, endpoint details, knobs and ejections equal the current
+  table is skipped, so the generation counts real changes only;
 * a **heartbeat** is written every ``heartbeat_s`` without bumping the generation.
 
 Sources that fail keep their last good view (the informer keeps its store; a bad file
@@ -35,10 +39,18 @@ from urllib.parse import urlsplit
 
 from discovery.debounce import Debouncer
 from discovery.events import EventLog
+from discovery.outlier import OutlierMonitor, Published, Totals
 from discovery.ringstate import FadeParams, RingState, Transition
-from discovery.settings import PUBLISHED_KNOBS, KnobState, unknown_configmap_keys
+from discovery.settings import (
+    PUBLISHED_KNOBS,
+    KnobState,
+    outlier_params,
+    unknown_configmap_keys,
+)
 from discovery.static import EndpointsFileError, EndpointsFileWatcher, EndpointSpec
+from lbcore.ejection import Ejections, routing_mask
 from lbcore.knobs import KnobError
+from lbcore.outlier import DEFAULT_OUTLIER_PARAMS, EJECT_REASONS, OutlierParams
 
 __all__ = ["Discovery", "InformerLike", "PublisherLike"]
 
@@ -74,8 +86,20 @@ class PublisherLike(Protocol):
     recovered: Any
     generation: int
 
-    def publish(self, t: Transition, knobs: Mapping[str, Any], now_ns: int) -> int:
+    def publish(
+        self,
+        t: Transition,
+        knobs: Mapping[str, Any],
+        now_ns: int,
+        *,
+        ejections: Ejections | None = None,
+        outlier_panic: bool = False,
+    ) -> int:
         """Publish; returns the generation."""
+        ...
+
+    def counter_totals(self, endpoints: tuple[str, ...]) -> Totals | None:
+        """Lifetime counter totals of ``endpoints`` (``None``: no counters)."""
         ...
 
     def heartbeat(self, now_ns: int) -> None:
@@ -172,20 +196,30 @@ class Discovery:
         self._knobs_dirty = False
         self._retry_at: int | None = None
         self._signalled = False
+        self._outlier_params = DEFAULT_OUTLIER_PARAMS
+        self._outlier_params = self._current_outlier_params()
+        self._held_back: set[str] = set()
         rec = publisher.recovered
         if rec is not None:
             self.state = rec.state
             self.published_knobs = dict(rec.knobs)
             self.published = True
+            eps = rec.state.ring_set.endpoints
+            self.monitor = OutlierMonitor(eps, rec.ejections)
+            self.monitor.panic = rec.outlier_panic
+            self.published_outlier = Published(eps, rec.ejections, rec.outlier_panic)
             log.info(
                 "resumed",
                 generation=rec.generation,
                 endpoints=len(rec.state.meta),
                 fading_rings=len(rec.state.ring_set.starts_ns),
+                ejected=[a for a, r in zip(eps, rec.ejections.reason, strict=True) if r],
                 knobs=rec.knobs,
             )
         else:
             self.state = RingState(FadeParams.from_knobs(knobs.values()))
+            self.monitor = OutlierMonitor()
+            self.published_outlier = Published((), Ejections.none(0), False)
 
     # -- sources --------------------------------------------------------------------------
 
@@ -347,11 +381,16 @@ class Discovery:
         if endpoints is None:
             endpoints = self.wanted() if membership else self.state.endpoints()
         t0 = time.perf_counter()
-        t = self.state.transition(endpoints, now_ns, params)
+        t = self.state.transition(endpoints, now_ns, params, self.monitor.pending_readmit)
         published = {k: knobs[k] for k in _PUBLISHED}
         knobs_changed = published != self.published_knobs
+        eps = t.ring_set.endpoints
+        ejections = self.monitor.ejections_for(eps)
+        threshold = self._current_outlier_params().panic_threshold
+        _, panic = routing_mask(ejections.ejected, threshold)
+        outlier_changed = self.published_outlier.differs(eps, ejections, panic)
         folded = self.debouncer.changes if membership else 0
-        if self.published and not (t.routing_changed or knobs_changed):
+        if self.published and not (t.routing_changed or knobs_changed or outlier_changed):
             if membership:
                 self.debouncer.reset()
                 self.log.info(
@@ -365,7 +404,7 @@ class Discovery:
             self.state.commit(t)
             return False
         try:
-            gen = self.publisher.publish(t, knobs, now_ns)
+            gen = self.publisher.publish(t, knobs, now_ns, ejections=ejections, outlier_panic=panic)
         except Exception as exc:
             self._retry_at = now_ns + 1_000_000_000
             self.log.error(
@@ -386,6 +425,8 @@ class Discovery:
             self.log.info("endpoint_removed", generation=gen, **_pod_fields(s))
         for s in t.updated:
             self.log.info("endpoint_updated", generation=gen, **_pod_fields(s))
+        self._log_outliers(gen, t, Published(eps, ejections, panic), knobs, now_ns)
+        self.monitor.pending_readmit -= {s.address for s in t.readmitted}
         self.state.commit(t)
         self.published = True
         changes = (
@@ -407,6 +448,8 @@ class Discovery:
             added=len(t.added),
             removed=len(t.removed),
             updated=len(t.updated),
+            readmitted=len(t.readmitted),
+            ejected=int(ejections.ejected.sum()),
             fading_rings=len(rs.starts_ns),
             shares=[round(s, 4) for s in rs.share_list(now_ns)],
             collapsed=t.collapsed,
@@ -427,6 +470,84 @@ class Discovery:
             )
         return True
 
+    def _log_outliers(
+        self, gen: int, t: Transition, new: Published, knobs: Mapping[str, Any], now_ns: int
+    ) -> None:
+        """Log what this publish changed about ejections (and remember it as published)."""
+        ejected, readmitted = self.published_outlier.changes(new)
+        st = new.state
+        for i in ejected:
+            a = new.addresses[i]
+            r = int(st.reason[i])
+            self.log.warning(
+                "endpoint_ejected",
+                generation=gen,
+                **_pod_fields(t.meta[a]),
+                reason=EJECT_REASONS[r - 1],
+                until_ns=int(st.until_ns[i]),
+                duration_s=round((int(st.until_ns[i]) - now_ns) / 1e9, 3),
+                multiplier=int(st.multiplier[i]),
+                ejections=int(st.counts[i].sum()),
+                counts=self.monitor.window_counts(a) if a in self.monitor.addresses else {},
+            )
+        fade = "off" if knobs["fade_mode"] == "off" else knobs["fade_mode"]
+        for a in readmitted:
+            i = new.addresses.index(a)
+            self.log.info(
+                "endpoint_readmitted",
+                generation=gen,
+                **_pod_fields(t.meta[a]),
+                fade=fade if a in {s.address for s in t.readmitted} else "none",
+                fade_duration_s=t.params.duration_ns / 1e9,
+                multiplier=int(st.multiplier[i]),
+                ejections=int(st.counts[i].sum()),
+            )
+        if new.panic != self.published_outlier.panic:
+            fields = {
+                "generation": gen,
+                "ejected": int(st.ejected.sum()),
+                "endpoints": len(new.addresses),
+                "panic_threshold": self._outlier_params.panic_threshold,
+            }
+            if new.panic:
+                self.log.warning(
+                    "outlier_panic",
+                    **fields,
+                    action="routing ignores every ejection until enough endpoints are healthy",
+                )
+            else:
+                self.log.info("outlier_panic_ended", **fields)
+        self.published_outlier = new
+
+    def _current_outlier_params(self) -> OutlierParams:
+        """The outlier settings in force (an invalid combination keeps the previous ones)."""
+        try:
+            self._outlier_params = outlier_params(self.knob_values())
+        except KnobError as exc:
+            self.log.error("outlier_settings_invalid", error=str(exc), action="previous kept")
+        return self._outlier_params
+
+    def _outlier_tick(self, now_ns: int) -> None:
+        """Judge the published endpoints; publish at once if the ejected set changed."""
+        params = self._current_outlier_params()
+        eps = self.state.ring_set.endpoints
+        self.monitor.align(eps, params.window_intervals)
+        totals = self.publisher.counter_totals(eps) if params.enabled and eps else None
+        v = self.monitor.evaluate(totals, now_ns, params)
+        held = set(v.held_back)
+        for a in sorted(held - self._held_back):
+            self.log.warning(
+                "ejection_held_back",
+                **_pod_fields(self.state.meta[a]),
+                why=f"at most {params.max_ejection_percent:g} % of the endpoints are ejected "
+                "at once (at least one)",
+                counts=self.monitor.window_counts(a),
+            )
+        self._held_back = held
+        if v.publish or v.panic != self.published_outlier.panic:
+            what = "outlier ejection" if v.ejected else "outlier readmission"
+            self._publish(what, now_ns, membership=False)
+
     def _publish_removals(self, now_ns: int) -> None:
         """Publish the current set less the endpoints the sources no longer have."""
         wanted = self.wanted()
@@ -446,6 +567,7 @@ class Discovery:
         started = self.clock()
         next_beat = started
         next_poll = started
+        next_judge = started
         if self.published:
             # Resumed: compare the sources' first full view, and the knobs, with the
             # recovered table (published only if they differ).
@@ -470,7 +592,10 @@ class Discovery:
                     self.publisher.heartbeat(now)
                     next_beat = now + self.heartbeat_ns
                 self._maybe_publish(now, started)
-                wake = [next_beat]
+                if self.published and now >= next_judge:
+                    self._outlier_tick(now)
+                    next_judge = now + self._outlier_params.interval_ns
+                wake = [next_beat, next_judge]
                 if self._file is not None:
                     wake.append(next_poll)
                 d = self.debouncer.deadline()

@@ -5,11 +5,13 @@ variable, flag, default, validation, docs), like the routing knobs in
 :mod:`lbcore.knobs`; ``cslb discovery --help`` and the README come from these
 declarations.
 
-Routing knobs (:data:`lbcore.knobs.ROUTING_KNOBS`) are layered, lowest first:
-defaults, ``CSLB_*`` environment, command-line flags, then the watched ConfigMap
-(``--configmap``), so an operator flips the kill switch for every host by editing one
-ConfigMap. A ConfigMap value that does not parse is rejected as a whole (the previous
-knobs stay in force) and logged; a deleted ConfigMap falls back to flags/environment.
+Routing knobs (:data:`lbcore.knobs.ROUTING_KNOBS`) and the outlier-detection settings
+(:data:`OUTLIER_KNOBS`, the discovery process's own, its decisions published with the
+tables) are layered, lowest first: defaults, ``CSLB_*`` environment, command-line flags,
+then the watched ConfigMap (``--configmap``), so an operator flips the kill switch or
+outlier ejection for every host by editing one ConfigMap. A ConfigMap value that does
+not parse is rejected as a whole (the previous knobs stay in force) and logged; a
+deleted ConfigMap falls back to flags/environment.
 """
 
 from __future__ import annotations
@@ -32,14 +34,20 @@ from lbcore.knobs import (
     seconds_at_least,
 )
 from lbcore.knobs import docs_table as _docs_table
+from lbcore.outlier import DEFAULT_OUTLIER_PARAMS as _OD
+from lbcore.outlier import OutlierParams
 
 __all__ = [
     "DISCOVERY_KNOBS",
+    "LAYERED_KNOBS",
+    "OUTLIER_KNOBS",
     "PUBLISHED_KNOBS",
     "SHM_NAMESPACE",
     "KnobState",
     "docs_table",
     "knob",
+    "outlier_docs_table",
+    "outlier_params",
     "seconds_at_least",
     "unknown_configmap_keys",
 ]
@@ -254,6 +262,205 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
 )
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("expected an integer >= 0") from None
+    if value < 0:
+        raise ValueError("expected an integer >= 0")
+    return value
+
+
+def _number_at_least(minimum: float) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError("expected a number") from None
+        if not (value >= minimum and value < float("inf")):
+            raise ValueError(f"expected a finite number >= {minimum:g}")
+        return value
+
+    return parse
+
+
+def _percent(text: str) -> float:
+    value = _number_at_least(0.0)(text.strip().rstrip("%"))
+    if value > 100.0:
+        raise ValueError("expected a percentage from 0 to 100")
+    return value
+
+
+_S = 1e9
+
+#: Outlier detection (passive ejection), decided by the discovery process for the whole
+#: host; settable in the knobs ConfigMap like the routing knobs.
+OUTLIER_KNOBS: tuple[Knob, ...] = (
+    Knob(
+        "outlier_detection",
+        "CSLB_OUTLIER_DETECTION",
+        "--outlier-detection",
+        _OD.enabled,
+        parse_bool,
+        "Passive outlier ejection: every interval discovery reads the host's counters and "
+        "ejects endpoints whose calls fail (consecutive failures, a failure percentage or "
+        "a success rate far below the others); ejected endpoints are skipped on the "
+        "unchanged ring and fade back in when the ejection ends. 'false' readmits every "
+        "ejected endpoint at once.",
+        "BOOL",
+    ),
+    Knob(
+        "outlier_interval_s",
+        "CSLB_OUTLIER_INTERVAL",
+        "--outlier-interval",
+        _OD.interval_ns / _S,
+        seconds_at_least(0.05),
+        "How often in seconds endpoints are judged (and ejections end).",
+        "SECONDS",
+    ),
+    Knob(
+        "outlier_window_s",
+        "CSLB_OUTLIER_WINDOW",
+        "--outlier-window",
+        _OD.window_ns / _S,
+        seconds_at_least(0.05),
+        "Sliding window in seconds of per-interval counts the failure-percentage and "
+        "success-rate rules judge (raised to the interval if smaller); its volumes are "
+        "per window. 10 s keeps Envoy's volume defaults, which are per 10-s interval.",
+        "SECONDS",
+    ),
+    Knob(
+        "outlier_ejection_time_s",
+        "CSLB_OUTLIER_EJECTION_TIME",
+        "--outlier-ejection-time",
+        _OD.base_ejection_ns / _S,
+        seconds_at_least(0.01),
+        "Base ejection time in seconds: an ejection lasts base x the endpoint's multiplier "
+        "(ejections in a row; one step down per healthy window).",
+        "SECONDS",
+    ),
+    Knob(
+        "outlier_max_ejection_time_s",
+        "CSLB_OUTLIER_MAX_EJECTION_TIME",
+        "--outlier-max-ejection-time",
+        _OD.max_ejection_ns / _S,
+        seconds_at_least(0.0),
+        "Longest ejection in seconds (at least the base ejection time).",
+        "SECONDS",
+    ),
+    Knob(
+        "outlier_max_ejection_percentage",
+        "CSLB_OUTLIER_MAX_EJECTION_PERCENTAGE",
+        "--outlier-max-ejection-percentage",
+        _OD.max_ejection_percent,
+        _percent,
+        "At most this share (0-100) of the endpoints is ejected at once, but at least one "
+        "(0: none).",
+        "PCT",
+    ),
+    Knob(
+        "outlier_consecutive_failures",
+        "CSLB_OUTLIER_CONSECUTIVE_FAILURES",
+        "--outlier-consecutive-failures",
+        _OD.consecutive_failures,
+        _count,
+        "Failures without a success in between that eject an endpoint (0: rule off).",
+        "N",
+    ),
+    Knob(
+        "outlier_failure_percentage",
+        "CSLB_OUTLIER_FAILURE_PERCENTAGE",
+        "--outlier-failure-percentage",
+        _OD.failure_percentage,
+        _percent,
+        "Failed share (0-100) of an endpoint's calls in the window that ejects it (0: rule off).",
+        "PCT",
+    ),
+    Knob(
+        "outlier_failure_percentage_volume",
+        "CSLB_OUTLIER_FAILURE_PERCENTAGE_VOLUME",
+        "--outlier-failure-percentage-volume",
+        _OD.failure_percentage_volume,
+        _count,
+        "Calls an endpoint needs in the window for the failure-percentage rule.",
+        "N",
+    ),
+    Knob(
+        "outlier_success_rate_stdev",
+        "CSLB_OUTLIER_SUCCESS_RATE_STDEV",
+        "--outlier-success-rate-stdev",
+        _OD.success_rate_stdev,
+        _number_at_least(0.0),
+        "Success-rate rule: eject an endpoint whose success rate is below mean - this x "
+        "stdev of the endpoints with enough calls, and at least 5 points below the mean "
+        "(0: rule off).",
+        "K",
+    ),
+    Knob(
+        "outlier_success_rate_min_hosts",
+        "CSLB_OUTLIER_SUCCESS_RATE_MIN_HOSTS",
+        "--outlier-success-rate-min-hosts",
+        _OD.success_rate_min_hosts,
+        _count,
+        "Endpoints with enough calls the success-rate rule needs.",
+        "N",
+    ),
+    Knob(
+        "outlier_success_rate_volume",
+        "CSLB_OUTLIER_SUCCESS_RATE_VOLUME",
+        "--outlier-success-rate-volume",
+        _OD.success_rate_volume,
+        _count,
+        "Calls in the window that make an endpoint count for the success-rate rule.",
+        "N",
+    ),
+    Knob(
+        "outlier_panic_threshold",
+        "CSLB_OUTLIER_PANIC_THRESHOLD",
+        "--outlier-panic-threshold",
+        _OD.panic_threshold,
+        _percent,
+        "Below this share (0-100) of endpoints not ejected, routing ignores every "
+        "ejection (fail open, Envoy's panic mode). 0: never; then a table whose every "
+        "endpoint is ejected routes every key to fallback.",
+        "PCT",
+    ),
+)
+
+#: Every knob the ConfigMap may set (layered by :class:`KnobState`).
+LAYERED_KNOBS: tuple[Knob, ...] = ROUTING_KNOBS + OUTLIER_KNOBS
+
+
+def outlier_params(values: Mapping[str, Any]) -> OutlierParams:
+    """Outlier-detection parameters from resolved knob values (by name).
+
+    Raises
+    ------
+    KnobError
+        A combination lbcore refuses (the parsers check each value alone).
+    """
+    interval = round(float(values["outlier_interval_s"]) * _S)
+    try:
+        return OutlierParams(
+            enabled=bool(values["outlier_detection"]),
+            interval_ns=interval,
+            window_ns=max(round(float(values["outlier_window_s"]) * _S), interval),
+            base_ejection_ns=round(float(values["outlier_ejection_time_s"]) * _S),
+            max_ejection_ns=round(float(values["outlier_max_ejection_time_s"]) * _S),
+            max_ejection_percent=float(values["outlier_max_ejection_percentage"]),
+            consecutive_failures=int(values["outlier_consecutive_failures"]),
+            failure_percentage=float(values["outlier_failure_percentage"]),
+            failure_percentage_volume=int(values["outlier_failure_percentage_volume"]),
+            success_rate_stdev=float(values["outlier_success_rate_stdev"]),
+            success_rate_min_hosts=int(values["outlier_success_rate_min_hosts"]),
+            success_rate_volume=int(values["outlier_success_rate_volume"]),
+            panic_threshold=float(values["outlier_panic_threshold"]),
+        )
+    except ValueError as exc:
+        raise KnobError(f"outlier detection settings: {exc}") from None
+
+
 _BY_NAME = {k.name: k for k in DISCOVERY_KNOBS}
 
 #: ``--shm-namespace`` (``CSLB_SHM_NAMESPACE``): also read by ``cslb inspect``.
@@ -273,28 +480,34 @@ def docs_table() -> str:
     return _docs_table(DISCOVERY_KNOBS).replace("| `` |", "| - |")
 
 
-_ROUTING_KEYS = frozenset(k for kn in ROUTING_KNOBS for k in (kn.env, kn.name))
+def outlier_docs_table() -> str:
+    """The README table of :data:`OUTLIER_KNOBS`."""
+    return _docs_table(OUTLIER_KNOBS)
+
+
+_LAYERED_KEYS = frozenset(k for kn in LAYERED_KNOBS for k in (kn.env, kn.name))
 
 
 def unknown_configmap_keys(data: Mapping[str, Any]) -> list[str]:
-    """ConfigMap keys that name no routing knob (typos such as ``CSLB_ENABLE``)."""
-    return sorted(k for k in data if k not in _ROUTING_KEYS)
+    """ConfigMap keys that name no knob it may set (typos such as ``CSLB_ENABLE``)."""
+    return sorted(k for k in data if k not in _LAYERED_KEYS)
 
 
 class KnobState:
-    """Routing knobs: flags/environment underneath, the ConfigMap on top.
+    """Routing and outlier knobs: flags/environment underneath, the ConfigMap on top.
 
     Parameters
     ----------
     base
-        Every routing knob resolved from defaults, environment and flags
-        (:func:`lbcore.knobs.from_args`).
+        Every knob resolved from defaults, environment and flags
+        (:func:`lbcore.knobs.from_args`); outlier knobs it lacks take their defaults.
     knobs
         The knob declarations.
     """
 
-    def __init__(self, base: Mapping[str, Any], knobs: Iterable[Knob] = ROUTING_KNOBS) -> None:
+    def __init__(self, base: Mapping[str, Any], knobs: Iterable[Knob] = LAYERED_KNOBS) -> None:
         self.knobs = tuple(knobs)
+        base = {**{k.name: k.default for k in OUTLIER_KNOBS if k in self.knobs}, **base}
         missing = [k.name for k in self.knobs if k.name not in base]
         if missing:
             raise KnobError(f"base knob values lack {missing}")

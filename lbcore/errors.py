@@ -49,3 +49,7 @@ class FadeError(LBCoreError, ValueError):
 
 class GateError(LBCoreError, ValueError):
     """A rollout-gate setting is out of range."""
+
+
+class OutlierError(LBCoreError, ValueError):
+    """An outlier-detection setting, count or ejection state is invalid."""

@@ -6,6 +6,12 @@
   every second reads 1.0. Unlike in-flight counts it stays meaningful between bursts and
   tells a warm pod doing many fast requests from a cold one doing few slow ones.
 * **effective load**: ``max(in_flight, occupancy) × min(pod_latency / global_latency, 5)``.
+
+A failed call counts as load too (:func:`with_failures`): a pod that refuses
+connections answers in microseconds, so by its busy time alone it would look the least
+loaded of all and draw bounded load's spill until it is ejected. Each failed call
+therefore adds the host's mean call latency to its pod's busy time and latency sum, as
+if it had been an ordinary call. The in-flight signal stays Skipper's (open requests).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ __all__ = [
     "mean_latency",
     "occupancy",
     "window_weights",
+    "with_failures",
 ]
 
 #: Default occupancy window: 10 s, in nanoseconds.
@@ -105,6 +112,50 @@ def mean_latency(latency_sum_s: Any, completed: Any) -> np.ndarray:
     count = np.asarray(completed, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
+
+
+def with_failures(
+    occupancy_: Any,
+    mean_latency_s: Any,
+    completed: Any,
+    failures: Any,
+    global_latency_s: float,
+    window_s: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Occupancy and mean latency with every failed call counted as a call of mean length.
+
+    Parameters
+    ----------
+    occupancy_
+        Measured busy-seconds per second per endpoint.
+    mean_latency_s
+        Measured mean latency per endpoint in seconds (NaN: nothing completed).
+    completed, failures
+        Calls per endpoint that ended in the window, and those of them that failed.
+    global_latency_s
+        The host's mean call latency in seconds (NaN or 0: no change).
+    window_s
+        The occupancy window in seconds.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``occupancy + failures × global_latency / window`` and ``(latency sum + failures
+        × global_latency) / completed``: each failed call adds at least the host's mean
+        call latency of busy time to its endpoint.
+    """
+    occ = np.asarray(occupancy_, dtype=np.float64)
+    lat = np.asarray(mean_latency_s, dtype=np.float64)
+    f = np.asarray(failures, dtype=np.float64)
+    g = float(global_latency_s)
+    if not (np.isfinite(g) and g > 0.0 and window_s > 0) or not f.any():
+        return occ, lat
+    n = np.asarray(completed, dtype=np.float64)
+    extra = f * g
+    occ = occ + extra / float(window_s)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lat = np.where(n > 0, (np.nan_to_num(lat) * n + extra) / np.where(n > 0, n, 1.0), lat)
+    return occ, lat
 
 
 def _signal(name: str, values: Any) -> np.ndarray:

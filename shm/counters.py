@@ -70,6 +70,7 @@ from lbcore.signals import (
     effective_load,
     load_for,
     window_weights,
+    with_failures,
 )
 from lbcore.signals import mean_latency as _mean_latency
 from lbcore.signals import occupancy as _occupancy
@@ -1766,23 +1767,38 @@ class HostLoads:
             failures_total_by_kind=pick(self.failures_total_by_kind, 0),
         )
 
-    def effective(self, cap: float = DEFAULT_LATENCY_CAP) -> np.ndarray:
-        """``max(in_flight, occupancy) × min(latency / global latency, cap)`` (lbcore)."""
-        return effective_load(
-            self.in_flight, self.occupancy, self.mean_latency_s, self.global_latency_s, cap=cap
+    def _with_failures(self) -> tuple[np.ndarray, np.ndarray]:
+        return with_failures(
+            self.occupancy,
+            self.mean_latency_s,
+            self.completed,
+            self.failures,
+            self.global_latency_s,
+            self.window_ns / 1e9,
         )
+
+    def effective(self, cap: float = DEFAULT_LATENCY_CAP) -> np.ndarray:
+        """``max(in_flight, occupancy) × min(latency / global latency, cap)`` (lbcore).
+
+        Failed calls count as calls of the host's mean latency
+        (:func:`lbcore.signals.with_failures`), as in :meth:`signal`.
+        """
+        occ, lat = self._with_failures()
+        return effective_load(self.in_flight, occ, lat, self.global_latency_s, cap=cap)
 
     def signal(self, name: str) -> np.ndarray:
         """The ``float64`` load vector a knob's load signal names, by lbcore's rule.
 
         ``occupancy``, ``in-flight`` or ``effective`` (see :data:`lbcore.signals.LOAD_SIGNALS`
-        and :func:`lbcore.signals.load_for`).
+        and :func:`lbcore.signals.load_for`). Occupancy and effective load count every
+        failed call as a call of the host's mean latency
+        (:func:`lbcore.signals.with_failures`), so a pod that fails fast does not look
+        idle; :attr:`occupancy` and :attr:`mean_latency_s` stay as measured.
         """
         if name not in LOAD_SIGNALS:
             raise CounterInputError(f"unknown load signal {name!r}, expected one of {LOAD_SIGNALS}")
-        return load_for(
-            name, self.in_flight, self.occupancy, self.mean_latency_s, self.global_latency_s
-        )
+        occ, lat = self._with_failures()
+        return load_for(name, self.in_flight, occ, lat, self.global_latency_s)
 
     def bar_increment(self, name: str) -> float:
         """What bounded load's bar counts for the call being routed, in ``name``'s unit.
@@ -1890,6 +1906,32 @@ class CounterReader:
                 m.totals[:hi, 2 : 2 + len(KIND_FIELDS), :n].sum(axis=0).T
             ),
         )
+
+    def totals(self, columns: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Lifetime totals per endpoint slot, all workers ever summed (no window math).
+
+        Parameters
+        ----------
+        columns
+            Number of endpoint slots to read; default all.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            ``requests_total`` (``int64`` per slot) and failures per kind (``int64``
+            ``(slots, 4)``, columns in :data:`lbcore.outlier.FAILURE_KINDS` order).
+        """
+        ctl = self._ctl
+        m = ctl.current()
+        n = m.columns if columns is None else min(int(columns), m.columns)
+        used = np.flatnonzero(ctl.slots["used"] != 0)
+        nk = len(KIND_FIELDS)
+        if used.size == 0:
+            return np.zeros(n, np.int64), np.zeros((n, nk), np.int64)
+        hi = int(used[-1]) + 1
+        requests = m.totals[:hi, 0, :n].sum(axis=0)
+        kinds = np.ascontiguousarray(m.totals[:hi, 2 : 2 + nk, :n].sum(axis=0).T)
+        return requests, kinds
 
     def stats(self) -> dict[str, int]:
         """Lifetime routing-decision totals of every worker of the host.

@@ -172,6 +172,7 @@ PAYLOAD_HEADER = np.dtype(
         ("max_hops", "i8"),  # -1: Skipper's unlimited walk
         ("load_signal", "S32"),
         ("fade_mode", "S16"),
+        ("outlier_panic", "u8"),  # 1: too few endpoints left, ejections ignored (fail open)
         ("sections", "u8"),
     ]
 )
@@ -186,8 +187,15 @@ TABLE_SECTIONS: tuple[tuple[str, str | None], ...] = (
     ("zones", None),
     ("nodes", None),
     ("slot", "i4"),
-    ("weight", "f8"),
-    ("ejected", "u1"),
+    ("ejected", "u1"),  # what routing skips (none while in outlier panic)
+    # Outlier-ejection state per endpoint (lbcore.ejection.Ejections), for tools and for
+    # a restarted writer: reason code (0: none), until (CLOCK_MONOTONIC ns), multiplier,
+    # next multiplier decay (ns), and ejections so far per reason (endpoints x 3).
+    ("eject_reason", "u1"),
+    ("eject_until_ns", "i8"),
+    ("eject_multiplier", "i4"),
+    ("eject_decay_ns", "i8"),
+    ("ejections", "i8"),
     ("tier", "i4"),
     ("starts_ns", "i8"),  # one per fading ring
     ("slot_freed_ns", "i8"),  # per counter slot: -1 in use, else CLOCK_MONOTONIC freed time

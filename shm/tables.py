@@ -5,8 +5,8 @@ tables with a :class:`TableReader` and routes on zero-copy NumPy views of them. 
 (:class:`Table`) holds everything a worker needs to route: the endpoints with zone, node
 and stable counter slot; the lbcore :class:`~lbcore.RingSet` (each ring's sorted hashes,
 owners and bucket table, wrapped by :meth:`lbcore.Ring.from_arrays` so no worker ever
-hashes or sorts a ring); per-endpoint weights and ejected flags; the runtime knobs; the
-publisher's PID and the publish time.
+hashes or sorts a ring); per-endpoint ejected flags and outlier-ejection state (why, until
+when, how often); the runtime knobs; the publisher's PID and the publish time.
 
 Protocol
 --------
@@ -135,7 +135,10 @@ import numpy as np
 
 import lbcore
 from lbcore import knobs as lbcore_knobs
+from lbcore.ejection import Ejections
+from lbcore.errors import OutlierError
 from lbcore.hashing import digest
+from lbcore.outlier import EJECT_REASONS
 from lbcore.ring import host_key
 from lbcore.signals import DEFAULT_WINDOW_NS
 from shm.background import BackgroundWorker, Job
@@ -416,10 +419,15 @@ class Table:
         Per endpoint: address, zone and node name (``""`` if unknown).
     slots : numpy.ndarray
         ``int32`` counter slot (column of the counter matrix) per endpoint.
-    weights : numpy.ndarray
-        ``float64`` weight per endpoint.
     ejected : numpy.ndarray
-        ``bool`` per endpoint: ejected by outlier detection.
+        ``bool`` per endpoint: routing skips it (ejected by outlier detection; none
+        while :attr:`outlier_panic`).
+    ejections : lbcore.ejection.Ejections
+        Outlier-ejection state per endpoint (views): reason code (0: not ejected),
+        until when (CLOCK_MONOTONIC ns), multiplier, next decay and ejections so far
+        per reason (:data:`lbcore.outlier.EJECT_REASONS`).
+    outlier_panic : bool
+        Too few endpoints are left un-ejected: routing ignores every ejection.
     ring_set : lbcore.RingSet
         The established and fading rings (fade duration and exponent included).
     knobs : Knobs
@@ -438,18 +446,19 @@ class Table:
         "_seq_words",
         "buffer",
         "ejected",
+        "ejections",
         "endpoints",
         "generation",
         "knobs",
         "n_slots",
         "nodes",
+        "outlier_panic",
         "published_ns",
         "publisher_pid",
         "ring_set",
         "segment",
         "slot_freed_ns",
         "slots",
-        "weights",
         "zones",
     )
 
@@ -495,8 +504,9 @@ def _empty_table() -> Table:
     t.publisher_pid = 0
     t.endpoints = t.zones = t.nodes = ()
     t.slots = np.empty(0, dtype=np.int32)
-    t.weights = np.empty(0, dtype=np.float64)
     t.ejected = np.empty(0, dtype=np.bool_)
+    t.ejections = Ejections.none(0)
+    t.outlier_panic = False
     t.ring_set = lbcore.RingSet(())
     t.knobs = Knobs()
     t.n_slots = 0
@@ -589,8 +599,9 @@ def _encode(
     freed_ns: np.ndarray,
     zones: list[str],
     nodes: list[str],
-    weights: np.ndarray,
     ejected: np.ndarray,
+    ejections: Ejections,
+    outlier_panic: bool,
     knobs: Knobs,
 ) -> _Encoded:
     eps = ring_set.endpoints
@@ -623,13 +634,19 @@ def _encode(
     h["max_hops"] = -1 if knobs.max_hops is None else int(knobs.max_hops)
     h["load_signal"] = knobs.load_signal.encode("ascii")
     h["fade_mode"] = knobs.fade_mode.encode("ascii")
+    h["outlier_panic"] = int(bool(outlier_panic))
+    ej = ejections
     sections: list[tuple[str, memoryview]] = [
         ("addresses", memoryview(_blob(eps, "endpoint addresses"))),
         ("zones", memoryview(_blob(zones, "zones"))),
         ("nodes", memoryview(_blob(nodes, "node names"))),
         ("slot", _bytes_of(slots.astype(np.int32))),
-        ("weight", _bytes_of(weights)),
         ("ejected", _bytes_of(ejected.astype(np.uint8))),
+        ("eject_reason", _bytes_of(ej.reason.astype(np.uint8))),
+        ("eject_until_ns", _bytes_of(ej.until_ns.astype(np.int64))),
+        ("eject_multiplier", _bytes_of(ej.multiplier.astype(np.int32))),
+        ("eject_decay_ns", _bytes_of(ej.decay_ns.astype(np.int64))),
+        ("ejections", _bytes_of(ej.counts.astype(np.int64))),
         ("tier", _bytes_of(np.asarray(ring_set.tiers, dtype=np.int32))),
         ("starts_ns", _bytes_of(np.array(ring_set.starts_ns, dtype=np.int64))),
         ("slot_freed_ns", _bytes_of(freed_ns)),
@@ -777,12 +794,13 @@ class _Decoder:
             raise self.fail(f"endpoint slots must be in 0..{n_slots - 1}")
         if n and int(np.bincount(slots, minlength=n_slots).max()) > 1:
             raise self.fail("two endpoints share a counter slot")
-        weights = count("weight", n)
-        if n and not (np.isfinite(weights).all() and float(weights.min()) >= 0.0):
-            raise self.fail("endpoint weights must be finite and >= 0")
         ejected_u8 = count("ejected", n)
         if n and int(ejected_u8.max()) > 1:
             raise self.fail("ejected flags must be 0 or 1")
+        ejections = self._ejections(count, n)
+        panic = int(h["outlier_panic"])
+        if panic not in (0, 1):
+            raise self.fail(f"outlier panic flag must be 0 or 1, got {panic}")
         tiers = count("tier", n)
         if n and (int(tiers.min()) < 0 or int(tiers.max()) >= n_rings):
             raise self.fail(f"endpoint tiers must be in 0..{n_rings - 1}")
@@ -849,8 +867,9 @@ class _Decoder:
         t.zones = zones
         t.nodes = nodes
         t.slots = slots
-        t.weights = weights
         t.ejected = ejected_u8.view(np.bool_)
+        t.ejections = ejections
+        t.outlier_panic = bool(panic)
         t.knobs = knobs
         t.n_slots = n_slots
         t.slot_freed_ns = freed
@@ -884,6 +903,17 @@ class _Decoder:
         if len(out) != n:
             raise self.fail(f"section {what!r} holds {len(out)} strings, expected {n}")
         return tuple(out)
+
+    def _ejections(self, count: Callable[[str, int], np.ndarray], n: int) -> Ejections:
+        reason = count("eject_reason", n)
+        names = ("eject_until_ns", "eject_multiplier", "eject_decay_ns")
+        parts = [count(name, n) for name in names]
+        counts = count("ejections", n * len(EJECT_REASONS)).reshape(n, len(EJECT_REASONS))
+        if n and int(reason.max()) > len(EJECT_REASONS):
+            raise self.fail(f"ejection reasons must be 0..{len(EJECT_REASONS)}")
+        if n and min(int(p.min()) for p in (*parts, counts)) < 0:
+            raise self.fail("ejection times, multipliers and counts must be >= 0")
+        return Ejections(reason, *parts, counts)
 
     def _knobs(self, h: np.void) -> Knobs:
         enabled = int(h["enabled"])
@@ -1683,8 +1713,9 @@ class TableWriter:
         *,
         zones: Sequence[str] | None = None,
         nodes: Sequence[str] | None = None,
-        weights: Any = None,
         ejected: Any = None,
+        ejections: Ejections | None = None,
+        outlier_panic: bool = False,
         knobs: Knobs | None = None,
         now_ns: int | None = None,
         skip_unchanged: bool = False,
@@ -1697,10 +1728,16 @@ class TableWriter:
             The ring set to route on (endpoints, established and fading rings).
         zones, nodes
             Per endpoint of ``ring_set.endpoints``: zone and node name (default ``""``).
-        weights
-            Per endpoint weight, finite and ``>= 0`` (default 1).
         ejected
-            Per endpoint ejected flag (default ``False``).
+            Per endpoint: routing skips it (default ``False``); only without
+            ``ejections``.
+        ejections
+            Outlier-ejection state per endpoint (:class:`lbcore.ejection.Ejections`,
+            e.g. from :func:`lbcore.ejection.step`); routing then skips the endpoints
+            it ejects, unless ``outlier_panic``.
+        outlier_panic
+            Too few endpoints are left: routing ignores the ejections
+            (:func:`lbcore.ejection.routing_mask`).
         knobs
             Runtime knobs (default :class:`Knobs()`).
         now_ns
@@ -1729,10 +1766,24 @@ class TableWriter:
         n = len(ring_set.endpoints)
         zone_list = _strings(zones, n, "zones")
         node_list = _strings(nodes, n, "nodes")
-        w = _per_endpoint(weights, n, np.float64, "weights", 1.0)
-        if n and not (np.isfinite(w).all() and float(w.min()) >= 0.0):
-            raise TableInputError("weights must be finite and >= 0")
-        ej = _per_endpoint(ejected, n, np.bool_, "ejected", False)
+        if ejections is None:
+            ej = _per_endpoint(ejected, n, np.bool_, "ejected", False)
+            state = Ejections.none(n)
+        elif ejected is not None:
+            raise TableInputError("give ejected flags or ejections, not both")
+        elif not isinstance(ejections, Ejections):
+            raise TableInputError(
+                f"ejections must be an lbcore.ejection.Ejections, got {type(ejections).__name__}"
+            )
+        else:
+            if len(ejections) != n:
+                raise TableInputError(f"ejections has {len(ejections)} rows for {n} endpoints")
+            e = ejections
+            try:
+                state = Ejections.of(e.reason, e.until_ns, e.multiplier, e.decay_ns, e.counts)
+            except OutlierError as exc:
+                raise TableInputError(f"ejections: {exc}") from None
+            ej = np.zeros(n, np.bool_) if outlier_panic else state.ejected
         alloc = self._slots.copy()
         slots = alloc.assign(ring_set.endpoints, now)
         gen = self.generation + 1
@@ -1744,8 +1795,9 @@ class TableWriter:
             freed_ns=alloc.freed_array(),
             zones=zone_list,
             nodes=node_list,
-            weights=w,
             ejected=ej,
+            ejections=state,
+            outlier_panic=outlier_panic,
             knobs=knobs,
         )
         if skip_unchanged and self._unchanged(enc):
@@ -1856,6 +1908,11 @@ class TableWriter:
             unlink_name(name)
             raise
         return new, 0, old
+
+    def slots_of(self, endpoints: Sequence[str]) -> np.ndarray:
+        """``int32`` counter slot of each endpoint in the last published table (-1: none)."""
+        slot_of = self._slots.slot_of
+        return np.array([slot_of.get(ep, -1) for ep in endpoints], dtype=np.int32)
 
     def heartbeat(self, now_ns: int | None = None) -> None:
         """Record that the writer is alive (does not change the generation)."""

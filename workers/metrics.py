@@ -23,7 +23,10 @@ name                                      type     meaning
 ``cslb_endpoint_latency_seconds``         gauge    mean latency over the window (absent: none ended)
 ``cslb_endpoint_requests_total``          counter  requests ended, lifetime of the counters
 ``cslb_endpoint_failures_total``          counter  failed requests, lifetime of the counters
-``cslb_endpoint_ejected``                 gauge    1 if outlier detection ejected the endpoint
+``cslb_endpoint_failures_by_kind_total``  counter  the same by ``kind`` (connect, timeout, ...)
+``cslb_endpoint_ejected``                 gauge    1 while routing skips the endpoint (ejected)
+``cslb_endpoint_ejections_total``         counter  outlier ejections so far, by ``reason``
+``cslb_outlier_panic``                    gauge    1 while too few endpoints are left to eject
 ``cslb_decisions_total``                  counter  keys routed by the host's workers
 ``cslb_fallback_total``                   counter  keys answered with fallback (ingress)
 ``cslb_bounded_load_moves_total``         counter  keys bounded load moved off their ring owner
@@ -41,6 +44,7 @@ name                                      type     meaning
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -53,6 +57,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 import shm
 from lbcore.fade import fadein_score
 from lbcore.knobs import Knob, parse_seconds
+from lbcore.outlier import EJECT_REASONS, FAILURE_KINDS
 
 __all__ = [
     "STALE_AFTER",
@@ -100,10 +105,15 @@ class EndpointState:
         Counter slot (column of the counter matrix).
     tier : int
         Ring tier: 0 established, ``k`` joined with the ``k``-th fading ring.
-    weight : float
-        Published weight.
     ejected : bool
-        Ejected by outlier detection.
+        Routing skips it (ejected by outlier detection and not in outlier panic).
+    eject_reason : str
+        Why outlier detection ejected it (:data:`lbcore.outlier.EJECT_REASONS`; also in
+        outlier panic, when routing ignores it), ``""`` when not ejected.
+    ejected_for_s : float | None
+        Seconds until the ejection ends (``None``: not ejected).
+    ejections : tuple[int, ...]
+        Ejections so far per reason, in :data:`lbcore.outlier.EJECT_REASONS` order.
     in_flight : int | None
         Open requests, all workers summed.
     occupancy : float | None
@@ -112,6 +122,8 @@ class EndpointState:
         Mean latency over the window in seconds (``None``: nothing ended in it).
     requests_total, failures_total : int | None
         Lifetime totals of ended and failed requests.
+    failures_by_kind : tuple[int, ...] | None
+        ``failures_total`` by kind, in :data:`lbcore.outlier.FAILURE_KINDS` order.
     load : float | None
         The load bounded load compares: the table's ``load_signal`` (occupancy,
         in-flight or effective load) computed by the router's rule.
@@ -122,13 +134,16 @@ class EndpointState:
     node: str
     slot: int
     tier: int
-    weight: float
     ejected: bool
+    eject_reason: str = ""
+    ejected_for_s: float | None = None
+    ejections: tuple[int, ...] = (0,) * len(EJECT_REASONS)
     in_flight: int | None = None
     occupancy: float | None = None
     latency_s: float | None = None
     requests_total: int | None = None
     failures_total: int | None = None
+    failures_by_kind: tuple[int, ...] | None = None
     load: float | None = None
 
 
@@ -229,6 +244,8 @@ class HostSnapshot:
         What bounded load's bar counts for the call being routed, in the load signal's
         unit (:meth:`shm.HostLoads.bar_increment`, as the routers do): 1.0 for in-flight
         and effective load, the host's mean latency over the window for occupancy.
+    outlier_panic : bool
+        Too few endpoints are left un-ejected: routing ignores every ejection.
     """
 
     namespace: str
@@ -250,6 +267,7 @@ class HostSnapshot:
     moves: int | None = None
     window_s: float | None = None
     bar_increment: float | None = None
+    outlier_panic: bool = False
     fanout: dict[str, int] = field(default_factory=dict)  # FANOUT_STATS totals, host-wide
 
 
@@ -386,8 +404,8 @@ class HostMonitor:
         try:
             reader = self._table_reader()
             pid, beat_age, dead = self._publisher(reader, now)
-            generation, published_ns, knobs, fading, endpoints, n_slots = reader.consistent(
-                lambda t: _read_table(t, now)
+            generation, published_ns, knobs, fading, endpoints, n_slots, panic = (
+                reader.consistent(lambda t: _read_table(t, now))
             )
         except shm.ShmError as exc:
             return HostSnapshot(**base, health=Health(False, self._unavailable(exc)))
@@ -400,6 +418,7 @@ class HostMonitor:
             publisher_alive=dead is None,
             knobs=knobs,
             fading=fading,
+            outlier_panic=panic,
             health=self._verdict(generation, pid, beat_age, dead),
         )
         counters = self._counter_reader()
@@ -415,6 +434,7 @@ class HostMonitor:
         latency = loads.mean_latency_s.tolist()
         requests = loads.requests_total.tolist()
         failures = loads.failures_total.tolist()
+        by_kind = loads.failures_total_by_kind.tolist()
         try:
             signal = loads.signal(knobs["load_signal"]).tolist()
             increment: float | None = loads.bar_increment(knobs["load_signal"])
@@ -422,19 +442,14 @@ class HostMonitor:
             signal = [None] * len(endpoints)
             increment = None
         loaded = tuple(
-            EndpointState(
-                e.address,
-                e.zone,
-                e.node,
-                e.slot,
-                e.tier,
-                e.weight,
-                e.ejected,
+            dataclasses.replace(
+                e,
                 in_flight=int(in_flight[i]),
                 occupancy=float(occupancy[i]),
                 latency_s=None if math.isnan(latency[i]) else float(latency[i]),
                 requests_total=int(requests[i]),
                 failures_total=int(failures[i]),
+                failures_by_kind=tuple(int(v) for v in by_kind[i]),
                 load=None if signal[i] is None else float(signal[i]),
             )
             for i, e in enumerate(endpoints)
@@ -463,7 +478,7 @@ class HostMonitor:
 
 def _read_table(
     t: shm.Table, now: int
-) -> tuple[int, int, dict[str, Any], tuple[FadingRing, ...], list[EndpointState], int]:
+) -> tuple[int, int, dict[str, Any], tuple[FadingRing, ...], list[EndpointState], int, bool]:
     """Copy out of a table everything a snapshot needs (run under ``consistent``)."""
     rs = t.ring_set
     k = t.knobs
@@ -492,20 +507,41 @@ def _read_table(
             progress = min(max(age / rs.duration_ns, 0.0), 1.0) if rs.duration_ns > 0 else 1.0
             added = tuple(ep for ep, tier in zip(rs.endpoints, tiers, strict=True) if tier == ring)
             fading.append(FadingRing(ring, int(start), added, age / 1e9, progress, float(share)))
+    ej = t.ejections
     endpoints = [
-        EndpointState(address, zone, node, slot, tier, weight, ejected)
-        for address, zone, node, slot, tier, weight, ejected in zip(
+        EndpointState(
+            address,
+            zone,
+            node,
+            slot,
+            tier,
+            ejected,
+            EJECT_REASONS[reason - 1] if reason else "",
+            max(until - now, 0) / 1e9 if reason else None,
+            tuple(counts),
+        )
+        for address, zone, node, slot, tier, ejected, reason, until, counts in zip(
             t.endpoints,
             t.zones,
             t.nodes,
             t.slots.tolist(),
             tiers,
-            t.weights.tolist(),
             t.ejected.tolist(),
+            ej.reason.tolist(),
+            ej.until_ns.tolist(),
+            ej.counts.tolist(),
             strict=True,
         )
     ]
-    return int(t.generation), int(t.published_ns), knobs, tuple(fading), endpoints, int(t.n_slots)
+    return (
+        int(t.generation),
+        int(t.published_ns),
+        knobs,
+        tuple(fading),
+        endpoints,
+        int(t.n_slots),
+        bool(t.outlier_panic),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -587,8 +623,28 @@ class CslbCollector:
         failures = _counter(
             "cslb_endpoint_failures", "Requests to the endpoint that failed (all workers).", ep
         )
+        by_kind = _counter(
+            "cslb_endpoint_failures_by_kind",
+            "Requests to the endpoint that failed, by how: connect (refused, reset, DNS), "
+            "timeout, status (5xx or another failure status), other (all workers).",
+            [*ep, "kind"],
+        )
         ejected = _gauge(
-            "cslb_endpoint_ejected", "1 if outlier detection ejected the endpoint, else 0.", ep
+            "cslb_endpoint_ejected",
+            "1 while routing skips the endpoint because outlier detection ejected it, else 0 "
+            "(0 for every endpoint in outlier panic).",
+            ep,
+        )
+        ejections = _counter(
+            "cslb_endpoint_ejections",
+            "Outlier ejections of the endpoint so far, by reason (consecutive_failures, "
+            "failure_percentage, success_rate), as the discovery process publishes them.",
+            [*ep, "reason"],
+        )
+        panic = _gauge(
+            "cslb_outlier_panic",
+            "1 while too few endpoints are left un-ejected (below the panic threshold): "
+            "routing ignores every ejection.",
         )
         decisions = _counter("cslb_decisions", "Keys routed by the host's workers.")
         fallback = _counter(
@@ -628,7 +684,10 @@ class CslbCollector:
             latency,
             requests,
             failures,
+            by_kind,
             ejected,
+            ejections,
+            panic,
             decisions,
             fallback,
             moves,
@@ -642,6 +701,8 @@ class CslbCollector:
         if s is None:
             return families
         up.add_metric([], 1.0 if s.publisher_alive else 0.0)
+        if s.tables_present:
+            panic.add_metric([], 1.0 if s.outlier_panic else 0.0)
         generation.add_metric([], float(s.generation))
         if s.table_age_s is not None:
             table_age.add_metric([], s.table_age_s)
@@ -652,6 +713,8 @@ class CslbCollector:
         for e in s.endpoints:
             labels = [e.address, e.zone]
             ejected.add_metric(labels, 1.0 if e.ejected else 0.0)
+            for reason, n in zip(EJECT_REASONS, e.ejections, strict=True):
+                ejections.add_metric([*labels, reason], float(n))
             if e.occupancy is None:
                 continue
             occupancy.add_metric(labels, e.occupancy)
@@ -660,6 +723,8 @@ class CslbCollector:
                 latency.add_metric(labels, e.latency_s)
             requests.add_metric(labels, float(e.requests_total or 0))
             failures.add_metric(labels, float(e.failures_total or 0))
+            for kind, n in zip(FAILURE_KINDS, e.failures_by_kind or (0,) * 4, strict=True):
+                by_kind.add_metric([*labels, kind], float(n))
         if s.counters_present:
             decisions.add_metric([], float(s.decisions or 0))
             fallback.add_metric([], float(s.fallbacks or 0))

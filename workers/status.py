@@ -101,6 +101,14 @@ def _summary(s: HostSnapshot) -> str:
             else "not found",
         ),
     ]
+    if s.outlier_panic:
+        rows.append(
+            (
+                "outlier panic",
+                '<span class="bad" id="outlier-panic">too few endpoints left un-ejected: '
+                "routing ignores every ejection (fail open)</span>",
+            )
+        )
     if s.counters_present:
         rows.append(
             (
@@ -136,7 +144,8 @@ def _endpoints(s: HostSnapshot) -> str:
     head = (
         "<tr><th>endpoint</th><th>zone</th><th>node</th><th>ring</th>"
         f"<th>occupancy{window}</th><th></th><th>load ({escape(str(signal))})</th>"
-        "<th>in flight</th><th>latency</th><th>requests</th><th>failures</th></tr>"
+        "<th>in flight</th><th>latency</th><th>requests</th><th>failures</th>"
+        "<th>outlier</th></tr>"
     )
     rows = []
     for e in s.endpoints:
@@ -160,6 +169,7 @@ def _endpoints(s: HostSnapshot) -> str:
             value = f"{occ:.2f}"
         latency = "–" if e.latency_s is None else f"{e.latency_s * 1e3:.1f} ms"
         cls = ' class="ejected" title="ejected"' if e.ejected else ""
+        outlier = _outlier(e)
         ring = f"fading {e.tier}" if e.tier else "established"
         rows.append(
             f"<tr{cls}><td>{escape(e.address)}</td><td>{escape(e.zone) or '–'}</td>"
@@ -168,7 +178,8 @@ def _endpoints(s: HostSnapshot) -> str:
             f'<td class=num data-load="{e.load!r}">{_num(e.load)}</td>'
             f"<td class=num>{_num(e.in_flight, 'd')}</td><td class=num>{latency}</td>"
             f"<td class=num>{_num(e.requests_total, 'd')}</td>"
-            f"<td class=num>{_num(e.failures_total, 'd')}</td></tr>"
+            f"<td class=num>{_num(e.failures_total, 'd')}</td>"
+            f'<td class="outlier" data-reason="{escape(e.eject_reason)}">{outlier}</td></tr>'
         )
     note = ""
     if bar is not None:
@@ -184,6 +195,17 @@ def _endpoints(s: HostSnapshot) -> str:
             f"total {escape(str(signal))} load) / {len(loads)} endpoints{why}.</p>"
         )
     return f'<table id="endpoints">{head}{"".join(rows)}</table>{note}'
+
+
+def _outlier(e: EndpointState) -> str:
+    """Ejection of one endpoint: why, for how long yet, and how often before."""
+    total = sum(e.ejections)
+    before = f" ({total} ejection{'s' if total != 1 else ''} so far)" if total else ""
+    if not e.eject_reason:
+        return f'<span class="muted">{"–" if not total else before.strip(" ()")}</span>'
+    left = f", {e.ejected_for_s:.0f} s left" if e.ejected_for_s is not None else ""
+    what = "ejected" if e.ejected else "ejected, ignored (panic)"
+    return f"{what}: {escape(e.eject_reason.replace('_', ' '))}{left}{before}"
 
 
 def _fading(s: HostSnapshot) -> str:

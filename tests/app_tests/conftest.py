@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,6 +73,8 @@ class Host:
         fading: Sequence[tuple[Sequence[str], float]] = (),
         knobs: shm.Knobs | None = None,
         ejected: Sequence[bool] | None = None,
+        ejections: Any = None,
+        outlier_panic: bool = False,
         now_ns: int | None = None,
     ) -> int:
         """Publish ``endpoints`` established, then each (new endpoints, fade age in s)."""
@@ -88,6 +91,8 @@ class Host:
             nodes=[node_of.get(e, "") for e in eps],
             knobs=knobs,
             ejected=None if ejected is None else list(ejected),
+            ejections=ejections,
+            outlier_panic=outlier_panic,
             now_ns=now,
         )
 
@@ -97,10 +102,18 @@ class Host:
             return int(t.slots[t.endpoints.index(endpoint)])
 
     def busy(
-        self, endpoint: str, seconds: float, *, calls: int = 1, failed: int = 0, ago_s: float = 6.0
+        self,
+        endpoint: str,
+        seconds: float,
+        *,
+        calls: int = 1,
+        failed: int = 0,
+        ago_s: float = 6.0,
+        kind: int | None = None,
     ) -> None:
         """Record ``calls`` calls to ``endpoint`` that ended, busy ``seconds`` in total,
-        started ``ago_s`` seconds ago (all inside the 10 s occupancy window)."""
+        started ``ago_s`` seconds ago (all inside the 10 s occupancy window); the first
+        ``failed`` failed (as failure ``kind`` if given, else as booleans)."""
         assert self.recorder is not None
         s = self.slot(endpoint)
         now = time.monotonic_ns()
@@ -108,8 +121,8 @@ class Host:
         slots = np.full(calls, s, dtype=np.int64)
         self.recorder.record_start(slots, start)
         d = np.full(calls, int(seconds * 1e9 / calls), dtype=np.int64)
-        fails = np.zeros(calls, dtype=bool)
-        fails[:failed] = True
+        fails: np.ndarray = np.zeros(calls, dtype=bool if kind is None else np.int64)
+        fails[:failed] = True if kind is None else kind
         self.recorder.record_end(slots, start, d, start + int(d.max()), failed=fails)
 
     def open(self, endpoint: str, n: int) -> None:

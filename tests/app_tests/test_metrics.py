@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import shm
+from lbcore.ejection import Ejections
+from lbcore.outlier import FAIL_CONNECT, FAIL_STATUS, REASON_CONSECUTIVE
 from tests.app_tests.conftest import ENDPOINTS, ZONES, Host
 from workers.metrics import STALE_AFTER, CslbCollector, HostMonitor
 
@@ -52,7 +54,10 @@ EXPECTED_FAMILIES = {
     "cslb_endpoint_latency_seconds": "gauge",
     "cslb_endpoint_requests": "counter",
     "cslb_endpoint_failures": "counter",
+    "cslb_endpoint_failures_by_kind": "counter",
     "cslb_endpoint_ejected": "gauge",
+    "cslb_endpoint_ejections": "counter",
+    "cslb_outlier_panic": "gauge",
     "cslb_decisions": "counter",
     "cslb_fallback": "counter",
     "cslb_bounded_load_moves": "counter",
@@ -135,6 +140,42 @@ def test_per_endpoint_load_totals_and_labels(host: Host) -> None:
     for s in fams["cslb_endpoint_occupancy"].samples:
         assert set(s.labels) == {"endpoint", "zone"}
         assert s.labels["zone"] == zone_of[s.labels["endpoint"]]
+
+
+def test_failure_kinds_ejections_and_panic(host: Host) -> None:
+    a, b = ENDPOINTS[:2]
+    e = Ejections.none(len(ENDPOINTS))
+    reason, until, counts = e.reason.copy(), e.until_ns.copy(), e.counts.copy()
+    reason[1] = REASON_CONSECUTIVE
+    until[1] = time.monotonic_ns() + 25 * 10**9
+    counts[1] = [2, 0, 1]
+    counts[3] = [0, 1, 0]  # ejected before, readmitted since
+    state = Ejections.of(reason, until, e.multiplier, e.decay_ns, counts)
+    host.publish(ejections=state)
+    host.busy(a, 1.0, calls=10, failed=4, kind=FAIL_CONNECT)
+    host.busy(a, 1.0, calls=10, failed=2, kind=FAIL_STATUS)
+    host.busy(b, 1.0, calls=4, failed=1)  # a boolean failure: "other"
+    _, fams = scrape(host.namespace)
+    kinds = samples(fams, "cslb_endpoint_failures_by_kind", "cslb_endpoint_failures_by_kind_total")
+    got = {(dict(k)["endpoint"], dict(k)["kind"]): v for k, v in kinds.items()}
+    assert got[(a, "connect")] == 4 and got[(a, "status")] == 2 and got[(a, "timeout")] == 0
+    assert got[(b, "other")] == 1 and len(got) == 4 * len(ENDPOINTS)
+    fail = per_endpoint(fams, "cslb_endpoint_failures", "cslb_endpoint_failures_total")
+    assert fail[a] == 6 and fail[b] == 1  # the old family is unchanged
+    ej = samples(fams, "cslb_endpoint_ejections", "cslb_endpoint_ejections_total")
+    by = {(dict(k)["endpoint"], dict(k)["reason"]): v for k, v in ej.items()}
+    assert by[(b, "consecutive_failures")] == 2 and by[(b, "success_rate")] == 1
+    assert by[(ENDPOINTS[3], "failure_percentage")] == 1 and by[(a, "success_rate")] == 0
+    assert per_endpoint(fams, "cslb_endpoint_ejected") == {e: float(e == b) for e in ENDPOINTS}
+    assert scalar(fams, "cslb_outlier_panic") == 0.0
+    # In panic the state stays, routing (and the ejected gauge) ignores it.
+    host.publish(ejections=state, outlier_panic=True)
+    _, fams = scrape(host.namespace)
+    assert scalar(fams, "cslb_outlier_panic") == 1.0
+    assert set(per_endpoint(fams, "cslb_endpoint_ejected").values()) == {0.0}
+    snap = HostMonitor(host.namespace).snapshot()
+    assert snap.outlier_panic and snap.endpoints[1].eject_reason == "consecutive_failures"
+    assert 20 < snap.endpoints[1].ejected_for_s <= 25
 
 
 def _record_in_child(namespace: str, slot: int, conn) -> None:

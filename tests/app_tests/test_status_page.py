@@ -18,6 +18,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import pytest
 
 import shm
+from lbcore.ejection import Ejections
+from lbcore.outlier import REASON_FAILURE_PERCENTAGE
 from tests.app_tests.conftest import ENDPOINTS, Host, new_namespace
 from workers.app import CslbApp
 from workers.metrics import EndpointState, Health, HostMonitor, HostSnapshot
@@ -191,7 +193,18 @@ def test_load_bar_follows_the_tables_load_signal() -> None:
 
 def test_scale_grows_with_the_hottest_endpoint() -> None:
     eps = tuple(
-        EndpointState(f"ep{i}", "z", "n", i, 0, 1.0, False, 0, occ, None, 0, 0)
+        EndpointState(
+            f"ep{i}",
+            "z",
+            "n",
+            i,
+            0,
+            False,
+            in_flight=0,
+            occupancy=occ,
+            requests_total=0,
+            failures_total=0,
+        )
         for i, occ in enumerate([3.0, 1.5, 0.0])
     )
     snap = HostSnapshot(
@@ -205,7 +218,21 @@ def test_scale_grows_with_the_hottest_endpoint() -> None:
 
 def test_strings_from_shared_memory_are_escaped() -> None:
     evil = '<script>alert("x")</script>'
-    eps = (EndpointState(evil, "<b>z</b>", "n&m", 0, 0, 1.0, True, 0, 0.5, 0.01, 1, 0),)
+    eps = (
+        EndpointState(
+            evil,
+            "<b>z</b>",
+            "n&m",
+            0,
+            0,
+            True,
+            in_flight=0,
+            occupancy=0.5,
+            latency_s=0.01,
+            requests_total=1,
+            failures_total=0,
+        ),
+    )
     snap = HostSnapshot(
         "ns", 0, Health(False, "reason <i>"), True, 1, 1.0, 9.0, 1, False, 5.0, {}, (), eps, True
     )
@@ -216,6 +243,33 @@ def test_strings_from_shared_memory_are_escaped() -> None:
     tree = Tree(html)
     assert set(bars(tree)) == {evil}
     assert tree.by_id("health").all_text() == "unhealthy: reason <i>"
+
+
+def test_ejected_pods_show_why_and_until_when_and_panic_is_named(host: Host) -> None:
+    e = Ejections.none(len(ENDPOINTS))
+    reason, until, counts = e.reason.copy(), e.until_ns.copy(), e.counts.copy()
+    reason[2] = REASON_FAILURE_PERCENTAGE
+    until[2] = time.monotonic_ns() + 42 * 10**9
+    counts[2] = [1, 2, 0]
+    counts[4] = [0, 0, 1]
+    state = Ejections.of(reason, until, e.multiplier, e.decay_ns, counts)
+    host.publish(ejections=state)
+    tree = Tree(render(HostMonitor(host.namespace).snapshot()))
+    cells = tree.by_class("outlier")
+    assert len(cells) == len(ENDPOINTS)
+    text = cells[2].all_text()
+    assert text.startswith("ejected: failure percentage, ") and "3 ejections so far" in text
+    left = int(re.search(r"(\d+) s left", text).group(1))
+    assert 38 <= left <= 42
+    assert cells[2].parent.classes() >= {"ejected"}
+    assert cells[4].all_text() == "1 ejection so far" and cells[0].all_text() == "–"
+    assert tree.root.find_all(lambda el: el.attrs.get("id") == "outlier-panic") == []
+    host.publish(ejections=state, outlier_panic=True)
+    tree = Tree(render(HostMonitor(host.namespace).snapshot()))
+    assert "routing ignores every ejection" in tree.by_id("outlier-panic").all_text()
+    row = tree.by_class("outlier")[2]
+    assert row.all_text().startswith("ejected, ignored (panic): failure percentage")
+    assert "ejected" not in row.parent.classes()
 
 
 def test_no_tables(namespace: str) -> None:

@@ -2,7 +2,7 @@
 
 The writer of the multi-process tests publishes, for generation ``g``, variant
 ``g % VARIANTS`` (a ring set with its own endpoint count and number of fading rings)
-with weights, zones and knobs derived from ``g``. A reader can therefore check any table
+with ejection state, zones and knobs derived from ``g``. A reader can therefore check any table
 it routed on against what the writer must have written for that generation: a torn or
 mixed read (hashes of one generation, owners or metadata of another) fails the check.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 import lbcore
+from lbcore.ejection import Ejections
 from shm import Knobs, Table, TableWriter
 
 VNODES = 5
@@ -40,6 +41,12 @@ def expected_routes() -> list[np.ndarray]:
     return [variant(v).route(KEYS, NOW_NS) for v in range(VARIANTS)]
 
 
+def ejections_of(g: int, n: int) -> Ejections:
+    """Ejection state that names generation ``g`` (until-times and counts)."""
+    e = Ejections.none(n)
+    return Ejections.of(e.reason, g + np.arange(n), e.multiplier, e.decay_ns, e.counts + g)
+
+
 def publish_generation(writer: TableWriter, ring_sets: list[lbcore.RingSet]) -> int:
     """Publish the next generation's content; returns its number."""
     g = writer.generation + 1
@@ -47,7 +54,7 @@ def publish_generation(writer: TableWriter, ring_sets: list[lbcore.RingSet]) -> 
     n = len(rs.endpoints)
     got = writer.publish(
         rs,
-        weights=g + np.arange(n, dtype=np.float64),
+        ejections=ejections_of(g, n),
         zones=[f"zone-{g % 3}"] * n,
         knobs=Knobs(percentage=float(g % 101), max_hops=1 + g % 7),
     )
@@ -71,8 +78,12 @@ def check(table: Table, routes: list[np.ndarray], ring_sets: list[lbcore.RingSet
     got = table.ring_set.route(KEYS, NOW_NS)
     if not np.array_equal(got, routes[v]):
         return f"gen {g}: routes differ from the variant's"
-    if not np.array_equal(table.weights, g + np.arange(len(rs.endpoints))):
-        return f"gen {g}: weights of another generation"
+    want = ejections_of(g, len(rs.endpoints))
+    got_e = table.ejections
+    if not (
+        np.array_equal(got_e.until_ns, want.until_ns) and np.array_equal(got_e.counts, want.counts)
+    ):
+        return f"gen {g}: ejection state of another generation"
     if table.knobs.percentage != float(g % 101) or table.knobs.max_hops != 1 + g % 7:
         return f"gen {g}: knobs of another generation ({table.knobs})"
     if table.zones and table.zones[0] != f"zone-{g % 3}":

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import lbcore
+from lbcore.ejection import Ejections
 from lbcore.hashing import digest
 from shm import (
     Knobs,
@@ -58,7 +59,6 @@ def test_roundtrip_everything_a_worker_needs(namespace):
     n = len(rs.endpoints)
     zones = [f"eu-central-1{'abc'[i % 3]}" for i in range(n)]
     nodes = [f"node-ü{i}" for i in range(n)]
-    weights = np.linspace(0.5, 2.0, n)
     ejected = np.zeros(n, bool)
     ejected[[3, 17]] = True
     knobs = Knobs(
@@ -74,7 +74,6 @@ def test_roundtrip_everything_a_worker_needs(namespace):
             rs,
             zones=zones,
             nodes=nodes,
-            weights=weights,
             ejected=ejected,
             knobs=knobs,
             now_ns=123_456_789,
@@ -82,7 +81,8 @@ def test_roundtrip_everything_a_worker_needs(namespace):
         t = TableReader(namespace).table()
     assert g == 1 == t.generation
     assert t.endpoints == rs.endpoints and t.zones == tuple(zones) and t.nodes == tuple(nodes)
-    assert np.array_equal(t.weights, weights) and np.array_equal(t.ejected, ejected)
+    assert np.array_equal(t.ejected, ejected) and not t.outlier_panic
+    assert not t.ejections.reason.any() and t.ejections.counts.shape == (n, 3)
     assert t.knobs == knobs
     assert t.published_ns == 123_456_789 and t.publisher_pid == os.getpid()
     assert sorted(t.slots.tolist()) == list(range(n)) and t.n_slots == n
@@ -102,12 +102,34 @@ def test_roundtrip_everything_a_worker_needs(namespace):
     assert np.array_equal(got, want)
 
 
+def test_ejection_state_roundtrips_and_panic_lifts_the_routing_flags(namespace):
+    rs = lbcore.RingSet(EPS[:5])
+    state = Ejections.of(
+        [0, 2, 0, 1, 0],
+        [0, 7 * 10**12, 0, 8 * 10**12, 0],
+        [0, 3, 1, 1, 0],
+        [0, 0, 5 * 10**12, 0, 0],
+        [[0, 0, 0], [1, 2, 0], [1, 0, 0], [1, 0, 0], [0, 0, 4]],
+    )
+    with TableWriter(namespace) as w:
+        w.publish(rs, ejections=state)
+        t = TableReader(namespace).table()
+        assert t.ejected.tolist() == [False, True, False, True, False] and not t.outlier_panic
+        assert t.ejections.equal(state)
+        w.publish(rs, ejections=state, outlier_panic=True)
+        t = TableReader(namespace).table()
+        assert not t.ejected.any() and t.outlier_panic and t.ejections.equal(state)
+        w.publish(rs, ejected=[True, False, False, False, False])  # flags alone: no state
+        t = TableReader(namespace).table()
+        assert t.ejected.tolist()[0] and not t.ejections.reason.any() and not t.outlier_panic
+
+
 def test_rings_are_zero_copy_views_of_shared_memory(namespace):
     with TableWriter(namespace) as w:
         w.publish(fading_set())
         reader = TableReader(namespace)
         t = reader.table()
-        arrays = [t.slots, t.weights, t.ejected]
+        arrays = [t.slots, t.ejected, t.ejections.until_ns, t.ejections.counts]
         for ring in t.ring_set.rings:
             arrays += [ring.hashes, ring.owners, ring.buckets]
         for arr in arrays:
@@ -169,15 +191,21 @@ def test_an_unchanged_table_is_not_a_new_generation(namespace):
         assert reader.generation() == 4
 
 
+def _bad_ejections():
+    e = Ejections.none(4)
+    return Ejections(e.reason, e.until_ns - 1, e.multiplier, e.decay_ns, e.counts)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"knobs": "fast"}, "knobs must be a shm.Knobs"),
         ({"zones": ["a"]}, "zones has 1 entries, expected 4"),
         ({"nodes": ["a", "b", "c", "d\0"]}, "NUL"),
-        ({"weights": [1, 2, 3]}, r"weights has shape \(3,\)"),
-        ({"weights": [1, 2, 3, -1]}, "finite and >= 0"),
-        ({"weights": [1, 2, 3, math.nan]}, "finite and >= 0"),
+        ({"ejections": "x"}, "ejections must be an lbcore.ejection.Ejections"),
+        ({"ejections": Ejections.none(3)}, "ejections has 3 rows for 4 endpoints"),
+        ({"ejections": _bad_ejections()}, "ejections: ejection times"),
+        ({"ejections": Ejections.none(4), "ejected": [False] * 4}, "not both"),
         ({"ejected": [[True] * 4]}, "ejected has shape"),
         ({"zones": ["a", "b", "c", "\ud800"]}, "not valid Unicode"),
     ],
