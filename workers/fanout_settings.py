@@ -99,8 +99,9 @@ FANOUT_THREADS = Knob(
     "--fanout-threads",
     8,
     _count(1, 1024),
-    "Threads of each worker's fan-out pool (router.fanout): calls in flight at once per "
-    "worker process, shared by the requests of a gthread worker.",
+    "Calls in flight at once per worker process: the threads of router.fanout's pool "
+    "(shared by the requests of a gthread worker), the concurrent calls of "
+    "router.afanout on the worker's event loop.",
     "N",
 )
 FANOUT_QUEUE = Knob(
@@ -121,7 +122,7 @@ FANOUT_ENDPOINT_CAP = Knob(
     _cap,
     "Bulkhead: most calls one worker has in flight to one endpoint; a call over it goes "
     "to the retry pod at once, so a frozen pod cannot take every thread. 'auto' (0): "
-    "half the pool's threads (at least 1) for router.fanout, 64 for router.afanout.",
+    "half of CSLB_FANOUT_THREADS, at least 1.",
     "N",
 )
 FANOUT_TIMEOUT = Knob(
@@ -255,8 +256,8 @@ class FanoutSettings:
             return self.deadline_s
         return 2.0 * timeout_s + self.retry_backoff_s
 
-    def cap_for(self, asyncio: bool) -> int:
-        """The bulkhead's cap per endpoint for the thread-pool or the asyncio form."""
+    def cap_for(self, asyncio: bool = False) -> int:
+        """The bulkhead's cap per endpoint (the same for both forms: calls in flight)."""
         if self.endpoint_cap:
             return self.endpoint_cap
-        return 64 if asyncio else max(1, self.threads // 2)
+        return max(1, self.threads // 2)
