@@ -143,6 +143,8 @@ async def _drive(plan: Plan, job: Job, lim: Limiter | None, wait: bool = False) 
                 except Exception as exc:
                     got = (None, exc)
                 op = job.send(got)
+            elif op[0] == "slot":
+                op = job.send(await _slot(plan, op[1], op[2]))
             else:
                 await asyncio.sleep(op[1])
                 op = job.send(None)
@@ -152,3 +154,12 @@ async def _drive(plan: Plan, job: Job, lim: Limiter | None, wait: bool = False) 
         job.close()  # cancelled mid-call: the job records the call's end
         if lim is not None:
             lim.give()
+
+
+async def _slot(plan: Plan, slot: int, cap: int) -> int:
+    """Start a call to ``slot`` once it is under ``cap`` (``-1``: the deadline came first)."""
+    while True:
+        t0 = plan.begin(slot, cap)
+        if t0 >= 0 or plan.clock() >= plan.deadline_ns:
+            return t0
+        await asyncio.sleep(0.001)  # (calls end on this loop: a millisecond is plenty)

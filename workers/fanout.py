@@ -336,6 +336,8 @@ def _drive(plan: Plan, job: Job) -> None:
                 except Exception as exc:
                     got = (None, exc)
                 op = job.send(got)
+            elif op[0] == "slot":
+                op = job.send(plan.ledger.begin_wait(op[1], plan.bound, op[2], plan.deadline_ns))
             else:
                 time.sleep(op[1])
                 op = job.send(None)

@@ -2,8 +2,10 @@
 
 A :class:`Plan` holds what one fan-out routed where and collects the results. Its
 jobs (:func:`key_job`, :func:`group_job`, :func:`fallback_job`) are generators that say
-*what* to do — ``("call", url, what, timeout)``, ``("sleep", seconds)`` — and get each
-call's outcome back as ``(value, exception)``: the thread-pool form
+*what* to do — ``("call", url, what, timeout)``, ``("sleep", seconds)``, ``("slot",
+slot, cap)`` (start a call once the endpoint is under the bulkhead's cap: its start
+time, ``-1`` at the deadline) — and get each call's outcome back as ``(value,
+exception)``: the thread-pool form
 (:mod:`workers.fanout`) performs them blocking on a pool thread, the asyncio form
 (:mod:`workers.afanout`) awaits them. So the retry rule, the bulkhead, the recording
 and the failure log exist once.
@@ -339,10 +341,18 @@ def key_job(plan: Plan, pos: int, cap: int, t0: int | None = None) -> Job:
         t0 = plan.begin(plan.slots[pos], cap)
     url = plan.urls[int(plan.idx[pos])]
     key = plan.keys[pos]
-    if t0 < 0:  # the bulkhead: straight to the retry pod, no budget, no backoff
-        plan.ledger.tally("bulkhead_rejections")
-        yield from _second(plan, pos, cap, None, 0, RejectedError(f"{url} at the bulkhead's cap"))
-        return
+    if t0 < 0:
+        # The bulkhead: straight to the retry pod (no budget, no backoff) if that has
+        # room; if it is as busy, the pod is not the problem: wait for a slot at it.
+        slot2, url2 = plan.retry_route(pos)
+        if url2 is not None and (slot2 < 0 or plan.ledger.in_flight(slot2) < cap):
+            plan.ledger.tally("bulkhead_rejections")
+            err = RejectedError(f"{url} at the bulkhead's cap")
+            yield from _second(plan, pos, cap, None, 0, err)
+            return
+        t0 = yield ("slot", plan.slots[pos], cap)
+        if t0 < 0:
+            return  # the deadline passed meanwhile: a deadline error, not a call
     value, exc, kind = yield from _attempt(plan, plan.slots[pos], t0, url, key)
     if exc is None:
         plan.finish(pos, Result(value, None, url, 1))

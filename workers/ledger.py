@@ -73,6 +73,7 @@ class CallLedger:
         "_e_slot",
         "_e_start",
         "_failed_kinds",
+        "_freed",
         "_in_flight",
         "_last_write",
         "_lock",
@@ -92,6 +93,7 @@ class CallLedger:
         self._recorder = recorder
         self._clock = clock
         self._lock = threading.Lock()  # the pending lists and the in-flight counts
+        self._freed = threading.Condition(self._lock)  # an end lowered a count
         self._write_lock = threading.Lock()  # one write at a time, in order
         self._in_flight: dict[int, int] = {}
         self._s_slot: list[int] = []
@@ -136,6 +138,22 @@ class CallLedger:
             self.flush()
         return now
 
+    def begin_wait(self, slot: int, bound: int, cap: int, until_ns: int) -> int:
+        """:meth:`begin`, waiting while ``slot`` has ``cap`` calls in flight.
+
+        Waits at most until CLOCK_MONOTONIC ``until_ns``; ``-1`` if no call ended in time.
+        """
+        with self._freed:
+            while self._in_flight.get(slot, 0) >= cap:
+                left = (until_ns - self._clock()) / 1e9
+                if left <= 0:
+                    return -1
+                self._freed.wait(min(left, 0.05))
+        t = self.begin(slot, bound, cap)
+        if t < 0:  # taken again meanwhile
+            return self.begin_wait(slot, bound, cap, until_ns)
+        return t
+
     def begin_many(self, slots: list[int], bound: int, cap: int) -> tuple[int, list[bool]]:
         """Calls to ``slots`` start together now: one step for all of them.
 
@@ -176,6 +194,7 @@ class CallLedger:
                 self._in_flight.pop(slot, None)
             else:
                 self._in_flight[slot] = n - 1
+            self._freed.notify_all()
             self._e_slot.append(slot)
             self._e_start.append(started_ns)
             self._e_end.append(now)

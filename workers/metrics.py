@@ -404,8 +404,8 @@ class HostMonitor:
         try:
             reader = self._table_reader()
             pid, beat_age, dead = self._publisher(reader, now)
-            generation, published_ns, knobs, fading, endpoints, n_slots, panic = (
-                reader.consistent(lambda t: _read_table(t, now))
+            generation, published_ns, knobs, fading, endpoints, n_slots, panic = reader.consistent(
+                lambda t: _read_table(t, now)
             )
         except shm.ShmError as exc:
             return HostSnapshot(**base, health=Health(False, self._unavailable(exc)))
