@@ -252,24 +252,21 @@ def test_the_bulkhead_sends_calls_over_the_cap_to_the_retry_pod_and_blames_nobod
 
     first = r.endpoints_of(r.route(KEYS))
     retry = r.endpoints_of(r.route(KEYS, attempt=1))
-    threading.Timer(0.3, release.set).start()
-    res = r.fanout(KEYS, send, timeout_s=2.0)
+    threading.Timer(0.8, release.set).start()
+    # (stuck after a quarter of the 0.4-s timeout; this send ignores its timeout)
+    res = r.fanout(KEYS, send, timeout_s=0.4, deadline_s=3.0)
     hit = [i for i, u in enumerate(first) if u == frozen]
     went = [i for i in hit if res[i].endpoint == frozen]
-    moved = [i for i in hit if res[i].ok and res[i].endpoint == retry[i]]
-    assert len(went) == 1 and len(moved) >= 2  # the cap: one call in flight to it
+    moved = [i for i in hit if res[i].endpoint == retry[i]]
+    assert len(went) == 1 and len(moved) == len(hit) - 1  # the cap: one call out to it
     for i in hit:
-        x = res[i]
-        if i in went or i in moved:
-            assert x.ok and x.attempts == 1  # one call made either way
-        else:  # its retry pod was at the cap too: a local rejection, no call
-            assert isinstance(x.error, RejectedError) and x.attempts == 0 and x.kind == 0
+        assert res[i].ok and res[i].attempts == 1  # one call made either way
     loads = host.loads()
     slot = host.slot(frozen, r)
     assert int(loads.requests_total[slot]) == len(went)  # only calls really made
     assert int(loads.failures_total.sum()) == 0
     st = host.stats()
-    assert st["bulkhead_rejections"] >= len(hit) - len(went)
+    assert st["bulkhead_rejections"] == len(hit) - len(went)
     assert st["retries"] == 0  # not a retry: the first call was never made
 
 

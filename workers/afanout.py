@@ -157,9 +157,9 @@ async def _drive(plan: Plan, job: Job, lim: Limiter | None, wait: bool = False) 
 
 
 async def _slot(plan: Plan, slot: int, cap: int) -> int:
-    """Start a call to ``slot`` once it is under ``cap`` (``-1``: the deadline came first)."""
+    """A ``("slot", slot, cap)`` operation on the loop (see :meth:`Plan.slot`)."""
     while True:
-        t0 = plan.begin(slot, cap)
-        if t0 >= 0 or plan.clock() >= plan.deadline_ns:
+        t0 = plan.slot(slot, cap)
+        if t0 != -1 or plan.clock() >= plan.deadline_ns:
             return t0
         await asyncio.sleep(0.001)  # (calls end on this loop: a millisecond is plenty)

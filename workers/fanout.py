@@ -15,9 +15,11 @@ once, then for each key:
 3. keys the router answers ``-1`` go to ``CSLB_FALLBACK_URL`` when set (not recorded,
    not retried: the ingress retries itself), else come back with ``fallback=True``;
 4. a **bulkhead** caps the calls the worker has in flight to one endpoint (a frozen
-   pod holds its calls until they time out): a call over the cap goes to the retry pod
-   at once, and one that finds that pod full too fails as :class:`RejectedError`. Local
-   rejections are counted (``bulkhead_rejections``) but never as the pod's failure.
+   pod holds its calls until they time out): a call over the cap waits for a slot while
+   the pod is merely busy (its keys stay on it, and its cache), and goes to the retry
+   pod at once when the pod looks stuck (its oldest call out for a quarter of the
+   timeout). Such moves are counted (``bulkhead_rejections``), never as the pod's
+   failure; a full pool fails keys at once as :class:`RejectedError`.
 
 A call's timeout is ``min(timeout_s, time left to the deadline)``; one that times out
 only because the deadline was near is not counted as the pod's failure (a saturated
@@ -337,12 +339,21 @@ def _drive(plan: Plan, job: Job) -> None:
                     got = (None, exc)
                 op = job.send(got)
             elif op[0] == "slot":
-                op = job.send(plan.ledger.begin_wait(op[1], plan.bound, op[2], plan.deadline_ns))
+                op = job.send(_wait_slot(plan, op[1], op[2]))
             else:
                 time.sleep(op[1])
                 op = job.send(None)
     except StopIteration:
         pass
+
+
+def _wait_slot(plan: Plan, slot: int, cap: int) -> int:
+    """A ``("slot", slot, cap)`` operation on this thread (see :meth:`Plan.slot`)."""
+    while True:
+        t0 = plan.slot(slot, cap)
+        if t0 != -1 or plan.clock() >= plan.deadline_ns:
+            return t0
+        plan.ledger.wait_freed(slot, cap, plan.wait_until(slot))
 
 
 def _seconds(name: str, value: Any) -> float:

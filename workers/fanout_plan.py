@@ -4,7 +4,8 @@ A :class:`Plan` holds what one fan-out routed where and collects the results. It
 jobs (:func:`key_job`, :func:`group_job`, :func:`fallback_job`) are generators that say
 *what* to do — ``("call", url, what, timeout)``, ``("sleep", seconds)``, ``("slot",
 slot, cap)`` (start a call once the endpoint is under the bulkhead's cap: its start
-time, ``-1`` at the deadline) — and get each call's outcome back as ``(value,
+time; ``-1`` at the deadline; :data:`STUCK` when the endpoint's oldest call has been
+out a quarter of the timeout) — and get each call's outcome back as ``(value,
 exception)``: the thread-pool form
 (:mod:`workers.fanout`) performs them blocking on a pool thread, the asyncio form
 (:mod:`workers.afanout`) awaits them. So the retry rule, the bulkhead, the recording
@@ -40,6 +41,9 @@ __all__ = [
 
 #: Failure kinds worth a retry on another pod (not "other": a bug would fail there too).
 RETRYABLE = frozenset((FAIL_CONNECT, FAIL_TIMEOUT, FAIL_STATUS))
+
+#: What a ``("slot", ...)`` operation answers for an endpoint that looks stuck.
+STUCK = -2
 
 #: What a job yields (an operation) and gets back (``(value, exception)`` for a call).
 Job = Generator[tuple[Any, ...], Any, None]
@@ -240,6 +244,33 @@ class Plan:
         if slot >= 0:
             self.ledger.end(slot, t0, 0 if cut and kind == FAIL_TIMEOUT else kind)
 
+    def stuck_at(self, slot: int) -> int:
+        """When ``slot`` looks stuck (CLOCK_MONOTONIC ns; far ahead with no call out).
+
+        That is when its oldest call in flight has been out a quarter of the timeout.
+        """
+        oldest = self.ledger.oldest(slot) if slot >= 0 else None
+        if oldest is None:
+            return 1 << 62
+        return oldest + max(int(self.timeout_s * 0.25e9), 10_000_000)
+
+    def slot(self, slot: int, cap: int) -> int:
+        """Start a call to ``slot`` now if it is under ``cap``: its start time.
+
+        Else :data:`STUCK` if it looks stuck, or ``-1`` (wait until :meth:`wait_until`
+        and ask again, unless the deadline passed: the caller reads the clock).
+        """
+        t0 = self.begin(slot, cap)
+        if t0 >= 0:
+            return t0
+        if self.clock() >= self.stuck_at(slot):
+            return STUCK
+        return -1
+
+    def wait_until(self, slot: int) -> int:
+        """Until when to wait for a slot at ``slot`` before asking again (ns)."""
+        return min(self.deadline_ns, self.stuck_at(slot))
+
     def retry_route(self, pos: int) -> tuple[int, str | None]:
         """``(slot, url)`` of ``pos``'s retry (url ``None``: there is none).
 
@@ -342,15 +373,18 @@ def key_job(plan: Plan, pos: int, cap: int, t0: int | None = None) -> Job:
     url = plan.urls[int(plan.idx[pos])]
     key = plan.keys[pos]
     if t0 < 0:
-        # The bulkhead: straight to the retry pod (no budget, no backoff) if that has
-        # room; if it is as busy, the pod is not the problem: wait for a slot at it.
-        slot2, url2 = plan.retry_route(pos)
-        if url2 is not None and (slot2 < 0 or plan.ledger.in_flight(slot2) < cap):
-            plan.ledger.tally("bulkhead_rejections")
-            err = RejectedError(f"{url} at the bulkhead's cap")
-            yield from _second(plan, pos, cap, None, 0, err)
-            return
+        # The bulkhead. A pod whose calls are just busy keeps its keys (and its cache):
+        # wait for a slot. One whose oldest call has been out for a quarter of the
+        # timeout looks stuck: straight to the retry pod (no budget, no backoff).
         t0 = yield ("slot", plan.slots[pos], cap)
+        if t0 == STUCK:
+            if plan.retry_route(pos)[1] is None:
+                t0 = -1  # no other pod: wait on (a deadline error, not a call)
+            else:
+                plan.ledger.tally("bulkhead_rejections")
+                err = RejectedError(f"{url} at the bulkhead's cap")
+                yield from _second(plan, pos, cap, None, 0, err)
+                return
         if t0 < 0:
             return  # the deadline passed meanwhile: a deadline error, not a call
     value, exc, kind = yield from _attempt(plan, plan.slots[pos], t0, url, key)
@@ -394,9 +428,12 @@ def _second(
         yield ("sleep", wait / 1e9)
     t0 = plan.begin(slot, cap)
     if t0 < 0:
-        plan.ledger.tally("bulkhead_rejections")
-        give_up(f"not sent: {url} at the bulkhead's cap too")
-        return
+        t0 = yield ("slot", slot, cap)  # the retry pod at its cap too: wait for a slot
+        if t0 < 0:
+            give_up(
+                f"not sent: {url} at the bulkhead's cap" + (" and stuck" if t0 == STUCK else "")
+            )
+            return
     if first_url is not None:
         plan.ledger.tally("retries")
     value, exc, kind = yield from _attempt(plan, slot, t0, url, plan.keys[pos])

@@ -120,9 +120,10 @@ FANOUT_ENDPOINT_CAP = Knob(
     "--fanout-endpoint-cap",
     0,
     _cap,
-    "Bulkhead: most calls one worker has in flight to one endpoint; a call over it goes "
-    "to the retry pod at once, so a frozen pod cannot take every thread. 'auto' (0): "
-    "half of CSLB_FANOUT_THREADS, at least 1.",
+    "Bulkhead: most calls one worker has in flight to one endpoint. A call over it waits "
+    "for a slot while the pod is just busy, and goes to the retry pod at once when the "
+    "pod looks stuck (its oldest call out for a quarter of the timeout), so a frozen pod "
+    "cannot take every thread. 'auto' (0): half of CSLB_FANOUT_THREADS, at least 1.",
     "N",
 )
 FANOUT_TIMEOUT = Knob(

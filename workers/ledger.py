@@ -16,10 +16,11 @@ call at most that much later; its busy time is exact (start and end times are ta
 when they happen, not when written). Calls that start together (an asyncio fan-out's
 wave) go in with :meth:`~CallLedger.begin_many`: one step for all.
 
-The ledger also holds the worker's per-endpoint count of calls in flight, which is what
-the fan-out's bulkhead caps: :meth:`~CallLedger.begin` refuses a call to an endpoint
-that already has ``cap`` calls in flight from this worker (nothing is recorded for it:
-a local rejection is not the pod's failure).
+The ledger also holds the worker's per-endpoint count (and start times) of calls in
+flight, which is what the fan-out's bulkhead caps: :meth:`~CallLedger.begin` refuses a
+call to an endpoint that already has ``cap`` calls in flight from this worker (nothing
+is recorded for it: a local rejection is not the pod's failure), and
+:meth:`~CallLedger.oldest` tells a busy pod from a stuck one.
 
 This is the seam a native scatter-add replaces: :meth:`CallLedger._write` turns the
 pending events into the recorder's two trusted calls and is the only place that does.
@@ -77,6 +78,7 @@ class CallLedger:
         "_in_flight",
         "_last_write",
         "_lock",
+        "_open",
         "_recorder",
         "_s_slot",
         "_s_start",
@@ -96,6 +98,7 @@ class CallLedger:
         self._freed = threading.Condition(self._lock)  # an end lowered a count
         self._write_lock = threading.Lock()  # one write at a time, in order
         self._in_flight: dict[int, int] = {}
+        self._open: dict[int, list[int]] = {}  # start times of the calls in flight, per slot
         self._s_slot: list[int] = []
         self._s_start: list[int] = []
         self._e_slot: list[int] = []
@@ -129,6 +132,7 @@ class CallLedger:
                 return -1
             self._in_flight[slot] = n + 1
             now = self._clock()
+            self._open.setdefault(slot, []).append(now)
             self._s_slot.append(slot)
             self._s_start.append(now)
             if bound > self._bound:
@@ -138,21 +142,14 @@ class CallLedger:
             self.flush()
         return now
 
-    def begin_wait(self, slot: int, bound: int, cap: int, until_ns: int) -> int:
-        """:meth:`begin`, waiting while ``slot`` has ``cap`` calls in flight.
-
-        Waits at most until CLOCK_MONOTONIC ``until_ns``; ``-1`` if no call ended in time.
-        """
+    def wait_freed(self, slot: int, cap: int, until_ns: int) -> None:
+        """Wait until ``slot`` has fewer than ``cap`` calls in flight, or until ``until_ns``."""
         with self._freed:
             while self._in_flight.get(slot, 0) >= cap:
                 left = (until_ns - self._clock()) / 1e9
                 if left <= 0:
-                    return -1
+                    return
                 self._freed.wait(min(left, 0.05))
-        t = self.begin(slot, bound, cap)
-        if t < 0:  # taken again meanwhile
-            return self.begin_wait(slot, bound, cap, until_ns)
-        return t
 
     def begin_many(self, slots: list[int], bound: int, cap: int) -> tuple[int, list[bool]]:
         """Calls to ``slots`` start together now: one step for all of them.
@@ -173,6 +170,7 @@ class CallLedger:
                     admitted.append(False)
                     continue
                 inf[slot] = n + 1
+                self._open.setdefault(slot, []).append(now)
                 admitted.append(True)
                 self._s_slot.append(slot)
                 self._s_start.append(now)
@@ -192,8 +190,12 @@ class CallLedger:
             n = self._in_flight.get(slot, 0)
             if n <= 1:
                 self._in_flight.pop(slot, None)
+                self._open.pop(slot, None)
             else:
                 self._in_flight[slot] = n - 1
+                starts = self._open.get(slot)
+                if starts and started_ns in starts:
+                    starts.remove(started_ns)
             self._freed.notify_all()
             self._e_slot.append(slot)
             self._e_start.append(started_ns)
@@ -214,6 +216,12 @@ class CallLedger:
     def in_flight(self, slot: int) -> int:
         """Calls this worker has in flight to ``slot`` now."""
         return self._in_flight.get(slot, 0)
+
+    def oldest(self, slot: int) -> int | None:
+        """Start time (ns) of the oldest call this worker has in flight to ``slot``."""
+        with self._lock:
+            starts = self._open.get(slot)
+            return min(starts) if starts else None
 
     @property
     def pending(self) -> bool:
