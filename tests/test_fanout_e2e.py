@@ -335,3 +335,58 @@ def test_a_saturated_caller_ejects_nobody(tmp_path):
         m = svc.metrics()
         assert re.search(r"cslb_endpoint_ejections_total\{[^}]*\} [1-9]", m) is None
         assert all(_metric(m, "cslb_endpoint_failures_total", u) == 0.0 for u in svc.fleet.urls)
+
+
+@pytest.mark.parametrize("worker", ["gthread", "uvicorn"])
+def test_the_example_service_runs_as_the_readme_says(tmp_path, worker):
+    import subprocess
+    import sys
+
+    from tests.gunicorn_harness import REPO, free_port
+
+    ports = [free_port() for _ in range(3)]
+    pods = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "examples" / "product_pod.py"), "--port", str(p)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for p in ports
+    ]
+    eps = tmp_path / "pods.json"
+    eps.write_text(json.dumps({"endpoints": [{"address": f"http://127.0.0.1:{p}"} for p in ports]}))
+    args = ["--threads", "4"] if worker == "gthread" else ["-k", "uvicorn_worker.UvicornWorker"]
+    app = "product_sets:app" if worker == "gthread" else "product_sets:asgi_app"
+    server = Server(
+        ["-c", "python:workers.gunicorn_conf", *args, app],
+        tmp_path=tmp_path,
+        namespace=unique_namespace("x"),
+        env={
+            "CSLB_ENDPOINTS_FILE": str(eps),
+            "PYTHONPATH": f"{REPO / 'examples'}:{REPO}",
+            "CSLB_FALLBACK_URL": "",
+        },
+        gunicorn=True,
+    )
+    try:
+        server.wait_ready(workers=1, path="/metrics")
+        ids = ["AD112G0AB-K11", 12345, "SKU-3", "ürün-42"]
+        status, doc = server.post_json("/sets", ids, timeout_s=10)
+        assert status == 200 and doc["missing"] == {}
+        assert [p["id"] for p in doc["products"]] == [str(i) for i in ids]
+        assert {p["pod"] for p in doc["products"]} <= set(ports)
+        pods[0].kill()
+        pods[0].wait(10)
+        for _ in range(3):  # a dead pod: its IDs come from the next pod, nothing missing
+            status, doc = server.post_json("/sets", [f"SKU-{i}" for i in range(40)], timeout_s=10)
+            assert status == 200 and doc["missing"] == {}
+            assert ports[0] not in {p["pod"] for p in doc["products"]}
+        metrics = server.request("GET", "/metrics")[1].decode()
+        assert "cslb_retries_total" in metrics
+        result = server.stop()
+        assert result["exit"] == 0 and result["segments"] == [], server.log()
+    finally:
+        server.kill()
+        for p in pods:
+            p.kill()
+            p.wait(10)
