@@ -69,20 +69,16 @@ class CallLedger:
     __slots__ = (
         "_bound",
         "_clock",
-        "_e_end",
-        "_e_kind",
-        "_e_slot",
-        "_e_start",
+        "_ends",
         "_failed_kinds",
         "_freed",
-        "_in_flight",
         "_last_write",
         "_lock",
         "_open",
         "_recorder",
-        "_s_slot",
-        "_s_start",
+        "_starts",
         "_stats",
+        "_waiting",
         "_warned",
         "_write_lock",
     )
@@ -94,17 +90,13 @@ class CallLedger:
     ) -> None:
         self._recorder = recorder
         self._clock = clock
-        self._lock = threading.Lock()  # the pending lists and the in-flight counts
-        self._freed = threading.Condition(self._lock)  # an end lowered a count
+        self._lock = threading.Lock()  # the pending events and the calls in flight
         self._write_lock = threading.Lock()  # one write at a time, in order
-        self._in_flight: dict[int, int] = {}
-        self._open: dict[int, list[int]] = {}  # start times of the calls in flight, per slot
-        self._s_slot: list[int] = []
-        self._s_start: list[int] = []
-        self._e_slot: list[int] = []
-        self._e_start: list[int] = []
-        self._e_end: list[int] = []
-        self._e_kind: list[int] = []
+        self._freed = threading.Condition(self._lock)  # an end lowered a count
+        self._waiting = 0  # threads in wait_freed (an end notifies only then)
+        self._open: dict[int, list[int]] = {}  # per slot: start times of its calls in flight
+        self._starts: list[tuple[int, int]] = []  # (slot, start)
+        self._ends: list[tuple[int, int, int, int]] = []  # (slot, start, end, kind)
         self._failed_kinds = False
         self._stats = [0] * len(STATS_FIELDS)
         self._bound = 0
@@ -127,17 +119,19 @@ class CallLedger:
             is refused and nothing is recorded.
         """
         with self._lock:
-            n = self._in_flight.get(slot, 0)
-            if n >= cap:
+            out = self._open.get(slot)
+            if out is None:
+                now = self._clock()
+                self._open[slot] = [now]
+            elif len(out) >= cap:
                 return -1
-            self._in_flight[slot] = n + 1
-            now = self._clock()
-            self._open.setdefault(slot, []).append(now)
-            self._s_slot.append(slot)
-            self._s_start.append(now)
+            else:
+                now = self._clock()
+                out.append(now)
+            self._starts.append((slot, now))
             if bound > self._bound:
                 self._bound = bound
-            due = len(self._s_slot) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
+            due = len(self._starts) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
         if due:
             self.flush()
         return now
@@ -145,11 +139,15 @@ class CallLedger:
     def wait_freed(self, slot: int, cap: int, until_ns: int) -> None:
         """Wait until ``slot`` has fewer than ``cap`` calls in flight, or until ``until_ns``."""
         with self._freed:
-            while self._in_flight.get(slot, 0) >= cap:
-                left = (until_ns - self._clock()) / 1e9
-                if left <= 0:
-                    return
-                self._freed.wait(min(left, 0.05))
+            self._waiting += 1
+            try:
+                while len(self._open.get(slot, ())) >= cap:
+                    left = (until_ns - self._clock()) / 1e9
+                    if left <= 0:
+                        return
+                    self._freed.wait(min(left, 0.05))
+            finally:
+                self._waiting -= 1
 
     def begin_many(self, slots: list[int], bound: int, cap: int) -> tuple[int, list[bool]]:
         """Calls to ``slots`` start together now: one step for all of them.
@@ -160,20 +158,18 @@ class CallLedger:
         admitted = []
         with self._lock:
             now = self._clock()
-            inf = self._in_flight
+            opened = self._open
             for slot in slots:
                 if slot < 0:  # not recordable (a fallback, or a table replaced since)
                     admitted.append(True)
                     continue
-                n = inf.get(slot, 0)
-                if n >= cap:
+                out = opened.setdefault(slot, [])
+                if len(out) >= cap:
                     admitted.append(False)
                     continue
-                inf[slot] = n + 1
-                self._open.setdefault(slot, []).append(now)
+                out.append(now)
                 admitted.append(True)
-                self._s_slot.append(slot)
-                self._s_start.append(now)
+                self._starts.append((slot, now))
             if bound > self._bound:
                 self._bound = bound
         self.flush()
@@ -187,23 +183,20 @@ class CallLedger:
         """
         with self._lock:
             now = self._clock()
-            n = self._in_flight.get(slot, 0)
-            if n <= 1:
-                self._in_flight.pop(slot, None)
-                self._open.pop(slot, None)
-            else:
-                self._in_flight[slot] = n - 1
-                starts = self._open.get(slot)
-                if starts and started_ns in starts:
-                    starts.remove(started_ns)
-            self._freed.notify_all()
-            self._e_slot.append(slot)
-            self._e_start.append(started_ns)
-            self._e_end.append(now)
-            self._e_kind.append(kind)
+            out = self._open.get(slot)
+            if out is not None:
+                if len(out) <= 1:
+                    del self._open[slot]
+                elif started_ns in out:
+                    out.remove(started_ns)
+                else:
+                    out.pop()
+            if self._waiting:
+                self._freed.notify_all()
+            self._ends.append((slot, started_ns, now, kind))
             if kind:
                 self._failed_kinds = True
-            due = len(self._e_slot) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
+            due = len(self._ends) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
         if due:
             self.flush()
         return now
@@ -215,18 +208,18 @@ class CallLedger:
 
     def in_flight(self, slot: int) -> int:
         """Calls this worker has in flight to ``slot`` now."""
-        return self._in_flight.get(slot, 0)
+        return len(self._open.get(slot, ()))
 
     def oldest(self, slot: int) -> int | None:
         """Start time (ns) of the oldest call this worker has in flight to ``slot``."""
         with self._lock:
-            starts = self._open.get(slot)
-            return min(starts) if starts else None
+            out = self._open.get(slot)
+            return min(out) if out else None
 
     @property
     def pending(self) -> bool:
         """Events wait to be written."""
-        return bool(self._s_slot or self._e_slot)
+        return bool(self._starts or self._ends)
 
     # -- writing --------------------------------------------------------------------
 
@@ -234,15 +227,12 @@ class CallLedger:
         """Write every pending event into the counter row now (one step)."""
         with self._write_lock:
             with self._lock:
-                if not (self._s_slot or self._e_slot or any(self._stats)):
+                if not (self._starts or self._ends or any(self._stats)):
                     return
-                starts = (self._s_slot, self._s_start)
-                ends = (self._e_slot, self._e_start, self._e_end, self._e_kind)
+                starts, ends, stats = self._starts, self._ends, self._stats
                 failed = self._failed_kinds
-                stats = self._stats
                 bound = self._bound
-                self._s_slot, self._s_start = [], []
-                self._e_slot, self._e_start, self._e_end, self._e_kind = [], [], [], []
+                self._starts, self._ends = [], []
                 self._failed_kinds = False
                 self._stats = [0] * len(STATS_FIELDS)
                 self._last_write = now = self._clock()
@@ -259,25 +249,23 @@ class CallLedger:
     @staticmethod
     def _write(
         rec: Any,
-        starts: tuple[list[int], list[int]],
-        ends: tuple[list[int], list[int], list[int], list[int]],
+        starts: list[tuple[int, int]],
+        ends: list[tuple[int, int, int, int]],
         failed: bool,
         stats: list[int],
         bound: int,
         now: int,
     ) -> None:
-        if starts[0]:
-            rec._record_start_trusted(
-                np.array(starts[0], dtype=np.intp), np.array(starts[1], dtype=np.int64), bound
-            )
-        if ends[0]:
-            start = np.array(ends[1], dtype=np.int64)
-            durations = np.array(ends[2], dtype=np.int64) - start
+        if starts:
+            s = np.array(starts, dtype=np.int64)
+            rec._record_start_trusted(s[:, 0].astype(np.intp), s[:, 1].copy(), bound)
+        if ends:
+            e = np.array(ends, dtype=np.int64)
+            started = e[:, 1].copy()
+            durations = e[:, 2] - started
             np.maximum(durations, 0, out=durations)  # (a clock is monotonic; be safe)
-            kinds = np.array(ends[3], dtype=np.intp) if failed else None
-            rec._record_end_trusted(
-                np.array(ends[0], dtype=np.intp), start, durations, now, kinds, bound
-            )
+            kinds = e[:, 3].astype(np.intp) if failed else None
+            rec._record_end_trusted(e[:, 0].astype(np.intp), started, durations, now, kinds, bound)
         for i, n in enumerate(stats):
             if n:
                 rec._tally_trusted(i, n)
