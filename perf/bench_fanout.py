@@ -1,4 +1,4 @@
-"""Benchmark of the fan-out helper (``python perf/bench_fanout.py``; part ``fanout`` of ``python -m perf``).
+"""Benchmark of the fan-out helper: ``python perf/bench_fanout.py`` (perf part ``fanout``).
 
 Prints, per fanned-out key, the process CPU time (every thread) of:
 
@@ -129,7 +129,7 @@ def _bench_fanout(router: Router, quick: bool, log: Callable[[str], None]) -> li
             ahelper = _cpu_per_key(
                 lambda k, s=asend: loop.run_until_complete(router.afanout(k, s)), parts[2], reps
             )
-            ahand = _cpu_per_key(lambda k: loop.run_until_complete(hand_a(k)), parts[3], reps)
+            ahand = _cpu_per_key(lambda k, h=hand_a: loop.run_until_complete(h(k)), parts[3], reps)
             for form, a, b, base in (
                 ("threads", helper, hand, "route + track + ThreadPoolExecutor(8).map"),
                 ("asyncio", ahelper, ahand, "route + track + asyncio.gather"),

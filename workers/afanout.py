@@ -1,10 +1,11 @@
 """The fan-out helper for asyncio workers: ``await router.afanout(keys, asend)``.
 
 The same plan and jobs as ``router.fanout`` (:mod:`workers.fanout_plan`), driven on the
-running event loop instead of a thread pool: up to ``CSLB_FANOUT_THREADS`` calls per
-worker are in flight at once (:class:`Limiter`); those that get a slot when the
-fan-out starts start together and are recorded in one step
-(:meth:`workers.ledger.CallLedger.begin_many`), the others as slots free up. Each call
+running event loop instead of a thread pool: a fan-out runs as many runner tasks as
+the worker's loop has free slots (:class:`Limiter`, ``CSLB_FANOUT_THREADS`` calls in
+flight per worker, at least one runner per fan-out), each taking the next job when its
+last one ends; the runners' first calls start together and are recorded in one step
+(:meth:`workers.ledger.CallLedger.begin_many`). Each call
 is bounded by its timeout through cancellation (``asyncio.timeout``), so a sender that
 ignores its timeout still cannot hold the fan-out past it. Retries sleep with
 ``asyncio.sleep``.
@@ -16,7 +17,6 @@ router's per-thread "last batch": the plan keeps the table each route was comput
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,42 +27,25 @@ __all__ = ["run"]
 
 
 class Limiter:
-    """Calls in flight at once on one event loop (``CSLB_FANOUT_THREADS``), FIFO.
+    """Calls in flight at once on one event loop (``CSLB_FANOUT_THREADS``).
 
     Starting every call of a big batch at once would make each one wait for the
     others on the loop's one thread, and that wait would be recorded as the pods'
-    busy time (and time calls out on every pod alike: a saturated caller).
+    busy time (and time calls out on every pod alike: a saturated caller). A fan-out
+    takes the free slots for its runners (at least one runner, so it always moves).
     """
 
     def __init__(self, n: int) -> None:
         self.free = n
-        self._waiters: deque[asyncio.Future[None]] = deque()
 
-    def try_take(self) -> bool:
-        if self.free > 0 and not self._waiters:
-            self.free -= 1
-            return True
-        return False
+    def take(self, n: int) -> int:
+        """Up to ``n`` slots; how many were free."""
+        got = max(0, min(n, self.free))
+        self.free -= got
+        return got
 
-    async def take(self) -> None:
-        if self.try_take():
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except BaseException:
-            if not fut.cancelled() and fut.done():
-                self.give()  # handed a slot as it was cancelled: pass it on
-            raise
-
-    def give(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)  # the slot goes straight to the next waiter
-                return
-        self.free += 1
+    def give(self, n: int) -> None:
+        self.free += n
 
 
 _LIMITERS: dict[int, Limiter] = {}
@@ -88,46 +71,47 @@ async def run(
     """:meth:`workers.Router.afanout`."""
     plan = fan.plan(keys, asend, timeout_s, deadline_s, grouped)
     cap = fan.settings.cap_for(asyncio=True)
-    lim = _limiter(fan)
     jobs = plan.jobs
-    job = group_job if grouped else key_job
-    # The calls that get a slot now start together: one recording step for all.
-    n_now = 0
-    while n_now < len(jobs) and lim.try_take():
-        n_now += 1
-    firsts = [plan.slots[j[0] if grouped else j] for j in jobs[:n_now]]
-    t0, admitted = fan.ledger.begin_many(firsts, plan.bound, cap) if n_now else (0, [])
+    make = group_job if grouped else key_job
+    lim = _limiter(fan)
+    held = lim.take(len(jobs))
+    n = max(held, 1) if jobs else 0
+    # The runners' first calls start together: one recording step for all of them.
+    firsts = [plan.slots[j[0] if grouped else j] for j in jobs[:n]]
+    t0, admitted = fan.ledger.begin_many(firsts, plan.bound, cap) if n else (0, [])
+    rest = iter(jobs[n:])  # (the runners take the next job from here, one at a time)
+
+    async def runner(first: Any, started: int) -> None:
+        await _drive(plan, make(plan, first, cap, started))  # type: ignore[arg-type]
+        for j in rest:
+            if plan.closed:
+                return
+            await _drive(plan, make(plan, j, cap))  # type: ignore[arg-type]
+
     tasks = [
-        asyncio.ensure_future(_drive(plan, job(plan, j, cap, t0 if ok else -1), lim))  # type: ignore[arg-type]
-        for j, ok in zip(jobs[:n_now], admitted, strict=True)
+        asyncio.ensure_future(runner(j, t0 if ok else -1))
+        for j, ok in zip(jobs[:n], admitted, strict=True)
     ]
-    tasks += [
-        asyncio.ensure_future(_drive(plan, job(plan, j, cap), lim, wait=True))  # type: ignore[arg-type]
-        for j in jobs[n_now:]
-    ]
-    tasks += [asyncio.ensure_future(_drive(plan, g, None)) for g, _ in fan.fallback_jobs(plan)]
-    if tasks:
-        left = (plan.deadline_ns - plan.clock()) / 1e9
-        # Each call is bounded by its own timeout (at most the deadline); the margin
-        # covers a task the loop could not run in time.
-        _, late = await asyncio.wait(tasks, timeout=max(left, 0.0) + 0.05)
-        for t in late:
-            t.cancel()
-        if late:
-            await asyncio.wait(late, timeout=0.1)
+    tasks += [asyncio.ensure_future(_drive(plan, g)) for g, _ in fan.fallback_jobs(plan)]
+    try:
+        if tasks:
+            left = (plan.deadline_ns - plan.clock()) / 1e9
+            # Each call is bounded by its own timeout (at most the deadline); the margin
+            # covers a task the loop could not run in time.
+            _, late = await asyncio.wait(tasks, timeout=max(left, 0.0) + 0.05)
+            for t in late:
+                t.cancel()
+            if late:
+                await asyncio.wait(late, timeout=0.1)
+    finally:
+        lim.give(held)
     return fan.finish(plan)
 
 
-async def _drive(plan: Plan, job: Job, lim: Limiter | None, wait: bool = False) -> None:
-    """Run a job on the loop: its calls awaited under their timeouts, its backoff slept.
-
-    ``lim``: the slot the job holds (taken already, or first, with ``wait``), given
-    back when it ends.
-    """
+async def _drive(plan: Plan, job: Job) -> None:
+    """Run a job on the loop: its calls awaited under their timeouts, its backoff slept."""
     send = plan.send
     with_timeout = plan.with_timeout
-    if wait and lim is not None:
-        await lim.take()
     try:
         op = next(job)
         while True:
@@ -152,8 +136,6 @@ async def _drive(plan: Plan, job: Job, lim: Limiter | None, wait: bool = False) 
         pass
     finally:
         job.close()  # cancelled mid-call: the job records the call's end
-        if lim is not None:
-            lim.give()
 
 
 async def _slot(plan: Plan, slot: int, cap: int) -> int:

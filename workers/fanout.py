@@ -304,7 +304,9 @@ class FanOut:
             if left <= 0:
                 return
             if ledger.pending:
-                if plan.done.wait(min(left, 0.002)):
+                # Events left pending by calls that hang (no more appends to write
+                # them): at most this much later than their own flush rule.
+                if plan.done.wait(min(left, 0.02)):
                     return
                 ledger.flush()
             elif plan.done.wait(left):
