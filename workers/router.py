@@ -113,7 +113,8 @@ answered ``-1``, *moves* = keys that bounded load sent elsewhere than the plain 
 
 Failures
 --------
-:meth:`Tracker.fail` logs one line on the ``cslb.router`` logger at WARNING: a JSON
+:meth:`Tracker.fail` logs one line (rate-limited per endpoint, :mod:`workers.failurelog`)
+on the ``cslb.router`` logger at WARNING: a JSON
 object (ASCII, so always a single line) with ``event`` = ``"cslb_call_failed"``,
 ``product_id``, ``endpoint``, ``pod_ip`` (the endpoint's host), ``node``, ``zone``,
 ``attempt``, ``generation``, ``call`` (position in the fan-out) and ``pid``. The same
@@ -1231,28 +1232,12 @@ class Router:
     ) -> list[Any]:
         """Route ``keys`` and make their calls on the worker's pool (sync, gthread workers).
 
-        Parameters
-        ----------
-        keys
-            The batch of product IDs (as for :meth:`route`).
-        send
-            ``send(url, key) -> value``, raising on failure (any exception);
-            with ``grouped``, ``send(url, keys) -> values`` once per pod. Given the
-            per-call timeout as ``timeout=`` (seconds) if it takes that keyword
-            (:mod:`workers.senders` has ready-made ones).
-        timeout_s
-            Seconds one call may take (default ``CSLB_FANOUT_TIMEOUT``).
-        deadline_s
-            Seconds the whole fan-out may take (default ``CSLB_FANOUT_DEADLINE``).
-        grouped
-            One call per pod with all its keys instead of one per key.
-
-        Returns
-        -------
-        list of workers.fanout.Result
-            One per key, in the order of ``keys`` (``.value``, ``.error``,
-            ``.endpoint``, ``.attempts``, ``.fallback``). See :mod:`workers.fanout`
-            for the retry, the bulkhead, the fallback and the recording.
+        ``send(url, key) -> value`` raises on failure (``grouped``: ``send(url, keys) ->
+        values``, once per pod) and gets ``timeout=`` if it takes it
+        (:mod:`workers.senders`); ``timeout_s`` bounds one call, ``deadline_s`` the
+        fan-out (defaults ``CSLB_FANOUT_TIMEOUT``, ``CSLB_FANOUT_DEADLINE``). Returns one
+        :class:`workers.fanout.Result` per key, in order; retry, budget, bulkhead,
+        fallback and recording: :mod:`workers.fanout`.
         """
         self._check_usable()
         if not self.threads:
@@ -1271,12 +1256,9 @@ class Router:
         deadline_s: float | None = None,
         grouped: bool = False,
     ) -> list[Any]:
-        """:meth:`fanout` for asyncio workers: ``await asend(url, key)`` per key, concurrently.
+        """:meth:`fanout` for asyncio workers, on the running loop (:mod:`workers.afanout`).
 
-        Every call of the batch starts at once on the running event loop (and is
-        recorded in one step); the per-call timeout is enforced by cancellation.
-        Safe with tasks interleaving on one thread: nothing here relies on the
-        router's per-thread last batch.
+        Tasks may interleave on one thread: nothing here uses the per-thread last batch.
         """
         self._check_usable()
         from workers.afanout import run
