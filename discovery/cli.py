@@ -113,8 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_arguments(knobs, ROUTING_KNOBS)
     outlier = p.add_argument_group(
-        "outlier detection (decided here for the whole host; a --configmap overrides it at "
-        "runtime)"
+        "outlier detection (decided here for the whole host; a --configmap overrides it at runtime)"
     )
     add_arguments(outlier, OUTLIER_KNOBS)
     return p

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from discovery.debounce import Debouncer
+from discovery.ejection_log import log_changes
 from discovery.events import EventLog
 from discovery.outlier import OutlierMonitor, Published, Totals
 from discovery.ringstate import FadeParams, RingState, Transition
@@ -50,7 +51,7 @@ from discovery.settings import (
 from discovery.static import EndpointsFileError, EndpointsFileWatcher, EndpointSpec
 from lbcore.ejection import Ejections, routing_mask
 from lbcore.knobs import KnobError
-from lbcore.outlier import DEFAULT_OUTLIER_PARAMS, EJECT_REASONS, OutlierParams
+from lbcore.outlier import DEFAULT_OUTLIER_PARAMS, OutlierParams
 
 __all__ = ["Discovery", "InformerLike", "PublisherLike"]
 
@@ -425,7 +426,22 @@ class Discovery:
             self.log.info("endpoint_removed", generation=gen, **_pod_fields(s))
         for s in t.updated:
             self.log.info("endpoint_updated", generation=gen, **_pod_fields(s))
-        self._log_outliers(gen, t, Published(eps, ejections, panic), knobs, now_ns)
+        after = Published(eps, ejections, panic)
+        m = self.monitor
+        log_changes(
+            self.log,
+            gen,
+            self.published_outlier,
+            after,
+            now_ns=now_ns,
+            pod=lambda a: _pod_fields(t.meta[a]),
+            counts=lambda a: m.window_counts(a) if a in m.addresses else {},
+            faded={s.address for s in t.readmitted},
+            fade="off" if t.params.duration_ns == 0 else knobs["fade_mode"],
+            fade_duration_s=t.params.duration_ns / 1e9,
+            panic_threshold=threshold,
+        )
+        self.published_outlier = after
         self.monitor.pending_readmit -= {s.address for s in t.readmitted}
         self.state.commit(t)
         self.published = True
@@ -469,55 +485,6 @@ class Discovery:
                 why="the sources report no ready endpoints: every key falls back",
             )
         return True
-
-    def _log_outliers(
-        self, gen: int, t: Transition, new: Published, knobs: Mapping[str, Any], now_ns: int
-    ) -> None:
-        """Log what this publish changed about ejections (and remember it as published)."""
-        ejected, readmitted = self.published_outlier.changes(new)
-        st = new.state
-        for i in ejected:
-            a = new.addresses[i]
-            r = int(st.reason[i])
-            self.log.warning(
-                "endpoint_ejected",
-                generation=gen,
-                **_pod_fields(t.meta[a]),
-                reason=EJECT_REASONS[r - 1],
-                until_ns=int(st.until_ns[i]),
-                duration_s=round((int(st.until_ns[i]) - now_ns) / 1e9, 3),
-                multiplier=int(st.multiplier[i]),
-                ejections=int(st.counts[i].sum()),
-                counts=self.monitor.window_counts(a) if a in self.monitor.addresses else {},
-            )
-        fade = "off" if knobs["fade_mode"] == "off" else knobs["fade_mode"]
-        for a in readmitted:
-            i = new.addresses.index(a)
-            self.log.info(
-                "endpoint_readmitted",
-                generation=gen,
-                **_pod_fields(t.meta[a]),
-                fade=fade if a in {s.address for s in t.readmitted} else "none",
-                fade_duration_s=t.params.duration_ns / 1e9,
-                multiplier=int(st.multiplier[i]),
-                ejections=int(st.counts[i].sum()),
-            )
-        if new.panic != self.published_outlier.panic:
-            fields = {
-                "generation": gen,
-                "ejected": int(st.ejected.sum()),
-                "endpoints": len(new.addresses),
-                "panic_threshold": self._outlier_params.panic_threshold,
-            }
-            if new.panic:
-                self.log.warning(
-                    "outlier_panic",
-                    **fields,
-                    action="routing ignores every ejection until enough endpoints are healthy",
-                )
-            else:
-                self.log.info("outlier_panic_ended", **fields)
-        self.published_outlier = new
 
     def _current_outlier_params(self) -> OutlierParams:
         """The outlier settings in force (an invalid combination keeps the previous ones)."""

@@ -118,8 +118,8 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "--configmap",
         "",
         _text,
-        "ConfigMap (same namespace) whose data overrides routing knobs at runtime; keys "
-        "are the CSLB_* variables or knob names. Empty: no ConfigMap.",
+        "ConfigMap (same namespace) whose data overrides routing and outlier knobs at "
+        "runtime; keys are the CSLB_* variables or knob names. Empty: no ConfigMap.",
         "NAME",
     ),
     Knob(

@@ -1,12 +1,13 @@
 """cslb's routing core: pure routing math over NumPy arrays.
 
 Skipper-exact consistent hashing (:class:`Ring`), bounded load (:mod:`lbcore.bounded`),
-N-ring and Skipper fade-in (:mod:`lbcore.fade`), the rollout gate (:mod:`lbcore.gate`)
-and load signals (:mod:`lbcore.signals`). No I/O, no processes, no implicit clocks: time
-and loads are arguments.
+N-ring and Skipper fade-in (:mod:`lbcore.fade`), the rollout gate (:mod:`lbcore.gate`),
+load signals (:mod:`lbcore.signals`) and passive outlier ejection (:mod:`lbcore.outlier`
+judges endpoints, :mod:`lbcore.ejection` keeps ejections over time). No I/O, no
+processes, no implicit clocks: time and loads are arguments.
 """
 
-from lbcore import bounded, fade, gate, signals
+from lbcore import bounded, ejection, fade, gate, outlier, signals
 from lbcore.bounded import redirect_table
 from lbcore.clientkey import default_key
 from lbcore.errors import (
@@ -21,6 +22,7 @@ from lbcore.errors import (
     KeyTypeError,
     LBCoreError,
     LoadError,
+    OutlierError,
 )
 from lbcore.fade import RingSet, fade_share, fadein_filter, fadein_score
 from lbcore.gate import FALLBACK, Gate
@@ -44,11 +46,13 @@ __all__ = [
     "KeyTypeError",
     "LBCoreError",
     "LoadError",
+    "OutlierError",
     "Ring",
     "RingSet",
     "bounded",
     "default_key",
     "effective_load",
+    "ejection",
     "fade",
     "fade_share",
     "fadein_filter",
@@ -56,6 +60,7 @@ __all__ = [
     "gate",
     "hash_keys",
     "occupancy",
+    "outlier",
     "redirect_table",
     "signals",
 ]

@@ -1685,7 +1685,8 @@ class HostLoads:
     failures_by_kind : numpy.ndarray
         ``float64`` ``(slots, 4)``: :attr:`failures` split by kind, column ``code - 1``
         for the codes of :mod:`lbcore.outlier` (connect, timeout, status, other, as
-        :data:`lbcore.outlier.FAILURE_KINDS`); rows sum to :attr:`failures`.
+        :data:`lbcore.outlier.FAILURE_KINDS`); rows sum to :attr:`failures`. NaN when
+        read with ``failure_kinds=False``.
     failures_total_by_kind : numpy.ndarray
         ``int64`` ``(slots, 4)``: :attr:`failures_total` split by kind, columns as in
         :attr:`failures_by_kind`; rows sum to :attr:`failures_total`.
@@ -1835,7 +1836,9 @@ class CounterReader:
         """Endpoint slots of the current matrix."""
         return self._ctl.current().columns
 
-    def read(self, now_ns: int, columns: int | None = None) -> HostLoads:
+    def read(
+        self, now_ns: int, columns: int | None = None, *, failure_kinds: bool = True
+    ) -> HostLoads:
         """Host-wide loads per endpoint slot at ``now_ns``.
 
         Parameters
@@ -1844,6 +1847,10 @@ class CounterReader:
             CLOCK_MONOTONIC time in nanoseconds.
         columns
             Number of endpoint slots to read (``Table.n_slots``); default all.
+        failure_kinds
+            Also sum the window's failures per kind (:attr:`HostLoads.failures_by_kind`;
+            otherwise NaN). They double the cost of the window sums, and routing does
+            not need them; the lifetime totals per kind are always read.
         """
         ctl = self._ctl
         m = ctl.current()
@@ -1879,10 +1886,14 @@ class CounterReader:
             np.clip(busy_open, 0, c * w_ns, out=busy_open)
             open_ns += busy_open.sum(axis=0)
         # (rows, field, bucket, slot) weighted over rows and buckets, every field at once.
-        nf = len(COUNTER_FIELDS) + len(KIND_FIELDS)
-        summed = np.einsum("rk,rfkc->fc", weights, cells[:, 1 + 2 * k :, :].reshape(hi, nf, k, n))
+        nf = len(COUNTER_FIELDS) + (len(KIND_FIELDS) if failure_kinds else 0)
+        fields = cells[:, 1 + 2 * k : 1 + (2 + nf) * k, :].reshape(hi, nf, k, n)
+        summed = np.einsum("rk,rfkc->fc", weights, fields)
         busy, completed, latency_ns, failures = summed[: len(COUNTER_FIELDS)]
-        by_kind = np.ascontiguousarray(summed[len(COUNTER_FIELDS) :].T)
+        if failure_kinds:
+            by_kind = np.ascontiguousarray(summed[len(COUNTER_FIELDS) :].T)
+        else:
+            by_kind = np.full((n, len(KIND_FIELDS)), np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             failure_rate = np.where(
                 completed > 0, failures / np.where(completed > 0, completed, 1), np.nan

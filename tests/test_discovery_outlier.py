@@ -164,6 +164,26 @@ def test_a_refusing_pod_is_ejected_skipped_then_readmitted_through_a_fading_ring
     assert not f.ejected() and len(f.loop.named("endpoint_ejected")) == 1
 
 
+def test_inspect_shows_why_and_until_when(fleet):
+    from discovery import inspect_cmd
+
+    f = fleet(knobs={"outlier_ejection_time_s": 20.0})
+    bad = EPS[8]
+    f.calls({bad: (0, 5, FAIL_CONNECT)})
+    wait_until(lambda: f.ejected() == {bad}, 5, "the ejection")
+    snap = inspect_cmd.snapshot(f.ns)
+    (row,) = [e for e in snap["endpoints"] if e["address"] == bad]
+    j = row["ejection"]
+    assert row["ejected"] and j["reason"] == "consecutive_failures" and j["multiplier"] == 1
+    assert 18 < j["remaining_s"] <= 20 and j["ejections"]["consecutive_failures"] == 1
+    others = [e for e in snap["endpoints"] if e["address"] != bad]
+    assert all(e["ejection"]["reason"] is None and not e["ejected"] for e in others)
+    assert snap["outlier_panic"] is False
+    text = inspect_cmd._text(snap)
+    (line,) = [ln for ln in text.splitlines() if bad in ln]
+    assert "ejected: consecutive_failures, " in line and "s left, ejection 1" in line
+
+
 @pytest.mark.parametrize("mode", ["off", "skipper"])
 def test_readmission_follows_the_fade_mode(fleet, mode):
     f = fleet(knobs={"fade_mode": mode})

@@ -333,3 +333,50 @@ def test_readme_settings_table_matches_the_declarations():
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     assert docs_table() in readme
+
+
+def test_readme_outlier_table_matches_the_declarations():
+    import re
+    from pathlib import Path
+
+    from discovery.settings import OUTLIER_KNOBS, outlier_docs_table
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"<!-- outlier-knobs -->\n(.*?)<!-- /outlier-knobs -->", readme, re.S)
+    assert m and m.group(1).strip() == outlier_docs_table()
+    names = {k.env for k in OUTLIER_KNOBS}
+    assert {
+        "CSLB_OUTLIER_DETECTION",
+        "CSLB_OUTLIER_EJECTION_TIME",
+        "CSLB_OUTLIER_MAX_EJECTION_PERCENTAGE",
+    } <= names
+
+
+def test_outlier_knobs_have_envoys_defaults_for_a_one_second_interval():
+    from discovery.settings import OUTLIER_KNOBS, KnobState, outlier_params
+    from lbcore.knobs import ROUTING_KNOBS, KnobError, defaults
+
+    st = KnobState(defaults(ROUTING_KNOBS))  # outlier knobs default when not given
+    p = outlier_params(st.values())
+    assert p.enabled and p.interval_ns == 10**9 and p.window_ns == 10 * 10**9
+    assert p.base_ejection_ns == 30 * 10**9 and p.max_ejection_ns == 300 * 10**9
+    assert (p.max_ejection_percent, p.consecutive_failures, p.panic_threshold) == (10, 5, 50)
+    assert (p.failure_percentage, p.failure_percentage_volume) == (85, 50)
+    assert (p.success_rate_stdev, p.success_rate_min_hosts, p.success_rate_volume) == (1.9, 5, 100)
+    # The ConfigMap layer sets them like routing knobs, and refuses bad values by name.
+    st.set_overlay({"CSLB_OUTLIER_EJECTION_TIME": "5s", "outlier_detection": "off"}, "cm")
+    p = outlier_params(st.values())
+    assert p.base_ejection_ns == 5 * 10**9 and not p.enabled
+    for key, bad in [
+        ("CSLB_OUTLIER_MAX_EJECTION_PERCENTAGE", "120"),
+        ("CSLB_OUTLIER_CONSECUTIVE_FAILURES", "-1"),
+        ("CSLB_OUTLIER_EJECTION_TIME", "0"),
+        ("CSLB_OUTLIER_SUCCESS_RATE_STDEV", "inf"),
+    ]:
+        with pytest.raises(KnobError, match=key):
+            st.set_overlay({key: bad}, "cm")
+    assert outlier_params(st.values()).base_ejection_ns == 5 * 10**9  # kept
+    assert len({k.flag for k in OUTLIER_KNOBS}) == len(OUTLIER_KNOBS)
+    # A window shorter than the interval is raised to it.
+    st.set_overlay({"CSLB_OUTLIER_INTERVAL": "2", "CSLB_OUTLIER_WINDOW": "1"}, "cm")
+    assert outlier_params(st.values()).window_ns == 2 * 10**9

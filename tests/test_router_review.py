@@ -584,11 +584,11 @@ def test_a_refresh_torn_by_the_writer_is_retried_on_the_new_generation(namespace
         real = r._counters.read
         torn = []
 
-        def read_while_the_writer_publishes(now, columns=None):
+        def read_while_the_writer_publishes(now, columns=None, **kw):
             if not torn:  # the writer rewrites the buffer this refresh is reading
                 torn.append(host.publish(lbcore.RingSet(endpoints(5, net=2))))
                 torn.append(host.publish(final))
-            return real(now, columns=columns)
+            return real(now, columns=columns, **kw)
 
         r._counters.read = read_while_the_writer_publishes
         keys = [f"SKU-{i}" for i in range(200)]

@@ -426,7 +426,10 @@ class HostMonitor:
             return HostSnapshot(**base, endpoints=tuple(endpoints))
         try:
             stats = counters.stats()
-            loads = counters.read(now, n_slots).take([e.slot for e in endpoints])
+            # (window failures per kind are not shown: skip their sums)
+            loads = counters.read(now, n_slots, failure_kinds=False).take(
+                [e.slot for e in endpoints]
+            )
         except shm.ShmError:
             return HostSnapshot(**base, endpoints=tuple(endpoints))
         in_flight = loads.in_flight.tolist()

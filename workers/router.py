@@ -856,7 +856,7 @@ class Router:
                 if counters is None or n == 0:
                     loads = _idle_loads(n, now)
                 else:
-                    loads = counters.read(now, columns=t.n_slots).take(slots)
+                    loads = counters.read(now, t.n_slots, failure_kinds=False).take(slots)
                 s = _Snapshot(t, slots, loads, now, now + self.refresh_ns)
             except Exception:
                 if t.valid():

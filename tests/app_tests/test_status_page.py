@@ -131,17 +131,23 @@ def test_bars_widths_rings_knobs_and_age(host: Host) -> None:
     # Full width is 1.0 busy-seconds per second here (nothing is above it).
     for e, (o, width) in got.items():
         assert width == pytest.approx(100 * o, abs=0.06), e
-    # The bounded-load bar the routers use: 1.25 x (increment + total occupancy) / 7
+    # The load bounded load compares: occupancy, the failed call of ENDPOINTS[1] counted
+    # as a call of the host's mean latency (1 s: +0.1), so a failing pod never looks idle.
+    cells = tree.root.find_all(lambda e: "data-load" in e.attrs)
+    load = dict(zip([*ENDPOINTS, NEW], (float(c.attrs["data-load"]) for c in cells), strict=True))
+    assert load[ENDPOINTS[1]] == pytest.approx(0.5, abs=0.02)
+    assert all(load[e] == pytest.approx(occ[e], abs=1e-9) for e in occ if e != ENDPOINTS[1])
+    # The bounded-load bar the routers use: 1.25 x (increment + total load) / 7
     # endpoints, the increment being the routed call's share of the window: every call
-    # took 1 s, the window is 10 s, so 0.1 (Skipper's 1 would put the bar at 0.43 and
-    # leave the 0.4 pod cool).
-    bar = 1.25 * (1.0 / 10.0 + sum(occ.values())) / len(occ)
+    # took 1 s, the window is 10 s, so 0.1 (Skipper's 1 would put the bar at 0.45 and
+    # leave the 0.5 pod cool).
+    bar = 1.25 * (1.0 / 10.0 + sum(load.values())) / len(load)
     (limit,) = {m.attrs["style"] for m in tree.by_class("limit")}
     assert float(re.search(r"left:([0-9.]+)%", limit).group(1)) == pytest.approx(
         100 * bar, abs=0.06
     )
     hot = {b.parent.attrs["data-endpoint"] for b in tree.by_class("hot")}
-    assert hot == {e for e, o in occ.items() if o > bar} == {ENDPOINTS[0], ENDPOINTS[1]}
+    assert hot == {e for e, v in load.items() if v > bar} == {ENDPOINTS[0], ENDPOINTS[1]}
     assert "× (0.1 + total occupancy load) / 7 endpoints" in tree.by_id("load-bar").all_text()
     # The fading ring: 15 s of 30 s, share 0.5 ** 2.5.
     (ring,) = tree.by_class("fading")

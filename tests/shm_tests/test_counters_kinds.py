@@ -252,3 +252,17 @@ def test_rows_of_real_worker_processes_are_summed_per_kind(namespace, procs):
         assert loads.requests_total[[1, 2]].tolist() == [16, 6]
     finally:
         store.close()
+
+
+def test_routing_reads_may_skip_the_window_kinds_and_get_the_rest_the_same(store):
+    rec = store.claim()
+    rec.record_start([1, 2, 2], T0)
+    rec.record_end([1, 2, 2], T0, [MS] * 3, T0 + MS, failed=[FAIL_CONNECT, 0, FAIL_STATUS])
+    reader = store.reader()
+    full = reader.read(T0 + 2 * MS, 8)
+    lean = reader.read(T0 + 2 * MS, 8, failure_kinds=False)
+    assert np.isnan(lean.failures_by_kind).all() and lean.failures_by_kind.shape == (8, 4)
+    for name in ("in_flight", "occupancy", "completed", "failures", "requests_total"):
+        assert np.array_equal(getattr(full, name), getattr(lean, name)), name
+    assert np.array_equal(full.failures_total_by_kind, lean.failures_total_by_kind)
+    assert np.allclose(full.signal("occupancy"), lean.signal("occupancy"))
