@@ -15,7 +15,7 @@ from typing import Any
 
 from perf.control import STALL_LIMIT_S
 
-PARTS = ("inprocess", "host", "http", "control")
+PARTS = ("inprocess", "host", "http", "control", "fanout")
 #: Version of the figures' layout in RESULTS.json; parts kept from a run with another
 #: version are dropped (rerun them) rather than misread.
 FORMAT = 2
@@ -24,6 +24,7 @@ TITLES = {
     "host": "Host scaling",
     "http": "HTTP: `cslb serve` under wrk",
     "control": "Control plane",
+    "fanout": "The fan-out helper",
 }
 INPROCESS_CHART = "inprocess.png"
 HOST_CHART = "host.png"
@@ -298,7 +299,40 @@ def _control(part: dict[str, Any]) -> list[str]:
     return _table(header, body)
 
 
-SECTIONS = {"inprocess": _inprocess, "host": _host, "http": _http, "control": _control}
+def _fanout(part: dict[str, Any]) -> list[str]:
+    rows = part["rows"]
+    header = ["form", "send", "helper µs/key (CPU)", "by hand µs/key (CPU)", "ratio", "by hand"]
+    body = [
+        [
+            r["form"],
+            r["send"],
+            _fmt(r["helper_us_per_key"]),
+            _fmt(r["hand_us_per_key"]),
+            _ratio(r["ratio"]),
+            r["baseline"],
+        ]
+        for r in rows
+        if "form" in r
+    ]
+    out = _table(header, body, left=2)
+    for r in rows:
+        if r.get("op") == "recording":
+            out += [
+                "",
+                f"Recording one call (begin + end, batched writes): "
+                f"{_fmt(r['ledger_ns_per_call'], 0)} ns; one record_start + record_end per "
+                f"call: {_fmt(r['per_call_ns'], 0)} ns ({_ratio(r['ratio'])}).",
+            ]
+    return out
+
+
+SECTIONS = {
+    "inprocess": _inprocess,
+    "host": _host,
+    "http": _http,
+    "control": _control,
+    "fanout": _fanout,
+}
 
 
 # ------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ Parts (all by default; ``--only`` picks some, comma-separated):
 * ``http`` — :mod:`perf.httpbench`: ``cslb serve`` (sync, gthread) under wrk next to a
   no-op app that only parses the body;
 * ``control`` — :mod:`perf.control`: discovery's build + publish, propagation to the
-  workers, PSS per worker.
+  workers, PSS per worker;
+* ``fanout`` — :mod:`perf.bench_fanout`: CPU per key of ``router.fanout`` / ``afanout``
+  next to hand-written ``route`` + ``track`` loops, and the recording cost per call.
 
 The page, its charts (PNG) and ``RESULTS.json`` go to ``--out`` (default: the ``perf``
 directory of this checkout). A run of some parts keeps the other parts' figures from
@@ -36,6 +38,7 @@ MODULES = {
     "host": "perf.host",
     "http": "perf.httpbench",
     "control": "perf.control",
+    "fanout": "perf.bench_fanout",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent
 

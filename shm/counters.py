@@ -855,6 +855,7 @@ _NO_SLOTS = np.empty(0, dtype=np.intp)
 _ONE = np.array(1, dtype=np.int64)  # a 0-d array: np.add.at skips the scalar conversion
 _max = np.maximum.reduce
 _min = np.minimum.reduce
+_STAT_INDEX = {name: i for i, name in enumerate(STATS_FIELDS)}
 # A fan-out of at least _COUNTS_MIN calls is recorded by call counts per slot (np.bincount,
 # then a few whole-column additions) instead of an np.add.at entry per call and field
 # (~1 ns per call, ~1.5 ns per column and field, instead of ~2-3 ns per call and field)
@@ -1070,17 +1071,30 @@ class Recorder:
         slots
             Endpoint slot of each call (repeats allowed).
         now_ns
-            CLOCK_MONOTONIC start time in nanoseconds; pass the same value to
-            :meth:`record_end` as ``started_ns``.
+            CLOCK_MONOTONIC start time in nanoseconds, of every call (an ``int``) or of
+            each call (an integer array, one per slot: calls that started apart and are
+            recorded in one step); pass the same to :meth:`record_end` as ``started_ns``.
 
         Raises
         ------
         CounterInputError
-            Slots that are not integers in range; nothing is recorded then.
+            Slots that are not integers in range, or start times that are not one
+            integer per call; nothing is recorded then.
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
-        self._start(self._slots(slots), now_ns)
+        s = self._slots(slots)
+        if not isinstance(now_ns, (int, np.integer)):
+            t = np.asarray(now_ns)
+            if t.dtype.kind not in "iu" or t.shape != s.shape:
+                raise CounterInputError(
+                    f"start times must be one integer per call ({s.size}), got a {t.dtype} "
+                    f"array of shape {t.shape}"
+                )
+            if not s.size:
+                return
+            now_ns = t.astype(np.int64)
+        self._start(s, int(now_ns) if isinstance(now_ns, np.integer) else now_ns)
 
     def _record_start_trusted(
         self, slots: np.ndarray, now_ns: int, bound: int
@@ -1098,7 +1112,10 @@ class Recorder:
             slots = self._slots(slots)  # grown meanwhile, or really out of range
         return self._start(slots, now_ns)
 
-    def _start(self, s: np.ndarray, now_ns: int) -> np.ndarray | None:
+    def _start(self, s: np.ndarray, now_ns: int | np.ndarray) -> np.ndarray | None:
+        if now_ns.__class__ is not int:
+            self._start_each(s, now_ns)
+            return None
         b = self._bucket_ns
         q = now_ns // b
         if q > self._period:
@@ -1119,6 +1136,29 @@ class Recorder:
         else:  # a thread that took long to get the row's lock: older than every bucket
             _add_at(self._open_old, s, _ONE)
         return None
+
+    def _start_each(self, s: np.ndarray, t: np.ndarray) -> None:
+        """:meth:`_start` with a start time per call (``int64``, ``s.size > 0``).
+
+        Each call's open entry goes to its own start bucket, with its own offset, so
+        :meth:`record_end` given the same start times takes them out exactly.
+        """
+        b, k = self._bucket_ns, self._k
+        q = t // b
+        lo, hi = int(_min(q)), int(_max(q))
+        if hi > self._period:
+            self._rotate(hi)
+        oldest = self._period - k  # buckets after this one are held
+        if lo == hi and lo > oldest:  # the usual case: every call in one bucket
+            opens = self._open_rows[lo % k]
+            _add_at(opens[0], s, _ONE)
+            _add_at(opens[1], s, t - lo * b)
+            return
+        held = q > oldest
+        _add_at(self._open_old, s[~held], _ONE)  # older than every bucket kept
+        qh = q[held]
+        _add_at(self._open, (qh % k, s[held]), _ONE)
+        _add_at(self._open_sum, (qh % k, s[held]), t[held] - qh * b)
 
     def record_end(
         self,
@@ -1184,7 +1224,7 @@ class Recorder:
     def _record_end_trusted(
         self,
         slots: np.ndarray,
-        started_ns: int,
+        started_ns: int | np.ndarray,
         durations_ns: int | np.ndarray,
         now_ns: int,
         failed: np.ndarray | None,
@@ -1196,9 +1236,10 @@ class Recorder:
         ``slots``: a 1-D ``intp`` array with entries in ``0 .. bound - 1`` (only a
         ``bound`` beyond this row's columns is checked); ``started_ns``: an ``int``;
         ``durations_ns``: an ``int >= 0`` for every call or an ``int64`` array of
-        durations ``>= 0``; ``failed``: ``None`` or, one per call, booleans or failure
-        kinds (checked as :meth:`record_end` checks them); ``counts``: what
-        :meth:`_record_start_trusted` returned for these slots.
+        durations ``>= 0`` (``started_ns`` may also be an ``int64`` array of start times,
+        as given to :meth:`record_start`); ``failed``: ``None`` or, one per call,
+        booleans or failure kinds (checked as :meth:`record_end` checks them);
+        ``counts``: what :meth:`_record_start_trusted` returned for these slots.
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
@@ -1232,16 +1273,18 @@ class Recorder:
         scalar_start = started.__class__ is int
         # Threads sharing a row (LockedRecorder) may record slightly out of time order:
         # a period the row has moved past is still fine while its bucket is retained.
-        if scalar_start and started >= period * b and period > self._period - self._k:
+        if period > self._period - self._k and (
+            started >= period * b if scalar_start else int(_min(started)) >= period * b
+        ):
             # Every call started in this bucket (and ended by now_ns): all of it is here,
             # and so are its open entries (record_start put them in this bucket). One
             # np.add.at over the row adds every field of every call (repeats add up).
             j = period % self._k
-            opened = period * b - started
-            if d.__class__ is int and n >= _COUNTS_MIN and 4 * n >= self._cols:
+            opened = period * b - started  # (an array for calls that started apart)
+            if scalar_start and d.__class__ is int and n >= _COUNTS_MIN and 4 * n >= self._cols:
                 self._end_counts(s, j, opened, d, failed, counts)
                 return
-            if d.__class__ is int:
+            if d.__class__ is int and scalar_start:
                 vals = np.array((-1, opened, d, 1, d, 1), dtype=np.int64).repeat(n)
             else:
                 v2 = np.empty((6, n), dtype=np.int64)
@@ -1346,6 +1389,28 @@ class Recorder:
         st[1] += fallbacks
         st[2] += moves
 
+    def tally(self, field: str, n: int) -> None:
+        """Add ``n`` to the row's lifetime total ``field`` (one of :data:`STATS_FIELDS`).
+
+        Raises
+        ------
+        CounterInputError
+            An unknown field or a count that is not an integer ``>= 0``.
+        """
+        if field not in _STAT_INDEX:
+            raise CounterInputError(
+                f"unknown stats field {field!r}, expected one of {STATS_FIELDS}"
+            )
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise CounterInputError(f"counts must be integers >= 0, got {n!r}")
+        self._tally_trusted(_STAT_INDEX[field], int(n))
+
+    def _tally_trusted(self, index: int, n: int) -> None:
+        """:meth:`tally` by field index, for a Python ``int >= 0`` the caller computed."""
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        self._stats[index] += n
+
     def _record_end_spread(
         self, s: np.ndarray, st: np.ndarray, d: np.ndarray, failed: np.ndarray | None
     ) -> None:
@@ -1433,7 +1498,7 @@ class LockedRecorder:
     def _record_end_trusted(
         self,
         slots: np.ndarray,
-        started_ns: int,
+        started_ns: int | np.ndarray,
         durations_ns: int | np.ndarray,
         now_ns: int,
         failed: np.ndarray | None,
@@ -1448,6 +1513,15 @@ class LockedRecorder:
     def _count_trusted(self, decisions: int, fallbacks: int, moves: int) -> None:
         with self._lock:
             self.recorder._count_trusted(decisions, fallbacks, moves)
+
+    def tally(self, field: str, n: int) -> None:
+        """See :meth:`Recorder.tally`."""
+        with self._lock:
+            self.recorder.tally(field, n)
+
+    def _tally_trusted(self, index: int, n: int) -> None:
+        with self._lock:
+            self.recorder._tally_trusted(index, n)
 
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back."""
@@ -1511,7 +1585,7 @@ class ThreadRecorder:
     def _record_end_trusted(
         self,
         slots: np.ndarray,
-        started_ns: int,
+        started_ns: int | np.ndarray,
         durations_ns: int | np.ndarray,
         now_ns: int,
         failed: np.ndarray | None,
@@ -1524,6 +1598,13 @@ class ThreadRecorder:
 
     def _count_trusted(self, decisions: int, fallbacks: int, moves: int) -> None:
         self._mine()._count_trusted(decisions, fallbacks, moves)
+
+    def tally(self, field: str, n: int) -> None:
+        """See :meth:`Recorder.tally`."""
+        self._mine().tally(field, n)
+
+    def _tally_trusted(self, index: int, n: int) -> None:
+        self._mine()._tally_trusted(index, n)
 
     @property
     def rows(self) -> list[int]:

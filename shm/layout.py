@@ -305,8 +305,18 @@ KIND_TOTAL_FIELDS = tuple(f"{name}_total" for name in KIND_FIELDS)
 #: given to a new endpoint).
 TOTAL_FIELDS = ("requests_total", "failures_total", *KIND_TOTAL_FIELDS)
 
-#: Per-row lifetime totals of routing decisions (8 words are reserved for them).
-STATS_FIELDS = ("decisions", "fallbacks", "moves")
+#: Per-row lifetime totals of routing decisions (8 words are reserved for them), then
+#: of the fan-out helper (``workers.fanout``): retry calls sent, those that failed too,
+#: retries the retry budget refused, calls the bulkhead kept from an endpoint or queue.
+STATS_FIELDS = (
+    "decisions",
+    "fallbacks",
+    "moves",
+    "retries",
+    "retries_failed",
+    "retries_refused",
+    "bulkhead_rejections",
+)
 
 
 def row_layout(columns: int, buckets: int) -> dict[str, int]:

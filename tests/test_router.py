@@ -29,6 +29,8 @@ KEYS = [f"SKU-{i:06d}" for i in range(4000)]
 _counter = itertools.count()
 _PREFIX = f"r{os.getpid()}x"
 
+ZERO_STATS = dict.fromkeys(shm.layout.STATS_FIELDS, 0)
+
 
 def _ours() -> list[str]:
     return sorted("/" + e for e in os.listdir(SHM_DIR) if e.startswith(f"cslb.{_PREFIX}"))
@@ -181,7 +183,12 @@ def test_bounded_load_parity_with_lbcore_and_moves(host, signal_name):
     assert not (idx == 0).any()
     st = r.stats()
     assert st["moves"] == moved and st["decisions"] == len(KEYS)
-    assert host.store.reader().stats() == {"decisions": len(KEYS), "fallbacks": 0, "moves": moved}
+    assert host.store.reader().stats() == {
+        **ZERO_STATS,
+        "decisions": len(KEYS),
+        "fallbacks": 0,
+        "moves": moved,
+    }
     rec.release()
 
 
@@ -326,6 +333,7 @@ def test_moves_count_only_keys_the_gate_lets_through(host):
         )
     )
     assert host.store.reader().stats() == {
+        **ZERO_STATS,
         "decisions": len(KEYS),
         "fallbacks": int((~gate).sum()),
         "moves": moved,

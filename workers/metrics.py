@@ -36,6 +36,10 @@ name                                      type     meaning
 ``cslb_fade_share``                       gauge    share of keys each fading ring carries now
 ``cslb_discovery_up``                     gauge    1 while the publisher runs and heartbeats
 ``cslb_build_info``                       gauge    1, labelled with what runs (``version``)
+``cslb_retries_total``                    counter  retries the fan-out helper sent
+``cslb_retries_failed_total``             counter  of those, the ones that failed too
+``cslb_retry_budget_exhausted_total``     counter  failed calls the retry budget kept from a retry
+``cslb_bulkhead_rejections_total``        counter  calls kept from a pod at its cap or a full pool
 ========================================  =======  =================================================
 """
 
@@ -287,6 +291,7 @@ class HostSnapshot:
     window_s: float | None = None
     bar_increment: float | None = None
     outlier_panic: bool = False
+    fanout: dict[str, int] = field(default_factory=dict)  # FANOUT_STATS totals, host-wide
 
 
 class HostMonitor:
@@ -530,6 +535,7 @@ class HostMonitor:
             moves=int(stats["moves"]),
             window_s=loads.window_ns / 1e9,
             bar_increment=increment,
+            fanout={k: int(stats.get(k, 0)) for k in FANOUT_STATS},
         )
 
     def close(self) -> None:
@@ -770,6 +776,7 @@ class CslbCollector:
             fade,
             up,
         ]
+        families += _fanout_families(s)
         if s is None:
             return families
         build.add_metric(list(info.values()), 1.0)
@@ -803,3 +810,40 @@ class CslbCollector:
             fallback.add_metric([], float(s.fallbacks or 0))
             moves.add_metric([], float(s.moves or 0))
         return families
+
+
+# --------------------------------------------------------------------------------------
+# The fan-out helper's counters (workers.fanout): retries and the retry budget.
+
+#: Host-wide lifetime totals of the fan-out helper, from the counters' stats words, and
+#: the metric each one is exposed as (a counter: ``<name>_total``).
+FANOUT_STATS = {
+    "retries": (
+        "cslb_retries",
+        "Retries the fan-out helper sent (one per failed call at most), all workers.",
+    ),
+    "retries_failed": (
+        "cslb_retries_failed",
+        "Retries that failed too (their error went back to the caller).",
+    ),
+    "retries_refused": (
+        "cslb_retry_budget_exhausted",
+        "Failed calls not retried because the worker's retry budget was used up.",
+    ),
+    "bulkhead_rejections": (
+        "cslb_bulkhead_rejections",
+        "Calls the bulkhead kept from a pod with its cap of calls in flight (sent to the "
+        "retry pod instead, or failed) or from a full fan-out pool; never a pod's failure.",
+    ),
+}
+
+
+def _fanout_families(s: HostSnapshot | None) -> list[Metric]:
+    """The fan-out helper's counters of snapshot ``s`` (``None``: the families only)."""
+    out: list[Metric] = []
+    for key, (name, doc) in FANOUT_STATS.items():
+        c = _counter(name, doc)
+        if s is not None and s.counters_present:
+            c.add_metric([], float(s.fanout.get(key, 0)))
+        out.append(c)
+    return out

@@ -113,7 +113,8 @@ answered ``-1``, *moves* = keys that bounded load sent elsewhere than the plain 
 
 Failures
 --------
-:meth:`Tracker.fail` logs one line on the ``cslb.router`` logger at WARNING: a JSON
+:meth:`Tracker.fail` logs one line (rate-limited per endpoint, :mod:`workers.failurelog`)
+on the ``cslb.router`` logger at WARNING: a JSON
 object (ASCII, so always a single line) with ``event`` = ``"cslb_call_failed"``,
 ``product_id``, ``endpoint``, ``pod_ip`` (the endpoint's host), ``node``, ``zone``,
 ``attempt``, ``generation``, ``call`` (position in the fan-out) and ``pid``. The same
@@ -132,7 +133,6 @@ parent's router raises :class:`RouterStateError`.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -141,7 +141,6 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -151,6 +150,10 @@ from lbcore.bounded import in_call_units
 from lbcore.fade import fadein_scores, skipper_fadein_route
 from lbcore.hashing import unit_interval
 from lbcore.knobs import Knob, parse_seconds
+from workers.failurelog import FailureLog
+from workers.failurelog import pod_ip as _pod_ip
+from workers.fanout_settings import FAILURE_LOG_RATE
+from workers.ledger import CallLedger
 
 __all__ = [
     "COUNTER_ROW_ENV",
@@ -475,14 +478,6 @@ def _row_from_env() -> int | None:
     return row
 
 
-def _pod_ip(endpoint: str) -> str:
-    try:
-        host = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}").hostname
-    except ValueError:
-        host = None
-    return host or endpoint
-
-
 def _key_text(key: Any) -> str:
     if isinstance(key, (bytes, bytearray, memoryview)):
         return bytes(key).decode("utf-8", "backslashreplace")
@@ -586,6 +581,16 @@ class Router:
         self._closed = False
         self._lock = threading.Lock()  # snapshot refresh and (re)attaching
         self._stats_lock = threading.Lock()
+        self._failure_log = FailureLog(
+            log,
+            FAILURE_LOG_RATE.convert(
+                os.environ.get(FAILURE_LOG_RATE.env, str(FAILURE_LOG_RATE.default)), "environment"
+            ),
+            clock,
+        )
+        self._ledger: CallLedger | None = None
+        self._fanout: Any = None  # workers.fanout.FanOut, made on first use
+        self._fanout_lock = threading.RLock()  # (FanOut() asks for the ledger under it)
         self._stats = {"decisions": 0, "fallbacks": 0, "moves": 0, "failures": 0}
         self._reader: shm.TableReader | None = None
         self._store: shm.CounterStore | None = None
@@ -1214,11 +1219,98 @@ class Router:
             tracker._mapped = (slots, calls)
         return tracker
 
+    # -- the fan-out helper (workers.fanout, workers.afanout) ----------------------------
+
+    def fanout(
+        self,
+        keys: Any,
+        send: Callable[..., Any],
+        *,
+        timeout_s: float | None = None,
+        deadline_s: float | None = None,
+        grouped: bool = False,
+    ) -> list[Any]:
+        """Route ``keys`` and make their calls on the worker's pool (sync, gthread workers).
+
+        ``send(url, key) -> value`` raises on failure (``grouped``: ``send(url, keys) ->
+        values``, once per pod) and gets ``timeout=`` if it takes it
+        (:mod:`workers.senders`); ``timeout_s`` bounds one call, ``deadline_s`` the
+        fan-out (defaults ``CSLB_FANOUT_TIMEOUT``, ``CSLB_FANOUT_DEADLINE``). Returns one
+        :class:`workers.fanout.Result` per key, in order; retry, budget, bulkhead,
+        fallback and recording: :mod:`workers.fanout`.
+        """
+        self._check_usable()
+        if not self.threads:
+            raise RouterStateError(
+                "router.fanout runs calls on a thread pool: attach the router with "
+                "threads=True (the default)"
+            )
+        return self._fan().run(keys, send, timeout_s, deadline_s, grouped)
+
+    async def afanout(
+        self,
+        keys: Any,
+        asend: Callable[..., Any],
+        *,
+        timeout_s: float | None = None,
+        deadline_s: float | None = None,
+        grouped: bool = False,
+    ) -> list[Any]:
+        """:meth:`fanout` for asyncio workers, on the running loop (:mod:`workers.afanout`).
+
+        Tasks may interleave on one thread: nothing here uses the per-thread last batch.
+        """
+        self._check_usable()
+        from workers.afanout import run
+
+        return await run(self._fan(), keys, asend, timeout_s, deadline_s, grouped)
+
+    def _fan(self) -> Any:
+        fan = self._fanout
+        if fan is None:
+            from workers.fanout import FanOut
+
+            with self._fanout_lock:
+                if self._fanout is None:
+                    self._fanout = FanOut(self)
+                fan = self._fanout
+        return fan
+
+    def _call_ledger(self) -> CallLedger:
+        """The per-call recording handle of this router (its counter row, batched steps)."""
+        led = self._ledger
+        if led is None:
+            with self._fanout_lock:
+                if self._ledger is None:
+                    self._ledger = CallLedger(lambda: self._rec, self._clock)
+                led = self._ledger
+        return led
+
+    def _call_slots(self, idx: np.ndarray, table: shm.Table) -> np.ndarray | None:
+        """Counter slot per index of ``idx`` routed on ``table`` (``-1`` entries: 0).
+
+        ``None`` when ``table``'s buffer was reused since (its slots are gone).
+        """
+        safe = np.maximum(idx, 0)
+        snap = self._snap
+        if snap is not None and snap.table is table:
+            return snap.slots.take(safe) if snap.slots.size else np.zeros(idx.size, np.intp)
+        if not len(table.endpoints):
+            return np.zeros(idx.size, np.intp)
+        slots = table.slots.take(safe).astype(np.intp)
+        if not table.valid() or (slots.size and int(slots.max()) >= table.n_slots):
+            return None
+        return slots
+
     def close(self) -> None:
         """Give the counter row back and drop the mappings (idempotent)."""
         if self._closed:
             return
         self._closed = True
+        if self._fanout is not None:
+            self._fanout.close()
+        if self._ledger is not None and not self._forked and self._pid == os.getpid():
+            self._ledger.flush()
         if Router._current is self:
             Router._current = None
         if self._forked or self._pid != os.getpid():
@@ -1485,7 +1577,7 @@ class Tracker:
             "call": i,
             "pid": os.getpid(),
         }
-        log.warning("%s", json.dumps(fields, ensure_ascii=True), extra={"cslb": fields})
+        self.router._failure_log.failed(fields)
         with self.router._stats_lock:
             self.router._stats["failures"] += 1
 

@@ -67,6 +67,11 @@ EXPECTED_FAMILIES = {
     "cslb_fade_share": "gauge",
     "cslb_discovery_up": "gauge",
     "cslb_build_info": "gauge",
+    # the fan-out helper's counters
+    "cslb_retries": "counter",
+    "cslb_retries_failed": "counter",
+    "cslb_retry_budget_exhausted": "counter",
+    "cslb_bulkhead_rejections": "counter",
 }
 
 

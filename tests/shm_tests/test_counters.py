@@ -117,6 +117,38 @@ def test_batch_equals_one_call_at_a_time(store):
     assert block(store, batch.row, "busy_ns").sum() > 0
 
 
+def test_start_times_per_call_in_one_step_equal_one_call_at_a_time(store):
+    """record_start with a start time per call (calls that started apart, recorded in
+    one step) writes what one record_start per call writes: in one bucket, across
+    buckets, and older than every bucket kept; ends with those times release them."""
+    rng = np.random.default_rng(11)
+    batch, single = store.claim(), store.claim()
+    reader = store.reader()
+    now = T0
+    for spread in (3 * MS, 450 * MS, 30 * S):  # one bucket, several, some far too old
+        n = 24
+        slots = rng.integers(0, 16, n)
+        starts = now - rng.integers(0, spread, n)
+        batch.record_start(slots, starts)
+        for sl, st in zip(slots.tolist(), starts.tolist(), strict=True):
+            single.record_start([sl], st)
+        assert np.array_equal(raw(store, batch.row), raw(store, single.row)), spread
+        assert reader.read(now, 16).in_flight.sum() == 2 * n
+        end = now + 5 * MS
+        dur = end - starts
+        batch.record_end(slots, starts, dur, end)
+        for i in range(n):
+            single.record_end(slots[i : i + 1], int(starts[i]), dur[i : i + 1], end)
+        assert np.array_equal(raw(store, batch.row), raw(store, single.row)), spread
+        for part in OPEN_PARTS:
+            assert not block(store, batch.row, part).any(), (spread, part)
+        now = end + 1 * S
+    with pytest.raises(CounterInputError, match="one integer per call"):
+        batch.record_start([1, 2], [T0])
+    with pytest.raises(CounterInputError, match="one integer per call"):
+        batch.record_start([1], [1.5])
+
+
 def test_out_of_order_times_in_one_row_keep_every_count(store):
     """Threads sharing a row record with times taken before they got the lock."""
     rec = store.claim()

@@ -19,9 +19,12 @@ from shm import (
     SlotOwnershipError,
     shm_namespace,
 )
+from shm.layout import STATS_FIELDS
 
 S = 1_000_000_000
 MS = 1_000_000
+
+ZERO_STATS = dict.fromkeys(STATS_FIELDS, 0)
 
 
 def _adopt_and_hold(ns, row, slots, conn):
@@ -64,7 +67,7 @@ def test_a_forked_worker_adopts_the_row_its_master_reserved(namespace, procs):
     reader = store.reader()
     loads = reader.read(time.monotonic_ns(), 8)
     assert loads.in_flight[3] == 2 and loads.in_flight[5] == 1
-    assert reader.stats() == {"decisions": 5, "fallbacks": 2, "moves": 1}
+    assert reader.stats() == {**ZERO_STATS, "decisions": 5, "fallbacks": 2, "moves": 1}
     # SIGKILL the worker mid-request; the master's child_exit releases its row.
     os.kill(p.pid, signal.SIGKILL)
     p.join(10)
@@ -74,7 +77,7 @@ def test_a_forked_worker_adopts_the_row_its_master_reserved(namespace, procs):
     loads = reader.read(time.monotonic_ns(), 8)
     assert loads.in_flight.sum() == 0
     # Counted decisions survive the worker and its row's release.
-    assert reader.stats() == {"decisions": 5, "fallbacks": 2, "moves": 1}
+    assert reader.stats() == {**ZERO_STATS, "decisions": 5, "fallbacks": 2, "moves": 1}
     # Releasing again, or a row held by another pid, frees nothing.
     assert store.release(row, p.pid) is False
     assert store.release(0, p.pid) is False and store.slots()[0].claimed
@@ -159,20 +162,33 @@ def test_request_totals_outlive_the_window_and_survive_growth(namespace):
 def test_decision_counts_add_up_over_rows_and_reuse(namespace, procs):
     store = CounterStore.create(namespace, rows=2, columns=8)
     reader = store.reader()
-    assert reader.stats() == {"decisions": 0, "fallbacks": 0, "moves": 0}
+    assert reader.stats() == ZERO_STATS
     rec = store.claim()
     rec.count(100, 3, 7)
     rec.count(np.int64(10))
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(CounterInputError, match="integers >= 0"):
             rec.count(bad)
-    assert reader.stats() == {"decisions": 110, "fallbacks": 3, "moves": 7}
+    assert reader.stats() == {**ZERO_STATS, "decisions": 110, "fallbacks": 3, "moves": 7}
+    rec.tally("retries", 4)
+    rec.tally("bulkhead_rejections", np.int64(2))
+    for field, bad in (("retries", -1), ("retries", 1.5), ("retries", True), ("nope", 1)):
+        with pytest.raises(CounterInputError, match=r"integers >= 0|unknown stats field"):
+            rec.tally(field, bad)
+    want = {**ZERO_STATS, "decisions": 110, "fallbacks": 3, "moves": 7}
+    assert reader.stats() == {**want, "retries": 4, "bulkhead_rejections": 2}
     rec.release()
     again = store.claim()  # same row reused: the totals carry on, never reset
     assert again.row == rec.row
     again.count(1, 1, 0)
     store.ensure_columns(64)  # growth copies the row's totals
-    assert reader.stats() == {"decisions": 111, "fallbacks": 4, "moves": 7}
+    assert reader.stats() == {
+        **want,
+        "decisions": 111,
+        "fallbacks": 4,
+        "retries": 4,
+        "bulkhead_rejections": 2,
+    }
 
     def child():
         again.count(5)  # a forked child must not write its parent's row

@@ -1,0 +1,83 @@
+"""A user service for the fan-out tests: ``POST /fanout`` with a JSON array of product IDs.
+
+Fans them out with ``router.fanout`` (WSGI ``app``: sync and gthread workers) or
+``await router.afanout`` (ASGI ``asgi_app``: uvicorn's gunicorn worker) to the pods on
+``GET <pod>/<id>``, and answers, per key, what came back and from where, so the tests
+can see retries, endpoints and errors. ``GET /metrics``: cslb's host-wide metrics.
+"""
+
+import json
+import os
+import time
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from workers import Router
+from workers.metrics import CslbCollector
+from workers.senders import HttpxSender, Urllib3Sender
+
+SEND = Urllib3Sender(maxsize=int(os.environ.get("CSLB_FANOUT_THREADS", "8")))
+ASEND = HttpxSender()
+REGISTRY = CollectorRegistry()
+REGISTRY.register(CslbCollector(os.environ.get("CSLB_SHM_NAMESPACE", "default")))
+
+
+def _answer(ids, results, took):
+    return json.dumps(
+        {
+            "pid": os.getpid(),
+            "took_s": took,
+            "results": [
+                {
+                    "ok": r.ok,
+                    "value": r.value,
+                    "endpoint": r.endpoint,
+                    "attempts": r.attempts,
+                    "kind": r.kind,
+                    "error": None if r.error is None else type(r.error).__name__,
+                }
+                for r in results
+            ],
+        }
+    ).encode()
+
+
+def app(environ, start_response):
+    if environ["PATH_INFO"] == "/metrics":
+        start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4")])
+        return [generate_latest(REGISTRY)]
+    n = int(environ.get("CONTENT_LENGTH") or 0)
+    ids = json.loads(environ["wsgi.input"].read(n) or b"[]")
+    t0 = time.monotonic()
+    results = Router.attach().fanout(ids, SEND)
+    body = _answer(ids, results, time.monotonic() - t0)
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [body]
+
+
+async def asgi_app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["path"] == "/metrics":
+        body, ctype = generate_latest(REGISTRY), b"text/plain; version=0.0.4"
+    else:
+        chunks = []
+        while True:
+            msg = await receive()
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body"):
+                break
+        ids = json.loads(b"".join(chunks) or b"[]")
+        t0 = time.monotonic()
+        results = await Router.attach().afanout(ids, ASEND)
+        body, ctype = _answer(ids, results, time.monotonic() - t0), b"application/json"
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", ctype)]}
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,451 @@
+"""router.fanout / router.afanout on real shared memory, with in-process send functions.
+
+The pods here are Python functions (a dead pod raises ConnectionRefusedError, a slow
+one sleeps), so each rule of the helper is checked alone and fast: results in key
+order, the single retry on attempt 1's pod, the budget, the bulkhead, the deadline,
+the fallback, the grouped form, the per-call recording. Real HTTP pods and real
+gunicorn are in test_fanout_e2e.py; the senders against real HTTP in test_senders.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import lbcore
+import shm
+from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
+from workers.fanout import DeadlineError, FanOut, RejectedError, Result
+from workers.fanout_settings import FanoutSettings
+from workers.router import Router, RouterStateError
+from workers.senders import CallStatusError
+
+EPS = [f"http://10.9.0.{i}:8080" for i in range(1, 6)]
+KEYS = [f"SKU-{i:05d}" for i in range(100)]
+
+
+@pytest.fixture
+def host():
+    ns = f"fo{uuid.uuid4().hex[:10]}"
+    store = shm.CounterStore.create(ns, rows=8)
+    writer = shm.TableWriter(ns, counters=store)
+    writer.publish(
+        lbcore.RingSet(EPS),
+        knobs=shm.Knobs(balance_factor=None),  # routes independent of the loads recorded
+        nodes=[f"node-{i}" for i in range(5)],
+        zones=["z1"] * 5,
+    )
+    routers: list[Router] = []
+
+    class H:
+        namespace = ns
+
+        def router(self, **settings) -> Router:
+            r = Router(ns)
+            routers.append(r)
+            if settings:
+                r._fanout = FanOut(r, FanoutSettings(**settings))
+            return r
+
+        def loads(self) -> shm.HostLoads:
+            return store.reader().read(time.monotonic_ns())
+
+        def stats(self) -> dict:
+            return store.reader().stats()
+
+        def slot(self, url: str, r: Router) -> int:
+            t = r.table()
+            return int(t.slots[t.endpoints.index(url)])
+
+        writer_ = writer
+
+    yield H()
+    for r in routers:
+        r.close()
+    writer.close()
+    store.close()
+    for name in shm.list_segments(ns):
+        shm.segment.unlink_name(name)
+
+
+def pods(dead=(), status=(), slow_s=0.0, other=()):
+    """A send function over in-process pods, and the calls it saw (url, key)."""
+    seen: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def send(url, key, timeout=None):
+        with lock:
+            seen.append((url, key))
+        if url in dead:
+            raise ConnectionRefusedError(f"{url} refused")
+        if url in status:
+            raise CallStatusError(503, url)
+        if url in other:
+            raise KeyError("a bug in the caller's code")
+        if slow_s:
+            time.sleep(slow_s)
+        return f"{key}@{url}"
+
+    return send, seen
+
+
+def test_results_come_in_key_order_from_the_routed_pods(host):
+    r = host.router()
+    send, seen = pods()
+    res = r.fanout(KEYS, send)
+    want = r.endpoints_of(r.route(KEYS))
+    assert [x.value for x in res] == [f"{k}@{u}" for k, u in zip(KEYS, want, strict=True)]
+    assert all(isinstance(x, Result) and x.ok and x.attempts == 1 for x in res)
+    assert [x.endpoint for x in res] == want
+    assert sorted(seen) == sorted(zip(want, KEYS, strict=True))  # one call per key
+    # Every call recorded, nothing left in flight.
+    loads = host.loads()
+    assert int(loads.requests_total.sum()) == len(KEYS)
+    assert int(loads.in_flight.sum()) == 0
+
+
+@pytest.mark.parametrize("form", ["threads", "asyncio"])
+def test_a_dead_pod_is_retried_once_on_attempt_ones_pod(host, form):
+    r = host.router()
+    dead = EPS[2]
+    send, seen = pods(dead={dead})
+    if form == "threads":
+        res = r.fanout(KEYS, send)
+    else:
+
+        async def asend(url, key, timeout=None):
+            return send(url, key)
+
+        res = asyncio.run(r.afanout(KEYS, asend))
+    first = r.endpoints_of(r.route(KEYS))
+    retry = r.endpoints_of(r.route(KEYS, attempt=1))
+    hit = [i for i, u in enumerate(first) if u == dead]
+    assert 5 < len(hit) < 50
+    for i, x in enumerate(res):
+        assert x.ok, x
+        if i in hit:
+            assert x.attempts == 2 and x.endpoint == retry[i] != dead
+            assert x.value == f"{KEYS[i]}@{retry[i]}"
+        else:
+            assert x.attempts == 1 and x.endpoint == first[i]
+    assert len(seen) == len(KEYS) + len(hit)  # exactly one retry each, no third call
+    # The dead pod's failures are recorded, as connection failures; no other pod failed.
+    loads = host.loads()
+    slot = host.slot(dead, r)
+    t = r.table()
+    by_slot = dict(zip(t.slots.tolist(), range(len(EPS)), strict=True))
+    kinds = loads.failures_total_by_kind
+    assert int(loads.failures_total[slot]) == len(hit)
+    assert int(kinds[slot, FAIL_CONNECT - 1]) == len(hit)
+    assert int(loads.failures_total.sum()) == len(hit)
+    assert by_slot[slot] == t.endpoints.index(dead)
+    st = host.stats()
+    assert st["retries"] == len(hit) and st["retries_failed"] == 0
+
+
+def test_a_failed_retry_returns_its_error_and_other_errors_are_not_retried(host):
+    r = host.router()
+    first = r.endpoints_of(r.route(KEYS))
+    retry = r.endpoints_of(r.route(KEYS, attempt=1))
+    of_pod0 = {k for k, u in zip(KEYS, first, strict=True) if u == EPS[0]}
+    seen: list[tuple[str, str]] = []
+
+    def send(url, key, timeout=None):
+        seen.append((url, key))
+        if url == EPS[0]:
+            raise CallStatusError(503, url)
+        if key in of_pod0:  # their retry pod fails them too
+            raise ConnectionRefusedError(f"{url} refused")
+        if url == EPS[4]:
+            raise KeyError("a bug in the caller's code")
+        return key
+
+    res = r.fanout(KEYS, send)
+    for i, x in enumerate(res):
+        if first[i] == EPS[0]:
+            assert x.attempts == 2 and x.endpoint == retry[i]
+            assert isinstance(x.error, ConnectionRefusedError) and x.kind == FAIL_CONNECT
+        elif first[i] == EPS[4]:
+            assert x.attempts == 1 and isinstance(x.error, KeyError) and x.kind == FAIL_OTHER
+        else:
+            assert x.ok and x.attempts == 1
+    assert len(seen) == len(KEYS) + len(of_pod0)  # no third call
+    kinds = host.loads().failures_total_by_kind
+    assert int(kinds[host.slot(EPS[0], r), FAIL_STATUS - 1]) == len(of_pod0)
+    assert int(kinds[host.slot(EPS[4], r), FAIL_OTHER - 1]) == first.count(EPS[4])
+    st = host.stats()
+    assert st["retries"] == st["retries_failed"] == len(of_pod0)
+
+
+def test_the_retry_budget_bounds_retries_and_counts_the_refused(host):
+    r = host.router(retry_percent=0.0, retry_floor_per_s=0.5)  # 5 retries per 10 s
+    dead = EPS[1]
+    send, _ = pods(dead={dead})
+    res = r.fanout(KEYS, send)
+    first = r.endpoints_of(r.route(KEYS))
+    n_dead = first.count(dead)
+    retried = [x for x in res if x.attempts == 2]
+    failed = [x for x in res if not x.ok]
+    assert len(retried) == 5 and all(x.ok for x in retried)
+    assert len(failed) == n_dead - 5
+    assert all(isinstance(x.error, ConnectionRefusedError) and x.endpoint == dead for x in failed)
+    st = host.stats()
+    assert st["retries"] == 5 and st["retries_refused"] == n_dead - 5
+    # 20 % of the calls deposited (this fan-out's own 100), no floor.
+    r2 = host.router(retry_percent=20.0, retry_floor_per_s=0.0)
+    assert sum(x.attempts == 2 for x in r2.fanout(KEYS, send)) == min(n_dead, 20)
+
+
+def test_per_call_busy_time_is_the_calls_own_time_not_the_queue(host):
+    """A pool of 2 threads, 30 calls of ~20 ms: each waits up to ~280 ms in the pool's
+    queue, which must not count. Recorded latency = what the sends themselves took."""
+    r = host.router(threads=2)
+    took: list[int] = []
+    lock = threading.Lock()
+
+    def send(url, key, timeout=None):
+        t0 = time.monotonic_ns()
+        time.sleep(0.02)
+        with lock:
+            took.append(time.monotonic_ns() - t0)
+        return key
+
+    t0 = time.monotonic_ns()
+    res = r.fanout(KEYS[:30], send, timeout_s=5.0)
+    wall = time.monotonic_ns() - t0
+    assert all(x.ok for x in res)
+    loads = host.loads()
+    done = loads.completed.sum()
+    mean = np.nansum(loads.mean_latency_s * loads.completed) / done
+    own = sum(took) / len(took) / 1e9
+    assert done == 30
+    assert own * 0.9 <= mean <= own * 1.1 + 0.002  # the calls' own time, clock reads apart
+    assert wall / 1e9 > 5 * own  # (while the fan-out itself took many times that)
+
+
+def test_track_still_counts_from_its_entry(host):
+    r = host.router()
+    idx, t = r.route_table(KEYS[:4])
+    with r.track(idx, t, keys=KEYS[:4]):
+        time.sleep(0.03)
+    loads = host.loads()
+    assert loads.completed.sum() == 4
+    assert np.nanmin(loads.mean_latency_s) >= 0.03
+
+
+def test_the_bulkhead_sends_calls_over_the_cap_to_the_retry_pod_and_blames_nobody(host):
+    r = host.router(threads=8, endpoint_cap=1)
+    frozen = EPS[3]
+    release = threading.Event()
+
+    def send(url, key, timeout=None):
+        if url == frozen:
+            release.wait(5.0)
+        return f"{key}@{url}"
+
+    first = r.endpoints_of(r.route(KEYS))
+    retry = r.endpoints_of(r.route(KEYS, attempt=1))
+    threading.Timer(0.8, release.set).start()
+    # (stuck after a quarter of the 0.4-s timeout; this send ignores its timeout)
+    res = r.fanout(KEYS, send, timeout_s=0.4, deadline_s=3.0)
+    hit = [i for i, u in enumerate(first) if u == frozen]
+    went = [i for i in hit if res[i].endpoint == frozen]
+    moved = [i for i in hit if res[i].endpoint == retry[i]]
+    assert len(went) == 1 and len(moved) == len(hit) - 1  # the cap: one call out to it
+    for i in hit:
+        assert res[i].ok and res[i].attempts == 1  # one call made either way
+    loads = host.loads()
+    slot = host.slot(frozen, r)
+    assert int(loads.requests_total[slot]) == len(went)  # only calls really made
+    assert int(loads.failures_total.sum()) == 0
+    st = host.stats()
+    assert st["bulkhead_rejections"] == len(hit) - len(went)
+    assert st["retries"] == 0  # not a retry: the first call was never made
+
+
+def test_a_full_pool_rejects_locally(host):
+    r = host.router(threads=2, queue=10)
+    send, seen = pods()
+    res = r.fanout(KEYS[:30], send)
+    assert sum(x.ok for x in res) == 10
+    rej = [x for x in res if not x.ok]
+    assert len(rej) == 20 and all(isinstance(x.error, RejectedError) for x in rej)
+    assert len(seen) == 10
+    assert host.stats()["bulkhead_rejections"] == 20
+    assert int(host.loads().failures_total.sum()) == 0
+
+
+def test_the_deadline_bounds_the_fan_out_even_if_send_ignores_its_timeout(host):
+    r = host.router(threads=4)
+    stuck = EPS[0]
+    release = threading.Event()
+
+    def send(url, key):  # no timeout keyword: it cannot be told
+        if url == stuck:
+            release.wait(10.0)
+        return key
+
+    try:
+        t0 = time.monotonic()
+        res = r.fanout(KEYS[:40], send, timeout_s=0.1, deadline_s=0.3)
+        took = time.monotonic() - t0
+    finally:
+        release.set()
+    first = r.endpoints_of(r.route(KEYS[:40]))
+    assert took < 3.0  # bounded by the deadline (generously: a loaded CI machine)
+    cut = 0
+    for i, x in enumerate(res):
+        if first[i] == stuck and x.endpoint == stuck:  # (past the cap: the retry pod's)
+            assert isinstance(x.error, DeadlineError)
+            cut += 1
+        else:
+            assert x.ok
+    assert cut == 2  # the bulkhead's cap (half the pool's 4 threads)
+
+
+def test_fallback_keys_come_back_or_go_to_the_fallback_url(host):
+    host.writer_.publish(lbcore.RingSet(EPS), knobs=shm.Knobs(percentage=50.0, balance_factor=None))
+    r = host.router()
+    send, seen = pods()
+    idx = r.route(KEYS)
+    fb = set(np.flatnonzero(idx < 0).tolist())
+    assert 20 < len(fb) < 80
+    res = r.fanout(KEYS, send)
+    for i, x in enumerate(res):
+        if i in fb:
+            assert x.fallback and x.attempts == 0 and x.endpoint is None and not x.ok
+        else:
+            assert x.ok and not x.fallback
+    assert len(seen) == len(KEYS) - len(fb)
+    ingress = "http://ingress.test:9999"
+    r2 = host.router(fallback_url=ingress)
+    seen.clear()
+    res = r2.fanout(KEYS, send)
+    for i, x in enumerate(res):
+        if i in fb:
+            assert x.ok and x.fallback and x.attempts == 1 and x.endpoint is None
+            assert x.value == f"{KEYS[i]}@{ingress}"
+    assert sum(u == ingress for u, _ in seen) == len(fb)
+    # Ingress calls are not recorded into the pods' counters.
+    assert int(host.loads().requests_total.sum()) == 2 * (len(KEYS) - len(fb))
+
+
+def test_retry_to_the_ingress(host):
+    ingress = "http://ingress.test:9999"
+    r = host.router(fallback_url=ingress, retry_to="ingress")
+    send, _ = pods(dead={EPS[2]})
+    res = r.fanout(KEYS, send)
+    first = r.endpoints_of(r.route(KEYS))
+    for i, x in enumerate(res):
+        if first[i] == EPS[2]:
+            assert x.ok and x.attempts == 2 and x.endpoint == ingress
+    with pytest.raises(ValueError, match="CSLB_FALLBACK_URL"):
+        FanoutSettings(retry_to="ingress")
+
+
+def test_grouped_form_calls_each_pod_once_and_retries_per_retry_pod(host):
+    r = host.router()
+    dead = EPS[1]
+    calls: list[tuple[str, list]] = []
+    lock = threading.Lock()
+
+    def send_group(url, keys, timeout=None):
+        with lock:
+            calls.append((url, list(keys)))
+        if url == dead:
+            raise ConnectionRefusedError("refused")
+        return [f"{k}@{url}" for k in keys]
+
+    res = r.fanout(KEYS, send_group, grouped=True)
+    first = r.endpoints_of(r.route(KEYS))
+    retry = r.endpoints_of(r.route(KEYS, attempt=1))
+    firsts = [c for c in calls if c[0] == dead]
+    assert len(firsts) == 1 and sorted(firsts[0][1]) == sorted(
+        k for k, u in zip(KEYS, first, strict=True) if u == dead
+    )
+    retry_pods = {retry[i] for i, u in enumerate(first) if u == dead}
+    assert len(calls) == len(EPS) + len(retry_pods)  # one per pod, one per retry pod
+    for i, x in enumerate(res):
+        assert x.ok
+        want = retry[i] if first[i] == dead else first[i]
+        assert x.value == f"{KEYS[i]}@{want}" and x.attempts == (2 if first[i] == dead else 1)
+    assert host.stats()["retries"] == len(retry_pods)
+
+
+def test_afanout_tasks_interleave_on_one_thread(host):
+    r = host.router(endpoint_cap=100)  # (no bulkhead moves: every key on its own pod)
+
+    async def asend(url, key, timeout=None):
+        await asyncio.sleep(0.001 * (hash(key) % 5))
+        return f"{key}@{url}"
+
+    async def main():
+        a, b = KEYS[:50], [f"OTHER-{i}" for i in range(70)]
+        return a, b, await asyncio.gather(r.afanout(a, asend), r.afanout(b, asend))
+
+    a, b, (ra, rb) = asyncio.run(main())
+    for keys, res in ((a, ra), (b, rb)):
+        want = r.endpoints_of(r.route(keys))
+        assert [x.value for x in res] == [f"{k}@{u}" for k, u in zip(keys, want, strict=True)]
+    assert int(host.loads().in_flight.sum()) == 0
+
+
+def test_afanout_cancels_a_call_past_its_timeout_and_retries_it(host):
+    r = host.router()
+    frozen = EPS[4]
+
+    async def asend(url, key):  # ignores timeouts: cancellation enforces them
+        if url == frozen:
+            await asyncio.sleep(30)
+        return key
+
+    t0 = time.monotonic()
+    res = asyncio.run(r.afanout(KEYS, asend, timeout_s=0.2))
+    took = time.monotonic() - t0
+    first = r.endpoints_of(r.route(KEYS))
+    assert took < 5.0
+    assert [x for x in res if not x.ok] == []
+    timed_out = [x for i, x in enumerate(res) if first[i] == frozen and x.attempts == 2]
+    # The bulkhead's cap (4) of them were sent and timed out; the rest went to their
+    # retry pods at once.
+    assert len(timed_out) == 4
+    assert all(x.endpoint != frozen for i, x in enumerate(res) if first[i] == frozen)
+    kinds = host.loads().failures_total_by_kind
+    assert int(kinds[host.slot(frozen, r), FAIL_TIMEOUT - 1]) == 4
+
+
+def test_the_failure_log_is_rate_limited_per_endpoint(host, caplog):
+    r = host.router()
+    send, _ = pods(dead={EPS[0]})
+    with caplog.at_level(logging.WARNING, logger="cslb.router"):
+        for _ in range(5):
+            r.fanout(KEYS, send)
+    lines = [json.loads(rec.getMessage()) for rec in caplog.records]
+    failed = [x for x in lines if x["event"] == "cslb_call_failed"]
+    assert 1 <= len(failed) <= 3  # 3 per endpoint per second
+    x = failed[0]
+    assert x["endpoint"] == EPS[0] and x["pod_ip"] == "10.9.0.1" and x["node"] == "node-0"
+    assert x["kind"] == "connect" and x["attempt"] == 0 and x["retry"].startswith("succeeded on")
+    assert x["zone"] == "z1" and x["generation"] == 1 and x["product_id"] in KEYS
+
+
+def test_fanout_needs_a_threaded_router_and_checks_its_arguments(host):
+    r = Router(host.namespace, threads=False)
+    try:
+        with pytest.raises(RouterStateError, match="threads=True"):
+            r.fanout(KEYS, lambda u, k: k)
+    finally:
+        r.close()
+    r = host.router()
+    for bad in (0, -1, "1", True):
+        with pytest.raises(ValueError, match="timeout_s"):
+            r.fanout(KEYS, lambda u, k: k, timeout_s=bad)
+    with pytest.raises(lbcore.KeyTypeError):
+        r.fanout([1.5], lambda u, k: k)

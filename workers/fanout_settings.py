@@ -1,0 +1,264 @@
+"""Settings of the fan-out helper (``router.fanout`` / ``router.afanout``), declared once.
+
+Worker process settings, read from the environment when the router's fan-out is first
+used, like :data:`workers.router.LOAD_REFRESH` (they are not published with the tables:
+each service sets its own timeouts and its own ingress). The README's table is
+generated from :data:`FANOUT_KNOBS` (:func:`lbcore.knobs.docs_table`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from lbcore.knobs import Knob, from_mapping, parse_choice, parse_seconds
+
+__all__ = ["FANOUT_KNOBS", "FanoutSettings"]
+
+
+def _url_or_empty(text: str) -> str:
+    t = text.strip()
+    if not t:
+        return ""
+    parts = urlsplit(t)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("expected an http:// or https:// URL (or empty: no fallback URL)")
+    return t.rstrip("/")
+
+
+def _count(lo: int, hi: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError(f"expected an integer from {lo} to {hi}") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"expected an integer from {lo} to {hi}")
+        return value
+
+    return parse
+
+
+def _cap(text: str) -> int:
+    if text.strip().lower() in ("auto", "0", ""):
+        return 0
+    return _count(1, 100_000)(text)
+
+
+def _positive_seconds(text: str) -> float:
+    value = parse_seconds(text)
+    if not 0.001 <= value <= 3600:
+        raise ValueError("expected seconds from 0.001 to 3600")
+    return value
+
+
+def _deadline(text: str) -> float:
+    if text.strip().lower() in ("auto", "0", ""):
+        return 0.0
+    return _positive_seconds(text)
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.strip().rstrip("%"))
+    except ValueError:
+        raise ValueError("expected a percentage from 0 to 1000") from None
+    if not (math.isfinite(value) and 0.0 <= value <= 1000.0):
+        raise ValueError("expected a percentage from 0 to 1000")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("expected a number >= 0") from None
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError("expected a number >= 0")
+    return value
+
+
+FALLBACK_URL = Knob(
+    "fallback_url",
+    "CSLB_FALLBACK_URL",
+    "--fallback-url",
+    "",
+    _url_or_empty,
+    "Where router.fanout sends keys the router answers with fallback (-1: gate, kill "
+    "switch, no table, nothing eligible): the ingress (Skipper's service), called with "
+    "the same send function. Empty: such keys come back as results with fallback=True "
+    "and attempts=0, for the caller to send.",
+    "URL",
+)
+FANOUT_THREADS = Knob(
+    "threads",
+    "CSLB_FANOUT_THREADS",
+    "--fanout-threads",
+    8,
+    _count(1, 1024),
+    "Calls in flight at once per worker process: the threads of router.fanout's pool "
+    "(shared by the requests of a gthread worker), the concurrent calls of "
+    "router.afanout on the worker's event loop.",
+    "N",
+)
+FANOUT_QUEUE = Knob(
+    "queue",
+    "CSLB_FANOUT_QUEUE",
+    "--fanout-queue",
+    1024,
+    _count(1, 1_000_000),
+    "Most calls a worker's fan-out pool holds (queued or running); a fan-out's calls "
+    "beyond it fail at once as rejected (never counted as a pod's failure).",
+    "N",
+)
+FANOUT_ENDPOINT_CAP = Knob(
+    "endpoint_cap",
+    "CSLB_FANOUT_ENDPOINT_CAP",
+    "--fanout-endpoint-cap",
+    0,
+    _cap,
+    "Bulkhead: most calls one worker has in flight to one endpoint. A call over it waits "
+    "for a slot while the pod is just busy, and goes to the retry pod at once when the "
+    "pod looks stuck (its oldest call out for a quarter of the timeout), so a frozen pod "
+    "cannot take every thread. 'auto' (0): half of CSLB_FANOUT_THREADS, at least 1.",
+    "N",
+)
+FANOUT_TIMEOUT = Knob(
+    "timeout_s",
+    "CSLB_FANOUT_TIMEOUT",
+    "--fanout-timeout",
+    1.0,
+    _positive_seconds,
+    "Per-call timeout in seconds (connect and answer) when the fan-out is given no "
+    "timeout_s; passed to send functions that take a timeout keyword.",
+    "SECONDS",
+)
+FANOUT_DEADLINE = Knob(
+    "deadline_s",
+    "CSLB_FANOUT_DEADLINE",
+    "--fanout-deadline",
+    0.0,
+    _deadline,
+    "Seconds a whole fan-out may take when given no deadline_s; keys unanswered by then "
+    "come back as deadline errors. 'auto' (0): twice the call timeout plus the retry "
+    "backoff, so one call and its retry fit.",
+    "SECONDS",
+)
+RETRY_BACKOFF = Knob(
+    "retry_backoff_s",
+    "CSLB_RETRY_BACKOFF",
+    "--retry-backoff",
+    0.005,
+    parse_seconds,
+    "Backoff before the single fast retry, in seconds, jittered uniformly over its upper "
+    "half; a retry that would start past the deadline is not sent.",
+    "SECONDS",
+)
+RETRY_BUDGET_PERCENT = Knob(
+    "retry_percent",
+    "CSLB_RETRY_BUDGET_PERCENT",
+    "--retry-budget-percent",
+    20.0,
+    _percent,
+    "Retry budget (Finagle's): retries allowed as a percentage of the worker's calls in "
+    "the last 10 s, on top of the floor; 0 with a floor of 0 disables retries.",
+    "PCT",
+)
+RETRY_BUDGET_FLOOR = Knob(
+    "retry_floor_per_s",
+    "CSLB_RETRY_BUDGET_FLOOR",
+    "--retry-budget-floor",
+    10.0,
+    _rate,
+    "Retries per second each worker may send whatever its call rate (kept for 10 s, so "
+    "a worker that just started can retry a burst of ten times this).",
+    "N",
+)
+RETRY_TO = Knob(
+    "retry_to",
+    "CSLB_RETRY_TO",
+    "--retry-to",
+    "pod",
+    parse_choice(("pod", "ingress")),
+    "Where the single retry goes: 'pod' (route(keys, attempt=1)'s pod, the next distinct "
+    "pod on the ring) or 'ingress' (CSLB_FALLBACK_URL, which must be set).",
+    "WHERE",
+)
+FAILURE_LOG_RATE = Knob(
+    "failure_log_rate",
+    "CSLB_FAILURE_LOG_RATE",
+    "--failure-log-rate",
+    3,
+    _count(0, 1_000_000),
+    "Failure log lines per endpoint per second and worker; further failures of that "
+    "second are summed into one line saying how many were left out.",
+    "N",
+)
+
+#: The fan-out helper's process settings (declared like the router's own knobs).
+FANOUT_KNOBS: tuple[Knob, ...] = (
+    FALLBACK_URL,
+    FANOUT_THREADS,
+    FANOUT_QUEUE,
+    FANOUT_ENDPOINT_CAP,
+    FANOUT_TIMEOUT,
+    FANOUT_DEADLINE,
+    RETRY_BACKOFF,
+    RETRY_BUDGET_PERCENT,
+    RETRY_BUDGET_FLOOR,
+    RETRY_TO,
+    FAILURE_LOG_RATE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FanoutSettings:
+    """The values of :data:`FANOUT_KNOBS` (see each knob's doc)."""
+
+    fallback_url: str = FALLBACK_URL.default
+    threads: int = FANOUT_THREADS.default
+    queue: int = FANOUT_QUEUE.default
+    endpoint_cap: int = FANOUT_ENDPOINT_CAP.default
+    timeout_s: float = FANOUT_TIMEOUT.default
+    deadline_s: float = FANOUT_DEADLINE.default
+    retry_backoff_s: float = RETRY_BACKOFF.default
+    retry_percent: float = RETRY_BUDGET_PERCENT.default
+    retry_floor_per_s: float = RETRY_BUDGET_FLOOR.default
+    retry_to: str = RETRY_TO.default
+    failure_log_rate: int = FAILURE_LOG_RATE.default
+
+    def __post_init__(self) -> None:
+        if self.retry_to == "ingress" and not self.fallback_url:
+            raise ValueError(
+                "CSLB_RETRY_TO=ingress needs CSLB_FALLBACK_URL (the ingress to retry on)"
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **override: Any) -> FanoutSettings:
+        """Settings from ``environ`` (``CSLB_*``), then ``override`` by knob name.
+
+        Raises
+        ------
+        lbcore.knobs.KnobError
+            A malformed variable, named with what was expected.
+        ValueError
+            Settings that contradict each other.
+        """
+        values = from_mapping(environ, FANOUT_KNOBS, source="environment")
+        values.update(override)
+        return cls(**values)
+
+    def deadline_for(self, timeout_s: float) -> float:
+        """The whole fan-out's deadline in seconds for calls of ``timeout_s``."""
+        if self.deadline_s:
+            return self.deadline_s
+        return 2.0 * timeout_s + self.retry_backoff_s
+
+    def cap_for(self, asyncio: bool = False) -> int:
+        """The bulkhead's cap per endpoint (the same for both forms: calls in flight)."""
+        if self.endpoint_cap:
+            return self.endpoint_cap
+        return max(1, self.threads // 2)

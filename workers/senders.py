@@ -1,0 +1,350 @@
+"""Ready-made senders for the fan-out helper, and how a failed call is classified.
+
+``router.fanout(keys, send)`` calls ``send(url, key)``; ``await router.afanout(keys,
+asend)`` awaits ``asend(url, key)``. Any callable works (it returns the value or
+raises; any exception is a failure); these two cover the clients a gunicorn service
+has, with pooled keep-alive connections per worker process:
+
+* :class:`Urllib3Sender` (urllib3 comes with the Kubernetes client) for ``fanout``;
+* :class:`HttpxSender` (``pip install cslb[httpx]``) for ``afanout`` under an asyncio
+  worker (uvicorn's).
+
+Both send ``GET <url><path>`` with the key URL-quoted into ``path`` (and, for the
+grouped form, ``POST <url><batch_path>`` with a JSON array of keys, answered by a JSON
+array of values in the same order), decode the body (JSON by default), and raise
+:class:`CallConnectError`, :class:`CallTimeoutError` or :class:`CallStatusError` (a 5xx, or any
+status in ``fail_statuses``) so the helper knows what to retry and the counters record
+how each pod fails (:func:`failure_kind`). A sender that takes a ``timeout`` keyword
+gets the fan-out's per-call timeout (seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
+
+__all__ = [
+    "CallConnectError",
+    "CallError",
+    "CallStatusError",
+    "CallTimeoutError",
+    "HttpxSender",
+    "Urllib3Sender",
+    "failure_kind",
+]
+
+#: Statuses that count as the pod's failure by default: every 5xx.
+SERVER_ERRORS = frozenset(range(500, 600))
+
+
+class CallError(Exception):
+    """A call to an endpoint failed; :attr:`kind` says how (``lbcore.outlier.FAIL_*``)."""
+
+    kind = FAIL_OTHER
+
+    def __init__(self, message: str, url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class CallConnectError(CallError):
+    """No answer could be asked for: connection refused, reset or dropped."""
+
+    kind = FAIL_CONNECT
+
+
+class CallTimeoutError(CallError):
+    """No answer within the call's timeout (connecting or reading)."""
+
+    kind = FAIL_TIMEOUT
+
+
+class CallStatusError(CallError):
+    """The endpoint answered with a failure status (5xx, or one configured)."""
+
+    kind = FAIL_STATUS
+
+    def __init__(self, status: int, url: str | None = None, body: bytes = b"") -> None:
+        super().__init__(f"HTTP {status} from {url}", url)
+        self.status = status
+        self.body = body[:200]
+
+
+def failure_kind(exc: BaseException) -> int:
+    """How a call failed, as :mod:`lbcore.outlier`'s ``FAIL_*`` code.
+
+    This module's exceptions carry their kind; the standard library's, urllib3's and
+    httpx's transport errors (raised by a sender of your own) are recognized too;
+    anything else is :data:`~lbcore.outlier.FAIL_OTHER`.
+    """
+    kind = getattr(exc, "kind", None)
+    if isinstance(exc, CallError) and kind in (FAIL_CONNECT, FAIL_TIMEOUT, FAIL_STATUS):
+        return int(kind)
+    if isinstance(exc, TimeoutError):  # socket.timeout and asyncio's are this class
+        return FAIL_TIMEOUT
+    if isinstance(exc, ConnectionError):
+        return FAIL_CONNECT
+    name = type(exc).__module__.split(".")[0]
+    if name == "urllib3":
+        return _urllib3_kind(exc)
+    if name == "httpx":
+        return _httpx_kind(exc)
+    return FAIL_OTHER
+
+
+def _urllib3_kind(exc: BaseException) -> int:
+    from urllib3 import exceptions as e
+
+    if isinstance(exc, e.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    if isinstance(exc, e.NewConnectionError):  # (a subclass of ConnectTimeoutError)
+        return FAIL_CONNECT
+    if isinstance(exc, e.TimeoutError):
+        return FAIL_TIMEOUT
+    if isinstance(exc, (e.ProtocolError, e.ProxyError)):
+        return FAIL_CONNECT
+    return FAIL_OTHER
+
+
+def _httpx_kind(exc: BaseException) -> int:
+    import httpx
+
+    if isinstance(exc, httpx.TimeoutException):
+        return FAIL_TIMEOUT
+    if isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError)):
+        return FAIL_CONNECT
+    if isinstance(exc, httpx.HTTPStatusError):
+        return FAIL_STATUS if exc.response.status_code >= 500 else FAIL_OTHER
+    return FAIL_OTHER
+
+
+def _check_status(status: int, fail: Collection[int], url: str, body: bytes) -> None:
+    if status in fail:
+        raise CallStatusError(status, url, body)
+    if not 200 <= status < 300:
+        raise CallError(f"HTTP {status} from {url}", url)  # the caller's problem: FAIL_OTHER
+
+
+class _Template:
+    """What both senders share: building the request, decoding the answer."""
+
+    def __init__(
+        self,
+        path: str,
+        batch_path: str,
+        decode: Callable[[bytes], Any] | None,
+        fail_statuses: Collection[int] | None,
+        headers: dict[str, str] | None,
+    ) -> None:
+        if "{key}" not in path:
+            raise ValueError(f"path must contain '{{key}}', got {path!r}")
+        self.path = path
+        self.batch_path = batch_path
+        self.decode = json.loads if decode is None else decode
+        self.fail_statuses = SERVER_ERRORS if fail_statuses is None else frozenset(fail_statuses)
+        self.headers = dict(headers or {})
+
+    def url_of(self, url: str, key: Any) -> str:
+        text = key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else str(key)
+        return url.rstrip("/") + self.path.format(key=quote(text, safe=""))
+
+    def batch_body(self, keys: Sequence[Any]) -> bytes:
+        return json.dumps(
+            [k.decode("utf-8", "surrogateescape") if isinstance(k, bytes) else k for k in keys]
+        ).encode()
+
+    def values(self, body: bytes, n: int, url: str) -> list[Any]:
+        got = self.decode(body)
+        if not isinstance(got, list) or len(got) != n:
+            raise CallError(f"batch answer from {url} is not a list of {n} values", url)
+        return got
+
+
+class Urllib3Sender(_Template):
+    """``send(url, key)`` for :meth:`workers.Router.fanout`, on a urllib3 pool per worker.
+
+    Parameters
+    ----------
+    path
+        Appended to the endpoint URL, ``{key}`` replaced by the URL-quoted key.
+    batch_path
+        Path of the grouped form (:meth:`group`): ``POST`` of a JSON array of keys.
+    decode
+        Body -> value (default: ``json.loads``).
+    fail_statuses
+        Statuses raised as :class:`CallStatusError` (the pod's failure; default: 5xx). Other
+        non-2xx statuses raise :class:`CallError` (kind other, not retried).
+    timeout_s
+        Per-call timeout (connect and read, seconds) when the fan-out passes none.
+    maxsize
+        Keep-alive connections kept per endpoint (the fan-out's threads, say).
+    headers
+        Extra request headers.
+    """
+
+    def __init__(
+        self,
+        path: str = "/{key}",
+        *,
+        batch_path: str = "/batch",
+        decode: Callable[[bytes], Any] | None = None,
+        fail_statuses: Collection[int] | None = None,
+        timeout_s: float = 1.0,
+        maxsize: int = 8,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(path, batch_path, decode, fail_statuses, headers)
+        self.timeout_s = float(timeout_s)
+        self.maxsize = int(maxsize)
+        self._pool: Any = None
+        self._lock = threading.Lock()
+
+    def _manager(self) -> Any:
+        pool = self._pool
+        if pool is None:
+            import urllib3
+
+            with self._lock:
+                if self._pool is None:
+                    # No retries of its own (the fan-out retries on another pod), no
+                    # blocking on a full pool (a new connection instead).
+                    self._pool = urllib3.PoolManager(
+                        num_pools=256, maxsize=self.maxsize, block=False, retries=False
+                    )
+                pool = self._pool
+        return pool
+
+    def _request(self, method: str, url: str, body: bytes | None, timeout: float | None) -> bytes:
+        import urllib3
+
+        t = self.timeout_s if timeout is None else max(float(timeout), 0.001)
+        headers = self.headers
+        if body is not None:
+            headers = {**headers, "Content-Type": "application/json"}
+        try:
+            r = self._manager().request(
+                method,
+                url,
+                body=body,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=t, read=t),
+                redirect=False,
+                preload_content=True,
+            )
+        except Exception as exc:
+            kind = _urllib3_kind(exc)
+            if kind == FAIL_CONNECT:
+                raise CallConnectError(f"{url}: {exc}", url) from exc
+            if kind == FAIL_TIMEOUT:
+                raise CallTimeoutError(f"{url}: no answer within {t:g} s", url) from exc
+            raise
+        data = r.data
+        _check_status(r.status, self.fail_statuses, url, data)
+        return data
+
+    def __call__(self, url: str, key: Any, timeout: float | None = None) -> Any:
+        """One call: ``GET <url><path>``; the decoded body."""
+        full = self.url_of(url, key)
+        return self.decode(self._request("GET", full, None, timeout))
+
+    def group(self, url: str, keys: Sequence[Any], timeout: float | None = None) -> list[Any]:
+        """One call for many keys: ``POST <url><batch_path>``; one value per key."""
+        full = url.rstrip("/") + self.batch_path
+        return self.values(
+            self._request("POST", full, self.batch_body(keys), timeout), len(keys), full
+        )
+
+    def close(self) -> None:
+        """Close the pooled connections."""
+        with self._lock:
+            if self._pool is not None:
+                self._pool.clear()
+                self._pool = None
+
+
+class HttpxSender(_Template):
+    """``asend(url, key)`` for :meth:`workers.Router.afanout`, on an httpx.AsyncClient.
+
+    One client (connection pool) per event loop, made on first use in it. Parameters
+    as for :class:`Urllib3Sender`; ``max_connections`` bounds the client's connections
+    in all.
+    """
+
+    def __init__(
+        self,
+        path: str = "/{key}",
+        *,
+        batch_path: str = "/batch",
+        decode: Callable[[bytes], Any] | None = None,
+        fail_statuses: Collection[int] | None = None,
+        timeout_s: float = 1.0,
+        max_connections: int = 100,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(path, batch_path, decode, fail_statuses, headers)
+        self.timeout_s = float(timeout_s)
+        self.max_connections = int(max_connections)
+        self._clients: dict[int, Any] = {}
+
+    def _client(self) -> Any:
+        import asyncio
+
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        c = self._clients.get(id(loop))
+        if c is None or c.is_closed:
+            limits = httpx.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=self.max_connections,
+            )
+            c = httpx.AsyncClient(limits=limits, headers=self.headers, follow_redirects=False)
+            self._clients = {id(loop): c}  # (one loop per worker; a new loop, a new client)
+        return c
+
+    async def _request(
+        self, method: str, url: str, body: bytes | None, timeout: float | None
+    ) -> bytes:
+        import httpx
+
+        t = self.timeout_s if timeout is None else max(float(timeout), 0.001)
+        try:
+            r = await self._client().request(
+                method,
+                url,
+                content=body,
+                headers={"Content-Type": "application/json"} if body is not None else None,
+                timeout=httpx.Timeout(t),
+            )
+        except httpx.HTTPError as exc:
+            kind = _httpx_kind(exc)
+            if kind == FAIL_CONNECT:
+                raise CallConnectError(f"{url}: {exc!r}", url) from exc
+            if kind == FAIL_TIMEOUT:
+                raise CallTimeoutError(f"{url}: no answer within {t:g} s", url) from exc
+            raise
+        data = r.content
+        _check_status(r.status_code, self.fail_statuses, url, data)
+        return data
+
+    async def __call__(self, url: str, key: Any, timeout: float | None = None) -> Any:
+        """One call: ``GET <url><path>``; the decoded body."""
+        full = self.url_of(url, key)
+        return self.decode(await self._request("GET", full, None, timeout))
+
+    async def group(self, url: str, keys: Sequence[Any], timeout: float | None = None) -> list[Any]:
+        """One call for many keys: ``POST <url><batch_path>``; one value per key."""
+        full = url.rstrip("/") + self.batch_path
+        body = await self._request("POST", full, self.batch_body(keys), timeout)
+        return self.values(body, len(keys), full)
+
+    async def aclose(self) -> None:
+        """Close the client of the running loop."""
+        clients, self._clients = self._clients, {}
+        for c in clients.values():
+            await c.aclose()
