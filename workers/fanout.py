@@ -15,9 +15,10 @@ once, then for each key:
 3. keys the router answers ``-1`` go to ``CSLB_FALLBACK_URL`` when set (not recorded,
    not retried: the ingress retries itself), else come back with ``fallback=True``;
 4. a **bulkhead** caps the calls the worker has in flight to one endpoint (a frozen
-   pod holds its calls until they time out): a call over the cap waits for a slot while
-   the pod is merely busy (its keys stay on it, and its cache), and goes to the retry
-   pod at once when the pod looks stuck (its oldest call out for a quarter of the
+   pod holds its calls until they time out): a call over the cap goes to the retry pod
+   at once, as the key's one call (no budget, no backoff), so a frozen pod cannot take
+   every thread; a retry pod at its cap too, or a key with no other pod, waits for a
+   slot unless that pod looks stuck (its oldest call out for a quarter of the
    timeout). Such moves are counted (``bulkhead_rejections``), never as the pod's
    failure; a full pool fails keys at once as :class:`RejectedError`.
 

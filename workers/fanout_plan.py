@@ -3,10 +3,10 @@
 A :class:`Plan` holds what one fan-out routed where and collects the results. Its
 jobs (:func:`key_job`, :func:`group_job`, :func:`fallback_job`) are generators that say
 *what* to do — ``("call", url, what, timeout)``, ``("sleep", seconds)``, ``("slot",
-slot, cap)`` (start a call once the endpoint is under the bulkhead's cap: its start
-time; ``-1`` at the deadline; :data:`STUCK` when the endpoint's oldest call has been
-out a quarter of the timeout) — and get each call's outcome back as ``(value,
-exception)``: the thread-pool form
+slot, cap)`` (start a call once the endpoint is under the bulkhead's cap, for a call
+with nowhere else to go: its start time; ``-1`` at the deadline; :data:`STUCK` when the
+endpoint's oldest call has been out a quarter of the timeout) — and get each call's
+outcome back as ``(value, exception)``: the thread-pool form
 (:mod:`workers.fanout`) performs them blocking on a pool thread, the asyncio form
 (:mod:`workers.afanout`) awaits them. So the retry rule, the bulkhead, the recording
 and the failure log exist once.
@@ -373,18 +373,20 @@ def key_job(plan: Plan, pos: int, cap: int, t0: int | None = None) -> Job:
     url = plan.urls[int(plan.idx[pos])]
     key = plan.keys[pos]
     if t0 < 0:
-        # The bulkhead. A pod whose calls are just busy keeps its keys (and its cache):
-        # wait for a slot. One whose oldest call has been out for a quarter of the
-        # timeout looks stuck: straight to the retry pod (no budget, no backoff).
+        # The bulkhead: a call over the cap goes to the retry pod at once (no budget, no
+        # backoff: it is the key's one call), so a pod holding its calls cannot take the
+        # worker's threads. Only with no other pod does it wait for a slot here.
+        if plan.retry_route(pos)[1] is not None:
+            plan.ledger.tally("bulkhead_rejections")
+            err = RejectedError(f"{url} at the bulkhead's cap")
+            yield from _second(plan, pos, cap, None, 0, err)
+            return
         t0 = yield ("slot", plan.slots[pos], cap)
         if t0 == STUCK:
-            if plan.retry_route(pos)[1] is None:
-                t0 = -1  # no other pod: wait on (a deadline error, not a call)
-            else:
-                plan.ledger.tally("bulkhead_rejections")
-                err = RejectedError(f"{url} at the bulkhead's cap")
-                yield from _second(plan, pos, cap, None, 0, err)
-                return
+            plan.ledger.tally("bulkhead_rejections")
+            err = RejectedError(f"not sent: {url} at the bulkhead's cap and stuck")
+            plan.finish(pos, Result(error=err, endpoint=url))
+            return
         if t0 < 0:
             return  # the deadline passed meanwhile: a deadline error, not a call
     value, exc, kind = yield from _attempt(plan, plan.slots[pos], t0, url, key)
