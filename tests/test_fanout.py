@@ -203,6 +203,70 @@ def test_the_retry_budget_bounds_retries_and_counts_the_refused(host):
     assert sum(x.attempts == 2 for x in r2.fanout(KEYS, send)) == min(n_dead, 20)
 
 
+def test_the_retry_waits_a_jittered_backoff_and_never_starts_past_the_deadline(host):
+    r = host.router(retry_backoff_s=0.2)
+    dead = EPS[2]
+    stamps: dict[str, list[int]] = {}
+    lock = threading.Lock()
+
+    def send(url, key, timeout=None):
+        with lock:
+            stamps.setdefault(key, []).append(time.monotonic_ns())
+        if url == dead:
+            raise ConnectionRefusedError(f"{url} refused")
+        return key
+
+    first = r.endpoints_of(r.route(KEYS))
+    hit = [k for k, u in zip(KEYS, first, strict=True) if u == dead]
+    res = r.fanout(KEYS, send, timeout_s=1.0, deadline_s=5.0)
+    assert all(x.ok for x in res) and all(len(stamps[k]) == 2 for k in hit)
+    gaps = [(stamps[k][1] - stamps[k][0]) / 1e9 for k in hit]
+    assert min(gaps) >= 0.1  # at least the lower half of the 0.2-s backoff
+    # Jittered over the upper half of the setting, never beyond it.
+    plan = r._fan().plan(KEYS[:1], send, None, None, False)
+    waits = [plan.backoff_ns() for _ in range(200)]
+    assert 0.1e9 <= min(waits) and max(waits) <= 0.2e9 and len(set(waits)) > 100
+    # A retry that would start past the deadline is not sent (nor charged to the budget):
+    # backoffs of 0.5-1 s, a deadline of 0.45 s.
+    stamps.clear()
+    r2 = host.router(retry_backoff_s=1.0)
+    res = r2.fanout(KEYS, send, timeout_s=0.4, deadline_s=0.45)
+    assert all(len(stamps.get(k, ())) <= 1 for k in hit)
+    refused = [x for k, x in zip(KEYS, res, strict=True) if k in hit and x.attempts == 1]
+    assert refused and all(isinstance(x.error, ConnectionRefusedError) for x in refused)
+    st = host.stats()
+    assert st["retries"] == len(hit) and st["retries_refused"] == 0  # the first fan-out's
+
+
+def test_in_flight_counts_only_the_calls_really_out(host):
+    """30 calls of 40 ms on 2 threads: the host sees at most 2 in flight, never the 28
+    waiting in the pool."""
+    r = host.router(threads=2)
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(int(host.loads().in_flight.sum()))
+            time.sleep(0.005)
+
+    def send(url, key, timeout=None):
+        time.sleep(0.04)
+        return key
+
+    th = threading.Thread(target=watch)
+    th.start()
+    try:
+        res = r.fanout(KEYS[:30], send, timeout_s=5.0, deadline_s=30.0)
+    finally:
+        stop.set()
+        th.join()
+    assert all(x.ok for x in res)
+    # At most the 2 calls out; a reader may catch a batched write between its starts
+    # and its ends (workers.ledger writes the starts first), so up to twice that.
+    assert 1 <= max(seen) <= 4, max(seen)
+
+
 def test_per_call_busy_time_is_the_calls_own_time_not_the_queue(host):
     """A pool of 2 threads, 30 calls of ~20 ms: each waits up to ~280 ms in the pool's
     queue, which must not count. Recorded latency = what the sends themselves took."""
@@ -329,6 +393,7 @@ def test_fallback_keys_come_back_or_go_to_the_fallback_url(host):
     for i, x in enumerate(res):
         if i in fb:
             assert x.fallback and x.attempts == 0 and x.endpoint is None and not x.ok
+            assert x.error is None  # the caller's to send through the ingress, at once
         else:
             assert x.ok and not x.fallback
     assert len(seen) == len(KEYS) - len(fb)
