@@ -342,6 +342,34 @@ def test_the_bulkhead_sends_calls_over_the_cap_to_the_retry_pod_and_blames_nobod
     assert st["retries"] == 0  # not a retry: the first call was never made
 
 
+def test_a_call_moved_by_the_bulkhead_to_a_dead_pod_is_retried_on_its_own_pod(host):
+    r = host.router(threads=8, endpoint_cap=1)
+    dead = EPS[2]
+    calls: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def send(url, key, timeout=None):
+        with lock:
+            calls.setdefault(key, []).append(url)
+        if url == dead:
+            raise ConnectionRefusedError(f"{url} refused")
+        time.sleep(0.01)  # busy: one call in flight per pod puts it at its cap
+        return f"{key}@{url}"
+
+    first = r.endpoints_of(r.route(KEYS))
+    retry = r.endpoints_of(r.route(KEYS, attempt=1))
+    res = r.fanout(KEYS, send, timeout_s=5.0, deadline_s=20.0)
+    assert all(x.ok for x in res), [x for x in res if not x.ok][:3]
+    assert all(len(c) <= 2 for c in calls.values())  # one retry at most, ever
+    bounced = [
+        i for i, k in enumerate(KEYS) if first[i] != dead and calls[k] == [retry[i], first[i]]
+    ]
+    assert bounced, "no call went over its pod's cap to a dead retry pod"
+    for i in bounced:
+        assert retry[i] == dead and res[i].attempts == 2 and res[i].endpoint == first[i]
+    assert host.stats()["retries"] == sum(x.attempts == 2 for x in res)
+
+
 def test_a_full_pool_rejects_locally(host):
     r = host.router(threads=2, queue=10)
     send, seen = pods()

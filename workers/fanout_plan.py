@@ -321,8 +321,8 @@ class Plan:
         """One failure line (rate-limited) for the call of ``pos`` to ``url``."""
         t = self.table
         e = int(self.idx[pos])
-        if attempt:
-            e = self.urls.index(url) if url in self.urls else -1  # the retry pod's node, zone
+        if e < 0 or self.urls[e] != url:  # a retry pod's (or the ingress's) call
+            e = self.urls.index(url) if url in self.urls else -1
         fields = {
             "event": "cslb_call_failed",
             "product_id": key_text(self.keys[pos]),
@@ -365,23 +365,36 @@ def _attempt(
 
 
 def key_job(plan: Plan, pos: int, cap: int, t0: int | None = None) -> Job:
-    """One key: its call (already begun at ``t0`` if given; ``-1``: refused), one retry."""
+    """One key: its call (already begun at ``t0`` if given; ``-1``: refused), one retry.
+
+    The bulkhead: a call over its pod's cap goes to the retry pod at once (no budget, no
+    backoff: it is the key's first call), so a pod holding its calls cannot take the
+    worker's threads; if that call fails, the key's one retry goes back to its own pod.
+    Only when the retry pod is at its cap too (or there is none) does the call wait for
+    a slot on its own pod.
+    """
     if t0 is None:
         if plan.closed or plan.clock() >= plan.deadline_ns:
             return  # no time left: a deadline error, not a call
         t0 = plan.begin(plan.slots[pos], cap)
+    own_slot = plan.slots[pos]
     url = plan.urls[int(plan.idx[pos])]
     key = plan.keys[pos]
     if t0 < 0:
-        # The bulkhead: a call over the cap goes to the retry pod at once (no budget, no
-        # backoff: it is the key's one call), so a pod holding its calls cannot take the
-        # worker's threads. Only with no other pod does it wait for a slot here.
-        if plan.retry_route(pos)[1] is not None:
+        slot2, url2 = plan.retry_route(pos)
+        t2 = -1 if url2 is None else plan.begin(slot2, cap)
+        if t2 >= 0:
             plan.ledger.tally("bulkhead_rejections")
-            err = RejectedError(f"{url} at the bulkhead's cap")
-            yield from _second(plan, pos, cap, None, 0, err)
+            value, exc, kind = yield from _attempt(plan, slot2, t2, url2, key)
+            if exc is None:
+                plan.finish(pos, Result(value, None, url2, 1))
+            elif kind in RETRYABLE and not plan.closed:
+                yield from _retry(plan, pos, cap, own_slot, url, url2, kind, exc)
+            else:
+                plan.log_failure(pos, url2, 0, kind, exc, "not retried")
+                plan.finish(pos, Result(error=exc, endpoint=url2, attempts=1, kind=kind))
             return
-        t0 = yield ("slot", plan.slots[pos], cap)
+        t0 = yield ("slot", own_slot, cap)
         if t0 == STUCK:
             plan.ledger.tally("bulkhead_rejections")
             err = RejectedError(f"not sent: {url} at the bulkhead's cap and stuck")
@@ -389,66 +402,61 @@ def key_job(plan: Plan, pos: int, cap: int, t0: int | None = None) -> Job:
             return
         if t0 < 0:
             return  # the deadline passed meanwhile: a deadline error, not a call
-    value, exc, kind = yield from _attempt(plan, plan.slots[pos], t0, url, key)
+    value, exc, kind = yield from _attempt(plan, own_slot, t0, url, key)
     if exc is None:
         plan.finish(pos, Result(value, None, url, 1))
     elif kind in RETRYABLE and not plan.closed:
-        yield from _second(plan, pos, cap, url, kind, exc)
+        slot2, url2 = plan.retry_route(pos)
+        if url2 is None:
+            plan.log_failure(pos, url, 0, kind, exc, "no other pod")
+            plan.finish(pos, Result(error=exc, endpoint=url, attempts=1, kind=kind))
+        else:
+            yield from _retry(plan, pos, cap, slot2, url2, url, kind, exc)
     else:
         plan.log_failure(pos, url, 0, kind, exc, "not retried")
         plan.finish(pos, Result(error=exc, endpoint=url, attempts=1, kind=kind))
 
 
-def _second(
+def _retry(
     plan: Plan,
     pos: int,
     cap: int,
-    first_url: str | None,
+    slot: int,
+    url: str,
+    first_url: str,
     first_kind: int,
     first_exc: BaseException,
 ) -> Job:
-    """The single retry of ``pos``: after a failure (``first_url`` set) or the bulkhead."""
-    attempts = 0 if first_url is None else 1
+    """The single retry of ``pos`` on ``url``, after its first call to ``first_url`` failed."""
 
     def give_up(retry: str) -> None:
-        if first_url is not None:
-            plan.log_failure(pos, first_url, 0, first_kind, first_exc, retry)
-        plan.finish(
-            pos, Result(error=first_exc, endpoint=first_url, attempts=attempts, kind=first_kind)
-        )
+        plan.log_failure(pos, first_url, 0, first_kind, first_exc, retry)
+        plan.finish(pos, Result(error=first_exc, endpoint=first_url, attempts=1, kind=first_kind))
 
-    slot, url = plan.retry_route(pos)
-    if url is None:
-        give_up("no other pod")
+    wait = plan.backoff_ns()
+    why = plan.retry_refusal(plan.clock(), wait)
+    if why is not None:
+        give_up(why)
         return
-    if first_url is not None:
-        wait = plan.backoff_ns()
-        why = plan.retry_refusal(plan.clock(), wait)
-        if why is not None:
-            give_up(why)
-            return
-        yield ("sleep", wait / 1e9)
+    yield ("sleep", wait / 1e9)
     t0 = plan.begin(slot, cap)
     if t0 < 0:
-        t0 = yield ("slot", slot, cap)  # the retry pod at its cap too: wait for a slot
+        t0 = yield ("slot", slot, cap)  # the retry's pod at its cap: wait for a slot
         if t0 < 0:
             give_up(
                 f"not sent: {url} at the bulkhead's cap" + (" and stuck" if t0 == STUCK else "")
             )
             return
-    if first_url is not None:
-        plan.ledger.tally("retries")
+    plan.ledger.tally("retries")
     value, exc, kind = yield from _attempt(plan, slot, t0, url, plan.keys[pos])
     if exc is None:
-        if first_url is not None:
-            plan.log_failure(pos, first_url, 0, first_kind, first_exc, f"succeeded on {url}")
-        plan.finish(pos, Result(value, None, url, attempts + 1))
+        plan.log_failure(pos, first_url, 0, first_kind, first_exc, f"succeeded on {url}")
+        plan.finish(pos, Result(value, None, url, 2))
         return
-    if first_url is not None:
-        plan.ledger.tally("retries_failed")
-        plan.log_failure(pos, first_url, 0, first_kind, first_exc, f"failed on {url}")
+    plan.ledger.tally("retries_failed")
+    plan.log_failure(pos, first_url, 0, first_kind, first_exc, f"failed on {url}")
     plan.log_failure(pos, url, 1, kind, exc, "none (the single retry)")
-    plan.finish(pos, Result(error=exc, endpoint=url, attempts=attempts + 1, kind=kind))
+    plan.finish(pos, Result(error=exc, endpoint=url, attempts=2, kind=kind))
 
 
 def fallback_job(plan: Plan, positions: list[int]) -> Job:
