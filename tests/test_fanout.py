@@ -371,7 +371,7 @@ def test_a_call_moved_by_the_bulkhead_to_a_dead_pod_is_retried_on_its_own_pod(ho
 
 
 def test_a_full_pool_rejects_locally(host):
-    r = host.router(threads=2, queue=10)
+    r = host.router(threads=2, queue=10, endpoint_cap=100)  # (the pool alone)
     send, seen = pods()
     res = r.fanout(KEYS[:30], send)
     assert sum(x.ok for x in res) == 10
@@ -520,6 +520,35 @@ def test_afanout_cancels_a_call_past_its_timeout_and_retries_it(host):
     assert all(x.endpoint != frozen for i, x in enumerate(res) if first[i] == frozen)
     kinds = host.loads().failures_total_by_kind
     assert int(kinds[host.slot(frozen, r), FAIL_TIMEOUT - 1]) == 4
+
+
+def test_a_cancelled_afanout_cancels_its_calls_and_records_their_end(host):
+    r = host.router(threads=4)
+    calls = []
+
+    async def asend(url, key, timeout=None):
+        calls.append(key)
+        await asyncio.sleep(0.05)
+        return key
+
+    async def main():
+        task = asyncio.ensure_future(r.afanout(KEYS, asend, timeout_s=5.0, deadline_s=30.0))
+        await asyncio.sleep(0.12)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        sent = len(calls)
+        await asyncio.sleep(0.3)  # six more rounds of calls, if they went on
+        assert len(calls) == sent < len(KEYS)
+        # The loop's call slots came back: the next fan-out runs 4 at once again.
+        res = await r.afanout(KEYS[:8], asend, timeout_s=5.0)
+        assert all(x.ok for x in res)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(main()) == []
+    r._fan().ledger.flush()
+    loads = host.loads()
+    assert int(loads.in_flight.sum()) == 0 and int(loads.failures_total.sum()) == 0
 
 
 def test_the_failure_log_is_rate_limited_per_endpoint(host, caplog):
