@@ -43,7 +43,10 @@ WORKERS = {
     "gthread": (["--workers", "2", "--threads", "4", "-k", "gthread"], "fanoutapp:app"),
     "uvicorn": (["--workers", "2", "-k", "uvicorn_worker.UvicornWorker"], "fanoutapp:asgi_app"),
     # The older worker class inside uvicorn itself (deprecated there, still shipped).
-    "uvicorn-old": (["--workers", "2", "-k", "uvicorn.workers.UvicornWorker"], "fanoutapp:asgi_app"),
+    "uvicorn-old": (
+        ["--workers", "2", "-k", "uvicorn.workers.UvicornWorker"],
+        "fanoutapp:asgi_app",
+    ),
 }
 ALL = ["sync", "gthread", "uvicorn"]
 #: httpx costs ~2 ms of CPU per call here: 100 calls of one asyncio worker take
@@ -301,7 +304,9 @@ def test_a_503_pod_is_retried_and_ejected_and_all_failing_pods_panic(tmp_path, w
             m = svc.metrics()
             assert _metric(m, "cslb_endpoint_failures_by_kind_total", bad.url, 'kind="status"') > 0
             assert _metric(m, "cslb_endpoint_ejected", bad.url) == 1.0
-            assert sum(_metric(m, "cslb_endpoint_ejections_total", bad.url, r) for r in REASONS) == 1
+            assert (
+                sum(_metric(m, "cslb_endpoint_ejections_total", bad.url, r) for r in REASONS) == 1
+            )
             # Every pod fails: at most 60 % (3 of 5) ejected, then panic (fail open).
             for p in svc.fleet.pods:
                 p.set_status(503)
@@ -429,6 +434,11 @@ def test_the_example_service_runs_as_the_readme_says(tmp_path, worker):
             assert ports[0] not in {p["pod"] for p in doc["products"]}
         metrics = server.request("GET", "/metrics")[1].decode()
         assert "cslb_retries_total" in metrics
+        # cslb's other paths are mounted too; the service's own answer 404 / 400.
+        assert server.request("GET", "/status")[0] == 200
+        assert server.request("GET", "/readyz")[0] == 200
+        assert server.request("GET", "/nowhere")[0] == 404
+        assert server.post_json("/sets", {"not": "a list"}, timeout_s=10)[0] == 400
         result = server.stop()
         assert result["exit"] == 0 and result["segments"] == [], server.log()
     finally:

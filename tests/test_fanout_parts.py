@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 import threading
 import time
 import uuid
@@ -247,6 +248,34 @@ def test_httpx_sender_values_and_failure_kinds(fleet):
         await send.aclose()
 
     asyncio.run(main())
+
+
+def test_senders_fail_on_the_statuses_they_are_configured_with(fleet, monkeypatch):
+    a = fleet.pods[0]
+    a.set_status(429)
+    try:
+        with pytest.raises(CallError) as e:  # by default a 4xx is the caller's: not retried
+            Urllib3Sender()(a.url, "k")
+        assert failure_kind(e.value) == FAIL_OTHER
+        with pytest.raises(CallStatusError) as e:
+            Urllib3Sender(fail_statuses=[429, 503])(a.url, "k")
+        assert e.value.status == 429 and failure_kind(e.value) == FAIL_STATUS
+
+        async def main():
+            with pytest.raises(CallStatusError) as e:
+                await HttpxSender(fail_statuses={429})(a.url, "k")
+            assert e.value.status == 429
+            with pytest.raises(CallError) as e:
+                await HttpxSender()(a.url, "k")
+            assert failure_kind(e.value) == FAIL_OTHER
+
+        asyncio.run(main())
+    finally:
+        a.set_status(200)
+    # Without httpx installed, HttpxSender says what to install (at once, not per call).
+    monkeypatch.setitem(sys.modules, "httpx", None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'cslb[httpx]'")):
+        HttpxSender()
 
 
 def test_failure_kind_of_other_clients_errors():

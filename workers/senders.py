@@ -20,6 +20,7 @@ gets the fan-out's per-call timeout (seconds).
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 from collections.abc import Callable, Collection, Sequence
@@ -199,6 +200,8 @@ class Urllib3Sender(_Template):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(path, batch_path, decode, fail_statuses, headers)
+        # Imported now, not in the first call (its ~0.1 s would count as the pod's).
+        self._urllib3: Any = importlib.import_module("urllib3")
         self.timeout_s = float(timeout_s)
         self.maxsize = int(maxsize)
         self._pool: Any = None
@@ -207,21 +210,17 @@ class Urllib3Sender(_Template):
     def _manager(self) -> Any:
         pool = self._pool
         if pool is None:
-            import urllib3
-
             with self._lock:
                 if self._pool is None:
                     # No retries of its own (the fan-out retries on another pod), no
                     # blocking on a full pool (a new connection instead).
-                    self._pool = urllib3.PoolManager(
+                    self._pool = self._urllib3.PoolManager(
                         num_pools=256, maxsize=self.maxsize, block=False, retries=False
                     )
                 pool = self._pool
         return pool
 
     def _request(self, method: str, url: str, body: bytes | None, timeout: float | None) -> bytes:
-        import urllib3
-
         t = self.timeout_s if timeout is None else max(float(timeout), 0.001)
         headers = self.headers
         if body is not None:
@@ -232,7 +231,7 @@ class Urllib3Sender(_Template):
                 url,
                 body=body,
                 headers=headers,
-                timeout=urllib3.Timeout(connect=t, read=t),
+                timeout=self._urllib3.Timeout(connect=t, read=t),
                 redirect=False,
                 preload_content=True,
             )
@@ -272,7 +271,7 @@ class HttpxSender(_Template):
 
     One client (connection pool) per event loop, made on first use in it. Parameters
     as for :class:`Urllib3Sender`; ``max_connections`` bounds the client's connections
-    in all.
+    in all. Raises ``ImportError`` naming the extra to install when httpx is missing.
     """
 
     def __init__(
@@ -287,6 +286,12 @@ class HttpxSender(_Template):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(path, batch_path, decode, fail_statuses, headers)
+        try:  # now, not in the first call (its ~0.1 s would count as the pod's)
+            self._httpx: Any = importlib.import_module("httpx")
+        except ImportError as exc:
+            raise ImportError(
+                "HttpxSender needs httpx: pip install 'cslb[httpx]' (or httpx)"
+            ) from exc
         self.timeout_s = float(timeout_s)
         self.max_connections = int(max_connections)
         self._clients: dict[int, Any] = {}
