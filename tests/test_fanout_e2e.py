@@ -177,6 +177,17 @@ class Load:
             return len(self.seen)
 
 
+def _errors(batches: list[list[dict]]) -> dict[tuple[str, str], int]:
+    """How the failed keys failed: (error, endpoint) -> keys (for assertion messages)."""
+    out: dict[tuple[str, str], int] = {}
+    for b in batches:
+        for r in b:
+            if not r["ok"]:
+                k = (str(r["error"]), str(r["endpoint"]))
+                out[k] = out.get(k, 0) + 1
+    return out
+
+
 def _failed(batches: list[list[dict]]) -> tuple[int, int]:
     keys = sum(len(b) for b in batches)
     return sum(not r["ok"] for b in batches for r in b), keys
@@ -223,9 +234,9 @@ def test_a_killed_pod_is_a_budgeted_blip_then_ejected_and_fades_back(tmp_path, w
             t_after = time.monotonic()
             blip = load.done_between(t_kill, t_kill + 3.0)
             failed, keys = _failed(blip)
-            assert keys >= 300 and failed <= 0.03 * keys, (failed, keys)
+            assert keys >= 300 and failed <= 0.03 * keys, (failed, keys, _errors(blip))
             later = load.between(t_eject + 0.3, t_after)
-            assert later and _failed(later)[0] == 0
+            assert later and _failed(later)[0] == 0, _errors(later)
             assert _share(later, dead.url) == 0.0  # no call goes to it any more
             # The failure log stayed well under ~10 lines per second.
             lines = svc.failure_lines() - lines_before
@@ -240,7 +251,7 @@ def test_a_killed_pod_is_a_budgeted_blip_then_ejected_and_fades_back(tmp_path, w
             time.sleep(6.2)  # the fade (4 s) and the last requests of the window to end
             early = load.done_between(t_back, t_back + 1.2)  # share (1.2 / 4) ** 2.5: 5 %
             late = load.done_between(t_back + 4.5, t_back + 6.2)
-            assert _failed(early)[0] == 0 and _failed(late)[0] == 0
+            assert _failed(early)[0] == 0 and _failed(late)[0] == 0, _errors(early + late)
             assert _share(early, dead.url) < 0.5 * full, (_share(early, dead.url), full)
             assert _share(late, dead.url) > 0.6 * full, (_share(late, dead.url), full)
         finally:
@@ -274,7 +285,7 @@ def test_a_frozen_pod_times_out_is_retried_and_ejected(tmp_path, worker):
         # twice the call timeout, hardly a key fails.
         assert max(took for took, _ in during) <= 2 * timeout_s + 0.25
         failed, keys = _failed([r for _, r in during])
-        assert failed <= 0.03 * keys, (failed, keys)
+        assert failed <= 0.03 * keys, (failed, keys, _errors([r for _, r in during]))
         retried = [x for _, r in during for x in r if x["attempts"] == 2 and x["ok"]]
         assert retried
         assert _failed(load.between(t_eject + 0.3, t_end))[0] == 0
@@ -298,7 +309,7 @@ def test_a_503_pod_is_retried_and_ejected_and_all_failing_pods_panic(tmp_path, w
             time.sleep(0.5)
             around = load.done_between(t0, time.monotonic())
             failed, keys = _failed(around)
-            assert keys and failed <= 0.03 * keys, (failed, keys)
+            assert keys and failed <= 0.03 * keys, (failed, keys, _errors(around))
             assert any(x["attempts"] == 2 and x["ok"] for b in around for x in b)
             assert _failed(load.between(t1 + 0.3, time.monotonic()))[0] == 0
             m = svc.metrics()

@@ -383,6 +383,15 @@ def key_job(plan: Plan, pos: int, cap: int, t0: int | None = None) -> Job:
     if t0 < 0:
         slot2, url2 = plan.retry_route(pos)
         t2 = -1 if url2 is None else plan.begin(slot2, cap)
+        if t2 < 0:
+            t0 = yield ("slot", own_slot, cap)
+            if t0 == STUCK and url2 is not None:
+                t2 = plan.begin(slot2, cap)  # (the retry pod may have a slot by now)
+            if t2 < 0 and t0 == STUCK:
+                plan.ledger.tally("bulkhead_rejections")
+                err = RejectedError(f"not sent: {url} at the bulkhead's cap and stuck")
+                plan.finish(pos, Result(error=err, endpoint=url))
+                return
         if t2 >= 0:
             plan.ledger.tally("bulkhead_rejections")
             value, exc, kind = yield from _attempt(plan, slot2, t2, url2, key)
@@ -393,12 +402,6 @@ def key_job(plan: Plan, pos: int, cap: int, t0: int | None = None) -> Job:
             else:
                 plan.log_failure(pos, url2, 0, kind, exc, "not retried")
                 plan.finish(pos, Result(error=exc, endpoint=url2, attempts=1, kind=kind))
-            return
-        t0 = yield ("slot", own_slot, cap)
-        if t0 == STUCK:
-            plan.ledger.tally("bulkhead_rejections")
-            err = RejectedError(f"not sent: {url} at the bulkhead's cap and stuck")
-            plan.finish(pos, Result(error=err, endpoint=url))
             return
         if t0 < 0:
             return  # the deadline passed meanwhile: a deadline error, not a call
