@@ -348,11 +348,17 @@ def test_per_call_accounting_measures_the_pods_not_the_callers_pool(tmp_path, wo
         finally:
             load.stop()
         m = svc.metrics()
+        took = sorted(t for _, _, t, _ in load.seen)
+        median = took[len(took) // 2]
+        assert median > 0.015  # (the fan-outs themselves took longer)
+        # Counted from each call's start, 8 at a time, a call reads about 8 / 100 of its
+        # fan-out; counted from the fan-out's entry (track()) it would read about half.
+        # On the asyncio worker a call's time includes waiting for the loop's one thread,
+        # which httpx keeps busy (~2 ms of CPU per call): there the ratio is the check.
+        bar = max(0.015, median / 4) if worker == "uvicorn" else 0.015
         for url in svc.fleet.urls:
             lat = _metric(m, "cslb_endpoint_latency_seconds", url)
-            assert lat is not None and lat <= 0.015, (url, lat)
-        took = sorted(t for _, _, t, _ in load.seen)
-        assert took[len(took) // 2] > 0.015  # (the fan-outs themselves took longer)
+            assert lat is not None and lat <= bar, (url, lat, median)
 
 
 @pytest.mark.parametrize("worker", ALL)
