@@ -238,6 +238,38 @@ def test_the_retry_waits_a_jittered_backoff_and_never_starts_past_the_deadline(h
     assert st["retries"] == len(hit) and st["retries_refused"] == 0  # the first fan-out's
 
 
+def test_a_timeout_the_deadline_cut_short_is_the_callers_a_longer_one_the_pods(host):
+    r = host.router()
+    frozen = EPS[0]
+
+    def send(url, key, timeout=None):  # a sender that honours its timeout
+        if url == frozen:
+            time.sleep(timeout)
+            raise TimeoutError(f"{url}: no answer within {timeout} s")
+        return key
+
+    keys = [k for k, u in zip(KEYS, r.endpoints_of(r.route(KEYS)), strict=True) if u == frozen]
+    keys = keys[:2]
+    slot = host.slot(frozen, r)
+
+    def ended(n):
+        for _ in range(200):  # (the calls end on the pool after the fan-out returned)
+            r._fan().ledger.flush()
+            loads = host.loads()
+            if int(loads.requests_total[slot]) >= n:
+                return int(loads.failures_total_by_kind[slot, FAIL_TIMEOUT - 1])
+            time.sleep(0.01)
+        raise AssertionError("calls did not end")
+
+    # The deadline leaves each call 0.15 s of its 0.2 s: still no answer is the pod's.
+    res = r.fanout(keys, send, timeout_s=0.2, deadline_s=0.15)
+    assert not any(x.ok for x in res)  # (timed out, or the deadline came first)
+    assert ended(2) == 2
+    # It leaves them 0.04 s (a fifth): they started too late, the caller's doing.
+    r.fanout(keys, send, timeout_s=0.2, deadline_s=0.04)
+    assert ended(4) == 2
+
+
 def test_in_flight_counts_only_the_calls_really_out(host):
     """30 calls of 40 ms on 2 threads: the host sees at most 2 in flight, never the 28
     waiting in the pool."""

@@ -265,7 +265,7 @@ def test_a_frozen_pod_times_out_is_retried_and_ejected(tmp_path, worker):
     timeout_s = float(ASYNC_TIMEOUT["CSLB_FANOUT_TIMEOUT"]) if worker == "uvicorn" else TIMEOUT_S
     with service(tmp_path, worker, ASYNC_TIMEOUT if worker == "uvicorn" else None) as svc:
         frozen = svc.fleet.pods[1]
-        load = Load(svc, clients=3)
+        load = Load(svc, clients=2 if worker == "uvicorn" else 3)  # (httpx's CPU per call)
         try:
             wait_for("requests before the freeze", lambda: load.requests() >= 20, 20)
             t_stop = time.monotonic()
@@ -310,9 +310,11 @@ def test_a_503_pod_is_retried_and_ejected_and_all_failing_pods_panic(tmp_path, w
             around = load.done_between(t0, time.monotonic())
             failed, keys = _failed(around)
             assert keys and failed <= 0.03 * keys, (failed, keys, _errors(around))
-            assert any(x["attempts"] == 2 and x["ok"] for b in around for x in b)
             assert _failed(load.between(t1 + 0.3, time.monotonic()))[0] == 0
             m = svc.metrics()
+            # Its calls were retried (and the retries succeeded: hardly a key failed).
+            assert _metric(m, "cslb_retries_total") > 0
+            assert _metric(m, "cslb_retries_failed_total") <= 0.03 * keys
             assert _metric(m, "cslb_endpoint_failures_by_kind_total", bad.url, 'kind="status"') > 0
             assert _metric(m, "cslb_endpoint_ejected", bad.url) == 1.0
             assert (

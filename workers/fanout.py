@@ -23,11 +23,11 @@ once, then for each key:
    failure; a full pool fails keys at once as :class:`RejectedError`.
 
 A call's timeout is ``min(timeout_s, time left to the deadline)``; one that times out
-only because the deadline was near is not counted as the pod's failure (a saturated
-caller must not eject healthy pods). Results come back in the order of ``keys`` as
-:class:`Result`; the failure log (:class:`workers.failurelog.FailureLog`) gets a line
-per failed call, at most a few per endpoint per second, saying whether its retry
-succeeded.
+after the deadline cut it to under half of ``timeout_s`` is not counted as the pod's
+failure (a saturated caller must not eject healthy pods). Results come back in the
+order of ``keys`` as :class:`Result`; the failure log
+(:class:`workers.failurelog.FailureLog`) gets a line per failed call, at most a few per
+endpoint per second, saying whether its retry succeeded.
 
 The grouped form (``grouped=True``) calls ``send(url, keys)`` once per pod with that
 pod's keys (a list) and expects their values in order; a failed group's keys are routed

@@ -227,10 +227,16 @@ class Plan:
     # -- calls --------------------------------------------------------------------------
 
     def call_timeout(self, now: int) -> tuple[float, bool]:
-        """Timeout (s) of a call starting at ``now``, and whether the deadline shortened it."""
+        """Timeout (s) of a call starting at ``now``, and whether the deadline cut it short.
+
+        Short: to under half the call timeout. Such a call that times out is the
+        caller's doing (it started late: its pool or loop was saturated), not the pod's.
+        One left at least half its timeout that still gets no answer counts as the pod's
+        timeout, so a frozen pod's late calls do not pass for successes.
+        """
         left = (self.deadline_ns - now) / 1e9
         if left < self.timeout_s:
-            return max(left, 0.0), True
+            return max(left, 0.0), left < 0.5 * self.timeout_s
         return self.timeout_s, False
 
     def begin(self, slot: int, cap: int) -> int:
