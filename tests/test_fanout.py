@@ -25,7 +25,7 @@ from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
 from workers.fanout import DeadlineError, FanOut, RejectedError, Result
 from workers.fanout_settings import FanoutSettings
 from workers.router import Router, RouterStateError
-from workers.senders import CallStatusError
+from workers.senders import CallAnswerError, CallStatusError
 
 EPS = [f"http://10.9.0.{i}:8080" for i in range(1, 6)]
 KEYS = [f"SKU-{i:05d}" for i in range(100)]
@@ -182,6 +182,29 @@ def test_a_failed_retry_returns_its_error_and_other_errors_are_not_retried(host)
     assert int(kinds[host.slot(EPS[4], r), FAIL_OTHER - 1]) == first.count(EPS[4])
     st = host.stats()
     assert st["retries"] == st["retries_failed"] == len(of_pod0)
+
+
+def test_a_4xx_answer_is_the_keys_error_but_not_the_pods_failure(host):
+    r = host.router()
+    seen = []
+
+    def send(url, key, timeout=None):
+        seen.append(url)
+        if url == EPS[1]:
+            raise CallAnswerError(404, url)
+        return key
+
+    res = r.fanout(KEYS, send)
+    first = r.endpoints_of(r.route(KEYS))
+    for x, u in zip(res, first, strict=True):
+        if u == EPS[1]:
+            assert isinstance(x.error, CallAnswerError) and x.attempts == 1 and x.kind == 0
+        else:
+            assert x.ok
+    assert len(seen) == len(KEYS)  # not retried
+    loads = host.loads()
+    assert int(loads.failures_total.sum()) == 0  # the pod answered: healthy
+    assert int(loads.requests_total[host.slot(EPS[1], r)]) == first.count(EPS[1])
 
 
 def test_the_retry_budget_bounds_retries_and_counts_the_refused(host):

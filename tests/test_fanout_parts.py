@@ -16,7 +16,7 @@ import pytest
 
 import shm
 from lbcore.knobs import KnobError, docs_table
-from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
+from lbcore.outlier import FAIL_CONNECT, FAIL_NONE, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
 from tests.gunicorn_harness import free_port
 from tests.pods import PodFleet
 from workers.budget import RetryBudget
@@ -24,8 +24,8 @@ from workers.failurelog import FailureLog
 from workers.fanout_settings import FANOUT_KNOBS, FanoutSettings
 from workers.ledger import CallLedger
 from workers.senders import (
+    CallAnswerError,
     CallConnectError,
-    CallError,
     CallStatusError,
     CallTimeoutError,
     HttpxSender,
@@ -217,9 +217,9 @@ def test_urllib3_sender_values_and_failure_kinds(fleet):
         with pytest.raises(CallStatusError) as e:
             send(b.url, "k")
         assert e.value.status == 503 and failure_kind(e.value) == FAIL_STATUS
-        with pytest.raises(CallError) as e:  # not a configured failure status: "other"
+        with pytest.raises(CallAnswerError) as e:  # not a configured failure status
             Urllib3Sender(fail_statuses=[500])(b.url, "k")
-        assert failure_kind(e.value) == FAIL_OTHER
+        assert failure_kind(e.value) == FAIL_NONE and e.value.status == 503
     finally:
         b.set_status(200)
     with pytest.raises(CallTimeoutError) as e:
@@ -254,9 +254,9 @@ def test_senders_fail_on_the_statuses_they_are_configured_with(fleet, monkeypatc
     a = fleet.pods[0]
     a.set_status(429)
     try:
-        with pytest.raises(CallError) as e:  # by default a 4xx is the caller's: not retried
+        with pytest.raises(CallAnswerError) as e:  # by default a 4xx is the caller's
             Urllib3Sender()(a.url, "k")
-        assert failure_kind(e.value) == FAIL_OTHER
+        assert failure_kind(e.value) == FAIL_NONE
         with pytest.raises(CallStatusError) as e:
             Urllib3Sender(fail_statuses=[429, 503])(a.url, "k")
         assert e.value.status == 429 and failure_kind(e.value) == FAIL_STATUS
@@ -265,9 +265,9 @@ def test_senders_fail_on_the_statuses_they_are_configured_with(fleet, monkeypatc
             with pytest.raises(CallStatusError) as e:
                 await HttpxSender(fail_statuses={429})(a.url, "k")
             assert e.value.status == 429
-            with pytest.raises(CallError) as e:
+            with pytest.raises(CallAnswerError) as e:
                 await HttpxSender()(a.url, "k")
-            assert failure_kind(e.value) == FAIL_OTHER
+            assert failure_kind(e.value) == FAIL_NONE
 
         asyncio.run(main())
     finally:

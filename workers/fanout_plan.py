@@ -79,8 +79,9 @@ class Result:
         The router answered fallback for the key: it went to ``CSLB_FALLBACK_URL``, or,
         with ``attempts == 0``, is the caller's to send through the ingress.
     kind : int
-        How the last call failed (``lbcore.outlier.FAIL_*``; 0 on success or when no
-        call failed).
+        How the last call failed (``lbcore.outlier.FAIL_*``; 0 on success, when no call
+        failed, or when the pod answered with a status that is not a failure status:
+        :class:`workers.senders.CallAnswerError`).
     """
 
     __slots__ = ("attempts", "endpoint", "error", "fallback", "kind", "value")
