@@ -121,6 +121,19 @@ def test_failure_log_summary_comes_with_the_next_line_of_the_next_second(caplog)
     lines = [json.loads(r.getMessage()) for r in caplog.records]
     assert [x.get("suppressed") for x in lines] == [None, 3, None]
     assert lines[-1]["again"] is True
+    # Another endpoint's failure line brings the summary of one that stopped failing.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cslb.test"):
+        for _ in range(5):
+            flog.failed({"endpoint": "dead"})
+        clock.now += 2 * S
+        flog.failed({"endpoint": "other"})
+    lines = [json.loads(r.getMessage()) for r in caplog.records]
+    assert [(x["endpoint"], x.get("suppressed")) for x in lines] == [
+        ("dead", None),
+        ("other", None),
+        ("dead", 4),
+    ]
 
 
 # ------------------------------------------------------------------------------------
