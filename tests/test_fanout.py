@@ -535,6 +535,44 @@ def test_grouped_form_calls_each_pod_once_and_retries_per_retry_pod(host):
     assert host.stats()["retries"] == len(retry_pods)
 
 
+def test_grouped_calls_over_the_cap_go_to_retry_pods_and_come_back_if_they_must(host):
+    r = host.router(threads=8, endpoint_cap=1)
+    dead = EPS[2]
+    lock = threading.Lock()
+    calls: list[tuple[int, str, list]] = []
+
+    def send_group(url, keys, timeout=None):
+        fan = int(keys[0].split("/")[0])
+        with lock:
+            calls.append((fan, url, list(keys)))
+        if url == dead:
+            raise ConnectionRefusedError("refused")
+        time.sleep(0.05)  # one group call out per pod puts it at its cap
+        return [f"{k}@{url}" for k in keys]
+
+    out: dict[int, list] = {}
+
+    def one(fan):
+        keys = [f"{fan}/{k}" for k in KEYS]
+        out[fan] = r.fanout(keys, send_group, grouped=True, timeout_s=5.0, deadline_s=20.0)
+
+    threads = [threading.Thread(target=one, args=(f,)) for f in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for fan, res in out.items():
+        assert all(x.ok for x in res), (fan, [x for x in res if not x.ok][:2])
+        per_key: dict[str, int] = {}
+        for f, _, keys in calls:
+            if f == fan:
+                for k in keys:
+                    per_key[k] = per_key.get(k, 0) + 1
+        assert max(per_key.values()) <= 2  # one retry at most
+    st = host.stats()
+    assert st["bulkhead_rejections"] > 0 and int(host.loads().in_flight.sum()) == 0
+
+
 def test_afanout_tasks_interleave_on_one_thread(host):
     r = host.router(endpoint_cap=100)  # (no bulkhead moves: every key on its own pod)
 

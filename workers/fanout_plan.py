@@ -499,7 +499,12 @@ def group_values(got: Any, n: int) -> tuple[Any, BaseException | None]:
 
 
 def group_job(plan: Plan, positions: list[int], cap: int, t0: int | None = None) -> Job:
-    """One pod's keys in one call; if it fails, the keys' retries grouped per retry pod."""
+    """One pod's keys in one call; if it fails, the keys' retries grouped per retry pod.
+
+    Over its pod's cap the group goes to the keys' retry pods at once (one call each,
+    as in :func:`key_job`); keys whose retry pod is at its cap too, or fails, come back
+    to their own pod in one call (a retry, for those that failed).
+    """
     slot = plan.slots[positions[0]]
     url = plan.urls[int(plan.idx[positions[0]])]
     if t0 is None:
@@ -509,21 +514,44 @@ def group_job(plan: Plan, positions: list[int], cap: int, t0: int | None = None)
     if t0 < 0:
         plan.ledger.tally("bulkhead_rejections", len(positions))
         err = RejectedError(f"{url} at the bulkhead's cap")
-        yield from _group_second(plan, positions, cap, None, 0, err)
+        yield from _group_second(plan, positions, cap, None, 0, err, (slot, url))
         return
+    yield from _group_call(plan, positions, cap, slot, t0, url)
+
+
+def _group_call(
+    plan: Plan,
+    positions: list[int],
+    cap: int,
+    slot: int,
+    t0: int,
+    url: str,
+    first: tuple[str, int, BaseException] | None = None,
+) -> Job:
+    """The group's call to its own pod, begun at ``t0`` (``first``: it is a retry)."""
     value, exc, kind = yield from _attempt(plan, slot, t0, url, plan.keys_at(positions))
     if exc is None:
         value, exc = group_values(value, len(positions))
         kind = 0 if exc is None else failure_kind(exc)
+    if first is not None:
+        f_url, f_kind, f_exc = first
+        plan.ledger.tally("retries")
+        if exc is not None:
+            plan.ledger.tally("retries_failed")
+        outcome = f"succeeded on {url}" if exc is None else f"failed on {url}"
+        plan.log_failure(positions[0], f_url, 0, f_kind, f_exc, outcome)
+    attempts = 1 if first is None else 2
     if exc is None:
         for p, v in zip(positions, value, strict=True):
-            plan.finish(p, Result(v, None, url, 1))
-    elif kind in RETRYABLE and not plan.closed:
+            plan.finish(p, Result(v, None, url, attempts))
+        return
+    if first is None and kind in RETRYABLE and not plan.closed:
         yield from _group_second(plan, positions, cap, url, kind, exc)
-    else:
-        plan.log_failure(positions[0], url, 0, kind, exc, "not retried")
-        for p in positions:
-            plan.finish(p, Result(error=exc, endpoint=url, attempts=1, kind=kind))
+        return
+    retry = "not retried" if first is None else "none (the single retry)"
+    plan.log_failure(positions[0], url, attempts - 1, kind, exc, retry)
+    for p in positions:
+        plan.finish(p, Result(error=exc, endpoint=url, attempts=attempts, kind=kind))
 
 
 def _group_second(
@@ -533,8 +561,14 @@ def _group_second(
     first_url: str | None,
     first_kind: int,
     first_exc: BaseException,
+    own: tuple[int, str] | None = None,
 ) -> Job:
-    """The retries of a failed (or refused) group: one call per retry pod."""
+    """The retries of a failed group (one call per retry pod), or a group over its cap.
+
+    ``own``: the ``(slot, url)`` of a group moved by the bulkhead (``first_url`` is then
+    ``None``); its keys whose retry pod is at its cap too go back to it, waiting for a
+    slot, and those whose retry pod failed get their retry there.
+    """
     attempts = 0 if first_url is None else 1
     by_pod: dict[str | None, list[int]] = {}
     slot_of: dict[str | None, int] = {}
@@ -542,6 +576,8 @@ def _group_second(
         slot, url = plan.retry_route(p)
         by_pod.setdefault(url, []).append(p)
         slot_of[url] = slot
+    unsent: list[int] = []  # moved keys with nowhere else to go: their own pod, first call
+    failed: list[tuple[list[int], str, int, BaseException]] = []  # moved and failed
 
     def give_up(ps: list[int], retry: str) -> None:
         if first_url is not None:
@@ -559,7 +595,10 @@ def _group_second(
         yield ("sleep", wait / 1e9)
     for url, ps in by_pod.items():
         if url is None:
-            give_up(ps, "no other pod")
+            if own is not None:
+                unsent += ps
+            else:
+                give_up(ps, "no other pod")
             continue
         if first_url is not None:
             why = plan.retry_refusal(plan.clock(), 0)
@@ -568,10 +607,15 @@ def _group_second(
                 continue
         slot = slot_of[url]
         t0 = plan.begin(slot, cap)
-        if t0 < 0:
-            plan.ledger.tally("bulkhead_rejections", len(ps))
-            give_up(ps, f"not sent: {url} at the bulkhead's cap too")
+        if t0 < 0 and own is not None:
+            unsent += ps
             continue
+        if t0 < 0:
+            t0 = yield ("slot", slot, cap)  # the retry pod at its cap: wait for a slot
+            if t0 < 0:
+                stuck = " and stuck" if t0 == STUCK else ""
+                give_up(ps, f"not sent: {url} at the bulkhead's cap{stuck}")
+                continue
         if first_url is not None:
             plan.ledger.tally("retries")
         value, exc, kind = yield from _attempt(plan, slot, t0, url, plan.keys_at(ps))
@@ -584,9 +628,38 @@ def _group_second(
             for p, v in zip(ps, value, strict=True):
                 plan.finish(p, Result(v, None, url, attempts + 1))
             continue
+        if own is not None and kind in RETRYABLE and not plan.closed:
+            failed.append((ps, url, kind, exc))
+            continue
         if first_url is not None:
             plan.ledger.tally("retries_failed")
             plan.log_failure(ps[0], first_url, 0, first_kind, first_exc, f"failed on {url}")
         plan.log_failure(ps[0], url, 1, kind, exc, "none (the single retry)")
         for p in ps:
             plan.finish(p, Result(error=exc, endpoint=url, attempts=attempts + 1, kind=kind))
+    if own is None:
+        return
+    own_slot, own_url = own
+    if unsent:
+        t0 = yield ("slot", own_slot, cap)
+        if t0 >= 0:
+            yield from _group_call(plan, unsent, cap, own_slot, t0, own_url)
+        elif t0 == STUCK:
+            err = RejectedError(f"not sent: {own_url} at the bulkhead's cap and stuck")
+            for p in unsent:
+                plan.finish(p, Result(error=err, endpoint=own_url))
+    for ps, url, kind, exc in failed:
+        wait = plan.backoff_ns()
+        why = plan.retry_refusal(plan.clock(), wait)
+        if why is None:
+            yield ("sleep", wait / 1e9)
+            t0 = yield ("slot", own_slot, cap)
+            if t0 >= 0:
+                yield from _group_call(plan, ps, cap, own_slot, t0, own_url, (url, kind, exc))
+                continue
+            why = f"not sent: {own_url} at the bulkhead's cap"
+            if t0 == STUCK:
+                why += " and stuck"
+        plan.log_failure(ps[0], url, 0, kind, exc, why)
+        for p in ps:
+            plan.finish(p, Result(error=exc, endpoint=url, attempts=1, kind=kind))
