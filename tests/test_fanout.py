@@ -207,6 +207,21 @@ def test_a_4xx_answer_is_the_keys_error_but_not_the_pods_failure(host):
     assert int(loads.requests_total[host.slot(EPS[1], r)]) == first.count(EPS[1])
 
 
+def test_an_ejected_pods_keys_go_where_its_retries_went_and_no_other_key_moves(host):
+    r = host.router()
+    before0 = r.route(KEYS).tolist()
+    before1 = r.route(KEYS, attempt=1).tolist()
+    dead = 2
+    ejected = np.zeros(len(EPS), dtype=bool)
+    ejected[dead] = True
+    host.writer_.publish(lbcore.RingSet(EPS), ejected=ejected, knobs=shm.Knobs(balance_factor=None))
+    assert r.table().generation == 2
+    after = r.route(KEYS).tolist()
+    hit = [i for i, e in enumerate(before0) if e == dead]
+    assert hit and all(after[i] == before1[i] for i in hit)  # the retries' pods
+    assert all(after[i] == e for i, e in enumerate(before0) if e != dead)  # nothing else
+
+
 def test_the_retry_budget_bounds_retries_and_counts_the_refused(host):
     r = host.router(retry_percent=0.0, retry_floor_per_s=0.5)  # 5 retries per 10 s
     dead = EPS[1]
