@@ -2,8 +2,8 @@
 
 Every subcommand's argument parsing lives in this package (``cslb.<name>_cmd``, each a
 thin wrapper over its room's function: :func:`discovery.cli.run`,
-:func:`discovery.inspect_cmd.run`, :func:`workers.serve.plan`...); ``bench`` and
-``simulate`` are still parsed by :mod:`perf`. Subcommands are imported only when used,
+:func:`discovery.inspect_cmd.run`, :func:`workers.serve.plan`, :func:`perf.suite.run`,
+:func:`perf.sim.options.run_scenario`...). Subcommands are imported only when used,
 so ``cslb route`` never loads the Kubernetes client and ``cslb discovery`` never loads
 gunicorn.
 """
@@ -30,11 +30,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "print the host's current routing table: generation, endpoints, fades, knobs",
     ),
     "bench": (
-        "perf.suite",
+        "cslb.bench_cmd",
         "run the benchmark suite (in-process, host, HTTP, control plane) -> perf/RESULTS.md",
     ),
     "simulate": (
-        "perf.sim.cli",
+        "cslb.simulate_cmd",
         "simulate scale-ups, load signals and slow pods with lbcore's routing",
     ),
 }
