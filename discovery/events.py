@@ -76,17 +76,18 @@ class EventLog:
     def emit(self, event: str, level: str = "info", **fields: Any) -> dict[str, Any]:
         """Log ``event`` with ``fields``; returns the record (what sinks get)."""
         now = time.time()
-        fields = {"pid": os.getpid(), **fields}
+        pid = os.getpid()
         record: dict[str, Any] = {
             "timestamp": iso_utc(now),
             "level": level,
             "logger": self.logger,
             "event": event,
+            "pid": pid,
         }
         record.update(fields)
         with self._lock:
             if self.stream is not None and LEVELS.index(level) >= self.min_level:
-                line = render(self.fmt, now, level, self.logger, event, fields)
+                line = render(self.fmt, now, level, self.logger, event, fields, pid)
                 try:
                     self.stream.write(line + "\n")
                     self.stream.flush()

@@ -42,8 +42,9 @@ from lbcore.knobs import LOG_FORMATS
 
 __all__ = ["RESERVED", "Event", "Formatter", "iso_utc", "level_name", "render"]
 
-#: Keys every line starts with; a field of the same name is written as ``field_<name>``.
-RESERVED = ("timestamp", "level", "logger", "event")
+#: Keys every line starts with; a field of the same name is written as ``field_<name>``
+#: (``pid``, the writing process, is dropped instead when the field holds the same PID).
+RESERVED = ("timestamp", "level", "logger", "event", "pid")
 
 _BARE = re.compile(r"[^\s\"=\\]+")
 _LINE_BREAKS = re.compile("[\x85\u2028\u2029]")  # (json.dumps escapes those below 0x20)
@@ -118,6 +119,7 @@ def render(
     logger: str,
     event: str,
     fields: Mapping[str, Any] | None = None,
+    pid: int | None = None,
 ) -> str:
     """One log line (without its newline).
 
@@ -136,6 +138,8 @@ def render(
     fields
         The event's fields, written in order after the reserved keys (a field named
         like one of :data:`RESERVED` is written as ``field_<name>``).
+    pid
+        The writing process (written after ``event``; ``None``: left out).
 
     Raises
     ------
@@ -144,11 +148,11 @@ def render(
     """
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format {fmt!r} is not one of {', '.join(LOG_FORMATS)}")
-    items = (
-        []
-        if not fields
-        else [(f"field_{k}" if k in RESERVED else str(k), v) for k, v in fields.items()]
-    )
+    items = [] if pid is None else [("pid", pid)]
+    for k, v in (fields or {}).items():
+        if k == "pid" and v == pid:
+            continue  # the writer's PID given again (say, by a failure line's fields)
+        items.append((f"field_{k}" if k in RESERVED else str(k), v))
     if fmt == "json":
         doc: dict[str, Any] = {
             "timestamp": iso_utc(timestamp),
@@ -213,7 +217,7 @@ class Formatter(logging.Formatter):
         """Render ``record``: its :class:`Event` or ``record.cslb``, else event ``log``."""
         msg = record.msg
         data = getattr(record, "cslb", None)
-        fields: dict[str, Any] = {"pid": record.process}
+        fields: dict[str, Any] = {}
         if isinstance(msg, Event):
             event = msg.event
             fields.update(msg.fields)
@@ -234,4 +238,5 @@ class Formatter(logging.Formatter):
             record.name,
             event,
             fields,
+            record.process,
         )

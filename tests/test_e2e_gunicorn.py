@@ -156,7 +156,9 @@ def test_rows_supervision_and_clean_stop(tmp_path: Path) -> None:
         assert result["segments"] == []
         # on_exit stopped discovery (SIGTERM: a clean exit), it did not just die.
         stopped = server.events("discovery_stopped")
-        assert [(e["pid"], e["exit"]) for e in stopped] == [(disc, "exited with status 0")]
+        assert [(e["discovery_pid"], e["exit"]) for e in stopped] == [
+            (disc, "exited with status 0")
+        ]
 
 
 def test_leftover_segments_of_a_killed_discovery_are_removed(tmp_path: Path) -> None:

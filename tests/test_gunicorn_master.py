@@ -197,7 +197,7 @@ def test_stop_keeps_counters_another_server_holds(namespaces, holders) -> None:
     holders(ns, w.cslb_row)  # B's worker adopted it
     a.stop(server_a)
     assert f"/cslb.{ns}.counters" in shm.list_segments(ns)
-    assert server_a.log.has('counters_kept shm_namespace=') and server_a.log.has(
+    assert server_a.log.has("counters_kept shm_namespace=") and server_a.log.has(
         'why="rows held by live processes"'
     )
     # B can still reserve on them.

@@ -366,7 +366,7 @@ class _Master:
             self.log.error(
                 Event(
                     "discovery_hung",
-                    pid=sup.pid,
+                    discovery_pid=sup.pid,
                     heartbeat_age_s=round(age_s, 3),
                     limit_s=timeout,
                     setting="CSLB_DISCOVERY_STALL_TIMEOUT",

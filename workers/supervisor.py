@@ -347,7 +347,7 @@ class DiscoverySupervisor:
         self.log.info(
             Event(
                 "discovery_started",
-                pid=self._proc.pid,
+                discovery_pid=self._proc.pid,
                 start=self.starts,
                 command=" ".join(self.command),
             )
@@ -400,7 +400,7 @@ class DiscoverySupervisor:
             self.log.error(
                 Event(
                     "discovery_exited",
-                    pid=self._last_pid,
+                    discovery_pid=self._last_pid,
                     exit=self.last_exit,
                     lived_s=round(self.clock() - self._started_at, 3),
                 )
@@ -413,7 +413,7 @@ class DiscoverySupervisor:
             self.log.error(
                 Event(
                     "discovery_exited",
-                    pid=self._last_pid,
+                    discovery_pid=self._last_pid,
                     exit=self.last_exit,
                     lived_s=round(lived, 3),
                     restart_in_s=round(delay, 3),
@@ -513,7 +513,7 @@ class DiscoverySupervisor:
             self.log.warning(
                 Event(
                     "discovery_killed",
-                    pid=pid,
+                    discovery_pid=pid,
                     why=f"still running {timeout:g} s after SIGTERM",
                     signal="SIGKILL",
                 )
@@ -522,7 +522,7 @@ class DiscoverySupervisor:
             self.wait(5.0)
         if self._proc is not None:  # signal failed: it is gone already
             self.wait(1.0)
-        self.log.info(Event("discovery_stopped", pid=pid, exit=self.last_exit))
+        self.log.info(Event("discovery_stopped", discovery_pid=pid, exit=self.last_exit))
         return self.last_exit
 
     def detach_in_child(self) -> None:
