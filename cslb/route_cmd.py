@@ -229,7 +229,7 @@ def _no_table(args: argparse.Namespace, keys: Sequence[bytes], ns: str, why: str
     else:
         print(f"shm namespace {ns}: {why}; workers send every key to the fallback")
         for k in keys:
-            print(f"{_shown(k)}  fallback: no_table")
+            print(f"{_shown(k)}  fallback  no table")
     return 1
 
 
@@ -249,36 +249,36 @@ def _header(a: Any, ns: str) -> str:
     return "\n".join(lines)
 
 
-_FALLBACK = {
-    "kill_switch": "the kill switch is off (CSLB_ENABLED=false)",
-    "percentage": "outside the rollout percentage (CSLB_PERCENTAGE)",
-    "no_table": "no table (nothing published, or no endpoints)",
-    "all_ejected": "every endpoint of its ring is ejected",
-    "no_other_endpoint": "no other endpoint for this retry",
-}
+def _fallback(reason: str, knobs: dict[str, Any]) -> str:
+    return {
+        "kill_switch": "the kill switch is off (CSLB_ENABLED=false)",
+        "percentage": f"outside the rollout percentage (CSLB_PERCENTAGE={knobs['percentage']:g})",
+        "no_table": "no table (nothing published, or no endpoints)",
+        "all_ejected": "every endpoint of its ring is ejected",
+        "no_other_endpoint": "no other endpoint for this retry",
+    }[reason]
 
 
 def _why(r: Any, a: Any) -> str:
-    parts = []
+    signal = a.knobs["load_signal"]
     if r.kind == "fallback":
-        parts.append(f"fallback: {r.fallback}, {_FALLBACK[r.fallback]}")
+        parts = [_fallback(r.fallback, a.knobs)]
     elif r.kind == "bounded_load":
-        bar = f" over the bar {r.loads['bar']:.3g}" if "bar" in r.loads else ""
-        parts.append(
-            f"bounded load: moved from {r.moved_from} (load {r.loads['from']:.3g}{bar}; "
-            f"this pod {r.loads['to']:.3g}, {a.knobs['load_signal']})"
-        )
+        bar = f" is over the bar {r.loads['bar']:.3g}" if "bar" in r.loads else ""
+        parts = [
+            f"bounded load: moved from {r.moved_from} (its {signal} load "
+            f"{r.loads['from']:.3g}{bar}; this pod's is {r.loads['to']:.3g})"
+        ]
+    elif r.kind == "fade_ring" and r.ring is None:
+        parts = ["Skipper fade-in: a new pod the key's draw keeps"]
     elif r.kind == "fade_ring":
         share = "" if r.ring_share is None else f", share {r.ring_share * 100:.1f} %"
-        parts.append(
-            "Skipper fade-in (a new pod)"
-            if r.ring is None
-            else f"fading ring {r.ring} (new pods{share})"
-        )
+        new = "; one of its new pods" if r.pod_ring == r.ring else ""
+        parts = [f"fading ring {r.ring}{share}{new}"]
     elif r.kind == "retry":
-        parts.append("retry: the next distinct pod")
+        parts = ["retry: the next distinct pod"]
     else:
-        parts.append("established ring" if a.knobs["fade_mode"] == "n-ring" else "ring")
+        parts = ["established ring" if a.knobs["fade_mode"] == "n-ring" else "ring"]
     for s in r.skipped:
         left = "" if s["remaining_s"] is None else f", {s['remaining_s']:.1f} s left"
         parts.append(f"skipped ejected {s['endpoint']} ({s['reason']}{left})")
@@ -289,6 +289,6 @@ def _print_rows(keys: Sequence[bytes], whys: list[str], routes: list[Any]) -> No
     shown = [_shown(k) for k in keys]
     width = max(len(s) for s in shown)
     for key, why, r in zip(shown, whys, routes, strict=True):
-        where = r.endpoint or "-"
+        where = r.endpoint or "fallback"
         extra = " ".join(x for x in (r.zone, r.node) if x)
         print(f"{key:<{width}}  {where}" + (f" ({extra})" if extra else "") + f"  {why}")

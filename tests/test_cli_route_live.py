@@ -93,10 +93,12 @@ def test_fading_ring_takes_its_share(host: Host) -> None:
     faded = [r for r in routes if r.kind == "fade_ring"]
     assert 0.10 < len(faded) / len(KEYS) < 0.25
     assert all(r.ring == 1 and abs(r.ring_share - 0.5**2.5) < 0.01 for r in faded)
+    assert {r.pod_ring for r in faded} == {0, 1}  # its new pods and the old ones
     # Keys on the fading ring whose pod is new; every other key keeps its old pod.
     old = lbcore.Ring(ENDPOINTS).lookup(KEYS)
     moved = [r for r, o in zip(routes, old.tolist(), strict=True) if r.endpoint != ENDPOINTS[o]]
     assert moved and all(r.kind == "fade_ring" and r.endpoint in NEW for r in moved)
+    assert all(r.pod_ring == 1 for r in moved)
 
 
 def test_bounded_load_moves_off_hot_pods_on_the_hosts_in_flight_load(host: Host) -> None:
@@ -249,8 +251,8 @@ def test_command_text_json_and_exit_statuses(host: Host) -> None:
     assert "(alive); shm namespace" in lines[0] and "bounded load 1.25 on in-flight" in lines[1]
     body = "\n".join(lines[2:])
     assert "established ring" in body
-    assert "  fading ring 1 (new pods, share 17.7 %)" in body
-    assert f"bounded load: moved from {ENDPOINTS[0]} (load 40" in body
+    assert "  fading ring 1, share 17.7 %; one of its new pods" in body
+    assert f"bounded load: moved from {ENDPOINTS[0]} (its in-flight load 40 is over" in body
     assert f"skipped ejected {ENDPOINTS[2]} (consecutive_failures, " in body
     assert len(lines) == 2 + len(keys)
     # Keys from standard input, byte for byte; the same answer.
@@ -275,7 +277,7 @@ def test_command_gate_and_no_table(host: Host) -> None:
     host.publish(knobs=shm.Knobs(enabled=False))
     p = cslb("--live", "--shm-namespace", host.namespace, "SKU-1")
     assert p.returncode == 0
-    assert b"fallback: kill_switch, the kill switch is off (CSLB_ENABLED=false)" in p.stdout
+    assert b"SKU-1  fallback  the kill switch is off (CSLB_ENABLED=false)" in p.stdout
     p = cslb("--live", "--shm-namespace", new_namespace(), "--json", "SKU-1")
     assert p.returncode == 1
     assert json.loads(p.stdout)["routes"][0]["fallback"] == "no_table"

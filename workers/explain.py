@@ -72,6 +72,9 @@ class Explanation:
         (N-ring fade-in), ``None`` when not routed on a ring.
     ring_share : float or None
         That fading ring's share of keys now (0-1).
+    pod_ring : int or None
+        The ring that added the pod (0: established; ``k``: the ``k``-th fading ring's
+        scale-up), so a key on a fading ring can be told on one of its new pods.
     moved_from : str or None
         ``bounded_load``: the ring's pod the walk moved the key off.
     loads : dict
@@ -92,6 +95,7 @@ class Explanation:
     kind: str
     ring: int | None = None
     ring_share: float | None = None
+    pod_ring: int | None = None
     moved_from: str | None = None
     loads: dict[str, float] = field(default_factory=dict)
     skipped: list[dict[str, Any]] = field(default_factory=list)
@@ -237,6 +241,7 @@ def explain(
                 kind,
                 ring=ring,
                 ring_share=share,
+                pod_ring=int(rs.tiers[i]),
                 moved_from=moved_from,
                 loads=load_info,
                 skipped=skipped,
