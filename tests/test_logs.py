@@ -309,3 +309,52 @@ def test_the_config_module_writes_text_lines_with_cslb_log_format_text(tmp_path:
         pids.setdefault(m.group(3), set()).add(int(m.group(5)))
         assert not line.startswith("{")
     _check_processes(pids, server, answers)
+
+
+# -- the docs --------------------------------------------------------------------------------
+
+
+def _logs_section() -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start = readme.index("### Logs\n")
+    return readme[start : readme.index("\n### ", start + 1)]
+
+
+def _event_names(paths: list[Path], *, event_calls: bool) -> set[str]:
+    """Event names in the source: ``Event("name", ...)`` or ``log.info("name", ...)``."""
+    import ast
+
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and node.args):
+                continue
+            first, f = node.args[0], node.func
+            if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                continue
+            if not re.fullmatch(r"[a-z_]+", first.value):
+                continue
+            if event_calls and isinstance(f, ast.Name) and f.id == "Event":
+                names.add(first.value)
+            if not event_calls and isinstance(f, ast.Attribute):
+                if f.attr in ("debug", "info", "warning", "error"):
+                    names.add(first.value)
+    return names
+
+
+def test_readme_logs_section_names_every_event_and_the_settings():
+    from lbcore.knobs import LOG_KNOBS, docs_table
+
+    doc = _logs_section()
+    table = re.search(r"<!-- log-knobs -->\n(.*?)<!-- /log-knobs -->", doc, re.S)
+    assert table and table.group(1).strip() == docs_table(LOG_KNOBS)
+    ours = _event_names(sorted((REPO / "workers").glob("*.py")), event_calls=True)
+    discovery = _event_names(
+        [*sorted((REPO / "discovery").glob("*.py")), REPO / "cslb" / "discovery_cmd.py"],
+        event_calls=False,
+    )
+    assert len(ours) > 20 and len(discovery) > 30
+    missing = sorted(n for n in ours | discovery if f"`{n}`" not in doc)
+    assert not missing, f"README's Logs section does not name {missing}"
+    for failure in ("cslb_call_failed", "cslb_call_failures_suppressed"):
+        assert f"`{failure}`" in doc

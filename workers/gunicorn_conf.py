@@ -2,6 +2,10 @@
 
 In the master (the arbiter), before any worker forks:
 
+0. ``on_starting`` first gives the ``cslb`` logger cslb's handler
+   (:func:`workers.logs.install`: cslb's line format, ``CSLB_LOG_FORMAT``, on stderr), so
+   the master's, the workers' and discovery's cslb lines are one format; gunicorn's own
+   lines keep gunicorn's.
 1. ``on_starting`` creates the host's counters (``shm.CounterStore.create``, one row per
    worker thread plus room for a graceful reload) and starts the host's discovery
    process, ``python -m cslb discovery``, by fork+exec as a supervised child. The
