@@ -82,7 +82,32 @@ static void plan_dealloc(LBPlan *self)
                         &self->saturated_v, &self->slots_v, &self->guard_v};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         release(all[i]);
+    PyMem_Free(self->state);
+    for (int i = 0; i < LB_OUT_CACHE; i++)
+        Py_CLEAR(self->out_cache[i]);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The ST_* byte of every (view, endpoint): one load tells the routing loop that a key
+ * keeps its first endpoint, so only the others take the walk (route.c). Views with
+ * fewer than two candidates keep no key that way: their rule is not the walk. */
+static int build_state(LBPlan *self)
+{
+    Py_ssize_t cells = self->views * self->n;
+    self->state = (uint8_t *)PyMem_Malloc(cells ? (size_t)cells : 1);
+    if (self->state == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t v = 0; v < self->views; v++) {
+        int walks = self->listed_count[v] >= 2 && self->eligible_count[v] >= 1;
+        for (Py_ssize_t e = v * self->n; e < (v + 1) * self->n; e++) {
+            int eligible = self->eligible[e] != 0;
+            int under = !self->bounded || self->good[e] != 0;
+            self->state[e] = (uint8_t)(eligible * ST_ELIGIBLE + (walks && eligible && under) * ST_KEEP);
+        }
+    }
+    return 0;
 }
 
 static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
@@ -98,7 +123,7 @@ static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
     int bounded, choice, gate, closed;
     unsigned long long choice_salt, gate_salt, gate_threshold;
     long long n_slots;
-    if (self->hashes_v.obj != NULL) {
+    if (self->hashes_v.obj != NULL || self->slots_v.obj != NULL) {
         PyErr_SetString(PyExc_TypeError, "a plan is built once");
         return -1;
     }
@@ -208,7 +233,7 @@ static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_ValueError, "plan: more fade thresholds than views");
         return -1;
     }
-    return 0;
+    return build_state(self);
 }
 
 static PyMethodDef plan_methods[] = {

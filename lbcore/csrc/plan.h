@@ -6,6 +6,13 @@
 
 enum { CHOICE_FIXED = 0, CHOICE_NRING = 1, CHOICE_SKIPPER = 2 };
 enum { GATE_ALL = 0, GATE_NONE = 1, GATE_PARTIAL = 2 };
+/* Per (view, endpoint): the walk may stop there; it is eligible and under the bar (or
+ * just eligible without bounded load) in a view with two candidates or more, so a key
+ * whose first endpoint it is keeps it at attempt 0. */
+enum { ST_ELIGIBLE = 1, ST_KEEP = 2 };
+/* Output arrays a plan keeps for reuse (see route.c), and the longest one kept. */
+#define LB_OUT_CACHE 4
+#define LB_OUT_CACHE_MAX 65536
 
 typedef struct {
     PyObject_HEAD
@@ -27,6 +34,7 @@ typedef struct {
     const int64_t *eligible_count;  /* per view: endpoints the walk may stop at */
     const int32_t *single;          /* per view: the one candidate, or -1 */
     const double *loads;            /* n: for the least loaded endpoint a capped walk saw */
+    uint8_t *state;                 /* views x n: ST_* bits (plan-owned, PyMem) */
     int bounded;
     Py_ssize_t max_hops;            /* 0: Skipper's full lap */
     /* Which view a key uses. */
@@ -52,6 +60,9 @@ typedef struct {
     int has_guard;
     int closed;                     /* every key is fallback */
     Py_ssize_t max_key_bytes;
+    /* Index arrays returned earlier, reused once nothing else refers to them. */
+    PyObject *out_cache[LB_OUT_CACHE];
+    unsigned out_next;
 } LBPlan;
 
 #endif

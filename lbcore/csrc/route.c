@@ -11,9 +11,10 @@
  *   with a hop cap, the least loaded of the distinct endpoints visited), and for a
  *   retry (attempt a) the next distinct endpoint, never one of earlier attempts.
  *
- * Large batches run in two passes per block of keys (positions with the bucket loads
- * prefetched a few keys ahead, then answers with the owner loads prefetched), so the
- * memory latency of one key overlaps the work of the next.
+ * Keys go through in blocks, each in stages (route_block) so that the table loads of
+ * a block's keys are in flight together rather than one key's chain after another's;
+ * a key whose first endpoint is under the bar (its endpoint's ST_KEEP state byte, plan.h)
+ * is answered at once, and only the others walk.
  */
 #include "plan.h"
 
@@ -21,7 +22,6 @@
 #include <string.h>
 
 #define BLK 256          /* keys per block: scratch stays on the stack */
-#define AHEAD 8          /* prefetch distance, in keys */
 #define NOGIL_MIN 8192   /* batches at least this long route without the GIL */
 
 /* Per-call scratch of the distinct walks: a stamp per endpoint, no clearing per key. */
@@ -69,10 +69,10 @@ static inline int32_t owner_at(const LBPlan *p, Py_ssize_t q, int *bad)
 
 static inline Py_ssize_t next_pos(const LBPlan *p, Py_ssize_t q) { return q + 1 == p->size ? 0 : q + 1; }
 
-/* Ring position of hash h: the first node with hash >= h, wrapped to 0 past the end. */
-static inline Py_ssize_t position(const LBPlan *p, uint64_t h, int *bad)
+/* Ring position of hash h, whose bucket-table entry is e: the first node with hash
+ * >= h, wrapped to 0 past the end. */
+static inline Py_ssize_t position(const LBPlan *p, int32_t e, uint64_t h, int *bad)
 {
-    int32_t e = LOAD_RELAXED(&p->buckets[h >> p->shift]);
     Py_ssize_t size = p->size;
     if (LIKELY(e >= 0)) { /* no node in the bucket: its answer is stored */
         if (UNLIKELY(e >= size)) {
@@ -123,9 +123,10 @@ static inline Py_ssize_t view_of(const LBPlan *p, uint64_t h)
 
 /* The walk over distinct endpoints from position s: the first under the bar, else the
  * least loaded of the first `width` distinct ones visited (-1: none visited). With
- * `exclude`, endpoints marked excluded are stepped over and not counted. */
-static int32_t walk_distinct(const LBPlan *p, const uint8_t *E, const uint8_t *G, Py_ssize_t s,
-                             int64_t width, walk_scratch *ws, int exclude, int *bad)
+ * `exclude`, endpoints marked excluded are stepped over and not counted. S is the
+ * view's row of ST_* bytes (ST_KEEP: under the bar). */
+static int32_t walk_distinct(const LBPlan *p, const uint8_t *S, Py_ssize_t s, int64_t width,
+                             walk_scratch *ws, int exclude, int *bad)
 {
     if (!scratch_ready(ws)) {
         *bad = 2;
@@ -141,9 +142,9 @@ static int32_t walk_distinct(const LBPlan *p, const uint8_t *E, const uint8_t *G
         if (step)
             q = next_pos(p, q);
         int32_t f = owner_at(p, q, bad);
-        if (!E[f] || ws->seen[f] == stamp || (exclude && ws->excluded[f] == ex))
+        if (!(S[f] & ST_ELIGIBLE) || ws->seen[f] == stamp || (exclude && ws->excluded[f] == ex))
             continue;
-        if (G[f])
+        if (S[f] & ST_KEEP)
             return f;
         if (p->loads[f] < best_load) { /* strictly: the first seen among equals */
             best = f;
@@ -156,8 +157,28 @@ static int32_t walk_distinct(const LBPlan *p, const uint8_t *E, const uint8_t *G
     return best;
 }
 
+/* walk_distinct without exclusions, usually without its bookkeeping: an endpoint under
+ * the bar met within the first `width` eligible positions is within the first `width`
+ * distinct endpoints as well, so it is the walk's answer; only a key that meets
+ * `width` eligible positions over the bar first needs the count of distinct ones. */
+static int32_t walk_first(const LBPlan *p, const uint8_t *S, Py_ssize_t s, int64_t width,
+                          walk_scratch *ws, int *bad)
+{
+    int64_t left = width;
+    Py_ssize_t q = s;
+    for (Py_ssize_t step = 0; step < p->size; step++) {
+        uint8_t st = S[owner_at(p, q, bad)];
+        if (st & ST_KEEP)
+            return owner_at(p, q, bad);
+        if ((st & ST_ELIGIBLE) && --left == 0)
+            break;
+        q = next_pos(p, q);
+    }
+    return walk_distinct(p, S, s, width, ws, 0, bad);
+}
+
 /* From position s, the attempt-th next distinct eligible endpoint (plain retries). */
-static int32_t advance_distinct(const LBPlan *p, const uint8_t *E, Py_ssize_t s, Py_ssize_t attempt,
+static int32_t advance_distinct(const LBPlan *p, const uint8_t *S, Py_ssize_t s, Py_ssize_t attempt,
                                 walk_scratch *ws, int *bad)
 {
     if (!scratch_ready(ws)) {
@@ -170,7 +191,7 @@ static int32_t advance_distinct(const LBPlan *p, const uint8_t *E, Py_ssize_t s,
     for (Py_ssize_t step = 0; step < p->size; step++) {
         q = next_pos(p, q);
         int32_t f = owner_at(p, q, bad);
-        if (E[f] && ws->seen[f] != stamp) {
+        if ((S[f] & ST_ELIGIBLE) && ws->seen[f] != stamp) {
             ws->seen[f] = stamp;
             if (++found > attempt)
                 return f;
@@ -179,10 +200,10 @@ static int32_t advance_distinct(const LBPlan *p, const uint8_t *E, Py_ssize_t s,
     return owner_at(p, q, bad);
 }
 
-/* The answer for a key at ring position q0 in view v; *plain gets the answer without
- * bounded load (for counting moves). */
-static int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t attempt,
-                      walk_scratch *ws, int32_t *plain, int *bad)
+/* answer() for every key that does not keep its first endpoint e (at position q0). */
+static int32_t __attribute__((noinline))
+answer_walk(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, int32_t e, Py_ssize_t attempt,
+            walk_scratch *ws, int32_t *plain, int *bad)
 {
     int64_t listed = p->listed_count[v], eligible = p->eligible_count[v];
     if (listed == 0 || attempt >= eligible) {
@@ -193,11 +214,10 @@ static int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t a
         *plain = p->single[v];
         return p->single[v];
     }
-    const uint8_t *E = p->eligible + v * p->n;
+    const uint8_t *S = p->state + v * p->n;
     /* Skipper's skip rule: the walk starts on an endpoint the view holds. */
     Py_ssize_t s = q0, steps = 0;
-    int32_t e = owner_at(p, s, bad);
-    while (!E[e]) {
+    while (!(S[e] & ST_ELIGIBLE)) {
         if (++steps >= p->size) { /* the ring holds none of them: damaged */
             *bad = 1;
             *plain = -1;
@@ -206,17 +226,16 @@ static int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t a
         s = next_pos(p, s);
         e = owner_at(p, s, bad);
     }
-    *plain = attempt == 0 ? e : advance_distinct(p, E, s, attempt, ws, bad);
+    *plain = attempt == 0 ? e : advance_distinct(p, S, s, attempt, ws, bad);
     if (!p->bounded)
         return *plain;
-    const uint8_t *G = p->good + v * p->n;
     int64_t width = p->max_hops ? p->max_hops : p->size;
     if (width > eligible)
         width = eligible;
     if (width < 1)
         width = 1;
     int32_t chosen;
-    if (G[e]) {
+    if (S[e] & ST_KEEP) {
         chosen = e;
     } else if (p->max_hops == 0) {
         /* Skipper's walk: the first endpoint under the bar within one lap, else stay. */
@@ -225,13 +244,13 @@ static int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t a
         for (Py_ssize_t step = 1; step < p->size; step++) {
             q = next_pos(p, q);
             int32_t f = owner_at(p, q, bad);
-            if (G[f]) {
+            if (S[f] & ST_KEEP) {
                 chosen = f;
                 break;
             }
         }
     } else {
-        chosen = walk_distinct(p, E, G, s, width, ws, 0, bad);
+        chosen = walk_first(p, S, s, width, ws, bad);
     }
     if (attempt == 0)
         return chosen;
@@ -243,15 +262,66 @@ static int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t a
     for (Py_ssize_t a = 1; a <= attempt; a++) {
         if (chosen >= 0)
             ws->excluded[chosen] = ex;
-        chosen = walk_distinct(p, E, G, s, width, ws, 1, bad);
+        chosen = walk_distinct(p, S, s, width, ws, 1, bad);
     }
     return chosen;
+}
+
+/* The answer for a key at ring position q0 in view v; *plain gets the answer without
+ * bounded load (for counting moves). Most keys keep the endpoint at their position:
+ * one load of its state byte says so, and only the rest walk. */
+static inline int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t attempt,
+                             walk_scratch *ws, int32_t *plain, int *bad)
+{
+    int32_t e = owner_at(p, q0, bad);
+    if (LIKELY(attempt == 0 && (p->state[v * p->n + e] & ST_KEEP))) {
+        *plain = e;
+        return e;
+    }
+    return answer_walk(p, v, q0, e, attempt, ws, plain, bad);
 }
 
 typedef struct {
     Py_ssize_t fallbacks, moves;
     int bad; /* 1: a table entry out of range; 2: out of memory */
 } counts;
+
+/* Routes a block of m <= BLK hashes. Its table loads are issued together, a stage at a
+ * time, so their latencies overlap: the bucket entries, then the node hashes of
+ * one-node buckets and the owners, then the answers. */
+static void route_block(const LBPlan *p, const uint64_t *h, Py_ssize_t m, int32_t *out,
+                        Py_ssize_t attempt, walk_scratch *ws, counts *c)
+{
+    int32_t entry[BLK];
+    const int shift = p->shift;
+    const Py_ssize_t size = p->size;
+    for (Py_ssize_t i = 0; i < m; i++)
+        PREFETCH(&p->buckets[h[i] >> shift]);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int32_t e = LOAD_RELAXED(&p->buckets[h[i] >> shift]);
+        entry[i] = e;
+        Py_ssize_t q = e >= 0 ? e : -(Py_ssize_t)e - 2;
+        if (q >= 0 && q < size) { /* (hints only: checked again where they are used) */
+            PREFETCH(&p->owners[q]);
+            if (e < 0)
+                PREFETCH(&p->hashes[q]);
+        }
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint64_t k = h[i];
+        if (p->gate == GATE_PARTIAL && !(lb_mix64(k, p->gate_salt) < p->gate_threshold)) {
+            out[i] = -1;
+            c->fallbacks++;
+            continue;
+        }
+        int32_t plain;
+        Py_ssize_t q = position(p, entry[i], k, &c->bad);
+        int32_t r = answer(p, view_of(p, k), q, attempt, ws, &plain, &c->bad);
+        out[i] = r;
+        c->fallbacks += r < 0;
+        c->moves += r >= 0 && r != plain;
+    }
+}
 
 /* Routes hashes h[0..n) into out: no Python object is touched (runs without the GIL). */
 static void route_hashes(const LBPlan *p, const uint64_t *h, Py_ssize_t n, int32_t *out,
@@ -266,33 +336,8 @@ static void route_hashes(const LBPlan *p, const uint64_t *h, Py_ssize_t n, int32
     walk_scratch ws;
     memset(&ws, 0, sizeof ws);
     ws.n = p->n;
-    Py_ssize_t pos[BLK];
-    for (Py_ssize_t base = 0; base < n; base += BLK) {
-        Py_ssize_t m = n - base < BLK ? n - base : BLK;
-        const uint64_t *hb = h + base;
-        for (Py_ssize_t i = 0; i < m; i++) {
-            if (i + AHEAD < m)
-                PREFETCH(&p->buckets[hb[i + AHEAD] >> p->shift]);
-            pos[i] = position(p, hb[i], &c->bad);
-        }
-        for (Py_ssize_t i = 0; i < m; i++) {
-            if (i + AHEAD < m)
-                PREFETCH(&p->owners[pos[i + AHEAD]]);
-            uint64_t k = hb[i];
-            if (p->gate == GATE_PARTIAL && !(lb_mix64(k, p->gate_salt) < p->gate_threshold)) {
-                out[base + i] = -1;
-                c->fallbacks++;
-                continue;
-            }
-            int32_t plain;
-            int32_t r = answer(p, view_of(p, k), pos[i], attempt, &ws, &plain, &c->bad);
-            out[base + i] = r;
-            if (r < 0)
-                c->fallbacks++;
-            else if (r != plain)
-                c->moves++;
-        }
-    }
+    for (Py_ssize_t base = 0; base < n; base += BLK)
+        route_block(p, h + base, n - base < BLK ? n - base : BLK, out + base, attempt, &ws, c);
     PyMem_RawFree(ws.seen);
 }
 
