@@ -238,9 +238,10 @@ static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
 
 static PyMethodDef plan_methods[] = {
     {"route", (PyCFunction)(void (*)(void))lb_plan_route, METH_FASTCALL | METH_KEYWORDS,
-     "route(keys, kind, attempt) -> (indices, fallbacks, moves, valid)"},
-    {"route_hashes", (PyCFunction)(void (*)(void))lb_plan_route_hashes, METH_FASTCALL,
-     "route_hashes(hashes, attempt) -> (indices, fallbacks, moves, valid)"},
+     "route(keys, attempt=0) -> (indices, fallbacks, moves, valid)"},
+    {"route_hashes", (PyCFunction)(void (*)(void))lb_plan_route_hashes,
+     METH_FASTCALL | METH_KEYWORDS,
+     "route_hashes(hashes, attempt=0) -> (indices, fallbacks, moves, valid)"},
     {"answers", (PyCFunction)lb_plan_answers, METH_NOARGS,
      "answers() -> (answer, plain): int32 arrays of views x ring positions, attempt 0"},
     {"counter_slots", (PyCFunction)lb_plan_counter_slots, METH_O,

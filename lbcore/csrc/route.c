@@ -350,20 +350,57 @@ static int still_valid(const LBPlan *p)
     return LOAD_RELAXED(&p->guard_words[p->guard_index]) == p->guard_expected;
 }
 
+/* A retry number, as lbcore.plan checks it: a non-negative int or NumPy integer (not a
+ * bool); one beyond every endpoint count routes every key to fallback. */
 static int parse_attempt(PyObject *o, Py_ssize_t *attempt)
 {
-    *attempt = PyLong_AsSsize_t(o);
-    if (*attempt == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+    *attempt = 0;
+    if (o == NULL)
+        return 0;
+    PyObject *v;
+    if (PyLong_CheckExact(o)) {
+        v = o;
+        Py_INCREF(v);
+    } else if (!PyBool_Check(o) &&
+               (PyLong_Check(o) || PyObject_TypeCheck(o, (PyTypeObject *)LB.np_integer))) {
+        v = PyNumber_Index(o);
+        if (v == NULL)
             return -1;
-        PyErr_Clear();
-        *attempt = PY_SSIZE_T_MAX; /* beyond every endpoint count: fallback */
+    } else {
+        goto bad;
     }
-    if (*attempt < 0) {
-        PyErr_SetString(PyExc_ValueError, "attempt must be >= 0");
+    int overflow;
+    long long a = PyLong_AsLongLongAndOverflow(v, &overflow);
+    Py_DECREF(v);
+    if (a == -1 && PyErr_Occurred())
         return -1;
-    }
+    if (overflow < 0 || (!overflow && a < 0))
+        goto bad;
+    *attempt = overflow ? PY_SSIZE_T_MAX : (Py_ssize_t)a;
     return 0;
+bad:
+    PyErr_Format(LB.argument_error, "attempt must be a non-negative integer, got %R", o);
+    return -1;
+}
+
+/* The (keys, attempt=0) or (hashes, attempt=0) of a vectorcall; -1 with an error set. */
+static int call_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *sig,
+                     Py_ssize_t *attempt)
+{
+    PyObject *a = nargs == 2 ? args[1] : NULL;
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs < 1 || nargs > 2 || nkw > 1 || (nkw && nargs == 2))
+        goto bad;
+    if (nkw) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, 0);
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, "attempt") != 0)
+            goto bad;
+        a = args[nargs];
+    }
+    return parse_attempt(a, attempt);
+bad:
+    PyErr_Format(PyExc_TypeError, "%s takes (keys, attempt=0)", sig);
+    return -1;
 }
 
 static PyObject *finish(const LBPlan *p, PyObject *arr, const counts *c)
@@ -380,26 +417,88 @@ static PyObject *finish(const LBPlan *p, PyObject *arr, const counts *c)
                         "it was read)");
         return NULL;
     }
-    return Py_BuildValue("(NnnN)", arr, c->fallbacks, c->moves, PyBool_FromLong(valid));
-}
-
-/* Plan.route(keys, kind, attempt): kind None for a list/tuple, else (kind, itemsize). */
-PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
-{
-    const LBPlan *p = (const LBPlan *)self;
-    if (nargs != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
-        PyErr_SetString(PyExc_TypeError, "route(keys, kind, attempt)");
+    PyObject *out = PyTuple_New(4), *fallbacks = NULL, *moves = NULL;
+    if (out == NULL || (fallbacks = PyLong_FromSsize_t(c->fallbacks)) == NULL ||
+        (moves = PyLong_FromSsize_t(c->moves)) == NULL) {
+        Py_XDECREF(out);
+        Py_XDECREF(fallbacks);
+        Py_DECREF(arr);
         return NULL;
     }
+    PyTuple_SET_ITEM(out, 0, arr);
+    PyTuple_SET_ITEM(out, 1, fallbacks);
+    PyTuple_SET_ITEM(out, 2, moves);
+    PyTuple_SET_ITEM(out, 3, PyBool_FromLong(valid));
+    return out;
+}
+
+/* Whether anything but the plan's cache can still reach array a: another reference, or
+ * a weak one (which would see the array change under it). */
+static int reachable(PyObject *a)
+{
+    if (Py_REFCNT(a) != 1)
+        return 1;
+    Py_ssize_t off = Py_TYPE(a)->tp_weaklistoffset;
+    if (off == 0)
+        return 0;
+    return off < 0 || *(PyObject **)((char *)a + off) != NULL;
+}
+
+/* A writable int32 array of n elements for a routing answer, and its buffer (a new
+ * reference). An array the plan returned earlier is handed out again once nothing else
+ * refers to it (so no caller ever shares one with another call), and only if it is
+ * still a plain 1-D int32 array of that length: NumPy's allocation costs more than
+ * routing a key. */
+static PyObject *output(LBPlan *p, Py_ssize_t n, Py_buffer *view)
+{
+    int slot = -1;
+    for (int i = 0; i < LB_OUT_CACHE; i++) {
+        PyObject *a = p->out_cache[i];
+        if (a == NULL || reachable(a)) {
+            if (slot < 0 && a == NULL)
+                slot = i;
+            continue;
+        }
+        if (slot < 0)
+            slot = i;
+        if (PyObject_GetBuffer(a, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            PyErr_Clear();
+            continue;
+        }
+        const char *f = view->format == NULL ? "B" : view->format;
+        if (*f == '=' || *f == '<' || *f == '@')
+            f++;
+        if (view->ndim == 1 && view->itemsize == 4 && view->len == n * 4 && strcmp(f, "i") == 0) {
+            Py_INCREF(a);
+            return a;
+        }
+        PyBuffer_Release(view);
+    }
+    PyObject *a = lb_new_array(n, LB.dtype_i32, view);
+    if (a != NULL && n <= LB_OUT_CACHE_MAX) {
+        if (slot < 0) { /* every kept array is still in use: replace the oldest */
+            slot = (int)(p->out_next % LB_OUT_CACHE);
+            p->out_next++;
+        }
+        Py_INCREF(a);
+        Py_XSETREF(p->out_cache[slot], a);
+    }
+    return a;
+}
+
+/* Plan.route(keys, attempt=0): lbcore.plan.Plan.route itself. */
+PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    LBPlan *p = (LBPlan *)self;
     Py_ssize_t attempt;
-    if (parse_attempt(args[2], &attempt) < 0)
+    if (call_args(args, nargs, kwnames, "route", &attempt) < 0)
         return NULL;
     lb_keys k;
-    if (lb_keys_open(&k, args[0], args[1], p->max_key_bytes) < 0)
+    if (lb_keys_open(&k, args[0], NULL, p->max_key_bytes) < 0)
         return NULL;
     Py_ssize_t n = k.n;
     Py_buffer ov;
-    PyObject *arr = lb_new_array(n, LB.dtype_i32, &ov);
+    PyObject *arr = output(p, n, &ov);
     if (arr == NULL) {
         lb_keys_close(&k);
         return NULL;
@@ -442,16 +541,14 @@ PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     return finish(p, arr, &c);
 }
 
-/* Plan.route_hashes(hashes, attempt): precomputed uint64 key hashes. */
-PyObject *lb_plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* Plan.route_hashes(hashes, attempt=0): precomputed uint64 key hashes (checked by
+ * lbcore.plan). */
+PyObject *lb_plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames)
 {
-    const LBPlan *p = (const LBPlan *)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "route_hashes(hashes, attempt)");
-        return NULL;
-    }
+    LBPlan *p = (LBPlan *)self;
     Py_ssize_t attempt;
-    if (parse_attempt(args[1], &attempt) < 0)
+    if (call_args(args, nargs, kwnames, "route_hashes", &attempt) < 0)
         return NULL;
     Py_buffer hv;
     if (PyObject_GetBuffer(args[0], &hv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
@@ -463,7 +560,7 @@ PyObject *lb_plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     Py_ssize_t n = hv.len / 8;
     Py_buffer ov;
-    PyObject *arr = lb_new_array(n, LB.dtype_i32, &ov);
+    PyObject *arr = output(p, n, &ov);
     if (arr == NULL) {
         PyBuffer_Release(&hv);
         return NULL;
