@@ -69,7 +69,10 @@ attempt
 Returns
 -------
 indices : numpy.ndarray
-    ``int32`` endpoint index per key; ``-1``: fallback (through the ingress).
+    ``int32`` endpoint index per key; ``-1``: fallback (through the ingress). The
+    caller's own array: the native kernel may reuse one an earlier call returned, but
+    only once nothing refers to it any more (the plan keeps a reference meanwhile, so
+    an in-place ``resize`` needs ``refcheck=False``).
 fallbacks : int
     Keys answered ``-1``.
 moves : int

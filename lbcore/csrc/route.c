@@ -167,9 +167,10 @@ static int32_t walk_first(const LBPlan *p, const uint8_t *S, Py_ssize_t s, int64
     int64_t left = width;
     Py_ssize_t q = s;
     for (Py_ssize_t step = 0; step < p->size; step++) {
-        uint8_t st = S[owner_at(p, q, bad)];
+        int32_t f = owner_at(p, q, bad);
+        uint8_t st = S[f];
         if (st & ST_KEEP)
-            return owner_at(p, q, bad);
+            return f;
         if ((st & ST_ELIGIBLE) && --left == 0)
             break;
         q = next_pos(p, q);
