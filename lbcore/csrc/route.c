@@ -308,20 +308,28 @@ static void route_block(const LBPlan *p, const uint64_t *h, Py_ssize_t m, int32_
                 PREFETCH(&p->hashes[q]);
         }
     }
+    /* Counts and the damage flag in locals: stores through c could alias the plan's
+     * fields, which the loop would then reload for every key. */
+    Py_ssize_t fallbacks = 0, moves = 0;
+    int bad = 0;
     for (Py_ssize_t i = 0; i < m; i++) {
         uint64_t k = h[i];
         if (p->gate == GATE_PARTIAL && !(lb_mix64(k, p->gate_salt) < p->gate_threshold)) {
             out[i] = -1;
-            c->fallbacks++;
+            fallbacks++;
             continue;
         }
         int32_t plain;
-        Py_ssize_t q = position(p, entry[i], k, &c->bad);
-        int32_t r = answer(p, view_of(p, k), q, attempt, ws, &plain, &c->bad);
+        Py_ssize_t q = position(p, entry[i], k, &bad);
+        int32_t r = answer(p, view_of(p, k), q, attempt, ws, &plain, &bad);
         out[i] = r;
-        c->fallbacks += r < 0;
-        c->moves += r >= 0 && r != plain;
+        fallbacks += r < 0;
+        moves += r >= 0 && r != plain;
     }
+    c->fallbacks += fallbacks;
+    c->moves += moves;
+    if (bad > c->bad)
+        c->bad = bad;
 }
 
 /* Routes hashes h[0..n) into out: no Python object is touched (runs without the GIL). */
