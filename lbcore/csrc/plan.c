@@ -238,10 +238,12 @@ static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
 
 static PyMethodDef plan_methods[] = {
     {"route", (PyCFunction)(void (*)(void))lb_plan_route, METH_FASTCALL | METH_KEYWORDS,
-     "route(keys, attempt=0) -> (indices, fallbacks, moves, valid)"},
+     "route($self, keys, attempt=0)\n--\n\n"
+     "Route a batch: (indices, fallbacks, moves, valid); see lbcore.Plan.route."},
     {"route_hashes", (PyCFunction)(void (*)(void))lb_plan_route_hashes,
      METH_FASTCALL | METH_KEYWORDS,
-     "route_hashes(hashes, attempt=0) -> (indices, fallbacks, moves, valid)"},
+     "route_hashes($self, hashes, attempt=0)\n--\n\n"
+     "Route precomputed uint64 key hashes: (indices, fallbacks, moves, valid)."},
     {"answers", (PyCFunction)lb_plan_answers, METH_NOARGS,
      "answers() -> (answer, plain): int32 arrays of views x ring positions, attempt 0"},
     {"counter_slots", (PyCFunction)lb_plan_counter_slots, METH_O,
