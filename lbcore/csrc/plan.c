@@ -88,9 +88,10 @@ static void plan_dealloc(LBPlan *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The ST_* byte of every (view, endpoint): one load tells the routing loop that a key
- * keeps its first endpoint, so only the others take the walk (route.c). Views with
- * fewer than two candidates keep no key that way: their rule is not the walk. */
+/* The ST_* byte of every (view, endpoint): two loads tell the routing loop that a key
+ * keeps its first endpoint or takes the next node's, so only the others take the walk
+ * (route.c). Views with fewer than two candidates answer no key that way: their rule is
+ * not the walk. */
 static int build_state(LBPlan *self)
 {
     Py_ssize_t cells = self->views * self->n;
@@ -101,10 +102,13 @@ static int build_state(LBPlan *self)
     }
     for (Py_ssize_t v = 0; v < self->views; v++) {
         int walks = self->listed_count[v] >= 2 && self->eligible_count[v] >= 1;
+        /* The walk past an endpoint over the bar may take a second one. */
+        int second = self->bounded && self->max_hops != 1 && self->eligible_count[v] >= 2;
         for (Py_ssize_t e = v * self->n; e < (v + 1) * self->n; e++) {
             int eligible = self->eligible[e] != 0;
-            int under = !self->bounded || self->good[e] != 0;
-            self->state[e] = (uint8_t)(eligible * ST_ELIGIBLE + (walks && eligible && under) * ST_KEEP);
+            int keep = walks && eligible && (!self->bounded || self->good[e] != 0);
+            int next = walks && !keep && (!eligible || second);
+            self->state[e] = (uint8_t)(eligible * ST_ELIGIBLE + keep * ST_KEEP + next * ST_NEXT);
         }
     }
     return 0;

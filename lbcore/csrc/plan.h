@@ -6,10 +6,12 @@
 
 enum { CHOICE_FIXED = 0, CHOICE_NRING = 1, CHOICE_SKIPPER = 2 };
 enum { GATE_ALL = 0, GATE_NONE = 1, GATE_PARTIAL = 2 };
-/* Per (view, endpoint): the walk may stop there; it is eligible and under the bar (or
- * just eligible without bounded load) in a view with two candidates or more, so a key
- * whose first endpoint it is keeps it at attempt 0. */
-enum { ST_ELIGIBLE = 1, ST_KEEP = 2 };
+/* Per (view, endpoint). ST_ELIGIBLE: the walk may stop there. In a view with two
+ * candidates or more (else neither is set), for a key at attempt 0 whose first endpoint
+ * it is: ST_KEEP, the key keeps it (eligible and under the bar, or just eligible without
+ * bounded load); ST_NEXT, the key gets the next node's endpoint if that one has ST_KEEP
+ * (the skip rule steps over this one, or the walk past it may take a second endpoint). */
+enum { ST_ELIGIBLE = 1, ST_KEEP = 2, ST_NEXT = 4 };
 /* Output arrays a plan keeps for reuse (see route.c), and the longest one kept. */
 #define LB_OUT_CACHE 4
 #define LB_OUT_CACHE_MAX 65536

@@ -13,8 +13,8 @@
  *
  * Keys go through in blocks, each in stages (route_block) so that the table loads of
  * a block's keys are in flight together rather than one key's chain after another's;
- * a key whose first endpoint is under the bar (its endpoint's ST_KEEP state byte, plan.h)
- * is answered at once, and only the others walk.
+ * a key whose first endpoint is under the bar, or whose next one is (ST_KEEP and
+ * ST_NEXT, plan.h), is answered at once, and only the others walk.
  */
 #include "plan.h"
 
@@ -269,15 +269,22 @@ answer_walk(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, int32_t e, Py_ssize_t 
 }
 
 /* The answer for a key at ring position q0 in view v; *plain gets the answer without
- * bounded load (for counting moves). Most keys keep the endpoint at their position:
- * one load of its state byte says so, and only the rest walk. */
+ * bounded load (for counting moves). Most keys keep the endpoint at their position or
+ * take the next node's: the two state bytes say which, selected without a branch (a
+ * mispredicted one per key over the bar cost more than the walk), and only the rest
+ * walk. */
 static inline int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t attempt,
                              walk_scratch *ws, int32_t *plain, int *bad)
 {
-    int32_t e = owner_at(p, q0, bad);
-    if (LIKELY(attempt == 0 && (p->state[v * p->n + e] & ST_KEEP))) {
-        *plain = e;
-        return e;
+    const uint8_t *S = p->state + v * p->n;
+    int32_t e = owner_at(p, q0, bad), e1 = owner_at(p, next_pos(p, q0), bad);
+    unsigned s0 = S[e], s1 = S[e1];
+    /* (Bit arithmetic, not && and ||: those compile to branches.) */
+    unsigned first = (s0 / ST_KEEP) & 1, second = (s0 / ST_NEXT) & (s1 / ST_KEEP) & 1;
+    int32_t r = first ? e : e1, pl = s0 & ST_ELIGIBLE ? e : e1;
+    if (LIKELY(attempt == 0 && (first | second))) {
+        *plain = pl;
+        return r;
     }
     return answer_walk(p, v, q0, e, attempt, ws, plain, bad);
 }
