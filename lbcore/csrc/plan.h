@@ -67,4 +67,24 @@ typedef struct {
     unsigned out_next;
 } LBPlan;
 
+/* ---- route.c: the rules, on buffers only (callable without the GIL) --------------- */
+
+/* Batches at least this long are routed without the GIL (arrays are hashed without it
+ * too). */
+#define LB_NOGIL_MIN 8192
+
+typedef struct {
+    Py_ssize_t fallbacks, moves;
+    int bad; /* 1: a table entry out of range; 2: out of memory */
+} lb_counts;
+
+/* Routes hashes h[0..n) into out, adding to *c. */
+void lb_route_hashes(const LBPlan *p, const uint64_t *h, Py_ssize_t n, int32_t *out,
+                     Py_ssize_t attempt, lb_counts *c);
+/* The attempt-0 answer and plain answer of every (view, position), views x size each. */
+void lb_answer_all(const LBPlan *p, int32_t *answer, int32_t *plain, int *bad);
+/* After routing: whether the sequence check still holds (acquire: the table reads
+ * before it happen before it). */
+int lb_still_valid(const LBPlan *p);
+
 #endif
