@@ -16,7 +16,10 @@ import sys
 
 # name -> (module with main(argv) -> int, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "route": ("cslb.route_cmd", "print which endpoint each key goes to (Skipper's ring)"),
+    "route": (
+        "cslb.route_cmd",
+        "print which pod each key goes to: on Skipper's ring, or --live on this host, with why",
+    ),
     "discovery": (
         "cslb.discovery_cmd",
         "run the host's discovery process (EndpointSlices/static -> shared-memory tables)",
