@@ -151,9 +151,7 @@ def test_a_dead_pod_is_retried_once_on_attempt_ones_pod(host, form):
 
 
 @pytest.mark.parametrize("form", ["threads", "asyncio", "grouped"])
-def test_a_retry_never_goes_back_to_the_pod_that_failed_when_routing_moved_meanwhile(
-    host, form
-):
+def test_a_retry_never_goes_back_to_the_pod_that_failed_when_routing_moved_meanwhile(host, form):
     # Attempt 1 is the pod after a key's attempt-0 pod at the time of the retry, which
     # need not be the pod the fan-out sent the key to (loads refreshed, a new table).
     # Here: pod `q` is ejected while the fan-out routes, so keys whose ring order is
