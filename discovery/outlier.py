@@ -146,7 +146,8 @@ class OutlierMonitor:
         kinds = np.zeros((n, _NK), np.int64)
         if totals is not None and params.enabled:
             calls, kinds = self._base.deltas(totals)
-            counted = interval_counts(calls, kinds)
+            # (ejected endpoints are no peers: their last calls are their failure's tail)
+            counted = interval_counts(calls, kinds, peers=~self.state.ejected)
             succ, fail = counted.successes, counted.failures
         out = self.state.ejected
         succ[out] = fail[out] = 0
