@@ -177,6 +177,11 @@ class OutlierMonitor:
             self.panic,
         )
 
+    @property
+    def has_baseline(self) -> bool:
+        """Whether every endpoint's counters were read once: calls count from that read on."""
+        return bool(self._base.slots.size) and bool((self._base.slots >= 0).all())
+
     def window_counts(self, address: str) -> dict[str, int]:
         """The window counts the last evaluation judged ``address`` on (for log lines)."""
         row = self._window[self.addresses.index(address)].tolist()
