@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 import shm
 from discovery.settings import knob
@@ -40,6 +41,7 @@ from tests.kubeapi import (
 )
 from workers.app import CslbApp
 
+REPO = Path(__file__).resolve().parent.parent
 NS = "shop"
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
 
@@ -395,6 +397,17 @@ def test_each_right_taken_away_is_named_in_the_log_and_in_healthz(
                 want = {"verb": verb, "resource": FULL[resource], "namespace": NS}
                 assert err["forbidden"] == want
                 assert f"verb '{verb}' on '{FULL[resource]}'" in err["hint"]
+                # the hint's manifest is in the repository and grants that verb
+                (hinted,) = re.findall(r"see (\S+\.yaml)", err["hint"])
+                role = yaml.safe_load_all((REPO / hinted).read_text(encoding="utf-8"))
+                (rule,) = [
+                    r
+                    for d in role
+                    if d["kind"] == "Role"
+                    for r in d["rules"]
+                    if resource in r["resources"]
+                ]
+                assert verb in rule["verbs"]
                 assert f'cannot {verb} resource "{resource}"' in err["error"]
 
                 def healthz():
