@@ -26,8 +26,11 @@ from tests.k8s_manifests import (
     container,
     env_of,
     find,
+    kustomizations,
+    kustomize,
     quantity_bytes,
     render,
+    render_overlay,
 )
 from tests.kubeapi import (
     CONFIGMAPS,
@@ -56,18 +59,79 @@ def sidecar():
     return render("sidecar")
 
 
-def test_both_variants_render_and_every_object_is_valid(base, sidecar):
-    for docs in (base, sidecar):
-        kinds = sorted(d["kind"] for d in docs)
-        want = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Service"]
-        want += ["Deployment", "Deployment", "PodMonitor", "PrometheusRule"]
-        assert kinds == sorted(want)
-        for d in docs:
+def docs_overlay(variant: str = "") -> str:
+    """docs/kubernetes.md's overlay that adds the monitoring component, for ``variant``."""
+    text = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "components:" in b]
+    assert "- ../deploy/kubernetes/monitoring" in block
+    if variant:
+        block = block.replace("- ../deploy/kubernetes ", f"- ../deploy/kubernetes/{variant} ")
+    return block
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory):
+    """The base with the monitoring component, through the docs' overlay as written."""
+    return render_overlay(tmp_path_factory.mktemp("overlay"), docs_overlay())
+
+
+@pytest.fixture(scope="module")
+def monitored_sidecar(tmp_path_factory):
+    return render_overlay(tmp_path_factory.mktemp("overlay"), docs_overlay("sidecar"))
+
+
+BASE_KINDS = ["Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap"]
+BASE_KINDS += ["Service", "Service", "Deployment", "Deployment"]
+MONITORING_KINDS = ["PodMonitor", "PrometheusRule"]
+
+
+def _check_objects(docs):
+    for d in docs:
+        assert check_any(d) == [], d["kind"]
+        if d["kind"] == "Namespace":  # cluster-scoped: kustomize's namespace: names it
+            assert d["metadata"] == {"name": NS}
+        else:
             assert d["metadata"].get("namespace") == NS, d["metadata"]
-            assert check_any(d) == [], d["kind"]
 
 
-def test_the_model_check_catches_what_the_deserializer_drops(base):
+def test_every_kustomization_renders_and_every_object_is_valid():
+    dirs = {p.relative_to(REPO).as_posix(): p for p in kustomizations()}
+    assert set(dirs) >= {f"deploy/kubernetes{v}" for v in ("", "/base", "/sidecar", "/monitoring")}
+    for name, path in dirs.items():
+        docs = kustomize(path)
+        assert docs, name
+        for d in docs:
+            assert check_any(d) == [], (name, d["kind"])
+
+
+def test_both_variants_apply_on_a_fresh_cluster(base, sidecar):
+    """No CRDs needed, and the namespace is created (first: kubectl applies in order)."""
+    for docs in (base, sidecar):
+        assert sorted(d["kind"] for d in docs) == sorted(BASE_KINDS)
+        assert docs[0]["kind"] == "Namespace"
+        assert not {d["apiVersion"].split("/")[0] for d in docs} & {"monitoring.coreos.com"}
+        _check_objects(docs)
+
+
+def test_the_monitoring_component_adds_the_operators_objects(monitored, monitored_sidecar):
+    for docs in (monitored, monitored_sidecar):
+        assert sorted(d["kind"] for d in docs) == sorted(BASE_KINDS + MONITORING_KINDS)
+        _check_objects(docs)
+    app = container(find(monitored_sidecar, "Deployment", "product-sets"), "discovery")
+    assert app["command"] == ["python", "-m", "cslb", "discovery"]  # the sidecar's, indeed
+
+
+def test_an_overlays_namespace_renames_the_namespace_with_everything(tmp_path):
+    overlay = docs_overlay().replace("resources:", "namespace: shop-staging\nresources:")
+    docs = render_overlay(tmp_path, overlay)
+    assert find(docs, "Namespace")["metadata"]["name"] == "shop-staging"
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {
+        "shop-staging"
+    }
+    assert find(docs, "RoleBinding")["subjects"][0]["namespace"] == "shop-staging"
+
+
+def test_the_model_check_catches_what_the_deserializer_drops(base, monitored):
     d = copy.deepcopy(find(base, "Deployment", "product-sets"))
     c = d["spec"]["template"]["spec"]["containers"][0]
     c["readinessProb"] = c.pop("readinessProbe")  # a typo kubectl apply would drop
@@ -77,7 +141,7 @@ def test_the_model_check_catches_what_the_deserializer_drops(base):
     assert any("V1Container has no field 'readinessProb'" in p for p in problems)
     assert any("V1EmptyDirVolumeSource has no field 'sizelimit'" in p for p in problems)
     assert any("containerPort: expected an integer" in p for p in problems)
-    pm = copy.deepcopy(find(base, "PodMonitor"))
+    pm = copy.deepcopy(find(monitored, "PodMonitor"))
     pm["spec"]["podMetricsEndpoints"][0]["targetPort"] = 9100
     assert check_any(pm) == [
         "PodMonitor/product-sets-cslb.spec.podMetricsEndpoints[0].targetPort: unknown field"
@@ -127,7 +191,7 @@ def _gunicorn_flag(cmd, name, default):
     return default
 
 
-def test_the_client_deployment(base):
+def test_the_client_deployment(base, monitored):
     d = find(base, "Deployment", "product-sets")
     pod = d["spec"]["template"]["spec"]
     app = container(d, "app")
@@ -162,7 +226,7 @@ def test_the_client_deployment(base):
     assert ann["prometheus.io/scrape"] == "true"
     assert int(ann["prometheus.io/port"]) == ports["metrics"]
     assert ann["prometheus.io/path"] == "/metrics"
-    pm = find(base, "PodMonitor")
+    pm = find(monitored, "PodMonitor")
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert pm["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"][
         "metadata"
