@@ -11,6 +11,8 @@ import copy
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -490,3 +492,23 @@ def test_each_right_taken_away_is_named_in_the_log_and_in_healthz(
         assert {(r.op, r.resource) for r in api.forbidden} == {(verb, resource)}
     finally:
         api.stop()
+
+
+def test_the_docs_image_recipe_matches_the_manifests(base, sidecar):
+    """docs/kubernetes.md's Dockerfile runs as the manifests' user, and its check command
+    (run here) names the kernel this interpreter routes on."""
+    import lbcore
+
+    text = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    (dockerfile,) = re.findall(r"```dockerfile\n(.*?)```", text, re.S)
+    (user,) = re.findall(r"^USER (\d+):(\d+)$", dockerfile, re.M)
+    for docs in (base, sidecar):
+        d = find(docs, "Deployment", "product-sets")
+        pod = d["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            want = _effective_user(pod, c)
+            assert (str(want["runAsUser"]), str(want["runAsGroup"])) == user, c["name"]
+    assert "pip wheel" in dockerfile and "--no-index --find-links" in dockerfile
+    (check,) = re.findall(r'python -c "(import lbcore; print\(lbcore\.kernel_name\(\)\))"', text)
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == lbcore.kernel_name() and out.returncode == 0, out.stderr
