@@ -236,15 +236,13 @@ def test_the_client_deployment(base, monitored):
     assert find(base, "Service", "product-sets")["spec"]["ports"][0]["targetPort"] == "http"
 
 
-def test_the_shm_size_limit_holds_the_design_point_while_a_table_grows(base):
-    """The sizeLimit's design point (200 backend pods, 3 rings, counter rows for the
-    workers), measured: twice the segments (a growing table or counter matrix briefly
-    has its old segment next to the new one) fits."""
+@pytest.fixture(scope="module")
+def design_point(base):
+    """Bytes of the tables and the counters at the manifests' design point (200 backend
+    pods, 3 rings, counter rows for the workers), measured on segments really made."""
     import lbcore
 
     d = find(base, "Deployment", "product-sets")
-    (vol,) = [v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm"]
-    limit = quantity_bytes(vol["emptyDir"]["sizeLimit"])
     workers = int(_gunicorn_flag(container(d, "app")["command"], "--workers", "1"))
     eps = [f"http://10.1.{i // 250}.{i % 250 + 1}:8080" for i in range(200)]
     with shm_namespace() as ns:
@@ -254,11 +252,41 @@ def test_the_shm_size_limit_holds_the_design_point_while_a_table_grows(base):
             now = time.monotonic_ns()
             rs = lbcore.RingSet(eps[:160]).scale_up(eps[160:180], now_ns=now)
             writer.publish(rs.scale_up(eps[180:], now_ns=now))
-            used = sum(os.stat(f"/dev/shm{n}").st_size for n in shm.list_segments(ns))
+            sizes = {n: os.stat(f"/dev/shm{n}").st_size for n in shm.list_segments(ns)}
         finally:
             writer.close()
             counters.close(unlink=True)
-    assert 2 * used <= limit, (used, limit)
+    tables = sum(v for n, v in sizes.items() if ".tables" in n)
+    return {"tables": tables, "counters": sum(sizes.values()) - tables, "workers": workers}
+
+
+def _shm_limit(d):
+    (vol,) = [v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm"]
+    return quantity_bytes(vol["emptyDir"]["sizeLimit"])
+
+
+def test_the_shm_size_limit_holds_the_design_point_while_a_table_grows(base, design_point):
+    """Twice the segments (a growing table or counter matrix briefly has its old segment
+    next to the new one) fits."""
+    used = design_point["tables"] + design_point["counters"]
+    assert 2 * used <= _shm_limit(find(base, "Deployment", "product-sets")), used
+
+
+def test_the_sidecar_containers_are_sized_for_what_each_writes(sidecar, design_point):
+    """docs/kubernetes.md: /dev/shm pages count against the container that writes them."""
+    d = find(sidecar, "Deployment", "product-sets")
+
+    def limit(name):
+        return quantity_bytes(container(d, name)["resources"]["limits"]["memory"])
+
+    mib = 2**20
+    assert limit("discovery") >= 64 * mib + 2 * design_point["tables"]
+    workers = design_point["workers"]
+    assert limit("app") >= workers * 150 * mib + 50 * mib + 2 * design_point["counters"]
+    assert 2 * (design_point["tables"] + design_point["counters"]) <= _shm_limit(d)
+    for name in ("app", "discovery"):
+        c = container(d, name)
+        assert quantity_bytes(c["resources"]["requests"]["memory"]) <= limit(name)
 
 
 def test_the_backend_outlasts_discoverys_removal_debounce(base):
