@@ -25,6 +25,7 @@ from tests.app_tests.test_app import call
 from tests.discovery_harness import Proc, shm_namespace, wait_until
 from tests.k8s_manifests import (
     check_any,
+    check_model,
     container,
     env_of,
     find,
@@ -302,6 +303,14 @@ def test_the_backend_outlasts_discoverys_removal_debounce(base):
     assert d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > pre_stop
     assert {"name": "http", "containerPort": 8080} in c["ports"]
     assert client_env["CSLB_PORT_NAME"] == "http"
+    # docs/kubernetes.md's distroless form (the kubelet's sleep action) is valid and the same
+    text = " ".join((REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8").split())
+    (snippet,) = re.findall(r"`lifecycle: (\{preStop: \{sleep: \{seconds: \d+\}\}\})`", text)
+    lifecycle = yaml.safe_load(snippet)
+    problems: list[str] = []
+    check_model(lifecycle, "V1Lifecycle", "lifecycle", problems)
+    assert problems == []
+    assert lifecycle["preStop"]["sleep"]["seconds"] == pre_stop
 
 
 def _effective_user(pod, c):
