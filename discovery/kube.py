@@ -69,6 +69,9 @@ __all__ = [
 #: The label EndpointSlice controllers put on every slice of a Service.
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
+#: The repository's Role and RoleBinding for discovery, named in a 403's hint.
+RBAC_MANIFEST = "deploy/kubernetes/base/rbac.yaml"
+
 _SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 T = TypeVar("T")
@@ -506,7 +509,7 @@ class ListWatch(Generic[T]):
                         },
                         "hint": f"RBAC: the service account needs verb '{op}' on "
                         f"'{self.resource}' in namespace '{self.namespace}' (a Role and "
-                        "RoleBinding, see deploy/kubernetes/rbac.yaml)",
+                        f"RoleBinding, see {RBAC_MANIFEST})",
                     }
                     what = (
                         f"forbidden to {op} {self.resource} in namespace {self.namespace} "

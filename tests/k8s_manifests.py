@@ -4,6 +4,7 @@ Prometheus Operator CRDs, and find things in the rendered objects."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -18,19 +19,46 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"
 
 
-def render(variant: str = "") -> list[dict[str, Any]]:
-    """``kubectl kustomize deploy/kubernetes[/variant]``, offline; fails without kubectl."""
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize DIRECTORY``, offline; fails (never skips) without kubectl."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.fail("kubectl is not installed: the manifest tests need it (apt install kubectl)")
+        pytest.fail(
+            "kubectl is not installed: the manifest tests need kubectl >= 1.27 (kustomize v5)"
+        )
     out = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY / variant)],
+        [kubectl, "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def render(variant: str = "") -> list[dict[str, Any]]:
+    """``kubectl kustomize deploy/kubernetes[/variant]``."""
+    return kustomize(DEPLOY / variant)
+
+
+def render_overlay(tmp: Path, kustomization: str) -> list[dict[str, Any]]:
+    """Render a user's overlay whose paths name ``../deploy/kubernetes...``, as docs show.
+
+    The overlay is written to ``tmp/my-overlay`` with ``../deploy`` pointing (relatively:
+    kustomize refuses absolute paths) at this repository's deploy directory.
+    """
+    overlay = tmp / "my-overlay"
+    overlay.mkdir(parents=True, exist_ok=True)
+    to_deploy = os.path.relpath(ROOT / "deploy", overlay)
+    (overlay / "kustomization.yaml").write_text(
+        kustomization.replace("../deploy/", f"{to_deploy}/"), encoding="utf-8"
+    )
+    return kustomize(overlay)
+
+
+def kustomizations() -> list[Path]:
+    """Every directory under deploy/kubernetes with a kustomization (or component)."""
+    return sorted(p.parent for p in DEPLOY.rglob("kustomization.yaml"))
 
 
 def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ def _settings_seen_by_gunicorn(module_vars: dict) -> set[str]:
 
 def test_gunicorn_reads_only_hooks_from_the_module() -> None:
     # gunicorn applies every module-level name that is a setting: nothing else may leak.
-    settings = {*conf.HOOKS, "control_socket_disable"}
+    settings = {*conf.HOOKS, "control_socket_disable", "logger_class"}
     assert _settings_seen_by_gunicorn(vars(conf)) == settings
     assert set(conf.__all__) == settings
 

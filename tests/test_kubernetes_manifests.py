@@ -11,10 +11,13 @@ import copy
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 import shm
 from discovery.settings import knob
@@ -22,11 +25,15 @@ from tests.app_tests.test_app import call
 from tests.discovery_harness import Proc, shm_namespace, wait_until
 from tests.k8s_manifests import (
     check_any,
+    check_model,
     container,
     env_of,
     find,
+    kustomizations,
+    kustomize,
     quantity_bytes,
     render,
+    render_overlay,
 )
 from tests.kubeapi import (
     CONFIGMAPS,
@@ -40,6 +47,7 @@ from tests.kubeapi import (
 )
 from workers.app import CslbApp
 
+REPO = Path(__file__).resolve().parent.parent
 NS = "shop"
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
 
@@ -54,18 +62,79 @@ def sidecar():
     return render("sidecar")
 
 
-def test_both_variants_render_and_every_object_is_valid(base, sidecar):
-    for docs in (base, sidecar):
-        kinds = sorted(d["kind"] for d in docs)
-        want = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Service"]
-        want += ["Deployment", "Deployment", "PodMonitor", "PrometheusRule"]
-        assert kinds == sorted(want)
-        for d in docs:
+def docs_overlay(variant: str = "") -> str:
+    """docs/kubernetes.md's overlay that adds the monitoring component, for ``variant``."""
+    text = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "components:" in b]
+    assert "- ../deploy/kubernetes/monitoring" in block
+    if variant:
+        block = block.replace("- ../deploy/kubernetes ", f"- ../deploy/kubernetes/{variant} ")
+    return block
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory):
+    """The base with the monitoring component, through the docs' overlay as written."""
+    return render_overlay(tmp_path_factory.mktemp("overlay"), docs_overlay())
+
+
+@pytest.fixture(scope="module")
+def monitored_sidecar(tmp_path_factory):
+    return render_overlay(tmp_path_factory.mktemp("overlay"), docs_overlay("sidecar"))
+
+
+BASE_KINDS = ["Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap"]
+BASE_KINDS += ["Service", "Service", "Deployment", "Deployment"]
+MONITORING_KINDS = ["PodMonitor", "PrometheusRule"]
+
+
+def _check_objects(docs):
+    for d in docs:
+        assert check_any(d) == [], d["kind"]
+        if d["kind"] == "Namespace":  # cluster-scoped: kustomize's namespace: names it
+            assert d["metadata"] == {"name": NS}
+        else:
             assert d["metadata"].get("namespace") == NS, d["metadata"]
-            assert check_any(d) == [], d["kind"]
 
 
-def test_the_model_check_catches_what_the_deserializer_drops(base):
+def test_every_kustomization_renders_and_every_object_is_valid():
+    dirs = {p.relative_to(REPO).as_posix(): p for p in kustomizations()}
+    assert set(dirs) >= {f"deploy/kubernetes{v}" for v in ("", "/base", "/sidecar", "/monitoring")}
+    for name, path in dirs.items():
+        docs = kustomize(path)
+        assert docs, name
+        for d in docs:
+            assert check_any(d) == [], (name, d["kind"])
+
+
+def test_both_variants_apply_on_a_fresh_cluster(base, sidecar):
+    """No CRDs needed, and the namespace is created (first: kubectl applies in order)."""
+    for docs in (base, sidecar):
+        assert sorted(d["kind"] for d in docs) == sorted(BASE_KINDS)
+        assert docs[0]["kind"] == "Namespace"
+        assert not {d["apiVersion"].split("/")[0] for d in docs} & {"monitoring.coreos.com"}
+        _check_objects(docs)
+
+
+def test_the_monitoring_component_adds_the_operators_objects(monitored, monitored_sidecar):
+    for docs in (monitored, monitored_sidecar):
+        assert sorted(d["kind"] for d in docs) == sorted(BASE_KINDS + MONITORING_KINDS)
+        _check_objects(docs)
+    app = container(find(monitored_sidecar, "Deployment", "product-sets"), "discovery")
+    assert app["command"] == ["python", "-m", "cslb", "discovery"]  # the sidecar's, indeed
+
+
+def test_an_overlays_namespace_renames_the_namespace_with_everything(tmp_path):
+    overlay = docs_overlay().replace("resources:", "namespace: shop-staging\nresources:")
+    docs = render_overlay(tmp_path, overlay)
+    assert find(docs, "Namespace")["metadata"]["name"] == "shop-staging"
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {
+        "shop-staging"
+    }
+    assert find(docs, "RoleBinding")["subjects"][0]["namespace"] == "shop-staging"
+
+
+def test_the_model_check_catches_what_the_deserializer_drops(base, monitored):
     d = copy.deepcopy(find(base, "Deployment", "product-sets"))
     c = d["spec"]["template"]["spec"]["containers"][0]
     c["readinessProb"] = c.pop("readinessProbe")  # a typo kubectl apply would drop
@@ -75,7 +144,7 @@ def test_the_model_check_catches_what_the_deserializer_drops(base):
     assert any("V1Container has no field 'readinessProb'" in p for p in problems)
     assert any("V1EmptyDirVolumeSource has no field 'sizelimit'" in p for p in problems)
     assert any("containerPort: expected an integer" in p for p in problems)
-    pm = copy.deepcopy(find(base, "PodMonitor"))
+    pm = copy.deepcopy(find(monitored, "PodMonitor"))
     pm["spec"]["podMetricsEndpoints"][0]["targetPort"] = 9100
     assert check_any(pm) == [
         "PodMonitor/product-sets-cslb.spec.podMetricsEndpoints[0].targetPort: unknown field"
@@ -125,7 +194,7 @@ def _gunicorn_flag(cmd, name, default):
     return default
 
 
-def test_the_client_deployment(base):
+def test_the_client_deployment(base, monitored):
     d = find(base, "Deployment", "product-sets")
     pod = d["spec"]["template"]["spec"]
     app = container(d, "app")
@@ -160,7 +229,7 @@ def test_the_client_deployment(base):
     assert ann["prometheus.io/scrape"] == "true"
     assert int(ann["prometheus.io/port"]) == ports["metrics"]
     assert ann["prometheus.io/path"] == "/metrics"
-    pm = find(base, "PodMonitor")
+    pm = find(monitored, "PodMonitor")
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert pm["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"][
         "metadata"
@@ -168,15 +237,13 @@ def test_the_client_deployment(base):
     assert find(base, "Service", "product-sets")["spec"]["ports"][0]["targetPort"] == "http"
 
 
-def test_the_shm_size_limit_holds_the_design_point_while_a_table_grows(base):
-    """The sizeLimit's design point (200 backend pods, 3 rings, counter rows for the
-    workers), measured: twice the segments (a growing table or counter matrix briefly
-    has its old segment next to the new one) fits."""
+@pytest.fixture(scope="module")
+def design_point(base):
+    """Bytes of the tables and the counters at the manifests' design point (200 backend
+    pods, 3 rings, counter rows for the workers), measured on segments really made."""
     import lbcore
 
     d = find(base, "Deployment", "product-sets")
-    (vol,) = [v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm"]
-    limit = quantity_bytes(vol["emptyDir"]["sizeLimit"])
     workers = int(_gunicorn_flag(container(d, "app")["command"], "--workers", "1"))
     eps = [f"http://10.1.{i // 250}.{i % 250 + 1}:8080" for i in range(200)]
     with shm_namespace() as ns:
@@ -186,11 +253,41 @@ def test_the_shm_size_limit_holds_the_design_point_while_a_table_grows(base):
             now = time.monotonic_ns()
             rs = lbcore.RingSet(eps[:160]).scale_up(eps[160:180], now_ns=now)
             writer.publish(rs.scale_up(eps[180:], now_ns=now))
-            used = sum(os.stat(f"/dev/shm{n}").st_size for n in shm.list_segments(ns))
+            sizes = {n: os.stat(f"/dev/shm{n}").st_size for n in shm.list_segments(ns)}
         finally:
             writer.close()
             counters.close(unlink=True)
-    assert 2 * used <= limit, (used, limit)
+    tables = sum(v for n, v in sizes.items() if ".tables" in n)
+    return {"tables": tables, "counters": sum(sizes.values()) - tables, "workers": workers}
+
+
+def _shm_limit(d):
+    (vol,) = [v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm"]
+    return quantity_bytes(vol["emptyDir"]["sizeLimit"])
+
+
+def test_the_shm_size_limit_holds_the_design_point_while_a_table_grows(base, design_point):
+    """Twice the segments (a growing table or counter matrix briefly has its old segment
+    next to the new one) fits."""
+    used = design_point["tables"] + design_point["counters"]
+    assert 2 * used <= _shm_limit(find(base, "Deployment", "product-sets")), used
+
+
+def test_the_sidecar_containers_are_sized_for_what_each_writes(sidecar, design_point):
+    """docs/kubernetes.md: /dev/shm pages count against the container that writes them."""
+    d = find(sidecar, "Deployment", "product-sets")
+
+    def limit(name):
+        return quantity_bytes(container(d, name)["resources"]["limits"]["memory"])
+
+    mib = 2**20
+    assert limit("discovery") >= 64 * mib + 2 * design_point["tables"]
+    workers = design_point["workers"]
+    assert limit("app") >= workers * 150 * mib + 50 * mib + 2 * design_point["counters"]
+    assert 2 * (design_point["tables"] + design_point["counters"]) <= _shm_limit(d)
+    for name in ("app", "discovery"):
+        c = container(d, name)
+        assert quantity_bytes(c["resources"]["requests"]["memory"]) <= limit(name)
 
 
 def test_the_backend_outlasts_discoverys_removal_debounce(base):
@@ -206,6 +303,14 @@ def test_the_backend_outlasts_discoverys_removal_debounce(base):
     assert d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > pre_stop
     assert {"name": "http", "containerPort": 8080} in c["ports"]
     assert client_env["CSLB_PORT_NAME"] == "http"
+    # docs/kubernetes.md's distroless form (the kubelet's sleep action) is valid and the same
+    text = " ".join((REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8").split())
+    (snippet,) = re.findall(r"`lifecycle: (\{preStop: \{sleep: \{seconds: \d+\}\}\})`", text)
+    lifecycle = yaml.safe_load(snippet)
+    problems: list[str] = []
+    check_model(lifecycle, "V1Lifecycle", "lifecycle", problems)
+    assert problems == []
+    assert lifecycle["preStop"]["sleep"]["seconds"] == pre_stop
 
 
 def _effective_user(pod, c):
@@ -395,6 +500,17 @@ def test_each_right_taken_away_is_named_in_the_log_and_in_healthz(
                 want = {"verb": verb, "resource": FULL[resource], "namespace": NS}
                 assert err["forbidden"] == want
                 assert f"verb '{verb}' on '{FULL[resource]}'" in err["hint"]
+                # the hint's manifest is in the repository and grants that verb
+                (hinted,) = re.findall(r"see (\S+\.yaml)", err["hint"])
+                role = yaml.safe_load_all((REPO / hinted).read_text(encoding="utf-8"))
+                (rule,) = [
+                    r
+                    for d in role
+                    if d["kind"] == "Role"
+                    for r in d["rules"]
+                    if resource in r["resources"]
+                ]
+                assert verb in rule["verbs"]
                 assert f'cannot {verb} resource "{resource}"' in err["error"]
 
                 def healthz():
@@ -413,3 +529,23 @@ def test_each_right_taken_away_is_named_in_the_log_and_in_healthz(
         assert {(r.op, r.resource) for r in api.forbidden} == {(verb, resource)}
     finally:
         api.stop()
+
+
+def test_the_docs_image_recipe_matches_the_manifests(base, sidecar):
+    """docs/kubernetes.md's Dockerfile runs as the manifests' user, and its check command
+    (run here) names the kernel this interpreter routes on."""
+    import lbcore
+
+    text = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    (dockerfile,) = re.findall(r"```dockerfile\n(.*?)```", text, re.S)
+    (user,) = re.findall(r"^USER (\d+):(\d+)$", dockerfile, re.M)
+    for docs in (base, sidecar):
+        d = find(docs, "Deployment", "product-sets")
+        pod = d["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            want = _effective_user(pod, c)
+            assert (str(want["runAsUser"]), str(want["runAsGroup"])) == user, c["name"]
+    assert "pip wheel" in dockerfile and "--no-index --find-links" in dockerfile
+    (check,) = re.findall(r'python -c "(import lbcore; print\(lbcore\.kernel_name\(\)\))"', text)
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == lbcore.kernel_name() and out.returncode == 0, out.stderr

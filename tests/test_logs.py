@@ -3,8 +3,9 @@
 The format is unit-tested here (line breaks, Unicode, NaN, NumPy values, reserved
 names); then a real ``cslb serve`` and a real ``gunicorn -c python:workers.gunicorn_conf``
 (master, workers, the discovery process they start) are run and every line of their
-output is checked: gunicorn's own lines keep gunicorn's format, every other line is one
-of cslb's. A fresh interpreter that imports everything and attaches a router shows the
+output is checked: under ``CSLB_LOG_FORMAT=json`` every line, gunicorn's and uvicorn's
+own included, is one of cslb's JSON lines; under ``text`` gunicorn's keep gunicorn's
+format. A fresh interpreter that imports everything and attaches a router shows the
 library leaves the root logger alone.
 """
 
@@ -240,6 +241,43 @@ def test_as_a_library_cslb_configures_no_logger():
     assert json.loads(line)["event"] == "cslb_call_failed"
 
 
+def _gunicorn_logger(monkeypatch, log_format: str, **settings):
+    import gunicorn.config
+
+    import workers.gunicorn_conf as conf
+
+    monkeypatch.setenv("CSLB_LOG_FORMAT", log_format)
+    cfg = gunicorn.config.Config()
+    cfg.set("logger_class", conf.logger_class)
+    cfg.set("accesslog", "-")
+    for k, v in settings.items():
+        cfg.set(k, v)
+    for name in ("gunicorn.error", "gunicorn.access"):  # gunicorn's loggers are global
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [])
+    return cfg.logger_class(cfg)
+
+
+@pytest.mark.parametrize("statsd", [False, True], ids=["plain", "statsd"])
+def test_gunicorns_logger_class_writes_cslb_json_and_keeps_statsd(monkeypatch, statsd):
+    from gunicorn.instrument.statsd import Statsd
+
+    extra = {"statsd_host": "127.0.0.1:9"} if statsd else {}
+    glog = _gunicorn_logger(monkeypatch, "json", **extra)
+    assert isinstance(glog, Statsd) is statsd  # as gunicorn switches its default logger
+    for log in (glog.error_log, glog.access_log):
+        (handler,) = log.handlers
+        assert isinstance(handler.formatter, Formatter) and handler.formatter.log_format == "json"
+    glog.setup(glog.cfg)  # a reload (SIGHUP) makes the handlers again: still cslb's
+    assert isinstance(glog.error_log.handlers[0].formatter, Formatter)
+    record = logging.LogRecord("gunicorn.error", logging.INFO, "x", 1, "Booting %s", (7,), None)
+    doc = json.loads(glog.error_log.handlers[0].format(record))
+    assert (doc["logger"], doc["event"], doc["message"]) == ("gunicorn.error", "log", "Booting 7")
+    if statsd:
+        glog.sock.close()
+    text = _gunicorn_logger(monkeypatch, "text")  # text: gunicorn's lines as gunicorn has them
+    assert not isinstance(text.error_log.handlers[0].formatter, Formatter)
+
+
 # -- real processes ------------------------------------------------------------------------
 
 
@@ -263,33 +301,129 @@ def _check_processes(pids: dict[str, set[int]], server, answers: list[dict]) -> 
     assert pids["cslb.discovery"] and not pids["cslb.discovery"] & (workers | {master})
 
 
-def test_cslb_serve_writes_every_cslb_line_of_every_process_as_json(tmp_path: Path):
+#: gunicorn's own lines every server writes from start to a SIGTERM stop (under JSON: the
+#: ``message`` of logger ``gunicorn.error``, event ``log``).
+GUNICORN_MESSAGES = (
+    "Starting gunicorn",
+    "Listening at",
+    "Using worker",
+    "Booting worker",
+    "Handling signal",
+    "Shutting down",
+)
+
+
+def _json_lines(server) -> list[dict]:
+    """Every line of the tree's stdout and stderr, each one of cslb's JSON lines."""
+    docs = []
+    for line in _lines(server):
+        doc = json.loads(line)  # every line: no plain text, not gunicorn's own format
+        assert list(doc)[:5] == ["timestamp", "level", "logger", "event", "pid"], line
+        assert ISO.fullmatch(doc["timestamp"]) and doc["level"] in LEVELS, line
+        assert re.fullmatch(r"[a-z_]+", doc["event"]), line
+        docs.append(doc)
+    return docs
+
+
+def _foreign_lines(docs: list[dict]) -> dict[str, list[str]]:
+    """Messages of the lines that are not cslb's, by logger (gunicorn's, uvicorn's)."""
+    out: dict[str, list[str]] = {}
+    for doc in docs:
+        if not doc["logger"].startswith("cslb."):
+            assert doc["event"] == "log" and isinstance(doc["message"], str), doc
+            out.setdefault(doc["logger"], []).append(doc["message"])
+    return out
+
+
+def _check_gunicorn_lines(foreign: dict[str, list[str]], worker: str) -> None:
+    errors = foreign["gunicorn.error"]
+    for start in GUNICORN_MESSAGES:
+        assert any(m.startswith(start) for m in errors), (start, errors)
+    assert f"Using worker: {worker}" in errors
+
+
+def test_cslb_serve_writes_every_line_of_every_process_as_json(tmp_path: Path):
     with serving(["--app", "logapp:app", "--workers", "2"], tmp_path) as server:
         answers = _run_and_hit(server)
         result = server.stop()
         assert result["exit"] == 0, server.log()
+    docs = _json_lines(server)
     pids: dict[str, set[int]] = {}
     events: set[str] = set()
-    ours = 0
-    for line in _lines(server):
-        if GUNICORN_LINE.match(line):
-            assert "cslb" not in line, line  # no cslb line in gunicorn's format
-            continue
-        doc = json.loads(line)  # every other line is one of cslb's JSON lines
-        assert list(doc)[:5] == ["timestamp", "level", "logger", "event", "pid"], line
-        assert ISO.fullmatch(doc["timestamp"]) and doc["level"] in LEVELS, line
-        assert doc["logger"].startswith("cslb.") and re.fullmatch(r"[a-z_]+", doc["event"])
-        pids.setdefault(doc["logger"], set()).add(doc["pid"])
-        events.add(doc["event"])
-        ours += 1
-    assert ours > 10
+    for doc in docs:
+        if doc["logger"].startswith("cslb."):
+            pids.setdefault(doc["logger"], set()).add(doc["pid"])
+            events.add(doc["event"])
+    assert sum(map(len, pids.values())) and len(events) > 5
     _check_processes(pids, server, answers)
     assert {"master_started", "discovery_started", "publish", "cslb_call_failed"} <= events
     assert {"discovery_stopped", "stopped"} <= events  # and on the way out
+    foreign = _foreign_lines(docs)
+    assert set(foreign) == {"gunicorn.error"}, foreign  # (no access log unless asked for)
+    _check_gunicorn_lines(foreign, "sync")
     # Inside the worker: cslb's handler on its own logger, the root logger untouched.
     for a in answers:
         assert a["root"] == {"handlers": [], "level": logging.WARNING}
         assert a["cslb"] == {"handlers": ["_CslbHandler"], "propagate": False}
+
+
+@pytest.mark.parametrize(
+    "worker_args, app, worker",
+    [
+        (["-k", "gthread", "--threads", "2"], "logapp:app", "gthread"),
+        (["-k", "uvicorn_worker.UvicornWorker"], "userasgi:app", "uvicorn_worker.UvicornWorker"),
+    ],
+    ids=["gthread", "uvicorn"],
+)
+def test_the_config_module_writes_gunicorns_and_uvicorns_lines_as_json_too(
+    tmp_path: Path, worker_args, app, worker
+):
+    """gunicorn's error and access logs (and the uvicorn worker's loggers, which share
+    their handlers) in cslb's JSON format, on stderr and stdout alike."""
+    args = ["-c", "python:workers.gunicorn_conf", "--workers", "2", *worker_args]
+    args += ["--access-logfile", "-", app]
+    uvicorn = "uvicorn" in worker
+    with serving(args, tmp_path, gunicorn=True, env={"CSLB_LOG_FORMAT": "json"}) as server:
+        server.wait_ready(workers=2, path="/hello" if uvicorn else "/")
+        for _ in range(4):
+            status, _ = server.request("GET", "/hello" if uvicorn else "/")
+            assert status == 200
+        result = server.stop()
+        assert result["exit"] == 0, server.log()
+    foreign = _foreign_lines(_json_lines(server))
+    _check_gunicorn_lines(foreign, worker)
+    access = "uvicorn.access" if uvicorn else "gunicorn.access"
+    assert sum(" 200" in m and "GET /" in m for m in foreign[access]) >= 4, foreign
+    if uvicorn:
+        assert any("Application startup complete" in m for m in foreign["uvicorn.error"])
+        assert set(foreign) == {"gunicorn.error", "uvicorn.error", "uvicorn.access"}
+    else:
+        assert set(foreign) == {"gunicorn.error", "gunicorn.access"}
+
+
+def test_a_users_logging_config_keeps_gunicorns_lines_theirs(tmp_path: Path):
+    """``--log-config-json`` (here for a logger of the user's own): gunicorn's lines are
+    left as the user's config has them, gunicorn's format; cslb's stay cslb's JSON."""
+    conf = tmp_path / "logging.json"
+    conf.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "handlers": {"out": {"class": "logging.StreamHandler"}},
+                "loggers": {"shop": {"handlers": ["out"], "level": "INFO"}},
+                "root": {"handlers": [], "level": "WARNING"},
+            }
+        )
+    )
+    args = ["-c", "python:workers.gunicorn_conf", "--log-config-json", str(conf), "logapp:app"]
+    with serving(args, tmp_path, gunicorn=True) as server:
+        server.wait_ready(workers=1)
+        result = server.stop()
+        assert result["exit"] == 0, server.log()
+    theirs = [line for line in _lines(server) if GUNICORN_LINE.match(line)]
+    assert any("Booting worker" in line for line in theirs), server.log()
+    rest = [json.loads(line) for line in _lines(server) if not GUNICORN_LINE.match(line)]
+    assert rest and all(doc["logger"].startswith("cslb.") for doc in rest)
 
 
 def test_the_config_module_writes_text_lines_with_cslb_log_format_text(tmp_path: Path):
@@ -300,15 +434,19 @@ def test_the_config_module_writes_text_lines_with_cslb_log_format_text(tmp_path:
         result = server.stop()
         assert result["exit"] == 0, server.log()
     pids: dict[str, set[int]] = {}
+    theirs = []
     for line in _lines(server):
         if GUNICORN_LINE.match(line):
             assert "cslb" not in line, line
+            theirs.append(line)
             continue
         m = TEXT_LINE.match(line)
         assert m, line
         pids.setdefault(m.group(3), set()).add(int(m.group(5)))
         assert not line.startswith("{")
     _check_processes(pids, server, answers)
+    for start in GUNICORN_MESSAGES:  # text mode: gunicorn's lines are gunicorn's as usual
+        assert any(start in line for line in theirs), (start, theirs)
 
 
 # -- the docs --------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "cslb-rules.yaml"
 RULE_TESTS = ROOT / "tests" / "prometheus" / "cslb-rules.test.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "cslb.json"
-PROMETHEUS_RULE = ROOT / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml"
+PROMETHEUS_RULE = ROOT / "deploy" / "kubernetes" / "monitoring" / "prometheusrule.yaml"
 
 
 def tool(name: str) -> str:

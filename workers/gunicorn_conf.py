@@ -4,8 +4,11 @@ In the master (the arbiter), before any worker forks:
 
 0. ``on_starting`` first gives the ``cslb`` logger cslb's handler
    (:func:`workers.logs.install`: cslb's line format, ``CSLB_LOG_FORMAT``, on stderr), so
-   the master's, the workers' and discovery's cslb lines are one format; gunicorn's own
-   lines keep gunicorn's.
+   the master's, the workers' and discovery's cslb lines are one format. Under
+   ``CSLB_LOG_FORMAT=json`` gunicorn's own lines (and the uvicorn worker's) are cslb's
+   JSON lines too: this module sets ``logger_class`` to
+   :class:`workers.gunicorn_logging.Logger` (your ``--log-config*`` or ``--logger-class``
+   wins; text mode keeps gunicorn's lines).
 1. ``on_starting`` creates the host's counters (``shm.CounterStore.create``, one row per
    worker thread plus room for a graceful reload) and starts the host's discovery
    process, ``python -m cslb discovery``, by fork+exec as a supervised child. The
@@ -95,6 +98,7 @@ from workers.supervisor import (
 __all__ = [
     "child_exit",
     "control_socket_disable",
+    "logger_class",
     "nworkers_changed",
     "on_exit",
     "on_starting",
@@ -123,6 +127,11 @@ def _control_socket_asked(argv: list[str], environ: MutableMapping[str, str]) ->
 #: gunicorn setting: no control socket (a thread in the master, a socket path shared by
 #: every server of the user) unless one is asked for with ``--control-socket PATH``.
 control_socket_disable = not _control_socket_asked(sys.argv[1:], os.environ)
+
+#: gunicorn setting: gunicorn's logger, writing its lines in cslb's format under
+#: ``CSLB_LOG_FORMAT=json`` (:mod:`workers.gunicorn_logging`). A ``--logger-class`` on the
+#: command line replaces it.
+logger_class = "workers.gunicorn_logging.Logger"
 
 
 class CslbStartupError(RuntimeError):
