@@ -22,6 +22,7 @@ from workers.budget import RetryBudget
 from workers.failurelog import FailureLog
 from workers.fanout_settings import FANOUT_KNOBS, FanoutSettings
 from workers.ledger import CallLedger
+from workers.recording import Recording
 from workers.senders import (
     CallConnectError,
     CallError,
@@ -137,11 +138,11 @@ def store():
 def test_ledger_writes_in_batched_steps_what_calls_did(store):
     rec = store.claim()
     now = [1_000 * S]
-    led = CallLedger(lambda: rec, lambda: now[0])
+    led = CallLedger(Recording(lambda: now[0], rec))
     reader = store.reader()
-    t1 = led.begin(3, 16, cap=10)
+    t1 = led.begin(3, cap=10)
     now[0] += 1_000  # (1 µs: not due)
-    t2 = led.begin(3, 16, cap=10)
+    t2 = led.begin(3, cap=10)
     assert led.pending and led.in_flight(3) == 2
     # The first call after a quiet spell is written at once, the next one waits.
     assert reader.read(now[0], 16).in_flight[3] == 1
@@ -159,11 +160,11 @@ def test_ledger_writes_in_batched_steps_what_calls_did(store):
     assert loads.mean_latency_s[3] == pytest.approx(5_001_000 / 1e9)  # each its own start
     assert store.reader().stats()["retries"] == 2
     # The bulkhead: at the cap a call is refused and nothing is recorded for it.
-    assert led.begin(5, 16, cap=1) > 0
-    assert led.begin(5, 16, cap=1) == -1
+    assert led.begin(5, cap=1) > 0
+    assert led.begin(5, cap=1) == -1
     led.flush()
     assert reader.read(now[0], 16).in_flight[5] == 1
-    _, ok = led.begin_many([5, 6, 6, -1], 16, cap=1)
+    _, ok = led.begin_many([5, 6, 6, -1], cap=1)
     assert ok == [False, True, False, True]  # (-1: not recorded, always admitted)
     assert not led.pending  # calls that start together: one step, at once
     assert reader.read(now[0], 16).in_flight[[5, 6]].tolist() == [1, 1]
@@ -171,11 +172,11 @@ def test_ledger_writes_in_batched_steps_what_calls_did(store):
 
 def test_ledger_from_many_threads_loses_nothing(store):
     rec = shm.LockedRecorder(store.claim())
-    led = CallLedger(lambda: rec)
+    led = CallLedger(Recording(recorder=rec))
 
     def calls():
         for i in range(300):
-            t = led.begin(i % 7, 16, cap=1000)
+            t = led.begin(i % 7, cap=1000)
             led.end(i % 7, t, FAIL_CONNECT if i % 10 == 0 else 0)
 
     threads = [threading.Thread(target=calls) for _ in range(4)]

@@ -239,13 +239,13 @@ def test_occupancy_bar_binds_at_balance_factor_times_the_mean(host):
     rec.release()
 
 
-def test_occupancy_answer_tables_follow_a_latency_change_at_equal_occupancy(host):
+def test_occupancy_bar_follows_a_latency_change_at_equal_occupancy(host):
     """The same occupancy from shorter calls lowers the bar (a routed call adds less):
-    answer tables built on the first snapshot must not be kept for the second."""
+    the plan of the first snapshot must not be kept for the second."""
     eps = endpoints(4)
     rs = lbcore.RingSet(eps)
     host.publish(rs, knobs=knobs(balance_factor=1.25, max_hops=None, load_signal="occupancy"))
-    r = host.router(refresh_s=0.5, background=False)  # answer tables built when they pay
+    r = host.router(refresh_s=0.5, background=False)
     table = r.table()
     rec = host.store.claim()
     slots = np.asarray(table.slots, dtype=np.int64)
@@ -260,10 +260,8 @@ def test_occupancy_answer_tables_follow_a_latency_change_at_equal_occupancy(host
     plain = rs.route(KEYS, host.clock())
     busy([3, 2, 2, 2], 1.0)  # occupancy 0.3, 0.2, 0.2, 0.2 from 1-s calls
     host.clock.advance(1.0)
-    for _ in range(3):  # enough keys for the answer tables to pay
-        first = r.route(KEYS)
+    first = r.route(KEYS)
     occ1 = r.loads().occupancy
-    assert r._snap is not None and r._snap._answer is not None  # routed on answer tables
     # bar 1.25 x (0.1 + 0.9) / 4 = 0.3125: nobody over it
     np.testing.assert_array_equal(first, plain)
     host.clock.advance(12.0)  # those calls leave the 10-s window
@@ -306,9 +304,9 @@ def test_count_signals_route_on_the_very_signal_array(host, signal_name):
     assert loads.bar_increment("occupancy") == pytest.approx(0.003)
     with pytest.raises(shm.CounterInputError, match="unknown load signal"):
         loads.bar_increment("queue-length")
-    snap = r._snapshot(host.clock())
-    assert snap is not None
-    assert snap.load.tobytes() == loads.signal(signal_name).tobytes()
+    snap = r.snapshot()
+    assert snap is not None and snap.loads is loads
+    assert snap.plan.loads.tobytes() == loads.signal(signal_name).tobytes()
     rec.release()
 
 
@@ -886,7 +884,7 @@ def test_routes_are_consistent_while_a_writer_process_republishes(host, namespac
 
 
 @pytest.mark.parametrize("ejected", [False, True])
-def test_small_batches_walk_until_the_answer_tables_pay_then_agree(host, clock, ejected):
+def test_small_batches_agree_with_lbcore_on_the_whole_batch(host, clock, ejected):
     eps = endpoints(30)
     t0 = clock()
     rs = lbcore.RingSet(eps[:25], duration_ns=D_NS).scale_up(eps[25:], t0)
@@ -899,7 +897,6 @@ def test_small_batches_walk_until_the_answer_tables_pay_then_agree(host, clock, 
     clock.advance(D_NS / 2e9)  # the snapshot is due again: it sees the load
     keys = KEYS[:800]
     got = np.concatenate([r.route(keys[i : i + 10]) for i in range(0, len(keys), 10)])
-    assert r._snap._answer is not None  # 3000 positions / 8 = 375 keys: built on the way
     load = r.loads().signal("in-flight")
     cand = ~ej if ejected else None
     expect = rs.route(keys, clock(), loads=load, balance_factor=1.25, max_hops=4, candidates=cand)

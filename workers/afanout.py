@@ -78,7 +78,7 @@ async def run(
     n = max(held, 1) if jobs else 0
     # The runners' first calls start together: one recording step for all of them.
     firsts = [plan.slots[j[0] if grouped else j] for j in jobs[:n]]
-    t0, admitted = fan.ledger.begin_many(firsts, plan.bound, cap) if n else (0, [])
+    t0, admitted = fan.ledger.begin_many(firsts, cap) if n else (0, [])
     rest = iter(jobs[n:])  # (the runners take the next job from here, one at a time)
 
     async def runner(first: Any, started: int) -> None:

@@ -146,7 +146,7 @@ class Plan:
         router = fan.router
         self.fan = fan
         self.ledger = fan.ledger
-        self.clock: Callable[[], int] = router._clock
+        self.clock: Callable[[], int] = router.recording.clock
         self.keys = keys
         self.send = send
         self.with_timeout = with_timeout
@@ -164,8 +164,7 @@ class Plan:
         self._retry_routes: dict[int, dict[int, tuple[int, str | None]]] = {}
         t = self.table
         self.urls = t.endpoints
-        self.bound = int(t.n_slots)
-        slots = router._call_slots(self.idx, t)
+        slots = router.call_slots(self.idx, t)
         self.slots: list[int] = slots.tolist() if slots is not None else [-1] * n
         routed = np.flatnonzero(self.idx >= 0)
         self.fallback_positions: list[int] = np.flatnonzero(self.idx < 0).tolist()
@@ -237,7 +236,7 @@ class Plan:
         """Start a call to ``slot`` (``-1``: not recorded): its start, or -1 at the cap."""
         if slot < 0:
             return self.clock()
-        return self.ledger.begin(slot, self.bound, cap)
+        return self.ledger.begin(slot, cap)
 
     def end(self, slot: int, t0: int, kind: int, cut: bool) -> None:
         """End it; a timeout the deadline caused is not the pod's failure."""
@@ -287,7 +286,7 @@ class Plan:
             positions = np.flatnonzero(self.idx == e).tolist()
             router = self.fan.router
             idx2, t2 = router.route_table(self.keys_at(positions), attempt=1)
-            slots2 = router._call_slots(idx2, t2)
+            slots2 = router.call_slots(idx2, t2)
             got = {}
             for j, p in enumerate(positions):
                 e2 = int(idx2[j])
@@ -296,7 +295,6 @@ class Plan:
                 else:
                     got[p] = (int(slots2[j]) if slots2 is not None else -1, t2.endpoints[e2])
             with self.lock:
-                self.bound = max(self.bound, int(t2.n_slots))
                 self._retry_routes[e] = got
         return got.get(pos, (-1, None))
 

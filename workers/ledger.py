@@ -22,22 +22,22 @@ call to an endpoint that already has ``cap`` calls in flight from this worker (n
 is recorded for it: a local rejection is not the pod's failure), and
 :meth:`~CallLedger.oldest` tells a busy pod from a stuck one.
 
-This is the seam a native scatter-add replaces: :meth:`CallLedger._write` turns the
-pending events into the recorder's two trusted calls and is the only place that does.
+It writes through the worker's :class:`workers.recording.Recording`, the same narrow
+handle ``Router.track`` records through; each write is one step under the row's lock:
+the pending starts (each with its own start time), the pending ends and the stats
+deltas, each a few :func:`lbcore.scatter_add` calls whatever their number.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 import shm
 from shm.layout import STATS_FIELDS
+from workers.recording import Recording
 
 __all__ = ["FLUSH_NS", "MAX_PENDING", "CallLedger"]
 
@@ -58,62 +58,63 @@ class CallLedger:
 
     Parameters
     ----------
-    recorder
-        Returns the worker's recorder now (``None``: no counters; calls are then
-        counted for the bulkhead only). Asked at each write, so a router that
-        attached new counters meanwhile writes into those.
-    clock
-        CLOCK_MONOTONIC nanoseconds.
+    recording
+        The worker's recording handle (its clock is the ledger's). Without a row
+        (no counters) calls are counted for the bulkhead only; a router that attached
+        new counters meanwhile has the handle write into those.
     """
 
     __slots__ = (
-        "_bound",
         "_clock",
-        "_ends",
+        "_e_end",
+        "_e_kind",
+        "_e_slot",
+        "_e_start",
         "_failed_kinds",
         "_freed",
         "_last_write",
         "_lock",
         "_open",
-        "_recorder",
-        "_starts",
+        "_rec",
+        "_s_slot",
+        "_s_time",
         "_stats",
         "_waiting",
         "_warned",
         "_write_lock",
     )
 
-    def __init__(
-        self,
-        recorder: Callable[[], Any],
-        clock: Callable[[], int] = time.monotonic_ns,
-    ) -> None:
-        self._recorder = recorder
-        self._clock = clock
+    def __init__(self, recording: Recording) -> None:
+        self._rec = recording
+        self._clock = recording.clock
         self._lock = threading.Lock()  # the pending events and the calls in flight
         self._write_lock = threading.Lock()  # one write at a time, in order
         self._freed = threading.Condition(self._lock)  # an end lowered a count
         self._waiting = 0  # threads in wait_freed (an end notifies only then)
         self._open: dict[int, list[int]] = {}  # per slot: start times of its calls in flight
-        self._starts: list[tuple[int, int]] = []  # (slot, start)
-        self._ends: list[tuple[int, int, int, int]] = []  # (slot, start, end, kind)
+        # Pending events, one flat list per field (cheaper to append to and to turn
+        # into arrays than lists of tuples): starts (slot, time), ends (slot, start,
+        # end, failure kind).
+        self._s_slot: list[int] = []
+        self._s_time: list[int] = []
+        self._e_slot: list[int] = []
+        self._e_start: list[int] = []
+        self._e_end: list[int] = []
+        self._e_kind: list[int] = []
         self._failed_kinds = False
         self._stats = [0] * len(STATS_FIELDS)
-        self._bound = 0
         self._last_write = 0
         self._warned = False
 
     # -- events ---------------------------------------------------------------------
 
-    def begin(self, slot: int, bound: int, cap: int) -> int:
+    def begin(self, slot: int, cap: int) -> int:
         """A call to ``slot`` starts now: its start time (ns), or ``-1`` if refused.
 
         Parameters
         ----------
         slot
             The endpoint's counter slot (from the table the call was routed on).
-        bound
-            That table's ``n_slots`` (every slot is below it).
         cap
             Most calls this worker may have in flight to the slot; at the cap the call
             is refused and nothing is recorded.
@@ -128,10 +129,9 @@ class CallLedger:
             else:
                 now = self._clock()
                 out.append(now)
-            self._starts.append((slot, now))
-            if bound > self._bound:
-                self._bound = bound
-            due = len(self._starts) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
+            self._s_slot.append(slot)
+            self._s_time.append(now)
+            due = len(self._s_slot) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
         if due:
             self.flush()
         return now
@@ -149,7 +149,7 @@ class CallLedger:
             finally:
                 self._waiting -= 1
 
-    def begin_many(self, slots: list[int], bound: int, cap: int) -> tuple[int, list[bool]]:
+    def begin_many(self, slots: list[int], cap: int) -> tuple[int, list[bool]]:
         """Calls to ``slots`` start together now: one step for all of them.
 
         Returns the start time (ns) and, per call, whether it was admitted (refused
@@ -169,9 +169,8 @@ class CallLedger:
                     continue
                 out.append(now)
                 admitted.append(True)
-                self._starts.append((slot, now))
-            if bound > self._bound:
-                self._bound = bound
+                self._s_slot.append(slot)
+                self._s_time.append(now)
         self.flush()
         return now, admitted
 
@@ -193,10 +192,13 @@ class CallLedger:
                     out.pop()
             if self._waiting:
                 self._freed.notify_all()
-            self._ends.append((slot, started_ns, now, kind))
+            self._e_slot.append(slot)
+            self._e_start.append(started_ns)
+            self._e_end.append(now)
+            self._e_kind.append(kind)
             if kind:
                 self._failed_kinds = True
-            due = len(self._ends) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
+            due = len(self._e_slot) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
         if due:
             self.flush()
         return now
@@ -219,7 +221,7 @@ class CallLedger:
     @property
     def pending(self) -> bool:
         """Events wait to be written."""
-        return bool(self._starts or self._ends)
+        return bool(self._s_slot or self._e_slot)
 
     # -- writing --------------------------------------------------------------------
 
@@ -227,45 +229,35 @@ class CallLedger:
         """Write every pending event into the counter row now (one step)."""
         with self._write_lock:
             with self._lock:
-                if not (self._starts or self._ends or any(self._stats)):
+                if not (self._s_slot or self._e_slot or any(self._stats)):
                     return
-                starts, ends, stats = self._starts, self._ends, self._stats
-                failed = self._failed_kinds
-                bound = self._bound
-                self._starts, self._ends = [], []
+                s_slot, s_time = self._s_slot, self._s_time
+                e_slot, e_start, e_end, e_kind = (
+                    self._e_slot,
+                    self._e_start,
+                    self._e_end,
+                    self._e_kind,
+                )
+                stats, failed = self._stats, self._failed_kinds
+                self._s_slot, self._s_time = [], []
+                self._e_slot, self._e_start, self._e_end, self._e_kind = [], [], [], []
                 self._failed_kinds = False
                 self._stats = [0] * len(STATS_FIELDS)
                 self._last_write = now = self._clock()
-            rec = self._recorder()
-            if rec is None:
-                return
+            starts = ends = None
+            if s_slot:
+                starts = (np.array(s_slot, dtype=np.int64), np.array(s_time, dtype=np.int64))
+            if e_slot:
+                began = np.array(e_start, dtype=np.int64)
+                durations = np.array(e_end, dtype=np.int64)
+                durations -= began
+                np.maximum(durations, 0, out=durations)  # (a clock is monotonic; be safe)
+                kinds = np.array(e_kind, dtype=np.int64) if failed else None
+                ends = (np.array(e_slot, dtype=np.int64), began, durations, kinds)
+            tallies = {STATS_FIELDS[i]: n for i, n in enumerate(stats) if n}
             try:
-                self._write(rec, starts, ends, failed, stats, bound, now)
+                self._rec.calls(starts, ends, now, tallies)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if not self._warned:
                     self._warned = True
                     log.warning("calls not recorded: %s", exc)
-
-    @staticmethod
-    def _write(
-        rec: Any,
-        starts: list[tuple[int, int]],
-        ends: list[tuple[int, int, int, int]],
-        failed: bool,
-        stats: list[int],
-        bound: int,
-        now: int,
-    ) -> None:
-        if starts:
-            s = np.array(starts, dtype=np.int64)
-            rec._record_start_trusted(s[:, 0].astype(np.intp), s[:, 1].copy(), bound)
-        if ends:
-            e = np.array(ends, dtype=np.int64)
-            started = e[:, 1].copy()
-            durations = e[:, 2] - started
-            np.maximum(durations, 0, out=durations)  # (a clock is monotonic; be safe)
-            kinds = e[:, 3].astype(np.intp) if failed else None
-            rec._record_end_trusted(e[:, 0].astype(np.intp), started, durations, now, kinds, bound)
-        for i, n in enumerate(stats):
-            if n:
-                rec._tally_trusted(i, n)
