@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 
 import lbcore
-from lbcore.bounded import redirect_table
 from tests import reference as ref
 
 ENDPOINT_SETS = {
@@ -220,7 +219,8 @@ def test_from_arrays_wraps_published_arrays():
         r.endpoints, r.hashes.copy(), r.owners.copy(), buckets=r.buckets.copy()
     )
     assert copy.lookup(KEYS).tolist() == r.lookup(KEYS).tolist()
-    assert redirect_table(copy, np.zeros(7), 1.25).tolist() == copy.owners.tolist()
+    idle = copy.lookup_bounded(None, np.zeros(7), 1.25, hashes=copy.hashes)  # keys on nodes
+    assert idle.tolist() == copy.owners.tolist()
 
 
 @pytest.mark.parametrize("bits", [8, 10, 12, 14])
@@ -242,15 +242,14 @@ def test_bucket_table_resolution_paths_agree_with_binary_search(bits):
         )
     )
     want = np.searchsorted(r.hashes, h, side="left") % len(r)
-    assert np.array_equal(small.positions(h), want)  # many misses: comparison path
-    # Fewer misses: one search over them, and (fewest) key by key.
-    # Each with a key past the last node too (it rolls over to position 0).
+    assert np.array_equal(small.positions(h), want)
+    # Few keys (one path for every size), each with a key past the last node too (it
+    # rolls over to position 0).
     top = np.array([2**64 - 1], dtype=np.uint64)
     for k in (200, 100, 40, 20, 8, 3):
         assert np.array_equal(small.positions(h[:k]), want[:k]), k
         got = small.positions(np.concatenate((h[:k], top)))
         assert np.array_equal(got, np.append(want[:k], 0)), k
-    assert small.positions_of(h[:300].tolist()) == want[:300].tolist()  # key-by-key path
 
 
 def test_with_added_equals_a_fresh_build_and_keeps_indices():
