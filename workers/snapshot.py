@@ -2,7 +2,7 @@
 
 A :class:`Snapshot` is one table generation, one read of the host's loads and the
 :class:`lbcore.Plan` built on both. :func:`build_plan` is the one place a table and
-its knobs become a plan (the router, the status page and ``cslb route`` use it): the
+its knobs become a plan (the router and the status page use it): the
 rollout gate, the fade mode, bounded load on the knobs' load signal with its bar
 counting the routed call as what it adds to that signal
 (:meth:`shm.HostLoads.bar_increment`), ejected endpoints, the counter slots, and the
@@ -28,9 +28,9 @@ import numpy as np
 
 import lbcore
 import shm
-from lbcore.bounded import in_call_units
+from lbcore.bounded import in_call_units, target_load
 
-__all__ = ["Follower", "Snapshot", "build_plan", "empty_table"]
+__all__ = ["Follower", "Snapshot", "bounded_bar", "build_plan", "empty_table"]
 
 log = logging.getLogger("cslb.router")
 
@@ -93,6 +93,17 @@ def build_plan(table: shm.Table, loads: shm.HostLoads | None, now_ns: int) -> lb
         n_slots=table.n_slots,
         guard=table.guard,
     )
+
+
+def bounded_bar(plan: lbcore.Plan, view: int = -1) -> float | None:
+    """Bounded load's bar in ``plan``'s ``view`` (default the newest ring), in its load units.
+
+    lbcore's rule over the view's candidates (:func:`lbcore.bounded.target_load`);
+    ``None`` without bounded load.
+    """
+    if plan.balance_factor is None or plan.loads is None or plan.master is None:
+        return None
+    return target_load(plan.loads, plan.listed[view], plan.balance_factor)
 
 
 class Snapshot:
