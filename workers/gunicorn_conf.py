@@ -76,6 +76,7 @@ if "numpy" not in sys.modules:
         os.environ.setdefault(_var, "1")
     del _var
 
+import lbcore
 import shm
 from lbcore.knobs import KnobError
 from workers.supervisor import (
@@ -192,11 +193,12 @@ class _Master:
             raise
         assert self.store is not None
         self.log.info(
-            "cslb: namespace %r, %d counter rows (%s), discovery %s",
+            "cslb: namespace %r, %d counter rows (%s), discovery %s, %s routing kernel",
             self.namespace,
             self.store.rows,
             how,
             self.settings["discovery"],
+            lbcore.kernel_name(),
         )
         _hook_arbiter_loop(server, self)
 

@@ -35,7 +35,7 @@ name                                      type     meaning
 ``cslb_discovery_heartbeat_age_seconds``  gauge    time since the publisher's last heartbeat
 ``cslb_fade_share``                       gauge    share of keys each fading ring carries now
 ``cslb_discovery_up``                     gauge    1 while the publisher runs and heartbeats
-``cslb_build_info``                       gauge    1, labelled with what runs (``version``)
+``cslb_build_info``                       gauge    1, labelled with what runs: version, kernel
 ``cslb_retries_total``                    counter  retries the fan-out helper sent
 ``cslb_retries_failed_total``             counter  of those, the ones that failed too
 ``cslb_retry_budget_exhausted_total``     counter  failed calls the retry budget kept from a retry
@@ -99,13 +99,15 @@ STALE_AFTER = Knob(
 def build_info() -> dict[str, str]:
     """The labels of ``cslb_build_info`` (one sample, value 1): what this process runs.
 
-    ``version`` is the installed cslb distribution's. A new label is one more entry here.
+    ``version`` is the installed cslb distribution's; ``kernel`` the routing kernel of
+    this process (:func:`lbcore.kernel_name`: ``native`` or ``numpy``). A new label is
+    one more entry here.
     """
     try:
         version = importlib.metadata.version("cslb")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    return {"version": version}
+    return {"version": version, "kernel": lbcore.kernel_name()}
 
 
 @dataclass(frozen=True, slots=True)
