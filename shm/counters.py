@@ -847,10 +847,9 @@ def _namespace_counters(namespace: str) -> list[str]:
     return [segment_name(namespace, "counters"), *epoch_segments(namespace, "counters").values()]
 
 
-# What a fan-out's end adds to per call in its bucket column besides ``open`` (which the
-# range-checking first addition takes out), in the order of ``Recorder._end_values``;
-# then ``requests_total``.
-_END_FIELDS = ("open_start_sum", "busy_ns", "completed", "latency_ns")
+# What a fan-out's end adds to per call in its bucket column, in the order of
+# ``Recorder._end_values``; then ``requests_total``.
+_END_FIELDS = ("open", "open_start_sum", "busy_ns", "completed", "latency_ns")
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 _I64 = np.dtype(np.int64)
 _max = np.maximum.reduce
@@ -925,11 +924,10 @@ class Recorder:
     :meth:`CounterStore.claim`.
 
     Every addition is one :func:`lbcore.scatter_add` over the row's ``int64`` words: a
-    fan-out's start is two, its end two (plus one per failure kind present), whatever
-    its size. The first addition of each goes to a one-field view, whose bounds are
-    exactly the valid slots, so the kernel's range check (nothing is added on a bad
-    index) checks the slots: a contiguous ``int64`` array of slots costs no pass of its
-    own; other arguments are converted and checked first.
+    fan-out's start is one (open count and start offset of every call), its end one
+    (plus one per failure kind present) whatever its size, unless its calls span
+    buckets. Slots are checked first (one pass), unless the caller says they are in
+    range (``bound``); the kernel checks every cell against the row either way.
 
     Attributes
     ----------
@@ -949,10 +947,13 @@ class Recorder:
         self._forked = False
         self._matrix: _Matrix | None = None
         self._epoch = -1
-        # What every call of a one-bucket, one-duration end adds (open_start_sum,
-        # busy_ns, completed, latency_ns, requests_total), rewritten per end.
-        self._end_values = np.array([0, 0, 1, 0, 1], dtype=np.int64)
-        self._end_set = memoryview(self._end_values)  # item stores, no NumPy call
+        # What every call of a fan-out adds at its start (open, open_start_sum) and at a
+        # one-bucket, one-duration end (open, open_start_sum, busy_ns, completed,
+        # latency_ns, requests_total): rewritten per record through item stores.
+        self._start_values = np.array([1, 0], dtype=np.int64)
+        self._start_set = memoryview(self._start_values)
+        self._end_values = np.array([-1, 0, 0, 1, 0, 1], dtype=np.int64)
+        self._end_set = memoryview(self._end_values)
         self._bind(ctl.current())
         _RECORDERS.add(self)
 
@@ -983,6 +984,10 @@ class Recorder:
         self._row_words = m.rows2d[self.row]
         lay = m.layout
         cols = m.columns
+        self._start_offsets = [
+            np.array([lay["open"] + j * cols, lay["open_start_sum"] + j * cols], dtype=np.int64)
+            for j in range(k)
+        ]
         self._end_offsets = [
             np.array(
                 [lay[name] + j * cols for name in _END_FIELDS] + [lay["requests_total"]],
@@ -990,6 +995,13 @@ class Recorder:
             )
             for j in range(k)
         ]
+        # Per bucket column, one-field views made once (a view made per call costs a
+        # NumPy call, and the kernel's buffer request on a new array costs more).
+        self._opens = [self._open[j] for j in range(k)]
+        self._open_sums = [self._open_sum[j] for j in range(k)]
+        self._busys = [self._busy[j] for j in range(k)]
+        self._completeds = [self._completed[j] for j in range(k)]
+        self._latencies = [self._latency[j] for j in range(k)]
         self._fail_offsets = [
             [_NO_SLOTS]
             + [
@@ -1081,18 +1093,22 @@ class Recorder:
             )
         return s
 
-    def record_start(self, slots: Any, now_ns: int) -> None:
+    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
         """Record the start of one call per entry of ``slots`` (a whole fan-out).
 
         Parameters
         ----------
         slots
-            Endpoint slot of each call (repeats allowed); a contiguous ``int64`` array
-            is used as it is.
+            Endpoint slot of each call (repeats allowed).
         now_ns
             CLOCK_MONOTONIC start time in nanoseconds, of every call (an ``int``) or of
             each call (an integer array, one per slot: calls that started apart and are
             recorded in one step); pass the same to :meth:`record_end` as ``started_ns``.
+        bound
+            The caller's promise that ``slots`` is a contiguous 1-D ``int64`` array of
+            slots in ``0 .. bound - 1`` (say, a plan's counter slots and its
+            ``n_slots``): then the slots are not checked here, only ``bound`` against
+            the row's columns. Default: every slot is checked.
 
         Raises
         ------
@@ -1102,36 +1118,20 @@ class Recorder:
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
-        s = slots
-        if s.__class__ is not np.ndarray or s.dtype is not _I64 or s.ndim != 1:
-            s = self._slots(s)
-        if now_ns.__class__ is not int:
-            if isinstance(now_ns, np.integer):
-                now_ns = int(now_ns)
-            else:
-                t = np.asarray(now_ns)
-                if t.dtype.kind not in "iu" or t.shape != s.shape:
-                    raise CounterInputError(
-                        f"start times must be one integer per call ({s.size}), got a "
-                        f"{t.dtype} array of shape {t.shape}"
-                    )
-                if s.size:
-                    self._checked(self._start_each, s, t.astype(np.int64))
-                return
-        self._checked(self._start, s, now_ns)
-
-    def _checked(self, record: Callable[..., None], s: np.ndarray, *args: Any) -> None:
-        """``record(s, *args)``; slots it finds out of range are checked and it runs again.
-
-        ``record`` makes its range-checking addition first (nothing is added when it
-        raises), so after :meth:`_slots` followed a grown matrix it starts afresh.
-        """
-        try:
-            record(s, *args)
-        except (IndexError, TypeError):
-            s = self._slots(s)  # raises CounterInputError, or follows growth
+        s = slots if bound is not None and bound <= self._cols else self._slots(slots)
+        if now_ns.__class__ is int:
+            self._start(s, now_ns)
+        elif isinstance(now_ns, np.integer):
+            self._start(s, int(now_ns))
+        else:
+            t = np.asarray(now_ns)
+            if t.dtype.kind not in "iu" or t.shape != s.shape:
+                raise CounterInputError(
+                    f"start times must be one integer per call ({s.size}), got a "
+                    f"{t.dtype} array of shape {t.shape}"
+                )
             if s.size:
-                record(s, *args)
+                self._start_each(s, t.astype(np.int64))
 
     def _start(self, s: np.ndarray, now_ns: int) -> None:
         b = self._bucket_ns
@@ -1139,9 +1139,8 @@ class Recorder:
         if q > self._period:
             self._rotate(q)
         if q > self._period - self._k:  # a bucket this row holds
-            j = q % self._k
-            scatter_add(self._open[j], s, 1)  # first: checks the slots
-            scatter_add(self._open_sum[j], s, now_ns - q * b)
+            self._start_set[1] = now_ns - q * b
+            scatter_add(self._row_words, s, self._start_values, self._start_offsets[q % self._k])
         else:  # a thread that took long to get the row's lock: older than every bucket
             scatter_add(self._open_old, s, 1)
 
@@ -1158,10 +1157,9 @@ class Recorder:
             self._rotate(hi)
         oldest = self._period - k  # buckets after this one are held
         if lo == hi and lo > oldest:  # the usual case: every call in one bucket
-            scatter_add(self._open[lo % k], s, 1)
-            scatter_add(self._open_sum[lo % k], s, t - lo * b)
+            scatter_add(self._opens[lo % k], s, 1)
+            scatter_add(self._open_sums[lo % k], s, t - lo * b)
             return
-        scatter_add(self._requests_total, s, 0)  # checks the slots, adds nothing
         held = q > oldest
         scatter_add(self._open_old, s[~held], 1)  # older than every bucket kept
         qh = q[held]
@@ -1176,6 +1174,8 @@ class Recorder:
         durations_ns: Any,
         now_ns: int,
         failed: Any = None,
+        *,
+        bound: int | None = None,
     ) -> None:
         """Record the end of calls started by :meth:`record_start` (a whole fan-out).
 
@@ -1200,6 +1200,8 @@ class Recorder:
             Optional, one per call: booleans (``True``: failed, counted as
             :data:`lbcore.outlier.FAIL_OTHER`) or integer failure kinds (``0``: success,
             :data:`~lbcore.outlier.FAIL_CONNECT` … :data:`~lbcore.outlier.FAIL_OTHER`).
+        bound
+            As in :meth:`record_start`: ``slots`` are known to be in ``0 .. bound - 1``.
 
         Raises
         ------
@@ -1209,9 +1211,7 @@ class Recorder:
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
-        s = slots
-        if s.__class__ is not np.ndarray or s.dtype is not _I64 or s.ndim != 1:
-            s = self._slots(s)
+        s = slots if bound is not None and bound <= self._cols else self._slots(slots)
         n = s.size
         d = durations_ns
         if d.__class__ is not int:
@@ -1241,7 +1241,7 @@ class Recorder:
                         f"start times have shape {started.shape}, expected ({n},)"
                     )
         if n:
-            self._checked(self._end, s, started, d, int(now_ns), failed)
+            self._end(s, started, d, int(now_ns), failed)
 
     def _end(
         self,
@@ -1269,21 +1269,21 @@ class Recorder:
             # Every call started in this bucket (and ended by now_ns): all of it is here,
             # and so are its open entries (record_start put them in this bucket).
             j = period % self._k
-            scatter_add(self._open[j], s, -1)  # first: checks the slots
             opened = period * b - started  # (an array for calls that started apart)
             if scalar_start and d.__class__ is int:
                 v = self._end_set
-                v[0] = opened
-                v[1] = d
-                v[3] = d
+                v[1] = opened
+                v[2] = d
+                v[4] = d
                 scatter_add(self._row_words, s, self._end_values, self._end_offsets[j])
             else:
-                vals = np.empty((5, s.size), dtype=np.int64)
-                vals[0] = opened
-                vals[1] = d
-                vals[2] = 1
-                vals[3] = d
-                vals[4] = 1
+                vals = np.empty((6, s.size), dtype=np.int64)
+                vals[0] = -1
+                vals[1] = opened
+                vals[2] = d
+                vals[3] = 1
+                vals[4] = d
+                vals[5] = 1
                 scatter_add(self._row_words, s, vals.reshape(-1), self._end_offsets[j])
             if failed is not None:
                 self._end_failures(s, failed, self._fail_offsets[j])
@@ -1306,7 +1306,7 @@ class Recorder:
     ) -> None:
         """General case: calls spanning buckets, or ending in older retained buckets."""
         b, kk, cols = self._bucket_ns, self._k, self._cols
-        scatter_add(self._requests_total, s, 1)  # first: checks the slots
+        scatter_add(self._requests_total, s, 1)
         newest = self._period
         oldest = newest - kk + 1  # the buckets this row holds; older time is forgotten
         # A call's open entry is in its start bucket's column while the row holds that
@@ -1324,14 +1324,14 @@ class Recorder:
             part = np.minimum(end, (q + 1) * b) - np.maximum(st, q * b)
             np.maximum(part, 0, out=part)
             if part.any():
-                scatter_add(self._busy[q % kk], s, part)
+                scatter_add(self._busys[q % kk], s, part)
         qend = np.clip(end // b, oldest, newest)
         for q in np.unique(qend).tolist():
             sel = qend == q
             j = q % kk
             ss = s[sel]
-            scatter_add(self._completed[j], ss, 1)
-            scatter_add(self._latency[j], ss, np.ascontiguousarray(d[sel]))
+            scatter_add(self._completeds[j], ss, 1)
+            scatter_add(self._latencies[j], ss, np.ascontiguousarray(d[sel]))
             if failed is not None:
                 self._end_failures(ss, failed[sel], self._fail_offsets[j])
 
@@ -1421,17 +1421,24 @@ class LockedRecorder:
         """The worker slot (row) recorded into."""
         return self.recorder.row
 
-    def record_start(self, slots: Any, now_ns: int) -> None:
+    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
         """See :meth:`Recorder.record_start`."""
         with self.lock:
-            self.recorder.record_start(slots, now_ns)
+            self.recorder.record_start(slots, now_ns, bound=bound)
 
     def record_end(
-        self, slots: Any, started_ns: Any, durations_ns: Any, now_ns: int, failed: Any = None
+        self,
+        slots: Any,
+        started_ns: Any,
+        durations_ns: Any,
+        now_ns: int,
+        failed: Any = None,
+        *,
+        bound: int | None = None,
     ) -> None:
         """See :meth:`Recorder.record_end`."""
         with self.lock:
-            self.recorder.record_end(slots, started_ns, durations_ns, now_ns, failed)
+            self.recorder.record_end(slots, started_ns, durations_ns, now_ns, failed, bound=bound)
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """See :meth:`Recorder.count`."""
@@ -1483,15 +1490,22 @@ class ThreadRecorder:
             self._local.rec = rec
         return rec
 
-    def record_start(self, slots: Any, now_ns: int) -> None:
+    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
         """See :meth:`Recorder.record_start`."""
-        self._mine().record_start(slots, now_ns)
+        self._mine().record_start(slots, now_ns, bound=bound)
 
     def record_end(
-        self, slots: Any, started_ns: Any, durations_ns: Any, now_ns: int, failed: Any = None
+        self,
+        slots: Any,
+        started_ns: Any,
+        durations_ns: Any,
+        now_ns: int,
+        failed: Any = None,
+        *,
+        bound: int | None = None,
     ) -> None:
         """See :meth:`Recorder.record_end`."""
-        self._mine().record_end(slots, started_ns, durations_ns, now_ns, failed)
+        self._mine().record_end(slots, started_ns, durations_ns, now_ns, failed, bound=bound)
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """See :meth:`Recorder.count`."""
@@ -1520,6 +1534,7 @@ class ThreadRecorder:
             recs, self._all = self._all, []
         for rec in recs:
             rec.release(now_ns)
+
 
 # ------------------------------------------------------------------------------------
 # Reading.

@@ -1304,6 +1304,22 @@ class TableReader:
                 return t  # never None here: cur is -1 while there is no table
         return self._refresh()
 
+    def is_current(self, table: Table) -> bool:
+        """Whether :meth:`table` returns ``table`` now (nothing published since).
+
+        Two shared-memory loads, no clock and no remapping: ``False`` once a new
+        generation was published (the word ``current`` changed, or names the same
+        buffer rewritten since), or when ``table`` is not this reader's current one. A
+        replaced control segment is noticed by :meth:`table` (its clock paces the
+        check), which callers still call now and then.
+        """
+        ctl, cur, t, seq_words, seq_index, seq = self._state
+        if t is not table or ctl[_C_CURRENT] != cur:
+            return False
+        if _WEAK:
+            fence()
+        return seq_words[seq_index] == seq
+
     def _set_state(self, cur: int, t: Table | None) -> None:
         if t is None:
             self._state = (self._ctl, -1, None, _NO_SEQ, 0, 1)

@@ -558,9 +558,7 @@ class HostMonitor:
             self._tables = self._counters = None
 
 
-def _bar(
-    table: shm.Table, loads: shm.HostLoads, now: int, increment: float | None
-) -> float | None:
+def _bar(table: shm.Table, loads: shm.HostLoads, now: int, increment: float | None) -> float | None:
     """The routers' bounded-load bar on ``table`` with ``loads``, in the signal's unit.
 
     From the plan a router builds on them (its loads are in routed-call units: the

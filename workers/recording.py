@@ -122,26 +122,27 @@ class Recording:
 
     # -- calls ----------------------------------------------------------------------
 
-    def start(self, slots: np.ndarray, now_ns: int) -> tuple[Any, Any] | None:
-        """Calls to ``slots`` (``int64``) start at ``now_ns``; the handle of their end.
+    def start(self, slots: np.ndarray, now_ns: int, bound: int) -> tuple[Any, Any, int] | None:
+        """Calls to ``slots`` start at ``now_ns``; the handle of their end.
 
-        ``None``: not recorded (no row). The end goes to the row the start went to,
-        even if the router attached another meanwhile.
+        ``slots``: a contiguous ``int64`` array of slots in ``0 .. bound - 1`` (a plan's
+        counter slots and its ``n_slots``). ``None``: not recorded (no row). The end goes
+        to the row the start went to, even if the router attached another meanwhile.
         """
         lock, row = self._lock, self._row
         if row is None:
             return None
         with lock:
             try:
-                row.record_start(slots, now_ns)
+                row.record_start(slots, now_ns, bound=bound)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 log.warning("fan-out not recorded: %s", exc)
                 return None
-        return lock, row
+        return lock, row, bound
 
     def end(
         self,
-        started: tuple[Any, Any],
+        started: tuple[Any, Any, int],
         slots: np.ndarray,
         started_ns: int,
         durations_ns: int | np.ndarray,
@@ -149,10 +150,10 @@ class Recording:
         failed: np.ndarray | None,
     ) -> None:
         """Those calls (``started``: what :meth:`start` returned) ended."""
-        lock, row = started
+        lock, row, bound = started
         with lock:
             try:
-                row.record_end(slots, started_ns, durations_ns, now_ns, failed)
+                row.record_end(slots, started_ns, durations_ns, now_ns, failed, bound=bound)
             except shm.ShmError as exc:  # released meanwhile: nothing to add to
                 log.warning("fan-out end not recorded: %s", exc)
 

@@ -611,9 +611,11 @@ class Router:
                 slots, calls = s.plan.counter_slots(arr)
             except lbcore.ArgumentError as exc:
                 raise RouterInputError(str(exc)) from None
+            bound = s.plan.n_slots
         else:
             arr = _indices(idx, len(t.endpoints))
             slots, calls = _table_slots(t, arr)
+            bound = t.n_slots
         if keys is not None and len(keys) != arr.size:
             raise RouterInputError(f"track got {len(keys)} keys for {arr.size} calls")
         return Tracker(
@@ -624,6 +626,7 @@ class Router:
             attempt if attempt.__class__ is int else int(attempt),
             slots,
             calls,
+            bound,
         )
 
     # -- the fan-out helper (workers.fanout, workers.afanout) ----------------------------

@@ -230,12 +230,12 @@ class Follower:
         corrupt, or a writer rewriting faster than this worker can read for a second).
         """
         s = self.snapshot
-        if s is not None and self._clock() < self._until and self._bad is None:
-            try:
-                if self.reader.table() is s.table:  # type: ignore[union-attr]
-                    return s
-            except shm.ShmError:
-                pass  # a new generation that cannot be read: the slow path says so
+        if (
+            s is not None
+            and self._clock() < self._until
+            and self.reader.is_current(s.table)  # type: ignore[union-attr]
+        ):
+            return s
         return self._refresh()
 
     def of(self, table: shm.Table) -> Snapshot | None:

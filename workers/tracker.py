@@ -70,6 +70,7 @@ class Tracker:
     """
 
     __slots__ = (
+        "_bound",
         "_calls",
         "_ends",
         "_entered",
@@ -94,6 +95,7 @@ class Tracker:
         attempt: int,
         slots: np.ndarray,
         calls: np.ndarray | None,
+        bound: int,
     ) -> None:
         self._rec = recording
         # A private copy: the caller may reuse its array while the calls are open, and
@@ -103,6 +105,7 @@ class Tracker:
         self.keys = keys
         self.attempt = attempt
         self._slots = slots  # counter slot per routed call (int64); empty: none recorded
+        self._bound = bound  # every slot is below it
         self._calls = calls  # positions of the routed calls in idx (None: all of them)
         self._started: Any = None
         self._start = 0
@@ -119,7 +122,7 @@ class Tracker:
             rec.check()
         self._start = start = rec.clock()
         if self._slots.size:
-            self._started = rec.start(self._slots, start)
+            self._started = rec.start(self._slots, start, self._bound)
         return self
 
     def _position(self, i: Any) -> int | None:

@@ -684,10 +684,10 @@ def test_an_empty_fan_out_records_nothing_and_raises_nothing(store):
 
 @pytest.mark.parametrize("seed", [11, 12])
 def test_a_whole_fan_out_records_what_one_call_at_a_time_records(store, seed, kernel):
-    """One record_start/record_end of a fan-out (an int64 array: the kernel's range check
-    is the only check) records exactly what per-call recording does: repeated slots,
-    one duration for all calls or one each, failures or none, calls spanning buckets
-    and ending in later ones."""
+    """One record_start/record_end of a fan-out (int64 slots the caller vouches for with
+    ``bound``: one scatter-add each) records exactly what checked per-call recording
+    does: repeated slots, one duration for all calls or one each, failures or none,
+    calls spanning buckets and ending in later ones."""
     rng = np.random.default_rng(seed)
     fast, single = store.claim(), store.claim()
     calls = np.zeros(16, np.int64)
@@ -697,7 +697,7 @@ def test_a_whole_fan_out_records_what_one_call_at_a_time_records(store, seed, ke
         n = int(rng.integers(0, 30))
         slots = rng.integers(0, 4 if rng.random() < 0.5 else 16, n).astype(np.int64)
         start = now + int(rng.integers(0, 150 * MS))
-        fast.record_start(slots, start)
+        fast.record_start(slots, start, bound=16)
         for s in slots.tolist():
             single.record_start([s], start)
         if rng.random() < 0.5:  # Tracker without done(): one int for every call
@@ -707,7 +707,7 @@ def test_a_whole_fan_out_records_what_one_call_at_a_time_records(store, seed, ke
             d = durs = rng.integers(0, 500 * MS, n)
         end = start + int(durs.max(initial=0)) + int(rng.integers(0, 5 * MS))
         failed = rng.random(n) < 0.3 if rng.random() < 0.5 else None
-        fast.record_end(slots, start, d, end, failed)
+        fast.record_end(slots, start, d, end, failed, bound=16)
         for i in range(n):
             f = None if failed is None else failed[i : i + 1]
             single.record_end(slots[i : i + 1].tolist(), start, durs[i : i + 1], end, failed=f)
@@ -728,7 +728,7 @@ def test_the_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store, kernel):
     rec = store.claim()
     slots = np.array([3, 3, 7, 3], dtype=np.int64)
     start = T0 + 20 * MS
-    rec.record_start(slots, start)
+    rec.record_start(slots, start, bound=16)
     k = (start // store.bucket_ns) % (store._ctl.buckets)
     assert block(store, rec.row, "open")[k, [3, 7]].tolist() == [3, 1]
     assert block(store, rec.row, "open_start_sum")[k, [3, 7]].tolist() == [60 * MS, 20 * MS]
@@ -771,12 +771,12 @@ def test_a_long_fan_out_in_one_step_equals_short_ones(store, with_failures, kern
         start = T0 + rnd * S + int(rng.integers(0, 50 * MS))
         failed = rng.random(n) < 0.25 if with_failures else None
         d = int(rng.integers(0, 40 * MS))
-        long_rec.record_start(slots, start)
+        long_rec.record_start(slots, start, bound=16)
         for a in range(0, n, 100):
             short_rec.record_start(slots[a : a + 100], start)
         # Mid-flight: the open counts agree too.
         assert np.array_equal(raw(store, long_rec.row), raw(store, short_rec.row))
-        long_rec.record_end(slots, start, d, start + d, failed)
+        long_rec.record_end(slots, start, d, start + d, failed, bound=16)
         for a in range(0, n, 100):
             f = None if failed is None else failed[a : a + 100]
             short_rec.record_end(slots[a : a + 100], start, d, start + d, f)
@@ -808,21 +808,24 @@ def test_a_fan_out_ending_after_the_counters_grew_ends_in_the_grown_row(store, k
 
 
 @pytest.mark.parametrize("bad", [[50], [-1], [3, 40], [2**62]])
-def test_the_kernels_range_check_is_the_slot_check(store, kernel, bad):
-    """An int64 array goes straight to the scatter-add: a slot beyond the columns (or
-    negative) still raises CounterInputError naming the range, and records nothing."""
+def test_slots_beyond_the_columns_record_nothing_unless_vouched_for_within_them(
+    store, kernel, bad
+):
+    """Slots are checked (after following a grown matrix) unless the caller vouches for
+    them with a bound within the row's columns; a bound beyond them is checked too."""
     rec = store.claim()
     store.ensure_columns(40)  # another process grew the counters: rec has 16 columns
-    rec.record_start(np.array([30], dtype=np.int64), T0)  # followed, not refused
-    rec.record_end(np.array([30], dtype=np.int64), T0, MS, T0 + MS, None)
+    rec.record_start(np.array([30], dtype=np.int64), T0, bound=40)  # followed, then trusted
+    rec.record_end(np.array([30], dtype=np.int64), T0, MS, T0 + MS, None, bound=40)
     loads = store.reader().read(T0 + MS)
     assert loads.completed[30] == 1 and loads.in_flight.sum() == 0
     before = raw(store, rec.row)
     arr = np.array(bad, dtype=np.int64)
-    with pytest.raises(CounterInputError, match=r"0\.\.39"):
-        rec.record_start(arr, T0)
-    with pytest.raises(CounterInputError, match=r"0\.\.39"):
-        rec.record_end(arr, T0, MS, T0 + MS, np.ones(arr.size, bool))
-    with pytest.raises(CounterInputError, match=r"0\.\.39"):
-        rec.record_end(arr, T0 - 3 * S, np.full(arr.size, MS), T0 + MS)  # the spread path
+    for bound in (None, 64):
+        with pytest.raises(CounterInputError, match=r"0\.\.39"):
+            rec.record_start(arr, T0, bound=bound)
+        with pytest.raises(CounterInputError, match=r"0\.\.39"):
+            rec.record_end(arr, T0, MS, T0 + MS, np.ones(arr.size, bool), bound=bound)
+        with pytest.raises(CounterInputError, match=r"0\.\.39"):
+            rec.record_end(arr, T0 - 3 * S, np.full(arr.size, MS), T0 + MS, bound=bound)
     assert np.array_equal(raw(store, rec.row), before)
