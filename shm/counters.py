@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from lbcore.bounded import routed_call_load
-from lbcore.kernel import scatter_add
+from lbcore.kernel import scatter_add, scatter_adder
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from lbcore.signals import (
     DEFAULT_LATENCY_CAP,
@@ -847,8 +847,8 @@ def _namespace_counters(namespace: str) -> list[str]:
     return [segment_name(namespace, "counters"), *epoch_segments(namespace, "counters").values()]
 
 
-# What a fan-out's end adds to per call in its bucket column, in the order of
-# ``Recorder._end_values``; then ``requests_total``.
+# What a fan-out's end adds to per call in its bucket column, in the order of the values
+# ``Recorder._end`` passes; then ``requests_total``.
 _END_FIELDS = ("open", "open_start_sum", "busy_ns", "completed", "latency_ns")
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 _I64 = np.dtype(np.int64)
@@ -947,13 +947,6 @@ class Recorder:
         self._forked = False
         self._matrix: _Matrix | None = None
         self._epoch = -1
-        # What every call of a fan-out adds at its start (open, open_start_sum) and at a
-        # one-bucket, one-duration end (open, open_start_sum, busy_ns, completed,
-        # latency_ns, requests_total): rewritten per record through item stores.
-        self._start_values = np.array([1, 0], dtype=np.int64)
-        self._start_set = memoryview(self._start_values)
-        self._end_values = np.array([-1, 0, 0, 1, 0, 1], dtype=np.int64)
-        self._end_set = memoryview(self._end_values)
         self._bind(ctl.current())
         _RECORDERS.add(self)
 
@@ -982,17 +975,15 @@ class Recorder:
         # words a failed call adds one to: failures, failures_total, its kind's bucket
         # field and total.
         self._row_words = m.rows2d[self.row]
+        self._add = scatter_adder()  # the recording hot path's one call, resolved here
         lay = m.layout
         cols = m.columns
+        # (Tuples of ints: the kernel takes a few offsets and values without a buffer.)
         self._start_offsets = [
-            np.array([lay["open"] + j * cols, lay["open_start_sum"] + j * cols], dtype=np.int64)
-            for j in range(k)
+            (lay["open"] + j * cols, lay["open_start_sum"] + j * cols) for j in range(k)
         ]
         self._end_offsets = [
-            np.array(
-                [lay[name] + j * cols for name in _END_FIELDS] + [lay["requests_total"]],
-                dtype=np.int64,
-            )
+            (*(lay[name] + j * cols for name in _END_FIELDS), lay["requests_total"])
             for j in range(k)
         ]
         # Per bucket column, one-field views made once (a view made per call costs a
@@ -1003,16 +994,13 @@ class Recorder:
         self._completeds = [self._completed[j] for j in range(k)]
         self._latencies = [self._latency[j] for j in range(k)]
         self._fail_offsets = [
-            [_NO_SLOTS]
+            [()]
             + [
-                np.array(
-                    [
-                        lay["failures"] + j * cols,
-                        lay["failures_total"],
-                        lay[KIND_FIELDS[c]] + j * cols,
-                        lay[f"{KIND_FIELDS[c]}_total"],
-                    ],
-                    dtype=np.int64,
+                (
+                    lay["failures"] + j * cols,
+                    lay["failures_total"],
+                    lay[KIND_FIELDS[c]] + j * cols,
+                    lay[f"{KIND_FIELDS[c]}_total"],
                 )
                 for c in range(nk)
             ]
@@ -1119,10 +1107,17 @@ class Recorder:
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
         s = slots if bound is not None and bound <= self._cols else self._slots(slots)
+        if now_ns.__class__ is not int and isinstance(now_ns, np.integer):
+            now_ns = int(now_ns)
         if now_ns.__class__ is int:
-            self._start(s, now_ns)
-        elif isinstance(now_ns, np.integer):
-            self._start(s, int(now_ns))
+            b = self._bucket_ns
+            q = now_ns // b
+            if q > self._period:
+                self._rotate(q)
+            if q > self._period - self._k:  # a bucket this row holds
+                self._add(self._row_words, s, (1, now_ns - q * b), self._start_offsets[q % self._k])
+            else:  # a thread that took long to get the row's lock: older than every bucket
+                self._add(self._open_old, s, 1)
         else:
             t = np.asarray(now_ns)
             if t.dtype.kind not in "iu" or t.shape != s.shape:
@@ -1133,19 +1128,8 @@ class Recorder:
             if s.size:
                 self._start_each(s, t.astype(np.int64))
 
-    def _start(self, s: np.ndarray, now_ns: int) -> None:
-        b = self._bucket_ns
-        q = now_ns // b
-        if q > self._period:
-            self._rotate(q)
-        if q > self._period - self._k:  # a bucket this row holds
-            self._start_set[1] = now_ns - q * b
-            scatter_add(self._row_words, s, self._start_values, self._start_offsets[q % self._k])
-        else:  # a thread that took long to get the row's lock: older than every bucket
-            scatter_add(self._open_old, s, 1)
-
     def _start_each(self, s: np.ndarray, t: np.ndarray) -> None:
-        """:meth:`_start` with a start time per call (``int64``, ``s.size > 0``).
+        """:meth:`record_start` with a start time per call (``int64``, ``s.size > 0``).
 
         Each call's open entry goes to its own start bucket, with its own offset, so
         :meth:`record_end` given the same start times takes them out exactly.
@@ -1214,6 +1198,12 @@ class Recorder:
         s = slots if bound is not None and bound <= self._cols else self._slots(slots)
         n = s.size
         d = durations_ns
+        if d.__class__ is int and started_ns.__class__ is int and failed is None:
+            if d < 0:
+                raise CounterInputError(f"durations must be >= 0 ns, got {d}")
+            if n:
+                self._end(s, started_ns, d, int(now_ns), None)
+            return
         if d.__class__ is not int:
             if isinstance(d, np.integer):
                 d = int(d)
@@ -1271,11 +1261,7 @@ class Recorder:
             j = period % self._k
             opened = period * b - started  # (an array for calls that started apart)
             if scalar_start and d.__class__ is int:
-                v = self._end_set
-                v[1] = opened
-                v[2] = d
-                v[4] = d
-                scatter_add(self._row_words, s, self._end_values, self._end_offsets[j])
+                self._add(self._row_words, s, (-1, opened, d, 1, d, 1), self._end_offsets[j])
             else:
                 vals = np.empty((6, s.size), dtype=np.int64)
                 vals[0] = -1
@@ -1284,7 +1270,7 @@ class Recorder:
                 vals[3] = 1
                 vals[4] = d
                 vals[5] = 1
-                scatter_add(self._row_words, s, vals.reshape(-1), self._end_offsets[j])
+                self._add(self._row_words, s, vals.reshape(-1), self._end_offsets[j])
             if failed is not None:
                 self._end_failures(s, failed, self._fail_offsets[j])
             return
@@ -1292,7 +1278,9 @@ class Recorder:
         dd = np.full(s.size, d, dtype=np.int64) if d.__class__ is int else d
         self._end_spread(s, st, dd, failed)
 
-    def _end_failures(self, s: np.ndarray, failed: np.ndarray, offsets: list[np.ndarray]) -> None:
+    def _end_failures(
+        self, s: np.ndarray, failed: np.ndarray, offsets: list[tuple[int, ...]]
+    ) -> None:
         """Each failed call adds one to its four failure words (``offsets`` by code)."""
         f = failed.nonzero()[0]
         if not f.size:

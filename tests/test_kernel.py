@@ -270,7 +270,11 @@ def test_scatter_add_parity_on_random_fan_outs(kernel):
             else np.asarray(values).reshape(k, n)
         )
         np.add.at(want, (offsets[:, None] + index[None, :]).ravel(), vals.ravel())
-        lbcore.scatter_add(target, index, values, offsets)
+        if rng.random() < 0.5 and k * max(n, 1) <= 16:  # the few values and offsets as tuples
+            as_tuple = values if shape == 0 else tuple(np.asarray(values).tolist())
+            lbcore.scatter_add(target, index, as_tuple, tuple(offsets.tolist()))
+        else:
+            lbcore.scatter_add(target, index, values, offsets)
         assert target.tolist() == want.tolist()
     row = np.zeros(10, dtype=np.int64)
     lbcore.scatter_add(
@@ -293,6 +297,11 @@ def test_scatter_add_parity_on_random_fan_outs(kernel):
         (np.zeros(4, np.int64), np.array([0], np.int64), 1.5, None),
         (np.zeros(4, np.int64), np.array([0], np.int64), True, None),
         ([0, 0], np.array([0], np.int64), 1, None),
+        (np.zeros(4, np.int64), np.array([0], np.int64), (1, True), (0, 1)),
+        (np.zeros(4, np.int64), np.array([0], np.int64), (1.5,), None),
+        (np.zeros(4, np.int64), np.array([0], np.int64), 1, (0, 2**63)),
+        (np.zeros(40, np.int64), np.array([0], np.int64), 1, tuple(range(17))),
+        (np.zeros(4, np.int64), np.array([1], np.int64), (1,), (3,)),
     ],
 )
 def test_scatter_add_refuses_bad_input_alike_and_adds_nothing(
@@ -300,7 +309,7 @@ def test_scatter_add_refuses_bad_input_alike_and_adds_nothing(
 ):
     other = "numpy" if kernel == "native" else "native"
     before = None if isinstance(target, list) else target.copy()
-    with pytest.raises((IndexError, TypeError, ValueError)) as got:
+    with pytest.raises((IndexError, TypeError, ValueError, OverflowError)) as got:
         lbcore.scatter_add(target, index, values, offsets)
     if before is not None:
         assert target.tolist() == before.tolist()

@@ -57,9 +57,23 @@ class Recording:
         The failure log.
     ok : bool
         False once the router is closed or this is a forked child's copy.
+    row : tuple[threading.Lock, shm.Recorder] or None
+        The row's lock and recorder (``None``: no row), as one attribute so a fan-out
+        that starts on one row ends on it even if the router attached another since:
+        hold the lock around each call of the recorder.
     """
 
-    __slots__ = ("_check", "_lock", "_own_lock", "_row", "_totals", "clock", "failure_log", "ok")
+    __slots__ = (
+        "_check",
+        "_lock",
+        "_own_lock",
+        "_row",
+        "_totals",
+        "clock",
+        "failure_log",
+        "ok",
+        "row",
+    )
 
     def __init__(
         self,
@@ -76,6 +90,7 @@ class Recording:
         self._own_lock = threading.Lock()
         self._lock = self._own_lock  # the row's lock while there is a locked row
         self._row: shm.Recorder | None = None
+        self.row: tuple[threading.Lock, shm.Recorder] | None = None
         self._totals = [0, 0, 0, 0]
         self.attach(recorder)
 
@@ -88,6 +103,7 @@ class Recording:
                 self._row, self._lock = recorder.recorder, recorder.lock
             else:
                 self._row, self._lock = recorder, self._own_lock
+            self.row = None if self._row is None else (self._lock, self._row)
 
     @property
     def recording(self) -> bool:
@@ -121,41 +137,6 @@ class Recording:
             return dict(zip(_STATS, self._totals, strict=True))
 
     # -- calls ----------------------------------------------------------------------
-
-    def start(self, slots: np.ndarray, now_ns: int, bound: int) -> tuple[Any, Any, int] | None:
-        """Calls to ``slots`` start at ``now_ns``; the handle of their end.
-
-        ``slots``: a contiguous ``int64`` array of slots in ``0 .. bound - 1`` (a plan's
-        counter slots and its ``n_slots``). ``None``: not recorded (no row). The end goes
-        to the row the start went to, even if the router attached another meanwhile.
-        """
-        lock, row = self._lock, self._row
-        if row is None:
-            return None
-        with lock:
-            try:
-                row.record_start(slots, now_ns, bound=bound)
-            except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
-                log.warning("fan-out not recorded: %s", exc)
-                return None
-        return lock, row, bound
-
-    def end(
-        self,
-        started: tuple[Any, Any, int],
-        slots: np.ndarray,
-        started_ns: int,
-        durations_ns: int | np.ndarray,
-        now_ns: int,
-        failed: np.ndarray | None,
-    ) -> None:
-        """Those calls (``started``: what :meth:`start` returned) ended."""
-        lock, row, bound = started
-        with lock:
-            try:
-                row.record_end(slots, started_ns, durations_ns, now_ns, failed, bound=bound)
-            except shm.ShmError as exc:  # released meanwhile: nothing to add to
-                log.warning("fan-out end not recorded: %s", exc)
 
     def calls(
         self,

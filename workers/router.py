@@ -590,44 +590,48 @@ class Router:
         """
         if self._forked or self._closed:  # (the at-fork hook sets _forked in a child)
             self._check_usable()
+        if attempt.__class__ is not int:
+            attempt = int(attempt)
+        s = self._follow.snapshot
+        if keys is not None:
+            keys = self._keys_for(keys, idx)
         if table is None or keys is None:
-            last = self._routed_on(idx)
-            if last is not None:
+            last = getattr(self._last, "routed", None)
+            if last is not None and idx is last[0]:
+                # This thread's last batch as it was returned: its table and keys, and
+                # (on the current snapshot) the plan's own indices, checked as they come.
                 if table is None:
                     table = last[1]
-                if keys is None and idx is last[0]:
+                if keys is None:
                     keys = last[2]
+                if s is not None and s.table is table:
+                    try:
+                        slots, calls = s.plan.counter_slots(idx)
+                    except lbcore.ArgumentError as exc:  # changed by the caller since
+                        raise RouterInputError(str(exc)) from None
+                    bound = s.plan.n_slots
+                    return Tracker(self.recording, idx, table, keys, attempt, slots, calls, bound)
+            elif table is None and last is not None and idx.__class__ is np.ndarray:
+                if idx.base is last[0]:  # a slice of it: its table
+                    table = last[1]
         t = self.table() if table is None else table
-        s = self._follow.of(t)
-        if s is not None:
-            # The plan's private copy of the table's slots, checked when it was built;
-            # the plan checks the indices too.
-            arr = (
-                idx
-                if idx.__class__ is np.ndarray and idx.ndim == 1
-                else _indices(idx, len(t.endpoints))
-            )
+        arr = _indices(idx, len(t.endpoints))
+        if s is not None and s.table is t:
+            # The plan's private copy of the table's slots, checked when it was built.
             try:
                 slots, calls = s.plan.counter_slots(arr)
             except lbcore.ArgumentError as exc:
                 raise RouterInputError(str(exc)) from None
-            bound = s.plan.n_slots
-        else:
-            arr = _indices(idx, len(t.endpoints))
-            slots, calls = _table_slots(t, arr)
-            bound = t.n_slots
-        if keys is not None and len(keys) != arr.size:
-            raise RouterInputError(f"track got {len(keys)} keys for {arr.size} calls")
-        return Tracker(
-            self.recording,
-            arr,
-            t,
-            keys,
-            attempt if attempt.__class__ is int else int(attempt),
-            slots,
-            calls,
-            bound,
-        )
+            return Tracker(self.recording, arr, t, keys, attempt, slots, calls, s.plan.n_slots)
+        slots, calls = _table_slots(t, arr)
+        return Tracker(self.recording, arr, t, keys, attempt, slots, calls, t.n_slots)
+
+    @staticmethod
+    def _keys_for(keys: Sequence[Any], idx: Any) -> Sequence[Any]:
+        n = idx.size if idx.__class__ is np.ndarray else len(idx)
+        if len(keys) != n:
+            raise RouterInputError(f"track got {len(keys)} keys for {n} calls")
+        return keys
 
     # -- the fan-out helper (workers.fanout, workers.afanout) ----------------------------
 

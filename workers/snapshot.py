@@ -231,9 +231,7 @@ class Follower:
         """
         s = self.snapshot
         if (
-            s is not None
-            and self._clock() < self._until
-            and self.reader.is_current(s.table)  # type: ignore[union-attr]
+            s is not None and self._clock() < self._until and self.reader.is_current(s.table)  # type: ignore[union-attr]
         ):
             return s
         return self._refresh()

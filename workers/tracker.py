@@ -4,7 +4,8 @@ On enter every routed call counts as in flight at its endpoint; on exit each cal
 with its busy time from enter to its :meth:`Tracker.done` time (default: the exit),
 and failed if :meth:`Tracker.fail` was called for it. Fallback calls (``-1``) went
 through the ingress and are not recorded. The tracker writes through the worker's
-:class:`workers.recording.Recording`: one start and one end for the whole fan-out.
+:class:`workers.recording.Recording` (its row's lock and recorder): one start and one
+end for the whole fan-out.
 
 :meth:`Tracker.fail` logs one line (rate-limited per endpoint,
 :mod:`workers.failurelog`) on the ``cslb.router`` logger at WARNING: a JSON object
@@ -16,6 +17,7 @@ in the fan-out) and ``pid``; the same fields are attached to the record as
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +27,8 @@ import numpy as np
 import shm
 from workers.failurelog import pod_ip
 from workers.recording import Recording
+
+log = logging.getLogger("cslb.router")
 
 __all__ = ["RouterError", "RouterInputError", "RouterStateError", "Tracker"]
 
@@ -72,14 +76,12 @@ class Tracker:
     __slots__ = (
         "_bound",
         "_calls",
-        "_ends",
-        "_entered",
-        "_exited",
-        "_failed",
+        "_marks",
         "_rec",
+        "_row",
         "_slots",
         "_start",
-        "_started",
+        "_state",
         "attempt",
         "idx",
         "keys",
@@ -105,28 +107,35 @@ class Tracker:
         self.keys = keys
         self.attempt = attempt
         self._slots = slots  # counter slot per routed call (int64); empty: none recorded
-        self._bound = bound  # every slot is below it
         self._calls = calls  # positions of the routed calls in idx (None: all of them)
-        self._started: Any = None
-        self._start = 0
-        self._ends: np.ndarray | None = None
-        self._failed: np.ndarray | None = None
-        self._entered = self._exited = False
+        self._bound = bound  # every slot is below it
+        self._state = 0  # 0: made, 1: recording, 2: ended
+        self._row: Any = None  # (lock, recorder) the start went to: the end goes there too
+        self._marks: list[Any] | None = None  # [end times or None, failed or None]
 
     def __enter__(self) -> Tracker:
-        if self._entered:
+        if self._state:
             raise RouterStateError("a tracker records one fan-out; call router.track() again")
-        self._entered = True
+        self._state = 1
         rec = self._rec
         if not rec.ok:
             rec.check()
         self._start = start = rec.clock()
-        if self._slots.size:
-            self._started = rec.start(self._slots, start, self._bound)
+        row = rec.row
+        if row is not None and self._slots.size:
+            with row[0]:
+                try:
+                    row[1].record_start(self._slots, start, bound=self._bound)
+                except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
+                    log.warning("fan-out not recorded: %s", exc)
+                    return self
+            self._row = row
         return self
 
     def _position(self, i: Any) -> int | None:
         """Index of call ``i`` among the routed calls (``None``: a fallback call)."""
+        if self._state != 1:
+            raise RouterStateError("the tracker is not recording (use it inside its with block)")
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
             raise RouterInputError(f"call number must be an integer, got {i!r}")
         n = self.idx.size
@@ -139,22 +148,22 @@ class Tracker:
             return i
         return int(np.searchsorted(self._calls, i))
 
-    def _check_open(self) -> None:
-        if not self._entered or self._exited:
-            raise RouterStateError("the tracker is not recording (use it inside its with block)")
+    def _mark(self, what: int) -> np.ndarray:
+        """The end times (``what`` 0) or failure flags (1) of the routed calls, made once."""
+        marks = self._marks
+        if marks is None:
+            marks = self._marks = [None, None]
+        m = marks[what]
+        if m is None:
+            n = self.idx.size if self._calls is None else self._calls.size
+            m = marks[what] = np.full(n, -1, np.int64) if what == 0 else np.zeros(n, np.bool_)
+        return m
 
     def done(self, i: int) -> None:
         """Call ``i`` ended now (its busy time stops here instead of at the exit)."""
-        self._check_open()
         j = self._position(i)
-        if j is None:
-            return
-        if self._ends is None:
-            self._ends = np.full(self._n_routed(), -1, dtype=np.int64)
-        self._ends[j] = self._rec.clock()
-
-    def _n_routed(self) -> int:
-        return self.idx.size if self._calls is None else self._calls.size
+        if j is not None:
+            self._mark(0)[j] = self._rec.clock()
 
     def fail(self, i: int) -> None:
         """Call ``i`` failed: counted as a failure of its endpoint, logged once.
@@ -162,15 +171,13 @@ class Tracker:
         A fallback call (``-1``) is neither counted nor logged: it went through the
         ingress, not to one of our endpoints.
         """
-        self._check_open()
         j = self._position(i)
         if j is None:
             return
-        if self._failed is None:
-            self._failed = np.zeros(self._n_routed(), dtype=np.bool_)
-        if self._failed[j]:
+        failed = self._mark(1)
+        if failed[j]:
             return
-        self._failed[j] = True
+        failed[j] = True
         i = int(i) % self.idx.size
         t = self.table
         e = int(self.idx[i])
@@ -191,16 +198,25 @@ class Tracker:
         )
 
     def __exit__(self, *exc: object) -> None:
-        if self._exited:
+        if self._state != 1:
             return
-        self._exited = True
-        started = self._started
-        if started is None:
+        self._state = 2
+        row = self._row
+        if row is None:
             return
         end = self._rec.clock()
-        if self._ends is None:
-            durations: Any = max(end - self._start, 0)  # every call: one int
+        start = self._start
+        marks = self._marks
+        failed = None
+        if marks is None or marks[0] is None:
+            durations: Any = end - start if end > start else 0  # every call: one int
         else:
-            ends = np.where(self._ends < 0, end, self._ends)
-            durations = np.maximum(ends - self._start, 0)
-        self._rec.end(started, self._slots, self._start, durations, end, self._failed)
+            ends = marks[0]
+            durations = np.maximum(np.where(ends < 0, end, ends) - start, 0)
+        if marks is not None:
+            failed = marks[1]
+        with row[0]:
+            try:
+                row[1].record_end(self._slots, start, durations, end, failed, bound=self._bound)
+            except shm.ShmError as exc:  # released meanwhile: nothing to add to
+                log.warning("fan-out end not recorded: %s", exc)
