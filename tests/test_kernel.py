@@ -283,6 +283,24 @@ def test_scatter_add_parity_on_random_fan_outs(kernel):
     assert row.tolist() == [0, 11, 0, 7, 0, 0, 0, 0, 0, 0]
 
 
+def test_scatter_add_of_many_calls_over_few_slots_adds_the_same(kernel):
+    """A long fan-out (calls far more than slots, one value per offset) is added per slot
+    by the native kernel: the same sums as per call, wrapping included."""
+    rng = np.random.default_rng(4)
+    for n, slots, k in ((10_000, 7, 2), (5_000, 300, 6), (100, 40, 3), (65, 1, 2), (3, 1, 6)):
+        target = rng.integers(-(2**62), 2**62, 2000).astype(np.int64)
+        index = rng.integers(0, slots, n).astype(np.int64)
+        offsets = np.sort(rng.choice(1600, k, replace=False)).astype(np.int64)
+        for values in (int(rng.integers(-50, 50)), rng.integers(-(2**61), 2**61, k)):
+            want = target.copy()
+            vals = np.broadcast_to(np.asarray(values, np.int64).reshape(-1, 1), (k, n))
+            with np.errstate(over="ignore"):
+                np.add.at(want, (offsets[:, None] + index[None, :]).ravel(), vals.ravel())
+            arg = values if isinstance(values, int) else tuple(values.tolist())
+            lbcore.scatter_add(target, index, arg, tuple(offsets.tolist()))
+            assert target.tolist() == want.tolist(), (n, slots, k)
+
+
 @pytest.mark.parametrize(
     ("target", "index", "values", "offsets"),
     [
