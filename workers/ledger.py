@@ -66,13 +66,12 @@ class CallLedger:
 
     __slots__ = (
         "_clock",
+        "_due",
         "_e_end",
         "_e_kind",
         "_e_slot",
         "_e_start",
-        "_failed_kinds",
         "_freed",
-        "_last_write",
         "_lock",
         "_open",
         "_rec",
@@ -92,18 +91,17 @@ class CallLedger:
         self._freed = threading.Condition(self._lock)  # an end lowered a count
         self._waiting = 0  # threads in wait_freed (an end notifies only then)
         self._open: dict[int, list[int]] = {}  # per slot: start times of its calls in flight
-        # Pending events, one flat list per field (cheaper to append to and to turn
-        # into arrays than lists of tuples): starts (slot, time), ends (slot, start,
-        # end, failure kind).
-        self._s_slot: list[int] = []
-        self._s_time: list[int] = []
-        self._e_slot: list[int] = []
-        self._e_start: list[int] = []
-        self._e_end: list[int] = []
-        self._e_kind: list[int] = []
-        self._failed_kinds = False
+        # Pending events, one list of ints per field (cheaper to append to, and to turn
+        # into arrays, than tuples): starts (slot, time), ends (slot, start, end, kind).
+        self._s_slot, self._s_time = _buffer(), _buffer()
+        self._e_slot, self._e_start, self._e_end, self._e_kind = (
+            _buffer(),
+            _buffer(),
+            _buffer(),
+            _buffer(),
+        )
         self._stats = [0] * len(STATS_FIELDS)
-        self._last_write = 0
+        self._due = 0  # when pending events are written at the latest (the last write + FLUSH_NS)
         self._warned = False
 
     # -- events ---------------------------------------------------------------------
@@ -119,19 +117,22 @@ class CallLedger:
             Most calls this worker may have in flight to the slot; at the cap the call
             is refused and nothing is recorded.
         """
-        with self._lock:
+        lock = self._lock  # (acquire/release: cheaper than a with block, per call)
+        lock.acquire()
+        try:
             out = self._open.get(slot)
             if out is None:
-                now = self._clock()
-                self._open[slot] = [now]
+                out = self._open[slot] = []
             elif len(out) >= cap:
                 return -1
-            else:
-                now = self._clock()
-                out.append(now)
+            now = self._clock()
+            out.append(now)
             self._s_slot.append(slot)
-            self._s_time.append(now)
-            due = len(self._s_slot) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
+            times = self._s_time
+            times.append(now)
+            due = len(times) >= MAX_PENDING or now >= self._due
+        finally:
+            lock.release()
         if due:
             self.flush()
         return now
@@ -159,6 +160,7 @@ class CallLedger:
         with self._lock:
             now = self._clock()
             opened = self._open
+            s_slot, s_time = self._s_slot, self._s_time
             for slot in slots:
                 if slot < 0:  # not recordable (a fallback, or a table replaced since)
                     admitted.append(True)
@@ -169,8 +171,8 @@ class CallLedger:
                     continue
                 out.append(now)
                 admitted.append(True)
-                self._s_slot.append(slot)
-                self._s_time.append(now)
+                s_slot.append(slot)
+                s_time.append(now)
         self.flush()
         return now, admitted
 
@@ -180,7 +182,9 @@ class CallLedger:
         ``kind``: how it failed (:mod:`lbcore.outlier`'s ``FAIL_*`` code; 0: it did
         not). Returns the end time (ns).
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             now = self._clock()
             out = self._open.get(slot)
             if out is not None:
@@ -194,11 +198,12 @@ class CallLedger:
                 self._freed.notify_all()
             self._e_slot.append(slot)
             self._e_start.append(started_ns)
-            self._e_end.append(now)
             self._e_kind.append(kind)
-            if kind:
-                self._failed_kinds = True
-            due = len(self._e_slot) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
+            ends = self._e_end
+            ends.append(now)
+            due = len(ends) >= MAX_PENDING or now >= self._due
+        finally:
+            lock.release()
         if due:
             self.flush()
         return now
@@ -238,26 +243,38 @@ class CallLedger:
                     self._e_end,
                     self._e_kind,
                 )
-                stats, failed = self._stats, self._failed_kinds
-                self._s_slot, self._s_time = [], []
-                self._e_slot, self._e_start, self._e_end, self._e_kind = [], [], [], []
-                self._failed_kinds = False
+                stats = self._stats
+                self._s_slot, self._s_time = _buffer(), _buffer()
+                self._e_slot, self._e_start, self._e_end, self._e_kind = (
+                    _buffer(),
+                    _buffer(),
+                    _buffer(),
+                    _buffer(),
+                )
                 self._stats = [0] * len(STATS_FIELDS)
-                self._last_write = now = self._clock()
-            starts = ends = None
+                now = self._clock()
+                self._due = now + FLUSH_NS
+            s = e = None
             if s_slot:
-                starts = (np.array(s_slot, dtype=np.int64), np.array(s_time, dtype=np.int64))
+                s = (_array(s_slot), _array(s_time))
             if e_slot:
-                began = np.array(e_start, dtype=np.int64)
-                durations = np.array(e_end, dtype=np.int64)
-                durations -= began
+                began = _array(e_start)
+                durations = _array(e_end) - began
                 np.maximum(durations, 0, out=durations)  # (a clock is monotonic; be safe)
-                kinds = np.array(e_kind, dtype=np.int64) if failed else None
-                ends = (np.array(e_slot, dtype=np.int64), began, durations, kinds)
+                kinds = _array(e_kind)
+                e = (_array(e_slot), began, durations, kinds if kinds.any() else None)
             tallies = {STATS_FIELDS[i]: n for i, n in enumerate(stats) if n}
             try:
-                self._rec.calls(starts, ends, now, tallies)
+                self._rec.calls(s, e, now, tallies)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if not self._warned:
                     self._warned = True
                     log.warning("calls not recorded: %s", exc)
+
+
+def _buffer() -> list[int]:
+    return []
+
+
+def _array(values: list[int]) -> np.ndarray:
+    return np.fromiter(values, np.int64, len(values))

@@ -119,17 +119,20 @@ class Recording:
 
     def count(self, decisions: int, fallbacks: int, moves: int) -> None:
         """Add a routed batch's keys, fallbacks and bounded-load moves (ints ``>= 0``)."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # (acquire/release: cheaper than a with block, per batch)
+        try:
             t = self._totals
             t[0] += decisions
             t[1] += fallbacks
             t[2] += moves
             row = self._row
             if row is not None:
-                try:
-                    row.count(decisions, fallbacks, moves)
-                except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
-                    log.warning("decision counts not recorded: %s", exc)
+                row.count(decisions, fallbacks, moves)
+        except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
+            log.warning("decision counts not recorded: %s", exc)
+        finally:
+            lock.release()
 
     def stats(self) -> dict[str, int]:
         """The process's totals: ``decisions``, ``fallbacks``, ``moves``, ``failures``."""
