@@ -8,14 +8,14 @@ builds a sanitizer copy with ``-fsanitize=address,undefined`` in both).
 
 from setuptools import Extension, setup
 
-SOURCES = ["keys.c", "plan.c", "route.c", "scatter.c", "module.c"]
+SOURCES = ["keys.c", "plan.c", "route.c", "methods.c", "scatter.c", "module.c"]
 
 setup(
     ext_modules=[
         Extension(
             "lbcore._kernel",
             sources=[f"lbcore/csrc/{s}" for s in SOURCES],
-            depends=["lbcore/csrc/kernel.h", "lbcore/csrc/xxh64.h"],
+            depends=["lbcore/csrc/kernel.h", "lbcore/csrc/plan.h", "lbcore/csrc/xxh64.h"],
             # Portable code generation (no -march=native: wheels and copies run elsewhere).
             extra_compile_args=["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror"],
             optional=True,

@@ -2,8 +2,8 @@
 
 Every subcommand's argument parsing lives in this package (``cslb.<name>_cmd``, each a
 thin wrapper over its room's function: :func:`discovery.cli.run`,
-:func:`discovery.inspect_cmd.run`, :func:`workers.serve.plan`...); ``bench`` and
-``simulate`` are still parsed by :mod:`perf`. Subcommands are imported only when used,
+:func:`discovery.inspect_cmd.run`, :func:`workers.serve.plan`, :func:`perf.suite.run`,
+:func:`perf.sim.options.run_scenario`...). Subcommands are imported only when used,
 so ``cslb route`` never loads the Kubernetes client and ``cslb discovery`` never loads
 gunicorn.
 """
@@ -16,7 +16,10 @@ import sys
 
 # name -> (module with main(argv) -> int, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "route": ("cslb.route_cmd", "print which endpoint each key goes to (Skipper's ring)"),
+    "route": (
+        "cslb.route_cmd",
+        "print which pod each key goes to: on Skipper's ring, or --live on this host, with why",
+    ),
     "discovery": (
         "cslb.discovery_cmd",
         "run the host's discovery process (EndpointSlices/static -> shared-memory tables)",
@@ -30,11 +33,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "print the host's current routing table: generation, endpoints, fades, knobs",
     ),
     "bench": (
-        "perf.suite",
+        "cslb.bench_cmd",
         "run the benchmark suite (in-process, host, HTTP, control plane) -> perf/RESULTS.md",
     ),
     "simulate": (
-        "perf.sim.cli",
+        "cslb.simulate_cmd",
         "simulate scale-ups, load signals and slow pods with lbcore's routing",
     ),
 }

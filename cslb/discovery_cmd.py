@@ -15,7 +15,7 @@ from discovery.cli import NoEndpointSourceError, default_endpoints_file, fail, r
 from discovery.events import EventLog
 from discovery.settings import DISCOVERY_KNOBS, LAYERED_KNOBS, OUTLIER_KNOBS
 from discovery.static import EndpointsFileError, EndpointSpec, parse_endpoints
-from lbcore.knobs import ROUTING_KNOBS, KnobError, add_arguments, from_args
+from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, KnobError, add_arguments, from_args
 
 __all__ = ["build_parser", "main"]
 
@@ -60,19 +60,23 @@ def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
     try:
+        logs = from_args(args, env, LOG_KNOBS)
+    except KnobError as exc:
+        return fail(str(exc))  # no log format to write it in: a plain line
+    log = EventLog(sys.stderr, level=logs["log_level"], fmt=logs["log_format"])
+    try:
         settings = from_args(args, env, DISCOVERY_KNOBS)
         routing = from_args(args, env, LAYERED_KNOBS)
         static: list[EndpointSpec] = parse_endpoints(list(args.endpoint), "--endpoint")
     except (KnobError, EndpointsFileError) as exc:
-        return fail(str(exc))
+        return fail(str(exc), log=log)
     default = None
     if not (settings["service"] or settings["endpoints_file"] or static):
         try:
             default = default_endpoints_file(os.getcwd(), env)
         except NoEndpointSourceError as exc:
-            return fail(str(exc))
+            return fail(str(exc), log=log)
         settings["endpoints_file"] = str(default)
-    log = EventLog(sys.stderr, level=settings["log_level"])
     if default is not None:
         log.warning(
             "endpoints_file_default",

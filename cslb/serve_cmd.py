@@ -9,7 +9,7 @@ import argparse
 import os
 from collections.abc import MutableMapping, Sequence
 
-from lbcore.knobs import ROUTING_KNOBS, add_arguments
+from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, add_arguments
 from shm.settings import SHM_NAMESPACE
 from workers.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
 from workers.supervisor import DISCOVERY_MODES
@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the environment and gunicorn command instead of running it",
     )
+    logs = p.add_argument_group("logs (the master's, the workers' and discovery's cslb lines)")
+    add_arguments(logs, LOG_KNOBS)
     knobs = p.add_argument_group("routing knobs (published with the tables)")
     add_arguments(knobs, ROUTING_KNOBS)
     return p
@@ -146,7 +148,7 @@ def _parse(
             shm_namespace=args.shm_namespace,
             discovery=args.discovery,
             control_socket=args.control_socket,
-            knobs={k.name: getattr(args, k.name, None) for k in ROUTING_KNOBS},
+            knobs={k.name: getattr(args, k.name, None) for k in (*ROUTING_KNOBS, *LOG_KNOBS)},
             extra=extra,
             python=python,
         )

@@ -83,9 +83,17 @@ def default_endpoints_file(
     )
 
 
-def fail(msg: str, code: int = 2) -> int:
-    """Print ``msg`` as ``cslb discovery``'s error; returns ``code``."""
-    print(f"cslb discovery: {msg}", file=sys.stderr)
+def fail(msg: str, code: int = 2, log: EventLog | None = None) -> int:
+    """Report ``msg`` as ``cslb discovery``'s error; returns ``code``.
+
+    With ``log`` it is a ``start_failed`` line in the process's log format (under a
+    gunicorn master it joins the master's other cslb lines); without one (the log
+    settings themselves are bad) a plain line on stderr.
+    """
+    if log is not None:
+        log.error("start_failed", error=msg, exit_status=code)
+    else:
+        print(f"cslb discovery: {msg}", file=sys.stderr)
     return code
 
 
@@ -116,7 +124,7 @@ def run(
                 settings["kubeconfig"], service_account_dir=settings["service_account_dir"]
             )
         except KubeConfigError as exc:
-            return fail(str(exc))
+            return fail(str(exc), log=log)
         namespace = namespace or default_ns
         timing = WatchTiming(
             connect_timeout_s=settings["connect_timeout_s"],
@@ -129,7 +137,7 @@ def run(
     try:
         publisher = Publisher(settings["shm_namespace"])
     except (shm.ShmError, OSError) as exc:
-        return fail(f"cannot publish into shared memory: {exc}", 1)
+        return fail(f"cannot publish into shared memory: {exc}", 1, log)
     disc = Discovery(
         publisher,
         KnobState(routing),

@@ -1,9 +1,10 @@
-"""Structured logs of the discovery process: one JSON object per line, one line per event.
+"""Structured logs of the discovery process: one line per event, in cslb's log format.
 
-Every line has ``ts`` (wall-clock time, ISO 8601 UTC, for humans and log shippers),
-``level``, ``event`` (a stable snake_case name such as ``endpoint_added``,
-``publish``, ``api_error``) and event-specific fields. Operators grep for the event
-name; tests read the same lines.
+Every line has ``timestamp`` (wall-clock time, ISO 8601 UTC, for humans and log
+shippers), ``level``, ``logger`` (``cslb.discovery``), ``event`` (a stable snake_case
+name such as ``endpoint_added``, ``publish``, ``api_error``), ``pid`` and the event's
+fields, written as JSON or as text (:mod:`lbcore.logformat`, ``CSLB_LOG_FORMAT``).
+Operators grep for the event name; tests read the same lines.
 
 Lines go to a text stream (stderr by default) and to any extra sinks, which receive
 the event as a dictionary (used by embedding code and tests).
@@ -11,26 +12,22 @@ the event as a dictionary (used by embedding code and tests).
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-__all__ = ["LEVELS", "EventLog", "LogLevelError"]
+from lbcore.knobs import LOG_FORMATS
+from lbcore.knobs import LOG_LEVELS as LEVELS
+from lbcore.logformat import iso_utc, render
 
-#: Levels in increasing severity.
-LEVELS = ("debug", "info", "warning", "error")
+__all__ = ["LEVELS", "EventLog", "LogLevelError"]
 
 
 class LogLevelError(ValueError):
-    """A log level that is not one of :data:`LEVELS`."""
-
-
-def _iso(ts: float) -> str:
-    t = time.gmtime(ts)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(ts % 1 * 1000):03d}Z"
+    """A log level that is not one of :data:`LEVELS`, or a format not one of the formats."""
 
 
 class EventLog:
@@ -42,13 +39,15 @@ class EventLog:
         Where lines go (``None``: nowhere, only to sinks).
     level
         Lowest level written to ``stream`` (sinks get every event).
-    component
-        Value of the ``component`` field of every line.
+    logger
+        Value of the ``logger`` field of every line.
+    fmt
+        ``"json"`` or ``"text"`` (:data:`lbcore.knobs.LOG_FORMAT`).
 
     Raises
     ------
     LogLevelError
-        If ``level`` is not one of :data:`LEVELS`.
+        If ``level`` is not one of :data:`LEVELS` or ``fmt`` not a log format.
     """
 
     def __init__(
@@ -56,13 +55,17 @@ class EventLog:
         stream: TextIO | None = sys.stderr,
         *,
         level: str = "info",
-        component: str = "discovery",
+        logger: str = "cslb.discovery",
+        fmt: str = "json",
     ) -> None:
         if level not in LEVELS:
             raise LogLevelError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
+        if fmt not in LOG_FORMATS:
+            raise LogLevelError(f"log format {fmt!r} is not one of {', '.join(LOG_FORMATS)}")
         self.stream = stream
         self.min_level = LEVELS.index(level)
-        self.component = component
+        self.logger = logger
+        self.fmt = fmt
         self._sinks: list[Callable[[dict[str, Any]], None]] = []
         self._lock = threading.Lock()
 
@@ -71,17 +74,20 @@ class EventLog:
         self._sinks.append(sink)
 
     def emit(self, event: str, level: str = "info", **fields: Any) -> dict[str, Any]:
-        """Log ``event`` with ``fields``; returns the record."""
+        """Log ``event`` with ``fields``; returns the record (what sinks get)."""
+        now = time.time()
+        pid = os.getpid()
         record: dict[str, Any] = {
-            "ts": _iso(time.time()),
+            "timestamp": iso_utc(now),
             "level": level,
-            "component": self.component,
+            "logger": self.logger,
             "event": event,
+            "pid": pid,
         }
         record.update(fields)
         with self._lock:
             if self.stream is not None and LEVELS.index(level) >= self.min_level:
-                line = json.dumps(record, default=str, ensure_ascii=False, separators=(",", ":"))
+                line = render(self.fmt, now, level, self.logger, event, fields, pid)
                 try:
                     self.stream.write(line + "\n")
                     self.stream.flush()

@@ -21,10 +21,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import shm
-from discovery.events import LEVELS
 
 # lbcore.knobs' own parsers, reused rather than copied (private there for now).
 from lbcore.knobs import (
+    LOG_FORMAT,
+    LOG_LEVEL,
     ROUTING_KNOBS,
     Knob,
     KnobError,
@@ -295,15 +296,8 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "last table for the next discovery process to take over.",
         "BOOL",
     ),
-    Knob(
-        "log_level",
-        "CSLB_LOG_LEVEL",
-        "--log-level",
-        "info",
-        parse_choice(LEVELS),
-        "Lowest level of the JSON log lines written to stderr.",
-        "LEVEL",
-    ),
+    LOG_LEVEL,
+    LOG_FORMAT,
 )
 
 

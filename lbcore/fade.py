@@ -26,7 +26,7 @@ import numpy as np
 
 from lbcore.errors import EndpointError, FadeError
 from lbcore.kernel import hash_keys
-from lbcore.ring import DEFAULT_VNODES, Ring, endpoint_tuple
+from lbcore.ring import DEFAULT_VNODES, Ring, check_hashes, endpoint_tuple
 
 __all__ = [
     "DEFAULT_FADE_DURATION_NS",
@@ -456,6 +456,19 @@ class RingSet:
     def shares(self, now_ns: int) -> np.ndarray:
         """Current share of each fading ring, oldest first."""
         return np.array(self.share_list(now_ns), dtype=np.float64)
+
+    def ring_choice(self, hashes: np.ndarray, now_ns: int) -> np.ndarray:
+        """The ring each key uses at ``now_ns`` (N-ring fade-in), as the plans choose it.
+
+        ``intp`` per key: the newest ring whose share is above the key's draw, else 0
+        (the NumPy kernel's choice, which both kernels are tested to make alike).
+        """
+        from lbcore import numpy_kernel
+        from lbcore.plan import Plan
+
+        h = check_hashes(hashes)
+        views = numpy_kernel._views(Plan(self, now_ns), h)
+        return np.zeros(h.size, dtype=np.intp) if views is None else views
 
     # ---------------------------------------------------------------------------------
     # Events.

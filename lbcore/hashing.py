@@ -643,6 +643,9 @@ def _int_reprs(keys: Sequence[Any]) -> list[str] | None:
     return reprs
 
 
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
 def _hash_small(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray:
     """Key-by-key hashing for short batches: C-level ``map`` calls, no NumPy temporaries."""
     n = len(keys)
@@ -661,11 +664,12 @@ def _hash_small(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray:
             ):
                 return np.fromiter(map(_xxh64, map(str.encode, keys)), np.uint64, n)
             encoded = list(map(str.encode, keys))
-        elif t is bytes:
-            if max_key_bytes is None:  # xxhash takes any bytes-like key, rejects the rest
+        elif t is bytes and all(isinstance(k, _BYTES_LIKE) for k in keys):
+            # Checked by type: NumPy integer scalars export a buffer too, and xxhash or
+            # b"".join would take their raw bytes instead of their decimal string.
+            if max_key_bytes is None:
                 return np.fromiter(map(_xxh64, keys), np.uint64, n)
             encoded = list(keys)
-            b"".join(encoded)  # TypeError unless every key is bytes-like
         elif t is int:
             reprs = _int_reprs(keys)
             if reprs is not None:
@@ -694,10 +698,9 @@ def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray
             if out is not None:
                 return out
     elif type(first) is bytes:
-        try:
-            joined_b = b"\n".join(keys)  # bytes-like keys only; anything else raises
-        except TypeError:
-            joined_b = None  # mixed types: the general path names the bad key
+        joined_b = None  # mixed types: the general path encodes or names each key
+        if all(isinstance(k, _BYTES_LIKE) for k in keys):  # see _hash_small
+            joined_b = b"\n".join(keys)
         if joined_b is not None:
             out = _hash_separated(joined_b, n, 0x0A, max_key_bytes)
             if out is not None:  # None: some key holds a newline

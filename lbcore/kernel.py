@@ -31,7 +31,7 @@ from lbcore.knobs import KERNEL
 __all__ = ["batch_of", "hash_keys", "kernel_name", "native", "scatter_add", "use_kernel"]
 
 #: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
-ABI = 1
+ABI = 2
 
 _native: ModuleType | None = None
 _native_error: str | None = None
@@ -173,6 +173,13 @@ def check_max_key_bytes(max_key_bytes: Any) -> int | None:
     ):
         raise ArgumentError(f"max_key_bytes must be None or an integer >= 0, got {max_key_bytes!r}")
     return int(max_key_bytes)
+
+
+def check_attempt(attempt: Any) -> int:
+    """Validate a retry number: a non-negative ``int`` or NumPy integer (not a ``bool``)."""
+    if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 0:
+        raise ArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
+    return int(attempt)
 
 
 def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:

@@ -7,9 +7,14 @@ cannot disagree. This module declares the *routing* knobs (the ones published wi
 tables so every worker of a host flips at the same generation); other rooms declare
 their own process settings with the same :class:`Knob` type.
 
+Besides the routing knobs, two kinds of process settings are declared here because
+they are lbcore's or because every room reads them: :data:`KERNEL` and the log settings
+(:data:`LOG_FORMAT`, :data:`LOG_LEVEL`).
+
 Pure: values come in as mappings and strings; nothing here reads the environment itself.
 (The one setting lbcore reads from the environment, :data:`KERNEL`, is read by
-:mod:`lbcore.kernel` when lbcore is imported.)
+:mod:`lbcore.kernel` when lbcore is imported; the log settings are read by the process
+that writes the lines.)
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ __all__ = [
     "FADE_MODES",
     "KERNEL",
     "KERNELS",
+    "LOG_FORMAT",
+    "LOG_FORMATS",
+    "LOG_KNOBS",
+    "LOG_LEVEL",
+    "LOG_LEVELS",
     "ROUTING_KNOBS",
     "Knob",
     "KnobError",
@@ -317,6 +327,43 @@ KERNEL = Knob(
     "once, when lbcore is imported: the only setting lbcore reads from the environment.",
     "KERNEL",
 )
+
+#: Renderings of cslb's log lines (:mod:`lbcore.logformat`).
+LOG_FORMATS = ("json", "text")
+#: Levels of cslb's log lines, in increasing severity.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+#: How cslb's own processes write their log lines. A process setting every room reads
+#: (from the environment, or a flag of its command): declared here because every room
+#: may import lbcore.
+LOG_FORMAT = Knob(
+    "log_format",
+    "CSLB_LOG_FORMAT",
+    "--log-format",
+    "json",
+    parse_choice(LOG_FORMATS),
+    "How cslb's own processes write log lines to stderr (discovery, and cslb's lines of "
+    "the gunicorn master and workers under workers.gunicorn_conf or cslb serve): 'json' "
+    "one JSON object per line (timestamp, level, logger, event, pid, then the event's "
+    "fields), 'text' the same parts as one readable line. Inside your own app cslb only "
+    "logs to its 'cslb.*' loggers and leaves formatting to you.",
+    "FORMAT",
+)
+
+#: The lowest level of cslb's log lines that is written.
+LOG_LEVEL = Knob(
+    "log_level",
+    "CSLB_LOG_LEVEL",
+    "--log-level",
+    "info",
+    parse_choice(LOG_LEVELS),
+    "Lowest level of cslb's log lines written to stderr (discovery, and cslb's lines of "
+    "the gunicorn master and workers under workers.gunicorn_conf or cslb serve).",
+    "LEVEL",
+)
+
+#: The two log settings.
+LOG_KNOBS: tuple[Knob, ...] = (LOG_FORMAT, LOG_LEVEL)
 
 
 def knob(name: str) -> Knob:

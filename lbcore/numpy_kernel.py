@@ -31,11 +31,12 @@ from lbcore import bounded
 from lbcore.errors import ArgumentError
 from lbcore.gate import GATE_SALT
 from lbcore.hashing import hash_keys, mix64
+from lbcore.kernel import check_attempt
 
 if TYPE_CHECKING:
     from lbcore.plan import Plan
 
-__all__ = ["answers", "counter_slots", "route", "route_hashes"]
+__all__ = ["Core", "answers", "counter_slots", "route", "route_hashes"]
 
 _CHOICE_FIXED, _CHOICE_NRING = 0, 1
 _GATE_PARTIAL = 2
@@ -65,12 +66,65 @@ def _valid(plan: Plan) -> bool:
     return int(words[index]) == expected
 
 
-def route(plan: Plan, keys: Any, kind: Any, attempt: int) -> tuple[np.ndarray, int, int, bool]:
-    """:meth:`lbcore.plan.Plan.route` on arrays (``kind``: the native kernel's, unused)."""
+class Core:
+    """The NumPy side of a :class:`lbcore.plan.Plan`, as ``lbcore._kernel.Plan`` is the native one.
+
+    It keeps the plan's arrays (the attributes these functions read, same names), not
+    the plan: the plan's bound ``route`` would otherwise hold the plan in a reference
+    cycle, and its shared-memory views with it, until the cycle collector ran.
+    """
+
+    _FIELDS = (
+        "choice",
+        "choice_salt",
+        "closed",
+        "eligible",
+        "eligible_count",
+        "fade_saturated",
+        "fade_thresholds",
+        "fixed_view",
+        "gate_mode",
+        "gate_threshold",
+        "good",
+        "guard",
+        "listed_count",
+        "loads",
+        "master",
+        "max_hops",
+        "max_key_bytes",
+        "single",
+        "slots",
+        "views",
+    )
+    __slots__ = _FIELDS
+
+    def __init__(self, plan: Plan) -> None:
+        for name in self._FIELDS:
+            setattr(self, name, getattr(plan, name))
+
+    def route(self, keys: Any, attempt: int = 0) -> tuple[np.ndarray, int, int, bool]:
+        """:attr:`lbcore.plan.Plan.route`."""
+        return route(self, keys, check_attempt(attempt))
+
+    def route_hashes(self, h: np.ndarray, attempt: int = 0) -> tuple[np.ndarray, int, int, bool]:
+        """:meth:`lbcore.plan.Plan.route_hashes` (``h`` checked, ``attempt`` too)."""
+        return route_hashes(self, h, attempt)
+
+    def answers(self) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`lbcore.plan.Plan.answers`, flat."""
+        return answers(self)
+
+    def counter_slots(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`lbcore.plan.Plan.counter_slots` (``idx`` contiguous ``int32``)."""
+        return counter_slots(self, idx)
+
+
+def route(plan: Core, keys: Any, attempt: int) -> tuple[np.ndarray, int, int, bool]:
+    """:attr:`lbcore.plan.Plan.route` on arrays (``attempt`` checked)."""
     return route_hashes(plan, hash_keys(keys, max_key_bytes=plan.max_key_bytes), attempt)
 
 
-def _views(plan: Plan, h: np.ndarray) -> np.ndarray | None:
+def _views(plan: Core, h: np.ndarray) -> np.ndarray | None:
     """Each key's view; ``None`` when every key uses ``plan.fixed_view``."""
     if plan.choice == _CHOICE_FIXED:
         return None
@@ -89,7 +143,7 @@ def _views(plan: Plan, h: np.ndarray) -> np.ndarray | None:
     return v
 
 
-def route_hashes(plan: Plan, h: np.ndarray, attempt: int) -> tuple[np.ndarray, int, int, bool]:
+def route_hashes(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, int, int, bool]:
     """:meth:`lbcore.plan.Plan.route_hashes` on arrays."""
     n = h.size
     if plan.closed:
@@ -119,7 +173,7 @@ def route_hashes(plan: Plan, h: np.ndarray, attempt: int) -> tuple[np.ndarray, i
     return out, int(np.count_nonzero(out < 0)), int(np.count_nonzero(moved)), _valid(plan)
 
 
-def _answer(plan: Plan, v: int, pos: np.ndarray, attempt: int) -> tuple[np.ndarray, np.ndarray]:
+def _answer(plan: Core, v: int, pos: np.ndarray, attempt: int) -> tuple[np.ndarray, np.ndarray]:
     """``(answer, plain answer)`` of keys at ring positions ``pos`` in view ``v``."""
     m = pos.size
     listed, eligible_n = int(plan.listed_count[v]), int(plan.eligible_count[v])
@@ -175,7 +229,7 @@ def answers(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def counter_slots(plan: Plan, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+def counter_slots(plan: Core, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """:meth:`lbcore.plan.Plan.counter_slots` on arrays (``idx``: contiguous ``int32``)."""
     n = len(plan.slots)
     bad = np.flatnonzero((idx < -1) | (idx >= n))

@@ -2,7 +2,7 @@
 
 A control path (the router, the simulator, the status page) builds one immutable
 :class:`Plan` per (ring set, ejected mask, load snapshot, knobs, time); the hot path asks
-it one question per batch, :meth:`Plan.route`, answered by one kernel call: hash the
+it one question per batch, :attr:`Plan.route`, answered by one kernel call: hash the
 keys, find their ring positions, choose each key's fade ring, apply the rollout gate
 and bounded load, count fallbacks and bounded-load moves. Like Envoy's thread-aware
 load balancers: the table is built when membership or load changes, the worker's pick
@@ -23,7 +23,6 @@ for inspection and tests).
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -56,14 +55,46 @@ def _thresholds(shares: list[float]) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def _check_attempt(attempt: Any) -> int:
-    if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 0:
-        raise ArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
-    return int(attempt)
+_ROUTE_DOC = """``route(keys, attempt=0)``: route a batch: ``(indices, fallbacks, moves, valid)``.
+
+Parameters
+----------
+keys
+    A batch of product IDs (see :func:`lbcore.hash_keys`): a list or tuple of
+    ``str``, ``bytes``-like or ``int``, or a 1-D NumPy array of them.
+attempt
+    ``0`` for the first choice; ``a > 0`` for a retry: the ``a``-th next distinct
+    endpoint (bounded load: never one chosen by an earlier attempt).
+
+Returns
+-------
+indices : numpy.ndarray
+    ``int32`` endpoint index per key; ``-1``: fallback (through the ingress). The
+    caller's own array: the native kernel may reuse one an earlier call returned, but
+    only once nothing refers to it any more (the plan keeps a reference meanwhile, so
+    an in-place ``resize`` needs ``refcheck=False``).
+fallbacks : int
+    Keys answered ``-1``.
+moves : int
+    Keys bounded load sent elsewhere than the plain ring (with ejected endpoints
+    left out) would have.
+valid : bool
+    Whether the guard still held after routing (always ``True`` without one):
+    if not, the ring arrays were rewritten meanwhile and the answer is void.
+
+Raises
+------
+lbcore.KeyTypeError, lbcore.KeyEncodingError, lbcore.KeyTooLongError
+    Bad keys (nothing is routed or counted).
+lbcore.ArgumentError
+    ``attempt`` is not a non-negative integer.
+lbcore.TableDataError
+    A ring array holds an entry out of range while the guard still holds (damage).
+"""
 
 
 class Plan:
-    """One snapshot's routing, ready for :meth:`route`. Immutable.
+    """One snapshot's routing, ready for :attr:`route`. Immutable.
 
     Parameters
     ----------
@@ -95,7 +126,7 @@ class Plan:
     guard
         Optional sequence check ``(words, index, expected)``: a ``uint64`` array (say
         a shared-memory table's sequence words) whose entry ``index`` equals
-        ``expected`` while the ring arrays are valid; :meth:`route` reads it after
+        ``expected`` while the ring arrays are valid; :attr:`route` reads it after
         routing (with acquire ordering) and reports whether it still held.
     max_key_bytes
         Longest key accepted, in bytes (default 4,096, every cslb surface's limit);
@@ -124,41 +155,39 @@ class Plan:
         Every key is fallback (no endpoints, or the gate is shut).
     """
 
-    __slots__ = (
-        "_core",
-        "_counter_slots",
-        "_route",
-        "_route_hashes",
-        "balance_factor",
-        "choice",
-        "choice_salt",
-        "closed",
-        "ejected",
-        "eligible",
-        "eligible_count",
-        "fade_mode",
-        "fade_saturated",
-        "fade_thresholds",
-        "fixed_view",
-        "gate",
-        "gate_mode",
-        "gate_threshold",
-        "good",
-        "guard",
-        "kernel",
-        "listed",
-        "listed_count",
-        "loads",
-        "master",
-        "max_hops",
-        "max_key_bytes",
-        "n_slots",
-        "now_ns",
-        "ring_set",
-        "single",
-        "slots",
-        "views",
-    )
+    __slots__ = {  # noqa: RUF023 (route first: it is the one documented)
+        "route": _ROUTE_DOC,
+        "_core": None,
+        "balance_factor": None,
+        "choice": None,
+        "choice_salt": None,
+        "closed": None,
+        "ejected": None,
+        "eligible": None,
+        "eligible_count": None,
+        "fade_mode": None,
+        "fade_saturated": None,
+        "fade_thresholds": None,
+        "fixed_view": None,
+        "gate": None,
+        "gate_mode": None,
+        "gate_threshold": None,
+        "good": None,
+        "guard": None,
+        "kernel": None,
+        "listed": None,
+        "listed_count": None,
+        "loads": None,
+        "master": None,
+        "max_hops": None,
+        "max_key_bytes": None,
+        "n_slots": None,
+        "now_ns": None,
+        "ring_set": None,
+        "single": None,
+        "slots": None,
+        "views": None,
+    }
 
     def __init__(
         self,
@@ -218,16 +247,9 @@ class Plan:
         self._build_views(n)
         self.kernel = _kernel.kernel_name()
         native = _kernel.native()
-        if native is not None:
-            self._core = self._native_core(native, n)
-            self._route = self._core.route
-            self._route_hashes = self._core.route_hashes
-            self._counter_slots = self._core.counter_slots
-        else:
-            self._core = None
-            self._route = partial(numpy_kernel.route, self)
-            self._route_hashes = partial(numpy_kernel.route_hashes, self)
-            self._counter_slots = partial(numpy_kernel.counter_slots, self)
+        self._core = numpy_kernel.Core(self) if native is None else self._native_core(native, n)
+        # The kernel's method itself is the attribute: no Python frame per batch.
+        self.route = self._core.route
 
     # ---------------------------------------------------------------------------------
     # Building.
@@ -388,51 +410,12 @@ class Plan:
     # ---------------------------------------------------------------------------------
     # Asking.
 
-    def route(self, keys: Any, attempt: int = 0) -> tuple[np.ndarray, int, int, bool]:
-        """Route a batch: ``(indices, fallbacks, moves, valid)``.
-
-        Parameters
-        ----------
-        keys
-            A batch of product IDs (see :func:`lbcore.hash_keys`): a list or tuple of
-            ``str``, ``bytes``-like or ``int``, or a 1-D NumPy array of them.
-        attempt
-            ``0`` for the first choice; ``a > 0`` for a retry: the ``a``-th next distinct
-            endpoint (bounded load: never one chosen by an earlier attempt).
-
-        Returns
-        -------
-        indices : numpy.ndarray
-            ``int32`` endpoint index per key; ``-1``: fallback (through the ingress).
-        fallbacks : int
-            Keys answered ``-1``.
-        moves : int
-            Keys bounded load sent elsewhere than the plain ring (with ejected endpoints
-            left out) would have.
-        valid : bool
-            Whether the guard still held after routing (always ``True`` without one):
-            if not, the ring arrays were rewritten meanwhile and the answer is void.
-
-        Raises
-        ------
-        lbcore.KeyTypeError, lbcore.KeyEncodingError, lbcore.KeyTooLongError
-            Bad keys (nothing is routed or counted).
-        lbcore.ArgumentError
-            ``attempt`` is not a non-negative integer.
-        lbcore.TableDataError
-            A ring array holds an entry out of range while the guard still holds (damage).
-        """
-        if attempt.__class__ is not int or attempt < 0:
-            attempt = _check_attempt(attempt)
-        return self._route(keys, None, attempt)
-
     def route_hashes(
         self, hashes: np.ndarray, attempt: int = 0
     ) -> tuple[np.ndarray, int, int, bool]:
-        """:meth:`route` for precomputed ``uint64`` key hashes (:func:`lbcore.hash_keys`)."""
-        if attempt.__class__ is not int or attempt < 0:
-            attempt = _check_attempt(attempt)
-        return self._route_hashes(np.ascontiguousarray(check_hashes(hashes)), attempt)
+        """:attr:`route` for precomputed ``uint64`` key hashes (:func:`lbcore.hash_keys`)."""
+        attempt = _kernel.check_attempt(attempt)
+        return self._core.route_hashes(np.ascontiguousarray(check_hashes(hashes)), attempt)
 
     def answers(self) -> tuple[np.ndarray, np.ndarray]:
         """The attempt-0 answer for every (view, position of the newest ring).
@@ -448,10 +431,7 @@ class Plan:
         moved : numpy.ndarray
             ``bool`` of the same shape: bounded load moved the answer off the plain one.
         """
-        if self._core is not None:
-            answer, plain = self._core.answers()
-        else:
-            answer, plain = numpy_kernel.answers(self)
+        answer, plain = self._core.answers()
         size = 0 if self.closed or self.master is None else len(self.master)
         shape = (self.views if size else 0, size)
         answer, plain = answer.reshape(shape), plain.reshape(shape)
@@ -487,7 +467,7 @@ class Plan:
                     f"endpoint index {int(wide[i])} at position {i} is not in -1..{n - 1}"
                 )
             idx = np.ascontiguousarray(wide, dtype=np.int32)
-        return self._counter_slots(idx)
+        return self._core.counter_slots(idx)
 
     def __repr__(self) -> str:
         return (

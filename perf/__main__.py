@@ -1,7 +1,7 @@
-"""``python -m perf``: the benchmark suite (see :mod:`perf.suite`)."""
+"""``python -m perf``: the benchmark suite (:func:`perf.suite.run`), as ``cslb bench``."""
 
 import sys
 
-from perf.suite import main
+from cslb.bench_cmd import main
 
 sys.exit(main())

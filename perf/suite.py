@@ -13,7 +13,7 @@ Parts (all by default; ``--only`` picks some, comma-separated):
 * ``fanout`` — :mod:`perf.bench_fanout`: CPU per key of ``router.fanout`` / ``afanout``
   next to hand-written ``route`` + ``track`` loops, and the recording cost per call.
 
-The page, its charts (PNG) and ``RESULTS.json`` go to ``--out`` (default: the ``perf``
+The page, its charts (PNG) and ``RESULTS.json`` go to ``out_dir`` (``--out``) (default: the ``perf``
 directory of this checkout). A run of some parts keeps the other parts' figures from
 ``RESULTS.json``. ``--quick`` runs every part tiny (a smoke test, about a minute or two;
 its figures are marked as such). The full run takes about ten minutes on 2 cores.
@@ -21,11 +21,9 @@ its figures are marked as such). The full run takes about ten minutes on 2 cores
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import importlib
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,11 +41,18 @@ MODULES = {
 DEFAULT_OUT = Path(__file__).resolve().parent
 
 
-def _parts(text: str) -> list[str]:
+def parts(text: str) -> list[str]:
+    """The parts named in ``text`` (comma-separated), in order.
+
+    Raises
+    ------
+    ValueError
+        A name that is not one of :data:`MODULES`, or no name at all.
+    """
     names = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in names if p not in MODULES]
     if bad or not names:
-        raise argparse.ArgumentTypeError(
+        raise ValueError(
             f"unknown part {bad[0]!r}; expected a comma-separated list of {', '.join(MODULES)}"
             if bad
             else f"no part named; expected a comma-separated list of {', '.join(MODULES)}"
@@ -55,53 +60,41 @@ def _parts(text: str) -> list[str]:
     return names
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``python -m perf`` / ``cslb bench``."""
-    p = argparse.ArgumentParser(
-        prog="cslb bench",
-        description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-        epilog="Parts: " + ", ".join(MODULES) + ". See perf/README.md.",
-    )
-    p.add_argument("--quick", action="store_true", help="run every part tiny (smoke test, ~20 s)")
-    p.add_argument(
-        "--only",
-        type=_parts,
-        metavar="PARTS",
-        help=f"comma-separated parts to run (default all: {','.join(MODULES)})",
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=DEFAULT_OUT,
-        metavar="DIR",
-        help="directory for RESULTS.md, RESULTS.json and the charts (default: %(default)s)",
-    )
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="exit with status 1 when a target measured in this run is missed",
-    )
-    return p
+def run(
+    names: list[str] | None = None,
+    *,
+    quick: bool = False,
+    out_dir: Path = DEFAULT_OUT,
+    check: bool = False,
+) -> int:
+    """Run the parts ``names`` (default all), write the results page; returns the exit status.
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the selected parts, write the results page; returns the exit status."""
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    names = args.only or list(MODULES)
-    out_dir: Path = args.out
+    Parameters
+    ----------
+    names
+        Parts to run (:data:`MODULES`), in order; the others' figures are kept from
+        ``RESULTS.json`` in ``out_dir``.
+    quick
+        Run every part tiny (a smoke test; its figures are marked as such).
+    out_dir
+        Directory for ``RESULTS.md``, ``RESULTS.json`` and the charts.
+    check
+        Return 1 when a target measured in this run is missed.
+    """
+    names = names or list(MODULES)
     parts: dict[str, Any] = results.load(out_dir)
-    command = "python -m perf" + (" --quick" if args.quick else "")
+    command = "python -m perf" + (" --quick" if quick else "")
     started = time.monotonic()
     for name in names:
-        print(f"== {name}{' (quick)' if args.quick else ''}", flush=True)
+        print(f"== {name}{' (quick)' if quick else ''}", flush=True)
         module = importlib.import_module(MODULES[name])
         machine = machine_info()
         t0 = time.monotonic()
-        got = module.run(quick=args.quick, log=lambda s: print(s, flush=True))
+        got = module.run(quick=quick, log=lambda s: print(s, flush=True))
         parts[name] = {
             **got,
             "format": results.FORMAT,
-            "quick": bool(args.quick),
+            "quick": bool(quick),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": time.monotonic() - t0,
             "machine": machine,
@@ -115,8 +108,4 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{target.status.upper():>7}  {target.label}: {target.figures(unit)}")
             if target.status != "met":
                 missed.append(target.label)
-    return 1 if args.check and missed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return 1 if check and missed else 0

@@ -247,6 +247,29 @@ class Server:
         except OSError:
             return ""
 
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        """cslb's JSON log lines of the whole tree (master, workers, discovery), in order.
+
+        ``name``: only that event's lines.
+        """
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        out = []
+        for line in text.splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict) or not str(rec.get("logger", "")).startswith("cslb"):
+                continue
+            if name is None or rec.get("event") == name:
+                out.append(rec)
+        return out
+
     def stop(self, timeout_s: float = 15.0) -> dict[str, Any]:
         """SIGTERM the master; report what was left; then clean up by force.
 

@@ -320,7 +320,8 @@ def test_event_log_writes_one_json_object_per_line():
     assert len(lines) == 1
     rec = json.loads(lines[0])
     assert rec["event"] == "api_error" and rec["level"] == "error" and rec["retry_in_s"] == 0.8
-    assert rec["ts"].endswith("Z") and rec["error"] == "line1\nline2"
+    assert rec["timestamp"].endswith("Z") and rec["error"] == "line1\nline2"
+    assert rec["logger"] == "cslb.discovery" and rec["pid"] == os.getpid()
     assert [r["event"] for r in seen] == ["hidden", "api_error"]
     with pytest.raises(LogLevelError, match="log level 'loud' is not one of debug, info"):
         EventLog(buf, level="loud")

@@ -67,7 +67,7 @@ def test_rows_supervision_and_clean_stop(tmp_path: Path) -> None:
         server.wait_ready(workers=2)
         master = server.pid
         assert _threads(master) == 1  # no thread in the master (NumPy's BLAS pool included)
-        assert "threads while forking" not in server.log()  # none at any fork either
+        assert not server.events("master_threads")  # none at any fork either
         # Discovery starts before the first worker forks.
         (disc,) = server.discovery_pids()
         first_worker = min(process_start_ticks(p) or 0 for p in server.worker_pids())
@@ -155,7 +155,10 @@ def test_rows_supervision_and_clean_stop(tmp_path: Path) -> None:
         assert result["left"] == [], [cmdline(p) for p in result["left"]]
         assert result["segments"] == []
         # on_exit stopped discovery (SIGTERM: a clean exit), it did not just die.
-        assert f"discovery (pid {disc}) stopped: exited with status 0" in server.log()
+        stopped = server.events("discovery_stopped")
+        assert [(e["discovery_pid"], e["exit"]) for e in stopped] == [
+            (disc, "exited with status 0")
+        ]
 
 
 def test_leftover_segments_of_a_killed_discovery_are_removed(tmp_path: Path) -> None:
@@ -169,7 +172,7 @@ def test_leftover_segments_of_a_killed_discovery_are_removed(tmp_path: Path) -> 
         result = server.stop()
         assert result["exit"] == 0 and result["left"] == [], server.log()
         assert result["segments"] == []
-        assert "removed leftover segments" in server.log()
+        assert server.events("segments_removed"), server.log()
 
 
 def test_hung_discovery_is_replaced(tmp_path: Path) -> None:
@@ -186,7 +189,7 @@ def test_hung_discovery_is_replaced(tmp_path: Path) -> None:
             15.0,
         )
         assert new and not alive(disc)
-        assert "wrote no heartbeat" in server.log()
+        assert server.events("discovery_hung"), server.log()
         result = server.stop()
         assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
 
@@ -220,7 +223,7 @@ def test_a_server_failing_after_on_starting_leaves_nothing(failure: str, tmp_pat
             code = server.proc.wait(timeout=60)
             assert code != 0, server.log()
             log = server.log()
-            assert "cslb: discovery" in log  # it got past on_starting: discovery ran
+            assert server.events("discovery_started"), log  # past on_starting: discovery ran
             wait_for(
                 "the namespace to be empty",
                 lambda: shm.list_segments(server.namespace) == [],
@@ -243,7 +246,7 @@ def test_more_workers_than_rows(tmp_path: Path) -> None:
             10.0,
         )
         assert sorted(rows.values(), key=str) == ["0", None]  # one row, one without
-        assert "no counter row for the next worker" in server.log()
+        assert server.events("no_counter_row"), server.log()
         assert "CSLB_COUNTER_ROWS" in server.log()
         result = server.stop()
         assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
@@ -346,7 +349,7 @@ def test_external_discovery(tmp_path: Path, sidecar) -> None:
         server.wait_ready(workers=2)
         assert server.discovery_pids() == []  # the master started none
         assert all(a["row"] is not None for a in _answers(server, 4))
-        assert "counter rows (created)" in server.log()
+        assert [e["counters"] for e in server.events("master_started")] == ["created"]
         result = server.stop()
         assert result["exit"] == 0 and result["left"] == []
         # The master removed the counters (no one else held a row), not the sidecar's
@@ -364,13 +367,13 @@ def test_two_servers_share_a_sidecar(tmp_path: Path, sidecar) -> None:
         a.wait_ready(workers=1)
         with serving(args, tmp_path, namespace=ns, unlink=False) as b:
             b.wait_ready(workers=1)
-            assert "counter rows (created)" in a.log()
-            assert "counter rows (attached)" in b.log()
+            assert [e["counters"] for e in a.events("master_started")] == ["created"]
+            assert [e["counters"] for e in b.events("master_started")] == ["attached"]
             (b_worker,) = b.worker_pids()
             assert b.get_json("/")["row"] is not None
             result = a.stop()
             assert result["exit"] == 0 and result["left"] == [], a.log()
-            assert "kept: rows held by live processes" in a.log()
+            assert a.events("counters_kept"), a.log()
             assert f"/cslb.{ns}.counters" in shm.list_segments(ns)
             # B's master forks a replacement on the same counters, with a row.
             os.kill(b_worker, signal.SIGKILL)

@@ -27,7 +27,7 @@ class ListLog:
         self.lines: list[str] = []
 
     def _add(self, msg: str, *args: object, **kw: object) -> None:
-        self.lines.append(msg % args if args else msg)
+        self.lines.append(str(msg) % args if args else str(msg))
 
     info = warning = error = debug = exception = _add
 
@@ -197,7 +197,9 @@ def test_stop_keeps_counters_another_server_holds(namespaces, holders) -> None:
     holders(ns, w.cslb_row)  # B's worker adopted it
     a.stop(server_a)
     assert f"/cslb.{ns}.counters" in shm.list_segments(ns)
-    assert server_a.log.has("kept: rows held by live processes")
+    assert server_a.log.has("counters_kept shm_namespace=") and server_a.log.has(
+        'why="rows held by live processes"'
+    )
     # B can still reserve on them.
     w2 = SimpleNamespace(pid=0)
     b.reserve(w2)
@@ -224,6 +226,7 @@ def test_arbiter_wrappers_log_instead_of_raising() -> None:
 
     class Broken:
         loop_hooked = False
+        log = server.log  # the master's logger (cslb.master) stood in for
 
         def poll(self) -> None:
             raise RuntimeError("poll broke")
@@ -235,8 +238,8 @@ def test_arbiter_wrappers_log_instead_of_raising() -> None:
     server.reap_workers()
     server.manage_workers()
     assert calls == ["reap", "manage"]  # gunicorn's own part still ran
-    assert server.log.has("checking the discovery process failed")
-    assert server.log.has("supervising discovery and counter rows failed")
+    assert server.log.has("discovery_check_failed")
+    assert server.log.has("supervision_failed")
 
 
 def test_before_fork_warns_of_threads_and_an_inherited_router(namespaces) -> None:

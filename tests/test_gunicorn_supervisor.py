@@ -36,7 +36,7 @@ class ListLog:
         self.lines: list[str] = []
 
     def _add(self, msg: str, *args: object) -> None:
-        self.lines.append(msg % args)
+        self.lines.append(str(msg) % args if args else str(msg))
 
     info = warning = error = debug = _add
 

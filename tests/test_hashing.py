@@ -253,3 +253,13 @@ def test_long_str_batches_are_joined_once_and_hash_like_short_ones():
     assert lbcore.hash_keys(newline)[7] == ref(newline[7])
     with pytest.raises(lbcore.KeyEncodingError):
         lbcore.hash_keys([*skus[:-1], "a\udc80"])
+
+
+@pytest.mark.parametrize("n", [1, VECTOR_MIN_BATCH + 3])
+@pytest.mark.parametrize("limit", [None, lbcore.MAX_KEY_BYTES])
+def test_numpy_integer_scalars_after_bytes_hash_as_decimal_strings(kernel, n, limit):
+    # NumPy integer scalars export a buffer: a list starting with bytes once hashed their
+    # raw 8 bytes (or failed on len()) instead of their decimal string.
+    keys = [b"", np.uint64(0), np.int64(-5), bytearray(b"q"), np.int32(7)] * n
+    want = [xxhash.xxh64_intdigest(k) for k in [b"", b"0", b"-5", b"q", b"7"] * n]
+    assert lbcore.hash_keys(keys, max_key_bytes=limit).tolist() == want

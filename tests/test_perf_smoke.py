@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from cslb.bench_cmd import build_parser
 from perf import results
-from perf.suite import build_parser
 
 REPO = Path(__file__).resolve().parent.parent
 

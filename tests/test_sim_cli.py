@@ -7,10 +7,15 @@ import sys
 
 import pytest
 
-from perf.sim import cli
+from cslb import simulate_cmd as cli
+from perf.sim.options import config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FAST = ["--pods", "6", "--seconds", "4", "--catalogue", "20000", "--cache-size", "300"]
+
+
+def _config(args):
+    return config(args.scenario, cli.options(args))
 
 
 def cslb(*args):
@@ -136,11 +141,11 @@ def test_plot_writes_a_png(tmp_path):
 
 def test_pod_speed_sigma_reaches_the_run_and_is_reported():
     args = cli.build_parser().parse_args(["--scenario", "load-signal", "--pod-speed-sigma", "0"])
-    assert cli._config(args).pod_speed_sigma == 0.0
+    assert _config(args).pod_speed_sigma == 0.0
     default = cli.build_parser().parse_args(["--scenario", "load-signal"])
-    assert cli._config(default).pod_speed_sigma == 0.2
+    assert _config(default).pod_speed_sigma == 0.2
     other = cli.build_parser().parse_args(["--scenario", "scale-up"])
-    assert cli._config(other).pod_speed_sigma == 0.0
+    assert _config(other).pod_speed_sigma == 0.0
     p = cslb("--scenario", "slow-pod", *FAST, "--pod-speed-sigma", "0.3", "--no-progress")
     assert p.returncode == 0, p.stderr
     assert "pod speeds lognormal sigma 0.3" in p.stdout
@@ -148,15 +153,15 @@ def test_pod_speed_sigma_reaches_the_run_and_is_reported():
 
 def test_load_signal_defaults_and_bar_increment_option():
     parse = cli.build_parser().parse_args
-    cfg = cli._config(parse(["--scenario", "load-signal"]))
+    cfg = _config(parse(["--scenario", "load-signal"]))
     assert (cfg.pods, cfg.clients, cfg.seconds, cfg.bar_increment) == (100, 32, 30.0, "routed-call")
     assert cfg.total_rate == 35_000
-    cfg = cli._config(parse(["--scenario", "load-signal", "--bar-increment", "skipper"]))
+    cfg = _config(parse(["--scenario", "load-signal", "--bar-increment", "skipper"]))
     assert cfg.bar_increment == "skipper"
     for scenario in ("scale-up", "slow-pod"):
-        cfg = cli._config(parse(["--scenario", scenario]))
+        cfg = _config(parse(["--scenario", scenario]))
         assert (cfg.clients, cfg.bar_increment) == (8, "routed-call")  # as production routes
-        cfg = cli._config(parse(["--scenario", scenario, "--bar-increment", "skipper"]))
+        cfg = _config(parse(["--scenario", scenario, "--bar-increment", "skipper"]))
         assert cfg.bar_increment == "skipper"
     with pytest.raises(SystemExit):
         parse(["--scenario", "load-signal", "--bar-increment", "zero"])

@@ -71,6 +71,7 @@ from prometheus_client.exposition import choose_encoder
 import shm
 from lbcore.errors import KeyEncodingError, KeyTooLongError, KeyTypeError
 from lbcore.knobs import Knob, from_mapping
+from lbcore.logformat import Event
 from workers import status
 from workers.metrics import STALE_AFTER, CslbCollector, HostMonitor
 
@@ -762,7 +763,7 @@ class CslbApp:
             status, ctype, headers = exc.status, _JSON, exc.headers
             body = json.dumps({"error": exc.message, "status": exc.status}).encode()
         except Exception:
-            log.exception("cslb app: %s %s failed", method, path[:200])
+            log.exception(Event("request_failed", method=method[:20], path=path[:200]))
             status, ctype, headers = 500, _JSON, []
             body = b'{"error": "internal error (logged by the worker)", "status": 500}'
         start_response(
@@ -795,7 +796,7 @@ class CslbApp:
                 except Exception as exc:
                     # Say, user code in this worker attached the process's router to
                     # another namespace: this worker cannot route, the next may.
-                    log.exception("cslb app: cannot attach the router of %s", self.namespace)
+                    log.exception(Event("router_attach_failed", shm_namespace=self.namespace))
                     raise HTTPError(503, f"cannot attach the router: {exc}") from None
             return self._router
 

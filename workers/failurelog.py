@@ -13,7 +13,10 @@ fan-out) says how many were left out::
      "pod_ip": "10.2.0.7", "suppressed": 2781, "window_s": 1.0, "pid": 4242}
 
 Lines go to the ``cslb.router`` logger at WARNING, as ASCII JSON (always one line), with
-the same fields attached to the record as ``record.cslb`` for structured handlers.
+the same fields attached to the record as ``record.cslb`` for structured handlers; cslb's
+own handler (under :mod:`workers.gunicorn_conf`, :mod:`workers.logs`) writes them in
+cslb's line format, the event and these fields after ``timestamp``, ``level``,
+``logger`` and ``pid``.
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 In the master (the arbiter), before any worker forks:
 
+0. ``on_starting`` first gives the ``cslb`` logger cslb's handler
+   (:func:`workers.logs.install`: cslb's line format, ``CSLB_LOG_FORMAT``, on stderr), so
+   the master's, the workers' and discovery's cslb lines are one format; gunicorn's own
+   lines keep gunicorn's.
 1. ``on_starting`` creates the host's counters (``shm.CounterStore.create``, one row per
    worker thread plus room for a graceful reload) and starts the host's discovery
    process, ``python -m cslb discovery``, by fork+exec as a supervised child. The
@@ -60,6 +64,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import shlex
 import signal
@@ -79,6 +84,8 @@ if "numpy" not in sys.modules:
 import lbcore
 import shm
 from lbcore.knobs import KnobError
+from lbcore.logformat import Event
+from workers.logs import install as install_logs
 from workers.supervisor import (
     DiscoverySupervisor,
     check_settings,
@@ -100,6 +107,9 @@ __all__ = [
 
 #: How often the arbiter loop reaps counter rows of dead processes (seconds).
 REAP_INTERVAL_S = 1.0
+
+#: The master's cslb lines (:mod:`workers.logs`: cslb's format under this module).
+log = logging.getLogger("cslb.master")
 
 
 def _control_socket_asked(argv: list[str], environ: MutableMapping[str, str]) -> bool:
@@ -147,7 +157,7 @@ class _Master:
         self.store_epoch = 0  # +1 each time the counters are attached again
         self.owns_namespace = False  # embedded: we created its counters, we clean it up
         self.supervisor: DiscoverySupervisor | None = None
-        self.log: Any = None
+        self.log: Any = log
         self.next_reap = 0.0
         self.loop_hooked = False
         self.reader: shm.TableReader | None = None  # for discovery's heartbeat
@@ -161,7 +171,6 @@ class _Master:
     # -- start --------------------------------------------------------------------------
 
     def start(self, server: Any) -> None:
-        self.log = server.log
         import gunicorn
 
         check_gunicorn(tuple(getattr(gunicorn, "version_info", (0, 0))))
@@ -193,12 +202,14 @@ class _Master:
             raise
         assert self.store is not None
         self.log.info(
-            "cslb: namespace %r, %d counter rows (%s), discovery %s, %s routing kernel",
-            self.namespace,
-            self.store.rows,
-            how,
-            self.settings["discovery"],
-            lbcore.kernel_name(),
+            Event(
+                "master_started",
+                shm_namespace=self.namespace,
+                counter_rows=self.store.rows,
+                counters=how,
+                discovery=self.settings["discovery"],
+                kernel=lbcore.kernel_name(),
+            )
         )
         _hook_arbiter_loop(server, self)
 
@@ -221,7 +232,6 @@ class _Master:
             backoff_s=s["restart_backoff_s"],
             backoff_max_s=s["restart_backoff_max_s"],
             stop_timeout_s=s["stop_timeout_s"],
-            log=server.log,
         )
         try:
             self.supervisor.start()
@@ -248,22 +258,27 @@ class _Master:
                     try:
                         table = reader.table()
                     except shm.ShmError as exc:  # mid-publish or corrupt: look again
-                        self.log.debug("cslb: first table not readable yet: %s", exc)
+                        self.log.debug(Event("first_table_unreadable", error=str(exc)))
                 if table is not None:
                     if self.owns_namespace and self.store is not None and table.n_slots:
                         self.store.ensure_columns(int(table.n_slots))
                     self.log.info(
-                        "cslb: table generation %d with %d endpoints published by pid %d",
-                        table.generation,
-                        len(table.endpoints),
-                        table.publisher_pid,
+                        Event(
+                            "first_table",
+                            generation=table.generation,
+                            endpoints=len(table.endpoints),
+                            publisher_pid=table.publisher_pid,
+                        )
                     )
                     return
                 if time.monotonic() >= deadline:
                     self.log.warning(
-                        "cslb: no routing table after %.1f s: starting workers anyway "
-                        "(they answer with the fallback until one is published)",
-                        self.settings["start_wait_s"],
+                        Event(
+                            "first_table_late",
+                            waited_s=self.settings["start_wait_s"],
+                            action="starting workers anyway (they answer with the fallback "
+                            "until a table is published)",
+                        )
                     )
                     return
                 time.sleep(0.02)
@@ -292,10 +307,10 @@ class _Master:
             try:
                 rows = self.store.reap()
             except shm.ShmError as exc:
-                self.log.warning("cslb: cannot reap counter rows: %s", exc)
+                self.log.warning(Event("reap_failed", error=str(exc)))
             else:
                 if rows:
-                    self.log.info("cslb: reclaimed counter rows %s of dead processes", rows)
+                    self.log.info(Event("rows_reclaimed", rows=rows, of="dead processes"))
 
     def check_counters(self) -> bool:
         """Attach the counters again if they were removed or replaced; True if usable.
@@ -311,29 +326,34 @@ class _Master:
                 store.close(unlink=False)
                 self.store = None
                 self.log.warning(
-                    "cslb: the counters of shm namespace %r were removed or replaced by "
-                    "another process; attaching again",
-                    self.namespace,
+                    Event(
+                        "counters_replaced",
+                        shm_namespace=self.namespace,
+                        why="removed or replaced by another process",
+                        action="attaching again",
+                    )
                 )
             how = self._attach_counters()
         except (shm.ShmError, CslbStartupError) as exc:
             self._warn_once(
                 f"counters:{exc}",
-                "cslb: no counters for shm namespace %r: %s; workers fork without a row "
-                "(retried every %.0f s)",
-                self.namespace,
-                exc,
-                REAP_INTERVAL_S,
+                Event(
+                    "counters_unavailable",
+                    shm_namespace=self.namespace,
+                    error=str(exc),
+                    action="workers fork without a row",
+                    retry_every_s=REAP_INTERVAL_S,
+                ),
             )
             return False
         self.warned = {w for w in self.warned if not w.startswith("counters:")}
-        self.log.info("cslb: counters of shm namespace %r %s again", self.namespace, how)
+        self.log.info(Event("counters_attached", shm_namespace=self.namespace, counters=how))
         return True
 
-    def _warn_once(self, key: str, msg: str, *args: Any) -> None:
+    def _warn_once(self, key: str, event: Event) -> None:
         if key not in self.warned:
             self.warned.add(key)
-            self.log.warning(msg, *args)
+            self.log.warning(event)
 
     def check_stall(self) -> None:
         """SIGKILL a discovery process that runs but stopped writing its heartbeat."""
@@ -350,11 +370,14 @@ class _Master:
             return
         if age_s > timeout:
             self.log.error(
-                "cslb: discovery (pid %s) wrote no heartbeat for %.1f s (limit %.1f s, "
-                "CSLB_DISCOVERY_STALL_TIMEOUT): hung; SIGKILL",
-                sup.pid,
-                age_s,
-                timeout,
+                Event(
+                    "discovery_hung",
+                    discovery_pid=sup.pid,
+                    heartbeat_age_s=round(age_s, 3),
+                    limit_s=timeout,
+                    setting="CSLB_DISCOVERY_STALL_TIMEOUT",
+                    action="SIGKILL",
+                )
             )
             sup.signal(signal.SIGKILL)  # its death is seen and restarted like any other
 
@@ -366,20 +389,28 @@ class _Master:
         if tasks > 1:
             self._warn_once(
                 "threads",
-                "cslb: the master runs %d threads while forking workers (a control socket "
-                "enabled, NumPy imported before OPENBLAS_NUM_THREADS could be set, a thread "
-                "started by a hook?); a forked worker inherits only the forking thread and "
-                "any lock another thread held",
-                tasks,
+                Event(
+                    "master_threads",
+                    threads=tasks,
+                    why="the master runs threads while forking workers (a control socket "
+                    "enabled, NumPy imported before OPENBLAS_NUM_THREADS could be set, a "
+                    "thread started by a hook?)",
+                    risk="a forked worker inherits only the forking thread and any lock "
+                    "another thread held",
+                ),
             )
         router_cls = getattr(sys.modules.get("workers.router"), "Router", None)
         current = getattr(router_cls, "current", None)
         if current is not None and current() is not None:
             self._warn_once(
                 "router",
-                "cslb: a workers.Router was attached in the master (a module-level "
-                "Router.attach() with --preload?); every worker inherits it unusable and "
-                "without its counter row: call Router.attach() in request code, not at import",
+                Event(
+                    "router_in_master",
+                    why="a workers.Router was attached in the master (a module-level "
+                    "Router.attach() with --preload?)",
+                    risk="every worker inherits it unusable and without its counter row",
+                    fix="call Router.attach() in request code, not at import",
+                ),
             )
 
     def reserve(self, worker: Any) -> None:
@@ -400,14 +431,17 @@ class _Master:
                         self.store.reap()
                     continue
                 self.log.error(
-                    "cslb: no counter row for the next worker: %s (set CSLB_COUNTER_ROWS "
-                    "higher than workers x threads); it will claim a row itself if one frees",
-                    exc,
+                    Event(
+                        "no_counter_row",
+                        error=str(exc),
+                        fix="set CSLB_COUNTER_ROWS higher than workers x threads",
+                        action="the worker claims a row itself if one frees",
+                    )
                 )
             except shm.ShmError as exc:
                 # Removed under us (say, by another server) between the check and here:
                 # check_counters attaches again on the second attempt.
-                self.log.warning("cslb: cannot reserve a counter row: %s", exc)
+                self.log.warning(Event("reserve_failed", error=str(exc)))
 
     def release(self, server: Any, worker: Any) -> None:
         if not self.active or self.store is None:
@@ -429,7 +463,9 @@ class _Master:
                 self.store.release(row, worker.pid)
             self.store.reap()  # the worker's other rows (gthread) and anyone else's
         except shm.ShmError as exc:
-            self.log.warning("cslb: cannot release row %s of worker %s: %s", row, worker.pid, exc)
+            self.log.warning(
+                Event("release_failed", row=row, worker_pid=worker.pid, error=str(exc))
+            )
 
     def in_child(self, worker: Any) -> None:
         """In the forked worker: hand over the row; forget the master's handles."""
@@ -450,10 +486,11 @@ class _Master:
         if not self.active:
             return
         try:
-            self.log.info("cslb: the master exits without on_exit: stopping discovery")
+            self.log.info(Event("exit_without_on_exit", action="stopping discovery"))
             self.stop(server)
         except Exception as exc:  # the interpreter is exiting: report, never raise
-            sys.stderr.write(f"cslb: cleanup at exit failed: {exc!r}\n")
+            with contextlib.suppress(Exception):
+                self.log.error(Event("cleanup_failed", error=repr(exc)))
 
     def stop(self, server: Any) -> None:
         if not self.active:
@@ -475,10 +512,12 @@ class _Master:
                     if others:
                         keep_counters = True
                         self.log.info(
-                            "cslb: counters of shm namespace %r kept: rows held by live "
-                            "processes %s",
-                            self.namespace,
-                            others,
+                            Event(
+                                "counters_kept",
+                                shm_namespace=self.namespace,
+                                why="rows held by live processes",
+                                pids=others,
+                            )
                         )
                     self.store.close(unlink=not keep_counters)
             except shm.ShmError:  # removed already
@@ -493,7 +532,7 @@ class _Master:
             for name in left:
                 shm.segment.unlink_name(name)
             if left:
-                self.log.info("cslb: removed leftover segments %s", left)
+                self.log.info(Event("segments_removed", segments=left))
         self.owns_namespace = False
         self.pid = 0
 
@@ -573,12 +612,16 @@ def _hook_arbiter_loop(server: Any, master: _Master) -> None:
     """
     if getattr(server, "_cslb_loop_hooked", False):
         return
+    mlog = getattr(master, "log", None) or log
     reap = getattr(server, "reap_workers", None)
     manage = getattr(server, "manage_workers", None)
     if not (callable(reap) and callable(manage)):
-        server.log.warning(
-            "cslb: this gunicorn's arbiter has no reap_workers/manage_workers: discovery "
-            "is checked only when workers fork or exit"
+        mlog.warning(
+            Event(
+                "arbiter_not_hooked",
+                why="this gunicorn's arbiter has no reap_workers/manage_workers",
+                consequence="discovery is checked only when workers fork or exit",
+            )
         )
         return
 
@@ -586,14 +629,14 @@ def _hook_arbiter_loop(server: Any, master: _Master) -> None:
         try:
             master.poll()
         except Exception:
-            server.log.exception("cslb: checking the discovery process failed")
+            mlog.exception(Event("discovery_check_failed"))
         return reap()
 
     def manage_workers() -> Any:
         try:
             master.tick()
         except Exception:
-            server.log.exception("cslb: supervising discovery and counter rows failed")
+            mlog.exception(Event("supervision_failed", of="discovery and counter rows"))
         return manage()
 
     server.reap_workers = reap_workers
@@ -607,7 +650,11 @@ def _hook_arbiter_loop(server: Any, master: _Master) -> None:
 
 
 def on_starting(server: Any) -> None:
-    """Master, before binding: create the counters and start discovery."""
+    """Master, before binding: cslb's log lines, the counters, discovery."""
+    try:
+        install_logs()
+    except KnobError as exc:
+        raise CslbStartupError(f"cslb: {exc}") from None
     MASTER.start(server)
 
 
@@ -660,12 +707,15 @@ def nworkers_changed(server: Any, new_value: int, old_value: int | None) -> None
         return
     threads = max(int(getattr(server.cfg, "threads", 1) or 1), 1)
     if new_value * threads > MASTER.rows:
-        server.log.warning(
-            "cslb: %d workers x %d threads exceed the %d counter rows; extra workers "
-            "record no load (raise CSLB_COUNTER_ROWS and restart)",
-            new_value,
-            threads,
-            MASTER.rows,
+        MASTER.log.warning(
+            Event(
+                "counter_rows_exceeded",
+                workers=new_value,
+                threads=threads,
+                counter_rows=MASTER.rows,
+                consequence="extra workers record no load",
+                fix="raise CSLB_COUNTER_ROWS and restart",
+            )
         )
 
 

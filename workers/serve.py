@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 
-from lbcore.knobs import ROUTING_KNOBS, KnobError, from_mapping
+from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, KnobError, from_mapping
 from shm.settings import SHM_NAMESPACE
 from workers.mount import APP as MOUNT_APP
 
@@ -44,7 +44,9 @@ MOUNTED_APP = "workers.mount:app"
 DEFAULT_BIND = "127.0.0.1:8000"
 DEFAULT_WORKERS = 2
 
-ROUTING_BY_NAME = {k.name: k for k in ROUTING_KNOBS}
+#: The knobs ``plan(knobs=...)`` takes by name: routing knobs (published by discovery)
+#: and the log settings (read by the master, its workers and discovery).
+KNOBS_BY_NAME = {k.name: k for k in (*ROUTING_KNOBS, *LOG_KNOBS)}
 
 
 class ServeError(ValueError):
@@ -70,7 +72,8 @@ def plan(
 ) -> list[str]:
     """The gunicorn command line for these settings; puts the ``CSLB_*`` ones into ``environ``.
 
-    ``knobs``: raw routing-knob values by knob name (``None``: not given). ``extra``:
+    ``knobs``: raw values of routing knobs and log settings by knob name (``None``: not
+    given). ``extra``:
     gunicorn's own arguments. ``cslb serve`` (:mod:`cslb.serve_cmd`) parses the command
     line and calls this.
 
@@ -81,10 +84,10 @@ def plan(
     """
     knobs = dict(knobs or {})
     try:
-        from_mapping(environ, ROUTING_KNOBS, source="environment")
+        from_mapping(environ, KNOBS_BY_NAME.values(), source="environment")
         for name, raw in knobs.items():
             if raw is not None:
-                k = ROUTING_BY_NAME[name]
+                k = KNOBS_BY_NAME[name]
                 k.convert(raw, f"flag {k.flag}")
         if shm_namespace is not None:
             SHM_NAMESPACE.convert(shm_namespace, f"flag {SHM_NAMESPACE.flag}")
@@ -110,7 +113,7 @@ def plan(
         environ["CSLB_DISCOVERY"] = discovery
     for name, raw in knobs.items():
         if raw is not None:
-            environ[ROUTING_BY_NAME[name].env] = raw
+            environ[KNOBS_BY_NAME[name].env] = raw
     out = [
         python or sys.executable,
         "-m",

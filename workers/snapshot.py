@@ -2,7 +2,8 @@
 
 A :class:`Snapshot` is one table generation, one read of the host's loads and the
 :class:`lbcore.Plan` built on both. :func:`build_plan` is the one place a table and
-its knobs become a plan (the router and the status page use it): the
+its knobs become a plan (the router, the status page and ``cslb route --live`` use it):
+the
 rollout gate, the fade mode, bounded load on the knobs' load signal with its bar
 counting the routed call as what it adds to that signal
 (:meth:`shm.HostLoads.bar_increment`), ejected endpoints, the counter slots, and the
@@ -23,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +32,7 @@ import lbcore
 import shm
 from lbcore.bounded import in_call_units, target_load
 
-__all__ = ["Follower", "Snapshot", "bounded_bar", "build_plan", "empty_table"]
+__all__ = ["Follower", "Snapshot", "bounded_bar", "build_plan", "empty_table", "read_loads"]
 
 log = logging.getLogger("cslb.router")
 
@@ -46,7 +48,30 @@ _INLINE_MAP_BYTES = 2 << 20
 _CHECK_NS = 1_000_000_000  # pace of rechecking a generation that could not be read
 
 
-def build_plan(table: shm.Table, loads: shm.HostLoads | None, now_ns: int) -> lbcore.Plan:
+def read_loads(
+    counters: shm.CounterReader | None, table: shm.Table, now_ns: int
+) -> shm.HostLoads:
+    """The host's loads per endpoint of ``table`` as a worker reads them (idle without counters).
+
+    The table's slots are copied first: its arrays are views of shared memory the writer
+    may reuse two publishes later (garbage read then raises, or is caught by the table's
+    sequence check).
+    """
+    n = len(table.endpoints)
+    if counters is None or n == 0:
+        return shm.HostLoads.idle(n, now_ns)
+    slots = np.array(table.slots, dtype=np.intp)
+    return counters.read(now_ns, table.n_slots, failure_kinds=False).take(slots)
+
+
+def build_plan(
+    table: shm.Table,
+    loads: shm.HostLoads | None,
+    now_ns: int,
+    *,
+    balance_factor: Any = "knobs",
+    ejected: bool = True,
+) -> lbcore.Plan:
     """The plan a worker routes ``table``'s batches on at ``now_ns``.
 
     Parameters
@@ -55,11 +80,15 @@ def build_plan(table: shm.Table, loads: shm.HostLoads | None, now_ns: int) -> lb
         A table generation (its views must stay valid while the plan is used: the
         plan's guard is the table's sequence check).
     loads
-        Host-wide loads per endpoint of ``table`` (:meth:`shm.CounterReader.read` then
-        :meth:`~shm.HostLoads.take` of the table's slots); ``None``: nobody has called
-        anyone yet (idle).
+        Host-wide loads per endpoint of ``table`` (:func:`read_loads`); ``None``:
+        nobody has called anyone yet (idle).
     now_ns
         The present on the fade clock (CLOCK_MONOTONIC), in nanoseconds.
+    balance_factor
+        ``"knobs"`` (a worker's): the table's; ``None``: no bounded load (the plain
+        rings, for an explanation of a bounded-load move).
+    ejected
+        ``False``: as if no endpoint were ejected (for an explanation of a skip).
 
     Raises
     ------
@@ -69,7 +98,9 @@ def build_plan(table: shm.Table, loads: shm.HostLoads | None, now_ns: int) -> lb
     """
     k = table.knobs
     n = len(table.endpoints)
-    bf = k.balance_factor if n else None  # (nothing to bound on an empty table)
+    bf = k.balance_factor if balance_factor == "knobs" else balance_factor
+    if not n:
+        bf = None  # (nothing to bound on an empty table)
     load = None
     if bf is not None:
         if loads is None or loads.in_flight.size != n:
@@ -83,7 +114,7 @@ def build_plan(table: shm.Table, loads: shm.HostLoads | None, now_ns: int) -> lb
     return lbcore.Plan(
         table.ring_set,
         now_ns,
-        ejected=ej if ej.size and ej.any() else None,
+        ejected=ej if ejected and ej.size and ej.any() else None,
         loads=load,
         balance_factor=bf,
         max_hops=k.max_hops,
@@ -308,15 +339,7 @@ class Follower:
                 self._until = min(s.due_ns, now + _CHECK_NS)
                 return s
             try:
-                counters = self.counters
-                n = len(t.endpoints)
-                if counters is None or n == 0:
-                    loads = shm.HostLoads.idle(n, now)
-                else:
-                    # A private copy of the slots: the table's arrays are views of shared
-                    # memory the writer may reuse two publishes later.
-                    slots = np.array(t.slots, dtype=np.intp)
-                    loads = counters.read(now, t.n_slots, failure_kinds=False).take(slots)
+                loads = read_loads(self.counters, t, now)
                 s = Snapshot(t, build_plan(t, loads, now), loads, now, now + self.refresh_ns)
             except Exception:
                 if t.valid():

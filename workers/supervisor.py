@@ -46,6 +46,7 @@ from lbcore.knobs import (
     parse_choice,
     seconds_at_least,
 )
+from lbcore.logformat import Event
 
 __all__ = [
     "DISCOVERY_MODES",
@@ -344,10 +345,12 @@ class DiscoverySupervisor:
         self._restart_at = None
         self.starts += 1
         self.log.info(
-            "cslb: discovery started (pid %s, start %d): %s",
-            self._proc.pid,
-            self.starts,
-            " ".join(self.command),
+            Event(
+                "discovery_started",
+                discovery_pid=self._proc.pid,
+                start=self.starts,
+                command=" ".join(self.command),
+            )
         )
         return self._proc.pid
 
@@ -395,10 +398,12 @@ class DiscoverySupervisor:
         self._forget(status)
         if not restart:
             self.log.error(
-                "cslb: discovery (pid %s) %s after %.1f s",
-                self._last_pid,
-                self.last_exit,
-                self.clock() - self._started_at,
+                Event(
+                    "discovery_exited",
+                    discovery_pid=self._last_pid,
+                    exit=self.last_exit,
+                    lived_s=round(self.clock() - self._started_at, 3),
+                )
             )
         elif not self._stopped:
             lived = self.clock() - self._started_at
@@ -406,12 +411,14 @@ class DiscoverySupervisor:
             delay = min(self.backoff_s * 2 ** (self._failures - 1), self.backoff_max_s)
             self._restart_at = self.clock() + delay
             self.log.error(
-                "cslb: discovery (pid %s) %s after %.1f s; restarting in %.2f s "
-                "(workers keep routing on the last published table)",
-                self._last_pid,
-                self.last_exit,
-                lived,
-                delay,
+                Event(
+                    "discovery_exited",
+                    discovery_pid=self._last_pid,
+                    exit=self.last_exit,
+                    lived_s=round(lived, 3),
+                    restart_in_s=round(delay, 3),
+                    note="workers keep routing on the last published table",
+                )
             )
         return False
 
@@ -446,7 +453,9 @@ class DiscoverySupervisor:
             self._failures += 1
             delay = min(self.backoff_s * 2 ** (self._failures - 1), self.backoff_max_s)
             self._restart_at = self.clock() + delay
-            self.log.error("cslb: cannot start discovery: %s; retrying in %.2f s", exc, delay)
+            self.log.error(
+                Event("discovery_start_failed", error=str(exc), retry_in_s=round(delay, 3))
+            )
             return False
         return True
 
@@ -502,15 +511,18 @@ class DiscoverySupervisor:
         pid = self._proc.pid
         if self.signal(signal.SIGTERM) and not self.wait(timeout):
             self.log.warning(
-                "cslb: discovery (pid %s) still running %.1f s after SIGTERM: SIGKILL",
-                pid,
-                timeout,
+                Event(
+                    "discovery_killed",
+                    discovery_pid=pid,
+                    why=f"still running {timeout:g} s after SIGTERM",
+                    signal="SIGKILL",
+                )
             )
             self.signal(signal.SIGKILL)
             self.wait(5.0)
         if self._proc is not None:  # signal failed: it is gone already
             self.wait(1.0)
-        self.log.info("cslb: discovery (pid %s) stopped: %s", pid, self.last_exit)
+        self.log.info(Event("discovery_stopped", discovery_pid=pid, exit=self.last_exit))
         return self.last_exit
 
     def detach_in_child(self) -> None:

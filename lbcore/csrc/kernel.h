@@ -20,7 +20,7 @@
 #endif
 
 /* The interface version lbcore.kernel expects (bump on any change of the Python API). */
-#define LB_ABI 1
+#define LB_ABI 2
 
 /* C11 memory-model operations through the compiler's __atomic builtins (the same
  * semantics as <stdatomic.h>, available in C99 mode). */
@@ -99,7 +99,8 @@ PyObject *lb_new_array(Py_ssize_t n, PyObject *dtype, Py_buffer *view);
 extern PyTypeObject LB_PlanType;
 PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                         PyObject *kwnames);
-PyObject *lb_plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *lb_plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames);
 PyObject *lb_plan_answers(PyObject *self, PyObject *unused);
 PyObject *lb_plan_counter_slots(PyObject *self, PyObject *idx);
 

@@ -82,7 +82,36 @@ static void plan_dealloc(LBPlan *self)
                         &self->saturated_v, &self->slots_v, &self->guard_v};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         release(all[i]);
+    PyMem_Free(self->state);
+    for (int i = 0; i < LB_OUT_CACHE; i++)
+        Py_CLEAR(self->out_cache[i]);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The ST_* byte of every (view, endpoint): two loads tell the routing loop that a key
+ * keeps its first endpoint or takes the next node's, so only the others take the walk
+ * (route.c). Views with fewer than two candidates answer no key that way: their rule is
+ * not the walk. */
+static int build_state(LBPlan *self)
+{
+    Py_ssize_t cells = self->views * self->n;
+    self->state = (uint8_t *)PyMem_Malloc(cells ? (size_t)cells : 1);
+    if (self->state == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t v = 0; v < self->views; v++) {
+        int walks = self->listed_count[v] >= 2 && self->eligible_count[v] >= 1;
+        /* The walk past an endpoint over the bar may take a second one. */
+        int second = self->bounded && self->max_hops != 1 && self->eligible_count[v] >= 2;
+        for (Py_ssize_t e = v * self->n; e < (v + 1) * self->n; e++) {
+            int eligible = self->eligible[e] != 0;
+            int keep = walks && eligible && (!self->bounded || self->good[e] != 0);
+            int next = walks && !keep && (!eligible || second);
+            self->state[e] = (uint8_t)(eligible * ST_ELIGIBLE + keep * ST_KEEP + next * ST_NEXT);
+        }
+    }
+    return 0;
 }
 
 static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
@@ -98,7 +127,7 @@ static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
     int bounded, choice, gate, closed;
     unsigned long long choice_salt, gate_salt, gate_threshold;
     long long n_slots;
-    if (self->hashes_v.obj != NULL) {
+    if (self->hashes_v.obj != NULL || self->slots_v.obj != NULL) {
         PyErr_SetString(PyExc_TypeError, "a plan is built once");
         return -1;
     }
@@ -208,14 +237,17 @@ static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_ValueError, "plan: more fade thresholds than views");
         return -1;
     }
-    return 0;
+    return build_state(self);
 }
 
 static PyMethodDef plan_methods[] = {
     {"route", (PyCFunction)(void (*)(void))lb_plan_route, METH_FASTCALL | METH_KEYWORDS,
-     "route(keys, kind, attempt) -> (indices, fallbacks, moves, valid)"},
-    {"route_hashes", (PyCFunction)(void (*)(void))lb_plan_route_hashes, METH_FASTCALL,
-     "route_hashes(hashes, attempt) -> (indices, fallbacks, moves, valid)"},
+     "route($self, keys, attempt=0)\n--\n\n"
+     "Route a batch: (indices, fallbacks, moves, valid); see lbcore.Plan.route."},
+    {"route_hashes", (PyCFunction)(void (*)(void))lb_plan_route_hashes,
+     METH_FASTCALL | METH_KEYWORDS,
+     "route_hashes($self, hashes, attempt=0)\n--\n\n"
+     "Route precomputed uint64 key hashes: (indices, fallbacks, moves, valid)."},
     {"answers", (PyCFunction)lb_plan_answers, METH_NOARGS,
      "answers() -> (answer, plain): int32 arrays of views x ring positions, attempt 0"},
     {"counter_slots", (PyCFunction)lb_plan_counter_slots, METH_O,

@@ -6,6 +6,15 @@
 
 enum { CHOICE_FIXED = 0, CHOICE_NRING = 1, CHOICE_SKIPPER = 2 };
 enum { GATE_ALL = 0, GATE_NONE = 1, GATE_PARTIAL = 2 };
+/* Per (view, endpoint). ST_ELIGIBLE: the walk may stop there. In a view with two
+ * candidates or more (else neither is set), for a key at attempt 0 whose first endpoint
+ * it is: ST_KEEP, the key keeps it (eligible and under the bar, or just eligible without
+ * bounded load); ST_NEXT, the key gets the next node's endpoint if that one has ST_KEEP
+ * (the skip rule steps over this one, or the walk past it may take a second endpoint). */
+enum { ST_ELIGIBLE = 1, ST_KEEP = 2, ST_NEXT = 4 };
+/* Output arrays a plan keeps for reuse (see route.c), and the longest one kept. */
+#define LB_OUT_CACHE 4
+#define LB_OUT_CACHE_MAX 65536
 
 typedef struct {
     PyObject_HEAD
@@ -27,6 +36,7 @@ typedef struct {
     const int64_t *eligible_count;  /* per view: endpoints the walk may stop at */
     const int32_t *single;          /* per view: the one candidate, or -1 */
     const double *loads;            /* n: for the least loaded endpoint a capped walk saw */
+    uint8_t *state;                 /* views x n: ST_* bits (plan-owned, PyMem) */
     int bounded;
     Py_ssize_t max_hops;            /* 0: Skipper's full lap */
     /* Which view a key uses. */
@@ -52,6 +62,29 @@ typedef struct {
     int has_guard;
     int closed;                     /* every key is fallback */
     Py_ssize_t max_key_bytes;
+    /* Index arrays returned earlier, reused once nothing else refers to them. */
+    PyObject *out_cache[LB_OUT_CACHE];
+    unsigned out_next;
 } LBPlan;
+
+/* ---- route.c: the rules, on buffers only (callable without the GIL) --------------- */
+
+/* Batches at least this long are routed without the GIL (arrays are hashed without it
+ * too). */
+#define LB_NOGIL_MIN 8192
+
+typedef struct {
+    Py_ssize_t fallbacks, moves;
+    int bad; /* 1: a table entry out of range; 2: out of memory */
+} lb_counts;
+
+/* Routes hashes h[0..n) into out, adding to *c. */
+void lb_route_hashes(const LBPlan *p, const uint64_t *h, Py_ssize_t n, int32_t *out,
+                     Py_ssize_t attempt, lb_counts *c);
+/* The attempt-0 answer and plain answer of every (view, position), views x size each. */
+void lb_answer_all(const LBPlan *p, int32_t *answer, int32_t *plain, int *bad);
+/* After routing: whether the sequence check still holds (acquire: the table reads
+ * before it happen before it). */
+int lb_still_valid(const LBPlan *p);
 
 #endif

@@ -1,4 +1,5 @@
-/* Routing a batch on a plan: hash, position, view, gate, answer, counts.
+/* Routing hashes on a plan: position, view, gate, answer, counts (no Python object is
+ * touched here: methods.c is the Python side).
  *
  * The rules are lbcore's NumPy reference (lbcore/numpy_kernel.py), key for key:
  *
@@ -11,9 +12,10 @@
  *   with a hop cap, the least loaded of the distinct endpoints visited), and for a
  *   retry (attempt a) the next distinct endpoint, never one of earlier attempts.
  *
- * Large batches run in two passes per block of keys (positions with the bucket loads
- * prefetched a few keys ahead, then answers with the owner loads prefetched), so the
- * memory latency of one key overlaps the work of the next.
+ * Keys go through in blocks, each in stages (route_block) so that the table loads of
+ * a block's keys are in flight together rather than one key's chain after another's;
+ * a key whose first endpoint is under the bar, or whose next one is (ST_KEEP and
+ * ST_NEXT, plan.h), is answered at once, and only the others walk.
  */
 #include "plan.h"
 
@@ -21,8 +23,6 @@
 #include <string.h>
 
 #define BLK 256          /* keys per block: scratch stays on the stack */
-#define AHEAD 8          /* prefetch distance, in keys */
-#define NOGIL_MIN 8192   /* batches at least this long route without the GIL */
 
 /* Per-call scratch of the distinct walks: a stamp per endpoint, no clearing per key. */
 typedef struct {
@@ -69,10 +69,10 @@ static inline int32_t owner_at(const LBPlan *p, Py_ssize_t q, int *bad)
 
 static inline Py_ssize_t next_pos(const LBPlan *p, Py_ssize_t q) { return q + 1 == p->size ? 0 : q + 1; }
 
-/* Ring position of hash h: the first node with hash >= h, wrapped to 0 past the end. */
-static inline Py_ssize_t position(const LBPlan *p, uint64_t h, int *bad)
+/* Ring position of hash h, whose bucket-table entry is e: the first node with hash
+ * >= h, wrapped to 0 past the end. */
+static inline Py_ssize_t position(const LBPlan *p, int32_t e, uint64_t h, int *bad)
 {
-    int32_t e = LOAD_RELAXED(&p->buckets[h >> p->shift]);
     Py_ssize_t size = p->size;
     if (LIKELY(e >= 0)) { /* no node in the bucket: its answer is stored */
         if (UNLIKELY(e >= size)) {
@@ -123,9 +123,10 @@ static inline Py_ssize_t view_of(const LBPlan *p, uint64_t h)
 
 /* The walk over distinct endpoints from position s: the first under the bar, else the
  * least loaded of the first `width` distinct ones visited (-1: none visited). With
- * `exclude`, endpoints marked excluded are stepped over and not counted. */
-static int32_t walk_distinct(const LBPlan *p, const uint8_t *E, const uint8_t *G, Py_ssize_t s,
-                             int64_t width, walk_scratch *ws, int exclude, int *bad)
+ * `exclude`, endpoints marked excluded are stepped over and not counted. S is the
+ * view's row of ST_* bytes (ST_KEEP: under the bar). */
+static int32_t walk_distinct(const LBPlan *p, const uint8_t *S, Py_ssize_t s, int64_t width,
+                             walk_scratch *ws, int exclude, int *bad)
 {
     if (!scratch_ready(ws)) {
         *bad = 2;
@@ -141,9 +142,9 @@ static int32_t walk_distinct(const LBPlan *p, const uint8_t *E, const uint8_t *G
         if (step)
             q = next_pos(p, q);
         int32_t f = owner_at(p, q, bad);
-        if (!E[f] || ws->seen[f] == stamp || (exclude && ws->excluded[f] == ex))
+        if (!(S[f] & ST_ELIGIBLE) || ws->seen[f] == stamp || (exclude && ws->excluded[f] == ex))
             continue;
-        if (G[f])
+        if (S[f] & ST_KEEP)
             return f;
         if (p->loads[f] < best_load) { /* strictly: the first seen among equals */
             best = f;
@@ -156,8 +157,29 @@ static int32_t walk_distinct(const LBPlan *p, const uint8_t *E, const uint8_t *G
     return best;
 }
 
+/* walk_distinct without exclusions, usually without its bookkeeping: an endpoint under
+ * the bar met within the first `width` eligible positions is within the first `width`
+ * distinct endpoints as well, so it is the walk's answer; only a key that meets
+ * `width` eligible positions over the bar first needs the count of distinct ones. */
+static int32_t walk_first(const LBPlan *p, const uint8_t *S, Py_ssize_t s, int64_t width,
+                          walk_scratch *ws, int *bad)
+{
+    int64_t left = width;
+    Py_ssize_t q = s;
+    for (Py_ssize_t step = 0; step < p->size; step++) {
+        int32_t f = owner_at(p, q, bad);
+        uint8_t st = S[f];
+        if (st & ST_KEEP)
+            return f;
+        if ((st & ST_ELIGIBLE) && --left == 0)
+            break;
+        q = next_pos(p, q);
+    }
+    return walk_distinct(p, S, s, width, ws, 0, bad);
+}
+
 /* From position s, the attempt-th next distinct eligible endpoint (plain retries). */
-static int32_t advance_distinct(const LBPlan *p, const uint8_t *E, Py_ssize_t s, Py_ssize_t attempt,
+static int32_t advance_distinct(const LBPlan *p, const uint8_t *S, Py_ssize_t s, Py_ssize_t attempt,
                                 walk_scratch *ws, int *bad)
 {
     if (!scratch_ready(ws)) {
@@ -170,7 +192,7 @@ static int32_t advance_distinct(const LBPlan *p, const uint8_t *E, Py_ssize_t s,
     for (Py_ssize_t step = 0; step < p->size; step++) {
         q = next_pos(p, q);
         int32_t f = owner_at(p, q, bad);
-        if (E[f] && ws->seen[f] != stamp) {
+        if ((S[f] & ST_ELIGIBLE) && ws->seen[f] != stamp) {
             ws->seen[f] = stamp;
             if (++found > attempt)
                 return f;
@@ -179,10 +201,10 @@ static int32_t advance_distinct(const LBPlan *p, const uint8_t *E, Py_ssize_t s,
     return owner_at(p, q, bad);
 }
 
-/* The answer for a key at ring position q0 in view v; *plain gets the answer without
- * bounded load (for counting moves). */
-static int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t attempt,
-                      walk_scratch *ws, int32_t *plain, int *bad)
+/* answer() for every key that does not keep its first endpoint e (at position q0). */
+static int32_t __attribute__((noinline))
+answer_walk(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, int32_t e, Py_ssize_t attempt,
+            walk_scratch *ws, int32_t *plain, int *bad)
 {
     int64_t listed = p->listed_count[v], eligible = p->eligible_count[v];
     if (listed == 0 || attempt >= eligible) {
@@ -193,11 +215,10 @@ static int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t a
         *plain = p->single[v];
         return p->single[v];
     }
-    const uint8_t *E = p->eligible + v * p->n;
+    const uint8_t *S = p->state + v * p->n;
     /* Skipper's skip rule: the walk starts on an endpoint the view holds. */
     Py_ssize_t s = q0, steps = 0;
-    int32_t e = owner_at(p, s, bad);
-    while (!E[e]) {
+    while (!(S[e] & ST_ELIGIBLE)) {
         if (++steps >= p->size) { /* the ring holds none of them: damaged */
             *bad = 1;
             *plain = -1;
@@ -206,17 +227,16 @@ static int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t a
         s = next_pos(p, s);
         e = owner_at(p, s, bad);
     }
-    *plain = attempt == 0 ? e : advance_distinct(p, E, s, attempt, ws, bad);
+    *plain = attempt == 0 ? e : advance_distinct(p, S, s, attempt, ws, bad);
     if (!p->bounded)
         return *plain;
-    const uint8_t *G = p->good + v * p->n;
     int64_t width = p->max_hops ? p->max_hops : p->size;
     if (width > eligible)
         width = eligible;
     if (width < 1)
         width = 1;
     int32_t chosen;
-    if (G[e]) {
+    if (S[e] & ST_KEEP) {
         chosen = e;
     } else if (p->max_hops == 0) {
         /* Skipper's walk: the first endpoint under the bar within one lap, else stay. */
@@ -225,13 +245,13 @@ static int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t a
         for (Py_ssize_t step = 1; step < p->size; step++) {
             q = next_pos(p, q);
             int32_t f = owner_at(p, q, bad);
-            if (G[f]) {
+            if (S[f] & ST_KEEP) {
                 chosen = f;
                 break;
             }
         }
     } else {
-        chosen = walk_distinct(p, E, G, s, width, ws, 0, bad);
+        chosen = walk_first(p, S, s, width, ws, bad);
     }
     if (attempt == 0)
         return chosen;
@@ -243,19 +263,79 @@ static int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t a
     for (Py_ssize_t a = 1; a <= attempt; a++) {
         if (chosen >= 0)
             ws->excluded[chosen] = ex;
-        chosen = walk_distinct(p, E, G, s, width, ws, 1, bad);
+        chosen = walk_distinct(p, S, s, width, ws, 1, bad);
     }
     return chosen;
 }
 
-typedef struct {
-    Py_ssize_t fallbacks, moves;
-    int bad; /* 1: a table entry out of range; 2: out of memory */
-} counts;
+/* The answer for a key at ring position q0 in view v; *plain gets the answer without
+ * bounded load (for counting moves). Most keys keep the endpoint at their position or
+ * take the next node's: the two state bytes say which, selected without a branch (a
+ * mispredicted one per key over the bar cost more than the walk), and only the rest
+ * walk. */
+static inline int32_t answer(const LBPlan *p, Py_ssize_t v, Py_ssize_t q0, Py_ssize_t attempt,
+                             walk_scratch *ws, int32_t *plain, int *bad)
+{
+    const uint8_t *S = p->state + v * p->n;
+    int32_t e = owner_at(p, q0, bad), e1 = owner_at(p, next_pos(p, q0), bad);
+    unsigned s0 = S[e], s1 = S[e1];
+    /* (Bit arithmetic, not && and ||: those compile to branches.) */
+    unsigned first = (s0 / ST_KEEP) & 1, second = (s0 / ST_NEXT) & (s1 / ST_KEEP) & 1;
+    int32_t r = first ? e : e1, pl = s0 & ST_ELIGIBLE ? e : e1;
+    if (LIKELY(attempt == 0 && (first | second))) {
+        *plain = pl;
+        return r;
+    }
+    return answer_walk(p, v, q0, e, attempt, ws, plain, bad);
+}
 
-/* Routes hashes h[0..n) into out: no Python object is touched (runs without the GIL). */
-static void route_hashes(const LBPlan *p, const uint64_t *h, Py_ssize_t n, int32_t *out,
-                         Py_ssize_t attempt, counts *c)
+/* Routes a block of m <= BLK hashes. Its table loads are issued together, a stage at a
+ * time, so their latencies overlap: the bucket entries, then the node hashes of
+ * one-node buckets and the owners, then the answers. */
+static void route_block(const LBPlan *p, const uint64_t *h, Py_ssize_t m, int32_t *out,
+                        Py_ssize_t attempt, walk_scratch *ws, lb_counts *c)
+{
+    int32_t entry[BLK];
+    const int shift = p->shift;
+    const Py_ssize_t size = p->size;
+    for (Py_ssize_t i = 0; i < m; i++)
+        PREFETCH(&p->buckets[h[i] >> shift]);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int32_t e = LOAD_RELAXED(&p->buckets[h[i] >> shift]);
+        entry[i] = e;
+        Py_ssize_t q = e >= 0 ? e : -(Py_ssize_t)e - 2;
+        if (q >= 0 && q < size) { /* (hints only: checked again where they are used) */
+            PREFETCH(&p->owners[q]);
+            if (e < 0)
+                PREFETCH(&p->hashes[q]);
+        }
+    }
+    /* Counts and the damage flag in locals: stores through c could alias the plan's
+     * fields, which the loop would then reload for every key. */
+    Py_ssize_t fallbacks = 0, moves = 0;
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint64_t k = h[i];
+        if (p->gate == GATE_PARTIAL && !(lb_mix64(k, p->gate_salt) < p->gate_threshold)) {
+            out[i] = -1;
+            fallbacks++;
+            continue;
+        }
+        int32_t plain;
+        Py_ssize_t q = position(p, entry[i], k, &bad);
+        int32_t r = answer(p, view_of(p, k), q, attempt, ws, &plain, &bad);
+        out[i] = r;
+        fallbacks += r < 0;
+        moves += r >= 0 && r != plain;
+    }
+    c->fallbacks += fallbacks;
+    c->moves += moves;
+    if (bad > c->bad)
+        c->bad = bad;
+}
+
+void lb_route_hashes(const LBPlan *p, const uint64_t *h, Py_ssize_t n, int32_t *out,
+                         Py_ssize_t attempt, lb_counts *c)
 {
     if (p->closed) {
         for (Py_ssize_t i = 0; i < n; i++)
@@ -266,38 +346,12 @@ static void route_hashes(const LBPlan *p, const uint64_t *h, Py_ssize_t n, int32
     walk_scratch ws;
     memset(&ws, 0, sizeof ws);
     ws.n = p->n;
-    Py_ssize_t pos[BLK];
-    for (Py_ssize_t base = 0; base < n; base += BLK) {
-        Py_ssize_t m = n - base < BLK ? n - base : BLK;
-        const uint64_t *hb = h + base;
-        for (Py_ssize_t i = 0; i < m; i++) {
-            if (i + AHEAD < m)
-                PREFETCH(&p->buckets[hb[i + AHEAD] >> p->shift]);
-            pos[i] = position(p, hb[i], &c->bad);
-        }
-        for (Py_ssize_t i = 0; i < m; i++) {
-            if (i + AHEAD < m)
-                PREFETCH(&p->owners[pos[i + AHEAD]]);
-            uint64_t k = hb[i];
-            if (p->gate == GATE_PARTIAL && !(lb_mix64(k, p->gate_salt) < p->gate_threshold)) {
-                out[base + i] = -1;
-                c->fallbacks++;
-                continue;
-            }
-            int32_t plain;
-            int32_t r = answer(p, view_of(p, k), pos[i], attempt, &ws, &plain, &c->bad);
-            out[base + i] = r;
-            if (r < 0)
-                c->fallbacks++;
-            else if (r != plain)
-                c->moves++;
-        }
-    }
+    for (Py_ssize_t base = 0; base < n; base += BLK)
+        route_block(p, h + base, n - base < BLK ? n - base : BLK, out + base, attempt, &ws, c);
     PyMem_RawFree(ws.seen);
 }
 
-/* After routing: the sequence check (acquire: our reads of the table happen before it). */
-static int still_valid(const LBPlan *p)
+int lb_still_valid(const LBPlan *p)
 {
     if (!p->has_guard)
         return 1;
@@ -305,234 +359,13 @@ static int still_valid(const LBPlan *p)
     return LOAD_RELAXED(&p->guard_words[p->guard_index]) == p->guard_expected;
 }
 
-static int parse_attempt(PyObject *o, Py_ssize_t *attempt)
+void lb_answer_all(const LBPlan *p, int32_t *answer_out, int32_t *plain, int *bad)
 {
-    *attempt = PyLong_AsSsize_t(o);
-    if (*attempt == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return -1;
-        PyErr_Clear();
-        *attempt = PY_SSIZE_T_MAX; /* beyond every endpoint count: fallback */
-    }
-    if (*attempt < 0) {
-        PyErr_SetString(PyExc_ValueError, "attempt must be >= 0");
-        return -1;
-    }
-    return 0;
-}
-
-static PyObject *finish(const LBPlan *p, PyObject *arr, const counts *c)
-{
-    int valid = still_valid(p);
-    if (c->bad == 2) {
-        Py_DECREF(arr);
-        return PyErr_NoMemory();
-    }
-    if (c->bad && valid) {
-        Py_DECREF(arr);
-        PyErr_SetString(LB.table_error,
-                        "ring table holds an entry out of range (damaged, or rewritten while "
-                        "it was read)");
-        return NULL;
-    }
-    return Py_BuildValue("(NnnN)", arr, c->fallbacks, c->moves, PyBool_FromLong(valid));
-}
-
-/* Plan.route(keys, kind, attempt): kind None for a list/tuple, else (kind, itemsize). */
-PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
-{
-    const LBPlan *p = (const LBPlan *)self;
-    if (nargs != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
-        PyErr_SetString(PyExc_TypeError, "route(keys, kind, attempt)");
-        return NULL;
-    }
-    Py_ssize_t attempt;
-    if (parse_attempt(args[2], &attempt) < 0)
-        return NULL;
-    lb_keys k;
-    if (lb_keys_open(&k, args[0], args[1], p->max_key_bytes) < 0)
-        return NULL;
-    Py_ssize_t n = k.n;
-    Py_buffer ov;
-    PyObject *arr = lb_new_array(n, LB.dtype_i32, &ov);
-    if (arr == NULL) {
-        lb_keys_close(&k);
-        return NULL;
-    }
-    uint64_t stack[BLK];
-    uint64_t *h = n <= BLK ? stack : (uint64_t *)PyMem_RawMalloc((size_t)n * sizeof(uint64_t));
-    counts c = {0, 0, 0};
-    int rc;
-    if (h == NULL) {
-        PyErr_NoMemory();
-        rc = -2;
-    } else if (lb_keys_nogil_ok(&k) && n >= NOGIL_MIN) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = lb_hash_keys(&k, h);
-        if (rc == 0)
-            route_hashes(p, h, n, (int32_t *)ov.buf, attempt, &c);
-        Py_END_ALLOW_THREADS
-    } else {
-        rc = lb_hash_keys(&k, h);
-        if (rc == 0) {
-            if (n >= NOGIL_MIN) {
-                Py_BEGIN_ALLOW_THREADS
-                route_hashes(p, h, n, (int32_t *)ov.buf, attempt, &c);
-                Py_END_ALLOW_THREADS
-            } else {
-                route_hashes(p, h, n, (int32_t *)ov.buf, attempt, &c);
-            }
-        }
-    }
-    if (rc == -1)
-        lb_keys_raise(&k);
-    if (h != stack)
-        PyMem_RawFree(h);
-    lb_keys_close(&k);
-    PyBuffer_Release(&ov);
-    if (rc < 0) {
-        Py_DECREF(arr);
-        return NULL;
-    }
-    return finish(p, arr, &c);
-}
-
-/* Plan.route_hashes(hashes, attempt): precomputed uint64 key hashes. */
-PyObject *lb_plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    const LBPlan *p = (const LBPlan *)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "route_hashes(hashes, attempt)");
-        return NULL;
-    }
-    Py_ssize_t attempt;
-    if (parse_attempt(args[1], &attempt) < 0)
-        return NULL;
-    Py_buffer hv;
-    if (PyObject_GetBuffer(args[0], &hv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        return NULL;
-    if (hv.itemsize != 8 || hv.len % 8) {
-        PyBuffer_Release(&hv);
-        PyErr_SetString(PyExc_ValueError, "hashes must be a contiguous uint64 array");
-        return NULL;
-    }
-    Py_ssize_t n = hv.len / 8;
-    Py_buffer ov;
-    PyObject *arr = lb_new_array(n, LB.dtype_i32, &ov);
-    if (arr == NULL) {
-        PyBuffer_Release(&hv);
-        return NULL;
-    }
-    counts c = {0, 0, 0};
-    if (n >= NOGIL_MIN) {
-        Py_BEGIN_ALLOW_THREADS
-        route_hashes(p, (const uint64_t *)hv.buf, n, (int32_t *)ov.buf, attempt, &c);
-        Py_END_ALLOW_THREADS
-    } else {
-        route_hashes(p, (const uint64_t *)hv.buf, n, (int32_t *)ov.buf, attempt, &c);
-    }
-    PyBuffer_Release(&hv);
-    PyBuffer_Release(&ov);
-    return finish(p, arr, &c);
-}
-
-/* Plan.answers(): the attempt-0 answer and the plain answer for every (view, position). */
-PyObject *lb_plan_answers(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    const LBPlan *p = (const LBPlan *)self;
-    Py_ssize_t cells = p->closed ? 0 : p->views * p->size;
-    Py_buffer av, pv;
-    PyObject *answer_arr = lb_new_array(cells, LB.dtype_i32, &av);
-    if (answer_arr == NULL)
-        return NULL;
-    PyObject *plain_arr = lb_new_array(cells, LB.dtype_i32, &pv);
-    if (plain_arr == NULL) {
-        PyBuffer_Release(&av);
-        Py_DECREF(answer_arr);
-        return NULL;
-    }
-    int32_t *a = (int32_t *)av.buf, *pl = (int32_t *)pv.buf;
     walk_scratch ws;
     memset(&ws, 0, sizeof ws);
     ws.n = p->n;
-    int bad = 0;
-    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t v = 0; v < (p->closed ? 0 : p->views); v++)
         for (Py_ssize_t q = 0; q < p->size; q++)
-            a[v * p->size + q] = answer(p, v, q, 0, &ws, &pl[v * p->size + q], &bad);
-    Py_END_ALLOW_THREADS
+            answer_out[v * p->size + q] = answer(p, v, q, 0, &ws, &plain[v * p->size + q], bad);
     PyMem_RawFree(ws.seen);
-    PyBuffer_Release(&av);
-    PyBuffer_Release(&pv);
-    if (bad == 2 || (bad && still_valid(p))) {
-        Py_DECREF(answer_arr);
-        Py_DECREF(plain_arr);
-        if (bad == 2)
-            return PyErr_NoMemory();
-        PyErr_SetString(LB.table_error, "ring table holds an entry out of range");
-        return NULL;
-    }
-    return Py_BuildValue("(NN)", answer_arr, plain_arr);
-}
-
-/* Plan.counter_slots(indices): the counter slot of each routed call (index >= 0) and,
- * if some calls are fallback (-1), the positions of the routed ones. */
-PyObject *lb_plan_counter_slots(PyObject *self, PyObject *idx)
-{
-    const LBPlan *p = (const LBPlan *)self;
-    Py_buffer iv;
-    if (PyObject_GetBuffer(idx, &iv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        return NULL;
-    const char *f = iv.format == NULL ? "B" : iv.format;
-    if (*f == '=' || *f == '<' || *f == '@')
-        f++;
-    if (iv.itemsize != 4 || strcmp(f, "i") != 0) {
-        PyBuffer_Release(&iv);
-        PyErr_SetString(LB.argument_error, "indices must be a contiguous int32 array");
-        return NULL;
-    }
-    const int32_t *in = (const int32_t *)iv.buf;
-    Py_ssize_t n = iv.len / 4, routed = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (in[i] < -1 || in[i] >= p->n) {
-            PyErr_Format(LB.argument_error, "endpoint index %d at position %zd is not in -1..%zd",
-                         in[i], i, p->n - 1);
-            PyBuffer_Release(&iv);
-            return NULL;
-        }
-        routed += in[i] >= 0;
-    }
-    Py_buffer sv, qv;
-    PyObject *slots = lb_new_array(routed, LB.dtype_intp, &sv);
-    if (slots == NULL) {
-        PyBuffer_Release(&iv);
-        return NULL;
-    }
-    PyObject *where = Py_None;
-    Py_INCREF(where);
-    if (routed != n) {
-        Py_DECREF(where);
-        where = lb_new_array(routed, LB.dtype_intp, &qv);
-        if (where == NULL) {
-            PyBuffer_Release(&sv);
-            Py_DECREF(slots);
-            PyBuffer_Release(&iv);
-            return NULL;
-        }
-    }
-    int64_t *s = (int64_t *)sv.buf;
-    for (Py_ssize_t i = 0, j = 0; i < n; i++) {
-        if (in[i] < 0)
-            continue;
-        s[j] = p->slots[in[i]];
-        if (where != Py_None)
-            ((int64_t *)qv.buf)[j] = i;
-        j++;
-    }
-    if (where != Py_None)
-        PyBuffer_Release(&qv);
-    PyBuffer_Release(&sv);
-    PyBuffer_Release(&iv);
-    return Py_BuildValue("(NN)", slots, where);
 }

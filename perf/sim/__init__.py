@@ -9,7 +9,7 @@ Modules: :mod:`~perf.sim.workload` (catalogue, batches), :mod:`~perf.sim.cache`
 (tick-resolution LRU), :mod:`~perf.sim.pods` (FIFO multi-slot pods),
 :mod:`~perf.sim.routing` (lbcore routers), :mod:`~perf.sim.model` (the simulation),
 :mod:`~perf.sim.scenarios`, :mod:`~perf.sim.report`, :mod:`~perf.sim.plot`,
-:mod:`~perf.sim.cli`.
+:mod:`~perf.sim.options` (what `cslb simulate`, parsed by :mod:`cslb.simulate_cmd`, runs).
 """
 
 from perf.sim.model import ScaleDown, ScaleUp, SimConfig, SimResult, SlowPod, run

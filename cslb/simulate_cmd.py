@@ -1,4 +1,4 @@
-"""``cslb simulate``: run a scenario and print, dump or plot what it measured."""
+"""``cslb simulate``: the command line of :func:`perf.sim.options.run_scenario`."""
 
 from __future__ import annotations
 
@@ -8,45 +8,14 @@ import os
 import pathlib
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from lbcore.bounded import check_balance_factor
 from lbcore.errors import BalanceFactorError
-from perf.sim.model import BAR_INCREMENTS, SIGNALS, SimConfig, SimConfigError
-from perf.sim.progress import ProgressBar
-from perf.sim.report import to_json, to_text
-from perf.sim.scenarios import SCENARIOS, ScenarioResult
 
-__all__ = ["build_parser", "main"]
-
-# Per scenario: default pods, calls/s per starting pod, simulated seconds.
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "scale-up": {"pods": 50, "rate_per_pod": 700.0, "seconds": 120.0},
-    "load-signal": {
-        "pods": 100,
-        "rate_per_pod": 350.0,
-        "seconds": 30.0,
-        "clients": 32,
-        "pod_speed_sigma": 0.2,
-    },
-    "slow-pod": {"pods": 20, "rate_per_pod": 350.0, "seconds": 80.0},
-}
-# Options that only some scenarios use.
-_ONLY = {
-    "add": ("scale-up",),
-    "fade_s": ("scale-up",),
-    "exponent": ("scale-up",),
-    "ready_spread_s": ("scale-up",),
-    "slo_ms": ("load-signal",),
-    "no_search": ("load-signal",),
-    "in_flight_balance_factor": ("load-signal",),
-    "signal": ("scale-up", "slow-pod"),
-}
-_MAX_BATCH = SimConfig().max_batch
+__all__ = ["build_parser", "main", "options"]
 
 
-# --------------------------------------------------------------------------------------
 # Option types: each says what it expected; argparse names the flag.
 
 
@@ -90,6 +59,10 @@ def _balance_factor(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``cslb simulate``."""
+    from perf.sim.model import BAR_INCREMENTS, SIGNALS
+    from perf.sim.options import MAX_BATCH
+    from perf.sim.scenarios import SCENARIOS
+
     p = argparse.ArgumentParser(
         prog="cslb simulate",
         description=(
@@ -153,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--catalogue",
-        type=_integer(_MAX_BATCH, why=f" (batches carry up to {_MAX_BATCH} distinct IDs)"),
+        type=_integer(MAX_BATCH, why=f" (batches carry up to {MAX_BATCH} distinct IDs)"),
         help="number of product IDs (1,000,000)",
     )
     p.add_argument("--cache-size", type=_integer(1), help="products per pod cache (2,000)")
@@ -201,10 +174,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """The scenario options of parsed arguments (what :mod:`perf.sim.options` reads)."""
+    out = vars(args).copy()
+    for name in ("scenario", "json", "plot", "progress"):
+        out.pop(name, None)
+    return out
+
+
 def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Reject options that do not apply to the scenario (argparse checked each value)."""
+    from perf.sim.options import ONLY
+
     defaults = vars(parser.parse_args(["--scenario", args.scenario]))
-    for name, scenarios in _ONLY.items():
+    for name, scenarios in ONLY.items():
         if args.scenario not in scenarios and getattr(args, name) != defaults[name]:
             flag = "--" + name.replace("_", "-")
             parser.error(
@@ -234,81 +217,26 @@ def _plot_dir(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         parser.error(f"--plot {args.plot}: the directory is not writable")
 
 
-def _config(args: argparse.Namespace) -> SimConfig:
-    d = _DEFAULTS[args.scenario]
-    cfg = SimConfig(
-        **{**d, "pods": args.pods or d["pods"], "seconds": args.seconds or d["seconds"]},
-        seed=args.seed,
-    )
-    changes: dict[str, Any] = {}
-    for name, field in (
-        ("rate", "rate"),
-        ("zipf", "zipf"),
-        ("catalogue", "catalogue"),
-        ("cache_size", "cache_size"),
-        ("concurrency", "concurrency"),
-        ("clients", "clients"),
-        ("pod_speed_sigma", "pod_speed_sigma"),
-        ("bar_increment", "bar_increment"),
-        ("fade_s", "fade_s"),
-        ("exponent", "fade_exponent"),
-    ):
-        v = getattr(args, name)
-        if v is not None:
-            changes[field] = v
-    if args.scenario == "scale-up":
-        if args.balance_factor is not None:
-            changes["balance_factor"] = args.balance_factor
-        if args.signal is not None:
-            changes["signal"] = args.signal
-    return replace(cfg, **changes).validate()
-
-
-def run_scenario(args: argparse.Namespace, progress: ProgressBar | None) -> ScenarioResult:
-    """Run the scenario ``args`` ask for (see :func:`build_parser`).
-
-    Raises
-    ------
-    SimConfigError
-        If the settings make no valid run.
-    """
-    cfg = _config(args)
-    fn = SCENARIOS[args.scenario]
-    if args.scenario == "scale-up":
-        kw: dict[str, Any] = {}
-        if args.add is not None:
-            kw["add"] = args.add
-        if args.ready_spread_s is not None:
-            kw["ready_spread_s"] = args.ready_spread_s
-        return fn(cfg, progress=progress, **kw)
-    if args.scenario == "load-signal":
-        kw = {"slo_p99_ms": None if args.no_search else args.slo_ms}
-        if args.balance_factor is not None:
-            kw["occupancy_factors"] = (args.balance_factor,)
-        if args.in_flight_balance_factor is not None:
-            kw["in_flight_factor"] = args.in_flight_balance_factor
-        return fn(cfg, progress=progress, **kw)
-    kw = {"balance_factor": args.balance_factor or 1.25}
-    if args.signal is not None:
-        kw["signals"] = (None, args.signal)
-    return fn(cfg, progress=progress, **kw)
-
-
 def main(argv: list[str]) -> int:
     """Run ``cslb simulate``; returns the exit status (argparse exits 2 on bad options)."""
+    from perf.sim.model import SimConfigError
+    from perf.sim.options import config, run_scenario
     from perf.sim.plot import PlotUnavailableError, plot
+    from perf.sim.progress import ProgressBar
+    from perf.sim.report import to_json, to_text
 
     parser = build_parser()
     args = parser.parse_args(argv)
     _check(args, parser)
+    opts = options(args)
     try:
         if args.plot:
             _plot_dir(args, parser)
-        _config(args)  # settings errors before the bar appears
+        config(args.scenario, opts)  # settings errors before the bar appears
         show = sys.stderr.isatty() if args.progress is None else args.progress
         bar = ProgressBar() if show else None
         try:
-            result = run_scenario(args, bar)
+            result = run_scenario(args.scenario, opts, bar)
         finally:
             if bar is not None:
                 bar.close()
