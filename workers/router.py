@@ -63,8 +63,16 @@ from workers.failurelog import FailureLog
 from workers.fanout_settings import FAILURE_LOG_RATE
 from workers.ledger import CallLedger
 from workers.recording import Recording
+from workers.rows import COUNTER_ROW_ENV, CounterRow, WarnOnce, row_from_env
 from workers.snapshot import RETRY_S, Follower, Snapshot, empty_table
-from workers.tracker import RouterError, RouterInputError, RouterStateError, Tracker
+from workers.tracker import (
+    RouterError,
+    RouterInputError,
+    RouterStateError,
+    Tracker,
+    check_indices,
+    table_slots,
+)
 
 __all__ = [
     "COUNTER_ROW_ENV",
@@ -79,9 +87,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("cslb.router")
-
-#: Environment variable through which the gunicorn master hands a worker its reserved row.
-COUNTER_ROW_ENV = "CSLB_COUNTER_ROW"
 
 #: How often the worker re-reads the host's loads (seconds).
 LOAD_REFRESH = Knob(
@@ -100,21 +105,6 @@ LOAD_REFRESH = Knob(
 ROUTER_KNOBS: tuple[Knob, ...] = (LOAD_REFRESH,)
 
 _CHECK_NS = 1_000_000_000  # pace of the replaced()/missing-segment checks
-
-
-def _row_from_env() -> int | None:
-    raw = os.environ.get(COUNTER_ROW_ENV)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        row = int(raw.strip())
-    except ValueError:
-        row = -1
-    if row < 0:
-        raise RouterInputError(
-            f"environment: invalid {COUNTER_ROW_ENV}={raw!r}: expected a counter row number >= 0"
-        )
-    return row
 
 
 _ROUTERS: weakref.WeakSet[Router] = weakref.WeakSet()
@@ -162,12 +152,6 @@ class Router:
     ----------
     namespace : str
         The namespace.
-    row : int or None
-        The counter row this process records into (``None`` without counters).
-    adopted : bool
-        Whether that row was the one reserved for this process.
-    reattached : int
-        How many times the router re-attached replaced counters.
     recording : workers.recording.Recording
         The handle through which this router's fan-outs and decisions are recorded.
     """
@@ -216,16 +200,18 @@ class Router:
         self._ledger: CallLedger | None = None
         self._fanout: Any = None  # workers.fanout.FanOut, made on first use
         self._fanout_lock = threading.RLock()  # (FanOut() asks for the ledger under it)
-        self._store: shm.CounterStore | None = None
-        self._rec: shm.Recorder | shm.LockedRecorder | None = None
-        self._wanted_row = row
-        self.row: int | None = None
-        self.adopted = False
-        self.reattached = 0
-        self._no_row_logged = False
-        self._warned: set[tuple[Any, ...]] = set()
+        self._warn_once = WarnOnce()
         self._follow = Follower(
             self.namespace, self.refresh_ns, clock, background, self._warn_once, self._tick
+        )
+        self._rows = CounterRow(
+            self.namespace,
+            threads=self.threads,
+            row=row,
+            recording=self.recording,
+            follow=self._follow,
+            warn_once=self._warn_once,
+            check_s=_CHECK_NS / 1e9,
         )
         # Per thread, the last (indices, table, keys) route_table() returned: mapping or
         # tracking that very array later uses its table and keys (see endpoints_of).
@@ -278,7 +264,7 @@ class Router:
                     )
                 return cur
             if row is None:
-                row = _row_from_env()
+                row = row_from_env()
             router = cls(ns, threads=threads, row=row, refresh_s=refresh_s, clock=clock)
             cls._current = router
             return router
@@ -302,70 +288,22 @@ class Router:
         """Attach whatever is missing or replaced (under ``self._lock`` or in __init__)."""
         self._next_check = now + _CHECK_NS
         self._follow.connect()
-        store = self._store
-        if store is not None and store.replaced():
-            log.warning(
-                "counters of %s were replaced (owner restarted); claiming a new row",
-                self.namespace,
-            )
-            self.recording.attach(None)
-            self._follow.use_counters(None)
-            self._store = self._rec = None
-            self.row = None
-            self.adopted = False
-            self.reattached += 1
-        if self._store is None:
-            try:
-                store = shm.CounterStore.attach(self.namespace)
-            except shm.SegmentMissingError as exc:
-                log.debug("counters of %s not attachable yet: %s", self.namespace, exc)
-                return
-            except shm.SegmentError as exc:
-                self._warn_once(
-                    ("attach", "counters", str(exc)),
-                    "counters of %s cannot be used (retried every %g s; load not recorded "
-                    "meanwhile): %s",
-                    self.namespace,
-                    _CHECK_NS / 1e9,
-                    exc,
-                )
-                return
-            try:
-                rec, self.adopted = self._claim(store)
-            except shm.ShmError as exc:
-                if not self._no_row_logged:  # retried every second: say it once
-                    log.warning("no counter row for this worker in %s: %s", self.namespace, exc)
-                    self._no_row_logged = True
-                return
-            self.row = rec.row
-            self._rec = shm.LockedRecorder(rec) if self.threads else rec
-            self.recording.attach(self._rec)
-            self._follow.use_counters(store.reader())
-            self._store = store
-            self._wanted_row = None  # a reserved row is adopted once, never again
+        self._rows.connect()
 
-    def _warn_once(self, cause: tuple[Any, ...], msg: str, *args: Any) -> None:
-        """Log ``msg`` at WARNING the first time ``cause`` happens (not on every retry)."""
-        warned = self._warned
-        if cause in warned:
-            return
-        if len(warned) >= 64:  # a bounded memory of causes: say them again after many
-            warned.clear()
-        warned.add(cause)
-        log.warning(msg, *args)
+    @property
+    def row(self) -> int | None:
+        """The counter row this process records into (``None`` without counters)."""
+        return self._rows.row
 
-    def _claim(self, store: shm.CounterStore) -> tuple[shm.Recorder, bool]:
-        row = self._wanted_row
-        if row is not None:
-            try:
-                return store.claim(row=row), True
-            except shm.SlotOwnershipError as exc:
-                # Say, a process started by the worker, which inherited its environment.
-                # Said once: the row will not become ours later, so ask only for a free one
-                # from now on (while none is free, _connect retries every second).
-                log.warning("counter row %d is not reserved for this process (%s)", row, exc)
-                self._wanted_row = None
-        return store.claim(), False
+    @property
+    def adopted(self) -> bool:
+        """Whether that row was the one reserved for this process."""
+        return self._rows.adopted
+
+    @property
+    def reattached(self) -> int:
+        """How many times the router re-attached replaced counters."""
+        return self._rows.reattached
 
     def _check_usable(self) -> None:
         if self._forked or self._pid != os.getpid():
@@ -417,7 +355,7 @@ class Router:
     @property
     def recorder(self) -> shm.Recorder | shm.LockedRecorder | None:
         """The recorder of the process's counter row (``None`` without counters)."""
-        return self._rec
+        return self._rows.recorder
 
     # -- routing ------------------------------------------------------------------------
 
@@ -534,7 +472,7 @@ class Router:
             t = self.table() if last is None else last[1]
         else:
             t = table
-        arr = _indices(idx, len(t.endpoints))
+        arr = check_indices(idx, len(t.endpoints))
         eps = t.endpoints
         return [eps[i] if i >= 0 else None for i in arr.tolist()]
 
@@ -615,7 +553,7 @@ class Router:
                 if idx.base is last[0]:  # a slice of it: its table
                     table = last[1]
         t = self.table() if table is None else table
-        arr = _indices(idx, len(t.endpoints))
+        arr = check_indices(idx, len(t.endpoints))
         if s is not None and s.table is t:
             # The plan's private copy of the table's slots, checked when it was built.
             try:
@@ -623,7 +561,7 @@ class Router:
             except lbcore.ArgumentError as exc:
                 raise RouterInputError(str(exc)) from None
             return Tracker(self.recording, arr, t, keys, attempt, slots, calls, s.plan.n_slots)
-        slots, calls = _table_slots(t, arr)
+        slots, calls = table_slots(t, arr)
         return Tracker(self.recording, arr, t, keys, attempt, slots, calls, t.n_slots)
 
     @staticmethod
@@ -714,20 +652,8 @@ class Router:
             Router._current = None
         if self._forked or self._pid != os.getpid():
             return  # the parent's row and mappings are the parent's to release
-        rec = self._rec
-        self._rec = None
-        self.recording.attach(None)
-        if rec is not None:
-            try:
-                rec.release()
-            except shm.ShmError as exc:
-                log.warning("counter row not released: %s", exc)
+        self._rows.close()
         self._follow.close()
-        counters = self._follow.counters
-        if counters is not None:
-            counters.close()
-        if self._store is not None:
-            self._store.close()
 
     def __enter__(self) -> Router:
         return self
@@ -756,53 +682,3 @@ def _no_table() -> Snapshot:
         _NO_TABLE.clear()
         return _no_table()
     return s
-
-
-_umax = np.maximum.reduce
-_NO_SLOTS = np.empty(0, dtype=np.int64)
-
-
-def _indices(idx: Any, n: int) -> np.ndarray:
-    """Validated endpoint indices (``route``'s own ``int32`` arrays pass without a copy)."""
-    arr = idx if type(idx) is np.ndarray else np.asarray(idx)
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise RouterInputError(
-            f"endpoint indices must be a 1-D integer array, got {arr.dtype} of shape {arr.shape}"
-        )
-    if arr.dtype != np.int32 and arr.dtype != np.int64:
-        if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= n:
-            # Checked before the conversion: 2**64 - 1 as int64 would be -1 (fallback).
-            raise RouterInputError(
-                f"endpoint indices must be in -1..{n - 1} for a table of {n} endpoints, got "
-                f"{int(arr.max())}"
-            )
-        arr = arr.astype(np.int64)  # unsigned or narrow: compare and index safely
-    # -1 <= i < n for all i, in one reduction: i + 1 as unsigned is below n + 1.
-    if arr.size and int(_umax((arr + 1).view(np.uint32 if arr.itemsize == 4 else np.uint64))) > n:
-        raise RouterInputError(
-            f"endpoint indices must be in -1..{n - 1} for a table of {n} endpoints, got "
-            f"values from {int(arr.min())} to {int(arr.max())}"
-        )
-    return arr
-
-
-def _table_slots(t: shm.Table, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """Counter slots of the routed calls of ``arr`` from ``t`` itself (not the current plan).
-
-    Empty when ``t``'s buffer was reused since: its slots are gone, and not recording
-    beats recording onto other endpoints' columns.
-    """
-    routed = arr >= 0
-    calls = None
-    if int(np.count_nonzero(routed)) != arr.size:
-        calls = np.flatnonzero(routed)
-        arr = arr[routed]
-    slots = t.slots.take(arr).astype(np.int64)
-    if slots.size and (not t.valid() or int(slots.max()) >= t.n_slots or int(slots.min()) < 0):
-        log.warning(
-            "fan-out on table generation %d not recorded: that table was replaced twice "
-            "since it was routed on",
-            t.generation,
-        )
-        return _NO_SLOTS, calls
-    return slots, calls

@@ -48,9 +48,7 @@ _INLINE_MAP_BYTES = 2 << 20
 _CHECK_NS = 1_000_000_000  # pace of rechecking a generation that could not be read
 
 
-def read_loads(
-    counters: shm.CounterReader | None, table: shm.Table, now_ns: int
-) -> shm.HostLoads:
+def read_loads(counters: shm.CounterReader | None, table: shm.Table, now_ns: int) -> shm.HostLoads:
     """The host's loads per endpoint of ``table`` as a worker reads them (idle without counters).
 
     The table's slots are copied first: its arrays are views of shared memory the writer

@@ -30,7 +30,14 @@ from workers.recording import Recording
 
 log = logging.getLogger("cslb.router")
 
-__all__ = ["RouterError", "RouterInputError", "RouterStateError", "Tracker"]
+__all__ = [
+    "RouterError",
+    "RouterInputError",
+    "RouterStateError",
+    "Tracker",
+    "check_indices",
+    "table_slots",
+]
 
 
 class RouterError(Exception):
@@ -226,3 +233,53 @@ class Tracker:
             log.warning("fan-out end not recorded: %s", exc)
         finally:
             lock.release()
+
+
+_umax = np.maximum.reduce
+_NO_SLOTS = np.empty(0, dtype=np.int64)
+
+
+def check_indices(idx: Any, n: int) -> np.ndarray:
+    """Validated endpoint indices (``route``'s own ``int32`` arrays pass without a copy)."""
+    arr = idx if type(idx) is np.ndarray else np.asarray(idx)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise RouterInputError(
+            f"endpoint indices must be a 1-D integer array, got {arr.dtype} of shape {arr.shape}"
+        )
+    if arr.dtype != np.int32 and arr.dtype != np.int64:
+        if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= n:
+            # Checked before the conversion: 2**64 - 1 as int64 would be -1 (fallback).
+            raise RouterInputError(
+                f"endpoint indices must be in -1..{n - 1} for a table of {n} endpoints, got "
+                f"{int(arr.max())}"
+            )
+        arr = arr.astype(np.int64)  # unsigned or narrow: compare and index safely
+    # -1 <= i < n for all i, in one reduction: i + 1 as unsigned is below n + 1.
+    if arr.size and int(_umax((arr + 1).view(np.uint32 if arr.itemsize == 4 else np.uint64))) > n:
+        raise RouterInputError(
+            f"endpoint indices must be in -1..{n - 1} for a table of {n} endpoints, got "
+            f"values from {int(arr.min())} to {int(arr.max())}"
+        )
+    return arr
+
+
+def table_slots(t: shm.Table, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Counter slots of the routed calls of ``arr`` from ``t`` itself (not the current plan).
+
+    Empty when ``t``'s buffer was reused since: its slots are gone, and not recording
+    beats recording onto other endpoints' columns.
+    """
+    routed = arr >= 0
+    calls = None
+    if int(np.count_nonzero(routed)) != arr.size:
+        calls = np.flatnonzero(routed)
+        arr = arr[routed]
+    slots = t.slots.take(arr).astype(np.int64)
+    if slots.size and (not t.valid() or int(slots.max()) >= t.n_slots or int(slots.min()) < 0):
+        log.warning(
+            "fan-out on table generation %d not recorded: that table was replaced twice "
+            "since it was routed on",
+            t.generation,
+        )
+        return _NO_SLOTS, calls
+    return slots, calls
