@@ -25,7 +25,7 @@ from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
 from workers.fanout import DeadlineError, FanOut, RejectedError, Result
 from workers.fanout_settings import FanoutSettings
 from workers.router import Router, RouterStateError
-from workers.senders import CallStatusError
+from workers.senders import CallAnswerError, CallStatusError
 
 EPS = [f"http://10.9.0.{i}:8080" for i in range(1, 6)]
 KEYS = [f"SKU-{i:05d}" for i in range(100)]
@@ -184,6 +184,44 @@ def test_a_failed_retry_returns_its_error_and_other_errors_are_not_retried(host)
     assert st["retries"] == st["retries_failed"] == len(of_pod0)
 
 
+def test_a_4xx_answer_is_the_keys_error_but_not_the_pods_failure(host):
+    r = host.router()
+    seen = []
+
+    def send(url, key, timeout=None):
+        seen.append(url)
+        if url == EPS[1]:
+            raise CallAnswerError(404, url)
+        return key
+
+    res = r.fanout(KEYS, send)
+    first = r.endpoints_of(r.route(KEYS))
+    for x, u in zip(res, first, strict=True):
+        if u == EPS[1]:
+            assert isinstance(x.error, CallAnswerError) and x.attempts == 1 and x.kind == 0
+        else:
+            assert x.ok
+    assert len(seen) == len(KEYS)  # not retried
+    loads = host.loads()
+    assert int(loads.failures_total.sum()) == 0  # the pod answered: healthy
+    assert int(loads.requests_total[host.slot(EPS[1], r)]) == first.count(EPS[1])
+
+
+def test_an_ejected_pods_keys_go_where_its_retries_went_and_no_other_key_moves(host):
+    r = host.router()
+    before0 = r.route(KEYS).tolist()
+    before1 = r.route(KEYS, attempt=1).tolist()
+    dead = 2
+    ejected = np.zeros(len(EPS), dtype=bool)
+    ejected[dead] = True
+    host.writer_.publish(lbcore.RingSet(EPS), ejected=ejected, knobs=shm.Knobs(balance_factor=None))
+    assert r.table().generation == 2
+    after = r.route(KEYS).tolist()
+    hit = [i for i, e in enumerate(before0) if e == dead]
+    assert hit and all(after[i] == before1[i] for i in hit)  # the retries' pods
+    assert all(after[i] == e for i, e in enumerate(before0) if e != dead)  # nothing else
+
+
 def test_the_retry_budget_bounds_retries_and_counts_the_refused(host):
     r = host.router(retry_percent=0.0, retry_floor_per_s=0.5)  # 5 retries per 10 s
     dead = EPS[1]
@@ -201,6 +239,102 @@ def test_the_retry_budget_bounds_retries_and_counts_the_refused(host):
     # 20 % of the calls deposited (this fan-out's own 100), no floor.
     r2 = host.router(retry_percent=20.0, retry_floor_per_s=0.0)
     assert sum(x.attempts == 2 for x in r2.fanout(KEYS, send)) == min(n_dead, 20)
+
+
+def test_the_retry_waits_a_jittered_backoff_and_never_starts_past_the_deadline(host):
+    r = host.router(retry_backoff_s=0.2)
+    dead = EPS[2]
+    stamps: dict[str, list[int]] = {}
+    lock = threading.Lock()
+
+    def send(url, key, timeout=None):
+        with lock:
+            stamps.setdefault(key, []).append(time.monotonic_ns())
+        if url == dead:
+            raise ConnectionRefusedError(f"{url} refused")
+        return key
+
+    first = r.endpoints_of(r.route(KEYS))
+    hit = [k for k, u in zip(KEYS, first, strict=True) if u == dead]
+    res = r.fanout(KEYS, send, timeout_s=1.0, deadline_s=5.0)
+    assert all(x.ok for x in res) and all(len(stamps[k]) == 2 for k in hit)
+    gaps = [(stamps[k][1] - stamps[k][0]) / 1e9 for k in hit]
+    assert min(gaps) >= 0.1  # at least the lower half of the 0.2-s backoff
+    # Jittered over the upper half of the setting, never beyond it.
+    plan = r._fan().plan(KEYS[:1], send, None, None, False)
+    waits = [plan.backoff_ns() for _ in range(200)]
+    assert 0.1e9 <= min(waits) and max(waits) <= 0.2e9 and len(set(waits)) > 100
+    # A retry that would start past the deadline is not sent (nor charged to the budget):
+    # backoffs of 0.5-1 s, a deadline of 0.45 s.
+    stamps.clear()
+    r2 = host.router(retry_backoff_s=1.0)
+    res = r2.fanout(KEYS, send, timeout_s=0.4, deadline_s=0.45)
+    assert all(len(stamps.get(k, ())) <= 1 for k in hit)
+    refused = [x for k, x in zip(KEYS, res, strict=True) if k in hit and x.attempts == 1]
+    assert refused and all(isinstance(x.error, ConnectionRefusedError) for x in refused)
+    st = host.stats()
+    assert st["retries"] == len(hit) and st["retries_refused"] == 0  # the first fan-out's
+
+
+def test_a_timeout_the_deadline_cut_short_is_the_callers_a_longer_one_the_pods(host):
+    r = host.router()
+    frozen = EPS[0]
+
+    def send(url, key, timeout=None):  # a sender that honours its timeout
+        if url == frozen:
+            time.sleep(timeout)
+            raise TimeoutError(f"{url}: no answer within {timeout} s")
+        return key
+
+    keys = [k for k, u in zip(KEYS, r.endpoints_of(r.route(KEYS)), strict=True) if u == frozen]
+    keys = keys[:2]
+    slot = host.slot(frozen, r)
+
+    def ended(n):
+        for _ in range(200):  # (the calls end on the pool after the fan-out returned)
+            r._fan().ledger.flush()
+            loads = host.loads()
+            if int(loads.requests_total[slot]) >= n:
+                return int(loads.failures_total_by_kind[slot, FAIL_TIMEOUT - 1])
+            time.sleep(0.01)
+        raise AssertionError("calls did not end")
+
+    # The deadline leaves each call 0.15 s of its 0.2 s: still no answer is the pod's.
+    res = r.fanout(keys, send, timeout_s=0.2, deadline_s=0.15)
+    assert not any(x.ok for x in res)  # (timed out, or the deadline came first)
+    assert ended(2) == 2
+    # It leaves them 0.04 s (a fifth): they started too late, the caller's doing.
+    r.fanout(keys, send, timeout_s=0.2, deadline_s=0.04)
+    assert ended(4) == 2
+
+
+def test_in_flight_counts_only_the_calls_really_out(host):
+    """30 calls of 40 ms on 2 threads: the host sees at most 2 in flight, never the 28
+    waiting in the pool."""
+    r = host.router(threads=2)
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(int(host.loads().in_flight.sum()))
+            time.sleep(0.005)
+
+    def send(url, key, timeout=None):
+        time.sleep(0.04)
+        return key
+
+    th = threading.Thread(target=watch)
+    th.start()
+    try:
+        res = r.fanout(KEYS[:30], send, timeout_s=5.0, deadline_s=30.0)
+    finally:
+        stop.set()
+        th.join()
+    assert all(x.ok for x in res)
+    # At most the 2 calls out; a reader may catch a batched write between its starts
+    # and its ends (workers.ledger writes the starts first), so up to twice that.
+    assert 1 <= max(seen) <= 4, max(seen)
 
 
 def test_per_call_busy_time_is_the_calls_own_time_not_the_queue(host):
@@ -247,14 +381,21 @@ def test_the_bulkhead_sends_calls_over_the_cap_to_the_retry_pod_and_blames_nobod
 
     def send(url, key, timeout=None):
         if url == frozen:
-            release.wait(5.0)
+            release.wait(10.0)
         return f"{key}@{url}"
 
     first = r.endpoints_of(r.route(KEYS))
     retry = r.endpoints_of(r.route(KEYS, attempt=1))
-    threading.Timer(0.8, release.set).start()
-    # (stuck after a quarter of the 0.4-s timeout; this send ignores its timeout)
-    res = r.fanout(KEYS, send, timeout_s=0.4, deadline_s=3.0)
+    # The frozen pod answers after 2.5 s, long before its calls' 20-s timeout (and a
+    # quarter of it, when it would look stuck): calls over the cap do not wait for it,
+    # they go to their retry pods at once.
+    timer = threading.Timer(2.5, release.set)
+    timer.start()
+    try:
+        res = r.fanout(KEYS, send, timeout_s=20.0, deadline_s=30.0)
+    finally:
+        timer.cancel()
+        release.set()
     hit = [i for i, u in enumerate(first) if u == frozen]
     went = [i for i in hit if res[i].endpoint == frozen]
     moved = [i for i in hit if res[i].endpoint == retry[i]]
@@ -263,15 +404,44 @@ def test_the_bulkhead_sends_calls_over_the_cap_to_the_retry_pod_and_blames_nobod
         assert res[i].ok and res[i].attempts == 1  # one call made either way
     loads = host.loads()
     slot = host.slot(frozen, r)
-    assert int(loads.requests_total[slot]) == len(went)  # only calls really made
+    assert int(loads.requests_total[slot]) == sum(x.endpoint == frozen for x in res)  # made
     assert int(loads.failures_total.sum()) == 0
     st = host.stats()
-    assert st["bulkhead_rejections"] == len(hit) - len(went)
+    moves = sum(x.endpoint != u for x, u in zip(res, first, strict=True))
+    assert st["bulkhead_rejections"] == moves
     assert st["retries"] == 0  # not a retry: the first call was never made
 
 
+def test_a_call_moved_by_the_bulkhead_to_a_dead_pod_is_retried_on_its_own_pod(host):
+    r = host.router(threads=8, endpoint_cap=1)
+    dead = EPS[2]
+    calls: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def send(url, key, timeout=None):
+        with lock:
+            calls.setdefault(key, []).append(url)
+        if url == dead:
+            raise ConnectionRefusedError(f"{url} refused")
+        time.sleep(0.01)  # busy: one call in flight per pod puts it at its cap
+        return f"{key}@{url}"
+
+    first = r.endpoints_of(r.route(KEYS))
+    retry = r.endpoints_of(r.route(KEYS, attempt=1))
+    res = r.fanout(KEYS, send, timeout_s=5.0, deadline_s=20.0)
+    assert all(x.ok for x in res), [x for x in res if not x.ok][:3]
+    assert all(len(c) <= 2 for c in calls.values())  # one retry at most, ever
+    bounced = [
+        i for i, k in enumerate(KEYS) if first[i] != dead and calls[k] == [retry[i], first[i]]
+    ]
+    assert bounced, "no call went over its pod's cap to a dead retry pod"
+    for i in bounced:
+        assert retry[i] == dead and res[i].attempts == 2 and res[i].endpoint == first[i]
+    assert host.stats()["retries"] == sum(x.attempts == 2 for x in res)
+
+
 def test_a_full_pool_rejects_locally(host):
-    r = host.router(threads=2, queue=10)
+    r = host.router(threads=2, queue=10, endpoint_cap=100)  # (the pool alone)
     send, seen = pods()
     res = r.fanout(KEYS[:30], send)
     assert sum(x.ok for x in res) == 10
@@ -321,6 +491,7 @@ def test_fallback_keys_come_back_or_go_to_the_fallback_url(host):
     for i, x in enumerate(res):
         if i in fb:
             assert x.fallback and x.attempts == 0 and x.endpoint is None and not x.ok
+            assert x.error is None  # the caller's to send through the ingress, at once
         else:
             assert x.ok and not x.fallback
     assert len(seen) == len(KEYS) - len(fb)
@@ -379,6 +550,44 @@ def test_grouped_form_calls_each_pod_once_and_retries_per_retry_pod(host):
     assert host.stats()["retries"] == len(retry_pods)
 
 
+def test_grouped_calls_over_the_cap_go_to_retry_pods_and_come_back_if_they_must(host):
+    r = host.router(threads=8, endpoint_cap=1)
+    dead = EPS[2]
+    lock = threading.Lock()
+    calls: list[tuple[int, str, list]] = []
+
+    def send_group(url, keys, timeout=None):
+        fan = int(keys[0].split("/")[0])
+        with lock:
+            calls.append((fan, url, list(keys)))
+        if url == dead:
+            raise ConnectionRefusedError("refused")
+        time.sleep(0.05)  # one group call out per pod puts it at its cap
+        return [f"{k}@{url}" for k in keys]
+
+    out: dict[int, list] = {}
+
+    def one(fan):
+        keys = [f"{fan}/{k}" for k in KEYS]
+        out[fan] = r.fanout(keys, send_group, grouped=True, timeout_s=5.0, deadline_s=20.0)
+
+    threads = [threading.Thread(target=one, args=(f,)) for f in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for fan, res in out.items():
+        assert all(x.ok for x in res), (fan, [x for x in res if not x.ok][:2])
+        per_key: dict[str, int] = {}
+        for f, _, keys in calls:
+            if f == fan:
+                for k in keys:
+                    per_key[k] = per_key.get(k, 0) + 1
+        assert max(per_key.values()) <= 2  # one retry at most
+    st = host.stats()
+    assert st["bulkhead_rejections"] > 0 and int(host.loads().in_flight.sum()) == 0
+
+
 def test_afanout_tasks_interleave_on_one_thread(host):
     r = host.router(endpoint_cap=100)  # (no bulkhead moves: every key on its own pod)
 
@@ -419,6 +628,35 @@ def test_afanout_cancels_a_call_past_its_timeout_and_retries_it(host):
     assert all(x.endpoint != frozen for i, x in enumerate(res) if first[i] == frozen)
     kinds = host.loads().failures_total_by_kind
     assert int(kinds[host.slot(frozen, r), FAIL_TIMEOUT - 1]) == 4
+
+
+def test_a_cancelled_afanout_cancels_its_calls_and_records_their_end(host):
+    r = host.router(threads=4)
+    calls = []
+
+    async def asend(url, key, timeout=None):
+        calls.append(key)
+        await asyncio.sleep(0.05)
+        return key
+
+    async def main():
+        task = asyncio.ensure_future(r.afanout(KEYS, asend, timeout_s=5.0, deadline_s=30.0))
+        await asyncio.sleep(0.12)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        sent = len(calls)
+        await asyncio.sleep(0.3)  # six more rounds of calls, if they went on
+        assert len(calls) == sent < len(KEYS)
+        # The loop's call slots came back: the next fan-out runs 4 at once again.
+        res = await r.afanout(KEYS[:8], asend, timeout_s=5.0)
+        assert all(x.ok for x in res)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(main()) == []
+    r._fan().ledger.flush()
+    loads = host.loads()
+    assert int(loads.in_flight.sum()) == 0 and int(loads.failures_total.sum()) == 0
 
 
 def test_the_failure_log_is_rate_limited_per_endpoint(host, caplog):

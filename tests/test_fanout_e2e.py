@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import shm
+from lbcore.outlier import EJECT_REASONS
 from tests.gunicorn_harness import Server, unique_namespace, wait_for
 from tests.pods import PodFleet
 
@@ -41,7 +42,16 @@ WORKERS = {
     "sync": (["--workers", "2"], "fanoutapp:app"),
     "gthread": (["--workers", "2", "--threads", "4", "-k", "gthread"], "fanoutapp:app"),
     "uvicorn": (["--workers", "2", "-k", "uvicorn_worker.UvicornWorker"], "fanoutapp:asgi_app"),
+    # The older worker class inside uvicorn itself (deprecated there, still shipped).
+    "uvicorn-old": (
+        ["--workers", "2", "-k", "uvicorn.workers.UvicornWorker"],
+        "fanoutapp:asgi_app",
+    ),
 }
+ALL = ["sync", "gthread", "uvicorn"]
+#: httpx costs ~2 ms of CPU per call here: 100 calls of one asyncio worker take
+#: 0.2-0.6 s on a loaded 2-core machine, so its calls get a longer timeout.
+ASYNC_TIMEOUT = {"CSLB_FANOUT_TIMEOUT": "1.5"}
 POOL = [f"SKU-{i:05d}" for i in range(3000)]
 
 
@@ -94,11 +104,17 @@ class Service:
         return log.count('"cslb_call_failed"') + log.count('"cslb_call_failures_suppressed"')
 
 
-def _metric(text: str, name: str, endpoint: str | None = None) -> float | None:
+REASONS = [f'reason="{r}"' for r in EJECT_REASONS]
+
+
+def _metric(
+    text: str, name: str, endpoint: str | None = None, label: str | None = None
+) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             if endpoint is None or f'endpoint="{endpoint}"' in line:
-                return float(line.rsplit(" ", 1)[1])
+                if label is None or label in line:
+                    return float(line.rsplit(" ", 1)[1])
     return None
 
 
@@ -161,6 +177,17 @@ class Load:
             return len(self.seen)
 
 
+def _errors(batches: list[list[dict]]) -> dict[tuple[str, str], int]:
+    """How the failed keys failed: (error, endpoint) -> keys (for assertion messages)."""
+    out: dict[tuple[str, str], int] = {}
+    for b in batches:
+        for r in b:
+            if not r["ok"]:
+                k = (str(r["error"]), str(r["endpoint"]))
+                out[k] = out.get(k, 0) + 1
+    return out
+
+
 def _failed(batches: list[list[dict]]) -> tuple[int, int]:
     keys = sum(len(b) for b in batches)
     return sum(not r["ok"] for b in batches for r in b), keys
@@ -180,11 +207,9 @@ def service(tmp: Path, worker: str, env: dict[str, str] | None = None):
         svc.close()
 
 
-@pytest.mark.parametrize("worker", ["sync", "gthread", "uvicorn"])
+@pytest.mark.parametrize("worker", [*ALL, "uvicorn-old"])
 def test_a_killed_pod_is_a_budgeted_blip_then_ejected_and_fades_back(tmp_path, worker):
-    # httpx costs ~2 ms of CPU per call here: 100 calls of one asyncio worker take
-    # 0.2-0.6 s on a loaded 2-core machine, so its calls get a longer timeout.
-    env = {"CSLB_FANOUT_TIMEOUT": "1.5"} if worker == "uvicorn" else None
+    env = ASYNC_TIMEOUT if worker.startswith("uvicorn") else None
     with service(tmp_path, worker, env) as svc:
         dead = svc.fleet.pods[2]
         load = Load(svc)
@@ -209,9 +234,9 @@ def test_a_killed_pod_is_a_budgeted_blip_then_ejected_and_fades_back(tmp_path, w
             t_after = time.monotonic()
             blip = load.done_between(t_kill, t_kill + 3.0)
             failed, keys = _failed(blip)
-            assert keys >= 300 and failed <= 0.03 * keys, (failed, keys)
+            assert keys >= 300 and failed <= 0.03 * keys, (failed, keys, _errors(blip))
             later = load.between(t_eject + 0.3, t_after)
-            assert later and _failed(later)[0] == 0
+            assert later and _failed(later)[0] == 0, _errors(later)
             assert _share(later, dead.url) == 0.0  # no call goes to it any more
             # The failure log stayed well under ~10 lines per second.
             lines = svc.failure_lines() - lines_before
@@ -226,26 +251,30 @@ def test_a_killed_pod_is_a_budgeted_blip_then_ejected_and_fades_back(tmp_path, w
             time.sleep(6.2)  # the fade (4 s) and the last requests of the window to end
             early = load.done_between(t_back, t_back + 1.2)  # share (1.2 / 4) ** 2.5: 5 %
             late = load.done_between(t_back + 4.5, t_back + 6.2)
-            assert _failed(early)[0] == 0 and _failed(late)[0] == 0
+            assert _failed(early)[0] == 0 and _failed(late)[0] == 0, _errors(early + late)
             assert _share(early, dead.url) < 0.5 * full, (_share(early, dead.url), full)
-            assert _share(late, dead.url) > 0.6 * full, (_share(late, dead.url), full)
+            log = svc.server.log_path.read_text(errors="replace").splitlines()
+            events = [ln[:300] for ln in log if dead.url in ln and "endpoint_" in ln]
+            assert _share(late, dead.url) > 0.6 * full, (_share(late, dead.url), full, events)
         finally:
             load.stop()
         assert not load.errors, load.errors[:3]
         assert "Traceback" not in svc.server.log()
 
 
-def test_a_frozen_pod_times_out_is_retried_and_ejected(tmp_path):
-    with service(tmp_path, "gthread") as svc:
+@pytest.mark.parametrize("worker", ALL)
+def test_a_frozen_pod_times_out_is_retried_and_ejected(tmp_path, worker):
+    timeout_s = float(ASYNC_TIMEOUT["CSLB_FANOUT_TIMEOUT"]) if worker == "uvicorn" else TIMEOUT_S
+    with service(tmp_path, worker, ASYNC_TIMEOUT if worker == "uvicorn" else None) as svc:
         frozen = svc.fleet.pods[1]
-        load = Load(svc, clients=3)
+        load = Load(svc, clients=2 if worker == "uvicorn" else 3)  # (httpx's CPU per call)
         try:
             wait_for("requests before the freeze", lambda: load.requests() >= 20, 20)
             t_stop = time.monotonic()
             frozen.signal(signal.SIGSTOP)
             wait_for("the frozen pod's ejection", lambda: frozen.url in svc.ejected(), 8, 0.02)
             t_eject = time.monotonic()
-            assert t_eject - t_stop <= 3.0 + TIMEOUT_S + 0.3, t_eject - t_stop
+            assert t_eject - t_stop <= 3.0 + timeout_s + 0.3, t_eject - t_stop
             time.sleep(1.0)
             t_end = time.monotonic()
         finally:
@@ -256,18 +285,21 @@ def test_a_frozen_pod_times_out_is_retried_and_ejected(tmp_path):
         assert during
         # Calls to it time out and their retries succeed: no request waits much beyond
         # twice the call timeout, hardly a key fails.
-        assert max(took for took, _ in during) <= 2 * TIMEOUT_S + 0.25
+        assert max(took for took, _ in during) <= 2 * timeout_s + 0.25
         failed, keys = _failed([r for _, r in during])
-        assert failed <= 0.03 * keys, (failed, keys)
+        assert failed <= 0.03 * keys, (failed, keys, _errors([r for _, r in during]))
         retried = [x for _, r in during for x in r if x["attempts"] == 2 and x["ok"]]
         assert retried
         assert _failed(load.between(t_eject + 0.3, t_end))[0] == 0
         assert not load.errors, load.errors[:3]
 
 
-def test_a_503_pod_is_retried_and_ejected_and_all_failing_pods_panic(tmp_path):
+@pytest.mark.parametrize("worker", ALL)
+def test_a_503_pod_is_retried_and_ejected_and_all_failing_pods_panic(tmp_path, worker):
     env = {"CSLB_OUTLIER_MAX_EJECTION_PERCENTAGE": "60", "CSLB_OUTLIER_EJECTION_TIME": "30"}
-    with service(tmp_path, "sync", env) as svc:
+    if worker == "uvicorn":
+        env.update(ASYNC_TIMEOUT)
+    with service(tmp_path, worker, env) as svc:
         bad = svc.fleet.pods[0]
         load = Load(svc)
         try:
@@ -279,11 +311,17 @@ def test_a_503_pod_is_retried_and_ejected_and_all_failing_pods_panic(tmp_path):
             time.sleep(0.5)
             around = load.done_between(t0, time.monotonic())
             failed, keys = _failed(around)
-            assert keys and failed <= 0.03 * keys, (failed, keys)
-            assert any(x["attempts"] == 2 and x["ok"] for b in around for x in b)
+            assert keys and failed <= 0.03 * keys, (failed, keys, _errors(around))
             assert _failed(load.between(t1 + 0.3, time.monotonic()))[0] == 0
             m = svc.metrics()
-            assert 'reason="status"' in m or "status" in m
+            # Its calls were retried (and the retries succeeded: hardly a key failed).
+            assert _metric(m, "cslb_retries_total") > 0
+            assert _metric(m, "cslb_retries_failed_total") <= 0.03 * keys
+            assert _metric(m, "cslb_endpoint_failures_by_kind_total", bad.url, 'kind="status"') > 0
+            assert _metric(m, "cslb_endpoint_ejected", bad.url) == 1.0
+            assert (
+                sum(_metric(m, "cslb_endpoint_ejections_total", bad.url, r) for r in REASONS) == 1
+            )
             # Every pod fails: at most 60 % (3 of 5) ejected, then panic (fail open).
             for p in svc.fleet.pods:
                 p.set_status(503)
@@ -302,26 +340,49 @@ def test_a_503_pod_is_retried_and_ejected_and_all_failing_pods_panic(tmp_path):
         assert svc.server.proc.poll() is None and "Traceback" not in svc.server.log()
 
 
-def test_per_call_accounting_measures_the_pods_not_the_callers_pool(tmp_path):
-    # A pool of 8 threads, 100 keys per request, pods of ~2 ms: each request's calls
-    # wait up to ~25 ms in the pool, which must not count as the pods' busy time.
-    with service(tmp_path, "sync", {"CSLB_FANOUT_THREADS": "8"}) as svc:
+@pytest.mark.parametrize("worker", ALL)
+def test_per_call_accounting_measures_the_pods_not_the_callers_pool(tmp_path, worker):
+    # A pool of 8 threads (8 calls at once on an asyncio worker's loop), 100 keys per
+    # request, pods of ~2 ms: each request's calls wait up to ~25 ms in the pool, which
+    # must not count as the pods' busy time.
+    with service(tmp_path, worker, {"CSLB_FANOUT_THREADS": "8"}) as svc:
         load = Load(svc, clients=2)
         try:
             wait_for("requests", lambda: load.requests() >= 60, 30)
         finally:
             load.stop()
         m = svc.metrics()
+        took = sorted(t for _, _, t, _ in load.seen)
+        median = took[len(took) // 2]
+        assert median > 0.015  # (the fan-outs themselves took longer)
+        # Counted from each call's start, 8 at a time, a call reads about 8 / 100 of its
+        # fan-out; counted from the fan-out's entry (track()) it would read about half.
+        # On the asyncio worker a call's time includes waiting for the loop's one thread,
+        # which httpx keeps busy (~2 ms of CPU per call): there the ratio is the check.
+        bar = max(0.015, median / 4) if worker == "uvicorn" else 0.015
         for url in svc.fleet.urls:
             lat = _metric(m, "cslb_endpoint_latency_seconds", url)
-            assert lat is not None and lat <= 0.015, (url, lat)
-        took = sorted(t for _, _, t, _ in load.seen)
-        assert took[len(took) // 2] > 0.015  # (the fan-outs themselves took longer)
+            assert lat is not None and lat <= bar, (url, lat, median)
 
 
-def test_a_saturated_caller_ejects_nobody(tmp_path):
-    env = {"CSLB_FANOUT_THREADS": "2", "CSLB_FANOUT_QUEUE": "400", "CSLB_FANOUT_TIMEOUT": "0.2"}
-    with service(tmp_path, "gthread", env) as svc:
+@pytest.mark.parametrize("worker", ALL)
+def test_a_saturated_caller_ejects_nobody(tmp_path, worker):
+    if worker == "uvicorn":
+        # The event loop is what saturates: many calls at once on its one thread, each
+        # waiting for the loop, so calls to every pod time out alike. Judged at the
+        # default 1-s interval: with this file's 0.25-s one a pod gets a few calls per
+        # interval, and an interval in which all of one pod's calls timed out (while its
+        # peers' did in part) counts towards consecutive failures (see the report of
+        # issue 13's review).
+        env = {
+            "CSLB_FANOUT_THREADS": "32",
+            "CSLB_FANOUT_TIMEOUT": "0.1",
+            "CSLB_OUTLIER_INTERVAL": "1",
+            "CSLB_OUTLIER_WINDOW": "10",
+        }
+    else:  # the pool: 2 threads for 8 clients' fan-outs, calls queued up to the deadline
+        env = {"CSLB_FANOUT_THREADS": "2", "CSLB_FANOUT_QUEUE": "400", "CSLB_FANOUT_TIMEOUT": "0.2"}
+    with service(tmp_path, worker, env) as svc:
         load = Load(svc, clients=8)
         try:
             wait_for("requests", lambda: load.requests() >= 40, 30)
@@ -331,13 +392,20 @@ def test_a_saturated_caller_ejects_nobody(tmp_path):
         finally:
             load.stop()
         assert saw
-        assert not svc.ejected()
         m = svc.metrics()
+        assert not svc.ejected()
         assert re.search(r"cslb_endpoint_ejections_total\{[^}]*\} [1-9]", m) is None
-        assert all(_metric(m, "cslb_endpoint_failures_total", u) == 0.0 for u in svc.fleet.urls)
+        timeouts = [
+            _metric(m, "cslb_endpoint_failures_by_kind_total", u, 'kind="timeout"')
+            for u in svc.fleet.urls
+        ]
+        if worker == "uvicorn":  # real timeouts, on every pod alike: judged the caller's
+            assert sum(t > 0 for t in timeouts) >= 4, timeouts
+        else:  # calls cut by the deadline are not the pods' failures
+            assert all(_metric(m, "cslb_endpoint_failures_total", u) == 0.0 for u in svc.fleet.urls)
 
 
-@pytest.mark.parametrize("worker", ["gthread", "uvicorn"])
+@pytest.mark.parametrize("worker", ["gthread", "uvicorn", "uvicorn-old"])
 def test_the_example_service_runs_as_the_readme_says(tmp_path, worker):
     import subprocess
     import sys
@@ -355,7 +423,11 @@ def test_the_example_service_runs_as_the_readme_says(tmp_path, worker):
     ]
     eps = tmp_path / "pods.json"
     eps.write_text(json.dumps({"endpoints": [{"address": f"http://127.0.0.1:{p}"} for p in ports]}))
-    args = ["--threads", "4"] if worker == "gthread" else ["-k", "uvicorn_worker.UvicornWorker"]
+    args = {
+        "gthread": ["--threads", "4"],
+        "uvicorn": ["-k", "uvicorn_worker.UvicornWorker"],
+        "uvicorn-old": ["-k", "uvicorn.workers.UvicornWorker"],
+    }[worker]
     app = "product_sets:app" if worker == "gthread" else "product_sets:asgi_app"
     server = Server(
         ["-c", "python:workers.gunicorn_conf", *args, app],
@@ -383,6 +455,11 @@ def test_the_example_service_runs_as_the_readme_says(tmp_path, worker):
             assert ports[0] not in {p["pod"] for p in doc["products"]}
         metrics = server.request("GET", "/metrics")[1].decode()
         assert "cslb_retries_total" in metrics
+        # cslb's other paths are mounted too; the service's own answer 404 / 400.
+        assert server.request("GET", "/status")[0] == 200
+        assert server.request("GET", "/readyz")[0] == 200
+        assert server.request("GET", "/nowhere")[0] == 404
+        assert server.post_json("/sets", {"not": "a list"}, timeout_s=10)[0] == 400
         result = server.stop()
         assert result["exit"] == 0 and result["segments"] == [], server.log()
     finally:

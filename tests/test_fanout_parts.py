@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ import pytest
 
 import shm
 from lbcore.knobs import KnobError, docs_table
-from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
+from lbcore.outlier import FAIL_CONNECT, FAIL_NONE, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
 from tests.gunicorn_harness import free_port
 from tests.pods import PodFleet
 from workers.budget import RetryBudget
@@ -24,8 +25,8 @@ from workers.fanout_settings import FANOUT_KNOBS, FanoutSettings
 from workers.ledger import CallLedger
 from workers.recording import Recording
 from workers.senders import (
+    CallAnswerError,
     CallConnectError,
-    CallError,
     CallStatusError,
     CallTimeoutError,
     HttpxSender,
@@ -121,6 +122,19 @@ def test_failure_log_summary_comes_with_the_next_line_of_the_next_second(caplog)
     lines = [json.loads(r.getMessage()) for r in caplog.records]
     assert [x.get("suppressed") for x in lines] == [None, 3, None]
     assert lines[-1]["again"] is True
+    # Another endpoint's failure line brings the summary of one that stopped failing.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cslb.test"):
+        for _ in range(5):
+            flog.failed({"endpoint": "dead"})
+        clock.now += 2 * S
+        flog.failed({"endpoint": "other"})
+    lines = [json.loads(r.getMessage()) for r in caplog.records]
+    assert [(x["endpoint"], x.get("suppressed")) for x in lines] == [
+        ("dead", None),
+        ("other", None),
+        ("dead", 4),
+    ]
 
 
 # ------------------------------------------------------------------------------------
@@ -217,9 +231,9 @@ def test_urllib3_sender_values_and_failure_kinds(fleet):
         with pytest.raises(CallStatusError) as e:
             send(b.url, "k")
         assert e.value.status == 503 and failure_kind(e.value) == FAIL_STATUS
-        with pytest.raises(CallError) as e:  # not a configured failure status: "other"
+        with pytest.raises(CallAnswerError) as e:  # not a configured failure status
             Urllib3Sender(fail_statuses=[500])(b.url, "k")
-        assert failure_kind(e.value) == FAIL_OTHER
+        assert failure_kind(e.value) == FAIL_NONE and e.value.status == 503
     finally:
         b.set_status(200)
     with pytest.raises(CallTimeoutError) as e:
@@ -248,6 +262,34 @@ def test_httpx_sender_values_and_failure_kinds(fleet):
         await send.aclose()
 
     asyncio.run(main())
+
+
+def test_senders_fail_on_the_statuses_they_are_configured_with(fleet, monkeypatch):
+    a = fleet.pods[0]
+    a.set_status(429)
+    try:
+        with pytest.raises(CallAnswerError) as e:  # by default a 4xx is the caller's
+            Urllib3Sender()(a.url, "k")
+        assert failure_kind(e.value) == FAIL_NONE
+        with pytest.raises(CallStatusError) as e:
+            Urllib3Sender(fail_statuses=[429, 503])(a.url, "k")
+        assert e.value.status == 429 and failure_kind(e.value) == FAIL_STATUS
+
+        async def main():
+            with pytest.raises(CallStatusError) as e:
+                await HttpxSender(fail_statuses={429})(a.url, "k")
+            assert e.value.status == 429
+            with pytest.raises(CallAnswerError) as e:
+                await HttpxSender()(a.url, "k")
+            assert failure_kind(e.value) == FAIL_NONE
+
+        asyncio.run(main())
+    finally:
+        a.set_status(200)
+    # Without httpx installed, HttpxSender says what to install (at once, not per call).
+    monkeypatch.setitem(sys.modules, "httpx", None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'cslb[httpx]'")):
+        HttpxSender()
 
 
 def test_failure_kind_of_other_clients_errors():

@@ -100,10 +100,17 @@ class FailureLog:
             self._summary(*summary)
         if write:
             self.logger.warning("%s", json.dumps(fields, ensure_ascii=True), extra={"cslb": fields})
+        if 0 <= self._due <= now:  # other endpoints' windows that ended with lines left out
+            self.tick()
         return write
 
     def tick(self) -> None:
-        """Write the summary line of every window that ended with failures left out."""
+        """Write the summary line of every window that ended with failures left out.
+
+        Called after every fan-out and by every failure line; a caller recording failures
+        by other means (``Tracker.fail``) that stop should call it too, or the last
+        window's count waits for the next failure.
+        """
         if self._due < 0:
             return
         now = self._clock()

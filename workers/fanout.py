@@ -15,18 +15,19 @@ once, then for each key:
 3. keys the router answers ``-1`` go to ``CSLB_FALLBACK_URL`` when set (not recorded,
    not retried: the ingress retries itself), else come back with ``fallback=True``;
 4. a **bulkhead** caps the calls the worker has in flight to one endpoint (a frozen
-   pod holds its calls until they time out): a call over the cap waits for a slot while
-   the pod is merely busy (its keys stay on it, and its cache), and goes to the retry
-   pod at once when the pod looks stuck (its oldest call out for a quarter of the
+   pod holds its calls until they time out): a call over the cap goes to the retry pod
+   at once, as the key's one call (no budget, no backoff), so a frozen pod cannot take
+   every thread; a retry pod at its cap too, or a key with no other pod, waits for a
+   slot unless that pod looks stuck (its oldest call out for a quarter of the
    timeout). Such moves are counted (``bulkhead_rejections``), never as the pod's
    failure; a full pool fails keys at once as :class:`RejectedError`.
 
 A call's timeout is ``min(timeout_s, time left to the deadline)``; one that times out
-only because the deadline was near is not counted as the pod's failure (a saturated
-caller must not eject healthy pods). Results come back in the order of ``keys`` as
-:class:`Result`; the failure log (:class:`workers.failurelog.FailureLog`) gets a line
-per failed call, at most a few per endpoint per second, saying whether its retry
-succeeded.
+after the deadline cut it to under half of ``timeout_s`` is not counted as the pod's
+failure (a saturated caller must not eject healthy pods). Results come back in the
+order of ``keys`` as :class:`Result`; the failure log
+(:class:`workers.failurelog.FailureLog`) gets a line per failed call, at most a few per
+endpoint per second, saying whether its retry succeeded.
 
 The grouped form (``grouped=True``) calls ``send(url, keys)`` once per pod with that
 pod's keys (a list) and expects their values in order; a failed group's keys are routed

@@ -3,10 +3,10 @@
 A :class:`Plan` holds what one fan-out routed where and collects the results. Its
 jobs (:func:`key_job`, :func:`group_job`, :func:`fallback_job`) are generators that say
 *what* to do — ``("call", url, what, timeout)``, ``("sleep", seconds)``, ``("slot",
-slot, cap)`` (start a call once the endpoint is under the bulkhead's cap: its start
-time; ``-1`` at the deadline; :data:`STUCK` when the endpoint's oldest call has been
-out a quarter of the timeout) — and get each call's outcome back as ``(value,
-exception)``: the thread-pool form
+slot, cap)`` (start a call once the endpoint is under the bulkhead's cap, for a call
+with nowhere else to go: its start time; ``-1`` at the deadline; :data:`STUCK` when the
+endpoint's oldest call has been out a quarter of the timeout) — and get each call's
+outcome back as ``(value, exception)``: the thread-pool form
 (:mod:`workers.fanout`) performs them blocking on a pool thread, the asyncio form
 (:mod:`workers.afanout`) awaits them. So the retry rule, the bulkhead, the recording
 and the failure log exist once.
@@ -79,8 +79,9 @@ class Result:
         The router answered fallback for the key: it went to ``CSLB_FALLBACK_URL``, or,
         with ``attempts == 0``, is the caller's to send through the ingress.
     kind : int
-        How the last call failed (``lbcore.outlier.FAIL_*``; 0 on success or when no
-        call failed).
+        How the last call failed (``lbcore.outlier.FAIL_*``; 0 on success, when no call
+        failed, or when the pod answered with a status that is not a failure status:
+        :class:`workers.senders.CallAnswerError`).
     """
 
     __slots__ = ("attempts", "endpoint", "error", "fallback", "kind", "value")
@@ -226,10 +227,16 @@ class Plan:
     # -- calls --------------------------------------------------------------------------
 
     def call_timeout(self, now: int) -> tuple[float, bool]:
-        """Timeout (s) of a call starting at ``now``, and whether the deadline shortened it."""
+        """Timeout (s) of a call starting at ``now``, and whether the deadline cut it short.
+
+        Short: to under half the call timeout. Such a call that times out is the
+        caller's doing (it started late: its pool or loop was saturated), not the pod's.
+        One left at least half its timeout that still gets no answer counts as the pod's
+        timeout, so a frozen pod's late calls do not pass for successes.
+        """
         left = (self.deadline_ns - now) / 1e9
         if left < self.timeout_s:
-            return max(left, 0.0), True
+            return max(left, 0.0), left < 0.5 * self.timeout_s
         return self.timeout_s, False
 
     def begin(self, slot: int, cap: int) -> int:
@@ -319,8 +326,8 @@ class Plan:
         """One failure line (rate-limited) for the call of ``pos`` to ``url``."""
         t = self.table
         e = int(self.idx[pos])
-        if attempt:
-            e = self.urls.index(url) if url in self.urls else -1  # the retry pod's node, zone
+        if e < 0 or self.urls[e] != url:  # a retry pod's (or the ingress's) call
+            e = self.urls.index(url) if url in self.urls else -1
         fields = {
             "event": "cslb_call_failed",
             "product_id": key_text(self.keys[pos]),
@@ -363,88 +370,101 @@ def _attempt(
 
 
 def key_job(plan: Plan, pos: int, cap: int, t0: int | None = None) -> Job:
-    """One key: its call (already begun at ``t0`` if given; ``-1``: refused), one retry."""
+    """One key: its call (already begun at ``t0`` if given; ``-1``: refused), one retry.
+
+    The bulkhead: a call over its pod's cap goes to the retry pod at once (no budget, no
+    backoff: it is the key's first call), so a pod holding its calls cannot take the
+    worker's threads; if that call fails, the key's one retry goes back to its own pod.
+    Only when the retry pod is at its cap too (or there is none) does the call wait for
+    a slot on its own pod.
+    """
     if t0 is None:
         if plan.closed or plan.clock() >= plan.deadline_ns:
             return  # no time left: a deadline error, not a call
         t0 = plan.begin(plan.slots[pos], cap)
+    own_slot = plan.slots[pos]
     url = plan.urls[int(plan.idx[pos])]
     key = plan.keys[pos]
     if t0 < 0:
-        # The bulkhead. A pod whose calls are just busy keeps its keys (and its cache):
-        # wait for a slot. One whose oldest call has been out for a quarter of the
-        # timeout looks stuck: straight to the retry pod (no budget, no backoff).
-        t0 = yield ("slot", plan.slots[pos], cap)
-        if t0 == STUCK:
-            if plan.retry_route(pos)[1] is None:
-                t0 = -1  # no other pod: wait on (a deadline error, not a call)
-            else:
+        slot2, url2 = plan.retry_route(pos)
+        t2 = -1 if url2 is None else plan.begin(slot2, cap)
+        if t2 < 0:
+            t0 = yield ("slot", own_slot, cap)
+            if t0 == STUCK and url2 is not None:
+                t2 = plan.begin(slot2, cap)  # (the retry pod may have a slot by now)
+            if t2 < 0 and t0 == STUCK:
                 plan.ledger.tally("bulkhead_rejections")
-                err = RejectedError(f"{url} at the bulkhead's cap")
-                yield from _second(plan, pos, cap, None, 0, err)
+                err = RejectedError(f"not sent: {url} at the bulkhead's cap and stuck")
+                plan.finish(pos, Result(error=err, endpoint=url))
                 return
+        if t2 >= 0:
+            plan.ledger.tally("bulkhead_rejections")
+            value, exc, kind = yield from _attempt(plan, slot2, t2, url2, key)
+            if exc is None:
+                plan.finish(pos, Result(value, None, url2, 1))
+            elif kind in RETRYABLE and not plan.closed:
+                yield from _retry(plan, pos, cap, own_slot, url, url2, kind, exc)
+            else:
+                plan.log_failure(pos, url2, 0, kind, exc, "not retried")
+                plan.finish(pos, Result(error=exc, endpoint=url2, attempts=1, kind=kind))
+            return
         if t0 < 0:
             return  # the deadline passed meanwhile: a deadline error, not a call
-    value, exc, kind = yield from _attempt(plan, plan.slots[pos], t0, url, key)
+    value, exc, kind = yield from _attempt(plan, own_slot, t0, url, key)
     if exc is None:
         plan.finish(pos, Result(value, None, url, 1))
     elif kind in RETRYABLE and not plan.closed:
-        yield from _second(plan, pos, cap, url, kind, exc)
+        slot2, url2 = plan.retry_route(pos)
+        if url2 is None:
+            plan.log_failure(pos, url, 0, kind, exc, "no other pod")
+            plan.finish(pos, Result(error=exc, endpoint=url, attempts=1, kind=kind))
+        else:
+            yield from _retry(plan, pos, cap, slot2, url2, url, kind, exc)
     else:
         plan.log_failure(pos, url, 0, kind, exc, "not retried")
         plan.finish(pos, Result(error=exc, endpoint=url, attempts=1, kind=kind))
 
 
-def _second(
+def _retry(
     plan: Plan,
     pos: int,
     cap: int,
-    first_url: str | None,
+    slot: int,
+    url: str,
+    first_url: str,
     first_kind: int,
     first_exc: BaseException,
 ) -> Job:
-    """The single retry of ``pos``: after a failure (``first_url`` set) or the bulkhead."""
-    attempts = 0 if first_url is None else 1
+    """The single retry of ``pos`` on ``url``, after its first call to ``first_url`` failed."""
 
     def give_up(retry: str) -> None:
-        if first_url is not None:
-            plan.log_failure(pos, first_url, 0, first_kind, first_exc, retry)
-        plan.finish(
-            pos, Result(error=first_exc, endpoint=first_url, attempts=attempts, kind=first_kind)
-        )
+        plan.log_failure(pos, first_url, 0, first_kind, first_exc, retry)
+        plan.finish(pos, Result(error=first_exc, endpoint=first_url, attempts=1, kind=first_kind))
 
-    slot, url = plan.retry_route(pos)
-    if url is None:
-        give_up("no other pod")
+    wait = plan.backoff_ns()
+    why = plan.retry_refusal(plan.clock(), wait)
+    if why is not None:
+        give_up(why)
         return
-    if first_url is not None:
-        wait = plan.backoff_ns()
-        why = plan.retry_refusal(plan.clock(), wait)
-        if why is not None:
-            give_up(why)
-            return
-        yield ("sleep", wait / 1e9)
+    yield ("sleep", wait / 1e9)
     t0 = plan.begin(slot, cap)
     if t0 < 0:
-        t0 = yield ("slot", slot, cap)  # the retry pod at its cap too: wait for a slot
+        t0 = yield ("slot", slot, cap)  # the retry's pod at its cap: wait for a slot
         if t0 < 0:
             give_up(
                 f"not sent: {url} at the bulkhead's cap" + (" and stuck" if t0 == STUCK else "")
             )
             return
-    if first_url is not None:
-        plan.ledger.tally("retries")
+    plan.ledger.tally("retries")
     value, exc, kind = yield from _attempt(plan, slot, t0, url, plan.keys[pos])
     if exc is None:
-        if first_url is not None:
-            plan.log_failure(pos, first_url, 0, first_kind, first_exc, f"succeeded on {url}")
-        plan.finish(pos, Result(value, None, url, attempts + 1))
+        plan.log_failure(pos, first_url, 0, first_kind, first_exc, f"succeeded on {url}")
+        plan.finish(pos, Result(value, None, url, 2))
         return
-    if first_url is not None:
-        plan.ledger.tally("retries_failed")
-        plan.log_failure(pos, first_url, 0, first_kind, first_exc, f"failed on {url}")
+    plan.ledger.tally("retries_failed")
+    plan.log_failure(pos, first_url, 0, first_kind, first_exc, f"failed on {url}")
     plan.log_failure(pos, url, 1, kind, exc, "none (the single retry)")
-    plan.finish(pos, Result(error=exc, endpoint=url, attempts=attempts + 1, kind=kind))
+    plan.finish(pos, Result(error=exc, endpoint=url, attempts=2, kind=kind))
 
 
 def fallback_job(plan: Plan, positions: list[int]) -> Job:
@@ -477,7 +497,12 @@ def group_values(got: Any, n: int) -> tuple[Any, BaseException | None]:
 
 
 def group_job(plan: Plan, positions: list[int], cap: int, t0: int | None = None) -> Job:
-    """One pod's keys in one call; if it fails, the keys' retries grouped per retry pod."""
+    """One pod's keys in one call; if it fails, the keys' retries grouped per retry pod.
+
+    Over its pod's cap the group goes to the keys' retry pods at once (one call each,
+    as in :func:`key_job`); keys whose retry pod is at its cap too, or fails, come back
+    to their own pod in one call (a retry, for those that failed).
+    """
     slot = plan.slots[positions[0]]
     url = plan.urls[int(plan.idx[positions[0]])]
     if t0 is None:
@@ -487,21 +512,44 @@ def group_job(plan: Plan, positions: list[int], cap: int, t0: int | None = None)
     if t0 < 0:
         plan.ledger.tally("bulkhead_rejections", len(positions))
         err = RejectedError(f"{url} at the bulkhead's cap")
-        yield from _group_second(plan, positions, cap, None, 0, err)
+        yield from _group_second(plan, positions, cap, None, 0, err, (slot, url))
         return
+    yield from _group_call(plan, positions, cap, slot, t0, url)
+
+
+def _group_call(
+    plan: Plan,
+    positions: list[int],
+    cap: int,
+    slot: int,
+    t0: int,
+    url: str,
+    first: tuple[str, int, BaseException] | None = None,
+) -> Job:
+    """The group's call to its own pod, begun at ``t0`` (``first``: it is a retry)."""
     value, exc, kind = yield from _attempt(plan, slot, t0, url, plan.keys_at(positions))
     if exc is None:
         value, exc = group_values(value, len(positions))
         kind = 0 if exc is None else failure_kind(exc)
+    if first is not None:
+        f_url, f_kind, f_exc = first
+        plan.ledger.tally("retries")
+        if exc is not None:
+            plan.ledger.tally("retries_failed")
+        outcome = f"succeeded on {url}" if exc is None else f"failed on {url}"
+        plan.log_failure(positions[0], f_url, 0, f_kind, f_exc, outcome)
+    attempts = 1 if first is None else 2
     if exc is None:
         for p, v in zip(positions, value, strict=True):
-            plan.finish(p, Result(v, None, url, 1))
-    elif kind in RETRYABLE and not plan.closed:
+            plan.finish(p, Result(v, None, url, attempts))
+        return
+    if first is None and kind in RETRYABLE and not plan.closed:
         yield from _group_second(plan, positions, cap, url, kind, exc)
-    else:
-        plan.log_failure(positions[0], url, 0, kind, exc, "not retried")
-        for p in positions:
-            plan.finish(p, Result(error=exc, endpoint=url, attempts=1, kind=kind))
+        return
+    retry = "not retried" if first is None else "none (the single retry)"
+    plan.log_failure(positions[0], url, attempts - 1, kind, exc, retry)
+    for p in positions:
+        plan.finish(p, Result(error=exc, endpoint=url, attempts=attempts, kind=kind))
 
 
 def _group_second(
@@ -511,8 +559,14 @@ def _group_second(
     first_url: str | None,
     first_kind: int,
     first_exc: BaseException,
+    own: tuple[int, str] | None = None,
 ) -> Job:
-    """The retries of a failed (or refused) group: one call per retry pod."""
+    """The retries of a failed group (one call per retry pod), or a group over its cap.
+
+    ``own``: the ``(slot, url)`` of a group moved by the bulkhead (``first_url`` is then
+    ``None``); its keys whose retry pod is at its cap too go back to it, waiting for a
+    slot, and those whose retry pod failed get their retry there.
+    """
     attempts = 0 if first_url is None else 1
     by_pod: dict[str | None, list[int]] = {}
     slot_of: dict[str | None, int] = {}
@@ -520,6 +574,8 @@ def _group_second(
         slot, url = plan.retry_route(p)
         by_pod.setdefault(url, []).append(p)
         slot_of[url] = slot
+    unsent: list[int] = []  # moved keys with nowhere else to go: their own pod, first call
+    failed: list[tuple[list[int], str, int, BaseException]] = []  # moved and failed
 
     def give_up(ps: list[int], retry: str) -> None:
         if first_url is not None:
@@ -537,7 +593,10 @@ def _group_second(
         yield ("sleep", wait / 1e9)
     for url, ps in by_pod.items():
         if url is None:
-            give_up(ps, "no other pod")
+            if own is not None:
+                unsent += ps
+            else:
+                give_up(ps, "no other pod")
             continue
         if first_url is not None:
             why = plan.retry_refusal(plan.clock(), 0)
@@ -546,10 +605,15 @@ def _group_second(
                 continue
         slot = slot_of[url]
         t0 = plan.begin(slot, cap)
-        if t0 < 0:
-            plan.ledger.tally("bulkhead_rejections", len(ps))
-            give_up(ps, f"not sent: {url} at the bulkhead's cap too")
+        if t0 < 0 and own is not None:
+            unsent += ps
             continue
+        if t0 < 0:
+            t0 = yield ("slot", slot, cap)  # the retry pod at its cap: wait for a slot
+            if t0 < 0:
+                stuck = " and stuck" if t0 == STUCK else ""
+                give_up(ps, f"not sent: {url} at the bulkhead's cap{stuck}")
+                continue
         if first_url is not None:
             plan.ledger.tally("retries")
         value, exc, kind = yield from _attempt(plan, slot, t0, url, plan.keys_at(ps))
@@ -562,9 +626,38 @@ def _group_second(
             for p, v in zip(ps, value, strict=True):
                 plan.finish(p, Result(v, None, url, attempts + 1))
             continue
+        if own is not None and kind in RETRYABLE and not plan.closed:
+            failed.append((ps, url, kind, exc))
+            continue
         if first_url is not None:
             plan.ledger.tally("retries_failed")
             plan.log_failure(ps[0], first_url, 0, first_kind, first_exc, f"failed on {url}")
         plan.log_failure(ps[0], url, 1, kind, exc, "none (the single retry)")
         for p in ps:
             plan.finish(p, Result(error=exc, endpoint=url, attempts=attempts + 1, kind=kind))
+    if own is None:
+        return
+    own_slot, own_url = own
+    if unsent:
+        t0 = yield ("slot", own_slot, cap)
+        if t0 >= 0:
+            yield from _group_call(plan, unsent, cap, own_slot, t0, own_url)
+        elif t0 == STUCK:
+            err = RejectedError(f"not sent: {own_url} at the bulkhead's cap and stuck")
+            for p in unsent:
+                plan.finish(p, Result(error=err, endpoint=own_url))
+    for ps, url, kind, exc in failed:
+        wait = plan.backoff_ns()
+        why = plan.retry_refusal(plan.clock(), wait)
+        if why is None:
+            yield ("sleep", wait / 1e9)
+            t0 = yield ("slot", own_slot, cap)
+            if t0 >= 0:
+                yield from _group_call(plan, ps, cap, own_slot, t0, own_url, (url, kind, exc))
+                continue
+            why = f"not sent: {own_url} at the bulkhead's cap"
+            if t0 == STUCK:
+                why += " and stuck"
+        plan.log_failure(ps[0], url, 0, kind, exc, why)
+        for p in ps:
+            plan.finish(p, Result(error=exc, endpoint=url, attempts=1, kind=kind))

@@ -120,10 +120,11 @@ FANOUT_ENDPOINT_CAP = Knob(
     "--fanout-endpoint-cap",
     0,
     _cap,
-    "Bulkhead: most calls one worker has in flight to one endpoint. A call over it waits "
-    "for a slot while the pod is just busy, and goes to the retry pod at once when the "
-    "pod looks stuck (its oldest call out for a quarter of the timeout), so a frozen pod "
-    "cannot take every thread. 'auto' (0): half of CSLB_FANOUT_THREADS, at least 1.",
+    "Bulkhead: most calls one worker has in flight to one endpoint. A call over it goes "
+    "to the retry pod at once (the key's one call: no retry budget, no backoff), so a "
+    "frozen pod holding its calls until they time out cannot take every thread; it is "
+    "counted in cslb_bulkhead_rejections_total, never as the pod's failure. 'auto' (0): "
+    "half of CSLB_FANOUT_THREADS, at least 1.",
     "N",
 )
 FANOUT_TIMEOUT = Knob(

@@ -12,23 +12,26 @@ has, with pooled keep-alive connections per worker process:
 Both send ``GET <url><path>`` with the key URL-quoted into ``path`` (and, for the
 grouped form, ``POST <url><batch_path>`` with a JSON array of keys, answered by a JSON
 array of values in the same order), decode the body (JSON by default), and raise
-:class:`CallConnectError`, :class:`CallTimeoutError` or :class:`CallStatusError` (a 5xx, or any
-status in ``fail_statuses``) so the helper knows what to retry and the counters record
-how each pod fails (:func:`failure_kind`). A sender that takes a ``timeout`` keyword
-gets the fan-out's per-call timeout (seconds).
+:class:`CallConnectError`, :class:`CallTimeoutError` or :class:`CallStatusError` (a 5xx,
+or any status in ``fail_statuses``) so the helper knows what to retry and the counters
+record how each pod fails (:func:`failure_kind`); another non-2xx status raises
+:class:`CallAnswerError`, the key's error but not the pod's failure. A sender that
+takes a ``timeout`` keyword gets the fan-out's per-call timeout (seconds).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
+from lbcore.outlier import FAIL_CONNECT, FAIL_NONE, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
 
 __all__ = [
+    "CallAnswerError",
     "CallConnectError",
     "CallError",
     "CallStatusError",
@@ -75,15 +78,33 @@ class CallStatusError(CallError):
         self.body = body[:200]
 
 
+class CallAnswerError(CallError):
+    """The endpoint answered with a status that is not a failure status (a 4xx, say).
+
+    The key failed, but the pod did its job: the request was the caller's problem, so
+    it is neither retried nor counted as the pod's failure (as Envoy and Finagle treat
+    a 4xx). Its kind is :data:`~lbcore.outlier.FAIL_NONE`.
+    """
+
+    kind = FAIL_NONE
+
+    def __init__(self, status: int, url: str | None = None, body: bytes = b"") -> None:
+        super().__init__(f"HTTP {status} from {url}", url)
+        self.status = status
+        self.body = body[:200]
+
+
 def failure_kind(exc: BaseException) -> int:
     """How a call failed, as :mod:`lbcore.outlier`'s ``FAIL_*`` code.
 
-    This module's exceptions carry their kind; the standard library's, urllib3's and
-    httpx's transport errors (raised by a sender of your own) are recognized too;
-    anything else is :data:`~lbcore.outlier.FAIL_OTHER`.
+    This module's exceptions carry their kind (:class:`CallAnswerError`:
+    :data:`~lbcore.outlier.FAIL_NONE`, an answer, not the pod's failure); the standard
+    library's, urllib3's and httpx's transport errors (raised by a sender of your own)
+    are recognized too, and httpx's status errors (a 4xx is an answer); anything else is
+    :data:`~lbcore.outlier.FAIL_OTHER`.
     """
     kind = getattr(exc, "kind", None)
-    if isinstance(exc, CallError) and kind in (FAIL_CONNECT, FAIL_TIMEOUT, FAIL_STATUS):
+    if isinstance(exc, CallError) and kind in (FAIL_NONE, FAIL_CONNECT, FAIL_TIMEOUT, FAIL_STATUS):
         return int(kind)
     if isinstance(exc, TimeoutError):  # socket.timeout and asyncio's are this class
         return FAIL_TIMEOUT
@@ -119,7 +140,7 @@ def _httpx_kind(exc: BaseException) -> int:
     if isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError)):
         return FAIL_CONNECT
     if isinstance(exc, httpx.HTTPStatusError):
-        return FAIL_STATUS if exc.response.status_code >= 500 else FAIL_OTHER
+        return FAIL_STATUS if exc.response.status_code >= 500 else FAIL_NONE
     return FAIL_OTHER
 
 
@@ -127,7 +148,7 @@ def _check_status(status: int, fail: Collection[int], url: str, body: bytes) -> 
     if status in fail:
         raise CallStatusError(status, url, body)
     if not 200 <= status < 300:
-        raise CallError(f"HTTP {status} from {url}", url)  # the caller's problem: FAIL_OTHER
+        raise CallAnswerError(status, url, body)  # the caller's problem, not the pod's
 
 
 class _Template:
@@ -178,7 +199,8 @@ class Urllib3Sender(_Template):
         Body -> value (default: ``json.loads``).
     fail_statuses
         Statuses raised as :class:`CallStatusError` (the pod's failure; default: 5xx). Other
-        non-2xx statuses raise :class:`CallError` (kind other, not retried).
+        non-2xx statuses raise :class:`CallAnswerError` (not retried, not the pod's
+        failure).
     timeout_s
         Per-call timeout (connect and read, seconds) when the fan-out passes none.
     maxsize
@@ -199,6 +221,8 @@ class Urllib3Sender(_Template):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(path, batch_path, decode, fail_statuses, headers)
+        # Imported now, not in the first call (its ~0.1 s would count as the pod's).
+        self._urllib3: Any = importlib.import_module("urllib3")
         self.timeout_s = float(timeout_s)
         self.maxsize = int(maxsize)
         self._pool: Any = None
@@ -207,21 +231,17 @@ class Urllib3Sender(_Template):
     def _manager(self) -> Any:
         pool = self._pool
         if pool is None:
-            import urllib3
-
             with self._lock:
                 if self._pool is None:
                     # No retries of its own (the fan-out retries on another pod), no
                     # blocking on a full pool (a new connection instead).
-                    self._pool = urllib3.PoolManager(
+                    self._pool = self._urllib3.PoolManager(
                         num_pools=256, maxsize=self.maxsize, block=False, retries=False
                     )
                 pool = self._pool
         return pool
 
     def _request(self, method: str, url: str, body: bytes | None, timeout: float | None) -> bytes:
-        import urllib3
-
         t = self.timeout_s if timeout is None else max(float(timeout), 0.001)
         headers = self.headers
         if body is not None:
@@ -232,7 +252,7 @@ class Urllib3Sender(_Template):
                 url,
                 body=body,
                 headers=headers,
-                timeout=urllib3.Timeout(connect=t, read=t),
+                timeout=self._urllib3.Timeout(connect=t, read=t),
                 redirect=False,
                 preload_content=True,
             )
@@ -272,7 +292,7 @@ class HttpxSender(_Template):
 
     One client (connection pool) per event loop, made on first use in it. Parameters
     as for :class:`Urllib3Sender`; ``max_connections`` bounds the client's connections
-    in all.
+    in all. Raises ``ImportError`` naming the extra to install when httpx is missing.
     """
 
     def __init__(
@@ -287,6 +307,12 @@ class HttpxSender(_Template):
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(path, batch_path, decode, fail_statuses, headers)
+        try:  # now, not in the first call (its ~0.1 s would count as the pod's)
+            self._httpx: Any = importlib.import_module("httpx")
+        except ImportError as exc:
+            raise ImportError(
+                "HttpxSender needs httpx: pip install 'cslb[httpx]' (or httpx)"
+            ) from exc
         self.timeout_s = float(timeout_s)
         self.max_connections = int(max_connections)
         self._clients: dict[int, Any] = {}
