@@ -1160,6 +1160,7 @@ class Recorder:
         failed: Any = None,
         *,
         bound: int | None = None,
+        opened: bool = True,
     ) -> None:
         """Record the end of calls started by :meth:`record_start` (a whole fan-out).
 
@@ -1186,6 +1187,10 @@ class Recorder:
             :data:`~lbcore.outlier.FAIL_CONNECT` … :data:`~lbcore.outlier.FAIL_OTHER`).
         bound
             As in :meth:`record_start`: ``slots`` are known to be in ``0 .. bound - 1``.
+        opened
+            ``False``: these calls' starts were never recorded (they started and ended
+            between two writes of a batching caller): they are recorded as complete
+            calls, and the in-flight counts, which never counted them, are left alone.
 
         Raises
         ------
@@ -1202,7 +1207,7 @@ class Recorder:
             if d < 0:
                 raise CounterInputError(f"durations must be >= 0 ns, got {d}")
             if n:
-                self._end(s, started_ns, d, int(now_ns), None)
+                self._end(s, started_ns, d, int(now_ns), None, opened)
             return
         if d.__class__ is not int:
             if isinstance(d, np.integer):
@@ -1231,7 +1236,7 @@ class Recorder:
                         f"start times have shape {started.shape}, expected ({n},)"
                     )
         if n:
-            self._end(s, started, d, int(now_ns), failed)
+            self._end(s, started, d, int(now_ns), failed, opened)
 
     def _end(
         self,
@@ -1240,11 +1245,13 @@ class Recorder:
         d: int | np.ndarray,
         now_ns: int,
         failed: np.ndarray | None,
+        opened: bool = True,
     ) -> None:
         """Record the end of ``s.size > 0`` calls (see :meth:`record_end`).
 
         ``started`` and ``d`` are an ``int`` for every call or an ``int64`` array each;
-        ``failed``: ``None`` or checked failure codes (``int64``, 0 = success).
+        ``failed``: ``None`` or checked failure codes (``int64``, 0 = success);
+        ``opened``: whether their starts were recorded (their open entries to take out).
         """
         b = self._bucket_ns
         period = now_ns // b
@@ -1259,24 +1266,28 @@ class Recorder:
             # Every call started in this bucket (and ended by now_ns): all of it is here,
             # and so are its open entries (record_start put them in this bucket).
             j = period % self._k
-            opened = period * b - started  # (an array for calls that started apart)
+            offsets = self._end_offsets[j]
+            if not opened:  # (no open entries to take out: the fields after them)
+                offsets = offsets[2:]
             if scalar_start and d.__class__ is int:
-                self._add(self._row_words, s, (-1, opened, d, 1, d, 1), self._end_offsets[j])
+                vals: Any = (-1, period * b - started, d, 1, d, 1)
+                self._add(self._row_words, s, vals if opened else vals[2:], offsets)
             else:
-                vals = np.empty((6, s.size), dtype=np.int64)
-                vals[0] = -1
-                vals[1] = opened
-                vals[2] = d
-                vals[3] = 1
-                vals[4] = d
-                vals[5] = 1
-                self._add(self._row_words, s, vals.reshape(-1), self._end_offsets[j])
+                vals = np.empty((6 if opened else 4, s.size), dtype=np.int64)
+                if opened:
+                    vals[0] = -1
+                    vals[1] = period * b - started  # (an array for calls that started apart)
+                vals[-4] = d
+                vals[-3] = 1
+                vals[-2] = d
+                vals[-1] = 1
+                self._add(self._row_words, s, vals.reshape(-1), offsets)
             if failed is not None:
                 self._end_failures(s, failed, self._fail_offsets[j])
             return
         st = np.full(s.size, started, dtype=np.int64) if scalar_start else started
         dd = np.full(s.size, d, dtype=np.int64) if d.__class__ is int else d
-        self._end_spread(s, st, dd, failed)
+        self._end_spread(s, st, dd, failed, opened)
 
     def _end_failures(
         self, s: np.ndarray, failed: np.ndarray, offsets: list[tuple[int, ...]]
@@ -1290,23 +1301,30 @@ class Recorder:
             scatter_add(self._row_words, s[f[codes == c]], 1, offsets[c])
 
     def _end_spread(
-        self, s: np.ndarray, st: np.ndarray, d: np.ndarray, failed: np.ndarray | None
+        self,
+        s: np.ndarray,
+        st: np.ndarray,
+        d: np.ndarray,
+        failed: np.ndarray | None,
+        opened: bool = True,
     ) -> None:
         """General case: calls spanning buckets, or ending in older retained buckets."""
         b, kk, cols = self._bucket_ns, self._k, self._cols
         scatter_add(self._requests_total, s, 1)
         newest = self._period
         oldest = newest - kk + 1  # the buckets this row holds; older time is forgotten
-        # A call's open entry is in its start bucket's column while the row holds that
-        # bucket (record_start put it there, rotation has not moved it), else in open_old.
-        qs = st // b
-        held = qs >= oldest
-        h = held.nonzero()[0]
-        cells = (qs[h] % kk) * cols + s[h]
-        scatter_add(self._open.reshape(-1), cells, -1)
-        scatter_add(self._open_sum.reshape(-1), cells, qs[h] * b - st[h])
-        if h.size != s.size:
-            scatter_add(self._open_old, s[~held], -1)
+        if opened:
+            # A call's open entry is in its start bucket's column while the row holds
+            # that bucket (record_start put it there, rotation has not moved it), else in
+            # open_old.
+            qs = st // b
+            held = qs >= oldest
+            h = held.nonzero()[0]
+            cells = (qs[h] % kk) * cols + s[h]
+            scatter_add(self._open.reshape(-1), cells, -1)
+            scatter_add(self._open_sum.reshape(-1), cells, qs[h] * b - st[h])
+            if h.size != s.size:
+                scatter_add(self._open_old, s[~held], -1)
         end = st + d
         for q in range(max(oldest, int(st.min()) // b), newest + 1):
             part = np.minimum(end, (q + 1) * b) - np.maximum(st, q * b)
@@ -1423,10 +1441,13 @@ class LockedRecorder:
         failed: Any = None,
         *,
         bound: int | None = None,
+        opened: bool = True,
     ) -> None:
         """See :meth:`Recorder.record_end`."""
         with self.lock:
-            self.recorder.record_end(slots, started_ns, durations_ns, now_ns, failed, bound=bound)
+            self.recorder.record_end(
+                slots, started_ns, durations_ns, now_ns, failed, bound=bound, opened=opened
+            )
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """See :meth:`Recorder.count`."""
@@ -1491,9 +1512,12 @@ class ThreadRecorder:
         failed: Any = None,
         *,
         bound: int | None = None,
+        opened: bool = True,
     ) -> None:
         """See :meth:`Recorder.record_end`."""
-        self._mine().record_end(slots, started_ns, durations_ns, now_ns, failed, bound=bound)
+        self._mine().record_end(
+            slots, started_ns, durations_ns, now_ns, failed, bound=bound, opened=opened
+        )
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """See :meth:`Recorder.count`."""

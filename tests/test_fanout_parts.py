@@ -184,6 +184,51 @@ def test_ledger_writes_in_batched_steps_what_calls_did(store):
     assert reader.read(now[0], 16).in_flight[[5, 6]].tolist() == [1, 1]
 
 
+class _Watched:
+    """A recorder that, after each of its writes, reads what other workers see in flight."""
+
+    def __init__(self, rec, reader, clock):
+        self.rec, self.reader, self.clock = rec, reader, clock
+        self.seen: list[list[int]] = []
+
+    def __getattr__(self, name):
+        f = getattr(self.rec, name)
+
+        def call(*a, **k):
+            f(*a, **k)
+            self.seen.append(self.reader.read(self.clock(), 16).in_flight[:4].tolist())
+
+        return call
+
+
+def test_ledger_never_shows_a_call_in_flight_that_is_not(store):
+    """A step with ends, complete calls and new starts: every state a reader can catch
+    counts at most the calls really out (ends first, starts last); the end state counts
+    exactly them."""
+    now = [1_000 * S]
+    watched = _Watched(store.claim(), store.reader(), lambda: now[0])
+    led = CallLedger(Recording(lambda: now[0], watched))
+    a = led.begin(1, cap=10)  # written at once (first after a quiet spell)
+    now[0] += 1_000
+    b = led.begin(1, cap=10)  # pending ...
+    now[0] += 1_000
+    led.end(1, b)  # ... and over before any write: a complete call
+    led.end(1, a)  # its start was written
+    now[0] += 1_000
+    led.begin(2, cap=10)  # still out
+    led.begin(3, cap=10)
+    out = {1: 0, 2: 1, 3: 1}
+    watched.seen.clear()
+    led.flush()
+    assert len(watched.seen) >= 3  # (ends, complete calls, starts: separate writes)
+    for cells in watched.seen:
+        assert all(cells[s] <= n for s, n in out.items()), watched.seen
+    assert watched.seen[-1][1:4] == [0, 1, 1]
+    loads = store.reader().read(now[0], 16)
+    assert loads.completed[1] == 2 and loads.in_flight[1] == 0
+    assert loads.mean_latency_s[1] == pytest.approx((2_000 + 1_000) / 2 / 1e9)
+
+
 def test_ledger_from_many_threads_loses_nothing(store):
     rec = shm.LockedRecorder(store.claim())
     led = CallLedger(Recording(recorder=rec))

@@ -109,7 +109,8 @@ class Pool:
     holding a token takes the fan-out's next job (one step of a shared iterator) until
     there is none, so a call costs no queue operation of its own. Threads start on first use
     (daemon threads: an exiting worker does not wait for them). A thread that finds no
-    more work writes the ledger's pending events before it blocks.
+    more work writes the ledger's pending events before it blocks if they are due (the
+    fan-out's return and its waiter write the rest).
 
     Parameters
     ----------
@@ -118,7 +119,7 @@ class Pool:
     capacity
         Most calls held at once (queued or running); :meth:`admit` refuses beyond it.
     idle
-        Called by a thread that runs out of work (the ledger's flush).
+        Called by a thread that runs out of work (the ledger's ``flush_due``).
     """
 
     def __init__(self, threads: int, capacity: int, idle: Callable[[], None]) -> None:
@@ -209,7 +210,7 @@ class FanOut:
         self.ledger: CallLedger = router._call_ledger()
         self.failure_log: FailureLog = router.recording.failure_log
         self.budget = RetryBudget(s.retry_percent / 100.0, s.retry_floor_per_s)
-        self.pool = Pool(s.threads, s.queue, self.ledger.flush)
+        self.pool = Pool(s.threads, s.queue, self.ledger.flush_due)
 
     def close(self) -> None:
         """Stop the pool's threads (after their current calls)."""

@@ -8,13 +8,19 @@ queued in the worker's own pool is never counted as the pod's busy time, and in-
 counts only calls really in flight.
 
 Writing each start and end into shared memory on its own would cost a few NumPy calls
-per call; instead events wait in two short lists and reach the row together in one step
-(one ``record_start`` with each call's own start time, one ``record_end``, the stats
-deltas): when 64 are pending, when the last step is 2 ms old, when a pool thread runs
-out of work, when a fan-out returns, and while a fan-out waits. Other workers see a
-call at most that much later; its busy time is exact (start and end times are taken
-when they happen, not when written). Calls that start together (an asyncio fan-out's
-wave) go in with :meth:`~CallLedger.begin_many`: one step for all.
+per call; instead events wait in short lists and reach the row together in one step:
+when 64 are pending, when the last step is 2 ms old (checked at each event, and by a
+pool thread that runs out of work), when a fan-out returns, and while a fan-out waits.
+Other workers see a call at most that much later; its busy time is exact (start and
+end times are taken when they happen, not when written). Calls that start together
+(an asyncio fan-out's wave) go in with :meth:`~CallLedger.begin_many`: one step for
+all.
+
+A step never shows other workers a call that is not in flight: it writes the ends of
+calls whose starts were written before first, then the calls that started and ended
+since the last step as complete calls (their in-flight counts never touched), then the
+starts of calls still out. A reader between two of these sees fewer calls in flight,
+never more.
 
 The ledger also holds the worker's per-endpoint count (and start times) of calls in
 flight, which is what the fan-out's bulkhead caps: :meth:`~CallLedger.begin` refuses a
@@ -48,7 +54,7 @@ FLUSH_NS = 2_000_000
 #: Pending events that trigger a write at once.
 MAX_PENDING = 64
 
-_STAT = {name: i for i, name in enumerate(STATS_FIELDS)}
+_STAT = frozenset(STATS_FIELDS)
 
 
 class CallLedger:
@@ -66,17 +72,14 @@ class CallLedger:
 
     __slots__ = (
         "_clock",
+        "_done",
         "_due",
-        "_e_end",
-        "_e_kind",
-        "_e_slot",
-        "_e_start",
+        "_ends",
         "_freed",
         "_lock",
         "_open",
         "_rec",
-        "_s_slot",
-        "_s_time",
+        "_starts",
         "_stats",
         "_waiting",
         "_warned",
@@ -91,16 +94,14 @@ class CallLedger:
         self._freed = threading.Condition(self._lock)  # an end lowered a count
         self._waiting = 0  # threads in wait_freed (an end notifies only then)
         self._open: dict[int, list[int]] = {}  # per slot: start times of its calls in flight
-        # Pending events, one list of ints per field (cheaper to append to, and to turn
-        # into arrays, than tuples): starts (slot, time), ends (slot, start, end, kind).
-        self._s_slot, self._s_time = _buffer(), _buffer()
-        self._e_slot, self._e_start, self._e_end, self._e_kind = (
-            _buffer(),
-            _buffer(),
-            _buffer(),
-            _buffer(),
-        )
-        self._stats = [0] * len(STATS_FIELDS)
+        # Pending events. Starts not written yet: (slot, start) -> calls. Ends, as flat
+        # lists of ints (slot, start, end, kind per call; cheaper to append to and to
+        # turn into one array than tuples): of calls whose starts were written, and of
+        # calls that started since the last write (complete calls).
+        self._starts: dict[tuple[int, int], int] = {}
+        self._ends: list[int] = []
+        self._done: list[int] = []
+        self._stats: dict[str, int] = {}  # stats totals to add (only those tallied)
         self._due = 0  # when pending events are written at the latest (the last write + FLUSH_NS)
         self._warned = False
 
@@ -127,10 +128,10 @@ class CallLedger:
                 return -1
             now = self._clock()
             out.append(now)
-            self._s_slot.append(slot)
-            times = self._s_time
-            times.append(now)
-            due = len(times) >= MAX_PENDING or now >= self._due
+            starts = self._starts
+            key = (slot, now)
+            starts[key] = starts.get(key, 0) + 1
+            due = len(starts) >= MAX_PENDING or now >= self._due
         finally:
             lock.release()
         if due:
@@ -160,7 +161,7 @@ class CallLedger:
         with self._lock:
             now = self._clock()
             opened = self._open
-            s_slot, s_time = self._s_slot, self._s_time
+            starts = self._starts
             for slot in slots:
                 if slot < 0:  # not recordable (a fallback, or a table replaced since)
                     admitted.append(True)
@@ -171,8 +172,8 @@ class CallLedger:
                     continue
                 out.append(now)
                 admitted.append(True)
-                s_slot.append(slot)
-                s_time.append(now)
+                key = (slot, now)
+                starts[key] = starts.get(key, 0) + 1
         self.flush()
         return now, admitted
 
@@ -196,12 +197,22 @@ class CallLedger:
                     out.pop()
             if self._waiting:
                 self._freed.notify_all()
-            self._e_slot.append(slot)
-            self._e_start.append(started_ns)
-            self._e_kind.append(kind)
-            ends = self._e_end
-            ends.append(now)
-            due = len(ends) >= MAX_PENDING or now >= self._due
+            # Its start not written yet: it goes in as a complete call instead. (Calls
+            # with the same slot and start are alike to the row: which one it is does
+            # not matter.)
+            starts = self._starts
+            key = (slot, started_ns)
+            c = starts.get(key)
+            if c is None:
+                ends = self._ends
+            else:
+                if c == 1:
+                    del starts[key]
+                else:
+                    starts[key] = c - 1
+                ends = self._done
+            ends += (slot, started_ns, now, kind)
+            due = len(ends) >= 4 * MAX_PENDING or now >= self._due
         finally:
             lock.release()
         if due:
@@ -211,7 +222,10 @@ class CallLedger:
     def tally(self, field: str, n: int = 1) -> None:
         """Add ``n`` to the row's lifetime total ``field`` (:data:`shm.layout.STATS_FIELDS`)."""
         with self._lock:
-            self._stats[_STAT[field]] += n
+            if field not in _STAT:
+                raise KeyError(f"no stats field {field!r} (see shm.layout.STATS_FIELDS)")
+            stats = self._stats
+            stats[field] = stats.get(field, 0) + n
 
     def in_flight(self, slot: int) -> int:
         """Calls this worker has in flight to ``slot`` now."""
@@ -226,7 +240,7 @@ class CallLedger:
     @property
     def pending(self) -> bool:
         """Events wait to be written."""
-        return bool(self._s_slot or self._e_slot)
+        return bool(self._starts or self._ends or self._done)
 
     # -- writing --------------------------------------------------------------------
 
@@ -234,47 +248,43 @@ class CallLedger:
         """Write every pending event into the counter row now (one step)."""
         with self._write_lock:
             with self._lock:
-                if not (self._s_slot or self._e_slot or any(self._stats)):
+                if not (self._starts or self._ends or self._done or self._stats):
                     return
-                s_slot, s_time = self._s_slot, self._s_time
-                e_slot, e_start, e_end, e_kind = (
-                    self._e_slot,
-                    self._e_start,
-                    self._e_end,
-                    self._e_kind,
-                )
-                stats = self._stats
-                self._s_slot, self._s_time = _buffer(), _buffer()
-                self._e_slot, self._e_start, self._e_end, self._e_kind = (
-                    _buffer(),
-                    _buffer(),
-                    _buffer(),
-                    _buffer(),
-                )
-                self._stats = [0] * len(STATS_FIELDS)
+                starts, ends, done, stats = self._starts, self._ends, self._done, self._stats
+                self._starts, self._ends, self._done = {}, [], []
+                self._stats = {}
                 now = self._clock()
                 self._due = now + FLUSH_NS
-            s = e = None
-            if s_slot:
-                s = (_array(s_slot), _array(s_time))
-            if e_slot:
-                began = _array(e_start)
-                durations = _array(e_end) - began
-                np.maximum(durations, 0, out=durations)  # (a clock is monotonic; be safe)
-                kinds = _array(e_kind)
-                e = (_array(e_slot), began, durations, kinds if kinds.any() else None)
-            tallies = {STATS_FIELDS[i]: n for i, n in enumerate(stats) if n}
+            s = None
+            if starts:
+                counts = starts.values()
+                flat = np.fromiter((x for key in starts for x in key), np.int64, 2 * len(starts))
+                if len(starts) != sum(counts):  # (the same slot and start: more than one call)
+                    flat = np.repeat(flat.reshape(-1, 2), list(counts), axis=0).reshape(-1)
+                s = _columns(flat, 2)
             try:
-                self._rec.calls(s, e, now, tallies)
+                self._rec.calls(_ended(ends), _ended(done), s, now, stats)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if not self._warned:
                     self._warned = True
                     log.warning("calls not recorded: %s", exc)
 
+    def flush_due(self) -> None:
+        """:meth:`flush` if the last write is :data:`FLUSH_NS` old (a pool thread's check)."""
+        if (self._starts or self._ends or self._done) and self._clock() >= self._due:
+            self.flush()
 
-def _buffer() -> list[int]:
-    return []
+
+def _columns(flat: np.ndarray, k: int) -> np.ndarray:
+    """Fields of ``k`` ints per call, flat, as ``k`` contiguous rows."""
+    return flat.reshape(-1, k).T.copy()
 
 
-def _array(values: list[int]) -> np.ndarray:
-    return np.fromiter(values, np.int64, len(values))
+def _ended(flat: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """Ends (slot, start, end, kind per call, flat) as the recording's arrays, or ``None``."""
+    if not flat:
+        return None
+    slot, began, end, kind = _columns(np.array(flat, np.int64), 4)
+    durations = end - began
+    np.maximum(durations, 0, out=durations)  # (a clock is monotonic; be safe)
+    return slot, began, durations, kind if kind.any() else None

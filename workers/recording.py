@@ -28,6 +28,8 @@ __all__ = ["Recording"]
 log = logging.getLogger("cslb.router")
 
 _STATS = ("decisions", "fallbacks", "moves", "failures")
+#: Ends of calls: slots, start times, durations (ns), failure kinds or ``None``.
+_Ends = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]
 
 
 class Recording:
@@ -143,26 +145,34 @@ class Recording:
 
     def calls(
         self,
-        starts: tuple[np.ndarray, np.ndarray] | None,
-        ends: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None,
+        ends: _Ends | None,
+        done: _Ends | None,
+        starts: tuple[np.ndarray, np.ndarray] | np.ndarray | None,
         now_ns: int,
         tallies: dict[str, int],
     ) -> None:
-        """One step of the fan-out's calls: starts, ends and stats totals, under one lock.
+        """One step of the fan-out's calls under one lock: ends, complete calls, starts.
 
-        ``starts``: ``(slots, start times)``; ``ends``: ``(slots, start times,
-        durations, failure kinds or None)``, all ``int64``; ``tallies``: stats totals
-        to add (:data:`shm.layout.STATS_FIELDS`). Raises :class:`shm.ShmError` when
-        the row was released meanwhile.
+        In that order a reader never sees a call in flight that is not. Stats totals
+        go last.
+
+        ``ends``: calls whose starts were recorded, ``(slots, start times, durations,
+        failure kinds or None)``; ``done``: the same for calls whose starts were not
+        (they started and ended since the last step); ``starts``: ``(slots, start
+        times)`` of calls still out; all ``int64``. ``tallies``: stats totals to add
+        (:data:`shm.layout.STATS_FIELDS`). Raises :class:`shm.ShmError` when the row
+        was released meanwhile.
         """
         with self._lock:
             row = self._row
             if row is None:
                 return
-            if starts is not None:
-                row.record_start(starts[0], starts[1])
             if ends is not None:
                 row.record_end(ends[0], ends[1], ends[2], now_ns, ends[3])
+            if done is not None:
+                row.record_end(done[0], done[1], done[2], now_ns, done[3], opened=False)
+            if starts is not None:
+                row.record_start(starts[0], starts[1])
             for field, n in tallies.items():
                 row.tally(field, n)
 

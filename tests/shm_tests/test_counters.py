@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 
+from lbcore.outlier import FAIL_TIMEOUT
 from shm import (
     CounterInputError,
     CounterReader,
@@ -81,6 +82,26 @@ def test_busy_time_spreads_over_buckets_and_ages_out(store):
         assert math.isclose(reader.read(now, 4).occupancy[3], occ), now
     late = reader.read(T0 + 3 * S, 4)
     assert late.occupancy[3] == 0 and late.completed[3] == 0 and np.isnan(late.mean_latency_s[3])
+
+
+@pytest.mark.parametrize("spans", [False, True])
+def test_a_complete_call_is_recorded_without_its_start(store, spans):
+    """``opened=False`` (a batching caller's call that started and ended between two of
+    its writes): the same busy time, completions and failures as start + end, and the
+    in-flight words never touched, in one bucket and across buckets."""
+    both, alone = store.claim(), store.claim()
+    slots = np.array([1, 2, 2])
+    started = np.array([T0, T0 + MS, T0 + 2 * MS])
+    d = np.array([900 if spans else 10, 20, 30]) * MS
+    now = T0 + (S if spans else 100 * MS)  # (not spanning: all in T0's bucket)
+    both.record_start(slots, started)
+    both.record_end(slots, started, d, now, failed=[0, FAIL_TIMEOUT, 0])
+    alone.record_end(slots, started, d, now, failed=[0, FAIL_TIMEOUT, 0], opened=False)
+    for name in ("busy_ns", "completed", "latency_ns", "failures", *OPEN_PARTS):
+        assert (block(store, both.row, name) == block(store, alone.row, name)).all(), name
+    assert not any(block(store, alone.row, name).any() for name in OPEN_PARTS)
+    totals = store._ctl.current().totals
+    assert (totals[both.row] == totals[alone.row]).all()
 
 
 def test_batch_equals_one_call_at_a_time(store):
