@@ -22,6 +22,7 @@ from lbcore.fade import skipper_fadein_route
 from lbcore.hashing import unit_interval
 from shm.segment import SHM_DIR, unlink_name
 from workers import router as router_mod
+from workers.failurelog import LINES_PER_S
 from workers.router import SKIPPER_SALT, Router, RouterInputError, RouterStateError
 
 D_NS = 30_000_000_000
@@ -598,6 +599,30 @@ def test_track_done_and_exception_still_records_the_end(host, clock):
     assert loads.occupancy.sum() == pytest.approx((1.0 + 2.0) / 10.0)
     with pytest.raises(RouterStateError):
         t.fail(0)  # the tracker is finished
+
+
+def test_a_tracked_fan_out_writes_the_summary_of_failures_left_out(host, clock, caplog):
+    """Failures past the per-endpoint rate are counted; the exit of a later fan-out
+    (no failures of its own) writes their summary once their second is over."""
+    host.publish(lbcore.RingSet(endpoints(1)))
+    r = host.router()
+    keys = [f"SKU-{i}" for i in range(10)]
+    idx, table = r.route_table(keys)
+
+    def summaries():
+        got = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == "cslb.router"]
+        return [x["suppressed"] for x in got if x["event"] == "cslb_call_failures_suppressed"]
+
+    with caplog.at_level(logging.WARNING, logger="cslb.router"):
+        with r.track(idx, table, keys=keys) as t:
+            for i in range(10):
+                t.fail(i)
+        assert summaries() == []  # (its second is not over)
+        clock.advance(1.5)
+        idx, table = r.route_table(keys)
+        with r.track(idx, table, keys=keys):
+            pass
+        assert summaries() == [10 - LINES_PER_S]
 
 
 def test_fail_logs_one_structured_line_and_counts(host, caplog):

@@ -8,7 +8,8 @@ through the ingress and are not recorded. The tracker writes through the worker'
 end for the whole fan-out.
 
 :meth:`Tracker.fail` logs one line (rate-limited per endpoint,
-:mod:`workers.failurelog`) on the ``cslb.router`` logger at WARNING: a JSON object
+:mod:`workers.failurelog`; the exit writes the summary lines of windows that ended
+with lines left out) on the ``cslb.router`` logger at WARNING: a JSON object
 with ``event`` = ``"cslb_call_failed"``, ``product_id``, ``endpoint``, ``pod_ip`` (the
 endpoint's host), ``node``, ``zone``, ``attempt``, ``generation``, ``call`` (position
 in the fan-out) and ``pid``; the same fields are attached to the record as
@@ -211,6 +212,9 @@ class Tracker:
         if self._state != 1:
             return
         self._state = 2
+        # Windows that ended with failure lines left out get their summary line now: with
+        # track() alone nothing else writes it once the endpoint stops failing.
+        self._rec.failure_log.tick()
         row = self._row
         if row is None:
             return
