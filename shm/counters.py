@@ -1161,6 +1161,7 @@ class Recorder:
         *,
         bound: int | None = None,
         opened: bool = True,
+        completed: bool = True,
     ) -> None:
         """Record the end of calls started by :meth:`record_start` (a whole fan-out).
 
@@ -1191,6 +1192,10 @@ class Recorder:
             ``False``: these calls' starts were never recorded (they started and ended
             between two writes of a batching caller): they are recorded as complete
             calls, and the in-flight counts, which never counted them, are left alone.
+        completed
+            ``False``: the caller abandoned these calls (its deadline cut them short):
+            their busy time counts, they count neither as successes nor as failures
+            (no completion, latency or failure; ``failed`` is ignored).
 
         Raises
         ------
@@ -1207,7 +1212,7 @@ class Recorder:
             if d < 0:
                 raise CounterInputError(f"durations must be >= 0 ns, got {d}")
             if n:
-                self._end(s, started_ns, d, int(now_ns), None, opened)
+                self._end(s, started_ns, d, int(now_ns), None, opened, completed)
             return
         if d.__class__ is not int:
             if isinstance(d, np.integer):
@@ -1236,7 +1241,7 @@ class Recorder:
                         f"start times have shape {started.shape}, expected ({n},)"
                     )
         if n:
-            self._end(s, started, d, int(now_ns), failed, opened)
+            self._end(s, started, d, int(now_ns), failed, opened, completed)
 
     def _end(
         self,
@@ -1246,12 +1251,14 @@ class Recorder:
         now_ns: int,
         failed: np.ndarray | None,
         opened: bool = True,
+        completed: bool = True,
     ) -> None:
         """Record the end of ``s.size > 0`` calls (see :meth:`record_end`).
 
         ``started`` and ``d`` are an ``int`` for every call or an ``int64`` array each;
         ``failed``: ``None`` or checked failure codes (``int64``, 0 = success);
-        ``opened``: whether their starts were recorded (their open entries to take out).
+        ``opened``: whether their starts were recorded (their open entries to take out);
+        ``completed``: whether they count as completed (not abandoned).
         """
         b = self._bucket_ns
         period = now_ns // b
@@ -1266,28 +1273,28 @@ class Recorder:
             # Every call started in this bucket (and ended by now_ns): all of it is here,
             # and so are its open entries (record_start put them in this bucket).
             j = period % self._k
-            offsets = self._end_offsets[j]
-            if not opened:  # (no open entries to take out: the fields after them)
-                offsets = offsets[2:]
+            # The fields an end adds to: open entries (unless never opened), busy time,
+            # completion and latency and the lifetime total (unless abandoned).
+            lo, hi = (0 if opened else 2), (6 if completed else 3)
+            offsets = self._end_offsets[j][lo:hi]
             if scalar_start and d.__class__ is int:
-                vals: Any = (-1, period * b - started, d, 1, d, 1)
-                self._add(self._row_words, s, vals if opened else vals[2:], offsets)
+                vals: Any = (-1, period * b - started, d, 1, d, 1)[lo:hi]
+                self._add(self._row_words, s, vals, offsets)
             else:
-                vals = np.empty((6 if opened else 4, s.size), dtype=np.int64)
-                if opened:
-                    vals[0] = -1
-                    vals[1] = period * b - started  # (an array for calls that started apart)
-                vals[-4] = d
-                vals[-3] = 1
-                vals[-2] = d
-                vals[-1] = 1
-                self._add(self._row_words, s, vals.reshape(-1), offsets)
-            if failed is not None:
+                vals = np.empty((6, s.size), dtype=np.int64)
+                vals[0] = -1
+                vals[1] = period * b - started  # (an array for calls that started apart)
+                vals[2] = d
+                vals[3] = 1
+                vals[4] = d
+                vals[5] = 1
+                self._add(self._row_words, s, vals[lo:hi].reshape(-1), offsets)
+            if failed is not None and completed:
                 self._end_failures(s, failed, self._fail_offsets[j])
             return
         st = np.full(s.size, started, dtype=np.int64) if scalar_start else started
         dd = np.full(s.size, d, dtype=np.int64) if d.__class__ is int else d
-        self._end_spread(s, st, dd, failed, opened)
+        self._end_spread(s, st, dd, failed, opened, completed)
 
     def _end_failures(
         self, s: np.ndarray, failed: np.ndarray, offsets: list[tuple[int, ...]]
@@ -1307,10 +1314,12 @@ class Recorder:
         d: np.ndarray,
         failed: np.ndarray | None,
         opened: bool = True,
+        completed: bool = True,
     ) -> None:
         """General case: calls spanning buckets, or ending in older retained buckets."""
         b, kk, cols = self._bucket_ns, self._k, self._cols
-        scatter_add(self._requests_total, s, 1)
+        if completed:
+            scatter_add(self._requests_total, s, 1)
         newest = self._period
         oldest = newest - kk + 1  # the buckets this row holds; older time is forgotten
         if opened:
@@ -1331,6 +1340,8 @@ class Recorder:
             np.maximum(part, 0, out=part)
             if part.any():
                 scatter_add(self._busys[q % kk], s, part)
+        if not completed:
+            return
         qend = np.clip(end // b, oldest, newest)
         for q in np.unique(qend).tolist():
             sel = qend == q
@@ -1442,11 +1453,19 @@ class LockedRecorder:
         *,
         bound: int | None = None,
         opened: bool = True,
+        completed: bool = True,
     ) -> None:
         """See :meth:`Recorder.record_end`."""
         with self.lock:
             self.recorder.record_end(
-                slots, started_ns, durations_ns, now_ns, failed, bound=bound, opened=opened
+                slots,
+                started_ns,
+                durations_ns,
+                now_ns,
+                failed,
+                bound=bound,
+                opened=opened,
+                completed=completed,
             )
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
@@ -1513,10 +1532,18 @@ class ThreadRecorder:
         *,
         bound: int | None = None,
         opened: bool = True,
+        completed: bool = True,
     ) -> None:
         """See :meth:`Recorder.record_end`."""
         self._mine().record_end(
-            slots, started_ns, durations_ns, now_ns, failed, bound=bound, opened=opened
+            slots,
+            started_ns,
+            durations_ns,
+            now_ns,
+            failed,
+            bound=bound,
+            opened=opened,
+            completed=completed,
         )
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:

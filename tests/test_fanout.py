@@ -303,9 +303,22 @@ def test_a_timeout_the_deadline_cut_short_is_the_callers_a_longer_one_the_pods(h
     res = r.fanout(keys, send, timeout_s=0.2, deadline_s=0.15)
     assert not any(x.ok for x in res)  # (timed out, or the deadline came first)
     assert ended(2) == 2
-    # It leaves them 0.04 s (a fifth): they started too late, the caller's doing.
+    busy = float(host.loads().occupancy[slot])
+    # It leaves them 0.04 s (a fifth): they started too late, the caller's doing, and
+    # they are no success either (a success resets the pod's consecutive failures):
+    # only their busy time counts.
     r.fanout(keys, send, timeout_s=0.2, deadline_s=0.04)
-    assert ended(4) == 2
+    ledger = r._fan().ledger
+    for _ in range(200):  # (the calls end on the pool after the fan-out returned)
+        if ledger.in_flight(slot) == 0:
+            break
+        time.sleep(0.01)
+    ledger.flush()
+    loads = host.loads()
+    assert int(loads.in_flight[slot]) == 0
+    assert int(loads.requests_total[slot]) == 2 and int(loads.completed[slot]) == 2
+    assert int(loads.failures_total_by_kind[slot, FAIL_TIMEOUT - 1]) == 2
+    assert float(loads.occupancy[slot]) > busy
 
 
 def test_in_flight_counts_only_the_calls_really_out(host):

@@ -23,8 +23,9 @@ once, then for each key:
    failure; a full pool fails keys at once as :class:`RejectedError`.
 
 A call's timeout is ``min(timeout_s, time left to the deadline)``; one that times out
-after the deadline cut it to under half of ``timeout_s`` is not counted as the pod's
-failure (a saturated caller must not eject healthy pods). Results come back in the
+after the deadline cut it to under half of ``timeout_s`` counts as neither the pod's
+failure (a saturated caller must not eject healthy pods) nor its success (it would
+reset the pod's consecutive failures): only its busy time is recorded. Results come back in the
 order of ``keys`` as :class:`Result`; the failure log
 (:class:`workers.failurelog.FailureLog`) gets a line per failed call, at most a few per
 endpoint per second, saying whether its retry succeeded.

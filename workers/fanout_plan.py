@@ -24,6 +24,7 @@ import numpy as np
 
 from lbcore.outlier import FAIL_CONNECT, FAIL_STATUS, FAIL_TIMEOUT, FAILURE_KINDS
 from workers.failurelog import pod_ip
+from workers.ledger import CUT
 from workers.senders import failure_kind
 
 __all__ = [
@@ -246,9 +247,9 @@ class Plan:
         return self.ledger.begin(slot, cap)
 
     def end(self, slot: int, t0: int, kind: int, cut: bool) -> None:
-        """End it; a timeout the deadline caused is not the pod's failure."""
+        """End it; a timeout the deadline caused is neither the pod's failure nor a success."""
         if slot >= 0:
-            self.ledger.end(slot, t0, 0 if cut and kind == FAIL_TIMEOUT else kind)
+            self.ledger.end(slot, t0, CUT if cut and kind == FAIL_TIMEOUT else kind)
 
     def stuck_at(self, slot: int) -> int:
         """When ``slot`` looks stuck (CLOCK_MONOTONIC ns; far ahead with no call out).

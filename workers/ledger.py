@@ -43,9 +43,9 @@ import numpy as np
 
 import shm
 from shm.layout import STATS_FIELDS
-from workers.recording import Recording
+from workers.recording import End, Recording
 
-__all__ = ["FLUSH_NS", "MAX_PENDING", "CallLedger"]
+__all__ = ["CUT", "FLUSH_NS", "MAX_PENDING", "CallLedger"]
 
 log = logging.getLogger("cslb.router")
 
@@ -53,6 +53,8 @@ log = logging.getLogger("cslb.router")
 FLUSH_NS = 2_000_000
 #: Pending events that trigger a write at once.
 MAX_PENDING = 64
+#: The ``kind`` of a call the caller's deadline cut short: not the pod's success or failure.
+CUT = -1
 
 _STAT = frozenset(STATS_FIELDS)
 
@@ -181,7 +183,8 @@ class CallLedger:
         """The call to ``slot`` that :meth:`begin` started at ``started_ns`` ended now.
 
         ``kind``: how it failed (:mod:`lbcore.outlier`'s ``FAIL_*`` code; 0: it did
-        not). Returns the end time (ns).
+        not; :data:`CUT`: the caller's deadline cut it short, neither a success nor a
+        failure: only its busy time counts). Returns the end time (ns).
         """
         lock = self._lock
         lock.acquire()
@@ -263,7 +266,7 @@ class CallLedger:
                     flat = np.repeat(flat.reshape(-1, 2), list(counts), axis=0).reshape(-1)
                 s = _columns(flat, 2)
             try:
-                self._rec.calls(_ended(ends), _ended(done), s, now, stats)
+                self._rec.calls(_ended(ends, True) + _ended(done, False), s, now, stats)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if not self._warned:
                     self._warned = True
@@ -280,11 +283,25 @@ def _columns(flat: np.ndarray, k: int) -> np.ndarray:
     return flat.reshape(-1, k).T.copy()
 
 
-def _ended(flat: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None] | None:
-    """Ends (slot, start, end, kind per call, flat) as the recording's arrays, or ``None``."""
+def _ended(flat: list[int], opened: bool) -> list[End]:
+    """Ends (slot, start, end, kind per call, flat) as the recording's parts.
+
+    One part of the calls that completed, one of those the deadline cut (if any).
+    """
     if not flat:
-        return None
+        return []
     slot, began, end, kind = _columns(np.array(flat, np.int64), 4)
     durations = end - began
     np.maximum(durations, 0, out=durations)  # (a clock is monotonic; be safe)
-    return slot, began, durations, kind if kind.any() else None
+    if not kind.any():
+        return [(slot, began, durations, None, opened, True)]
+    if int(kind.min()) >= 0:
+        return [(slot, began, durations, kind, opened, True)]
+    cut = kind < 0
+    done = ~cut
+    parts: list[End] = [(slot[cut], began[cut], durations[cut], None, opened, False)]
+    if done.any():
+        k = kind[done]
+        kinds = k if k.any() else None
+        parts.append((slot[done], began[done], durations[done], kinds, opened, True))
+    return parts

@@ -23,13 +23,16 @@ import numpy as np
 import shm
 from workers.failurelog import FailureLog
 
-__all__ = ["Recording"]
+__all__ = ["End", "Recording"]
 
 log = logging.getLogger("cslb.router")
 
 _STATS = ("decisions", "fallbacks", "moves", "failures")
-#: Ends of calls: slots, start times, durations (ns), failure kinds or ``None``.
-_Ends = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]
+#: Ends of calls, one part of a step: ``(slots, start times, durations (ns), failure
+#: kinds or None, opened, completed)``, arrays of ``int64``; ``opened``: their starts
+#: were recorded; ``completed``: ``False`` for calls the caller's deadline cut short
+#: (see :meth:`shm.Recorder.record_end`).
+End = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, bool, bool]
 
 
 class Recording:
@@ -145,32 +148,27 @@ class Recording:
 
     def calls(
         self,
-        ends: _Ends | None,
-        done: _Ends | None,
+        ends: list[End],
         starts: tuple[np.ndarray, np.ndarray] | np.ndarray | None,
         now_ns: int,
         tallies: dict[str, int],
     ) -> None:
-        """One step of the fan-out's calls under one lock: ends, complete calls, starts.
+        """One step of the fan-out's calls under one lock: ``ends`` in order, then ``starts``.
 
-        In that order a reader never sees a call in flight that is not. Stats totals
-        go last.
-
-        ``ends``: calls whose starts were recorded, ``(slots, start times, durations,
-        failure kinds or None)``; ``done``: the same for calls whose starts were not
-        (they started and ended since the last step); ``starts``: ``(slots, start
-        times)`` of calls still out; all ``int64``. ``tallies``: stats totals to add
-        (:data:`shm.layout.STATS_FIELDS`). Raises :class:`shm.ShmError` when the row
-        was released meanwhile.
+        Ends first, calls whose starts were recorded before those whose were not: in
+        that order a reader never sees a call in flight that is not. ``starts``:
+        ``(slots, start times)`` of calls still out (``int64``); ``tallies``: stats
+        totals to add (:data:`shm.layout.STATS_FIELDS`). Raises :class:`shm.ShmError`
+        when the row was released meanwhile.
         """
         with self._lock:
             row = self._row
             if row is None:
                 return
-            if ends is not None:
-                row.record_end(ends[0], ends[1], ends[2], now_ns, ends[3])
-            if done is not None:
-                row.record_end(done[0], done[1], done[2], now_ns, done[3], opened=False)
+            for slots, began, durations, kinds, opened, completed in ends:
+                row.record_end(
+                    slots, began, durations, now_ns, kinds, opened=opened, completed=completed
+                )
             if starts is not None:
                 row.record_start(starts[0], starts[1])
             for field, n in tallies.items():

@@ -102,6 +102,17 @@ def test_a_complete_call_is_recorded_without_its_start(store, spans):
     assert not any(block(store, alone.row, name).any() for name in OPEN_PARTS)
     totals = store._ctl.current().totals
     assert (totals[both.row] == totals[alone.row]).all()
+    # Abandoned (the caller's deadline cut them): busy time only, with or without starts.
+    for opened, cut in ((True, store.claim()), (False, store.claim())):
+        if opened:
+            cut.record_start(slots, started)
+        cut.record_end(
+            slots, started, d, now, failed=[0, FAIL_TIMEOUT, 0], opened=opened, completed=False
+        )
+        assert (block(store, cut.row, "busy_ns") == block(store, both.row, "busy_ns")).all()
+        for name in ("completed", "latency_ns", "failures", *OPEN_PARTS):
+            assert not block(store, cut.row, name).any(), (opened, name)
+        assert not store._ctl.current().totals[cut.row].any()
 
 
 def test_batch_equals_one_call_at_a_time(store):
@@ -829,9 +840,7 @@ def test_a_fan_out_ending_after_the_counters_grew_ends_in_the_grown_row(store, k
 
 
 @pytest.mark.parametrize("bad", [[50], [-1], [3, 40], [2**62]])
-def test_slots_beyond_the_columns_record_nothing_unless_vouched_for_within_them(
-    store, kernel, bad
-):
+def test_slots_beyond_the_columns_record_nothing_unless_vouched_for_within_them(store, kernel, bad):
     """Slots are checked (after following a grown matrix) unless the caller vouches for
     them with a bound within the row's columns; a bound beyond them is checked too."""
     rec = store.claim()
