@@ -357,13 +357,14 @@ def _attempt(
     """One recorded call: ``(value, exception, failure kind)``.
 
     A job closed while its call is out (the asyncio form cancels at the deadline)
-    still records the call's end, as not failed: the caller gave up, not the pod.
+    still records the call's end, as neither success nor failure: the caller gave up,
+    not the pod.
     """
     timeout, cut = plan.call_timeout(t0)
     try:
         value, exc = yield ("call", url, what, timeout)
     except GeneratorExit:
-        plan.end(slot, t0, 0, True)
+        plan.end(slot, t0, CUT, True)
         raise
     kind = 0 if exc is None else failure_kind(exc)
     plan.end(slot, t0, kind, cut)
