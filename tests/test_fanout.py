@@ -4,7 +4,7 @@ The pods here are Python functions (a dead pod raises ConnectionRefusedError, a 
 one sleeps), so each rule of the helper is checked alone and fast: results in key
 order, the single retry on attempt 1's pod, the budget, the bulkhead, the deadline,
 the fallback, the grouped form, the per-call recording. Real HTTP pods and real
-gunicorn are in test_fanout_e2e.py; the senders against real HTTP in test_senders.py.
+gunicorn are in test_fanout_e2e.py; the senders against real HTTP in test_fanout_parts.py.
 """
 
 from __future__ import annotations

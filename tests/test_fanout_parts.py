@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import lbcore
 import shm
 from lbcore.knobs import KnobError, docs_table
 from lbcore.outlier import FAIL_CONNECT, FAIL_NONE, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
@@ -21,9 +22,11 @@ from tests.gunicorn_harness import free_port
 from tests.pods import PodFleet
 from workers.budget import RetryBudget
 from workers.failurelog import FailureLog
+from workers.fanout import FanOut
 from workers.fanout_settings import FANOUT_KNOBS, FanoutSettings
 from workers.ledger import CallLedger
 from workers.recording import Recording
+from workers.router import Router
 from workers.senders import (
     CallAnswerError,
     CallConnectError,
@@ -307,6 +310,57 @@ def test_httpx_sender_values_and_failure_kinds(fleet):
         await send.aclose()
 
     asyncio.run(main())
+
+
+@pytest.fixture
+def fleet_router(fleet):
+    """A router over the fleet's two pods, 4 fan-out threads (2 calls per pod at once)."""
+    ns = f"sp{uuid.uuid4().hex[:10]}"
+    st = shm.CounterStore.create(ns, rows=4)
+    writer = shm.TableWriter(ns, counters=st)
+    writer.publish(lbcore.RingSet(fleet.urls), knobs=shm.Knobs(balance_factor=None))
+    r = Router(ns)
+    r._fanout = FanOut(r, FanoutSettings(threads=4, timeout_s=5.0))
+    try:
+        yield r
+    finally:
+        r.close()
+        writer.close()
+        st.close()
+
+
+def test_the_ready_made_senders_pool_connections_per_worker(fleet, fleet_router):
+    """500 calls over two real pods, 4 threads and 2 calls per pod at once (urllib3), or
+    4 calls at once (httpx): each pod accepts at most as many connections as calls were
+    out to it at once (not one per call or per fan-out)."""
+    r = fleet_router
+    keys = [f"SKU-{i}" for i in range(100)]
+
+    def opened(run):
+        before = [p.stats() for p in fleet.pods]
+        run()
+        after = [p.stats() for p in fleet.pods]
+        assert sum(a["served"] - b["served"] for a, b in zip(after, before, strict=True)) == 500
+        # (less the second question's own connection)
+        return [a["connections"] - b["connections"] - 1 for a, b in zip(after, before, strict=True)]
+
+    send = Urllib3Sender(timeout_s=5.0)
+
+    def threads():
+        for _ in range(5):
+            assert all(x.ok for x in r.fanout(keys, send, deadline_s=30.0))
+
+    got = opened(threads)
+    assert all(1 <= n <= 2 for n in got), got
+    asend = HttpxSender(timeout_s=5.0)
+
+    async def main():
+        for _ in range(5):
+            assert all(x.ok for x in await r.afanout(keys, asend, deadline_s=30.0))
+        await asend.aclose()
+
+    got = opened(lambda: asyncio.run(main()))
+    assert all(1 <= n <= 2 for n in got), got
 
 
 def test_senders_fail_on_the_statuses_they_are_configured_with(fleet, monkeypatch):
