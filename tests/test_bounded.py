@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lbcore
@@ -12,14 +12,17 @@ KEYS = [f"SKU{i:05d}" for i in range(400)]
 RING = lbcore.Ring(EPS)
 
 
-@settings(max_examples=80, deadline=None)
+# (the kernel fixture sets the kernel for the whole test: every example runs on it)
+_KERNEL_FIXTURE = [HealthCheck.function_scoped_fixture]
+
+@settings(max_examples=80, deadline=None, suppress_health_check=_KERNEL_FIXTURE)
 @given(
     loads=st.lists(st.integers(0, 30), min_size=12, max_size=12),
     bf=st.sampled_from([1.0, 1.1, 1.25, 1.35, 2.0]),
     cands=st.one_of(st.none(), st.sets(st.integers(0, 11), min_size=1)),
     sequential=st.booleans(),
 )
-def test_integer_loads_match_skipper_exactly(loads, bf, cands, sequential):
+def test_integer_loads_match_skipper_exactly(loads, bf, cands, sequential, kernel):
     got = RING.lookup_bounded(
         KEYS[:120],
         np.array(loads, float),
@@ -31,21 +34,21 @@ def test_integer_loads_match_skipper_exactly(loads, bf, cands, sequential):
     assert got.tolist() == want
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=_KERNEL_FIXTURE)
 @given(
     loads=st.lists(st.floats(0, 3, allow_nan=False), min_size=12, max_size=12),
     bf=st.floats(1.0, 2.0),
     hops=st.integers(1, 13),
     cands=st.one_of(st.none(), st.sets(st.integers(0, 11), min_size=2)),
 )
-def test_hop_cap_takes_least_loaded_visited(loads, bf, hops, cands):
+def test_hop_cap_takes_least_loaded_visited(loads, bf, hops, cands, kernel):
     c = None if cands is None else sorted(cands)
     got = RING.lookup_bounded(KEYS[:150], np.array(loads), bf, candidates=c, max_hops=hops)
     want = ref.bounded(EPS, KEYS[:150], loads, bf, candidates=cands, max_hops=hops)
     assert got.tolist() == want
 
 
-def test_float_loads_unlimited_walk_matches_reference():
+def test_float_loads_unlimited_walk_matches_reference(kernel):
     rng = np.random.default_rng(3)
     for _ in range(20):
         loads = rng.pareto(1.5, size=12)
@@ -84,7 +87,7 @@ def test_hot_endpoint_sheds_to_the_next_endpoints_on_the_ring():
     assert np.array_equal(got[plain == 5], RING.lookup(KEYS, attempt=1)[plain == 5])
 
 
-def test_snapshot_attempt_excludes_the_first_choice():
+def test_snapshot_attempt_excludes_the_first_choice(kernel):
     loads = np.zeros(12)
     loads[[1, 2]] = 50
     first = RING.lookup_bounded(KEYS, loads, 1.25)

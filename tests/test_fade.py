@@ -191,7 +191,7 @@ def test_bad_fade_parameters_and_events():
         rs.scale_up([BASE[0]], T0 + S)
 
 
-def test_skipper_fade_in_groups_equal_per_request_filtering():
+def test_skipper_fade_in_groups_equal_per_request_filtering(kernel):
     eps = BASE[:6]
     ring = lbcore.Ring(eps)
     ages = [None, 5 * S, 25 * S, -S, 40 * S, 12 * S]
@@ -384,7 +384,7 @@ def _skipper_per_key(ring, h, scores, thr, listed, attempt, loads=None, bf=None,
 
 
 @pytest.mark.parametrize(("attempt", "bf"), [(0, None), (1, None), (0, 1.25), (1, 1.1)])
-def test_skipper_route_with_listed_endpoints_and_retries(attempt, bf):
+def test_skipper_route_with_listed_endpoints_and_retries(attempt, bf, kernel):
     rs = RingSet(BASE[:8], duration_ns=D).scale_up(NEW1[:4], T0)
     ring = rs.master
     ages = [None] * 8 + [D // 2] * 4

@@ -19,12 +19,12 @@ KEYS = (
 
 
 @pytest.mark.parametrize("name", list(ENDPOINT_SETS))
-def test_lookup_matches_reference(name):
+def test_lookup_matches_reference(name, kernel):
     eps = ENDPOINT_SETS[name]
     assert lbcore.Ring(eps).lookup(KEYS).tolist() == ref.lookup(eps, KEYS)
 
 
-def test_thousand_vnodes_and_two_hundred_endpoints_match_reference():
+def test_thousand_vnodes_and_two_hundred_endpoints_match_reference(kernel):
     eps = [f"http://10.3.{i // 200}.{i % 200 + 1}:8080" for i in range(200)]
     r = lbcore.Ring(eps)
     assert r.lookup(KEYS).tolist() == ref.lookup(eps, KEYS)
@@ -44,7 +44,7 @@ def test_ring_attributes():
 
 
 @pytest.mark.parametrize("cands", [[0], [1, 3], [0, 2, 4, 6], list(range(1, 40, 3))])
-def test_candidates_match_reference_skip_rule(cands):
+def test_candidates_match_reference_skip_rule(cands, kernel):
     eps = ENDPOINT_SETS["ipv4"]
     r = lbcore.Ring(eps)
     got = r.lookup(KEYS, candidates=cands)
@@ -77,7 +77,7 @@ def test_long_runs_of_skipped_nodes_use_the_search_fallback():
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 3])
-def test_attempt_is_the_next_distinct_eligible_endpoint(attempt):
+def test_attempt_is_the_next_distinct_eligible_endpoint(attempt, kernel):
     eps = ENDPOINT_SETS["ipv4"][:8]
     r = lbcore.Ring(eps)
     got = r.lookup(KEYS, attempt=attempt)
@@ -90,7 +90,7 @@ def test_attempt_is_the_next_distinct_eligible_endpoint(attempt):
     )
 
 
-def test_attempt_beyond_available_endpoints_is_fallback():
+def test_attempt_beyond_available_endpoints_is_fallback(kernel):
     r = lbcore.Ring(["http://a:80", "http://b:80"])
     first = r.lookup(KEYS)
     assert r.lookup(KEYS, attempt=1).tolist() == (1 - first).tolist()  # the other pod

@@ -123,11 +123,12 @@ def knobs(**kw) -> shm.Knobs:
 # Parity with lbcore.
 
 
-def test_plain_ring_parity_with_lbcore(host):
+def test_plain_ring_parity_with_lbcore(host, kernel):
     rs = lbcore.RingSet(endpoints(20))
     host.publish(rs, knobs=knobs(balance_factor=None))
     r = host.router()
     idx, table = r.route_table(KEYS)
+    assert r.snapshot().plan.kernel == kernel  # (the parity tests run on both kernels)
     assert idx.dtype == np.int32
     assert table.generation == 1
     np.testing.assert_array_equal(idx, lbcore.Ring(endpoints(20)).lookup(KEYS))
@@ -163,7 +164,7 @@ def _load_up(host: Host, table: shm.Table, per_endpoint: dict[int, int]) -> shm.
 
 
 @pytest.mark.parametrize("signal_name", ["in-flight", "occupancy", "effective"])
-def test_bounded_load_parity_with_lbcore_and_moves(host, signal_name):
+def test_bounded_load_parity_with_lbcore_and_moves(host, signal_name, kernel):
     eps = endpoints(12)
     rs = lbcore.RingSet(eps)
     k = knobs(balance_factor=1.25, max_hops=3, load_signal=signal_name)
@@ -311,7 +312,7 @@ def test_count_signals_route_on_the_very_signal_array(host, signal_name):
     rec.release()
 
 
-def test_moves_count_only_keys_the_gate_lets_through(host):
+def test_moves_count_only_keys_the_gate_lets_through(host, kernel):
     rs = lbcore.RingSet(endpoints(8))
     host.publish(rs, knobs=knobs(percentage=50.0, load_signal="in-flight", max_hops=None))
     r = host.router()
@@ -340,7 +341,7 @@ def test_moves_count_only_keys_the_gate_lets_through(host):
     rec.release()
 
 
-def test_nring_fade_in_shares_over_time_follow_lbcore(host, clock):
+def test_nring_fade_in_shares_over_time_follow_lbcore(host, clock, kernel):
     old, new = endpoints(10), endpoints(5, net=1)
     t0 = clock()
     rs = lbcore.RingSet(old, duration_ns=D_NS).scale_up(new, t0)
@@ -360,7 +361,7 @@ def test_nring_fade_in_shares_over_time_follow_lbcore(host, clock):
     assert 0.25 < shares[-1] < 0.42  # a third of the endpoints
 
 
-def test_fade_mode_off_routes_on_the_newest_ring(host, clock):
+def test_fade_mode_off_routes_on_the_newest_ring(host, clock, kernel):
     old, new = endpoints(6), endpoints(3, net=1)
     rs = lbcore.RingSet(old, duration_ns=D_NS).scale_up(new, clock())
     host.publish(rs, knobs=knobs(balance_factor=None, fade_mode="off"))
@@ -369,7 +370,7 @@ def test_fade_mode_off_routes_on_the_newest_ring(host, clock):
 
 
 @pytest.mark.parametrize("bf", [None, 1.25])
-def test_skipper_fade_mode_matches_lbcore_skipper_route(host, clock, bf):
+def test_skipper_fade_mode_matches_lbcore_skipper_route(host, clock, bf, kernel):
     old, new = endpoints(8), endpoints(4, net=1)
     t0 = clock()
     rs = lbcore.RingSet(old, duration_ns=D_NS).scale_up(new, t0)
@@ -397,7 +398,7 @@ def test_skipper_fade_mode_matches_lbcore_skipper_route(host, clock, bf):
 
 
 @pytest.mark.parametrize("background", [None, True])
-def test_gate_kill_switch_and_percentage(host, background):
+def test_gate_kill_switch_and_percentage(host, background, kernel):
     eps = endpoints(10)
     rs = lbcore.RingSet(eps)
     host.publish(rs, knobs=knobs(percentage=30.0, balance_factor=None))
@@ -420,7 +421,7 @@ def test_gate_kill_switch_and_percentage(host, background):
 
 
 @pytest.mark.parametrize("bf", [None, 1.1])
-def test_ejected_endpoints_are_never_chosen(host, bf):
+def test_ejected_endpoints_are_never_chosen(host, bf, kernel):
     eps = endpoints(10)
     rs = lbcore.RingSet(eps)
     ejected = np.zeros(10, dtype=bool)
@@ -439,7 +440,7 @@ def test_ejected_endpoints_are_never_chosen(host, bf):
     rec.release()
 
 
-def test_ejected_never_chosen_in_skipper_mode(host, clock):
+def test_ejected_never_chosen_in_skipper_mode(host, clock, kernel):
     rs = lbcore.RingSet(endpoints(6), duration_ns=D_NS).scale_up(endpoints(3, net=1), clock())
     ejected = np.zeros(9, dtype=bool)
     ejected[[0, 7]] = True
@@ -477,7 +478,7 @@ def test_all_ejected_empty_and_missing_tables_give_fallback(host, namespace):
 
 
 @pytest.mark.parametrize("bf", [None, 1.25])
-def test_retry_attempt_differs_from_first_attempt(host, bf):
+def test_retry_attempt_differs_from_first_attempt(host, bf, kernel):
     rs = lbcore.RingSet(endpoints(8))
     host.publish(rs, knobs=knobs(balance_factor=bf, load_signal="in-flight"))
     r = host.router()
@@ -909,7 +910,7 @@ def test_routes_are_consistent_while_a_writer_process_republishes(host, namespac
 
 
 @pytest.mark.parametrize("ejected", [False, True])
-def test_small_batches_agree_with_lbcore_on_the_whole_batch(host, clock, ejected):
+def test_small_batches_agree_with_lbcore_on_the_whole_batch(host, clock, ejected, kernel):
     eps = endpoints(30)
     t0 = clock()
     rs = lbcore.RingSet(eps[:25], duration_ns=D_NS).scale_up(eps[25:], t0)

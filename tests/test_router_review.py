@@ -72,7 +72,7 @@ def _routing_load(loads: shm.HostLoads, sig: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("seed", range(120))
-def test_random_parity_with_lbcore(namespace, seed):  # noqa: F811
+def test_random_parity_with_lbcore(namespace, seed, kernel):  # noqa: F811
     rng = np.random.default_rng(seed)
     clock = Clock()
     host = Host(namespace, clock)
@@ -289,7 +289,7 @@ def test_a_row_not_reserved_for_us_still_gets_a_row(namespace, monkeypatch):  # 
         host.close()
 
 
-def test_skipper_mode_with_every_established_pod_ejected_routes_to_the_new_ones(namespace):  # noqa: F811
+def test_skipper_mode_with_every_established_pod_ejected_routes_to_the_new_ones(namespace, kernel):  # noqa: F811
     host = _host(namespace)
     try:
         t0 = host.clock()
