@@ -34,7 +34,6 @@ import numpy as np
 
 import lbcore
 import shm
-from workers.fanout import FanOut
 from workers.fanout_settings import FanoutSettings
 from workers.ledger import CallLedger
 from workers.router import Router
@@ -198,10 +197,10 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, An
     router = None
     try:
         writer.publish(lbcore.RingSet(EPS), knobs=shm.Knobs())
-        router = Router(ns)
         # Wide deadlines: a loaded machine must not turn the benchmark into timeouts.
-        router._fanout = FanOut(
-            router, FanoutSettings(threads=THREADS, timeout_s=5.0, endpoint_cap=THREADS)
+        router = Router(
+            ns,
+            fanout_settings=FanoutSettings(threads=THREADS, timeout_s=5.0, endpoint_cap=THREADS),
         )
         log(f"fan-out of {KEYS_PER_FANOUT} keys over {len(EPS)} endpoints, {THREADS} threads")
         rows = _bench_fanout(router, quick, log)

@@ -22,7 +22,7 @@ import pytest
 import lbcore
 import shm
 from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
-from workers.fanout import DeadlineError, FanOut, RejectedError, Result
+from workers.fanout import DeadlineError, RejectedError, Result
 from workers.fanout_settings import FanoutSettings
 from workers.router import Router, RouterStateError
 from workers.senders import CallAnswerError, CallStatusError
@@ -48,10 +48,8 @@ def host():
         namespace = ns
 
         def router(self, **settings) -> Router:
-            r = Router(ns)
+            r = Router(ns, fanout_settings=FanoutSettings(**settings) if settings else None)
             routers.append(r)
-            if settings:
-                r._fanout = FanOut(r, FanoutSettings(**settings))
             return r
 
         def loads(self) -> shm.HostLoads:
@@ -261,7 +259,7 @@ def test_the_retry_waits_a_jittered_backoff_and_never_starts_past_the_deadline(h
     gaps = [(stamps[k][1] - stamps[k][0]) / 1e9 for k in hit]
     assert min(gaps) >= 0.1  # at least the lower half of the 0.2-s backoff
     # Jittered over the upper half of the setting, never beyond it.
-    plan = r._fan().plan(KEYS[:1], send, None, None, False)
+    plan = r.fan_out.plan(KEYS[:1], send, None, None, False)
     waits = [plan.backoff_ns() for _ in range(200)]
     assert 0.1e9 <= min(waits) and max(waits) <= 0.2e9 and len(set(waits)) > 100
     # A retry that would start past the deadline is not sent (nor charged to the budget):
@@ -292,7 +290,7 @@ def test_a_timeout_the_deadline_cut_short_is_the_callers_a_longer_one_the_pods(h
 
     def ended(n):
         for _ in range(200):  # (the calls end on the pool after the fan-out returned)
-            r._fan().ledger.flush()
+            r.fan_out.ledger.flush()
             loads = host.loads()
             if int(loads.requests_total[slot]) >= n:
                 return int(loads.failures_total_by_kind[slot, FAIL_TIMEOUT - 1])
@@ -308,7 +306,7 @@ def test_a_timeout_the_deadline_cut_short_is_the_callers_a_longer_one_the_pods(h
     # they are no success either (a success resets the pod's consecutive failures):
     # only their busy time counts.
     r.fanout(keys, send, timeout_s=0.2, deadline_s=0.04)
-    ledger = r._fan().ledger
+    ledger = r.fan_out.ledger
     for _ in range(200):  # (the calls end on the pool after the fan-out returned)
         if ledger.in_flight(slot) == 0:
             break
@@ -669,7 +667,7 @@ def test_a_cancelled_afanout_cancels_its_calls_and_records_their_end(host):
 
     out: list[int] = []
     assert asyncio.run(main()) == []
-    r._fan().ledger.flush()
+    r.fan_out.ledger.flush()
     loads = host.loads()
     assert int(loads.in_flight.sum()) == 0 and int(loads.failures_total.sum()) == 0
     # The 4 calls out when it was cancelled count as neither success nor failure; the

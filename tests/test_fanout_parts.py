@@ -22,7 +22,6 @@ from tests.gunicorn_harness import free_port
 from tests.pods import PodFleet
 from workers.budget import RetryBudget
 from workers.failurelog import FailureLog
-from workers.fanout import FanOut
 from workers.fanout_settings import FANOUT_KNOBS, FanoutSettings
 from workers.ledger import CallLedger
 from workers.recording import Recording
@@ -319,8 +318,7 @@ def fleet_router(fleet):
     st = shm.CounterStore.create(ns, rows=4)
     writer = shm.TableWriter(ns, counters=st)
     writer.publish(lbcore.RingSet(fleet.urls), knobs=shm.Knobs(balance_factor=None))
-    r = Router(ns)
-    r._fanout = FanOut(r, FanoutSettings(threads=4, timeout_s=5.0))
+    r = Router(ns, fanout_settings=FanoutSettings(threads=4, timeout_s=5.0))
     try:
         yield r
     finally:

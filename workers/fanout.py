@@ -208,7 +208,7 @@ class FanOut:
         self.router = router
         self.settings = settings or FanoutSettings.from_env(os.environ)
         s = self.settings
-        self.ledger: CallLedger = router._call_ledger()
+        self.ledger: CallLedger = router.call_ledger
         self.failure_log: FailureLog = router.recording.failure_log
         self.budget = RetryBudget(s.retry_percent / 100.0, s.retry_floor_per_s)
         self.pool = Pool(s.threads, s.queue, self.ledger.flush_due)

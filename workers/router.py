@@ -147,6 +147,10 @@ class Router:
         Where a new table generation is mapped: ``None`` (default) in a background
         thread unless it is small (up to 2 MiB), ``True`` always there, ``False`` by
         the batch that first sees it (which then waits for it).
+    fanout_settings
+        The fan-out helper's settings (:class:`workers.fanout_settings.FanoutSettings`);
+        default: from the ``CSLB_FANOUT_*`` environment, when :meth:`fanout` is first
+        used.
 
     Attributes
     ----------
@@ -168,6 +172,7 @@ class Router:
         refresh_s: float | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         background: bool | None = None,
+        fanout_settings: Any = None,
     ) -> None:
         self.namespace = shm.check_namespace(namespace)
         if background is not None and not isinstance(background, bool):
@@ -199,6 +204,7 @@ class Router:
         self.recording = Recording(clock, failure_log=self._failure_log, check=self._check_usable)
         self._ledger: CallLedger | None = None
         self._fanout: Any = None  # workers.fanout.FanOut, made on first use
+        self._fanout_settings = fanout_settings
         self._fanout_lock = threading.RLock()  # (FanOut() asks for the ledger under it)
         self._warn_once = WarnOnce()
         self._follow = Follower(
@@ -597,7 +603,7 @@ class Router:
                 "router.fanout runs calls on a thread pool: attach the router with "
                 "threads=True (the default)"
             )
-        return self._fan().run(keys, send, timeout_s, deadline_s, grouped)
+        return self.fan_out.run(keys, send, timeout_s, deadline_s, grouped)
 
     async def afanout(
         self,
@@ -615,20 +621,26 @@ class Router:
         self._check_usable()
         from workers.afanout import run
 
-        return await run(self._fan(), keys, asend, timeout_s, deadline_s, grouped)
+        return await run(self.fan_out, keys, asend, timeout_s, deadline_s, grouped)
 
-    def _fan(self) -> Any:
+    @property
+    def fan_out(self) -> Any:
+        """The :class:`workers.fanout.FanOut` helper of :meth:`fanout`, made on first use.
+
+        Its ``settings``, thread ``pool``, call ``ledger`` and retry ``budget``.
+        """
         fan = self._fanout
         if fan is None:
             from workers.fanout import FanOut
 
             with self._fanout_lock:
                 if self._fanout is None:
-                    self._fanout = FanOut(self)
+                    self._fanout = FanOut(self, self._fanout_settings)
                 fan = self._fanout
         return fan
 
-    def _call_ledger(self) -> CallLedger:
+    @property
+    def call_ledger(self) -> CallLedger:
         """The per-call recording of this router's fan-outs (batched steps)."""
         led = self._ledger
         if led is None:
