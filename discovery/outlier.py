@@ -146,7 +146,8 @@ class OutlierMonitor:
         kinds = np.zeros((n, _NK), np.int64)
         if totals is not None and params.enabled:
             calls, kinds = self._base.deltas(totals)
-            counted = interval_counts(calls, kinds)
+            # (ejected endpoints are no peers: their last calls are their failure's tail)
+            counted = interval_counts(calls, kinds, peers=~self.state.ejected)
             succ, fail = counted.successes, counted.failures
         out = self.state.ejected
         succ[out] = fail[out] = 0
@@ -175,6 +176,11 @@ class OutlierMonitor:
             tuple(names[i] for i in s.held_back),
             self.panic,
         )
+
+    @property
+    def has_baseline(self) -> bool:
+        """Whether every endpoint's counters were read once: calls count from that read on."""
+        return bool(self._base.slots.size) and bool((self._base.slots >= 0).all())
 
     def window_counts(self, address: str) -> dict[str, int]:
         """The window counts the last evaluation judged ``address`` on (for log lines)."""

@@ -516,7 +516,7 @@ def knob(name: str) -> Knob:
 
 def docs_table() -> str:
     """The README table of :data:`DISCOVERY_KNOBS` (empty defaults shown as "-")."""
-    return _docs_table(DISCOVERY_KNOBS).replace("| `` |", "| - |")
+    return _docs_table(DISCOVERY_KNOBS)
 
 
 def outlier_docs_table() -> str:

@@ -81,6 +81,9 @@ class Knob:
         One paragraph for ``--help`` and the README.
     metavar
         Placeholder shown in ``--help``.
+    auto
+        The default is worked out at run time (``default`` is its placeholder, such as
+        ``0``): shown as ``auto`` in ``--help`` and the README.
     """
 
     name: str
@@ -90,6 +93,16 @@ class Knob:
     parse: Callable[[str], Any]
     doc: str
     metavar: str = "VALUE"
+    auto: bool = False
+
+    @property
+    def shown_default(self) -> str:
+        """The default as ``--help`` and the README show it: ``auto``, ``-`` when empty."""
+        if self.auto:
+            return "auto"
+        if self.default is None or self.default == "":
+            return "-"
+        return _typed_to_str(self.default)
 
     def convert(self, raw: Any, source: str) -> Any:
         """Parse and validate ``raw`` (a string, or an already typed value)."""
@@ -409,7 +422,7 @@ def add_arguments(parser: argparse.ArgumentParser, knobs: Iterable[Knob] = ROUTI
             dest=k.name,
             default=None,
             metavar=k.metavar,
-            help=f"{k.doc} [env {k.env}, default {_typed_to_str(k.default)}]".replace("%", "%%"),
+            help=f"{k.doc} [env {k.env}, default {k.shown_default}]".replace("%", "%%"),
         )
 
 
@@ -430,8 +443,14 @@ def from_args(
 
 
 def docs_table(knobs: Iterable[Knob] = ROUTING_KNOBS) -> str:
-    """A Markdown table of the knobs (variable, flag, default, meaning) for the README."""
+    """A Markdown table of the knobs (variable, flag, default, meaning) for the README.
+
+    A default worked out at run time reads ``auto``, an empty one ``-``
+    (:attr:`Knob.shown_default`).
+    """
     rows = ["| variable | flag | default | meaning |", "|---|---|---|---|"]
     for k in knobs:
-        rows.append(f"| `{k.env}` | `{k.flag}` | `{_typed_to_str(k.default)}` | {k.doc} |")
+        shown = k.shown_default
+        default = shown if shown == "-" else f"`{shown}`"
+        rows.append(f"| `{k.env}` | `{k.flag}` | {default} | {k.doc} |")
     return "\n".join(rows)

@@ -22,12 +22,22 @@ window of per-interval counts:
 **Caller-side timeouts.** A timeout may be the pod's doing (frozen, overloaded) or the
 caller's (its pool or event loop saturated, so every call waits). The two look alike
 for one endpoint but not across endpoints: a frozen pod times out while its peers do
-not; a saturated caller times out on every pod alike. So a timeout counts as a failure
-only while the endpoint's share of timed-out calls in that interval exceeds the median
-share of the *other* endpoints that had calls by at least :data:`TIMEOUT_MARGIN`
-(:func:`interval_counts`); otherwise it counts neither as failure nor as success.
-Connect errors, failure statuses and other failures always count: they are answers
-(or refusals) of the pod itself.
+not; a saturated caller times out on every pod alike. So, per interval, an endpoint's
+timeouts count as failures only when it stands out from its peers (the other endpoints
+that had calls; :func:`interval_counts`), all three of:
+
+* the peers' pooled timeout share (their timeouts over their calls) is at most
+  :data:`TIMEOUT_PEER_MAX`: with the peers timing out too, the caller is the suspect;
+* the endpoint's own share exceeds the peers' pooled share by at least
+  :data:`TIMEOUT_MARGIN`;
+* a one-sided two-proportion z-test of the two shares (pooled variance, Yates'
+  continuity correction) reaches :data:`TIMEOUT_Z`: a few calls that happened to time
+  out together, at the small counts of a short interval, are not evidence.
+
+Otherwise they count neither as failures nor as successes (and, with no peer calls in
+the interval, there is nothing to judge against: the same). Connect errors, failure
+statuses and other failures always count: they are answers (or refusals) of the pod
+itself.
 """
 
 from __future__ import annotations
@@ -54,6 +64,8 @@ __all__ = [
     "REASON_SUCCESS_RATE",
     "SUCCESS_RATE_MIN_GAP",
     "TIMEOUT_MARGIN",
+    "TIMEOUT_PEER_MAX",
+    "TIMEOUT_Z",
     "IntervalCounts",
     "OutlierParams",
     "Verdict",
@@ -87,9 +99,14 @@ REASON_SUCCESS_RATE = 3
 #: Name of each ejection reason: ``EJECT_REASONS[reason - 1]`` (Prometheus label values).
 EJECT_REASONS = ("consecutive_failures", "failure_percentage", "success_rate")
 
-#: How far (as a share of calls, 0-1) an endpoint's timeouts must exceed the median of
-#: the other endpoints' before they count as its failures.
+#: How far (as a share of calls, 0-1) an endpoint's timed-out share must exceed its
+#: peers' pooled share before its timeouts count as its failures.
 TIMEOUT_MARGIN = 0.5
+#: Peers' pooled timed-out share (0-1) above which no endpoint's timeouts count: the
+#: caller itself is slow.
+TIMEOUT_PEER_MAX = 0.2
+#: z-score the endpoint's share must reach over its peers' (one-sided, ~0.13 %).
+TIMEOUT_Z = 3.0
 #: Smallest gap (success-rate points, 0-1) below the mean for a success-rate ejection.
 SUCCESS_RATE_MIN_GAP = 0.05
 
@@ -204,27 +221,31 @@ class IntervalCounts(NamedTuple):
     local_timeouts: np.ndarray
 
 
-def _median_of_others(rates: np.ndarray) -> np.ndarray:
-    """For each entry, the median of all the other entries (0 when there are none)."""
-    m = rates.size
-    if m < 2:
-        return np.zeros(m)
-    order = np.argsort(rates, kind="stable")
-    s = rates[order]
-    rank = np.empty(m, dtype=np.intp)
-    rank[order] = np.arange(m)
-    k = m - 1  # others per entry
+def _stand_out(calls: np.ndarray, timeouts: np.ndarray, peers: np.ndarray) -> np.ndarray:
+    """Which endpoints' timeouts are theirs: they stand out from the peers' (module notes)."""
+    pc = np.where(peers, calls, 0)
+    pt = np.where(peers, timeouts, 0)
+    n1 = calls.astype(np.float64)
+    n2 = (pc.sum() - pc).astype(np.float64)  # the peers' calls, without the endpoint itself
+    t2 = (pt.sum() - pt).astype(np.float64)
+    has = (n1 > 0) & (n2 > 0)
+    n1, n2 = np.maximum(n1, 1.0), np.maximum(n2, 1.0)
+    own, theirs = timeouts / n1, t2 / n2
+    both = (timeouts + t2) / (n1 + n2)
+    inv = 1.0 / n1 + 1.0 / n2
+    se = np.sqrt(both * (1.0 - both) * inv)
+    # Yates' continuity correction: at a handful of calls the normal test overstates.
+    gap = own - theirs - 0.5 * inv
+    z = np.divide(gap, se, out=np.zeros_like(se), where=se > 0)
+    return (
+        has
+        & (theirs <= TIMEOUT_PEER_MAX + 1e-12)
+        & (own - theirs >= TIMEOUT_MARGIN - 1e-9)  # (7/10 - 2/10)
+        & (z >= TIMEOUT_Z)
+    )
 
-    def nth_other(j: int) -> np.ndarray:
-        # The j-th smallest of the others: entry i itself sits at rank[i] in s.
-        return np.where(rank > j, s[j], s[min(j + 1, m - 1)])
 
-    if k % 2:
-        return nth_other(k // 2)
-    return (nth_other(k // 2 - 1) + nth_other(k // 2)) / 2.0
-
-
-def interval_counts(calls: Any, failures_by_kind: Any) -> IntervalCounts:
+def interval_counts(calls: Any, failures_by_kind: Any, peers: Any = None) -> IntervalCounts:
     """Successes and counted failures of one interval, judging timeouts across endpoints.
 
     Parameters
@@ -233,13 +254,17 @@ def interval_counts(calls: Any, failures_by_kind: Any) -> IntervalCounts:
         Calls per endpoint that ended in the interval (failed ones included).
     failures_by_kind
         ``(endpoints, 4)`` failures per kind, columns in :data:`FAILURE_KINDS` order.
+    peers
+        Boolean mask of the endpoints a timeout is judged against (default: all; the
+        monitor leaves out ejected endpoints, whose last calls are the tail of their
+        own failure).
 
     Returns
     -------
     IntervalCounts
-        A timeout counts as a failure only if the endpoint's timed-out share of its
-        calls exceeds the median share of the other endpoints with calls by at least
-        :data:`TIMEOUT_MARGIN` (see the module notes); else it is a local timeout.
+        A timeout counts as a failure only if the endpoint stands out from its peers
+        (:data:`TIMEOUT_PEER_MAX`, :data:`TIMEOUT_MARGIN`, :data:`TIMEOUT_Z`; see the
+        module notes); else it is a local timeout.
 
     Raises
     ------
@@ -256,13 +281,13 @@ def interval_counts(calls: Any, failures_by_kind: Any) -> IntervalCounts:
     failed = k.sum(axis=1)
     if c.size and (int(c.min()) < 0 or int(k.min()) < 0 or bool((failed > c).any())):
         raise OutlierError("counts must be >= 0 and failures at most the calls")
+    peer = np.ones(c.size, np.bool_) if peers is None else np.asarray(peers, np.bool_)
+    if peer.shape != c.shape:
+        raise OutlierError(f"peers must be a mask of {c.size} endpoints, got {peer.shape}")
     timeouts = k[:, FAIL_TIMEOUT - 1]
-    local = np.zeros(c.size, dtype=np.int64)
-    active = np.flatnonzero(c > 0)
-    if active.size and timeouts.any():
-        rates = timeouts[active] / c[active]
-        own = rates - _median_of_others(rates) >= TIMEOUT_MARGIN - 1e-9  # (7/10 - 2/10)
-        local[active] = np.where(own, 0, timeouts[active])
+    local = timeouts
+    if timeouts.any():
+        local = np.where(_stand_out(c, timeouts, peer), 0, timeouts)
     return IntervalCounts(c - failed, failed - local, local)
 
 

@@ -148,6 +148,60 @@ def test_a_dead_pod_is_retried_once_on_attempt_ones_pod(host, form):
     assert st["retries"] == len(hit) and st["retries_failed"] == 0
 
 
+@pytest.mark.parametrize("form", ["threads", "asyncio", "grouped"])
+def test_a_retry_never_goes_back_to_the_pod_that_failed_when_routing_moved_meanwhile(host, form):
+    # Attempt 1 is the pod after a key's attempt-0 pod at the time of the retry, which
+    # need not be the pod the fan-out sent the key to (loads refreshed, a new table).
+    # Here: pod `q` is ejected while the fan-out routes, so keys whose ring order is
+    # q, p go to p; p answers 503 and, before its first failure returns, q is readmitted.
+    # Now attempt 0 of those keys is q and attempt 1 is p itself: the retry must not go
+    # there (seen on the uvicorn worker, where bounded load moved attempt 0).
+    r = host.router()
+    order0 = r.endpoints_of(r.route(KEYS))
+    order1 = r.endpoints_of(r.route(KEYS, attempt=1))
+    q, p = EPS[1], EPS[3]
+    both = [i for i in range(len(KEYS)) if order0[i] == q and order1[i] == p]
+    assert both  # (the key set has some whose ring order is q, p)
+    ejected = np.zeros(len(EPS), dtype=bool)
+    ejected[EPS.index(q)] = True
+    knobs = shm.Knobs(balance_factor=None)
+    host.writer_.publish(lbcore.RingSet(EPS), ejected=ejected, knobs=knobs)
+    seen: list[tuple[str, object]] = []
+    lock = threading.Lock()
+    readmitted = []
+
+    def send(url, key, timeout=None):
+        with lock:
+            seen.append((url, key))
+            if url == p:
+                if not readmitted:
+                    host.writer_.publish(lbcore.RingSet(EPS), knobs=knobs)
+                    readmitted.append(True)
+                raise CallStatusError(503, url)
+        return [f"{k}@{url}" for k in key] if form == "grouped" else f"{key}@{url}"
+
+    if form == "threads":
+        res = r.fanout(KEYS, send)
+    elif form == "grouped":
+        res = r.fanout(KEYS, send, grouped=True)
+    else:
+
+        async def asend(url, key, timeout=None):
+            return send(url, key)
+
+        res = asyncio.run(r.afanout(KEYS, asend))
+    assert readmitted
+    for i in both:
+        x = res[i]
+        assert x.ok and x.attempts == 2 and x.endpoint == q, (i, x)
+    calls_to_p = [k for u, k in seen if u == p]
+    if form != "grouped":  # each key sent to p at most once
+        assert len(calls_to_p) == len(set(calls_to_p))
+    assert all(x.ok for x in res), [x for x in res if not x.ok][:3]
+    st = host.stats()
+    assert st["retries_failed"] == 0
+
+
 def test_a_failed_retry_returns_its_error_and_other_errors_are_not_retried(host):
     r = host.router()
     first = r.endpoints_of(r.route(KEYS))
@@ -614,6 +668,48 @@ def test_afanout_tasks_interleave_on_one_thread(host):
     for keys, res in ((a, ra), (b, rb)):
         want = r.endpoints_of(r.route(keys))
         assert [x.value for x in res] == [f"{k}@{u}" for k, u in zip(keys, want, strict=True)]
+    assert int(host.loads().in_flight.sum()) == 0
+
+
+def test_an_afanout_that_started_with_no_free_slot_gets_the_slots_given_back(host):
+    # Fan-out `a` takes the loop's 4 slots; `b`, started meanwhile, runs on one runner.
+    # When `a` ends its slots go to `b` (in line), not only to fan-outs started later:
+    # else `b` stays on one runner while each later fan-out takes all the slots again,
+    # and runs many times slower than they do, into its deadline (seen on the uvicorn
+    # worker: keys never sent, DeadlineError).
+    r = host.router(threads=4, endpoint_cap=100)
+    out: dict[str, int] = {}
+    now: dict[str, int] = {}
+
+    async def asend(url, key, timeout=None):
+        who = key.split("-")[0]
+        now[who] = now.get(who, 0) + 1
+        out[who] = max(out.get(who, 0), now[who])
+        total = sum(now.values())
+        out["total"] = max(out.get("total", 0), total)
+        await asyncio.sleep(0.002)
+        now[who] -= 1
+        return key
+
+    async def later():
+        for i in range(3):  # fan-outs started after `a`, one after the other
+            await r.afanout([f"C{i}-{j}" for j in range(20)], asend)
+
+    async def main():
+        ta = asyncio.ensure_future(r.afanout([f"A-{j}" for j in range(20)], asend))
+        await asyncio.sleep(0)
+        tb = asyncio.ensure_future(r.afanout([f"B-{j}" for j in range(100)], asend))
+        await ta
+        tc = asyncio.ensure_future(later())
+        rb = await tb
+        await tc
+        return rb
+
+    rb = asyncio.run(main())
+    assert all(x.ok for x in rb)
+    assert out["A"] == 4
+    assert out["B"] >= 4  # more runners once `a` gave its slots back (else 1)
+    assert out["total"] <= 4 + 1 + 1  # the slots, plus one runner each for b and a `later`
     assert int(host.loads().in_flight.sum()) == 0
 
 

@@ -62,3 +62,30 @@ def test_typed_values_round_trip():
 
 def test_readme_documents_every_knob_from_the_declarations():
     assert knobs.docs_table() in README.read_text(encoding="utf-8")
+
+
+def test_docs_tables_show_empty_defaults_as_dash_and_run_time_ones_as_auto():
+    k = knobs.Knob
+    table = knobs.docs_table(
+        [
+            k("a", "CSLB_A", "--a", "", str, "Empty."),
+            k("b", "CSLB_B", "--b", None, str, "None."),
+            k("c", "CSLB_C", "--c", 0, int, "Worked out at run time.", auto=True),
+            k("d", "CSLB_D", "--d", 0.0, float, "Zero."),
+            k("e", "CSLB_E", "--e", "auto", str, "A value that reads auto."),
+        ]
+    )
+    defaults = [row.split(" | ")[2] for row in table.splitlines()[2:]]
+    assert defaults == ["-", "-", "`auto`", "`0.0`", "`auto`"]
+    parser = argparse.ArgumentParser()
+    knobs.add_arguments(parser, [k("c", "CSLB_C", "--c", 0, int, "Run time.", auto=True)])
+    assert "default auto]" in parser.format_help()
+    # Every table in the README and docs: no empty backticks, the run-time defaults auto.
+    from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
+    from workers.fanout_settings import FANOUT_KNOBS
+
+    for group in (knobs.ROUTING_KNOBS, DISCOVERY_KNOBS, OUTLIER_KNOBS, FANOUT_KNOBS):
+        assert "| `` |" not in knobs.docs_table(group)
+    shown = {f.env: f.shown_default for f in FANOUT_KNOBS}
+    assert shown["CSLB_FANOUT_DEADLINE"] == shown["CSLB_FANOUT_ENDPOINT_CAP"] == "auto"
+    assert shown["CSLB_FALLBACK_URL"] == "-"

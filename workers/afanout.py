@@ -19,6 +19,7 @@ router's per-thread "last batch": the plan keeps the table each route was comput
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,10 +36,16 @@ class Limiter:
     others on the loop's one thread, and that wait would be recorded as the pods'
     busy time (and time calls out on every pod alike: a saturated caller). A fan-out
     takes the free slots for its runners (at least one runner, so it always moves).
+    One that got fewer runners than it has jobs waits in line (:meth:`wait`): slots
+    given back go to the fan-outs in line first, oldest first, so a fan-out that
+    started while others held every slot is not left on one runner while later
+    fan-outs take all the slots again (it would run many times slower, into its
+    deadline).
     """
 
     def __init__(self, n: int) -> None:
         self.free = n
+        self._line: list[Callable[[int], int]] = []
 
     def take(self, n: int) -> int:
         """Up to ``n`` slots; how many were free."""
@@ -46,8 +53,23 @@ class Limiter:
         self.free -= got
         return got
 
+    def wait(self, grant: Callable[[int], int]) -> None:
+        """Get in line for more slots: ``grant(k)`` takes up to ``k``, says how many."""
+        self._line.append(grant)
+
+    def leave(self, grant: Callable[[int], int]) -> None:
+        """Out of the line (the fan-out ended)."""
+        with contextlib.suppress(ValueError):
+            self._line.remove(grant)
+
     def give(self, n: int) -> None:
+        """Give ``n`` slots back: to the fan-outs in line first."""
         self.free += n
+        while self.free > 0 and self._line:
+            got = self._line[0](self.free)
+            self.free -= got
+            if got == 0:  # (it has no jobs left to start: out of the line)
+                self._line.pop(0)
 
 
 _LIMITERS: dict[int, Limiter] = {}
@@ -141,12 +163,19 @@ async def run(
     firsts = [plan.slots[j[0] if grouped else j] for j in jobs[:n]]
     t0, admitted = fan.ledger.begin_many(firsts, cap) if n else (0, [])
     rest = iter(jobs[n:])  # (the runners take the next job from here, one at a time)
+    unstarted = len(jobs) - n  # jobs no runner took yet
+    coming = 0  # runners granted later that did not take a job yet
 
     async def runner(first: Any, started: int) -> None:
+        nonlocal unstarted, coming
         watch = _Watch()
         try:
-            await _drive(plan, make(plan, first, cap, started), watch)  # type: ignore[arg-type]
+            if first is not None:
+                await _drive(plan, make(plan, first, cap, started), watch)  # type: ignore[arg-type]
+            else:
+                coming -= 1
             for j in rest:
+                unstarted -= 1
                 if plan.closed:
                     return
                 await _drive(plan, make(plan, j, cap), watch)  # type: ignore[arg-type]
@@ -165,21 +194,41 @@ async def run(
         for j, ok in zip(jobs[:n], admitted, strict=True)
     ]
     tasks += [asyncio.ensure_future(alone(g)) for g, _ in fan.fallback_jobs(plan)]
+
+    def grant(k: int) -> int:
+        """Slots given back by other fan-outs: more runners, up to the jobs not started."""
+        nonlocal held, coming
+        got = 0 if plan.closed else min(k, unstarted - coming)
+        if got <= 0:
+            return 0
+        held += got
+        coming += got
+        tasks.extend(asyncio.ensure_future(runner(None, -1)) for _ in range(got))
+        return got
+
+    if unstarted > 0:
+        lim.wait(grant)
     try:
         if tasks:
-            left = (plan.deadline_ns - plan.clock()) / 1e9
+            loop = asyncio.get_running_loop()
             # Each call is bounded by its own timeout (at most the deadline); the margin
             # covers a task the loop could not run in time.
-            _, late = await asyncio.wait(tasks, timeout=max(left, 0.0) + 0.05)
-            for t in late:
-                t.cancel()
-            if late:
+            end = loop.time() + max((plan.deadline_ns - plan.clock()) / 1e9, 0.0) + 0.05
+            while late := [t for t in tasks if not t.done()]:  # (grant() may add runners)
+                left = end - loop.time()
+                if left > 0:
+                    await asyncio.wait(late, timeout=left)
+                    continue
+                for t in late:
+                    t.cancel()
                 await asyncio.wait(late, timeout=0.1)
+                break
     except BaseException:  # the caller was cancelled: so are its calls
         for t in tasks:
             t.cancel()
         raise
     finally:
+        lim.leave(grant)
         lim.give(held)
     return fan.finish(plan)
 

@@ -282,7 +282,11 @@ class Plan:
         """``(slot, url)`` of ``pos``'s retry (url ``None``: there is none).
 
         Routed with ``attempt=1`` once per first endpoint, for all keys of the fan-out
-        that went there (they are the ones likely to need it).
+        that went there (they are the ones likely to need it). Never the first endpoint
+        itself: attempt 1 is the next pod after the key's attempt-0 pod *now*, and that
+        can differ from the one this plan routed to (loads refreshed, a new table); then
+        attempt 1 may be the very pod that failed, and the key's current attempt-0 pod
+        (or attempt 2's) takes the retry instead.
         """
         s = self.fan.settings
         if s.retry_to == "ingress":
@@ -291,20 +295,36 @@ class Plan:
         with self.lock:
             got = self._retry_routes.get(e)
         if got is None:
-            positions = np.flatnonzero(self.idx == e).tolist()
-            router = self.fan.router
-            idx2, t2 = router.route_table(self.keys_at(positions), attempt=1)
-            slots2 = router.call_slots(idx2, t2)
-            got = {}
-            for j, p in enumerate(positions):
-                e2 = int(idx2[j])
-                if e2 < 0:
-                    got[p] = (-1, None)
-                else:
-                    got[p] = (int(slots2[j]) if slots2 is not None else -1, t2.endpoints[e2])
+            got = self._route_retries(np.flatnonzero(self.idx == e).tolist(), self.urls[e])
             with self.lock:
                 self._retry_routes[e] = got
         return got.get(pos, (-1, None))
+
+    def _route_retries(
+        self, positions: list[int], failed_url: str
+    ) -> dict[int, tuple[int, str | None]]:
+        """``(slot, url)`` of a retry pod other than ``failed_url`` for each of ``positions``."""
+        router = self.fan.router
+        got: dict[int, tuple[int, str | None]] = {}
+        todo = positions
+        for attempt in (1, 0, 2):  # (0 and 2: only for keys whose attempt 1 is failed_url)
+            idx2, t2 = router.route_table(self.keys_at(todo), attempt=attempt)
+            slots2 = router.call_slots(idx2, t2)
+            again = []
+            for j, p in enumerate(todo):
+                e2 = int(idx2[j])
+                if e2 < 0:
+                    got[p] = (-1, None)
+                elif t2.endpoints[e2] == failed_url:
+                    again.append(p)
+                else:
+                    got[p] = (int(slots2[j]) if slots2 is not None else -1, t2.endpoints[e2])
+            if not again:
+                break
+            todo = again
+        for p in todo:
+            got.setdefault(p, (-1, None))
+        return got
 
     def retry_refusal(self, now: int, wait_ns: int) -> str | None:
         """Why a retry after a failure cannot go out now (``None``: it may; budget taken)."""

@@ -126,6 +126,7 @@ FANOUT_ENDPOINT_CAP = Knob(
     "counted in cslb_bulkhead_rejections_total, never as the pod's failure. 'auto' (0): "
     "half of CSLB_FANOUT_THREADS, at least 1.",
     "N",
+    auto=True,
 )
 FANOUT_TIMEOUT = Knob(
     "timeout_s",
@@ -147,6 +148,7 @@ FANOUT_DEADLINE = Knob(
     "come back as deadline errors. 'auto' (0): twice the call timeout plus the retry "
     "backoff, so one call and its retry fit.",
     "SECONDS",
+    auto=True,
 )
 RETRY_BACKOFF = Knob(
     "retry_backoff_s",

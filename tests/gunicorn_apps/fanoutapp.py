@@ -4,8 +4,11 @@ Fans them out with ``router.fanout`` (WSGI ``app``: sync and gthread workers) or
 ``await router.afanout`` (ASGI ``asgi_app``: uvicorn's gunicorn worker) to the pods on
 ``GET <pod>/<id>``, and answers, per key, what came back and from where, so the tests
 can see retries, endpoints and errors. ``GET /metrics``: cslb's host-wide metrics.
+``POST /fanout?block=S`` (ASGI): the worker's event loop stalls for ``S`` seconds (at
+most 2) just after the fan-out starts, as CPU-bound code in the caller would.
 """
 
+import asyncio
 import json
 import os
 import time
@@ -20,6 +23,15 @@ SEND = Urllib3Sender(maxsize=int(os.environ.get("CSLB_FANOUT_THREADS", "8")))
 ASEND = HttpxSender()
 REGISTRY = CollectorRegistry()
 REGISTRY.register(CslbCollector(os.environ.get("CSLB_SHM_NAMESPACE", "default")))
+
+
+def _block_s(scope):
+    """``?block=S``: seconds to stall the event loop for, once the fan-out started."""
+    for part in scope.get("query_string", b"").decode().split("&"):
+        name, _, value = part.partition("=")
+        if name == "block":
+            return min(float(value), 2.0)
+    return 0.0
 
 
 def _answer(ids, results, took):
@@ -75,6 +87,9 @@ async def asgi_app(scope, receive, send):
                 break
         ids = json.loads(b"".join(chunks) or b"[]")
         t0 = time.monotonic()
+        block = _block_s(scope)
+        if block:  # a caller whose loop stalls (CPU-bound code) while its calls are out
+            asyncio.get_running_loop().call_later(0.01, time.sleep, block)
         results = await Router.attach().afanout(ids, ASEND)
         body, ctype = _answer(ids, results, time.monotonic() - t0), b"application/json"
     await send(
