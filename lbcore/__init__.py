@@ -11,7 +11,6 @@ read from the environment is ``CSLB_KERNEL``, once, at import.
 """
 
 from lbcore import bounded, ejection, fade, gate, outlier, signals
-from lbcore.bounded import redirect_table
 from lbcore.clientkey import default_key
 from lbcore.errors import (
     ArgumentError,
@@ -70,7 +69,6 @@ __all__ = [
     "kernel_name",
     "occupancy",
     "outlier",
-    "redirect_table",
     "scatter_add",
     "signals",
     "use_kernel",

@@ -23,9 +23,10 @@ Like Envoy's ``BoundedLoadHashingLoadBalancer`` this decorates a table: it needs
 ring positions and their owners, so the same code bounds the plain ring, every ring of
 a fade-in ring set and a zone's ring.
 
-Walks run over the whole batch at once: each step advances only the keys that are still
-looking, and a key that has walked further than a few steps is finished with one search
-over the positions of acceptable endpoints.
+Both kernels implement the walks (:mod:`lbcore.numpy_kernel` with the vectorized ones
+here: each step advances only the keys still looking, and a key that has walked more
+than a few steps is finished with one search over the positions of acceptable
+endpoints); the rule's arithmetic — the bar, the increment, the checks — is here once.
 """
 
 from __future__ import annotations
@@ -46,18 +47,13 @@ __all__ = [
     "check_loads",
     "check_max_hops",
     "in_call_units",
-    "redirect_table",
     "routed_call_load",
     "skip_to_eligible",
     "target_load",
-    "walk_sequential",
-    "walk_snapshot",
 ]
 
 # Masked single steps before a key is finished with a search over acceptable positions.
 _STEPS_BEFORE_SEARCH = 8
-# Keys over the bar in a batch up to which each is walked in Python instead.
-_FEW = 16
 
 
 def check_balance_factor(balance_factor: Any) -> float:
@@ -248,47 +244,6 @@ def advance_distinct(ring: Ring, pos: np.ndarray, eligible: np.ndarray, attempt:
     return cur
 
 
-def _walk(
-    ring: Ring,
-    pos: np.ndarray,
-    eligible: np.ndarray,
-    good: np.ndarray,
-    loads: np.ndarray,
-    max_hops: int | None,
-    exclude: np.ndarray | None,
-) -> np.ndarray:
-    """Vectorized bounded walk on one load snapshot.
-
-    Each key steps from ``pos`` over the ring; non-eligible endpoints and the endpoints in
-    the key's ``exclude`` row are stepped over; the first ``good`` endpoint wins. With
-    ``max_hops`` the walk gives up after that many distinct endpoints and takes the least
-    loaded one it saw. Returns ``int32`` endpoint indices.
-    """
-    if exclude is not None:
-        return _walk_distinct(ring, pos, eligible, good, loads, max_hops, exclude)
-    # Most keys' own endpoint is under the bar: answer those from one gather.
-    first = ring.owners.take(pos)
-    ok = good.take(first)
-    if ok.all():
-        return first
-    rest = np.flatnonzero(~ok)
-    if rest.size <= _FEW:
-        # A handful of keys over the bar: walking each in Python beats ~10 array calls
-        # per step of the vectorized walk.
-        owner, elig, load, is_good = ring.owners.item, eligible.item, loads.item, good.item
-        size = ring.owners.size
-        hops = size if max_hops is None else max_hops
-        first[rest] = [
-            _walk_one(owner, size, elig, load, is_good, start, hops, [])
-            for start in pos[rest].tolist()
-        ]
-    elif max_hops is None:
-        first[rest] = _walk_to_good(ring, pos[rest], good)
-    else:
-        first[rest] = _walk_distinct(ring, pos[rest], eligible, good, loads, max_hops, None)
-    return first
-
-
 def _walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
     """Skipper's walk: the first ``good`` endpoint at or after each position, one lap at most."""
     owners = ring.owners
@@ -368,190 +323,3 @@ def _walk_distinct(
     unresolved = result < 0
     result[unresolved] = best[unresolved]
     return result
-
-
-def walk_snapshot(
-    ring: Ring,
-    pos: np.ndarray,
-    listed: np.ndarray,
-    eligible: np.ndarray,
-    loads: np.ndarray,
-    balance_factor: float,
-    max_hops: int | None,
-    attempt: int = 0,
-) -> np.ndarray:
-    """Bounded-load choice for every key on one load snapshot (see module docs).
-
-    ``listed`` are the candidates Skipper counts and averages over; ``eligible`` those the
-    walk may stop at (the listed ones widened to their hosts, on this ring).
-    """
-    target = target_load(loads, listed, balance_factor)
-    good = eligible & (loads <= target)
-    result = _walk(ring, pos, eligible, good, loads, max_hops, None)
-    if attempt:
-        chosen = result[:, None].astype(np.int64)
-        for _ in range(attempt):
-            nxt = _walk(ring, pos, eligible, good, loads, max_hops, chosen)
-            chosen = np.concatenate((chosen, nxt[:, None].astype(np.int64)), axis=1)
-        result = chosen[:, -1].astype(np.int32)
-    return result
-
-
-def walk_sequential(
-    ring: Ring,
-    pos: np.ndarray,
-    listed: np.ndarray,
-    eligible: np.ndarray,
-    loads: np.ndarray,
-    balance_factor: float,
-    max_hops: int | None,
-    attempt: int = 0,
-) -> np.ndarray:
-    """Bounded-load choice key by key, each choice adding 1 to its endpoint's load first.
-
-    This is Skipper under request-by-request traffic: every request recomputes the
-    average from the current in-flight counts, so the bar rises by ``balance_factor / n``
-    per routed key. Inherently sequential; meant for parity checks and simulation, not
-    for the hot path (which routes a batch on one snapshot).
-    """
-    owners = ring.owner_list()
-    size = len(owners)
-    load = loads.tolist()
-    elig = eligible.tolist()
-    cand = np.flatnonzero(listed).tolist()
-    integral = all(load[i].is_integer() for i in cand)
-    total = 1.0
-    for i in cand:
-        total += load[i]
-    hops = size if max_hops is None else max_hops
-    out = np.empty(pos.size, dtype=np.int32)
-    for k, start in enumerate(pos.tolist()):
-        if not integral:  # a float sum depends on the order: redo it as Skipper does
-            total = 1.0
-            for i in cand:
-                total += load[i]
-        target = _bar(total, len(cand), balance_factor)
-        excluded: list[int] = []
-        for _ in range(attempt + 1):
-            chosen = _walk_one(
-                owners.__getitem__,
-                size,
-                elig.__getitem__,
-                load.__getitem__,
-                lambda e, target=target: load[e] <= target,
-                start,
-                hops,
-                excluded,
-            )
-            excluded.append(chosen)
-        chosen = excluded[-1]
-        out[k] = chosen
-        if chosen >= 0:
-            load[chosen] += 1.0
-            if listed[chosen]:
-                total += 1.0
-    return out
-
-
-def _walk_one(
-    owner: Any,
-    size: int,
-    eligible: Any,
-    load: Any,
-    is_good: Any,
-    start: int,
-    hops: int,
-    excluded: list[int],
-) -> int:
-    """One key's walk; ``owner``, ``eligible``, ``load`` and ``is_good`` are index accessors."""
-    p = start
-    seen: set[int] = set()
-    best, best_load = -1, math.inf
-    for _ in range(size):
-        e = owner(p)
-        if eligible(e) and e not in seen and e not in excluded:
-            if is_good(e):
-                return e
-            le = load(e)
-            seen.add(e)
-            if le < best_load:
-                best, best_load = e, le
-            if len(seen) >= hops:
-                return best
-        p += 1
-        if p == size:
-            p = 0
-    return best if hops < size or best < 0 else owner(start)
-
-
-def walk_few(
-    ring: Ring,
-    hashes: list[int],
-    listed: np.ndarray,
-    eligible: np.ndarray,
-    loads: np.ndarray,
-    balance_factor: float,
-    max_hops: int | None,
-    attempt: int = 0,
-) -> np.ndarray:
-    """:func:`walk_snapshot` for a few keys given as Python ints, key by key in Python."""
-    target = target_load(loads, listed, balance_factor)
-    owner, elig, load = ring.owners.item, eligible.item, loads.item
-    size = len(ring)
-    hops = size if max_hops is None else max_hops
-
-    def is_good(e: int) -> bool:
-        return load(e) <= target
-
-    out = []
-    for p in ring.positions_of(hashes):
-        while not elig(owner(p)):  # Skipper's skip rule: the walk starts on a candidate
-            p = p + 1 if p + 1 < size else 0
-        chosen: list[int] = []
-        for _ in range(attempt + 1):
-            chosen.append(_walk_one(owner, size, elig, load, is_good, p, hops, chosen))
-        out.append(chosen[-1])
-    return np.array(out, dtype=np.int32)
-
-
-def redirect_table(
-    ring: Ring,
-    loads: Any,
-    balance_factor: float,
-    *,
-    candidates: Any = None,
-    max_hops: int | None = None,
-) -> np.ndarray:
-    """Bounded-load answer for every ring position on one load snapshot.
-
-    A worker that refreshes its load snapshot on a cadence builds this once per refresh;
-    routing a key is then ``table[ring.positions(hash)]``, with no walk per key.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``int32`` endpoint index per ring position (``-1`` if no endpoint is eligible).
-    """
-    bf = check_balance_factor(balance_factor)
-    load = check_loads(loads, len(ring.endpoints))
-    hops = check_max_hops(max_hops)
-    listed, eligible = ring._selection(candidates)
-    return redirect_from(ring, listed, eligible, load, bf, hops)
-
-
-def redirect_from(
-    ring: Ring,
-    listed: np.ndarray,
-    eligible: np.ndarray,
-    loads: np.ndarray,
-    balance_factor: float,
-    max_hops: int | None,
-) -> np.ndarray:
-    """:func:`redirect_table` on validated inputs."""
-    count = int(listed.sum())
-    if count == 0 or not eligible.any():
-        return np.full(len(ring), -1, dtype=np.int32)
-    if count == 1:  # Skipper's Apply: one candidate left takes every key
-        return np.full(len(ring), int(np.flatnonzero(listed)[0]), dtype=np.int32)
-    pos = skip_to_eligible(ring, np.arange(len(ring), dtype=np.intp), eligible)
-    return walk_snapshot(ring, pos, listed, eligible, loads, balance_factor, max_hops)

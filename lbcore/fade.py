@@ -24,25 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from lbcore.bounded import (
-    check_balance_factor,
-    check_loads,
-    check_max_hops,
-    redirect_table,
-    skip_to_eligible,
-    target_load,
-    walk_snapshot,
-)
-from lbcore.errors import ArgumentError, EndpointError, FadeError
-from lbcore.hashing import (
-    in_blocks,
-    is_long_batch,
-    mix64,
-    mix64_of,
-    unit_threshold,
-)
+from lbcore.errors import EndpointError, FadeError
 from lbcore.kernel import hash_keys
-from lbcore.ring import DEFAULT_VNODES, SCALAR_MAX, Ring, check_hashes, endpoint_tuple
+from lbcore.ring import DEFAULT_VNODES, Ring, check_hashes, endpoint_tuple
 
 __all__ = [
     "DEFAULT_FADE_DURATION_NS",
@@ -211,6 +195,8 @@ def skipper_fadein_route(
     numpy.ndarray
         ``int32`` endpoint indices (``-1`` when nothing is listed).
     """
+    from lbcore.plan import Plan
+
     h = hash_keys(keys) if hashes is None else hashes
     thr = np.asarray(thresholds, dtype=np.float64)
     if thr.shape != h.shape:
@@ -224,22 +210,20 @@ def skipper_fadein_route(
         # Unlisted endpoints score below every threshold (thresholds are >= 0), so the
         # groups are Skipper's filter over the listed ones; the masks then drop them.
         scores = np.where(listed, scores, -1.0)
+    one = RingSet(ring.endpoints, vnodes=ring.vnodes, master=ring)
     out = np.empty(h.size, dtype=np.int32)
     for rows, mask in skipper_fadein_candidates(scores, thr):
         if listed is not None:
             mask &= listed
-        if balance_factor is None:
-            out[rows] = ring.lookup(None, candidates=mask, attempt=attempt, hashes=h[rows])
-        else:
-            out[rows] = ring.lookup_bounded(
-                None,
-                loads,
-                balance_factor,
-                candidates=mask,
-                max_hops=max_hops,
-                attempt=attempt,
-                hashes=h[rows],
-            )
+        plan = Plan(
+            one,
+            0,
+            ejected=~mask,
+            loads=None if balance_factor is None else loads,
+            balance_factor=balance_factor,
+            max_hops=max_hops,
+        )
+        out[rows] = plan.route_hashes(np.ascontiguousarray(h[rows]), attempt)[0]
     return out
 
 
@@ -247,52 +231,10 @@ def skipper_fadein_route(
 # N-ring fade-in.
 
 
-def _decisions(
-    ring: Ring, loads: np.ndarray, balance_factor: float, candidates: Any, max_hops: int | None
-) -> bytes:
-    """What :func:`redirect_table` reads of ``loads`` on ``ring``, as bytes (see caller)."""
-    listed, eligible = ring._selection(candidates)
-    if int(listed.sum()) <= 1:
-        return b"-"  # nothing or one candidate: no load is read
-    good = eligible & (loads <= target_load(loads, listed, balance_factor))
-    if max_hops is None:
-        return good.tobytes()
-    # A capped walk over busy endpoints only takes the least loaded one it saw (the
-    # first seen among equals): the order of their loads, ties included, is all it reads.
-    over = loads[eligible & ~good]
-    rank = np.unique(over, return_inverse=True)[1].astype(np.int32)
-    return good.tobytes() + rank.tobytes()
-
-
-def _plain_per_position(ring: Ring, candidates: Any) -> np.ndarray:
-    """:meth:`Ring.lookup` (``attempt=0``) of a key at every position of ``ring``."""
-    listed, eligible = ring._selection(candidates)
-    count = int(listed.sum())
-    if count == 0 or not eligible.any():
-        return np.full(len(ring), -1, dtype=np.int32)
-    if count == 1:  # Skipper's Apply: one candidate left takes every key
-        return np.full(len(ring), int(np.flatnonzero(listed)[0]), dtype=np.int32)
-    pos = skip_to_eligible(ring, np.arange(len(ring), dtype=np.intp), eligible)
-    return ring.owners.take(pos)
-
-
 def _share(elapsed_ns: float, duration_ns: int, exponent: float) -> float:
     if duration_ns <= 0:
         return 1.0
     return min(max(elapsed_ns / duration_ns, 0.0), 1.0) ** exponent
-
-
-_INTP_SCALARS: dict[int, np.ndarray] = {}
-
-
-def _intp_scalar(value: int) -> np.ndarray:
-    """A cached 0-d ``intp`` array (a NumPy call with a Python int converts it each time)."""
-    a = _INTP_SCALARS.get(value)
-    if a is None:
-        if len(_INTP_SCALARS) >= 256:  # row offsets of a few ring sets at a time
-            _INTP_SCALARS.clear()
-        a = _INTP_SCALARS[value] = np.array(value, dtype=np.intp)
-    return a
 
 
 def fade_share(elapsed_ns: Any, duration_ns: int, exponent: float) -> np.ndarray | float:
@@ -387,8 +329,6 @@ class RingSet:
     """
 
     __slots__ = (
-        "_bounded",
-        "_seen_snapshot",
         "duration_ns",
         "endpoints",
         "exponent",
@@ -458,8 +398,6 @@ class RingSet:
             rings.append(full)
         self.rings: tuple[Ring, ...] = tuple(rings)
         self.ring_pos, self.owner_table = _position_maps(self.rings, node_tier)
-        self._bounded: tuple[tuple[Any, ...], np.ndarray] | None = None
-        self._seen_snapshot: tuple[Any, ...] | None = None
 
     @classmethod
     def from_parts(
@@ -495,8 +433,6 @@ class RingSet:
         rs.endpoints, rs.tiers, rs.starts_ns = endpoints, tiers, starts_ns
         rs.duration_ns, rs.exponent, rs.vnodes = duration, exp, vnodes
         rs.rings, rs.ring_pos, rs.owner_table = rings, ring_pos, owner_table
-        rs._bounded = None
-        rs._seen_snapshot = None
         return rs
 
     # ---------------------------------------------------------------------------------
@@ -522,39 +458,17 @@ class RingSet:
         return np.array(self.share_list(now_ns), dtype=np.float64)
 
     def ring_choice(self, hashes: np.ndarray, now_ns: int) -> np.ndarray:
-        """Index of the ring each key uses: the newest ring ``k`` with ``u < s_k``, else 0."""
-        off = self.ring_offsets(hashes, now_ns, 1)
-        return np.zeros(hashes.size, dtype=np.intp) if off is None else off
+        """The ring each key uses at ``now_ns`` (N-ring fade-in), as the plans choose it.
 
-    def ring_offsets(self, hashes: np.ndarray, now_ns: int, width: int) -> np.ndarray | None:
-        """:meth:`ring_choice` times ``width`` (``intp``), or ``None`` when every key uses ring 0.
-
-        The row offset of each key's ring in a ``(rings, width)`` table such as
-        :meth:`answer_table`'s, in as few array calls as the choice needs.
+        ``intp`` per key: the newest ring whose share is above the key's draw, else 0
+        (the NumPy kernel's choice, which both kernels are tested to make alike).
         """
-        if not self.starts_ns:
-            return None
-        off: np.ndarray | None = None
-        mixed = None
-        duration, exponent = self.duration_ns, self.exponent
-        k = 0
-        for start in self.starts_ns:  # (share_list inline: this runs once per batch)
-            k += 1
-            # Shares fall from older to newer rings, so later (newer) rings overwrite.
-            t = unit_threshold(_share(now_ns - start, duration, exponent))
-            if t == 0:
-                continue
-            if t >> 64:
-                off = np.full(hashes.size, k * width, dtype=np.intp)
-                continue
-            if mixed is None:
-                mixed = mix64(hashes, FADE_SALT)
-            below = np.less(mixed, np.array(t, dtype=np.uint64))
-            if off is None:
-                off = np.multiply(below, _intp_scalar(k * width))
-            else:
-                np.copyto(off, k * width, where=below)
-        return off
+        from lbcore import numpy_kernel
+        from lbcore.plan import Plan
+
+        h = check_hashes(hashes)
+        views = numpy_kernel._views(Plan(self, now_ns), h)
+        return np.zeros(h.size, dtype=np.intp) if views is None else views
 
     # ---------------------------------------------------------------------------------
     # Events.
@@ -644,153 +558,7 @@ class RingSet:
         return out.scale_up(added, now_ns) if added else out
 
     # ---------------------------------------------------------------------------------
-    # Routing.
-
-    def _choice_of(self, hashes: np.ndarray, now_ns: int) -> np.ndarray | list[int]:
-        """Ring per key (like :meth:`ring_choice`), as a list for a few keys."""
-        if hashes.size > SCALAR_MAX:
-            return self.ring_choice(hashes, now_ns)
-        if not self.starts_ns:
-            return [0] * hashes.size
-        thresholds = [unit_threshold(s) for s in self.share_list(now_ns)]
-        if not thresholds[0]:  # the oldest ring has the largest share
-            return [0] * hashes.size
-        out = []
-        for m in mix64_of(hashes.tolist(), FADE_SALT):
-            k = 0
-            for j, t in enumerate(thresholds, start=1):
-                if m < t:  # u < share, in integers (see unit_threshold)
-                    k = j
-            out.append(k)
-        return out
-
-    def _bounded_table(
-        self, loads: np.ndarray, balance_factor: float, max_hops: int | None, n: int
-    ) -> np.ndarray | None:
-        """Bounded-load answer per (ring, master position) for a load snapshot, or ``None``.
-
-        Built once enough keys were routed on the same snapshot to pay for it (the
-        :meth:`lbcore.Ring.lookup_bounded` rule); inputs are validated by the caller.
-        """
-        snapshot = (loads.tobytes(), balance_factor, max_hops)
-        cached = self._bounded
-        if cached is not None and cached[0] == snapshot:
-            return cached[1]
-        seen = self._seen_snapshot
-        routed = n + (seen[1] if seen is not None and seen[0] == snapshot else 0)
-        self._seen_snapshot = (snapshot, routed)
-        if not self.amortized(routed):
-            return None
-        table = self.answer_table(loads, balance_factor, max_hops=max_hops)
-        self._bounded = (snapshot, table)
-        return table
-
-    def amortized(self, keys: int) -> bool:
-        """Whether :meth:`answer_table` pays for ``keys`` keys routed on one load snapshot.
-
-        Building it walks every ring position once, about what walking an eighth of
-        that many keys one by one costs in array calls: below that, walk the keys.
-        """
-        return keys >= max(self.owner_table.size // 8, 2 * SCALAR_MAX)
-
-    def answer_fingerprint(
-        self,
-        loads: Any,
-        balance_factor: float,
-        *,
-        candidates: Any = None,
-        max_hops: int | None = None,
-    ) -> bytes:
-        """Everything :meth:`answer_table` reads of ``loads``, as bytes.
-
-        Per ring: which endpoints are under the bar, and with ``max_hops`` the order of
-        the loads of those over it. Two load vectors with equal fingerprints (same set,
-        same other arguments) give equal answer tables, so a worker whose load snapshot
-        moved without changing any of that keeps its table instead of rebuilding it.
-        Costs a few array calls per ring, far less than building the table.
-        """
-        bf = check_balance_factor(balance_factor)
-        hops = check_max_hops(max_hops)
-        load = check_loads(loads, len(self.endpoints))
-        return b"|".join(_decisions(ring, load, bf, candidates, hops) for ring in self.rings)
-
-    def answer_table(
-        self,
-        loads: Any = None,
-        balance_factor: float | None = None,
-        *,
-        candidates: Any = None,
-        max_hops: int | None = None,
-    ) -> np.ndarray:
-        """The answer for every (ring, newest-ring position) on one load snapshot.
-
-        Routing a key at ``now_ns`` is then one gather, exactly what :meth:`route` with
-        the same arguments (``attempt=0``) answers::
-
-            flat = ring_set.ring_choice(h, now_ns) * table.shape[1]
-            flat += ring_set.master.positions(h)
-            idx = table.take(flat)
-
-        Parameters
-        ----------
-        loads, balance_factor, max_hops
-            Bounded load as in :meth:`route`; ``balance_factor=None``: the plain rings.
-        candidates
-            Endpoints that may be chosen (mask or indices); ``None``: all.
-
-        Returns
-        -------
-        numpy.ndarray
-            ``int32`` of shape ``(len(rings), len(master))``; ``-1`` where no endpoint
-            is eligible. Without bounded load and candidates this is :attr:`owner_table`
-            itself (do not write to it).
-        """
-        if balance_factor is None and candidates is None:
-            return self.owner_table
-        if balance_factor is not None:
-            if loads is None:
-                raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
-            bf = check_balance_factor(balance_factor)
-            hops = check_max_hops(max_hops)
-            load = check_loads(loads, len(self.endpoints))
-        if balance_factor is not None and candidates is None:
-            fast = self._bounded_answers(load, bf, hops)
-            if fast is not None:
-                return fast
-        table = np.empty_like(self.owner_table)
-        for k, ring in enumerate(self.rings):
-            if balance_factor is None:
-                per_pos = _plain_per_position(ring, candidates)
-            else:
-                per_pos = redirect_table(ring, load, bf, candidates=candidates, max_hops=hops)
-            table[k] = per_pos.take(self.ring_pos[k])
-        return table
-
-    def _bounded_answers(
-        self, load: np.ndarray, balance_factor: float, max_hops: int | None
-    ) -> np.ndarray | None:
-        """:meth:`answer_table` with bounded load and no candidates, walking only where needed.
-
-        Every endpoint on a ring is eligible there, so a key whose plain endpoint is under
-        its ring's bar stays on it (the walk stops at its first step): the answer is the
-        owner table except at the entries whose owner is over the bar, and only those
-        are walked. ``None`` where a ring has fewer than two endpoints (Skipper's
-        one-candidate shortcut: the general path).
-        """
-        table = self.owner_table.copy()
-        for k, ring in enumerate(self.rings):
-            present = ring.present
-            if int(np.count_nonzero(present)) < 2:
-                return None
-            good = present & (load <= target_load(load, present, balance_factor))
-            row = table[k]
-            over = np.flatnonzero(~good.take(row))
-            if over.size:
-                starts = self.ring_pos[k].take(over).astype(np.intp)
-                row[over] = walk_snapshot(
-                    ring, starts, present, present, load, balance_factor, max_hops
-                )
-        return table
+    # Routing one batch (a plan per call).
 
     def route(
         self,
@@ -804,10 +572,12 @@ class RingSet:
         attempt: int = 0,
         hashes: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Route a batch through the ring set at time ``now_ns``.
+        """Route a batch through the ring set at time ``now_ns`` (N-ring fade-in).
 
-        Each key is looked up on the ring :meth:`ring_choice` gives it, with bounded load
-        when ``balance_factor`` is set (the bar is computed over that ring's endpoints).
+        Each key is routed on the newest ring whose share is above its draw, with
+        bounded load when ``balance_factor`` is set (the bar is computed over that
+        ring's endpoints). One :class:`lbcore.Plan` per call: a caller routing many
+        batches on one snapshot builds the plan once.
 
         Parameters
         ----------
@@ -828,87 +598,19 @@ class RingSet:
             ``int32`` indices into :attr:`endpoints`; ``-1`` (fallback) when the set is
             empty or nothing is eligible.
         """
-        if hashes is None and is_long_batch(keys):
-            return in_blocks(
-                lambda b: self.route(
-                    b,
-                    now_ns,
-                    loads=loads,
-                    balance_factor=balance_factor,
-                    candidates=candidates,
-                    max_hops=max_hops,
-                    attempt=attempt,
-                ),
-                keys,
-                np.int32,
-            )
-        h = hash_keys(keys) if hashes is None else check_hashes(hashes)
-        if not self.rings:
-            return np.full(h.size, -1, dtype=np.int32)
-        table: np.ndarray | None = self.owner_table
-        if balance_factor is not None:
-            if loads is None:
-                raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
-            bf = check_balance_factor(balance_factor)
-            hops = check_max_hops(max_hops)
-            load = check_loads(loads, len(self.endpoints))
-            table = self._bounded_table(load, bf, hops, h.size)
-        if candidates is None and attempt == 0 and table is not None:
-            # One gather from the master position, in the row of the key's ring.
-            master = self.rings[-1]
-            if h.size <= SCALAR_MAX:
-                keys_h = h.tolist()
-                size = table.shape[1]
-                item = table.item
-                pos = master.positions_of(keys_h)
-                if not self.starts_ns:
-                    return np.array([item(p) for p in pos], np.int32)
-                choice = self._choice_of(h, now_ns)
-                return np.array(
-                    [item(k * size + p) for k, p in zip(choice, pos, strict=True)], np.int32
-                )
-            choice = self._choice_of(h, now_ns)
-            pos = master.positions(h)
-            if not self.starts_ns:
-                return table[0].take(pos)
-            flat = np.asarray(choice, dtype=np.intp) * table.shape[1]
-            flat += pos
-            return table.take(flat)
-        return self._route_grouped(h, now_ns, loads, balance_factor, candidates, max_hops, attempt)
+        from lbcore.plan import Plan
 
-    def _route_grouped(
-        self,
-        h: np.ndarray,
-        now_ns: int,
-        loads: Any,
-        balance_factor: float | None,
-        candidates: Any,
-        max_hops: int | None,
-        attempt: int,
-    ) -> np.ndarray:
-        """General routing: group keys by ring and ask each ring (candidates, retries)."""
-        choice = self.ring_choice(h, now_ns)
-        out = np.empty(h.size, dtype=np.int32)
-        for k, ring in enumerate(self.rings):
-            rows = np.flatnonzero(choice == k) if self.starts_ns else None
-            if rows is not None and rows.size == 0:
-                continue
-            hk = h if rows is None else h[rows]
-            # Ring k holds only its members; it narrows the candidates to them.
-            if balance_factor is None:
-                res = ring.lookup(None, candidates=candidates, attempt=attempt, hashes=hk)
-            else:
-                res = ring.lookup_bounded(
-                    None,
-                    loads,
-                    balance_factor,
-                    candidates=candidates,
-                    max_hops=max_hops,
-                    attempt=attempt,
-                    hashes=hk,
-                )
-            if rows is None:
-                out[:] = res
-            else:
-                out[rows] = res
-        return out
+        master = self.master
+        listed = None if master is None else master.listed_mask(candidates)
+        plan = Plan(
+            self,
+            now_ns,
+            ejected=None if listed is None else ~listed,
+            loads=loads,
+            balance_factor=balance_factor,
+            max_hops=max_hops,
+            max_key_bytes=None,
+        )
+        if hashes is None:
+            return plan.route(keys, attempt)[0]
+        return plan.route_hashes(hashes, attempt)[0]

@@ -715,14 +715,6 @@ def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray
     return _hash_bytes_list(_encode_all(keys), max_key_bytes)
 
 
-def is_long_batch(keys: Any) -> bool:
-    """True for a list, tuple or array of keys that routing should take in blocks."""
-    t = type(keys)
-    if t is np.ndarray:
-        return keys.ndim == 1 and keys.size > 2 * BLOCK
-    return (t is list or t is tuple) and len(keys) > 2 * BLOCK
-
-
 def in_blocks(fn: Any, keys: Any, dtype: Any) -> np.ndarray:
     """Apply ``fn`` to a long batch a :data:`BLOCK` of keys at a time.
 
@@ -908,15 +900,6 @@ def mix64(hashes: np.ndarray, salt: int) -> np.ndarray:
     return xor(a, b, c)
 
 
-def _fmix_of(h: int, salt: int) -> int:
-    x = h ^ (salt & _M64)
-    x ^= x >> 33
-    x = (x * int(_FMIX_C1)) & _M64
-    x ^= x >> 33
-    x = (x * int(_FMIX_C2)) & _M64
-    return x ^ (x >> 33)
-
-
 def unit_threshold(share: float) -> int:
     """Integer form of ``u < share`` for :func:`below`: ``ceil(share * 2**53) << 11``.
 
@@ -938,16 +921,6 @@ def below(hashes: np.ndarray, salt: int, share: float) -> np.ndarray:
     if t > _M64:
         return np.ones(hashes.size, dtype=np.bool_)
     return mix64(hashes, salt) < _U64(t)
-
-
-def mix64_of(hashes: list[int], salt: int) -> list[int]:
-    """:func:`mix64` for a few hashes given as Python ints."""
-    return [_fmix_of(h, salt) for h in hashes]
-
-
-def unit_interval_of(hashes: list[int], salt: int) -> list[float]:
-    """:func:`unit_interval` for a few hashes given as Python ints (bit-identical results)."""
-    return [(_fmix_of(h, salt) >> 11) * _INV_2_53 for h in hashes]
 
 
 def unit_interval(hashes: np.ndarray, salt: int) -> np.ndarray:

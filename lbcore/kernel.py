@@ -225,9 +225,25 @@ def _i64(a: Any, name: str, *, writable: bool = False) -> np.ndarray:
     return a.reshape(-1)
 
 
-def scatter_add(
-    target: np.ndarray, index: np.ndarray, values: Any, offsets: np.ndarray | None = None
-) -> None:
+_MAX_TUPLE = 16  # offsets or values given as a tuple: at most this many (MAX_TUPLE in C)
+_I64_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+
+def _i64s(a: Any, name: str) -> np.ndarray:
+    """An ``int64`` array or a tuple of ints, checked as the native kernel checks them."""
+    if type(a) is not tuple:
+        return _i64(a, name)
+    if len(a) > _MAX_TUPLE:
+        raise ValueError(f"scatter_add: {name} as a tuple holds at most {_MAX_TUPLE} ints")
+    for x in a:
+        if not isinstance(x, int) or isinstance(x, bool):
+            raise TypeError(f"scatter_add: {name} must be a contiguous int64 array")
+        if not _I64_RANGE[0] <= x <= _I64_RANGE[1]:
+            raise OverflowError("int too big to convert")
+    return np.array(a, dtype=np.int64)
+
+
+def scatter_add(target: np.ndarray, index: np.ndarray, values: Any, offsets: Any = None) -> None:
     """``target[offsets[r] + index[j]] += value(r, j)`` for every offset and index.
 
     The primitive shm's counter rows record calls with: ``target`` is a row (a
@@ -241,10 +257,13 @@ def scatter_add(
     index
         C-contiguous ``int64`` array of ``n`` indices (repeats add up).
     values
-        An ``int`` for every cell, or a C-contiguous ``int64`` array: ``k`` values (one
-        per offset, with ``offsets``) or ``k * n`` (offset-major).
+        An ``int`` for every cell, or a C-contiguous ``int64`` array (or a tuple of at
+        most 16 ints): ``k`` values (one per offset, with ``offsets``) or ``k * n``
+        (offset-major).
     offsets
-        Optional C-contiguous ``int64`` array of ``k`` offsets; default one offset, 0.
+        Optional ``k`` offsets, a C-contiguous ``int64`` array or a tuple of at most 16
+        ints; default one offset, 0. (Arguments are positional: the native kernel parses
+        no keywords, a recorder calls it once per fan-out start and end.)
 
     Raises
     ------
@@ -268,8 +287,8 @@ def scatter_add(
     t = _i64(target, "target", writable=True)
     idx = _i64(index, "index")
     scalar = isinstance(values, int) and not isinstance(values, bool)
-    v = np.array([int(values)], dtype=np.int64) if scalar else _i64(values, "values")
-    offs = np.zeros(1, dtype=np.int64) if offsets is None else _i64(offsets, "offsets")
+    v = np.array([int(values)], dtype=np.int64) if scalar else _i64s(values, "values")
+    offs = np.zeros(1, dtype=np.int64) if offsets is None else _i64s(offsets, "offsets")
     n, rows = idx.size, offs.size
     if scalar:
         vals = np.full((rows, n), v[0], dtype=np.int64)
@@ -291,6 +310,16 @@ def scatter_add(
             f"position {j}) is outside the target's {t.size} cells; nothing was added"
         )
     np.add.at(t, cells.ravel(), vals.ravel())
+
+
+def scatter_adder() -> Any:
+    """The active kernel's :func:`scatter_add` itself (same arguments, one call less).
+
+    For a caller that records on every batch and resolves it once per object (shm's
+    counter rows do, per binding): it keeps the kernel active when it was asked for.
+    """
+    k = _native if _active == "native" else None
+    return scatter_add if k is None else k.scatter_add
 
 
 _select_at_import()

@@ -1,4 +1,4 @@
-"""Skipper's consistent-hash ring, looked up a whole batch at a time.
+"""Skipper's consistent-hash ring: the nodes, their owners and a bucket table.
 
 The ring is Skipper's ``consistentHash`` (``loadbalancer/algorithm.go``): for endpoint
 ``i`` with address ``ep`` and ``j = 0 .. vnodes-1`` a node ``(XXH64(f"{ep}-{j}"), i)``;
@@ -6,13 +6,13 @@ nodes sorted ascending by hash; a key goes to the first node whose hash is ``>=`
 key's hash, wrapping to node 0 past the end; nodes of endpoints that are not candidates
 are stepped over.
 
-Lookups do not binary-search the ring. A *bucket table* indexed by the top bits of the
-hash holds, for every bucket without a ring node, the ring position every hash of that
+Positions are not binary-searched. A *bucket table* indexed by the top bits of the hash
+holds, for every bucket without a ring node, the ring position every hash of that
 bucket maps to; only hashes that fall into one of the few buckets holding a node need a
-search. With ~2^7 buckets per node about 99 % of keys cost one table load (see
-``../shared/PERF-NOTES.md``: binary search is bound by memory latency even in C). The
-table is built once per ring, so a publisher builds it once per generation and every
-worker shares it.
+comparison or a search. It is built once per ring, so a publisher builds it once per
+generation and every worker shares it. Routing is :class:`lbcore.Plan`'s (both kernels
+read these arrays); :meth:`Ring.lookup` and :meth:`Ring.lookup_bounded` build a plan of
+one ring per call, for callers that route one batch per ring.
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from lbcore import bounded as _bounded
-from lbcore.errors import ArgumentError, CandidatesError, EndpointError, LoadError
-from lbcore.hashing import hash_node_names, in_blocks, is_long_batch
-from lbcore.kernel import hash_keys
+from lbcore.errors import ArgumentError, CandidatesError, EndpointError
+from lbcore.hashing import hash_node_names
 
 __all__ = ["DEFAULT_VNODES", "Ring", "bucket_bits_for", "build_bucket_table", "host_key"]
 
@@ -35,22 +33,11 @@ __all__ = ["DEFAULT_VNODES", "Ring", "bucket_bits_for", "build_bucket_table", "h
 DEFAULT_VNODES = 100
 
 _I64 = np.dtype(np.int64)
-# How a batch's misses (keys whose bucket holds a node) are settled, by their number:
-# up to _SEARCH_MIN key by key in Python (~0.5 us each); up to _RESOLVE_MIN by one
-# np.searchsorted over them (~4 us plus ~0.1 us each); beyond, one-node buckets by a
-# comparison with their node (~10 array calls, ~10 us plus little per miss). Measured
-# crossovers on rings of 10,000 and 100,000 nodes.
-_SEARCH_MIN = 8
-_RESOLVE_MIN = 128
 # 2^21 int32 entries = 8 MiB per ring; 2^22 measured no faster on a 100,000-node ring and
 # two buffers of such tables would not fit a container's default 64 MiB /dev/shm.
 MAX_BUCKET_BITS = 21
 MIN_BUCKET_BITS = 8
 _DEFAULT_PORTS = {"http": 80, "https": 443}  # what Skipper's net.SchemeHost fills in
-
-#: Batches this short are looked up key by key in Python (a few hundred ns per key)
-#: instead of paying ~10 NumPy calls of ~0.5-1 µs each.
-SCALAR_MAX = 4
 
 
 def bucket_bits_for(ring_size: int) -> int:
@@ -217,10 +204,6 @@ class Ring:
 
     __slots__ = (
         "_host_ids",
-        "_owner_list",
-        "_redirect",
-        "_seen_snapshot",
-        "_shift",
         "_shift0",
         "all_present",
         "bucket_bits",
@@ -310,18 +293,13 @@ class Ring:
             if buckets.size != 1 << bits or not 0 < bits <= 32:
                 raise EndpointError(f"bucket table has {buckets.size} entries, not a power of two")
             self.bucket_bits, self.buckets = bits, buckets
-        self._shift = np.uint64(64 - self.bucket_bits)
-        # 0-d: an array operand costs a NumPy call no scalar conversion (~0.2 us of ~0.5).
+        # 0-d: an array operand costs a NumPy call no scalar conversion.
         self._shift0 = np.array(64 - self.bucket_bits, dtype=np.uint64)
         if isinstance(host_ids, np.ndarray) and host_ids.shape != (len(eps),):
             raise EndpointError(f"host_ids has {host_ids.size} entries for {len(eps)} endpoints")
         self._host_ids = host_ids  # parsed on first use: only candidate sets need them
         self.present = np.bincount(owners, minlength=len(eps)) > 0
         self.all_present = bool(self.present.all())
-        self._owner_list: list[int] | None = None
-        # Bounded-load redirect table of the last load snapshot seen twice: (key, table).
-        self._redirect: tuple[tuple[Any, ...], np.ndarray] | None = None
-        self._seen_snapshot: tuple[tuple[Any, ...], int] | None = None
 
     @property
     def host_ids(self) -> np.ndarray:
@@ -473,20 +451,13 @@ class Ring:
             mask = mask & self.present
         return mask
 
-    def _selection(self, candidates: Any) -> tuple[np.ndarray, np.ndarray]:
-        """``(listed, eligible)``: whom Skipper counts and averages, and whom it may pick."""
-        listed = self.listed_mask(candidates)
-        if listed is None:
-            return self.present, self.present
-        if not self.all_present:
-            listed &= self.present
-        return listed, self._widen(listed)
-
     # ---------------------------------------------------------------------------------
     # Position lookup.
 
     def positions(self, hashes: np.ndarray) -> np.ndarray:
         """Ring position of each key hash: the first node with ``hash >= key``, wrapped.
+
+        The NumPy kernel's lookup (the native kernel reads the same arrays).
 
         Parameters
         ----------
@@ -500,8 +471,8 @@ class Ring:
         """
         pos = self.buckets.take((hashes >> self._shift0).view(_I64))
         miss = (pos < 0).nonzero()[0]
-        if miss.size > _RESOLVE_MIN:
-            # Buckets with one node: compare with that node instead of searching.
+        if miss.size:
+            # Buckets with one node: compare with that node; with several: search.
             hm = hashes[miss]
             node = -pos[miss] - 2
             one = np.flatnonzero(node >= 0)
@@ -513,42 +484,32 @@ class Ring:
                 found[several] = np.searchsorted(self.hashes, hm[several], side="left")
             found %= self.hashes.size  # past the last node: roll over to position 0
             pos[miss] = found
-        elif miss.size > _SEARCH_MIN:
-            found = np.searchsorted(self.hashes, hashes[miss], side="left")
-            found %= self.hashes.size
-            pos[miss] = found
-        elif miss.size:
-            # A few keys (small batches): settle each in Python, cheaper than the array calls.
-            rows = miss.tolist()
-            for i, p in zip(rows, self.positions_of([hashes.item(i) for i in rows]), strict=True):
-                pos[i] = p
         return pos
 
-    def owner_list(self) -> list[int]:
-        """:attr:`owners` as a Python list (built once; for key-by-key walks)."""
-        if self._owner_list is None:
-            self._owner_list = self.owners.tolist()
-        return self._owner_list
-
-    def positions_of(self, hashes: list[int]) -> list[int]:
-        """:meth:`positions` for a few hashes given as Python ints, without NumPy temporaries."""
-        shift = 64 - self.bucket_bits
-        item = self.buckets.item
-        out = []
-        size = self.hashes.size
-        for h in hashes:
-            p = item(h >> shift)
-            if p <= -2:
-                p = -p - 2
-                if h > self.hashes.item(p):
-                    p = (p + 1) % size
-            elif p < 0:
-                p = int(np.searchsorted(self.hashes, np.uint64(h))) % size
-            out.append(p)
-        return out
-
     # ---------------------------------------------------------------------------------
-    # Public lookups.
+    # Routing one batch on this ring (a plan per call).
+
+    def _plan(
+        self,
+        candidates: Any,
+        loads: Any = None,
+        balance_factor: float | None = None,
+        max_hops: int | None = None,
+    ) -> Any:
+        """The :class:`lbcore.Plan` of this ring alone: candidates, optional bounded load."""
+        from lbcore.fade import RingSet
+        from lbcore.plan import Plan
+
+        listed = self.listed_mask(candidates)
+        return Plan(
+            RingSet(self.endpoints, vnodes=self.vnodes, master=self),
+            0,
+            ejected=None if listed is None else ~listed,
+            loads=loads,
+            balance_factor=balance_factor,
+            max_hops=max_hops,
+            max_key_bytes=None,
+        )
 
     def lookup(
         self,
@@ -581,29 +542,10 @@ class Ring:
         numpy.ndarray
             ``int32`` endpoint indices, ``-1`` for fallback.
         """
-        if hashes is None and is_long_batch(keys):
-            return in_blocks(
-                lambda b: self.lookup(b, candidates=candidates, attempt=attempt), keys, np.int32
-            )
-        h = hash_keys(keys) if hashes is None else check_hashes(hashes)
-        attempt = _check_attempt(attempt)
-        n = h.size
-        if candidates is None and attempt == 0:
-            if n <= SCALAR_MAX:
-                item = self.owners.item
-                return np.array([item(p) for p in self.positions_of(h.tolist())], dtype=np.int32)
-            return self.owners.take(self.positions(h))
-        listed, eligible = self._selection(candidates)
-        count = int(listed.sum())
-        if count == 0 or attempt >= int(eligible.sum()):
-            return np.full(n, -1, dtype=np.int32)
-        if count == 1 and attempt == 0:  # Skipper's Apply: one candidate left, no hashing
-            return np.full(n, int(np.flatnonzero(listed)[0]), dtype=np.int32)
-        pos = self.positions(h).astype(np.intp)
-        pos = _bounded.skip_to_eligible(self, pos, eligible)
-        if attempt:
-            pos = _bounded.advance_distinct(self, pos, eligible, attempt)
-        return self.owners.take(pos)
+        plan = self._plan(candidates)
+        if hashes is None:
+            return plan.route(keys, attempt)[0]
+        return plan.route_hashes(hashes, attempt)[0]
 
     def lookup_bounded(
         self,
@@ -638,8 +580,8 @@ class Ring:
             one visited (the first visited among equals).
         sequential
             ``True``: keys arrive one by one and each choice adds 1 to its endpoint's load
-            before the next key (Skipper under request-by-request traffic). ``False``: the
-            whole batch is routed on one load snapshot.
+            before the next key (Skipper under request-by-request traffic: a plan per
+            key). ``False``: the whole batch is routed on one load snapshot.
         attempt
             ``a > 0`` excludes the endpoints chosen by attempts ``0 .. a-1`` and routes
             on the rest (a retry on a different pod); ``-1`` where none is left.
@@ -653,81 +595,24 @@ class Ring:
         """
         if balance_factor is None:
             return self.lookup(keys, candidates=candidates, attempt=attempt, hashes=hashes)
-        if hashes is None and not sequential and is_long_batch(keys):
-            return in_blocks(
-                lambda b: self.lookup_bounded(
-                    b,
-                    loads,
-                    balance_factor,
-                    candidates=candidates,
-                    max_hops=max_hops,
-                    attempt=attempt,
-                ),
-                keys,
-                np.int32,
-            )
-        bf = _bounded.check_balance_factor(balance_factor)
-        hops = _bounded.check_max_hops(max_hops)
-        attempt = _check_attempt(attempt)
-        load = loads
-        if type(load) is not np.ndarray or load.dtype != np.float64 or load.ndim != 1:
-            load = _bounded.check_loads(loads, len(self.endpoints))
-        elif load.shape != (len(self.endpoints),):
-            raise LoadError(
-                f"loads has shape {load.shape}, expected ({len(self.endpoints)},): "
-                "one load per endpoint"
-            )
+        if not sequential:
+            plan = self._plan(candidates, loads, balance_factor, max_hops)
+            if hashes is None:
+                return plan.route(keys, attempt)[0]
+            return plan.route_hashes(hashes, attempt)[0]
+        from lbcore.bounded import check_loads
+        from lbcore.kernel import hash_keys
+
         h = hash_keys(keys) if hashes is None else check_hashes(hashes)
-        snapshot: tuple[Any, ...] | None = None
-        if not sequential and attempt == 0:
-            cand = None if candidates is None else np.asarray(candidates)
-            snapshot = (
-                load.tobytes(),
-                bf,
-                hops,
-                None if cand is None else (cand.dtype.str, cand.shape, cand.tobytes()),
-            )
-            cached = self._redirect
-            if cached is not None and cached[0] == snapshot:
-                if h.size <= SCALAR_MAX:
-                    item = cached[1].item
-                    return np.array([item(p) for p in self.positions_of(h.tolist())], np.int32)
-                return cached[1].take(self.positions(h))
-        load = _bounded.check_loads(load, len(self.endpoints))
-        listed, eligible = self._selection(candidates)
-        count = int(listed.sum())
-        n = h.size
-        if count == 0 or attempt >= int(eligible.sum()):
-            return np.full(n, -1, dtype=np.int32)
-        if count == 1 and attempt == 0:
-            return np.full(n, int(np.flatnonzero(listed)[0]), dtype=np.int32)
-        if n <= SCALAR_MAX and not sequential:
-            if snapshot is not None:
-                self._amortized(snapshot, n)
-            return _bounded.walk_few(self, h.tolist(), listed, eligible, load, bf, hops, attempt)
-        if snapshot is not None and self._amortized(snapshot, n):
-            # Enough keys have been routed on this snapshot to pay for answering every
-            # ring position once: look keys up in that table from now on.
-            table = _bounded.redirect_from(self, listed, eligible, load, bf, hops)
-            self._redirect = (snapshot, table)
-            return table.take(self.positions(h))
-        pos = _bounded.skip_to_eligible(self, self.positions(h).astype(np.intp), eligible)
-        if sequential:
-            return _bounded.walk_sequential(self, pos, listed, eligible, load, bf, hops, attempt)
-        return _bounded.walk_snapshot(self, pos, listed, eligible, load, bf, hops, attempt)
-
-    def _amortized(self, snapshot: tuple[Any, ...], n: int) -> bool:
-        """Count keys routed on ``snapshot``; true once they add up to an eighth of the ring.
-
-        Building a redirect table costs about as much as walking one key per ring
-        position, so it pays only for a snapshot that many keys are routed on — the
-        pattern of a worker that refreshes its loads on a cadence — and never for loads
-        that change with every batch.
-        """
-        seen = self._seen_snapshot
-        routed = n + (seen[1] if seen is not None and seen[0] == snapshot else 0)
-        self._seen_snapshot = (snapshot, routed)
-        return routed >= max(len(self) // 8, 2 * SCALAR_MAX)
+        load = check_loads(loads, len(self.endpoints)).copy()
+        out = np.empty(h.size, dtype=np.int32)
+        for i in range(h.size):
+            plan = self._plan(candidates, load, balance_factor, max_hops)
+            chosen = int(plan.route_hashes(h[i : i + 1], attempt)[0][0])
+            out[i] = chosen
+            if chosen >= 0:
+                load[chosen] += 1.0
+        return out
 
 
 def check_hashes(hashes: Any) -> np.ndarray:
@@ -739,9 +624,3 @@ def check_hashes(hashes: Any) -> np.ndarray:
             f"hashes must be a 1-D uint64 array from lbcore.hash_keys, got {dtype} {shape or ''}"
         )
     return hashes
-
-
-def _check_attempt(attempt: Any) -> int:
-    if isinstance(attempt, bool) or not isinstance(attempt, (int, np.integer)) or attempt < 0:
-        raise ArgumentError(f"attempt must be a non-negative integer, got {attempt!r}")
-    return int(attempt)

@@ -34,7 +34,6 @@ import numpy as np
 
 import lbcore
 import shm
-from workers.fanout import FanOut
 from workers.fanout_settings import FanoutSettings
 from workers.ledger import CallLedger
 from workers.router import Router
@@ -120,7 +119,7 @@ def _bench_fanout(router: Router, quick: bool, log: Callable[[str], None]) -> li
             kind = "returns at once" if not sleep_s else "sleeps 1 ms"
             batches = _batches(reps * per * 4, seed=int(sleep_s * 1e4) + 1)
             parts = [batches[i::4] for i in range(4)]
-            # Warm both paths (threads started, answer tables built) before measuring.
+            # Warm both paths (threads started, plans built) before measuring.
             router.fanout(batches[0], send)
             _hand_threads(router, pool, send)(batches[0])
             helper = _cpu_per_key(lambda k, s=send: router.fanout(k, s), parts[0], reps)
@@ -154,25 +153,25 @@ def _bench_fanout(router: Router, quick: bool, log: Callable[[str], None]) -> li
 
 
 def _bench_recording(router: Router, quick: bool, log: Callable[[str], None]) -> list[dict]:
-    rec = router._rec
-    ledger = CallLedger(lambda: rec)
+    ledger = CallLedger(router.recording)
+    rec = router.recorder
     n = 20_000 if quick else 200_000
     slots = np.random.default_rng(3).integers(0, len(EPS), n).tolist()
     bound = int(router.table().n_slots)
 
     def batched() -> None:
         for s in slots:
-            t = ledger.begin(s, bound, 1 << 30)
+            t = ledger.begin(s, 1 << 30)
             ledger.end(s, t)
         ledger.flush()
 
-    one = [np.array([s], dtype=np.intp) for s in slots[: n // 10]]
+    one = [np.array([s], dtype=np.int64) for s in slots[: n // 10]]
 
     def unbatched() -> None:
         for s in one:
             t = time.monotonic_ns()
-            rec._record_start_trusted(s, t, bound)
-            rec._record_end_trusted(s, t, 1000, time.monotonic_ns(), None, bound)
+            rec.record_start(s, t, bound=bound)
+            rec.record_end(s, t, 1000, time.monotonic_ns(), None, bound=bound)
 
     times_b, times_u = [], []
     for _ in range(3 if quick else 5):
@@ -198,10 +197,10 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, An
     router = None
     try:
         writer.publish(lbcore.RingSet(EPS), knobs=shm.Knobs())
-        router = Router(ns)
         # Wide deadlines: a loaded machine must not turn the benchmark into timeouts.
-        router._fanout = FanOut(
-            router, FanoutSettings(threads=THREADS, timeout_s=5.0, endpoint_cap=THREADS)
+        router = Router(
+            ns,
+            fanout_settings=FanoutSettings(threads=THREADS, timeout_s=5.0, endpoint_cap=THREADS),
         )
         log(f"fan-out of {KEYS_PER_FANOUT} keys over {len(EPS)} endpoints, {THREADS} threads")
         rows = _bench_fanout(router, quick, log)

@@ -2,19 +2,17 @@
 
 Prints, each next to a baseline measured in the same run:
 
-1. per-batch cost of ``Router.route`` (100 keys, cached load snapshot) against lbcore's
-   own ``RingSet.route`` on the same table and loads, against a router that reads a
-   fresh load snapshot for every batch (``refresh_s=0``), and against a plain ring
-   lookup; with ejected endpoints too (the router's answer table vs lbcore's candidate
-   path); and the share of the batch cost spent counting bounded-load moves and
-   checking the table generation;
+1. per-batch cost of ``Router.route`` (100 keys, cached load snapshot) against the
+   kernel alone (``Plan.route`` on the router's own plan), against a router that reads
+   a fresh load snapshot and builds a new plan for every batch (``refresh_s=0``), with
+   ejected endpoints too; and the share of the batch cost spent checking that the
+   snapshot is current and counting the decisions;
 1b. a worker routing at 100, 1,000 and 2,500 batches per second (a simulated clock,
    so the CPU never sleeps between batches) with the default refresh cadence, on a
-   steady and on a busy host, against the same worker with a 60 s cadence on a built
-   answer table: mean cost per batch with refreshes and table builds included, the
-   share of batches routed by one gather, and how many tables were built;
-2. the cost of one snapshot refresh (summing the counter rows, the load signal) and of
-   building the answer tables, and what that adds per batch at the default cadence;
+   steady and on a busy host, against the same worker with a 60 s cadence: mean cost
+   per batch with the refreshes (load reads and plan builds) included;
+2. the cost of one snapshot refresh (summing the counter rows, the load signal, the
+   plan build) and what that adds per batch at the default cadence;
 3. staleness: while another worker's load changes every few milliseconds, the age of
    the snapshot each batch was routed on and the share of keys whose answer differs
    from the answer on a fresh snapshot at the same instant;
@@ -40,6 +38,7 @@ import lbcore
 from shm import CounterStore, Knobs, LockedRecorder, TableReader, TableWriter
 from shm.segment import SHM_DIR, unlink_name
 from workers.router import LOAD_REFRESH, Router
+from workers.snapshot import build_plan
 
 BATCH = 100
 
@@ -102,69 +101,37 @@ def bench_route(ns: str, quick: bool) -> None:
     for n in (100, 1000):
         for ejected in (0, 3):
             sub = f"{ns}{n}e{ejected}"
-            store, writer, rs, rec = _loaded_host(sub, n, ejected=ejected)
+            store, writer, _rs, rec = _loaded_host(sub, n, ejected=ejected)
             try:
                 batches = _batches(count, seed=n + ejected)
                 r = Router(sub, refresh_s=60.0)
                 fresh = Router(sub, refresh_s=0.0)
                 r.route(batches[0])
-                load = r.loads().signal("effective")
-                t = r.table()
-                cand = None if not ejected else ~np.asarray(t.ejected)
-                now = time.monotonic_ns()
-                # Warm lbcore's own per-snapshot cache the way a worker would.
-                for b in batches[:50]:
-                    rs.route(b, now, loads=load, balance_factor=1.25, candidates=cand, max_hops=10)
-                base = _per_batch_us(
-                    lambda b, rs=rs, now=now, load=load, cand=cand: rs.route(
-                        b, now, loads=load, balance_factor=1.25, candidates=cand, max_hops=10
-                    ),
-                    batches,
-                )
+                plan = r.snapshot().plan
+                base = _per_batch_us(plan.route, batches)
                 mine = _per_batch_us(r.route, batches)
                 label = f"cached snapshot{', 3 ejected' if ejected else ''}"
                 print(
                     f"{n:>9} {label:<34} {mine:>8.1f} {base:>9.1f} {mine / base:>11.2f}"
-                    f"  lbcore RingSet.route{' (candidates)' if ejected else ''}"
+                    "  the kernel alone (Plan.route)"
                 )
                 if ejected:
                     continue
                 per_batch = _per_batch_us(fresh.route, batches[: count // 4], repeat=3)
                 print(
-                    f"{n:>9} {'fresh snapshot every batch':<34} {per_batch:>8.1f} "
+                    f"{n:>9} {'fresh snapshot + plan every batch':<34} {per_batch:>8.1f} "
                     f"{mine:>9.1f} {per_batch / mine:>11.2f}  router, cached snapshot"
                 )
-                ring = rs.master
-                plain = _per_batch_us(ring.lookup, batches)
-                print(
-                    f"{n:>9} {'router (bounded, fading, gate...)':<34} {mine:>8.1f} "
-                    f"{plain:>9.1f} {mine / plain:>11.2f}  plain Ring.lookup"
-                )
                 # Parts of the batch cost.
-                s = r._snap
-                answer, moved, _complete = s.answer()
-                hs = [lbcore.hash_keys(b) for b in batches]
-                flats = [rs.ring_choice(h, now) * answer.shape[1] + ring.positions(h) for h in hs]
-                it = iter(flats * 5)
-                moves = _per_batch_us(
-                    lambda _b, it=it, moved=moved: (
-                        moved is not None and np.count_nonzero(moved.take(next(it)))
-                    ),
-                    batches,
-                )
-                reader = r._reader
-                check = _per_batch_us(lambda _b, reader=reader: reader.table().valid(), batches)
-                counted = _per_batch_us(lambda _b, rr=r._rec: rr.count(100, 0, 3), batches)
+                follow = r._follow
+                check = _per_batch_us(lambda _b, f=follow: f.current(), batches)
+                counted = _per_batch_us(lambda _b, rr=r.recording: rr.count(100, 0, 3), batches)
                 print(
-                    f"{n:>9} {'  of which: count moves (gather)':<34} {moves:>8.2f} "
-                    f"{mine:>9.1f} {moves / mine:>11.3f}  share of route()"
-                )
-                print(
-                    f"{n:>9} {'  of which: generation check':<34} {check:>8.2f} "
+                    f"{n:>9} {'  of which: snapshot still current':<34} {check:>8.2f} "
                     f"{mine:>9.1f} {check / mine:>11.3f}  share of route()"
                 )
                 print(
-                    f"{n:>9} {'  of which: Recorder.count (locked)':<34} {counted:>8.2f} "
+                    f"{n:>9} {'  of which: counting (locked row)':<34} {counted:>8.2f} "
                     f"{mine:>9.1f} {counted / mine:>11.3f}  share of route()"
                 )
                 r.close()
@@ -195,12 +162,12 @@ def bench_rates(ns: str, quick: bool) -> None:
         f"\n== 1b. a worker routing batches of {BATCH} at a given rate (simulated clock), "
         f"refresh {default:g} s (default)\n   vs 60 s, default knobs (effective load, "
         "bounded 1.25, 10 hops), 10 % fading in; another worker's load\n   changes every "
-        "5 ms (busy) or not at all (idle). Mean µs per batch, refreshes and\n   answer-table "
-        "builds included; 'on tables': share of batches routed by one gather."
+        "5 ms (busy) or not at all (idle). Mean µs per batch, refreshes (load\n   read and "
+        "plan build) included."
     )
     print(
         f"{'endpoints':>9} {'load':<5} {'batch/s':>7} {'default µs':>10} {'60 s µs':>8} "
-        f"{'default/60s':>11} {'on tables':>9} {'refreshes':>9} {'builds':>6}"
+        f"{'default/60s':>11} {'refreshes':>9}"
     )
     for n in (100, 1000):
         for busy in (False, True):
@@ -211,16 +178,16 @@ def bench_rates(ns: str, quick: bool) -> None:
                     )
                     for r in (default, 60.0)
                 ]
-                (d_us, d_tab, d_ref, d_b), (c_us, _t, _r, _b) = row
+                (d_us, d_ref), (c_us, _r) = row
                 print(
                     f"{n:>9} {'busy' if busy else 'idle':<5} {rate:>7} {d_us:>10.1f} "
-                    f"{c_us:>8.1f} {d_us / c_us:>11.2f} {d_tab:>9.0%} {d_ref:>9} {d_b:>6}"
+                    f"{c_us:>8.1f} {d_us / c_us:>11.2f} {d_ref:>9}"
                 )
 
 
 def _median_run(
     ns: str, n: int, busy: bool, rate: int, refresh: float, quick: bool
-) -> tuple[float, float, int, int]:
+) -> tuple[float, int]:
     """:func:`_rate_run` repeated (3 times, once with ``--quick``): the median cost."""
     runs = [_rate_run(f"{ns}x{k}", n, busy, rate, refresh, quick) for k in range(1 if quick else 3)]
     return sorted(runs)[len(runs) // 2]
@@ -228,7 +195,7 @@ def _median_run(
 
 def _rate_run(
     ns: str, n: int, busy: bool, rate: int, refresh: float, quick: bool
-) -> tuple[float, float, int, int]:
+) -> tuple[float, int]:
     store, writer, _rs, rec = _loaded_host(ns, n)
     other = store.claim()
     clock = _SimClock()
@@ -242,14 +209,11 @@ def _rate_run(
         for b in _batches(20, seed=rate + 1):  # first-call costs are not the steady state
             clock.now += step
             r.route(b)
-        if refresh >= 60:
-            r._snap.answer()  # the baseline: routing on a built answer table
         open_: list[tuple[np.ndarray, int]] = []
         next_churn = clock.now
         total = 0.0
-        on_tables = refreshes = builds = 0
+        refreshes = 0
         last_snap = None
-        last_answer = None
         for b in batches:
             clock.now += step
             if busy and clock.now >= next_churn:
@@ -264,17 +228,12 @@ def _rate_run(
             t0 = time.perf_counter()
             r.route(b)
             total += time.perf_counter() - t0
-            s = r._snap
+            s = r.snapshot()
             if s is not last_snap:
                 refreshes += 1
                 last_snap = s
-            if s._answer is not None:
-                on_tables += 1
-                if s._answer is not last_answer:
-                    builds += 1
-                    last_answer = s._answer
         r.close()
-        return total / count * 1e6, on_tables / count, refreshes, builds
+        return total / count * 1e6, refreshes
     finally:
         other.release()
         rec.release()
@@ -289,7 +248,7 @@ def _rate_run(
 def bench_refresh(ns: str) -> None:
     print("\n== 2. cost of one load-snapshot refresh (8 counter rows in use), median ms")
     print(
-        f"{'endpoints':>9} {'read+signal':>11} {'answer tables':>13} {'total':>7} "
+        f"{'endpoints':>9} {'read+signal':>11} {'plan build':>10} {'total':>7} "
         f"{'per batch @0.1s, 2,500 batch/s':>31} {'route() µs':>10}"
     )
     for n in (100, 1000):
@@ -301,14 +260,15 @@ def bench_refresh(ns: str) -> None:
             batch = _batches(1, seed=3)[0]
             r.route(batch)
             t = r.table()
+            counters = r._follow.counters
+            slots = np.array(t.slots, dtype=np.intp)
             reads, builds = [], []
             for _ in range(15):
                 now = time.monotonic_ns()
                 t0 = time.perf_counter()
-                r._snap = None  # force a refresh
-                s = r._refresh(t, now)
+                loads = counters.read(now, t.n_slots, failure_kinds=False).take(slots)
                 t1 = time.perf_counter()
-                s.answer()
+                build_plan(t, loads, now)
                 t2 = time.perf_counter()
                 reads.append(t1 - t0)
                 builds.append(t2 - t1)
@@ -317,15 +277,9 @@ def bench_refresh(ns: str) -> None:
             # A worker at 2,500 requests/s (PERF-NOTES: gunicorn's ceiling per core)
             # routes 250 batches per 0.1 s refresh.
             amort = (rd + bd) * 1e3 / 250
-            positions = t.ring_set.owner_table.size
             print(
-                f"{n:>9} {rd:>11.3f} {bd:>13.3f} {rd + bd:>7.3f} {amort:>28.2f} µs "
+                f"{n:>9} {rd:>11.3f} {bd:>10.3f} {rd + bd:>7.3f} {amort:>28.2f} µs "
                 f"{route_us:>10.1f}"
-            )
-            print(
-                f"{'':>9} (the tables pay after {positions // 8} keys = "
-                f"{positions // 8 / BATCH:.0f} batches on one snapshot; kept across refreshes "
-                "that change no bar decision: see 1b)"
             )
             r.close()
         finally:
@@ -376,7 +330,7 @@ def bench_staleness(ns: str, seconds: float) -> None:
                 idx = r.route(b)
                 t1 = time.perf_counter()
                 cached_t.append(t1 - t0)
-                ages.append((time.monotonic_ns() - r._snap.read_ns) / 1e6)
+                ages.append((time.monotonic_ns() - r.snapshot().read_ns) / 1e6)
                 if i % 5 == 0:
                     t2 = time.perf_counter()
                     other_idx = fresh.route(b)
@@ -448,15 +402,16 @@ def bench_track(ns: str) -> None:
                 pass
 
         mine = _per_batch_us(tracked, batches)
-        raw = r._rec
-        slots = [np.asarray(t.slots).take(idx).astype(np.intp) for idx, t in routed]
+        raw = r.recorder
+        bound = int(r.table().n_slots)
+        slots = [np.asarray(t.slots).take(idx).astype(np.int64) for idx, t in routed]
         it2 = iter(slots * 5)
 
         def bare(_b) -> None:
             s = next(it2)
             now = time.monotonic_ns()
-            raw.record_start(s, now)
-            raw.record_end(s, now, np.full(s.size, 1000, np.int64), time.monotonic_ns())
+            raw.record_start(s, now, bound=bound)
+            raw.record_end(s, now, 1000, time.monotonic_ns(), bound=bound)
 
         base = _per_batch_us(bare, batches)
         print(

@@ -12,13 +12,16 @@ to a scale-up or scale-down by 10 % (the new ring set, fading rings included), t
    same changes are published: the time from ``publish()`` returning until every worker
    has routed a batch on the new generation; the longest gap between two consecutive
    batches of any worker (a worker that waited for the publisher would show it); the
-   cost of a worker's first batch on a new generation (mapping it, new answer tables);
+   cost of a worker's first batch on a new generation (mapping it, its new plan);
    and each worker's PSS (``/proc/<pid>/smaps_rollup``) with the table mapped. A gap
    is split, from the routing thread's ``/proc/thread-self/schedstat``, into its CPU
    time, its wait for a core (other processes of the host, two workers and the
    publisher on two cores) and the rest (sleeping, waiting for the GIL). The same is
-   measured with ``Router(background=False)`` as the baseline of the run: mapping and
-   answer-table builds on the routing thread.
+   measured with ``Router(background=False)`` as the baseline of the run: mapping on
+   the routing thread. Where a worker's time goes on a new generation (mapping, the
+   first load read, the plan build) is measured apart (``plan_build_ms``: building the
+   :class:`lbcore.Plan` of the published table, ``plan_first_ms``: the first one of a
+   table with ejected endpoints, which parses the endpoints' hosts).
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ def _worker(
     run-queue wait so far (``/proc/thread-self/schedstat``).
 
     ``background``: the :class:`workers.Router` argument (``False``: map new generations
-    and build answer tables on the routing thread, the baseline).
+    on the routing thread, the baseline).
     """
     from workers.router import Router
 
@@ -167,6 +170,69 @@ def _build_publish(n: int, reps: int) -> dict[str, Any]:
     # The figure the target is about: the slower kind of change.
     out["total_ms"] = max(out["up_total_ms"], out["down_total_ms"])
     return out
+
+
+def _plan_costs(n: int, reps: int) -> dict[str, Any]:
+    """What a worker spends on a new generation's plan (ms), beside mapping it.
+
+    ``plan_build_ms``: :func:`workers.snapshot.build_plan` on a mapped table (median,
+    the endpoints' hosts parsed already); ``plan_first_ms``: the first plan of a table
+    with an ejected endpoint mapped by the routing thread itself (which then parses
+    every endpoint's host for the skip rule); ``plan_first_bg_ms``: the same table
+    mapped by the reader's background thread, which parses them there.
+    """
+    import lbcore
+    import shm
+    from workers.snapshot import build_plan
+
+    ns = unique_namespace("cpl")
+    store = shm.CounterStore.create(ns, rows=2)
+    writer = shm.TableWriter(ns, counters=store)
+    out: dict[str, Any] = {}
+    try:
+        urls = endpoint_urls(n + max(n // 10, 1))
+        now = time.monotonic_ns()
+        rs = lbcore.RingSet(urls[:n]).scale_up(urls[n:], now)
+        writer.publish(rs)
+        with shm.TableReader(ns) as reader:
+            t = reader.table()
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                build_plan(t, None, now)
+                times.append(time.perf_counter() - t0)
+            out["plan_build_ms"] = statistics.median(times) * 1e3
+        ejected = np.zeros(len(rs.endpoints), dtype=np.bool_)
+        ejected[0] = True
+        writer.publish(rs, ejected=ejected)
+        for key, background in (("plan_first_ms", False), ("plan_first_bg_ms", True)):
+            with shm.TableReader(ns, background=background) as reader:
+                t = reader.table()  # a fresh reader: no host parsed yet
+                if background:
+                    t = _remapped_in_background(reader, writer, rs, ejected)
+                t0 = time.perf_counter()
+                build_plan(t, None, now)
+                out[key] = (time.perf_counter() - t0) * 1e3
+    finally:
+        writer.close()
+        store.close()
+        unlink_namespace(ns)
+    return out
+
+
+def _remapped_in_background(reader: Any, writer: Any, rs: Any, ejected: Any) -> Any:
+    """Publish ``rs`` again; the table ``reader``'s background thread maps (≤ 30 s)."""
+    import shm
+
+    # (Other knobs than the last publish's: a new generation, not an unchanged table.)
+    gen = writer.publish(rs, ejected=ejected, knobs=shm.Knobs(percentage=99.999))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        t = reader.table()
+        if t.generation == gen:
+            return t
+        time.sleep(0.005)
+    raise RuntimeError("the background map did not finish in 30 s")
 
 
 def _propagation(
@@ -288,7 +354,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     less its wait for a core, and ``max_gap_own_cpu_ms`` the routing thread's CPU time
     in it (the rest: the pause between batches, waits for the GIL). Not with
     ``quick``: the same propagation figures for ``Router(background=False)`` (mapping
-    and answer builds on the routing thread), prefixed ``fg_``.
+    on the routing thread), prefixed ``fg_``.
     """
     sizes = (100, 1_000) if quick else SIZES
     workers = max(multiprocessing.cpu_count(), 1)
@@ -297,17 +363,21 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
         reps = 1 if quick else (5 if n <= 1_000 else 3)
         row: dict[str, Any] = {"endpoints": n}
         row.update(_build_publish(n, reps))
+        row.update(_plan_costs(n, reps))
         row.update(_propagation(n, 2 if quick else 3, workers))
         if not quick:
-            # The baseline in the same run: new generations mapped and answer tables
-            # built on the routing thread (Router(background=False)).
+            # The baseline in the same run: new generations mapped on the routing
+            # thread (Router(background=False)).
             base = _propagation(n, 3, workers, background=False)
             row.update({f"fg_{k}": v for k, v in base.items()})
         rows.append(row)
         log(
             f"  control {n:>6} endpoints: scale-up {row['up_build_ms']:.1f} ms build + "
             f"{row['up_publish_ms']:.1f} ms publish, scale-down {row['down_build_ms']:.1f} + "
-            f"{row['down_publish_ms']:.1f} ms; every worker on it "
+            f"{row['down_publish_ms']:.1f} ms; a worker's plan {row['plan_build_ms']:.2f} ms "
+            f"(the first with hosts to parse {row['plan_first_ms']:.1f} ms on the routing "
+            f"thread, {row['plan_first_bg_ms']:.2f} ms after the background map); every "
+            "worker on it "
             f"{row['reach_ms']:.1f} ms later (max {row['reach_max_ms']:.1f}); longest gap "
             f"between batches {row['max_gap_ms']:.1f} ms ({row['max_gap_runqueue_ms']:.1f} of "
             f"it waiting for a core; {row['max_gap_own_ms']:.1f} without); PSS/worker "

@@ -7,10 +7,15 @@ For rings of 10 / 100 / 1,000 endpoints × 100 virtual nodes, SKU strings (a lis
 * ``cslb Router``: :meth:`workers.Router.route_table` then :meth:`~workers.Router.track`
   on a host whose table has a ring fading in (half-way), bounded load on the host-wide
   occupancy (another worker's row holds busy endpoints), the rollout gate on and the
-  fan-out recorded in the shared counters: what a worker does per batch;
+  fan-out recorded in the shared counters: what a worker does per batch, on the
+  native kernel;
+* ``cslb Router, NumPy kernel``: the same with ``CSLB_KERNEL=numpy`` (what a machine
+  without a C compiler runs);
 * ``cslb route only``: ``route_table`` alone (what recording the fan-out adds is the
   difference);
-* ``lbcore Ring.lookup``: the bare ring lookup of the same endpoints (the floor);
+* ``lbcore Plan.route``: the kernel alone, one call on the router's own plan;
+* ``C floor``: XXH64 of each key's bytes plus one bucket-table load, in C
+  (``lbcore._kernel.floor``; the keys' bytes prepared outside the timing);
 * ``python loop``: ``xxhash.xxh64_intdigest`` + ``bisect`` per key on a list ring;
 * ``uhashring``: ``HashRing.get_node`` per key (its defaults: md5, 160 vnodes).
 
@@ -50,8 +55,8 @@ def _reps(batch: int, op: str, quick: bool) -> int:
         reps = 80
     else:
         reps = 7
-    if op in ("python loop", "uhashring"):  # microseconds per key: fewer repetitions do
-        reps = max(reps // 3, 3)
+    if op in ("python loop", "uhashring", "cslb Router, NumPy kernel"):
+        reps = max(reps // 3, 3)  # microseconds per key: fewer repetitions do
     if quick:
         reps = max(reps // 30, 2)
     return reps
@@ -67,6 +72,38 @@ def _uhashring(endpoints: list[str]) -> Any:
     return lambda keys: [get(k) for k in keys]
 
 
+def _floor(router: Any) -> tuple[Any, Any] | None:
+    """The C floor on the router's newest ring, and its batch conversion (bytes, outside)."""
+    native = lbcore.kernel._load_native()
+    snap = router.snapshot()
+    if native is None or snap is None or snap.table.ring_set.master is None:
+        return None
+    ring = snap.table.ring_set.master
+    buckets = np.ascontiguousarray(ring.buckets)
+    shift = 64 - ring.bucket_bits
+
+    def convert(batch: Any) -> tuple[bytes, int]:
+        texts = [k.encode() if isinstance(k, str) else str(k).encode() for k in as_python(batch)]
+        width = max(len(t) for t in texts)
+        return b"".join(t.ljust(width, b"0") for t in texts), width
+
+    def floor(prepared: tuple[bytes, int]) -> int:
+        return native.floor(prepared[0], prepared[1], buckets, shift)
+
+    return floor, convert
+
+
+def _on_kernel(name: str, router: Any, fn: Any) -> Any:
+    """``fn`` measured on kernel ``name``: the router's next plan is built on it."""
+
+    def run(keys: Any) -> Any:
+        return fn(keys)
+
+    run.kernel = name  # type: ignore[attr-defined]
+    run.router = router  # type: ignore[attr-defined]
+    return run
+
+
 def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     """Run the in-process benchmark; returns ``{"rows": [...], "notes": [...]}``.
 
@@ -79,17 +116,31 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     rng = np.random.default_rng(20261129)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
+    native = lbcore.kernel._load_native() is not None
+    if not native:
+        notes.append("the native kernel is not built here: the native columns are missing")
     for n_eps in FULL_RINGS:
         with LoadedHost(unique_namespace("ip"), n_eps) as host:
             router = Router(host.namespace)
             try:
                 ring = lbcore.Ring(host.endpoints)
-                ops: dict[str, Any] = {
-                    "cslb Router": (full_route(router), None),
-                    "cslb route only": (router.route_table, None),
-                    "lbcore Ring.lookup": (ring.lookup, None),
-                    "python loop": (PythonLoopRing(ring).lookup, as_python),
-                }
+                ops: dict[str, Any] = {}
+                if native:
+                    lbcore.use_kernel("native")
+                    router.refresh()
+                    full_route(router)(KEY_MAKERS["sku"](rng, 10))
+                    plan = router.snapshot().plan
+                    ops["cslb Router"] = (full_route(router), None)
+                    ops["cslb route only"] = (router.route_table, None)
+                    ops["lbcore Plan.route"] = (plan.route, None)
+                ops["cslb Router, NumPy kernel"] = (
+                    _on_kernel("numpy", router, full_route(router)),
+                    None,
+                )
+                floor = _floor(router) if native else None
+                if floor is not None:
+                    ops["C floor"] = floor
+                ops["python loop"] = (PythonLoopRing(ring).lookup, as_python)
                 uh = _uhashring(host.endpoints)
                 if uh is not None:
                     ops["uhashring"] = (uh, as_python)
@@ -98,7 +149,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
                         "uhashring is not installed (pip install 'cslb[bench]'): no column"
                     )
                 # A worker routes many batches on one load snapshot: warm it the way
-                # serving would (the answer tables are built after some keys).
+                # serving would.
                 for _ in range(20):
                     full_route(router)(KEY_MAKERS["sku"](rng, 100))
                 with no_gc():
@@ -107,7 +158,16 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
                             for op, (fn, convert) in ops.items():
                                 reps = _reps(n, op, quick)
                                 data = [maker(rng, n) for _ in range(reps + 1)]
-                                ns = measure(fn, data, n, convert)
+                                kernel = getattr(fn, "kernel", None)
+                                old = lbcore.use_kernel(kernel) if kernel else None
+                                if kernel:
+                                    fn.router.refresh()  # its next plan: on that kernel
+                                try:
+                                    ns = measure(fn, data, n, convert)
+                                finally:
+                                    if old is not None:
+                                        lbcore.use_kernel(old)
+                                        fn.router.refresh()
                                 rows.append(
                                     {
                                         "endpoints": n_eps,
@@ -120,7 +180,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
                                 )
                                 log(
                                     f"  inprocess {n_eps:>5} eps {kind:>3} batch {n:>7,} "
-                                    f"{op:<20} {ns:>10.1f} ns/key"
+                                    f"{op:<26} {ns:>10.1f} ns/key"
                                 )
             finally:
                 router.close()
@@ -128,6 +188,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
         "cslb Router = route_table + track (enter/exit) per batch on a table with 10 % of "
         "the endpoints fading in (30 s window, half-way), bounded load (factor 1.25, "
         "max 10 hops) on the host-wide occupancy with 10 % of the endpoints busy, "
-        "the rollout gate at 100 %."
+        "the rollout gate at 100 %; on the native kernel unless named. The C floor is "
+        "XXH64 of each key's bytes plus one bucket-table load (no Python object touched)."
     )
     return {"rows": rows, "notes": notes}

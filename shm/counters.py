@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from lbcore.bounded import routed_call_load
+from lbcore.kernel import scatter_add, scatter_adder
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from lbcore.signals import (
     DEFAULT_LATENCY_CAP,
@@ -846,29 +847,19 @@ def _namespace_counters(namespace: str) -> list[str]:
     return [segment_name(namespace, "counters"), *epoch_segments(namespace, "counters").values()]
 
 
-_add_at = np.add.at
 # What a fan-out's end adds to per call in its bucket column, in the order of the values
-# record_end builds (then requests_total; a failed call adds to its failure words too).
+# ``Recorder._end`` passes; then ``requests_total``.
 _END_FIELDS = ("open", "open_start_sum", "busy_ns", "completed", "latency_ns")
-_END_CONSTANTS = np.array((-1, 0, 0, 1, 0, 1), dtype=np.int64)[:, None]
-_NO_SLOTS = np.empty(0, dtype=np.intp)
-_ONE = np.array(1, dtype=np.int64)  # a 0-d array: np.add.at skips the scalar conversion
+_NO_SLOTS = np.empty(0, dtype=np.int64)
+_I64 = np.dtype(np.int64)
 _max = np.maximum.reduce
 _min = np.minimum.reduce
 _STAT_INDEX = {name: i for i, name in enumerate(STATS_FIELDS)}
-# A fan-out of at least _COUNTS_MIN calls is recorded by call counts per slot (np.bincount,
-# then a few whole-column additions) instead of an np.add.at entry per call and field
-# (~1 ns per call, ~1.5 ns per column and field, instead of ~2-3 ns per call and field)
-# when it has at least one call per column at its start and one per 4 columns at its end
-# (an end adds to more fields); measured crossovers on 104 to 5,000 columns.
-_COUNTS_MIN = 512
-
-
 _KIND_LIST = ", ".join(f"{c} {k}" for c, k in enumerate(FAILURE_KINDS, 1))
 
 
 def _failure_codes(failed: Any, n: int) -> np.ndarray | None:
-    """Failure code per call (``intp``, 0 = success) from flags or kinds; ``None``: no flags.
+    """Failure code per call (``int64``, 0 = success) from flags or kinds; ``None``: no flags.
 
     Booleans count as :data:`~lbcore.outlier.FAIL_OTHER` (what a failure was before kinds).
 
@@ -883,7 +874,7 @@ def _failure_codes(failed: Any, n: int) -> np.ndarray | None:
     if f.shape != (n,):
         raise CounterInputError(f"failure flags have shape {f.shape}, expected ({n},)")
     if f.dtype == np.bool_:
-        return f.astype(np.intp) * FAIL_OTHER
+        return f.astype(np.int64) * FAIL_OTHER
     if f.dtype.kind not in "iu":
         if n == 0:
             return None
@@ -895,7 +886,15 @@ def _failure_codes(failed: Any, n: int) -> np.ndarray | None:
         raise CounterInputError(
             f"unknown failure kinds {bad[:10]}: expected 0 (success) or {_KIND_LIST}"
         )
-    return f.astype(np.intp, copy=False)
+    return f.astype(np.int64, copy=False)
+
+
+def _counts(values: tuple[Any, ...], what: str) -> tuple[int, ...]:
+    """Counts as Python ints ``>= 0`` (NumPy integers accepted, ``bool`` not)."""
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise CounterInputError(f"{what} must be integers >= 0, got {v!r}")
+    return tuple(int(v) for v in values)
 
 
 def _release_in_flight(m: _Matrix, row: int) -> None:
@@ -923,6 +922,12 @@ class Recorder:
     Not thread-safe: one thread per recorder (see :class:`ThreadRecorder` and
     :class:`LockedRecorder` for gthread workers). Obtained from
     :meth:`CounterStore.claim`.
+
+    Every addition is one :func:`lbcore.scatter_add` over the row's ``int64`` words: a
+    fan-out's start is one (open count and start offset of every call), its end one
+    (plus one per failure kind present) whatever its size, unless its calls span
+    buckets. Slots are checked first (one pass), unless the caller says they are in
+    range (``bound``); the kernel checks every cell against the row either way.
 
     Attributes
     ----------
@@ -964,38 +969,43 @@ class Recorder:
         self._requests_total = tot[0]
         self._failures_total = tot[1]
         self._kinds_total = tot[2 : 2 + nk]
-        self._stats = memoryview(m.stats[self.row])  # item updates at ~30 ns, no NumPy
-        # The whole row as one flat view, and per bucket column the word offsets (in that
-        # view) of what record_end adds to: one np.add.at for a whole fan-out's end.
+        self._stats = memoryview(m.stats[self.row])  # item updates, no NumPy call
+        # The whole row as one flat view; per bucket column the word offsets (in it) of
+        # what an end adds besides `open`, and per failure code (index 0 unused) the
+        # words a failed call adds one to: failures, failures_total, its kind's bucket
+        # field and total.
         self._row_words = m.rows2d[self.row]
+        self._add = scatter_adder()  # the recording hot path's one call, resolved here
         lay = m.layout
         cols = m.columns
+        # (Tuples of ints: the kernel takes a few offsets and values without a buffer.)
+        self._start_offsets = [
+            (lay["open"] + j * cols, lay["open_start_sum"] + j * cols) for j in range(k)
+        ]
         self._end_offsets = [
-            np.array(
-                [lay[name] + j * cols for name in _END_FIELDS] + [lay["requests_total"]],
-                dtype=np.intp,
-            )[:, None]
+            (*(lay[name] + j * cols for name in _END_FIELDS), lay["requests_total"])
             for j in range(k)
         ]
-        # Per bucket column, per failure code (row 0 unused): the words a failed call adds
-        # one to (failures, failures_total, its kind's bucket field and total).
+        # Per bucket column, one-field views made once (a view made per call costs a
+        # NumPy call, and the kernel's buffer request on a new array costs more).
+        self._opens = [self._open[j] for j in range(k)]
+        self._open_sums = [self._open_sum[j] for j in range(k)]
+        self._busys = [self._busy[j] for j in range(k)]
+        self._completeds = [self._completed[j] for j in range(k)]
+        self._latencies = [self._latency[j] for j in range(k)]
         self._fail_offsets = [
-            np.array(
-                [[0, 0, 0, 0]]
-                + [
-                    [
-                        lay["failures"] + j * cols,
-                        lay["failures_total"],
-                        lay[KIND_FIELDS[c]] + j * cols,
-                        lay[f"{KIND_FIELDS[c]}_total"],
-                    ]
-                    for c in range(nk)
-                ],
-                dtype=np.intp,
-            )
+            [()]
+            + [
+                (
+                    lay["failures"] + j * cols,
+                    lay["failures_total"],
+                    lay[KIND_FIELDS[c]] + j * cols,
+                    lay[f"{KIND_FIELDS[c]}_total"],
+                )
+                for c in range(nk)
+            ]
             for j in range(k)
         ]
-        self._open_rows = [(self._open[j], self._open_sum[j]) for j in range(k)]
         self._epoch = m.epoch
 
     def _follow(self) -> None:
@@ -1039,21 +1049,29 @@ class Recorder:
         self._period = period
 
     def _slots(self, slots: Any) -> np.ndarray:
-        s = slots
-        if type(s) is not np.ndarray or s.dtype != np.intp:
-            s = np.asarray(s)
-            if s.dtype != np.intp:
-                if s.size == 0 and s.dtype.kind in "iuf":
-                    return _NO_SLOTS  # an empty fan-out (say, every key went to fallback)
-                if s.dtype.kind not in "iu" or s.dtype.itemsize > 8:
-                    raise CounterInputError(
-                        f"endpoint slots must be integers, got a {s.dtype} array {s!r:.80}"
-                    )
-                s = s.astype(np.intp)
+        """``slots`` as a checked, contiguous 1-D ``int64`` array (the slow way).
+
+        Follows a matrix that grew meanwhile before calling a slot out of range.
+        """
+        s = np.asarray(slots)
+        if s.dtype != _I64:
+            if s.size == 0 and s.dtype.kind in "iuf":
+                return _NO_SLOTS  # an empty fan-out (say, every key went to fallback)
+            if s.dtype.kind not in "iu" or s.dtype.itemsize > 8:
+                raise CounterInputError(
+                    f"endpoint slots must be integers, got a {s.dtype} array {s!r:.80}"
+                )
+            if s.dtype.kind == "u" and s.size and int(_max(s)) >= 1 << 62:
+                raise CounterInputError(
+                    f"endpoint slots must be in 0..{self._cols - 1} (the counter matrix has "
+                    f"{self._cols} columns), got {int(_max(s))}"
+                )
+            s = s.astype(np.int64)
         if s.ndim != 1:
             raise CounterInputError(f"endpoint slots must be one-dimensional, got shape {s.shape}")
+        s = np.ascontiguousarray(s)
         # One reduction checks both bounds: negative slots become huge as unsigned.
-        if s.size and _max(s.view(np.uintp)) >= self._cols:
+        if s.size and _max(s.view(np.uint64)) >= self._cols:
             if s.min() >= 0 and self._cw[_C_CURRENT] != self._epoch:
                 self._follow()  # grown meanwhile: check against the new width
                 return self._slots(s)
@@ -1063,7 +1081,7 @@ class Recorder:
             )
         return s
 
-    def record_start(self, slots: Any, now_ns: int) -> None:
+    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
         """Record the start of one call per entry of ``slots`` (a whole fan-out).
 
         Parameters
@@ -1074,6 +1092,11 @@ class Recorder:
             CLOCK_MONOTONIC start time in nanoseconds, of every call (an ``int``) or of
             each call (an integer array, one per slot: calls that started apart and are
             recorded in one step); pass the same to :meth:`record_end` as ``started_ns``.
+        bound
+            The caller's promise that ``slots`` is a contiguous 1-D ``int64`` array of
+            slots in ``0 .. bound - 1`` (say, a plan's counter slots and its
+            ``n_slots``): then the slots are not checked here, only ``bound`` against
+            the row's columns. Default: every slot is checked.
 
         Raises
         ------
@@ -1083,82 +1106,50 @@ class Recorder:
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
-        s = self._slots(slots)
-        if not isinstance(now_ns, (int, np.integer)):
+        s = slots if bound is not None and bound <= self._cols else self._slots(slots)
+        if now_ns.__class__ is not int and isinstance(now_ns, np.integer):
+            now_ns = int(now_ns)
+        if now_ns.__class__ is int:
+            b = self._bucket_ns
+            q = now_ns // b
+            if q > self._period:
+                self._rotate(q)
+            if q > self._period - self._k:  # a bucket this row holds
+                self._add(self._row_words, s, (1, now_ns - q * b), self._start_offsets[q % self._k])
+            else:  # a thread that took long to get the row's lock: older than every bucket
+                self._add(self._open_old, s, 1)
+        else:
             t = np.asarray(now_ns)
             if t.dtype.kind not in "iu" or t.shape != s.shape:
                 raise CounterInputError(
-                    f"start times must be one integer per call ({s.size}), got a {t.dtype} "
-                    f"array of shape {t.shape}"
+                    f"start times must be one integer per call ({s.size}), got a "
+                    f"{t.dtype} array of shape {t.shape}"
                 )
-            if not s.size:
-                return
-            now_ns = t.astype(np.int64)
-        self._start(s, int(now_ns) if isinstance(now_ns, np.integer) else now_ns)
-
-    def _record_start_trusted(
-        self, slots: np.ndarray, now_ns: int, bound: int
-    ) -> np.ndarray | None:
-        """:meth:`record_start` for slots the caller checked (the router's own arrays).
-
-        ``slots`` is a 1-D ``intp`` array whose entries are in ``0 .. bound - 1``; only a
-        ``bound`` beyond this row's columns is checked (then as :meth:`record_start` does).
-        Returns the calls per slot when a long fan-out was recorded by them (``None``
-        otherwise), for :meth:`_record_end_trusted` of the same slots to reuse.
-        """
-        if self._cw[_C_CURRENT] != self._epoch:
-            self._follow()
-        if bound > self._cols:
-            slots = self._slots(slots)  # grown meanwhile, or really out of range
-        return self._start(slots, now_ns)
-
-    def _start(self, s: np.ndarray, now_ns: int | np.ndarray) -> np.ndarray | None:
-        if now_ns.__class__ is not int:
-            self._start_each(s, now_ns)
-            return None
-        b = self._bucket_ns
-        q = now_ns // b
-        if q > self._period:
-            self._rotate(q)
-        if q > self._period - self._k:  # a bucket this row holds
-            j = q % self._k
-            if s.size >= _COUNTS_MIN and s.size >= self._cols:
-                # A long fan-out: add each slot's call count (one pass over the calls,
-                # then per column) instead of one np.add.at entry per call; the sums are
-                # the same integers.
-                c = np.bincount(s, minlength=self._cols)
-                np.add(self._open[j], c, out=self._open[j])
-                np.add(self._open_sum[j], c * (now_ns - q * b), out=self._open_sum[j])
-                return c
-            opens = self._open_rows[j]  # (views made once per binding, not per call)
-            _add_at(opens[0], s, _ONE)
-            _add_at(opens[1], s, now_ns - q * b)
-        else:  # a thread that took long to get the row's lock: older than every bucket
-            _add_at(self._open_old, s, _ONE)
-        return None
+            if s.size:
+                self._start_each(s, t.astype(np.int64))
 
     def _start_each(self, s: np.ndarray, t: np.ndarray) -> None:
-        """:meth:`_start` with a start time per call (``int64``, ``s.size > 0``).
+        """:meth:`record_start` with a start time per call (``int64``, ``s.size > 0``).
 
         Each call's open entry goes to its own start bucket, with its own offset, so
         :meth:`record_end` given the same start times takes them out exactly.
         """
-        b, k = self._bucket_ns, self._k
+        b, k, cols = self._bucket_ns, self._k, self._cols
         q = t // b
         lo, hi = int(_min(q)), int(_max(q))
         if hi > self._period:
             self._rotate(hi)
         oldest = self._period - k  # buckets after this one are held
         if lo == hi and lo > oldest:  # the usual case: every call in one bucket
-            opens = self._open_rows[lo % k]
-            _add_at(opens[0], s, _ONE)
-            _add_at(opens[1], s, t - lo * b)
+            scatter_add(self._opens[lo % k], s, 1)
+            scatter_add(self._open_sums[lo % k], s, t - lo * b)
             return
         held = q > oldest
-        _add_at(self._open_old, s[~held], _ONE)  # older than every bucket kept
+        scatter_add(self._open_old, s[~held], 1)  # older than every bucket kept
         qh = q[held]
-        _add_at(self._open, (qh % k, s[held]), _ONE)
-        _add_at(self._open_sum, (qh % k, s[held]), t[held] - qh * b)
+        cells = (qh % k) * cols + s[held]
+        scatter_add(self._open.reshape(-1), cells, 1)
+        scatter_add(self._open_sum.reshape(-1), cells, t[held] - qh * b)
 
     def record_end(
         self,
@@ -1167,6 +1158,10 @@ class Recorder:
         durations_ns: Any,
         now_ns: int,
         failed: Any = None,
+        *,
+        bound: int | None = None,
+        opened: bool = True,
+        completed: bool = True,
     ) -> None:
         """Record the end of calls started by :meth:`record_start` (a whole fan-out).
 
@@ -1180,16 +1175,27 @@ class Recorder:
         slots
             Endpoint slot of each call, as given to :meth:`record_start`.
         started_ns
-            Start time of each call (an array) or of all of them (a scalar), in
+            Start time of each call (an array) or of all of them (an ``int``), in
             CLOCK_MONOTONIC nanoseconds, as given to :meth:`record_start`.
         durations_ns
-            Duration of each call in nanoseconds, ``>= 0``.
+            Duration in nanoseconds, ``>= 0``: of each call (an array) or of all of
+            them (an ``int``).
         now_ns
             CLOCK_MONOTONIC time now, in nanoseconds (no call ended later).
         failed
             Optional, one per call: booleans (``True``: failed, counted as
             :data:`lbcore.outlier.FAIL_OTHER`) or integer failure kinds (``0``: success,
             :data:`~lbcore.outlier.FAIL_CONNECT` … :data:`~lbcore.outlier.FAIL_OTHER`).
+        bound
+            As in :meth:`record_start`: ``slots`` are known to be in ``0 .. bound - 1``.
+        opened
+            ``False``: these calls' starts were never recorded (they started and ended
+            between two writes of a batching caller): they are recorded as complete
+            calls, and the in-flight counts, which never counted them, are left alone.
+        completed
+            ``False``: the caller abandoned these calls (its deadline cut them short):
+            their busy time counts, they count neither as successes nor as failures
+            (no completion, latency or failure; ``failed`` is ignored).
 
         Raises
         ------
@@ -1199,56 +1205,43 @@ class Recorder:
         """
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
-        s = self._slots(slots)
-        d = durations_ns
-        if type(d) is not np.ndarray or d.dtype != np.int64:
-            d = np.asarray(d)
-            if d.dtype.kind not in "iu" and not (d.size == 0 and d.dtype.kind == "f"):
-                raise CounterInputError(f"durations must be integer nanoseconds, got {d.dtype}")
-            d = d.astype(np.int64)
+        s = slots if bound is not None and bound <= self._cols else self._slots(slots)
         n = s.size
-        if d.shape != (n,):
-            raise CounterInputError(f"durations have shape {d.shape}, expected ({n},)")
-        if n and _min(d) < 0:
-            raise CounterInputError(f"durations must be >= 0 ns, got {int(d.min())}")
-        failed = _failure_codes(failed, n)
-        if isinstance(started_ns, (int, np.integer)):
-            started: int | np.ndarray = int(started_ns)
-        else:
-            started = np.asarray(started_ns, dtype=np.int64)
-            if started.shape != (n,):
-                raise CounterInputError(f"start times have shape {started.shape}, expected ({n},)")
-        if n:
-            self._end(s, started, d, now_ns, failed)
-
-    def _record_end_trusted(
-        self,
-        slots: np.ndarray,
-        started_ns: int | np.ndarray,
-        durations_ns: int | np.ndarray,
-        now_ns: int,
-        failed: np.ndarray | None,
-        bound: int,
-        counts: np.ndarray | None = None,
-    ) -> None:
-        """:meth:`record_end` for arguments the caller checked (the router's own arrays).
-
-        ``slots``: a 1-D ``intp`` array with entries in ``0 .. bound - 1`` (only a
-        ``bound`` beyond this row's columns is checked); ``started_ns``: an ``int``;
-        ``durations_ns``: an ``int >= 0`` for every call or an ``int64`` array of
-        durations ``>= 0`` (``started_ns`` may also be an ``int64`` array of start times,
-        as given to :meth:`record_start`); ``failed``: ``None`` or, one per call,
-        booleans or failure kinds (checked as :meth:`record_end` checks them);
-        ``counts``: what :meth:`_record_start_trusted` returned for these slots.
-        """
-        if self._cw[_C_CURRENT] != self._epoch:
-            self._follow()
-        if bound > self._cols:
-            slots = self._slots(slots)
+        d = durations_ns
+        if d.__class__ is int and started_ns.__class__ is int and failed is None:
+            if d < 0:
+                raise CounterInputError(f"durations must be >= 0 ns, got {d}")
+            if n:
+                self._end(s, started_ns, d, int(now_ns), None, opened, completed)
+            return
+        if d.__class__ is not int:
+            if isinstance(d, np.integer):
+                d = int(d)
+            else:
+                d = np.asarray(d)
+                if d.dtype.kind not in "iu" and not (d.size == 0 and d.dtype.kind == "f"):
+                    raise CounterInputError(f"durations must be integer nanoseconds, got {d.dtype}")
+                d = d.astype(np.int64)
+                if d.shape != (n,):
+                    raise CounterInputError(f"durations have shape {d.shape}, expected ({n},)")
+                if n and _min(d) < 0:
+                    raise CounterInputError(f"durations must be >= 0 ns, got {int(d.min())}")
+        if d.__class__ is int and d < 0:
+            raise CounterInputError(f"durations must be >= 0 ns, got {d}")
         if failed is not None:
-            failed = _failure_codes(failed, slots.size)
-        if slots.size:
-            self._end(slots, started_ns, durations_ns, now_ns, failed, counts)
+            failed = _failure_codes(failed, n)
+        started = started_ns
+        if started.__class__ is not int:
+            if isinstance(started, np.integer):
+                started = int(started)
+            else:
+                started = np.asarray(started, dtype=np.int64)
+                if started.shape != (n,):
+                    raise CounterInputError(
+                        f"start times have shape {started.shape}, expected ({n},)"
+                    )
+        if n:
+            self._end(s, started, d, int(now_ns), failed, opened, completed)
 
     def _end(
         self,
@@ -1257,15 +1250,16 @@ class Recorder:
         d: int | np.ndarray,
         now_ns: int,
         failed: np.ndarray | None,
-        counts: np.ndarray | None = None,
+        opened: bool = True,
+        completed: bool = True,
     ) -> None:
-        """Record the end of ``s.size > 0`` checked calls (see :meth:`record_end`).
+        """Record the end of ``s.size > 0`` calls (see :meth:`record_end`).
 
         ``started`` and ``d`` are an ``int`` for every call or an ``int64`` array each;
-        ``failed``: ``None`` or checked failure codes (``intp``, 0 = success);
-        ``counts``: the calls per slot of ``s`` if known (from their start).
+        ``failed``: ``None`` or checked failure codes (``int64``, 0 = success);
+        ``opened``: whether their starts were recorded (their open entries to take out);
+        ``completed``: whether they count as completed (not abandoned).
         """
-        n = s.size
         b = self._bucket_ns
         period = now_ns // b
         if period > self._period:
@@ -1277,81 +1271,86 @@ class Recorder:
             started >= period * b if scalar_start else int(_min(started)) >= period * b
         ):
             # Every call started in this bucket (and ended by now_ns): all of it is here,
-            # and so are its open entries (record_start put them in this bucket). One
-            # np.add.at over the row adds every field of every call (repeats add up).
+            # and so are its open entries (record_start put them in this bucket).
             j = period % self._k
-            opened = period * b - started  # (an array for calls that started apart)
-            if scalar_start and d.__class__ is int and n >= _COUNTS_MIN and 4 * n >= self._cols:
-                self._end_counts(s, j, opened, d, failed, counts)
-                return
-            if d.__class__ is int and scalar_start:
-                vals = np.array((-1, opened, d, 1, d, 1), dtype=np.int64).repeat(n)
+            # The fields an end adds to: open entries (unless never opened), busy time,
+            # completion and latency and the lifetime total (unless abandoned).
+            lo, hi = (0 if opened else 2), (6 if completed else 3)
+            offsets = self._end_offsets[j][lo:hi]
+            if scalar_start and d.__class__ is int:
+                vals: Any = (-1, period * b - started, d, 1, d, 1)[lo:hi]
+                self._add(self._row_words, s, vals, offsets)
             else:
-                v2 = np.empty((6, n), dtype=np.int64)
-                v2[:] = _END_CONSTANTS
-                v2[1] = opened
-                v2[2] = d
-                v2[4] = d
-                vals = v2.ravel()
-            idx = np.add(self._end_offsets[j], s).ravel()
-            if failed is not None:
-                f = failed.nonzero()[0]
-                if f.size:
-                    # Each failed call adds one to its four failure words as well.
-                    extra = (self._fail_offsets[j][failed[f]] + s[f][:, None]).ravel()
-                    idx = np.concatenate((idx, extra))
-                    vals = np.concatenate((vals, np.ones(extra.size, dtype=np.int64)))
-            _add_at(self._row_words, idx, vals)
+                vals = np.empty((6, s.size), dtype=np.int64)
+                vals[0] = -1
+                vals[1] = period * b - started  # (an array for calls that started apart)
+                vals[2] = d
+                vals[3] = 1
+                vals[4] = d
+                vals[5] = 1
+                self._add(self._row_words, s, vals[lo:hi].reshape(-1), offsets)
+            if failed is not None and completed:
+                self._end_failures(s, failed, self._fail_offsets[j])
             return
-        st = np.full(n, started, dtype=np.int64) if scalar_start else started
-        dd = np.full(n, d, dtype=np.int64) if d.__class__ is int else d
-        self._record_end_spread(s, st, dd, failed)
-        _add_at(self._requests_total, s, 1)
-        if failed is not None:
-            f = failed.nonzero()[0]
-            if f.size:
-                _add_at(self._failures_total, s[f], 1)
-                _add_at(self._kinds_total, (failed[f] - 1, s[f]), 1)
+        st = np.full(s.size, started, dtype=np.int64) if scalar_start else started
+        dd = np.full(s.size, d, dtype=np.int64) if d.__class__ is int else d
+        self._end_spread(s, st, dd, failed, opened, completed)
 
-    def _end_counts(
+    def _end_failures(
+        self, s: np.ndarray, failed: np.ndarray, offsets: list[tuple[int, ...]]
+    ) -> None:
+        """Each failed call adds one to its four failure words (``offsets`` by code)."""
+        f = failed.nonzero()[0]
+        if not f.size:
+            return
+        codes = failed[f]
+        for c in np.unique(codes).tolist():
+            scatter_add(self._row_words, s[f[codes == c]], 1, offsets[c])
+
+    def _end_spread(
         self,
         s: np.ndarray,
-        j: int,
-        opened: int,
-        d: int,
+        st: np.ndarray,
+        d: np.ndarray,
         failed: np.ndarray | None,
-        counts: np.ndarray | None,
+        opened: bool = True,
+        completed: bool = True,
     ) -> None:
-        """:meth:`_end`'s one-bucket case for a long fan-out, by call counts per slot.
-
-        Every call adds the same values (``d`` for all), so each field gets the slot's
-        call count times them: a pass over the calls and a few per column instead of an
-        ``np.add.at`` entry per call and field. The sums are the same integers.
-        """
-        c = counts
-        if c is None or c.size != self._cols:  # (the counters may have grown since)
-            c = np.bincount(s, minlength=self._cols)
-        t = np.empty_like(c)
-        # In the order the np.add.at path writes the fields.
-        np.subtract(self._open[j], c, out=self._open[j])
-        np.multiply(c, opened, out=t)
-        np.add(self._open_sum[j], t, out=self._open_sum[j])
-        np.multiply(c, d, out=t)
-        np.add(self._busy[j], t, out=self._busy[j])
-        np.add(self._completed[j], c, out=self._completed[j])
-        np.add(self._latency[j], t, out=self._latency[j])
-        np.add(self._requests_total, c, out=self._requests_total)
-        f = _NO_SLOTS if failed is None else failed.nonzero()[0]
-        if f.size:
-            cols = self._cols
-            nk = len(KIND_FIELDS)
-            fk = np.bincount((failed[f] - 1) * cols + s[f], minlength=nk * cols)  # type: ignore[index]
-            fk = fk.reshape(nk, cols)
-            fc = fk.sum(axis=0)
-            np.add(self._failures[j], fc, out=self._failures[j])
-            np.add(self._failures_total, fc, out=self._failures_total)
-            np.add(self._kinds[:, j], fk, out=self._kinds[:, j])
-            np.add(self._kinds_total, fk, out=self._kinds_total)
+        """General case: calls spanning buckets, or ending in older retained buckets."""
+        b, kk, cols = self._bucket_ns, self._k, self._cols
+        if completed:
+            scatter_add(self._requests_total, s, 1)
+        newest = self._period
+        oldest = newest - kk + 1  # the buckets this row holds; older time is forgotten
+        if opened:
+            # A call's open entry is in its start bucket's column while the row holds
+            # that bucket (record_start put it there, rotation has not moved it), else in
+            # open_old.
+            qs = st // b
+            held = qs >= oldest
+            h = held.nonzero()[0]
+            cells = (qs[h] % kk) * cols + s[h]
+            scatter_add(self._open.reshape(-1), cells, -1)
+            scatter_add(self._open_sum.reshape(-1), cells, qs[h] * b - st[h])
+            if h.size != s.size:
+                scatter_add(self._open_old, s[~held], -1)
+        end = st + d
+        for q in range(max(oldest, int(st.min()) // b), newest + 1):
+            part = np.minimum(end, (q + 1) * b) - np.maximum(st, q * b)
+            np.maximum(part, 0, out=part)
+            if part.any():
+                scatter_add(self._busys[q % kk], s, part)
+        if not completed:
+            return
+        qend = np.clip(end // b, oldest, newest)
+        for q in np.unique(qend).tolist():
+            sel = qend == q
+            j = q % kk
+            ss = s[sel]
+            scatter_add(self._completeds[j], ss, 1)
+            scatter_add(self._latencies[j], ss, np.ascontiguousarray(d[sel]))
+            if failed is not None:
+                self._end_failures(ss, failed[sel], self._fail_offsets[j])
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """Add one routed batch to the row's lifetime decision totals.
@@ -1370,18 +1369,13 @@ class Recorder:
         CounterInputError
             A negative or non-integer count; nothing is counted then.
         """
-        for v in (decisions, fallbacks, moves):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise CounterInputError(f"decision counts must be integers >= 0, got {v!r}")
-        if self._cw[_C_CURRENT] != self._epoch:
-            self._follow()
-        st = self._stats
-        st[0] += int(decisions)
-        st[1] += int(fallbacks)
-        st[2] += int(moves)
-
-    def _count_trusted(self, decisions: int, fallbacks: int, moves: int) -> None:
-        """:meth:`count` for Python ``int`` counts ``>= 0`` the caller computed itself."""
+        if (
+            decisions.__class__ is not int
+            or fallbacks.__class__ is not int
+            or moves.__class__ is not int
+            or (decisions | fallbacks | moves) < 0
+        ):
+            decisions, fallbacks, moves = _counts((decisions, fallbacks, moves), "decision counts")
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
         st = self._stats
@@ -1397,58 +1391,16 @@ class Recorder:
         CounterInputError
             An unknown field or a count that is not an integer ``>= 0``.
         """
-        if field not in _STAT_INDEX:
+        i = _STAT_INDEX.get(field)
+        if i is None:
             raise CounterInputError(
                 f"unknown stats field {field!r}, expected one of {STATS_FIELDS}"
             )
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise CounterInputError(f"counts must be integers >= 0, got {n!r}")
-        self._tally_trusted(_STAT_INDEX[field], int(n))
-
-    def _tally_trusted(self, index: int, n: int) -> None:
-        """:meth:`tally` by field index, for a Python ``int >= 0`` the caller computed."""
+        if n.__class__ is not int or n < 0:
+            (n,) = _counts((n,), "counts")
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
-        self._stats[index] += n
-
-    def _record_end_spread(
-        self, s: np.ndarray, st: np.ndarray, d: np.ndarray, failed: np.ndarray | None
-    ) -> None:
-        """General case: calls spanning buckets, or ending in older retained buckets."""
-        b, kk = self._bucket_ns, self._k
-        newest = self._period
-        oldest = newest - kk + 1  # the buckets this row holds; older time is forgotten
-        # A call's open entry is in its start bucket's column while the row holds that
-        # bucket (record_start put it there, rotation has not moved it), else in open_old.
-        qs = st // b
-        held = qs >= oldest
-        if held.all():
-            _add_at(self._open, (qs % kk, s), -1)
-            _add_at(self._open_sum, (qs % kk, s), qs * b - st)
-        else:
-            h = held.nonzero()[0]
-            _add_at(self._open, (qs[h] % kk, s[h]), -1)
-            _add_at(self._open_sum, (qs[h] % kk, s[h]), qs[h] * b - st[h])
-            _add_at(self._open_old, s[~held], -1)
-        end = st + d
-        for q in range(max(oldest, int(st.min()) // b), newest + 1):
-            part = np.minimum(end, (q + 1) * b) - np.maximum(st, q * b)
-            np.maximum(part, 0, out=part)
-            if part.any():
-                _add_at(self._busy[q % kk], s, part)
-        qend = np.clip(end // b, oldest, newest)
-        for q in np.unique(qend).tolist():
-            sel = qend == q
-            j = q % kk
-            ss = s[sel]
-            _add_at(self._completed[j], ss, 1)
-            _add_at(self._latency[j], ss, d[sel])
-            if failed is not None:
-                fs = failed[sel]
-                f = fs.nonzero()[0]
-                if f.size:
-                    _add_at(self._failures[j], ss[f], 1)
-                    _add_at(self._kinds[:, j], (fs[f] - 1, ss[f]), 1)
+        self._stats[i] += n
 
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back (its in-flight counts are zeroed, history stays)."""
@@ -1466,66 +1418,69 @@ class LockedRecorder:
     ----------
     recorder
         The process's :class:`Recorder`.
+
+    Attributes
+    ----------
+    recorder : Recorder
+        The row's recorder.
+    lock : threading.Lock
+        Held around every call into it: a caller that records several steps at once
+        (say a fan-out's start and a routed batch's counts) may hold it around them and
+        call :attr:`recorder` directly.
     """
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
 
-    def record_start(self, slots: Any, now_ns: int) -> None:
+    @property
+    def row(self) -> int:
+        """The worker slot (row) recorded into."""
+        return self.recorder.row
+
+    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
         """See :meth:`Recorder.record_start`."""
-        with self._lock:
-            self.recorder.record_start(slots, now_ns)
+        with self.lock:
+            self.recorder.record_start(slots, now_ns, bound=bound)
 
     def record_end(
-        self, slots: Any, started_ns: Any, durations_ns: Any, now_ns: int, failed: Any = None
+        self,
+        slots: Any,
+        started_ns: Any,
+        durations_ns: Any,
+        now_ns: int,
+        failed: Any = None,
+        *,
+        bound: int | None = None,
+        opened: bool = True,
+        completed: bool = True,
     ) -> None:
         """See :meth:`Recorder.record_end`."""
-        with self._lock:
-            self.recorder.record_end(slots, started_ns, durations_ns, now_ns, failed)
+        with self.lock:
+            self.recorder.record_end(
+                slots,
+                started_ns,
+                durations_ns,
+                now_ns,
+                failed,
+                bound=bound,
+                opened=opened,
+                completed=completed,
+            )
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """See :meth:`Recorder.count`."""
-        with self._lock:
+        with self.lock:
             self.recorder.count(decisions, fallbacks, moves)
-
-    def _record_start_trusted(
-        self, slots: np.ndarray, now_ns: int, bound: int
-    ) -> np.ndarray | None:
-        with self._lock:
-            return self.recorder._record_start_trusted(slots, now_ns, bound)
-
-    def _record_end_trusted(
-        self,
-        slots: np.ndarray,
-        started_ns: int | np.ndarray,
-        durations_ns: int | np.ndarray,
-        now_ns: int,
-        failed: np.ndarray | None,
-        bound: int,
-        counts: np.ndarray | None = None,
-    ) -> None:
-        with self._lock:
-            self.recorder._record_end_trusted(
-                slots, started_ns, durations_ns, now_ns, failed, bound, counts
-            )
-
-    def _count_trusted(self, decisions: int, fallbacks: int, moves: int) -> None:
-        with self._lock:
-            self.recorder._count_trusted(decisions, fallbacks, moves)
 
     def tally(self, field: str, n: int) -> None:
         """See :meth:`Recorder.tally`."""
-        with self._lock:
+        with self.lock:
             self.recorder.tally(field, n)
-
-    def _tally_trusted(self, index: int, n: int) -> None:
-        with self._lock:
-            self.recorder._tally_trusted(index, n)
 
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back."""
-        with self._lock:
+        with self.lock:
             self.recorder.release(now_ns)
 
 
@@ -1563,48 +1518,41 @@ class ThreadRecorder:
             self._local.rec = rec
         return rec
 
-    def record_start(self, slots: Any, now_ns: int) -> None:
+    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
         """See :meth:`Recorder.record_start`."""
-        self._mine().record_start(slots, now_ns)
+        self._mine().record_start(slots, now_ns, bound=bound)
 
     def record_end(
-        self, slots: Any, started_ns: Any, durations_ns: Any, now_ns: int, failed: Any = None
+        self,
+        slots: Any,
+        started_ns: Any,
+        durations_ns: Any,
+        now_ns: int,
+        failed: Any = None,
+        *,
+        bound: int | None = None,
+        opened: bool = True,
+        completed: bool = True,
     ) -> None:
         """See :meth:`Recorder.record_end`."""
-        self._mine().record_end(slots, started_ns, durations_ns, now_ns, failed)
+        self._mine().record_end(
+            slots,
+            started_ns,
+            durations_ns,
+            now_ns,
+            failed,
+            bound=bound,
+            opened=opened,
+            completed=completed,
+        )
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """See :meth:`Recorder.count`."""
         self._mine().count(decisions, fallbacks, moves)
 
-    def _record_start_trusted(
-        self, slots: np.ndarray, now_ns: int, bound: int
-    ) -> np.ndarray | None:
-        return self._mine()._record_start_trusted(slots, now_ns, bound)
-
-    def _record_end_trusted(
-        self,
-        slots: np.ndarray,
-        started_ns: int | np.ndarray,
-        durations_ns: int | np.ndarray,
-        now_ns: int,
-        failed: np.ndarray | None,
-        bound: int,
-        counts: np.ndarray | None = None,
-    ) -> None:
-        self._mine()._record_end_trusted(
-            slots, started_ns, durations_ns, now_ns, failed, bound, counts
-        )
-
-    def _count_trusted(self, decisions: int, fallbacks: int, moves: int) -> None:
-        self._mine()._count_trusted(decisions, fallbacks, moves)
-
     def tally(self, field: str, n: int) -> None:
         """See :meth:`Recorder.tally`."""
         self._mine().tally(field, n)
-
-    def _tally_trusted(self, index: int, n: int) -> None:
-        self._mine()._tally_trusted(index, n)
 
     @property
     def rows(self) -> list[int]:

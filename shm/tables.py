@@ -488,6 +488,15 @@ class Table:
         return self._seq_words[self._seq_index] == self._seq
 
     @property
+    def guard(self) -> tuple[Any, int, int]:
+        """The sequence check of this table as :class:`lbcore.Plan` takes it: ``(words, i, value)``.
+
+        A plan built with it says after each batch whether the table was still valid
+        (what :meth:`valid` says then), read by the kernel with acquire ordering.
+        """
+        return self._seq_words, self._seq_index, self._seq
+
+    @property
     def fade_duration_ns(self) -> int:
         """Fade-in window of the ring set, in nanoseconds."""
         return self.ring_set.duration_ns
@@ -1121,6 +1130,20 @@ class _TablesView:
         self.host_keys = keys  # parsed by a table's rings (lazily): the next decode reuses
 
 
+def _read_ahead(view: _TablesView, timeout_s: float) -> tuple[int, Table]:
+    """A background map: the current table, with what routing on it computes first.
+
+    Routing with ejected endpoints or Skipper's fade-in compares the endpoints' hosts
+    (:attr:`lbcore.Ring.host_ids`): parsing 20,000 new addresses costs ~0.1 s, done
+    here rather than by the first batch on the table.
+    """
+    cur, t = view.read(None, timeout_s)
+    master = t.ring_set.master
+    if master is not None and (bool(t.ejected.any()) or t.knobs.fade_mode == "skipper"):
+        master.host_ids  # noqa: B018 (computed once per table, shared by its rings)
+    return cur, t
+
+
 def _attach_control(namespace: str, *, writable: bool) -> Segment:
     """Attach and validate a tables control segment (waiting briefly for its creator)."""
     name = segment_name(namespace, "tables")
@@ -1281,6 +1304,22 @@ class TableReader:
                 return t  # never None here: cur is -1 while there is no table
         return self._refresh()
 
+    def is_current(self, table: Table) -> bool:
+        """Whether :meth:`table` returns ``table`` now (nothing published since).
+
+        Two shared-memory loads, no clock and no remapping: ``False`` once a new
+        generation was published (the word ``current`` changed, or names the same
+        buffer rewritten since), or when ``table`` is not this reader's current one. A
+        replaced control segment is noticed by :meth:`table` (its clock paces the
+        check), which callers still call now and then.
+        """
+        ctl, cur, t, seq_words, seq_index, seq = self._state
+        if t is not table or ctl[_C_CURRENT] != cur:
+            return False
+        if _WEAK:
+            fence()
+        return seq_words[seq_index] == seq
+
     def _set_state(self, cur: int, t: Table | None) -> None:
         if t is None:
             self._state = (self._ctl, -1, None, _NO_SEQ, 0, 1)
@@ -1345,7 +1384,7 @@ class TableReader:
             return None  # small: mapped at once by the caller
         view, timeout_s = self._view, self.timeout_s
         assert self._worker is not None
-        self._bg = (self._worker.submit(lambda: view.read(None, timeout_s)), os.getpid())
+        self._bg = (self._worker.submit(lambda: _read_ahead(view, timeout_s)), os.getpid())
         return t
 
     def _prefetch(self) -> None:
@@ -1378,9 +1417,16 @@ class TableReader:
                     return  # the next table() call maps the new writer's first table
             view, timeout_s = self._view, self.timeout_s
             assert self._worker is not None
-            self._bg = (self._worker.submit(lambda: view.read(None, timeout_s)), os.getpid())
+            self._bg = (self._worker.submit(lambda: _read_ahead(view, timeout_s)), os.getpid())
         finally:
             self._lock.release()
+
+    def mapped_ahead(self) -> int:
+        """Generation the background thread mapped and :meth:`table` did not take yet (0: none)."""
+        bg = self._bg
+        if bg is None or bg[1] != os.getpid() or not bg[0].done() or bg[0].error is not None:
+            return 0
+        return int(bg[0].result[1].generation)
 
     def _background_busy(self) -> bool:
         bg = self._bg

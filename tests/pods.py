@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def serve(port: int, service_ms: float) -> None:
-    state = {"served": 0, "status": 200}
+    state = {"served": 0, "status": 200, "connections": 0}
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -41,6 +41,11 @@ def serve(port: int, service_ms: float) -> None:
 
         def log_message(self, *args: object) -> None:  # quiet
             pass
+
+        def setup(self) -> None:  # (one handler per accepted connection)
+            super().setup()
+            with lock:
+                state["connections"] += 1
 
         def _answer(self, status: int, doc: object) -> None:
             body = json.dumps(doc).encode()
@@ -152,6 +157,11 @@ class Pod:
 
     def served(self) -> int:
         return int(self.request("GET", "/_stats")["served"])
+
+    def stats(self) -> dict:
+        """``served`` (answers), ``connections`` (TCP connections accepted, this
+        question's own included) and ``status`` so far."""
+        return self.request("GET", "/_stats")
 
     def set_status(self, status: int) -> None:
         self.request("POST", "/_mode", {"status": status})

@@ -99,6 +99,11 @@ def test_serve_end_to_end(threads: int, tmp_path: Path) -> None:
         assert len(os.listdir(f"/proc/{master}/task")) == 1  # no thread in the master
         if threads > 1:
             assert "Using worker: gthread" in server.log()
+        # The startup log and cslb_build_info say which routing kernel runs.
+        (started,) = server.events("master_started")
+        assert started["kernel"] == lbcore.kernel_name()
+        (info,) = _metrics(server)["cslb_build_info"]
+        assert info.labels["kernel"] == lbcore.kernel_name()
 
         # 1. Every worker routes exactly as lbcore's ring over the same endpoints.
         ring = lbcore.Ring(ENDPOINTS)

@@ -2,7 +2,14 @@ import numpy as np
 import pytest
 
 import lbcore
-from lbcore.fade import RingSet, fade_share, skipper_fadein_candidates, skipper_fadein_route
+from lbcore.fade import (
+    FADE_SALT,
+    RingSet,
+    fade_share,
+    skipper_fadein_candidates,
+    skipper_fadein_route,
+)
+from lbcore.hashing import unit_interval
 from tests import reference as ref
 
 S = 1_000_000_000
@@ -17,6 +24,31 @@ T0 = 1_000 * S
 def names(rs, idx):
     eps = np.array(rs.endpoints, dtype=object)
     return eps[idx]
+
+
+def ring_of(rs, h, now):
+    """Each key's ring by the definition: the newest ring k with u < s_k(now), else 0."""
+    u = unit_interval(h, FADE_SALT)
+    k = np.zeros(h.size, dtype=np.intp)
+    for j, share in enumerate(rs.share_list(now), start=1):
+        k[u < share] = j  # newer rings have smaller shares: a newer one overwrites
+    return k
+
+
+def on_own_ring(rs, h, now, candidates=None, loads=None, bf=None, hops=None, attempt=0):
+    """Each key routed on its own ring alone (its Ring object, not the plan's masks)."""
+    k = ring_of(rs, h, now)
+    out = np.empty(h.size, dtype=np.int32)
+    for j, ring in enumerate(rs.rings):
+        rows = np.flatnonzero(k == j)
+        if rows.size:
+            cand = candidates
+            if candidates is not None:
+                cand = np.asarray(candidates) & ring.present  # the ring's own members
+            out[rows] = ring.lookup_bounded(
+                None, loads, bf, candidates=cand, max_hops=hops, attempt=attempt, hashes=h[rows]
+            )
+    return out
 
 
 @pytest.mark.parametrize(
@@ -37,8 +69,10 @@ def test_share_of_keys_on_the_new_ring_follows_the_curve():
     rs = RingSet(BASE).scale_up(NEW1, T0)
     h = lbcore.hash_keys(KEYS)
     for frac in (0.1, 0.5, 0.9):
-        on_new = (rs.ring_choice(h, T0 + int(frac * D)) == 1).mean()
+        now = T0 + int(frac * D)
+        on_new = (ring_of(rs, h, now) == 1).mean()
         assert abs(on_new - frac**2.5) < 0.01
+        np.testing.assert_array_equal(rs.route(None, now, hashes=h), on_own_ring(rs, h, now))
 
 
 def test_each_key_moves_at_most_once_and_only_to_new_pods():
@@ -70,10 +104,13 @@ def test_overlapping_events_each_follow_their_own_curve():
     for t in range(T0, t2 + D + S, S):
         shares = rs.shares(t)
         assert np.allclose(shares, [ref.fade_share(t - T0, D, 2.5), ref.fade_share(t - t2, D, 2.5)])
-        choice = rs.ring_choice(h, t)
+        choice = ring_of(rs, h, t)
         assert abs((choice >= 1).mean() - shares[0]) < 0.01
         assert abs((choice == 2).mean() - shares[1]) < 0.01
-        cur = names(rs, rs.route(KEYS, t))
+        routed = rs.route(KEYS, t)
+        if t % (5 * S) == 0:
+            np.testing.assert_array_equal(routed, on_own_ring(rs, h, t))
+        cur = names(rs, routed)
         moved = cur != prev
         first_moves += moved & np.isin(cur, NEW1)
         second_moves += moved & np.isin(cur, NEW2)
@@ -154,7 +191,7 @@ def test_bad_fade_parameters_and_events():
         rs.scale_up([BASE[0]], T0 + S)
 
 
-def test_skipper_fade_in_groups_equal_per_request_filtering():
+def test_skipper_fade_in_groups_equal_per_request_filtering(kernel):
     eps = BASE[:6]
     ring = lbcore.Ring(eps)
     ages = [None, 5 * S, 25 * S, -S, 40 * S, 12 * S]
@@ -179,10 +216,10 @@ def test_skipper_fade_in_groups_equal_per_request_filtering():
         assert bounded[i] == ring.lookup_bounded([keys[i]], loads, 1.1, candidates=cands)[0]
 
 
-def test_fast_paths_equal_the_grouped_path():
+def test_listing_every_endpoint_answers_as_listing_none():
     t2 = T0 + 10 * S
     rs = RingSet(BASE).scale_up(NEW1, T0).scale_up(NEW2, t2)
-    everyone = np.ones(len(rs.endpoints), dtype=bool)  # forces the general, grouped path
+    everyone = np.ones(len(rs.endpoints), dtype=bool)
     keys = KEYS[:4000]
     rng = np.random.default_rng(2)
     for t in (T0, T0 + 7 * S, t2 + 5 * S, t2 + D):
@@ -193,9 +230,8 @@ def test_fast_paths_equal_the_grouped_path():
         ].tolist()
         loads = rng.exponential(1.0, len(rs.endpoints))
         want = rs.route(keys, t, loads=loads, balance_factor=1.25, max_hops=5, candidates=everyone)
-        for _ in range(3):  # walk per ring, then build the bounded table, then use it
-            got = rs.route(keys, t, loads=loads, balance_factor=1.25, max_hops=5)
-            assert np.array_equal(got, want)
+        got = rs.route(keys, t, loads=loads, balance_factor=1.25, max_hops=5)
+        assert np.array_equal(got, want)
         assert (
             rs.route(keys[:3], t, loads=loads, balance_factor=1.25, max_hops=5).tolist()
             == want[:3].tolist()
@@ -229,12 +265,11 @@ def test_deletion_through_with_endpoints_and_bounded_routing():
     after = rs.with_endpoints([e for e in rs.endpoints if e not in gone], t)
     assert after.starts_ns == rs.starts_ns
     loads = np.zeros(len(after.endpoints))
-    for _ in range(3):  # walk, then table
-        got = names(after, after.route(KEYS[:20000], t, loads=loads, balance_factor=1.25))
-        assert not set(got.tolist()) & set(gone)
+    got = names(after, after.route(KEYS[:20000], t, loads=loads, balance_factor=1.25))
+    assert not set(got.tolist()) & set(gone)
 
 
-def test_ring_set_cache_keys_cover_every_parameter():
+def test_ring_set_routing_takes_every_parameter():
     rs = RingSet(BASE).scale_up(NEW1, T0)
     everyone = np.ones(len(rs.endpoints), dtype=bool)
     rng = np.random.default_rng(4)
@@ -242,13 +277,13 @@ def test_ring_set_cache_keys_cover_every_parameter():
     loads[[0, 3, 22]] = 9.0
     t = T0 + 20 * S
     keys = KEYS[:20000]
-    for _ in range(3):
-        rs.route(keys, t, loads=loads, balance_factor=1.25, max_hops=1)
-    assert rs._bounded is not None
-    for bf, hops in ((1.25, 4), (1.6, 1), (1.0, None)):
+    h = lbcore.hash_keys(keys)
+    for bf, hops in ((1.25, 1), (1.25, 4), (1.6, 1), (1.0, None)):
         want = rs.route(keys, t, loads=loads, balance_factor=bf, max_hops=hops, candidates=everyone)
         got = rs.route(keys, t, loads=loads, balance_factor=bf, max_hops=hops)
         assert np.array_equal(got, want), (bf, hops)
+        own = on_own_ring(rs, h, t, loads=loads, bf=bf, hops=hops)
+        assert np.array_equal(got, own), (bf, hops)
     with pytest.raises(lbcore.ArgumentError, match="needs loads"):
         rs.route(keys, t, balance_factor=1.25)
 
@@ -281,11 +316,15 @@ def test_from_parts_wraps_a_built_set():
 
 
 # ---------------------------------------------------------------------------------------
-# The answer table (what a worker caches per load snapshot) and Skipper with a listed set.
+# Routing a fading ring set against each ring alone, and Skipper with a listed set.
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_answer_table_gather_equals_route(seed):
+def test_each_key_is_routed_as_its_own_ring_alone_would(seed, kernel):
+    """The plan walks every ring on the newest ring's nodes with per-ring masks; each
+    key must get what its own ring (a Ring of exactly its nodes) gives it, for every
+    combination of candidates, bounded load, hop cap and attempt; and the plan's
+    per-position answers are those of a key at each position."""
     rng = np.random.default_rng(seed)
     rs = RingSet(BASE[: int(rng.integers(2, 20))], duration_ns=D, vnodes=int(rng.choice([5, 50])))
     t = T0
@@ -297,31 +336,34 @@ def test_answer_table_gather_equals_route(seed):
     cand = None if rng.random() < 0.4 else rng.random(n) < 0.7
     bf = None if rng.random() < 0.3 else float(rng.choice([1.0, 1.25, 2.0]))
     hops = None if rng.random() < 0.5 else int(rng.integers(1, 6))
+    attempt = int(rng.integers(0, 2))
     now = t + int(rng.integers(0, D))
     kw = {} if bf is None else {"loads": loads, "balance_factor": bf}
-    table = rs.answer_table(**kw, candidates=cand, max_hops=hops)
-    assert table.shape == rs.owner_table.shape and table.dtype == np.int32
     h = lbcore.hash_keys(KEYS[:5000])
-    flat = rs.ring_choice(h, now) * table.shape[1] + rs.master.positions(h)
-    expect = rs.route(None, now, **kw, candidates=cand, max_hops=hops, hashes=h)
-    np.testing.assert_array_equal(table.take(flat), expect)
+    got = rs.route(None, now, **kw, candidates=cand, max_hops=hops, attempt=attempt, hashes=h)
+    want = on_own_ring(rs, h, now, cand, loads if bf else None, bf, hops, attempt)
+    np.testing.assert_array_equal(got, want)
     if cand is not None and cand.any():
-        assert not np.isin(table, np.flatnonzero(~cand)).any()
+        assert not np.isin(got, np.flatnonzero(~cand)).any()
+    plan = lbcore.Plan(rs, now, ejected=None if cand is None else ~cand, max_hops=hops, **kw)
+    answer, _ = plan.answers()
+    first = rs.route(None, now, **kw, candidates=cand, max_hops=hops, hashes=h)
+    np.testing.assert_array_equal(answer[ring_of(rs, h, now), rs.master.positions(h)], first)
 
 
-def test_answer_table_plain_is_the_owner_table_and_checks_its_inputs():
+def test_routing_checks_its_inputs_and_lists_candidates():
     rs = RingSet(BASE[:5]).scale_up(NEW1[:2], T0)
-    assert rs.answer_table() is rs.owner_table
-    assert (rs.answer_table(candidates=np.zeros(7, bool)) == -1).all()
-    only = rs.answer_table(candidates=[3])
-    assert (only == 3).all()
+    keys = KEYS[:300]
+    assert (rs.route(keys, T0, candidates=np.zeros(7, bool)) == -1).all()
+    assert (rs.route(keys, T0, candidates=[3]) == 3).all()
     with pytest.raises(lbcore.ArgumentError, match="needs loads"):
-        rs.answer_table(balance_factor=1.25)
+        rs.route(keys, T0, balance_factor=1.25)
     with pytest.raises(lbcore.LoadError):
-        rs.answer_table(np.ones(3), 1.25)
+        rs.route(keys, T0, loads=np.ones(3), balance_factor=1.25)
     with pytest.raises(lbcore.BalanceFactorError):
-        rs.answer_table(np.ones(7), 0.5)
-    assert rs.amortized(rs.owner_table.size // 8) and not rs.amortized(10)
+        rs.route(keys, T0, loads=np.ones(7), balance_factor=0.5)
+    with pytest.raises(lbcore.CandidatesError):
+        rs.route(keys, T0, candidates=[9])
 
 
 def _skipper_per_key(ring, h, scores, thr, listed, attempt, loads=None, bf=None, hops=None):
@@ -342,7 +384,7 @@ def _skipper_per_key(ring, h, scores, thr, listed, attempt, loads=None, bf=None,
 
 
 @pytest.mark.parametrize(("attempt", "bf"), [(0, None), (1, None), (0, 1.25), (1, 1.1)])
-def test_skipper_route_with_listed_endpoints_and_retries(attempt, bf):
+def test_skipper_route_with_listed_endpoints_and_retries(attempt, bf, kernel):
     rs = RingSet(BASE[:8], duration_ns=D).scale_up(NEW1[:4], T0)
     ring = rs.master
     ages = [None] * 8 + [D // 2] * 4
@@ -378,37 +420,6 @@ def test_skipper_route_with_listed_endpoints_and_retries(attempt, bf):
     new_only = np.array([False] * 8 + [True] * 4)
     got = skipper_fadein_route(ring, keys, ages, D, 2.5, thr, candidates=new_only, **kw)
     assert (got >= 8).all()
-
-
-def test_equal_answer_fingerprints_give_equal_answer_tables():
-    rs = RingSet(BASE[:12], vnodes=20).scale_up(NEW1[:3], T0)
-    rng = np.random.default_rng(5)
-    cand = np.ones(15, bool)
-    cand[4] = False
-    for hops in (None, 2):
-        kw = {"candidates": cand, "max_hops": hops}
-        base = rng.integers(0, 4, 15).astype(np.float64)
-        fp = rs.answer_fingerprint(base, 1.25, **kw)
-        table = rs.answer_table(base, 1.25, **kw)
-        same = changed = 0
-        for _ in range(300):
-            other = base + rng.random(15) * 0.6 * (rng.random(15) < 0.2)
-            t2 = rs.answer_table(other, 1.25, **kw)
-            if rs.answer_fingerprint(other, 1.25, **kw) == fp:
-                same += 1
-                np.testing.assert_array_equal(t2, table)
-            elif not np.array_equal(t2, table):
-                changed += 1
-        assert same > 10 and changed > 10  # both cases were exercised
-    # The order of busy loads matters only with a hop cap.
-    loads = np.zeros(15)
-    loads[[0, 1]] = [50.0, 60.0]
-    swapped = loads.copy()
-    swapped[[0, 1]] = [60.0, 50.0]
-    assert rs.answer_fingerprint(loads, 1.25) == rs.answer_fingerprint(swapped, 1.25)
-    assert rs.answer_fingerprint(loads, 1.25, max_hops=1) != rs.answer_fingerprint(
-        swapped, 1.25, max_hops=1
-    )
 
 
 # Aliases: one host written differently (default port, case, a path). Skipper hashes each
@@ -489,9 +500,9 @@ def test_bucket_table_matches_a_direct_computation():
 
 
 @pytest.mark.parametrize("hops", [None, 1, 3, 10])
-def test_bounded_answer_table_equals_a_redirect_table_per_ring(hops):
-    # The answer table walks only entries whose plain endpoint is over the bar; the
-    # reference walks every position of every ring (lbcore.redirect_table).
+def test_bounded_answers_per_position_equal_each_ring_alone(hops, kernel):
+    """A key exactly on a node of the newest ring lands on that position: per ring, the
+    plan's answer at every position is that ring's own bounded-load answer for it."""
     rng = np.random.default_rng(11 + (hops or 0))
     rs = RingSet(BASE).scale_up(NEW1, T0).scale_up(NEW2, T0 + S)
     rs = rs.with_endpoints([*BASE[3:], *NEW1, *NEW2[1:]], T0 + 2 * S)
@@ -503,34 +514,46 @@ def test_bounded_answer_table_equals_a_redirect_table_per_ring(hops):
         np.where(np.arange(n) % 4 == 0, 50.0, 0.0),
         np.full(n, 3.0),
     ]
+    at_nodes = rs.master.hashes
     for load in profiles:
         for bf in (1.0, 1.1, 1.25, 2.0):
             want = np.stack(
                 [
-                    lbcore.redirect_table(ring, load, bf, max_hops=hops).take(rs.ring_pos[k])
-                    for k, ring in enumerate(rs.rings)
+                    ring.lookup_bounded(None, load, bf, max_hops=hops, hashes=at_nodes)
+                    for ring in rs.rings
                 ]
             )
-            got = rs.answer_table(load, bf, max_hops=hops)
+            got, moved = lbcore.Plan(rs, T0, loads=load, balance_factor=bf, max_hops=hops).answers()
             np.testing.assert_array_equal(got, want)
-            assert got is not rs.owner_table
+            np.testing.assert_array_equal(moved, got != rs.owner_table)
     # One endpoint on the oldest ring: Skipper's one-candidate shortcut still applies.
     one = RingSet(BASE[:1]).scale_up(NEW2, T0)
     load = np.arange(len(one.endpoints), dtype=float)
     want = np.stack(
         [
-            lbcore.redirect_table(ring, load, 1.1, max_hops=hops).take(one.ring_pos[k])
-            for k, ring in enumerate(one.rings)
+            ring.lookup_bounded(None, load, 1.1, max_hops=hops, hashes=one.master.hashes)
+            for ring in one.rings
         ]
     )
-    np.testing.assert_array_equal(one.answer_table(load, 1.1, max_hops=hops), want)
+    got = lbcore.Plan(one, T0, loads=load, balance_factor=1.1, max_hops=hops).answers()[0]
+    np.testing.assert_array_equal(got, want)
 
 
-def test_ring_offsets_and_mix64_match_a_per_key_reference():
-    """The vectorized fade draw (mix64 with 0-d constants, ring_offsets) against the
-    scalar fmix64 and the rule written per key: the newest ring k with u < s_k(t)."""
-    from lbcore.fade import FADE_SALT
-    from lbcore.hashing import mix64, mix64_of, unit_threshold
+def _fmix64(h: int, salt: int) -> int:
+    """MurmurHash3's fmix64 of ``h ^ salt``, written from its definition."""
+    m = (1 << 64) - 1
+    x = h ^ salt
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & m
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & m
+    return x ^ (x >> 33)
+
+
+def test_the_fade_draw_is_fmix64_and_the_plan_picks_the_newest_ring_below_it(kernel):
+    """The vectorized draw against fmix64 per key, and the plan's integer thresholds
+    against the rule in floats: the newest ring k with u < s_k(t)."""
+    from lbcore.hashing import mix64
 
     rng = np.random.default_rng(5)
     d_ns = 30_000_000_000
@@ -540,21 +563,10 @@ def test_ring_offsets_and_mix64_match_a_per_key_reference():
     rs = rs.scale_up(["http://10.0.1.1:80", "http://10.0.1.2:80"], t0)
     rs = rs.scale_up(["http://10.0.2.1:80"], t0 + d_ns // 3)
     h = rng.integers(0, 2**64, 3000, dtype=np.uint64)
-    mixed = mix64_of(h.tolist(), FADE_SALT)
-    assert mix64(h, FADE_SALT).tolist() == mixed
-    assert mix64(h, 12345).tolist() == mix64_of(h.tolist(), 12345)  # any salt
-    width = 7
+    assert mix64(h, FADE_SALT).tolist() == [_fmix64(x, FADE_SALT) for x in h.tolist()]
+    assert mix64(h, 12345).tolist() == [_fmix64(x, 12345) for x in h.tolist()]  # any salt
     seen = set()
     for now in [t0 - 1, t0, t0 + 1, *rng.integers(t0, t0 + 2 * d_ns, 10).tolist(), t0 + 5 * d_ns]:
-        thresholds = [unit_threshold(s) for s in rs.share_list(now)]
-        want = [
-            max((k for k, t in enumerate(thresholds, start=1) if m < t), default=0) for m in mixed
-        ]
-        got = rs.ring_offsets(h, now, width)
-        got = [0] * h.size if got is None else got.tolist()
-        assert got == [w * width for w in want], now
-        assert rs.ring_choice(h, now).tolist() == want
-        seen.update(want)
+        np.testing.assert_array_equal(rs.route(None, now, hashes=h), on_own_ring(rs, h, now))
+        seen.update(ring_of(rs, h, now).tolist())
     assert seen == {0, 1, 2}
-    assert rs.ring_offsets(h[:0], t0 + d_ns, width).size == 0
-    assert lbcore.RingSet(eps).ring_offsets(h, t0, width) is None  # no fading ring

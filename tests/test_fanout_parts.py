@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import lbcore
 import shm
 from lbcore.knobs import KnobError, docs_table
 from lbcore.outlier import FAIL_CONNECT, FAIL_NONE, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
@@ -23,6 +24,8 @@ from workers.budget import RetryBudget
 from workers.failurelog import FailureLog
 from workers.fanout_settings import FANOUT_KNOBS, FanoutSettings
 from workers.ledger import CallLedger
+from workers.recording import Recording
+from workers.router import Router
 from workers.senders import (
     CallAnswerError,
     CallConnectError,
@@ -151,11 +154,11 @@ def store():
 def test_ledger_writes_in_batched_steps_what_calls_did(store):
     rec = store.claim()
     now = [1_000 * S]
-    led = CallLedger(lambda: rec, lambda: now[0])
+    led = CallLedger(Recording(lambda: now[0], rec))
     reader = store.reader()
-    t1 = led.begin(3, 16, cap=10)
+    t1 = led.begin(3, cap=10)
     now[0] += 1_000  # (1 µs: not due)
-    t2 = led.begin(3, 16, cap=10)
+    t2 = led.begin(3, cap=10)
     assert led.pending and led.in_flight(3) == 2
     # The first call after a quiet spell is written at once, the next one waits.
     assert reader.read(now[0], 16).in_flight[3] == 1
@@ -173,23 +176,68 @@ def test_ledger_writes_in_batched_steps_what_calls_did(store):
     assert loads.mean_latency_s[3] == pytest.approx(5_001_000 / 1e9)  # each its own start
     assert store.reader().stats()["retries"] == 2
     # The bulkhead: at the cap a call is refused and nothing is recorded for it.
-    assert led.begin(5, 16, cap=1) > 0
-    assert led.begin(5, 16, cap=1) == -1
+    assert led.begin(5, cap=1) > 0
+    assert led.begin(5, cap=1) == -1
     led.flush()
     assert reader.read(now[0], 16).in_flight[5] == 1
-    _, ok = led.begin_many([5, 6, 6, -1], 16, cap=1)
+    _, ok = led.begin_many([5, 6, 6, -1], cap=1)
     assert ok == [False, True, False, True]  # (-1: not recorded, always admitted)
     assert not led.pending  # calls that start together: one step, at once
     assert reader.read(now[0], 16).in_flight[[5, 6]].tolist() == [1, 1]
 
 
+class _Watched:
+    """A recorder that, after each of its writes, reads what other workers see in flight."""
+
+    def __init__(self, rec, reader, clock):
+        self.rec, self.reader, self.clock = rec, reader, clock
+        self.seen: list[list[int]] = []
+
+    def __getattr__(self, name):
+        f = getattr(self.rec, name)
+
+        def call(*a, **k):
+            f(*a, **k)
+            self.seen.append(self.reader.read(self.clock(), 16).in_flight[:4].tolist())
+
+        return call
+
+
+def test_ledger_never_shows_a_call_in_flight_that_is_not(store):
+    """A step with ends, complete calls and new starts: every state a reader can catch
+    counts at most the calls really out (ends first, starts last); the end state counts
+    exactly them."""
+    now = [1_000 * S]
+    watched = _Watched(store.claim(), store.reader(), lambda: now[0])
+    led = CallLedger(Recording(lambda: now[0], watched))
+    a = led.begin(1, cap=10)  # written at once (first after a quiet spell)
+    now[0] += 1_000
+    b = led.begin(1, cap=10)  # pending ...
+    now[0] += 1_000
+    led.end(1, b)  # ... and over before any write: a complete call
+    led.end(1, a)  # its start was written
+    now[0] += 1_000
+    led.begin(2, cap=10)  # still out
+    led.begin(3, cap=10)
+    out = {1: 0, 2: 1, 3: 1}
+    watched.seen.clear()
+    led.flush()
+    assert len(watched.seen) >= 3  # (ends, complete calls, starts: separate writes)
+    for cells in watched.seen:
+        assert all(cells[s] <= n for s, n in out.items()), watched.seen
+    assert watched.seen[-1][1:4] == [0, 1, 1]
+    loads = store.reader().read(now[0], 16)
+    assert loads.completed[1] == 2 and loads.in_flight[1] == 0
+    assert loads.mean_latency_s[1] == pytest.approx((2_000 + 1_000) / 2 / 1e9)
+
+
 def test_ledger_from_many_threads_loses_nothing(store):
     rec = shm.LockedRecorder(store.claim())
-    led = CallLedger(lambda: rec)
+    led = CallLedger(Recording(recorder=rec))
 
     def calls():
         for i in range(300):
-            t = led.begin(i % 7, 16, cap=1000)
+            t = led.begin(i % 7, cap=1000)
             led.end(i % 7, t, FAIL_CONNECT if i % 10 == 0 else 0)
 
     threads = [threading.Thread(target=calls) for _ in range(4)]
@@ -261,6 +309,56 @@ def test_httpx_sender_values_and_failure_kinds(fleet):
         await send.aclose()
 
     asyncio.run(main())
+
+
+@pytest.fixture
+def fleet_router(fleet):
+    """A router over the fleet's two pods, 4 fan-out threads (2 calls per pod at once)."""
+    ns = f"sp{uuid.uuid4().hex[:10]}"
+    st = shm.CounterStore.create(ns, rows=4)
+    writer = shm.TableWriter(ns, counters=st)
+    writer.publish(lbcore.RingSet(fleet.urls), knobs=shm.Knobs(balance_factor=None))
+    r = Router(ns, fanout_settings=FanoutSettings(threads=4, timeout_s=5.0))
+    try:
+        yield r
+    finally:
+        r.close()
+        writer.close()
+        st.close()
+
+
+def test_the_ready_made_senders_pool_connections_per_worker(fleet, fleet_router):
+    """500 calls over two real pods, 4 threads and 2 calls per pod at once (urllib3), or
+    4 calls at once (httpx): each pod accepts at most as many connections as calls were
+    out to it at once (not one per call or per fan-out)."""
+    r = fleet_router
+    keys = [f"SKU-{i}" for i in range(100)]
+
+    def opened(run):
+        before = [p.stats() for p in fleet.pods]
+        run()
+        after = [p.stats() for p in fleet.pods]
+        assert sum(a["served"] - b["served"] for a, b in zip(after, before, strict=True)) == 500
+        # (less the second question's own connection)
+        return [a["connections"] - b["connections"] - 1 for a, b in zip(after, before, strict=True)]
+
+    send = Urllib3Sender(timeout_s=5.0)
+
+    def threads():
+        for _ in range(5):
+            assert all(x.ok for x in r.fanout(keys, send, deadline_s=30.0))
+
+    got = opened(threads)
+    assert all(1 <= n <= 2 for n in got), got
+    asend = HttpxSender(timeout_s=5.0)
+
+    async def main():
+        for _ in range(5):
+            assert all(x.ok for x in await r.afanout(keys, asend, deadline_s=30.0))
+        await asend.aclose()
+
+    got = opened(lambda: asyncio.run(main()))
+    assert all(1 <= n <= 2 for n in got), got
 
 
 def test_senders_fail_on_the_statuses_they_are_configured_with(fleet, monkeypatch):

@@ -270,13 +270,35 @@ def test_scatter_add_parity_on_random_fan_outs(kernel):
             else np.asarray(values).reshape(k, n)
         )
         np.add.at(want, (offsets[:, None] + index[None, :]).ravel(), vals.ravel())
-        lbcore.scatter_add(target, index, values, offsets)
+        if rng.random() < 0.5 and k * max(n, 1) <= 16:  # the few values and offsets as tuples
+            as_tuple = values if shape == 0 else tuple(np.asarray(values).tolist())
+            lbcore.scatter_add(target, index, as_tuple, tuple(offsets.tolist()))
+        else:
+            lbcore.scatter_add(target, index, values, offsets)
         assert target.tolist() == want.tolist()
     row = np.zeros(10, dtype=np.int64)
     lbcore.scatter_add(
         row, np.array([1, 1, 3], dtype=np.int64), np.array([5, 6, 7], dtype=np.int64)
     )
     assert row.tolist() == [0, 11, 0, 7, 0, 0, 0, 0, 0, 0]
+
+
+def test_scatter_add_of_many_calls_over_few_slots_adds_the_same(kernel):
+    """A long fan-out (calls far more than slots, one value per offset) is added per slot
+    by the native kernel: the same sums as per call, wrapping included."""
+    rng = np.random.default_rng(4)
+    for n, slots, k in ((10_000, 7, 2), (5_000, 300, 6), (100, 40, 3), (65, 1, 2), (3, 1, 6)):
+        target = rng.integers(-(2**62), 2**62, 2000).astype(np.int64)
+        index = rng.integers(0, slots, n).astype(np.int64)
+        offsets = np.sort(rng.choice(1600, k, replace=False)).astype(np.int64)
+        for values in (int(rng.integers(-50, 50)), rng.integers(-(2**61), 2**61, k)):
+            want = target.copy()
+            vals = np.broadcast_to(np.asarray(values, np.int64).reshape(-1, 1), (k, n))
+            with np.errstate(over="ignore"):
+                np.add.at(want, (offsets[:, None] + index[None, :]).ravel(), vals.ravel())
+            arg = values if isinstance(values, int) else tuple(values.tolist())
+            lbcore.scatter_add(target, index, arg, tuple(offsets.tolist()))
+            assert target.tolist() == want.tolist(), (n, slots, k)
 
 
 @pytest.mark.parametrize(
@@ -293,6 +315,11 @@ def test_scatter_add_parity_on_random_fan_outs(kernel):
         (np.zeros(4, np.int64), np.array([0], np.int64), 1.5, None),
         (np.zeros(4, np.int64), np.array([0], np.int64), True, None),
         ([0, 0], np.array([0], np.int64), 1, None),
+        (np.zeros(4, np.int64), np.array([0], np.int64), (1, True), (0, 1)),
+        (np.zeros(4, np.int64), np.array([0], np.int64), (1.5,), None),
+        (np.zeros(4, np.int64), np.array([0], np.int64), 1, (0, 2**63)),
+        (np.zeros(40, np.int64), np.array([0], np.int64), 1, tuple(range(17))),
+        (np.zeros(4, np.int64), np.array([1], np.int64), (1,), (3,)),
     ],
 )
 def test_scatter_add_refuses_bad_input_alike_and_adds_nothing(
@@ -300,7 +327,7 @@ def test_scatter_add_refuses_bad_input_alike_and_adds_nothing(
 ):
     other = "numpy" if kernel == "native" else "native"
     before = None if isinstance(target, list) else target.copy()
-    with pytest.raises((IndexError, TypeError, ValueError)) as got:
+    with pytest.raises((IndexError, TypeError, ValueError, OverflowError)) as got:
         lbcore.scatter_add(target, index, values, offsets)
     if before is not None:
         assert target.tolist() == before.tolist()

@@ -67,7 +67,14 @@ def test_quick_run_writes_results_page_with_tables(tmp_path: Path) -> None:
     for eps in (10, 100, 1_000):
         for kind in ("sku", "int"):
             for batch in (1, 100):
-                for op in ("cslb Router", "cslb route only", "lbcore Ring.lookup", "python loop"):
+                for op in (
+                    "cslb Router",
+                    "cslb Router, NumPy kernel",
+                    "cslb route only",
+                    "lbcore Plan.route",
+                    "C floor",
+                    "python loop",
+                ):
                     assert (eps, kind, batch, op) in cells
                 row = f"| {eps:,}×100 | {kind} | {batch:,} |"
                 assert row in page
@@ -75,6 +82,7 @@ def test_quick_run_writes_results_page_with_tables(tmp_path: Path) -> None:
         assert math.isfinite(r["ns_per_key"]) and r["ns_per_key"] > 0
         assert r["mkeys_per_s"] == pytest.approx(1e3 / r["ns_per_key"])
     assert "cslb Router ns/key" in page and "python loop ns/key" in page
+    assert "C floor ns/key" in page and "cslb Router, NumPy kernel ns/key" in page
 
     # Control plane: each size measured with its propagation and memory figures.
     cp = {r["endpoints"]: r for r in data["control"]["rows"]}
@@ -91,7 +99,8 @@ def test_quick_run_writes_results_page_with_tables(tmp_path: Path) -> None:
     # Targets rest only on what was measured.
     status = {t.label: t.status for t, _ in results.targets(data)}
     assert status["2 processes ≥ 1.8× one process (batch 100)"] == "not measured"
-    assert status["Batch 100, Router ≥ 2× the Python loop, 100×100 ring"] in ("met", "MISSED")
+    assert status["Batch 100, Router ≥ 5× the Python loop, 100×100 ring"] in ("met", "MISSED")
+    assert status["Batch 100,000, Router ≥ 15× the Python loop, list of str"] == "not measured"
 
     # The chart of the part that has one (matplotlib comes with the sim extra).
     pytest.importorskip("matplotlib")

@@ -2,7 +2,6 @@ import numpy as np
 import pytest
 
 import lbcore
-from lbcore.bounded import redirect_table
 from tests import reference as ref
 
 ENDPOINT_SETS = {
@@ -20,12 +19,12 @@ KEYS = (
 
 
 @pytest.mark.parametrize("name", list(ENDPOINT_SETS))
-def test_lookup_matches_reference(name):
+def test_lookup_matches_reference(name, kernel):
     eps = ENDPOINT_SETS[name]
     assert lbcore.Ring(eps).lookup(KEYS).tolist() == ref.lookup(eps, KEYS)
 
 
-def test_thousand_vnodes_and_two_hundred_endpoints_match_reference():
+def test_thousand_vnodes_and_two_hundred_endpoints_match_reference(kernel):
     eps = [f"http://10.3.{i // 200}.{i % 200 + 1}:8080" for i in range(200)]
     r = lbcore.Ring(eps)
     assert r.lookup(KEYS).tolist() == ref.lookup(eps, KEYS)
@@ -45,7 +44,7 @@ def test_ring_attributes():
 
 
 @pytest.mark.parametrize("cands", [[0], [1, 3], [0, 2, 4, 6], list(range(1, 40, 3))])
-def test_candidates_match_reference_skip_rule(cands):
+def test_candidates_match_reference_skip_rule(cands, kernel):
     eps = ENDPOINT_SETS["ipv4"]
     r = lbcore.Ring(eps)
     got = r.lookup(KEYS, candidates=cands)
@@ -78,7 +77,7 @@ def test_long_runs_of_skipped_nodes_use_the_search_fallback():
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 3])
-def test_attempt_is_the_next_distinct_eligible_endpoint(attempt):
+def test_attempt_is_the_next_distinct_eligible_endpoint(attempt, kernel):
     eps = ENDPOINT_SETS["ipv4"][:8]
     r = lbcore.Ring(eps)
     got = r.lookup(KEYS, attempt=attempt)
@@ -91,7 +90,7 @@ def test_attempt_is_the_next_distinct_eligible_endpoint(attempt):
     )
 
 
-def test_attempt_beyond_available_endpoints_is_fallback():
+def test_attempt_beyond_available_endpoints_is_fallback(kernel):
     r = lbcore.Ring(["http://a:80", "http://b:80"])
     first = r.lookup(KEYS)
     assert r.lookup(KEYS, attempt=1).tolist() == (1 - first).tolist()  # the other pod
@@ -220,7 +219,8 @@ def test_from_arrays_wraps_published_arrays():
         r.endpoints, r.hashes.copy(), r.owners.copy(), buckets=r.buckets.copy()
     )
     assert copy.lookup(KEYS).tolist() == r.lookup(KEYS).tolist()
-    assert redirect_table(copy, np.zeros(7), 1.25).tolist() == copy.owners.tolist()
+    idle = copy.lookup_bounded(None, np.zeros(7), 1.25, hashes=copy.hashes)  # keys on nodes
+    assert idle.tolist() == copy.owners.tolist()
 
 
 @pytest.mark.parametrize("bits", [8, 10, 12, 14])
@@ -242,15 +242,14 @@ def test_bucket_table_resolution_paths_agree_with_binary_search(bits):
         )
     )
     want = np.searchsorted(r.hashes, h, side="left") % len(r)
-    assert np.array_equal(small.positions(h), want)  # many misses: comparison path
-    # Fewer misses: one search over them, and (fewest) key by key.
-    # Each with a key past the last node too (it rolls over to position 0).
+    assert np.array_equal(small.positions(h), want)
+    # Few keys (one path for every size), each with a key past the last node too (it
+    # rolls over to position 0).
     top = np.array([2**64 - 1], dtype=np.uint64)
     for k in (200, 100, 40, 20, 8, 3):
         assert np.array_equal(small.positions(h[:k]), want[:k]), k
         got = small.positions(np.concatenate((h[:k], top)))
         assert np.array_equal(got, np.append(want[:k], 0)), k
-    assert small.positions_of(h[:300].tolist()) == want[:300].tolist()  # key-by-key path
 
 
 def test_with_added_equals_a_fresh_build_and_keeps_indices():

@@ -1,6 +1,7 @@
 """workers.Router following new tables off the routing thread: a new generation is
-mapped by shm's background reader and answer tables are built in a thread, while
-batches keep routing on what they had (real shared memory, real threads and fork)."""
+mapped (and its endpoints' hosts parsed, when routing on it needs them) by shm's
+background reader while batches keep routing on what they had (real shared memory,
+real threads and fork)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ import lbcore
 from shm.segment import set_seam_hook
 from tests import test_router as base
 from tests.background_harness import held_background_map, run_forked
-from tests.test_router import D_NS, KEYS, _followed, _load_up, endpoints, knobs
-from workers import router as router_mod
+from tests.test_router import KEYS, _followed, endpoints, knobs
 from workers.router import Router
 
 # The router tests' fixtures: a namespace cleaned up afterwards, its counters and writer.
@@ -30,26 +30,6 @@ def held_map():
     """Holds shm's background mapping thread at its first seam until the event is set."""
     with held_background_map() as gate:
         yield gate
-
-
-@pytest.fixture
-def held_build(monkeypatch):
-    """Holds every background answer-table build (the real one) until the event is set."""
-    gate = threading.Event()
-    started = threading.Event()
-    build = router_mod._Snapshot._build
-
-    def held(snap):
-        if threading.current_thread().name == "cslb-answer-build":
-            started.set()
-            assert gate.wait(10), "answer build held too long"
-        return build(snap)
-
-    monkeypatch.setattr(router_mod._Snapshot, "_build", held)
-    try:
-        yield gate, started
-    finally:
-        gate.set()
 
 
 def _wait(cond, timeout_s: float = 10.0) -> None:
@@ -76,7 +56,7 @@ def test_batches_route_on_the_previous_generation_while_the_new_one_is_mapped(ho
     idx, t = _followed(r, 2)
     assert t.endpoints == rs2.endpoints
     np.testing.assert_array_equal(idx, rs2.route(KEYS, 0))
-    assert r._reader.mapped_in_background == 1
+    assert r.tables.mapped_in_background == 1
 
 
 def test_small_tables_are_followed_at_once_larger_ones_in_the_background(host, held_map):
@@ -89,92 +69,44 @@ def test_small_tables_are_followed_at_once_larger_ones_in_the_background(host, h
         idx, t = r.route_table(KEYS)  # the very next batch is on the new generation
         assert t.generation == g
         np.testing.assert_array_equal(idx, rs.route(KEYS, 0))
-    assert r._reader.mapped_in_background == 0
+    assert r.tables.mapped_in_background == 0
     big = lbcore.RingSet(endpoints(120, net=9))  # 12,000 nodes, bucket tables: > 2 MiB
     host.publish(big, knobs=knobs(balance_factor=None))
     assert r.route_table(KEYS)[1].generation == 4  # held in the background map
     held_map.set()
     idx, t = _followed(r, 5)
     np.testing.assert_array_equal(idx, big.route(KEYS, 0))
-    assert r._reader.mapped_in_background == 1
+    assert r.tables.mapped_in_background == 1
 
 
-def test_answer_tables_are_built_in_the_background_stale_ones_serve_meanwhile(
-    host, clock, held_build
+def test_hosts_of_a_large_table_with_ejections_are_parsed_off_the_routing_thread(
+    host, monkeypatch
 ):
-    gate, started = held_build
-    eps = endpoints(30)
-    rs = lbcore.RingSet(eps[:25], duration_ns=D_NS).scale_up(eps[25:], clock())
-    bf, hops = 1.25, 4
-    host.publish(rs, knobs=knobs(load_signal="in-flight", balance_factor=bf, max_hops=hops))
-    r = host.router(refresh_s=5.0, background=True)
-    t = r.table()
-    rec = _load_up(host, t, {0: 9, 1: 7, 3: 5, 27: 6})
-    clock.advance(D_NS / 2e9)  # due: the next snapshot sees the load (mid-fade)
-    keys = KEYS[:800]
+    """Ejected endpoints are skipped by host (Skipper's rule), so the first plan on such
+    a table needs every endpoint's host: for a large table the map thread parses them
+    (~0.1 s at 20,000 endpoints), never the batch that first routes on it."""
+    import shm.tables
 
-    def routed() -> np.ndarray:
-        return np.concatenate([r.route(keys[i : i + 10]) for i in range(0, len(keys), 10)])
+    parsed: list[str] = []
+    real = shm.tables.host_key
 
-    def expect(load: np.ndarray) -> np.ndarray:
-        return rs.route(keys, clock(), loads=load, balance_factor=bf, max_hops=hops)
+    def host_key(ep: str) -> str:
+        parsed.append(threading.current_thread().name)
+        return real(ep)
 
-    load1 = r.loads().signal("in-flight")
-    got = routed()  # builds pay on the way: one starts, held; keys are walked meanwhile
-    assert started.wait(10) and r._snap._answer is None
-    np.testing.assert_array_equal(got, expect(load1))
-    gate.set()
-    _wait(lambda: r._snap._answer is not None)
-    np.testing.assert_array_equal(routed(), expect(load1))  # now on the answer tables
-    snap1 = r._snap
-
-    # New loads, other bar decisions: the build is held again, and the first snapshot's
-    # tables serve until it is done (bounded load one refresh behind).
-    gate.clear()
-    started.clear()
-    rec2 = _load_up(host, t, {5: 8, 6: 8, 28: 9})
-    clock.advance(5.0)
-    load2 = r.loads().signal("in-flight")
-    assert not np.array_equal(load1, load2) and r._snap is not snap1
-    got = routed()
-    assert started.wait(10) and r._snap._answer is None and r._snap.stale is snap1._answer
-    np.testing.assert_array_equal(got, expect(load1))
-    assert not np.array_equal(expect(load1), expect(load2))
-    gate.set()
-    _wait(lambda: r._snap._answer is not None)
-    np.testing.assert_array_equal(routed(), expect(load2))
-    assert r._snap.stale is None  # dropped once its own are built
-    rec.release()
-    rec2.release()
-
-
-def test_a_failed_background_build_is_reported_once_and_keys_are_walked(
-    host, clock, monkeypatch, caplog
-):
-    eps = endpoints(30)
-    rs = lbcore.RingSet(eps)
-    host.publish(rs, knobs=knobs(load_signal="in-flight", balance_factor=1.25))
-    r = host.router(refresh_s=5.0, background=True)
-    rec = _load_up(host, r.table(), {0: 9, 1: 7})
-    clock.advance(5.0)
-    calls = []
-
-    def broken(snap):
-        calls.append(threading.current_thread().name)
-        raise MemoryError("no room for answer tables")
-
-    monkeypatch.setattr(router_mod._Snapshot, "_build", broken)
-    keys = KEYS[:1000]
-    load = r.loads().signal("in-flight")
-    with caplog.at_level("WARNING", logger="cslb.router"):
-        for _ in range(3):
-            got = np.concatenate([r.route(keys[i : i + 10]) for i in range(0, len(keys), 10)])
-            np.testing.assert_array_equal(got, rs.route(keys, 0, loads=load, balance_factor=1.25))
-            _wait(lambda: r._building is None or r._building[0].done())
-    assert calls == ["cslb-answer-build"]  # not retried on every batch
-    said = [m for m in caplog.messages if "answer tables of generation 1" in m]
-    assert len(said) == 1 and "no room for answer tables" in said[0]
-    rec.release()
+    monkeypatch.setattr(shm.tables, "host_key", host_key)
+    rs1 = lbcore.RingSet(endpoints(6))
+    host.publish(rs1, knobs=knobs(balance_factor=None))
+    r = host.router(background=True)
+    assert r.route_table(KEYS)[1].generation == 1
+    big = lbcore.RingSet(endpoints(150, net=4))
+    ejected = np.zeros(150, dtype=bool)
+    ejected[[3, 77]] = True
+    host.publish(big, ejected=ejected, knobs=knobs(balance_factor=None))
+    idx, _ = _followed(r, 2)
+    assert not np.isin(idx, [3, 77]).any()
+    np.testing.assert_array_equal(idx, big.route(KEYS, 0, candidates=~ejected))
+    assert len(parsed) == 150 and set(parsed) == {"cslb-table-map"}
 
 
 def _child(ns: str, conn) -> None:
@@ -219,7 +151,7 @@ def test_routers_dropped_without_close_leave_no_threads(host):
     for _ in range(5):
         r = Router(host.ns, background=True)
         assert r.route_table(KEYS[:10])[1].generation == 1
-        r._rec.release()  # its counter row (close() would; this router is only dropped)
+        r.recorder.release()  # its counter row (close() would; this router is only dropped)
         del r
     gc.collect()
     _wait(lambda: threading.active_count() == before)
@@ -242,8 +174,7 @@ def test_an_idle_worker_finds_new_generations_mapped_when_a_request_comes(host):
         host.publish(lbcore.RingSet(endpoints(7, net=2)), knobs=knobs(balance_factor=None))
         host.publish(rs3, knobs=knobs(balance_factor=None))  # generation 1's buffer reused
         # No request meanwhile: the router's map thread looks ahead on its own.
-        _wait(lambda: "cslb-table-map" in reads and r._reader._bg[0].done())
-        _wait(lambda: r._reader._bg[0].result[1].generation == 3)
+        _wait(lambda: "cslb-table-map" in reads and r.tables.mapped_ahead() == 3)
         idx, t = r.route_table(KEYS)  # the first request after idling: no map, no wait
         assert t.generation == 3
         np.testing.assert_array_equal(idx, rs3.route(KEYS, 0))

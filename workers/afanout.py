@@ -161,7 +161,7 @@ async def run(
     n = max(held, 1) if jobs else 0
     # The runners' first calls start together: one recording step for all of them.
     firsts = [plan.slots[j[0] if grouped else j] for j in jobs[:n]]
-    t0, admitted = fan.ledger.begin_many(firsts, plan.bound, cap) if n else (0, [])
+    t0, admitted = fan.ledger.begin_many(firsts, cap) if n else (0, [])
     rest = iter(jobs[n:])  # (the runners take the next job from here, one at a time)
     unstarted = len(jobs) - n  # jobs no runner took yet
     coming = 0  # runners granted later that did not take a job yet

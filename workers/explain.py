@@ -1,12 +1,12 @@
 """Where a key goes on this host right now, and why: ``cslb route --live``.
 
 Answers from the live table (the shared memory the workers route on) and the host's
-counters, with the rules a worker routes by: :func:`plan_for` builds the
-:class:`lbcore.Plan` a worker builds from that table and load snapshot (the rollout gate
-and fade mode of the table's knobs, its ejected endpoints, bounded load on the knobs'
-load signal in routed-call units), and :func:`explain` asks it, then asks two plainer
-plans of the same snapshot what the key would have got without bounded load and without
-ejections, to say why:
+counters, with the rules a worker routes by: :func:`workers.snapshot.build_plan` builds
+the :class:`lbcore.Plan` a worker builds from that table and load snapshot (the rollout
+gate and fade mode of the table's knobs, its ejected endpoints, bounded load on the
+knobs' load signal in routed-call units), and :func:`explain` asks it, then asks two
+plainer plans of the same snapshot what the key would have got without bounded load and
+without ejections, to say why:
 
 * ``ring`` — the established ring's pod for the key's position;
 * ``fade_ring`` — a fading ring took the key (N-ring fade-in: the newest ring whose share
@@ -34,8 +34,9 @@ import numpy as np
 
 import lbcore
 import shm
-from lbcore.bounded import in_call_units, target_load
+from lbcore.bounded import target_load
 from lbcore.outlier import EJECT_REASONS
+from workers.snapshot import build_plan, read_loads
 
 __all__ = [
     "FALLBACK_REASONS",
@@ -44,8 +45,6 @@ __all__ = [
     "LiveAnswer",
     "explain",
     "live",
-    "plan_for",
-    "read_loads",
 ]
 
 #: What an answer can be (see the module docs).
@@ -102,57 +101,6 @@ class Explanation:
     fallback: str | None = None
 
 
-def read_loads(counters: shm.CounterReader | None, table: shm.Table, now_ns: int) -> shm.HostLoads:
-    """The host's loads per endpoint of ``table`` as a worker reads them (idle without counters)."""
-    n = len(table.endpoints)
-    if counters is None or n == 0:
-        return shm.HostLoads.idle(n, now_ns)
-    return counters.read(now_ns, table.n_slots, failure_kinds=False).take(table.slots)
-
-
-def plan_for(
-    table: shm.Table,
-    loads: shm.HostLoads,
-    now_ns: int,
-    *,
-    balance_factor: Any = "knobs",
-    ejected: bool = True,
-) -> lbcore.Plan:
-    """The :class:`lbcore.Plan` a worker routes on for ``table`` and ``loads`` at ``now_ns``.
-
-    Parameters
-    ----------
-    table
-        A published generation.
-    loads
-        The host's loads per endpoint of ``table`` (:func:`read_loads`).
-    now_ns
-        CLOCK_MONOTONIC nanoseconds (fade shares of that instant).
-    balance_factor
-        ``"knobs"``: the table's; ``None``: no bounded load (the plain ring).
-    ejected
-        ``False``: as if no endpoint were ejected.
-    """
-    knobs = table.knobs
-    bf = knobs.balance_factor if balance_factor == "knobs" else balance_factor
-    sig = knobs.load_signal
-    load = None
-    if bf is not None and loads.in_flight.size:
-        load = in_call_units(loads.signal(sig), loads.bar_increment(sig))
-    elif bf is not None:
-        bf = None  # no endpoints: nothing to bound
-    return lbcore.Plan(
-        table.ring_set,
-        now_ns,
-        ejected=np.array(table.ejected, dtype=np.bool_) if ejected else None,
-        loads=load,
-        balance_factor=bf,
-        max_hops=knobs.max_hops,
-        gate=knobs.gate(),
-        fade_mode=knobs.fade_mode,
-    )
-
-
 def _skipped(table: shm.Table, i: int, now_ns: int) -> dict[str, Any]:
     code = int(table.ejections.reason[i])
     until = int(table.ejections.until_ns[i])
@@ -182,15 +130,15 @@ def explain(
     """
     h = lbcore.hash_keys(keys, max_key_bytes=lbcore.MAX_KEY_BYTES)
     knobs, rs = table.knobs, table.ring_set
-    plan = plan_for(table, loads, now_ns)
+    plan = build_plan(table, loads, now_ns)
     idx = plan.route_hashes(h, attempt)[0]
     n_eps = len(table.endpoints)
     if plan.closed or not n_eps:
         why = "no_table" if not n_eps else "kill_switch" if not knobs.enabled else "percentage"
         return [Explanation(-1, None, None, None, "fallback", fallback=why) for _ in idx]
     gated = plan.gate.mask(h)
-    plain = plan_for(table, loads, now_ns, balance_factor=None).route_hashes(h, attempt)[0]
-    owner = plan_for(table, loads, now_ns, balance_factor=None, ejected=False)
+    plain = build_plan(table, loads, now_ns, balance_factor=None).route_hashes(h, attempt)[0]
+    owner = build_plan(table, loads, now_ns, balance_factor=None, ejected=False)
     owners = owner.route_hashes(h, 0)[0]
     first = plan.route_hashes(h, 0)[0] if attempt else idx
     mode = knobs.fade_mode

@@ -23,8 +23,9 @@ once, then for each key:
    failure; a full pool fails keys at once as :class:`RejectedError`.
 
 A call's timeout is ``min(timeout_s, time left to the deadline)``; one that times out
-after the deadline cut it to under half of ``timeout_s`` is not counted as the pod's
-failure (a saturated caller must not eject healthy pods). Results come back in the
+after the deadline cut it to under half of ``timeout_s`` counts as neither the pod's
+failure (a saturated caller must not eject healthy pods) nor its success (it would
+reset the pod's consecutive failures): only its busy time is recorded. Results come back in the
 order of ``keys`` as :class:`Result`; the failure log
 (:class:`workers.failurelog.FailureLog`) gets a line per failed call, at most a few per
 endpoint per second, saying whether its retry succeeded.
@@ -109,7 +110,8 @@ class Pool:
     holding a token takes the fan-out's next job (one step of a shared iterator) until
     there is none, so a call costs no queue operation of its own. Threads start on first use
     (daemon threads: an exiting worker does not wait for them). A thread that finds no
-    more work writes the ledger's pending events before it blocks.
+    more work writes the ledger's pending events before it blocks if they are due (the
+    fan-out's return and its waiter write the rest).
 
     Parameters
     ----------
@@ -118,7 +120,7 @@ class Pool:
     capacity
         Most calls held at once (queued or running); :meth:`admit` refuses beyond it.
     idle
-        Called by a thread that runs out of work (the ledger's flush).
+        Called by a thread that runs out of work (the ledger's ``flush_due``).
     """
 
     def __init__(self, threads: int, capacity: int, idle: Callable[[], None]) -> None:
@@ -206,10 +208,10 @@ class FanOut:
         self.router = router
         self.settings = settings or FanoutSettings.from_env(os.environ)
         s = self.settings
-        self.ledger: CallLedger = router._call_ledger()
-        self.failure_log: FailureLog = router._failure_log
+        self.ledger: CallLedger = router.call_ledger
+        self.failure_log: FailureLog = router.recording.failure_log
         self.budget = RetryBudget(s.retry_percent / 100.0, s.retry_floor_per_s)
-        self.pool = Pool(s.threads, s.queue, self.ledger.flush)
+        self.pool = Pool(s.threads, s.queue, self.ledger.flush_due)
 
     def close(self) -> None:
         """Stop the pool's threads (after their current calls)."""

@@ -24,6 +24,7 @@ import numpy as np
 
 from lbcore.outlier import FAIL_CONNECT, FAIL_STATUS, FAIL_TIMEOUT, FAILURE_KINDS
 from workers.failurelog import pod_ip
+from workers.ledger import CUT
 from workers.senders import failure_kind
 
 __all__ = [
@@ -147,7 +148,7 @@ class Plan:
         router = fan.router
         self.fan = fan
         self.ledger = fan.ledger
-        self.clock: Callable[[], int] = router._clock
+        self.clock: Callable[[], int] = router.recording.clock
         self.keys = keys
         self.send = send
         self.with_timeout = with_timeout
@@ -165,8 +166,7 @@ class Plan:
         self._retry_routes: dict[int, dict[int, tuple[int, str | None]]] = {}
         t = self.table
         self.urls = t.endpoints
-        self.bound = int(t.n_slots)
-        slots = router._call_slots(self.idx, t)
+        slots = router.call_slots(self.idx, t)
         self.slots: list[int] = slots.tolist() if slots is not None else [-1] * n
         routed = np.flatnonzero(self.idx >= 0)
         self.fallback_positions: list[int] = np.flatnonzero(self.idx < 0).tolist()
@@ -244,12 +244,12 @@ class Plan:
         """Start a call to ``slot`` (``-1``: not recorded): its start, or -1 at the cap."""
         if slot < 0:
             return self.clock()
-        return self.ledger.begin(slot, self.bound, cap)
+        return self.ledger.begin(slot, cap)
 
     def end(self, slot: int, t0: int, kind: int, cut: bool) -> None:
-        """End it; a timeout the deadline caused is not the pod's failure."""
+        """End it; a timeout the deadline caused is neither the pod's failure nor a success."""
         if slot >= 0:
-            self.ledger.end(slot, t0, 0 if cut and kind == FAIL_TIMEOUT else kind)
+            self.ledger.end(slot, t0, CUT if cut and kind == FAIL_TIMEOUT else kind)
 
     def stuck_at(self, slot: int) -> int:
         """When ``slot`` looks stuck (CLOCK_MONOTONIC ns; far ahead with no call out).
@@ -309,9 +309,7 @@ class Plan:
         todo = positions
         for attempt in (1, 0, 2):  # (0 and 2: only for keys whose attempt 1 is failed_url)
             idx2, t2 = router.route_table(self.keys_at(todo), attempt=attempt)
-            slots2 = router._call_slots(idx2, t2)
-            with self.lock:
-                self.bound = max(self.bound, int(t2.n_slots))
+            slots2 = router.call_slots(idx2, t2)
             again = []
             for j, p in enumerate(todo):
                 e2 = int(idx2[j])
@@ -379,13 +377,14 @@ def _attempt(
     """One recorded call: ``(value, exception, failure kind)``.
 
     A job closed while its call is out (the asyncio form cancels at the deadline)
-    still records the call's end, as not failed: the caller gave up, not the pod.
+    still records the call's end, as neither success nor failure: the caller gave up,
+    not the pod.
     """
     timeout, cut = plan.call_timeout(t0)
     try:
         value, exc = yield ("call", url, what, timeout)
     except GeneratorExit:
-        plan.end(slot, t0, 0, True)
+        plan.end(slot, t0, CUT, True)
         raise
     kind = 0 if exc is None else failure_kind(exc)
     plan.end(slot, t0, kind, cut)

@@ -84,6 +84,7 @@ if "numpy" not in sys.modules:
         os.environ.setdefault(_var, "1")
     del _var
 
+import lbcore
 import shm
 from lbcore.knobs import KnobError
 from lbcore.logformat import Event
@@ -216,6 +217,7 @@ class _Master:
                 counter_rows=self.store.rows,
                 counters=how,
                 discovery=self.settings["discovery"],
+                kernel=lbcore.kernel_name(),
             )
         )
         _hook_arbiter_loop(server, self)

@@ -8,13 +8,19 @@ queued in the worker's own pool is never counted as the pod's busy time, and in-
 counts only calls really in flight.
 
 Writing each start and end into shared memory on its own would cost a few NumPy calls
-per call; instead events wait in two short lists and reach the row together in one step
-(one ``record_start`` with each call's own start time, one ``record_end``, the stats
-deltas): when 64 are pending, when the last step is 2 ms old, when a pool thread runs
-out of work, when a fan-out returns, and while a fan-out waits. Other workers see a
-call at most that much later; its busy time is exact (start and end times are taken
-when they happen, not when written). Calls that start together (an asyncio fan-out's
-wave) go in with :meth:`~CallLedger.begin_many`: one step for all.
+per call; instead events wait in short lists and reach the row together in one step:
+when 64 are pending, when the last step is 2 ms old (checked at each event, and by a
+pool thread that runs out of work), when a fan-out returns, and while a fan-out waits.
+Other workers see a call at most that much later; its busy time is exact (start and
+end times are taken when they happen, not when written). Calls that start together
+(an asyncio fan-out's wave) go in with :meth:`~CallLedger.begin_many`: one step for
+all.
+
+A step never shows other workers a call that is not in flight: it writes the ends of
+calls whose starts were written before first, then the calls that started and ended
+since the last step as complete calls (their in-flight counts never touched), then the
+starts of calls still out. A reader between two of these sees fewer calls in flight,
+never more.
 
 The ledger also holds the worker's per-endpoint count (and start times) of calls in
 flight, which is what the fan-out's bulkhead caps: :meth:`~CallLedger.begin` refuses a
@@ -22,24 +28,24 @@ call to an endpoint that already has ``cap`` calls in flight from this worker (n
 is recorded for it: a local rejection is not the pod's failure), and
 :meth:`~CallLedger.oldest` tells a busy pod from a stuck one.
 
-This is the seam a native scatter-add replaces: :meth:`CallLedger._write` turns the
-pending events into the recorder's two trusted calls and is the only place that does.
+It writes through the worker's :class:`workers.recording.Recording`, the same narrow
+handle ``Router.track`` records through; each write is one step under the row's lock:
+the pending starts (each with its own start time), the pending ends and the stats
+deltas, each a few :func:`lbcore.scatter_add` calls whatever their number.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 import shm
 from shm.layout import STATS_FIELDS
+from workers.recording import End, Recording
 
-__all__ = ["FLUSH_NS", "MAX_PENDING", "CallLedger"]
+__all__ = ["CUT", "FLUSH_NS", "MAX_PENDING", "CallLedger"]
 
 log = logging.getLogger("cslb.router")
 
@@ -47,8 +53,10 @@ log = logging.getLogger("cslb.router")
 FLUSH_NS = 2_000_000
 #: Pending events that trigger a write at once.
 MAX_PENDING = 64
+#: The ``kind`` of a call the caller's deadline cut short: not the pod's success or failure.
+CUT = -1
 
-_STAT = {name: i for i, name in enumerate(STATS_FIELDS)}
+_STAT = frozenset(STATS_FIELDS)
 
 
 class CallLedger:
@@ -58,24 +66,21 @@ class CallLedger:
 
     Parameters
     ----------
-    recorder
-        Returns the worker's recorder now (``None``: no counters; calls are then
-        counted for the bulkhead only). Asked at each write, so a router that
-        attached new counters meanwhile writes into those.
-    clock
-        CLOCK_MONOTONIC nanoseconds.
+    recording
+        The worker's recording handle (its clock is the ledger's). Without a row
+        (no counters) calls are counted for the bulkhead only; a router that attached
+        new counters meanwhile has the handle write into those.
     """
 
     __slots__ = (
-        "_bound",
         "_clock",
+        "_done",
+        "_due",
         "_ends",
-        "_failed_kinds",
         "_freed",
-        "_last_write",
         "_lock",
         "_open",
-        "_recorder",
+        "_rec",
         "_starts",
         "_stats",
         "_waiting",
@@ -83,55 +88,54 @@ class CallLedger:
         "_write_lock",
     )
 
-    def __init__(
-        self,
-        recorder: Callable[[], Any],
-        clock: Callable[[], int] = time.monotonic_ns,
-    ) -> None:
-        self._recorder = recorder
-        self._clock = clock
+    def __init__(self, recording: Recording) -> None:
+        self._rec = recording
+        self._clock = recording.clock
         self._lock = threading.Lock()  # the pending events and the calls in flight
         self._write_lock = threading.Lock()  # one write at a time, in order
         self._freed = threading.Condition(self._lock)  # an end lowered a count
         self._waiting = 0  # threads in wait_freed (an end notifies only then)
         self._open: dict[int, list[int]] = {}  # per slot: start times of its calls in flight
-        self._starts: list[tuple[int, int]] = []  # (slot, start)
-        self._ends: list[tuple[int, int, int, int]] = []  # (slot, start, end, kind)
-        self._failed_kinds = False
-        self._stats = [0] * len(STATS_FIELDS)
-        self._bound = 0
-        self._last_write = 0
+        # Pending events. Starts not written yet: (slot, start) -> calls. Ends, as flat
+        # lists of ints (slot, start, end, kind per call; cheaper to append to and to
+        # turn into one array than tuples): of calls whose starts were written, and of
+        # calls that started since the last write (complete calls).
+        self._starts: dict[tuple[int, int], int] = {}
+        self._ends: list[int] = []
+        self._done: list[int] = []
+        self._stats: dict[str, int] = {}  # stats totals to add (only those tallied)
+        self._due = 0  # when pending events are written at the latest (the last write + FLUSH_NS)
         self._warned = False
 
     # -- events ---------------------------------------------------------------------
 
-    def begin(self, slot: int, bound: int, cap: int) -> int:
+    def begin(self, slot: int, cap: int) -> int:
         """A call to ``slot`` starts now: its start time (ns), or ``-1`` if refused.
 
         Parameters
         ----------
         slot
             The endpoint's counter slot (from the table the call was routed on).
-        bound
-            That table's ``n_slots`` (every slot is below it).
         cap
             Most calls this worker may have in flight to the slot; at the cap the call
             is refused and nothing is recorded.
         """
-        with self._lock:
+        lock = self._lock  # (acquire/release: cheaper than a with block, per call)
+        lock.acquire()
+        try:
             out = self._open.get(slot)
             if out is None:
-                now = self._clock()
-                self._open[slot] = [now]
+                out = self._open[slot] = []
             elif len(out) >= cap:
                 return -1
-            else:
-                now = self._clock()
-                out.append(now)
-            self._starts.append((slot, now))
-            if bound > self._bound:
-                self._bound = bound
-            due = len(self._starts) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
+            now = self._clock()
+            out.append(now)
+            starts = self._starts
+            key = (slot, now)
+            starts[key] = starts.get(key, 0) + 1
+            due = len(starts) >= MAX_PENDING or now >= self._due
+        finally:
+            lock.release()
         if due:
             self.flush()
         return now
@@ -149,7 +153,7 @@ class CallLedger:
             finally:
                 self._waiting -= 1
 
-    def begin_many(self, slots: list[int], bound: int, cap: int) -> tuple[int, list[bool]]:
+    def begin_many(self, slots: list[int], cap: int) -> tuple[int, list[bool]]:
         """Calls to ``slots`` start together now: one step for all of them.
 
         Returns the start time (ns) and, per call, whether it was admitted (refused
@@ -159,6 +163,7 @@ class CallLedger:
         with self._lock:
             now = self._clock()
             opened = self._open
+            starts = self._starts
             for slot in slots:
                 if slot < 0:  # not recordable (a fallback, or a table replaced since)
                     admitted.append(True)
@@ -169,9 +174,8 @@ class CallLedger:
                     continue
                 out.append(now)
                 admitted.append(True)
-                self._starts.append((slot, now))
-            if bound > self._bound:
-                self._bound = bound
+                key = (slot, now)
+                starts[key] = starts.get(key, 0) + 1
         self.flush()
         return now, admitted
 
@@ -179,9 +183,12 @@ class CallLedger:
         """The call to ``slot`` that :meth:`begin` started at ``started_ns`` ended now.
 
         ``kind``: how it failed (:mod:`lbcore.outlier`'s ``FAIL_*`` code; 0: it did
-        not). Returns the end time (ns).
+        not; :data:`CUT`: the caller's deadline cut it short, neither a success nor a
+        failure: only its busy time counts). Returns the end time (ns).
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             now = self._clock()
             out = self._open.get(slot)
             if out is not None:
@@ -193,10 +200,24 @@ class CallLedger:
                     out.pop()
             if self._waiting:
                 self._freed.notify_all()
-            self._ends.append((slot, started_ns, now, kind))
-            if kind:
-                self._failed_kinds = True
-            due = len(self._ends) >= MAX_PENDING or now - self._last_write >= FLUSH_NS
+            # Its start not written yet: it goes in as a complete call instead. (Calls
+            # with the same slot and start are alike to the row: which one it is does
+            # not matter.)
+            starts = self._starts
+            key = (slot, started_ns)
+            c = starts.get(key)
+            if c is None:
+                ends = self._ends
+            else:
+                if c == 1:
+                    del starts[key]
+                else:
+                    starts[key] = c - 1
+                ends = self._done
+            ends += (slot, started_ns, now, kind)
+            due = len(ends) >= 4 * MAX_PENDING or now >= self._due
+        finally:
+            lock.release()
         if due:
             self.flush()
         return now
@@ -204,7 +225,10 @@ class CallLedger:
     def tally(self, field: str, n: int = 1) -> None:
         """Add ``n`` to the row's lifetime total ``field`` (:data:`shm.layout.STATS_FIELDS`)."""
         with self._lock:
-            self._stats[_STAT[field]] += n
+            if field not in _STAT:
+                raise KeyError(f"no stats field {field!r} (see shm.layout.STATS_FIELDS)")
+            stats = self._stats
+            stats[field] = stats.get(field, 0) + n
 
     def in_flight(self, slot: int) -> int:
         """Calls this worker has in flight to ``slot`` now."""
@@ -219,7 +243,7 @@ class CallLedger:
     @property
     def pending(self) -> bool:
         """Events wait to be written."""
-        return bool(self._starts or self._ends)
+        return bool(self._starts or self._ends or self._done)
 
     # -- writing --------------------------------------------------------------------
 
@@ -227,45 +251,57 @@ class CallLedger:
         """Write every pending event into the counter row now (one step)."""
         with self._write_lock:
             with self._lock:
-                if not (self._starts or self._ends or any(self._stats)):
+                if not (self._starts or self._ends or self._done or self._stats):
                     return
-                starts, ends, stats = self._starts, self._ends, self._stats
-                failed = self._failed_kinds
-                bound = self._bound
-                self._starts, self._ends = [], []
-                self._failed_kinds = False
-                self._stats = [0] * len(STATS_FIELDS)
-                self._last_write = now = self._clock()
-            rec = self._recorder()
-            if rec is None:
-                return
+                starts, ends, done, stats = self._starts, self._ends, self._done, self._stats
+                self._starts, self._ends, self._done = {}, [], []
+                self._stats = {}
+                now = self._clock()
+                self._due = now + FLUSH_NS
+            s = None
+            if starts:
+                counts = starts.values()
+                flat = np.fromiter((x for key in starts for x in key), np.int64, 2 * len(starts))
+                if len(starts) != sum(counts):  # (the same slot and start: more than one call)
+                    flat = np.repeat(flat.reshape(-1, 2), list(counts), axis=0).reshape(-1)
+                s = _columns(flat, 2)
             try:
-                self._write(rec, starts, ends, failed, stats, bound, now)
+                self._rec.calls(_ended(ends, True) + _ended(done, False), s, now, stats)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if not self._warned:
                     self._warned = True
                     log.warning("calls not recorded: %s", exc)
 
-    @staticmethod
-    def _write(
-        rec: Any,
-        starts: list[tuple[int, int]],
-        ends: list[tuple[int, int, int, int]],
-        failed: bool,
-        stats: list[int],
-        bound: int,
-        now: int,
-    ) -> None:
-        if starts:
-            s = np.array(starts, dtype=np.int64)
-            rec._record_start_trusted(s[:, 0].astype(np.intp), s[:, 1].copy(), bound)
-        if ends:
-            e = np.array(ends, dtype=np.int64)
-            started = e[:, 1].copy()
-            durations = e[:, 2] - started
-            np.maximum(durations, 0, out=durations)  # (a clock is monotonic; be safe)
-            kinds = e[:, 3].astype(np.intp) if failed else None
-            rec._record_end_trusted(e[:, 0].astype(np.intp), started, durations, now, kinds, bound)
-        for i, n in enumerate(stats):
-            if n:
-                rec._tally_trusted(i, n)
+    def flush_due(self) -> None:
+        """:meth:`flush` if the last write is :data:`FLUSH_NS` old (a pool thread's check)."""
+        if (self._starts or self._ends or self._done) and self._clock() >= self._due:
+            self.flush()
+
+
+def _columns(flat: np.ndarray, k: int) -> np.ndarray:
+    """Fields of ``k`` ints per call, flat, as ``k`` contiguous rows."""
+    return flat.reshape(-1, k).T.copy()
+
+
+def _ended(flat: list[int], opened: bool) -> list[End]:
+    """Ends (slot, start, end, kind per call, flat) as the recording's parts.
+
+    One part of the calls that completed, one of those the deadline cut (if any).
+    """
+    if not flat:
+        return []
+    slot, began, end, kind = _columns(np.array(flat, np.int64), 4)
+    durations = end - began
+    np.maximum(durations, 0, out=durations)  # (a clock is monotonic; be safe)
+    if not kind.any():
+        return [(slot, began, durations, None, opened, True)]
+    if int(kind.min()) >= 0:
+        return [(slot, began, durations, kind, opened, True)]
+    cut = kind < 0
+    done = ~cut
+    parts: list[End] = [(slot[cut], began[cut], durations[cut], None, opened, False)]
+    if done.any():
+        k = kind[done]
+        kinds = k if k.any() else None
+        parts.append((slot[done], began[done], durations[done], kinds, opened, True))
+    return parts

@@ -35,7 +35,7 @@ name                                      type     meaning
 ``cslb_discovery_heartbeat_age_seconds``  gauge    time since the publisher's last heartbeat
 ``cslb_fade_share``                       gauge    share of keys each fading ring carries now
 ``cslb_discovery_up``                     gauge    1 while the publisher runs and heartbeats
-``cslb_build_info``                       gauge    1, labelled with what runs (``version``)
+``cslb_build_info``                       gauge    1, labelled with what runs: version, kernel
 ``cslb_retries_total``                    counter  retries the fan-out helper sent
 ``cslb_retries_failed_total``             counter  of those, the ones that failed too
 ``cslb_retry_budget_exhausted_total``     counter  failed calls the retry budget kept from a retry
@@ -56,10 +56,12 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+import lbcore
 import shm
 from lbcore.fade import fadein_score
 from lbcore.knobs import Knob, parse_seconds
 from lbcore.outlier import EJECT_REASONS, FAILURE_KINDS
+from workers.snapshot import bounded_bar, build_plan
 
 __all__ = [
     "STALE_AFTER",
@@ -97,13 +99,15 @@ STALE_AFTER = Knob(
 def build_info() -> dict[str, str]:
     """The labels of ``cslb_build_info`` (one sample, value 1): what this process runs.
 
-    ``version`` is the installed cslb distribution's. A new label is one more entry here.
+    ``version`` is the installed cslb distribution's; ``kernel`` the routing kernel of
+    this process (:func:`lbcore.kernel_name`: ``native`` or ``numpy``). A new label is
+    one more entry here.
     """
     try:
         version = importlib.metadata.version("cslb")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    return {"version": version}
+    return {"version": version, "kernel": lbcore.kernel_name()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +271,10 @@ class HostSnapshot:
         What bounded load's bar counts for the call being routed, in the load signal's
         unit (:meth:`shm.HostLoads.bar_increment`, as the routers do): 1.0 for in-flight
         and effective load, the host's mean latency over the window for occupancy.
+    bar : float | None
+        Bounded load's bar on the newest ring in the load signal's unit, from the plan
+        the routers build on this table and these loads
+        (:func:`workers.snapshot.build_plan`); ``None`` without bounded load or loads.
     outlier_panic : bool
         Too few endpoints are left un-ejected: routing ignores every ejection.
     """
@@ -290,6 +298,7 @@ class HostSnapshot:
     moves: int | None = None
     window_s: float | None = None
     bar_increment: float | None = None
+    bar: float | None = None
     outlier_panic: bool = False
     fanout: dict[str, int] = field(default_factory=dict)  # FANOUT_STATS totals, host-wide
 
@@ -471,8 +480,8 @@ class HostMonitor:
         try:
             reader = self._table_reader()
             pid, beat_age, dead = self._publisher(reader, now)
-            generation, published_ns, knobs, fading, endpoints, n_slots, panic = reader.consistent(
-                lambda t: _read_table(t, now)
+            table, (generation, published_ns, knobs, fading, endpoints, n_slots, panic) = (
+                reader.consistent(lambda t: (t, _read_table(t, now)))
             )
         except shm.ShmError as exc:
             return HostSnapshot(**base, health=Health(False, self._unavailable(exc)))
@@ -535,6 +544,7 @@ class HostMonitor:
             moves=int(stats["moves"]),
             window_s=loads.window_ns / 1e9,
             bar_increment=increment,
+            bar=_bar(table, loads, now, increment),
             fanout={k: int(stats.get(k, 0)) for k in FANOUT_STATS},
         )
 
@@ -546,6 +556,22 @@ class HostMonitor:
             if self._counters is not None:
                 self._counters.close()
             self._tables = self._counters = None
+
+
+def _bar(table: shm.Table, loads: shm.HostLoads, now: int, increment: float | None) -> float | None:
+    """The routers' bounded-load bar on ``table`` with ``loads``, in the signal's unit.
+
+    From the plan a router builds on them (its loads are in routed-call units: the
+    bar times the increment is the bar in the signal's); ``None`` if ``table`` was
+    rewritten meanwhile or has no bar.
+    """
+    if increment is None:
+        return None
+    try:
+        bar = bounded_bar(build_plan(table, loads, now))
+    except lbcore.LBCoreError:
+        return None  # garbage from a rewritten table (or a damaged one: health says so)
+    return None if bar is None or not table.valid() else bar * increment
 
 
 def _read_table(

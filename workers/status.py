@@ -19,9 +19,6 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-import numpy as np
-
-from lbcore.bounded import target_load
 from workers.metrics import EndpointState, HostSnapshot
 
 __all__ = ["bar_scale", "render"]
@@ -130,14 +127,11 @@ def _endpoints(s: HostSnapshot) -> str:
     bf = s.knobs.get("balance_factor")
     signal = s.knobs.get("load_signal", "occupancy")
     loads = [e.load for e in s.endpoints if e.load is not None and not e.ejected]
-    # Bounded load's bar, by lbcore's rule (balance_factor × (increment + Σ load) / n
-    # over the eligible endpoints, the increment the routers use), in the unit of the
-    # table's load signal. None on an idle host (nobody can be over it).
-    bar = None
+    # Bounded load's bar from the routers' own plan (balance_factor × (increment + Σ
+    # load) / n over the eligible endpoints), in the unit of the table's load signal.
+    # Not shown on an idle host (nobody can be over it).
     inc = 1.0 if s.bar_increment is None else s.bar_increment
-    if bf is not None and sum(loads) > 0:
-        arr = np.asarray(loads, dtype=np.float64)
-        bar = target_load(arr, np.ones(arr.size, dtype=np.bool_), float(bf), increment=inc)
+    bar = s.bar if bf is not None and sum(loads) > 0 else None
     limit = bar if signal == "occupancy" else None  # drawn on the occupancy bars only then
     scale = bar_scale(s.endpoints, limit)
     window = f" over {s.window_s:g} s" if s.window_s else ""

@@ -105,6 +105,6 @@ PyObject *lb_plan_answers(PyObject *self, PyObject *unused);
 PyObject *lb_plan_counter_slots(PyObject *self, PyObject *idx);
 
 /* ---- scatter.c -------------------------------------------------------------------- */
-PyObject *lb_scatter_add(PyObject *mod, PyObject *args, PyObject *kwargs);
+PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -101,7 +101,7 @@ static PyMethodDef methods[] = {
     {"xxh64", k_xxh64, METH_O, "xxh64(data) -> int: XXH64, seed 0"},
     {"hash_keys", (PyCFunction)(void (*)(void))k_hash_keys, METH_FASTCALL,
      "hash_keys(keys, kind, max_key_bytes) -> uint64 array (max_key_bytes -1: no limit)"},
-    {"scatter_add", (PyCFunction)(void (*)(void))lb_scatter_add, METH_VARARGS | METH_KEYWORDS,
+    {"scatter_add", (PyCFunction)(void (*)(void))lb_scatter_add, METH_FASTCALL,
      "scatter_add(target, index, values, offsets=None): target[offsets[r] + index[j]] += value"},
     {"floor", k_floor, METH_VARARGS, "floor(keys, width, buckets, shift) -> int (benchmarks)"},
     {NULL, NULL, 0, NULL},

@@ -8,10 +8,18 @@
  * after every earlier store of this thread and before every later one by release fences
  * (arm64 would otherwise let a reader see a count before the bucket stamp it belongs
  * to). The GIL stays held: no other thread of ours writes the row meanwhile.
+ *
+ * A recorder calls this once per fan-out start and end, so what a call costs besides
+ * its cells matters: positional arguments only (no keyword parsing), and the few
+ * offsets and per-offset values may come as a tuple of ints (no buffer to request).
+ * A fan-out of many calls over few slots is added per slot, not per call.
  */
 #include "kernel.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#define MAX_TUPLE 16 /* offsets or values given as a tuple: at most this many */
 
 static int take_i64(PyObject *obj, Py_buffer *v, const char *name, int writable)
 {
@@ -44,15 +52,55 @@ static int take_i64(PyObject *obj, Py_buffer *v, const char *name, int writable)
     return 0;
 }
 
-PyObject *lb_scatter_add(PyObject *mod, PyObject *args, PyObject *kwargs)
+/* An int64 array or a tuple of ints: into *out (pointing at the buffer, or at buf[] for
+ * a tuple), its length into *n. A tuple item that is not an int (bool excluded) or does
+ * not fit int64 is refused with TypeError / OverflowError. */
+static int take_i64s(PyObject *obj, Py_buffer *v, int64_t *buf, const int64_t **out,
+                     Py_ssize_t *n, const char *name)
+{
+    if (PyTuple_CheckExact(obj)) {
+        Py_ssize_t k = PyTuple_GET_SIZE(obj);
+        if (k > MAX_TUPLE) {
+            PyErr_Format(PyExc_ValueError, "scatter_add: %s as a tuple holds at most %d ints",
+                         name, MAX_TUPLE);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < k; i++) {
+            PyObject *item = PyTuple_GET_ITEM(obj, i);
+            if (!PyLong_Check(item) || PyBool_Check(item)) {
+                PyErr_Format(PyExc_TypeError, "scatter_add: %s must be a contiguous int64 array",
+                             name);
+                return -1;
+            }
+            long long x = PyLong_AsLongLong(item);
+            if (x == -1 && PyErr_Occurred())
+                return -1;
+            buf[i] = (int64_t)x;
+        }
+        *out = buf;
+        *n = k;
+        return 0;
+    }
+    if (take_i64(obj, v, name, 0) < 0)
+        return -1;
+    *out = (const int64_t *)v->buf;
+    *n = v->len / 8;
+    return 0;
+}
+
+PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)mod;
-    static char *names[] = {"target", "index", "values", "offsets", NULL};
-    PyObject *target_o, *index_o, *values_o, *offsets_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|O", names, &target_o, &index_o, &values_o,
-                                     &offsets_o))
+    if (nargs < 3 || nargs > 4) {
+        PyErr_SetString(PyExc_TypeError, "scatter_add(target, index, values, offsets=None)");
         return NULL;
+    }
+    PyObject *target_o = args[0], *index_o = args[1], *values_o = args[2];
+    PyObject *offsets_o = nargs == 4 ? args[3] : Py_None;
     Py_buffer tv = {0}, iv = {0}, vv = {0}, ov = {0};
+    int64_t vbuf[MAX_TUPLE], obuf[MAX_TUPLE];
+    const int64_t *values = NULL, *offsets = NULL;
+    Py_ssize_t nv = 0, k = 1;
     PyObject *result = NULL;
     int64_t constant = 0;
     int scalar = PyLong_Check(values_o) && !PyBool_Check(values_o);
@@ -64,19 +112,15 @@ PyObject *lb_scatter_add(PyObject *mod, PyObject *args, PyObject *kwargs)
         constant = PyLong_AsLongLong(values_o);
         if (constant == -1 && PyErr_Occurred())
             goto done;
-    } else if (take_i64(values_o, &vv, "values", 0) < 0) {
+    } else if (take_i64s(values_o, &vv, vbuf, &values, &nv, "values") < 0) {
         goto done;
     }
-    if (offsets_o != Py_None && take_i64(offsets_o, &ov, "offsets", 0) < 0)
+    if (offsets_o != Py_None && take_i64s(offsets_o, &ov, obuf, &offsets, &k, "offsets") < 0)
         goto done;
     Py_ssize_t cells = tv.len / 8, n = iv.len / 8;
-    Py_ssize_t k = ov.obj != NULL ? ov.len / 8 : 1;
     const int64_t *index = (const int64_t *)iv.buf;
-    const int64_t *offsets = (const int64_t *)ov.buf;
-    const int64_t *values = (const int64_t *)vv.buf;
-    Py_ssize_t nv = scalar ? 0 : vv.len / 8;
     /* values: one for all, one per offset (with offsets), or one per (offset, index). */
-    int per_row = !scalar && ov.obj != NULL && nv == k && !(nv == k * n && n == 1);
+    int per_row = !scalar && offsets != NULL && nv == k && !(nv == k * n && n == 1);
     if (!scalar && !per_row && nv != k * n) {
         PyErr_Format(PyExc_ValueError,
                      "scatter_add: %zd values for %zd indices and %zd offset(s); expected one, one "
@@ -84,8 +128,19 @@ PyObject *lb_scatter_add(PyObject *mod, PyObject *args, PyObject *kwargs)
                      nv, n, k);
         goto done;
     }
+    /* Every cell is in range iff every index is >= 0 and, per offset, the offset is >= 0
+     * and offset + the largest index is below the cell count: one pass over the indices,
+     * then one check per offset (the first bad cell is then found for the message). */
+    int64_t hi = -1, lo = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t x = index[j];
+        hi = x > hi ? x : hi;
+        lo = x < lo ? x : lo;
+    }
     for (Py_ssize_t r = 0; r < k; r++) {
         int64_t off = offsets != NULL ? offsets[r] : 0;
+        if (n == 0 || (lo >= 0 && off >= 0 && hi < cells && off < cells - hi))
+            continue;
         for (Py_ssize_t j = 0; j < n; j++) {
             int64_t cell = (int64_t)((uint64_t)off + (uint64_t)index[j]);
             if (off < 0 || index[j] < 0 || cell < 0 || cell >= cells) {
@@ -99,19 +154,50 @@ PyObject *lb_scatter_add(PyObject *mod, PyObject *args, PyObject *kwargs)
     }
     {
         uint64_t *t = (uint64_t *)tv.buf;
+        /* Many calls over few slots, one value per offset (a long fan-out's start and
+         * end): count the calls per slot once, then add count x value per slot and
+         * offset, instead of one addition per call and offset. The same sums. */
+        uint64_t *count = NULL;
+        if ((scalar || per_row) && k > 1 && n > 2 * (hi + 1) && hi < (1 << 16))
+            count = (uint64_t *)calloc((size_t)hi + 1, sizeof(uint64_t));
+        if (count != NULL) {
+            for (Py_ssize_t j = 0; j < n; j++)
+                count[index[j]]++;
+            FENCE_RELEASE();
+            for (Py_ssize_t r = 0; r < k; r++) {
+                uint64_t *row = t + (offsets != NULL ? offsets[r] : 0);
+                uint64_t add = scalar ? (uint64_t)constant : (uint64_t)values[r];
+                for (int64_t x = 0; x <= hi; x++) {
+                    if (count[x]) {
+                        uint64_t *c = row + x;
+                        STORE_RELAXED(c, LOAD_RELAXED(c) + count[x] * add);
+                    }
+                }
+            }
+            FENCE_RELEASE();
+            free(count);
+            goto added;
+        }
         FENCE_RELEASE();
         for (Py_ssize_t r = 0; r < k; r++) {
-            int64_t off = offsets != NULL ? offsets[r] : 0;
-            for (Py_ssize_t j = 0; j < n; j++) {
-                uint64_t add = scalar ? (uint64_t)constant
-                               : per_row ? (uint64_t)values[r]
-                                         : (uint64_t)values[r * n + j];
-                uint64_t *c = t + off + index[j];
-                STORE_RELAXED(c, LOAD_RELAXED(c) + add);
+            uint64_t *row = t + (offsets != NULL ? offsets[r] : 0);
+            if (scalar || per_row) {
+                uint64_t add = scalar ? (uint64_t)constant : (uint64_t)values[r];
+                for (Py_ssize_t j = 0; j < n; j++) {
+                    uint64_t *c = row + index[j];
+                    STORE_RELAXED(c, LOAD_RELAXED(c) + add);
+                }
+            } else {
+                const int64_t *v = values + r * n;
+                for (Py_ssize_t j = 0; j < n; j++) {
+                    uint64_t *c = row + index[j];
+                    STORE_RELAXED(c, LOAD_RELAXED(c) + (uint64_t)v[j]);
+                }
             }
         }
         FENCE_RELEASE();
     }
+added:
     result = Py_None;
     Py_INCREF(result);
 done:

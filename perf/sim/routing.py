@@ -1,18 +1,21 @@
-"""The client side: every routing decision is made by :mod:`lbcore`.
+"""The client side: every routing decision is made by :mod:`lbcore`, on its plans.
 
 One small class per fade-in mode of :data:`lbcore.knobs.FADE_MODES`, each over the same
-interface (``publish``, ``remove``, ``route``):
+interface (``publish``, ``remove``, ``route``). Each tick routes on one
+:class:`lbcore.Plan` per client load snapshot, as a worker does:
 
-* ``off``: one :class:`lbcore.Ring` of the published pods; new pods take their full
+* ``off``: a ring set of the published pods, no fading ring; new pods take their full
   share the moment they are published;
-* ``skipper``: Skipper's probabilistic fade-in, :func:`lbcore.fade.skipper_fadein_route`
-  over one ring of the published pods with one uniform threshold per call (each pod's
-  age counted from its own detection);
 * ``n-ring``: cslb's N-ring fade-in, an :class:`lbcore.RingSet` with one ring per
-  published scale-up event.
+  published scale-up event;
+* ``skipper``: Skipper's probabilistic fade-in with one uniform random threshold per
+  call, as Skipper draws it per request (each pod's age counted from its own
+  detection). The worker's plan draws the threshold from the key's hash instead, so
+  a key keeps its pod between requests; to simulate Skipper itself this mode uses
+  :func:`lbcore.fade.skipper_fadein_route`, which groups the calls by the candidate
+  set their threshold gives them and routes each group on a plan of its own.
 
-Bounded load, when a balance factor is set, is lbcore's too (``lookup_bounded``,
-``skipper_fadein_route(loads=...)``, ``RingSet.route(loads=...)``). The simulator only
+Bounded load, when a balance factor is set, is the plans' too. The simulator only
 translates between its global pod numbers and each ring's endpoint indices.
 """
 
@@ -25,6 +28,7 @@ import numpy as np
 import lbcore
 from lbcore.fade import skipper_fadein_route
 from lbcore.knobs import FADE_MODES
+from lbcore.plan import Plan
 
 __all__ = [
     "FADE_MODES",
@@ -107,6 +111,20 @@ class Router:
             raise ValueError("bounded-load routing needs a load snapshot")
         return loads[self.pod_of]
 
+    def _plan(
+        self, rings: lbcore.RingSet, now_ns: int, loads: np.ndarray | None, mode: str
+    ) -> Plan:
+        """The plan of one load snapshot at ``now_ns`` (no gate, no key length limit)."""
+        return Plan(
+            rings,
+            now_ns,
+            loads=self._ring_loads(loads),
+            balance_factor=self.balance_factor,
+            max_hops=self.max_hops,
+            fade_mode=mode,
+            max_key_bytes=None,
+        )
+
     def _pods(self, idx: np.ndarray) -> np.ndarray:
         """Ring endpoint indices -> global pods; lbcore never falls back here."""
         if idx.size and int(idx.min()) < 0:
@@ -121,6 +139,8 @@ class Router:
 class PlainRouter(Router):
     """No fade-in (``off``): one ring of all published pods."""
 
+    rings: lbcore.RingSet
+
     mode = "off"
 
     def __init__(
@@ -131,7 +151,13 @@ class PlainRouter(Router):
 
     def _rebuild(self, pods: list[int]) -> None:
         self.pod_of = np.array(pods, dtype=np.int64)
-        self.ring = lbcore.Ring([endpoint_name(p) for p in pods], vnodes=self.vnodes)
+        self.rings = lbcore.RingSet([endpoint_name(p) for p in pods], vnodes=self.vnodes)
+
+    @property
+    def ring(self) -> lbcore.Ring:
+        """The ring of the published pods."""
+        assert self.rings.master is not None
+        return self.rings.master
 
     def publish(self, pods: Sequence[int], now_s: float) -> None:
         """Add ``pods``; they take their full share at once."""
@@ -143,15 +169,9 @@ class PlainRouter(Router):
         self._rebuild([p for p in self.pod_of.tolist() if p not in gone])
 
     def route(self, hashes: np.ndarray, now_s: float, loads: np.ndarray | None) -> np.ndarray:
-        """``Ring.lookup`` or, with a balance factor, ``Ring.lookup_bounded``."""
-        ring_loads = self._ring_loads(loads)
-        if ring_loads is None:
-            idx = self.ring.lookup(None, hashes=hashes)
-        else:
-            idx = self.ring.lookup_bounded(
-                None, ring_loads, self.balance_factor, max_hops=self.max_hops, hashes=hashes
-            )
-        return self._pods(idx)
+        """The plan of this snapshot (bounded load with a balance factor)."""
+        plan = self._plan(self.rings, _ns(now_s), loads, "off")
+        return self._pods(plan.route_hashes(hashes)[0])
 
 
 class SkipperRouter(PlainRouter):
@@ -278,18 +298,10 @@ class NRingRouter(Router):
         self._sync()
 
     def route(self, hashes: np.ndarray, now_s: float, loads: np.ndarray | None) -> np.ndarray:
-        """``RingSet.route`` (after ``advance``: finished fades merge into one ring)."""
+        """The plan of this snapshot (after ``advance``: finished fades merge into one ring)."""
         now = _ns(now_s)
         self.rings = self.rings.advance(now)
-        idx = self.rings.route(
-            None,
-            now,
-            loads=self._ring_loads(loads),
-            balance_factor=self.balance_factor,
-            max_hops=self.max_hops,
-            hashes=hashes,
-        )
-        return self._pods(idx)
+        return self._pods(self._plan(self.rings, now, loads, "n-ring").route_hashes(hashes)[0])
 
 
 def make_router(

@@ -486,10 +486,10 @@ def test_a_new_pod_on_a_reused_slot_starts_its_totals_at_zero(namespace: str) ->
         store.close(unlink=True)
 
 
-def test_build_info_names_the_installed_version(namespace: str) -> None:
+def test_build_info_names_the_installed_version_and_the_kernel(namespace: str, kernel) -> None:
     import importlib.metadata
 
     _, fams = scrape(namespace)
     (sample,) = fams["cslb_build_info"].samples
     assert sample.value == 1.0
-    assert sample.labels == {"version": importlib.metadata.version("cslb")}
+    assert sample.labels == {"version": importlib.metadata.version("cslb"), "kernel": kernel}

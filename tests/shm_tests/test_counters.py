@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 
+from lbcore.outlier import FAIL_TIMEOUT
 from shm import (
     CounterInputError,
     CounterReader,
@@ -81,6 +82,37 @@ def test_busy_time_spreads_over_buckets_and_ages_out(store):
         assert math.isclose(reader.read(now, 4).occupancy[3], occ), now
     late = reader.read(T0 + 3 * S, 4)
     assert late.occupancy[3] == 0 and late.completed[3] == 0 and np.isnan(late.mean_latency_s[3])
+
+
+@pytest.mark.parametrize("spans", [False, True])
+def test_a_complete_call_is_recorded_without_its_start(store, spans):
+    """``opened=False`` (a batching caller's call that started and ended between two of
+    its writes): the same busy time, completions and failures as start + end, and the
+    in-flight words never touched, in one bucket and across buckets."""
+    both, alone = store.claim(), store.claim()
+    slots = np.array([1, 2, 2])
+    started = np.array([T0, T0 + MS, T0 + 2 * MS])
+    d = np.array([900 if spans else 10, 20, 30]) * MS
+    now = T0 + (S if spans else 100 * MS)  # (not spanning: all in T0's bucket)
+    both.record_start(slots, started)
+    both.record_end(slots, started, d, now, failed=[0, FAIL_TIMEOUT, 0])
+    alone.record_end(slots, started, d, now, failed=[0, FAIL_TIMEOUT, 0], opened=False)
+    for name in ("busy_ns", "completed", "latency_ns", "failures", *OPEN_PARTS):
+        assert (block(store, both.row, name) == block(store, alone.row, name)).all(), name
+    assert not any(block(store, alone.row, name).any() for name in OPEN_PARTS)
+    totals = store._ctl.current().totals
+    assert (totals[both.row] == totals[alone.row]).all()
+    # Abandoned (the caller's deadline cut them): busy time only, with or without starts.
+    for opened, cut in ((True, store.claim()), (False, store.claim())):
+        if opened:
+            cut.record_start(slots, started)
+        cut.record_end(
+            slots, started, d, now, failed=[0, FAIL_TIMEOUT, 0], opened=opened, completed=False
+        )
+        assert (block(store, cut.row, "busy_ns") == block(store, both.row, "busy_ns")).all()
+        for name in ("completed", "latency_ns", "failures", *OPEN_PARTS):
+            assert not block(store, cut.row, name).any(), (opened, name)
+        assert not store._ctl.current().totals[cut.row].any()
 
 
 def test_batch_equals_one_call_at_a_time(store):
@@ -683,10 +715,11 @@ def test_an_empty_fan_out_records_nothing_and_raises_nothing(store):
 
 
 @pytest.mark.parametrize("seed", [11, 12])
-def test_the_trusted_path_records_what_one_call_at_a_time_records(store, seed):
-    """The router's trusted calls record exactly what checked per-call recording does:
-    repeated slots, one duration for all calls or one each, failures or none, calls
-    spanning buckets and ending in later ones."""
+def test_a_whole_fan_out_records_what_one_call_at_a_time_records(store, seed, kernel):
+    """One record_start/record_end of a fan-out (int64 slots the caller vouches for with
+    ``bound``: one scatter-add each) records exactly what checked per-call recording
+    does: repeated slots, one duration for all calls or one each, failures or none,
+    calls spanning buckets and ending in later ones."""
     rng = np.random.default_rng(seed)
     fast, single = store.claim(), store.claim()
     calls = np.zeros(16, np.int64)
@@ -694,9 +727,9 @@ def test_the_trusted_path_records_what_one_call_at_a_time_records(store, seed):
     now = T0
     for _ in range(80):
         n = int(rng.integers(0, 30))
-        slots = rng.integers(0, 4 if rng.random() < 0.5 else 16, n).astype(np.intp)
+        slots = rng.integers(0, 4 if rng.random() < 0.5 else 16, n).astype(np.int64)
         start = now + int(rng.integers(0, 150 * MS))
-        fast._record_start_trusted(slots, start, 16)
+        fast.record_start(slots, start, bound=16)
         for s in slots.tolist():
             single.record_start([s], start)
         if rng.random() < 0.5:  # Tracker without done(): one int for every call
@@ -706,10 +739,10 @@ def test_the_trusted_path_records_what_one_call_at_a_time_records(store, seed):
             d = durs = rng.integers(0, 500 * MS, n)
         end = start + int(durs.max(initial=0)) + int(rng.integers(0, 5 * MS))
         failed = rng.random(n) < 0.3 if rng.random() < 0.5 else None
-        fast._record_end_trusted(slots, start, d, end, failed, 16)
+        fast.record_end(slots, start, d, end, failed, bound=16)
         for i in range(n):
             f = None if failed is None else failed[i : i + 1]
-            single.record_end(slots[i : i + 1], start, durs[i : i + 1], end, failed=f)
+            single.record_end(slots[i : i + 1].tolist(), start, durs[i : i + 1], end, failed=f)
         np.add.at(calls, slots, 1)
         if failed is not None:
             np.add.at(fails, slots, failed)
@@ -723,22 +756,22 @@ def test_the_trusted_path_records_what_one_call_at_a_time_records(store, seed):
         assert not block(store, fast.row, part).any(), part
 
 
-def test_the_trusted_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store):
+def test_the_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store, kernel):
     rec = store.claim()
-    slots = np.array([3, 3, 7, 3], dtype=np.intp)
+    slots = np.array([3, 3, 7, 3], dtype=np.int64)
     start = T0 + 20 * MS
-    rec._record_start_trusted(slots, start, 16)
+    rec.record_start(slots, start, bound=16)
     k = (start // store.bucket_ns) % (store._ctl.buckets)
     assert block(store, rec.row, "open")[k, [3, 7]].tolist() == [3, 1]
     assert block(store, rec.row, "open_start_sum")[k, [3, 7]].tolist() == [60 * MS, 20 * MS]
     failed = np.array([1, 0, 1, 1], bool)
-    rec._record_end_trusted(slots, start, 5 * MS, start + 5 * MS, failed, 16)
+    rec.record_end(slots, start, 5 * MS, start + 5 * MS, failed)
     totals = store._ctl.current().totals[rec.row]
     assert totals[0, [3, 7]].tolist() == [3, 1] and totals[0].sum() == 4
     assert totals[1, [3, 7]].tolist() == [2, 1] and totals[1].sum() == 3
     # And the same fan-out again without failures (the end path without them).
-    rec._record_start_trusted(slots, start, 16)
-    rec._record_end_trusted(slots, start, 5 * MS, start + 5 * MS, None, 16)
+    rec.record_start(slots, start)
+    rec.record_end(slots, start, 5 * MS, start + 5 * MS, None)
     for part in OPEN_PARTS:
         assert not block(store, rec.row, part).any(), part
     # (slot 3, slot 7): twice three calls and one; two and one of them failed
@@ -758,31 +791,27 @@ def test_the_trusted_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store):
 
 
 @pytest.mark.parametrize("with_failures", [False, True])
-def test_a_long_fan_out_recorded_by_counts_equals_the_per_call_path(store, with_failures):
-    """A fan-out long enough for the per-slot count path (np.bincount) records, field by
-    field, exactly what the same calls recorded as short fan-outs (np.add.at) do."""
-    from shm import counters
-
+def test_a_long_fan_out_in_one_step_equals_short_ones(store, with_failures, kernel):
+    """Thousands of calls with repeated slots in one record_start/record_end (repeats add
+    up in the kernel's scatter-add) record, field by field, what the same calls recorded
+    as fan-outs of 100 do."""
     rng = np.random.default_rng(5)
     long_rec, short_rec = store.claim(), store.claim()
-    n = max(counters._COUNTS_MIN, 16) + 37
-    assert n < 2 * counters._COUNTS_MIN  # chunks of 100 take the np.add.at path
+    n = 4_037
     for rnd in range(3):
-        slots = rng.integers(0, 11, n).astype(np.intp)  # repeats; slots 11-15 untouched
+        slots = rng.integers(0, 11, n)  # repeats; slots 11-15 untouched
         start = T0 + rnd * S + int(rng.integers(0, 50 * MS))
         failed = rng.random(n) < 0.25 if with_failures else None
         d = int(rng.integers(0, 40 * MS))
-        counts = long_rec._record_start_trusted(slots, start, 16)
-        assert counts.tolist() == np.bincount(slots, minlength=16).tolist()
-        for a in range(0, n, 100):  # well below the count path's threshold
-            assert short_rec._record_start_trusted(slots[a : a + 100], start, 16) is None
+        long_rec.record_start(slots, start, bound=16)
+        for a in range(0, n, 100):
+            short_rec.record_start(slots[a : a + 100], start)
         # Mid-flight: the open counts agree too.
         assert np.array_equal(raw(store, long_rec.row), raw(store, short_rec.row))
-        # The end reuses the start's counts (as a Tracker does), or counts again.
-        long_rec._record_end_trusted(slots, start, d, start + d, failed, 16, counts)
+        long_rec.record_end(slots, start, d, start + d, failed, bound=16)
         for a in range(0, n, 100):
             f = None if failed is None else failed[a : a + 100]
-            short_rec._record_end_trusted(slots[a : a + 100], start, d, start + d, f, 16)
+            short_rec.record_end(slots[a : a + 100], start, d, start + d, f)
         assert np.array_equal(raw(store, long_rec.row), raw(store, short_rec.row))
     totals = store._ctl.current().totals
     assert np.array_equal(totals[long_rec.row], totals[short_rec.row])
@@ -793,34 +822,40 @@ def test_a_long_fan_out_recorded_by_counts_equals_the_per_call_path(store, with_
         assert not block(store, long_rec.row, part).any(), part
 
 
-def test_a_long_fan_out_ending_after_the_counters_grew_counts_its_calls_again(store):
-    from shm import counters
-
+def test_a_fan_out_ending_after_the_counters_grew_ends_in_the_grown_row(store, kernel):
     rec = store.claim()
-    n = counters._COUNTS_MIN + 5
-    slots = (np.arange(n) % 16).astype(np.intp)
+    slots = np.arange(600, dtype=np.int64) % 16
     start = T0 + 10 * MS
-    counts = rec._record_start_trusted(slots, start, 16)
-    assert counts is not None and counts.size == 16
+    rec.record_start(slots, start)
     store.ensure_columns(40)  # another process grew the counters meanwhile
-    rec._record_end_trusted(slots, start, MS, start + MS, None, 16, counts)
+    rec.record_end(slots, start, MS, start + MS, None)
     for part in OPEN_PARTS:
         assert not block(store, rec.row, part).any(), part
     k = (start // store.bucket_ns) % store._ctl.buckets
     completed = block(store, rec.row, "completed")[k]
+    counts = np.bincount(slots, minlength=16)
     assert completed.size >= 40 and completed[:16].tolist() == counts.tolist()
     assert not completed[16:].any()
     assert block(store, rec.row, "busy_ns")[k, :16].tolist() == (counts * MS).tolist()
 
 
-def test_the_trusted_path_follows_growth_and_still_checks_beyond_its_columns(store):
+@pytest.mark.parametrize("bad", [[50], [-1], [3, 40], [2**62]])
+def test_slots_beyond_the_columns_record_nothing_unless_vouched_for_within_them(store, kernel, bad):
+    """Slots are checked (after following a grown matrix) unless the caller vouches for
+    them with a bound within the row's columns; a bound beyond them is checked too."""
     rec = store.claim()
     store.ensure_columns(40)  # another process grew the counters: rec has 16 columns
-    rec._record_start_trusted(np.array([30], dtype=np.intp), T0, 40)
-    rec._record_end_trusted(np.array([30], dtype=np.intp), T0, MS, T0 + MS, None, 40)
+    rec.record_start(np.array([30], dtype=np.int64), T0, bound=40)  # followed, then trusted
+    rec.record_end(np.array([30], dtype=np.int64), T0, MS, T0 + MS, None, bound=40)
     loads = store.reader().read(T0 + MS)
     assert loads.completed[30] == 1 and loads.in_flight.sum() == 0
     before = raw(store, rec.row)
-    with pytest.raises(CounterInputError, match=r"0\.\.39"):
-        rec._record_start_trusted(np.array([50], dtype=np.intp), T0, 64)
+    arr = np.array(bad, dtype=np.int64)
+    for bound in (None, 64):
+        with pytest.raises(CounterInputError, match=r"0\.\.39"):
+            rec.record_start(arr, T0, bound=bound)
+        with pytest.raises(CounterInputError, match=r"0\.\.39"):
+            rec.record_end(arr, T0, MS, T0 + MS, np.ones(arr.size, bool), bound=bound)
+        with pytest.raises(CounterInputError, match=r"0\.\.39"):
+            rec.record_end(arr, T0 - 3 * S, np.full(arr.size, MS), T0 + MS, bound=bound)
     assert np.array_equal(raw(store, rec.row), before)

@@ -69,7 +69,7 @@ def _random_fan_outs(rng, rounds, *, long_every=0):
     return out
 
 
-@pytest.mark.parametrize("path", ["checked", "trusted"])
+@pytest.mark.parametrize("path", ["lists", "arrays"])
 def test_kinds_and_booleans_record_the_same_load_and_the_kinds_split_the_failures(store, path):
     """Recording kind codes or their booleans gives the same busy time, latency,
     completions, in-flight and failure totals; the kind codes also split them by kind."""
@@ -80,12 +80,12 @@ def test_kinds_and_booleans_record_the_same_load_and_the_kinds_split_the_failure
         n = slots.size
         durs = np.full(n, d, np.int64) if isinstance(d, int) else d
         for rec, failed in ((by_kind, codes), (by_bool, codes > 0)):
-            if path == "trusted":
-                counts = rec._record_start_trusted(slots, start, 16)
-                rec._record_end_trusted(slots, start, d, end, failed, 16, counts)
+            if path == "arrays":  # int64 slots, one int duration: the fast path
+                rec.record_start(slots.astype(np.int64), start)
+                rec.record_end(slots.astype(np.int64), start, d, end, failed)
             else:
-                rec.record_start(slots, start)
-                rec.record_end(slots, start, durs, end, failed=failed)
+                rec.record_start(slots.tolist(), start)
+                rec.record_end(slots.tolist(), start, durs.tolist(), end, failed=failed.tolist())
         for i in range(n):  # the reference: one call at a time
             single.record_start(slots[i : i + 1], start)
             one = slice(i, i + 1)
@@ -171,12 +171,12 @@ def test_recycled_buckets_forget_their_kinds(store):
         ([1, 2, 3], r"failure flags have shape \(3,\), expected \(2,\)"),
     ],
 )
-@pytest.mark.parametrize("path", ["checked", "trusted", "locked", "thread"])
+@pytest.mark.parametrize("path", ["checked", "arrays", "locked", "thread"])
 def test_bad_failure_kinds_record_nothing(store, failed, match, path):
     base = store.claim()
     rec = {
         "checked": base,
-        "trusted": base,
+        "arrays": base,
         "locked": LockedRecorder(base),
         "thread": ThreadRecorder(store),
     }[path]
@@ -184,8 +184,8 @@ def test_bad_failure_kinds_record_nothing(store, failed, match, path):
     rows = [base.row] if path != "thread" else rec.rows
     before = [raw(store, r) for r in rows]
     with pytest.raises(CounterInputError, match=match):
-        if path == "trusted":
-            rec._record_end_trusted(np.array([1, 2], np.intp), T0, MS, T0 + MS, failed, 16)
+        if path == "arrays":
+            rec.record_end(np.array([1, 2], np.int64), T0, MS, T0 + MS, failed)
         else:
             rec.record_end([1, 2], T0, [MS, MS], T0 + MS, failed=failed)
     assert all(np.array_equal(raw(store, r), b) for r, b in zip(rows, before, strict=True))

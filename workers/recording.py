@@ -1,0 +1,181 @@
+"""The worker's counter row, as the router's parts record into it: one narrow handle.
+
+A :class:`Recording` is made by the :class:`workers.Router` and handed to what records:
+the :class:`workers.tracker.Tracker` of :meth:`~workers.Router.track`, the
+:class:`workers.ledger.CallLedger` of :meth:`~workers.Router.fanout` and the router's
+own decision counts. They see the row through it only: the router gives it the row's
+recorder when it claims one (a :class:`shm.LockedRecorder` under gthread, so the
+process's threads share the row under the row's lock) and takes it away when the
+counters are replaced or the router closes. The process's own totals (decisions,
+fallbacks, moves, failures since attaching) are kept here too, under the same lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import shm
+from workers.failurelog import FailureLog
+
+__all__ = ["End", "Recording"]
+
+log = logging.getLogger("cslb.router")
+
+_STATS = ("decisions", "fallbacks", "moves", "failures")
+#: Ends of calls, one part of a step: ``(slots, start times, durations (ns), failure
+#: kinds or None, opened, completed)``, arrays of ``int64``; ``opened``: their starts
+#: were recorded; ``completed``: ``False`` for calls the caller's deadline cut short
+#: (see :meth:`shm.Recorder.record_end`).
+End = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, bool, bool]
+
+
+class Recording:
+    """Records a worker's calls and routing decisions into its counter row.
+
+    Thread-safe. Without a row (no counters yet, or replaced) nothing reaches shared
+    memory; the process's totals still count.
+
+    Parameters
+    ----------
+    clock
+        CLOCK_MONOTONIC nanoseconds (call start and end times).
+    recorder
+        The row to record into at first (see :meth:`attach`).
+    failure_log
+        Where a failed call's line goes (:class:`workers.failurelog.FailureLog`;
+        default: the ``cslb.router`` logger at the default rate).
+    check
+        Raises when the router may not be used here (closed, or a forked child's);
+        called by :meth:`check` while :attr:`ok` is false.
+
+    Attributes
+    ----------
+    clock : Callable[[], int]
+        The clock.
+    failure_log : FailureLog
+        The failure log.
+    ok : bool
+        False once the router is closed or this is a forked child's copy.
+    row : tuple[threading.Lock, shm.Recorder] or None
+        The row's lock and recorder (``None``: no row), as one attribute so a fan-out
+        that starts on one row ends on it even if the router attached another since:
+        hold the lock around each call of the recorder.
+    """
+
+    __slots__ = (
+        "_check",
+        "_lock",
+        "_own_lock",
+        "_row",
+        "_totals",
+        "clock",
+        "failure_log",
+        "ok",
+        "row",
+    )
+
+    def __init__(
+        self,
+        clock: Callable[[], int] = time.monotonic_ns,
+        recorder: shm.Recorder | shm.LockedRecorder | None = None,
+        *,
+        failure_log: FailureLog | None = None,
+        check: Callable[[], None] | None = None,
+    ) -> None:
+        self.clock = clock
+        self.failure_log = FailureLog(log, clock=clock) if failure_log is None else failure_log
+        self._check = check
+        self.ok = True
+        self._own_lock = threading.Lock()
+        self._lock = self._own_lock  # the row's lock while there is a locked row
+        self._row: shm.Recorder | None = None
+        self.row: tuple[threading.Lock, shm.Recorder] | None = None
+        self._totals = [0, 0, 0, 0]
+        self.attach(recorder)
+
+    # -- the row --------------------------------------------------------------------
+
+    def attach(self, recorder: shm.Recorder | shm.LockedRecorder | None) -> None:
+        """Record into ``recorder``'s row from now on (``None``: into no row)."""
+        with self._lock:
+            if isinstance(recorder, shm.LockedRecorder):
+                self._row, self._lock = recorder.recorder, recorder.lock
+            else:
+                self._row, self._lock = recorder, self._own_lock
+            self.row = None if self._row is None else (self._lock, self._row)
+
+    @property
+    def recording(self) -> bool:
+        """Whether there is a row to record into."""
+        return self._row is not None
+
+    def check(self) -> None:
+        """Raise the router's error if it may not be used here."""
+        if not self.ok and self._check is not None:
+            self._check()
+
+    # -- decisions ------------------------------------------------------------------
+
+    def count(self, decisions: int, fallbacks: int, moves: int) -> None:
+        """Add a routed batch's keys, fallbacks and bounded-load moves (ints ``>= 0``)."""
+        lock = self._lock
+        lock.acquire()  # (acquire/release: cheaper than a with block, per batch)
+        try:
+            t = self._totals
+            t[0] += decisions
+            t[1] += fallbacks
+            t[2] += moves
+            row = self._row
+            if row is not None:
+                row.count(decisions, fallbacks, moves)
+        except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
+            log.warning("decision counts not recorded: %s", exc)
+        finally:
+            lock.release()
+
+    def stats(self) -> dict[str, int]:
+        """The process's totals: ``decisions``, ``fallbacks``, ``moves``, ``failures``."""
+        with self._lock:
+            return dict(zip(_STATS, self._totals, strict=True))
+
+    # -- calls ----------------------------------------------------------------------
+
+    def calls(
+        self,
+        ends: list[End],
+        starts: tuple[np.ndarray, np.ndarray] | np.ndarray | None,
+        now_ns: int,
+        tallies: dict[str, int],
+    ) -> None:
+        """One step of the fan-out's calls under one lock: ``ends`` in order, then ``starts``.
+
+        Ends first, calls whose starts were recorded before those whose were not: in
+        that order a reader never sees a call in flight that is not. ``starts``:
+        ``(slots, start times)`` of calls still out (``int64``); ``tallies``: stats
+        totals to add (:data:`shm.layout.STATS_FIELDS`). Raises :class:`shm.ShmError`
+        when the row was released meanwhile.
+        """
+        with self._lock:
+            row = self._row
+            if row is None:
+                return
+            for slots, began, durations, kinds, opened, completed in ends:
+                row.record_end(
+                    slots, began, durations, now_ns, kinds, opened=opened, completed=completed
+                )
+            if starts is not None:
+                row.record_start(starts[0], starts[1])
+            for field, n in tallies.items():
+                row.tally(field, n)
+
+    def failed(self, fields: dict[str, Any]) -> None:
+        """A call failed: its line to the failure log (rate-limited), one more failure."""
+        self.failure_log.failed(fields)
+        with self._lock:
+            self._totals[3] += 1

@@ -1,0 +1,370 @@
+"""Following the host's tables and loads: the snapshot a worker's batches route on.
+
+A :class:`Snapshot` is one table generation, one read of the host's loads and the
+:class:`lbcore.Plan` built on both. :func:`build_plan` is the one place a table and
+its knobs become a plan (the router, the status page and ``cslb route --live`` use it):
+the
+rollout gate, the fade mode, bounded load on the knobs' load signal with its bar
+counting the routed call as what it adds to that signal
+(:meth:`shm.HostLoads.bar_increment`), ejected endpoints, the counter slots, and the
+table's sequence check as the plan's guard, so every batch reports whether the table
+was still valid after it.
+
+A :class:`Follower` keeps the current snapshot. Per batch that is one check: is the
+snapshot's table still the one :meth:`shm.TableReader.table` returns, and is its
+load read younger than the refresh cadence. Otherwise it reads the loads again (and
+immediately when a new generation appears) and builds the next plan. New generations
+are mapped by the reader, in its background thread for tables over a few MiB, so a
+worker keeps routing on the previous generation while a large one is mapped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import lbcore
+import shm
+from lbcore.bounded import in_call_units, target_load
+
+__all__ = ["Follower", "Snapshot", "bounded_bar", "build_plan", "empty_table", "read_loads"]
+
+log = logging.getLogger("cslb.router")
+
+#: How long :meth:`Follower.current` retries on tables the writer keeps rewriting (s).
+RETRY_S = 1.0
+# How long TableReader.table() retries one read. A reader waits only while the writer
+# switches buffers (microseconds); a buffer that never settles is damage, and a worker
+# must not stall its request on it (shm remembers the verdict after the first wait).
+_READ_TIMEOUT_S = 0.05
+# Tables up to this size are mapped by the batch that first sees them (mapping costs
+# well under a millisecond there); larger ones by the reader's background thread.
+_INLINE_MAP_BYTES = 2 << 20
+_CHECK_NS = 1_000_000_000  # pace of rechecking a generation that could not be read
+
+
+def read_loads(counters: shm.CounterReader | None, table: shm.Table, now_ns: int) -> shm.HostLoads:
+    """The host's loads per endpoint of ``table`` as a worker reads them (idle without counters).
+
+    The table's slots are copied first: its arrays are views of shared memory the writer
+    may reuse two publishes later (garbage read then raises, or is caught by the table's
+    sequence check).
+    """
+    n = len(table.endpoints)
+    if counters is None or n == 0:
+        return shm.HostLoads.idle(n, now_ns)
+    slots = np.array(table.slots, dtype=np.intp)
+    return counters.read(now_ns, table.n_slots, failure_kinds=False).take(slots)
+
+
+def build_plan(
+    table: shm.Table,
+    loads: shm.HostLoads | None,
+    now_ns: int,
+    *,
+    balance_factor: Any = "knobs",
+    ejected: bool = True,
+) -> lbcore.Plan:
+    """The plan a worker routes ``table``'s batches on at ``now_ns``.
+
+    Parameters
+    ----------
+    table
+        A table generation (its views must stay valid while the plan is used: the
+        plan's guard is the table's sequence check).
+    loads
+        Host-wide loads per endpoint of ``table`` (:func:`read_loads`); ``None``:
+        nobody has called anyone yet (idle).
+    now_ns
+        The present on the fade clock (CLOCK_MONOTONIC), in nanoseconds.
+    balance_factor
+        ``"knobs"`` (a worker's): the table's; ``None``: no bounded load (the plain
+        rings, for an explanation of a bounded-load move).
+    ejected
+        ``False``: as if no endpoint were ejected (for an explanation of a skip).
+
+    Raises
+    ------
+    lbcore.LBCoreError
+        Arguments the plan rejects: on a table the writer rewrote meanwhile, garbage
+        (check :meth:`shm.Table.valid`); on a valid one, damage.
+    """
+    k = table.knobs
+    n = len(table.endpoints)
+    bf = k.balance_factor if balance_factor == "knobs" else balance_factor
+    if not n:
+        bf = None  # (nothing to bound on an empty table)
+    load = None
+    if bf is not None:
+        if loads is None or loads.in_flight.size != n:
+            loads = shm.HostLoads.idle(n, now_ns)
+        sig = k.load_signal
+        # In routed-call units: bounded load's 1.0 becomes what a call adds to the
+        # signal (for occupancy its latency's share of the window, not one busy second
+        # per second); in-flight and effective loads pass through unchanged.
+        load = in_call_units(loads.signal(sig), loads.bar_increment(sig))
+    ej = table.ejected
+    return lbcore.Plan(
+        table.ring_set,
+        now_ns,
+        ejected=ej if ejected and ej.size and ej.any() else None,
+        loads=load,
+        balance_factor=bf,
+        max_hops=k.max_hops,
+        gate=k.gate(),
+        fade_mode=k.fade_mode,
+        slots=table.slots,
+        n_slots=table.n_slots,
+        guard=table.guard,
+    )
+
+
+def bounded_bar(plan: lbcore.Plan, view: int = -1) -> float | None:
+    """Bounded load's bar in ``plan``'s ``view`` (default the newest ring), in its load units.
+
+    lbcore's rule over the view's candidates (:func:`lbcore.bounded.target_load`);
+    ``None`` without bounded load.
+    """
+    if plan.balance_factor is None or plan.loads is None or plan.master is None:
+        return None
+    return target_load(plan.loads, plan.listed[view], plan.balance_factor)
+
+
+class Snapshot:
+    """One table generation, one read of the host's loads, and the plan on both. Immutable.
+
+    Attributes
+    ----------
+    table : shm.Table
+        The generation.
+    plan : lbcore.Plan
+        What its batches route on (:func:`build_plan`).
+    loads : shm.HostLoads
+        The host's loads per endpoint of :attr:`table`, as read.
+    read_ns : int
+        When the loads were read (CLOCK_MONOTONIC ns).
+    due_ns : int
+        When they are to be read again.
+    route : Callable
+        :attr:`lbcore.Plan.route` of :attr:`plan`.
+    """
+
+    __slots__ = ("due_ns", "loads", "plan", "read_ns", "route", "table")
+
+    def __init__(
+        self, table: shm.Table, plan: lbcore.Plan, loads: shm.HostLoads, read_ns: int, due_ns: int
+    ) -> None:
+        self.table = table
+        self.plan = plan
+        self.route = plan.route
+        self.loads = loads
+        self.read_ns = read_ns
+        self.due_ns = due_ns
+
+    def __repr__(self) -> str:
+        gen = self.table.generation
+        return f"Snapshot(generation {gen}, loads read at {self.read_ns} ns, {self.plan})"
+
+
+class Follower:
+    """Keeps the snapshot a worker routes on: its tables reader, its load reads, its plans.
+
+    Thread-safe: the fast path (nothing due) takes no lock; refreshes are serialized.
+
+    Parameters
+    ----------
+    namespace
+        Shared-memory namespace of the tables.
+    refresh_ns
+        Load snapshot cadence, in nanoseconds (0: every batch reads the loads).
+    clock
+        CLOCK_MONOTONIC nanoseconds.
+    background
+        How new generations are mapped: ``None`` in the reader's background thread
+        above 2 MiB, ``True`` always there, ``False`` by the batch that sees them.
+    warn_once
+        ``warn_once(cause, msg, *args)``: a warning said once per cause.
+    tick
+        ``tick(now_ns)``, called on every refresh and at least once a second while
+        batches come (the router's check for missing or replaced segments).
+
+    Attributes
+    ----------
+    reader : shm.TableReader or None
+        The tables reader (``None`` until the tables exist).
+    counters : shm.CounterReader or None
+        Where loads are read (``None``: no counters; loads read as idle).
+    snapshot : Snapshot or None
+        The current snapshot.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        refresh_ns: int,
+        clock: Callable[[], int],
+        background: bool | None,
+        warn_once: Callable[..., None],
+        tick: Callable[[int], None],
+    ) -> None:
+        self.namespace = namespace
+        self.refresh_ns = refresh_ns
+        self._clock = clock
+        self._background = background
+        self._warn_once = warn_once
+        self._tick = tick
+        self._lock = threading.Lock()
+        self._until = 0  # the fast path's end: the snapshot's due time or the next tick
+        self.reader: shm.TableReader | None = None
+        self.counters: shm.CounterReader | None = None
+        self.snapshot: Snapshot | None = None
+        self._bad: tuple[int, int] | None = None  # (generation, recheck time) of a bad read
+
+    def connect(self) -> None:
+        """Open the tables reader if there is none yet (missing tables: retried later)."""
+        if self.reader is not None:
+            return
+        try:
+            self.reader = shm.TableReader(
+                self.namespace,
+                timeout_s=_READ_TIMEOUT_S,
+                background=self._background is not False,
+                foreground_bytes=_INLINE_MAP_BYTES if self._background is None else 0,
+            )
+        except shm.SegmentMissingError as exc:
+            log.debug("tables of %s not readable yet: %s", self.namespace, exc)
+        except shm.SegmentError as exc:  # foreign, another layout version, damaged
+            self._warn_once(
+                ("attach", "tables", str(exc)),
+                "tables of %s cannot be used (retried every %g s; fallback meanwhile): %s",
+                self.namespace,
+                _CHECK_NS / 1e9,
+                exc,
+            )
+
+    def use_counters(self, counters: shm.CounterReader | None) -> None:
+        """Read loads from ``counters`` from now on; the next batch reads them afresh."""
+        self.counters = counters
+        self.snapshot = None
+
+    def current(self) -> Snapshot | None:
+        """The snapshot to route on now, refreshed when due.
+
+        ``None`` while there is no usable table (nothing published, segments missing or
+        corrupt, or a writer rewriting faster than this worker can read for a second).
+        """
+        s = self.snapshot
+        if (
+            s is not None and self._clock() < self._until and self.reader.is_current(s.table)  # type: ignore[union-attr]
+        ):
+            return s
+        return self._refresh()
+
+    def of(self, table: shm.Table) -> Snapshot | None:
+        """The current snapshot if it is of ``table`` (its plan knows the table's slots)."""
+        s = self.snapshot
+        return s if s is not None and s.table is table else None
+
+    def _refresh(self) -> Snapshot | None:
+        now = self._clock()
+        self._tick(now)
+        reader = self.reader
+        if reader is None:
+            return None
+        bad = self._bad
+        if bad is not None:
+            # The current generation could not be read: not again until it changes or
+            # the recheck interval passed (a corrupt table costs a checksum per read).
+            if now < bad[1] and reader.generation() == bad[0]:
+                return self._last_good(now)
+            self._bad = None
+        deadline = 0.0
+        while True:
+            try:
+                t = reader.table()
+            except shm.ShmError as exc:
+                self._bad = (reader.generation(), now + _CHECK_NS)
+                s = self._last_good(now)
+                if s is not None:
+                    self._warn_once(
+                        ("table", type(exc), str(exc)),
+                        "routing table of %s unusable, routing on generation %d meanwhile: %s",
+                        self.namespace,
+                        s.table.generation,
+                        exc,
+                    )
+                else:
+                    self._warn_once(
+                        ("table", type(exc), str(exc)),
+                        "no usable routing table in %s (fallback): %s",
+                        self.namespace,
+                        exc,
+                    )
+                return s
+            s = self._take(t, now)
+            if s is not None:
+                return s
+            # The writer began rewriting t's buffer while we read it: the next table()
+            # call maps the generation it published.
+            if not deadline:
+                deadline = time.monotonic() + RETRY_S
+            elif time.monotonic() > deadline:
+                log.warning("no stable table in %s for %g s", self.namespace, RETRY_S)
+                return None
+            now = self._clock()
+
+    def _last_good(self, now: int) -> Snapshot | None:
+        """The last snapshot, refreshed when due, while its table is still valid."""
+        s = self.snapshot
+        if s is None or not s.table.valid():
+            return None
+        return (self._take(s.table, now) or s) if now >= s.due_ns else s
+
+    def _take(self, t: shm.Table, now: int) -> Snapshot | None:
+        """The snapshot of ``t`` now: the current one while fresh, else a new one.
+
+        ``None`` if ``t`` was rewritten while its loads were read or its plan built.
+        """
+        with self._lock:
+            s = self.snapshot
+            if s is not None and s.table is t and now < s.due_ns:
+                # Fresh (another thread refreshed meanwhile, or only the tick was due).
+                self._until = min(s.due_ns, now + _CHECK_NS)
+                return s
+            try:
+                loads = read_loads(self.counters, t, now)
+                s = Snapshot(t, build_plan(t, loads, now), loads, now, now + self.refresh_ns)
+            except Exception:
+                if t.valid():
+                    raise
+                return None
+            if not t.valid():
+                return None
+            self._until = min(s.due_ns, now + _CHECK_NS)
+            self.snapshot = s
+            return s
+
+    def drop(self) -> None:
+        """Forget the current snapshot (the next batch takes a new one)."""
+        self.snapshot = None
+
+    def close(self) -> None:
+        """Close the tables reader and drop the snapshot."""
+        if self.reader is not None:
+            self.reader.close()
+        self.snapshot = None
+
+
+_EMPTY: list[shm.Table] = []
+
+
+def empty_table() -> shm.Table:
+    """A generation-0 table without endpoints (no tables published yet)."""
+    if not _EMPTY:
+        _EMPTY.append(shm.Table.empty())
+    return _EMPTY[0]
