@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ INPROCESS_CHART = "inprocess.png"
 HOST_CHART = "host.png"
 HTTP_CPU_LIMIT = 0.10  # the bundled app may add at most 10 % CPU per request (issue 12)
 STALL_LIMIT_MS = STALL_LIMIT_S * 1e3
+#: A worker's PSS with a 1,000-endpoint table mapped on the NumPy router, measured by
+#: ``python -m perf --only control`` on 2026-11-29 (perf/RESULTS.md of then): the
+#: kernel issue's "no regression" bar is within 10 % of it.
+PSS_BEFORE_MIB = 69.9
 
 
 def _rows(part: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -174,6 +179,15 @@ def targets(parts: dict[str, Any]) -> list[tuple[Target, str]]:
     for r in cp:
         t.check(f"{r['endpoints']:,} endpoints", r["max_gap_ms"], STALL_LIMIT_MS, le)
     out.append((t, " ms"))
+    t = Target(
+        f"PSS per worker at 1,000 endpoints within 10 % of {PSS_BEFORE_MIB:g} MiB "
+        "(the NumPy router's, before the kernel)",
+        "control",
+    )
+    r = _one(cp, endpoints=1_000)
+    if r and r.get("pss_mib"):
+        t.check("median worker", statistics.median(r["pss_mib"]), 1.1 * PSS_BEFORE_MIB, le)
+    out.append((t, " MiB"))
     return out
 
 

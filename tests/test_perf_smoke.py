@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,9 @@ def test_quick_run_writes_results_page_with_tables(tmp_path: Path) -> None:
     assert status["2 processes ≥ 1.8× one process (batch 100)"] == "not measured"
     assert status["Batch 100, Router ≥ 5× the Python loop, 100×100 ring"] in ("met", "MISSED")
     assert status["Batch 100,000, Router ≥ 15× the Python loop, list of str"] == "not measured"
+    pss = next(t for t, _ in results.targets(data) if t.label.startswith("PSS per worker"))
+    assert pss.status in ("met", "MISSED")
+    assert pss.checks[0][1] == pytest.approx(statistics.median(cp[1_000]["pss_mib"]))
 
     # The chart of the part that has one (matplotlib comes with the sim extra).
     pytest.importorskip("matplotlib")
