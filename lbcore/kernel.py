@@ -17,6 +17,7 @@ active when it was built.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import warnings
 from types import ModuleType
@@ -33,6 +34,9 @@ __all__ = ["batch_of", "hash_keys", "kernel_name", "native", "scatter_add", "use
 #: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
 ABI = 2
 
+#: Why the native kernel is not used where no extension module was built.
+NOT_BUILT = "lbcore._kernel was not built (no working C compiler when installing?)"
+
 _native: ModuleType | None = None
 _native_error: str | None = None
 _active = "numpy"
@@ -43,9 +47,14 @@ def _load_native() -> ModuleType | None:
     global _native, _native_error
     if _native is None and _native_error is None:
         try:
+            # A missing module must be told apart first: importing it while lbcore is
+            # half imported would blame a circular import.
+            if importlib.util.find_spec("lbcore._kernel") is None:
+                _native_error = NOT_BUILT
+                return None
             from lbcore import _kernel
         except ImportError as exc:
-            _native_error = f"{type(exc).__name__}: {exc}"
+            _native_error = f"native kernel not available ({type(exc).__name__}: {exc})"
         else:
             abi = getattr(_kernel, "ABI", None)
             if abi != ABI:  # built from other sources: a stale in-place build
@@ -102,9 +111,8 @@ def _select_at_import() -> None:
         )
     else:
         warnings.warn(
-            f"lbcore: native kernel not available ({_native_error}); routing on the NumPy "
-            "kernel (same answers, slower; build with a C compiler, or set CSLB_KERNEL=numpy "
-            "to silence this)",
+            f"lbcore: {_native_error}: routing on the NumPy kernel (same answers, slower; "
+            "build with a C compiler, or set CSLB_KERNEL=numpy to silence this)",
             RuntimeWarning,
             stacklevel=2,
         )
