@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import lbcore
+from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
 
 __all__ = ["build_parser", "main"]
 
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="0 for the primary pod, 1 for the retry pod (next distinct pod on the ring)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_kernel_argument(p)
     static = p.add_argument_group("a given endpoint list")
     static.add_argument(
         "--endpoint",
@@ -121,6 +123,7 @@ def main(argv: list[str]) -> int:
     """Run ``cslb route``; returns the exit status."""
     p = build_parser()
     args = p.parse_args(argv)
+    apply_kernel_flag(args, os.environ, p)
     if args.attempt < 0:
         p.error(f"argument --attempt: expected an integer >= 0, got {args.attempt}")
     if args.live and (args.endpoint or args.endpoints_file):

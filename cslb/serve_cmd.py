@@ -9,6 +9,7 @@ import argparse
 import os
 from collections.abc import MutableMapping, Sequence
 
+from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
 from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, add_arguments
 from shm.settings import SHM_NAMESPACE
 from workers.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the environment and gunicorn command instead of running it",
     )
+    add_kernel_argument(srv)
     logs = p.add_argument_group("logs (the master's, the workers' and discovery's cslb lines)")
     add_arguments(logs, LOG_KNOBS)
     knobs = p.add_argument_group("routing knobs (published with the tables)")
@@ -135,6 +137,7 @@ def _parse(
         )
     if args.namespace and not (args.service or environ.get("CSLB_SERVICE")):
         p.error("--namespace names the Kubernetes namespace of --service: give --service too")
+    apply_kernel_flag(args, environ, p, switch=False)
     try:
         cmd = plan(
             environ=environ,

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
 from lbcore.bounded import check_balance_factor
 from lbcore.errors import BalanceFactorError
 
@@ -171,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw a progress bar on stderr (default: when stderr is a terminal)",
     )
     bar.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_kernel_argument(p)
     return p
 
 
@@ -227,6 +229,7 @@ def main(argv: list[str]) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    apply_kernel_flag(args, os.environ, parser)
     _check(args, parser)
     opts = options(args)
     try:

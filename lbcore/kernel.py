@@ -17,6 +17,7 @@ active when it was built.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import warnings
 from types import ModuleType
@@ -28,10 +29,21 @@ from lbcore import hashing
 from lbcore.errors import ArgumentError, KeyTypeError
 from lbcore.knobs import KERNEL
 
-__all__ = ["batch_of", "hash_keys", "kernel_name", "native", "scatter_add", "use_kernel"]
+__all__ = [
+    "batch_of",
+    "hash_keys",
+    "kernel_name",
+    "native",
+    "scatter_add",
+    "select_kernel",
+    "use_kernel",
+]
 
 #: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
 ABI = 2
+
+#: Why the native kernel is not used where no extension module was built.
+NOT_BUILT = "lbcore._kernel was not built (no working C compiler when installing?)"
 
 _native: ModuleType | None = None
 _native_error: str | None = None
@@ -43,9 +55,14 @@ def _load_native() -> ModuleType | None:
     global _native, _native_error
     if _native is None and _native_error is None:
         try:
+            # A missing module must be told apart first: importing it while lbcore is
+            # half imported would blame a circular import.
+            if importlib.util.find_spec("lbcore._kernel") is None:
+                _native_error = NOT_BUILT
+                return None
             from lbcore import _kernel
         except ImportError as exc:
-            _native_error = f"{type(exc).__name__}: {exc}"
+            _native_error = f"native kernel not available ({type(exc).__name__}: {exc})"
         else:
             abi = getattr(_kernel, "ABI", None)
             if abi != ABI:  # built from other sources: a stale in-place build
@@ -90,24 +107,45 @@ def use_kernel(name: str) -> str:
     return old
 
 
-def _select_at_import() -> None:
-    choice = KERNEL.convert(os.environ.get(KERNEL.env, KERNEL.default), "environment")
+def select_kernel(choice: str, *, stacklevel: int = 2) -> str:
+    """Make the kernel a ``CSLB_KERNEL`` value names active, as lbcore's import does.
+
+    ``"auto"``: the native kernel if it loads, else NumPy with one
+    :class:`RuntimeWarning` naming why; ``"native"``: the native kernel or
+    :class:`ImportError`; ``"numpy"``: NumPy. For a command's ``--kernel`` flag (the
+    commands put the value into ``CSLB_KERNEL`` as well, for the processes they start).
+    Returns the kernel now active (:func:`kernel_name`).
+
+    Raises
+    ------
+    lbcore.KnobError
+        Not one of ``auto``, ``native``, ``numpy``.
+    ImportError
+        ``"native"`` and the extension cannot load (the message says why).
+    """
+    choice = KERNEL.convert(choice, KERNEL.env)
     if choice == "numpy":
-        return
-    if _load_native() is not None:
+        use_kernel("numpy")
+    elif _load_native() is not None:
         use_kernel("native")
     elif choice == "native":
         raise ImportError(
             f"CSLB_KERNEL=native but lbcore's native kernel cannot load: {_native_error}"
         )
     else:
+        use_kernel("numpy")
         warnings.warn(
-            f"lbcore: native kernel not available ({_native_error}); routing on the NumPy "
-            "kernel (same answers, slower; build with a C compiler, or set CSLB_KERNEL=numpy "
-            "to silence this)",
+            f"lbcore: {_native_error}: routing on the NumPy kernel (same answers, slower; "
+            "build with a C compiler, or set CSLB_KERNEL=numpy to silence this)",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
+    return _active
+
+
+def _select_at_import() -> None:
+    choice = KERNEL.convert(os.environ.get(KERNEL.env, KERNEL.default), "environment")
+    select_kernel(choice, stacklevel=3)
 
 
 # --------------------------------------------------------------------------------------

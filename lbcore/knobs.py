@@ -337,7 +337,9 @@ KERNEL = Knob(
     "Which of lbcore's two kernels routes: 'auto' the compiled C kernel if it was built "
     "and loads, else the NumPy kernel with one warning naming why; 'native' the C kernel "
     "or fail at import; 'numpy' the NumPy reference kernel (same answers, slower). Read "
-    "once, when lbcore is imported: the only setting lbcore reads from the environment.",
+    "once, when lbcore is imported: the only setting lbcore reads from the environment "
+    "(the --kernel flag of cslb serve, route and simulate sets it for the command and the "
+    "processes it starts).",
     "KERNEL",
 )
 

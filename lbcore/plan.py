@@ -44,6 +44,28 @@ GATE_ALL, GATE_NONE, GATE_PARTIAL = 0, 1, 2
 _M64 = (1 << 64) - 1
 _EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_U8 = np.empty(0, dtype=np.uint8)
+# The arrays a plan keeps: its own (copied from a caller's where they came from one) and
+# read-only once built, so nothing can make the kernels' build-time state disagree.
+_FROZEN = (
+    "loads",
+    "ejected",
+    "slots",
+    "listed",
+    "eligible",
+    "good",
+    "listed_count",
+    "eligible_count",
+    "single",
+    "fade_thresholds",
+    "fade_saturated",
+)
+
+
+def _owned(arr: np.ndarray, given: Any) -> np.ndarray:
+    """``arr`` (checked from ``given``) as a C-contiguous array no caller can reach."""
+    if arr is given or arr.base is not None or not arr.flags.c_contiguous:
+        return np.array(arr, order="C")
+    return arr
 
 
 def _thresholds(shares: list[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -228,12 +250,10 @@ class Plan:
             None if balance_factor is None else check_balance_factor(balance_factor)
         )
         self.max_hops = check_max_hops(max_hops)
-        if self.balance_factor is not None:
-            if loads is None:
-                raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
-            self.loads = np.ascontiguousarray(check_loads(loads, n), dtype=np.float64)
-        else:
-            self.loads = None if loads is None else check_loads(loads, n)
+        if self.balance_factor is not None and loads is None:
+            raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
+        # The plan's own copy: the kernels' state is computed from it once, here.
+        self.loads = None if loads is None else _owned(check_loads(loads, n), loads)
         self.ejected = self._ejected(ejected, n)
         self.slots, self.n_slots = self._slots(slots, n_slots, n)
         self.guard = None if guard is None else self._guard(guard)
@@ -245,6 +265,10 @@ class Plan:
             unit_threshold(gate.percentage / 100.0) if self.gate_mode == GATE_PARTIAL else None
         )
         self._build_views(n)
+        for name in _FROZEN:
+            a = getattr(self, name)
+            if a is not None:
+                a.setflags(write=False)
         self.kernel = _kernel.kernel_name()
         native = _kernel.native()
         self._core = numpy_kernel.Core(self) if native is None else self._native_core(native, n)
@@ -272,7 +296,7 @@ class Plan:
             raise ArgumentError(
                 f"slots must be one integer per endpoint ({n}), got {s.dtype} {s.shape}"
             )
-        s = np.ascontiguousarray(s, dtype=np.int64)
+        s = _owned(s.astype(np.int64, copy=False), slots)
         top = int(s.max()) + 1 if s.size else 0
         cols = top if n_slots is None else int(n_slots)
         if s.size and (int(s.min()) < 0 or top > cols):
@@ -287,6 +311,9 @@ class Plan:
             raise ArgumentError(
                 "guard must be (uint64 words, an index into them, the expected value)"
             )
+        # Not copied (the guard is live: a writer's sequence words), but read-only here.
+        w = w.view()
+        w.setflags(write=False)
         return w, int(index), int(expected)
 
     def _build_views(self, n: int) -> None:

@@ -20,12 +20,12 @@ from lbcore.knobs import KERNEL, docs_table
 ROOT = Path(__file__).parents[1]
 
 
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+def run_python(code: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k != "CSLB_KERNEL"}
     full.update(env)
     return subprocess.run(
         [sys.executable, "-W", "default", "-c", textwrap.dedent(code)],
-        cwd=ROOT,
+        cwd=cwd,
         env=full,
         capture_output=True,
         text=True,
@@ -79,6 +79,59 @@ def test_a_missing_extension_warns_once_under_auto_and_fails_under_native():
         )
     )
     assert native.returncode != 0 and "CSLB_KERNEL=native" in native.stderr
+
+
+def import_lbcore_copy(tmp_path: Path, so: bytes | None, **env: str):
+    """Import a copy of lbcore without the checkout's build (``so``: a file in its place)."""
+    import shutil
+
+    shutil.copytree(
+        ROOT / "lbcore", tmp_path / "lbcore", ignore=shutil.ignore_patterns("*.so", "__pycache__")
+    )
+    if so is not None:
+        (tmp_path / "lbcore" / "_kernel.cpython-311-x86_64-linux-gnu.so").write_bytes(so)
+    code = f"""
+        import sys
+        # This venv's editable install would find the checkout's lbcore first.
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+        import warnings
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import lbcore
+        assert lbcore.__file__.startswith({str(tmp_path)!r}), lbcore.__file__
+        print(lbcore.kernel_name())
+        for m in w:
+            print(m.category.__name__, m.message)
+    """
+    return run_python(code, cwd=tmp_path, PYTHONPATH=str(tmp_path), **env)
+
+
+def test_an_extension_never_built_is_named_as_such(tmp_path):
+    auto = import_lbcore_copy(tmp_path, None)
+    assert auto.returncode == 0, auto.stderr
+    assert auto.stdout.splitlines() == [
+        "numpy",
+        "RuntimeWarning lbcore: lbcore._kernel was not built (no working C compiler when "
+        "installing?): routing on the NumPy kernel (same answers, slower; build with a C "
+        "compiler, or set CSLB_KERNEL=numpy to silence this)",
+    ]
+    native = import_lbcore_copy(tmp_path / "again", None, CSLB_KERNEL="native")
+    assert native.returncode != 0
+    assert native.stderr.strip().splitlines()[-1] == (
+        "ImportError: CSLB_KERNEL=native but lbcore's native kernel cannot load: "
+        "lbcore._kernel was not built (no working C compiler when installing?)"
+    )
+    quiet = import_lbcore_copy(tmp_path / "numpy", None, CSLB_KERNEL="numpy")
+    assert quiet.returncode == 0 and quiet.stdout.splitlines() == ["numpy"], quiet.stderr
+
+
+def test_an_extension_that_fails_to_load_is_named_by_its_import_error(tmp_path):
+    auto = import_lbcore_copy(tmp_path, b"not a shared object")
+    assert auto.returncode == 0, auto.stderr
+    name, warning = auto.stdout.splitlines()
+    assert name == "numpy"
+    assert warning.startswith("RuntimeWarning lbcore: native kernel not available (ImportError: ")
+    assert "_kernel.cpython-311-x86_64-linux-gnu.so" in warning and "not built" not in warning
 
 
 def test_use_kernel_switches_in_process_and_says_why_not():
@@ -394,6 +447,6 @@ def test_a_build_without_a_compiler_installs_and_routes_on_the_numpy_kernel(tmp_
     assert use.returncode == 0, use.stderr
     name, answer = use.stdout.splitlines()
     assert name == "numpy"
-    assert use.stderr.count("native kernel not available") == 1
+    assert use.stderr.count(lbkernel.NOT_BUILT + ": routing on the NumPy kernel") == 1
     want = lbcore.Plan(lbcore.RingSet(["http://10.0.0.1:80", "http://10.0.0.2:80"]), 0)
     assert answer == str(want.route(["SKU-1", 5, b"x"])[0].tolist())

@@ -276,3 +276,53 @@ def test_a_plan_reads_shared_arrays_without_copying_them(kernel):
         )
         assert ring.hashes is ro
     assert plan.master is rs.master
+
+
+@pytest.mark.parametrize("mode", ["n-ring", "skipper"])
+def test_a_plan_keeps_its_own_read_only_arrays(kernel, mode):
+    rs, now, ks = ring_set(), D // 2, keys(3000, seed=4)
+    n = len(rs.endpoints)
+    loads = np.random.default_rng(4).uniform(0, 10, n)  # float64: kept as given before
+    slots = np.arange(n, dtype=np.int64)[::-1].copy()
+    ejected = np.zeros(n, dtype=np.bool_)
+    ejected[[3, 40]] = True
+    words = np.array([0, 7], dtype=np.uint64)
+    kw = {"loads": loads, "balance_factor": 1.25, "max_hops": 10, "fade_mode": mode}
+    plan = Plan(rs, now, slots=slots, ejected=ejected, guard=(words, 1, 7), **kw)
+    before = plan.route(ks)
+    routed = before[0]
+    want_slots = plan.counter_slots(routed)[0].tolist()
+    answers = [a.copy() for a in plan.answers()]
+
+    loads[:] = loads[::-1] * 3  # the caller's arrays change after the build
+    slots[:] = 0
+    ejected[:] = ~ejected
+    after = plan.route(ks)
+    assert after[0].tolist() == routed.tolist() and after[1:] == before[1:]
+    assert plan.counter_slots(routed)[0].tolist() == want_slots
+    assert all((a == b).all() for a, b in zip(plan.answers(), answers, strict=True))
+    # (A plan built on the changed arrays routes otherwise: the change would show.)
+    again = Plan(rs, now, slots=slots, ejected=ejected, guard=(words, 1, 7), **kw)
+    assert again.route(ks)[0].tolist() != routed.tolist()
+
+    for name in (
+        "loads",
+        "slots",
+        "ejected",
+        "listed",
+        "eligible",
+        "good",
+        "listed_count",
+        "eligible_count",
+        "single",
+        "fade_thresholds",
+        "fade_saturated",
+    ):
+        arr = getattr(plan, name)
+        assert not arr.flags.writeable, name
+        with pytest.raises(ValueError, match="read-only"):
+            arr[...] = 0
+    assert not plan.guard[0].flags.writeable
+    assert words.flags.writeable  # the caller's guard words stay the caller's
+    words[1] = 8  # and stay live: the plan sees the sequence change
+    assert plan.route(ks)[3] is False

@@ -74,17 +74,26 @@ static void release(Py_buffer *v)
         PyBuffer_Release(v);
 }
 
-static void plan_dealloc(LBPlan *self)
+/* Back to the state tp_new left: no buffer held, nothing allocated, not ready. */
+static void plan_clear(LBPlan *self)
 {
     Py_buffer *all[] = {&self->hashes_v, &self->owners_v, &self->buckets_v, &self->eligible_v,
                         &self->good_v, &self->listed_count_v, &self->eligible_count_v,
                         &self->single_v, &self->loads_v, &self->thresholds_v,
                         &self->saturated_v, &self->slots_v, &self->guard_v};
+    self->ready = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         release(all[i]);
     PyMem_Free(self->state);
     for (int i = 0; i < LB_OUT_CACHE; i++)
         Py_CLEAR(self->out_cache[i]);
+    /* Zero every field after the object header (tp_new's state), buffers included. */
+    memset((char *)self + sizeof(PyObject), 0, sizeof(LBPlan) - sizeof(PyObject));
+}
+
+static void plan_dealloc(LBPlan *self)
+{
+    plan_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -114,7 +123,7 @@ static int build_state(LBPlan *self)
     return 0;
 }
 
-static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
+static int plan_build(LBPlan *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"hashes", "owners", "buckets", "n", "views", "eligible", "good",
                             "listed_count", "eligible_count", "single", "loads", "bounded",
@@ -127,10 +136,6 @@ static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
     int bounded, choice, gate, closed;
     unsigned long long choice_salt, gate_salt, gate_threshold;
     long long n_slots;
-    if (self->hashes_v.obj != NULL || self->slots_v.obj != NULL) {
-        PyErr_SetString(PyExc_TypeError, "a plan is built once");
-        return -1;
-    }
     if (!PyArg_ParseTupleAndKeywords(
             args, kw, "$OOOnnOOOOOOpninKOOiKKOLOpn", names, &hashes, &owners, &buckets, &n,
             &views, &eligible, &good, &listed, &elig_count, &single, &loads, &bounded,
@@ -240,17 +245,68 @@ static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
     return build_state(self);
 }
 
+/* A plan is built once: a second __init__ of a built plan fails and leaves it as it
+ * was; one that fails part-way releases what it took, so the plan is as tp_new left it
+ * (not ready: every method refuses it) and may be built again. */
+static int plan_init(LBPlan *self, PyObject *args, PyObject *kw)
+{
+    if (self->ready) {
+        PyErr_SetString(PyExc_TypeError, "lbcore._kernel.Plan: a plan is built once");
+        return -1;
+    }
+    plan_clear(self);
+    if (plan_build(self, args, kw) < 0) {
+        plan_clear(self);
+        return -1;
+    }
+    self->ready = 1;
+    return 0;
+}
+
+/* Whether the plan is built; else ValueError (an object made by Plan.__new__ alone, or
+ * whose __init__ failed, holds no tables). */
+static int ready(PyObject *self)
+{
+    if (((LBPlan *)self)->ready)
+        return 1;
+    PyErr_SetString(PyExc_ValueError,
+                    "lbcore._kernel.Plan: plan not built (its __init__ did not complete)");
+    return 0;
+}
+
+static PyObject *plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    return ready(self) ? lb_plan_route(self, args, nargs, kwnames) : NULL;
+}
+
+static PyObject *plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames)
+{
+    return ready(self) ? lb_plan_route_hashes(self, args, nargs, kwnames) : NULL;
+}
+
+static PyObject *plan_answers(PyObject *self, PyObject *unused)
+{
+    return ready(self) ? lb_plan_answers(self, unused) : NULL;
+}
+
+static PyObject *plan_counter_slots(PyObject *self, PyObject *idx)
+{
+    return ready(self) ? lb_plan_counter_slots(self, idx) : NULL;
+}
+
 static PyMethodDef plan_methods[] = {
-    {"route", (PyCFunction)(void (*)(void))lb_plan_route, METH_FASTCALL | METH_KEYWORDS,
+    {"route", (PyCFunction)(void (*)(void))plan_route, METH_FASTCALL | METH_KEYWORDS,
      "route($self, keys, attempt=0)\n--\n\n"
      "Route a batch: (indices, fallbacks, moves, valid); see lbcore.Plan.route."},
-    {"route_hashes", (PyCFunction)(void (*)(void))lb_plan_route_hashes,
+    {"route_hashes", (PyCFunction)(void (*)(void))plan_route_hashes,
      METH_FASTCALL | METH_KEYWORDS,
      "route_hashes($self, hashes, attempt=0)\n--\n\n"
      "Route precomputed uint64 key hashes: (indices, fallbacks, moves, valid)."},
-    {"answers", (PyCFunction)lb_plan_answers, METH_NOARGS,
+    {"answers", (PyCFunction)plan_answers, METH_NOARGS,
      "answers() -> (answer, plain): int32 arrays of views x ring positions, attempt 0"},
-    {"counter_slots", (PyCFunction)lb_plan_counter_slots, METH_O,
+    {"counter_slots", (PyCFunction)plan_counter_slots, METH_O,
      "counter_slots(indices) -> (slots of the routed calls, their positions or None)"},
     {NULL, NULL, 0, NULL},
 };

@@ -61,6 +61,7 @@ typedef struct {
     uint64_t guard_expected;
     int has_guard;
     int closed;                     /* every key is fallback */
+    int ready;                      /* set last by a successful __init__: methods check it */
     Py_ssize_t max_key_bytes;
     /* Index arrays returned earlier, reused once nothing else refers to them. */
     PyObject *out_cache[LB_OUT_CACHE];
