@@ -28,10 +28,18 @@ from lbcore import hashing
 from lbcore.errors import ArgumentError, KeyTypeError
 from lbcore.knobs import KERNEL
 
-__all__ = ["batch_of", "hash_keys", "kernel_name", "native", "scatter_add", "use_kernel"]
+__all__ = [
+    "batch_of",
+    "hash_keys",
+    "kernel_name",
+    "native",
+    "scatter_add",
+    "scatter_add_routed",
+    "use_kernel",
+]
 
 #: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
-ABI = 2
+ABI = 3
 
 _native: ModuleType | None = None
 _native_error: str | None = None
@@ -212,6 +220,7 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
 # Recording.
 
 _I64 = np.dtype(np.int64)
+_I32 = np.dtype(np.int32)
 
 
 def _i64(a: Any, name: str, *, writable: bool = False) -> np.ndarray:
@@ -310,6 +319,97 @@ def scatter_add(target: np.ndarray, index: np.ndarray, values: Any, offsets: Any
             f"position {j}) is outside the target's {t.size} cells; nothing was added"
         )
     np.add.at(t, cells.ravel(), vals.ravel())
+
+
+def _endpoints(a: Any) -> np.ndarray:
+    if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or a.dtype not in (_I32, _I64):
+        raise TypeError("scatter_add_routed: endpoints must be a contiguous int32 or int64 array")
+    return a.reshape(-1)
+
+
+def scatter_add_routed(
+    target: np.ndarray,
+    slot_map: np.ndarray,
+    endpoints: np.ndarray,
+    values: Any,
+    offsets: Any = None,
+) -> int:
+    """``target[offsets[r] + slot_map[e]] += values[r]`` for each routed endpoint ``e``.
+
+    A fan-out's start or end in one call: ``endpoints`` as :meth:`lbcore.Plan.route`
+    returned them (``-1``: fallback, skipped), mapped to counter slots through
+    ``slot_map`` (a plan's :attr:`~lbcore.Plan.slots`), every cell checked before the
+    first is written (as :func:`scatter_add`).
+
+    Parameters
+    ----------
+    target
+        Writable, C-contiguous ``int64`` array (viewed flat).
+    slot_map
+        C-contiguous ``int64`` array: the counter slot of each endpoint.
+    endpoints
+        C-contiguous ``int32`` or ``int64`` array, each in ``-1 .. len(slot_map) - 1``.
+    values
+        An ``int`` for every cell, or one per offset (a tuple of at most 16 ints or an
+        ``int64`` array).
+    offsets
+        Optional offsets, as for :func:`scatter_add`.
+
+    Returns
+    -------
+    int
+        The routed calls (entries ``>= 0``) added.
+
+    Raises
+    ------
+    TypeError
+        An argument of another dtype or layout.
+    ValueError
+        Not one value, or one per offset.
+    IndexError
+        An endpoint outside the map, or a cell outside ``target``; nothing is added then.
+    """
+    k = _native if _active == "native" else None
+    if k is not None:
+        return k.scatter_add_routed(target, slot_map, endpoints, values, offsets)
+    t = _i64(target, "target", writable=True)
+    m = _i64(slot_map, "slot_map")
+    e = _endpoints(endpoints)
+    scalar = isinstance(values, int) and not isinstance(values, bool)
+    v = np.array([int(values)], dtype=np.int64) if scalar else _i64s(values, "values")
+    offs = np.zeros(1, dtype=np.int64) if offsets is None else _i64s(offsets, "offsets")
+    if not scalar and v.size != offs.size:
+        raise ValueError(
+            f"scatter_add_routed: {v.size} values for {offs.size} offset(s); expected one, "
+            "or one per offset"
+        )
+    bad = np.flatnonzero((e < -1) | (e >= m.size))
+    if bad.size:
+        j = int(bad[0])
+        raise IndexError(
+            f"scatter_add_routed: endpoint {int(e[j])} at position {j} is not in "
+            f"-1..{m.size - 1}; nothing was added"
+        )
+    s = m[e[e >= 0]]
+    if s.size:
+        lo, hi = min(int(s.min()), 0), int(s.max())
+        for off in offs.tolist():
+            if not (lo >= 0 and off >= 0 and hi < t.size and off < t.size - hi):
+                bad_slot = lo if lo < 0 else hi
+                raise IndexError(
+                    f"scatter_add_routed: cell {off + bad_slot} (offset {off} + slot "
+                    f"{bad_slot}) is outside the target's {t.size} cells; nothing was added"
+                )
+        vals = np.broadcast_to(v if not scalar else v[:1], offs.shape)
+        for off, val in zip(offs.tolist(), vals.tolist(), strict=True):
+            np.add.at(t, off + s, val)
+    return int(s.size)
+
+
+def scatter_adder_routed() -> Any:
+    """The active kernel's :func:`scatter_add_routed` itself (as :func:`scatter_adder`)."""
+    k = _native if _active == "native" else None
+    return scatter_add_routed if k is None else k.scatter_add_routed
 
 
 def scatter_adder() -> Any:
