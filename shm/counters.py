@@ -62,7 +62,8 @@ from typing import Any
 import numpy as np
 
 from lbcore.bounded import routed_call_load
-from lbcore.kernel import scatter_add, scatter_adder, scatter_adder_routed
+from lbcore.errors import ArgumentError
+from lbcore.kernel import calls_adder, scatter_add, scatter_adder, scatter_adder_routed
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from lbcore.signals import (
     DEFAULT_LATENCY_CAP,
@@ -977,6 +978,7 @@ class Recorder:
         self._row_words = m.rows2d[self.row]
         self._add = scatter_adder()  # the recording hot path's one call, resolved here
         self._add_routed = scatter_adder_routed()
+        self._add_calls = calls_adder()
         lay = m.layout
         cols = m.columns
         # (Tuples of ints: the kernel takes a few offsets and values without a buffer.)
@@ -1007,6 +1009,25 @@ class Recorder:
             ]
             for j in range(k)
         ]
+        # add_calls's geometry, but for the newest period (known per step).
+        nb, kinds = self._k, len(KIND_FIELDS)
+        kind0, total0 = lay[KIND_FIELDS[0]], lay[f"{KIND_FIELDS[0]}_total"]
+        if any(
+            lay[KIND_FIELDS[c]] != kind0 + c * nb * cols
+            or lay[f"{KIND_FIELDS[c]}_total"] != total0 + c * cols
+            for c in range(kinds)
+        ):
+            raise AssertionError("add_calls expects each failure kind's blocks side by side")
+        self._geometry = (
+            (self._bucket_ns, nb, cols),
+            (
+                kinds,
+                *(lay[f] for f in ("open", "open_start_sum", "open_old", "busy_ns", "completed")),
+                *(lay[f] for f in ("latency_ns", "requests_total", "failures", "failures_total")),
+                kind0,
+                total0,
+            ),
+        )
         self._epoch = m.epoch
 
     def _follow(self) -> None:
@@ -1230,6 +1251,62 @@ class Recorder:
         s = self._routed_slots(slot_map, endpoints)
         if s.size:
             self._end(s, started_ns, d, int(now_ns), None)
+
+    def record_calls(
+        self,
+        ended: list[int],
+        done: list[int],
+        starts: dict[tuple[int, int], int],
+        now_ns: int,
+    ) -> None:
+        """One step of a batching caller's calls: their ends, then their starts.
+
+        The cells :meth:`record_end` of each part and :meth:`record_start` with a time
+        per call record, in one :func:`lbcore.kernel.add_calls` call on the caller's
+        own lists (this rotates the row's buckets and follows grown counters first):
+        everything checked before anything is added, then the ends, a release fence,
+        the starts, so a reader never sees a call in flight that is not.
+
+        Parameters
+        ----------
+        ended
+            Calls whose starts were recorded, flat: ``slot, start_ns, end_ns, kind``
+            per call (``kind``: 0 success, a failure code of
+            :data:`lbcore.outlier.FAILURE_KINDS` from 1, or ``-1``: cut short by the
+            caller's deadline: busy time only, as ``completed=False``).
+        done
+            Calls that started and ended since the last step (their starts never
+            recorded: ``opened=False``), flat as ``ended``.
+        starts
+            ``{(slot, start_ns): calls}`` of calls still out.
+        now_ns
+            CLOCK_MONOTONIC time now, in nanoseconds (no call ended later).
+
+        Raises
+        ------
+        CounterInputError
+            A slot outside the row, an unknown failure kind or a bad time; nothing is
+            recorded then.
+        """
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        b = self._bucket_ns
+        if ended or done:
+            period = int(now_ns) // b
+        elif starts:
+            period = max(t for _, t in starts) // b
+        else:
+            return
+        if period > self._period:
+            self._rotate(period)
+        try:
+            head, tail = self._geometry
+            self._add_calls(self._row_words, ended, done, starts, (*head, self._period, *tail))
+        except (ArgumentError, TypeError, OverflowError) as exc:
+            if self._cw[_C_CURRENT] != self._epoch:  # grown meanwhile: check again
+                self._follow()
+                return self.record_calls(ended, done, starts, now_ns)
+            raise CounterInputError(str(exc)) from None
 
     def _routed_slots(self, slot_map: np.ndarray, endpoints: np.ndarray) -> np.ndarray:
         """The checked slots of the routed calls (the general paths of the two above)."""

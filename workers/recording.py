@@ -174,6 +174,29 @@ class Recording:
             for field, n in tallies.items():
                 row.tally(field, n)
 
+    def record_calls(
+        self,
+        ended: list[int],
+        done: list[int],
+        starts: dict[tuple[int, int], int],
+        now_ns: int,
+        tallies: dict[str, int],
+    ) -> None:
+        """:meth:`calls` from a batching caller's own lists (:meth:`shm.Recorder.record_calls`).
+
+        ``ended``/``done``: flat ``slot, start, end, kind`` per call (starts written /
+        not written); ``starts``: ``(slot, start) -> calls`` still out. Ends before
+        starts, under one lock. Raises :class:`shm.ShmError` when the row was released
+        meanwhile.
+        """
+        with self._lock:
+            row = self._row
+            if row is None:
+                return
+            row.record_calls(ended, done, starts, now_ns)
+            for field, n in tallies.items():
+                row.tally(field, n)
+
     def failed(self, fields: dict[str, Any]) -> None:
         """A call failed: its line to the failure log (rate-limited), one more failure."""
         self.failure_log.failed(fields)

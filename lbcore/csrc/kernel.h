@@ -108,4 +108,7 @@ PyObject *lb_plan_counter_slots(PyObject *self, PyObject *idx);
 PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
+/* ---- calls.c ---------------------------------------------------------------------- */
+PyObject *lb_add_calls(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
 #endif
