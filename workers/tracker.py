@@ -145,10 +145,9 @@ class Tracker:
             lock.acquire()  # (acquire/release: cheaper than a with block, per fan-out)
             try:
                 n = row[1].record_start_routed(self._map, self.idx, start, self._bound)
-            except shm.CounterInputError:
-                self._routed()  # the indices, changed since routed: say so (raises)
-                raise
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
+                if isinstance(exc, shm.CounterInputError):
+                    self._routed()  # the indices, changed since routed: say so (raises)
                 log.warning("fan-out not recorded: %s", exc)
                 return self
             finally:
