@@ -30,7 +30,7 @@ from lbcore.errors import (
 from lbcore.fade import RingSet, fade_share, fadein_filter, fadein_score
 from lbcore.gate import FALLBACK, Gate
 from lbcore.hashing import MAX_KEY_BYTES
-from lbcore.kernel import hash_keys, kernel_name, scatter_add, use_kernel
+from lbcore.kernel import hash_keys, kernel_name, scatter_add, scatter_add_routed, use_kernel
 from lbcore.plan import Plan
 from lbcore.ring import DEFAULT_VNODES, Ring
 from lbcore.signals import effective_load, occupancy
@@ -70,6 +70,7 @@ __all__ = [
     "occupancy",
     "outlier",
     "scatter_add",
+    "scatter_add_routed",
     "signals",
     "use_kernel",
 ]

@@ -30,17 +30,19 @@ from lbcore.errors import ArgumentError, KeyTypeError
 from lbcore.knobs import KERNEL
 
 __all__ = [
+    "add_calls",
     "batch_of",
     "hash_keys",
     "kernel_name",
     "native",
     "scatter_add",
+    "scatter_add_routed",
     "select_kernel",
     "use_kernel",
 ]
 
 #: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
-ABI = 2
+ABI = 3
 
 #: Why the native kernel is not used where no extension module was built.
 NOT_BUILT = "lbcore._kernel was not built (no working C compiler when installing?)"
@@ -250,6 +252,7 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
 # Recording.
 
 _I64 = np.dtype(np.int64)
+_I32 = np.dtype(np.int32)
 
 
 def _i64(a: Any, name: str, *, writable: bool = False) -> np.ndarray:
@@ -348,6 +351,261 @@ def scatter_add(target: np.ndarray, index: np.ndarray, values: Any, offsets: Any
             f"position {j}) is outside the target's {t.size} cells; nothing was added"
         )
     np.add.at(t, cells.ravel(), vals.ravel())
+
+
+def _endpoints(a: Any) -> np.ndarray:
+    if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or a.dtype not in (_I32, _I64):
+        raise TypeError("scatter_add_routed: endpoints must be a contiguous int32 or int64 array")
+    return a.reshape(-1)
+
+
+def scatter_add_routed(
+    target: np.ndarray,
+    slot_map: np.ndarray,
+    endpoints: np.ndarray,
+    values: Any,
+    offsets: Any = None,
+) -> int:
+    """``target[offsets[r] + slot_map[e]] += values[r]`` for each routed endpoint ``e``.
+
+    A fan-out's start or end in one call: ``endpoints`` as :meth:`lbcore.Plan.route`
+    returned them (``-1``: fallback, skipped), mapped to counter slots through
+    ``slot_map`` (a plan's :attr:`~lbcore.Plan.slots`), every cell checked before the
+    first is written (as :func:`scatter_add`).
+
+    Parameters
+    ----------
+    target
+        Writable, C-contiguous ``int64`` array (viewed flat).
+    slot_map
+        C-contiguous ``int64`` array: the counter slot of each endpoint.
+    endpoints
+        C-contiguous ``int32`` or ``int64`` array, each in ``-1 .. len(slot_map) - 1``.
+    values
+        An ``int`` for every cell, or one per offset (a tuple of at most 16 ints or an
+        ``int64`` array).
+    offsets
+        Optional offsets, as for :func:`scatter_add`.
+
+    Returns
+    -------
+    int
+        The routed calls (entries ``>= 0``) added.
+
+    Raises
+    ------
+    TypeError
+        An argument of another dtype or layout.
+    ValueError
+        Not one value, or one per offset.
+    IndexError
+        An endpoint outside the map, or a cell outside ``target``; nothing is added then.
+    """
+    k = _native if _active == "native" else None
+    if k is not None:
+        return k.scatter_add_routed(target, slot_map, endpoints, values, offsets)
+    t = _i64(target, "target", writable=True)
+    m = _i64(slot_map, "slot_map")
+    e = _endpoints(endpoints)
+    scalar = isinstance(values, int) and not isinstance(values, bool)
+    v = np.array([int(values)], dtype=np.int64) if scalar else _i64s(values, "values")
+    offs = np.zeros(1, dtype=np.int64) if offsets is None else _i64s(offsets, "offsets")
+    if not scalar and v.size != offs.size:
+        raise ValueError(
+            f"scatter_add_routed: {v.size} values for {offs.size} offset(s); expected one, "
+            "or one per offset"
+        )
+    bad = np.flatnonzero((e < -1) | (e >= m.size))
+    if bad.size:
+        j = int(bad[0])
+        raise IndexError(
+            f"scatter_add_routed: endpoint {int(e[j])} at position {j} is not in "
+            f"-1..{m.size - 1}; nothing was added"
+        )
+    s = m[e[e >= 0]]
+    if s.size:
+        lo, hi = min(int(s.min()), 0), int(s.max())
+        for off in offs.tolist():
+            if not (lo >= 0 and off >= 0 and hi < t.size and off < t.size - hi):
+                bad_slot = lo if lo < 0 else hi
+                raise IndexError(
+                    f"scatter_add_routed: cell {off + bad_slot} (offset {off} + slot "
+                    f"{bad_slot}) is outside the target's {t.size} cells; nothing was added"
+                )
+        vals = np.broadcast_to(v if not scalar else v[:1], offs.shape)
+        for off, val in zip(offs.tolist(), vals.tolist(), strict=True):
+            np.add.at(t, off + s, val)
+    return int(s.size)
+
+
+def scatter_adder_routed() -> Any:
+    """The active kernel's :func:`scatter_add_routed` itself (as :func:`scatter_adder`)."""
+    k = _native if _active == "native" else None
+    return scatter_add_routed if k is None else k.scatter_add_routed
+
+
+_TIME_LIMIT = 1 << 62  # call times in 0 .. 2**62 ns (TIME_LIMIT in calls.c)
+_GEOMETRY = 16
+
+
+def _int(x: Any, what: str) -> int:
+    if not isinstance(x, int):
+        raise TypeError(f"add_calls: {what} must be ints")
+    if not _I64_RANGE[0] <= x <= _I64_RANGE[1]:
+        raise OverflowError("int too big to convert")
+    return int(x)
+
+
+def add_calls(
+    target: np.ndarray,
+    ended: list[int],
+    done: list[int],
+    starts: dict[tuple[int, int], int],
+    geometry: tuple[int, ...],
+) -> None:
+    """A batching recorder's step: many calls' ends, then their starts, added to a row.
+
+    shm's :meth:`shm.Recorder.record_calls` hands over its row, the calls as its own
+    lists and the row's geometry after rotating its buckets (the protocol stays in
+    shm); this adds the cells :meth:`shm.Recorder.record_end` and
+    :meth:`~shm.Recorder.record_start` would for the same calls. Everything is checked
+    before anything is added; ends are written before starts.
+
+    Parameters
+    ----------
+    target
+        The row: writable, C-contiguous ``int64``.
+    ended, done
+        Flat ``slot, start_ns, end_ns, kind`` per call, of calls whose starts were
+        added before (``ended``) or never (``done``); ``kind`` ``-1``: cut short (busy
+        time only), ``0``: success, ``1..kinds``: a failure kind.
+    starts
+        ``{(slot, start_ns): calls}`` of calls still out.
+    geometry
+        16 ints: bucket ns, buckets, columns, the newest period held, failure kinds,
+        then the word offsets of open, open_start_sum, open_old, busy_ns, completed,
+        latency_ns, requests_total, failures, failures_total, the first kind's bucket
+        block and the first kind's total.
+
+    Raises
+    ------
+    TypeError
+        Arguments of another type or layout.
+    ArgumentError
+        A slot, kind, time or count out of range, or a geometry the row cannot hold;
+        nothing is added then.
+    """
+    k = _native if _active == "native" else None
+    if k is not None:
+        k.add_calls(target, ended, done, starts, geometry)
+        return
+    if type(geometry) is not tuple or len(geometry) != _GEOMETRY:
+        raise TypeError(f"add_calls: geometry must be a tuple of {_GEOMETRY} ints")
+    g = [_int(x, "geometry entries") for x in geometry]
+    if (
+        not isinstance(target, np.ndarray)
+        or not target.flags.c_contiguous
+        or not target.flags.writeable
+        or target.dtype != _I64
+    ):
+        raise TypeError("add_calls: target must be a writable contiguous int64 array")
+    t = target.reshape(-1)
+    b, nb, cols, newest, nk = g[:5]
+    o_open, o_sum, o_old, o_busy, o_done, o_lat, o_req, o_fail, o_ftot, o_kind, o_ktot = g[5:]
+    spans = [
+        (o_open, nb * cols), (o_sum, nb * cols), (o_old, cols), (o_busy, nb * cols),
+        (o_done, nb * cols), (o_lat, nb * cols), (o_req, cols), (o_fail, nb * cols),
+        (o_ftot, cols), (o_kind, nk * nb * cols), (o_ktot, nk * cols),
+    ]  # fmt: skip
+    if (
+        b <= 0 or nb <= 0 or nb > 1 << 16 or cols <= 0 or cols > 1 << 24 or nk < 0 or nk > 64
+        or newest < 0 or newest >= _TIME_LIMIT
+        or any(o < 0 or o > t.size or n > t.size - o for o, n in spans)
+    ):  # fmt: skip
+        raise ArgumentError(f"add_calls: the row's geometry does not fit its {t.size} words")
+    oldest = newest - nb + 1
+    cells: list[int] = []
+    vals: list[int] = []
+    for flat, opened in ((ended, True), (done, False)):
+        if type(flat) is not list or len(flat) % 4:
+            raise TypeError(
+                "add_calls: ends must be a list of 4 ints per call (slot, start, end, kind)"
+            )
+        for i in range(0, len(flat), 4):
+            s = _int(flat[i], "slots")
+            st, end = _int(flat[i + 1], "times"), _int(flat[i + 2], "times")
+            kind = _int(flat[i + 3], "kinds")
+            if not 0 <= s < cols:
+                raise ArgumentError(f"add_calls: endpoint slots must be in 0..{cols - 1}, got {s}")
+            if not -1 <= kind <= nk:
+                raise ArgumentError(
+                    f"add_calls: failure kinds must be -1 (cut), 0 or 1..{nk}, got {kind}"
+                )
+            if not (0 <= st < _TIME_LIMIT and 0 <= end < _TIME_LIMIT):
+                raise ArgumentError(
+                    f"add_calls: call times must be in 0..2**62 ns, got {st}..{end}"
+                )
+            d = end - st if end > st else 0
+            end = st + d
+            qs = st // b
+            if kind >= 0:
+                cells.append(o_req + s)
+                vals.append(1)
+            if opened:
+                if qs >= oldest:
+                    j = (qs % nb) * cols + s
+                    cells += (o_open + j, o_sum + j)
+                    vals += (-1, qs * b - st)
+                else:
+                    cells.append(o_old + s)
+                    vals.append(-1)
+            for q in range(max(qs, oldest), min(newest, (end - 1) // b) + 1):
+                part = min(end, (q + 1) * b) - max(st, q * b)
+                if part > 0:
+                    cells.append(o_busy + (q % nb) * cols + s)
+                    vals.append(part)
+            if kind < 0:
+                continue
+            jb = min(max(end // b, oldest), newest) % nb
+            j = jb * cols + s
+            cells += (o_done + j, o_lat + j)
+            vals += (1, d)
+            if kind:
+                cells += (o_fail + j, o_ftot + s, o_kind + ((kind - 1) * nb + jb) * cols + s,
+                          o_ktot + (kind - 1) * cols + s)  # fmt: skip
+                vals += (1, 1, 1, 1)
+    n_ends = len(cells)
+    if type(starts) is not dict:
+        raise TypeError("add_calls: starts must be a dict {(slot, start): calls}")
+    for key, n in starts.items():
+        if type(key) is not tuple or len(key) != 2:
+            raise TypeError("add_calls: starts must be a dict {(slot, start): calls}")
+        s, st, n = _int(key[0], "slots"), _int(key[1], "times"), _int(n, "call counts")
+        if not 0 <= s < cols:
+            raise ArgumentError(f"add_calls: endpoint slots must be in 0..{cols - 1}, got {s}")
+        if not (0 <= st < _TIME_LIMIT and 0 <= n <= 1 << 30):
+            raise ArgumentError(
+                "add_calls: start times must be in 0..2**62 ns and call counts in 0..2**30, "
+                f"got {st} and {n}"
+            )
+        q = st // b
+        if q >= oldest:
+            j = (q % nb) * cols + s
+            cells += (o_open + j, o_sum + j)
+            vals += (n, n * (st - q * b))
+        else:
+            cells.append(o_old + s)
+            vals.append(n)
+    c = np.array(cells, np.int64)
+    v = np.array(vals, np.int64)
+    np.add.at(t, c[:n_ends], v[:n_ends])  # the ends, then the starts
+    np.add.at(t, c[n_ends:], v[n_ends:])
+
+
+def calls_adder() -> Any:
+    """The active kernel's :func:`add_calls` itself (as :func:`scatter_adder`)."""
+    k = _native if _active == "native" else None
+    return add_calls if k is None else k.add_calls
 
 
 def scatter_adder() -> Any:

@@ -62,7 +62,8 @@ from typing import Any
 import numpy as np
 
 from lbcore.bounded import routed_call_load
-from lbcore.kernel import scatter_add, scatter_adder
+from lbcore.errors import ArgumentError
+from lbcore.kernel import calls_adder, scatter_add, scatter_adder, scatter_adder_routed
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from lbcore.signals import (
     DEFAULT_LATENCY_CAP,
@@ -976,6 +977,8 @@ class Recorder:
         # field and total.
         self._row_words = m.rows2d[self.row]
         self._add = scatter_adder()  # the recording hot path's one call, resolved here
+        self._add_routed = scatter_adder_routed()
+        self._add_calls = calls_adder()
         lay = m.layout
         cols = m.columns
         # (Tuples of ints: the kernel takes a few offsets and values without a buffer.)
@@ -1006,6 +1009,25 @@ class Recorder:
             ]
             for j in range(k)
         ]
+        # add_calls's geometry, but for the newest period (known per step).
+        nb, kinds = self._k, len(KIND_FIELDS)
+        kind0, total0 = lay[KIND_FIELDS[0]], lay[f"{KIND_FIELDS[0]}_total"]
+        if any(
+            lay[KIND_FIELDS[c]] != kind0 + c * nb * cols
+            or lay[f"{KIND_FIELDS[c]}_total"] != total0 + c * cols
+            for c in range(kinds)
+        ):
+            raise AssertionError("add_calls expects each failure kind's blocks side by side")
+        self._geometry = (
+            (self._bucket_ns, nb, cols),
+            (
+                kinds,
+                *(lay[f] for f in ("open", "open_start_sum", "open_old", "busy_ns", "completed")),
+                *(lay[f] for f in ("latency_ns", "requests_total", "failures", "failures_total")),
+                kind0,
+                total0,
+            ),
+        )
         self._epoch = m.epoch
 
     def _follow(self) -> None:
@@ -1127,6 +1149,177 @@ class Recorder:
                 )
             if s.size:
                 self._start_each(s, t.astype(np.int64))
+
+    def record_start_routed(
+        self, slot_map: np.ndarray, endpoints: np.ndarray, now_ns: int, bound: int
+    ) -> int:
+        """:meth:`record_start` of a routed fan-out at one time: one kernel call.
+
+        Parameters
+        ----------
+        slot_map
+            Counter slot per endpoint (``int64``, each in ``0 .. bound - 1``: a plan's
+            :attr:`~lbcore.Plan.slots` and :attr:`~lbcore.Plan.n_slots`).
+        endpoints
+            Endpoint index per call (``int32`` or ``int64``; ``-1``: fallback, not
+            recorded).
+        now_ns
+            CLOCK_MONOTONIC start time of every call (an ``int``), in nanoseconds.
+        bound
+            Every slot of ``slot_map`` is below it.
+
+        Returns
+        -------
+        int
+            The calls recorded (the routed ones): pass the fan-out to
+            :meth:`record_end_routed` if not zero.
+
+        Raises
+        ------
+        CounterInputError
+            Endpoints outside the map or slots outside the row; nothing is recorded then.
+        """
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        if bound > self._cols or now_ns.__class__ is not int:
+            slots = self._routed_slots(slot_map, endpoints)
+            self.record_start(slots, now_ns)
+            return int(slots.size)
+        b = self._bucket_ns
+        q = now_ns // b
+        if q > self._period:
+            self._rotate(q)
+        try:
+            if q > self._period - self._k:  # a bucket this row holds
+                return self._add_routed(
+                    self._row_words,
+                    slot_map,
+                    endpoints,
+                    (1, now_ns - q * b),
+                    self._start_offsets[q % self._k],
+                )
+            return self._add_routed(self._open_old, slot_map, endpoints, 1)
+        except (IndexError, TypeError) as exc:
+            raise CounterInputError(str(exc)) from None
+
+    def record_end_routed(
+        self,
+        slot_map: np.ndarray,
+        endpoints: np.ndarray,
+        started_ns: int,
+        duration_ns: int,
+        now_ns: int,
+        bound: int,
+    ) -> None:
+        """:meth:`record_end` of a fan-out :meth:`record_start_routed` recorded: one call.
+
+        Every call started at ``started_ns`` and was busy ``duration_ns >= 0`` (ints,
+        nanoseconds); none failed (a fan-out with failures or its own end times goes
+        through :meth:`record_end`).
+
+        Raises
+        ------
+        CounterInputError
+            As :meth:`record_start_routed`, or a negative duration.
+        """
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        d = duration_ns
+        if d.__class__ is not int or started_ns.__class__ is not int or d < 0:
+            if d.__class__ is int and d < 0:
+                raise CounterInputError(f"durations must be >= 0 ns, got {d}")
+            self.record_end(self._routed_slots(slot_map, endpoints), started_ns, d, now_ns)
+            return
+        b = self._bucket_ns
+        period = now_ns // b
+        if period > self._period:
+            self._rotate(period)
+        if period > self._period - self._k and started_ns >= period * b and bound <= self._cols:
+            # The fast path of _end: every call started in this bucket.
+            j = period % self._k
+            try:
+                self._add_routed(
+                    self._row_words,
+                    slot_map,
+                    endpoints,
+                    (-1, period * b - started_ns, d, 1, d, 1),
+                    self._end_offsets[j],
+                )
+            except (IndexError, TypeError) as exc:
+                raise CounterInputError(str(exc)) from None
+            return
+        s = self._routed_slots(slot_map, endpoints)
+        if s.size:
+            self._end(s, started_ns, d, int(now_ns), None)
+
+    def record_calls(
+        self,
+        ended: list[int],
+        done: list[int],
+        starts: dict[tuple[int, int], int],
+        now_ns: int,
+    ) -> None:
+        """One step of a batching caller's calls: their ends, then their starts.
+
+        The cells :meth:`record_end` of each part and :meth:`record_start` with a time
+        per call record, in one :func:`lbcore.kernel.add_calls` call on the caller's
+        own lists (this rotates the row's buckets and follows grown counters first):
+        everything checked before anything is added, then the ends, a release fence,
+        the starts, so a reader never sees a call in flight that is not.
+
+        Parameters
+        ----------
+        ended
+            Calls whose starts were recorded, flat: ``slot, start_ns, end_ns, kind``
+            per call (``kind``: 0 success, a failure code of
+            :data:`lbcore.outlier.FAILURE_KINDS` from 1, or ``-1``: cut short by the
+            caller's deadline: busy time only, as ``completed=False``).
+        done
+            Calls that started and ended since the last step (their starts never
+            recorded: ``opened=False``), flat as ``ended``.
+        starts
+            ``{(slot, start_ns): calls}`` of calls still out.
+        now_ns
+            CLOCK_MONOTONIC time now, in nanoseconds (no call ended later).
+
+        Raises
+        ------
+        CounterInputError
+            A slot outside the row, an unknown failure kind or a bad time; nothing is
+            recorded then.
+        """
+        if self._cw[_C_CURRENT] != self._epoch:
+            self._follow()
+        b = self._bucket_ns
+        if ended or done:
+            period = int(now_ns) // b
+        elif starts:
+            period = max(t for _, t in starts) // b
+        else:
+            return
+        if period > self._period:
+            self._rotate(period)
+        try:
+            head, tail = self._geometry
+            self._add_calls(self._row_words, ended, done, starts, (*head, self._period, *tail))
+        except (ArgumentError, TypeError, OverflowError) as exc:
+            if self._cw[_C_CURRENT] != self._epoch:  # grown meanwhile: check again
+                self._follow()
+                return self.record_calls(ended, done, starts, now_ns)
+            raise CounterInputError(str(exc)) from None
+
+    def _routed_slots(self, slot_map: np.ndarray, endpoints: np.ndarray) -> np.ndarray:
+        """The checked slots of the routed calls (the general paths of the two above)."""
+        e = np.asarray(endpoints)
+        m = np.asarray(slot_map)
+        if e.ndim != 1 or (e.size and e.dtype.kind not in "iu"):
+            raise CounterInputError(f"endpoints must be a 1-D integer array, got {e.dtype}")
+        e = e[e >= 0]
+        if e.size and int(e.max()) >= m.size:
+            raise CounterInputError(
+                f"endpoint {int(e.max())} is not in the slot map's 0..{m.size - 1}"
+            )
+        return self._slots(m[e] if e.size else _NO_SLOTS)
 
     def _start_each(self, s: np.ndarray, t: np.ndarray) -> None:
         """:meth:`record_start` with a start time per call (``int64``, ``s.size > 0``).

@@ -187,20 +187,24 @@ def test_ledger_writes_in_batched_steps_what_calls_did(store):
 
 
 class _Watched:
-    """A recorder that, after each of its writes, reads what other workers see in flight."""
+    """A recorder that, after each write into its row (each kernel call: a step is
+    several), reads what other workers see in flight."""
 
     def __init__(self, rec, reader, clock):
         self.rec, self.reader, self.clock = rec, reader, clock
         self.seen: list[list[int]] = []
+        for name in ("_add", "_add_calls"):  # the recorder's kernel entry points
+            setattr(rec, name, self._watched(getattr(rec, name)))
 
-    def __getattr__(self, name):
-        f = getattr(self.rec, name)
-
-        def call(*a, **k):
-            f(*a, **k)
+    def _watched(self, add):
+        def watched_add(*a):
+            add(*a)
             self.seen.append(self.reader.read(self.clock(), 16).in_flight[:4].tolist())
 
-        return call
+        return watched_add
+
+    def __getattr__(self, name):
+        return getattr(self.rec, name)
 
 
 def test_ledger_never_shows_a_call_in_flight_that_is_not(store):
@@ -222,7 +226,9 @@ def test_ledger_never_shows_a_call_in_flight_that_is_not(store):
     out = {1: 0, 2: 1, 3: 1}
     watched.seen.clear()
     led.flush()
-    assert len(watched.seen) >= 3  # (ends, complete calls, starts: separate writes)
+    # One write (lbcore.kernel.add_calls: ends, a release fence, then starts); a reader
+    # between writes sees the end state at most.
+    assert len(watched.seen) >= 1
     for cells in watched.seen:
         assert all(cells[s] <= n for s, n in out.items()), watched.seen
     assert watched.seen[-1][1:4] == [0, 1, 1]

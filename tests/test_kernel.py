@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -391,6 +392,47 @@ def test_scatter_add_refuses_bad_input_alike_and_adds_nothing(
     finally:
         lbcore.use_kernel(old)
     assert str(got.value) == str(ref.value)
+
+
+@pytest.mark.parametrize(
+    ("slot_map", "endpoints", "values", "offsets", "match"),
+    [
+        ([0, 1, 2], np.array([0, 3], np.int32), 1, None, r"endpoint 3 at position 1 .* -1\.\.2"),
+        ([0, 1, 2], np.array([-2], np.int64), 1, None, "endpoint -2"),
+        ([0, 1, 9], np.array([2, 0], np.int32), 1, None, "cell 9"),
+        ([0, -1, 2], np.array([1], np.int32), 1, None, "slot -1"),
+        ([0, 1, 2], np.array([1], np.int32), (1, 1), (0, 8), "cell 9"),
+        ([0, 1, 2], np.array([1], np.int32), (1, 1), (0,), "2 values for 1 offset"),
+        ([0, 1, 2], np.array([1], np.uint32), 1, None, "int32 or int64"),
+        ([0, 1, 2], [1], 1, None, "int32 or int64"),
+    ],
+)
+def test_scatter_add_routed_refuses_bad_input_alike_and_adds_nothing(
+    kernel, slot_map, endpoints, values, offsets, match
+):
+    target = np.zeros(9, np.int64)
+    m = np.array(slot_map, np.int64)
+    with pytest.raises((IndexError, TypeError, ValueError)) as got:
+        lbcore.scatter_add_routed(target, m, endpoints, values, offsets)
+    assert not target.any()
+    assert re.search(match, str(got.value)), got.value
+    other = "numpy" if kernel == "native" else "native"
+    old = lbcore.use_kernel(other)
+    try:
+        with pytest.raises(type(got.value), match=re.escape(str(got.value))):
+            lbcore.scatter_add_routed(target, m, endpoints, values, offsets)
+    finally:
+        lbcore.use_kernel(old)
+
+
+def test_scatter_add_routed_maps_and_skips_fallbacks(kernel):
+    target = np.zeros(12, np.int64)
+    m = np.array([5, 0, 3], np.int64)
+    # Many calls over few slots (the per-slot count path) and a few (the plain path).
+    many = np.tile(np.array([2, -1, 0, 0], np.int32), 50)
+    assert lbcore.scatter_add_routed(target, m, many, (1, 10), (0, 6)) == 150
+    assert lbcore.scatter_add_routed(target, m, np.array([1, -1], np.int64), 4) == 1
+    assert target.tolist() == [4, 0, 0, 50, 0, 100, 0, 0, 0, 500, 0, 1000]
 
 
 def test_scatter_add_refuses_a_read_only_row(kernel):

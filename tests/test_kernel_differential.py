@@ -119,6 +119,10 @@ def routed_and_recorded(args, keys, attempt):
     row = np.zeros(3 * len(plan.slots) + 8, dtype=np.int64)
     offsets = np.array([0, len(plan.slots), 2 * len(plan.slots)], dtype=np.int64)
     lbcore.scatter_add(row, slots, np.array([1, 7, -2], dtype=np.int64), offsets)
+    # The tracker's one call: the same cells from the routed indices and the slot map.
+    mapped = np.zeros_like(row)
+    calls = lbcore.scatter_add_routed(mapped, plan.slots, idx, (1, 7, -2), tuple(offsets.tolist()))
+    assert calls == slots.size and mapped.tolist() == row.tolist()
     return (
         idx.tolist(),
         fallbacks,
@@ -127,6 +131,55 @@ def routed_and_recorded(args, keys, attempt):
         None if where is None else where.tolist(),
         row.tolist(),
     )
+
+
+@st.composite
+def routed_fan_outs(draw):
+    """A slot map (sometimes with bad slots), routed indices (sometimes bad), a row."""
+    eps = draw(st.integers(0, 300))
+    cols = draw(st.integers(1, 400))
+    slot_map = np.array(
+        draw(st.lists(st.integers(-2, cols + 2), min_size=eps, max_size=eps)), dtype=np.int64
+    )
+    if draw(st.booleans()):
+        slot_map = np.clip(slot_map, 0, cols - 1)
+    n = draw(st.integers(0, 2000))
+    hi = max(eps, 1) + (2 if draw(st.integers(0, 4)) == 0 else 0)
+    few = draw(st.integers(1, hi))  # many calls over few endpoints, at times
+    idx = np.array(draw(st.lists(st.integers(-1, few - 1), min_size=0, max_size=40)), np.int64)
+    idx = np.resize(idx, n) if idx.size else np.full(n, -1, np.int64)
+    if draw(st.integers(0, 8)) == 0 and n:
+        idx[draw(st.integers(0, n - 1))] = draw(st.sampled_from([-2, eps, 2**40]))
+    idx = idx.astype(draw(st.sampled_from([np.int32, np.int64])))
+    k = draw(st.integers(1, 6))
+    buckets = draw(st.integers(1, 4))
+    offsets = tuple(
+        draw(st.integers(-1 if draw(st.integers(0, 9)) == 0 else 0, buckets * cols))
+        for _ in range(k)
+    )
+    values = draw(
+        st.integers(-5, 5)
+        | st.tuples(*[st.integers(-(2**40), 2**40)] * k)
+        | st.tuples(*[st.integers(-3, 3)] * draw(st.integers(1, 7)))
+    )
+    return slot_map, idx, values, offsets, (buckets + 1) * cols
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(routed_fan_outs())
+def test_native_and_numpy_scatter_add_routed_alike(fan_out):
+    slot_map, idx, values, offsets, cells = fan_out
+
+    def recorded():
+        row = np.zeros(cells, dtype=np.int64)
+        try:
+            n = lbcore.scatter_add_routed(row, slot_map, idx, values, offsets)
+        except Exception as exc:
+            assert not row.any()  # nothing added on a refusal
+            raise exc
+        return n, row.tolist()
+
+    assert on("native", recorded) == on("numpy", recorded)
 
 
 @settings(

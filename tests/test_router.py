@@ -1020,3 +1020,32 @@ def test_track_maps_the_routers_own_arrays_and_still_checks_them(host, clock):
     with r.track(np.empty(0, np.int32), table):
         pass
     assert r.stats()["failures"] == 0
+
+
+def test_track_refuses_its_own_batch_changed_to_bad_indices(host, clock):
+    """The router's own array is mapped by the kernel on enter: changed since routing to
+    indices outside the table, the block is refused (nothing recorded); fallbacks set
+    since are left out, and done()/fail() still name the right calls."""
+    host.publish(lbcore.RingSet(endpoints(5)))
+    r = host.router()
+    before = host.loads().take(r.table().slots).requests_total.copy()
+    for bad in (5, -2, np.iinfo(np.int32).max):
+        idx, table = r.route_table(KEYS[:40])
+        idx[7] = bad
+        tr = r.track(idx, table)
+        with pytest.raises(RouterInputError, match=r"-1\.\.4"):
+            tr.__enter__()
+        assert host.loads().take(table.slots).in_flight.sum() == 0
+    assert host.loads().take(table.slots).requests_total.tolist() == before.tolist()
+    idx, table = r.route_table(KEYS[:40])
+    idx[[0, 5]] = -1
+    with r.track(idx, table) as tr:
+        during = host.loads().take(table.slots).in_flight
+        assert during.tolist() == np.bincount(idx[idx >= 0], minlength=5).tolist()
+        tr.fail(6)
+        tr.done(8)
+    after = host.loads().take(table.slots)
+    assert after.in_flight.sum() == 0
+    assert after.requests_total.sum() - before.sum() == 38
+    assert after.failures_total[int(idx[6])] == 1
+    assert r.stats()["failures"] == 1

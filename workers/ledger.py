@@ -29,9 +29,10 @@ is recorded for it: a local rejection is not the pod's failure), and
 :meth:`~CallLedger.oldest` tells a busy pod from a stuck one.
 
 It writes through the worker's :class:`workers.recording.Recording`, the same narrow
-handle ``Router.track`` records through; each write is one step under the row's lock:
-the pending starts (each with its own start time), the pending ends and the stats
-deltas, each a few :func:`lbcore.scatter_add` calls whatever their number.
+handle ``Router.track`` records through; each write is one step under the row's lock
+(:meth:`shm.Recorder.record_calls`): the pending ends and starts, each with its own
+times, worked out on the ledger's own lists and written with two
+:func:`lbcore.scatter_add` calls whatever their number, and the stats deltas.
 """
 
 from __future__ import annotations
@@ -39,11 +40,9 @@ from __future__ import annotations
 import logging
 import threading
 
-import numpy as np
-
 import shm
 from shm.layout import STATS_FIELDS
-from workers.recording import End, Recording
+from workers.recording import Recording
 
 __all__ = ["CUT", "FLUSH_NS", "MAX_PENDING", "CallLedger"]
 
@@ -258,15 +257,8 @@ class CallLedger:
                 self._stats = {}
                 now = self._clock()
                 self._due = now + FLUSH_NS
-            s = None
-            if starts:
-                counts = starts.values()
-                flat = np.fromiter((x for key in starts for x in key), np.int64, 2 * len(starts))
-                if len(starts) != sum(counts):  # (the same slot and start: more than one call)
-                    flat = np.repeat(flat.reshape(-1, 2), list(counts), axis=0).reshape(-1)
-                s = _columns(flat, 2)
             try:
-                self._rec.calls(_ended(ends, True) + _ended(done, False), s, now, stats)
+                self._rec.record_calls(ends, done, starts, now, stats)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if not self._warned:
                     self._warned = True
@@ -276,32 +268,3 @@ class CallLedger:
         """:meth:`flush` if the last write is :data:`FLUSH_NS` old (a pool thread's check)."""
         if (self._starts or self._ends or self._done) and self._clock() >= self._due:
             self.flush()
-
-
-def _columns(flat: np.ndarray, k: int) -> np.ndarray:
-    """Fields of ``k`` ints per call, flat, as ``k`` contiguous rows."""
-    return flat.reshape(-1, k).T.copy()
-
-
-def _ended(flat: list[int], opened: bool) -> list[End]:
-    """Ends (slot, start, end, kind per call, flat) as the recording's parts.
-
-    One part of the calls that completed, one of those the deadline cut (if any).
-    """
-    if not flat:
-        return []
-    slot, began, end, kind = _columns(np.array(flat, np.int64), 4)
-    durations = end - began
-    np.maximum(durations, 0, out=durations)  # (a clock is monotonic; be safe)
-    if not kind.any():
-        return [(slot, began, durations, None, opened, True)]
-    if int(kind.min()) >= 0:
-        return [(slot, began, durations, kind, opened, True)]
-    cut = kind < 0
-    done = ~cut
-    parts: list[End] = [(slot[cut], began[cut], durations[cut], None, opened, False)]
-    if done.any():
-        k = kind[done]
-        kinds = k if k.any() else None
-        parts.append((slot[done], began[done], durations[done], kinds, opened, True))
-    return parts

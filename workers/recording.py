@@ -18,21 +18,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 import shm
 from workers.failurelog import FailureLog
 
-__all__ = ["End", "Recording"]
+__all__ = ["Recording"]
 
 log = logging.getLogger("cslb.router")
 
 _STATS = ("decisions", "fallbacks", "moves", "failures")
-#: Ends of calls, one part of a step: ``(slots, start times, durations (ns), failure
-#: kinds or None, opened, completed)``, arrays of ``int64``; ``opened``: their starts
-#: were recorded; ``completed``: ``False`` for calls the caller's deadline cut short
-#: (see :meth:`shm.Recorder.record_end`).
-End = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, bool, bool]
 
 
 class Recording:
@@ -146,31 +139,26 @@ class Recording:
 
     # -- calls ----------------------------------------------------------------------
 
-    def calls(
+    def record_calls(
         self,
-        ends: list[End],
-        starts: tuple[np.ndarray, np.ndarray] | np.ndarray | None,
+        ended: list[int],
+        done: list[int],
+        starts: dict[tuple[int, int], int],
         now_ns: int,
         tallies: dict[str, int],
     ) -> None:
-        """One step of the fan-out's calls under one lock: ``ends`` in order, then ``starts``.
+        """One step of a batching caller's calls (:meth:`shm.Recorder.record_calls`).
 
-        Ends first, calls whose starts were recorded before those whose were not: in
-        that order a reader never sees a call in flight that is not. ``starts``:
-        ``(slots, start times)`` of calls still out (``int64``); ``tallies``: stats
-        totals to add (:data:`shm.layout.STATS_FIELDS`). Raises :class:`shm.ShmError`
-        when the row was released meanwhile.
+        ``ended``/``done``: flat ``slot, start, end, kind`` per call (starts written /
+        not written); ``starts``: ``(slot, start) -> calls`` still out. Ends before
+        starts, under one lock. Raises :class:`shm.ShmError` when the row was released
+        meanwhile.
         """
         with self._lock:
             row = self._row
             if row is None:
                 return
-            for slots, began, durations, kinds, opened, completed in ends:
-                row.record_end(
-                    slots, began, durations, now_ns, kinds, opened=opened, completed=completed
-                )
-            if starts is not None:
-                row.record_start(starts[0], starts[1])
+            row.record_calls(ended, done, starts, now_ns)
             for field, n in tallies.items():
                 row.tally(field, n)
 

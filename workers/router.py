@@ -549,12 +549,20 @@ class Router:
                 if keys is None:
                     keys = last[2]
                 if s is not None and s.table is table:
-                    try:
-                        slots, calls = s.plan.counter_slots(idx)
-                    except lbcore.ArgumentError as exc:  # changed by the caller since
-                        raise RouterInputError(str(exc)) from None
-                    bound = s.plan.n_slots
-                    return Tracker(self.recording, idx, table, keys, attempt, slots, calls, bound)
+                    # Mapped to counter slots by the kernel on enter and exit (the
+                    # indices checked there: the caller may have changed them since).
+                    plan = s.plan
+                    return Tracker(
+                        self.recording,
+                        idx,
+                        table,
+                        keys,
+                        attempt,
+                        None,
+                        None,
+                        plan.n_slots,
+                        plan.slots,
+                    )
             elif table is None and last is not None and idx.__class__ is np.ndarray:
                 if idx.base is last[0]:  # a slice of it: its table
                     table = last[1]

@@ -84,6 +84,7 @@ class Tracker:
     __slots__ = (
         "_bound",
         "_calls",
+        "_map",
         "_marks",
         "_rec",
         "_row",
@@ -103,9 +104,10 @@ class Tracker:
         table: shm.Table,
         keys: Sequence[Any] | None,
         attempt: int,
-        slots: np.ndarray,
+        slots: np.ndarray | None,
         calls: np.ndarray | None,
         bound: int,
+        slot_map: np.ndarray | None = None,
     ) -> None:
         self._rec = recording
         # A private copy: the caller may reuse its array while the calls are open, and
@@ -114,8 +116,13 @@ class Tracker:
         self.table = table
         self.keys = keys
         self.attempt = attempt
-        self._slots = slots  # counter slot per routed call (int64); empty: none recorded
-        self._calls = calls  # positions of the routed calls in idx (None: all of them)
+        # Either the counter slot per routed call (int64; empty: none recorded) and their
+        # positions in idx (None: all of them), or (slots None) the plan's slot per
+        # endpoint: the kernel maps idx through it on enter and exit (one call each), and
+        # the slots and positions are made only if done() or fail() need them.
+        self._slots = slots
+        self._calls = calls
+        self._map = slot_map
         self._bound = bound  # every slot is below it
         self._state = 0  # 0: made, 1: recording, 2: ended
         self._row: Any = None  # (lock, recorder) the start went to: the end goes there too
@@ -130,9 +137,27 @@ class Tracker:
             rec.check()
         self._start = start = rec.clock()
         row = rec.row
-        if row is not None and self._slots.size:
+        if self._slots is None:
+            if row is None:
+                self._routed()  # nothing to record into: still check the indices
+                return self
             lock = row[0]
             lock.acquire()  # (acquire/release: cheaper than a with block, per fan-out)
+            try:
+                n = row[1].record_start_routed(self._map, self.idx, start, self._bound)
+            except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
+                if isinstance(exc, shm.CounterInputError):
+                    self._routed()  # the indices, changed since routed: say so (raises)
+                log.warning("fan-out not recorded: %s", exc)
+                return self
+            finally:
+                lock.release()
+            if n:
+                self._row = row
+            return self
+        if row is not None and self._slots.size:
+            lock = row[0]
+            lock.acquire()
             try:
                 row[1].record_start(self._slots, start, bound=self._bound)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
@@ -142,6 +167,33 @@ class Tracker:
                 lock.release()
             self._row = row
         return self
+
+    def _routed(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The slots of the routed calls and their positions (made from the map once).
+
+        Raises
+        ------
+        RouterInputError
+            An index outside the table's endpoints (the caller changed the array
+            :meth:`workers.Router.route_table` returned before handing it to track).
+        """
+        slots = self._slots
+        if slots is None:
+            idx = self.idx
+            m = self._map
+            n = m.size  # type: ignore[union-attr]
+            if idx.size and (int(idx.min()) < -1 or int(idx.max()) >= n):
+                raise RouterInputError(
+                    f"endpoint indices must be in -1..{n - 1} for a table of {n} endpoints, "
+                    f"got values from {int(idx.min())} to {int(idx.max())}"
+                )
+            routed = idx >= 0
+            calls = None
+            if int(np.count_nonzero(routed)) != idx.size:
+                calls = np.flatnonzero(routed)
+            slots = self._slots = m[idx[routed]]  # type: ignore[index]
+            self._calls = calls
+        return slots, self._calls
 
     def _position(self, i: Any) -> int | None:
         """Index of call ``i`` among the routed calls (``None``: a fallback call)."""
@@ -155,9 +207,10 @@ class Tracker:
         i = int(i) % n
         if self.idx[i] < 0:
             return None
-        if self._calls is None:
+        calls = self._routed()[1]
+        if calls is None:
             return i
-        return int(np.searchsorted(self._calls, i))
+        return int(np.searchsorted(calls, i))
 
     def _mark(self, what: int) -> np.ndarray:
         """The end times (``what`` 0) or failure flags (1) of the routed calls, made once."""
@@ -166,7 +219,8 @@ class Tracker:
             marks = self._marks = [None, None]
         m = marks[what]
         if m is None:
-            n = self.idx.size if self._calls is None else self._calls.size
+            calls = self._routed()[1]
+            n = self.idx.size if calls is None else calls.size
             m = marks[what] = np.full(n, -1, np.int64) if what == 0 else np.zeros(n, np.bool_)
         return m
 
@@ -221,6 +275,18 @@ class Tracker:
         end = self._rec.clock()
         start = self._start
         marks = self._marks
+        if marks is None and self._slots is None:
+            lock = row[0]
+            lock.acquire()
+            try:
+                row[1].record_end_routed(
+                    self._map, self.idx, start, end - start if end > start else 0, end, self._bound
+                )
+            except shm.ShmError as exc:  # released meanwhile: nothing to add to
+                log.warning("fan-out end not recorded: %s", exc)
+            finally:
+                lock.release()
+            return
         failed = None
         if marks is None or marks[0] is None:
             durations: Any = end - start if end > start else 0  # every call: one int
@@ -232,7 +298,8 @@ class Tracker:
         lock = row[0]
         lock.acquire()
         try:
-            row[1].record_end(self._slots, start, durations, end, failed, bound=self._bound)
+            slots = self._routed()[0]
+            row[1].record_end(slots, start, durations, end, failed, bound=self._bound)
         except shm.ShmError as exc:  # released meanwhile: nothing to add to
             log.warning("fan-out end not recorded: %s", exc)
         finally:

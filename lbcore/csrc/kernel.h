@@ -20,7 +20,7 @@
 #endif
 
 /* The interface version lbcore.kernel expects (bump on any change of the Python API). */
-#define LB_ABI 2
+#define LB_ABI 3
 
 /* C11 memory-model operations through the compiler's __atomic builtins (the same
  * semantics as <stdatomic.h>, available in C99 mode). */
@@ -106,5 +106,9 @@ PyObject *lb_plan_counter_slots(PyObject *self, PyObject *idx);
 
 /* ---- scatter.c -------------------------------------------------------------------- */
 PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
+/* ---- calls.c ---------------------------------------------------------------------- */
+PyObject *lb_add_calls(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -103,6 +103,10 @@ static PyMethodDef methods[] = {
      "hash_keys(keys, kind, max_key_bytes) -> uint64 array (max_key_bytes -1: no limit)"},
     {"scatter_add", (PyCFunction)(void (*)(void))lb_scatter_add, METH_FASTCALL,
      "scatter_add(target, index, values, offsets=None): target[offsets[r] + index[j]] += value"},
+    {"scatter_add_routed", (PyCFunction)(void (*)(void))lb_scatter_add_routed, METH_FASTCALL,
+     "scatter_add_routed(target, slot_map, endpoints, values, offsets=None) -> routed calls"},
+    {"add_calls", (PyCFunction)(void (*)(void))lb_add_calls, METH_FASTCALL,
+     "add_calls(target, ended, done, starts, geometry): a batching recorder's step"},
     {"floor", k_floor, METH_VARARGS, "floor(keys, width, buckets, shift) -> int (benchmarks)"},
     {NULL, NULL, 0, NULL},
 };

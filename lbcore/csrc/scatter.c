@@ -211,3 +211,167 @@ done:
         PyBuffer_Release(&ov);
     return result;
 }
+
+/* scatter_add_routed(target, slot_map, endpoints, values, offsets=None) -> routed calls.
+ *
+ * A fan-out's start or end in one call: endpoint indices as routed (-1: fallback, not
+ * recorded) are mapped to counter slots through slot_map (a plan's private copy) and
+ * target[offsets[r] + slot_map[endpoints[j]]] += values[r] for every routed call. What
+ * the tracker would otherwise do in three (the slots of the routed calls, a new array,
+ * then scatter_add). Every endpoint is checked against the map and every mapped cell
+ * against the target before the first is written; the same ordering as scatter_add. */
+static int take_endpoints(PyObject *obj, Py_buffer *v, int *wide)
+{
+    if (!PyObject_TypeCheck(obj, (PyTypeObject *)LB.np_ndarray) ||
+        PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError,
+                        "scatter_add_routed: endpoints must be a contiguous int32 or int64 array");
+        return -1;
+    }
+    const char *f = v->format == NULL ? "B" : v->format;
+    if (*f == '=' || *f == '<' || *f == '@')
+        f++;
+    int ok32 = v->itemsize == 4 && (strcmp(f, "i") == 0 || (strcmp(f, "l") == 0 && sizeof(long) == 4));
+    int ok64 = v->itemsize == 8 && f[0] != '\0' && f[1] == '\0' &&
+               (f[0] == 'q' || f[0] == 'n' || (f[0] == 'l' && sizeof(long) == 8));
+    if (!ok32 && !ok64) {
+        PyBuffer_Release(v);
+        PyErr_SetString(PyExc_TypeError,
+                        "scatter_add_routed: endpoints must be a contiguous int32 or int64 array");
+        return -1;
+    }
+    *wide = ok64;
+    return 0;
+}
+
+static inline int64_t endpoint_at(const void *buf, int wide, Py_ssize_t j)
+{
+    return wide ? ((const int64_t *)buf)[j] : (int64_t)((const int32_t *)buf)[j];
+}
+
+PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)mod;
+    if (nargs < 4 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "scatter_add_routed(target, slot_map, endpoints, values, offsets=None)");
+        return NULL;
+    }
+    PyObject *values_o = args[3], *offsets_o = nargs == 5 ? args[4] : Py_None;
+    Py_buffer tv = {0}, mv = {0}, ev = {0}, vv = {0}, ov = {0};
+    int64_t vbuf[MAX_TUPLE], obuf[MAX_TUPLE];
+    const int64_t *values = NULL, *offsets = NULL;
+    Py_ssize_t nv = 0, k = 1, routed = 0;
+    PyObject *result = NULL;
+    int64_t constant = 0;
+    int wide = 0;
+    int scalar = PyLong_Check(values_o) && !PyBool_Check(values_o);
+    if (take_i64(args[0], &tv, "target", 1) < 0)
+        return NULL;
+    if (take_i64(args[1], &mv, "slot_map", 0) < 0)
+        goto done;
+    if (take_endpoints(args[2], &ev, &wide) < 0)
+        goto done;
+    if (scalar) {
+        constant = PyLong_AsLongLong(values_o);
+        if (constant == -1 && PyErr_Occurred())
+            goto done;
+    } else if (take_i64s(values_o, &vv, vbuf, &values, &nv, "values") < 0) {
+        goto done;
+    }
+    if (offsets_o != Py_None && take_i64s(offsets_o, &ov, obuf, &offsets, &k, "offsets") < 0)
+        goto done;
+    if (!scalar && nv != k) {
+        PyErr_Format(PyExc_ValueError,
+                     "scatter_add_routed: %zd values for %zd offset(s); expected one, or one "
+                     "per offset",
+                     nv, k);
+        goto done;
+    }
+    Py_ssize_t cells = tv.len / 8, n = ev.len / ev.itemsize, eps = mv.len / 8;
+    const int64_t *map = (const int64_t *)mv.buf;
+    /* One pass: every endpoint in -1 .. eps - 1, the routed calls' slot range. */
+    int64_t hi = -1, lo = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t e = endpoint_at(ev.buf, wide, j);
+        if (e == -1)
+            continue;
+        if (e < -1 || e >= eps) {
+            PyErr_Format(PyExc_IndexError,
+                         "scatter_add_routed: endpoint %lld at position %zd is not in -1..%zd; "
+                         "nothing was added",
+                         (long long)e, j, eps - 1);
+            goto done;
+        }
+        int64_t x = map[e];
+        hi = x > hi ? x : hi;
+        lo = x < lo ? x : lo;
+        routed++;
+    }
+    for (Py_ssize_t r = 0; routed && r < k; r++) {
+        int64_t off = offsets != NULL ? offsets[r] : 0;
+        if (lo >= 0 && off >= 0 && hi < cells && off < cells - hi)
+            continue;
+        int64_t bad = lo < 0 ? lo : hi;
+        PyErr_Format(PyExc_IndexError,
+                     "scatter_add_routed: cell %lld (offset %lld + slot %lld) is outside the "
+                     "target's %zd cells; nothing was added",
+                     (long long)((uint64_t)off + (uint64_t)bad), (long long)off, (long long)bad,
+                     cells);
+        goto done;
+    }
+    if (routed) {
+        uint64_t *t = (uint64_t *)tv.buf;
+        /* Many calls over few slots (a long fan-out): count the calls per slot once, then
+         * add count x value per slot and offset. The same sums. */
+        uint64_t *count = NULL;
+        if (k > 1 && routed > 2 * (hi + 1) && hi < (1 << 16))
+            count = (uint64_t *)calloc((size_t)hi + 1, sizeof(uint64_t));
+        FENCE_RELEASE();
+        if (count != NULL) {
+            for (Py_ssize_t j = 0; j < n; j++) {
+                int64_t e = endpoint_at(ev.buf, wide, j);
+                if (e >= 0)
+                    count[map[e]]++;
+            }
+            for (Py_ssize_t r = 0; r < k; r++) {
+                uint64_t *row = t + (offsets != NULL ? offsets[r] : 0);
+                uint64_t add = scalar ? (uint64_t)constant : (uint64_t)values[r];
+                for (int64_t x = 0; x <= hi; x++) {
+                    if (count[x]) {
+                        uint64_t *c = row + x;
+                        STORE_RELAXED(c, LOAD_RELAXED(c) + count[x] * add);
+                    }
+                }
+            }
+            free(count);
+        } else {
+            for (Py_ssize_t r = 0; r < k; r++) {
+                uint64_t *row = t + (offsets != NULL ? offsets[r] : 0);
+                uint64_t add = scalar ? (uint64_t)constant : (uint64_t)values[r];
+                for (Py_ssize_t j = 0; j < n; j++) {
+                    int64_t e = endpoint_at(ev.buf, wide, j);
+                    if (e < 0)
+                        continue;
+                    uint64_t *c = row + map[e];
+                    STORE_RELAXED(c, LOAD_RELAXED(c) + add);
+                }
+            }
+        }
+        FENCE_RELEASE();
+    }
+    result = PyLong_FromSsize_t(routed);
+done:
+    if (tv.obj != NULL)
+        PyBuffer_Release(&tv);
+    if (mv.obj != NULL)
+        PyBuffer_Release(&mv);
+    if (ev.obj != NULL)
+        PyBuffer_Release(&ev);
+    if (vv.obj != NULL)
+        PyBuffer_Release(&vv);
+    if (ov.obj != NULL)
+        PyBuffer_Release(&ov);
+    return result;
+}
