@@ -1029,17 +1029,6 @@ class Recorder:
             ),
         )
         self._epoch = m.epoch
-        self._set_now()
-
-    def _set_now(self) -> None:
-        # The newest bucket (its period's start and end times, ns, and its column's word
-        # offsets for a start and for an end): the routed fast paths' one check per call.
-        p, b = self._period, self._bucket_ns
-        if p < 0:
-            self._now = (1, 0, (), ())  # no bucket yet: nothing is in it
-        else:
-            j = p % self._k
-            self._now = (p * b, (p + 1) * b, self._start_offsets[j], self._end_offsets[j])
 
     def _follow(self) -> None:
         if self._forked:
@@ -1080,7 +1069,6 @@ class Recorder:
                 fence()
                 periods[j] = q
         self._period = period
-        self._set_now()
 
     def _slots(self, slots: Any) -> np.ndarray:
         """``slots`` as a checked, contiguous 1-D ``int64`` array (the slow way).
@@ -1191,19 +1179,6 @@ class Recorder:
         CounterInputError
             Endpoints outside the map or slots outside the row; nothing is recorded then.
         """
-        lo, hi, offsets, _ = self._now
-        if (
-            now_ns.__class__ is int
-            and lo <= now_ns < hi
-            and self._cw[_C_CURRENT] == self._epoch
-            and bound <= self._cols
-        ):  # in the newest bucket, nothing to follow or rotate: the common case
-            try:
-                return self._add_routed(
-                    self._row_words, slot_map, endpoints, (1, now_ns - lo), offsets
-                )
-            except (IndexError, TypeError) as exc:
-                raise CounterInputError(str(exc)) from None
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
         if bound > self._cols or now_ns.__class__ is not int:
@@ -1247,27 +1222,9 @@ class Recorder:
         CounterInputError
             As :meth:`record_start_routed`, or a negative duration.
         """
-        d = duration_ns
-        lo, hi, _, offsets = self._now
-        if (
-            d.__class__ is int
-            and started_ns.__class__ is int
-            and now_ns.__class__ is int
-            and lo <= started_ns
-            and lo <= now_ns < hi
-            and d >= 0
-            and self._cw[_C_CURRENT] == self._epoch
-            and bound <= self._cols
-        ):  # every call started in the newest bucket and ends in it: the common case
-            try:
-                self._add_routed(
-                    self._row_words, slot_map, endpoints, (-1, lo - started_ns, d, 1, d, 1), offsets
-                )
-            except (IndexError, TypeError) as exc:
-                raise CounterInputError(str(exc)) from None
-            return
         if self._cw[_C_CURRENT] != self._epoch:
             self._follow()
+        d = duration_ns
         if d.__class__ is not int or started_ns.__class__ is not int or d < 0:
             if d.__class__ is int and d < 0:
                 raise CounterInputError(f"durations must be >= 0 ns, got {d}")
