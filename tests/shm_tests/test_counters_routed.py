@@ -1,0 +1,52 @@
+"""record_start_routed / record_end_routed (track()'s one kernel call each) record the
+cells record_start / record_end record for the same calls' slots, whichever bucket the
+start and the end fall in (the newest one: the fast path; older or newer: the general one)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shm import CounterStore
+
+S = 1_000_000_000
+W = 2 * S  # 10 buckets of 200 ms
+B = W // 10
+T0 = 1_000 * S
+COLS = 16
+
+
+@pytest.fixture
+def stores(namespace):
+    a = CounterStore.create(namespace + "a", rows=2, columns=COLS, window_ns=W, window_buckets=10)
+    b = CounterStore.create(namespace + "b", rows=2, columns=COLS, window_ns=W, window_buckets=10)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def row_words(store, row):
+    return store._ctl.current().rows2d[row].copy()
+
+
+def test_routed_start_and_end_record_the_cells_of_their_slots(stores):
+    a, b = stores
+    ra, rb = a.claim(), b.claim()
+    rng = np.random.default_rng(12)
+    slot_map = rng.permutation(COLS).astype(np.int64)
+    now = T0
+    for step in range(400):
+        idx = rng.integers(-1, COLS, size=int(rng.integers(0, 6))).astype(np.int32)
+        slots = slot_map[idx[idx >= 0]]
+        # Mostly within one bucket (the fast path), sometimes across one or many.
+        now += int(rng.choice([rng.integers(0, B // 50), rng.integers(0, 2 * B), 3 * W]))
+        start = now
+        n = ra.record_start_routed(slot_map, idx, start, COLS)
+        assert n == slots.size
+        rb.record_start(slots, start)
+        now += int(rng.choice([0, rng.integers(0, B // 20), rng.integers(0, 3 * B)]))
+        d = now - start
+        if n:
+            ra.record_end_routed(slot_map, idx, start, d, now, COLS)
+            rb.record_end(slots, start, d, now)
+        assert np.array_equal(row_words(a, ra.row), row_words(b, rb.row)), step
