@@ -1604,7 +1604,54 @@ class Recorder:
         self._epoch = -1
 
 
-class LockedRecorder:
+class _Forwarding:
+    """The recording calls of :class:`Recorder`, forwarded through one method.
+
+    ``_run`` picks the row's recorder and guards the call (a lock, or a row per thread).
+    """
+
+    def _run(self, method: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError
+
+    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
+        """See :meth:`Recorder.record_start`."""
+        self._run(Recorder.record_start, slots, now_ns, bound=bound)
+
+    def record_end(
+        self,
+        slots: Any,
+        started_ns: Any,
+        durations_ns: Any,
+        now_ns: int,
+        failed: Any = None,
+        *,
+        bound: int | None = None,
+        opened: bool = True,
+        completed: bool = True,
+    ) -> None:
+        """See :meth:`Recorder.record_end`."""
+        self._run(
+            Recorder.record_end,
+            slots,
+            started_ns,
+            durations_ns,
+            now_ns,
+            failed,
+            bound=bound,
+            opened=opened,
+            completed=completed,
+        )
+
+    def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
+        """See :meth:`Recorder.count`."""
+        self._run(Recorder.count, decisions, fallbacks, moves)
+
+    def tally(self, field: str, n: int) -> None:
+        """See :meth:`Recorder.tally`."""
+        self._run(Recorder.tally, field, n)
+
+
+class LockedRecorder(_Forwarding):
     """One row shared by all threads of a process, calls serialized by a lock.
 
     Parameters
@@ -1631,45 +1678,9 @@ class LockedRecorder:
         """The worker slot (row) recorded into."""
         return self.recorder.row
 
-    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
-        """See :meth:`Recorder.record_start`."""
+    def _run(self, method: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         with self.lock:
-            self.recorder.record_start(slots, now_ns, bound=bound)
-
-    def record_end(
-        self,
-        slots: Any,
-        started_ns: Any,
-        durations_ns: Any,
-        now_ns: int,
-        failed: Any = None,
-        *,
-        bound: int | None = None,
-        opened: bool = True,
-        completed: bool = True,
-    ) -> None:
-        """See :meth:`Recorder.record_end`."""
-        with self.lock:
-            self.recorder.record_end(
-                slots,
-                started_ns,
-                durations_ns,
-                now_ns,
-                failed,
-                bound=bound,
-                opened=opened,
-                completed=completed,
-            )
-
-    def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
-        """See :meth:`Recorder.count`."""
-        with self.lock:
-            self.recorder.count(decisions, fallbacks, moves)
-
-    def tally(self, field: str, n: int) -> None:
-        """See :meth:`Recorder.tally`."""
-        with self.lock:
-            self.recorder.tally(field, n)
+            method(self.recorder, *args, **kwargs)
 
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back."""
@@ -1677,7 +1688,7 @@ class LockedRecorder:
             self.recorder.release(now_ns)
 
 
-class ThreadRecorder:
+class ThreadRecorder(_Forwarding):
     """A row per thread, claimed on each thread's first call (no lock on the way).
 
     A thread's first call claims its row (a ``flock`` and a ``/proc`` read, ~0.1 ms,
@@ -1711,41 +1722,8 @@ class ThreadRecorder:
             self._local.rec = rec
         return rec
 
-    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
-        """See :meth:`Recorder.record_start`."""
-        self._mine().record_start(slots, now_ns, bound=bound)
-
-    def record_end(
-        self,
-        slots: Any,
-        started_ns: Any,
-        durations_ns: Any,
-        now_ns: int,
-        failed: Any = None,
-        *,
-        bound: int | None = None,
-        opened: bool = True,
-        completed: bool = True,
-    ) -> None:
-        """See :meth:`Recorder.record_end`."""
-        self._mine().record_end(
-            slots,
-            started_ns,
-            durations_ns,
-            now_ns,
-            failed,
-            bound=bound,
-            opened=opened,
-            completed=completed,
-        )
-
-    def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
-        """See :meth:`Recorder.count`."""
-        self._mine().count(decisions, fallbacks, moves)
-
-    def tally(self, field: str, n: int) -> None:
-        """See :meth:`Recorder.tally`."""
-        self._mine().tally(field, n)
+    def _run(self, method: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        method(self._mine(), *args, **kwargs)
 
     @property
     def rows(self) -> list[int]:

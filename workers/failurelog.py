@@ -30,12 +30,25 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["LINES_PER_S", "FailureLog", "pod_ip"]
+import numpy as np
+
+__all__ = ["LINES_PER_S", "FailureLog", "key_text", "pod_ip"]
 
 #: Failure lines per endpoint per second before the rest are only counted.
 LINES_PER_S = 3
 _WINDOW_NS = 1_000_000_000
 _MAX_ENDPOINTS = 4096  # windows remembered; older ones are dropped beyond this
+
+
+def key_text(key: Any) -> str:
+    """A key as text for the failure log."""
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key).decode("utf-8", "backslashreplace")
+    if isinstance(key, np.generic):
+        key = key.item()
+        if isinstance(key, bytes):
+            return key.decode("utf-8", "backslashreplace")
+    return str(key)
 
 
 def pod_ip(endpoint: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from lbcore.outlier import FAIL_CONNECT, FAIL_STATUS, FAIL_TIMEOUT, FAILURE_KINDS
-from workers.failurelog import pod_ip
+from workers.failurelog import key_text, pod_ip
 from workers.ledger import CUT
 from workers.senders import failure_kind
 
@@ -114,17 +114,6 @@ class Result:
             f"Result({what}, endpoint={self.endpoint!r}, attempts={self.attempts}"
             f"{', fallback=True' if self.fallback else ''})"
         )
-
-
-def key_text(key: Any) -> str:
-    """A key as text for the failure log."""
-    if isinstance(key, (bytes, bytearray, memoryview)):
-        return bytes(key).decode("utf-8", "backslashreplace")
-    if isinstance(key, np.generic):
-        key = key.item()
-        if isinstance(key, bytes):
-            return key.decode("utf-8", "backslashreplace")
-    return str(key)
 
 
 class Plan:

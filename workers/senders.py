@@ -161,6 +161,7 @@ class _Template:
         decode: Callable[[bytes], Any] | None,
         fail_statuses: Collection[int] | None,
         headers: dict[str, str] | None,
+        timeout_s: float,
     ) -> None:
         if "{key}" not in path:
             raise ValueError(f"path must contain '{{key}}', got {path!r}")
@@ -169,6 +170,21 @@ class _Template:
         self.decode = json.loads if decode is None else decode
         self.fail_statuses = SERVER_ERRORS if fail_statuses is None else frozenset(fail_statuses)
         self.headers = dict(headers or {})
+        self.timeout_s = float(timeout_s)
+
+    def _timeout_of(self, timeout: float | None) -> float:
+        """The call's timeout (seconds): the fan-out's, at least 1 ms, else ``timeout_s``."""
+        return self.timeout_s if timeout is None else max(float(timeout), 0.001)
+
+    @staticmethod
+    def _raise_failure(
+        kind: int, url: str, timeout: float, exc: BaseException, detail: str
+    ) -> None:
+        """Raise a client's ``exc`` of failure ``kind`` as the pod's; return for any other."""
+        if kind == FAIL_CONNECT:
+            raise CallConnectError(f"{url}: {detail}", url) from exc
+        if kind == FAIL_TIMEOUT:
+            raise CallTimeoutError(f"{url}: no answer within {timeout:g} s", url) from exc
 
     def url_of(self, url: str, key: Any) -> str:
         text = key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else str(key)
@@ -220,10 +236,9 @@ class Urllib3Sender(_Template):
         maxsize: int = 8,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(path, batch_path, decode, fail_statuses, headers)
+        super().__init__(path, batch_path, decode, fail_statuses, headers, timeout_s)
         # Imported now, not in the first call (its ~0.1 s would count as the pod's).
         self._urllib3: Any = importlib.import_module("urllib3")
-        self.timeout_s = float(timeout_s)
         self.maxsize = int(maxsize)
         self._pool: Any = None
         self._lock = threading.Lock()
@@ -242,7 +257,7 @@ class Urllib3Sender(_Template):
         return pool
 
     def _request(self, method: str, url: str, body: bytes | None, timeout: float | None) -> bytes:
-        t = self.timeout_s if timeout is None else max(float(timeout), 0.001)
+        t = self._timeout_of(timeout)
         headers = self.headers
         if body is not None:
             headers = {**headers, "Content-Type": "application/json"}
@@ -257,11 +272,7 @@ class Urllib3Sender(_Template):
                 preload_content=True,
             )
         except Exception as exc:
-            kind = _urllib3_kind(exc)
-            if kind == FAIL_CONNECT:
-                raise CallConnectError(f"{url}: {exc}", url) from exc
-            if kind == FAIL_TIMEOUT:
-                raise CallTimeoutError(f"{url}: no answer within {t:g} s", url) from exc
+            self._raise_failure(_urllib3_kind(exc), url, t, exc, str(exc))
             raise
         data = r.data
         _check_status(r.status, self.fail_statuses, url, data)
@@ -306,14 +317,13 @@ class HttpxSender(_Template):
         max_connections: int = 100,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(path, batch_path, decode, fail_statuses, headers)
+        super().__init__(path, batch_path, decode, fail_statuses, headers, timeout_s)
         try:  # now, not in the first call (its ~0.1 s would count as the pod's)
             self._httpx: Any = importlib.import_module("httpx")
         except ImportError as exc:
             raise ImportError(
                 "HttpxSender needs httpx: pip install 'cslb[httpx]' (or httpx)"
             ) from exc
-        self.timeout_s = float(timeout_s)
         self.max_connections = int(max_connections)
         self._clients: dict[int, Any] = {}
 
@@ -338,7 +348,7 @@ class HttpxSender(_Template):
     ) -> bytes:
         import httpx
 
-        t = self.timeout_s if timeout is None else max(float(timeout), 0.001)
+        t = self._timeout_of(timeout)
         try:
             r = await self._client().request(
                 method,
@@ -348,11 +358,7 @@ class HttpxSender(_Template):
                 timeout=httpx.Timeout(t),
             )
         except httpx.HTTPError as exc:
-            kind = _httpx_kind(exc)
-            if kind == FAIL_CONNECT:
-                raise CallConnectError(f"{url}: {exc!r}", url) from exc
-            if kind == FAIL_TIMEOUT:
-                raise CallTimeoutError(f"{url}: no answer within {t:g} s", url) from exc
+            self._raise_failure(_httpx_kind(exc), url, t, exc, repr(exc))
             raise
         data = r.content
         _check_status(r.status_code, self.fail_statuses, url, data)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import shm
-from workers.failurelog import pod_ip
+from workers.failurelog import key_text, pod_ip
 from workers.recording import Recording
 
 log = logging.getLogger("cslb.router")
@@ -51,16 +51,6 @@ class RouterInputError(RouterError, ValueError):
 
 class RouterStateError(RouterError):
     """The router cannot be used here: closed, or inherited by a forked child."""
-
-
-def _key_text(key: Any) -> str:
-    if isinstance(key, (bytes, bytearray, memoryview)):
-        return bytes(key).decode("utf-8", "backslashreplace")
-    if isinstance(key, np.generic):
-        key = key.item()
-        if isinstance(key, bytes):
-            return key.decode("utf-8", "backslashreplace")
-    return str(key)
 
 
 class Tracker:
@@ -250,7 +240,7 @@ class Tracker:
         self._rec.failed(
             {
                 "event": "cslb_call_failed",
-                "product_id": None if self.keys is None else _key_text(self.keys[i]),
+                "product_id": None if self.keys is None else key_text(self.keys[i]),
                 "endpoint": ep,
                 "pod_ip": pod_ip(ep),
                 "node": t.nodes[e],

@@ -79,6 +79,29 @@ static void write_adds(uint64_t *t, const adds *a)
     FENCE_RELEASE();
 }
 
+/* A slot of the row's columns, or ArgumentError. */
+static inline int check_slot(int64_t s, int64_t cols)
+{
+    if (s >= 0 && s < cols)
+        return 0;
+    PyErr_Format(LB.argument_error, "add_calls: endpoint slots must be in 0..%lld, got %lld",
+                 (long long)(cols - 1), (long long)s);
+    return -1;
+}
+
+/* n calls in slot s that started at st enter (n > 0) or leave (n < 0) the in-flight
+ * count of their start bucket, with the start's offset into it, or of open_old when
+ * that bucket is no longer held. Non-zero if out of memory. */
+static inline int push_open(adds *a, const int64_t *g, int64_t s, int64_t st, int64_t n)
+{
+    const int64_t b = g[G_BUCKET_NS], k = g[G_BUCKETS], cols = g[G_COLUMNS];
+    const int64_t q = st / b;
+    if (q < g[G_NEWEST] - k + 1)
+        return push(a, g[G_OPEN_OLD] + s, n);
+    int64_t j = floor_mod(q, k) * cols + s;
+    return push(a, g[G_OPEN] + j, n) | push(a, g[G_OPEN_SUM] + j, n * (st - q * b));
+}
+
 /* The cells of one list of ended calls (flat slot, start, end, kind). */
 static int ends_of(PyObject *flat, int opened, const int64_t *g, adds *a)
 {
@@ -96,12 +119,8 @@ static int ends_of(PyObject *flat, int opened, const int64_t *g, adds *a)
             take_int(PyList_GET_ITEM(flat, i + 2), &end, "times") < 0 ||
             take_int(PyList_GET_ITEM(flat, i + 3), &kind, "kinds") < 0)
             return -1;
-        if (s < 0 || s >= cols) {
-            PyErr_Format(LB.argument_error,
-                         "add_calls: endpoint slots must be in 0..%lld, got %lld",
-                         (long long)(cols - 1), (long long)s);
+        if (check_slot(s, cols) < 0)
             return -1;
-        }
         if (kind < -1 || kind > g[G_KINDS]) {
             PyErr_Format(LB.argument_error,
                          "add_calls: failure kinds must be -1 (cut), 0 or 1..%lld, got %lld",
@@ -120,13 +139,7 @@ static int ends_of(PyObject *flat, int opened, const int64_t *g, adds *a)
         if (kind >= 0)
             ok |= push(a, g[G_REQUESTS] + s, 1);
         if (opened) {
-            if (qs >= oldest) {
-                int64_t j = floor_mod(qs, k) * cols + s;
-                ok |= push(a, g[G_OPEN] + j, -1);
-                ok |= push(a, g[G_OPEN_SUM] + j, qs * b - st);
-            } else {
-                ok |= push(a, g[G_OPEN_OLD] + s, -1);
-            }
+            ok |= push_open(a, g, s, st, -1);
         }
         int64_t last = end > 0 ? (end - 1) / b : -1;
         if (last > newest)
@@ -164,8 +177,7 @@ static int starts_of(PyObject *starts, const int64_t *g, adds *a)
         PyErr_SetString(PyExc_TypeError, "add_calls: starts must be a dict {(slot, start): calls}");
         return -1;
     }
-    const int64_t b = g[G_BUCKET_NS], k = g[G_BUCKETS], cols = g[G_COLUMNS];
-    const int64_t oldest = g[G_NEWEST] - k + 1;
+    const int64_t cols = g[G_COLUMNS];
     Py_ssize_t pos = 0;
     PyObject *key, *value;
     while (PyDict_Next(starts, &pos, &key, &value)) {
@@ -179,27 +191,15 @@ static int starts_of(PyObject *starts, const int64_t *g, adds *a)
             take_int(PyTuple_GET_ITEM(key, 1), &t, "times") < 0 ||
             take_int(value, &n, "call counts") < 0)
             return -1;
-        if (s < 0 || s >= cols) {
-            PyErr_Format(LB.argument_error,
-                         "add_calls: endpoint slots must be in 0..%lld, got %lld",
-                         (long long)(cols - 1), (long long)s);
+        if (check_slot(s, cols) < 0)
             return -1;
-        }
         if (t < 0 || t >= TIME_LIMIT || n < 0 || n > (1 << 30)) {
             PyErr_Format(LB.argument_error,
                          "add_calls: start times must be in 0..2**62 ns and call counts in "
                          "0..2**30, got %lld and %lld", (long long)t, (long long)n);
             return -1;
         }
-        int64_t q = t / b, ok = 0;
-        if (q >= oldest) {
-            int64_t j = floor_mod(q, k) * cols + s;
-            ok |= push(a, g[G_OPEN] + j, n);
-            ok |= push(a, g[G_OPEN_SUM] + j, n * (t - q * b));
-        } else {
-            ok |= push(a, g[G_OPEN_OLD] + s, n);
-        }
-        if (ok) {
+        if (push_open(a, g, s, t, n)) {
             PyErr_NoMemory();
             return -1;
         }

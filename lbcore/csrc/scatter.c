@@ -88,6 +88,76 @@ static int take_i64s(PyObject *obj, Py_buffer *v, int64_t *buf, const int64_t **
     return 0;
 }
 
+/* What one call adds: one value for every cell (scalar), or an int64 array / tuple of
+ * values, at each offset (one offset, 0, without). Shared by both entry points so
+ * that they parse, bound and add alike. */
+typedef struct {
+    Py_buffer vv, ov;
+    int64_t vbuf[MAX_TUPLE], obuf[MAX_TUPLE];
+    const int64_t *values, *offsets;
+    Py_ssize_t nv, k;
+    int64_t constant;
+    int scalar;
+} addends;
+
+static int take_addends(PyObject *values_o, PyObject *offsets_o, addends *a)
+{
+    a->k = 1;
+    a->scalar = PyLong_Check(values_o) && !PyBool_Check(values_o);
+    if (a->scalar) {
+        a->constant = PyLong_AsLongLong(values_o);
+        if (a->constant == -1 && PyErr_Occurred())
+            return -1;
+    } else if (take_i64s(values_o, &a->vv, a->vbuf, &a->values, &a->nv, "values") < 0) {
+        return -1;
+    }
+    if (offsets_o != Py_None &&
+        take_i64s(offsets_o, &a->ov, a->obuf, &a->offsets, &a->k, "offsets") < 0)
+        return -1;
+    return 0;
+}
+
+static void release_addends(addends *a)
+{
+    if (a->vv.obj != NULL)
+        PyBuffer_Release(&a->vv);
+    if (a->ov.obj != NULL)
+        PyBuffer_Release(&a->ov);
+}
+
+static inline int64_t offset_at(const addends *a, Py_ssize_t r)
+{
+    return a->offsets != NULL ? a->offsets[r] : 0;
+}
+
+/* The value of every cell at offset r (scalar, or one value per offset). */
+static inline uint64_t add_at(const addends *a, Py_ssize_t r)
+{
+    return a->scalar ? (uint64_t)a->constant : (uint64_t)a->values[r];
+}
+
+/* Whether off + lo .. off + hi all lie in 0 .. cells - 1, computed without overflow. */
+static inline int cells_fit(int64_t off, int64_t lo, int64_t hi, Py_ssize_t cells)
+{
+    return lo >= 0 && off >= 0 && hi < cells && off < cells - hi;
+}
+
+/* count[x] calls in slot x (x in 0 .. hi, every cell checked): count x value per slot
+ * and offset. The caller places the fences. */
+static void add_counted(uint64_t *t, const addends *a, const uint64_t *count, int64_t hi)
+{
+    for (Py_ssize_t r = 0; r < a->k; r++) {
+        uint64_t *row = t + offset_at(a, r);
+        uint64_t add = add_at(a, r);
+        for (int64_t x = 0; x <= hi; x++) {
+            if (count[x]) {
+                uint64_t *c = row + x;
+                STORE_RELAXED(c, LOAD_RELAXED(c) + count[x] * add);
+            }
+        }
+    }
+}
+
 PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)mod;
@@ -95,33 +165,21 @@ PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "scatter_add(target, index, values, offsets=None)");
         return NULL;
     }
-    PyObject *target_o = args[0], *index_o = args[1], *values_o = args[2];
-    PyObject *offsets_o = nargs == 4 ? args[3] : Py_None;
-    Py_buffer tv = {0}, iv = {0}, vv = {0}, ov = {0};
-    int64_t vbuf[MAX_TUPLE], obuf[MAX_TUPLE];
-    const int64_t *values = NULL, *offsets = NULL;
-    Py_ssize_t nv = 0, k = 1;
+    Py_buffer tv = {0}, iv = {0};
+    addends a = {.k = 1};
     PyObject *result = NULL;
-    int64_t constant = 0;
-    int scalar = PyLong_Check(values_o) && !PyBool_Check(values_o);
-    if (take_i64(target_o, &tv, "target", 1) < 0)
+    if (take_i64(args[0], &tv, "target", 1) < 0)
         return NULL;
-    if (take_i64(index_o, &iv, "index", 0) < 0)
+    if (take_i64(args[1], &iv, "index", 0) < 0)
         goto done;
-    if (scalar) {
-        constant = PyLong_AsLongLong(values_o);
-        if (constant == -1 && PyErr_Occurred())
-            goto done;
-    } else if (take_i64s(values_o, &vv, vbuf, &values, &nv, "values") < 0) {
+    if (take_addends(args[2], nargs == 4 ? args[3] : Py_None, &a) < 0)
         goto done;
-    }
-    if (offsets_o != Py_None && take_i64s(offsets_o, &ov, obuf, &offsets, &k, "offsets") < 0)
-        goto done;
+    const Py_ssize_t k = a.k, nv = a.nv;
     Py_ssize_t cells = tv.len / 8, n = iv.len / 8;
     const int64_t *index = (const int64_t *)iv.buf;
     /* values: one for all, one per offset (with offsets), or one per (offset, index). */
-    int per_row = !scalar && offsets != NULL && nv == k && !(nv == k * n && n == 1);
-    if (!scalar && !per_row && nv != k * n) {
+    int per_row = !a.scalar && a.offsets != NULL && nv == k && !(nv == k * n && n == 1);
+    if (!a.scalar && !per_row && nv != k * n) {
         PyErr_Format(PyExc_ValueError,
                      "scatter_add: %zd values for %zd indices and %zd offset(s); expected one, one "
                      "per offset or one per (offset, index)",
@@ -138,8 +196,8 @@ PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         lo = x < lo ? x : lo;
     }
     for (Py_ssize_t r = 0; r < k; r++) {
-        int64_t off = offsets != NULL ? offsets[r] : 0;
-        if (n == 0 || (lo >= 0 && off >= 0 && hi < cells && off < cells - hi))
+        int64_t off = offset_at(&a, r);
+        if (n == 0 || cells_fit(off, lo, hi, cells))
             continue;
         for (Py_ssize_t j = 0; j < n; j++) {
             int64_t cell = (int64_t)((uint64_t)off + (uint64_t)index[j]);
@@ -158,37 +216,28 @@ PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
          * end): count the calls per slot once, then add count x value per slot and
          * offset, instead of one addition per call and offset. The same sums. */
         uint64_t *count = NULL;
-        if ((scalar || per_row) && k > 1 && n > 2 * (hi + 1) && hi < (1 << 16))
+        if ((a.scalar || per_row) && k > 1 && n > 2 * (hi + 1) && hi < (1 << 16))
             count = (uint64_t *)calloc((size_t)hi + 1, sizeof(uint64_t));
         if (count != NULL) {
             for (Py_ssize_t j = 0; j < n; j++)
                 count[index[j]]++;
             FENCE_RELEASE();
-            for (Py_ssize_t r = 0; r < k; r++) {
-                uint64_t *row = t + (offsets != NULL ? offsets[r] : 0);
-                uint64_t add = scalar ? (uint64_t)constant : (uint64_t)values[r];
-                for (int64_t x = 0; x <= hi; x++) {
-                    if (count[x]) {
-                        uint64_t *c = row + x;
-                        STORE_RELAXED(c, LOAD_RELAXED(c) + count[x] * add);
-                    }
-                }
-            }
+            add_counted(t, &a, count, hi);
             FENCE_RELEASE();
             free(count);
             goto added;
         }
         FENCE_RELEASE();
         for (Py_ssize_t r = 0; r < k; r++) {
-            uint64_t *row = t + (offsets != NULL ? offsets[r] : 0);
-            if (scalar || per_row) {
-                uint64_t add = scalar ? (uint64_t)constant : (uint64_t)values[r];
+            uint64_t *row = t + offset_at(&a, r);
+            if (a.scalar || per_row) {
+                uint64_t add = add_at(&a, r);
                 for (Py_ssize_t j = 0; j < n; j++) {
                     uint64_t *c = row + index[j];
                     STORE_RELAXED(c, LOAD_RELAXED(c) + add);
                 }
             } else {
-                const int64_t *v = values + r * n;
+                const int64_t *v = a.values + r * n;
                 for (Py_ssize_t j = 0; j < n; j++) {
                     uint64_t *c = row + index[j];
                     STORE_RELAXED(c, LOAD_RELAXED(c) + (uint64_t)v[j]);
@@ -205,10 +254,7 @@ done:
         PyBuffer_Release(&tv);
     if (iv.obj != NULL)
         PyBuffer_Release(&iv);
-    if (vv.obj != NULL)
-        PyBuffer_Release(&vv);
-    if (ov.obj != NULL)
-        PyBuffer_Release(&ov);
+    release_addends(&a);
     return result;
 }
 
@@ -258,35 +304,25 @@ PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t
                         "scatter_add_routed(target, slot_map, endpoints, values, offsets=None)");
         return NULL;
     }
-    PyObject *values_o = args[3], *offsets_o = nargs == 5 ? args[4] : Py_None;
-    Py_buffer tv = {0}, mv = {0}, ev = {0}, vv = {0}, ov = {0};
-    int64_t vbuf[MAX_TUPLE], obuf[MAX_TUPLE];
-    const int64_t *values = NULL, *offsets = NULL;
-    Py_ssize_t nv = 0, k = 1, routed = 0;
+    Py_buffer tv = {0}, mv = {0}, ev = {0};
+    addends a = {.k = 1};
+    Py_ssize_t routed = 0;
     PyObject *result = NULL;
-    int64_t constant = 0;
     int wide = 0;
-    int scalar = PyLong_Check(values_o) && !PyBool_Check(values_o);
     if (take_i64(args[0], &tv, "target", 1) < 0)
         return NULL;
     if (take_i64(args[1], &mv, "slot_map", 0) < 0)
         goto done;
     if (take_endpoints(args[2], &ev, &wide) < 0)
         goto done;
-    if (scalar) {
-        constant = PyLong_AsLongLong(values_o);
-        if (constant == -1 && PyErr_Occurred())
-            goto done;
-    } else if (take_i64s(values_o, &vv, vbuf, &values, &nv, "values") < 0) {
+    if (take_addends(args[3], nargs == 5 ? args[4] : Py_None, &a) < 0)
         goto done;
-    }
-    if (offsets_o != Py_None && take_i64s(offsets_o, &ov, obuf, &offsets, &k, "offsets") < 0)
-        goto done;
-    if (!scalar && nv != k) {
+    const Py_ssize_t k = a.k;
+    if (!a.scalar && a.nv != k) {
         PyErr_Format(PyExc_ValueError,
                      "scatter_add_routed: %zd values for %zd offset(s); expected one, or one "
                      "per offset",
-                     nv, k);
+                     a.nv, k);
         goto done;
     }
     Py_ssize_t cells = tv.len / 8, n = ev.len / ev.itemsize, eps = mv.len / 8;
@@ -310,8 +346,8 @@ PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t
         routed++;
     }
     for (Py_ssize_t r = 0; routed && r < k; r++) {
-        int64_t off = offsets != NULL ? offsets[r] : 0;
-        if (lo >= 0 && off >= 0 && hi < cells && off < cells - hi)
+        int64_t off = offset_at(&a, r);
+        if (cells_fit(off, lo, hi, cells))
             continue;
         int64_t bad = lo < 0 ? lo : hi;
         PyErr_Format(PyExc_IndexError,
@@ -335,21 +371,12 @@ PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t
                 if (e >= 0)
                     count[map[e]]++;
             }
-            for (Py_ssize_t r = 0; r < k; r++) {
-                uint64_t *row = t + (offsets != NULL ? offsets[r] : 0);
-                uint64_t add = scalar ? (uint64_t)constant : (uint64_t)values[r];
-                for (int64_t x = 0; x <= hi; x++) {
-                    if (count[x]) {
-                        uint64_t *c = row + x;
-                        STORE_RELAXED(c, LOAD_RELAXED(c) + count[x] * add);
-                    }
-                }
-            }
+            add_counted(t, &a, count, hi);
             free(count);
         } else {
             for (Py_ssize_t r = 0; r < k; r++) {
-                uint64_t *row = t + (offsets != NULL ? offsets[r] : 0);
-                uint64_t add = scalar ? (uint64_t)constant : (uint64_t)values[r];
+                uint64_t *row = t + offset_at(&a, r);
+                uint64_t add = add_at(&a, r);
                 for (Py_ssize_t j = 0; j < n; j++) {
                     int64_t e = endpoint_at(ev.buf, wide, j);
                     if (e < 0)
@@ -369,9 +396,6 @@ done:
         PyBuffer_Release(&mv);
     if (ev.obj != NULL)
         PyBuffer_Release(&ev);
-    if (vv.obj != NULL)
-        PyBuffer_Release(&vv);
-    if (ov.obj != NULL)
-        PyBuffer_Release(&ov);
+    release_addends(&a);
     return result;
 }
