@@ -619,10 +619,35 @@ def _hash_fixed_bytes_array(arr: np.ndarray, max_key_bytes: int | None) -> np.nd
     return _hash_aligned(flat.reshape(n, width), lengths, right=False)
 
 
+_MAX_CODE_POINT = 0x10FFFF
+
+
+def _raise_not_unicode(codes: np.ndarray) -> None:
+    """Name the first key of a U array's ``(n, width)`` code points that is not Unicode.
+
+    Only raw UCS4 data (a buffer viewed as ``U``) holds values beyond U+10FFFF; such an
+    array cannot even be turned into ``str`` objects. The first surrogate or such value,
+    in key order, is named, with ``str.encode``'s words for a surrogate.
+    """
+    bad = (codes > _MAX_CODE_POINT) | ((codes >= 0xD800) & (codes <= 0xDFFF))
+    i, j = divmod(int(np.flatnonzero(bad.reshape(-1))[0]), codes.shape[1])
+    c = int(codes[i, j])
+    what = (
+        "surrogates not allowed"
+        if c <= _MAX_CODE_POINT
+        else f"code point 0x{c:X} beyond U+10FFFF"
+    )
+    raise KeyEncodingError(
+        f"key {i} is not valid Unicode and cannot be encoded as UTF-8: {what} at character {j}"
+    )
+
+
 def _hash_unicode_array(arr: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
     n = arr.size
     width = arr.dtype.itemsize // 4
     codes = np.ascontiguousarray(arr).view(np.uint32).reshape(n, width)
+    if width and int(codes.max()) > _MAX_CODE_POINT:
+        _raise_not_unicode(codes)
     if n < VECTOR_MIN_BATCH:
         return _hash_small(arr.tolist(), max_key_bytes)
     if width and int(codes.max()) < 128:

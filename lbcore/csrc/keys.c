@@ -9,6 +9,7 @@
  */
 #include "kernel.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* lbcore.hashing.BLOCK: long batches are hashed (and judged) in blocks of this many. */
@@ -20,7 +21,7 @@ typedef struct {
     int err;
     Py_ssize_t index;     /* the key the error names */
     Py_ssize_t detail;    /* ERR_ENCODING: character; ERR_TOO_LONG: its length */
-    Py_ssize_t count;     /* ERR_TOO_LONG: keys too long in its block */
+    Py_ssize_t count;     /* ERR_TOO_LONG: keys too long in its block; ERR_ENCODING: the code point */
     PyObject *bad;        /* ERR_TYPE: the key (borrowed) */
     /* Too-long keys of the current block. */
     Py_ssize_t block_first, block_first_len, block_count;
@@ -44,10 +45,19 @@ static int raise_pending(const hash_state *st, const lb_keys *k)
         return -1;
     }
     case ERR_ENCODING:
-        PyErr_Format(LB.key_encoding_error,
-                     "key %zd is not valid Unicode and cannot be encoded as UTF-8: surrogates "
-                     "not allowed at character %zd",
-                     st->index, st->detail);
+        if (st->count >= 0xD800 && st->count <= 0xDFFF) /* str.encode's own words */
+            PyErr_Format(LB.key_encoding_error,
+                         "key %zd is not valid Unicode and cannot be encoded as UTF-8: surrogates "
+                         "not allowed at character %zd",
+                         st->index, st->detail);
+        else {
+            char hex[24]; /* PyErr_Format has no upper-case hex */
+            snprintf(hex, sizeof hex, "0x%llX", (unsigned long long)(size_t)st->count);
+            PyErr_Format(LB.key_encoding_error,
+                         "key %zd is not valid Unicode and cannot be encoded as UTF-8: code point "
+                         "%s beyond U+10FFFF at character %zd",
+                         st->index, hex, st->detail);
+        }
         return -1;
     case ERR_TOO_LONG:
         PyErr_Format(LB.key_too_long_error,
@@ -181,7 +191,7 @@ static int hash_pylong(hash_state *st, const lb_keys *k, Py_ssize_t i, PyObject 
 /* ---- str: UTF-8 straight from the string's storage --------------------------------- */
 
 /* UTF-8 of n code points of the given kind into dst; returns its length, or -1 with
- * *bad set to the first surrogate's index. */
+ * *bad set to the index of the first surrogate or value beyond U+10FFFF. */
 static Py_ssize_t utf8_encode(int kind, const void *data, Py_ssize_t n, uint8_t *dst,
                               Py_ssize_t *bad)
 {
@@ -229,6 +239,7 @@ static int hash_ucs(hash_state *st, const lb_keys *k, Py_ssize_t i, int kind, co
         st->err = ERR_ENCODING;
         st->index = i;
         st->detail = bad;
+        st->count = (Py_ssize_t)PyUnicode_READ(kind, data, bad);
         return -1;
     }
     if (length_ok(st, k, i, len))
@@ -389,6 +400,7 @@ static int hash_array_key(hash_state *st, const lb_keys *k, Py_ssize_t i, uint64
             st->err = ERR_ENCODING;
             st->index = i;
             st->detail = bad;
+            st->count = (Py_ssize_t)cps[bad];
             return -1;
         }
         if (length_ok(st, k, i, len))
