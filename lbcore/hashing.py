@@ -633,9 +633,7 @@ def _raise_not_unicode(codes: np.ndarray) -> None:
     i, j = divmod(int(np.flatnonzero(bad.reshape(-1))[0]), codes.shape[1])
     c = int(codes[i, j])
     what = (
-        "surrogates not allowed"
-        if c <= _MAX_CODE_POINT
-        else f"code point 0x{c:X} beyond U+10FFFF"
+        "surrogates not allowed" if c <= _MAX_CODE_POINT else f"code point 0x{c:X} beyond U+10FFFF"
     )
     raise KeyEncodingError(
         f"key {i} is not valid Unicode and cannot be encoded as UTF-8: {what} at character {j}"

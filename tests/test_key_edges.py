@@ -37,10 +37,14 @@ def test_the_first_bad_key_of_a_u_array_wins_surrogate_or_beyond(kernel, n):
     rows = [[ord("a")]] * n
     rows[0] = [ord("a"), 0xD800]  # a lone surrogate first, then a value beyond Unicode
     rows[1] = [0x110000]
-    with pytest.raises(lbcore.KeyEncodingError, match="key 0 .*surrogates not allowed at character 1$"):
+    with pytest.raises(
+        lbcore.KeyEncodingError, match=r"key 0 .*surrogates not allowed at character 1$"
+    ):
         lbcore.hash_keys(raw_unicode(rows, 2))
     rows[0], rows[1] = rows[1], [ord("b"), ord("c"), 0xDFFF]
-    with pytest.raises(lbcore.KeyEncodingError, match="key 0 .*code point 0x110000 .*character 0$"):
+    with pytest.raises(
+        lbcore.KeyEncodingError, match=r"key 0 .*code point 0x110000 .*character 0$"
+    ):
         lbcore.hash_keys(raw_unicode(rows, 3))
 
 
