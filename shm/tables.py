@@ -439,6 +439,9 @@ class Table:
         ``int64`` per counter slot: ``-1`` in use, else when it was freed (ns).
     segment : str
         Name of the data segment holding it.
+    buffer_offset : int
+        Byte offset in that segment of the buffer holding it (its header, then the
+        payload); ``-1`` for no table.
     """
 
     __slots__ = (
@@ -446,6 +449,7 @@ class Table:
         "_seq_index",
         "_seq_words",
         "buffer",
+        "buffer_offset",
         "ejected",
         "ejections",
         "endpoints",
@@ -523,6 +527,7 @@ def _empty_table() -> Table:
     t.slot_freed_ns = np.empty(0, dtype=np.int64)
     t.segment = ""
     t.buffer = -1
+    t.buffer_offset = -1
     t._seq_words = memoryview(np.zeros(1, dtype=np.uint64)).cast("B").cast("Q")
     t._seq_index = 0
     t._seq = 0
@@ -873,6 +878,7 @@ class _Decoder:
         t.slot_freed_ns = freed
         t.segment = data.name
         t.buffer = self.buffer
+        t.buffer_offset = self.start - BUFFER_HEADER_BYTES
         if n_rings:
             t.ring_set = lbcore.RingSet.from_parts(
                 eps,
