@@ -708,7 +708,7 @@ class _Decoder:
         self.on_host_keys: Callable[[dict[str, str]], None] | None = None
 
     def host_ids(self, eps: tuple[str, ...]) -> np.ndarray:
-        """Per endpoint, the id of its host identity (what ``lbcore.host_ids_of`` gives).
+        """Per endpoint, the id of its host identity (what ``lbcore.ring.host_ids_of`` gives).
 
         Computed once for all rings of the table, from the previous generation's
         :attr:`host_keys` where an endpoint repeats; :attr:`host_keys` then becomes the
