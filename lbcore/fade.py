@@ -26,7 +26,7 @@ import numpy as np
 
 from lbcore.errors import EndpointError, FadeError
 from lbcore.kernel import hash_keys
-from lbcore.ring import DEFAULT_VNODES, Ring, check_hashes, endpoint_tuple
+from lbcore.ring import DEFAULT_VNODES, Ring, check_hashes, endpoint_tuple, renumbered
 
 __all__ = [
     "DEFAULT_FADE_DURATION_NS",
@@ -390,7 +390,7 @@ class RingSet:
             if _older is not None and len(_older) == len(starts):
                 # A scale-up: the older rings keep their nodes and bucket tables; only
                 # their endpoint list grows.
-                rings.extend(r.with_more_endpoints(eps) for r in _older)
+                rings.extend(r.with_more_endpoints(eps, full.host_ids) for r in _older)
             else:
                 for k in range(len(starts)):
                     # Exactly the endpoints of tiers <= k: never widened to host aliases.
@@ -517,7 +517,10 @@ class RingSet:
             # bucket table is built once, here.
             new_index = (np.cumsum(keep, dtype=np.int32) - 1).astype(np.int32)
             master = self.master.keep_nodes(
-                keep.take(self.master.owners), endpoints=eps, reindex=new_index
+                keep.take(self.master.owners),
+                endpoints=eps,
+                reindex=new_index,
+                host_ids=renumbered(self.master.host_ids[keep]),
             )
         return RingSet(
             eps,

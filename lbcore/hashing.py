@@ -32,6 +32,7 @@ from lbcore.errors import KeyEncodingError, KeyTooLongError, KeyTypeError
 __all__ = [
     "MAX_KEY_BYTES",
     "VECTOR_MIN_BATCH",
+    "decimal_key",
     "digest",
     "encode_key",
     "hash_keys",
@@ -90,6 +91,79 @@ def _type_error(i: int, key: Any) -> KeyTypeError:
     )
 
 
+# Python formats an int of at most sys.get_int_max_str_digits() digits (640 at the least);
+# ints of at most this many bits have at most 600 digits, so str() formats them whatever
+# the setting. Longer ones are measured before they are formatted (see decimal_key).
+_REPR_SAFE_BITS = 1993
+_REPR_SAFE_DIGITS = 600
+
+
+def _digit_count(m: int) -> int:
+    """Decimal digits of ``m >= 0``, without formatting it: from its bit length, then exact."""
+    d = max(1, (m.bit_length() - 1) * 30103 // 100000 + 1)
+    while d > 1 and m < 10 ** (d - 1):
+        d -= 1
+    while m >= 10**d:
+        d += 1
+    return d
+
+
+def _digits(m: int, d: int) -> str:
+    """The ``d`` decimal digits of ``0 <= m < 10**d``, zero-padded, a half at a time."""
+    if d <= _REPR_SAFE_DIGITS:
+        return str(m).zfill(d)
+    half = d // 2
+    high, low = divmod(m, 10**half)
+    return _digits(high, d - half) + _digits(low, half)
+
+
+def decimal_key(value: int, max_key_bytes: int | None = None) -> bytes | int:
+    """The decimal string of an int of any size, as a key's bytes; its length if too long.
+
+    Both kernels format integers with this rule; the native one calls this for ints of
+    more than ~600 digits. Unlike ``str(value)`` it is not bound by Python's limit on
+    digits, and it measures the string before it builds it: an int longer than
+    ``max_key_bytes`` costs a few multiplications, not its formatting.
+
+    Parameters
+    ----------
+    value
+        The key (an ``int`` subclass counts by its value).
+    max_key_bytes
+        The key length limit, in bytes, or ``None``.
+
+    Returns
+    -------
+    bytes or int
+        The ASCII decimal string (``-`` for negatives), or its length in bytes when that is
+        more than ``max_key_bytes``.
+    """
+    value = int.__int__(value)  # an int subclass by its value, not by its overrides
+    m = -value if value < 0 else value
+    if m.bit_length() <= _REPR_SAFE_BITS:
+        text = b"%d" % value
+        return len(text) if max_key_bytes is not None and len(text) > max_key_bytes else text
+    d = _digit_count(m)
+    length = d + (value < 0)
+    if max_key_bytes is not None and length > max_key_bytes:
+        return length
+    return (("-" if value < 0 else "") + _digits(m, d)).encode("ascii")
+
+
+def _int_value(key: int | np.integer) -> int:
+    """An integer key's value: an ``int`` subclass's, or a NumPy scalar's stored value.
+
+    Overrides of ``__int__``/``__index__`` in a subclass do not count: the value a NumPy
+    scalar holds is the key, as it would be in an array of them.
+    """
+    if isinstance(key, int):
+        return int.__int__(key)
+    t = type(key)
+    while t.__module__ != "numpy":  # a subclass: its NumPy base type reads the value
+        t = t.__base__
+    return t.__int__(key)
+
+
 def encode_key(key: Any, i: int = 0) -> bytes:
     """Return the bytes that are hashed for one key.
 
@@ -106,6 +180,12 @@ def encode_key(key: Any, i: int = 0) -> bytes:
         For ``bool``, ``float``, ``None`` and every other type.
     KeyEncodingError
         For a ``str`` that is not valid Unicode (a lone surrogate).
+
+    Notes
+    -----
+    An integer key is its value: an ``int`` subclass's stored value, a NumPy integer
+    scalar's stored value (a subclass's ``__index__`` or ``__int__`` does not count), of
+    any number of digits (Python's limit on digits does not apply).
     """
     if isinstance(key, str):
         try:
@@ -118,7 +198,9 @@ def encode_key(key: Any, i: int = 0) -> bytes:
     if isinstance(key, (bytes, bytearray, memoryview)):
         return bytes(key)
     if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
-        return str(int(key)).encode("ascii")
+        text = decimal_key(_int_value(key))
+        assert isinstance(text, bytes)  # no limit: always the string
+        return text
     raise _type_error(i, key)
 
 
@@ -440,8 +522,27 @@ def _hash_bytes_list(encoded: list[bytes], max_key_bytes: int | None) -> np.ndar
     return _hash_flat(buf, starts, lengths)
 
 
-def _encode_all(keys: Sequence[Any]) -> list[bytes]:
-    return [encode_key(k, i) for i, k in enumerate(keys)]
+def _encode_all(keys: Sequence[Any], max_key_bytes: int | None) -> list[bytes]:
+    """Every key's bytes; the first bad key's error, else the batch's too-long keys'.
+
+    An int too long to be a key is measured, not formatted (see :func:`decimal_key`).
+    """
+    encoded = []
+    measured: dict[int, int] = {}
+    for i, k in enumerate(keys):
+        if isinstance(k, int) and max_key_bytes is not None and int.bit_length(k) > _REPR_SAFE_BITS:
+            text = decimal_key(k, max_key_bytes)
+            if isinstance(text, int):
+                measured[i] = text
+                text = b""
+            encoded.append(text)
+        else:
+            encoded.append(encode_key(k, i))
+    if measured:
+        lengths = np.fromiter(map(len, encoded), dtype=np.intp, count=len(encoded))
+        lengths[list(measured)] = list(measured.values())
+        _check_lengths(lengths, max_key_bytes)
+    return encoded
 
 
 # Four ASCII digits per uint32 ("0000" .. "9999"), little-endian so the bytes read in order.
@@ -619,24 +720,47 @@ def _hash_fixed_bytes_array(arr: np.ndarray, max_key_bytes: int | None) -> np.nd
     return _hash_aligned(flat.reshape(n, width), lengths, right=False)
 
 
+_MAX_CODE_POINT = 0x10FFFF
+
+
+def _raise_not_unicode(codes: np.ndarray) -> None:
+    """Name the first key of a U array's ``(n, width)`` code points that is not Unicode.
+
+    Only raw UCS4 data (a buffer viewed as ``U``) holds values beyond U+10FFFF; such an
+    array cannot even be turned into ``str`` objects. The first surrogate or such value,
+    in key order, is named, with ``str.encode``'s words for a surrogate.
+    """
+    bad = (codes > _MAX_CODE_POINT) | ((codes >= 0xD800) & (codes <= 0xDFFF))
+    i, j = divmod(int(np.flatnonzero(bad.reshape(-1))[0]), codes.shape[1])
+    c = int(codes[i, j])
+    what = (
+        "surrogates not allowed" if c <= _MAX_CODE_POINT else f"code point 0x{c:X} beyond U+10FFFF"
+    )
+    raise KeyEncodingError(
+        f"key {i} is not valid Unicode and cannot be encoded as UTF-8: {what} at character {j}"
+    )
+
+
 def _hash_unicode_array(arr: np.ndarray, max_key_bytes: int | None) -> np.ndarray:
     n = arr.size
     width = arr.dtype.itemsize // 4
     codes = np.ascontiguousarray(arr).view(np.uint32).reshape(n, width)
+    if width and int(codes.max()) > _MAX_CODE_POINT:
+        _raise_not_unicode(codes)
     if n < VECTOR_MIN_BATCH:
         return _hash_small(arr.tolist(), max_key_bytes)
     if width and int(codes.max()) < 128:
         # ASCII: UTF-8 is one byte per code point.
         as_bytes = codes.astype(np.uint8).view(f"S{width}").reshape(n)
         return _hash_fixed_bytes_array(as_bytes, max_key_bytes)
-    return _hash_bytes_list(_encode_all(arr.tolist()), max_key_bytes)
+    return _hash_bytes_list(_encode_all(arr.tolist(), max_key_bytes), max_key_bytes)
 
 
 def _int_reprs(keys: Sequence[Any]) -> list[str] | None:
     """Decimal strings of a list of ints, or ``None`` if any key is not an int (or is a bool)."""
     try:
         reprs = list(map(int.__repr__, keys))
-    except TypeError:
+    except (TypeError, ValueError):  # ValueError: beyond Python's limit on digits
         return None
     if ("0" in reprs or "1" in reprs) and any(type(k) is bool for k in keys):
         return None  # bool is an int subclass; the general path names it
@@ -677,7 +801,7 @@ def _hash_small(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray:
     except (TypeError, UnicodeEncodeError):
         encoded = None
     if encoded is None:
-        encoded = _encode_all(keys)  # names the offending key
+        encoded = _encode_all(keys, max_key_bytes)  # names the offending key
     if max_key_bytes is not None and max(map(len, encoded)) > max_key_bytes:
         _check_lengths(np.array([len(e) for e in encoded], dtype=np.intp), max_key_bytes)
     return np.fromiter(map(_xxh64, encoded), np.uint64, n)
@@ -712,7 +836,7 @@ def _hash_sequence(keys: Sequence[Any], max_key_bytes: int | None) -> np.ndarray
             values = None  # beyond int64: the general path formats them one by one
         if values is not None:
             return _hash_int_array(values, max_key_bytes)
-    return _hash_bytes_list(_encode_all(keys), max_key_bytes)
+    return _hash_bytes_list(_encode_all(keys, max_key_bytes), max_key_bytes)
 
 
 def in_blocks(fn: Any, keys: Any, dtype: Any) -> np.ndarray:
@@ -795,7 +919,9 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
     keys
         A sequence or 1-D NumPy array of ``str`` (hashed as UTF-8), ``bytes``-like, or
         integers (hashed as their decimal string, so ``123`` and ``"123"`` hash alike).
-        A single ``str``, ``bytes`` or ``int`` is treated as a batch of one.
+        A single ``str``, ``bytes`` or ``int`` is treated as a batch of one. An integer is
+        its stored value (a subclass's ``__index__``/``__int__`` does not count, for
+        ``int`` or NumPy scalars), of any size; one too long is measured, not formatted.
     max_key_bytes
         If given, a key longer than this many bytes raises :class:`KeyTooLongError`.
 

@@ -344,7 +344,7 @@ class Plan:
                 self.fade_thresholds, self.fade_saturated = _thresholds(rs.share_list(self.now_ns))
         listed = np.array(listed_rows, dtype=np.bool_).reshape(len(listed_rows), n)
         eligible = listed.copy()
-        if (cand is not None or self.fade_mode == "skipper") and self.master._has_aliases():
+        if (cand is not None or self.fade_mode == "skipper") and self.master.has_aliases:
             # Skipper's skip rule compares hosts: an endpoint sharing a host with a
             # candidate is not stepped over (lbcore.Ring.candidate_mask), on its ring.
             host = self.master.host_ids

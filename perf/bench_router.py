@@ -123,8 +123,7 @@ def bench_route(ns: str, quick: bool) -> None:
                     f"{mine:>9.1f} {per_batch / mine:>11.2f}  router, cached snapshot"
                 )
                 # Parts of the batch cost.
-                follow = r._follow
-                check = _per_batch_us(lambda _b, f=follow: f.current(), batches)
+                check = _per_batch_us(lambda _b, snapshot=r.snapshot: snapshot(), batches)
                 counted = _per_batch_us(lambda _b, rr=r.recording: rr.count(100, 0, 3), batches)
                 print(
                     f"{n:>9} {'  of which: snapshot still current':<34} {check:>8.2f} "
@@ -260,7 +259,8 @@ def bench_refresh(ns: str) -> None:
             batch = _batches(1, seed=3)[0]
             r.route(batch)
             t = r.table()
-            counters = r._follow.counters
+            counters = r.counters
+            assert counters is not None
             slots = np.array(t.slots, dtype=np.intp)
             reads, builds = [], []
             for _ in range(15):

@@ -439,6 +439,9 @@ class Table:
         ``int64`` per counter slot: ``-1`` in use, else when it was freed (ns).
     segment : str
         Name of the data segment holding it.
+    buffer_offset : int
+        Byte offset in that segment of the buffer holding it (its header, then the
+        payload); ``-1`` for no table.
     """
 
     __slots__ = (
@@ -446,6 +449,7 @@ class Table:
         "_seq_index",
         "_seq_words",
         "buffer",
+        "buffer_offset",
         "ejected",
         "ejections",
         "endpoints",
@@ -523,6 +527,7 @@ def _empty_table() -> Table:
     t.slot_freed_ns = np.empty(0, dtype=np.int64)
     t.segment = ""
     t.buffer = -1
+    t.buffer_offset = -1
     t._seq_words = memoryview(np.zeros(1, dtype=np.uint64)).cast("B").cast("Q")
     t._seq_index = 0
     t._seq = 0
@@ -702,39 +707,28 @@ class _Decoder:
         self.host_keys = {} if host_keys is None else host_keys
         self.on_host_keys: Callable[[dict[str, str]], None] | None = None
 
-    def host_ids(self, eps: tuple[str, ...]) -> Callable[[], np.ndarray]:
-        """Per endpoint, the id of its host identity (what ``lbcore.Ring.host_ids`` gives).
+    def host_ids(self, eps: tuple[str, ...]) -> np.ndarray:
+        """Per endpoint, the id of its host identity (what ``lbcore.ring.host_ids_of`` gives).
 
-        Lazy: a function the rings call on first use (only candidate routing needs
-        them; parsing 20,000 URLs costs ~0.1 s), computed once for all rings of the
-        table. It then also replaces :attr:`host_keys` by the keys of exactly these
-        endpoints (the next generation's decoder starts from them).
+        Computed once for all rings of the table, from the previous generation's
+        :attr:`host_keys` where an endpoint repeats; :attr:`host_keys` then becomes the
+        keys of exactly these endpoints (the next generation's decoder starts from them).
         """
         known = self.host_keys
-        done: list[np.ndarray] = []
-        lock = threading.Lock()
-
-        def compute() -> np.ndarray:
-            with lock:
-                if done:
-                    return done[0]
-                keys: dict[str, str] = {}
-                ids: dict[str, int] = {}
-                out = np.empty(len(eps), dtype=np.intp)
-                for i, ep in enumerate(eps):
-                    key = known.get(ep)
-                    if key is None:
-                        key = host_key(ep)
-                    keys[ep] = key
-                    out[i] = ids.setdefault(key, len(ids))
-                out.flags.writeable = False
-                done.append(out)
-                self.host_keys = keys
-                if self.on_host_keys is not None:
-                    self.on_host_keys(keys)
-                return out
-
-        return compute
+        keys: dict[str, str] = {}
+        ids: dict[str, int] = {}
+        out = np.empty(len(eps), dtype=np.intp)
+        for i, ep in enumerate(eps):
+            key = known.get(ep)
+            if key is None:
+                key = host_key(ep)
+            keys[ep] = key
+            out[i] = ids.setdefault(key, len(ids))
+        out.flags.writeable = False
+        self.host_keys = keys
+        if self.on_host_keys is not None:
+            self.on_host_keys(keys)
+        return out
 
     def fail(self, message: str) -> SegmentLayoutError:
         return SegmentLayoutError(self.data.name, f"{self.where}: {message}")
@@ -824,8 +818,7 @@ class _Decoder:
         if duration < 0 or not math.isfinite(exponent) or exponent <= 0:
             raise self.fail(f"fade duration {duration} ns / exponent {exponent} out of range")
         rings = []
-        # Host identities are per endpoint, not per ring: one parse serves every ring (a
-        # single ring parses them itself, and only if candidate routing needs them).
+        # Host identities are per endpoint, not per ring: one parse serves every ring.
         host_ids = self.host_ids(eps) if n else None
         master = int(ring_nodes[-1]) if n_rings else 0
         if n_rings and not 1 <= master <= n * vnodes:
@@ -885,6 +878,7 @@ class _Decoder:
         t.slot_freed_ns = freed
         t.segment = data.name
         t.buffer = self.buffer
+        t.buffer_offset = self.start - BUFFER_HEADER_BYTES
         if n_rings:
             t.ring_set = lbcore.RingSet.from_parts(
                 eps,
@@ -1127,20 +1121,17 @@ class _TablesView:
         return decoder.decode(gen)
 
     def _keep_host_keys(self, keys: dict[str, str]) -> None:
-        self.host_keys = keys  # parsed by a table's rings (lazily): the next decode reuses
+        self.host_keys = keys  # parsed by the last decode: the next one reuses them
 
 
 def _read_ahead(view: _TablesView, timeout_s: float) -> tuple[int, Table]:
-    """A background map: the current table, with what routing on it computes first.
+    """A background map: the current table, decoded off the routing thread.
 
-    Routing with ejected endpoints or Skipper's fade-in compares the endpoints' hosts
-    (:attr:`lbcore.Ring.host_ids`): parsing 20,000 new addresses costs ~0.1 s, done
-    here rather than by the first batch on the table.
+    Decoding includes what routing on the table needs first, such as the endpoints'
+    host identities (:attr:`lbcore.Ring.host_ids`, compared by routing with ejected
+    endpoints or Skipper's fade-in): the first batch on the table does not pay for them.
     """
     cur, t = view.read(None, timeout_s)
-    master = t.ring_set.master
-    if master is not None and (bool(t.ejected.any()) or t.knobs.fade_mode == "skipper"):
-        master.host_ids  # noqa: B018 (computed once per table, shared by its rings)
     return cur, t
 
 

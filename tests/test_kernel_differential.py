@@ -24,26 +24,58 @@ pytestmark = pytest.mark.skipif(
 
 D = 30_000_000_000
 
+
+class ClaimingInt64(np.int64):
+    """A NumPy scalar whose subclass claims another value: the stored one is the key."""
+
+    def __index__(self) -> int:
+        return 7
+
+
+LIMIT = 4096  # lbcore.hashing.MAX_KEY_BYTES; plans draw it as their max_key_bytes
+
 text = st.text(st.characters(codec="utf-8"), max_size=20) | st.sampled_from(
-    ["", "\0", "a\0b", "ürün-42", "😀", "x" * 4096, "y" * 4097]
+    ["", "\0", "a\0b", "\0\0", "ürün-42", "😀", "\U0010ffff\0", "x" * 4096, "y" * 4097]
 )
-blob = st.binary(max_size=20) | st.sampled_from([b"", b"\0", b"\xff" * 4096])
-integer = st.integers(min_value=-(2**63), max_value=2**65) | st.sampled_from(
-    [0, -1, 2**63 - 1, -(2**63), 2**63, 2**64 - 1, 2**64]
+blob = st.binary(max_size=20) | st.sampled_from([b"", b"\0", b"a\0", b"\xff" * 4096, b"z" * 4097])
+# Ints at every width, beyond 2**64, at the limit's boundary (4,096 digits routes, 4,097
+# is too long, negatives with their sign), beyond Python's 4,300-digit conversion limit.
+# (Built by map: Hypothesis reprs sampled values, and Python cannot repr 10**5000.)
+huge = st.sampled_from(
+    [(1, LIMIT - 1), (-1, LIMIT - 2), (1, LIMIT), (-1, LIMIT - 1), (1, 5000), (-1, 5000), (7, 0)]
+).map(lambda sd: sd[0] * 10 ** sd[1] if sd[1] else 3**2000)
+integer = (
+    st.integers(min_value=-(2**63), max_value=2**65)
+    | st.integers(min_value=-(2**200), max_value=2**200)
+    | st.sampled_from([0, -1, 2**63 - 1, -(2**63), 2**63, 2**64 - 1, 2**64, -(2**64)])
+    | huge
 )
 key = (
     text
     | blob
     | integer
     | blob.map(bytearray)
+    | blob.map(memoryview)
+    | blob.filter(lambda b: len(b) >= 2).map(lambda b: memoryview(b)[::2])  # not contiguous
     | integer.filter(lambda v: 0 <= v < 2**64).map(np.uint64)
+    | st.integers(-(2**31), 2**31 - 1).map(np.int32)
+    | st.integers(-(2**63), 2**63 - 1).map(ClaimingInt64)
 )
-bad = st.sampled_from([1.5, None, True, "\ud800", object()])
+bad = st.sampled_from([1.5, None, True, np.bool_(True), "\ud800", "a\udfff", object()])
+INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+def int_array(draw, dtype, n):
+    info = np.iinfo(dtype)
+    edges = st.sampled_from([int(info.min), int(info.max), 0, -1 if info.min < 0 else 1])
+    vals = draw(st.lists(st.integers(int(info.min), int(info.max)) | edges, min_size=n, max_size=n))
+    return np.array(vals, dtype=dtype)
 
 
 @st.composite
 def batches(draw):
-    kind = draw(st.sampled_from(["list", "tuple", "int64", "uint64", "S", "U", "mixed-bad"]))
+    kinds = ["list", "tuple", "ints", "S", "U", "raw-U", "T", "object", "mixed-bad"]
+    kind = draw(st.sampled_from(kinds))
     n = draw(st.integers(0, 40))
     if kind in ("list", "tuple"):
         ks = draw(st.lists(key, min_size=n, max_size=n))
@@ -52,15 +84,30 @@ def batches(draw):
         ks = draw(st.lists(key, min_size=n, max_size=n))
         ks.insert(draw(st.integers(0, n)), draw(bad))
         return ks
-    if kind == "int64":
-        vals = draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n))
-        return np.array(vals, dtype=np.int64)
-    if kind == "uint64":
-        vals = draw(st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n))
-        return np.array(vals, dtype=np.uint64)
+    if kind == "ints":
+        return int_array(draw, draw(st.sampled_from(INT_DTYPES)), n)
     if kind == "S":
         return np.array(draw(st.lists(st.binary(max_size=12), min_size=n, max_size=n)), dtype="S12")
-    return np.array(draw(st.lists(st.text(max_size=8), min_size=n, max_size=n)), dtype="U8")
+    if kind == "object":
+        ks = draw(st.lists(key | bad, min_size=n, max_size=n))
+        arr = np.empty(n, dtype=object)
+        arr[:] = ks
+        return arr
+    strings = st.lists(
+        text | st.text(st.characters(codec="utf-8"), max_size=8), min_size=n, max_size=n
+    )
+    if kind == "raw-U":  # code points straight into a U buffer: surrogates, beyond U+10FFFF
+        codes = st.integers(0, 0x10FFFF) | st.sampled_from([0, 0xD800, 0xDFFF, 0x110000, 2**32 - 1])
+        rows = draw(st.lists(st.lists(codes, min_size=3, max_size=3), min_size=n, max_size=n))
+        flat = np.array([c for r in rows for c in r], dtype="<u4")
+        return np.frombuffer(flat.tobytes(), dtype="<U3")
+    if kind == "T":  # StringDType: variable-width UTF-8 strings, NULs kept
+        return np.array(draw(strings), dtype=np.dtypes.StringDType())
+    return (
+        np.array(draw(strings), dtype="U8" if draw(st.booleans()) else None)
+        if n
+        else np.array([], "U1")
+    )
 
 
 @st.composite
@@ -100,6 +147,9 @@ def plans(draw):
         "slots": np.arange(n, dtype=np.int64)[::-1].copy(),
         "max_key_bytes": draw(st.sampled_from([4096, None, 5])),
     }
+
+
+KEY_ERRORS = (lbcore.KeyTypeError, lbcore.KeyEncodingError, lbcore.KeyTooLongError)
 
 
 def on(kernel: str, fn):
@@ -183,7 +233,7 @@ def test_native_and_numpy_scatter_add_routed_alike(fan_out):
 
 
 @settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -192,6 +242,8 @@ def test_native_and_numpy_route_alike(args, keys, attempt):
     native = on("native", lambda: routed_and_recorded(args, keys, attempt))
     reference = on("numpy", lambda: routed_and_recorded(args, keys, attempt))
     assert native == reference
+    if native[0] == "error":  # agreeing is not enough: a bad key is named as one
+        assert issubclass(native[1], KEY_ERRORS), native
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -373,11 +373,19 @@ def test_last_routed_is_per_thread(namespace):  # noqa: F811
         host.publish(lbcore.RingSet(eps), knobs=shm.Knobs(balance_factor=None))
         r = host.router()
         idx = r.route(["k1", "k2"])
+        # A newer table lists other endpoints: only the thread that routed idx maps it
+        # on its table; another thread's last call is not this one (the current table).
+        newer = [f"http://10.9.9.{i}:80" for i in range(5)]
+        host.publish(lbcore.RingSet(newer), knobs=shm.Knobs(balance_factor=None))
+        r.refresh()
+        assert r.table().endpoints == tuple(newer)
         got: list = []
-        th = threading.Thread(target=lambda: got.append(r._routed_on(idx)))
+        th = threading.Thread(target=lambda: got.append(r.endpoints_of(idx)))
         th.start()
         th.join(10)
-        assert got == [None] and r._routed_on(idx)[0] is idx
+        assert got == [[newer[i] for i in idx]]
+        assert r.endpoints_of(idx) == [eps[i] for i in idx]
+        assert r.endpoints_of(idx[1:]) == [eps[idx[1]]]  # a view of it too
     finally:
         host.close()
 
@@ -454,7 +462,7 @@ def _damage_current(ns: str, how: str) -> int:
     with shm.TableReader(ns) as reader:
         t = reader.table()
         seg = Segment.attach(t.segment, writable=True)
-        off = reader._view.offsets[t.buffer]
+        off = t.buffer_offset
         if how == "payload":
             seg.buf[off + BUFFER_HEADER_BYTES + 200] ^= 0x40  # checksum mismatch
         else:

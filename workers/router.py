@@ -359,6 +359,11 @@ class Router:
         return self._follow.reader
 
     @property
+    def counters(self) -> shm.CounterReader | None:
+        """The host's counters reader that loads are read from (``None`` until they exist)."""
+        return self._follow.counters
+
+    @property
     def recorder(self) -> shm.Recorder | shm.LockedRecorder | None:
         """The recorder of the process's counter row (``None`` without counters)."""
         return self._rows.recorder

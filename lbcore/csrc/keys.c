@@ -2,17 +2,21 @@
  *
  * The rules are lbcore.hashing's (the NumPy reference): a str is hashed as its UTF-8
  * bytes, bytes-like as is, an integer as its decimal string (so 123 and "123" route
- * alike), a NumPy S array without trailing NUL padding, a U array as UTF-8 of its code
+ * alike; an int subclass or NumPy integer scalar by its stored value, not its __index__), a NumPy S array without trailing NUL padding, a U array as UTF-8 of its code
  * points without trailing NULs. Errors are the reference's too: the first key of the
  * wrong type or not encodable wins over any key that is too long, and a batch longer
  * than two reference blocks is judged a block at a time, as the reference hashes it.
  */
 #include "kernel.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* lbcore.hashing.BLOCK: long batches are hashed (and judged) in blocks of this many. */
 #define REF_BLOCK 32768
+
+/* lbcore.hashing._REPR_SAFE_BITS: ints of at most this many bits have at most 600 digits. */
+#define LB_REPR_SAFE_BITS 1993
 
 enum { ERR_NONE, ERR_SET, ERR_TYPE, ERR_ENCODING, ERR_TOO_LONG };
 
@@ -20,7 +24,7 @@ typedef struct {
     int err;
     Py_ssize_t index;     /* the key the error names */
     Py_ssize_t detail;    /* ERR_ENCODING: character; ERR_TOO_LONG: its length */
-    Py_ssize_t count;     /* ERR_TOO_LONG: keys too long in its block */
+    Py_ssize_t count;     /* ERR_TOO_LONG: keys too long in its block; ERR_ENCODING: the code point */
     PyObject *bad;        /* ERR_TYPE: the key (borrowed) */
     /* Too-long keys of the current block. */
     Py_ssize_t block_first, block_first_len, block_count;
@@ -44,10 +48,19 @@ static int raise_pending(const hash_state *st, const lb_keys *k)
         return -1;
     }
     case ERR_ENCODING:
-        PyErr_Format(LB.key_encoding_error,
-                     "key %zd is not valid Unicode and cannot be encoded as UTF-8: surrogates "
-                     "not allowed at character %zd",
-                     st->index, st->detail);
+        if (st->count >= 0xD800 && st->count <= 0xDFFF) /* str.encode's own words */
+            PyErr_Format(LB.key_encoding_error,
+                         "key %zd is not valid Unicode and cannot be encoded as UTF-8: surrogates "
+                         "not allowed at character %zd",
+                         st->index, st->detail);
+        else {
+            char hex[24]; /* PyErr_Format has no upper-case hex */
+            snprintf(hex, sizeof hex, "0x%llX", (unsigned long long)(size_t)st->count);
+            PyErr_Format(LB.key_encoding_error,
+                         "key %zd is not valid Unicode and cannot be encoded as UTF-8: code point "
+                         "%s beyond U+10FFFF at character %zd",
+                         st->index, hex, st->detail);
+        }
         return -1;
     case ERR_TOO_LONG:
         PyErr_Format(LB.key_too_long_error,
@@ -166,22 +179,77 @@ static int hash_pylong(hash_state *st, const lb_keys *k, Py_ssize_t i, PyObject 
             return -1;
         PyErr_Clear();
     }
-    /* Beyond 64 bits: int.__repr__, as the reference formats it (and with its limit on
-     * digits, whose ValueError propagates the same way). */
-    PyObject *text = PyLong_Type.tp_repr(o);
+    /* Beyond 64 bits: int.__repr__, as the reference formats it, while it is short enough
+     * for every setting of Python's limit on digits (640 at the least). Longer ones go to
+     * lbcore.hashing.decimal_key, which measures them before it formats them and formats
+     * them past that limit: the key's length, or its bytes. */
+    size_t bits = _PyLong_NumBits(o);
+    if (bits == (size_t)-1 && PyErr_Occurred())
+        return -1;
+    PyObject *text;
+    if (bits <= LB_REPR_SAFE_BITS) {
+        text = PyLong_Type.tp_repr(o);
+        if (text == NULL)
+            return -1;
+        Py_ssize_t len = PyUnicode_GET_LENGTH(text);
+        if (length_ok(st, k, i, len))
+            *out = lb_xxh64(PyUnicode_1BYTE_DATA(text), (size_t)len);
+        Py_DECREF(text);
+        return 0;
+    }
+    PyObject *hashing = PyImport_ImportModule("lbcore.hashing");
+    if (hashing == NULL)
+        return -1;
+    PyObject *limit = k->max_key_bytes < 0 ? Py_NewRef(Py_None) : PyLong_FromSsize_t(k->max_key_bytes);
+    text = limit == NULL ? NULL : PyObject_CallMethod(hashing, "decimal_key", "OO", o, limit);
+    Py_XDECREF(limit);
+    Py_DECREF(hashing);
     if (text == NULL)
         return -1;
-    Py_ssize_t len = PyUnicode_GET_LENGTH(text);
-    if (length_ok(st, k, i, len))
-        *out = lb_xxh64(PyUnicode_1BYTE_DATA(text), (size_t)len);
+    if (PyBytes_Check(text)) {
+        Py_ssize_t len = PyBytes_GET_SIZE(text);
+        if (length_ok(st, k, i, len))
+            *out = lb_xxh64(PyBytes_AS_STRING(text), (size_t)len);
+    } else { /* too long: its length */
+        Py_ssize_t len = PyLong_AsSsize_t(text);
+        if (len == -1 && PyErr_Occurred()) {
+            Py_DECREF(text);
+            return -1;
+        }
+        if (length_ok(st, k, i, len)) {
+            Py_DECREF(text);
+            PyErr_SetString(PyExc_SystemError, "decimal_key gave the length of a key that fits");
+            return -1;
+        }
+    }
     Py_DECREF(text);
     return 0;
+}
+
+/* A NumPy integer scalar's own value: its NumPy type's int(), not a subclass's
+ * __index__ or __int__ (the value a NumPy scalar holds is the key, as in an array). */
+static PyObject *numpy_scalar_value(PyObject *o)
+{
+    PyTypeObject *t = Py_TYPE(o);
+    while (t != NULL && (t->tp_flags & Py_TPFLAGS_HEAPTYPE))
+        t = t->tp_base; /* NumPy's scalar types are static; subclasses are heap types */
+    if (t == NULL || t->tp_as_number == NULL || t->tp_as_number->nb_int == NULL) {
+        PyErr_Format(PyExc_TypeError, "%R has no NumPy integer base type", (PyObject *)Py_TYPE(o));
+        return NULL;
+    }
+    PyObject *v = t->tp_as_number->nb_int(o);
+    if (v != NULL && !PyLong_Check(v)) {
+        Py_DECREF(v);
+        PyErr_SetString(PyExc_TypeError, "a NumPy integer's int() is not an int");
+        return NULL;
+    }
+    return v;
 }
 
 /* ---- str: UTF-8 straight from the string's storage --------------------------------- */
 
 /* UTF-8 of n code points of the given kind into dst; returns its length, or -1 with
- * *bad set to the first surrogate's index. */
+ * *bad set to the index of the first surrogate or value beyond U+10FFFF. */
 static Py_ssize_t utf8_encode(int kind, const void *data, Py_ssize_t n, uint8_t *dst,
                               Py_ssize_t *bad)
 {
@@ -229,6 +297,7 @@ static int hash_ucs(hash_state *st, const lb_keys *k, Py_ssize_t i, int kind, co
         st->err = ERR_ENCODING;
         st->index = i;
         st->detail = bad;
+        st->count = (Py_ssize_t)PyUnicode_READ(kind, data, bad);
         return -1;
     }
     if (length_ok(st, k, i, len))
@@ -297,7 +366,7 @@ static int hash_object(hash_state *st, const lb_keys *k, Py_ssize_t i, PyObject 
         return 0;
     }
     if (LB.np_integer != NULL && PyObject_TypeCheck(o, (PyTypeObject *)LB.np_integer)) {
-        PyObject *v = PyNumber_Index(o);
+        PyObject *v = numpy_scalar_value(o);
         if (v == NULL) {
             st->err = ERR_SET;
             return -1;
@@ -389,6 +458,7 @@ static int hash_array_key(hash_state *st, const lb_keys *k, Py_ssize_t i, uint64
             st->err = ERR_ENCODING;
             st->index = i;
             st->detail = bad;
+            st->count = (Py_ssize_t)cps[bad];
             return -1;
         }
         if (length_ok(st, k, i, len))

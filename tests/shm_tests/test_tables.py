@@ -445,7 +445,7 @@ def test_flipped_payload_byte_is_a_checksum_error(namespace):
         reader = TableReader(namespace)
         t = reader.table()
         seg = data_words(namespace, t)
-        off = reader._view.offsets[t.buffer] + BUFFER_HEADER_BYTES + 1000
+        off = t.buffer_offset + BUFFER_HEADER_BYTES + 1000
         seg.buf[off] ^= 0x40
         fresh = TableReader(namespace)
         with pytest.raises(
@@ -492,7 +492,7 @@ def test_truncated_data_segment(namespace):
 
 
 def _rewrite_checksum(reader, t, seg):
-    off = reader._view.offsets[t.buffer]
+    off = t.buffer_offset
     words = seg.words
     n = words[off // 8 + 2]
     start = off + BUFFER_HEADER_BYTES
@@ -528,8 +528,8 @@ def test_random_corruption_never_crashes_or_reads_out_of_bounds(namespace):
         reader = TableReader(namespace)
         t = reader.table()
         seg = data_words(namespace, t)
-        off = reader._view.offsets[t.buffer] + BUFFER_HEADER_BYTES
-        n = seg.words[reader._view.offsets[t.buffer] // 8 + 2]
+        off = t.buffer_offset + BUFFER_HEADER_BYTES
+        n = seg.words[t.buffer_offset // 8 + 2]
         pristine = bytes(seg.buf[off : off + n])
         hot = list(range(0, 1024)) + [rng.randrange(n) for _ in range(200)]
         outcomes = {"ok": 0, "refused": 0}
@@ -651,7 +651,7 @@ def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, dam
             reader = TableReader(namespace, timeout_s=0.2)
             t = reader.table()
             seg = data_words(namespace, t)
-            off = reader._view.offsets[t.buffer]
+            off = t.buffer_offset
             if damage == "payload":
                 seg.buf[off + BUFFER_HEADER_BYTES + 1000] ^= 0x40
                 error = TableChecksumError
@@ -693,7 +693,7 @@ def test_the_newest_rings_owners_are_stored_once_as_the_owner_tables_last_row(na
         np.testing.assert_array_equal(got.route(KEYS, 10**13), rs.route(KEYS, 10**13))
         # The payload holds no section for it: its size is what the other sections need.
         words = reader._view.data.words
-        payload = int(words[reader._view.offsets[t.buffer] // 8 + 2])
+        payload = int(words[t.buffer_offset // 8 + 2])
         arrays = [got.ring_pos, got.owner_table, *(r.hashes for r in got.rings)]
         arrays += [r.buckets for r in got.rings] + [r.owners for r in got.rings[:-1]]
         assert payload < sum(a.nbytes for a in arrays) + rs.master.owners.nbytes
@@ -730,7 +730,7 @@ def test_the_checksum_is_xxh3_of_the_payload(namespace):
         reader = TableReader(namespace)
         t = reader.table()
         seg = reader._view.data
-        off = reader._view.offsets[t.buffer]
+        off = t.buffer_offset
         n = int(seg.words[off // 8 + 2])
         start = off + BUFFER_HEADER_BYTES
         assert int(seg.words[off // 8 + 3]) == digest(seg.buf[start : start + n])
