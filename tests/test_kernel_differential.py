@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import lbcore
 from lbcore import Gate, Plan, RingSet
+from tests.kernel_harness import on
 
 pytestmark = pytest.mark.skipif(
     lbcore.kernel.native() is None and lbcore.kernel._load_native() is None,
@@ -150,16 +151,6 @@ def plans(draw):
 
 
 KEY_ERRORS = (lbcore.KeyTypeError, lbcore.KeyEncodingError, lbcore.KeyTooLongError)
-
-
-def on(kernel: str, fn):
-    old = lbcore.use_kernel(kernel)
-    try:
-        return fn()
-    except Exception as exc:  # compared between kernels
-        return ("error", type(exc), str(exc))
-    finally:
-        lbcore.use_kernel(old)
 
 
 def routed_and_recorded(args, keys, attempt):

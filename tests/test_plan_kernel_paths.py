@@ -16,6 +16,7 @@ import pytest
 
 import lbcore
 from lbcore import Gate, Plan, RingSet
+from tests.kernel_harness import on
 
 D = 30_000_000_000
 
@@ -23,16 +24,6 @@ D = 30_000_000_000
 def skus(n: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     return [f"AD{v:09d}-K{v % 7}" for v in rng.integers(10**9, size=n)]
-
-
-def on(kernel: str, fn):
-    old = lbcore.use_kernel(kernel)
-    try:
-        return fn()
-    except Exception as exc:  # compared between kernels
-        return ("error", type(exc), str(exc))
-    finally:
-        lbcore.use_kernel(old)
 
 
 def repeats_before_good(owners: np.ndarray, good: np.ndarray, width: int) -> int:
