@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from workers.fanout import FanOut, Result
+from workers.fanout_curl import curl_sender_of, run_async
 from workers.fanout_plan import Job, Plan, group_job, key_job
 
 __all__ = ["run"]
@@ -152,6 +153,9 @@ async def run(
     grouped: bool = False,
 ) -> list[Result]:
     """:meth:`workers.Router.afanout`."""
+    curl = curl_sender_of(asend, grouped)
+    if curl is not None:
+        return await run_async(fan, curl, keys, timeout_s, deadline_s, grouped)
     plan = fan.plan(keys, asend, timeout_s, deadline_s, grouped)
     cap = fan.settings.cap_for(asyncio=True)
     jobs = plan.jobs

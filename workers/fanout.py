@@ -46,8 +46,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from workers.admission import Admission
 from workers.budget import RetryBudget
 from workers.failurelog import FailureLog
+from workers.fanout_curl import curl_sender_of, run_sync
 from workers.fanout_plan import (
     DeadlineError,
     FanoutError,
@@ -212,6 +214,8 @@ class FanOut:
         self.failure_log: FailureLog = router.recording.failure_log
         self.budget = RetryBudget(s.retry_percent / 100.0, s.retry_floor_per_s)
         self.pool = Pool(s.threads, s.queue, self.ledger.flush_due)
+        self.admission = Admission(s.max_in_flight, s.fifo_size, s.fifo_timeout_s)
+        self.admission_logged = float("-inf")  # (monotonic s of the last refusal line)
 
     def close(self) -> None:
         """Stop the pool's threads (after their current calls)."""
@@ -269,6 +273,9 @@ class FanOut:
         grouped: bool = False,
     ) -> list[Result]:
         """:meth:`workers.Router.fanout`."""
+        curl = curl_sender_of(send, grouped)
+        if curl is not None:
+            return run_sync(self, curl, keys, timeout_s, deadline_s, grouped)
         plan = self.plan(keys, send, timeout_s, deadline_s, grouped)
         cap = self.settings.cap_for(asyncio=False)
         job = group_job if grouped else key_job

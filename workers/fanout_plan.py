@@ -152,6 +152,9 @@ class Plan:
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.closed = False
+        # The bulkhead also refuses calls to a pod that looks stuck (the curl form: it
+        # has no pool for a frozen pod to fill, so no count cap below the batch size).
+        self.refuse_stuck = False
         self._retry_routes: dict[int, dict[int, tuple[int, str | None]]] = {}
         t = self.table
         self.urls = t.endpoints
@@ -230,25 +233,40 @@ class Plan:
         return self.timeout_s, False
 
     def begin(self, slot: int, cap: int) -> int:
-        """Start a call to ``slot`` (``-1``: not recorded): its start, or -1 at the cap."""
+        """Start a call to ``slot`` (``-1``: not recorded): its start, or -1 at the cap.
+
+        With :attr:`refuse_stuck` a pod that looks stuck (:meth:`stuck_at`) is at its
+        cap too, whatever its count.
+        """
         if slot < 0:
             return self.clock()
-        return self.ledger.begin(slot, cap)
+        return self.ledger.begin(slot, cap, self.stuck_ns if self.refuse_stuck else 0)
 
-    def end(self, slot: int, t0: int, kind: int, cut: bool) -> None:
-        """End it; a timeout the deadline caused is neither the pod's failure nor a success."""
+    def end(
+        self, slot: int, t0: int, kind: int, cut: bool, busy_ns: int | None = None
+    ) -> None:
+        """End it; a timeout the deadline caused is neither the pod's failure nor a success.
+
+        ``busy_ns``: the transport's own measure of the call (libcurl's), recorded as its
+        busy time instead of the time since ``t0``.
+        """
         if slot >= 0:
-            self.ledger.end(slot, t0, CUT if cut and kind == FAIL_TIMEOUT else kind)
+            self.ledger.end(slot, t0, CUT if cut and kind == FAIL_TIMEOUT else kind, busy_ns)
+
+    @property
+    def stuck_ns(self) -> int:
+        """How long a pod's oldest call may be out before the pod looks stuck (ns)."""
+        return max(int(self.timeout_s * 0.25e9), 10_000_000)
 
     def stuck_at(self, slot: int) -> int:
         """When ``slot`` looks stuck (CLOCK_MONOTONIC ns; far ahead with no call out).
 
-        That is when its oldest call in flight has been out a quarter of the timeout.
+        That is when its oldest call in flight has been out :attr:`stuck_ns`.
         """
         oldest = self.ledger.oldest(slot) if slot >= 0 else None
         if oldest is None:
             return 1 << 62
-        return oldest + max(int(self.timeout_s * 0.25e9), 10_000_000)
+        return oldest + self.stuck_ns
 
     def slot(self, slot: int, cap: int) -> int:
         """Start a call to ``slot`` now if it is under ``cap``: its start time.
@@ -371,12 +389,13 @@ def _attempt(
     """
     timeout, cut = plan.call_timeout(t0)
     try:
-        value, exc = yield ("call", url, what, timeout)
+        got = yield ("call", url, what, timeout)
     except GeneratorExit:
         plan.end(slot, t0, CUT, True)
         raise
+    value, exc = got[0], got[1]
     kind = 0 if exc is None else failure_kind(exc)
-    plan.end(slot, t0, kind, cut)
+    plan.end(slot, t0, kind, cut, got[2] if len(got) > 2 else None)
     return value, exc, kind
 
 
@@ -483,7 +502,8 @@ def fallback_job(plan: Plan, positions: list[int]) -> Job:
     url = plan.fan.settings.fallback_url
     what = plan.keys_at(positions) if plan.grouped else plan.keys[positions[0]]
     timeout, _ = plan.call_timeout(plan.clock())
-    value, exc = yield ("call", url, what, timeout)
+    got = yield ("call", url, what, timeout)
+    value, exc = got[0], got[1]
     if exc is None and plan.grouped:
         value, exc = group_values(value, len(positions))
     if exc is not None:

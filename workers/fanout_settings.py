@@ -99,9 +99,9 @@ FANOUT_THREADS = Knob(
     "--fanout-threads",
     8,
     _count(1, 1024),
-    "Calls in flight at once per worker process: the threads of router.fanout's pool "
-    "(shared by the requests of a gthread worker), the concurrent calls of "
-    "router.afanout on the worker's event loop.",
+    "For send functions of your own (not CurlSender): calls in flight at once per worker "
+    "process, the threads of router.fanout's pool (shared by the requests of a gthread "
+    "worker) or the concurrent calls of router.afanout on the worker's event loop.",
     "N",
 )
 FANOUT_QUEUE = Knob(
@@ -110,8 +110,9 @@ FANOUT_QUEUE = Knob(
     "--fanout-queue",
     1024,
     _count(1, 1_000_000),
-    "Most calls a worker's fan-out pool holds (queued or running); a fan-out's calls "
-    "beyond it fail at once as rejected (never counted as a pod's failure).",
+    "For send functions of your own: most calls a worker's fan-out pool holds (queued or "
+    "running); a fan-out's calls beyond it fail at once as rejected (never counted as a "
+    "pod's failure).",
     "N",
 )
 FANOUT_ENDPOINT_CAP = Knob(
@@ -124,9 +125,55 @@ FANOUT_ENDPOINT_CAP = Knob(
     "to the retry pod at once (the key's one call: no retry budget, no backoff), so a "
     "frozen pod holding its calls until they time out cannot take every thread; it is "
     "counted in cslb_bulkhead_rejections_total, never as the pod's failure. 'auto' (0): "
-    "half of CSLB_FANOUT_THREADS, at least 1.",
+    "half of CSLB_FANOUT_THREADS (at least 1) for send functions of your own; with "
+    "CurlSender no count cap below CSLB_FANOUT_MAX_IN_FLIGHT, and a pod counts as at its "
+    "cap while its oldest call from the worker has been out a quarter of the call "
+    "timeout (a frozen pod), which a healthy pod never reaches.",
     "N",
     auto=True,
+)
+FANOUT_CONNECTIONS = Knob(
+    "connections",
+    "CSLB_FANOUT_CONNECTIONS",
+    "--fanout-connections",
+    32,
+    _count(1, 10_000),
+    "CurlSender: most keep-alive connections to one pod per worker thread (per event loop "
+    "under asyncio); a fan-out's calls beyond it wait inside libcurl for a free "
+    "connection instead of opening more. Idle connections are kept for the next fan-out.",
+    "N",
+)
+FANOUT_MAX_IN_FLIGHT = Knob(
+    "max_in_flight",
+    "CSLB_FANOUT_MAX_IN_FLIGHT",
+    "--fanout-max-in-flight",
+    1024,
+    _count(1, 1_000_000),
+    "CurlSender: most calls in flight at once per worker process, every call of a "
+    "fan-out admitted together (a fan-out larger than this still runs when the worker "
+    "has nothing else in flight). A fan-out without room waits in the FIFO line.",
+    "N",
+)
+FANOUT_FIFO_SIZE = Knob(
+    "fifo_size",
+    "CSLB_FANOUT_FIFO_SIZE",
+    "--fanout-fifo-size",
+    64,
+    _count(0, 1_000_000),
+    "CurlSender: most fan-outs waiting for room (CSLB_FANOUT_MAX_IN_FLIGHT) at once per "
+    "worker, first come first served; one more fails at once, every key a RejectedError "
+    "that says so (never counted as a pod's failure).",
+    "N",
+)
+FANOUT_FIFO_TIMEOUT = Knob(
+    "fifo_timeout_s",
+    "CSLB_FANOUT_FIFO_TIMEOUT",
+    "--fanout-fifo-timeout",
+    1.0,
+    _positive_seconds,
+    "CurlSender: longest wait in the FIFO line, in seconds (and never past the fan-out's "
+    "deadline); a fan-out still waiting then fails, every key a RejectedError.",
+    "SECONDS",
 )
 FANOUT_TIMEOUT = Knob(
     "timeout_s",
@@ -207,6 +254,10 @@ FANOUT_KNOBS: tuple[Knob, ...] = (
     FANOUT_THREADS,
     FANOUT_QUEUE,
     FANOUT_ENDPOINT_CAP,
+    FANOUT_CONNECTIONS,
+    FANOUT_MAX_IN_FLIGHT,
+    FANOUT_FIFO_SIZE,
+    FANOUT_FIFO_TIMEOUT,
     FANOUT_TIMEOUT,
     FANOUT_DEADLINE,
     RETRY_BACKOFF,
@@ -225,6 +276,10 @@ class FanoutSettings:
     threads: int = FANOUT_THREADS.default
     queue: int = FANOUT_QUEUE.default
     endpoint_cap: int = FANOUT_ENDPOINT_CAP.default
+    connections: int = FANOUT_CONNECTIONS.default
+    max_in_flight: int = FANOUT_MAX_IN_FLIGHT.default
+    fifo_size: int = FANOUT_FIFO_SIZE.default
+    fifo_timeout_s: float = FANOUT_FIFO_TIMEOUT.default
     timeout_s: float = FANOUT_TIMEOUT.default
     deadline_s: float = FANOUT_DEADLINE.default
     retry_backoff_s: float = RETRY_BACKOFF.default
@@ -260,8 +315,14 @@ class FanoutSettings:
             return self.deadline_s
         return 2.0 * timeout_s + self.retry_backoff_s
 
-    def cap_for(self, asyncio: bool = False) -> int:
-        """The bulkhead's cap per endpoint (the same for both forms: calls in flight)."""
+    def cap_for(self, asyncio: bool = False, curl: bool = False) -> int:
+        """The bulkhead's cap per endpoint, in calls in flight (both forms alike).
+
+        ``curl``: for CurlSender's fan-outs, which have no pool: no cap below the
+        worker's calls in flight unless one is set.
+        """
         if self.endpoint_cap:
             return self.endpoint_cap
+        if curl:
+            return self.max_in_flight
         return max(1, self.threads // 2)

@@ -108,7 +108,7 @@ class CallLedger:
 
     # -- events ---------------------------------------------------------------------
 
-    def begin(self, slot: int, cap: int) -> int:
+    def begin(self, slot: int, cap: int, stuck_ns: int = 0) -> int:
         """A call to ``slot`` starts now: its start time (ns), or ``-1`` if refused.
 
         Parameters
@@ -118,16 +118,19 @@ class CallLedger:
         cap
             Most calls this worker may have in flight to the slot; at the cap the call
             is refused and nothing is recorded.
+        stuck_ns
+            If > 0, the call is refused too while the slot's oldest call in flight has
+            been out this long (ns): a pod that looks stuck.
         """
         lock = self._lock  # (acquire/release: cheaper than a with block, per call)
         lock.acquire()
         try:
             out = self._open.get(slot)
+            now = self._clock()
             if out is None:
                 out = self._open[slot] = []
-            elif len(out) >= cap:
-                return -1
-            now = self._clock()
+            elif len(out) >= cap or (stuck_ns and now - out[0] >= stuck_ns):
+                return -1  # (out[0]: the oldest, as calls are appended in time order)
             out.append(now)
             starts = self._starts
             key = (slot, now)
@@ -178,17 +181,23 @@ class CallLedger:
         self.flush()
         return now, admitted
 
-    def end(self, slot: int, started_ns: int, kind: int = 0) -> int:
+    def end(self, slot: int, started_ns: int, kind: int = 0, busy_ns: int | None = None) -> int:
         """The call to ``slot`` that :meth:`begin` started at ``started_ns`` ended now.
 
         ``kind``: how it failed (:mod:`lbcore.outlier`'s ``FAIL_*`` code; 0: it did
         not; :data:`CUT`: the caller's deadline cut it short, neither a success nor a
-        failure: only its busy time counts). Returns the end time (ns).
+        failure: only its busy time counts). ``busy_ns``: the call's busy time as the
+        transport measured it on the wire (libcurl's timings), recorded instead of the
+        time since ``started_ns`` (which also holds the time the answer waited for this
+        process); ``None``: that time. Returns the recorded end time (ns).
         """
         lock = self._lock
         lock.acquire()
         try:
             now = self._clock()
+            ended = now
+            if busy_ns is not None and started_ns + busy_ns < now:
+                ended = started_ns + max(int(busy_ns), 0)
             out = self._open.get(slot)
             if out is not None:
                 if len(out) <= 1:
@@ -213,13 +222,13 @@ class CallLedger:
                 else:
                     starts[key] = c - 1
                 ends = self._done
-            ends += (slot, started_ns, now, kind)
+            ends += (slot, started_ns, ended, kind)
             due = len(ends) >= 4 * MAX_PENDING or now >= self._due
         finally:
             lock.release()
         if due:
             self.flush()
-        return now
+        return ended
 
     def tally(self, field: str, n: int = 1) -> None:
         """Add ``n`` to the row's lifetime total ``field`` (:data:`shm.layout.STATS_FIELDS`)."""

@@ -611,7 +611,7 @@ class Router:
         fallback and recording: :mod:`workers.fanout`.
         """
         self._check_usable()
-        if not self.threads:
+        if not self.threads and not _is_curl(send):
             raise RouterStateError(
                 "router.fanout runs calls on a thread pool: attach the router with "
                 "threads=True (the default)"
@@ -691,6 +691,13 @@ class Router:
             f"Router(namespace={self.namespace!r}, row={self.row}, pid={self._pid}, "
             f"refresh={self.refresh_ns / 1e9:g}s)"
         )
+
+
+def _is_curl(send: Any) -> bool:
+    """``send`` is a CurlSender (or its group): its calls need no thread pool."""
+    from workers.senders import CurlGroup, CurlSender
+
+    return isinstance(send, (CurlSender, CurlGroup))
 
 
 _NO_TABLE: list[Snapshot] = []

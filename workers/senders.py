@@ -2,14 +2,17 @@
 
 ``router.fanout(keys, send)`` calls ``send(url, key)``; ``await router.afanout(keys,
 asend)`` awaits ``asend(url, key)``. Any callable works (it returns the value or
-raises; any exception is a failure); these two cover the clients a gunicorn service
-has, with pooled keep-alive connections per worker process:
+raises; any exception is a failure), on a pool of ``CSLB_FANOUT_THREADS`` calls at once;
+the ready-made senders keep keep-alive connections per worker process:
 
+* :class:`CurlSender` — the fast path, for both ``fanout`` and ``afanout``: the fan-out
+  puts every call of the batch in flight at once on libcurl's multi interface
+  (:mod:`workers.fanout_curl`), timed by libcurl;
 * :class:`Urllib3Sender` (urllib3 comes with the Kubernetes client) for ``fanout``;
 * :class:`HttpxSender` (``pip install cslb[httpx]``) for ``afanout`` under an asyncio
   worker (uvicorn's).
 
-Both send ``GET <url><path>`` with the key URL-quoted into ``path`` (and, for the
+All send ``GET <url><path>`` with the key URL-quoted into ``path`` (and, for the
 grouped form, ``POST <url><batch_path>`` with a JSON array of keys, answered by a JSON
 array of values in the same order), decode the body (JSON by default), and raise
 :class:`CallConnectError`, :class:`CallTimeoutError` or :class:`CallStatusError` (a 5xx,
@@ -24,6 +27,7 @@ from __future__ import annotations
 import importlib
 import json
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -36,6 +40,8 @@ __all__ = [
     "CallError",
     "CallStatusError",
     "CallTimeoutError",
+    "CurlGroup",
+    "CurlSender",
     "HttpxSender",
     "Urllib3Sender",
     "failure_kind",
@@ -195,8 +201,15 @@ class _Template:
             [k.decode("utf-8", "surrogateescape") if isinstance(k, bytes) else k for k in keys]
         ).encode()
 
+    def decoded(self, body: bytes, url: str) -> Any:
+        """The value of an answer's ``body``; an undecodable one is the call's error."""
+        try:
+            return self.decode(body)
+        except Exception as exc:
+            raise CallError(f"answer from {url} could not be decoded: {exc}", url) from exc
+
     def values(self, body: bytes, n: int, url: str) -> list[Any]:
-        got = self.decode(body)
+        got = self.decoded(body, url)
         if not isinstance(got, list) or len(got) != n:
             raise CallError(f"batch answer from {url} is not a list of {n} values", url)
         return got
@@ -281,7 +294,7 @@ class Urllib3Sender(_Template):
     def __call__(self, url: str, key: Any, timeout: float | None = None) -> Any:
         """One call: ``GET <url><path>``; the decoded body."""
         full = self.url_of(url, key)
-        return self.decode(self._request("GET", full, None, timeout))
+        return self.decoded(self._request("GET", full, None, timeout), full)
 
     def group(self, url: str, keys: Sequence[Any], timeout: float | None = None) -> list[Any]:
         """One call for many keys: ``POST <url><batch_path>``; one value per key."""
@@ -367,7 +380,7 @@ class HttpxSender(_Template):
     async def __call__(self, url: str, key: Any, timeout: float | None = None) -> Any:
         """One call: ``GET <url><path>``; the decoded body."""
         full = self.url_of(url, key)
-        return self.decode(await self._request("GET", full, None, timeout))
+        return self.decoded(await self._request("GET", full, None, timeout), full)
 
     async def group(self, url: str, keys: Sequence[Any], timeout: float | None = None) -> list[Any]:
         """One call for many keys: ``POST <url><batch_path>``; one value per key."""
@@ -380,3 +393,123 @@ class HttpxSender(_Template):
         clients, self._clients = self._clients, {}
         for c in clients.values():
             await c.aclose()
+
+
+#: Largest answer body a CurlSender takes by default (bytes).
+MAX_BODY_BYTES = 16 << 20
+
+
+class CurlSender(_Template):
+    """The fast sender: a fan-out's calls all in flight at once on libcurl's multi interface.
+
+    Pass it to ``router.fanout(keys, sender)`` (sync and gthread workers) or ``await
+    router.afanout(keys, sender)`` (asyncio workers), and :attr:`group` with
+    ``grouped=True``: the fan-out then runs every call of the batch at once on the
+    worker thread's (or event loop's) libcurl multi handle, with HTTP/1.1 keep-alive
+    connections per pod (``CSLB_FANOUT_CONNECTIONS``), and records each call's busy time
+    as libcurl measured it on the wire (:mod:`workers.fanout_curl`, :mod:`workers.curl`).
+
+    Calling the sender itself (``sender(url, key)``) makes one blocking call on this
+    thread's transport: for code of your own, not for an event loop.
+
+    Parameters
+    ----------
+    path
+        Appended to the endpoint URL, ``{key}`` replaced by the URL-quoted key.
+    batch_path
+        Path of the grouped form (:attr:`group`): ``POST`` of a JSON array of keys,
+        answered by a JSON array of values in the same order.
+    decode
+        Body -> value (default: ``json.loads``); an exception it raises becomes the
+        call's :class:`CallError`.
+    fail_statuses
+        Statuses raised as :class:`CallStatusError` (the pod's failure; default: 5xx).
+        Other non-2xx statuses raise :class:`CallAnswerError`.
+    timeout_s
+        Per-call timeout (connect and answer, seconds) when the fan-out passes none.
+    headers
+        Extra request headers.
+    max_body_bytes
+        Largest answer body taken (bytes); a larger one stops the call as a
+        :class:`CallError`, so a pod cannot make a worker buffer gigabytes.
+    """
+
+    def __init__(
+        self,
+        path: str = "/{key}",
+        *,
+        batch_path: str = "/batch",
+        decode: Callable[[bytes], Any] | None = None,
+        fail_statuses: Collection[int] | None = None,
+        timeout_s: float = 1.0,
+        headers: dict[str, str] | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
+        super().__init__(path, batch_path, decode, fail_statuses, headers, timeout_s)
+        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
+            raise TypeError(f"max_body_bytes must be an int, got {max_body_bytes!r}")
+        if not 1 <= max_body_bytes <= 1 << 40:
+            raise ValueError(f"max_body_bytes must be from 1 to 2**40, got {max_body_bytes}")
+        for name, value in self.headers.items():
+            if not name or any(c in name + value for c in "\r\n\0") or ":" in name:
+                raise ValueError(f"header {name!r}: {value!r} cannot be sent")
+        self.max_body_bytes = max_body_bytes
+        # libcurl's header lists, built once; "Expect:" stops a 100-continue round trip.
+        own = [f"{k}: {v}" for k, v in self.headers.items()]
+        self.headers_list = own
+        self.post_headers = [*own, "Content-Type: application/json", "Expect:"]
+        self.group = CurlGroup(self)
+
+    def batch_url(self, url: str) -> str:
+        """The grouped call's URL at the pod ``url``."""
+        return url.rstrip("/") + self.batch_path
+
+    def finish(self, status: int, body: bytes, url: str, what: Any, grouped: bool) -> Any:
+        """The value of a call that got an answer (or raise its error)."""
+        _check_status(status, self.fail_statuses, url, body)
+        if grouped:
+            return self.values(body, len(what), url)
+        return self.decoded(body, url)
+
+    def _one(self, url: str, what: Any, grouped: bool, timeout: float | None) -> Any:
+        from workers.curl import thread_reactor
+        from workers.fanout_settings import FANOUT_CONNECTIONS
+
+        reactor = thread_reactor(FANOUT_CONNECTIONS.default, time.monotonic_ns)
+        got: list[Any] = []
+        t = self._timeout_of(timeout)
+        if grouped:
+            full, body = self.batch_url(url), self.batch_body(what)
+        else:
+            full, body = self.url_of(url, what), None
+        h = reactor.transport.start(self, full, what, body, t, got.append, grouped)
+        try:
+            reactor.run(lambda: bool(got), time.monotonic_ns() + int((t + 1.0) * 1e9))
+        finally:
+            if not got:
+                reactor.transport.cancel(h)
+        if not got:
+            raise CallTimeoutError(f"{full}: no answer within {t:g} s", full)
+        value, exc, _ = got[0]
+        if exc is not None:
+            raise exc
+        return value
+
+    def __call__(self, url: str, key: Any, timeout: float | None = None) -> Any:
+        """One blocking call: ``GET <url><path>``; the decoded body."""
+        return self._one(url, key, False, timeout)
+
+
+class CurlGroup:
+    """A :class:`CurlSender`'s grouped form: one ``POST <batch_path>`` per pod.
+
+    ``router.fanout(keys, sender.group, grouped=True)`` sends each pod its keys in one
+    call. Called directly (``sender.group(url, keys)``) it makes one blocking call.
+    """
+
+    def __init__(self, sender: CurlSender) -> None:
+        self.sender = sender
+
+    def __call__(self, url: str, keys: Sequence[Any], timeout: float | None = None) -> list[Any]:
+        """One blocking call for many keys: ``POST <url><batch_path>``; one value per key."""
+        return self.sender._one(url, keys, True, timeout)

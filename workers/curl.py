@@ -1,0 +1,503 @@
+"""The fan-out's native transport: every call of a batch in flight at once on libcurl's multi.
+
+A :class:`Transport` owns one ``pycurl.CurlMulti`` handle and the keep-alive connections
+libcurl keeps under it, with reusable easy handles. It is driven through libcurl's socket
+API (``socket_action``: no ``select()`` limit at 1,024 descriptors), by one of two
+reactors: :class:`SyncReactor` (an ``epoll`` loop run by the thread that waits for the
+fan-out: one transport per worker thread, no thread pool) and :class:`LoopReactor` (the
+running asyncio loop's ``add_reader``/``add_writer`` and a loop timer: one transport per
+loop, no thread). Both give the same two things to the fan-out: start a call, and call a
+function later.
+
+A call's outcome comes back as ``(value, exception, busy_ns)``; ``busy_ns`` is libcurl's
+own measure of the call, from just before the request was sent to the last byte of the
+answer (``TOTAL_TIME_T - PRETRANSFER_TIME_T``; the whole call when it never got a
+connection), taken inside libcurl as it moves the bytes, so the time an answer then waits
+for Python (the GIL, a busy loop, the other answers of the batch) is not counted as the
+pod's busy time.
+
+Connections are HTTP/1.1 keep-alive, at most ``connections_per_pod`` per pod (libcurl's
+``CURLMOPT_MAX_HOST_CONNECTIONS``: calls beyond it wait inside libcurl for a free
+connection, without a new one) and a connection cache sized to keep them all, so a
+steady stream of fan-outs opens no new connections once warm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import pycurl
+
+__all__ = [
+    "LoopReactor",
+    "Reactor",
+    "SyncReactor",
+    "Transport",
+    "loop_reactor",
+    "thread_reactor",
+]
+
+#: What a finished call gives back: the value, the exception (``None``: success), and
+#: libcurl's busy time of the call (ns).
+Outcome = tuple[Any, BaseException | None, int]
+
+# libcurl's error codes (CURLcode) that mean the connection failed or broke, so the call
+# never got a whole answer: the pod's transport failure, worth a retry elsewhere.
+_CONNECT_CODES = frozenset(
+    (
+        pycurl.E_COULDNT_RESOLVE_HOST,
+        pycurl.E_COULDNT_CONNECT,
+        8,  # CURLE_WEIRD_SERVER_REPLY: the pod did not speak HTTP
+        pycurl.E_PARTIAL_FILE,
+        pycurl.E_GOT_NOTHING,
+        pycurl.E_SEND_ERROR,
+        pycurl.E_RECV_ERROR,
+    )
+)
+
+# Connections libcurl may cache beyond the pods' caps (the ingress, pods of a new table).
+_CACHE_SLACK = 64
+
+
+class Request(Protocol):
+    """What a sender builds for the transport (see :class:`workers.senders.CurlSender`)."""
+
+    headers_list: list[str]
+    post_headers: list[str]
+    max_body_bytes: int
+
+    def finish(self, status: int, body: bytes, url: str, what: Any, grouped: bool) -> Any:
+        """The call's value from its answer, or raise the call's error."""
+        ...
+
+
+class Transport:
+    """One libcurl multi handle, its connections and its calls in flight.
+
+    Used by one thread at a time (the worker thread running a fan-out, or the event
+    loop's thread).
+
+    Parameters
+    ----------
+    connections_per_pod
+        Most connections to one pod (``host:port``); more calls wait for one.
+    """
+
+    def __init__(self, connections_per_pod: int) -> None:
+        self.connections_per_pod = int(connections_per_pod)
+        m = self.multi = pycurl.CurlMulti()
+        m.setopt(pycurl.M_MAX_HOST_CONNECTIONS, self.connections_per_pod)
+        m.setopt(pycurl.M_MAXCONNECTS, self.connections_per_pod * 16 + _CACHE_SLACK)
+        m.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
+        m.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
+        self.reactor: Reactor | None = None
+        self._free_get: list[Any] = []
+        self._free_post: list[Any] = []
+        self._calls: dict[Any, tuple[Callable[[Outcome], None], Any, str, Any, bool]] = {}
+        self._pods: set[str] = set()
+        self.connects = 0  # new connections opened, over the transport's life
+
+    # -- calls --------------------------------------------------------------------------
+
+    def start(
+        self,
+        request: Request,
+        url: str,
+        what: Any,
+        body: bytes | None,
+        timeout_s: float,
+        on_done: Callable[[Outcome], None],
+        grouped: bool = False,
+    ) -> Any:
+        """Start a call: ``GET url`` (``body`` ``None``) or ``POST url`` with ``body``.
+
+        ``on_done(outcome)`` is called once, from the reactor, when it ends (not if
+        :meth:`cancel` ed first). Returns the handle :meth:`cancel` takes.
+        """
+        post = body is not None
+        free = self._free_post if post else self._free_get
+        e = free.pop() if free else self._easy(post)
+        headers = request.post_headers if post else request.headers_list
+        if e.cslb_headers is not headers:
+            e.setopt(pycurl.HTTPHEADER, headers)
+            e.cslb_headers = headers
+        if e.cslb_limit != request.max_body_bytes:
+            e.setopt(pycurl.MAXFILESIZE_LARGE, request.max_body_bytes)
+            e.cslb_limit = request.max_body_bytes
+        e.setopt(pycurl.URL, url)
+        e.setopt(pycurl.TIMEOUT_MS, max(1, int(timeout_s * 1000.0 + 0.5)))
+        if post:
+            e.setopt(pycurl.POSTFIELDS, body)
+        self._calls[e] = (on_done, request, url, what, grouped)
+        self._pod_seen(url)
+        self.multi.add_handle(e)
+        return e
+
+    def cancel(self, handle: Any) -> None:
+        """Stop a call in flight (its connection is closed); its ``on_done`` is not called."""
+        if self._calls.pop(handle, None) is None:
+            return
+        self.multi.remove_handle(handle)
+        handle.cslb_chunks.clear()
+        handle.close()  # (its connection state is unknown: no reuse)
+
+    @property
+    def in_flight(self) -> int:
+        """Calls started and not yet ended."""
+        return len(self._calls)
+
+    def _easy(self, post: bool) -> Any:
+        e = pycurl.Curl()
+        chunks: list[bytes] = []
+        e.cslb_chunks = chunks
+        e.cslb_headers = None
+        e.cslb_limit = None
+        e.cslb_post = post
+        e.setopt(pycurl.WRITEFUNCTION, chunks.append)
+        e.setopt(pycurl.NOSIGNAL, 1)
+        e.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
+        e.setopt(pycurl.PROXY, "")  # pods are called directly, whatever the environment says
+        e.setopt(pycurl.FOLLOWLOCATION, 0)
+        e.setopt(pycurl.TCP_NODELAY, 1)
+        if not post:
+            e.setopt(pycurl.HTTPGET, 1)
+        return e
+
+    def _pod_seen(self, url: str) -> None:
+        """Grow the connection cache with the pods called, so none is closed for room."""
+        i = url.find("/", 8)  # (after "https://")
+        host = url if i < 0 else url[:i]
+        if host not in self._pods:
+            self._pods.add(host)
+            n = self.connections_per_pod * max(16, len(self._pods)) + _CACHE_SLACK
+            self.multi.setopt(pycurl.M_MAXCONNECTS, n)
+
+    # -- libcurl's callbacks and the reactor ------------------------------------------------
+
+    def _on_socket(self, what: int, fd: int, multi: Any, socketp: Any) -> None:
+        r = self.reactor
+        if r is not None:
+            r.watch(fd, what)
+
+    def _on_timer(self, ms: int) -> None:
+        r = self.reactor
+        if r is not None:
+            r.curl_timer(ms)
+
+    def act(self, fd: int, mask: int) -> None:
+        """Let libcurl move the bytes of ``fd`` (``SOCKET_TIMEOUT``: run its timers).
+
+        Then the calls that ended go to their owners.
+        """
+        m = self.multi
+        m.socket_action(fd, mask)
+        if self._calls:
+            self._collect()
+
+    def _collect(self) -> None:
+        m = self.multi
+        while True:
+            left, ok, failed = m.info_read()
+            for e in ok:
+                self._end(e, 0)
+            for e, code, _msg in failed:
+                self._end(e, code)
+            if not left:
+                return
+
+    def _end(self, e: Any, code: int) -> None:
+        call = self._calls.pop(e, None)
+        self.multi.remove_handle(e)
+        chunks = e.cslb_chunks
+        if call is None:  # (not ours: cancelled meanwhile)
+            chunks.clear()
+            return
+        on_done, request, url, what, grouped = call
+        total = e.getinfo(pycurl.TOTAL_TIME_T)
+        sent = e.getinfo(pycurl.PRETRANSFER_TIME_T)
+        busy_ns = (total - sent if sent else total) * 1000
+        self.connects += e.getinfo(pycurl.NUM_CONNECTS)
+        value: Any = None
+        exc: BaseException | None = None
+        if code:
+            exc = _failure(code, e.errstr(), url, total / 1e6, request.max_body_bytes)
+            chunks.clear()
+            e.close()  # (a broken transfer: a fresh handle next time)
+        else:
+            status = e.getinfo(pycurl.RESPONSE_CODE)
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+            (self._free_post if e.cslb_post else self._free_get).append(e)
+            try:
+                value = request.finish(status, body, url, what, grouped)
+            except Exception as err:
+                exc = err
+        on_done((value, exc, busy_ns))
+
+    def close(self) -> None:
+        """Stop every call (none gets an outcome) and close the connections."""
+        for e in list(self._calls):
+            self.cancel(e)
+        for e in self._free_get + self._free_post:
+            e.close()
+        self._free_get.clear()
+        self._free_post.clear()
+        self.multi.close()
+
+
+def _failure(code: int, message: str, url: str, took_s: float, limit: int) -> BaseException:
+    from workers.senders import CallConnectError, CallError, CallTimeoutError
+
+    if code == pycurl.E_OPERATION_TIMEDOUT:
+        return CallTimeoutError(f"{url}: no answer within {took_s:.3g} s ({message})", url)
+    if code in _CONNECT_CODES:
+        return CallConnectError(f"{url}: {message}", url)
+    if code == pycurl.E_FILESIZE_EXCEEDED:
+        return CallError(f"{url}: answer larger than max_body_bytes={limit}", url)
+    return CallError(f"{url}: libcurl error {code}: {message}", url)
+
+
+# ------------------------------------------------------------------------------------
+# Reactors: what waits for the sockets and the timers.
+
+
+class Reactor(Protocol):
+    """Drives a :class:`Transport` and runs functions later (the fan-out's sleeps)."""
+
+    transport: Transport
+
+    def watch(self, fd: int, what: int) -> None:
+        """Watch ``fd`` for ``what`` (``POLL_*``), as libcurl asks."""
+        ...
+
+    def curl_timer(self, ms: int) -> None:
+        """Run libcurl's timers in ``ms`` (``-1``: no timer), as it asks."""
+        ...
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> Any:
+        """Run ``fn`` after ``delay_s``; the returned handle has ``cancel()``."""
+        ...
+
+
+class _Timer:
+    __slots__ = ("cancelled", "fn", "when")
+
+    def __init__(self, when: int, fn: Callable[[], None]) -> None:
+        self.when = when
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+_EPOLL_OF = {
+    pycurl.POLL_IN: select.EPOLLIN,
+    pycurl.POLL_OUT: select.EPOLLOUT,
+    pycurl.POLL_INOUT: select.EPOLLIN | select.EPOLLOUT,
+}
+
+
+class SyncReactor:
+    """A worker thread's reactor: ``epoll`` and a timer heap, run while a fan-out waits.
+
+    Parameters
+    ----------
+    transport
+        The thread's transport.
+    clock
+        CLOCK_MONOTONIC nanoseconds.
+    """
+
+    def __init__(self, transport: Transport, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.transport = transport
+        self.clock = clock
+        self._ep = select.epoll()
+        self._fds: dict[int, int] = {}
+        self._timers: list[tuple[int, int, _Timer]] = []
+        self._seq = itertools.count()
+        self._curl_due: int | None = None
+        transport.reactor = self
+
+    def watch(self, fd: int, what: int) -> None:
+        """See :meth:`Reactor.watch`."""
+        fds = self._fds
+        if what == pycurl.POLL_REMOVE:
+            if fds.pop(fd, None) is not None:
+                try:
+                    self._ep.unregister(fd)
+                except OSError:
+                    pass  # (closed already: epoll dropped it)
+            return
+        mask = _EPOLL_OF.get(what, 0)
+        old = fds.get(fd)
+        if old == mask:
+            return
+        fds[fd] = mask
+        if old is None:
+            try:
+                self._ep.register(fd, mask)
+            except FileExistsError:  # (a reused descriptor number still registered)
+                self._ep.modify(fd, mask)
+        else:
+            try:
+                self._ep.modify(fd, mask)
+            except FileNotFoundError:  # (closed and reopened under the same number)
+                self._ep.register(fd, mask)
+
+    def curl_timer(self, ms: int) -> None:
+        """See :meth:`Reactor.curl_timer`."""
+        self._curl_due = None if ms < 0 else self.clock() + ms * 1_000_000
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> _Timer:
+        """See :meth:`Reactor.call_later`."""
+        t = _Timer(self.clock() + max(int(delay_s * 1e9), 0), fn)
+        heapq.heappush(self._timers, (t.when, next(self._seq), t))
+        return t
+
+    def run(self, done: Callable[[], bool], until_ns: int) -> None:
+        """Move calls and run timers until ``done()`` or the clock reaches ``until_ns``."""
+        tr = self.transport
+        timers = self._timers
+        clock = self.clock
+        poll = self._ep.poll
+        act = tr.act
+        while not done():
+            now = clock()
+            while timers and timers[0][0] <= now:
+                t = heapq.heappop(timers)[2]
+                if not t.cancelled:
+                    t.fn()
+            due = self._curl_due
+            if due is not None and due <= now:
+                self._curl_due = None
+                act(pycurl.SOCKET_TIMEOUT, 0)
+                continue
+            if done():
+                return
+            if now >= until_ns:
+                return
+            wake = until_ns
+            if timers and timers[0][0] < wake:
+                wake = timers[0][0]
+            if due is not None and due < wake:
+                wake = due
+            for fd, ev in poll(max(wake - now, 0) / 1e9):
+                mask = 0
+                if ev & (select.EPOLLIN | select.EPOLLHUP):
+                    mask |= pycurl.CSELECT_IN
+                if ev & select.EPOLLOUT:
+                    mask |= pycurl.CSELECT_OUT
+                if ev & select.EPOLLERR:
+                    mask |= pycurl.CSELECT_ERR
+                act(fd, mask)
+
+    def close(self) -> None:
+        """Close the transport and the epoll descriptor."""
+        self.transport.close()
+        self._ep.close()
+
+
+class LoopReactor:
+    """An event loop's reactor: the loop's readers, writers and timers (no thread).
+
+    Parameters
+    ----------
+    transport
+        The loop's transport.
+    loop
+        The running loop.
+    """
+
+    def __init__(self, transport: Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = transport
+        self.loop = loop
+        self._fds: dict[int, int] = {}
+        self._curl_handle: asyncio.TimerHandle | asyncio.Handle | None = None
+        transport.reactor = self
+
+    def watch(self, fd: int, what: int) -> None:
+        """See :meth:`Reactor.watch`."""
+        loop = self.loop
+        old = self._fds.get(fd, pycurl.POLL_NONE)
+        new = pycurl.POLL_NONE if what == pycurl.POLL_REMOVE else what
+        if old == new:
+            return
+        act = self.transport.act
+        if old & pycurl.POLL_IN and not new & pycurl.POLL_IN:
+            loop.remove_reader(fd)
+        if old & pycurl.POLL_OUT and not new & pycurl.POLL_OUT:
+            loop.remove_writer(fd)
+        if new & pycurl.POLL_IN and not old & pycurl.POLL_IN:
+            loop.add_reader(fd, act, fd, pycurl.CSELECT_IN)
+        if new & pycurl.POLL_OUT and not old & pycurl.POLL_OUT:
+            loop.add_writer(fd, act, fd, pycurl.CSELECT_OUT)
+        if new:
+            self._fds[fd] = new
+        else:
+            self._fds.pop(fd, None)
+
+    def curl_timer(self, ms: int) -> None:
+        """See :meth:`Reactor.curl_timer`."""
+        h = self._curl_handle
+        if h is not None:
+            h.cancel()
+            self._curl_handle = None
+        if ms >= 0:
+            # (never from inside the callback: libcurl forbids socket_action there)
+            self._curl_handle = self.loop.call_later(ms / 1000.0, self._fire)
+
+    def _fire(self) -> None:
+        self._curl_handle = None
+        self.transport.act(pycurl.SOCKET_TIMEOUT, 0)
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> asyncio.TimerHandle:
+        """See :meth:`Reactor.call_later`."""
+        return self.loop.call_later(delay_s, fn)
+
+    def close(self) -> None:
+        """Close the transport and stop watching its descriptors."""
+        for fd in list(self._fds):
+            self.watch(fd, pycurl.POLL_REMOVE)
+        if self._curl_handle is not None:
+            self._curl_handle.cancel()
+        self.transport.close()
+
+
+# ------------------------------------------------------------------------------------
+# One reactor per worker thread, one per event loop.
+
+_local = threading.local()
+_loops: dict[int, LoopReactor] = {}
+
+
+def thread_reactor(connections_per_pod: int, clock: Callable[[], int]) -> SyncReactor:
+    """The calling thread's reactor (made on first use; a forked child makes its own)."""
+    r: SyncReactor | None = getattr(_local, "reactor", None)
+    pid = os.getpid()
+    if r is None or _local.pid != pid or r.clock is not clock:
+        if r is not None and _local.pid == pid:
+            r.close()
+        r = SyncReactor(Transport(connections_per_pod), clock)
+        _local.reactor = r
+        _local.pid = pid
+    return r
+
+
+def loop_reactor(connections_per_pod: int) -> LoopReactor:
+    """The running loop's reactor (made on first use; one loop per worker)."""
+    loop = asyncio.get_running_loop()
+    r = _loops.get(id(loop))
+    if r is None or r.loop is not loop:
+        for k in [k for k, old in _loops.items() if old.loop.is_closed()]:
+            _loops.pop(k).transport.close()
+        r = _loops[id(loop)] = LoopReactor(Transport(connections_per_pod), loop)
+    return r

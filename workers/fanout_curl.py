@@ -1,0 +1,277 @@
+"""The fan-out on libcurl's multi interface: every call of a batch in flight at once.
+
+``router.fanout(keys, CurlSender(...))`` and ``await router.afanout(keys, sender)`` run
+the plan's jobs (:mod:`workers.fanout_plan`: the same retry, bulkhead, recording and
+failure log as the other forms) as a :class:`Batch` on a reactor of
+:mod:`workers.curl`: each job's calls become transfers on the worker thread's (or the
+event loop's) multi handle, all started together; its backoff sleeps and its waits for a
+bulkhead slot become reactor timers. One description drives both forms; only who waits
+differs (:func:`run_sync` runs the thread's ``epoll`` loop until the batch ends,
+:func:`run_async` awaits a future the loop's callbacks resolve).
+
+Nothing here throttles a healthy batch: there is no pool and no cap below the batch
+size. A worker's calls in flight are bounded by FIFO admission
+(:class:`workers.admission.Admission`); the bulkhead (the plan's) refuses calls only to a
+pod whose oldest call from this worker has been out a quarter of the call timeout (a
+frozen pod), or that holds ``CSLB_FANOUT_ENDPOINT_CAP`` calls when that is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from workers.admission import AdmissionError
+from workers.curl import Outcome, Reactor, loop_reactor, thread_reactor
+from workers.fanout_plan import Job, Plan, RejectedError, Result, group_job, key_job
+
+__all__ = ["Batch", "run_async", "run_sync"]
+
+log = logging.getLogger("cslb.router")
+
+_START = object()
+# How often a job waiting for a bulkhead slot looks again (s): calls end within ms.
+_SLOT_POLL_S = 0.001
+
+
+class Batch:
+    """The jobs of one plan, moved by a reactor's calls and timers.
+
+    Parameters
+    ----------
+    plan
+        The fan-out's plan.
+    reactor
+        The worker thread's or the event loop's reactor.
+    request
+        The sender (:class:`workers.senders.CurlSender`): builds requests, reads answers.
+    """
+
+    def __init__(self, plan: Plan, reactor: Reactor, request: Any) -> None:
+        self.plan = plan
+        self.reactor = reactor
+        self.transport = reactor.transport
+        self.request = request
+        self.active = 0
+        self.on_idle: Callable[[], None] | None = None
+        self._calls: dict[Job, Any] = {}  # job -> its transfer in flight
+        self._timers: dict[Job, Any] = {}  # job -> its timer (a sleep, a slot wait)
+
+    def add(self, job: Job) -> None:
+        """Start ``job`` now (its first call goes out with the others)."""
+        self.active += 1
+        self._advance(job, _START)
+
+    def done(self) -> bool:
+        """Every job ended."""
+        return self.active == 0
+
+    def _advance(self, job: Job, value: Any) -> None:
+        """Give ``job`` what it waited for; start what it asks for next."""
+        plan = self.plan
+        try:
+            op = next(job) if value is _START else job.send(value)
+            while True:
+                what = op[0]
+                if what == "call":
+                    self._call(job, op[1], op[2], op[3])
+                    return
+                if what == "sleep":
+                    self._timers[job] = self.reactor.call_later(
+                        op[1], lambda: self._woke(job, None)
+                    )
+                    return
+                t0 = plan.slot(op[1], op[2])  # ("slot", slot, cap)
+                if t0 != -1 or plan.clock() >= plan.deadline_ns:
+                    op = job.send(t0)
+                    continue
+                self._timers[job] = self.reactor.call_later(
+                    _SLOT_POLL_S, lambda op=op: self._slot_again(job, op)
+                )
+                return
+        except StopIteration:
+            self._ended(job)
+
+    def _call(self, job: Job, url: str, what: Any, timeout: float) -> None:
+        r = self.request
+        if self.plan.grouped:
+            full, body = r.batch_url(url), r.batch_body(what)
+        else:
+            full, body = r.url_of(url, what), None
+        self._calls[job] = self.transport.start(
+            r, full, what, body, timeout, lambda out: self._answered(job, out), self.plan.grouped
+        )
+
+    def _answered(self, job: Job, outcome: Outcome) -> None:
+        del self._calls[job]
+        self._advance(job, outcome)
+
+    def _woke(self, job: Job, value: Any) -> None:
+        del self._timers[job]
+        self._advance(job, value)
+
+    def _slot_again(self, job: Job, op: tuple[Any, ...]) -> None:
+        del self._timers[job]
+        plan = self.plan
+        t0 = plan.slot(op[1], op[2])
+        if t0 != -1 or plan.clock() >= plan.deadline_ns:
+            self._advance(job, t0)
+        else:
+            self._timers[job] = self.reactor.call_later(
+                _SLOT_POLL_S, lambda: self._slot_again(job, op)
+            )
+
+    def _ended(self, job: Job) -> None:
+        self.active -= 1
+        if self.active == 0 and self.on_idle is not None:
+            self.on_idle()
+
+    def stop(self) -> None:
+        """The deadline passed (or the caller gave up): stop every call and job.
+
+        Each stopped call is recorded as ended, cut short by the caller (the job's own
+        ``GeneratorExit`` handling), never as the pod's failure.
+        """
+        calls, timers = self._calls, self._timers
+        self._calls, self._timers = {}, {}
+        for job, handle in calls.items():
+            self.transport.cancel(handle)
+            job.close()
+        for job, timer in timers.items():
+            timer.cancel()
+            job.close()
+        self.active = 0
+
+
+def _jobs(fan: Any, plan: Plan, cap: int) -> list[Job]:
+    make = group_job if plan.grouped else key_job
+    jobs: list[Job] = [make(plan, j, cap) for j in plan.jobs]  # type: ignore[arg-type]
+    jobs += [g for g, _ in fan.fallback_jobs(plan)]
+    return jobs
+
+
+def _refuse(fan: Any, plan: Plan, exc: AdmissionError) -> list[Result]:
+    """Every key of a fan-out the worker could not admit: rejected, not sent."""
+    err = RejectedError(str(exc))
+    for p in range(len(plan.results)):
+        plan.finish(p, Result(error=err, fallback=int(plan.idx[p]) < 0))
+    now = time.monotonic()
+    if now >= fan.admission_logged + 1.0:  # (at most a line a second: no log flood)
+        fan.admission_logged = now
+        log.warning("fan-out not admitted: %s", exc)
+    return fan.finish(plan)
+
+
+def _prepare(
+    fan: Any,
+    sender: Any,
+    keys: Sequence[Any],
+    timeout_s: float | None,
+    deadline_s: float | None,
+    grouped: bool,
+) -> tuple[Plan, list[Job]]:
+    plan = fan.plan(keys, sender, timeout_s, deadline_s, grouped)
+    plan.refuse_stuck = True
+    return plan, _jobs(fan, plan, fan.settings.cap_for(curl=True))
+
+
+def run_sync(
+    fan: Any,
+    sender: Any,
+    keys: Sequence[Any],
+    timeout_s: float | None,
+    deadline_s: float | None,
+    grouped: bool,
+) -> list[Result]:
+    """:meth:`workers.Router.fanout` with a :class:`workers.senders.CurlSender`."""
+    plan, jobs = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
+    if not jobs:
+        return fan.finish(plan)
+    try:
+        fan.admission.enter(len(jobs), (plan.deadline_ns - plan.clock()) / 1e9)
+    except AdmissionError as exc:
+        for j in jobs:
+            j.close()
+        return _refuse(fan, plan, exc)
+    reactor = thread_reactor(fan.settings.connections, plan.clock)
+    batch = Batch(plan, reactor, sender)
+    try:
+        for j in jobs:
+            batch.add(j)
+        reactor.run(batch.done, plan.deadline_ns)
+    finally:
+        batch.stop()
+        fan.admission.leave(len(jobs))
+    return fan.finish(plan)
+
+
+async def run_async(
+    fan: Any,
+    sender: Any,
+    keys: Sequence[Any],
+    timeout_s: float | None,
+    deadline_s: float | None,
+    grouped: bool,
+) -> list[Result]:
+    """:meth:`workers.Router.afanout` with a :class:`workers.senders.CurlSender`."""
+    plan, jobs = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
+    if not jobs:
+        return fan.finish(plan)
+    try:
+        await fan.admission.aenter(len(jobs), (plan.deadline_ns - plan.clock()) / 1e9)
+    except AdmissionError as exc:
+        for j in jobs:
+            j.close()
+        return _refuse(fan, plan, exc)
+    except BaseException:
+        for j in jobs:
+            j.close()
+        raise
+    reactor = loop_reactor(fan.settings.connections)
+    batch = Batch(plan, reactor, sender)
+    idle = reactor.loop.create_future()
+
+    def wake() -> None:
+        if not idle.done():
+            idle.set_result(None)
+
+    batch.on_idle = wake
+    timer = None
+    try:
+        for j in jobs:
+            batch.add(j)
+        if not batch.done():
+            left = max((plan.deadline_ns - plan.clock()) / 1e9, 0.0)
+            timer = reactor.loop.call_later(left, wake)
+            await idle
+    finally:
+        if timer is not None:
+            timer.cancel()
+        batch.stop()
+        fan.admission.leave(len(jobs))
+    return fan.finish(plan)
+
+
+def curl_sender_of(send: Callable[..., Any], grouped: bool) -> Any:
+    """The :class:`workers.senders.CurlSender` behind ``send``, or ``None`` (another sender).
+
+    Raises
+    ------
+    ValueError
+        ``send`` is a CurlSender's ``group`` without ``grouped=True``.
+    """
+    from workers.senders import CurlGroup, CurlSender
+
+    if isinstance(send, CurlSender):
+        return send
+    if isinstance(send, CurlGroup):
+        if not grouped:
+            raise ValueError(
+                "CurlSender.group sends a pod's keys in one call: pass grouped=True "
+                "(or pass the CurlSender itself for one call per key)"
+            )
+        return send.sender
+    return None
+
