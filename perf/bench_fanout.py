@@ -21,7 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import io
 import json
+import math
+import os
+import select
 import statistics
 import sys
 import time
@@ -38,6 +43,7 @@ from workers.fanout_settings import FanoutSettings
 from workers.ledger import CallLedger
 from workers.router import Router
 
+PARTS = ("inprocess", "wire")
 THREADS = 8
 KEYS_PER_FANOUT = 100
 EPS = [f"http://10.7.0.{i}:8080" for i in range(1, 11)]
@@ -189,8 +195,475 @@ def _bench_recording(router: Router, quick: bool, log: Callable[[str], None]) ->
     return [{"op": "recording", "ledger_ns_per_call": b, "per_call_ns": u, "ratio": b / u}]
 
 
-def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The ``fanout`` part of ``python -m perf``: rows of figures and notes."""
+# ------------------------------------------------------------------------------------
+# On the wire: five C pods answering in 2 ms (perf/wirepods.py), one fan-out at a time.
+
+WIRE_PODS = 5
+WIRE_SERVICE_MS = 2.0
+WIRE_SIZES = (100, 1_000)
+#: The floor's libcurl multi: per-pod connection cap and the connection cache.
+PER_HOST = 20
+#: Issue 17's bar: fanout / afanout (and grouped) within 1.3x the floor's wall and CPU.
+WIRE_BAR = 1.3
+
+
+def _pin_threads(cpus: set[int]) -> dict[int, set[int]]:
+    """Pin every thread of this process to ``cpus``; their affinities before."""
+    before = {}
+    for tid in (int(t) for t in os.listdir("/proc/self/task")):
+        try:
+            before[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
+    return before
+
+
+def _unpin_threads(before: dict[int, set[int]]) -> None:
+    everything = os.sched_getaffinity(0) | set().union(*before.values()) if before else None
+    for tid in (int(t) for t in os.listdir("/proc/self/task")):
+        try:
+            os.sched_setaffinity(tid, before.get(tid) or everything or os.sched_getaffinity(0))
+        except OSError:
+            pass
+
+
+class CurlFloor:
+    """libcurl multi from Python with nothing else: the fan-out's floor client.
+
+    One ``pycurl.CurlMulti`` for every fan-out, easy handles reused, at most
+    :data:`PER_HOST` connections per pod and a connection cache that keeps them all;
+    every call of a fan-out added at once, then driven either by ``perform()`` +
+    ``select()`` (``"select"``) or by ``socket_action`` with an epoll and libcurl's timer
+    (``"epoll"``). Each body is collected, its status checked and its JSON decoded.
+    """
+
+    def __init__(self, pods: int, drive: str = "select") -> None:
+        import pycurl
+
+        self.pycurl = pycurl
+        self.drive = drive
+        self.multi = pycurl.CurlMulti()
+        self.multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, PER_HOST)
+        self.multi.setopt(pycurl.M_MAXCONNECTS, PER_HOST * pods * 2)
+        self.handles: list[Any] = []
+        self.epoll: select.epoll | None = None
+        self.timeout_ms = -1
+        if drive == "epoll":
+            self.epoll = select.epoll()
+            self.watched: dict[int, int] = {}
+            self.multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
+            self.multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
+
+    def _on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
+        pc = self.pycurl
+        assert self.epoll is not None
+        if what == pc.POLL_REMOVE:
+            if self.watched.pop(fd, None) is not None:
+                with contextlib.suppress(OSError):
+                    self.epoll.unregister(fd)
+            return
+        mask = {pc.POLL_IN: select.EPOLLIN, pc.POLL_OUT: select.EPOLLOUT}.get(
+            what, select.EPOLLIN | select.EPOLLOUT
+        )
+        if fd in self.watched:
+            self.epoll.modify(fd, mask)
+        else:
+            self.epoll.register(fd, mask)
+        self.watched[fd] = mask
+
+    def _on_timer(self, ms: int) -> None:
+        self.timeout_ms = ms
+
+    def _handle(self, i: int) -> Any:
+        while len(self.handles) <= i:
+            h = self.pycurl.Curl()
+            h.setopt(self.pycurl.NOSIGNAL, 1)
+            h.setopt(self.pycurl.TIMEOUT_MS, 5000)
+            self.handles.append(h)
+        return self.handles[i]
+
+    def calls(self, urls: list[str], bodies: list[bytes] | None = None) -> tuple[list[Any], int]:
+        """GET each URL (or POST ``bodies[i]`` to it); the decoded answers and the failures."""
+        pc = self.pycurl
+        n = len(urls)
+        bufs = []
+        for i in range(n):
+            h = self._handle(i)
+            b = io.BytesIO()
+            bufs.append(b)
+            h.setopt(pc.URL, urls[i])
+            h.setopt(pc.WRITEDATA, b)
+            if bodies is not None:
+                h.setopt(pc.POSTFIELDS, bodies[i])
+            elif h.getinfo(pc.EFFECTIVE_METHOD) != "GET":
+                h.setopt(pc.HTTPGET, 1)
+            self.multi.add_handle(h)
+        failed: set[int] = set()
+        if self.drive == "epoll":
+            self._drive_epoll(n, failed)
+        else:
+            self._drive_select(n, failed)
+        out: list[Any] = []
+        for i in range(n):
+            h = self.handles[i]
+            if i in failed or h.getinfo(pc.RESPONSE_CODE) != 200:
+                failed.add(i)
+                out.append(None)
+                continue
+            try:
+                out.append(json.loads(bufs[i].getvalue()))
+            except ValueError:
+                failed.add(i)
+                out.append(None)
+        return out, len(failed)
+
+    def _drain(self, failed: set[int]) -> int:
+        done = 0
+        while True:
+            queued, ok, err = self.multi.info_read()
+            for h in ok:
+                self.multi.remove_handle(h)
+            for h, _code, _msg in err:
+                self.multi.remove_handle(h)
+                failed.add(self.handles.index(h))
+            done += len(ok) + len(err)
+            if not queued:
+                return done
+
+    def _drive_select(self, n: int, failed: set[int]) -> None:
+        left = n
+        for _ in range(10_000_000):
+            while True:
+                ret, _running = self.multi.perform()
+                if ret != self.pycurl.E_CALL_MULTI_PERFORM:
+                    break
+            left -= self._drain(failed)
+            if left <= 0:
+                return
+            self.multi.select(1.0)
+
+    def _drive_epoll(self, n: int, failed: set[int]) -> None:
+        pc = self.pycurl
+        assert self.epoll is not None
+        left = n
+        self.multi.socket_action(pc.SOCKET_TIMEOUT, 0)
+        left -= self._drain(failed)
+        for _ in range(10_000_000):
+            if left <= 0:
+                return
+            t = self.timeout_ms
+            events = self.epoll.poll(-1 if t < 0 else t / 1000.0)
+            if not events:
+                self.multi.socket_action(pc.SOCKET_TIMEOUT, 0)
+            for fd, ev in events:
+                flags = (pc.CSELECT_IN if ev & select.EPOLLIN else 0) | (
+                    pc.CSELECT_OUT if ev & select.EPOLLOUT else 0
+                )
+                if ev & (select.EPOLLERR | select.EPOLLHUP):
+                    flags |= pc.CSELECT_ERR
+                self.multi.socket_action(fd, flags)
+            left -= self._drain(failed)
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.close()
+        self.multi.close()
+        if self.epoll is not None:
+            self.epoll.close()
+
+
+def _floor_calls(floor: CurlFloor, urls: list[str]):
+    def run(keys: list[str], _prep: Any) -> tuple[list[Any], int]:
+        n = len(keys)
+        return floor.calls([f"{urls[i % len(urls)]}/{keys[i]}" for i in range(n)])
+
+    return run
+
+
+def _floor_grouped(floor: CurlFloor):
+    def run(keys: list[str], groups: list[tuple[str, list[int]]]) -> tuple[list[Any], int]:
+        got, failed = floor.calls(
+            [url + "/batch" for url, _ in groups],
+            [json.dumps([keys[i] for i in ix]).encode() for _, ix in groups],
+        )
+        out: list[Any] = [None] * len(keys)
+        for (_, ix), vals in zip(groups, got, strict=True):
+            if vals is None or len(vals) != len(ix):
+                failed += len(ix)
+                continue
+            for i, v in zip(ix, vals, strict=True):
+                out[i] = v
+        return out, failed
+
+    return run
+
+
+def _results(results: list[Any]) -> tuple[list[Any], int]:
+    return [r.value for r in results], sum(1 for r in results if not r.ok)
+
+
+def _wire_variants(
+    router: Router, urls: list[str], loop: asyncio.AbstractEventLoop, notes: list[str]
+) -> tuple[dict[str, Callable[..., Any]], list[Any]]:
+    """The clients compared, by row name: ``run(keys, groups) -> (values, failed keys)``."""
+    closers: list[Any] = []
+    floor = CurlFloor(len(urls), "select")
+    floor_ep = CurlFloor(len(urls), "epoll")
+    floor_g = CurlFloor(len(urls), "select")
+    closers += [floor, floor_ep, floor_g]
+    v: dict[str, Callable[..., Any]] = {
+        "floor": _floor_calls(floor, urls),
+        "floor (socket_action + epoll)": _floor_calls(floor_ep, urls),
+        "floor grouped": _floor_grouped(floor_g),
+    }
+    try:
+        from workers.senders import CurlSender
+    except ImportError as exc:
+        notes.append(f"CurlSender rows not measured: `from workers.senders import CurlSender` "
+                     f"failed ({exc}).")  # fmt: skip
+    else:
+        curl = CurlSender("/{key}")
+        curl_a = CurlSender("/{key}")
+        curl_g = CurlSender("/{key}")
+        curl_ga = CurlSender("/{key}")
+        closers += [curl, curl_a, curl_g, curl_ga]
+        v["CurlSender sync"] = lambda k, _g: _results(router.fanout(k, curl))
+        v["CurlSender asyncio"] = lambda k, _g: _results(
+            loop.run_until_complete(router.afanout(k, curl_a))
+        )
+        v["CurlSender grouped sync"] = lambda k, _g: _results(
+            router.fanout(k, curl_g.group, grouped=True)
+        )
+        v["CurlSender grouped asyncio"] = lambda k, _g: _results(
+            loop.run_until_complete(router.afanout(k, curl_ga.group, grouped=True))
+        )
+    from workers.senders import HttpxSender, Urllib3Sender
+
+    u3 = Urllib3Sender("/{key}")
+    hx = HttpxSender("/{key}")
+    closers += [u3, hx]
+    v["urllib3 (defaults)"] = lambda k, _g: _results(router.fanout(k, u3))
+    v["httpx (defaults)"] = lambda k, _g: _results(loop.run_until_complete(router.afanout(k, hx)))
+    return v, closers
+
+
+#: Fan-outs measured per variant and size (full run; --quick: a fifth). The slow
+#: clients are capped so that a run takes about a minute (urllib3 ~0.4 s and httpx
+#: ~1.5-3 s per 1,000-ID fan-out).
+WIRE_REPS = {100: 60, 1_000: 20}
+WIRE_CAPS = {("urllib3 (defaults)", 1_000): 8, ("httpx (defaults)", 1_000): 4,
+             ("httpx (defaults)", 100): 30}  # fmt: skip
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return math.nan
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], list[str]]:
+    from perf.common import unique_namespace, unlink_namespace
+    from perf.wirepods import WirePods
+
+    notes: list[str] = []
+    cpus = sorted(os.sched_getaffinity(0))
+    pod_cpu = cpus[-1] if len(cpus) > 1 else None
+    rows: list[dict] = []
+    ns = unique_namespace("fw")
+    store = writer = router = None
+    closers: list[Any] = []
+    pinned: dict[int, set[int]] = {}
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+        loop_name = "uvloop"
+    except ImportError:
+        loop = asyncio.new_event_loop()
+        loop_name = "asyncio"
+    try:
+        with WirePods(WIRE_PODS, WIRE_SERVICE_MS, cpu=pod_cpu) as pods:
+            if pod_cpu is not None:
+                pinned = _pin_threads(set(cpus[:-1]))
+            store = shm.CounterStore.create(ns, rows=8)
+            writer = shm.TableWriter(ns, counters=store)
+            writer.publish(lbcore.RingSet(pods.urls), knobs=shm.Knobs())
+            router = Router(ns, fanout_settings=FanoutSettings(timeout_s=5.0))
+            variants, closers = _wire_variants(router, pods.urls, loop, notes)
+            names = list(variants)
+            log(
+                f"on the wire: {WIRE_PODS} C pods answering in {WIRE_SERVICE_MS:g} ms"
+                + (f" (pinned to core {pod_cpu}, the client to {cpus[:-1]})" if pinned else "")
+                + f", asyncio on {loop_name}; one fan-out at a time, variants interleaved"
+            )
+            serial = iter(range(10**9))
+            for n in WIRE_SIZES:
+                reps = max(3, WIRE_REPS[n] // (5 if quick else 1))
+                caps = {v: min(reps, WIRE_CAPS.get((v, n), reps)) for v in names}
+                if quick:
+                    caps = {
+                        v: max(2, c // 2) if (v, n) in WIRE_CAPS else c for v, c in caps.items()
+                    }
+
+                def batch(n: int = n) -> tuple[list[str], list[tuple[str, list[int]]]]:
+                    base = next(serial) * n
+                    keys = [f"AD{base + i:010d}-K11" for i in range(n)]
+                    idx, table = router.route_table(keys)
+                    by: dict[str, list[int]] = {}
+                    for i, url in enumerate(router.endpoints_of(idx, table)):
+                        by.setdefault(url, []).append(i)
+                    return keys, list(by.items())
+
+                for v in names:  # warm-up: connections opened, plans built, threads started
+                    for _ in range(3):
+                        variants[v](*batch())
+                walls: dict[str, list[float]] = {v: [] for v in names}
+                cpu: dict[str, list[float]] = {v: [] for v in names}
+                conns = dict.fromkeys(names, 0)
+                failed = dict.fromkeys(names, 0)
+                wrong = dict.fromkeys(names, 0)
+                pods.reset()
+                for r in range(reps):
+                    order = names[r % len(names) :] + names[: r % len(names)]
+                    for v in order:
+                        if len(walls[v]) >= caps[v]:
+                            continue
+                        keys, groups = batch()
+                        a0 = pods.accepted()
+                        c0 = time.process_time()
+                        t0 = time.perf_counter()
+                        values, bad = variants[v](keys, groups)
+                        t1 = time.perf_counter()
+                        c1 = time.process_time()
+                        conns[v] += pods.accepted() - a0
+                        walls[v].append((t1 - t0) * 1e3)
+                        cpu[v].append((c1 - c0) * 1e3)
+                        failed[v] += bad
+                        wrong[v] += sum(
+                            1
+                            for k, val in zip(keys, values, strict=True)
+                            if val is not None
+                            and (not isinstance(val, dict) or val.get("key") != k)
+                        )
+                log(f"  {n:,} IDs per fan-out")
+                log(f"    {'client':30s} {'fan-outs':>8s} {'p50 ms':>8s} {'p90 ms':>8s} "
+                    f"{'CPU ms':>8s} {'new conns':>9s} {'failed':>6s}")  # fmt: skip
+                for v in names:
+                    k = len(walls[v])
+                    row = {
+                        "wire": True,
+                        "variant": v,
+                        "ids": n,
+                        "fanouts": k,
+                        "p50_ms": statistics.median(walls[v]),
+                        "p90_ms": _pct(walls[v], 0.9),
+                        "cpu_ms": statistics.median(cpu[v]),
+                        "cpu_p90_ms": _pct(cpu[v], 0.9),
+                        "new_conns_per_fanout": conns[v] / k,
+                        "failed_keys": failed[v],
+                        "wrong_values": wrong[v],
+                    }
+                    rows.append(row)
+                    log(f"    {v:30s} {k:8d} {row['p50_ms']:8.2f} {row['p90_ms']:8.2f} "
+                        f"{row['cpu_ms']:8.2f} {row['new_conns_per_fanout']:9.2f} "
+                        f"{failed[v] + wrong[v]:6d}")  # fmt: skip
+            st = pods.stats()
+            notes.append(
+                f"Pods: the C server of perf/podserver.c ({WIRE_PODS} ports, one process"
+                + (f", pinned to core {pod_cpu}; this process to the others" if pinned else "")
+                + f"), answers {WIRE_SERVICE_MS:g} ms after parsing a request; most requests in "
+                f"service at once during the 1,000-ID round: {st['max_concurrent']['total']}."
+            )
+    finally:
+        if pinned:
+            _unpin_threads(pinned)
+        for c in closers:
+            with contextlib.suppress(Exception):
+                if hasattr(c, "aclose"):
+                    loop.run_until_complete(c.aclose())
+                elif hasattr(c, "close"):
+                    c.close()
+        loop.close()
+        if router is not None:
+            router.close()
+        if writer is not None:
+            writer.close()
+        if store is not None:
+            store.close()
+        unlink_namespace(ns)
+    rows += _wire_targets(rows, notes)
+    notes += [
+        f"Wire: one fan-out at a time, the variants interleaved round-robin in one run "
+        f"(each round starts with the next one), fresh keys per fan-out; p50/p90 wall time "
+        f"and the process CPU time (time.process_time: every thread) per fan-out; new TCP "
+        f"connections per fan-out from the pods' accepted counter after 3 warm-up fan-outs "
+        f"per variant. Floor: one pycurl.CurlMulti reused, easy handles reused, "
+        f"{PER_HOST} connections per pod, every GET added at once; floor grouped: one POST "
+        f"/batch per pod, the IDs grouped by router.route_table (outside the timed part). "
+        f"CurlSender, urllib3 and httpx go through router.fanout / router.afanout with "
+        f"FanoutSettings(timeout_s=5.0), the other settings at their defaults; asyncio "
+        f"forms on {loop_name}.",
+    ]
+    return rows, notes
+
+
+def _wire_targets(rows: list[dict], notes: list[str]) -> list[dict]:
+    """Issue 17's bars as ratios to the floor of the same run, one row per check."""
+    out = []
+    pairs = [
+        ("CurlSender sync", "floor"),
+        ("CurlSender asyncio", "floor"),
+        ("CurlSender grouped sync", "floor grouped"),
+        ("CurlSender grouped asyncio", "floor grouped"),
+    ]
+    for n in WIRE_SIZES:
+        for mine, base in pairs:
+            a = next((r for r in rows if r.get("wire") and r["variant"] == mine
+                      and r["ids"] == n), None)  # fmt: skip
+            b = next((r for r in rows if r.get("wire") and r["variant"] == base
+                      and r["ids"] == n), None)  # fmt: skip
+            if a is None or b is None:
+                continue
+            wall, cpu = a["p50_ms"] / b["p50_ms"], a["cpu_ms"] / b["cpu_ms"]
+            bad = a["failed_keys"] + a["wrong_values"]
+            met = wall <= WIRE_BAR and cpu <= WIRE_BAR and bad == 0
+            out.append({"wire_target": True, "variant": mine, "floor": base, "ids": n,
+                        "wall_ratio": wall, "cpu_ratio": cpu, "failed_keys": bad,
+                        "bar": WIRE_BAR, "met": met})  # fmt: skip
+    for t in out:
+        notes.append(
+            f"Issue 17 target, {t['ids']:,} IDs: {t['variant']} / {t['floor']}: wall "
+            f"{t['wall_ratio']:.2f}×, CPU {t['cpu_ratio']:.2f}× (bar {WIRE_BAR}×), failed keys "
+            f"{t['failed_keys']}: {'met' if t['met'] else 'MISSED'}."
+        )
+    if not out:
+        notes.append("Issue 17's targets: not measured (no CurlSender rows).")
+    return out
+
+
+def run(
+    quick: bool = False, log: Callable[[str], None] = print, parts: tuple[str, ...] = PARTS
+) -> dict[str, Any]:
+    """The ``fanout`` part of ``python -m perf``: rows of figures and notes.
+
+    ``parts``: ``"inprocess"`` (the helper's CPU next to hand-written loops, and the
+    recording cost) and ``"wire"`` (real calls to C pods: the floor, CurlSender, urllib3
+    and httpx, with issue 17's targets).
+    """
+    rows: list[dict] = []
+    notes: list[str] = []
+    if "inprocess" in parts:
+        rows, notes = _inprocess(quick, log)
+    if "wire" in parts:
+        wrows, wnotes = _bench_wire(quick, log)
+        rows += wrows
+        notes += wnotes
+    return {"rows": rows, "notes": notes}
+
+
+def _inprocess(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], list[str]]:
     ns = f"perffo{uuid.uuid4().hex[:10]}"
     store = shm.CounterStore.create(ns, rows=8)
     writer = shm.TableWriter(ns, counters=store)
@@ -217,7 +690,7 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, An
         "ratio is the helper's cost over the hand-written loop (which records with one "
         "track() per fan-out, from its entry: queue time counted as busy time).",
     ]
-    return {"rows": rows, "notes": notes}
+    return rows, notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,8 +698,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    ap.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help="comma-separated parts: inprocess (the helper's CPU in-process), wire (real "
+        "calls to C pods; needs a C compiler and pycurl); default both",
+    )
     args = ap.parse_args(argv)
-    got = run(quick=args.quick)
+    parts = tuple(p.strip() for p in args.only.split(",") if p.strip())
+    if not parts or any(p not in PARTS for p in parts):
+        ap.error(f"--only: expected a comma-separated list of {', '.join(PARTS)}")
+    got = run(quick=args.quick, parts=parts)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(got, f, indent=1)

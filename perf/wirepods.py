@@ -120,6 +120,7 @@ class WirePods:
         self.ports: list[int] = []
         self.urls: list[str] = []
         self._own = 0  # connections stats() opened since the last reset()
+        self._conn: http.client.HTTPConnection | None = None
 
     # -- life ----------------------------------------------------------------------------
 
@@ -183,6 +184,9 @@ class WirePods:
 
     def stop(self) -> None:
         """Stop the pod process by its PID (SIGTERM, then SIGKILL after 3 s); idempotent."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -221,27 +225,46 @@ class WirePods:
     ) -> dict[str, Any]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5.0)
         try:
-            conn.request(method, path, body=body)
-            resp = conn.getresponse()
-            data = resp.read()
-            if resp.status != 200:
-                raise ValueError(f"{method} {path}: HTTP {resp.status}: {data[:200]!r}")
-            return json.loads(data)
+            return self._ask(conn, method, path, body)
         finally:
             conn.close()
+
+    @staticmethod
+    def _ask(
+        conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None
+    ) -> dict[str, Any]:
+        conn.request(method, path, body=body)
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise ValueError(f"{method} {path}: HTTP {resp.status}: {data[:200]!r}")
+        return json.loads(data)
+
+    def _control(self, method: str, path: str, body: bytes | None = None) -> dict[str, Any]:
+        """Ask the first pod on one kept-alive connection (opened again if it broke)."""
+        for attempt in (0, 1):
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection("127.0.0.1", self.ports[0], timeout=5.0)
+                self._own += 1
+            try:
+                return self._ask(self._conn, method, path, body)
+            except (OSError, http.client.HTTPException):
+                self._conn.close()
+                self._conn = None
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
 
     def stats(self) -> dict[str, Any]:
         """The pods' counters: accepted, served, keys, max_concurrent and in_flight.
 
         Each is ``{"total": N, "<port>": N, ...}`` (``max_concurrent["total"]``: most key
         requests in service at once over all pods; ``served`` counts answered ``GET /<key>``
-        and ``POST /batch`` requests, ``keys`` the keys in them). Asking opens a connection
-        of its own to the first pod, counted in its ``accepted``: :meth:`accepted` leaves
-        those out.
+        and ``POST /batch`` requests, ``keys`` the keys in them). Asked on one kept-alive
+        connection to the first pod, counted once in its ``accepted``: :meth:`accepted`
+        leaves it out.
         """
-        got = self._request(self.ports[0], "GET", "/_stats")
-        self._own += 1
-        return got
+        return self._control("GET", "/_stats")
 
     def accepted(self) -> int:
         """TCP connections accepted by all pods since the last :meth:`reset`, not our own."""
@@ -249,5 +272,5 @@ class WirePods:
 
     def reset(self) -> None:
         """Zero the counters (``max_concurrent`` restarts from what is in service now)."""
-        self._request(self.ports[0], "POST", "/_reset", b"")
+        self._control("POST", "/_reset", b"")
         self._own = 0
