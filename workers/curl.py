@@ -102,8 +102,7 @@ class Transport:
         self._free_get: list[Any] = []
         self._free_post: list[Any] = []
         self._calls: dict[Any, tuple[Callable[[Outcome], None], Any, str, Any, bool]] = {}
-        self._pods: set[str] = set()
-        self.connects = 0  # new connections opened, over the transport's life
+        self._pods = 16
 
     # -- calls --------------------------------------------------------------------------
 
@@ -133,11 +132,13 @@ class Transport:
             e.setopt(pycurl.MAXFILESIZE_LARGE, request.max_body_bytes)
             e.cslb_limit = request.max_body_bytes
         e.setopt(pycurl.URL, url)
-        e.setopt(pycurl.TIMEOUT_MS, max(1, int(timeout_s * 1000.0 + 0.5)))
+        ms = max(1, int(timeout_s * 1000.0 + 0.5))
+        if e.cslb_timeout != ms:  # (the same for every call but those near the deadline)
+            e.setopt(pycurl.TIMEOUT_MS, ms)
+            e.cslb_timeout = ms
         if post:
             e.setopt(pycurl.POSTFIELDS, body)
         self._calls[e] = (on_done, request, url, what, grouped)
-        self._pod_seen(url)
         self.multi.add_handle(e)
         return e
 
@@ -160,7 +161,9 @@ class Transport:
         e.cslb_chunks = chunks
         e.cslb_headers = None
         e.cslb_limit = None
+        e.cslb_timeout = None
         e.cslb_post = post
+        e.setopt(pycurl.CLOSESOCKETFUNCTION, self._on_close)
         e.setopt(pycurl.WRITEFUNCTION, chunks.append)
         e.setopt(pycurl.NOSIGNAL, 1)
         e.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
@@ -171,14 +174,16 @@ class Transport:
             e.setopt(pycurl.HTTPGET, 1)
         return e
 
-    def _pod_seen(self, url: str) -> None:
-        """Grow the connection cache with the pods called, so none is closed for room."""
-        i = url.find("/", 8)  # (after "https://")
-        host = url if i < 0 else url[:i]
-        if host not in self._pods:
-            self._pods.add(host)
-            n = self.connections_per_pod * max(16, len(self._pods)) + _CACHE_SLACK
-            self.multi.setopt(pycurl.M_MAXCONNECTS, n)
+    def expect_pods(self, n: int) -> None:
+        """Keep room in the connection cache for ``n`` pods' connections.
+
+        So no connection is closed for room while a table holds ``n`` pods.
+        """
+        if n > self._pods:
+            self._pods = n
+            self.multi.setopt(
+                pycurl.M_MAXCONNECTS, self.connections_per_pod * max(16, n) + _CACHE_SLACK
+            )
 
     # -- libcurl's callbacks and the reactor ------------------------------------------------
 
@@ -186,6 +191,15 @@ class Transport:
         r = self.reactor
         if r is not None:
             r.watch(fd, what)
+
+    def _on_close(self, fd: int) -> int:
+        # libcurl closes a connection: stop watching its descriptor before the number
+        # can be reused (watching is lazy: see SyncReactor.watch).
+        r = self.reactor
+        if r is not None:
+            r.forget(fd)
+        os.close(fd)
+        return 0
 
     def _on_timer(self, ms: int) -> None:
         r = self.reactor
@@ -224,7 +238,6 @@ class Transport:
         total = e.getinfo(pycurl.TOTAL_TIME_T)
         sent = e.getinfo(pycurl.PRETRANSFER_TIME_T)
         busy_ns = (total - sent if sent else total) * 1000
-        self.connects += e.getinfo(pycurl.NUM_CONNECTS)
         value: Any = None
         exc: BaseException | None = None
         if code:
@@ -278,6 +291,10 @@ class Reactor(Protocol):
         """Watch ``fd`` for ``what`` (``POLL_*``), as libcurl asks."""
         ...
 
+    def forget(self, fd: int) -> None:
+        """Stop watching ``fd``: libcurl closes it."""
+        ...
+
     def curl_timer(self, ms: int) -> None:
         """Run libcurl's timers in ``ms`` (``-1``: no timer), as it asks."""
         ...
@@ -321,37 +338,53 @@ class SyncReactor:
         self.transport = transport
         self.clock = clock
         self._ep = select.epoll()
-        self._fds: dict[int, int] = {}
+        self._fds: dict[int, int] = {}  # registered with epoll
+        self._want: dict[int, int] = {}  # what libcurl wants watched
         self._timers: list[tuple[int, int, _Timer]] = []
         self._seq = itertools.count()
         self._curl_due: int | None = None
         transport.reactor = self
 
     def watch(self, fd: int, what: int) -> None:
-        """See :meth:`Reactor.watch`."""
-        fds = self._fds
-        if what == pycurl.POLL_REMOVE:
-            if fds.pop(fd, None) is not None:
+        """See :meth:`Reactor.watch`.
+
+        Lazy for reading: a keep-alive connection between two calls stays registered
+        for input (libcurl asks for it again with the next call on it), so a call costs
+        no ``epoll_ctl``; input on a descriptor libcurl does not want (the pod closed an
+        idle connection) unregisters it then, and :meth:`forget` when libcurl closes it.
+        Output is never kept: a writable socket would wake the loop forever.
+        """
+        want = 0 if what == pycurl.POLL_REMOVE else _EPOLL_OF.get(what, 0)
+        self._want[fd] = want
+        old = self._fds.get(fd, 0)
+        new = want | (old & select.EPOLLIN)
+        if new != old:
+            self._set(fd, old, new)
+
+    def _set(self, fd: int, old: int, new: int) -> None:
+        ep = self._ep
+        if new:
+            self._fds[fd] = new
+            if old:
+                ep.modify(fd, new)
+            else:
                 try:
-                    self._ep.unregister(fd)
-                except OSError:
-                    pass  # (closed already: epoll dropped it)
-            return
-        mask = _EPOLL_OF.get(what, 0)
-        old = fds.get(fd)
-        if old == mask:
-            return
-        fds[fd] = mask
-        if old is None:
-            try:
-                self._ep.register(fd, mask)
-            except FileExistsError:  # (a reused descriptor number still registered)
-                self._ep.modify(fd, mask)
+                    ep.register(fd, new)
+                except FileExistsError:  # (registered under an earlier life of the number)
+                    ep.modify(fd, new)
         else:
+            del self._fds[fd]
             try:
-                self._ep.modify(fd, mask)
-            except FileNotFoundError:  # (closed and reopened under the same number)
-                self._ep.register(fd, mask)
+                ep.unregister(fd)
+            except OSError:
+                pass  # (closed already: epoll dropped it)
+
+    def forget(self, fd: int) -> None:
+        """Stop watching ``fd``: libcurl closes it."""
+        self._want.pop(fd, None)
+        old = self._fds.get(fd, 0)
+        if old:
+            self._set(fd, old, 0)
 
     def curl_timer(self, ms: int) -> None:
         """See :meth:`Reactor.curl_timer`."""
@@ -390,7 +423,14 @@ class SyncReactor:
                 wake = timers[0][0]
             if due is not None and due < wake:
                 wake = due
+            want = self._want
             for fd, ev in poll(max(wake - now, 0) / 1e9):
+                w = want.get(fd, 0)
+                if not w:  # an idle connection kept registered: closed by the pod
+                    old = self._fds.get(fd, 0)
+                    if old:
+                        self._set(fd, old, 0)
+                    continue
                 mask = 0
                 if ev & (select.EPOLLIN | select.EPOLLHUP):
                     mask |= pycurl.CSELECT_IN
@@ -420,40 +460,63 @@ class LoopReactor:
     def __init__(self, transport: Transport, loop: asyncio.AbstractEventLoop) -> None:
         self.transport = transport
         self.loop = loop
-        self._fds: dict[int, int] = {}
-        self._curl_handle: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._fds: dict[int, int] = {}  # watched on the loop
+        self._want: dict[int, int] = {}  # what libcurl wants watched
+        self._curl_handle: asyncio.TimerHandle | None = None
         transport.reactor = self
 
     def watch(self, fd: int, what: int) -> None:
-        """See :meth:`Reactor.watch`."""
-        loop = self.loop
+        """See :meth:`Reactor.watch` (lazy for reading, as :meth:`SyncReactor.watch`)."""
+        want = pycurl.POLL_NONE if what == pycurl.POLL_REMOVE else what
+        self._want[fd] = want
         old = self._fds.get(fd, pycurl.POLL_NONE)
-        new = pycurl.POLL_NONE if what == pycurl.POLL_REMOVE else what
+        self._set(fd, old, want | (old & pycurl.POLL_IN))
+
+    def _set(self, fd: int, old: int, new: int) -> None:
         if old == new:
             return
-        act = self.transport.act
+        loop = self.loop
         if old & pycurl.POLL_IN and not new & pycurl.POLL_IN:
             loop.remove_reader(fd)
         if old & pycurl.POLL_OUT and not new & pycurl.POLL_OUT:
             loop.remove_writer(fd)
         if new & pycurl.POLL_IN and not old & pycurl.POLL_IN:
-            loop.add_reader(fd, act, fd, pycurl.CSELECT_IN)
+            loop.add_reader(fd, self._readable, fd)
         if new & pycurl.POLL_OUT and not old & pycurl.POLL_OUT:
-            loop.add_writer(fd, act, fd, pycurl.CSELECT_OUT)
+            loop.add_writer(fd, self.transport.act, fd, pycurl.CSELECT_OUT)
         if new:
             self._fds[fd] = new
         else:
             self._fds.pop(fd, None)
 
+    def _readable(self, fd: int) -> None:
+        if self._want.get(fd, 0) & pycurl.POLL_IN:
+            self.transport.act(fd, pycurl.CSELECT_IN)
+        else:  # an idle connection kept registered: closed by the pod
+            self._set(fd, self._fds.get(fd, 0), self._fds.get(fd, 0) & ~pycurl.POLL_IN)
+
+    def forget(self, fd: int) -> None:
+        """Stop watching ``fd``: libcurl closes it."""
+        self._want.pop(fd, None)
+        self._set(fd, self._fds.get(fd, 0), 0)
+
     def curl_timer(self, ms: int) -> None:
-        """See :meth:`Reactor.curl_timer`."""
+        """See :meth:`Reactor.curl_timer`.
+
+        libcurl moves its timer a few times per call; a loop timer costs more than an
+        early wake-up (libcurl then just asks again), so the loop's timer is only ever
+        brought forward, never cancelled or pushed back.
+        """
+        if ms < 0:
+            return
+        when = self.loop.time() + ms / 1000.0
         h = self._curl_handle
         if h is not None:
+            if h.when() <= when:
+                return
             h.cancel()
-            self._curl_handle = None
-        if ms >= 0:
-            # (never from inside the callback: libcurl forbids socket_action there)
-            self._curl_handle = self.loop.call_later(ms / 1000.0, self._fire)
+        # (never socket_action from inside this callback: libcurl forbids it)
+        self._curl_handle = self.loop.call_at(when, self._fire)
 
     def _fire(self) -> None:
         self._curl_handle = None
@@ -466,7 +529,7 @@ class LoopReactor:
     def close(self) -> None:
         """Close the transport and stop watching its descriptors."""
         for fd in list(self._fds):
-            self.watch(fd, pycurl.POLL_REMOVE)
+            self.forget(fd)
         if self._curl_handle is not None:
             self._curl_handle.cancel()
         self.transport.close()

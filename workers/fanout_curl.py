@@ -53,6 +53,7 @@ class Batch:
         self.plan = plan
         self.reactor = reactor
         self.transport = reactor.transport
+        self.transport.expect_pods(len(plan.urls))
         self.request = request
         self.active = 0
         self.on_idle: Callable[[], None] | None = None
@@ -146,8 +147,16 @@ class Batch:
 
 
 def _jobs(fan: Any, plan: Plan, cap: int) -> list[Job]:
-    make = group_job if plan.grouped else key_job
-    jobs: list[Job] = [make(plan, j, cap) for j in plan.jobs]  # type: ignore[arg-type]
+    """The plan's jobs, their first calls begun together (one ledger step for all)."""
+    grouped = plan.grouped
+    make = group_job if grouped else key_job
+    slots = plan.slots
+    firsts = [slots[j[0] if grouped else j] for j in plan.jobs]  # type: ignore[index]
+    t0, admitted = fan.ledger.begin_many(firsts, cap, plan.stuck_ns) if firsts else (0, [])
+    jobs: list[Job] = [
+        make(plan, j, cap, t0 if ok else -1)  # type: ignore[arg-type]
+        for j, ok in zip(plan.jobs, admitted, strict=True)
+    ]
     jobs += [g for g, _ in fan.fallback_jobs(plan)]
     return jobs
 

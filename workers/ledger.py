@@ -155,11 +155,13 @@ class CallLedger:
             finally:
                 self._waiting -= 1
 
-    def begin_many(self, slots: list[int], cap: int) -> tuple[int, list[bool]]:
+    def begin_many(
+        self, slots: list[int], cap: int, stuck_ns: int = 0
+    ) -> tuple[int, list[bool]]:
         """Calls to ``slots`` start together now: one step for all of them.
 
         Returns the start time (ns) and, per call, whether it was admitted (refused
-        calls, over ``cap`` as in :meth:`begin`, are not recorded).
+        calls, over ``cap`` or to a stuck slot as in :meth:`begin`, are not recorded).
         """
         admitted = []
         with self._lock:
@@ -171,7 +173,7 @@ class CallLedger:
                     admitted.append(True)
                     continue
                 out = opened.setdefault(slot, [])
-                if len(out) >= cap:
+                if len(out) >= cap or (stuck_ns and out and now - out[0] >= stuck_ns):
                     admitted.append(False)
                     continue
                 out.append(now)

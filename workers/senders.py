@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -46,6 +47,9 @@ __all__ = [
     "Urllib3Sender",
     "failure_kind",
 ]
+
+# Text that URL-quoting leaves as it is (RFC 3986 unreserved characters).
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*").fullmatch
 
 #: Statuses that count as the pod's failure by default: every 5xx.
 SERVER_ERRORS = frozenset(range(500, 600))
@@ -171,7 +175,15 @@ class _Template:
     ) -> None:
         if "{key}" not in path:
             raise ValueError(f"path must contain '{{key}}', got {path!r}")
+        try:
+            path.format(key="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"path {path!r} has a field other than '{{key}}': {exc}") from None
         self.path = path
+        before, _, after = path.partition("{key}")
+        # (the text around the key, its {{ }} escapes undone, as str.format would)
+        self._before = before.replace("{{", "{").replace("}}", "}")
+        self._after = after.replace("{{", "{").replace("}}", "}")
         self.batch_path = batch_path
         self.decode = json.loads if decode is None else decode
         self.fail_statuses = SERVER_ERRORS if fail_statuses is None else frozenset(fail_statuses)
@@ -194,7 +206,9 @@ class _Template:
 
     def url_of(self, url: str, key: Any) -> str:
         text = key.decode("utf-8", "surrogateescape") if isinstance(key, bytes) else str(key)
-        return url.rstrip("/") + self.path.format(key=quote(text, safe=""))
+        if not _UNRESERVED(text):  # (most product IDs need no quoting: skip its cost)
+            text = quote(text, safe="")
+        return url.rstrip("/") + self._before + text + self._after
 
     def batch_body(self, keys: Sequence[Any]) -> bytes:
         return json.dumps(
