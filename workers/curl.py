@@ -209,14 +209,16 @@ class Transport:
     def act(self, fd: int, mask: int) -> None:
         """Let libcurl move the bytes of ``fd`` (``SOCKET_TIMEOUT``: run its timers).
 
-        Then the calls that ended go to their owners.
+        Calls that end are timed by libcurl here; their owners hear of them at the next
+        :meth:`collect`. A reactor acts on every ready descriptor first and collects
+        once after, so one answer's Python work never delays the timing of the next.
         """
-        m = self.multi
-        m.socket_action(fd, mask)
-        if self._calls:
-            self._collect()
+        self.multi.socket_action(fd, mask)
 
-    def _collect(self) -> None:
+    def collect(self) -> None:
+        """Hand the calls that ended to their owners (their ``on_done``)."""
+        if not self._calls:
+            return
         m = self.multi
         while True:
             left, ok, failed = m.info_read()
@@ -413,6 +415,7 @@ class SyncReactor:
             if due is not None and due <= now:
                 self._curl_due = None
                 act(pycurl.SOCKET_TIMEOUT, 0)
+                tr.collect()
                 continue
             if done():
                 return
@@ -439,6 +442,7 @@ class SyncReactor:
                 if ev & select.EPOLLERR:
                     mask |= pycurl.CSELECT_ERR
                 act(fd, mask)
+            tr.collect()
 
     def close(self) -> None:
         """Close the transport and the epoll descriptor."""
@@ -462,6 +466,7 @@ class LoopReactor:
         self.loop = loop
         self._fds: dict[int, int] = {}  # watched on the loop
         self._want: dict[int, int] = {}  # what libcurl wants watched
+        self._collecting = False
         self._curl_handle: asyncio.TimerHandle | None = None
         transport.reactor = self
 
@@ -483,15 +488,25 @@ class LoopReactor:
         if new & pycurl.POLL_IN and not old & pycurl.POLL_IN:
             loop.add_reader(fd, self._readable, fd)
         if new & pycurl.POLL_OUT and not old & pycurl.POLL_OUT:
-            loop.add_writer(fd, self.transport.act, fd, pycurl.CSELECT_OUT)
+            loop.add_writer(fd, self._act, fd, pycurl.CSELECT_OUT)
         if new:
             self._fds[fd] = new
         else:
             self._fds.pop(fd, None)
 
+    def _act(self, fd: int, mask: int) -> None:
+        self.transport.act(fd, mask)
+        if not self._collecting:  # (once per loop turn, after every ready descriptor)
+            self._collecting = True
+            self.loop.call_soon(self._collect)
+
+    def _collect(self) -> None:
+        self._collecting = False
+        self.transport.collect()
+
     def _readable(self, fd: int) -> None:
         if self._want.get(fd, 0) & pycurl.POLL_IN:
-            self.transport.act(fd, pycurl.CSELECT_IN)
+            self._act(fd, pycurl.CSELECT_IN)
         else:  # an idle connection kept registered: closed by the pod
             self._set(fd, self._fds.get(fd, 0), self._fds.get(fd, 0) & ~pycurl.POLL_IN)
 
@@ -520,7 +535,7 @@ class LoopReactor:
 
     def _fire(self) -> None:
         self._curl_handle = None
-        self.transport.act(pycurl.SOCKET_TIMEOUT, 0)
+        self._act(pycurl.SOCKET_TIMEOUT, 0)
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> asyncio.TimerHandle:
         """See :meth:`Reactor.call_later`."""
