@@ -5,7 +5,10 @@
 * ``GET /<key>`` -> ``{"key": key, "pod": P}`` after the service time;
 * ``POST /batch`` with a JSON array of keys -> one such object per key, in order;
 * ``POST /_mode`` ``{"status": 503}`` makes every product answer that status (``200``
-  again: healthy); ``GET /_stats`` -> ``{"served": n, "status": s}`` (products served).
+  again: healthy; ``{"reset_max": true}`` zeroes ``max_active``); ``GET /_stats`` ->
+  ``{"served": n, "status": s, "connections": c, "active": a, "max_active": m}``
+  (products served, TCP connections accepted, product GETs being served now and at
+  most at once).
 
 :class:`PodFleet` starts several (``port=0`` picks free ports), and stops, SIGKILLs,
 SIGSTOPs/SIGCONTs and restarts them by PID; every process it started is stopped by
@@ -32,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def serve(port: int, service_ms: float) -> None:
-    state = {"served": 0, "status": 200, "connections": 0}
+    state = {"served": 0, "status": 200, "connections": 0, "active": 0, "max_active": 0}
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -63,8 +66,12 @@ def serve(port: int, service_ms: float) -> None:
                 with lock:
                     self._answer(200, dict(state))
                 return
+            with lock:  # (requests being served at once: do a caller's calls overlap?)
+                state["active"] += 1
+                state["max_active"] = max(state["max_active"], state["active"])
             time.sleep(service_ms / 1000.0)
             with lock:
+                state["active"] -= 1
                 state["served"] += 1
                 status = state["status"]
             if status != 200:
@@ -77,7 +84,9 @@ def serve(port: int, service_ms: float) -> None:
             doc = json.loads(self.rfile.read(n) or b"null")
             if self.path == "/_mode":
                 with lock:
-                    state["status"] = int(doc["status"])
+                    state["status"] = int(doc.get("status", state["status"]))
+                    if doc.get("reset_max"):
+                        state["max_active"] = 0
                 self._answer(200, {"status": state["status"]})
                 return
             if self.path != "/batch":

@@ -53,6 +53,7 @@ Outcome = tuple[Any, BaseException | None, int]
 # never got a whole answer: the pod's transport failure, worth a retry elsewhere.
 _CONNECT_CODES = frozenset(
     (
+        1,  # CURLE_UNSUPPORTED_PROTOCOL: an answer that is not HTTP/1.x ("HTTP/0.9")
         pycurl.E_COULDNT_RESOLVE_HOST,
         pycurl.E_COULDNT_CONNECT,
         8,  # CURLE_WEIRD_SERVER_REPLY: the pod did not speak HTTP
@@ -146,9 +147,12 @@ class Transport:
         """Stop a call in flight (its connection is closed); its ``on_done`` is not called."""
         if self._calls.pop(handle, None) is None:
             return
-        self.multi.remove_handle(handle)
+        self.multi.remove_handle(handle)  # (libcurl closes its connection)
         handle.cslb_chunks.clear()
-        handle.close()  # (its connection state is unknown: no reuse)
+        self._release(handle)
+
+    def _release(self, e: Any) -> None:
+        (self._free_post if e.cslb_post else self._free_get).append(e)
 
     @property
     def in_flight(self) -> int:
@@ -163,7 +167,6 @@ class Transport:
         e.cslb_limit = None
         e.cslb_timeout = None
         e.cslb_post = post
-        e.setopt(pycurl.CLOSESOCKETFUNCTION, self._on_close)
         e.setopt(pycurl.WRITEFUNCTION, chunks.append)
         e.setopt(pycurl.NOSIGNAL, 1)
         e.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
@@ -191,15 +194,6 @@ class Transport:
         r = self.reactor
         if r is not None:
             r.watch(fd, what)
-
-    def _on_close(self, fd: int) -> int:
-        # libcurl closes a connection: stop watching its descriptor before the number
-        # can be reused (watching is lazy: see SyncReactor.watch).
-        r = self.reactor
-        if r is not None:
-            r.forget(fd)
-        os.close(fd)
-        return 0
 
     def _on_timer(self, ms: int) -> None:
         r = self.reactor
@@ -245,12 +239,12 @@ class Transport:
         if code:
             exc = _failure(code, e.errstr(), url, total / 1e6, request.max_body_bytes)
             chunks.clear()
-            e.close()  # (a broken transfer: a fresh handle next time)
+            self._release(e)
         else:
             status = e.getinfo(pycurl.RESPONSE_CODE)
             body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             chunks.clear()
-            (self._free_post if e.cslb_post else self._free_get).append(e)
+            self._release(e)
             try:
                 value = request.finish(status, body, url, what, grouped)
             except Exception as err:
@@ -261,11 +255,11 @@ class Transport:
         """Stop every call (none gets an outcome) and close the connections."""
         for e in list(self._calls):
             self.cancel(e)
+        self.multi.close()
         for e in self._free_get + self._free_post:
             e.close()
         self._free_get.clear()
         self._free_post.clear()
-        self.multi.close()
 
 
 def _failure(code: int, message: str, url: str, took_s: float, limit: int) -> BaseException:
@@ -291,10 +285,6 @@ class Reactor(Protocol):
 
     def watch(self, fd: int, what: int) -> None:
         """Watch ``fd`` for ``what`` (``POLL_*``), as libcurl asks."""
-        ...
-
-    def forget(self, fd: int) -> None:
-        """Stop watching ``fd``: libcurl closes it."""
         ...
 
     def curl_timer(self, ms: int) -> None:
@@ -323,10 +313,84 @@ _EPOLL_OF = {
     pycurl.POLL_OUT: select.EPOLLOUT,
     pycurl.POLL_INOUT: select.EPOLLIN | select.EPOLLOUT,
 }
+_IN = select.EPOLLIN
+
+
+class _Poller:
+    """libcurl's sockets on an ``epoll`` of the transport's own.
+
+    Both reactors wait on it: a worker thread in :meth:`poll`, an event loop through
+    one reader on :meth:`fileno`. Watching is lazy for reading: a keep-alive connection
+    between two calls stays registered for input (libcurl asks for it again with the
+    next call on it), so a call costs no ``epoll_ctl``; input on a descriptor libcurl
+    does not want (the pod closed an idle connection) unregisters it then. Output is
+    never kept (a writable socket would wake the loop forever). A descriptor libcurl
+    closed leaves the epoll by itself; its number reused later is registered anew.
+    """
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self._ep = select.epoll()
+        self._fds: dict[int, int] = {}  # registered with the epoll (as far as we know)
+        self._want: dict[int, int] = {}  # what libcurl wants watched
+
+    def fileno(self) -> int:
+        """The epoll's descriptor (readable while a socket is ready)."""
+        return self._ep.fileno()
+
+    def watch(self, fd: int, what: int) -> None:
+        """See :meth:`Reactor.watch`."""
+        want = 0 if what == pycurl.POLL_REMOVE else _EPOLL_OF.get(what, 0)
+        self._want[fd] = want
+        old = self._fds.get(fd, 0)
+        new = want | (old & _IN)
+        if new != old:
+            self._set(fd, old, new)
+
+    def _set(self, fd: int, old: int, new: int) -> None:
+        ep = self._ep
+        if not new:
+            self._fds.pop(fd, None)
+            try:
+                ep.unregister(fd)
+            except OSError:
+                pass  # (closed already: the epoll dropped it)
+            return
+        self._fds[fd] = new
+        try:
+            if old:
+                ep.modify(fd, new)
+            else:
+                ep.register(fd, new)
+        except FileNotFoundError:  # closed and the number reused: not registered
+            ep.register(fd, new)
+        except FileExistsError:  # registered under an earlier life of the number
+            ep.modify(fd, new)
+
+    def poll(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for ready sockets and let libcurl move their bytes."""
+        act = self.transport.act
+        want = self._want
+        for fd, ev in self._ep.poll(timeout_s):
+            if not want.get(fd, 0):  # an idle connection kept registered: closed by the pod
+                self._set(fd, self._fds.get(fd, 0), 0)
+                continue
+            mask = 0
+            if ev & (select.EPOLLIN | select.EPOLLHUP):
+                mask |= pycurl.CSELECT_IN
+            if ev & select.EPOLLOUT:
+                mask |= pycurl.CSELECT_OUT
+            if ev & select.EPOLLERR:
+                mask |= pycurl.CSELECT_ERR
+            act(fd, mask)
+
+    def close(self) -> None:
+        """Close the epoll."""
+        self._ep.close()
 
 
 class SyncReactor:
-    """A worker thread's reactor: ``epoll`` and a timer heap, run while a fan-out waits.
+    """A worker thread's reactor: the poller and a timer heap, run while a fan-out waits.
 
     Parameters
     ----------
@@ -339,54 +403,12 @@ class SyncReactor:
     def __init__(self, transport: Transport, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.transport = transport
         self.clock = clock
-        self._ep = select.epoll()
-        self._fds: dict[int, int] = {}  # registered with epoll
-        self._want: dict[int, int] = {}  # what libcurl wants watched
+        self._poller = _Poller(transport)
+        self.watch = self._poller.watch
         self._timers: list[tuple[int, int, _Timer]] = []
         self._seq = itertools.count()
         self._curl_due: int | None = None
         transport.reactor = self
-
-    def watch(self, fd: int, what: int) -> None:
-        """See :meth:`Reactor.watch`.
-
-        Lazy for reading: a keep-alive connection between two calls stays registered
-        for input (libcurl asks for it again with the next call on it), so a call costs
-        no ``epoll_ctl``; input on a descriptor libcurl does not want (the pod closed an
-        idle connection) unregisters it then, and :meth:`forget` when libcurl closes it.
-        Output is never kept: a writable socket would wake the loop forever.
-        """
-        want = 0 if what == pycurl.POLL_REMOVE else _EPOLL_OF.get(what, 0)
-        self._want[fd] = want
-        old = self._fds.get(fd, 0)
-        new = want | (old & select.EPOLLIN)
-        if new != old:
-            self._set(fd, old, new)
-
-    def _set(self, fd: int, old: int, new: int) -> None:
-        ep = self._ep
-        if new:
-            self._fds[fd] = new
-            if old:
-                ep.modify(fd, new)
-            else:
-                try:
-                    ep.register(fd, new)
-                except FileExistsError:  # (registered under an earlier life of the number)
-                    ep.modify(fd, new)
-        else:
-            del self._fds[fd]
-            try:
-                ep.unregister(fd)
-            except OSError:
-                pass  # (closed already: epoll dropped it)
-
-    def forget(self, fd: int) -> None:
-        """Stop watching ``fd``: libcurl closes it."""
-        self._want.pop(fd, None)
-        old = self._fds.get(fd, 0)
-        if old:
-            self._set(fd, old, 0)
 
     def curl_timer(self, ms: int) -> None:
         """See :meth:`Reactor.curl_timer`."""
@@ -399,12 +421,15 @@ class SyncReactor:
         return t
 
     def run(self, done: Callable[[], bool], until_ns: int) -> None:
-        """Move calls and run timers until ``done()`` or the clock reaches ``until_ns``."""
+        """Move calls and run timers until ``done()`` or the clock reaches ``until_ns``.
+
+        Every ready socket is acted on before any ended call goes back to its job, so
+        one answer's Python work never delays the next answer's libcurl timing.
+        """
         tr = self.transport
         timers = self._timers
         clock = self.clock
-        poll = self._ep.poll
-        act = tr.act
+        poll = self._poller.poll
         while not done():
             now = clock()
             while timers and timers[0][0] <= now:
@@ -414,44 +439,27 @@ class SyncReactor:
             due = self._curl_due
             if due is not None and due <= now:
                 self._curl_due = None
-                act(pycurl.SOCKET_TIMEOUT, 0)
+                tr.act(pycurl.SOCKET_TIMEOUT, 0)
                 tr.collect()
                 continue
-            if done():
-                return
-            if now >= until_ns:
+            if done() or now >= until_ns:
                 return
             wake = until_ns
             if timers and timers[0][0] < wake:
                 wake = timers[0][0]
             if due is not None and due < wake:
                 wake = due
-            want = self._want
-            for fd, ev in poll(max(wake - now, 0) / 1e9):
-                w = want.get(fd, 0)
-                if not w:  # an idle connection kept registered: closed by the pod
-                    old = self._fds.get(fd, 0)
-                    if old:
-                        self._set(fd, old, 0)
-                    continue
-                mask = 0
-                if ev & (select.EPOLLIN | select.EPOLLHUP):
-                    mask |= pycurl.CSELECT_IN
-                if ev & select.EPOLLOUT:
-                    mask |= pycurl.CSELECT_OUT
-                if ev & select.EPOLLERR:
-                    mask |= pycurl.CSELECT_ERR
-                act(fd, mask)
+            poll(max(wake - now, 0) / 1e9)
             tr.collect()
 
     def close(self) -> None:
-        """Close the transport and the epoll descriptor."""
+        """Close the transport and the poller."""
         self.transport.close()
-        self._ep.close()
+        self._poller.close()
 
 
 class LoopReactor:
-    """An event loop's reactor: the loop's readers, writers and timers (no thread).
+    """An event loop's reactor: one loop reader on the poller, and a loop timer (no thread).
 
     Parameters
     ----------
@@ -464,56 +472,16 @@ class LoopReactor:
     def __init__(self, transport: Transport, loop: asyncio.AbstractEventLoop) -> None:
         self.transport = transport
         self.loop = loop
-        self._fds: dict[int, int] = {}  # watched on the loop
-        self._want: dict[int, int] = {}  # what libcurl wants watched
-        self._collecting = False
+        self._poller = _Poller(transport)
+        self.watch = self._poller.watch
         self._curl_handle: asyncio.TimerHandle | None = None
         transport.reactor = self
+        loop.add_reader(self._poller.fileno(), self._ready)
 
-    def watch(self, fd: int, what: int) -> None:
-        """See :meth:`Reactor.watch` (lazy for reading, as :meth:`SyncReactor.watch`)."""
-        want = pycurl.POLL_NONE if what == pycurl.POLL_REMOVE else what
-        self._want[fd] = want
-        old = self._fds.get(fd, pycurl.POLL_NONE)
-        self._set(fd, old, want | (old & pycurl.POLL_IN))
-
-    def _set(self, fd: int, old: int, new: int) -> None:
-        if old == new:
-            return
-        loop = self.loop
-        if old & pycurl.POLL_IN and not new & pycurl.POLL_IN:
-            loop.remove_reader(fd)
-        if old & pycurl.POLL_OUT and not new & pycurl.POLL_OUT:
-            loop.remove_writer(fd)
-        if new & pycurl.POLL_IN and not old & pycurl.POLL_IN:
-            loop.add_reader(fd, self._readable, fd)
-        if new & pycurl.POLL_OUT and not old & pycurl.POLL_OUT:
-            loop.add_writer(fd, self._act, fd, pycurl.CSELECT_OUT)
-        if new:
-            self._fds[fd] = new
-        else:
-            self._fds.pop(fd, None)
-
-    def _act(self, fd: int, mask: int) -> None:
-        self.transport.act(fd, mask)
-        if not self._collecting:  # (once per loop turn, after every ready descriptor)
-            self._collecting = True
-            self.loop.call_soon(self._collect)
-
-    def _collect(self) -> None:
-        self._collecting = False
+    def _ready(self) -> None:
+        # Every ready socket first, then the ended calls' jobs (see SyncReactor.run).
+        self._poller.poll(0)
         self.transport.collect()
-
-    def _readable(self, fd: int) -> None:
-        if self._want.get(fd, 0) & pycurl.POLL_IN:
-            self._act(fd, pycurl.CSELECT_IN)
-        else:  # an idle connection kept registered: closed by the pod
-            self._set(fd, self._fds.get(fd, 0), self._fds.get(fd, 0) & ~pycurl.POLL_IN)
-
-    def forget(self, fd: int) -> None:
-        """Stop watching ``fd``: libcurl closes it."""
-        self._want.pop(fd, None)
-        self._set(fd, self._fds.get(fd, 0), 0)
 
     def curl_timer(self, ms: int) -> None:
         """See :meth:`Reactor.curl_timer`.
@@ -535,19 +503,21 @@ class LoopReactor:
 
     def _fire(self) -> None:
         self._curl_handle = None
-        self._act(pycurl.SOCKET_TIMEOUT, 0)
+        self.transport.act(pycurl.SOCKET_TIMEOUT, 0)
+        self.transport.collect()
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> asyncio.TimerHandle:
         """See :meth:`Reactor.call_later`."""
         return self.loop.call_later(delay_s, fn)
 
     def close(self) -> None:
-        """Close the transport and stop watching its descriptors."""
-        for fd in list(self._fds):
-            self.forget(fd)
+        """Stop the loop's reader and timer; close the transport and the poller."""
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self._poller.fileno())
         if self._curl_handle is not None:
             self._curl_handle.cancel()
         self.transport.close()
+        self._poller.close()
 
 
 # ------------------------------------------------------------------------------------
@@ -576,6 +546,6 @@ def loop_reactor(connections_per_pod: int) -> LoopReactor:
     r = _loops.get(id(loop))
     if r is None or r.loop is not loop:
         for k in [k for k, old in _loops.items() if old.loop.is_closed()]:
-            _loops.pop(k).transport.close()
+            _loops.pop(k).close()
         r = _loops[id(loop)] = LoopReactor(Transport(connections_per_pod), loop)
     return r
