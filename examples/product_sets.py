@@ -30,10 +30,11 @@ import json
 
 from workers import Router
 from workers.mount import mount, mount_asgi
-from workers.senders import Urllib3Sender
+from workers.senders import CurlSender
 
-SEND = Urllib3Sender("/products/{key}")  # GET <pod>/products/<id>; raises on 5xx, timeouts
-_asend = None  # the asyncio form's sender, made on its first request (httpx is optional)
+# GET <pod>/products/<id>; raises on 5xx and timeouts. One sender for both forms: every
+# call of a batch in flight at once on libcurl (the thread's, or the event loop's).
+SEND = CurlSender("/products/{key}")
 
 
 def _body(ids: list, results: list) -> bytes:
@@ -70,7 +71,6 @@ def sets(environ, start_response):
 
 async def asgi_sets(scope, receive, send):
     """ASGI (uvicorn's worker): ``await router.afanout``."""
-    global _asend
     if scope["type"] != "http":
         if scope["type"] == "lifespan":  # nothing to set up: acknowledge and wait
             while (await receive())["type"] != "lifespan.shutdown":
@@ -88,11 +88,7 @@ async def asgi_sets(scope, receive, send):
     elif (ids := _ids(raw)) is None:
         status, body = 400, b"expected a JSON array of product IDs\n"
     else:
-        if _asend is None:
-            from workers.senders import HttpxSender
-
-            _asend = HttpxSender("/products/{key}")
-        results = await Router.attach().afanout(ids, _asend)
+        results = await Router.attach().afanout(ids, SEND)
         status, body, ctype = 200, _body(ids, results), b"application/json"
     await send(
         {"type": "http.response.start", "status": status, "headers": [(b"content-type", ctype)]}

@@ -2,7 +2,8 @@
 
 Fans them out with ``router.fanout`` (WSGI ``app``: sync and gthread workers) or
 ``await router.afanout`` (ASGI ``asgi_app``: uvicorn's gunicorn worker) to the pods on
-``GET <pod>/<id>``, and answers, per key, what came back and from where, so the tests
+``GET <pod>/<id>``, with CurlSender (or, ``FANOUT_SENDER=pool``, urllib3 / httpx),
+and answers, per key, what came back and from where, so the tests
 can see retries, endpoints and errors. ``GET /metrics``: cslb's host-wide metrics.
 ``POST /fanout?block=S`` (ASGI): the worker's event loop stalls for ``S`` seconds (at
 most 2) just after the fan-out starts, as CPU-bound code in the caller would.
@@ -17,10 +18,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from workers import Router
 from workers.metrics import CslbCollector
-from workers.senders import HttpxSender, Urllib3Sender
+from workers.senders import CurlSender, HttpxSender, Urllib3Sender
 
-SEND = Urllib3Sender(maxsize=int(os.environ.get("CSLB_FANOUT_THREADS", "8")))
-ASEND = HttpxSender()
+# FANOUT_SENDER: curl (default: CurlSender for both forms) or pool (urllib3 on the
+# thread pool, httpx on the loop: the senders of a user's own client).
+if os.environ.get("FANOUT_SENDER", "curl") == "pool":
+    SEND = Urllib3Sender(maxsize=int(os.environ.get("CSLB_FANOUT_THREADS", "8")))
+    ASEND = HttpxSender()
+else:
+    SEND = ASEND = CurlSender()
 REGISTRY = CollectorRegistry()
 REGISTRY.register(CslbCollector(os.environ.get("CSLB_SHM_NAMESPACE", "default")))
 
