@@ -399,14 +399,32 @@ def _floor_grouped(floor: CurlFloor):
     return run
 
 
-def _results(results: list[Any]) -> tuple[list[Any], int]:
-    return [r.value for r in results], sum(1 for r in results if not r.ok)
+#: The first error of a failed key, per fan-out helper row (for the notes).
+_FIRST_ERROR: dict[str, str] = {}
+
+
+def _results(results: list[Any], name: str = "") -> tuple[list[Any], int]:
+    bad = 0
+    for r in results:
+        if not r.ok:
+            bad += 1
+            if name not in _FIRST_ERROR:
+                _FIRST_ERROR[name] = f"{type(r.error).__name__}: {r.error}"[:300]
+    return [r.value for r in results], bad
 
 
 def _wire_variants(
-    router: Router, urls: list[str], loop: asyncio.AbstractEventLoop, notes: list[str]
+    router: Router,
+    before: Router,
+    urls: list[str],
+    loop: asyncio.AbstractEventLoop,
+    notes: list[str],
 ) -> tuple[dict[str, Callable[..., Any]], list[Any]]:
-    """The clients compared, by row name: ``run(keys, groups) -> (values, failed keys)``."""
+    """The clients compared, by row name: ``run(keys, groups) -> (values, failed keys)``.
+
+    ``router`` makes the CurlSender rows' fan-outs, ``before`` the urllib3 and httpx
+    rows' (two routers on the same tables, so the transports share no fan-out state).
+    """
     closers: list[Any] = []
     floor = CurlFloor(len(urls), "select")
     floor_ep = CurlFloor(len(urls), "epoll")
@@ -428,23 +446,26 @@ def _wire_variants(
         curl_g = CurlSender("/{key}")
         curl_ga = CurlSender("/{key}")
         closers += [curl, curl_a, curl_g, curl_ga]
-        v["CurlSender sync"] = lambda k, _g: _results(router.fanout(k, curl))
+        v["CurlSender sync"] = lambda k, _g: _results(router.fanout(k, curl), "CurlSender sync")
         v["CurlSender asyncio"] = lambda k, _g: _results(
-            loop.run_until_complete(router.afanout(k, curl_a))
+            loop.run_until_complete(router.afanout(k, curl_a)), "CurlSender asyncio"
         )
         v["CurlSender grouped sync"] = lambda k, _g: _results(
-            router.fanout(k, curl_g.group, grouped=True)
+            router.fanout(k, curl_g.group, grouped=True), "CurlSender grouped sync"
         )
         v["CurlSender grouped asyncio"] = lambda k, _g: _results(
-            loop.run_until_complete(router.afanout(k, curl_ga.group, grouped=True))
+            loop.run_until_complete(router.afanout(k, curl_ga.group, grouped=True)),
+            "CurlSender grouped asyncio",
         )
     from workers.senders import HttpxSender, Urllib3Sender
 
     u3 = Urllib3Sender("/{key}")
     hx = HttpxSender("/{key}")
     closers += [u3, hx]
-    v["urllib3 (defaults)"] = lambda k, _g: _results(router.fanout(k, u3))
-    v["httpx (defaults)"] = lambda k, _g: _results(loop.run_until_complete(router.afanout(k, hx)))
+    v["urllib3 (defaults)"] = lambda k, _g: _results(before.fanout(k, u3), "urllib3 (defaults)")
+    v["httpx (defaults)"] = lambda k, _g: _results(
+        loop.run_until_complete(before.afanout(k, hx)), "httpx (defaults)"
+    )
     return v, closers
 
 
@@ -472,7 +493,7 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
     pod_cpu = cpus[-1] if len(cpus) > 1 else None
     rows: list[dict] = []
     ns = unique_namespace("fw")
-    store = writer = router = None
+    store = writer = router = before = None
     closers: list[Any] = []
     pinned: dict[int, set[int]] = {}
     try:
@@ -491,7 +512,8 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
             writer = shm.TableWriter(ns, counters=store)
             writer.publish(lbcore.RingSet(pods.urls), knobs=shm.Knobs())
             router = Router(ns, fanout_settings=FanoutSettings(timeout_s=5.0))
-            variants, closers = _wire_variants(router, pods.urls, loop, notes)
+            before = Router(ns, fanout_settings=FanoutSettings(timeout_s=5.0))
+            variants, closers = _wire_variants(router, before, pods.urls, loop, notes)
             names = list(variants)
             log(
                 f"on the wire: {WIRE_PODS} C pods answering in {WIRE_SERVICE_MS:g} ms"
@@ -516,9 +538,24 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
                         by.setdefault(url, []).append(i)
                     return keys, list(by.items())
 
+                raised = dict.fromkeys(names, 0)
+                errors: dict[str, str] = {}
+
+                def call(
+                    v: str, keys: list[str], groups: Any, raised=raised, errors=errors
+                ) -> tuple[list[Any], int]:
+                    """One fan-out of variant ``v``; one that raises fails all its keys."""
+                    try:
+                        return variants[v](keys, groups)
+                    except Exception as exc:
+                        raised[v] += 1
+                        errors.setdefault(v, f"{type(exc).__name__}: {exc}"[:300])
+                        return [None] * len(keys), len(keys)
+
+                _FIRST_ERROR.clear()
                 for v in names:  # warm-up: connections opened, plans built, threads started
                     for _ in range(3):
-                        variants[v](*batch())
+                        call(v, *batch())
                 walls: dict[str, list[float]] = {v: [] for v in names}
                 cpu: dict[str, list[float]] = {v: [] for v in names}
                 conns = dict.fromkeys(names, 0)
@@ -528,13 +565,15 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
                 for r in range(reps):
                     order = names[r % len(names) :] + names[: r % len(names)]
                     for v in order:
-                        if len(walls[v]) >= caps[v]:
-                            continue
+                        if len(walls[v]) >= caps[v] or raised[v] >= 3:
+                            continue  # capped, or broken (raised 3 times: not run again)
                         keys, groups = batch()
                         a0 = pods.accepted()
                         c0 = time.process_time()
                         t0 = time.perf_counter()
-                        values, bad = variants[v](keys, groups)
+                        values, bad = call(v, keys, groups)
+                        if bad and v not in errors and v in _FIRST_ERROR:
+                            errors[v] = _FIRST_ERROR[v]
                         t1 = time.perf_counter()
                         c1 = time.process_time()
                         conns[v] += pods.accepted() - a0
@@ -552,16 +591,21 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
                     f"{'CPU ms':>8s} {'new conns':>9s} {'failed':>6s}")  # fmt: skip
                 for v in names:
                     k = len(walls[v])
+                    if v in errors:
+                        what = (f"raised {raised[v]} time(s) (its keys counted as failed)"
+                                if raised[v] else "first failed key")  # fmt: skip
+                        notes.append(f"{v}, {n:,} IDs: {what}: {errors[v]}")
                     row = {
                         "wire": True,
                         "variant": v,
                         "ids": n,
                         "fanouts": k,
-                        "p50_ms": statistics.median(walls[v]),
+                        "raised": raised[v],
+                        "p50_ms": statistics.median(walls[v]) if k else math.nan,
                         "p90_ms": _pct(walls[v], 0.9),
-                        "cpu_ms": statistics.median(cpu[v]),
+                        "cpu_ms": statistics.median(cpu[v]) if k else math.nan,
                         "cpu_p90_ms": _pct(cpu[v], 0.9),
-                        "new_conns_per_fanout": conns[v] / k,
+                        "new_conns_per_fanout": conns[v] / k if k else math.nan,
                         "failed_keys": failed[v],
                         "wrong_values": wrong[v],
                     }
@@ -586,8 +630,9 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
                 elif hasattr(c, "close"):
                     c.close()
         loop.close()
-        if router is not None:
-            router.close()
+        for r in (router, before):
+            if r is not None:
+                r.close()
         if writer is not None:
             writer.close()
         if store is not None:
@@ -602,7 +647,8 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
         f"per variant. Floor: one pycurl.CurlMulti reused, easy handles reused, "
         f"{PER_HOST} connections per pod, every GET added at once; floor grouped: one POST "
         f"/batch per pod, the IDs grouped by router.route_table (outside the timed part). "
-        f"CurlSender, urllib3 and httpx go through router.fanout / router.afanout with "
+        f"CurlSender, urllib3 and httpx go through router.fanout / router.afanout (the "
+        f"CurlSender rows on one Router, urllib3 and httpx on another of the same tables) with "
         f"FanoutSettings(timeout_s=5.0), the other settings at their defaults; asyncio "
         f"forms on {loop_name}.",
     ]

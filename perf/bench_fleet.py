@@ -358,7 +358,7 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, An
             except (RuntimeError, ImportError, OSError) as exc:
                 notes.append(f"{sender}: not measured: {str(exc)[:600]}")
                 log(f"  {sender}: not measured: {exc}")
-    for r in rows:
+    for r in list(rows):  # (a target row is appended for the curl row)
         if r["sender"] != "curl":
             continue
         met = (

@@ -16,7 +16,7 @@ from typing import Any
 
 from perf.control import STALL_LIMIT_S
 
-PARTS = ("inprocess", "host", "http", "control", "fanout")
+PARTS = ("inprocess", "host", "http", "control", "fanout", "fleet")
 #: Version of the figures' layout in RESULTS.json; parts kept from a run with another
 #: version are dropped (rerun them) rather than misread.
 FORMAT = 2
@@ -26,6 +26,7 @@ TITLES = {
     "http": "HTTP: `cslb serve` under wrk",
     "control": "Control plane",
     "fanout": "The fan-out helper",
+    "fleet": "A healthy, equal fleet under load",
 }
 INPROCESS_CHART = "inprocess.png"
 HOST_CHART = "host.png"
@@ -59,6 +60,8 @@ def _fmt(x: float, digits: int = 1) -> str:
 
 
 def _ratio(x: float) -> str:
+    if isinstance(x, float) and math.isnan(x):
+        return "–"
     return f"{x:.2g}×" if x < 1 else f"{x:.1f}×"
 
 
@@ -95,6 +98,8 @@ class Target:
     def figures(self, unit: str) -> str:
         out = "; ".join(
             f"{what}: {_fmt(v, 2)}{unit} ({'ok' if ok else 'miss'}, {v / bar:.2f}× the bar)"
+            if bar
+            else f"{what}: {_fmt(v, 0)} ({'ok' if ok else 'miss'}, bar {_fmt(bar, 0)})"
             for what, v, bar, ok in self.checks
         )
         return f"{out}; {self.context}" if self.context else out
@@ -188,6 +193,45 @@ def targets(parts: dict[str, Any]) -> list[tuple[Target, str]]:
     if r and r.get("pss_mib"):
         t.check("median worker", statistics.median(r["pss_mib"]), 1.1 * PSS_BEFORE_MIB, le)
     out.append((t, " MiB"))
+    out += _issue17_targets(parts)
+    return out
+
+
+def _issue17_targets(parts: dict[str, Any]) -> list[tuple[Target, str]]:
+    """Issue 17's targets: the wire fan-out against its floor, and the fleet under load."""
+    le = lambda v, b: v <= b  # noqa: E731
+    fo = [r for r in _rows(parts.get("fanout")) if r.get("wire_target")]
+    out: list[tuple[Target, str]] = []
+    for label, ids, grouped in (
+        ("Fan-out, 100 IDs: fanout / afanout p50 wall and CPU ≤ 1.3× the floor's", 100, False),
+        ("Fan-out, 1,000 IDs: fanout / afanout p50 wall and CPU ≤ 1.3× the floor's, no "
+         "failed key", 1_000, False),
+        ("Fan-out, grouped (one POST per pod) ≤ 1.3× the floor's grouped", None, True),
+    ):  # fmt: skip
+        t = Target(label, "fanout")
+        for r in fo:
+            if ("grouped" in r["variant"]) != grouped or (ids is not None and r["ids"] != ids):
+                continue
+            what = f"{r['variant'].removeprefix('CurlSender ')}, {r['ids']:,} IDs"
+            t.check(f"{what}: wall", r["wall_ratio"], r["bar"], le)
+            t.check(f"{what}: CPU", r["cpu_ratio"], r["bar"], le)
+            if ids == 1_000 or r["failed_keys"]:
+                t.check(f"{what}: failed keys", r["failed_keys"], 0, le)
+        out.append((t, "×"))
+    fl = _rows(parts.get("fleet"))
+    curl = _one(fl, fleet=True, sender="curl")
+    t = Target("Healthy fleet (curl): keys moved by bounded load ≤ 5 % of decisions", "fleet")
+    if curl:
+        t.check("moved", curl["moved_pct"], 5.0, le)
+        before = _one(fl, fleet=True, sender="urllib3")
+        if before:
+            t.context = f"urllib3 (before), same run: {before['moved_pct']:.1f} %"
+    out.append((t, " %"))
+    t = Target("Healthy fleet (curl): no bulkhead rejection, no failed key", "fleet")
+    if curl:
+        t.check("bulkhead rejections", curl["bulkhead_rejections"], 0, le)
+        t.check("failed keys", curl["failed_keys"], 0, le)
+    out.append((t, ""))
     return out
 
 
@@ -329,20 +373,24 @@ def _control(part: dict[str, Any]) -> list[str]:
 
 def _fanout(part: dict[str, Any]) -> list[str]:
     rows = part["rows"]
-    header = ["form", "send", "helper µs/key (CPU)", "by hand µs/key (CPU)", "ratio", "by hand"]
-    body = [
-        [
-            r["form"],
-            r["send"],
-            _fmt(r["helper_us_per_key"]),
-            _fmt(r["hand_us_per_key"]),
-            _ratio(r["ratio"]),
-            r["baseline"],
+    out: list[str] = []
+    inproc = [r for r in rows if "form" in r]
+    if inproc:
+        header = ["form", "send", "helper µs/key (CPU)", "by hand µs/key (CPU)", "ratio",
+                  "by hand"]  # fmt: skip
+        body = [
+            [
+                r["form"],
+                r["send"],
+                _fmt(r["helper_us_per_key"]),
+                _fmt(r["hand_us_per_key"]),
+                _ratio(r["ratio"]),
+                r["baseline"],
+            ]
+            for r in inproc
         ]
-        for r in rows
-        if "form" in r
-    ]
-    out = _table(header, body, left=2)
+        out += ["In process (a send that returns at once or sleeps 1 ms):", ""]
+        out += _table(header, body, left=2)
     for r in rows:
         if r.get("op") == "recording":
             out += [
@@ -351,7 +399,91 @@ def _fanout(part: dict[str, Any]) -> list[str]:
                 f"{_fmt(r['ledger_ns_per_call'], 0)} ns; one record_start + record_end per "
                 f"call: {_fmt(r['per_call_ns'], 0)} ns ({_ratio(r['ratio'])}).",
             ]
+    wire = [r for r in rows if r.get("wire")]
+    for ids in dict.fromkeys(r["ids"] for r in wire):
+        these = [r for r in wire if r["ids"] == ids]
+        floors = {r["variant"]: r for r in these if r["variant"].startswith("floor")}
+        header = ["client", "fan-outs", "p50 ms", "p90 ms", "CPU ms per fan-out",
+                  "wall × floor", "CPU × floor", "new connections per fan-out",
+                  "failed keys"]  # fmt: skip
+        body = []
+        for r in these:
+            base = floors.get("floor grouped" if "grouped" in r["variant"] else "floor")
+            body.append(
+                [
+                    r["variant"],
+                    str(r["fanouts"]),
+                    _fmt(r["p50_ms"], 2),
+                    _fmt(r["p90_ms"], 2),
+                    _fmt(r["cpu_ms"], 2),
+                    _ratio(r["p50_ms"] / base["p50_ms"]) if base else "–",
+                    _ratio(r["cpu_ms"] / base["cpu_ms"]) if base else "–",
+                    _fmt(r["new_conns_per_fanout"], 2),
+                    str(r["failed_keys"] + r.get("wrong_values", 0)),
+                ]
+            )
+        out += [
+            "",
+            f"On the wire, {ids:,} IDs per fan-out to 5 pods answering in 2 ms (one fan-out "
+            "at a time, the clients interleaved in one run; ratios against the floor of the "
+            "same run, grouped rows against the floor grouped):",
+            "",
+        ]
+        out += _table(header, body, left=1)
+    tg = [r for r in rows if r.get("wire_target")]
+    if tg:
+        out += ["", "Issue 17's bars (≤ 1.3× the floor's p50 wall and CPU, no failed key):", ""]
+        out += _table(
+            ["client", "IDs", "against", "wall ×", "CPU ×", "failed keys", "status"],
+            [
+                [
+                    t["variant"],
+                    f"{t['ids']:,}",
+                    t["floor"],
+                    _ratio(t["wall_ratio"]),
+                    _ratio(t["cpu_ratio"]),
+                    str(t["failed_keys"]),
+                    "met" if t["met"] else "**missed**",
+                ]
+                for t in tg
+            ],
+            left=3,
+        )
     return out
+
+
+def _fleet(part: dict[str, Any]) -> list[str]:
+    rows = [r for r in part["rows"] if r.get("fleet")]
+    if not rows:
+        return ["Not run."]
+    header = ["sender", "requests/s", "p50 ms", "p90 ms", "failed keys", "decisions",
+              "moved by bounded load", "bulkhead rejections", "retries",
+              "new connections per request", "service CPU ms per request",
+              "recorded latency per pod ms (true: 2)"]  # fmt: skip
+    body = [
+        [
+            r["sender"],
+            _fmt(r["requests_per_s"]),
+            _fmt(r["p50_ms"]),
+            _fmt(r["p90_ms"]),
+            str(r["failed_keys"]),
+            f"{r['decisions']:,.0f}",
+            f"{r['moved_pct']:.2f} %",
+            f"{r['bulkhead_rejections']:,.0f}",
+            f"{r['retries']:,.0f}",
+            _fmt(r["new_conns_per_request"], 2),
+            _fmt(r["server_cpu_ms_per_request"]),
+            ", ".join(_fmt(v, 2) for v in r["latency_ms"].values()),
+        ]
+        for r in rows
+    ]
+    return [
+        "Five C pods answering in 2 ms, the service under gunicorn (gthread, 2 workers × 4 "
+        "threads, perf/fleet_app.py) fanning out 100 fresh IDs per request from 4 clients; "
+        "figures over the measured window.",
+        "",
+        *_table(header, body, left=1),
+    ]
 
 
 SECTIONS = {
@@ -360,6 +492,7 @@ SECTIONS = {
     "http": _http,
     "control": _control,
     "fanout": _fanout,
+    "fleet": _fleet,
 }
 
 

@@ -11,7 +11,12 @@ Parts (all by default; ``--only`` picks some, comma-separated):
 * ``control`` — :mod:`perf.control`: discovery's build + publish, propagation to the
   workers, PSS per worker;
 * ``fanout`` — :mod:`perf.bench_fanout`: CPU per key of ``router.fanout`` / ``afanout``
-  next to hand-written ``route`` + ``track`` loops, and the recording cost per call.
+  next to hand-written ``route`` + ``track`` loops, and the recording cost per call; on
+  the wire (five C pods at 2 ms), the fan-out's wall time, CPU and connections next to a
+  libcurl-multi floor, with issue 17's ratios;
+* ``fleet`` — :mod:`perf.bench_fleet`: a healthy, equal fleet under load behind real
+  gunicorn (gthread 2 × 4): keys moved by bounded load, bulkhead rejections, failed
+  keys, recorded latency, ``CurlSender`` next to ``Urllib3Sender``.
 
 The page, its charts (PNG) and ``RESULTS.json`` go to ``out_dir`` (``--out``) (default: the ``perf``
 directory of this checkout). A run of some parts keeps the other parts' figures from
@@ -37,6 +42,7 @@ MODULES = {
     "http": "perf.httpbench",
     "control": "perf.control",
     "fanout": "perf.bench_fanout",
+    "fleet": "perf.bench_fleet",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent
 
