@@ -496,11 +496,13 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
     store = writer = router = before = None
     closers: list[Any] = []
     pinned: dict[int, set[int]] = {}
+    loop_name = os.environ.get("CSLB_PERF_LOOP", "uvloop")
     try:
+        if loop_name != "uvloop":
+            raise ImportError
         import uvloop
 
         loop = uvloop.new_event_loop()
-        loop_name = "uvloop"
     except ImportError:
         loop = asyncio.new_event_loop()
         loop_name = "asyncio"
@@ -745,6 +747,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     ap.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default=os.environ.get("CSLB_PERF_LOOP", "uvloop"),
+        help="event loop of the asyncio rows (default uvloop when it imports; the suite "
+        "reads CSLB_PERF_LOOP)",
+    )
+    ap.add_argument(
         "--only",
         default=",".join(PARTS),
         help="comma-separated parts: inprocess (the helper's CPU in-process), wire (real "
@@ -754,6 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = tuple(p.strip() for p in args.only.split(",") if p.strip())
     if not parts or any(p not in PARTS for p in parts):
         ap.error(f"--only: expected a comma-separated list of {', '.join(PARTS)}")
+    os.environ["CSLB_PERF_LOOP"] = args.loop
     got = run(quick=args.quick, parts=parts)
     if args.json:
         with open(args.json, "w") as f:
