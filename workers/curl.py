@@ -475,6 +475,7 @@ class LoopReactor:
         self._poller = _Poller(transport)
         self.watch = self._poller.watch
         self._curl_handle: asyncio.TimerHandle | None = None
+        self._curl_when = 0.0  # (loop time; uvloop's handles do not say)
         transport.reactor = self
         loop.add_reader(self._poller.fileno(), self._ready)
 
@@ -495,11 +496,12 @@ class LoopReactor:
         when = self.loop.time() + ms / 1000.0
         h = self._curl_handle
         if h is not None:
-            if h.when() <= when:
+            if self._curl_when <= when:
                 return
             h.cancel()
         # (never socket_action from inside this callback: libcurl forbids it)
         self._curl_handle = self.loop.call_at(when, self._fire)
+        self._curl_when = when
 
     def _fire(self) -> None:
         self._curl_handle = None
