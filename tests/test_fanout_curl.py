@@ -108,7 +108,8 @@ def test_sync_asyncio_and_grouped_fanouts_answer_every_key_from_its_pod(host, lo
     _values_ok(r, r.fanout(KEYS, s.group, grouped=True), KEYS)
     _values_ok(r, _run_on(loop, r.afanout(KEYS, s)), KEYS)
     _values_ok(r, _run_on(loop, r.afanout(KEYS, s.group, grouped=True)), KEYS)
-    _values_ok(r, _run_on(loop, r.afanout(KEYS, s)), KEYS)  # (a new loop: the last one's transport closed)
+    # Once more, on a new loop: the last loop's transport is closed, a new one made.
+    _values_ok(r, _run_on(loop, r.afanout(KEYS, s)), KEYS)
     # Keys that need quoting, ints and bytes reach the pod as themselves.
     odd = ["a b/c?d", "é€", 12345, b"raw-bytes", ""]
     _values_ok(r, r.fanout(odd, s), odd)
@@ -489,8 +490,13 @@ def test_an_asyncio_fanout_cancelled_by_its_caller_cuts_its_calls(tmp_path):
             async def main() -> None:
                 task = asyncio.ensure_future(r.afanout(KEYS[:30], CurlSender()))
                 deadline = time.monotonic() + 5
-                while r.call_ledger.in_flight(0) + r.call_ledger.in_flight(1) + \
-                        r.call_ledger.in_flight(2) == 0 and time.monotonic() < deadline:
+                while (
+                    r.call_ledger.in_flight(0)
+                    + r.call_ledger.in_flight(1)
+                    + r.call_ledger.in_flight(2)
+                    == 0
+                    and time.monotonic() < deadline
+                ):
                     await asyncio.sleep(0.005)
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -510,6 +516,3 @@ def test_the_readme_shows_curlsender_first():
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     example = text.split("## In your gunicorn service", 1)[1].split("```", 2)[1]
     assert "CurlSender" in example and "router.fanout(" in example
-
-
-

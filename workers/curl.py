@@ -2,12 +2,12 @@
 
 A :class:`Transport` owns one ``pycurl.CurlMulti`` handle and the keep-alive connections
 libcurl keeps under it, with reusable easy handles. It is driven through libcurl's socket
-API (``socket_action``: no ``select()`` limit at 1,024 descriptors), by one of two
-reactors: :class:`SyncReactor` (an ``epoll`` loop run by the thread that waits for the
-fan-out: one transport per worker thread, no thread pool) and :class:`LoopReactor` (the
-running asyncio loop's ``add_reader``/``add_writer`` and a loop timer: one transport per
-loop, no thread). Both give the same two things to the fan-out: start a call, and call a
-function later.
+API (``socket_action``: no ``select()`` limit at 1,024 descriptors) on an ``epoll`` of
+its own, by one of two reactors: :class:`SyncReactor` (run by the thread that waits for
+the fan-out: one transport per worker thread, no thread pool) and :class:`LoopReactor`
+(the running asyncio loop: one ``add_reader`` on that ``epoll`` and a loop timer for
+libcurl's; one transport per loop, no thread). Both give the same two things to the
+fan-out: start a call, and call a function later.
 
 A call's outcome comes back as ``(value, exception, busy_ns)``; ``busy_ns`` is libcurl's
 own measure of the call, from just before the request was sent to the last byte of the

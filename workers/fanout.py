@@ -4,9 +4,12 @@
 router.afanout(keys, asend)`` (asyncio workers, :mod:`workers.afanout`) route the keys
 once, then for each key:
 
-1. **call** ``send(url, key)`` on the worker's pool (:class:`Pool`, ``CSLB_FANOUT_THREADS``
-   threads, at most ``CSLB_FANOUT_QUEUE`` calls held), each call recorded from when it
-   really starts to when it ends (:class:`workers.ledger.CallLedger`) with how it failed;
+1. **call** it: with a :class:`workers.senders.CurlSender` every call of the batch at
+   once on libcurl's multi interface (:mod:`workers.fanout_curl`: no pool, FIFO
+   admission, each call timed by libcurl); with another ``send(url, key)`` on the
+   worker's pool (:class:`Pool`, ``CSLB_FANOUT_THREADS`` threads, at most
+   ``CSLB_FANOUT_QUEUE`` calls held). Each call is recorded from when it really starts
+   to when it ends (:class:`workers.ledger.CallLedger`) with how it failed;
 2. on a transport error, a timeout or a failure status (:func:`workers.senders.failure_kind`:
    connect, timeout, status; not "other"), **retry once** on ``route(keys, attempt=1)``'s
    pod (or the ingress, ``CSLB_RETRY_TO``) after a jittered backoff, while the worker's

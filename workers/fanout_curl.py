@@ -283,4 +283,3 @@ def curl_sender_of(send: Callable[..., Any], grouped: bool) -> Any:
             )
         return send.sender
     return None
-

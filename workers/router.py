@@ -601,9 +601,12 @@ class Router:
         deadline_s: float | None = None,
         grouped: bool = False,
     ) -> list[Any]:
-        """Route ``keys`` and make their calls on the worker's pool (sync, gthread workers).
+        """Route ``keys`` and make their calls (sync and gthread workers).
 
-        ``send(url, key) -> value`` raises on failure (``grouped``: ``send(url, keys) ->
+        With a :class:`workers.senders.CurlSender` (or its ``group``) every call of the
+        batch is in flight at once on this thread's libcurl multi handle
+        (:mod:`workers.fanout_curl`); any other ``send(url, key) -> value`` runs on the
+        worker's pool. ``send`` raises on failure (``grouped``: ``send(url, keys) ->
         values``, once per pod) and gets ``timeout=`` if it takes it
         (:mod:`workers.senders`); ``timeout_s`` bounds one call, ``deadline_s`` the
         fan-out (defaults ``CSLB_FANOUT_TIMEOUT``, ``CSLB_FANOUT_DEADLINE``). Returns one
@@ -629,7 +632,10 @@ class Router:
     ) -> list[Any]:
         """:meth:`fanout` for asyncio workers, on the running loop (:mod:`workers.afanout`).
 
-        Tasks may interleave on one thread: nothing here uses the per-thread last batch.
+        A :class:`workers.senders.CurlSender` puts every call in flight at once on the
+        loop's libcurl multi handle; another ``asend`` is awaited, at most
+        ``CSLB_FANOUT_THREADS`` calls at once. Tasks may interleave on one thread:
+        nothing here uses the per-thread last batch.
         """
         self._check_usable()
         from workers.afanout import run
