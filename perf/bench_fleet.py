@@ -197,6 +197,7 @@ class Load:
         self.lock = threading.Lock()
         self.measuring = False
         self.took: list[float] = []
+        self.fanout_s: list[float] = []  # the fan-out's own wall time, in the service
         self.failed = 0
         self.wrong = 0
         self.errors: list[str] = []
@@ -244,6 +245,7 @@ class Load:
                     else:
                         self.failed += int(doc["failed"])
                         self.wrong += int(doc["wrong"])
+                        self.fanout_s.append(float(doc["took_s"]))
         finally:
             conn.close()
 
@@ -312,6 +314,7 @@ def _one(
         "requests_per_s": load.requests / elapsed,
         "p50_ms": statistics.median(took) * 1e3 if took else float("nan"),
         "p90_ms": took[int(0.9 * len(took))] * 1e3 if took else float("nan"),
+        "fanout_p50_ms": statistics.median(load.fanout_s) * 1e3 if load.fanout_s else float("nan"),
         "failed_keys": load.failed + load.wrong,
         "errors": load.errors[:5],
         "decisions": decisions,
@@ -327,7 +330,8 @@ def _one(
     }
     log(
         f"  {sender:8s} {row['requests']:6d} req  {row['requests_per_s']:7.1f} req/s  "
-        f"p50 {row['p50_ms']:6.1f} ms  failed keys {row['failed_keys']:5d}  "
+        f"p50 {row['p50_ms']:6.1f} ms (fan-out {row['fanout_p50_ms']:5.1f})  "
+        f"failed keys {row['failed_keys']:5d}  "
         f"moved {row['moved_pct']:5.2f} % of {decisions:,.0f}  bulkhead "
         f"{row['bulkhead_rejections']:,.0f}  retries {row['retries']:,.0f}  new conns/req "
         f"{row['new_conns_per_request']:.2f}  CPU/req {row['server_cpu_ms_per_request']:.1f} ms  "

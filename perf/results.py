@@ -456,7 +456,8 @@ def _fleet(part: dict[str, Any]) -> list[str]:
     rows = [r for r in part["rows"] if r.get("fleet")]
     if not rows:
         return ["Not run."]
-    header = ["sender", "requests/s", "p50 ms", "p90 ms", "failed keys", "decisions",
+    header = ["sender", "requests/s", "p50 ms", "p90 ms", "fan-out p50 ms (in the service)",
+              "failed keys", "decisions",
               "moved by bounded load", "bulkhead rejections", "retries",
               "new connections per request", "service CPU ms per request",
               "recorded latency per pod ms (true: 2)"]  # fmt: skip
@@ -466,6 +467,7 @@ def _fleet(part: dict[str, Any]) -> list[str]:
             _fmt(r["requests_per_s"]),
             _fmt(r["p50_ms"]),
             _fmt(r["p90_ms"]),
+            _fmt(r.get("fanout_p50_ms", math.nan)),
             str(r["failed_keys"]),
             f"{r['decisions']:,.0f}",
             f"{r['moved_pct']:.2f} %",
