@@ -71,13 +71,14 @@ def serve(port: int, service_ms: float) -> None:
                 state["max_active"] = max(state["max_active"], state["active"])
             time.sleep(service_ms / 1000.0)
             with lock:
-                state["active"] -= 1
                 state["served"] += 1
                 status = state["status"]
             if status != 200:
                 self._answer(status, {"error": "unavailable"})
-                return
-            self._answer(200, self._product(unquote(self.path[1:])))
+            else:
+                self._answer(200, self._product(unquote(self.path[1:])))
+            with lock:
+                state["active"] -= 1
 
         def do_POST(self) -> None:
             n = int(self.headers.get("Content-Length") or 0)

@@ -372,7 +372,14 @@ def test_per_call_accounting_measures_the_pods_not_the_callers_pool(tmp_path, wo
         # fan-out; counted from the fan-out's entry (track()) it would read about half.
         # On the asyncio worker a call's time includes waiting for the loop's one thread,
         # which httpx keeps busy (~2 ms of CPU per call): there the ratio is the check.
-        bar = max(0.015, median / 4) if worker == "uvicorn" and sender == "pool" else 0.015
+        bar = max(0.015, median / 4) if worker == "uvicorn" else 0.015
+        if sender == "curl":
+            # All of a pod's calls at once: a Python pod then takes longer than its 2 ms
+            # (it parses 20 requests under one GIL), and every call of a fan-out is out
+            # for most of it. Timed from the fan-out, or when Python got to each
+            # answer, a call would read about the whole fan-out; libcurl's timing reads
+            # the wire. (Against pods whose true time is known: test_fanout_curl.py.)
+            bar = max(0.015, median / 2)
         for url in svc.fleet.urls:
             lat = _metric(m, "cslb_endpoint_latency_seconds", url)
             assert lat is not None and lat <= bar, (url, lat, median)
