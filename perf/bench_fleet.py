@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from perf.common import cpu_seconds, process_tree, stop_tree, unique_namespace, unlink_namespace
-from perf.wirepods import WirePods
+from perf.wirepods import CompilerMissingError, WirePods, build
 
 REPO = Path(__file__).resolve().parent.parent
 PERF = Path(__file__).resolve().parent
@@ -348,6 +348,11 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, An
     warmup_s = 1.0 if quick else 3.0
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
+    try:
+        build()
+    except CompilerMissingError as exc:
+        log(f"fleet: not run: {exc}")
+        return {"rows": [], "notes": [f"Not run: {exc}"]}
     with tempfile.TemporaryDirectory(prefix="cslb-fleet-") as tmp, WirePods(
         PODS, SERVICE_MS
     ) as pods:  # fmt: skip
