@@ -210,8 +210,13 @@ def test_busy_time_recorded_under_a_saturated_worker_stays_near_the_pods_service
             assert n == 1100
             mean_ms = float(np.nansum(loads.mean_latency_s * loads.completed)) / n * 1e3
             # Never less than the pod's own time, and near it: the Python time around the
-            # calls (the whole fan-out took took_ms) is not in it.
-            assert service_ms <= mean_ms < service_ms + 10.0, (mean_ms, took_ms)
+            # calls is not in it. Timed by Python, the 1,000 answers (handled one after
+            # the other over took_ms) would read about half the fan-out each; a loaded
+            # machine makes the C pods' timers late too, hence the slack.
+            assert service_ms <= mean_ms < service_ms + max(10.0, took_ms / 10), (
+                mean_ms,
+                took_ms,
+            )
         finally:
             h.close()
 

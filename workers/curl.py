@@ -97,8 +97,6 @@ class Transport:
         m = self.multi = pycurl.CurlMulti()
         m.setopt(pycurl.M_MAX_HOST_CONNECTIONS, self.connections_per_pod)
         m.setopt(pycurl.M_MAXCONNECTS, self.connections_per_pod * 16 + _CACHE_SLACK)
-        m.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
-        m.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
         self.reactor: Reactor | None = None
         self._free_get: list[Any] = []
         self._free_post: list[Any] = []
@@ -190,15 +188,15 @@ class Transport:
 
     # -- libcurl's callbacks and the reactor ------------------------------------------------
 
-    def _on_socket(self, what: int, fd: int, multi: Any, socketp: Any) -> None:
-        r = self.reactor
-        if r is not None:
-            r.watch(fd, what)
+    def bind(self, reactor: Reactor, on_socket: Callable[[int, int, Any, Any], None]) -> None:
+        """Have ``reactor`` drive this transport.
 
-    def _on_timer(self, ms: int) -> None:
-        r = self.reactor
-        if r is not None:
-            r.curl_timer(ms)
+        libcurl calls ``on_socket(what, fd, multi, socketp)`` and
+        ``reactor.curl_timer(ms)`` directly: one Python frame per callback, a few per call.
+        """
+        self.reactor = reactor
+        self.multi.setopt(pycurl.M_SOCKETFUNCTION, on_socket)
+        self.multi.setopt(pycurl.M_TIMERFUNCTION, reactor.curl_timer)
 
     def act(self, fd: int, mask: int) -> None:
         """Let libcurl move the bytes of ``fd`` (``SOCKET_TIMEOUT``: run its timers).
@@ -283,10 +281,6 @@ class Reactor(Protocol):
 
     transport: Transport
 
-    def watch(self, fd: int, what: int) -> None:
-        """Watch ``fd`` for ``what`` (``POLL_*``), as libcurl asks."""
-        ...
-
     def curl_timer(self, ms: int) -> None:
         """Run libcurl's timers in ``ms`` (``-1``: no timer), as it asks."""
         ...
@@ -338,8 +332,8 @@ class _Poller:
         """The epoll's descriptor (readable while a socket is ready)."""
         return self._ep.fileno()
 
-    def watch(self, fd: int, what: int) -> None:
-        """See :meth:`Reactor.watch`."""
+    def on_socket(self, what: int, fd: int, multi: Any, socketp: Any) -> None:
+        """Watch ``fd`` for ``what`` (``POLL_*``), as libcurl asks (its socket callback)."""
         want = 0 if what == pycurl.POLL_REMOVE else _EPOLL_OF.get(what, 0)
         self._want[fd] = want
         old = self._fds.get(fd, 0)
@@ -404,11 +398,10 @@ class SyncReactor:
         self.transport = transport
         self.clock = clock
         self._poller = _Poller(transport)
-        self.watch = self._poller.watch
         self._timers: list[tuple[int, int, _Timer]] = []
         self._seq = itertools.count()
         self._curl_due: int | None = None
-        transport.reactor = self
+        transport.bind(self, self._poller.on_socket)
 
     def curl_timer(self, ms: int) -> None:
         """See :meth:`Reactor.curl_timer`."""
@@ -473,10 +466,9 @@ class LoopReactor:
         self.transport = transport
         self.loop = loop
         self._poller = _Poller(transport)
-        self.watch = self._poller.watch
         self._curl_handle: asyncio.TimerHandle | None = None
         self._curl_when = 0.0  # (loop time; uvloop's handles do not say)
-        transport.reactor = self
+        transport.bind(self, self._poller.on_socket)
         loop.add_reader(self._poller.fileno(), self._ready)
 
     def _ready(self) -> None:

@@ -242,9 +242,7 @@ class Plan:
             return self.clock()
         return self.ledger.begin(slot, cap, self.stuck_ns if self.refuse_stuck else 0)
 
-    def end(
-        self, slot: int, t0: int, kind: int, cut: bool, busy_ns: int | None = None
-    ) -> None:
+    def end(self, slot: int, t0: int, kind: int, cut: bool, busy_ns: int | None = None) -> None:
         """End it; a timeout the deadline caused is neither the pod's failure nor a success.
 
         ``busy_ns``: the transport's own measure of the call (libcurl's), recorded as its

@@ -155,9 +155,7 @@ class CallLedger:
             finally:
                 self._waiting -= 1
 
-    def begin_many(
-        self, slots: list[int], cap: int, stuck_ns: int = 0
-    ) -> tuple[int, list[bool]]:
+    def begin_many(self, slots: list[int], cap: int, stuck_ns: int = 0) -> tuple[int, list[bool]]:
         """Calls to ``slots`` start together now: one step for all of them.
 
         Returns the start time (ns) and, per call, whether it was admitted (refused
