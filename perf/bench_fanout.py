@@ -569,6 +569,7 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
                 walls: dict[str, list[float]] = {v: [] for v in names}
                 cpu: dict[str, list[float]] = {v: [] for v in names}
                 conns = dict.fromkeys(names, 0)
+                closed = dict.fromkeys(names, 0)
                 failed = dict.fromkeys(names, 0)
                 wrong = dict.fromkeys(names, 0)
                 pods.reset()
@@ -578,7 +579,7 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
                         if len(walls[v]) >= caps[v] or raised[v] >= 3:
                             continue  # capped, or broken (raised 3 times: not run again)
                         keys, groups = batch()
-                        a0 = pods.accepted()
+                        a0, o0 = pods.connections()
                         c0 = time.process_time()
                         t0 = time.perf_counter()
                         values, bad = call(v, keys, groups)
@@ -586,7 +587,9 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
                             errors[v] = _FIRST_ERROR[v]
                         t1 = time.perf_counter()
                         c1 = time.process_time()
-                        conns[v] += pods.accepted() - a0
+                        a1, o1 = pods.connections()
+                        conns[v] += a1 - a0
+                        closed[v] += (a1 - a0) - (o1 - o0)
                         walls[v].append((t1 - t0) * 1e3)
                         cpu[v].append((c1 - c0) * 1e3)
                         failed[v] += bad
@@ -598,7 +601,7 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
                         )
                 log(f"  {n:,} IDs per fan-out")
                 log(f"    {'client':30s} {'fan-outs':>8s} {'p50 ms':>8s} {'p90 ms':>8s} "
-                    f"{'CPU ms':>8s} {'new conns':>9s} {'failed':>6s}")  # fmt: skip
+                    f"{'CPU ms':>8s} {'new conns':>9s} {'closed':>6s} {'failed':>6s}")  # fmt: skip
                 for v in names:
                     k = len(walls[v])
                     if v in errors:
@@ -616,13 +619,15 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
                         "cpu_ms": statistics.median(cpu[v]) if k else math.nan,
                         "cpu_p90_ms": _pct(cpu[v], 0.9),
                         "new_conns_per_fanout": conns[v] / k if k else math.nan,
+                        "closed_conns_per_fanout": closed[v] / k if k else math.nan,
                         "failed_keys": failed[v],
                         "wrong_values": wrong[v],
                     }
                     rows.append(row)
+                    bad = failed[v] + wrong[v]
                     log(f"    {v:30s} {k:8d} {row['p50_ms']:8.2f} {row['p90_ms']:8.2f} "
                         f"{row['cpu_ms']:8.2f} {row['new_conns_per_fanout']:9.2f} "
-                        f"{failed[v] + wrong[v]:6d}")  # fmt: skip
+                        f"{row['closed_conns_per_fanout']:6.2f} {bad:6d}")  # fmt: skip
             st = pods.stats()
             notes.append(
                 f"Pods: the C server of perf/podserver.c ({WIRE_PODS} ports, one process"
@@ -653,7 +658,8 @@ def _bench_wire(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], li
         f"Wire: one fan-out at a time, the variants interleaved round-robin in one run "
         f"(each round starts with the next one), fresh keys per fan-out; p50/p90 wall time "
         f"and the process CPU time (time.process_time: every thread) per fan-out; new TCP "
-        f"connections per fan-out from the pods' accepted counter after {WIRE_WARMUP} warm-up "
+        f"connections per fan-out from the pods' accepted counter (and closed ones: accepted "
+        f"less the growth of the open ones) after {WIRE_WARMUP} warm-up "
         f"fan-outs per variant (3 for the capped urllib3 and httpx rows). Floor: one "
         f"pycurl.CurlMulti reused, easy handles reused, the IDs spread evenly (ID i to pod "
         f"i mod 5: 20 calls per pod at 100 IDs), "

@@ -12,7 +12,8 @@ on its own gunicorn and namespace, the same pods.
 Reported per sender, over the measured window (after a warm-up): requests/s, the
 client's p50/p90 per request, failed keys (from the answers), decisions and keys moved
 by bounded load (``cslb_bounded_load_moves_total`` / ``cslb_decisions_total``),
-bulkhead rejections, retries, new TCP connections the pods accepted per request, the
+bulkhead rejections, retries, new TCP connections the pods accepted per request (and
+closed: churn, not a pool growing; and how many are open at the end), the
 service's CPU per request, and the per-pod latency cslb recorded
 (``cslb_endpoint_latency_seconds``, scraped a few times during the load) next to the
 pods' true 2 ms. Issue 17's targets (for ``curl``): moved ≤ 5 % of decisions, no
@@ -190,7 +191,9 @@ class Service:
 class Load:
     """``CLIENTS`` threads posting ``IDS`` fresh IDs per request, bounded in time and count."""
 
-    def __init__(self, port: int, tag: str, max_requests: int = 100_000) -> None:
+    def __init__(
+        self, port: int, tag: str, clients: int = CLIENTS, max_requests: int = 100_000
+    ) -> None:
         self.port = port
         self.tag = tag
         self.max_requests = max_requests
@@ -204,7 +207,7 @@ class Load:
         self.requests = 0
         self._stop = threading.Event()
         self._threads = [
-            threading.Thread(target=self._run, args=(c,), daemon=True) for c in range(CLIENTS)
+            threading.Thread(target=self._run, args=(c,), daemon=True) for c in range(clients)
         ]
 
     def start(self) -> None:
@@ -263,16 +266,18 @@ def _one(
     seconds: float,
     warmup_s: float,
     log: Callable[[str], None],
+    clients: int = CLIENTS,
 ) -> dict[str, Any]:
     svc = Service(sender, endpoints_file, log_dir / f"gunicorn-{sender}.log")
     load: Load | None = None
     try:
         svc.wait_ready()
-        load = Load(svc.port, tag=f"{sender[:2].upper()}{os.getpid() % 1000:03d}")
+        load = Load(svc.port, tag=f"{sender[:2].upper()}{os.getpid() % 1000:03d}", clients=clients)
         load.start()
         time.sleep(warmup_s)
         m0 = _metrics(svc.port)
         pods.reset()
+        _, open0 = pods.connections()
         cpu0 = svc.cpu_s()
         with load.lock:
             load.measuring = True
@@ -288,7 +293,7 @@ def _one(
         elapsed = time.monotonic() - t0
         m1 = _metrics(svc.port)
         cpu1 = svc.cpu_s()
-        accepted = pods.accepted()
+        accepted, open1 = pods.connections()
         load.stop()
     finally:
         if load is not None:
@@ -309,6 +314,7 @@ def _one(
     row = {
         "fleet": True,
         "sender": sender,
+        "clients": clients,
         "seconds": elapsed,
         "requests": load.requests,
         "requests_per_s": load.requests / elapsed,
@@ -323,6 +329,8 @@ def _one(
         "bulkhead_rejections": delta("cslb_bulkhead_rejections_total"),
         "retries": delta("cslb_retries_total"),
         "new_conns_per_request": accepted / n,
+        "closed_conns_per_request": (accepted - (open1 - open0)) / n,
+        "open_conns": open1,
         "server_cpu_ms_per_request": (cpu1 - cpu0) * 1e3 / n,
         "latency_ms": lat,
         "latency_ms_median": statistics.median(lat.values()) if lat else float("nan"),
@@ -334,17 +342,28 @@ def _one(
         f"failed keys {row['failed_keys']:5d}  "
         f"moved {row['moved_pct']:5.2f} % of {decisions:,.0f}  bulkhead "
         f"{row['bulkhead_rejections']:,.0f}  retries {row['retries']:,.0f}  new conns/req "
-        f"{row['new_conns_per_request']:.2f}  CPU/req {row['server_cpu_ms_per_request']:.1f} ms  "
+        f"{row['new_conns_per_request']:.2f} (closed {row['closed_conns_per_request']:.2f}, open "
+        f"{open1})  CPU/req {row['server_cpu_ms_per_request']:.1f} ms  "
         f"recorded latency per pod (ms) " + " ".join(f"{v:.2f}" for v in lat.values())
     )
     return row
 
 
-def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The ``fleet`` part of ``python -m perf``: one row per sender, targets, notes."""
+def run(
+    quick: bool = False,
+    log: Callable[[str], None] = print,
+    clients: int = CLIENTS,
+    seconds: float | None = None,
+    senders: tuple[str, ...] = SENDERS,
+) -> dict[str, Any]:
+    """The ``fleet`` part of ``python -m perf``: one row per sender, targets, notes.
+
+    ``clients``, ``seconds`` (measured, per sender) and ``senders``: the command line's
+    ``--clients``, ``--seconds`` and ``--senders``; the suite runs the defaults.
+    """
     import tempfile
 
-    seconds = 4.0 if quick else 20.0
+    seconds = seconds or (4.0 if quick else 20.0)
     warmup_s = 1.0 if quick else 3.0
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -359,11 +378,11 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, An
         eps = Path(tmp) / "endpoints.json"
         eps.write_text(json.dumps({"endpoints": [{"address": u} for u in pods.urls]}))
         log(f"fleet: {PODS} C pods at {SERVICE_MS:g} ms; gunicorn gthread 2 workers x 4 "
-            f"threads; {CLIENTS} clients x {IDS} fresh IDs per request; {seconds:g} s "
+            f"threads; {clients} clients x {IDS} fresh IDs per request; {seconds:g} s "
             f"measured after {warmup_s:g} s")  # fmt: skip
-        for sender in SENDERS:
+        for sender in senders:
             try:
-                rows.append(_one(sender, pods, eps, Path(tmp), seconds, warmup_s, log))
+                rows.append(_one(sender, pods, eps, Path(tmp), seconds, warmup_s, log, clients))
             except (RuntimeError, ImportError, OSError) as exc:
                 notes.append(f"{sender}: not measured: {str(exc)[:600]}")
                 log(f"  {sender}: not measured: {exc}")
@@ -406,8 +425,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="4 s per sender (a smoke run)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    ap.add_argument("--clients", type=int, default=CLIENTS, help="client threads (default 4)")
+    ap.add_argument("--seconds", type=float, help="measured seconds per sender (default 20)")
+    ap.add_argument(
+        "--senders", default=",".join(SENDERS), help="comma-separated: curl, urllib3 (both)"
+    )
     args = ap.parse_args(argv)
-    got = run(quick=args.quick)
+    senders = tuple(x.strip() for x in args.senders.split(",") if x.strip())
+    if not senders or any(x not in SENDERS for x in senders):
+        ap.error("--senders: expected a comma-separated list of curl, urllib3")
+    if not 1 <= args.clients <= 64 or (args.seconds is not None and not 0 < args.seconds <= 600):
+        ap.error("--clients: 1 to 64; --seconds: more than 0, at most 600")
+    got = run(quick=args.quick, clients=args.clients, seconds=args.seconds, senders=senders)
     for n in got["notes"]:
         print(f"* {n}")
     if args.json:

@@ -12,10 +12,12 @@
  *   POST /batch     a JSON array of strings: 200 with a JSON array of such objects, in
  *                   order, after MS ms
  *   GET /_stats     at once: {"ports":[...],"accepted":{...},"served":{...},"keys":{...},
- *                   "max_concurrent":{...},"in_flight":{...}}, each {"total":N,"<port>":N}
+ *                   "max_concurrent":{...},"in_flight":{...},"open":{...}}, each
+ *                   {"total":N,"<port>":N}
  *                   (accepted: TCP connections accepted; served: key requests answered,
  *                   keys: the keys in them;
- *                   max_concurrent: most key requests being served at once)
+ *                   max_concurrent: most key requests being served at once; open:
+ *                   connections open now, so accepted - the growth of open = closed ones)
  *   POST /_reset    at once: zeroes the counters (max_concurrent restarts from in_flight)
  *
  * One epoll loop, one timerfd. Every delayed answer is due MS after its parse, and parse
@@ -84,6 +86,7 @@ static int n_ports;
 static int ports[MAX_PORTS];
 static int listen_fds[MAX_PORTS];
 static uint64_t accepted[MAX_PORTS], served[MAX_PORTS], keys_served[MAX_PORTS];
+static uint64_t open_now[MAX_PORTS]; /* connections open now (not zeroed by a reset) */
 static int64_t in_flight[MAX_PORTS], max_conc[MAX_PORTS];
 static int64_t in_flight_all, max_conc_all;
 
@@ -159,6 +162,7 @@ static void conn_close(conn *c) {
     }
     epoll_ctl(epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
+    open_now[c->port_ix]--;
     conns[c->fd] = NULL;
     free(c->in);
     free(c->out);
@@ -407,9 +411,10 @@ static void counter_obj(sbuf *b, const char *name, const uint64_t *per, uint64_t
 }
 
 static void stats_body(sbuf *b) {
-    uint64_t tot_a = 0, tot_s = 0, tot_k = 0, mc[MAX_PORTS], inf[MAX_PORTS];
+    uint64_t tot_a = 0, tot_s = 0, tot_k = 0, tot_o = 0, mc[MAX_PORTS], inf[MAX_PORTS];
     for (int i = 0; i < n_ports; i++) {
         tot_a += accepted[i];
+        tot_o += open_now[i];
         tot_s += served[i];
         tot_k += keys_served[i];
         mc[i] = (uint64_t)max_conc[i];
@@ -434,6 +439,8 @@ static void stats_body(sbuf *b) {
     counter_obj(b, "max_concurrent", mc, (uint64_t)max_conc_all);
     sb_str(b, ",");
     counter_obj(b, "in_flight", inf, (uint64_t)in_flight_all);
+    sb_str(b, ",");
+    counter_obj(b, "open", open_now, tot_o);
     sb_str(b, "}");
 }
 
@@ -673,6 +680,7 @@ static void accept_all(int ix) {
             continue;
         }
         accepted[ix]++;
+        open_now[ix]++;
     }
 }
 

@@ -404,7 +404,7 @@ def _fanout(part: dict[str, Any]) -> list[str]:
         these = [r for r in wire if r["ids"] == ids]
         floors = {r["variant"]: r for r in these if r["variant"].startswith("floor")}
         header = ["client", "fan-outs", "p50 ms", "p90 ms", "CPU ms per fan-out",
-                  "wall × floor", "CPU × floor", "new connections per fan-out",
+                  "wall × floor", "CPU × floor", "new connections per fan-out (closed)",
                   "failed keys"]  # fmt: skip
         body = []
         for r in these:
@@ -418,7 +418,8 @@ def _fanout(part: dict[str, Any]) -> list[str]:
                     _fmt(r["cpu_ms"], 2),
                     _ratio(r["p50_ms"] / base["p50_ms"]) if base else "–",
                     _ratio(r["cpu_ms"] / base["cpu_ms"]) if base else "–",
-                    _fmt(r["new_conns_per_fanout"], 2),
+                    f"{_fmt(r['new_conns_per_fanout'], 2)} "
+                    f"({_fmt(r.get('closed_conns_per_fanout', math.nan), 2)})",
                     str(r["failed_keys"] + r.get("wrong_values", 0)),
                 ]
             )
@@ -459,7 +460,7 @@ def _fleet(part: dict[str, Any]) -> list[str]:
     header = ["sender", "requests/s", "p50 ms", "p90 ms", "fan-out p50 ms (in the service)",
               "failed keys", "decisions",
               "moved by bounded load", "bulkhead rejections", "retries",
-              "new connections per request", "service CPU ms per request",
+              "new connections per request (closed)", "service CPU ms per request",
               "recorded latency per pod ms (true: 2)"]  # fmt: skip
     body = [
         [
@@ -473,7 +474,8 @@ def _fleet(part: dict[str, Any]) -> list[str]:
             f"{r['moved_pct']:.2f} %",
             f"{r['bulkhead_rejections']:,.0f}",
             f"{r['retries']:,.0f}",
-            _fmt(r["new_conns_per_request"], 2),
+            f"{_fmt(r['new_conns_per_request'], 2)} "
+            f"({_fmt(r.get('closed_conns_per_request', math.nan), 2)})",
             _fmt(r["server_cpu_ms_per_request"]),
             ", ".join(_fmt(v, 2) for v in r["latency_ms"].values()),
         ]

@@ -5,8 +5,8 @@ into a cache directory keyed by the source's hash), starts it on ``n`` free port
 127.0.0.1 and waits until every port answers. Every pod answers ``GET /<key>`` with
 ``{"key": ..., "pod": <port>}`` and ``POST /batch`` (a JSON array of keys) with an array
 of those, exactly ``service_ms`` after the request was parsed, over HTTP/1.1 keep-alive;
-``GET /_stats`` counts TCP connections accepted, requests served and the most requests
-served at once, per port (:meth:`WirePods.stats`); ``POST /_reset`` zeroes them. One C
+``GET /_stats`` counts TCP connections accepted and open, requests served and the most
+requests served at once, per port (:meth:`WirePods.stats`); ``POST /_reset`` zeroes them. One C
 process with one epoll loop and a timer answers faster than any Python client can ask,
 so the pods are never the limit; ``cpu=`` pins it to one core.
 
@@ -269,6 +269,19 @@ class WirePods:
     def accepted(self) -> int:
         """TCP connections accepted by all pods since the last :meth:`reset`, not our own."""
         return int(self.stats()["accepted"]["total"]) - self._own
+
+    def connections(self) -> tuple[int, int]:
+        """(accepted since the last :meth:`reset`, open now), neither counting our own.
+
+        Between two readings, ``accepted`` grew by the connections opened and ``open`` by
+        those opened less those closed: their difference is the connections closed.
+        """
+        st = self.stats()
+        own_open = 1 if self._conn is not None else 0
+        return (
+            int(st["accepted"]["total"]) - self._own,
+            int(st["open"]["total"]) - own_open,
+        )
 
     def reset(self) -> None:
         """Zero the counters (``max_concurrent`` restarts from what is in service now)."""
