@@ -210,9 +210,12 @@ class FanOut:
     """
 
     def __init__(self, router: Any, settings: FanoutSettings | None = None) -> None:
-        self.router = router
         self.settings = settings or FanoutSettings.from_env(os.environ)
         s = self.settings
+        # What the fan-out takes from its router, once: the one routing question, the
+        # clock, and where calls and failures are recorded. Nothing calls back otherwise.
+        self.route: Callable[..., Any] = router.route_calls
+        self.clock: Callable[[], int] = router.recording.clock
         self.ledger: CallLedger = router.call_ledger
         self.failure_log: FailureLog = router.recording.failure_log
         self.budget = RetryBudget(s.retry_percent / 100.0, s.retry_floor_per_s)

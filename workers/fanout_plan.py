@@ -134,10 +134,9 @@ class Plan:
         deadline_s: float,
         grouped: bool,
     ) -> None:
-        router = fan.router
         self.fan = fan
         self.ledger = fan.ledger
-        self.clock: Callable[[], int] = router.recording.clock
+        self.clock: Callable[[], int] = fan.clock
         self.keys = keys
         self.send = send
         self.with_timeout = with_timeout
@@ -145,7 +144,7 @@ class Plan:
         self.timeout_s = timeout_s
         now = self.clock()
         self.deadline_ns = now + int(deadline_s * 1e9)
-        self.idx, self.table = router.route_table(keys)
+        self.idx, self.table, slots = fan.route(keys)
         n = self.idx.size
         self.results: list[Result | None] = [None] * n
         self.left = n
@@ -158,7 +157,6 @@ class Plan:
         self._retry_routes: dict[int, dict[int, tuple[int, str | None]]] = {}
         t = self.table
         self.urls = t.endpoints
-        slots = router.call_slots(self.idx, t)
         self.slots: list[int] = slots.tolist() if slots is not None else [-1] * n
         routed = np.flatnonzero(self.idx >= 0)
         self.fallback_positions: list[int] = np.flatnonzero(self.idx < 0).tolist()
@@ -309,12 +307,10 @@ class Plan:
         self, positions: list[int], failed_url: str
     ) -> dict[int, tuple[int, str | None]]:
         """``(slot, url)`` of a retry pod other than ``failed_url`` for each of ``positions``."""
-        router = self.fan.router
         got: dict[int, tuple[int, str | None]] = {}
         todo = positions
         for attempt in (1, 0, 2):  # (0 and 2: only for keys whose attempt 1 is failed_url)
-            idx2, t2 = router.route_table(self.keys_at(todo), attempt=attempt)
-            slots2 = router.call_slots(idx2, t2)
+            idx2, t2, slots2 = self.fan.route(self.keys_at(todo), attempt)
             again = []
             for j, p in enumerate(todo):
                 e2 = int(idx2[j])

@@ -504,6 +504,17 @@ class Router:
             return None
         return slots
 
+    def route_calls(
+        self, keys: Any, attempt: int = 0
+    ) -> tuple[np.ndarray, shm.Table, np.ndarray | None]:
+        """:meth:`route_table` and the routed endpoints' counter slots (:meth:`call_slots`).
+
+        The one question the fan-out asks the router ("route these keys for attempt
+        N"): its plan, jobs and drivers need nothing else of it.
+        """
+        idx, table = self.route_table(keys, attempt=attempt)
+        return idx, table, self.call_slots(idx, table)
+
     # -- recording ----------------------------------------------------------------------
 
     def track(
