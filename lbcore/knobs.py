@@ -269,13 +269,16 @@ ROUTING_KNOBS: tuple[Knob, ...] = (
         "load_signal",
         "CSLB_LOAD_SIGNAL",
         "--load-signal",
-        "effective",
+        "occupancy",
         parse_choice(LOAD_SIGNALS),
-        "Load that bounded load compares: 'effective' = max(in-flight, occupancy) × "
-        "min(pod latency / global latency, 5); 'occupancy' = busy-seconds per second over "
-        "the window, its bar counting the routed call as its mean latency / window instead "
-        "of Skipper's 1 request (so it binds at about balance_factor × the mean); "
-        "'in-flight' = open requests (Skipper's signal).",
+        "Load that bounded load compares: 'occupancy' = busy-seconds per second over the "
+        "window (calls still open count from their start), its bar counting the routed call "
+        "as its mean latency / window instead of Skipper's 1 request (so it binds at about "
+        "balance_factor × the mean); 'effective' = max(in-flight, occupancy) × min(pod "
+        "latency / global latency, 5), whose in-flight term is the open calls at the last "
+        "load refresh: with a fan-out's calls all in flight at once it swings with every "
+        "batch and moves keys on a healthy fleet; 'in-flight' = open requests (Skipper's "
+        "signal).",
         "SIGNAL",
     ),
     Knob(

@@ -11,7 +11,7 @@ README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 def test_defaults():
     d = knobs.defaults()
     assert d["enabled"] is True and d["percentage"] == 100.0 and d["balance_factor"] == 1.25
-    assert d["max_hops"] == 10 and d["load_signal"] == "effective" and d["fade_mode"] == "n-ring"
+    assert d["max_hops"] == 10 and d["load_signal"] == "occupancy" and d["fade_mode"] == "n-ring"
     assert d["fade_duration_s"] == 30.0 and d["fade_exponent"] == 2.5 and d["vnodes"] == 100
 
 
