@@ -394,7 +394,9 @@ def test_a_fanout_beyond_the_line_is_rejected_with_a_clear_error(tmp_path):
             assert all(x.ok for x in got["a"]) and all(x.ok for x in got["b"])
             assert all(isinstance(x.error, RejectedError) for x in got["c"])
             assert "CSLB_FANOUT_FIFO_SIZE=1" in str(got["c"][0].error)
-            assert int(h.loads().requests_total.sum()) == 15  # the refused were never sent
+            loads = h.loads()
+            assert int(loads.requests_total.sum()) == 15  # the refused were never sent
+            assert int(loads.in_flight.sum()) == 0 and r.fan_out.admission.in_flight == 0
         finally:
             h.close()
 

@@ -180,10 +180,11 @@ def _prepare(
     timeout_s: float | None,
     deadline_s: float | None,
     grouped: bool,
-) -> tuple[Plan, list[Job]]:
+) -> tuple[Plan, int]:
+    """The fan-out's plan, and how many calls it asks the worker to admit (at most)."""
     plan = fan.plan(keys, sender, timeout_s, deadline_s, grouped)
     plan.refuse_stuck = True
-    return plan, _jobs(fan, plan, fan.settings.cap_for(curl=True))
+    return plan, len(plan.jobs) + len(plan.fallback_positions)
 
 
 def run_sync(
@@ -195,24 +196,23 @@ def run_sync(
     grouped: bool,
 ) -> list[Result]:
     """:meth:`workers.Router.fanout` with a :class:`workers.senders.CurlSender`."""
-    plan, jobs = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
-    if not jobs:
-        return fan.finish(plan)
-    try:
-        fan.admission.enter(len(jobs), (plan.deadline_ns - plan.clock()) / 1e9)
-    except AdmissionError as exc:
-        for j in jobs:
-            j.close()
-        return _refuse(fan, plan, exc)
+    plan, calls = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
+    if calls:
+        try:
+            fan.admission.enter(calls, (plan.deadline_ns - plan.clock()) / 1e9)
+        except AdmissionError as exc:
+            return _refuse(fan, plan, exc)
     reactor = thread_reactor(fan.settings.connections, plan.clock)
     batch = Batch(plan, reactor, sender)
     try:
-        for j in jobs:
+        # (begun only once admitted: a refused fan-out leaves nothing in flight)
+        for j in _jobs(fan, plan, fan.settings.cap_for(curl=True)):
             batch.add(j)
         reactor.run(batch.done, plan.deadline_ns)
     finally:
         batch.stop()
-        fan.admission.leave(len(jobs))
+        if calls:
+            fan.admission.leave(calls)
     return fan.finish(plan)
 
 
@@ -225,19 +225,12 @@ async def run_async(
     grouped: bool,
 ) -> list[Result]:
     """:meth:`workers.Router.afanout` with a :class:`workers.senders.CurlSender`."""
-    plan, jobs = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
-    if not jobs:
-        return fan.finish(plan)
-    try:
-        await fan.admission.aenter(len(jobs), (plan.deadline_ns - plan.clock()) / 1e9)
-    except AdmissionError as exc:
-        for j in jobs:
-            j.close()
-        return _refuse(fan, plan, exc)
-    except BaseException:
-        for j in jobs:
-            j.close()
-        raise
+    plan, calls = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
+    if calls:
+        try:
+            await fan.admission.aenter(calls, (plan.deadline_ns - plan.clock()) / 1e9)
+        except AdmissionError as exc:
+            return _refuse(fan, plan, exc)
     reactor = loop_reactor(fan.settings.connections)
     batch = Batch(plan, reactor, sender)
     idle = reactor.loop.create_future()
@@ -249,7 +242,7 @@ async def run_async(
     batch.on_idle = wake
     timer = None
     try:
-        for j in jobs:
+        for j in _jobs(fan, plan, fan.settings.cap_for(curl=True)):
             batch.add(j)
         if not batch.done():
             left = max((plan.deadline_ns - plan.clock()) / 1e9, 0.0)
@@ -259,7 +252,8 @@ async def run_async(
         if timer is not None:
             timer.cancel()
         batch.stop()
-        fan.admission.leave(len(jobs))
+        if calls:
+            fan.admission.leave(calls)
     return fan.finish(plan)
 
 
