@@ -352,14 +352,19 @@ class _Poller:
             return
         self._fds[fd] = new
         try:
-            if old:
-                ep.modify(fd, new)
-            else:
+            try:
+                if old:
+                    ep.modify(fd, new)
+                else:
+                    ep.register(fd, new)
+            except FileNotFoundError:  # closed and the number reused: not registered
                 ep.register(fd, new)
-        except FileNotFoundError:  # closed and the number reused: not registered
-            ep.register(fd, new)
-        except FileExistsError:  # registered under an earlier life of the number
-            ep.modify(fd, new)
+            except FileExistsError:  # registered under an earlier life of the number
+                ep.modify(fd, new)
+        except OSError:
+            # (a descriptor closed under libcurl: nothing to watch; its call ends at its
+            # timeout. An exception here would fail libcurl's whole socket_action.)
+            self._fds.pop(fd, None)
 
     def poll(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for ready sockets and let libcurl move their bytes."""
