@@ -157,6 +157,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         p.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_thousand_ids_on_a_loaded_worker_raise_no_false_timeouts():
     """Pods that answer in 2 ms (C, never the limit), a worker whose CPU the 1,000 calls
     saturate, on a machine with a CPU-bound process per core beside it."""
@@ -439,8 +440,17 @@ class FakeReactor:
         return T()
 
 
-def test_a_batch_is_driven_by_its_reactor_alone(host):
+@pytest.fixture
+def paper_host():
+    """A table of pods that do not exist (nothing here connects to them)."""
+    h = Host([f"http://127.0.0.1:{p}" for p in (1, 2, 3, 4, 5)])
+    yield h
+    h.close()
+
+
+def test_a_batch_is_driven_by_its_reactor_alone(paper_host):
     """Retry, backoff and deadline of the shared description, with no socket at all."""
+    host = paper_host
     r = host.router(retry_backoff_s=0.004)
     s = CurlSender()
     keys = KEYS[:3]
@@ -486,6 +496,40 @@ def test_a_batch_is_driven_by_its_reactor_alone(host):
     # libcurl's busy times were recorded (2 ms answers, a 0.1 ms refusal), not the clock's.
     lat = float(np.nansum(loads.mean_latency_s * loads.completed))
     assert lat == pytest.approx(2 * 0.002 + 0.0001, abs=1e-6)
+
+
+def test_a_key_that_cannot_be_sent_is_that_keys_error(host):
+    """A bytes key that is no text cannot go into a URL: its own error, the rest answered,
+    nothing left in flight."""
+    r = host.router(timeout_s=5.0)
+    keys = [*KEYS[:20], b"\xff\xfe", *KEYS[20:40]]
+    res = r.fanout(keys, CurlSender())
+    bad = res[20]
+    assert isinstance(bad.error, CallError) and "could not be made" in str(bad.error)
+    assert bad.kind == FAIL_OTHER and bad.attempts == 1
+    assert all(x.ok for i, x in enumerate(res) if i != 20)
+    r.call_ledger.flush()
+    assert int(host.loads().in_flight.sum()) == 0
+    assert r.fanout(KEYS[:10], CurlSender())[0].ok  # the worker goes on as before
+
+
+def test_a_call_that_times_out_waiting_for_a_connection_is_not_the_pods_failure():
+    """One connection per pod, a pod slower than the timeout: the call on the wire times
+    out (the pod's failure), the calls queued behind it in libcurl never reached it."""
+    from perf.wirepods import WirePods
+
+    with WirePods(1, 1000.0) as pods:
+        h = Host(pods.urls)
+        try:
+            r = h.router(timeout_s=0.3, connections=1)
+            res = r.fanout(KEYS[:5], CurlSender())
+            assert all(not x.ok for x in res)
+            r.call_ledger.flush()
+            loads = h.loads()
+            assert int(loads.failures_total.sum()) == 1
+            assert int(loads.in_flight.sum()) == 0
+        finally:
+            h.close()
 
 
 def test_an_asyncio_fanout_cancelled_by_its_caller_cuts_its_calls(tmp_path):

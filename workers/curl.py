@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import os
 import select
 import threading
@@ -48,6 +49,8 @@ __all__ = [
 #: What a finished call gives back: the value, the exception (``None``: success), and
 #: libcurl's busy time of the call (ns).
 Outcome = tuple[Any, BaseException | None, int]
+
+log = logging.getLogger("cslb.router")
 
 # libcurl's error codes (CURLcode) that mean the connection failed or broke, so the call
 # never got a whole answer: the pod's transport failure, worth a retry elsewhere.
@@ -175,6 +178,14 @@ class Transport:
             e.setopt(pycurl.HTTPGET, 1)
         return e
 
+    def set_connections(self, connections_per_pod: int) -> None:
+        """Apply a new per-pod connection cap (from then on)."""
+        if connections_per_pod != self.connections_per_pod:
+            self.connections_per_pod = int(connections_per_pod)
+            self.multi.setopt(pycurl.M_MAX_HOST_CONNECTIONS, self.connections_per_pod)
+            n, self._pods = self._pods, 0
+            self.expect_pods(n)
+
     def expect_pods(self, n: int) -> None:
         """Keep room in the connection cache for ``n`` pods' connections.
 
@@ -214,10 +225,12 @@ class Transport:
         m = self.multi
         while True:
             left, ok, failed = m.info_read()
-            for e in ok:
-                self._end(e, 0)
-            for e, code, _msg in failed:
-                self._end(e, code)
+            ended = [(e, 0) for e in ok] + [(e, code) for e, code, _msg in failed]
+            for e, code in ended:
+                try:
+                    self._end(e, code)
+                except Exception:  # a bug in an owner: the other calls still end
+                    log.exception("a finished call's owner failed")
             if not left:
                 return
 
@@ -236,6 +249,12 @@ class Transport:
         exc: BaseException | None = None
         if code:
             exc = _failure(code, e.errstr(), url, total / 1e6, request.max_body_bytes)
+            if code == pycurl.E_OPERATION_TIMEDOUT and not e.getinfo(pycurl.PRIMARY_IP):
+                # Timed out waiting inside libcurl for a connection to the pod (its
+                # per-pod cap; a connect under way has the pod's address already): the
+                # pod never saw the call. Not its failure, and no busy time of its.
+                exc.local = True  # type: ignore[attr-defined]
+                busy_ns = 0
             chunks.clear()
             self._release(e)
         else:
@@ -395,13 +414,11 @@ class SyncReactor:
     ----------
     transport
         The thread's transport.
-    clock
-        CLOCK_MONOTONIC nanoseconds.
     """
 
-    def __init__(self, transport: Transport, clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(self, transport: Transport) -> None:
         self.transport = transport
-        self.clock = clock
+        self.clock = time.monotonic_ns  # (real waits, whatever clock a router records by)
         self._poller = _Poller(transport)
         self._timers: list[tuple[int, int, _Timer]] = []
         self._seq = itertools.count()
@@ -419,7 +436,7 @@ class SyncReactor:
         return t
 
     def run(self, done: Callable[[], bool], until_ns: int) -> None:
-        """Move calls and run timers until ``done()`` or the clock reaches ``until_ns``.
+        """Move calls and run timers until ``done()`` or ``until_ns`` (CLOCK_MONOTONIC ns).
 
         Every ready socket is acted on before any ended call goes back to its job, so
         one answer's Python work never delays the next answer's libcurl timing.
@@ -503,6 +520,12 @@ class LoopReactor:
     def _fire(self) -> None:
         self._curl_handle = None
         self.transport.act(pycurl.SOCKET_TIMEOUT, 0)
+        if self._curl_handle is None:
+            # (a libcurl that does not report an unchanged timer again after an early
+            # wake-up: ask it when to come back, so call timeouts still fire)
+            ms = self.transport.multi.timeout()
+            if ms >= 0:
+                self.curl_timer(ms)
         self.transport.collect()
 
     def call_later(self, delay_s: float, fn: Callable[[], None]) -> asyncio.TimerHandle:
@@ -524,27 +547,48 @@ class LoopReactor:
 
 _local = threading.local()
 _loops: dict[int, LoopReactor] = {}
+_loops_lock = threading.Lock()
 
 
-def thread_reactor(connections_per_pod: int, clock: Callable[[], int]) -> SyncReactor:
-    """The calling thread's reactor (made on first use; a forked child makes its own)."""
+def thread_reactor(connections_per_pod: int | None = None) -> SyncReactor:
+    """The calling thread's reactor (made on first use; a forked child makes its own).
+
+    ``connections_per_pod``: the per-pod cap to apply (``None``: keep the reactor's, or
+    :data:`workers.fanout_settings.FANOUT_CONNECTIONS`' default for a new one).
+    """
     r: SyncReactor | None = getattr(_local, "reactor", None)
-    pid = os.getpid()
-    if r is None or _local.pid != pid or r.clock is not clock:
-        if r is not None and _local.pid == pid:
-            r.close()
-        r = SyncReactor(Transport(connections_per_pod), clock)
+    if r is None or _local.pid != os.getpid():
+        if connections_per_pod is None:
+            from workers.fanout_settings import FANOUT_CONNECTIONS
+
+            connections_per_pod = int(FANOUT_CONNECTIONS.default)
+        r = SyncReactor(Transport(connections_per_pod))
         _local.reactor = r
-        _local.pid = pid
+        _local.pid = os.getpid()
+    elif connections_per_pod is not None:
+        r.transport.set_connections(connections_per_pod)
     return r
 
 
 def loop_reactor(connections_per_pod: int) -> LoopReactor:
     """The running loop's reactor (made on first use; one loop per worker)."""
     loop = asyncio.get_running_loop()
-    r = _loops.get(id(loop))
-    if r is None or r.loop is not loop:
-        for k in [k for k, old in _loops.items() if old.loop.is_closed()]:
-            _loops.pop(k).close()
-        r = _loops[id(loop)] = LoopReactor(Transport(connections_per_pod), loop)
+    with _loops_lock:
+        r = _loops.get(id(loop))
+        if r is None or r.loop is not loop:
+            for k in [k for k, old in _loops.items() if old.loop.is_closed()]:
+                _loops.pop(k).close()
+            r = _loops[id(loop)] = LoopReactor(Transport(connections_per_pod), loop)
+        else:
+            r.transport.set_connections(connections_per_pod)
     return r
+
+
+def _after_fork_in_child() -> None:
+    # The parent's transports are not the child's: the child makes its own on first use
+    # (the inherited ones are dropped; their descriptors close with them).
+    _local.reactor = None
+    _loops.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -59,6 +59,7 @@ class Batch:
         self.on_idle: Callable[[], None] | None = None
         self._calls: dict[Job, Any] = {}  # job -> its transfer in flight
         self._timers: dict[Job, Any] = {}  # job -> its timer (a sleep, a slot wait)
+        self._failed: BaseException | None = None  # (the last call that could not start)
 
     def add(self, job: Job) -> None:
         """Start ``job`` now (its first call goes out with the others)."""
@@ -77,8 +78,10 @@ class Batch:
             while True:
                 what = op[0]
                 if what == "call":
-                    self._call(job, op[1], op[2], op[3])
-                    return
+                    if self._call(job, op[1], op[2], op[3]):
+                        return
+                    op = job.send((None, self._failed, 0))
+                    continue
                 if what == "sleep":
                     self._timers[job] = self.reactor.call_later(
                         op[1], lambda: self._woke(job, None)
@@ -95,15 +98,29 @@ class Batch:
         except StopIteration:
             self._ended(job)
 
-    def _call(self, job: Job, url: str, what: Any, timeout: float) -> None:
+    def _call(self, job: Job, url: str, what: Any, timeout: float) -> bool:
+        """Start the call; ``False`` if it could not even be asked (the key's error)."""
         r = self.request
-        if self.plan.grouped:
-            full, body = r.batch_url(url), r.batch_body(what)
-        else:
-            full, body = r.url_of(url, what), None
-        self._calls[job] = self.transport.start(
-            r, full, what, body, timeout, lambda out: self._answered(job, out), self.plan.grouped
-        )
+        try:
+            if self.plan.grouped:
+                full, body = r.batch_url(url), r.batch_body(what)
+            else:
+                full, body = r.url_of(url, what), None
+            self._calls[job] = self.transport.start(
+                r,
+                full,
+                what,
+                body,
+                timeout,
+                lambda out: self._answered(job, out),
+                self.plan.grouped,
+            )
+        except Exception as exc:  # a key or header libcurl cannot send: that key's error
+            from workers.senders import CallError
+
+            self._failed = CallError(f"{url}: the request could not be made: {exc!r}", url)
+            return False
+        return True
 
     def _answered(self, job: Job, outcome: Outcome) -> None:
         del self._calls[job]
@@ -184,7 +201,8 @@ def _prepare(
     """The fan-out's plan, and how many calls it asks the worker to admit (at most)."""
     plan = fan.plan(keys, sender, timeout_s, deadline_s, grouped)
     plan.refuse_stuck = True
-    return plan, len(plan.jobs) + len(plan.fallback_positions)
+    fallback = len(plan.fallback_positions) if fan.settings.fallback_url else 0
+    return plan, len(plan.jobs) + fallback
 
 
 def run_sync(
@@ -202,15 +220,18 @@ def run_sync(
             fan.admission.enter(calls, (plan.deadline_ns - plan.clock()) / 1e9)
         except AdmissionError as exc:
             return _refuse(fan, plan, exc)
-    reactor = thread_reactor(fan.settings.connections, plan.clock)
+    reactor = thread_reactor(fan.settings.connections)
     batch = Batch(plan, reactor, sender)
+    jobs = _jobs(fan, plan, fan.settings.cap_for(curl=True))  # (begun once admitted)
     try:
-        # (begun only once admitted: a refused fan-out leaves nothing in flight)
-        for j in _jobs(fan, plan, fan.settings.cap_for(curl=True)):
+        for j in jobs:
             batch.add(j)
-        reactor.run(batch.done, plan.deadline_ns)
+        left_ns = max(plan.deadline_ns - plan.clock(), 0)
+        reactor.run(batch.done, time.monotonic_ns() + left_ns)
     finally:
         batch.stop()
+        for j in jobs:
+            j.close()  # (any job never added: its begun call ends, cut)
         if calls:
             fan.admission.leave(calls)
     return fan.finish(plan)
@@ -241,8 +262,9 @@ async def run_async(
 
     batch.on_idle = wake
     timer = None
+    jobs = _jobs(fan, plan, fan.settings.cap_for(curl=True))
     try:
-        for j in _jobs(fan, plan, fan.settings.cap_for(curl=True)):
+        for j in jobs:
             batch.add(j)
         if not batch.done():
             left = max((plan.deadline_ns - plan.clock()) / 1e9, 0.0)
@@ -252,6 +274,8 @@ async def run_async(
         if timer is not None:
             timer.cancel()
         batch.stop()
+        for j in jobs:
+            j.close()
         if calls:
             fan.admission.leave(calls)
     return fan.finish(plan)

@@ -389,6 +389,9 @@ def _attempt(
         raise
     value, exc = got[0], got[1]
     kind = 0 if exc is None else failure_kind(exc)
+    # A call that timed out waiting for a connection inside the transport never reached
+    # the pod: cut, like one the deadline cut short (busy time only: the transport's 0).
+    cut = cut or getattr(exc, "local", False)
     plan.end(slot, t0, kind, cut, got[2] if len(got) > 2 else None)
     return value, exc, kind
 

@@ -126,9 +126,9 @@ FANOUT_ENDPOINT_CAP = Knob(
     "frozen pod holding its calls until they time out cannot take every thread; it is "
     "counted in cslb_bulkhead_rejections_total, never as the pod's failure. 'auto' (0): "
     "half of CSLB_FANOUT_THREADS (at least 1) for send functions of your own; with "
-    "CurlSender no count cap below CSLB_FANOUT_MAX_IN_FLIGHT, and a pod counts as at its "
-    "cap while its oldest call from the worker has been out a quarter of the call "
-    "timeout (a frozen pod), which a healthy pod never reaches.",
+    "CurlSender no count cap (FIFO admission bounds the worker's calls), and a pod counts "
+    "as at its cap while its oldest call from the worker has been out a quarter of the "
+    "call timeout (a frozen pod), which a healthy pod never reaches.",
     "N",
     auto=True,
 )
@@ -324,5 +324,5 @@ class FanoutSettings:
         if self.endpoint_cap:
             return self.endpoint_cap
         if curl:
-            return self.max_in_flight
+            return 1 << 30  # (admission bounds the worker's calls; a pod has no count cap)
         return max(1, self.threads // 2)

@@ -465,8 +465,15 @@ class CurlSender(_Template):
         if not 1 <= max_body_bytes <= 1 << 40:
             raise ValueError(f"max_body_bytes must be from 1 to 2**40, got {max_body_bytes}")
         for name, value in self.headers.items():
+            text = f"{name}: {value}"
             if not name or any(c in name + value for c in "\r\n\0") or ":" in name:
                 raise ValueError(f"header {name!r}: {value!r} cannot be sent")
+            try:
+                text.encode("latin-1")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"header {name!r}: {value!r} is not latin-1 text (HTTP/1.1 headers are)"
+                ) from None
         self.max_body_bytes = max_body_bytes
         # libcurl's header lists, built once; "Expect:" stops a 100-continue round trip.
         own = [f"{k}: {v}" for k, v in self.headers.items()]
@@ -487,9 +494,8 @@ class CurlSender(_Template):
 
     def _one(self, url: str, what: Any, grouped: bool, timeout: float | None) -> Any:
         from workers.curl import thread_reactor
-        from workers.fanout_settings import FANOUT_CONNECTIONS
 
-        reactor = thread_reactor(FANOUT_CONNECTIONS.default, time.monotonic_ns)
+        reactor = thread_reactor()
         got: list[Any] = []
         t = self._timeout_of(timeout)
         if grouped:
