@@ -10,12 +10,16 @@ import os
 from collections.abc import MutableMapping, Sequence
 
 from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
-from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, add_arguments
+from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
+from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, KnobError, add_arguments, from_mapping
 from shm.settings import SHM_NAMESPACE
 from workers.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
-from workers.supervisor import DISCOVERY_MODES
+from workers.supervisor import DISCOVERY_MODES, SUPERVISOR_KNOBS
 
 __all__ = ["build_parser", "command", "main"]
+
+# Settings the discovery child and the master read from the environment.
+_CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *SUPERVISOR_KNOBS)
 
 
 def _positive_int(text: str) -> int:
@@ -138,6 +142,12 @@ def _parse(
     if args.namespace and not (args.service or environ.get("CSLB_SERVICE")):
         p.error("--namespace names the Kubernetes namespace of --service: give --service too")
     apply_kernel_flag(args, environ, p, switch=False)
+    try:
+        # The embedded discovery child reads its settings from this environment: a bad
+        # one must stop the server here, not crash the child into restarts forever.
+        from_mapping(environ, _CHILD_KNOBS, source="environment")
+    except KnobError as exc:
+        p.error(str(exc))
     try:
         cmd = plan(
             environ=environ,

@@ -48,7 +48,12 @@ from discovery.settings import (
     outlier_params,
     unknown_configmap_keys,
 )
-from discovery.static import EndpointsFileError, EndpointsFileWatcher, EndpointSpec
+from discovery.static import (
+    DEFAULT_MAX_FILE_BYTES,
+    EndpointsFileError,
+    EndpointsFileWatcher,
+    EndpointSpec,
+)
 from lbcore.ejection import Ejections, routing_mask
 from lbcore.knobs import KnobError
 from lbcore.outlier import DEFAULT_OUTLIER_PARAMS, OutlierParams
@@ -241,9 +246,9 @@ class Discovery:
         """A fixed list of endpoints (synced at once)."""
         self.sources["list"] = _Source("list", tuple(specs), True)
 
-    def add_file(self, path: str) -> None:
-        """An endpoints file, re-read when it changes."""
-        self._file = EndpointsFileWatcher(path)
+    def add_file(self, path: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
+        """An endpoints file, re-read when it changes (refused over ``max_bytes``)."""
+        self._file = EndpointsFileWatcher(path, max_bytes)
         self.sources["file"] = _Source("file")
 
     def add_informer(self, name: str, informer: InformerLike) -> None:
@@ -419,6 +424,10 @@ class Discovery:
                     folded_changes=folded,
                 )
             self._knobs_dirty = False
+            # The sources are back at what is published: a failed publish of some other
+            # state is moot, so neither its retry nor its problem stays.
+            self._retry_at = None
+            self._problems.pop("publish", None)
             # Collapse completed fades in private state; they route as before.
             self.state.commit(t)
             return False
