@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import shm
 from discovery.debounce import Debouncer
 from discovery.ejection_log import log_changes
 from discovery.events import EventLog
@@ -394,8 +395,9 @@ class Discovery:
         *,
         membership: bool,
         endpoints: Sequence[EndpointSpec] | None = None,
+        force: bool = False,
     ) -> bool:
-        """Publish a ring set; True if a new generation went out.
+        """Publish a ring set; True if a new generation went out (``force``: even unchanged).
 
         The endpoints are ``endpoints`` if given, else the sources' merged set
         (``membership``) or the current set (a knob change).
@@ -414,7 +416,7 @@ class Discovery:
         _, panic = routing_mask(ejections.ejected, threshold)
         outlier_changed = self.published_outlier.differs(eps, ejections, panic)
         folded = self.debouncer.changes if membership else 0
-        if self.published and not (t.routing_changed or knobs_changed or outlier_changed):
+        if self.published and not (force or t.routing_changed or knobs_changed or outlier_changed):
             if membership:
                 self.debouncer.reset()
                 self.log.info(
@@ -599,8 +601,9 @@ class Discovery:
                     self._poll_file()
                     next_poll = now + self.file_poll_ns
                 if now >= next_beat:
+                    self._check_tables(now)
                     self._report_status()
-                    self.publisher.heartbeat(now)
+                    self._heartbeat(now)
                     next_beat = now + self.heartbeat_ns
                 self._maybe_publish(now, started)
                 if self.published and now >= next_judge:
@@ -629,6 +632,39 @@ class Discovery:
                         break
         finally:
             self._stop_informers()
+
+    def _check_tables(self, now_ns: int) -> None:
+        """Publish again when the tables segments were removed or shrunk under us."""
+        check = getattr(self.publisher, "check_tables", None)
+        if check is None:
+            return
+        try:
+            why = check()
+        except shm.ShmError as exc:
+            self._note_problem("tables", f"tables segments lost and not recreated: {exc}")
+            self.log.error(
+                "tables_unrecoverable", error=str(exc), retry_in_s=self.heartbeat_ns / 1e9
+            )
+            return
+        self._problems.pop("tables", None)
+        if why is None:
+            return
+        self._status_written = None  # a new control segment has no status yet
+        self.log.warning(
+            "tables_lost",
+            why=why,
+            generation=self.publisher.generation,
+            action="publishing the current table again" if self.published else "none yet",
+        )
+        if self.published:
+            self._publish("tables lost", now_ns, membership=False, force=True)
+
+    def _heartbeat(self, now_ns: int) -> None:
+        try:
+            self.publisher.heartbeat(now_ns)
+        except shm.ShmError as exc:
+            # Shrunk between the check and here: the next beat's check recreates it.
+            self.log.warning("heartbeat_failed", error=str(exc))
 
     def _stop_informers(self) -> None:
         """Tell every informer to stop, then wait for them together (not one by one)."""

@@ -265,11 +265,19 @@ class _Control:
         self.matrix: _Matrix | None = None
 
     def current(self) -> _Matrix:
-        """The current data segment's matrix, attaching it if the epoch moved."""
+        """The current data segment's matrix, attaching it if the epoch moved.
+
+        Raises
+        ------
+        SegmentSizeError
+            The control or the current data segment was shrunk under its mapping.
+        """
+        self.seg.check_size()
         while True:
             epoch = self.cw[_C_CURRENT]
             m = self.matrix
             if m is not None and m.epoch == epoch:
+                m.seg.check_size()
                 return m
             name = f"{self.seg.name}.{epoch}"
             try:
@@ -555,6 +563,7 @@ class CounterStore:
         ticks = own_start_ticks()
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             m = ctl.current()
             if row is not None:
@@ -597,6 +606,7 @@ class CounterStore:
 
     def _check_reserved(self, row: Any, holders: tuple[int, ...]) -> None:
         ctl = self._ctl
+        ctl.seg.check_size()
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
             raise SlotOwnershipError(f"row must be an integer, got {row!r}")
         if not 0 <= int(row) < ctl.rows:
@@ -633,6 +643,7 @@ class CounterStore:
         self._check_writable()
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             m = ctl.current()
             row = self._free_row(ctl)
@@ -663,6 +674,7 @@ class CounterStore:
         self._check_writable()
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
+        ctl.seg.check_size()
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
             raise SlotOwnershipError(f"row must be an integer, got {row!r}")
         if not 0 <= int(row) < ctl.rows:
@@ -694,6 +706,7 @@ class CounterStore:
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         out = []
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             m = ctl.current()
             held = (ctl.slots["state"] == SLOT_CLAIMED) | (ctl.slots["state"] == SLOT_RESERVED)
@@ -709,6 +722,7 @@ class CounterStore:
     def slots(self) -> list[SlotInfo]:
         """State of every worker slot (liveness checked now)."""
         out = []
+        self._ctl.seg.check_size()
         for r, s in enumerate(self._ctl.slots.copy()):
             claimed = int(s["state"]) == SLOT_CLAIMED
             out.append(
@@ -728,6 +742,7 @@ class CounterStore:
     def _release_row(self, rec: Recorder, now_ns: int | None) -> None:
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             s = ctl.slots[rec.row : rec.row + 1]
             if int(s["state"][0]) == SLOT_CLAIMED and int(s["pid"][0]) == os.getpid():
@@ -753,6 +768,7 @@ class CounterStore:
         if n > _MAX_COLUMNS:
             raise CapacityError(self.name, f"{n} endpoint slots exceed the limit of {_MAX_COLUMNS}")
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             old = ctl.current()
             if n <= old.columns:
@@ -792,6 +808,7 @@ class CounterStore:
         self._check_writable()
         idx = np.asarray(slots, dtype=np.intp).ravel()
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             m = ctl.current()
             if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= m.columns):
@@ -810,7 +827,59 @@ class CounterStore:
         new reader sees, and readers see only the old rows: attach again and claim a
         new slot (a worker should check this about once a second; one ``stat`` call).
         """
-        return current_inode(self.name) != self._ctl.seg.inode
+        return (
+            current_inode(self.name) != self._ctl.seg.inode
+            or self._ctl.seg.shrunk_to() is not None
+        )
+
+    def repair(self) -> bool:
+        """Replace a current data segment that was shrunk, removed or damaged; True if done.
+
+        For the owner (the gunicorn master): a new data epoch of the same width takes
+        its place, its rows starting empty (the shrunk one cannot be read). Recorders
+        follow the epoch on their next call, as after growth; readers on their next
+        read. A shrunk control segment cannot be repaired in place: :meth:`replaced`
+        is True then, and the owner creates the counters again.
+
+        Raises
+        ------
+        SegmentSizeError
+            The control segment itself was shrunk.
+        """
+        self._check_writable()
+        ctl = self._ctl
+        ctl.seg.check_size()
+        with ctl.seg.lock():
+            readable: _Matrix | None = None
+            try:
+                readable = ctl.current()
+                if current_inode(readable.seg.name) == readable.seg.inode:
+                    return False
+                # Unlinked (a /dev/shm cleanup): whole still, but nobody new can map it.
+            except (SegmentCorruptError, SegmentMissingError):
+                # Shrunk, removed or overwritten: the owner makes a new one either way.
+                if ctl.seg.shrunk_to() is not None:
+                    raise
+            old = ctl.matrix
+            now = int(ctl.cw[_C_CURRENT])
+            # Never mapped here (shrunk before this process first looked): its width is
+            # lost with its header; the table writer grows the new one as it publishes.
+            cols = old.columns if old is not None and old.epoch == now else _columns_for(64)
+            epoch = now + 1
+            unlink_stale_epochs(self.namespace, "counters", now)
+            seg = _create_data(f"{self.name}.{epoch}", epoch, ctl.rows, cols, ctl.buckets)
+            new = _Matrix(seg, epoch, ctl.rows, ctl.buckets)
+            if readable is not None:
+                for r in np.flatnonzero(ctl.slots["used"] != 0).tolist():
+                    new.copy_row(readable, r)
+            fence()
+            ctl.cw[_C_CURRENT] = epoch
+            ctl.matrix = new
+            if readable is None:
+                unlink_name(f"{self.name}.{now}")
+            if old is not None:
+                old.seg.close()
+            return True
 
     def reader(self) -> CounterReader:
         """A host-wide reader over these counters."""
@@ -955,6 +1024,8 @@ class Recorder:
         f = m.fields[self.row]
         k = self._k
         self._matrix = m
+        self._ctl_seg = self._store._ctl.seg
+        self._data_seg = m.seg
         self._cols = m.columns
         self._open_old = f[0]
         self._open = f[1 : 1 + k]
@@ -1030,6 +1101,18 @@ class Recorder:
         )
         self._epoch = m.epoch
 
+    def _moved(self) -> bool:
+        """Whether the matrix moved to another epoch (then :meth:`_follow` it).
+
+        Checks first that neither segment was shrunk under its mapping, so a recording
+        is refused (:class:`SegmentSizeError`) instead of faulting.
+        """
+        self._ctl_seg.check_size()
+        if self._cw[_C_CURRENT] != self._epoch:
+            return True  # a shrunk old matrix is left behind, not copied
+        self._data_seg.check_size()
+        return False
+
     def _follow(self) -> None:
         if self._forked:
             raise SlotOwnershipError(
@@ -1040,7 +1123,7 @@ class Recorder:
             raise SlotOwnershipError(f"recorder of row {self.row} was released")
         old = self._matrix
         new = self._store._ctl.current()
-        if old is not None and new.epoch != old.epoch:
+        if old is not None and new.epoch != old.epoch and old.seg.shrunk_to() is None:
             new.copy_row(old, self.row)  # ours is the authoritative copy of this row
         self._bind(new)
 
@@ -1094,7 +1177,7 @@ class Recorder:
         s = np.ascontiguousarray(s)
         # One reduction checks both bounds: negative slots become huge as unsigned.
         if s.size and _max(s.view(np.uint64)) >= self._cols:
-            if s.min() >= 0 and self._cw[_C_CURRENT] != self._epoch:
+            if s.min() >= 0 and self._moved():
                 self._follow()  # grown meanwhile: check against the new width
                 return self._slots(s)
             raise CounterInputError(
@@ -1126,7 +1209,7 @@ class Recorder:
             Slots that are not integers in range, or start times that are not one
             integer per call; nothing is recorded then.
         """
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         s = slots if bound is not None and bound <= self._cols else self._slots(slots)
         if now_ns.__class__ is not int and isinstance(now_ns, np.integer):
@@ -1179,7 +1262,7 @@ class Recorder:
         CounterInputError
             Endpoints outside the map or slots outside the row; nothing is recorded then.
         """
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         if bound > self._cols or now_ns.__class__ is not int:
             slots = self._routed_slots(slot_map, endpoints)
@@ -1222,7 +1305,7 @@ class Recorder:
         CounterInputError
             As :meth:`record_start_routed`, or a negative duration.
         """
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         d = duration_ns
         if d.__class__ is not int or started_ns.__class__ is not int or d < 0:
@@ -1288,7 +1371,7 @@ class Recorder:
             A slot outside the row, an unknown failure kind or a bad time; nothing is
             recorded then.
         """
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         b = self._bucket_ns
         if ended or done:
@@ -1303,7 +1386,7 @@ class Recorder:
             head, tail = self._geometry
             self._add_calls(self._row_words, ended, done, starts, (*head, self._period, *tail))
         except (ArgumentError, TypeError, OverflowError) as exc:
-            if self._cw[_C_CURRENT] != self._epoch:  # grown meanwhile: check again
+            if self._moved():  # grown meanwhile: check again
                 self._follow()
                 return self.record_calls(ended, done, starts, now_ns)
             raise CounterInputError(str(exc)) from None
@@ -1396,7 +1479,7 @@ class Recorder:
             Mismatched lengths, slots out of range, negative durations or unknown
             failure kinds; nothing is recorded then.
         """
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         s = slots if bound is not None and bound <= self._cols else self._slots(slots)
         n = s.size
@@ -1569,7 +1652,7 @@ class Recorder:
             or (decisions | fallbacks | moves) < 0
         ):
             decisions, fallbacks, moves = _counts((decisions, fallbacks, moves), "decision counts")
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         st = self._stats
         st[0] += decisions
@@ -1591,7 +1674,7 @@ class Recorder:
             )
         if n.__class__ is not int or n < 0:
             (n,) = _counts((n,), "counts")
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         self._stats[i] += n
 
@@ -1972,6 +2055,7 @@ class CounterReader:
             not need them; the lifetime totals per kind are always read.
         """
         ctl = self._ctl
+        ctl.seg.check_size()
         m = ctl.current()
         n = m.columns if columns is None else min(int(columns), m.columns)
         used = np.flatnonzero(ctl.slots["used"] != 0)
@@ -2052,6 +2136,7 @@ class CounterReader:
             ``(slots, 4)``, columns in :data:`lbcore.outlier.FAILURE_KINDS` order).
         """
         ctl = self._ctl
+        ctl.seg.check_size()
         m = ctl.current()
         n = m.columns if columns is None else min(int(columns), m.columns)
         used = np.flatnonzero(ctl.slots["used"] != 0)
@@ -2073,6 +2158,7 @@ class CounterReader:
             over every row ever used (see :meth:`Recorder.count`).
         """
         ctl = self._ctl
+        ctl.seg.check_size()
         m = ctl.current()
         used = np.flatnonzero(ctl.slots["used"] != 0)
         if used.size == 0:
@@ -2085,7 +2171,10 @@ class CounterReader:
 
         Attach a new reader then (see :meth:`CounterStore.replaced`).
         """
-        return current_inode(self._ctl.seg.name) != self._ctl.seg.inode
+        return (
+            current_inode(self._ctl.seg.name) != self._ctl.seg.inode
+            or self._ctl.seg.shrunk_to() is not None
+        )
 
     def close(self) -> None:
         """Drop the reader's mappings."""

@@ -445,6 +445,7 @@ class Table:
     """
 
     __slots__ = (
+        "_mapped",
         "_seq",
         "_seq_index",
         "_seq_words",
@@ -485,8 +486,13 @@ class Table:
         """True while the writer has not started rewriting this table's buffer.
 
         Check it *after* using the table: a result computed from it counts only if the
-        table is still valid then. Costs one shared-memory load (~50 ns).
+        table is still valid then. Costs one shared-memory load and an ``fstat`` of
+        the data segment: a table whose segment was shrunk under it (by another
+        process) is invalid, and reading its sequence word would fault.
         """
+        seg = self._mapped
+        if seg is not None and seg.shrunk_to() is not None:
+            return False
         if _WEAK:
             fence()
         return self._seq_words[self._seq_index] == self._seq
@@ -531,6 +537,7 @@ def _empty_table() -> Table:
     t._seq_words = memoryview(np.zeros(1, dtype=np.uint64)).cast("B").cast("Q")
     t._seq_index = 0
     t._seq = 0
+    t._mapped = None
     return t
 
 
@@ -863,6 +870,7 @@ class _Decoder:
             )
         knobs = self._knobs(h)
         t = Table.__new__(Table)
+        t._mapped = None  # set by the reader once its sequence word checks out
         t.generation = generation
         t.published_ns = int(h["published_ns"])
         t.publisher_pid = int(h["publisher_pid"])
@@ -962,7 +970,11 @@ class _TablesView:
 
     def data_segment(self, epoch: int) -> Segment:
         if self.data is not None and self.data_epoch == epoch:
-            return self.data
+            if self.data.shrunk_to() is None:
+                return self.data
+            # Shrunk under the mapping: map it again, which checks its size anew.
+            self.data.close()
+            self.data, self.data_epoch, self.bad = None, 0, None
         name = f"{self.control.name}.{epoch}"
         seg = Segment.attach(name, writable=self.writable, min_size=DATA_HEADER_BYTES)
         hdr = check_header(seg, TABLES_DATA, MAGIC_TABLES_DATA, "a cslb tables data segment")
@@ -1019,6 +1031,7 @@ class _TablesView:
         bad_tries = 0
         last: str = "no table could be read"
         while True:
+            self.control.check_size()
             cur = self.cw[_C_CURRENT]
             if cur == 0:
                 return 0, _empty_table()
@@ -1032,6 +1045,7 @@ class _TablesView:
                     raise  # named by control, yet gone: someone removed it
                 continue  # the writer grew the tables again meanwhile
             seam("tables.read.mapped")
+            data.check_size()
             off = self.offsets[b]
             w = data.words
             si = off // 8 + _B_SEQ
@@ -1073,6 +1087,7 @@ class _TablesView:
                     if table is not None:
                         if table is not cached:
                             table._seq_words, table._seq_index, table._seq = w, si, seq1
+                            table._mapped = data
                         return cur, table
                     # Stable seq, still corrupt: on a weakly ordered CPU the writer's
                     # stores may not all be visible yet; retry briefly, then report.
@@ -1287,6 +1302,7 @@ class TableReader:
         TableUnavailableError
             No consistent read within ``timeout_s``.
         """
+        self._check_mapped()
         ctl, cur, t, seq_words, seq_index, seq = self._state
         if ctl[_C_CURRENT] == cur:
             if _WEAK:
@@ -1294,6 +1310,37 @@ class TableReader:
             if seq_words[seq_index] == seq and _now_ns() < self._recheck_ns:
                 return t  # never None here: cur is -1 while there is no table
         return self._refresh()
+
+    def _check_mapped(self) -> None:
+        """Refuse to touch segments shrunk under their mappings (a touch would be SIGBUS).
+
+        A shrunk control segment is dropped for the namespace's new one if its writer
+        made one (see :meth:`_follow_replacement`); a shrunk data segment is unmapped, so
+        the next read maps whatever the control segment names then (the writer
+        publishes into a new data segment when it notices).
+
+        Raises
+        ------
+        SegmentSizeError
+            The control segment shrank and has no replacement yet.
+        """
+        view = self._view
+        if view.control.shrunk_to() is None and (
+            view.data is None or view.data.shrunk_to() is None
+        ):
+            return
+        with self._lock:
+            view = self._view
+            if view.control.shrunk_to() is not None:
+                self._recheck_ns = 0
+                self._follow_replacement()
+                view = self._view
+                view.control.check_size()
+            data = view.data
+            if data is not None and data.shrunk_to() is not None:
+                view.data, view.data_epoch, view.bad = None, 0, None
+                data.close()
+                self._set_state(-1, None)
 
     def is_current(self, table: Table) -> bool:
         """Whether :meth:`table` returns ``table`` now (nothing published since).
@@ -1304,6 +1351,7 @@ class TableReader:
         replaced control segment is noticed by :meth:`table` (its clock paces the
         check), which callers still call now and then.
         """
+        self._check_mapped()
         ctl, cur, t, seq_words, seq_index, seq = self._state
         if t is not table or ctl[_C_CURRENT] != cur:
             return False
@@ -1450,6 +1498,7 @@ class TableReader:
         if _now_ns() >= self._recheck_ns:
             with self._lock:
                 self._follow_replacement()
+        self._check_mapped()
 
     def consistent(self, fn: Callable[[Table], T]) -> T:
         """``fn(table)`` on the current table, repeated until it ran on a valid table.
@@ -1847,6 +1896,8 @@ class TableWriter:
             outlier_panic=outlier_panic,
             knobs=knobs,
         )
+        self._ctl_seg.check_size()
+        self._drop_lost_data()
         if skip_unchanged and self._unchanged(enc):
             self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
             return self.generation
@@ -1962,10 +2013,61 @@ class TableWriter:
         return np.array([slot_of.get(ep, -1) for ep in endpoints], dtype=np.int32)
 
     def heartbeat(self, now_ns: int | None = None) -> None:
-        """Record that the writer is alive (does not change the generation)."""
+        """Record that the writer is alive (does not change the generation).
+
+        Raises
+        ------
+        SegmentSizeError
+            The control segment was shrunk under the mapping (see :meth:`lost`).
+        """
         self._check_usable()
+        self._ctl_seg.check_size()
         now = self._clock() if now_ns is None else int(now_ns)
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
+
+    def lost(self) -> tuple[str, str] | None:
+        """Which segment readers can no longer see, and why (``None``: nothing lost).
+
+        ``("control", why)``: the control segment was removed, replaced or shrunk (by
+        a ``/dev/shm`` cleanup, systemd's ``RemoveIPC``, another process of the user); a
+        new writer must take over (:meth:`adopt`). ``("data", why)``: the current data
+        segment was removed or shrunk; the next :meth:`publish` writes a new one by
+        itself. Two ``stat`` calls and an ``fstat`` of each mapping.
+        """
+        ctl = self._ctl_seg
+        if current_inode(self.name) != ctl.inode:
+            return "control", f"control segment {self.name} was removed or replaced"
+        size = ctl.shrunk_to()
+        if size is not None:
+            return "control", f"control segment {self.name} shrank to {size} bytes"
+        data = self._view.data
+        if data is None or not self._cw[_C_CURRENT]:
+            return None
+        if current_inode(data.name) != data.inode:
+            return "data", f"data segment {data.name} was removed or replaced"
+        size = data.shrunk_to()
+        if size is not None:
+            return "data", f"data segment {data.name} shrank to {size} bytes"
+        return None
+
+    def adopt(self, previous: TableWriter) -> None:
+        """Continue ``previous``, a writer whose segments were lost.
+
+        Its generation count and counter slots carry over, so generations keep counting
+        publishes and endpoints keep their counter columns. Call before the first publish.
+        """
+        self.generation = max(self.generation, previous.generation)
+        self._cw[_C_GENERATION] = self.generation
+        self._slots = previous._slots.copy()
+
+    def _drop_lost_data(self) -> None:
+        """Unmap a current data segment that was removed or shrunk: publish anew instead."""
+        data = self._view.data
+        if data is None:
+            return
+        if data.shrunk_to() is not None or current_inode(data.name) != data.inode:
+            self._view.data, self._view.data_epoch, self._view.bad = None, 0, None
+            data.close()
 
     def set_status(self, problem: str, since_ns: int = 0) -> None:
         """Report what is wrong with the sources (``""``: nothing) to every reader.
@@ -1973,6 +2075,7 @@ class TableWriter:
         Does not change the generation; :meth:`TableReader.status` reads it.
         """
         self._check_usable()
+        self._ctl_seg.check_size()
         write_status(self._ctl_seg, problem, since_ns)
 
     @property
