@@ -1946,11 +1946,15 @@ class HostLoads:
         n = self.in_flight.size
         if idx.size and int(idx.min()) < 0:
             raise CounterInputError(f"endpoint slots must be >= 0, got {int(idx.min())}")
-        extra = int(idx.max()) + 1 - n if idx.size else 0
+        beyond = bool(idx.size) and int(idx.max()) >= n
+        if beyond:
+            # Every uncovered slot reads the one idle row appended at n: what this costs
+            # depends on how many slots there are, never on how large one is.
+            idx = np.minimum(idx, n)
 
         def pick(arr: np.ndarray, idle: float) -> np.ndarray:
-            if extra > 0:
-                pad = np.full((extra, *arr.shape[1:]), idle, dtype=arr.dtype)
+            if beyond:
+                pad = np.full((1, *arr.shape[1:]), idle, dtype=arr.dtype)
                 arr = np.concatenate((arr, pad))
             return arr.take(idx, axis=0)
 

@@ -795,31 +795,41 @@ class _Decoder:
                 raise self.fail(f"section {name!r} has {arr.size} entries, expected {expected}")
             return arr
 
+        def owned(name: str, expected: int) -> np.ndarray:
+            # Per-endpoint values are copied before they are checked: any process of the
+            # user can write the segment after the check, and these size and index
+            # arrays (a slot of 0x7FFFFFF0 must not become a 16 GiB padding). The ring
+            # arrays stay views (too large to copy per generation); the kernel bounds
+            # every index it reads from them.
+            arr = count(name, expected).copy()
+            arr.flags.writeable = False  # immutable like the views it stands for
+            return arr
+
         eps = self._strings(views["addresses"], n, "addresses")
         zones = self._strings(views["zones"], n, "zones")
         nodes = self._strings(views["nodes"], n, "nodes")
         if "" in eps:  # (one C-level scan; a generator holds the GIL far longer)
             raise self.fail("an endpoint address is empty")
-        slots = count("slot", n)
+        slots = owned("slot", n)
         if n and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
             raise self.fail(f"endpoint slots must be in 0..{n_slots - 1}")
         if n and int(np.bincount(slots, minlength=n_slots).max()) > 1:
             raise self.fail("two endpoints share a counter slot")
-        ejected_u8 = count("ejected", n)
+        ejected_u8 = owned("ejected", n)
         if n and int(ejected_u8.max()) > 1:
             raise self.fail("ejected flags must be 0 or 1")
-        ejections = self._ejections(count, n)
+        ejections = self._ejections(owned, n)
         panic = int(h["outlier_panic"])
         if panic not in (0, 1):
             raise self.fail(f"outlier panic flag must be 0 or 1, got {panic}")
-        tiers = count("tier", n)
+        tiers = owned("tier", n)
         if n and (int(tiers.min()) < 0 or int(tiers.max()) >= n_rings):
             raise self.fail(f"endpoint tiers must be in 0..{n_rings - 1}")
-        starts = count("starts_ns", max(n_rings - 1, 0))
+        starts = owned("starts_ns", max(n_rings - 1, 0))
         if starts.size > 1 and bool((np.diff(starts) < 0).any()):
             raise self.fail("fading events are not ordered oldest first")
-        freed = count("slot_freed_ns", n_slots)
-        ring_nodes = count("ring_nodes", n_rings)
+        freed = owned("slot_freed_ns", n_slots)
+        ring_nodes = owned("ring_nodes", n_rings)
         duration = int(h["fade_duration_ns"])
         exponent = float(h["fade_exponent"])
         if duration < 0 or not math.isfinite(exponent) or exponent <= 0:

@@ -237,3 +237,58 @@ def test_repair_of_a_never_mapped_emptied_data_segment_reads_as_an_idle_host() -
             assert np.all(loads.in_flight == 0) and np.all(loads.requests_total == 0)
         finally:
             store.close()
+
+
+def _slot_section(table: shm.Table) -> tuple[int, int]:
+    """Byte offset in the data segment and byte size of ``table``'s slot section."""
+    from shm.layout import BUFFER_HEADER_BYTES, SECTION, TABLE_SECTIONS
+    from shm.tables import _DIR_OFFSET
+
+    start = table.buffer_offset + BUFFER_HEADER_BYTES
+    seg = Segment.attach(table.segment)
+    try:
+        index = [name for name, _ in TABLE_SECTIONS].index("slot")
+        entry = seg.array(SECTION, start + _DIR_OFFSET + index * SECTION.itemsize, 1)[0]
+        return start + int(entry["offset"]), int(entry["nbytes"])
+    finally:
+        seg.close()
+
+
+def test_host_loads_take_costs_what_the_slot_count_costs_not_the_largest_slot() -> None:
+    loads = shm.HostLoads.idle(4, 10**9)
+    got = loads.take(np.array([0, 3, 0x7FFFFFF0, 2**40], dtype=np.int64))
+    assert got.in_flight.shape == (4,) and got.in_flight.tolist() == [0, 0, 0, 0]
+    assert np.isnan(got.mean_latency_s[2:]).all()
+
+
+def test_slot_section_corrupted_after_mapping_sizes_nothing(tmp_path: Path) -> None:
+    """A worker's table was checked when mapped; values written over it later (here
+    every counter slot 0x7FFFFFF0) must not size arrays: the worker keeps answering."""
+    eps = tmp_path / "endpoints.json"
+    eps.write_text(json.dumps(ENDPOINTS))
+    env = {"CSLB_LOAD_REFRESH": "0"}
+    keys = [f"sku-{i}" for i in range(40)]
+    with serving(["--endpoints-file", str(eps), "--workers", "1"], tmp_path, env=env) as server:
+        server.wait_ready(workers=1, path="/healthz")
+        (worker,) = server.worker_pids()
+        wait_for("routing", lambda: _route(server, keys)[1] is not None, 20.0)
+        reader = shm.TableReader(server.namespace)
+        try:
+            table = reader.table()
+            off, nbytes = _slot_section(table)
+        finally:
+            reader.close()
+        seg = Segment.attach(table.segment, writable=True)
+        try:
+            seg.array(np.int32, off, nbytes // 4)[:] = 0x7FFFFFF0
+        finally:
+            seg.close()
+        for _ in range(20):
+            status, doc = _route(server, keys)
+            assert status == 200 and all(e in ENDPOINTS for e in doc["endpoints"])
+        with open(f"/proc/{worker}/status") as f:
+            vm = {k: v for k, _, v in (line.partition(":") for line in f)}
+        assert int(vm["VmSize"].split()[0]) < 8 << 20, vm["VmSize"]  # KiB: under 8 GiB
+        assert server.worker_pids() == [worker]
+        result = server.stop()
+    assert result["exit"] == 0 and result["segments"] == []
