@@ -73,7 +73,7 @@ from lbcore.errors import KeyEncodingError, KeyTooLongError, KeyTypeError
 from lbcore.knobs import Knob, from_mapping
 from lbcore.logformat import Event
 from workers import status
-from workers.metrics import STALE_AFTER, CslbCollector, HostMonitor
+from workers.metrics import METRICS_MAX_ENDPOINTS, STALE_AFTER, CslbCollector, HostMonitor
 
 if TYPE_CHECKING:
     from workers.router import Router
@@ -140,7 +140,7 @@ MAX_BATCH = Knob(
 )
 
 #: The app's own settings (the namespace is :data:`shm.SHM_NAMESPACE`).
-APP_KNOBS: tuple[Knob, ...] = (MAX_BODY_BYTES, MAX_BATCH, STALE_AFTER)
+APP_KNOBS: tuple[Knob, ...] = (MAX_BODY_BYTES, MAX_BATCH, STALE_AFTER, METRICS_MAX_ENDPOINTS)
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
@@ -695,12 +695,15 @@ class CslbApp:
         max_body_bytes: int = MAX_BODY_BYTES.default,
         max_batch: int = MAX_BATCH.default,
         stale_after_s: float = STALE_AFTER.default,
+        metrics_max_endpoints: int = METRICS_MAX_ENDPOINTS.default,
     ) -> None:
         self.namespace = namespace
         self.max_body_bytes = int(max_body_bytes)
         self.max_batch = int(max_batch)
         self.monitor = HostMonitor(namespace, stale_after_s=stale_after_s)
-        self.collector = CslbCollector(namespace, monitor=self.monitor)
+        self.collector = CslbCollector(
+            namespace, monitor=self.monitor, max_endpoints=metrics_max_endpoints
+        )
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)
         self._router: Router | None = None
@@ -734,6 +737,7 @@ class CslbApp:
             max_body_bytes=values["max_body_bytes"],
             max_batch=values["max_batch"],
             stale_after_s=values["stale_after_s"],
+            metrics_max_endpoints=values["metrics_max_endpoints"],
         )
 
     # -- WSGI --------------------------------------------------------------------------
