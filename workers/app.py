@@ -22,8 +22,8 @@ r"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
 * ``text/plain``: one product ID per line. Lines end with ``\n`` (a ``\r`` before it is
   dropped too); the last line's ending is optional, so an empty body is an empty batch
   and ``"\n"`` is one empty key. A leading UTF-8 byte order mark is dropped. Lines are
-  routed as the bytes sent (UTF-8 unless the ``charset`` parameter names another
-  encoding);
+  routed as the bytes sent (UTF-8 unless the ``charset`` parameter names another of
+  :data:`TEXT_CHARSETS`; any other charset is 415);
 * ``application/octet-stream``: any byte strings, length-prefixed (``uint32`` count,
   then a ``uint16`` length per key, then the keys' bytes; all little-endian). The only
   form that carries every key: JSON cannot hold bytes that are not UTF-8, and text
@@ -84,6 +84,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_BODY_BYTES",
     "MAX_KEY_BYTES",
+    "TEXT_CHARSETS",
     "CslbApp",
     "HTTPError",
     "app",
@@ -167,6 +168,16 @@ _JSON_TYPES = {
 _OBJECT_FIELDS = ("keys", "attempt", "group")
 _QUERY_FIELDS = ("attempt", "group")
 _UTF8 = ("utf-8", "utf8", "us-ascii", "ascii")
+# The other charsets a text body may name: decoders linear in the body's size. Any other
+# Python codec is refused unseen, since a client could pick one that is slow
+# (punycode's decoder is quadratic) or that is not a text encoding at all.
+_DECODED = {
+    **dict.fromkeys(("iso-8859-1", "iso8859-1", "iso_8859-1", "latin-1", "latin1"), "latin-1"),
+    **dict.fromkeys(("utf-16", "utf16"), "utf-16"),
+    **dict.fromkeys(("utf-16le", "utf-16be"), None),  # their own names
+}
+#: Charsets ``text/plain`` bodies may name (others: 415).
+TEXT_CHARSETS = ("utf-8", "us-ascii", "iso-8859-1", "utf-16", "utf-16le", "utf-16be")
 _DECIMAL = re.compile(r"[0-9]{1,5}(?:\.[0-9]{1,3})?")
 
 
@@ -316,6 +327,9 @@ def _parse_json(body: bytes, max_batch: int) -> tuple[list[Any], dict[str, Any]]
         raise HTTPError(
             400, f"invalid JSON: the body is not UTF-8 ({exc.reason} at byte {exc.start})"
         ) from None
+    # A UTF-8 byte order mark (Windows editors, PowerShell) is not part of the JSON text;
+    # RFC 8259 lets a parser ignore it.
+    text = text.removeprefix("\ufeff")
     if not text.strip():
         raise HTTPError(400, "empty request body; expected a JSON array of product IDs")
     try:
@@ -361,10 +375,15 @@ def _parse_json(body: bytes, max_batch: int) -> tuple[list[Any], dict[str, Any]]
 
 def _parse_text(body: bytes, charset: str | None, max_batch: int) -> list[bytes]:
     if charset is not None and charset not in _UTF8:
+        if charset not in _DECODED:
+            raise HTTPError(
+                415,
+                f"unsupported charset {charset[:64]!r} for text/plain; use one of "
+                f"{', '.join(TEXT_CHARSETS)} (or JSON, always UTF-8)",
+            )
+        codec = _DECODED[charset] or charset
         try:
-            text = body.decode(charset)
-        except LookupError:
-            raise HTTPError(415, f"unknown charset {charset[:64]!r}") from None
+            text = body.decode(codec)
         except UnicodeDecodeError as exc:
             raise HTTPError(400, f"the body is not valid {charset}: {exc.reason}") from None
         try:
