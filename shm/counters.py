@@ -2023,19 +2023,81 @@ class HostLoads:
         return routed_call_load(name, self.global_latency_s, self.window_ns / 1e9)
 
 
+# Bounds of sane counter cells. Any process of the user can write the matrix; a row
+# holding values no recorder writes (a count beyond 2**31 calls in one bucket, busy time
+# beyond 2**56 ns, a negative total, a period from the future) is left out of every sum,
+# so its garbage reaches neither routing nor the lifetime totals.
+_MAX_OPEN = 1 << 31
+_MAX_CELL = 1 << 56
+_MAX_TOTAL = 1 << 53
+
+
+def _sane_rows(m: _Matrix, hi: int, n: int, now_ns: int, bucket_ns: int) -> np.ndarray:
+    """Per row ``< hi``: whether every cell a reader sums is in a recorder's range."""
+    k = m.buckets
+    f = m.fields[:hi, :, :n]
+    opens = f[:, : 1 + k, :]  # open_old, then open per bucket (transiently negative)
+    sums = f[:, 1 + 2 * k :, :]  # busy, completed, latency, failures and kinds per bucket
+    ok = (opens.min(axis=(1, 2), initial=0) >= -_MAX_OPEN) & (
+        opens.max(axis=(1, 2), initial=0) <= _MAX_OPEN
+    )
+    ok &= (sums.min(axis=(1, 2), initial=0) >= 0) & (sums.max(axis=(1, 2), initial=0) <= _MAX_CELL)
+    periods = m.periods[:hi]
+    # -1: never stamped; down to -(k+1): stamped by a first rotation at a clock near 0.
+    latest = now_ns // bucket_ns + 2
+    ok &= ((periods >= -(k + 1)) & (periods <= latest)).all(axis=1)
+    totals = m.totals[:hi, :, :n]
+    ok &= (totals.min(axis=(1, 2), initial=0) >= 0) & (
+        totals.max(axis=(1, 2), initial=0) <= _MAX_TOTAL
+    )
+    stats = m.stats[:hi, : len(STATS_FIELDS)]
+    ok &= ((stats >= 0) & (stats <= _MAX_TOTAL)).all(axis=1)
+    return ok
+
+
 class CounterReader:
     """Sums the counter rows of every worker of the host. Writes nothing.
+
+    Rows holding values no recorder writes are left out of every sum (see
+    :attr:`ignored_rows`), so one damaged row changes neither routing nor the totals.
 
     Parameters
     ----------
     namespace
         Namespace of the counters.
+
+    Attributes
+    ----------
+    ignored_rows : tuple[int, ...]
+        Rows the last read left out as damaged.
+    ignored_total : int
+        Rows left out, summed over every read so far.
     """
 
     def __init__(self, namespace: str, *, _control: _Control | None = None) -> None:
         self.namespace = namespace
         self._ctl = _control if _control is not None else _attach_control(namespace, writable=False)
         self._ctl.current()
+        self.ignored_rows: tuple[int, ...] = ()
+        self.ignored_total = 0
+
+    def _rows(self, m: _Matrix, n: int, now_ns: int | None = None) -> np.ndarray | None:
+        """Indices of the used rows whose cells are sane (``None``: no row is used)."""
+        ctl = self._ctl
+        used = np.flatnonzero(ctl.slots["used"] != 0)
+        if used.size == 0:
+            self.ignored_rows = ()
+            return None
+        hi = int(used[-1]) + 1
+        now = time.monotonic_ns() if now_ns is None else int(now_ns)
+        # Rows never used below the last used one hold zeros: summed, they weigh
+        # nothing (and keep the common case one strided view); damaged, they are out.
+        ok = _sane_rows(m, hi, n, now, ctl.bucket_ns)
+        bad = np.flatnonzero(~ok)
+        self.ignored_rows = tuple(int(r) for r in bad)
+        self.ignored_total += len(bad)
+        rows = np.flatnonzero(ok)
+        return rows if rows.size else None
 
     @property
     def columns(self) -> int:
@@ -2062,16 +2124,18 @@ class CounterReader:
         ctl.seg.check_size()
         m = ctl.current()
         n = m.columns if columns is None else min(int(columns), m.columns)
-        used = np.flatnonzero(ctl.slots["used"] != 0)
         k = ctl.buckets
         w_ns = ctl.window_ns
-        if used.size == 0 or n == 0:
+        rows = self._rows(m, n, now_ns) if n else None
+        if rows is None:
             return HostLoads.idle(n, now_ns, w_ns)
         # Rows are claimed lowest first, so the used rows are (nearly) a prefix: read them
-        # as one strided view, no copy; rows never used hold zeros and weigh nothing.
-        hi = int(used[-1]) + 1
-        cells = m.fields[:hi, :, :n]
-        periods = m.periods[:hi]
+        # as one strided view, no copy, unless a damaged row must be left out; rows never
+        # used hold zeros and weigh nothing.
+        hi = rows.size
+        take: Any = slice(0, hi) if int(rows[-1]) + 1 == hi else rows
+        cells = m.fields[take, :, :n]
+        periods = m.periods[take]
         weights = bucket_weights(periods, ctl.bucket_ns, now_ns, w_ns)
         # Busy time of requests still open, each counted from its start but at most for
         # the window: per start bucket, count x (now - bucket start) - start offsets,
@@ -2116,12 +2180,12 @@ class CounterReader:
             mean_latency_s=_mean_latency(latency_ns / 1e9, completed),
             failure_rate=failure_rate,
             global_latency_s=glob,
-            requests_total=m.totals[:hi, 0, :n].sum(axis=0),
-            failures_total=m.totals[:hi, 1, :n].sum(axis=0),
+            requests_total=m.totals[take, 0, :n].sum(axis=0),
+            failures_total=m.totals[take, 1, :n].sum(axis=0),
             failures=failures,
             failures_by_kind=by_kind,
             failures_total_by_kind=np.ascontiguousarray(
-                m.totals[:hi, 2 : 2 + len(KIND_FIELDS), :n].sum(axis=0).T
+                m.totals[take, 2 : 2 + len(KIND_FIELDS), :n].sum(axis=0).T
             ),
         )
 
@@ -2143,13 +2207,12 @@ class CounterReader:
         ctl.seg.check_size()
         m = ctl.current()
         n = m.columns if columns is None else min(int(columns), m.columns)
-        used = np.flatnonzero(ctl.slots["used"] != 0)
         nk = len(KIND_FIELDS)
-        if used.size == 0:
+        rows = self._rows(m, n)
+        if rows is None:
             return np.zeros(n, np.int64), np.zeros((n, nk), np.int64)
-        hi = int(used[-1]) + 1
-        requests = m.totals[:hi, 0, :n].sum(axis=0)
-        kinds = np.ascontiguousarray(m.totals[:hi, 2 : 2 + nk, :n].sum(axis=0).T)
+        requests = m.totals[rows, 0, :n].sum(axis=0)
+        kinds = np.ascontiguousarray(m.totals[rows, 2 : 2 + nk, :n].sum(axis=0).T)
         return requests, kinds
 
     def stats(self) -> dict[str, int]:
@@ -2164,10 +2227,10 @@ class CounterReader:
         ctl = self._ctl
         ctl.seg.check_size()
         m = ctl.current()
-        used = np.flatnonzero(ctl.slots["used"] != 0)
-        if used.size == 0:
+        rows = self._rows(m, m.columns)
+        if rows is None:
             return dict.fromkeys(STATS_FIELDS, 0)
-        sums = m.stats[: int(used[-1]) + 1, : len(STATS_FIELDS)].sum(axis=0)
+        sums = m.stats[rows, : len(STATS_FIELDS)].sum(axis=0)
         return {name: int(v) for name, v in zip(STATS_FIELDS, sums, strict=True)}
 
     def replaced(self) -> bool:

@@ -212,6 +212,11 @@ DEFAULT_SLOT_REUSE_NS = DEFAULT_WINDOW_NS + 2_000_000_000
 
 _WEAK = not _TSO
 _MAX_ENDPOINTS = 1 << 20
+# How long a verdict "this buffer is corrupt" stands before the buffer is checked again.
+# Any process of the user can write the segment: bytes damaged for a moment (and
+# repaired, or rewritten with the same sequence number) must not be refused forever,
+# and re-checking costs a checksum of the payload, so not on every read either.
+_BAD_RECHECK_NS = 1_000_000_000
 _MAX_RINGS = 64
 _MAX_VNODES = 1 << 16
 _MIN_BUCKET_BITS = 1
@@ -975,7 +980,7 @@ class _TablesView:
         # (mapping, buffer, seq, error) of a current buffer found unusable: while none of
         # these changes, later reads raise the same error at once instead of checking
         # the whole table again (or waiting out the timeout) on every call.
-        self.bad: tuple[memoryview, int, int, SegmentError] | None = None
+        self.bad: tuple[memoryview, int, int, SegmentError, int] | None = None
         self.host_keys: dict[str, str] = {}  # of the last decoded generation (see _Decoder)
 
     def data_segment(self, epoch: int) -> Segment:
@@ -1066,8 +1071,14 @@ class _TablesView:
                 # The buffer may hold a newer generation that `current` does not name
                 # yet (the writer completed it and has not switched): not ours to use.
                 last = "the writer switched buffers while this one was being mapped"
-            elif (v := self.bad) is not None and v[0] is w and v[1] == b and v[2] == seq1:
-                raise v[3]  # judged before, not rewritten since
+            elif (
+                (v := self.bad) is not None
+                and v[0] is w
+                and v[1] == b
+                and v[2] == seq1
+                and time.monotonic_ns() < v[4]
+            ):
+                raise v[3]  # judged lately, not rewritten since
             elif seq1 & 1:
                 last = f"buffer {b} was being rewritten"
             else:
@@ -1104,7 +1115,7 @@ class _TablesView:
                     bad_tries += 1
                     if bad_tries >= 3:
                         assert bad is not None
-                        self.bad = (w, b, seq1, bad)
+                        self.bad = (w, b, seq1, bad, time.monotonic_ns() + _BAD_RECHECK_NS)
                         raise bad
                     time.sleep(0.001)
                     continue
@@ -1118,7 +1129,7 @@ class _TablesView:
                 if seq1 & 1 and self.cw[_C_CURRENT] == cur:
                     # The writer never rewrites the current buffer: an odd seq that stayed
                     # there all along is damage, not a publish in progress.
-                    self.bad = (w, b, seq1, err)
+                    self.bad = (w, b, seq1, err, time.monotonic_ns() + _BAD_RECHECK_NS)
                 raise err
             time.sleep(0 if spins < 100 else 0.0005)
 

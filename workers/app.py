@@ -54,6 +54,7 @@ never at import, so a gunicorn master that preloads it forks no shared-memory st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -876,8 +877,23 @@ class CslbApp:
         encoder, ctype = choose_encoder(environ.get("HTTP_ACCEPT"))
         return 200, ctype, encoder(self.registry), []
 
+    def _worker_problem(self) -> str | None:
+        """Why this worker cannot route the published table (``None``: it can, or untried)."""
+        router = self._router
+        if router is None:
+            return None
+        try:
+            router.snapshot()  # the verdict of now, not of the last batch
+        except Exception:  # a closed router: nothing this endpoint can do about it
+            return None
+        problem = router.routing_problem()
+        return None if problem is None else f"this worker (pid {os.getpid()}): {problem}"
+
     def _healthz(self, environ: dict[str, Any]) -> tuple:
         h = self.monitor.health()
+        worker = self._worker_problem()
+        if h.ok and worker is not None:
+            h = dataclasses.replace(h, ok=False, reason=f"workers cannot route: {worker}")
         doc = {
             "status": "ok" if h.ok else "unavailable",
             "reason": h.reason,
@@ -891,7 +907,10 @@ class CslbApp:
 
     def _readyz(self, environ: dict[str, Any]) -> tuple:
         h = self.monitor.health()
-        client_side = bool(h.generation and h.endpoints)
+        worker = self._worker_problem()
+        client_side = bool(h.generation and h.endpoints) and worker is None
+        if h.ok and worker is not None:
+            h = dataclasses.replace(h, ok=False, reason=f"workers cannot route: {worker}")
         doc = {
             "status": "serving",
             "routing": "client-side" if client_side else "fallback",

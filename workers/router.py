@@ -333,6 +333,15 @@ class Router:
         self._check_usable()
         return self._follow.current()
 
+    def routing_problem(self) -> str | None:
+        """Why this worker cannot route on the published table now (``None``: it can).
+
+        Set when the current generation cannot be read (corrupt, shrunk, unreadable) and
+        cleared by the first batch that routes on it; the verdict is checked again about
+        once a second, never kept for good.
+        """
+        return self._follow.problem
+
     def refresh(self) -> None:
         """Read the host's loads at the next batch instead of when the cadence says."""
         self._follow.drop()
