@@ -61,6 +61,7 @@ import os
 import re
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -169,6 +170,8 @@ _JSON_TYPES = {
 _OBJECT_FIELDS = ("keys", "attempt", "group")
 _QUERY_FIELDS = ("attempt", "group")
 _UTF8 = ("utf-8", "utf8", "us-ascii", "ascii")
+# One traceback per path and exception type per this many ns (see CslbApp._log_failure).
+_FAILURE_LOG_NS = 60_000_000_000
 # The other charsets a text body may name: decoders linear in the body's size. Any other
 # Python codec is refused unseen, since a client could pick one that is slow
 # (punycode's decoder is quadratic) or that is not a text encoding at all.
@@ -728,6 +731,8 @@ class CslbApp:
         self.registry.register(self.collector)
         self._router: Router | None = None
         self._lock = threading.Lock()
+        # (path, exception type) -> [monotonic ns of the next traceback, lines not logged]
+        self._failures: dict[tuple[str, str], list[int]] = {}
         # The pieces of the answers on the table routed last (rebuilt per generation).
         self._answers = _Answers(None)
         self._routes: dict[str, dict[str, Callable[[dict[str, Any]], tuple]]] = {
@@ -786,8 +791,8 @@ class CslbApp:
         except HTTPError as exc:
             status, ctype, headers = exc.status, _JSON, exc.headers
             body = json.dumps({"error": exc.message, "status": exc.status}).encode()
-        except Exception:
-            log.exception(Event("request_failed", method=method[:20], path=path[:200]))
+        except Exception as exc:
+            self._log_failure(method, path, exc)
             status, ctype, headers = 500, _JSON, []
             body = b'{"error": "internal error (logged by the worker)", "status": 500}'
         start_response(
@@ -795,6 +800,32 @@ class CslbApp:
             [("Content-Type", ctype), ("Content-Length", str(len(body))), *headers],
         )
         return [b""] if method == "HEAD" else [body]
+
+    def _log_failure(self, method: str, path: str, exc: Exception) -> None:
+        """Log an unexpected error with its traceback, once a minute per path and type.
+
+        Any client can repeat the request that caused it: one traceback per request
+        would let it flood the log. The lines of that minute are counted instead and
+        the count goes with the next traceback.
+        """
+        key = (path[:200], type(exc).__name__)
+        now = time.monotonic_ns()
+        entry = self._failures.get(key)
+        if entry is not None and now < entry[0]:
+            entry[1] += 1
+            return
+        if len(self._failures) > 256:
+            self._failures.clear()  # (paths reaching a handler are few; a safety cap)
+        self._failures[key] = [now + _FAILURE_LOG_NS, 0]
+        log.exception(
+            Event(
+                "request_failed",
+                method=method[:20],
+                path=path[:200],
+                same_failures_not_logged=0 if entry is None else entry[1],
+                next_traceback_after_s=_FAILURE_LOG_NS / 1e9,
+            )
+        )
 
     # -- /route ------------------------------------------------------------------------
 

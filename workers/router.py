@@ -413,6 +413,15 @@ class Router:
             s = _no_table()
         try:
             idx, fallbacks, moves, valid = s.route(keys, attempt)
+        except lbcore.TableDataError as exc:
+            if s.table.valid():
+                # Damaged after it was mapped and checked (any process of the user can
+                # write the segment): fall back on it, say so once, check it again later.
+                self._follow.damaged(s.table, exc)
+                s = _no_table()
+                idx, fallbacks, moves, valid = s.route(keys, attempt)
+            else:
+                valid = False
         except Exception:
             # Content rewritten under our feet can fail in any way; on a table that is
             # still valid the error is real.

@@ -353,6 +353,30 @@ class Follower:
                 return None
             now = self._clock()
 
+    def damaged(self, table: shm.Table, exc: Exception) -> None:
+        """``table`` failed a batch although valid: damaged after it was checked.
+
+        Batches fall back until the recheck interval passed, then the generation is
+        read and tried again; the cause is logged once and reported by
+        :attr:`problem` (so ``/healthz`` says this worker cannot route).
+        """
+        now = self._clock()
+        with self._lock:
+            if self.snapshot is not None and self.snapshot.table is table:
+                self.snapshot = None
+        self._bad = (table.generation, now + _CHECK_NS)
+        self.problem = (
+            f"generation {table.generation} is damaged ({exc}); every key falls back, "
+            f"checked again every {_CHECK_NS / 1e9:g} s"
+        )
+        self._warn_once(
+            ("damaged", table.generation, str(exc)),
+            "routing table of %s damaged after it was mapped (fallback until it reads "
+            "well again): %s",
+            self.namespace,
+            exc,
+        )
+
     def _last_good(self, now: int) -> Snapshot | None:
         """The last snapshot, refreshed when due, while its table is still valid."""
         s = self.snapshot

@@ -97,3 +97,67 @@ def test_a_real_server_refuses_a_punycode_body_and_keeps_serving(tmp_path: Path)
         wait_for("/healthz", lambda: server.request("GET", "/healthz")[0] == 200, 20.0)
         result = server.stop()
     assert result["exit"] == 0 and result["segments"] == []
+
+
+def _corrupt_section(namespace: str, name: str) -> None:
+    """Overwrite one section of the current table (after readers mapped and checked it)."""
+    import numpy as np
+
+    import shm
+    from shm.layout import BUFFER_HEADER_BYTES, SECTION, TABLE_SECTIONS, ring_sections
+    from shm.segment import Segment
+    from shm.tables import _DIR_OFFSET
+
+    reader = shm.TableReader(namespace)
+    try:
+        t = reader.table()
+        n_rings = len(t.ring_set.rings)
+    finally:
+        reader.close()
+    names = [n for n, _ in TABLE_SECTIONS]
+    for k in range(n_rings):
+        names += [n for n, _ in ring_sections(k, n_rings)]
+    start = t.buffer_offset + BUFFER_HEADER_BYTES
+    seg = Segment.attach(t.segment, writable=True)
+    try:
+        entry = seg.array(SECTION, start + _DIR_OFFSET + names.index(name) * SECTION.itemsize, 1)
+        off, nbytes = int(entry[0]["offset"]), int(entry[0]["nbytes"])
+        seg.array(np.uint8, start + off, nbytes)[:] = 0xFF
+    finally:
+        seg.close()
+
+
+def test_a_table_damaged_after_mapping_falls_back_with_one_log_line(
+    app: CslbApp, host: Host, caplog
+) -> None:
+    body = json.dumps(["a", "b", "c"]).encode()
+    r = call(app, "POST", "/route", body, content_type="application/json")
+    assert r.code == 200 and None not in r.json()["endpoints"]
+    _corrupt_section(host.namespace, "owner_table")
+    with caplog.at_level("WARNING"):
+        for _ in range(20):
+            r = call(app, "POST", "/route", body, content_type="application/json")
+            assert r.code == 200, r.body
+            assert r.json()["endpoints"] == [None, None, None]
+    damaged = [rec for rec in caplog.records if "damaged after it was mapped" in rec.getMessage()]
+    assert len(damaged) == 1
+    assert not [rec for rec in caplog.records if rec.exc_info]
+    r = call(app, "GET", "/healthz")
+    # The monitor's own check finds the checksum off; a worker that mapped the table
+    # before says it cannot route on it. Either way: 503, naming the damage.
+    reason = r.json()["reason"]
+    assert r.code == 503 and ("damaged" in reason or "checksum" in reason), reason
+
+
+def test_an_unexpected_error_logs_one_traceback_a_minute(app: CslbApp, caplog, monkeypatch) -> None:
+    def boom(environ):
+        raise RuntimeError("a bug, not the client's fault")
+
+    monkeypatch.setitem(app._routes["/metrics"], "GET", boom)
+    with caplog.at_level("ERROR"):
+        for _ in range(25):
+            r = call(app, "GET", "/metrics")
+            assert r.code == 500 and "internal error" in r.error
+    tracebacks = [rec for rec in caplog.records if rec.exc_info]
+    assert len(tracebacks) == 1
+    assert app._failures[("/metrics", "RuntimeError")][1] == 24
