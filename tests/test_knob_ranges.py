@@ -156,10 +156,14 @@ def test_cslb_discovery_stops_at_start_naming_the_knob(k: Knob, capsys) -> None:
     assert "start_failed" in err and k.env in err and "Traceback" not in err
 
 
-def test_cslb_serve_refuses_every_discovery_knob_out_of_range(capsys) -> None:
-    from cslb.serve_cmd import main
+def test_cslb_serve_refuses_every_knob_it_passes_on_out_of_range(capsys) -> None:
+    from cslb.serve_cmd import _CHILD_KNOBS, main
+    from workers.serve import KNOBS_BY_ENV
 
-    for k in _discovery_knobs():
+    passed = set(KNOBS_BY_ENV) | {k.env for k in _CHILD_KNOBS}
+    checked = [k for k in NUMERIC if k.env in passed]
+    assert len(checked) >= 40
+    for k in checked:
         env = {k.env: "99999999999999999999"}
         assert main(["--print-command"], env) == 2, k.env
         err = capsys.readouterr().err
