@@ -354,7 +354,7 @@ class Segment:
         inode: int = 0,
         fd: int = -1,
     ):
-        # The object's own descriptor, kept for fstat: another process of the user can
+        # The object's own descriptor, kept to read its size: another process of the user can
         # shrink the object under the mapping, and a touch past its end is SIGBUS.
         self._fd = fd
         self.name = name
@@ -502,14 +502,17 @@ class Segment:
     def shrunk_to(self) -> int | None:
         """The object's size if it is now shorter than this mapping, else ``None``.
 
-        One ``fstat`` of the object this handle mapped (not of the name, which may
-        name another object by now). Unlinking or replacing the name leaves the
+        One ``lseek`` to the end of the object this handle mapped (not of the name, which
+        may name another object by now). Unlinking or replacing the name leaves the
         mapping valid; only a shrunk object makes touching the mapping fault (SIGBUS).
         """
         if self._fd < 0:
             return None
         try:
-            size = os.fstat(self._fd).st_size
+            # The object's size, as fstat's st_size, without building a stat result: this
+            # runs before every access point, batches included. (The descriptor's offset
+            # moves; nothing reads through it.)
+            size = os.lseek(self._fd, 0, os.SEEK_END)
         except OSError:
             return None
         return size if size < self.size else None

@@ -491,7 +491,7 @@ class Table:
         """True while the writer has not started rewriting this table's buffer.
 
         Check it *after* using the table: a result computed from it counts only if the
-        table is still valid then. Costs one shared-memory load and an ``fstat`` of
+        table is still valid then. Costs one shared-memory load and an ``lseek`` to the end of
         the data segment: a table whose segment was shrunk under it (by another
         process) is invalid, and reading its sequence word would fault.
         """
@@ -2053,7 +2053,7 @@ class TableWriter:
         a ``/dev/shm`` cleanup, systemd's ``RemoveIPC``, another process of the user); a
         new writer must take over (:meth:`adopt`). ``("data", why)``: the current data
         segment was removed or shrunk; the next :meth:`publish` writes a new one by
-        itself. Two ``stat`` calls and an ``fstat`` of each mapping.
+        itself. Two ``stat`` calls and a size check of each mapping.
         """
         ctl = self._ctl_seg
         if current_inode(self.name) != ctl.inode:
