@@ -230,6 +230,31 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def _load_yaml(text: str) -> Any:
+    """YAML without aliases.
+
+    An endpoints file needs none, and a few lines of nested aliases ("billion laughs")
+    would expand to more than any size limit allows.
+    """
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise EndpointsFileError(
+                    f"YAML alias *{event.anchor} at line {event.start_mark.line + 1}: "
+                    "aliases are not allowed in an endpoints file (write the value out)"
+                )
+            return super().compose_node(parent, index)
+
+    loader = NoAliases(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_endpoints_file(
     path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_FILE_BYTES
 ) -> list[EndpointSpec]:
@@ -246,11 +271,11 @@ def load_endpoints_file(
     kind = "YAML" if name.endswith((".yaml", ".yml")) else "JSON"
     try:
         if kind == "YAML":
-            import yaml
-
-            doc = yaml.safe_load(text)
+            doc = _load_yaml(text)
         else:
             doc = json.loads(text)
+    except EndpointsFileError as exc:
+        raise EndpointsFileError(f"{name}: {exc}") from None
     except Exception as exc:
         raise EndpointsFileError(f"{name}: not valid {kind}: {str(exc)[:300]}") from None
     try:

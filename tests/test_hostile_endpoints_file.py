@@ -193,3 +193,20 @@ def test_serve_survives_hostile_endpoints_files_and_healthz_names_the_file(
         assert not server.events("crashed")
         result = server.stop()
     assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
+
+
+def test_yaml_aliases_are_refused_so_a_billion_laughs_file_cannot_expand(tmp_path: Path) -> None:
+    f = tmp_path / "eps.yaml"
+    lines = ['a: &a ["http://10.0.0.1:80"]']
+    for i in range(1, 30):  # 2**29 entries if expanded
+        prev = chr(ord("a") + i - 1) if i < 26 else f"x{i - 1}"
+        name = chr(ord("a") + i) if i < 26 else f"x{i}"
+        lines.append(f"{name}: &{name} [*{prev}, *{prev}]")
+    lines.append("endpoints: *x29")
+    f.write_text("\n".join(lines) + "\n")
+    got = _load_in_thread(f, 1 << 20)
+    assert isinstance(got, EndpointsFileError), got
+    assert "aliases are not allowed" in str(got) and str(f) in str(got)
+    # Anchors without aliases are just names: fine.
+    f.write_text('endpoints: &eps ["http://10.0.0.1:80"]\n')
+    assert [s.address for s in load_endpoints_file(f)] == ["http://10.0.0.1:80"]

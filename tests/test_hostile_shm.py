@@ -292,3 +292,38 @@ def test_slot_section_corrupted_after_mapping_sizes_nothing(tmp_path: Path) -> N
         assert server.worker_pids() == [worker]
         result = server.stop()
     assert result["exit"] == 0 and result["segments"] == []
+
+
+def test_a_router_routes_as_idle_while_its_counters_are_shrunk(caplog, monkeypatch) -> None:
+    """A worker whose counters were shrunk under it keeps answering (loads idle, one
+    warning), records nothing there, and reads loads again once they are repaired."""
+    import uuid
+
+    from tests.test_router import KEYS, Clock, Host, endpoints
+    from workers import snapshot
+
+    monkeypatch.setattr(snapshot, "_unreadable_next_log", [0])  # (other tests' clocks)
+    host = Host(f"rs{os.getpid()}x{uuid.uuid4().hex[:8]}", Clock())
+    try:
+        host.publish(lbcore_ring_set(endpoints(5)))
+        r = host.router(refresh_s=0)
+        before = r.route(KEYS)
+        data = shm.segment.epoch_segments(host.ns, "counters")
+        os.truncate(_path(data[max(data)]), 0)
+        with caplog.at_level("WARNING"):
+            for _ in range(5):
+                host.clock.advance(0.5)
+                assert (r.route(KEYS) == before).all()  # idle loads: the plain ring
+        assert sum("counters of" in rec.getMessage() for rec in caplog.records) == 1
+        assert host.store.repair()
+        host.clock.advance(0.5)
+        assert (r.route(KEYS) == before).all()
+        assert r.loads().in_flight.shape == (5,)
+    finally:
+        host.close()
+
+
+def lbcore_ring_set(eps: list[str]):
+    import lbcore
+
+    return lbcore.RingSet(tuple(eps))

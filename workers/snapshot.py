@@ -59,7 +59,13 @@ def read_loads(counters: shm.CounterReader | None, table: shm.Table, now_ns: int
     if counters is None or n == 0:
         return shm.HostLoads.idle(n, now_ns)
     slots = np.array(table.slots, dtype=np.intp)
-    loads = counters.read(now_ns, table.n_slots, failure_kinds=False).take(slots)
+    try:
+        loads = counters.read(now_ns, table.n_slots, failure_kinds=False).take(slots)
+    except shm.ShmError as exc:
+        # Counters shrunk, removed or damaged under the reader (the master repairs or
+        # replaces them): route as on an idle host meanwhile, never fail the batch.
+        _report_unreadable(counters, exc, now_ns)
+        return shm.HostLoads.idle(n, now_ns)
     _report_ignored(counters, now_ns)
     return loads
 
@@ -67,6 +73,21 @@ def read_loads(counters: shm.CounterReader | None, table: shm.Table, now_ns: int
 # One warning a minute at most, per process, however many batches read damaged rows.
 _IGNORED_LOG_NS = 60_000_000_000
 _ignored_next_log = [0]
+
+
+_unreadable_next_log = [0]
+
+
+def _report_unreadable(counters: shm.CounterReader, exc: Exception, now_ns: int) -> None:
+    if now_ns < _unreadable_next_log[0]:
+        return
+    _unreadable_next_log[0] = now_ns + _IGNORED_LOG_NS
+    log.warning(
+        "counters of %s unreadable (%s): routing as on an idle host until they are "
+        "repaired or replaced (logged at most once a minute)",
+        counters.namespace,
+        exc,
+    )
 
 
 def _report_ignored(counters: shm.CounterReader, now_ns: int) -> None:
