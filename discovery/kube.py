@@ -608,6 +608,9 @@ class ListWatch(Generic[T]):
                 "list response lacks an 'items' list or a metadata.resourceVersion "
                 f"(keys: {sorted(doc)})"
             )
+        if not (rv.isascii() and rv.isdigit() and len(rv) <= 20):
+            # A watch from it would be refused (400) and relist into the same answer.
+            raise _StreamError(f"list resourceVersion {rv[:40]!r} is not a number")
         store: dict[str, T] = {}
         self._rvs = {_name_of(o): _rv_of(o) for o in items if _name_of(o)}
         self._problem = None

@@ -171,7 +171,8 @@ class Fault:
     headers, ``events`` events, half a chunk, then close), ``reset`` (close without an
     answer), ``gone`` (HTTP 410), ``expired`` (watch: a 200 whose stream is one 410
     ``ERROR`` event), ``hang`` (read the request, then answer nothing, not even headers,
-    while holding the connection).
+    while holding the connection), ``bad-rv`` (list: a resourceVersion that is not a
+    number).
     """
 
     op: str  # "list" | "watch" | "any"
@@ -609,6 +610,11 @@ class _Handler(BaseHTTPRequestHandler):
                 ev = {"type": "ERROR", "object": status_body(410, "Expired", msg)}
                 self._chunk(json.dumps(ev).encode() + b"\n")
                 self._chunk(b"")
+                return
+            if fault.action == "bad-rv" and not watch:
+                doc = api.list_doc(resource, ns, _selectors(query))
+                doc["metadata"]["resourceVersion"] = "not-a-number"
+                self._json(200, doc)
                 return
             if fault.action == "garbage" and not watch:
                 body = b"<html>502 Bad Gateway</html>"

@@ -690,3 +690,15 @@ def test_a_change_the_watch_never_delivers_is_found_by_the_stall_check_and_relis
     rec.wait_addresses(urls(ips(3)), timeout=30)
     assert rec.named("watch_missed_changes")
     assert inf.watch.stats["lists"] == 2
+
+
+def test_a_list_whose_resource_version_is_not_a_number_is_an_error_not_a_watch(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    kube.fail("list", SLICES, "bad-rv", times=2)
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait_addresses(urls(ips(2)))
+    errors = rec.named("api_error")
+    assert len(errors) == 2 and all("is not a number" in e["error"] for e in errors)
+    assert all(r.query.get("resourceVersion", "0").isdigit() for r in kube.requests_of("watch"))
+    assert inf.watch.stats["lists"] == 1
