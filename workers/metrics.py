@@ -86,7 +86,8 @@ METRICS_MAX_ENDPOINTS = Knob(
     parse_int_between(0, 1_000_000),
     "Most endpoints /metrics reports one series each for. A table with more reports its "
     "per-endpoint metrics summed per zone instead (label endpoint=\"*\"; no latency "
-    "series), so one scrape costs about the same at any table size. 0: always per zone.",
+    "series), so a scrape stays a few samples per zone whatever the table's size. 0: "
+    "always per zone.",
     "N",
 )
 
@@ -538,16 +539,26 @@ class HostMonitor:
         except (KeyError, shm.ShmError, ValueError):
             signal = [None] * len(endpoints)
             increment = None
+        # The constructor, not dataclasses.replace: a snapshot of a large table makes one
+        # of these per endpoint, and replace costs several times more per call.
         loaded = tuple(
-            dataclasses.replace(
-                e,
-                in_flight=int(in_flight[i]),
-                occupancy=float(occupancy[i]),
-                latency_s=None if math.isnan(latency[i]) else float(latency[i]),
-                requests_total=int(requests[i]),
-                failures_total=int(failures[i]),
-                failures_by_kind=tuple(int(v) for v in by_kind[i]),
-                load=None if signal[i] is None else float(signal[i]),
+            EndpointState(
+                e.address,
+                e.zone,
+                e.node,
+                e.slot,
+                e.tier,
+                e.ejected,
+                e.eject_reason,
+                e.ejected_for_s,
+                e.ejections,
+                int(in_flight[i]),
+                float(occupancy[i]),
+                None if math.isnan(latency[i]) else float(latency[i]),
+                int(requests[i]),
+                int(failures[i]),
+                tuple(by_kind[i]),
+                None if signal[i] is None else float(signal[i]),
             )
             for i, e in enumerate(endpoints)
         )
