@@ -2032,8 +2032,12 @@ _MAX_CELL = 1 << 56
 _MAX_TOTAL = 1 << 53
 
 
-def _sane_rows(m: _Matrix, hi: int, n: int, now_ns: int, bucket_ns: int) -> np.ndarray:
-    """Per row ``< hi``: whether every cell a reader sums is in a recorder's range."""
+def _sane_rows(m: _Matrix, hi: int, n: int, now_ns: int | None, bucket_ns: int) -> np.ndarray:
+    """Per row ``< hi``: whether every cell a reader sums is in a recorder's range.
+
+    ``now_ns``: the reader's present, against which the rows' periods are checked
+    (``None``: lifetime totals only, which do not depend on them).
+    """
     k = m.buckets
     f = m.fields[:hi, :, :n]
     opens = f[:, : 1 + k, :]  # open_old, then open per bucket (transiently negative)
@@ -2042,10 +2046,11 @@ def _sane_rows(m: _Matrix, hi: int, n: int, now_ns: int, bucket_ns: int) -> np.n
         opens.max(axis=(1, 2), initial=0) <= _MAX_OPEN
     )
     ok &= (sums.min(axis=(1, 2), initial=0) >= 0) & (sums.max(axis=(1, 2), initial=0) <= _MAX_CELL)
-    periods = m.periods[:hi]
-    # -1: never stamped; down to -(k+1): stamped by a first rotation at a clock near 0.
-    latest = now_ns // bucket_ns + 2
-    ok &= ((periods >= -(k + 1)) & (periods <= latest)).all(axis=1)
+    if now_ns is not None:
+        periods = m.periods[:hi]
+        # -1: never stamped; down to -(k+1): stamped by a first rotation at a clock near 0.
+        latest = now_ns // bucket_ns + 2
+        ok &= ((periods >= -(k + 1)) & (periods <= latest)).all(axis=1)
     totals = m.totals[:hi, :, :n]
     ok &= (totals.min(axis=(1, 2), initial=0) >= 0) & (
         totals.max(axis=(1, 2), initial=0) <= _MAX_TOTAL
@@ -2089,10 +2094,9 @@ class CounterReader:
             self.ignored_rows = ()
             return None
         hi = int(used[-1]) + 1
-        now = time.monotonic_ns() if now_ns is None else int(now_ns)
         # Rows never used below the last used one hold zeros: summed, they weigh
         # nothing (and keep the common case one strided view); damaged, they are out.
-        ok = _sane_rows(m, hi, n, now, ctl.bucket_ns)
+        ok = _sane_rows(m, hi, n, None if now_ns is None else int(now_ns), ctl.bucket_ns)
         bad = np.flatnonzero(~ok)
         self.ignored_rows = tuple(int(r) for r in bad)
         self.ignored_total += len(bad)
