@@ -10,12 +10,34 @@ import os
 from collections.abc import MutableMapping, Sequence
 
 from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
-from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, add_arguments
+from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
+from lbcore.knobs import (
+    LOG_KNOBS,
+    ROUTING_KNOBS,
+    Knob,
+    KnobError,
+    add_arguments,
+    from_mapping,
+)
 from shm.settings import SHM_NAMESPACE
+from workers.app import APP_KNOBS
+from workers.fanout_settings import FANOUT_KNOBS
+from workers.router import ROUTER_KNOBS
 from workers.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
-from workers.supervisor import DISCOVERY_MODES
+from workers.supervisor import DISCOVERY_MODES, SUPERVISOR_KNOBS
 
 __all__ = ["build_parser", "command", "main"]
+
+# Knobs cslb serve takes as flags and hands to the processes through the environment.
+_WORKER_KNOBS = (*ROUTER_KNOBS, *FANOUT_KNOBS)
+_PASSED_KNOBS = (*ROUTING_KNOBS, *LOG_KNOBS, *APP_KNOBS, *_WORKER_KNOBS)
+
+
+def _dest(k: Knob) -> str:
+    return f"worker_{k.name}" if k in _WORKER_KNOBS else k.name
+
+# Settings the discovery child and the master read from the environment.
+_CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *SUPERVISOR_KNOBS)
 
 
 def _positive_int(text: str) -> int:
@@ -113,6 +135,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the environment and gunicorn command instead of running it",
     )
     add_kernel_argument(srv)
+    app = p.add_argument_group("the routing service's HTTP settings (docs/http.md)")
+    add_arguments(app, APP_KNOBS)
+    worker = p.add_argument_group("each worker's router and fan-out (environment of your app)")
+    for k in _WORKER_KNOBS:  # (own dests: the fan-out's 'threads' is not --threads)
+        worker.add_argument(
+            k.flag,
+            dest=_dest(k),
+            default=None,
+            metavar=k.metavar,
+            help=f"{k.doc} [env {k.env}, default {k.shown_default}]".replace("%", "%%"),
+        )
     logs = p.add_argument_group("logs (the master's, the workers' and discovery's cslb lines)")
     add_arguments(logs, LOG_KNOBS)
     knobs = p.add_argument_group("routing knobs (published with the tables)")
@@ -139,6 +172,12 @@ def _parse(
         p.error("--namespace names the Kubernetes namespace of --service: give --service too")
     apply_kernel_flag(args, environ, p, switch=False)
     try:
+        # The embedded discovery child reads its settings from this environment: a bad
+        # one must stop the server here, not crash the child into restarts forever.
+        from_mapping(environ, _CHILD_KNOBS, source="environment")
+    except KnobError as exc:
+        p.error(str(exc))
+    try:
         cmd = plan(
             environ=environ,
             bind=args.bind,
@@ -151,7 +190,7 @@ def _parse(
             shm_namespace=args.shm_namespace,
             discovery=args.discovery,
             control_socket=args.control_socket,
-            knobs={k.name: getattr(args, k.name, None) for k in (*ROUTING_KNOBS, *LOG_KNOBS)},
+            knobs={k.env: getattr(args, _dest(k), None) for k in _PASSED_KNOBS},
             extra=extra,
             python=python,
         )

@@ -153,7 +153,7 @@ def run(
     if static:
         disc.add_list(static)
     if settings["endpoints_file"]:
-        disc.add_file(settings["endpoints_file"])
+        disc.add_file(settings["endpoints_file"], settings["endpoints_file_max_bytes"])
     if api is not None:
         from discovery.kube import ConfigMapInformer, EndpointSliceInformer
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from discovery.address import format_address
-from discovery.static import EndpointSpec
+from discovery.static import EndpointSpec, check_label
 
 __all__ = [
     "ADDRESS_TYPES",
@@ -108,6 +108,9 @@ def _opt_str(obj: Mapping[str, Any], key: str, where: str) -> str:
         return ""
     if not isinstance(value, str):
         raise SliceError(f"{where}: '{key}' must be a string, got {type(value).__name__}")
+    problem = check_label(value)
+    if problem is not None:
+        raise SliceError(f"{where}: '{key}' {problem}")
     return value
 
 

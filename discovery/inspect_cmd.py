@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +32,7 @@ from lbcore.fade import fadein_score
 from lbcore.knobs import Knob
 from lbcore.outlier import EJECT_REASONS
 
-__all__ = ["INSPECT_KNOBS", "run", "snapshot"]
+__all__ = ["INSPECT_KNOBS", "run", "shown", "snapshot"]
 
 #: ``--stale-after``: when a publisher counts as dead.
 STALE_AFTER = Knob(
@@ -161,6 +162,24 @@ def _outlier_text(e: dict[str, Any]) -> str:
     return f"  {what}: {j['reason']}, {j['remaining_s']:.0f} s left, ejection {total}"
 
 
+def shown(text: str) -> str:
+    """``text`` safe to print on a terminal: control and format characters escaped.
+
+    Labels and addresses come from shared memory any process of the user can write: an
+    ESC or a bidi override printed raw would drive the operator's terminal.
+    """
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable() and unicodedata.category(ch) not in ("Cs", "Cf"):
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    return "".join(out)
+
+
 def _text(s: dict[str, Any]) -> str:
     live = (
         "alive"
@@ -202,13 +221,14 @@ def _text(s: dict[str, Any]) -> str:
         )
     lines.append(f"endpoints ({len(eps)}):")
     if eps:
-        w = max(len(e["address"]) for e in eps)
-        zw = max([len(e["zone"]) for e in eps] + [4])
-        nw = max([len(e["node"]) for e in eps] + [4])
+        rows = [(shown(e["address"]), shown(e["zone"]), shown(e["node"]), e) for e in eps]
+        w = max(len(a) for a, _, _, _ in rows)
+        zw = max([len(z) for _, z, _, _ in rows] + [4])
+        nw = max([len(n) for _, _, n, _ in rows] + [4])
         lines.append(f"  {'address':<{w}}  {'zone':<{zw}}  {'node':<{nw}}  slot  ring")
-        for e in eps:
+        for address, zone, node, e in rows:
             lines.append(
-                f"  {e['address']:<{w}}  {e['zone'] or '-':<{zw}}  {e['node'] or '-':<{nw}}  "
+                f"  {address:<{w}}  {zone or '-':<{zw}}  {node or '-':<{nw}}  "
                 f"{e['slot']:>4}  {e['tier']:>4}" + _outlier_text(e)
             )
     else:

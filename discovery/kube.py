@@ -93,6 +93,14 @@ class _ExpiredError(Exception):
     """The server no longer has the requested resource version: relist."""
 
 
+class _UndecodableError(Exception):
+    """A watch event cannot be used: relist past it.
+
+    An unknown type, a line that is not JSON, a resource version that is not a number:
+    resuming from the version before it would replay it forever.
+    """
+
+
 def load_client(
     kubeconfig: str = "",
     *,
@@ -390,6 +398,8 @@ class ListWatch(Generic[T]):
         self._rvs: dict[str, str] = {}
         self._problem: tuple[str, int] | None = None  # (what fails, since: monotonic ns)
         self._stalled: str | None = None  # set by the stall check when it cuts the watch
+        # The stall check's list showed objects the watch did not deliver: relist.
+        self._stall_differs = False
         self.stall_check = StallCheck(
             idle_s=timing.watch_idle_s,
             verify=self._verify,
@@ -475,15 +485,28 @@ class ListWatch(Generic[T]):
             except _ExpiredError as exc:
                 self._expired(str(exc))
                 continue
+            except _UndecodableError as exc:
+                self._expired(str(exc), event="watch_undecodable")
+                continue
             except Exception as exc:
                 if self._stop.is_set():
                     break
                 if op == "watch" and self._stalled is not None:
-                    self._stalled = None  # cut by the stall check (logged there): resume
-                    continue
+                    why, self._stalled = self._stalled, None
+                    if self._stall_differs:
+                        # The API has what the watch never delivered: resuming from the
+                        # same version would not bring it, a list does.
+                        self._stall_differs = False
+                        self._expired(why, event="watch_missed_changes")
+                    continue  # otherwise cut by the stall check (logged there): resume
                 desc, status = _describe(exc)
                 if status == 410:
                     self._expired(desc)
+                    continue
+                if status == 400 and op == "watch":
+                    # The server refuses to resume from our version (garbage it sent us,
+                    # or one it no longer parses): only a list gives a usable one.
+                    self._expired(desc, event="watch_refused")
                     continue
                 if op == "watch" and _is_read_timeout(exc):
                     # No data, not even a bookmark, for the whole read timeout: a dead
@@ -532,12 +555,16 @@ class ListWatch(Generic[T]):
                 )
                 self._stop.wait(delay)
 
-    def _expired(self, error: str) -> None:
-        """The resource version is gone: relist (at once the first time in a row)."""
+    def _expired(self, error: str, event: str = "watch_expired") -> None:
+        """The resource version is gone or unusable: relist.
+
+        At once the first time in a row, then on the backoff, so a server that keeps
+        sending garbage is not hammered.
+        """
         self._expired_in_a_row += 1
         delay = 0.0 if self._expired_in_a_row == 1 else self.backoff.next()
         self.log.warning(
-            "watch_expired",
+            event,
             kind=self.kind,
             resource_version=self.resource_version,
             error=error,
@@ -581,6 +608,9 @@ class ListWatch(Generic[T]):
                 "list response lacks an 'items' list or a metadata.resourceVersion "
                 f"(keys: {sorted(doc)})"
             )
+        if not (rv.isascii() and rv.isdigit() and len(rv) <= 20):
+            # A watch from it would be refused (400) and relist into the same answer.
+            raise _StreamError(f"list resourceVersion {rv[:40]!r} is not a number")
         store: dict[str, T] = {}
         self._rvs = {_name_of(o): _rv_of(o) for o in items if _name_of(o)}
         self._problem = None
@@ -693,9 +723,9 @@ class ListWatch(Generic[T]):
         try:
             ev = json.loads(line)
         except ValueError:
-            raise _StreamError(f"watch stream line is not JSON: {line[:80]!r}") from None
+            raise _UndecodableError(f"watch stream line is not JSON: {line[:80]!r}") from None
         if not isinstance(ev, dict) or not isinstance(ev.get("type"), str):
-            raise _StreamError(f"watch stream line is not an event: {line[:80]!r}")
+            raise _UndecodableError(f"watch stream line is not an event: {line[:80]!r}")
         kind, obj = ev["type"], ev.get("object")
         if kind == "ERROR":
             code = obj.get("code") if isinstance(obj, dict) else None
@@ -705,6 +735,12 @@ class ListWatch(Generic[T]):
                 raise _ExpiredError(f"{code} {reason}: {msg}")
             raise _StreamError(f"watch ERROR event: {code} {reason}: {msg}")
         rv = _rv_of(obj)
+        if rv and not (rv.isascii() and rv.isdigit() and len(rv) <= 20):
+            # Opaque by contract, a number in every API server: one that is not would be
+            # sent back on the next resume and refused (400) forever.
+            raise _UndecodableError(
+                f"{kind} event with resourceVersion {rv[:40]!r}, not a number"
+            )
         if kind == "BOOKMARK":
             if rv:
                 self.resource_version = rv
@@ -712,7 +748,7 @@ class ListWatch(Generic[T]):
                 self.log.debug("watch_bookmark", kind=self.kind, resource_version=rv)
             return
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
-            raise _StreamError(f"unknown watch event type {kind!r}")
+            raise _UndecodableError(f"unknown watch event type {kind[:40]!r}")
         self.stats["events"] += 1
         name = _name_of(obj)
         if name:
@@ -773,6 +809,7 @@ class ListWatch(Generic[T]):
             self.log.debug("watch_quiet", kind=self.kind, objects=len(now))
             return None
         changed = sorted(n for n in now.keys() | seen.keys() if now.get(n) != seen.get(n))
+        self._stall_differs = True
         return (
             f"a list shows {len(changed)} object(s) the watch did not deliver: "
             + ", ".join(changed[:5])
@@ -789,7 +826,7 @@ class ListWatch(Generic[T]):
             kind=self.kind,
             silent_s=self.timing.watch_idle_s,
             why=why,
-            action="resume",
+            action="relist" if self._stall_differs else "resume",
             resource_version=self.resource_version,
         )
         _shutdown(resp)

@@ -197,6 +197,33 @@ class Publisher:
         by_kind = np.where(ok[:, None], kinds.take(idx, axis=0), 0)
         return Totals(self._reader_id, slots, req, by_kind)
 
+    def check_tables(self) -> str | None:
+        """Notice tables segments lost under the writer; ``None``: nothing was lost.
+
+        A lost control segment (removed, replaced or shrunk) gets a new writer that
+        continues this one's generation count and counter slots; a lost data segment is
+        replaced by the next publish. Either way the caller must publish again (the
+        table readers need is gone), and the returned text says what happened.
+
+        Raises
+        ------
+        shm.ShmError
+            A new writer cannot be made (another live writer took the namespace over).
+        """
+        lost = self.writer.lost()
+        if lost is None:
+            return None
+        what, why = lost
+        if what == "control":
+            old = self.writer
+            # Release the writer lock first: a shrunk control segment still has our name
+            # (and the lock lives on it), and it is ours to replace.
+            old.close(unlink=False)
+            new = shm.TableWriter(self.namespace, counters=self._counters, replace_invalid=True)
+            new.adopt(old)
+            self.writer = new
+        return why
+
     def set_status(self, problem: str, since_ns: int) -> None:
         """Report what is wrong with the sources (``""``: nothing) to the host's readers."""
         self.writer.set_status(problem, since_ns)

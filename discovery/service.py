@@ -29,14 +29,16 @@ in progress go on, and nothing is republished if nothing changed.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import shm
 from discovery.debounce import Debouncer
 from discovery.ejection_log import log_changes
 from discovery.events import EventLog
@@ -48,7 +50,12 @@ from discovery.settings import (
     outlier_params,
     unknown_configmap_keys,
 )
-from discovery.static import EndpointsFileError, EndpointsFileWatcher, EndpointSpec
+from discovery.static import (
+    DEFAULT_MAX_FILE_BYTES,
+    EndpointsFileError,
+    EndpointsFileWatcher,
+    EndpointSpec,
+)
 from lbcore.ejection import Ejections, routing_mask
 from lbcore.knobs import KnobError
 from lbcore.outlier import DEFAULT_OUTLIER_PARAMS, OutlierParams
@@ -61,6 +68,14 @@ _MAX_WAIT_S = 0.2
 # How long a stop waits, in all, for the informer threads to end (seconds). They are
 # all told to stop first and their blocked requests are cut, so this is a safety cap.
 _INFORMER_STOP_WAIT_S = 5.0
+# Longest stretch of one piece of work (reading a huge endpoints file, building and
+# publishing its table) during which a helper thread keeps the heartbeat going. Long
+# enough for any table within the documented scale limits on a loaded host; short
+# enough that a parse that never ends is still seen as a hang by the master.
+_LONG_WORK_MAX_S = 300.0
+# Per-endpoint log lines of one publish (added, removed, updated); the rest is counted
+# in one summary line, so a publish of 100,000 new pods writes 100 lines, not 100,000.
+_ENDPOINT_LINES_PER_PUBLISH = 100
 
 _PUBLISHED = PUBLISHED_KNOBS
 
@@ -241,9 +256,9 @@ class Discovery:
         """A fixed list of endpoints (synced at once)."""
         self.sources["list"] = _Source("list", tuple(specs), True)
 
-    def add_file(self, path: str) -> None:
-        """An endpoints file, re-read when it changes."""
-        self._file = EndpointsFileWatcher(path)
+    def add_file(self, path: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
+        """An endpoints file, re-read when it changes (refused over ``max_bytes``)."""
+        self._file = EndpointsFileWatcher(path, max_bytes)
         self.sources["file"] = _Source("file")
 
     def add_informer(self, name: str, informer: InformerLike) -> None:
@@ -389,12 +404,24 @@ class Discovery:
         *,
         membership: bool,
         endpoints: Sequence[EndpointSpec] | None = None,
+        force: bool = False,
     ) -> bool:
-        """Publish a ring set; True if a new generation went out.
+        """Publish a ring set; True if a new generation went out (``force``: even unchanged).
 
         The endpoints are ``endpoints`` if given, else the sources' merged set
         (``membership``) or the current set (a knob change).
         """
+        with self._long_work(f"publishing ({reason})"):
+            return self._publish_now(reason, now_ns, membership, endpoints, force)
+
+    def _publish_now(
+        self,
+        reason: str,
+        now_ns: int,
+        membership: bool,
+        endpoints: Sequence[EndpointSpec] | None,
+        force: bool,
+    ) -> bool:
         knobs = self.knob_values()
         params = FadeParams.from_knobs(knobs)
         if endpoints is None:
@@ -409,7 +436,7 @@ class Discovery:
         _, panic = routing_mask(ejections.ejected, threshold)
         outlier_changed = self.published_outlier.differs(eps, ejections, panic)
         folded = self.debouncer.changes if membership else 0
-        if self.published and not (t.routing_changed or knobs_changed or outlier_changed):
+        if self.published and not (force or t.routing_changed or knobs_changed or outlier_changed):
             if membership:
                 self.debouncer.reset()
                 self.log.info(
@@ -419,6 +446,10 @@ class Discovery:
                     folded_changes=folded,
                 )
             self._knobs_dirty = False
+            # The sources are back at what is published: a failed publish of some other
+            # state is moot, so neither its retry nor its problem stays.
+            self._retry_at = None
+            self._problems.pop("publish", None)
             # Collapse completed fades in private state; they route as before.
             self.state.commit(t)
             return False
@@ -440,12 +471,25 @@ class Discovery:
         if membership:
             self.debouncer.reset()
         self._knobs_dirty = False
-        for s in t.added:
-            self.log.info("endpoint_added", generation=gen, **_pod_fields(s))
-        for s in t.removed:
-            self.log.info("endpoint_removed", generation=gen, **_pod_fields(s))
-        for s in t.updated:
-            self.log.info("endpoint_updated", generation=gen, **_pod_fields(s))
+        budget = _ENDPOINT_LINES_PER_PUBLISH
+        unlogged: dict[str, int] = {}
+        for event, specs in (
+            ("endpoint_added", t.added),
+            ("endpoint_removed", t.removed),
+            ("endpoint_updated", t.updated),
+        ):
+            for s in specs[:budget]:
+                self.log.info(event, generation=gen, **_pod_fields(s))
+            if len(specs) > budget:
+                unlogged[event] = len(specs) - budget
+            budget = max(budget - len(specs), 0)
+        if unlogged:
+            self.log.info(
+                "endpoint_lines_capped",
+                generation=gen,
+                not_logged=unlogged,
+                why=f"at most {_ENDPOINT_LINES_PER_PUBLISH} endpoint lines per publish",
+            )
         after = Published(eps, ejections, panic)
         m = self.monitor
         log_changes(
@@ -587,11 +631,13 @@ class Discovery:
             while not (self.stop_event.is_set() or self._signalled):
                 now = self.clock()
                 if self._file is not None and now >= next_poll:
-                    self._poll_file()
+                    with self._long_work("reading the endpoints file"):
+                        self._poll_file()
                     next_poll = now + self.file_poll_ns
                 if now >= next_beat:
+                    self._check_tables(now)
                     self._report_status()
-                    self.publisher.heartbeat(now)
+                    self._heartbeat(now)
                     next_beat = now + self.heartbeat_ns
                 self._maybe_publish(now, started)
                 if self.published and now >= next_judge:
@@ -620,6 +666,67 @@ class Discovery:
                         break
         finally:
             self._stop_informers()
+
+    def _check_tables(self, now_ns: int) -> None:
+        """Publish again when the tables segments were removed or shrunk under us."""
+        check = getattr(self.publisher, "check_tables", None)
+        if check is None:
+            return
+        try:
+            why = check()
+        except shm.ShmError as exc:
+            self._note_problem("tables", f"tables segments lost and not recreated: {exc}")
+            self.log.error(
+                "tables_unrecoverable", error=str(exc), retry_in_s=self.heartbeat_ns / 1e9
+            )
+            return
+        self._problems.pop("tables", None)
+        if why is None:
+            return
+        self._status_written = None  # a new control segment has no status yet
+        self.log.warning(
+            "tables_lost",
+            why=why,
+            generation=self.publisher.generation,
+            action="publishing the current table again" if self.published else "none yet",
+        )
+        if self.published:
+            self._publish("tables lost", now_ns, membership=False, force=True)
+
+    @contextlib.contextmanager
+    def _long_work(self, what: str) -> Iterator[None]:
+        """Keep the heartbeat going from a helper thread while ``what`` runs.
+
+        The master takes a heartbeat older than its stall timeout for a hung process;
+        a huge file or table can take longer than that on a loaded host without being
+        hung. The helper beats only while the block runs, and for at most
+        ``_LONG_WORK_MAX_S``, so a loop that really hangs still stops the heartbeat.
+        """
+        stop = threading.Event()
+        interval = max(self.heartbeat_ns / 1e9, 0.01)
+
+        def beat() -> None:
+            deadline = time.monotonic() + _LONG_WORK_MAX_S
+            while not stop.wait(interval) and time.monotonic() < deadline:
+                try:
+                    self.publisher.heartbeat(self.clock())
+                except Exception:  # the main thread sees and reports the same fault
+                    return
+
+        helper = threading.Thread(target=beat, name="cslb-long-work-heartbeat", daemon=True)
+        helper.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            helper.join()
+
+    def _heartbeat(self, now_ns: int) -> None:
+        try:
+            self.publisher.heartbeat(now_ns)
+        except shm.ShmError as exc:
+            # Shrunk between the check and here: the next beat's check recreates it.
+            self.log.warning("heartbeat_failed", error=str(exc))
 
     def _stop_informers(self) -> None:
         """Tell every informer to stop, then wait for them together (not one by one)."""

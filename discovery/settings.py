@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import shm
+from discovery.static import DEFAULT_MAX_FILE_BYTES
 
 # lbcore.knobs' own parsers, reused rather than copied (private there for now).
 from lbcore.knobs import (
@@ -32,6 +33,7 @@ from lbcore.knobs import (
     from_mapping,
     parse_bool,
     parse_choice,
+    parse_int_between,
     seconds_at_least,
 )
 from lbcore.knobs import docs_table as _docs_table
@@ -162,6 +164,17 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         _text,
         "JSON or YAML file of endpoints, re-read when it changes (see examples/).",
         "FILE",
+    ),
+    Knob(
+        "endpoints_file_max_bytes",
+        "CSLB_ENDPOINTS_FILE_MAX_BYTES",
+        "--endpoints-file-max-bytes",
+        DEFAULT_MAX_FILE_BYTES,
+        parse_int_between(1024, 1 << 30),
+        "Largest endpoints file in bytes that is read; a larger one, or one that is not a "
+        "regular file (a FIFO, a device), is refused as endpoints_file_invalid and the last "
+        "good endpoints stay in force.",
+        "BYTES",
     ),
     shm.SHM_NAMESPACE,
     Knob(
@@ -301,31 +314,25 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
 )
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError("expected an integer >= 0") from None
-    if value < 0:
-        raise ValueError("expected an integer >= 0")
-    return value
+# Counts are compared with per-window call counts; a billion is beyond any window.
+_count = parse_int_between(0, 1_000_000_000)
 
 
-def _number_at_least(minimum: float) -> Any:
+def _number_at_least(minimum: float, maximum: float) -> Any:
     def parse(text: str) -> float:
         try:
             value = float(text.strip())
         except ValueError:
             raise ValueError("expected a number") from None
-        if not (value >= minimum and value < float("inf")):
-            raise ValueError(f"expected a finite number >= {minimum:g}")
+        if not (minimum <= value <= maximum):
+            raise ValueError(f"expected a number from {minimum:g} to {maximum:g}")
         return value
 
     return parse
 
 
 def _percent(text: str) -> float:
-    value = _number_at_least(0.0)(text.strip().rstrip("%"))
+    value = _number_at_least(0.0, 100.0)(text.strip().rstrip("%"))
     if value > 100.0:
         raise ValueError("expected a percentage from 0 to 100")
     return value
@@ -430,7 +437,7 @@ OUTLIER_KNOBS: tuple[Knob, ...] = (
         "CSLB_OUTLIER_SUCCESS_RATE_STDEV",
         "--outlier-success-rate-stdev",
         _OD.success_rate_stdev,
-        _number_at_least(0.0),
+        _number_at_least(0.0, 1000.0),
         "Success-rate rule: eject an endpoint whose success rate is below mean - this x "
         "stdev of the endpoints with enough calls, and at least 5 points below the mean "
         "(0: rule off).",

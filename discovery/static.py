@@ -18,23 +18,35 @@ the entry and the expected form.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 from discovery.address import EXPECTED_FORM, check_address
 
 __all__ = [
+    "DEFAULT_MAX_FILE_BYTES",
     "ENTRY_FIELDS",
     "EndpointSpec",
     "EndpointsFileError",
+    "check_label",
     "load_endpoints_file",
     "parse_endpoints",
+    "read_endpoints_text",
 ]
 
 #: The fields an endpoint entry may have.
 ENTRY_FIELDS = ("address", "zone", "node", "pod")
+
+#: Largest endpoints file read when no limit is given (``--endpoints-file-max-bytes``).
+DEFAULT_MAX_FILE_BYTES = 32 << 20
+
+# Longest label: Kubernetes names (nodes, pods) and topology zone values fit in 253.
+_MAX_LABEL_CHARS = 253
 
 # Fields people write that cslb does not have, and what to do instead.
 _NOT_SUPPORTED = {
@@ -78,8 +90,29 @@ def _entry(item: Any, i: int, source: str) -> EndpointSpec:
             raise EndpointsFileError(
                 f"{where}: {name!r} must be a string, got {type(value).__name__}"
             )
+        problem = check_label(value or "")
+        if problem is not None:
+            raise EndpointsFileError(f"{where}: {name!r} {problem}")
         extra[name] = value or ""
     return EndpointSpec(item["address"], **extra)
+
+
+def check_label(value: str) -> str | None:
+    """Why ``value`` cannot be a zone, node or pod label; ``None`` if it can.
+
+    Labels are written into the tables as UTF-8, printed by ``cslb inspect`` and put in
+    log lines and metric labels, so they must encode (no lone surrogates), hold no
+    control characters (NUL ends C strings, ESC drives terminals) and stay short.
+    """
+    if len(value) > _MAX_LABEL_CHARS:
+        return f"is {len(value)} characters long; at most {_MAX_LABEL_CHARS} are allowed"
+    for i, ch in enumerate(value):
+        cat = unicodedata.category(ch)
+        if cat == "Cs":
+            return f"has a lone surrogate (U+{ord(ch):04X}) at character {i}: not encodable"
+        if cat in ("Cc", "Cf", "Zl", "Zp"):
+            return f"has a control or format character (U+{ord(ch):04X}) at character {i}"
+    return None
 
 
 def parse_endpoints(doc: Any, source: str = "endpoints") -> list[EndpointSpec]:
@@ -122,25 +155,139 @@ def parse_endpoints(doc: Any, source: str = "endpoints") -> list[EndpointSpec]:
     return out
 
 
-def load_endpoints_file(path: str | os.PathLike[str]) -> list[EndpointSpec]:
-    """Read and validate an endpoints file (``.yaml``/``.yml`` as YAML, anything else as JSON)."""
-    name = os.fspath(path)
-    try:
-        with open(name, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise EndpointsFileError(f"{name}: cannot read endpoints file: {exc.strerror}") from None
-    try:
-        if name.endswith((".yaml", ".yml")):
-            import yaml
+def read_endpoints_text(path: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> str:
+    """The text of the endpoints file ``path``, refused unless it is a small regular file.
 
-            doc = yaml.safe_load(text)
+    The file is opened with ``O_NONBLOCK`` and checked with ``fstat`` before anything is
+    read, so a FIFO (whose ``open`` would wait for a writer, deaf to SIGTERM), a device
+    such as ``/dev/zero`` (endless) or a file over ``max_bytes`` is refused at once; a
+    file that grows past the limit while it is read is refused too.
+
+    Raises
+    ------
+    EndpointsFileError
+        Naming the file and why: it cannot be opened, is not a regular file, is larger
+        than ``max_bytes`` or is not valid UTF-8.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise EndpointsFileError(
+            f"{path}: cannot read endpoints file: {exc.strerror or errno.errorcode.get(exc.errno)}"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _file_kind(st.st_mode)
+            raise EndpointsFileError(
+                f"{path}: the endpoints file is {kind}, not a regular file; refused "
+                "(give a JSON or YAML file)"
+            )
+        if st.st_size > max_bytes:
+            raise EndpointsFileError(
+                f"{path}: the endpoints file is {st.st_size} bytes, over the limit of "
+                f"{max_bytes} (--endpoints-file-max-bytes)"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            except OSError as exc:
+                raise EndpointsFileError(
+                    f"{path}: cannot read endpoints file: {exc.strerror}"
+                ) from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise EndpointsFileError(
+                    f"{path}: the endpoints file grew past the limit of {max_bytes} bytes "
+                    "while it was read (--endpoints-file-max-bytes)"
+                )
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EndpointsFileError(
+            f"{path}: the endpoints file is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _load_yaml(text: str) -> Any:
+    """YAML without aliases.
+
+    An endpoints file needs none, and a few lines of nested aliases ("billion laughs")
+    would expand to more than any size limit allows.
+    """
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise EndpointsFileError(
+                    f"YAML alias *{event.anchor} at line {event.start_mark.line + 1}: "
+                    "aliases are not allowed in an endpoints file (write the value out)"
+                )
+            return super().compose_node(parent, index)
+
+    loader = NoAliases(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def load_endpoints_file(
+    path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> list[EndpointSpec]:
+    """Read and validate an endpoints file (``.yaml``/``.yml`` as YAML, anything else as JSON).
+
+    Raises
+    ------
+    EndpointsFileError
+        For anything wrong with the file (see :func:`read_endpoints_text` and
+        :func:`parse_endpoints`), never another exception for its content.
+    """
+    name = os.fspath(path)
+    text = read_endpoints_text(name, max_bytes)
+    kind = "YAML" if name.endswith((".yaml", ".yml")) else "JSON"
+    try:
+        if kind == "YAML":
+            doc = _load_yaml(text)
         else:
             doc = json.loads(text)
+    except EndpointsFileError as exc:
+        raise EndpointsFileError(f"{name}: {exc}") from None
     except Exception as exc:
-        kind = "YAML" if name.endswith((".yaml", ".yml")) else "JSON"
-        raise EndpointsFileError(f"{name}: not valid {kind}: {exc}") from None
-    return parse_endpoints(doc, name)
+        raise EndpointsFileError(f"{name}: not valid {kind}: {str(exc)[:300]}") from None
+    try:
+        return parse_endpoints(doc, name)
+    except EndpointsFileError:
+        raise
+    except Exception as exc:
+        # A decoder builds shapes the checks above do not expect (YAML keys that are
+        # lists, recursion limits): still a bad file, not a crash.
+        raise EndpointsFileError(
+            f"{name}: cannot use the endpoints file: {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
 
 
 class EndpointsFileWatcher:
@@ -156,10 +303,15 @@ class EndpointsFileWatcher:
     ----------
     path
         The endpoints file (JSON, or YAML by extension).
+    max_bytes
+        Largest file read; a larger one (or one that is not a regular file) is refused.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_FILE_BYTES
+    ) -> None:
         self.path = os.fspath(path)
+        self.max_bytes = max_bytes
         self._signature: tuple[int, int, int, int] | None = None
         self._error: str | None = None
         self.endpoints: list[EndpointSpec] | None = None
@@ -190,7 +342,7 @@ class EndpointsFileWatcher:
             return None
         self._signature = sig
         try:
-            specs = load_endpoints_file(self.path)
+            specs = load_endpoints_file(self.path, self.max_bytes)
         except EndpointsFileError as exc:
             first = str(exc) != self._error
             self._error = str(exc)

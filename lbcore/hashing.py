@@ -189,14 +189,17 @@ def encode_key(key: Any, i: int = 0) -> bytes:
     """
     if isinstance(key, str):
         try:
-            return key.encode("utf-8")
+            # str.encode, not key.encode: a subclass's override must not change the key
+            # (the native kernel reads the characters themselves).
+            return str.encode(key, "utf-8")
         except UnicodeEncodeError as exc:
             raise KeyEncodingError(
                 f"key {i} is not valid Unicode and cannot be encoded as UTF-8: {exc.reason} "
                 f"at character {exc.start}"
             ) from None
     if isinstance(key, (bytes, bytearray, memoryview)):
-        return bytes(key)
+        # Through the buffer: bytes() would call a subclass's __bytes__ instead.
+        return memoryview(key).tobytes()
     if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
         text = decimal_key(_int_value(key))
         assert isinstance(text, bytes)  # no limit: always the string
@@ -911,6 +914,33 @@ def _shift_key_index(message: str, offset: int) -> str:
     return message
 
 
+def plain_array(keys: np.ndarray) -> np.ndarray:
+    """``keys`` as a plain array in native byte order, as both kernels read it.
+
+    A masked array's data is used when nothing is masked; a masked entry has no key to
+    route, so it is refused rather than hashed (the data under a mask is arbitrary).
+
+    Raises
+    ------
+    KeyTypeError
+        An entry of a masked array is masked.
+    """
+    if isinstance(keys, np.ma.MaskedArray):
+        mask = np.ma.getmaskarray(keys).reshape(-1)
+        if mask.any():
+            i = int(np.flatnonzero(mask)[0])
+            raise KeyTypeError(
+                f"key {i} is masked (a NumPy masked array); a masked entry has no product "
+                "ID to route: give the unmasked keys (masked_array.compressed())"
+            )
+        keys = np.ma.getdata(keys)
+    if type(keys) is not np.ndarray:
+        keys = np.asarray(keys)  # other subclasses (matrix, memmap): their data
+    if keys.dtype.kind in "iuU" and not keys.dtype.isnative:
+        keys = keys.astype(keys.dtype.newbyteorder("="))
+    return keys
+
+
 def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
     """XXH64 (seed 0) of every key of a batch.
 
@@ -949,6 +979,7 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
     if isinstance(keys, (str, bytes, bytearray, memoryview, int, np.integer)):
         keys = [keys]
     if isinstance(keys, np.ndarray):
+        keys = plain_array(keys)
         if keys.ndim != 1:
             keys = keys.reshape(-1) if keys.ndim == 0 else keys
             if keys.ndim != 1:

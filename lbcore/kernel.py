@@ -175,6 +175,7 @@ def batch_of(keys: Any) -> tuple[Any, tuple[str, int] | None]:
     if isinstance(keys, _SINGLE):
         return [keys], None
     if isinstance(keys, np.ndarray):
+        keys = hashing.plain_array(keys)
         if keys.ndim != 1:
             keys = keys.reshape(-1) if keys.ndim == 0 else keys
             if keys.ndim != 1:

@@ -37,6 +37,8 @@ __all__ = [
     "LOG_KNOBS",
     "LOG_LEVEL",
     "LOG_LEVELS",
+    "MAX_KNOB_MAGNITUDE",
+    "MAX_SECONDS",
     "ROUTING_KNOBS",
     "Knob",
     "KnobError",
@@ -48,12 +50,23 @@ __all__ = [
     "knob",
     "parse_bool",
     "parse_choice",
+    "parse_int_between",
     "parse_seconds",
     "seconds_at_least",
 ]
 
 #: Fade-in mechanisms: cslb's N-ring fade-in, Skipper's probabilistic one, or none.
 FADE_MODES = ("n-ring", "skipper", "off")
+
+#: Longest duration any knob takes, in seconds (seven days). Durations become int64
+#: nanoseconds added to CLOCK_MONOTONIC, ``poll`` timeouts in int milliseconds and
+#: ``time.sleep`` arguments; this bound keeps every one of them in range.
+MAX_SECONDS = 7 * 86400.0
+
+#: Largest magnitude of any numeric knob value: what a C ``int`` holds. Each parser has
+#: its own, usually tighter, range; :meth:`Knob.convert` refuses anything beyond this
+#: whatever the parser said, so no knob can overflow the code that uses it.
+MAX_KNOB_MAGNITUDE = (1 << 31) - 1
 
 
 class KnobError(LBCoreError, ValueError):
@@ -107,9 +120,19 @@ class Knob:
     def convert(self, raw: Any, source: str) -> Any:
         """Parse and validate ``raw`` (a string, or an already typed value)."""
         try:
-            return self.parse(raw if isinstance(raw, str) else _typed_to_str(raw))
-        except (TypeError, ValueError) as exc:
-            raise KnobError(f"{source}: invalid {self.env}={raw!r}: {exc}") from None
+            value = self.parse(raw if isinstance(raw, str) else _typed_to_str(raw))
+            _check_magnitude(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            shown = repr(raw) if len(repr(raw)) <= 80 else repr(raw)[:77] + "..."
+            raise KnobError(f"{source}: invalid {self.env}={shown}: {exc}") from None
+        return value
+
+
+def _check_magnitude(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if not (math.isfinite(value) and abs(value) <= MAX_KNOB_MAGNITUDE):
+        raise ValueError(f"expected a finite number of magnitude at most {MAX_KNOB_MAGNITUDE}")
 
 
 def _typed_to_str(value: Any) -> str:
@@ -144,6 +167,25 @@ def _number(text: str) -> float:
     return value
 
 
+def parse_int_between(low: int, high: int) -> Callable[[str], int]:
+    """A parser of an integer from ``low`` to ``high`` (``_`` separators allowed)."""
+
+    def parse(text: str) -> int:
+        t = text.strip().replace("_", "")
+        # int() of a huge digit string is slow and may raise past Python's digit limit.
+        if len(t) > 24:
+            raise ValueError(f"expected an integer from {low} to {high}")
+        try:
+            value = int(t)
+        except ValueError:
+            raise ValueError(f"expected an integer from {low} to {high}") from None
+        if not low <= value <= high:
+            raise ValueError(f"expected an integer from {low} to {high}")
+        return value
+
+    return parse
+
+
 def _percentage(text: str) -> float:
     value = _number(text.strip().rstrip("%"))
     if not 0.0 <= value <= 100.0:
@@ -157,19 +199,28 @@ def _balance_factor(text: str) -> float | None:
     value = _number(text)
     if value < 1.0:
         raise ValueError("expected a number >= 1 (or 'off' for no load bound)")
+    if value > MAX_BALANCE_FACTOR:
+        raise ValueError(
+            f"expected a number from 1 to {MAX_BALANCE_FACTOR:g} (or 'off' for no load bound)"
+        )
     return value
+
+
+#: Largest balance factor: beyond it the bound never binds ('off' says that plainly).
+MAX_BALANCE_FACTOR = 1000.0
+
+#: Largest bounded-load walk: a walk never visits more endpoints than a table holds.
+MAX_HOPS = 1_000_000
 
 
 def _max_hops(text: str) -> int | None:
     if text.strip().lower() in ("none", "unlimited", ""):
         return None
+    expected = f"expected a positive integer up to {MAX_HOPS} (or 'unlimited')"
     try:
-        value = int(text.strip())
+        return parse_int_between(1, MAX_HOPS)(text)
     except ValueError:
-        raise ValueError("expected a positive integer (or 'unlimited')") from None
-    if value < 1:
-        raise ValueError("expected a positive integer (or 'unlimited')")
-    return value
+        raise ValueError(expected) from None
 
 
 def parse_choice(options: Sequence[str]) -> Callable[[str], str]:
@@ -185,17 +236,21 @@ def parse_choice(options: Sequence[str]) -> Callable[[str], str]:
 
 
 def parse_seconds(text: str) -> float:
-    """Seconds ``>= 0``, with an optional ``s`` suffix."""
+    """Seconds from 0 to :data:`MAX_SECONDS`, with an optional ``s`` suffix."""
     value = _number(text.strip().removesuffix("s"))
-    if value < 0:
-        raise ValueError("expected seconds >= 0")
+    if not 0 <= value <= MAX_SECONDS:
+        raise ValueError(f"expected seconds >= 0 and at most {MAX_SECONDS:g} (seven days)")
     return value
 
 
-def _positive(text: str) -> float:
+#: Largest fade-in exponent: past it a new ring's share stays 0 until the window's end.
+MAX_FADE_EXPONENT = 100.0
+
+
+def _fade_exponent(text: str) -> float:
     value = _number(text)
-    if value <= 0:
-        raise ValueError("expected a number > 0")
+    if not 0.01 <= value <= MAX_FADE_EXPONENT:
+        raise ValueError(f"expected a number from 0.01 to {MAX_FADE_EXPONENT:g}")
     return value
 
 
@@ -205,7 +260,9 @@ def seconds_at_least(minimum: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         value = parse_seconds(text)
         if value < minimum:
-            raise ValueError(f"expected seconds >= {minimum:g}")
+            raise ValueError(
+                f"expected seconds >= {minimum:g} and at most {MAX_SECONDS:g} (seven days)"
+            )
         return value
 
     return parse
@@ -307,7 +364,7 @@ ROUTING_KNOBS: tuple[Knob, ...] = (
         "CSLB_FADE_EXPONENT",
         "--fade-exponent",
         2.5,
-        _positive,
+        _fade_exponent,
         "Fade-in exponent E: with 2.5 a new ring carries 0.3 % of keys at 10 % of the "
         "window, 17.7 % at 50 % and 76.8 % at 90 %.",
         "E",

@@ -265,11 +265,19 @@ class _Control:
         self.matrix: _Matrix | None = None
 
     def current(self) -> _Matrix:
-        """The current data segment's matrix, attaching it if the epoch moved."""
+        """The current data segment's matrix, attaching it if the epoch moved.
+
+        Raises
+        ------
+        SegmentSizeError
+            The control or the current data segment was shrunk under its mapping.
+        """
+        self.seg.check_size()
         while True:
             epoch = self.cw[_C_CURRENT]
             m = self.matrix
             if m is not None and m.epoch == epoch:
+                m.seg.check_size()
                 return m
             name = f"{self.seg.name}.{epoch}"
             try:
@@ -555,6 +563,7 @@ class CounterStore:
         ticks = own_start_ticks()
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             m = ctl.current()
             if row is not None:
@@ -597,6 +606,7 @@ class CounterStore:
 
     def _check_reserved(self, row: Any, holders: tuple[int, ...]) -> None:
         ctl = self._ctl
+        ctl.seg.check_size()
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
             raise SlotOwnershipError(f"row must be an integer, got {row!r}")
         if not 0 <= int(row) < ctl.rows:
@@ -633,6 +643,7 @@ class CounterStore:
         self._check_writable()
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             m = ctl.current()
             row = self._free_row(ctl)
@@ -663,6 +674,7 @@ class CounterStore:
         self._check_writable()
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
+        ctl.seg.check_size()
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
             raise SlotOwnershipError(f"row must be an integer, got {row!r}")
         if not 0 <= int(row) < ctl.rows:
@@ -694,6 +706,7 @@ class CounterStore:
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         out = []
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             m = ctl.current()
             held = (ctl.slots["state"] == SLOT_CLAIMED) | (ctl.slots["state"] == SLOT_RESERVED)
@@ -709,6 +722,7 @@ class CounterStore:
     def slots(self) -> list[SlotInfo]:
         """State of every worker slot (liveness checked now)."""
         out = []
+        self._ctl.seg.check_size()
         for r, s in enumerate(self._ctl.slots.copy()):
             claimed = int(s["state"]) == SLOT_CLAIMED
             out.append(
@@ -728,6 +742,7 @@ class CounterStore:
     def _release_row(self, rec: Recorder, now_ns: int | None) -> None:
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             s = ctl.slots[rec.row : rec.row + 1]
             if int(s["state"][0]) == SLOT_CLAIMED and int(s["pid"][0]) == os.getpid():
@@ -753,6 +768,7 @@ class CounterStore:
         if n > _MAX_COLUMNS:
             raise CapacityError(self.name, f"{n} endpoint slots exceed the limit of {_MAX_COLUMNS}")
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             old = ctl.current()
             if n <= old.columns:
@@ -792,6 +808,7 @@ class CounterStore:
         self._check_writable()
         idx = np.asarray(slots, dtype=np.intp).ravel()
         ctl = self._ctl
+        ctl.seg.check_size()
         with ctl.seg.lock():
             m = ctl.current()
             if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= m.columns):
@@ -810,7 +827,59 @@ class CounterStore:
         new reader sees, and readers see only the old rows: attach again and claim a
         new slot (a worker should check this about once a second; one ``stat`` call).
         """
-        return current_inode(self.name) != self._ctl.seg.inode
+        return (
+            current_inode(self.name) != self._ctl.seg.inode
+            or self._ctl.seg.shrunk_to() is not None
+        )
+
+    def repair(self) -> bool:
+        """Replace a current data segment that was shrunk, removed or damaged; True if done.
+
+        For the owner (the gunicorn master): a new data epoch of the same width takes
+        its place, its rows starting empty (the shrunk one cannot be read). Recorders
+        follow the epoch on their next call, as after growth; readers on their next
+        read. A shrunk control segment cannot be repaired in place: :meth:`replaced`
+        is True then, and the owner creates the counters again.
+
+        Raises
+        ------
+        SegmentSizeError
+            The control segment itself was shrunk.
+        """
+        self._check_writable()
+        ctl = self._ctl
+        ctl.seg.check_size()
+        with ctl.seg.lock():
+            readable: _Matrix | None = None
+            try:
+                readable = ctl.current()
+                if current_inode(readable.seg.name) == readable.seg.inode:
+                    return False
+                # Unlinked (a /dev/shm cleanup): whole still, but nobody new can map it.
+            except (SegmentCorruptError, SegmentMissingError):
+                # Shrunk, removed or overwritten: the owner makes a new one either way.
+                if ctl.seg.shrunk_to() is not None:
+                    raise
+            old = ctl.matrix
+            now = int(ctl.cw[_C_CURRENT])
+            # Never mapped here (shrunk before this process first looked): its width is
+            # lost with its header; the table writer grows the new one as it publishes.
+            cols = old.columns if old is not None and old.epoch == now else _columns_for(64)
+            epoch = now + 1
+            unlink_stale_epochs(self.namespace, "counters", now)
+            seg = _create_data(f"{self.name}.{epoch}", epoch, ctl.rows, cols, ctl.buckets)
+            new = _Matrix(seg, epoch, ctl.rows, ctl.buckets)
+            if readable is not None:
+                for r in np.flatnonzero(ctl.slots["used"] != 0).tolist():
+                    new.copy_row(readable, r)
+            fence()
+            ctl.cw[_C_CURRENT] = epoch
+            ctl.matrix = new
+            if readable is None:
+                unlink_name(f"{self.name}.{now}")
+            if old is not None:
+                old.seg.close()
+            return True
 
     def reader(self) -> CounterReader:
         """A host-wide reader over these counters."""
@@ -955,6 +1024,8 @@ class Recorder:
         f = m.fields[self.row]
         k = self._k
         self._matrix = m
+        self._ctl_seg = self._store._ctl.seg
+        self._data_seg = m.seg
         self._cols = m.columns
         self._open_old = f[0]
         self._open = f[1 : 1 + k]
@@ -1030,6 +1101,18 @@ class Recorder:
         )
         self._epoch = m.epoch
 
+    def _moved(self) -> bool:
+        """Whether the matrix moved to another epoch (then :meth:`_follow` it).
+
+        Checks first that neither segment was shrunk under its mapping, so a recording
+        is refused (:class:`SegmentSizeError`) instead of faulting.
+        """
+        self._ctl_seg.check_size()
+        if self._cw[_C_CURRENT] != self._epoch:
+            return True  # a shrunk old matrix is left behind, not copied
+        self._data_seg.check_size()
+        return False
+
     def _follow(self) -> None:
         if self._forked:
             raise SlotOwnershipError(
@@ -1040,7 +1123,7 @@ class Recorder:
             raise SlotOwnershipError(f"recorder of row {self.row} was released")
         old = self._matrix
         new = self._store._ctl.current()
-        if old is not None and new.epoch != old.epoch:
+        if old is not None and new.epoch != old.epoch and old.seg.shrunk_to() is None:
             new.copy_row(old, self.row)  # ours is the authoritative copy of this row
         self._bind(new)
 
@@ -1094,7 +1177,7 @@ class Recorder:
         s = np.ascontiguousarray(s)
         # One reduction checks both bounds: negative slots become huge as unsigned.
         if s.size and _max(s.view(np.uint64)) >= self._cols:
-            if s.min() >= 0 and self._cw[_C_CURRENT] != self._epoch:
+            if s.min() >= 0 and self._moved():
                 self._follow()  # grown meanwhile: check against the new width
                 return self._slots(s)
             raise CounterInputError(
@@ -1126,7 +1209,7 @@ class Recorder:
             Slots that are not integers in range, or start times that are not one
             integer per call; nothing is recorded then.
         """
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         s = slots if bound is not None and bound <= self._cols else self._slots(slots)
         if now_ns.__class__ is not int and isinstance(now_ns, np.integer):
@@ -1179,7 +1262,7 @@ class Recorder:
         CounterInputError
             Endpoints outside the map or slots outside the row; nothing is recorded then.
         """
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         if bound > self._cols or now_ns.__class__ is not int:
             slots = self._routed_slots(slot_map, endpoints)
@@ -1222,7 +1305,7 @@ class Recorder:
         CounterInputError
             As :meth:`record_start_routed`, or a negative duration.
         """
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         d = duration_ns
         if d.__class__ is not int or started_ns.__class__ is not int or d < 0:
@@ -1288,7 +1371,7 @@ class Recorder:
             A slot outside the row, an unknown failure kind or a bad time; nothing is
             recorded then.
         """
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         b = self._bucket_ns
         if ended or done:
@@ -1303,7 +1386,7 @@ class Recorder:
             head, tail = self._geometry
             self._add_calls(self._row_words, ended, done, starts, (*head, self._period, *tail))
         except (ArgumentError, TypeError, OverflowError) as exc:
-            if self._cw[_C_CURRENT] != self._epoch:  # grown meanwhile: check again
+            if self._moved():  # grown meanwhile: check again
                 self._follow()
                 return self.record_calls(ended, done, starts, now_ns)
             raise CounterInputError(str(exc)) from None
@@ -1396,7 +1479,7 @@ class Recorder:
             Mismatched lengths, slots out of range, negative durations or unknown
             failure kinds; nothing is recorded then.
         """
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         s = slots if bound is not None and bound <= self._cols else self._slots(slots)
         n = s.size
@@ -1569,7 +1652,7 @@ class Recorder:
             or (decisions | fallbacks | moves) < 0
         ):
             decisions, fallbacks, moves = _counts((decisions, fallbacks, moves), "decision counts")
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         st = self._stats
         st[0] += decisions
@@ -1591,7 +1674,7 @@ class Recorder:
             )
         if n.__class__ is not int or n < 0:
             (n,) = _counts((n,), "counts")
-        if self._cw[_C_CURRENT] != self._epoch:
+        if self._moved():
             self._follow()
         self._stats[i] += n
 
@@ -1863,11 +1946,15 @@ class HostLoads:
         n = self.in_flight.size
         if idx.size and int(idx.min()) < 0:
             raise CounterInputError(f"endpoint slots must be >= 0, got {int(idx.min())}")
-        extra = int(idx.max()) + 1 - n if idx.size else 0
+        beyond = bool(idx.size) and int(idx.max()) >= n
+        if beyond:
+            # Every uncovered slot reads the one idle row appended at n: what this costs
+            # depends on how many slots there are, never on how large one is.
+            idx = np.minimum(idx, n)
 
         def pick(arr: np.ndarray, idle: float) -> np.ndarray:
-            if extra > 0:
-                pad = np.full((extra, *arr.shape[1:]), idle, dtype=arr.dtype)
+            if beyond:
+                pad = np.full((1, *arr.shape[1:]), idle, dtype=arr.dtype)
                 arr = np.concatenate((arr, pad))
             return arr.take(idx, axis=0)
 
@@ -1936,19 +2023,85 @@ class HostLoads:
         return routed_call_load(name, self.global_latency_s, self.window_ns / 1e9)
 
 
+# Bounds of sane counter cells. Any process of the user can write the matrix; a row
+# holding values no recorder writes (a count beyond 2**31 calls in one bucket, busy time
+# beyond 2**56 ns, a negative total, a period from the future) is left out of every sum,
+# so its garbage reaches neither routing nor the lifetime totals.
+_MAX_OPEN = 1 << 31
+_MAX_CELL = 1 << 56
+_MAX_TOTAL = 1 << 53
+
+
+def _sane_rows(m: _Matrix, hi: int, n: int, now_ns: int | None, bucket_ns: int) -> np.ndarray:
+    """Per row ``< hi``: whether every cell a reader sums is in a recorder's range.
+
+    ``now_ns``: the reader's present, against which the rows' periods are checked
+    (``None``: lifetime totals only, which do not depend on them).
+    """
+    k = m.buckets
+    f = m.fields[:hi, :, :n]
+    opens = f[:, : 1 + k, :]  # open_old, then open per bucket (transiently negative)
+    sums = f[:, 1 + 2 * k :, :]  # busy, completed, latency, failures and kinds per bucket
+    ok = (opens.min(axis=(1, 2), initial=0) >= -_MAX_OPEN) & (
+        opens.max(axis=(1, 2), initial=0) <= _MAX_OPEN
+    )
+    ok &= (sums.min(axis=(1, 2), initial=0) >= 0) & (sums.max(axis=(1, 2), initial=0) <= _MAX_CELL)
+    if now_ns is not None:
+        periods = m.periods[:hi]
+        # -1: never stamped; down to -(k+1): stamped by a first rotation at a clock near 0.
+        latest = now_ns // bucket_ns + 2
+        ok &= ((periods >= -(k + 1)) & (periods <= latest)).all(axis=1)
+    totals = m.totals[:hi, :, :n]
+    ok &= (totals.min(axis=(1, 2), initial=0) >= 0) & (
+        totals.max(axis=(1, 2), initial=0) <= _MAX_TOTAL
+    )
+    stats = m.stats[:hi, : len(STATS_FIELDS)]
+    ok &= ((stats >= 0) & (stats <= _MAX_TOTAL)).all(axis=1)
+    return ok
+
+
 class CounterReader:
     """Sums the counter rows of every worker of the host. Writes nothing.
+
+    Rows holding values no recorder writes are left out of every sum (see
+    :attr:`ignored_rows`), so one damaged row changes neither routing nor the totals.
 
     Parameters
     ----------
     namespace
         Namespace of the counters.
+
+    Attributes
+    ----------
+    ignored_rows : tuple[int, ...]
+        Rows the last read left out as damaged.
+    ignored_total : int
+        Rows left out, summed over every read so far.
     """
 
     def __init__(self, namespace: str, *, _control: _Control | None = None) -> None:
         self.namespace = namespace
         self._ctl = _control if _control is not None else _attach_control(namespace, writable=False)
         self._ctl.current()
+        self.ignored_rows: tuple[int, ...] = ()
+        self.ignored_total = 0
+
+    def _rows(self, m: _Matrix, n: int, now_ns: int | None = None) -> np.ndarray | None:
+        """Indices of the used rows whose cells are sane (``None``: no row is used)."""
+        ctl = self._ctl
+        used = np.flatnonzero(ctl.slots["used"] != 0)
+        if used.size == 0:
+            self.ignored_rows = ()
+            return None
+        hi = int(used[-1]) + 1
+        # Rows never used below the last used one hold zeros: summed, they weigh
+        # nothing (and keep the common case one strided view); damaged, they are out.
+        ok = _sane_rows(m, hi, n, None if now_ns is None else int(now_ns), ctl.bucket_ns)
+        bad = np.flatnonzero(~ok)
+        self.ignored_rows = tuple(int(r) for r in bad)
+        self.ignored_total += len(bad)
+        rows = np.flatnonzero(ok)
+        return rows if rows.size else None
 
     @property
     def columns(self) -> int:
@@ -1972,18 +2125,21 @@ class CounterReader:
             not need them; the lifetime totals per kind are always read.
         """
         ctl = self._ctl
+        ctl.seg.check_size()
         m = ctl.current()
         n = m.columns if columns is None else min(int(columns), m.columns)
-        used = np.flatnonzero(ctl.slots["used"] != 0)
         k = ctl.buckets
         w_ns = ctl.window_ns
-        if used.size == 0 or n == 0:
+        rows = self._rows(m, n, now_ns) if n else None
+        if rows is None:
             return HostLoads.idle(n, now_ns, w_ns)
         # Rows are claimed lowest first, so the used rows are (nearly) a prefix: read them
-        # as one strided view, no copy; rows never used hold zeros and weigh nothing.
-        hi = int(used[-1]) + 1
-        cells = m.fields[:hi, :, :n]
-        periods = m.periods[:hi]
+        # as one strided view, no copy, unless a damaged row must be left out; rows never
+        # used hold zeros and weigh nothing.
+        hi = rows.size
+        take: Any = slice(0, hi) if int(rows[-1]) + 1 == hi else rows
+        cells = m.fields[take, :, :n]
+        periods = m.periods[take]
         weights = bucket_weights(periods, ctl.bucket_ns, now_ns, w_ns)
         # Busy time of requests still open, each counted from its start but at most for
         # the window: per start bucket, count x (now - bucket start) - start offsets,
@@ -2028,12 +2184,12 @@ class CounterReader:
             mean_latency_s=_mean_latency(latency_ns / 1e9, completed),
             failure_rate=failure_rate,
             global_latency_s=glob,
-            requests_total=m.totals[:hi, 0, :n].sum(axis=0),
-            failures_total=m.totals[:hi, 1, :n].sum(axis=0),
+            requests_total=m.totals[take, 0, :n].sum(axis=0),
+            failures_total=m.totals[take, 1, :n].sum(axis=0),
             failures=failures,
             failures_by_kind=by_kind,
             failures_total_by_kind=np.ascontiguousarray(
-                m.totals[:hi, 2 : 2 + len(KIND_FIELDS), :n].sum(axis=0).T
+                m.totals[take, 2 : 2 + len(KIND_FIELDS), :n].sum(axis=0).T
             ),
         )
 
@@ -2052,15 +2208,15 @@ class CounterReader:
             ``(slots, 4)``, columns in :data:`lbcore.outlier.FAILURE_KINDS` order).
         """
         ctl = self._ctl
+        ctl.seg.check_size()
         m = ctl.current()
         n = m.columns if columns is None else min(int(columns), m.columns)
-        used = np.flatnonzero(ctl.slots["used"] != 0)
         nk = len(KIND_FIELDS)
-        if used.size == 0:
+        rows = self._rows(m, n)
+        if rows is None:
             return np.zeros(n, np.int64), np.zeros((n, nk), np.int64)
-        hi = int(used[-1]) + 1
-        requests = m.totals[:hi, 0, :n].sum(axis=0)
-        kinds = np.ascontiguousarray(m.totals[:hi, 2 : 2 + nk, :n].sum(axis=0).T)
+        requests = m.totals[rows, 0, :n].sum(axis=0)
+        kinds = np.ascontiguousarray(m.totals[rows, 2 : 2 + nk, :n].sum(axis=0).T)
         return requests, kinds
 
     def stats(self) -> dict[str, int]:
@@ -2073,11 +2229,12 @@ class CounterReader:
             over every row ever used (see :meth:`Recorder.count`).
         """
         ctl = self._ctl
+        ctl.seg.check_size()
         m = ctl.current()
-        used = np.flatnonzero(ctl.slots["used"] != 0)
-        if used.size == 0:
+        rows = self._rows(m, m.columns)
+        if rows is None:
             return dict.fromkeys(STATS_FIELDS, 0)
-        sums = m.stats[: int(used[-1]) + 1, : len(STATS_FIELDS)].sum(axis=0)
+        sums = m.stats[rows, : len(STATS_FIELDS)].sum(axis=0)
         return {name: int(v) for name, v in zip(STATS_FIELDS, sums, strict=True)}
 
     def replaced(self) -> bool:
@@ -2085,7 +2242,10 @@ class CounterReader:
 
         Attach a new reader then (see :meth:`CounterStore.replaced`).
         """
-        return current_inode(self._ctl.seg.name) != self._ctl.seg.inode
+        return (
+            current_inode(self._ctl.seg.name) != self._ctl.seg.inode
+            or self._ctl.seg.shrunk_to() is not None
+        )
 
     def close(self) -> None:
         """Drop the reader's mappings."""

@@ -342,11 +342,21 @@ class Segment:
         the same name has another one.
     """
 
-    __slots__ = ("_mm", "buf", "created", "inode", "name", "size", "words", "writable")
+    __slots__ = ("_fd", "_mm", "buf", "created", "inode", "name", "size", "words", "writable")
 
     def __init__(
-        self, name: str, mm: mmap.mmap, size: int, writable: bool, created: bool, inode: int = 0
+        self,
+        name: str,
+        mm: mmap.mmap,
+        size: int,
+        writable: bool,
+        created: bool,
+        inode: int = 0,
+        fd: int = -1,
     ):
+        # The object's own descriptor, kept to read its size: another process of the user can
+        # shrink the object under the mapping, and a touch past its end is SIGBUS.
+        self._fd = fd
         self.name = name
         self.inode = inode
         self._mm = mm
@@ -400,13 +410,14 @@ class Segment:
             _allocate(fd, name, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             inode = os.fstat(fd).st_ino
+            kept = os.dup(fd)
         except BaseException:
             with contextlib.suppress(posix_ipc.ExistentialError):
                 mem.unlink()
             raise
         finally:
             mem.close_fd()
-        return cls(name, mm, size, True, True, inode)
+        return cls(name, mm, size, True, True, inode, kept)
 
     @classmethod
     def attach(cls, name: str, *, writable: bool = False, min_size: int = 32) -> Segment:
@@ -443,9 +454,10 @@ class Segment:
                 )
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             mm = mmap.mmap(mem.fd, size, mmap.MAP_SHARED, prot)
+            kept = os.dup(mem.fd)
         finally:
             mem.close_fd()
-        return cls(name, mm, size, writable, False, st.st_ino)
+        return cls(name, mm, size, writable, False, st.st_ino, kept)
 
     @classmethod
     def reinitialize(cls, name: str, size: int) -> Segment:
@@ -471,10 +483,11 @@ class Segment:
             _check_owner(name, st)
             _allocate(fd, name, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            kept = os.dup(fd)
         finally:
             mem.close_fd()
         mm[:] = bytes(size)
-        return cls(name, mm, size, True, False, st.st_ino)
+        return cls(name, mm, size, True, False, st.st_ino, kept)
 
     # --------------------------------------------------------------------------------
 
@@ -485,6 +498,44 @@ class Segment:
     def header(self, dtype: np.dtype, offset: int = 0) -> np.ndarray:
         """Zero-copy view of one structured header record at byte ``offset``."""
         return self.array(dtype, offset, 1)[0:1]
+
+    def shrunk_to(self) -> int | None:
+        """The object's size if it is now shorter than this mapping, else ``None``.
+
+        One ``lseek`` to the end of the object this handle mapped (not of the name, which
+        may name another object by now). Unlinking or replacing the name leaves the
+        mapping valid; only a shrunk object makes touching the mapping fault (SIGBUS).
+        """
+        if self._fd < 0:
+            return None
+        try:
+            # The object's size, as fstat's st_size, without building a stat result: this
+            # runs before every access point, batches included. (The descriptor's offset
+            # moves; nothing reads through it.)
+            size = os.lseek(self._fd, 0, os.SEEK_END)
+        except OSError:
+            return None
+        return size if size < self.size else None
+
+    def check_size(self) -> None:
+        """Raise unless the object still backs the whole mapping (call before touching it).
+
+        A window remains between this check and the touch: another process shrinking
+        the object in that window still faults. Checking on every access point makes
+        that window as short as a few instructions instead of the process's lifetime.
+
+        Raises
+        ------
+        SegmentSizeError
+            The object was shrunk under the mapping.
+        """
+        size = self.shrunk_to()
+        if size is not None:
+            raise SegmentSizeError(
+                self.name,
+                f"shrank to {size} bytes under its {self.size}-byte mapping (truncated by "
+                "another process); not read or written",
+            )
 
     def unlink(self) -> bool:
         """Remove the name from ``/dev/shm`` (mappings stay valid); False if already gone."""
@@ -502,8 +553,22 @@ class Segment:
         """
         mm = self._mm
         self.words = self.buf = memoryview(b"")
-        with contextlib.suppress(BufferError, ValueError):
+        try:
             mm.close()
+        except (BufferError, ValueError):
+            # Views still map it: keep the descriptor so shrink checks keep working for
+            # their holders; it is closed when this handle is collected.
+            return
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self) -> None:
+        self._close_fd()
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
         """Hold the segment's cross-process lock (see :func:`segment_lock`)."""

@@ -212,6 +212,11 @@ DEFAULT_SLOT_REUSE_NS = DEFAULT_WINDOW_NS + 2_000_000_000
 
 _WEAK = not _TSO
 _MAX_ENDPOINTS = 1 << 20
+# How long a verdict "this buffer is corrupt" stands before the buffer is checked again.
+# Any process of the user can write the segment: bytes damaged for a moment (and
+# repaired, or rewritten with the same sequence number) must not be refused forever,
+# and re-checking costs a checksum of the payload, so not on every read either.
+_BAD_RECHECK_NS = 1_000_000_000
 _MAX_RINGS = 64
 _MAX_VNODES = 1 << 16
 _MIN_BUCKET_BITS = 1
@@ -445,6 +450,7 @@ class Table:
     """
 
     __slots__ = (
+        "_mapped",
         "_seq",
         "_seq_index",
         "_seq_words",
@@ -485,8 +491,13 @@ class Table:
         """True while the writer has not started rewriting this table's buffer.
 
         Check it *after* using the table: a result computed from it counts only if the
-        table is still valid then. Costs one shared-memory load (~50 ns).
+        table is still valid then. Costs one shared-memory load and an ``lseek`` to the end of
+        the data segment: a table whose segment was shrunk under it (by another
+        process) is invalid, and reading its sequence word would fault.
         """
+        seg = self._mapped
+        if seg is not None and seg.shrunk_to() is not None:
+            return False
         if _WEAK:
             fence()
         return self._seq_words[self._seq_index] == self._seq
@@ -531,6 +542,7 @@ def _empty_table() -> Table:
     t._seq_words = memoryview(np.zeros(1, dtype=np.uint64)).cast("B").cast("Q")
     t._seq_index = 0
     t._seq = 0
+    t._mapped = None
     return t
 
 
@@ -788,31 +800,41 @@ class _Decoder:
                 raise self.fail(f"section {name!r} has {arr.size} entries, expected {expected}")
             return arr
 
+        def owned(name: str, expected: int) -> np.ndarray:
+            # Per-endpoint values are copied before they are checked: any process of the
+            # user can write the segment after the check, and these size and index
+            # arrays (a slot of 0x7FFFFFF0 must not become a 16 GiB padding). The ring
+            # arrays stay views (too large to copy per generation); the kernel bounds
+            # every index it reads from them.
+            arr = count(name, expected).copy()
+            arr.flags.writeable = False  # immutable like the views it stands for
+            return arr
+
         eps = self._strings(views["addresses"], n, "addresses")
         zones = self._strings(views["zones"], n, "zones")
         nodes = self._strings(views["nodes"], n, "nodes")
         if "" in eps:  # (one C-level scan; a generator holds the GIL far longer)
             raise self.fail("an endpoint address is empty")
-        slots = count("slot", n)
+        slots = owned("slot", n)
         if n and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
             raise self.fail(f"endpoint slots must be in 0..{n_slots - 1}")
         if n and int(np.bincount(slots, minlength=n_slots).max()) > 1:
             raise self.fail("two endpoints share a counter slot")
-        ejected_u8 = count("ejected", n)
+        ejected_u8 = owned("ejected", n)
         if n and int(ejected_u8.max()) > 1:
             raise self.fail("ejected flags must be 0 or 1")
-        ejections = self._ejections(count, n)
+        ejections = self._ejections(owned, n)
         panic = int(h["outlier_panic"])
         if panic not in (0, 1):
             raise self.fail(f"outlier panic flag must be 0 or 1, got {panic}")
-        tiers = count("tier", n)
+        tiers = owned("tier", n)
         if n and (int(tiers.min()) < 0 or int(tiers.max()) >= n_rings):
             raise self.fail(f"endpoint tiers must be in 0..{n_rings - 1}")
-        starts = count("starts_ns", max(n_rings - 1, 0))
+        starts = owned("starts_ns", max(n_rings - 1, 0))
         if starts.size > 1 and bool((np.diff(starts) < 0).any()):
             raise self.fail("fading events are not ordered oldest first")
-        freed = count("slot_freed_ns", n_slots)
-        ring_nodes = count("ring_nodes", n_rings)
+        freed = owned("slot_freed_ns", n_slots)
+        ring_nodes = owned("ring_nodes", n_rings)
         duration = int(h["fade_duration_ns"])
         exponent = float(h["fade_exponent"])
         if duration < 0 or not math.isfinite(exponent) or exponent <= 0:
@@ -863,6 +885,7 @@ class _Decoder:
             )
         knobs = self._knobs(h)
         t = Table.__new__(Table)
+        t._mapped = None  # set by the reader once its sequence word checks out
         t.generation = generation
         t.published_ns = int(h["published_ns"])
         t.publisher_pid = int(h["publisher_pid"])
@@ -957,12 +980,16 @@ class _TablesView:
         # (mapping, buffer, seq, error) of a current buffer found unusable: while none of
         # these changes, later reads raise the same error at once instead of checking
         # the whole table again (or waiting out the timeout) on every call.
-        self.bad: tuple[memoryview, int, int, SegmentError] | None = None
+        self.bad: tuple[memoryview, int, int, SegmentError, int] | None = None
         self.host_keys: dict[str, str] = {}  # of the last decoded generation (see _Decoder)
 
     def data_segment(self, epoch: int) -> Segment:
         if self.data is not None and self.data_epoch == epoch:
-            return self.data
+            if self.data.shrunk_to() is None:
+                return self.data
+            # Shrunk under the mapping: map it again, which checks its size anew.
+            self.data.close()
+            self.data, self.data_epoch, self.bad = None, 0, None
         name = f"{self.control.name}.{epoch}"
         seg = Segment.attach(name, writable=self.writable, min_size=DATA_HEADER_BYTES)
         hdr = check_header(seg, TABLES_DATA, MAGIC_TABLES_DATA, "a cslb tables data segment")
@@ -1019,6 +1046,7 @@ class _TablesView:
         bad_tries = 0
         last: str = "no table could be read"
         while True:
+            self.control.check_size()
             cur = self.cw[_C_CURRENT]
             if cur == 0:
                 return 0, _empty_table()
@@ -1032,6 +1060,7 @@ class _TablesView:
                     raise  # named by control, yet gone: someone removed it
                 continue  # the writer grew the tables again meanwhile
             seam("tables.read.mapped")
+            data.check_size()
             off = self.offsets[b]
             w = data.words
             si = off // 8 + _B_SEQ
@@ -1042,8 +1071,14 @@ class _TablesView:
                 # The buffer may hold a newer generation that `current` does not name
                 # yet (the writer completed it and has not switched): not ours to use.
                 last = "the writer switched buffers while this one was being mapped"
-            elif (v := self.bad) is not None and v[0] is w and v[1] == b and v[2] == seq1:
-                raise v[3]  # judged before, not rewritten since
+            elif (
+                (v := self.bad) is not None
+                and v[0] is w
+                and v[1] == b
+                and v[2] == seq1
+                and time.monotonic_ns() < v[4]
+            ):
+                raise v[3]  # judged lately, not rewritten since
             elif seq1 & 1:
                 last = f"buffer {b} was being rewritten"
             else:
@@ -1073,13 +1108,14 @@ class _TablesView:
                     if table is not None:
                         if table is not cached:
                             table._seq_words, table._seq_index, table._seq = w, si, seq1
+                            table._mapped = data
                         return cur, table
                     # Stable seq, still corrupt: on a weakly ordered CPU the writer's
                     # stores may not all be visible yet; retry briefly, then report.
                     bad_tries += 1
                     if bad_tries >= 3:
                         assert bad is not None
-                        self.bad = (w, b, seq1, bad)
+                        self.bad = (w, b, seq1, bad, time.monotonic_ns() + _BAD_RECHECK_NS)
                         raise bad
                     time.sleep(0.001)
                     continue
@@ -1093,7 +1129,7 @@ class _TablesView:
                 if seq1 & 1 and self.cw[_C_CURRENT] == cur:
                     # The writer never rewrites the current buffer: an odd seq that stayed
                     # there all along is damage, not a publish in progress.
-                    self.bad = (w, b, seq1, err)
+                    self.bad = (w, b, seq1, err, time.monotonic_ns() + _BAD_RECHECK_NS)
                 raise err
             time.sleep(0 if spins < 100 else 0.0005)
 
@@ -1287,6 +1323,7 @@ class TableReader:
         TableUnavailableError
             No consistent read within ``timeout_s``.
         """
+        self._check_mapped()
         ctl, cur, t, seq_words, seq_index, seq = self._state
         if ctl[_C_CURRENT] == cur:
             if _WEAK:
@@ -1294,6 +1331,37 @@ class TableReader:
             if seq_words[seq_index] == seq and _now_ns() < self._recheck_ns:
                 return t  # never None here: cur is -1 while there is no table
         return self._refresh()
+
+    def _check_mapped(self) -> None:
+        """Refuse to touch segments shrunk under their mappings (a touch would be SIGBUS).
+
+        A shrunk control segment is dropped for the namespace's new one if its writer
+        made one (see :meth:`_follow_replacement`); a shrunk data segment is unmapped, so
+        the next read maps whatever the control segment names then (the writer
+        publishes into a new data segment when it notices).
+
+        Raises
+        ------
+        SegmentSizeError
+            The control segment shrank and has no replacement yet.
+        """
+        view = self._view
+        if view.control.shrunk_to() is None and (
+            view.data is None or view.data.shrunk_to() is None
+        ):
+            return
+        with self._lock:
+            view = self._view
+            if view.control.shrunk_to() is not None:
+                self._recheck_ns = 0
+                self._follow_replacement()
+                view = self._view
+                view.control.check_size()
+            data = view.data
+            if data is not None and data.shrunk_to() is not None:
+                view.data, view.data_epoch, view.bad = None, 0, None
+                data.close()
+                self._set_state(-1, None)
 
     def is_current(self, table: Table) -> bool:
         """Whether :meth:`table` returns ``table`` now (nothing published since).
@@ -1304,6 +1372,7 @@ class TableReader:
         replaced control segment is noticed by :meth:`table` (its clock paces the
         check), which callers still call now and then.
         """
+        self._check_mapped()
         ctl, cur, t, seq_words, seq_index, seq = self._state
         if t is not table or ctl[_C_CURRENT] != cur:
             return False
@@ -1450,6 +1519,7 @@ class TableReader:
         if _now_ns() >= self._recheck_ns:
             with self._lock:
                 self._follow_replacement()
+        self._check_mapped()
 
     def consistent(self, fn: Callable[[Table], T]) -> T:
         """``fn(table)`` on the current table, repeated until it ran on a valid table.
@@ -1847,6 +1917,8 @@ class TableWriter:
             outlier_panic=outlier_panic,
             knobs=knobs,
         )
+        self._ctl_seg.check_size()
+        self._drop_lost_data()
         if skip_unchanged and self._unchanged(enc):
             self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
             return self.generation
@@ -1962,10 +2034,61 @@ class TableWriter:
         return np.array([slot_of.get(ep, -1) for ep in endpoints], dtype=np.int32)
 
     def heartbeat(self, now_ns: int | None = None) -> None:
-        """Record that the writer is alive (does not change the generation)."""
+        """Record that the writer is alive (does not change the generation).
+
+        Raises
+        ------
+        SegmentSizeError
+            The control segment was shrunk under the mapping (see :meth:`lost`).
+        """
         self._check_usable()
+        self._ctl_seg.check_size()
         now = self._clock() if now_ns is None else int(now_ns)
         self._cw[_C_HEARTBEAT] = int(np.uint64(np.int64(now)))
+
+    def lost(self) -> tuple[str, str] | None:
+        """Which segment readers can no longer see, and why (``None``: nothing lost).
+
+        ``("control", why)``: the control segment was removed, replaced or shrunk (by
+        a ``/dev/shm`` cleanup, systemd's ``RemoveIPC``, another process of the user); a
+        new writer must take over (:meth:`adopt`). ``("data", why)``: the current data
+        segment was removed or shrunk; the next :meth:`publish` writes a new one by
+        itself. Two ``stat`` calls and a size check of each mapping.
+        """
+        ctl = self._ctl_seg
+        if current_inode(self.name) != ctl.inode:
+            return "control", f"control segment {self.name} was removed or replaced"
+        size = ctl.shrunk_to()
+        if size is not None:
+            return "control", f"control segment {self.name} shrank to {size} bytes"
+        data = self._view.data
+        if data is None or not self._cw[_C_CURRENT]:
+            return None
+        if current_inode(data.name) != data.inode:
+            return "data", f"data segment {data.name} was removed or replaced"
+        size = data.shrunk_to()
+        if size is not None:
+            return "data", f"data segment {data.name} shrank to {size} bytes"
+        return None
+
+    def adopt(self, previous: TableWriter) -> None:
+        """Continue ``previous``, a writer whose segments were lost.
+
+        Its generation count and counter slots carry over, so generations keep counting
+        publishes and endpoints keep their counter columns. Call before the first publish.
+        """
+        self.generation = max(self.generation, previous.generation)
+        self._cw[_C_GENERATION] = self.generation
+        self._slots = previous._slots.copy()
+
+    def _drop_lost_data(self) -> None:
+        """Unmap a current data segment that was removed or shrunk: publish anew instead."""
+        data = self._view.data
+        if data is None:
+            return
+        if data.shrunk_to() is not None or current_inode(data.name) != data.inode:
+            self._view.data, self._view.data_epoch, self._view.bad = None, 0, None
+            data.close()
 
     def set_status(self, problem: str, since_ns: int = 0) -> None:
         """Report what is wrong with the sources (``""``: nothing) to every reader.
@@ -1973,6 +2096,7 @@ class TableWriter:
         Does not change the generation; :meth:`TableReader.status` reads it.
         """
         self._check_usable()
+        self._ctl_seg.check_size()
         write_status(self._ctl_seg, problem, since_ns)
 
     @property

@@ -7,6 +7,11 @@ resumable from a resource version, ended by the server after ``timeoutSeconds``;
 "too old resource version" as a 410 ``ERROR`` event (or an HTTP 410) once history was
 compacted; label (``k=v``) and field (``metadata.name=x``) selectors.
 
+Events the informer cannot decode are sent with :meth:`FakeKubeAPI.raw_event` (any type,
+any object, such as a resource version that is not a number) and
+:meth:`FakeKubeAPI.raw_line` (a line that is not JSON); :meth:`FakeKubeAPI.put_unannounced`
+changes an object without an event, as a lost one.
+
 Faults are injected per request: HTTP errors with a Status body, garbage bodies, a
 watch that goes silent (headers sent, then nothing, connection held open), a request
 that is never answered at all, a watch dropped mid-stream, a watch expired by an
@@ -166,7 +171,8 @@ class Fault:
     headers, ``events`` events, half a chunk, then close), ``reset`` (close without an
     answer), ``gone`` (HTTP 410), ``expired`` (watch: a 200 whose stream is one 410
     ``ERROR`` event), ``hang`` (read the request, then answer nothing, not even headers,
-    while holding the connection).
+    while holding the connection), ``bad-rv`` (list: a resourceVersion that is not a
+    number).
     """
 
     op: str  # "list" | "watch" | "any"
@@ -353,6 +359,24 @@ class FakeKubeAPI:
         with self.cond:
             self.rv += 1
             self.history.append((self.rv, resource, ns, kind, obj))
+            self.cond.notify_all()
+
+    def put_unannounced(self, resource: str, ns: str, obj: dict[str, Any]) -> int:
+        """Change an object without an event: a watch never hears of it (as when an API
+        server's watch cache loses one); only a list shows it."""
+        with self.cond:
+            obj = copy.deepcopy(obj)
+            self.rv += 1
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            obj["metadata"].setdefault("namespace", ns)
+            self.objects[(resource, ns, obj["metadata"]["name"])] = obj
+            return self.rv
+
+    def raw_line(self, resource: str, ns: str, line: bytes) -> None:
+        """Send ``line`` verbatim on the watches (an event that is not JSON, say)."""
+        with self.cond:
+            self.rv += 1
+            self.history.append((self.rv, resource, ns, "RAW", line))
             self.cond.notify_all()
 
     def compact(self) -> None:
@@ -587,6 +611,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._chunk(json.dumps(ev).encode() + b"\n")
                 self._chunk(b"")
                 return
+            if fault.action == "bad-rv" and not watch:
+                doc = api.list_doc(resource, ns, _selectors(query))
+                doc["metadata"]["resourceVersion"] = "not-a-number"
+                self._json(200, doc)
+                return
             if fault.action == "garbage" and not watch:
                 body = b"<html>502 Bad Gateway</html>"
                 self.send_response(200)
@@ -656,7 +685,9 @@ class _Handler(BaseHTTPRequestHandler):
                         ]
                         pos = len(api.history)
                         for rv, _, _, typ, obj in new:
-                            if _matches(obj, sel):
+                            if typ == "RAW":
+                                out.append(obj)
+                            elif _matches(obj, sel):
                                 out.append(json.dumps({"type": typ, "object": obj}).encode())
                             since = rv
                         now = time.monotonic()

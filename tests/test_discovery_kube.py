@@ -561,7 +561,7 @@ def _stalled_watch(kube, informer, timing):
     return rec, inf
 
 
-def test_a_stalled_watch_is_cut_and_resumed_when_a_list_shows_what_it_missed(kube, informer):
+def test_a_stalled_watch_is_cut_and_relisted_when_a_list_shows_what_it_missed(kube, informer):
     timing = _stall_timing(idle_s=1.0)
     rec, inf = _stalled_watch(kube, informer, timing)
     time.sleep(2.5)  # silent, but nothing changed: quiet, kept
@@ -575,12 +575,16 @@ def test_a_stalled_watch_is_cut_and_resumed_when_a_list_shows_what_it_missed(kub
     # idle (1 s) + a check + the grace (1 s) + the resumed watch, far below the read timeout
     assert waited < 5.0
     (stalled,) = rec.named("watch_stalled")
-    assert stalled["level"] == "info" and stalled["action"] == "resume"
+    assert stalled["level"] == "info" and stalled["action"] == "relist"
     assert "the watch did not deliver: catalog-a" in stalled["why"]
-    assert inf.watch.stats["lists"] == 1  # resumed from its resource version, no relist
+    # What the watch missed, a list brings (resuming may not: the watch lost it).
+    assert inf.watch.stats["lists"] == 2
+    assert rec.named("watch_missed_changes")
     assert len(rec.named("api_error")) == errors  # the cut is not an error, no backoff
-    checks = kube.requests_of("list")[1:]
-    assert checks and all(r.query.get("resourceVersion") == "0" for r in checks)
+    # The check lists read the watch cache (resourceVersion=0); the relist is consistent.
+    later = kube.requests_of("list")[1:]
+    assert [r.query.get("resourceVersion") for r in later].count(None) == 1
+    assert all(r.query.get("resourceVersion") in ("0", None) for r in later)
 
 
 def test_a_quiet_watch_with_bookmarks_is_never_cut(kube, informer):
@@ -618,3 +622,83 @@ def test_a_stalled_watch_resumes_within_30_s_with_the_default_settings(kube, inf
     rec.wait_addresses(urls(ips(3)), timeout=35)
     assert time.monotonic() - t0 <= 30.0
     assert rec.named("watch_stalled")
+
+
+# -- events the informer cannot decode: relist past them, never replay them forever -------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("raw_event", "WEIRD", "an unknown type"),
+        ("raw_event", "MODIFIED", "a resourceVersion that is not a number"),
+        ("raw_event", "BOOKMARK", "a bookmark whose resourceVersion is not a number"),
+        ("raw_line", None, "a line that is not JSON"),
+    ],
+    ids=["unknown-type", "rv-not-a-number", "bookmark-rv", "not-json"],
+)
+def test_an_undecodable_watch_event_relists_and_the_informer_catches_up(kube, informer, bad):
+    how, kind, _ = bad
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait_addresses(urls(ips(2)))
+    if how == "raw_line":
+        kube.raw_line(SLICES, NS, b"{{{ not json")
+    else:
+        obj = slice_of("catalog-a", ips(1))
+        obj["metadata"]["resourceVersion"] = "12x" if kind != "WEIRD" else "1"
+        kube.raw_event(SLICES, NS, kind, obj)
+    kube.put(SLICES, NS, slice_of("catalog-b", ["10.2.0.1"]))
+    rec.wait_addresses(urls([*ips(2), "10.2.0.1"]))
+    (undecodable,) = rec.named("watch_undecodable")
+    assert undecodable["action"] == "relist"
+    assert inf.watch.stats["lists"] == 2
+    # Resumed from a version the server gave, never from garbage: no 400, no error loop.
+    assert all(r.query.get("resourceVersion", "0").isdigit() for r in kube.requests_of("watch"))
+    assert not rec.named("api_error")
+    kube.put(SLICES, NS, slice_of("catalog-c", ["10.2.0.2"]))
+    rec.wait_addresses(urls([*ips(2), "10.2.0.1", "10.2.0.2"]))
+    assert inf.watch.stats["lists"] == 2
+
+
+def test_a_400_on_resume_relists(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait_addresses(urls(ips(2)))
+    kube.fail("watch", SLICES, "status", code=400, times=-1)
+    kube.pause()  # end the open watch: the next ones are refused
+    kube.resume()
+    rec.wait(lambda: rec.named("watch_refused"), what="a refused resume")
+    kube.clear_faults()
+    kube.put(SLICES, NS, slice_of("catalog-b", ["10.2.0.1"]))
+    rec.wait_addresses(urls([*ips(2), "10.2.0.1"]))
+    assert rec.named("watch_refused")[0]["action"] == "relist"
+    assert inf.watch.stats["lists"] >= 2
+
+
+def test_a_change_the_watch_never_delivers_is_found_by_the_stall_check_and_relisted(
+    kube, informer
+):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    inf = informer(rec, timing=_stall_timing(idle_s=0.5))
+    kube.bookmark_every_s = None  # a quiet watch: the stall check looks at it
+    rec.wait_addresses(urls(ips(2)))
+    kube.put_unannounced(SLICES, NS, slice_of("catalog-a", ips(3)))
+    rec.wait_addresses(urls(ips(3)), timeout=30)
+    assert rec.named("watch_missed_changes")
+    assert inf.watch.stats["lists"] == 2
+
+
+def test_a_list_whose_resource_version_is_not_a_number_is_an_error_not_a_watch(kube, informer):
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    kube.fail("list", SLICES, "bad-rv", times=2)
+    rec = Recorder()
+    inf = informer(rec)
+    rec.wait_addresses(urls(ips(2)))
+    errors = rec.named("api_error")
+    assert len(errors) == 2 and all("is not a number" in e["error"] for e in errors)
+    assert all(r.query.get("resourceVersion", "0").isdigit() for r in kube.requests_of("watch"))
+    assert inf.watch.stats["lists"] == 1

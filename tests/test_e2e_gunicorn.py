@@ -194,8 +194,19 @@ def test_hung_discovery_is_replaced(tmp_path: Path) -> None:
         assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
 
 
-def test_discovery_failing_at_startup_stops_the_server(tmp_path: Path) -> None:
+def test_a_bad_discovery_setting_stops_cslb_serve_before_gunicorn(tmp_path: Path) -> None:
     with serving(PING, tmp_path, env={"CSLB_DEBOUNCE": "soon"}) as server:
+        code = server.proc.wait(timeout=60)
+        log = server.log()
+        assert code == 2  # cslb serve checks the discovery child's settings first
+        assert "invalid CSLB_DEBOUNCE='soon'" in log
+        assert "Booting" not in log and shm.list_segments(server.namespace) == []
+
+
+def test_discovery_failing_at_startup_stops_the_server(tmp_path: Path) -> None:
+    # Plain gunicorn with cslb's config: nothing checks the settings before discovery.
+    args = ["-c", "python:workers.gunicorn_conf", "pingapp:app"]
+    with serving(args, tmp_path, gunicorn=True, env={"CSLB_DEBOUNCE": "soon"}) as server:
         code = server.proc.wait(timeout=60)
         log = server.log()
         assert code == 1  # gunicorn's status for a failing hook (docs/gunicorn.md says so)

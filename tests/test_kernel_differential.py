@@ -33,6 +33,25 @@ class ClaimingInt64(np.int64):
         return 7
 
 
+class LyingStr(str):
+    """A str whose encode() claims other bytes: the characters are the key."""
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return b"not the key"
+
+
+class LyingBytes(bytes):
+    """Bytes whose __bytes__ claims other bytes: the stored bytes are the key."""
+
+    def __bytes__(self) -> bytes:
+        return b"not the key"
+
+
+class LyingByteArray(bytearray):
+    def __bytes__(self) -> bytes:
+        return b"not the key"
+
+
 LIMIT = 4096  # lbcore.hashing.MAX_KEY_BYTES; plans draw it as their max_key_bytes
 
 text = st.text(st.characters(codec="utf-8"), max_size=20) | st.sampled_from(
@@ -61,6 +80,9 @@ key = (
     | integer.filter(lambda v: 0 <= v < 2**64).map(np.uint64)
     | st.integers(-(2**31), 2**31 - 1).map(np.int32)
     | st.integers(-(2**63), 2**63 - 1).map(ClaimingInt64)
+    | text.map(LyingStr)
+    | blob.map(LyingBytes)
+    | blob.map(LyingByteArray)
 )
 bad = st.sampled_from([1.5, None, True, np.bool_(True), "\ud800", "a\udfff", object()])
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
@@ -76,6 +98,7 @@ def int_array(draw, dtype, n):
 @st.composite
 def batches(draw):
     kinds = ["list", "tuple", "ints", "S", "U", "raw-U", "T", "object", "mixed-bad"]
+    kinds += ["big-endian", "masked"]
     kind = draw(st.sampled_from(kinds))
     n = draw(st.integers(0, 40))
     if kind in ("list", "tuple"):
@@ -104,6 +127,21 @@ def batches(draw):
         return np.frombuffer(flat.tobytes(), dtype="<U3")
     if kind == "T":  # StringDType: variable-width UTF-8 strings, NULs kept
         return np.array(draw(strings), dtype=np.dtypes.StringDType())
+    if kind == "big-endian":  # the same keys in the other byte order: U and integers
+        if draw(st.booleans()):
+            arr = int_array(draw, draw(st.sampled_from(INT_DTYPES)), n)
+        else:
+            arr = np.array(draw(strings), dtype="U8") if n else np.array([], "U1")
+        return arr.astype(arr.dtype.newbyteorder(">" if arr.dtype.isnative else "<"))
+    if kind == "masked":  # masked arrays: routed when nothing is masked, refused else
+        if draw(st.booleans()):
+            base = int_array(draw, np.int64, n)
+        else:
+            base = np.array(draw(strings), dtype="U8") if n else np.array([], "U1")
+        mask = draw(st.lists(st.booleans(), min_size=n, max_size=n)) if draw(
+            st.booleans()
+        ) else False
+        return np.ma.array(base, mask=mask)
     return (
         np.array(draw(strings), dtype="U8" if draw(st.booleans()) else None)
         if n
@@ -254,3 +292,40 @@ def test_native_and_numpy_agree_on_every_position(args, attempt):
         )
 
     assert on("native", every_position) == on("numpy", every_position)
+
+
+# The kinds the kernels once disagreed on, each pinned once besides the drawn batches.
+PINNED = {
+    "big-endian U": np.array(["abc", "de", ""], dtype=">U3"),
+    "big-endian ints": np.array([1, -2, 2**40], dtype=">i8"),
+    "str subclass": [LyingStr("abc"), "de"],
+    "bytes subclass": [LyingBytes(b"abc"), LyingByteArray(b"de")],
+    "object array of subclasses": np.array([LyingStr("abc"), LyingBytes(b"x")], dtype=object),
+    "masked, none masked": np.ma.array(["abc", "de"]),
+    "masked U": np.ma.array(["abc", "de"], mask=[False, True]),
+    "masked ints": np.ma.array([1, 2, 3], mask=[True, False, False]),
+    "long masked": np.ma.array(
+        [f"k{i}" for i in range(5000)], mask=[i == 4321 for i in range(5000)]
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PINNED))
+def test_pinned_kinds_get_the_same_answer_or_the_same_error(name):
+    keys = PINNED[name]
+
+    ring = lbcore.Ring(["http://10.0.0.1:80", "http://10.0.0.2:80"])
+
+    def both():
+        return lbcore.hash_keys(keys).tolist(), ring.lookup(keys).tolist()
+
+    native = on("native", both)
+    reference = on("numpy", both)
+    assert native == reference
+    if "masked" in name and name != "masked, none masked":
+        assert native[0] == "error" and issubclass(native[1], KEY_ERRORS)
+        assert "is masked" in native[2]
+    else:
+        assert native[0] != "error"
+    if name == "str subclass":  # the characters, not what encode() claims
+        assert native[0][0] == lbcore.hash_keys(["abc"]).tolist()[0]

@@ -22,8 +22,8 @@ r"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
 * ``text/plain``: one product ID per line. Lines end with ``\n`` (a ``\r`` before it is
   dropped too); the last line's ending is optional, so an empty body is an empty batch
   and ``"\n"`` is one empty key. A leading UTF-8 byte order mark is dropped. Lines are
-  routed as the bytes sent (UTF-8 unless the ``charset`` parameter names another
-  encoding);
+  routed as the bytes sent (UTF-8 unless the ``charset`` parameter names another of
+  :data:`TEXT_CHARSETS`; any other charset is 415);
 * ``application/octet-stream``: any byte strings, length-prefixed (``uint32`` count,
   then a ``uint16`` length per key, then the keys' bytes; all little-endian). The only
   form that carries every key: JSON cannot hold bytes that are not UTF-8, and text
@@ -54,12 +54,14 @@ never at import, so a gunicorn master that preloads it forks no shared-memory st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import re
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -73,7 +75,7 @@ from lbcore.errors import KeyEncodingError, KeyTooLongError, KeyTypeError
 from lbcore.knobs import Knob, from_mapping
 from lbcore.logformat import Event
 from workers import status
-from workers.metrics import STALE_AFTER, CslbCollector, HostMonitor
+from workers.metrics import METRICS_MAX_ENDPOINTS, STALE_AFTER, CslbCollector, HostMonitor
 
 if TYPE_CHECKING:
     from workers.router import Router
@@ -84,6 +86,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_BODY_BYTES",
     "MAX_KEY_BYTES",
+    "TEXT_CHARSETS",
     "CslbApp",
     "HTTPError",
     "app",
@@ -140,7 +143,7 @@ MAX_BATCH = Knob(
 )
 
 #: The app's own settings (the namespace is :data:`shm.SHM_NAMESPACE`).
-APP_KNOBS: tuple[Knob, ...] = (MAX_BODY_BYTES, MAX_BATCH, STALE_AFTER)
+APP_KNOBS: tuple[Knob, ...] = (MAX_BODY_BYTES, MAX_BATCH, STALE_AFTER, METRICS_MAX_ENDPOINTS)
 
 _JSON = "application/json"
 _BINARY = "application/octet-stream"
@@ -167,6 +170,18 @@ _JSON_TYPES = {
 _OBJECT_FIELDS = ("keys", "attempt", "group")
 _QUERY_FIELDS = ("attempt", "group")
 _UTF8 = ("utf-8", "utf8", "us-ascii", "ascii")
+# One traceback per path and exception type per this many ns (see CslbApp._log_failure).
+_FAILURE_LOG_NS = 60_000_000_000
+# The other charsets a text body may name: decoders linear in the body's size. Any other
+# Python codec is refused unseen, since a client could pick one that is slow
+# (punycode's decoder is quadratic) or that is not a text encoding at all.
+_DECODED = {
+    **dict.fromkeys(("iso-8859-1", "iso8859-1", "iso_8859-1", "latin-1", "latin1"), "latin-1"),
+    **dict.fromkeys(("utf-16", "utf16"), "utf-16"),
+    **dict.fromkeys(("utf-16le", "utf-16be"), None),  # their own names
+}
+#: Charsets ``text/plain`` bodies may name (others: 415).
+TEXT_CHARSETS = ("utf-8", "us-ascii", "iso-8859-1", "utf-16", "utf-16le", "utf-16be")
 _DECIMAL = re.compile(r"[0-9]{1,5}(?:\.[0-9]{1,3})?")
 
 
@@ -316,6 +331,9 @@ def _parse_json(body: bytes, max_batch: int) -> tuple[list[Any], dict[str, Any]]
         raise HTTPError(
             400, f"invalid JSON: the body is not UTF-8 ({exc.reason} at byte {exc.start})"
         ) from None
+    # A UTF-8 byte order mark (Windows editors, PowerShell) is not part of the JSON text;
+    # RFC 8259 lets a parser ignore it.
+    text = text.removeprefix("\ufeff")
     if not text.strip():
         raise HTTPError(400, "empty request body; expected a JSON array of product IDs")
     try:
@@ -361,10 +379,15 @@ def _parse_json(body: bytes, max_batch: int) -> tuple[list[Any], dict[str, Any]]
 
 def _parse_text(body: bytes, charset: str | None, max_batch: int) -> list[bytes]:
     if charset is not None and charset not in _UTF8:
+        if charset not in _DECODED:
+            raise HTTPError(
+                415,
+                f"unsupported charset {charset[:64]!r} for text/plain; use one of "
+                f"{', '.join(TEXT_CHARSETS)} (or JSON, always UTF-8)",
+            )
+        codec = _DECODED[charset] or charset
         try:
-            text = body.decode(charset)
-        except LookupError:
-            raise HTTPError(415, f"unknown charset {charset[:64]!r}") from None
+            text = body.decode(codec)
         except UnicodeDecodeError as exc:
             raise HTTPError(400, f"the body is not valid {charset}: {exc.reason}") from None
         try:
@@ -695,16 +718,21 @@ class CslbApp:
         max_body_bytes: int = MAX_BODY_BYTES.default,
         max_batch: int = MAX_BATCH.default,
         stale_after_s: float = STALE_AFTER.default,
+        metrics_max_endpoints: int = METRICS_MAX_ENDPOINTS.default,
     ) -> None:
         self.namespace = namespace
         self.max_body_bytes = int(max_body_bytes)
         self.max_batch = int(max_batch)
         self.monitor = HostMonitor(namespace, stale_after_s=stale_after_s)
-        self.collector = CslbCollector(namespace, monitor=self.monitor)
+        self.collector = CslbCollector(
+            namespace, monitor=self.monitor, max_endpoints=metrics_max_endpoints
+        )
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)
         self._router: Router | None = None
         self._lock = threading.Lock()
+        # (path, exception type) -> [monotonic ns of the next traceback, lines not logged]
+        self._failures: dict[tuple[str, str], list[int]] = {}
         # The pieces of the answers on the table routed last (rebuilt per generation).
         self._answers = _Answers(None)
         self._routes: dict[str, dict[str, Callable[[dict[str, Any]], tuple]]] = {
@@ -734,6 +762,7 @@ class CslbApp:
             max_body_bytes=values["max_body_bytes"],
             max_batch=values["max_batch"],
             stale_after_s=values["stale_after_s"],
+            metrics_max_endpoints=values["metrics_max_endpoints"],
         )
 
     # -- WSGI --------------------------------------------------------------------------
@@ -762,8 +791,8 @@ class CslbApp:
         except HTTPError as exc:
             status, ctype, headers = exc.status, _JSON, exc.headers
             body = json.dumps({"error": exc.message, "status": exc.status}).encode()
-        except Exception:
-            log.exception(Event("request_failed", method=method[:20], path=path[:200]))
+        except Exception as exc:
+            self._log_failure(method, path, exc)
             status, ctype, headers = 500, _JSON, []
             body = b'{"error": "internal error (logged by the worker)", "status": 500}'
         start_response(
@@ -771,6 +800,32 @@ class CslbApp:
             [("Content-Type", ctype), ("Content-Length", str(len(body))), *headers],
         )
         return [b""] if method == "HEAD" else [body]
+
+    def _log_failure(self, method: str, path: str, exc: Exception) -> None:
+        """Log an unexpected error with its traceback, once a minute per path and type.
+
+        Any client can repeat the request that caused it: one traceback per request
+        would let it flood the log. The lines of that minute are counted instead and
+        the count goes with the next traceback.
+        """
+        key = (path[:200], type(exc).__name__)
+        now = time.monotonic_ns()
+        entry = self._failures.get(key)
+        if entry is not None and now < entry[0]:
+            entry[1] += 1
+            return
+        if len(self._failures) > 256:
+            self._failures.clear()  # (paths reaching a handler are few; a safety cap)
+        self._failures[key] = [now + _FAILURE_LOG_NS, 0]
+        log.exception(
+            Event(
+                "request_failed",
+                method=method[:20],
+                path=path[:200],
+                same_failures_not_logged=0 if entry is None else entry[1],
+                next_traceback_after_s=_FAILURE_LOG_NS / 1e9,
+            )
+        )
 
     # -- /route ------------------------------------------------------------------------
 
@@ -853,8 +908,23 @@ class CslbApp:
         encoder, ctype = choose_encoder(environ.get("HTTP_ACCEPT"))
         return 200, ctype, encoder(self.registry), []
 
+    def _worker_problem(self) -> str | None:
+        """Why this worker cannot route the published table (``None``: it can, or untried)."""
+        router = self._router
+        if router is None:
+            return None
+        try:
+            router.snapshot()  # the verdict of now, not of the last batch
+        except Exception:  # a closed router: nothing this endpoint can do about it
+            return None
+        problem = router.routing_problem()
+        return None if problem is None else f"this worker (pid {os.getpid()}): {problem}"
+
     def _healthz(self, environ: dict[str, Any]) -> tuple:
         h = self.monitor.health()
+        worker = self._worker_problem()
+        if h.ok and worker is not None:
+            h = dataclasses.replace(h, ok=False, reason=f"workers cannot route: {worker}")
         doc = {
             "status": "ok" if h.ok else "unavailable",
             "reason": h.reason,
@@ -868,7 +938,10 @@ class CslbApp:
 
     def _readyz(self, environ: dict[str, Any]) -> tuple:
         h = self.monitor.health()
-        client_side = bool(h.generation and h.endpoints)
+        worker = self._worker_problem()
+        client_side = bool(h.generation and h.endpoints) and worker is None
+        if h.ok and worker is not None:
+            h = dataclasses.replace(h, ok=False, reason=f"workers cannot route: {worker}")
         doc = {
             "status": "serving",
             "routing": "client-side" if client_side else "fallback",

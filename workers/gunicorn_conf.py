@@ -330,6 +330,16 @@ class _Master:
         store = self.store
         try:
             if store is not None and not store.replaced():
+                if store.repair():
+                    self.log.warning(
+                        Event(
+                            "counters_repaired",
+                            shm_namespace=self.namespace,
+                            why="the counters data segment was shrunk under its mapping "
+                            "(truncated by another process)",
+                            action="a new data segment replaces it; load history restarts",
+                        )
+                    )
                 return True
             if store is not None:
                 store.close(unlink=False)
@@ -338,7 +348,7 @@ class _Master:
                     Event(
                         "counters_replaced",
                         shm_namespace=self.namespace,
-                        why="removed or replaced by another process",
+                        why="removed or replaced (or shrunk) by another process",
                         action="attaching again",
                     )
                 )

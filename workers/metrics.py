@@ -59,11 +59,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 import lbcore
 import shm
 from lbcore.fade import fadein_score
-from lbcore.knobs import Knob, parse_seconds
+from lbcore.knobs import Knob, parse_int_between, parse_seconds
 from lbcore.outlier import EJECT_REASONS, FAILURE_KINDS
 from workers.snapshot import bounded_bar, build_plan
 
 __all__ = [
+    "METRICS_MAX_ENDPOINTS",
     "STALE_AFTER",
     "CslbCollector",
     "EndpointState",
@@ -73,6 +74,22 @@ __all__ = [
     "HostSnapshot",
     "build_info",
 ]
+
+
+#: ``CSLB_METRICS_MAX_ENDPOINTS``: above this many endpoints, per-endpoint series are
+#: summed per zone so one scrape costs the same whatever the table's size.
+METRICS_MAX_ENDPOINTS = Knob(
+    "metrics_max_endpoints",
+    "CSLB_METRICS_MAX_ENDPOINTS",
+    "--metrics-max-endpoints",
+    1000,
+    parse_int_between(0, 1_000_000),
+    "Most endpoints /metrics reports one series each for. A table with more reports its "
+    "per-endpoint metrics summed per zone instead (label endpoint=\"*\"; no latency "
+    "series), so a scrape stays a few samples per zone whatever the table's size. 0: "
+    "always per zone.",
+    "N",
+)
 
 
 def _stale_after(text: str) -> float:
@@ -522,16 +539,26 @@ class HostMonitor:
         except (KeyError, shm.ShmError, ValueError):
             signal = [None] * len(endpoints)
             increment = None
+        # The constructor, not dataclasses.replace: a snapshot of a large table makes one
+        # of these per endpoint, and replace costs several times more per call.
         loaded = tuple(
-            dataclasses.replace(
-                e,
-                in_flight=int(in_flight[i]),
-                occupancy=float(occupancy[i]),
-                latency_s=None if math.isnan(latency[i]) else float(latency[i]),
-                requests_total=int(requests[i]),
-                failures_total=int(failures[i]),
-                failures_by_kind=tuple(int(v) for v in by_kind[i]),
-                load=None if signal[i] is None else float(signal[i]),
+            EndpointState(
+                e.address,
+                e.zone,
+                e.node,
+                e.slot,
+                e.tier,
+                e.ejected,
+                e.eject_reason,
+                e.ejected_for_s,
+                e.ejections,
+                int(in_flight[i]),
+                float(occupancy[i]),
+                None if math.isnan(latency[i]) else float(latency[i]),
+                int(requests[i]),
+                int(failures[i]),
+                tuple(by_kind[i]),
+                None if signal[i] is None else float(signal[i]),
             )
             for i, e in enumerate(endpoints)
         )
@@ -687,8 +714,10 @@ class CslbCollector:
         *,
         stale_after_s: float = STALE_AFTER.default,
         monitor: HostMonitor | None = None,
+        max_endpoints: int = METRICS_MAX_ENDPOINTS.default,
     ) -> None:
         self.monitor = monitor or HostMonitor(namespace, stale_after_s=stale_after_s)
+        self.max_endpoints = int(max_endpoints)
 
     def describe(self) -> Iterator[Metric]:
         """The families this collector yields (without samples), for the registry."""
@@ -816,9 +845,12 @@ class CslbCollector:
             beat_age.add_metric([], s.heartbeat_age_s)
         for r in s.fading:
             fade.add_metric([str(r.started_ns)], r.share)
-        for e in s.endpoints:
+        endpoints: Any = s.endpoints
+        if len(endpoints) > self.max_endpoints:
+            endpoints = _per_zone(endpoints)
+        for e in endpoints:
             labels = [e.address, e.zone]
-            ejected.add_metric(labels, 1.0 if e.ejected else 0.0)
+            ejected.add_metric(labels, float(e.ejected))
             for reason, n in zip(EJECT_REASONS, e.ejections, strict=True):
                 ejections.add_metric([*labels, reason], float(n))
             if e.occupancy is None:
@@ -836,6 +868,38 @@ class CslbCollector:
             fallback.add_metric([], float(s.fallbacks or 0))
             moves.add_metric([], float(s.moves or 0))
         return families
+
+
+def _per_zone(endpoints: tuple[EndpointState, ...]) -> list[EndpointState]:
+    """One row per zone summing its endpoints' series (``endpoint="*"``, no latency).
+
+    Occupancy, in-flight calls and the totals add up across endpoints; ``ejected`` is
+    how many are ejected. Loads are absent when no endpoint has counters.
+    """
+    zones: dict[str, list[EndpointState]] = {}
+    for e in endpoints:
+        zones.setdefault(e.zone, []).append(e)
+    out = []
+    for _, group in sorted(zones.items()):
+        loaded = [e for e in group if e.occupancy is not None]
+        kinds = [
+            sum(k) for k in zip(*(e.failures_by_kind or (0,) * 4 for e in loaded), strict=True)
+        ]
+        out.append(
+            dataclasses.replace(
+                group[0],
+                address="*",
+                ejected=sum(1 for e in group if e.ejected),
+                ejections=tuple(sum(n) for n in zip(*(e.ejections for e in group), strict=True)),
+                occupancy=sum(e.occupancy or 0.0 for e in loaded) if loaded else None,
+                in_flight=sum(e.in_flight or 0 for e in loaded),
+                latency_s=None,
+                requests_total=sum(e.requests_total or 0 for e in loaded),
+                failures_total=sum(e.failures_total or 0 for e in loaded),
+                failures_by_kind=tuple(kinds) if kinds else None,
+            )
+        )
+    return out
 
 
 # --------------------------------------------------------------------------------------

@@ -333,6 +333,15 @@ class Router:
         self._check_usable()
         return self._follow.current()
 
+    def routing_problem(self) -> str | None:
+        """Why this worker cannot route on the published table now (``None``: it can).
+
+        Set when the current generation cannot be read (corrupt, shrunk, unreadable) and
+        cleared by the first batch that routes on it; the verdict is checked again about
+        once a second, never kept for good.
+        """
+        return self._follow.problem
+
     def refresh(self) -> None:
         """Read the host's loads at the next batch instead of when the cadence says."""
         self._follow.drop()
@@ -404,6 +413,15 @@ class Router:
             s = _no_table()
         try:
             idx, fallbacks, moves, valid = s.route(keys, attempt)
+        except lbcore.TableDataError as exc:
+            if s.table.valid():
+                # Damaged after it was mapped and checked (any process of the user can
+                # write the segment): fall back on it, say so once, check it again later.
+                self._follow.damaged(s.table, exc)
+                s = _no_table()
+                idx, fallbacks, moves, valid = s.route(keys, attempt)
+            else:
+                valid = False
         except Exception:
             # Content rewritten under our feet can fail in any way; on a table that is
             # still valid the error is real.

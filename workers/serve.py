@@ -22,9 +22,12 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 
-from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, KnobError, from_mapping
+from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, Knob, KnobError, from_mapping
 from shm.settings import SHM_NAMESPACE
+from workers.app import APP_KNOBS
+from workers.fanout_settings import FANOUT_KNOBS
 from workers.mount import APP as MOUNT_APP
+from workers.router import ROUTER_KNOBS
 
 __all__ = [
     "DEFAULT_APP",
@@ -44,9 +47,23 @@ MOUNTED_APP = "workers.mount:app"
 DEFAULT_BIND = "127.0.0.1:8000"
 DEFAULT_WORKERS = 2
 
-#: The knobs ``plan(knobs=...)`` takes by name: routing knobs (published by discovery)
-#: and the log settings (read by the master, its workers and discovery).
-KNOBS_BY_NAME = {k.name: k for k in (*ROUTING_KNOBS, *LOG_KNOBS)}
+#: The knobs ``plan(knobs=...)`` takes by name: routing knobs (published by discovery),
+#: the log settings (read by the master, its workers and discovery), the routing
+#: service's HTTP settings (read by the workers' app) and each worker's router and
+#: fan-out settings.
+KNOBS_BY_NAME = {k.name: k for k in (*ROUTING_KNOBS, *LOG_KNOBS, *APP_KNOBS)}
+#: Every knob ``plan(knobs=...)`` takes, by environment variable (names can repeat
+#: across rooms: the fan-out's ``threads`` is not the server's).
+KNOBS_BY_ENV = {
+    k.env: k for k in (*ROUTING_KNOBS, *LOG_KNOBS, *APP_KNOBS, *ROUTER_KNOBS, *FANOUT_KNOBS)
+}
+
+
+def _knob(key: str) -> Knob:
+    k = KNOBS_BY_ENV.get(key) or KNOBS_BY_NAME.get(key)
+    if k is None:
+        raise ServeError(f"no cslb serve setting {key!r}")
+    return k
 
 
 class ServeError(ValueError):
@@ -72,8 +89,8 @@ def plan(
 ) -> list[str]:
     """The gunicorn command line for these settings; puts the ``CSLB_*`` ones into ``environ``.
 
-    ``knobs``: raw values of routing knobs and log settings by knob name (``None``: not
-    given). ``extra``:
+    ``knobs``: raw values of knobs by knob name (routing, log and HTTP settings) or by
+    environment variable (any of :data:`KNOBS_BY_ENV`), ``None``: not given. ``extra``:
     gunicorn's own arguments. ``cslb serve`` (:mod:`cslb.serve_cmd`) parses the command
     line and calls this.
 
@@ -82,13 +99,11 @@ def plan(
     ServeError
         A value is invalid (a knob, the namespace, the app spec, a missing file).
     """
-    knobs = dict(knobs or {})
+    given = {_knob(key): raw for key, raw in (knobs or {}).items() if raw is not None}
     try:
-        from_mapping(environ, KNOBS_BY_NAME.values(), source="environment")
-        for name, raw in knobs.items():
-            if raw is not None:
-                k = KNOBS_BY_NAME[name]
-                k.convert(raw, f"flag {k.flag}")
+        from_mapping(environ, KNOBS_BY_ENV.values(), source="environment")
+        for k, raw in given.items():
+            k.convert(raw, f"flag {k.flag}")
         if shm_namespace is not None:
             SHM_NAMESPACE.convert(shm_namespace, f"flag {SHM_NAMESPACE.flag}")
         if app != DEFAULT_APP:
@@ -111,9 +126,8 @@ def plan(
         environ[SHM_NAMESPACE.env] = shm_namespace
     if discovery:
         environ["CSLB_DISCOVERY"] = discovery
-    for name, raw in knobs.items():
-        if raw is not None:
-            environ[KNOBS_BY_NAME[name].env] = raw
+    for k, raw in given.items():
+        environ[k.env] = raw
     out = [
         python or sys.executable,
         "-m",

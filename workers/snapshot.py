@@ -59,7 +59,50 @@ def read_loads(counters: shm.CounterReader | None, table: shm.Table, now_ns: int
     if counters is None or n == 0:
         return shm.HostLoads.idle(n, now_ns)
     slots = np.array(table.slots, dtype=np.intp)
-    return counters.read(now_ns, table.n_slots, failure_kinds=False).take(slots)
+    try:
+        loads = counters.read(now_ns, table.n_slots, failure_kinds=False).take(slots)
+    except shm.ShmError as exc:
+        # Counters shrunk, removed or damaged under the reader (the master repairs or
+        # replaces them): route as on an idle host meanwhile, never fail the batch.
+        _report_unreadable(counters, exc, now_ns)
+        return shm.HostLoads.idle(n, now_ns)
+    _report_ignored(counters, now_ns)
+    return loads
+
+
+# One warning a minute at most, per process, however many batches read damaged rows.
+_IGNORED_LOG_NS = 60_000_000_000
+_ignored_next_log = [0]
+
+
+_unreadable_next_log = [0]
+
+
+def _report_unreadable(counters: shm.CounterReader, exc: Exception, now_ns: int) -> None:
+    if now_ns < _unreadable_next_log[0]:
+        return
+    _unreadable_next_log[0] = now_ns + _IGNORED_LOG_NS
+    log.warning(
+        "counters of %s unreadable (%s): routing as on an idle host until they are "
+        "repaired or replaced (logged at most once a minute)",
+        counters.namespace,
+        exc,
+    )
+
+
+def _report_ignored(counters: shm.CounterReader, now_ns: int) -> None:
+    rows = counters.ignored_rows
+    if not rows or now_ns < _ignored_next_log[0]:
+        return
+    _ignored_next_log[0] = now_ns + _IGNORED_LOG_NS
+    log.warning(
+        "counter rows %s of %s hold values no recorder writes (written by another "
+        "process?): left out of loads and totals; %d row reads left out so far "
+        "(logged at most once a minute)",
+        list(rows[:10]),
+        counters.namespace,
+        counters.ignored_total,
+    )
 
 
 def build_plan(
@@ -224,6 +267,8 @@ class Follower:
         self.counters: shm.CounterReader | None = None
         self.snapshot: Snapshot | None = None
         self._bad: tuple[int, int] | None = None  # (generation, recheck time) of a bad read
+        #: Why the current generation cannot be routed on (``None``: it can).
+        self.problem: str | None = None
 
     def connect(self) -> None:
         """Open the tables reader if there is none yet (missing tables: retried later)."""
@@ -288,8 +333,18 @@ class Follower:
             try:
                 t = reader.table()
             except shm.ShmError as exc:
-                self._bad = (reader.generation(), now + _CHECK_NS)
+                gen = reader.generation()
+                self._bad = (gen, now + _CHECK_NS)
                 s = self._last_good(now)
+                self.problem = (
+                    f"generation {gen} cannot be read ({exc}); "
+                    + (
+                        f"routing on generation {s.table.generation} meanwhile"
+                        if s is not None
+                        else "every key falls back"
+                    )
+                    + f", checked again every {_CHECK_NS / 1e9:g} s"
+                )
                 if s is not None:
                     self._warn_once(
                         ("table", type(exc), str(exc)),
@@ -308,6 +363,7 @@ class Follower:
                 return s
             s = self._take(t, now)
             if s is not None:
+                self.problem = None
                 return s
             # The writer began rewriting t's buffer while we read it: the next table()
             # call maps the generation it published.
@@ -317,6 +373,30 @@ class Follower:
                 log.warning("no stable table in %s for %g s", self.namespace, RETRY_S)
                 return None
             now = self._clock()
+
+    def damaged(self, table: shm.Table, exc: Exception) -> None:
+        """``table`` failed a batch although valid: damaged after it was checked.
+
+        Batches fall back until the recheck interval passed, then the generation is
+        read and tried again; the cause is logged once and reported by
+        :attr:`problem` (so ``/healthz`` says this worker cannot route).
+        """
+        now = self._clock()
+        with self._lock:
+            if self.snapshot is not None and self.snapshot.table is table:
+                self.snapshot = None
+        self._bad = (table.generation, now + _CHECK_NS)
+        self.problem = (
+            f"generation {table.generation} is damaged ({exc}); every key falls back, "
+            f"checked again every {_CHECK_NS / 1e9:g} s"
+        )
+        self._warn_once(
+            ("damaged", table.generation, str(exc)),
+            "routing table of %s damaged after it was mapped (fallback until it reads "
+            "well again): %s",
+            self.namespace,
+            exc,
+        )
 
     def _last_good(self, now: int) -> Snapshot | None:
         """The last snapshot, refreshed when due, while its table is still valid."""
@@ -338,7 +418,22 @@ class Follower:
                 return s
             try:
                 loads = read_loads(self.counters, t, now)
-                s = Snapshot(t, build_plan(t, loads, now), loads, now, now + self.refresh_ns)
+                try:
+                    plan = build_plan(t, loads, now)
+                except lbcore.LBCoreError as exc:
+                    if not t.valid():
+                        raise
+                    # Loads the plan refuses (damage no row check caught): route as on an
+                    # idle host rather than refuse every batch.
+                    self._warn_once(
+                        ("loads", type(exc)),
+                        "host loads of %s unusable (%s): routing as if idle",
+                        self.namespace,
+                        exc,
+                    )
+                    loads = shm.HostLoads.idle(len(t.endpoints), now)
+                    plan = build_plan(t, loads, now)
+                s = Snapshot(t, plan, loads, now, now + self.refresh_ns)
             except Exception:
                 if t.valid():
                     raise

@@ -21,7 +21,13 @@ from typing import Any
 
 from workers.metrics import EndpointState, HostSnapshot
 
-__all__ = ["bar_scale", "render"]
+__all__ = ["MAX_ROWS", "bar_scale", "render"]
+
+#: Most endpoint rows on the page: a table larger than this shows its most loaded ones,
+#: so one page view costs the same at any table size.
+MAX_ROWS = 200
+# New endpoints named per fading ring (a scale-up of thousands is counted, not listed).
+_ADDED_SHOWN = 20
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#1d232b;background:#fafbfc}
@@ -142,7 +148,14 @@ def _endpoints(s: HostSnapshot) -> str:
         "<th>outlier</th></tr>"
     )
     rows = []
-    for e in s.endpoints:
+    shown = s.endpoints
+    if len(shown) > MAX_ROWS:
+        # The most loaded first: the page stays small at any table size and still
+        # shows the pods an operator opens it for.
+        shown = tuple(
+            sorted(shown, key=lambda e: (-(e.load or 0.0), -(e.occupancy or 0.0)))[:MAX_ROWS]
+        )
+    for e in shown:
         occ = e.occupancy
         if occ is None:
             cell = '<span class="muted">no counters</span>'
@@ -188,6 +201,11 @@ def _endpoints(s: HostSnapshot) -> str:
             f"the bounded-load bar {bar:.3g}{mark} = balance factor {bf:g} × ({inc:.3g} + "
             f"total {escape(str(signal))} load) / {len(loads)} endpoints{why}.</p>"
         )
+    if len(shown) < len(s.endpoints):
+        note += (
+            f'<p class="muted" id="endpoints-cut">Showing the {len(shown)} most loaded of '
+            f"{len(s.endpoints)} endpoints (/metrics and cslb inspect have the rest).</p>"
+        )
     return f'<table id="endpoints">{head}{"".join(rows)}</table>{note}'
 
 
@@ -218,7 +236,9 @@ def _fading(s: HostSnapshot) -> str:
     window = s.knobs.get("fade_duration_s", 0.0)
     rows = []
     for r in s.fading:
-        added = ", ".join(escape(a) for a in r.added) or "–"
+        added = ", ".join(escape(a) for a in r.added[:_ADDED_SHOWN]) or "–"
+        if len(r.added) > _ADDED_SHOWN:
+            added += f" and {len(r.added) - _ADDED_SHOWN} more"
         rows.append(
             f'<tr class="fading" data-ring="{r.ring}" data-share="{r.share!r}">'
             f"<td class=num>{r.ring}</td><td>{added}</td>"

@@ -727,7 +727,9 @@ int lb_keys_open(lb_keys *k, PyObject *keys, PyObject *kind, Py_ssize_t max_key_
             k->n = PyList_Check(keys) ? PyList_GET_SIZE(keys) : PyTuple_GET_SIZE(keys);
             return 0;
         }
-        if (PyObject_TypeCheck(keys, (PyTypeObject *)LB.np_ndarray)) {
+        /* Plain arrays only: a subclass (a masked array above all) is batch_of's to
+         * judge, so both kernels read the same keys or raise the same error. */
+        if (Py_IS_TYPE(keys, (PyTypeObject *)LB.np_ndarray)) {
             if (PyObject_GetBuffer(keys, &k->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
                 int code = array_kind(&k->view);
                 if (code && k->view.len > 0) {

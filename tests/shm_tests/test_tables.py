@@ -129,7 +129,13 @@ def test_rings_are_zero_copy_views_of_shared_memory(namespace):
         w.publish(fading_set())
         reader = TableReader(namespace)
         t = reader.table()
-        arrays = [t.slots, t.ejected, t.ejections.until_ns, t.ejections.counts]
+        # Per-endpoint arrays (slots, ejections) are checked private copies: a process
+        # writing the segment after the check must not reach what sizes arrays.
+        private = [t.slots, t.ejected, t.ejections.until_ns, t.ejections.counts]
+        for arr in private:
+            assert not arr.flags.writeable
+            assert arr.base is None or arr.base.flags.owndata
+        arrays = []
         for ring in t.ring_set.rings:
             arrays += [ring.hashes, ring.owners, ring.buckets]
         for arr in arrays:
