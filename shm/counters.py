@@ -148,6 +148,24 @@ _PAGE = 4096
 
 _C_MAGIC = word(COUNTERS_CONTROL, "magic")
 _C_CURRENT = word(COUNTERS_CONTROL, "current")
+#: Data epochs a control segment may name: 1 up to (not including) this. Any other value
+#: in the ``current`` word was written by something else (the counters are shared with
+#: every process of the user) and would overflow the next epoch's header.
+_MAX_EPOCH = 1 << 62
+
+
+def _epoch_word(seg: Segment, value: int) -> int:
+    """``value`` (the control segment's ``current`` word) if it is a plausible epoch.
+
+    Raises
+    ------
+    SegmentCorruptError
+        It is not (0, or at least 2**62).
+    """
+    epoch = int(value)
+    if not 1 <= epoch < _MAX_EPOCH:
+        raise SegmentCorruptError(seg.name, f"names data epoch {epoch}, out of range")
+    return epoch
 
 
 def _columns_for(n: int) -> int:
@@ -274,7 +292,7 @@ class _Control:
         """
         self.seg.check_size()
         while True:
-            epoch = self.cw[_C_CURRENT]
+            epoch = _epoch_word(self.seg, self.cw[_C_CURRENT])
             m = self.matrix
             if m is not None and m.epoch == epoch:
                 m.seg.check_size()
@@ -862,6 +880,16 @@ class CounterStore:
                     raise
             old = ctl.matrix
             now = int(ctl.cw[_C_CURRENT])
+            garbage = not 1 <= now < _MAX_EPOCH
+            if garbage:
+                # Garbage in the epoch word: this owner's own matrix, if still whole, is
+                # the current one; else the newest data segment left names the epoch.
+                if old is not None and old.seg.shrunk_to() is None:
+                    readable, now = old, old.epoch
+                else:
+                    readable = None
+                    left = [e for e in epoch_segments(self.namespace, "counters") if e < _MAX_EPOCH]
+                    now = max(left, default=0)
             # Never mapped here (shrunk before this process first looked): its width is
             # lost with its header; the table writer grows the new one as it publishes.
             cols = old.columns if old is not None and old.epoch == now else _columns_for(64)
@@ -875,7 +903,7 @@ class CounterStore:
             fence()
             ctl.cw[_C_CURRENT] = epoch
             ctl.matrix = new
-            if readable is None:
+            if readable is None or garbage:
                 unlink_name(f"{self.name}.{now}")
             if old is not None:
                 old.seg.close()

@@ -111,6 +111,34 @@ __all__ = [
 
 #: How often the arbiter loop reaps counter rows of dead processes (seconds).
 REAP_INTERVAL_S = 1.0
+#: A failure of cslb's part of the arbiter's loop is logged at most this often (per part).
+FAILURE_LOG_INTERVAL_S = 60.0
+_failures: dict[str, list[float]] = {}  # what -> [next log at, failures not logged]
+
+
+def _guarded(mlog: Any, event: str, what: str, fn: Callable[[], Any]) -> None:
+    """Run ``fn`` (cslb's part of an arbiter hook or loop step); never raise.
+
+    Escaping into gunicorn's main loop an exception stops the master ("Unhandled
+    exception in main loop", exit 255, discovery and segments left behind). It is logged
+    with its traceback at most once a minute per ``what``, with the number of failures
+    not logged since.
+    """
+    try:
+        fn()
+    except Exception:
+        now = time.monotonic()
+        state = _failures.setdefault(what, [0.0, 0])
+        if now < state[0]:
+            state[1] += 1
+            return
+        suppressed = int(state[1])
+        state[:] = [now + FAILURE_LOG_INTERVAL_S, 0]
+        with contextlib.suppress(Exception):
+            mlog.exception(
+                Event(event, of=what, not_logged_since=suppressed, action="retried later")
+            )
+
 
 #: The master's cslb lines (:mod:`workers.logs`: cslb's format under this module).
 log = logging.getLogger("cslb.master")
@@ -335,8 +363,9 @@ class _Master:
                         Event(
                             "counters_repaired",
                             shm_namespace=self.namespace,
-                            why="the counters data segment was shrunk under its mapping "
-                            "(truncated by another process)",
+                            why="the counters data segment was shrunk, removed or "
+                            "overwritten, or the control segment named an impossible data "
+                            "epoch (written by another process)",
                             action="a new data segment replaces it; load history restarts",
                         )
                     )
@@ -353,9 +382,9 @@ class _Master:
                     )
                 )
             how = self._attach_counters()
-        except (shm.ShmError, CslbStartupError) as exc:
+        except Exception as exc:  # never into the arbiter (see _guarded)
             self._warn_once(
-                f"counters:{exc}",
+                f"counters:{type(exc).__name__}:{exc}",
                 Event(
                     "counters_unavailable",
                     shm_namespace=self.namespace,
@@ -645,17 +674,11 @@ def _hook_arbiter_loop(server: Any, master: _Master) -> None:
         return
 
     def reap_workers() -> Any:
-        try:
-            master.poll()
-        except Exception:
-            mlog.exception(Event("discovery_check_failed"))
+        _guarded(mlog, "discovery_check_failed", "discovery check", master.poll)
         return reap()
 
     def manage_workers() -> Any:
-        try:
-            master.tick()
-        except Exception:
-            mlog.exception(Event("supervision_failed", of="discovery and counter rows"))
+        _guarded(mlog, "supervision_failed", "discovery and counter rows", master.tick)
         return manage()
 
     server.reap_workers = reap_workers
@@ -690,10 +713,11 @@ def when_ready(server: Any) -> None:
 
 def pre_fork(server: Any, worker: Any) -> None:
     """Master, before each fork: check discovery and threads, reserve the worker's row."""
-    MASTER.tick()
-    if MASTER.active:
-        MASTER.before_fork()
-    MASTER.reserve(worker)
+    m = MASTER
+    _guarded(m.log, "supervision_failed", "discovery and counter rows", m.tick)
+    if m.active:
+        _guarded(m.log, "supervision_failed", "checks before fork", m.before_fork)
+    _guarded(m.log, "supervision_failed", "counter row reservation", lambda: m.reserve(worker))
 
 
 def post_fork(server: Any, worker: Any) -> None:
@@ -703,8 +727,9 @@ def post_fork(server: Any, worker: Any) -> None:
 
 def child_exit(server: Any, worker: Any) -> None:
     """Master, after a worker exited: free its counter row(s), check discovery."""
-    MASTER.release(server, worker)
-    MASTER.tick()
+    m = MASTER
+    _guarded(m.log, "supervision_failed", "counter row release", lambda: m.release(server, worker))
+    _guarded(m.log, "supervision_failed", "discovery and counter rows", m.tick)
 
 
 def worker_exit(server: Any, worker: Any) -> None:

@@ -1,0 +1,74 @@
+"""Faults a reviewer found after the hostile-inputs work (issue 19): an impossible epoch
+word in the counters control segment, a flood of warnings while the counters are
+shrunk, and the cost of the size checks on the routing path."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import shm
+from shm.layout import COUNTERS_CONTROL, word
+from shm.segment import SHM_DIR
+from tests.gunicorn_harness import serving, wait_for
+
+ENDPOINTS = [f"http://10.8.0.{i}:8080" for i in range(1, 5)]
+KEYS = [f"sku-{i}" for i in range(40)]
+
+
+def _path(name: str) -> str:
+    return os.path.join(SHM_DIR, name.lstrip("/"))
+
+
+def _routes(server) -> bool:
+    status, body = server.post_json("/route", KEYS)
+    return status == 200 and all(e in ENDPOINTS for e in body["endpoints"])
+
+
+def _write_epoch_word(ns: str, value: int) -> None:
+    with open(_path(shm.segment_name(ns, "counters")), "r+b") as f:
+        f.seek(word(COUNTERS_CONTROL, "current") * 8)
+        f.write(value.to_bytes(8, "little"))
+
+
+def test_master_survives_an_impossible_epoch_word_and_respawns_workers(tmp_path: Path) -> None:
+    eps = tmp_path / "endpoints.json"
+    eps.write_text(json.dumps(ENDPOINTS))
+    with serving(["--endpoints-file", str(eps), "--workers", "2"], tmp_path) as server:
+        server.wait_ready(workers=2, path="/healthz")
+        wait_for("routing", lambda: _routes(server), 20.0)
+        ns = server.namespace
+        workers = sorted(server.worker_pids())
+        _write_epoch_word(ns, 2**64 - 1)
+        os.kill(workers[0], signal.SIGKILL)  # the master forks: pre_fork, child_exit
+        wait_for(
+            "a worker respawned",
+            lambda: (
+                server.proc.poll() is not None
+                or (len(server.worker_pids()) == 2 and workers[0] not in server.worker_pids())
+            ),
+            30.0,
+        )
+        assert server.proc.poll() is None, f"the master died:\n{server.log()}"
+        wait_for("counters_repaired", lambda: len(server.events("counters_repaired")) > 0, 10.0)
+        wait_for("routing again", lambda: _routes(server), 20.0)
+        # Garbage again, with a worker killed in the same second, and 0.
+        for value in (0, 2**62, 2**64 - 1):
+            _write_epoch_word(ns, value)
+            victim = server.worker_pids()[0]
+            os.kill(victim, signal.SIGKILL)
+            wait_for(
+                f"a worker respawned after {value}",
+                lambda v=victim: (
+                    server.proc.poll() is not None
+                    or (len(server.worker_pids()) == 2 and v not in server.worker_pids())
+                ),
+                30.0,
+            )
+            assert server.proc.poll() is None, f"the master died:\n{server.log()}"
+            wait_for(f"routing after {value}", lambda: _routes(server), 20.0)
+        assert "Unhandled exception" not in server.log()
+        result = server.stop()
+    assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
