@@ -498,6 +498,36 @@ def test_a_batch_is_driven_by_its_reactor_alone(paper_host):
     assert lat == pytest.approx(2 * 0.002 + 0.0001, abs=1e-6)
 
 
+def test_when_every_pod_looks_stuck_a_call_still_goes_to_its_own_pod(paper_host):
+    """The stuck rule steers calls away from a pod only to one that can take them."""
+    from workers.fanout_curl import _jobs
+
+    r = paper_host.router(timeout_s=0.02)  # (a pod looks stuck after 10 ms)
+    keys = [f"K{i}" for i in range(40)]
+
+    def start() -> tuple:
+        plan = r.fan_out.plan(keys, CurlSender(), None, 5.0, False)
+        plan.refuse_stuck = True
+        reactor = FakeReactor()
+        batch = Batch(plan, reactor, plan.send)
+        for j in _jobs(r.fan_out, plan, r.fan_out.settings.cap_for(curl=True)):
+            batch.add(j)
+        return plan, batch, reactor.transport.started
+
+    first = start()
+    time.sleep(0.05)  # every pod's oldest call is now out well past 10 ms
+    plan, batch, started = start()
+    urls = r.endpoints_of(r.route(keys))
+    assert sorted(x[1] for x in started) == sorted(
+        f"{u}/{k}" for u, k in zip(urls, keys, strict=True)
+    )  # each key on its own pod: no retry pod could take it either
+    for p, b, _ in (first, (plan, batch, None)):
+        b.stop()
+        res = r.fan_out.finish(p)
+        assert not any(isinstance(x.error, RejectedError) for x in res)
+    assert paper_host.stats()["bulkhead_rejections"] == 0
+
+
 def test_a_key_that_cannot_be_sent_is_that_keys_error(host):
     """A bytes key that is no text cannot go into a URL: its own error, the rest answered,
     nothing left in flight."""

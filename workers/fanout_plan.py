@@ -270,6 +270,10 @@ class Plan:
         Else :data:`STUCK` if it looks stuck, or ``-1`` (wait until :meth:`wait_until`
         and ask again, unless the deadline passed: the caller reads the clock).
         """
+        if self.refuse_stuck:
+            # No pool to protect (the curl form): the stuck rule only steers a call to
+            # another pod when one can take it; a call with nowhere else to go goes out.
+            return self.ledger.begin(slot, cap) if slot >= 0 else self.clock()
         t0 = self.begin(slot, cap)
         if t0 >= 0:
             return t0
