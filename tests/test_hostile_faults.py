@@ -72,3 +72,46 @@ def test_master_survives_an_impossible_epoch_word_and_respawns_workers(tmp_path:
         assert "Unhandled exception" not in server.log()
         result = server.stop()
     assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
+
+
+def _lines_per_pid(server, text: str) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for rec in server.events():
+        if text in json.dumps(rec):
+            out[rec.get("pid", 0)] = out.get(rec.get("pid", 0), 0) + 1
+    return out
+
+
+def test_shrunk_counters_log_a_couple_of_lines_per_worker_not_one_per_request(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    eps = tmp_path / "endpoints.json"
+    eps.write_text(json.dumps(ENDPOINTS))
+    env = {"CSLB_LOAD_REFRESH": "0"}
+    with serving(["--endpoints-file", str(eps), "--workers", "2"], tmp_path, env=env) as server:
+        server.wait_ready(workers=2, path="/healthz")
+        wait_for("routing", lambda: _routes(server), 20.0)
+        ns = server.namespace
+        sent = 0
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            # Shrink whatever data segment is current (the master repairs each within
+            # about a second) and keep routing meanwhile.
+            epochs = shm.segment.epoch_segments(ns, "counters")
+            path = _path(epochs[max(epochs)])
+            if os.path.getsize(path) > 4096:
+                os.truncate(path, 4096)
+            for _ in range(20):
+                status, _ = server.post_json("/route", KEYS)
+                assert status == 200
+                sent += 1
+        assert sent >= 100
+        wait_for("counters_repaired", lambda: len(server.events("counters_repaired")) > 0, 10.0)
+        lines = _lines_per_pid(server, "decision counts not recorded")
+        assert lines, "the shrink was not noticed by any worker"
+        assert max(lines.values()) <= 2, lines
+        assert server.proc.poll() is None
+        result = server.stop()
+    assert result["exit"] == 0 and result["segments"] == []

@@ -42,11 +42,12 @@ import threading
 
 import shm
 from shm.layout import STATS_FIELDS
-from workers.recording import Recording
+from workers.recording import Recording, WarningThrottle
 
 __all__ = ["CUT", "FLUSH_NS", "MAX_PENDING", "CallLedger"]
 
 log = logging.getLogger("cslb.router")
+_calls_lost = WarningThrottle("calls not recorded")  # once a minute per process
 
 #: Longest time (ns) an event waits for the next write while calls keep coming.
 FLUSH_NS = 2_000_000
@@ -83,7 +84,6 @@ class CallLedger:
         "_starts",
         "_stats",
         "_waiting",
-        "_warned",
         "_write_lock",
     )
 
@@ -104,7 +104,6 @@ class CallLedger:
         self._done: list[int] = []
         self._stats: dict[str, int] = {}  # stats totals to add (only those tallied)
         self._due = 0  # when pending events are written at the latest (the last write + FLUSH_NS)
-        self._warned = False
 
     # -- events ---------------------------------------------------------------------
 
@@ -268,10 +267,8 @@ class CallLedger:
                 self._due = now + FLUSH_NS
             try:
                 self._rec.record_calls(ends, done, starts, now, stats)
-            except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
-                if not self._warned:
-                    self._warned = True
-                    log.warning("calls not recorded: %s", exc)
+            except shm.ShmError as exc:  # released meanwhile, or the counters shrunk or damaged
+                _calls_lost.warn(log, exc)
 
     def flush_due(self) -> None:
         """:meth:`flush` if the last write is :data:`FLUSH_NS` old (a pool thread's check)."""

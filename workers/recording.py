@@ -21,9 +21,49 @@ from typing import Any
 import shm
 from workers.failurelog import FailureLog
 
-__all__ = ["Recording"]
+__all__ = ["Recording", "WarningThrottle"]
 
 log = logging.getLogger("cslb.router")
+
+#: A warning about records lost to shared memory is logged at most this often per process.
+WARN_INTERVAL_NS = 60_000_000_000
+
+
+class WarningThrottle:
+    """One warning line per :data:`WARN_INTERVAL_NS` at most, per process and kind.
+
+    For warnings a path can raise once per request (say, while the counters are shrunk
+    under the worker until the master repairs them): the first is logged, the next ones
+    within the interval are counted, and the next line logged says how many were not.
+    Reads the clock only when there is something to warn about. Thread-safe.
+    """
+
+    __slots__ = ("_lock", "_next_ns", "_suppressed", "what")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._lock = threading.Lock()
+        self._next_ns = 0
+        self._suppressed = 0
+
+    def warn(self, logger: logging.Logger, exc: BaseException) -> None:
+        """Log ``"<what>: <exc>"`` unless one was logged within the interval."""
+        now = time.monotonic_ns()
+        with self._lock:
+            if now < self._next_ns:
+                self._suppressed += 1
+                return
+            suppressed, self._suppressed = self._suppressed, 0
+            self._next_ns = now + WARN_INTERVAL_NS
+        logger.warning(
+            "%s: %s (logged at most once a minute; %d not logged since the last)",
+            self.what,
+            exc,
+            suppressed,
+        )
+
+
+_counts_lost = WarningThrottle("decision counts not recorded")
 
 _STATS = ("decisions", "fallbacks", "moves", "failures")
 
@@ -127,8 +167,8 @@ class Recording:
             row = self._row
             if row is not None:
                 row.count(decisions, fallbacks, moves)
-        except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
-            log.warning("decision counts not recorded: %s", exc)
+        except shm.ShmError as exc:  # released meanwhile, or the counters shrunk or damaged
+            _counts_lost.warn(log, exc)
         finally:
             lock.release()
 
