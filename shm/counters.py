@@ -1141,6 +1141,19 @@ class Recorder:
         self._data_seg.check_size()
         return False
 
+    def _moved_paced(self) -> bool:
+        """:meth:`_moved`, each size checked at most every 50 ms (for :meth:`count`).
+
+        :meth:`count` runs once per routed batch: see :meth:`Segment.shrunk_to_paced`
+        (:data:`shm.segment.SIZE_CHECK_NS`) for the window that leaves.
+        """
+        now = time.monotonic_ns()
+        self._ctl_seg.check_size_paced(now)
+        if self._cw[_C_CURRENT] != self._epoch:
+            return True
+        self._data_seg.check_size_paced(now)
+        return False
+
     def _follow(self) -> None:
         if self._forked:
             raise SlotOwnershipError(
@@ -1680,7 +1693,7 @@ class Recorder:
             or (decisions | fallbacks | moves) < 0
         ):
             decisions, fallbacks, moves = _counts((decisions, fallbacks, moves), "decision counts")
-        if self._moved():
+        if self._moved_paced():  # once per batch: sizes checked at most every 50 ms
             self._follow()
         st = self._stats
         st[0] += decisions

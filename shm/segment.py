@@ -321,6 +321,12 @@ def _allocate(fd: int, name: str, size: int) -> None:
             raise
 
 
+#: The routing path checks a segment's size at most this often (nanoseconds): see
+#: :meth:`Segment.shrunk_to_paced`. Also the longest window in which a segment shrunk
+#: by another process can still fault (SIGBUS) a routing batch.
+SIZE_CHECK_NS = 50_000_000
+
+
 class Segment:
     """One mapped POSIX shared-memory segment.
 
@@ -342,7 +348,18 @@ class Segment:
         the same name has another one.
     """
 
-    __slots__ = ("_fd", "_mm", "buf", "created", "inode", "name", "size", "words", "writable")
+    __slots__ = (
+        "_fd",
+        "_mm",
+        "_size_due",
+        "buf",
+        "created",
+        "inode",
+        "name",
+        "size",
+        "words",
+        "writable",
+    )
 
     def __init__(
         self,
@@ -357,6 +374,7 @@ class Segment:
         # The object's own descriptor, kept to read its size: another process of the user can
         # shrink the object under the mapping, and a touch past its end is SIGBUS.
         self._fd = fd
+        self._size_due = 0  # CLOCK_MONOTONIC ns: the next paced size check (see shrunk_to_paced)
         self.name = name
         self.inode = inode
         self._mm = mm
@@ -516,6 +534,37 @@ class Segment:
         except OSError:
             return None
         return size if size < self.size else None
+
+    def shrunk_to_paced(self, now_ns: int) -> int | None:
+        """:meth:`shrunk_to`, but at most once per :data:`SIZE_CHECK_NS` (for every batch).
+
+        For the routing path only (:meth:`shm.TableReader.is_current`,
+        :meth:`shm.Recorder.count`), where an ``lseek`` per segment per batch doubled the
+        cost of a batch. ``now_ns`` is CLOCK_MONOTONIC. Between two checks the size is
+        assumed unchanged: a segment shrunk by another process up to
+        :data:`SIZE_CHECK_NS` after the last check can still fault (SIGBUS) on a touch
+        within that interval. A shrink seen is seen again on every call; a ``now_ns``
+        outside the interval (another clock, gone backwards) checks. Paths that map,
+        re-map or grow segments, or size anything from shared memory, call
+        :meth:`check_size` instead, unpaced.
+        """
+        due = self._size_due
+        if due - SIZE_CHECK_NS <= now_ns < due:
+            return None
+        size = self.shrunk_to()
+        self._size_due = 0 if size is not None else now_ns + SIZE_CHECK_NS
+        return size
+
+    def check_size_paced(self, now_ns: int) -> None:
+        """:meth:`check_size` at most once per :data:`SIZE_CHECK_NS` (see :meth:`shrunk_to_paced`).
+
+        Raises
+        ------
+        SegmentSizeError
+            The object was found shrunk under the mapping.
+        """
+        if self.shrunk_to_paced(now_ns) is not None:
+            self.check_size()
 
     def check_size(self) -> None:
         """Raise unless the object still backs the whole mapping (call before touching it).

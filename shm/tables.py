@@ -1332,7 +1332,7 @@ class TableReader:
                 return t  # never None here: cur is -1 while there is no table
         return self._refresh()
 
-    def _check_mapped(self) -> None:
+    def _check_mapped(self, now_ns: int | None = None) -> None:
         """Refuse to touch segments shrunk under their mappings (a touch would be SIGBUS).
 
         A shrunk control segment is dropped for the namespace's new one if its writer
@@ -1340,14 +1340,23 @@ class TableReader:
         the next read maps whatever the control segment names then (the writer
         publishes into a new data segment when it notices).
 
+        ``now_ns`` (CLOCK_MONOTONIC): on the routing path, check each segment at most
+        once per :data:`shm.segment.SIZE_CHECK_NS` (see :meth:`Segment.shrunk_to_paced`);
+        ``None``: check now.
+
         Raises
         ------
         SegmentSizeError
             The control segment shrank and has no replacement yet.
         """
         view = self._view
-        if view.control.shrunk_to() is None and (
-            view.data is None or view.data.shrunk_to() is None
+        if now_ns is None:
+            if view.control.shrunk_to() is None and (
+                view.data is None or view.data.shrunk_to() is None
+            ):
+                return
+        elif view.control.shrunk_to_paced(now_ns) is None and (
+            view.data is None or view.data.shrunk_to_paced(now_ns) is None
         ):
             return
         with self._lock:
@@ -1366,13 +1375,16 @@ class TableReader:
     def is_current(self, table: Table) -> bool:
         """Whether :meth:`table` returns ``table`` now (nothing published since).
 
-        Two shared-memory loads, no clock and no remapping: ``False`` once a new
+        Two shared-memory loads and no remapping: ``False`` once a new
         generation was published (the word ``current`` changed, or names the same
         buffer rewritten since), or when ``table`` is not this reader's current one. A
         replaced control segment is noticed by :meth:`table` (its clock paces the
-        check), which callers still call now and then.
+        check), which callers still call now and then. Each segment's size is checked
+        at most every :data:`shm.segment.SIZE_CHECK_NS` here (a clock read instead of two
+        ``lseek`` calls per batch; see :meth:`Segment.shrunk_to_paced` for the window
+        that leaves).
         """
-        self._check_mapped()
+        self._check_mapped(_now_ns())
         ctl, cur, t, seq_words, seq_index, seq = self._state
         if t is not table or ctl[_C_CURRENT] != cur:
             return False
