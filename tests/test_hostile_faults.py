@@ -162,3 +162,30 @@ def test_routing_checks_each_segment_size_at_most_once_per_interval(monkeypatch)
         assert r.route(["k1"]).shape == (1,)
     finally:
         host.close()
+
+
+def test_an_impossible_epoch_word_is_corruption_the_owner_repairs() -> None:
+    import pytest
+
+    from tests.discovery_harness import shm_namespace
+
+    with shm_namespace() as ns:
+        store = shm.CounterStore.create(ns, rows=4, columns=8)
+        try:
+            rec = store.claim()
+            rec.record_start([1, 2], 10**9)
+            reader = store.reader()
+            for value in (2**64 - 1, 0, 2**62):
+                _write_epoch_word(ns, value)
+                with pytest.raises(shm.SegmentCorruptError, match="out of range"):
+                    shm.CounterStore.attach(ns)
+                with pytest.raises(shm.SegmentCorruptError):
+                    reader.read(10**9)
+                assert store.repair() is True
+                assert store.repair() is False
+                rec.record_start([3], 10**9)
+                loads = reader.read(10**9)
+                assert loads.in_flight[1] == 1  # the owner's whole matrix was copied
+            assert sorted(shm.segment.epoch_segments(ns, "counters")) == [4]
+        finally:
+            store.close()
