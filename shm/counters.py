@@ -1142,7 +1142,7 @@ class Recorder:
         return False
 
     def _moved_paced(self) -> bool:
-        """:meth:`_moved`, each size checked at most every 50 ms (for :meth:`count`).
+        """:meth:`_moved`, paced by :data:`shm.segment.SIZE_CHECK_NS` (for :meth:`count`).
 
         :meth:`count` runs once per routed batch: see :meth:`Segment.shrunk_to_paced`
         (:data:`shm.segment.SIZE_CHECK_NS`) for the window that leaves.
@@ -1693,7 +1693,7 @@ class Recorder:
             or (decisions | fallbacks | moves) < 0
         ):
             decisions, fallbacks, moves = _counts((decisions, fallbacks, moves), "decision counts")
-        if self._moved_paced():  # once per batch: sizes checked at most every 50 ms
+        if self._moved_paced():  # (once per batch)
             self._follow()
         st = self._stats
         st[0] += decisions

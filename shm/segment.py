@@ -322,9 +322,11 @@ def _allocate(fd: int, name: str, size: int) -> None:
 
 
 #: The routing path checks a segment's size at most this often (nanoseconds): see
-#: :meth:`Segment.shrunk_to_paced`. Also the longest window in which a segment shrunk
-#: by another process can still fault (SIGBUS) a routing batch.
-SIZE_CHECK_NS = 50_000_000
+#: :meth:`Segment.shrunk_to_paced`. 0: once per batch per segment. A longer interval
+#: saves an ``lseek`` per segment per batch but leaves that long a window in which a
+#: segment shrunk by another process faults (SIGBUS) the worker's next batch: under
+#: steady traffic it nearly always does, and workers must survive a shrink.
+SIZE_CHECK_NS = 0
 
 
 class Segment:
