@@ -72,7 +72,7 @@ from prometheus_client.exposition import choose_encoder
 
 import shm
 from lbcore.errors import KeyEncodingError, KeyTooLongError, KeyTypeError
-from lbcore.knobs import Knob, from_mapping
+from lbcore.knobs import Knob, from_mapping, parse_int_between
 from lbcore.logformat import Event
 from workers import status
 from workers.metrics import METRICS_MAX_ENDPOINTS, STALE_AFTER, CslbCollector, HostMonitor
@@ -106,26 +106,13 @@ _CHARS_SAFE = MAX_KEY_BYTES // 4  # a str this short is at most MAX_KEY_BYTES in
 _BITS_SAFE = 13_000  # an int this narrow has fewer than 3,914 decimal digits
 
 
-def _int_between(low: int, high: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip().replace("_", ""))
-        except ValueError:
-            raise ValueError(f"expected an integer from {low} to {high}") from None
-        if not low <= value <= high:
-            raise ValueError(f"expected an integer from {low} to {high}")
-        return value
-
-    return parse
-
-
 #: ``CSLB_MAX_BODY_BYTES``: largest ``/route`` request body.
 MAX_BODY_BYTES = Knob(
     "max_body_bytes",
     "CSLB_MAX_BODY_BYTES",
     "--max-body-bytes",
     1 << 20,
-    _int_between(64, 1 << 30),
+    parse_int_between(64, 1 << 30),
     "Largest POST /route request body in bytes; a larger one is refused with 413 before "
     "it is read.",
     "BYTES",
@@ -137,7 +124,7 @@ MAX_BATCH = Knob(
     "CSLB_MAX_BATCH",
     "--max-batch",
     10_000,
-    _int_between(1, 10_000_000),
+    parse_int_between(1, 10_000_000),
     "Most product IDs in one POST /route request; more are refused with 413.",
     "KEYS",
 )

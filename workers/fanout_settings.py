@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from lbcore.knobs import Knob, from_mapping, parse_choice, parse_seconds
+from lbcore.knobs import Knob, from_mapping, parse_choice, parse_int_between, parse_seconds
 
 __all__ = ["FANOUT_KNOBS", "FanoutSettings"]
 
@@ -29,23 +29,10 @@ def _url_or_empty(text: str) -> str:
     return t.rstrip("/")
 
 
-def _count(lo: int, hi: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise ValueError(f"expected an integer from {lo} to {hi}") from None
-        if not lo <= value <= hi:
-            raise ValueError(f"expected an integer from {lo} to {hi}")
-        return value
-
-    return parse
-
-
 def _cap(text: str) -> int:
     if text.strip().lower() in ("auto", "0", ""):
         return 0
-    return _count(1, 100_000)(text)
+    return parse_int_between(1, 100_000)(text)
 
 
 def _positive_seconds(text: str) -> float:
@@ -98,7 +85,7 @@ FANOUT_THREADS = Knob(
     "CSLB_FANOUT_THREADS",
     "--fanout-threads",
     8,
-    _count(1, 1024),
+    parse_int_between(1, 1024),
     "For send functions of your own (not CurlSender): calls in flight at once per worker "
     "process, the threads of router.fanout's pool (shared by the requests of a gthread "
     "worker) or the concurrent calls of router.afanout on the worker's event loop.",
@@ -109,7 +96,7 @@ FANOUT_QUEUE = Knob(
     "CSLB_FANOUT_QUEUE",
     "--fanout-queue",
     1024,
-    _count(1, 1_000_000),
+    parse_int_between(1, 1_000_000),
     "For send functions of your own: most calls a worker's fan-out pool holds (queued or "
     "running); a fan-out's calls beyond it fail at once as rejected (never counted as a "
     "pod's failure).",
@@ -137,7 +124,7 @@ FANOUT_CONNECTIONS = Knob(
     "CSLB_FANOUT_CONNECTIONS",
     "--fanout-connections",
     32,
-    _count(1, 10_000),
+    parse_int_between(1, 10_000),
     "CurlSender: most keep-alive connections to one pod per worker thread (per event loop "
     "under asyncio); a fan-out's calls beyond it wait inside libcurl for a free "
     "connection instead of opening more. Idle connections are kept for the next fan-out.",
@@ -148,7 +135,7 @@ FANOUT_MAX_IN_FLIGHT = Knob(
     "CSLB_FANOUT_MAX_IN_FLIGHT",
     "--fanout-max-in-flight",
     1024,
-    _count(1, 1_000_000),
+    parse_int_between(1, 1_000_000),
     "CurlSender: most calls in flight at once per worker process, every call of a "
     "fan-out admitted together (a fan-out larger than this still runs when the worker "
     "has nothing else in flight). A fan-out without room waits in the FIFO line.",
@@ -159,7 +146,7 @@ FANOUT_FIFO_SIZE = Knob(
     "CSLB_FANOUT_FIFO_SIZE",
     "--fanout-fifo-size",
     64,
-    _count(0, 1_000_000),
+    parse_int_between(0, 1_000_000),
     "CurlSender: most fan-outs waiting for room (CSLB_FANOUT_MAX_IN_FLIGHT) at once per "
     "worker, first come first served; one more fails at once, every key a RejectedError "
     "that says so (never counted as a pod's failure).",
@@ -242,7 +229,7 @@ FAILURE_LOG_RATE = Knob(
     "CSLB_FAILURE_LOG_RATE",
     "--failure-log-rate",
     3,
-    _count(0, 1_000_000),
+    parse_int_between(0, 1_000_000),
     "Failure log lines per endpoint per second and worker; further failures of that "
     "second are summed into one line saying how many were left out.",
     "N",
