@@ -192,3 +192,28 @@ def test_an_impossible_epoch_word_is_corruption_the_owner_repairs() -> None:
             assert sorted(shm.segment.epoch_segments(ns, "counters")) == [4]
         finally:
             store.close()
+
+
+def test_a_warning_a_request_can_raise_is_logged_once_an_interval_with_a_count(
+    monkeypatch, caplog
+) -> None:
+    """The throttle behind the 'not recorded' warnings of the recorder, the call ledger and
+    track(): one line per interval, the next saying how many were not logged."""
+    import logging
+
+    import workers.recording as recording
+    from workers import tracker
+
+    log = logging.getLogger("cslb.router")
+    for throttle in (recording.WarningThrottle("x not recorded"), tracker._START_WARN):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cslb.router"):
+            monkeypatch.setattr(recording, "WARN_INTERVAL_NS", 60_000_000_000)
+            for _ in range(100):
+                throttle.warn(log, RuntimeError("segment shrunk"))
+            assert len(caplog.records) == 1
+            monkeypatch.setattr(recording, "WARN_INTERVAL_NS", 0)
+            throttle._next_ns = 0  # (the interval is over)
+            throttle.warn(log, RuntimeError("segment shrunk"))
+        assert len(caplog.records) == 2
+        assert "99 not logged" in caplog.records[1].getMessage()

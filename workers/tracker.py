@@ -27,9 +27,12 @@ import numpy as np
 
 import shm
 from workers.failurelog import key_text, pod_ip
-from workers.recording import Recording
+from workers.recording import Recording, WarningThrottle
 
 log = logging.getLogger("cslb.router")
+# (a row shrunk or replaced under the worker fails every fan-out until repaired)
+_START_WARN = WarningThrottle("fan-out not recorded")
+_END_WARN = WarningThrottle("fan-out end not recorded")
 
 __all__ = [
     "RouterError",
@@ -138,7 +141,7 @@ class Tracker:
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if isinstance(exc, shm.CounterInputError):
                     self._routed()  # the indices, changed since routed: say so (raises)
-                log.warning("fan-out not recorded: %s", exc)
+                _START_WARN.warn(log, exc)
                 return self
             finally:
                 lock.release()
@@ -151,7 +154,7 @@ class Tracker:
             try:
                 row[1].record_start(self._slots, start, bound=self._bound)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
-                log.warning("fan-out not recorded: %s", exc)
+                _START_WARN.warn(log, exc)
                 return self
             finally:
                 lock.release()
@@ -273,7 +276,7 @@ class Tracker:
                     self._map, self.idx, start, end - start if end > start else 0, end, self._bound
                 )
             except shm.ShmError as exc:  # released meanwhile: nothing to add to
-                log.warning("fan-out end not recorded: %s", exc)
+                _END_WARN.warn(log, exc)
             finally:
                 lock.release()
             return
@@ -291,7 +294,7 @@ class Tracker:
             slots = self._routed()[0]
             row[1].record_end(slots, start, durations, end, failed, bound=self._bound)
         except shm.ShmError as exc:  # released meanwhile: nothing to add to
-            log.warning("fan-out end not recorded: %s", exc)
+            _END_WARN.warn(log, exc)
         finally:
             lock.release()
 
