@@ -869,6 +869,10 @@ def _churn(ns: str, publishes: int) -> None:
     deadline = time.monotonic() + 10
     for _ in range(publishes):
         writer.publish(_variant(writer.generation + 1), knobs=shm.Knobs(balance_factor=None))
+        # A new table every 2 ms (a real writer publishes at most once per debounce):
+        # back to back, each publish can spoil a slow reader's read on a loaded machine,
+        # and the reader keeps the last good table throughout (seen in CI: 7 of 400).
+        time.sleep(0.002)
         if time.monotonic() > deadline:
             break
     writer.close(unlink=False)
