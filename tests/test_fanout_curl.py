@@ -460,7 +460,7 @@ def test_a_batch_is_driven_by_its_reactor_alone(paper_host):
     batch = Batch(plan, reactor, s)
     from workers.fanout_curl import _jobs
 
-    for j in _jobs(r.fan_out, plan, r.fan_out.settings.cap_for(curl=True)):
+    for j in _jobs(r.fan_out, plan, r.fan_out.settings.cap_for(curl=True))[0]:
         batch.add(j)
     started = reactor.transport.started
     assert len(started) == 3 and not batch.done()  # every first call out at once
@@ -510,7 +510,7 @@ def test_when_every_pod_looks_stuck_a_call_still_goes_to_its_own_pod(paper_host)
         plan.refuse_stuck = True
         reactor = FakeReactor()
         batch = Batch(plan, reactor, plan.send)
-        for j in _jobs(r.fan_out, plan, r.fan_out.settings.cap_for(curl=True)):
+        for j in _jobs(r.fan_out, plan, r.fan_out.settings.cap_for(curl=True))[0]:
             batch.add(j)
         return plan, batch, reactor.transport.started
 
@@ -597,3 +597,27 @@ def test_the_readme_shows_curlsender_first():
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     example = text.split("## In your gunicorn service", 1)[1].split("```", 2)[1]
     assert "CurlSender" in example and "router.fanout(" in example
+
+
+def test_jobs_a_failing_batch_never_started_leave_nothing_in_flight(paper_host, monkeypatch):
+    """Every job's first call is begun before the batch starts them: if starting one
+    fails (a bug), the calls of the jobs never started still end, cut."""
+    import workers.fanout_curl as fc
+
+    r = paper_host.router(timeout_s=1.0)
+    real = fc.Batch.add
+    added = []
+
+    def add(self, job):
+        if len(added) == 3:
+            raise RuntimeError("a bug while starting a job")
+        added.append(job)
+        real(self, job)
+
+    monkeypatch.setattr(fc, "thread_reactor", lambda n=None: FakeReactor())
+    monkeypatch.setattr(fc.Batch, "add", add)
+    with pytest.raises(RuntimeError, match="a bug"):
+        r.fanout(KEYS[:20], CurlSender())
+    r.call_ledger.flush()
+    assert int(paper_host.loads().in_flight.sum()) == 0
+    assert sum(r.call_ledger.in_flight(s) for s in range(5)) == 0

@@ -26,6 +26,7 @@ from typing import Any
 from workers.admission import AdmissionError
 from workers.curl import Outcome, Reactor, loop_reactor, thread_reactor
 from workers.fanout_plan import Job, Plan, RejectedError, Result, group_job, key_job
+from workers.ledger import CUT
 
 __all__ = ["Batch", "run_async", "run_sync"]
 
@@ -146,6 +147,10 @@ class Batch:
         if self.active == 0 and self.on_idle is not None:
             self.on_idle()
 
+    def holds(self, job: Job) -> bool:
+        """``job`` has a call out or a timer set (:meth:`stop` ends it)."""
+        return job in self._calls or job in self._timers
+
     def stop(self) -> None:
         """The deadline passed (or the caller gave up): stop every call and job.
 
@@ -163,8 +168,13 @@ class Batch:
         self.active = 0
 
 
-def _jobs(fan: Any, plan: Plan, cap: int) -> list[Job]:
-    """The plan's jobs, their first calls begun together (one ledger step for all)."""
+def _jobs(fan: Any, plan: Plan, cap: int) -> tuple[list[Job], list[tuple[int, int]]]:
+    """The plan's jobs, their first calls begun together (one ledger step for all).
+
+    Also the ``(slot, start)`` of each job's begun call (slot ``-1``: none), for a job
+    never started: a generator closed before its first step runs no code, so its begun
+    call is ended by :func:`_wind_up` instead.
+    """
     grouped = plan.grouped
     make = group_job if grouped else key_job
     slots = plan.slots
@@ -174,8 +184,33 @@ def _jobs(fan: Any, plan: Plan, cap: int) -> list[Job]:
         make(plan, j, cap, t0 if ok else -1)  # type: ignore[arg-type]
         for j, ok in zip(plan.jobs, admitted, strict=True)
     ]
-    jobs += [g for g, _ in fan.fallback_jobs(plan)]
-    return jobs
+    begun = [(s, t0) if ok else (-1, 0) for s, ok in zip(firsts, admitted, strict=True)]
+    fallback = [g for g, _ in fan.fallback_jobs(plan)]
+    return jobs + fallback, begun + [(-1, 0)] * len(fallback)
+
+
+def _wind_up(
+    fan: Any,
+    batch: Batch,
+    jobs: list[Job],
+    begun: list[tuple[int, int]],
+    started: int,
+    calls: int,
+) -> None:
+    """Stop what is left of a batch and give its admitted room back (both forms).
+
+    ``started``: jobs the batch took. The begun calls of the jobs it never took end as
+    cut short (a generator closed before its first step runs no code to do it).
+    """
+    if started < len(jobs) and batch.holds(jobs[started]):
+        started += 1  # (the job that failed to start had its call out: stop() ends it)
+    batch.stop()
+    plan = batch.plan
+    for slot, t0 in begun[started:]:
+        if slot >= 0:
+            plan.end(slot, t0, CUT, True)
+    if calls:
+        fan.admission.leave(calls)
 
 
 def _refuse(fan: Any, plan: Plan, exc: AdmissionError) -> list[Result]:
@@ -222,18 +257,16 @@ def run_sync(
             return _refuse(fan, plan, exc)
     reactor = thread_reactor(fan.settings.connections)
     batch = Batch(plan, reactor, sender)
-    jobs = _jobs(fan, plan, fan.settings.cap_for(curl=True))  # (begun once admitted)
+    jobs, begun = _jobs(fan, plan, fan.settings.cap_for(curl=True))  # (begun once admitted)
+    started = 0
     try:
         for j in jobs:
             batch.add(j)
+            started += 1
         left_ns = max(plan.deadline_ns - plan.clock(), 0)
         reactor.run(batch.done, time.monotonic_ns() + left_ns)
     finally:
-        batch.stop()
-        for j in jobs:
-            j.close()  # (any job never added: its begun call ends, cut)
-        if calls:
-            fan.admission.leave(calls)
+        _wind_up(fan, batch, jobs, begun, started, calls)
     return fan.finish(plan)
 
 
@@ -262,10 +295,12 @@ async def run_async(
 
     batch.on_idle = wake
     timer = None
-    jobs = _jobs(fan, plan, fan.settings.cap_for(curl=True))
+    jobs, begun = _jobs(fan, plan, fan.settings.cap_for(curl=True))
+    started = 0
     try:
         for j in jobs:
             batch.add(j)
+            started += 1
         if not batch.done():
             left = max((plan.deadline_ns - plan.clock()) / 1e9, 0.0)
             timer = reactor.loop.call_later(left, wake)
@@ -273,11 +308,7 @@ async def run_async(
     finally:
         if timer is not None:
             timer.cancel()
-        batch.stop()
-        for j in jobs:
-            j.close()
-        if calls:
-            fan.admission.leave(calls)
+        _wind_up(fan, batch, jobs, begun, started, calls)
     return fan.finish(plan)
 
 
