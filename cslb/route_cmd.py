@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoints-file",
         "-f",
         metavar="FILE",
-        help="JSON or YAML endpoints file (see examples/endpoints.json)",
+        help="JSON or YAML endpoints file (format: docs/endpoints-file.md)",
     )
     static.add_argument(
         "--vnodes",

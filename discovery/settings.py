@@ -162,7 +162,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "--endpoints-file",
         "",
         _text,
-        "JSON or YAML file of endpoints, re-read when it changes (see examples/).",
+        "JSON or YAML file of endpoints, re-read when it changes (format: docs/endpoints-file.md).",
         "FILE",
     ),
     Knob(
