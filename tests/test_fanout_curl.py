@@ -595,7 +595,7 @@ def test_an_asyncio_fanout_cancelled_by_its_caller_cuts_its_calls(tmp_path):
 
 def test_the_readme_shows_curlsender_first():
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    example = text.split("## In your gunicorn service", 1)[1].split("```", 2)[1]
+    example = text.split("## The fan-out in your service", 1)[1].split("```", 2)[1]
     assert "CurlSender" in example and "router.fanout(" in example
 
 

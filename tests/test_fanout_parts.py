@@ -37,7 +37,7 @@ from workers.senders import (
 )
 
 S = 1_000_000_000
-README = Path(__file__).resolve().parent.parent / "README.md"
+SETTINGS = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 
 
 # ------------------------------------------------------------------------------------
@@ -431,4 +431,4 @@ def test_settings_are_declared_once_validated_and_documented():
         with pytest.raises(KnobError, match=re.escape(var)):
             FanoutSettings.from_env({var: bad})
     assert len({k.env for k in FANOUT_KNOBS}) == len(FANOUT_KNOBS)
-    assert docs_table(FANOUT_KNOBS) in README.read_text(encoding="utf-8")
+    assert docs_table(FANOUT_KNOBS) in SETTINGS.read_text(encoding="utf-8")

@@ -5,7 +5,7 @@ import pytest
 
 from lbcore import knobs
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+SETTINGS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 
 
 def test_defaults():
@@ -61,7 +61,7 @@ def test_typed_values_round_trip():
 
 
 def test_readme_documents_every_knob_from_the_declarations():
-    assert knobs.docs_table() in README.read_text(encoding="utf-8")
+    assert knobs.docs_table() in SETTINGS.read_text(encoding="utf-8")
 
 
 def test_docs_tables_show_empty_defaults_as_dash_and_run_time_ones_as_auto():

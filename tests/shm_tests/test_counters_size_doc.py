@@ -17,7 +17,7 @@ import pytest
 import shm
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text(encoding="utf-8")
+README = (REPO / "docs" / "shared-memory.md").read_text(encoding="utf-8")
 K8S = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
 MIB = 2**20
 

@@ -1,4 +1,4 @@
-"""The README's shared-memory example runs as written (in a test namespace)."""
+"""docs/shared-memory.md's example (once the README's) runs as written (in a test namespace)."""
 
 import pathlib
 import re
@@ -8,13 +8,14 @@ import numpy as np
 import lbcore
 from shm import list_segments
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "docs" / "shared-memory.md"
 
 
 def example_code() -> str:
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Shared memory") :]
-    section = section[: section.index("\n## ", 3)]
+    section = text[text.index("## Using the shared memory directly") :]
+    end = section.find("\n## ", 3)
+    section = section[: end if end >= 0 else len(section)]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
