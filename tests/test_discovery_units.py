@@ -332,7 +332,8 @@ def test_readme_settings_table_matches_the_declarations():
 
     from discovery.settings import docs_table
 
-    readme = (Path(__file__).resolve().parent.parent / "docs" / "settings.md").read_text(encoding="utf-8")
+    settings = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+    readme = settings.read_text(encoding="utf-8")
     assert docs_table() in readme
 
 
@@ -342,7 +343,8 @@ def test_readme_outlier_table_matches_the_declarations():
 
     from discovery.settings import OUTLIER_KNOBS, outlier_docs_table
 
-    readme = (Path(__file__).resolve().parent.parent / "docs" / "settings.md").read_text(encoding="utf-8")
+    settings = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+    readme = settings.read_text(encoding="utf-8")
     m = re.search(r"<!-- outlier-knobs -->\n(.*?)<!-- /outlier-knobs -->", readme, re.S)
     assert m and m.group(1).strip() == outlier_docs_table()
     names = {k.env for k in OUTLIER_KNOBS}
