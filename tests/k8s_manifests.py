@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client as k8s
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,12 +18,11 @@ DEPLOY = ROOT / "deploy" / "kubernetes"
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:
-    """``kubectl kustomize DIRECTORY``, offline; fails (never skips) without kubectl."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.fail(
-            "kubectl is not installed: the manifest tests need kubectl >= 1.27 (kustomize v5)"
-        )
+    """``kubectl kustomize DIRECTORY``, offline; without kubectl the test skips, or fails
+    under ``CSLB_REQUIRE_TOOLS=1`` (:mod:`tests.tools`)."""
+    from tests.tools import need
+
+    kubectl = need("kubectl")
     out = subprocess.run(
         [kubectl, "kustomize", str(directory)],
         capture_output=True,

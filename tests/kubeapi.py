@@ -57,8 +57,12 @@ def make_test_ca(directory: str) -> tuple[str, str, str]:
     Returns the paths of (CA certificate, server certificate, server key).
     """
 
+    from tests.tools import need
+
+    openssl = need("openssl")  # skips (or fails under CSLB_REQUIRE_TOOLS=1) without it
+
     def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+        subprocess.run([openssl, *args], check=True, capture_output=True, timeout=60)
 
     ca_key, ca_crt = os.path.join(directory, "ca.key"), os.path.join(directory, "ca.crt")
     key, csr = os.path.join(directory, "server.key"), os.path.join(directory, "server.csr")

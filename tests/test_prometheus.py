@@ -9,8 +9,6 @@ set) a missing tool fails these tests instead of skipping them."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -19,7 +17,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.gunicorn_harness import free_port, serving, wait_for
@@ -32,15 +29,9 @@ PROMETHEUS_RULE = ROOT / "deploy" / "kubernetes" / "monitoring" / "prometheusrul
 
 
 def tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None and os.path.exists(f"/usr/bin/{name}"):
-        path = f"/usr/bin/{name}"
-    if path is None:
-        msg = f"{name} is not installed (Debian package 'prometheus'; .ci/run installs it)"
-        if os.environ.get("CI") or os.environ.get("CSLB_REQUIRE_TOOLS"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return path
+    from tests.tools import need
+
+    return need(name)
 
 
 def test_promtool_checks_the_rules() -> None:

@@ -268,3 +268,22 @@ def test_every_relative_link_resolves(doc: str, target: str) -> None:
     assert file.exists(), f"{doc}: {target} does not exist"
     if anchor:
         assert anchor in _anchors(file), f"{doc}: {target}: no such heading"
+
+
+def test_a_missing_tool_skips_its_tests_unless_required(monkeypatch) -> None:
+    """What the test command's comment says: skip, or fail with CSLB_REQUIRE_TOOLS=1."""
+    from _pytest.outcomes import Failed, Skipped
+
+    from tests import tools
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(os.path, "exists", lambda p: False)
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("CSLB_REQUIRE_TOOLS", raising=False)
+    for tool in ("kubectl", "prometheus", "chromium", "openssl"):
+        with pytest.raises(Skipped, match=f"{tool} is not installed"):
+            tools.need(tool)
+    monkeypatch.setenv("CSLB_REQUIRE_TOOLS", "1")
+    for tool in ("kubectl", "prometheus", "chromium", "openssl"):
+        with pytest.raises(Failed, match=f"{tool} is not installed"):
+            tools.need(tool)

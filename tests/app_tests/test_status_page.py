@@ -345,8 +345,10 @@ for (const row of document.querySelectorAll('tr.fading')) {
 </script>"""
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed")
 def test_renders_in_headless_chromium(host: Host, tmp_path: Path) -> None:
+    from tests.tools import need
+
+    need("chromium", "chromium-browser")  # skips, or fails under CSLB_REQUIRE_TOOLS=1
     loaded_host(host)
     app = CslbApp(host.namespace)
     # A live publisher heartbeats while Chromium starts (seconds on a loaded machine), so
