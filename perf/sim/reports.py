@@ -186,11 +186,12 @@ def _figures(
     def share(mask: np.ndarray) -> float:
         return float(moved[mask].sum() / decided[mask].sum()) if decided[mask].sum() else math.nan
 
-    # pod 0's share of calls per second (1 s rolling), against its fair share 1 / pods
+    # pod 0's share of calls over the last second (trailing), against its fair share
     per_s = max(1, round(1.0 / cfg.tick_s))
     kernel = np.ones(per_s)
-    c0 = np.convolve(calls[:, 0], kernel, "same") / np.maximum(
-        np.convolve(calls.sum(axis=1), kernel, "same"), 1.0
+    n = t.size
+    c0 = np.convolve(calls[:, 0], kernel)[:n] / np.maximum(
+        np.convolve(calls.sum(axis=1), kernel)[:n], 1.0
     )
     back = np.flatnonzero((t >= cfg.external_off_s) & (c0 >= 0.8 / cfg.pods))
     return {
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         external=a.external,
         seed=a.seed,
         external_on_s=0.25 * s,
-        external_off_s=0.625 * s,
+        external_off_s=0.6 * s,
     )
     t0 = time.perf_counter()
     rows = sweep(base)
