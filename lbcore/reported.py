@@ -54,8 +54,8 @@ from typing import Any
 
 import numpy as np
 
+from lbcore import LoadError, hash_keys
 from lbcore.bounded import check_loads
-from lbcore.errors import LoadError
 from lbcore.report_settings import ReportSettings
 
 __all__ = [
@@ -73,6 +73,7 @@ __all__ = [
     "ReportState",
     "effective_loads",
     "forget",
+    "pod_identity",
     "record_reports",
     "refresh_due",
     "report_status",
@@ -158,6 +159,15 @@ class ReportState:
             np.zeros(n, np.int64),
             np.zeros(n, np.uint64),
         )
+
+
+def pod_identity(address: str, uid: str = "") -> int:
+    """The identity a pod's reports are kept under: XXH64 of its address and UID.
+
+    A pod replaced at the same address (a new UID) or moved to another address starts a
+    new run of reports, with a blackout. ``uid`` empty: the address alone.
+    """
+    return int(hash_keys([f"{address}\x00{uid}".encode()])[0])
 
 
 def run_start(

@@ -253,3 +253,13 @@ def test_bad_host_loads_and_arguments_are_refused():
         effective_loads(np.ones(3), st, c.ns, ON)
     with pytest.raises(LoadError, match="increment"):
         effective_loads(np.ones(2), st, c.ns, ON, increment=0.0)
+
+
+def test_pod_identity_changes_with_address_or_uid():
+    from lbcore.reported import pod_identity
+
+    a = pod_identity("http://10.0.0.1:8080", "uid-1")
+    assert a == pod_identity("http://10.0.0.1:8080", "uid-1")
+    assert a != pod_identity("http://10.0.0.1:8080", "uid-2")
+    assert a != pod_identity("http://10.0.0.2:8080", "uid-1")
+    assert 0 <= a < 2**64
