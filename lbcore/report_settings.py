@@ -14,6 +14,22 @@
 * ``CSLB_LOAD_REPORT_REFRESH``: the discovery process asks a pod's load-only path for
   a new report when its latest one is older than this.
 
+The defaults were chosen with the simulator (``python -m perf.sim.reports``: several
+client hosts, one pod made hot by other callers; its sweep varies each setting):
+
+* the refresh interval bounds how long a pod that cooled down waits for its keys (about
+  one refresh plus the pod's own measuring window); a shorter one costs a load-only
+  request per idle pod per host that often, a longer one leaves a cooled pod idle;
+* without refreshes a cooled pod gets its keys back only at expiry, so the expiry is the
+  fallback for a pod whose load-only path fails. A58's 3 min suits a balancer whose only
+  signal is the report; here the host's own view is a sound fallback, so a shorter one
+  is better. It is fixed rather than a multiple of the observed report interval: a
+  host's interval to a pod is its call rate to it, which bounded load itself drives to
+  zero for a hot pod, so such an expiry would lapse exactly when the report matters and
+  hand the pod its keys back at each lapse;
+* since a high report counts at once, the blackout does not delay shedding a hot pod; it
+  only holds back the low reports of a pod that just started, so A58's 10 s is kept.
+
 Pure: values come in as mappings; :class:`ReportSettings` holds them as nanoseconds.
 """
 

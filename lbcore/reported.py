@@ -149,6 +149,17 @@ class ReportState:
     since_ns: np.ndarray
     identity: np.ndarray
 
+    def take(self, slots: Any) -> ReportState:
+        """The rows of ``slots``, in that order (e.g. ``Table.slots``: per endpoint)."""
+        idx = np.asarray(slots, np.intp)
+        return ReportState(
+            self.value.take(idx),
+            self.kind.take(idx),
+            self.at_ns.take(idx),
+            self.since_ns.take(idx),
+            self.identity.take(idx),
+        )
+
     @classmethod
     def empty(cls, n: int) -> ReportState:
         """``n`` slots with no report."""

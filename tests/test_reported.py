@@ -263,3 +263,11 @@ def test_pod_identity_changes_with_address_or_uid():
     assert a != pod_identity("http://10.0.0.1:8080", "uid-2")
     assert a != pod_identity("http://10.0.0.2:8080", "uid-1")
     assert 0 <= a < 2**64
+
+
+def test_take_picks_rows_per_endpoint():
+    c = Clock()
+    st = reports(ReportState.empty(4), c, [1.0, 2.0, 3.0, 4.0], ids=[1, 2, 3, 4])
+    t = st.take([3, 0])
+    assert t.value.tolist() == [4.0, 1.0] and t.identity.tolist() == [4, 1]
+    assert t.at_ns.dtype == np.int64 and t.kind.dtype == np.uint8
