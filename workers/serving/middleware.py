@@ -165,7 +165,8 @@ class ASGILoadReportMiddleware:
     """ASGI middleware: report the pod's load on every HTTP response.
 
     Parameters as :class:`LoadReportMiddleware`; ``app`` is an ASGI 3 application.
-    Non-HTTP scopes (``lifespan``, ``websocket``) pass through untouched.
+    Non-HTTP scopes pass through; on ``lifespan.shutdown`` this process's row is released
+    (a server that skips lifespan leaves the pool to the next pool's sweep).
     """
 
     def __init__(
@@ -183,6 +184,9 @@ class ASGILoadReportMiddleware:
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         """Serve one connection scope."""
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._lifespan_receive(receive), send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -213,6 +217,17 @@ class ASGILoadReportMiddleware:
             raise
         finally:
             load.end(start, error)
+
+    def _lifespan_receive(self, receive: Receive) -> Receive:
+        # uvicorn re-raises SIGTERM after its shutdown, so atexit never runs there: the
+        # row is released (and the pool removed if last) when the server says it stops.
+        async def lifespan_receive() -> dict[str, Any]:
+            message = await receive()
+            if message.get("type") == "lifespan.shutdown":
+                self.load.close()
+            return message
+
+        return lifespan_receive
 
     async def _load_only(self, scope: dict[str, Any], send: Send) -> None:
         method = scope.get("method", "GET")
