@@ -137,21 +137,22 @@ def test_gthread_workers_count_threads(tmp_path: Path) -> None:
         port,
     ):
         results: list = []
-        t = threading.Thread(target=lambda: results.extend(concurrent(port, ["/sleep?s=1.5"] * 3)))
+        t = threading.Thread(target=lambda: results.extend(concurrent(port, ["/sleep?s=1.5"] * 2)))
         t.start()
         try:
 
-            def three_open() -> dict:
+            # Two requests leave every worker a free thread for the load-only request.
+            def two_open() -> dict:
                 body = load_report(port)[0]
-                return body if body["open_requests"] == 3 else {}
+                return body if body["open_requests"] == 2 else {}
 
-            body = wait_for("three open requests", three_open, 10.0)
+            body = wait_for("two open requests", two_open, 10.0)
             assert body["capacity"] == 6 and "ThreadWorker" in body["capacity_source"]
         finally:
             t.join(30)
         assert all(1.5 <= parse_response_headers(r[3]).service_time_s < 1.8 for r in results)
         after = load_report(port)[0]
-        assert 0.44 <= after["occupancy"] < 0.7 and after["open_requests"] == 0, after
+        assert 0.29 <= after["occupancy"] < 0.5 and after["open_requests"] == 0, after
         master = p.pid
     assert pool_files(master) == []
 
