@@ -215,7 +215,8 @@ def test_asgi_under_uvicorn(tmp_path: Path) -> None:
     with server(args, log) as (proc, port):
         answers = concurrent(port, ["/sleep?s=0.5"] * 3)
         for a in answers:
-            assert 0.5 <= parse_response_headers(a[3]).service_time_s < 0.8
+            # asyncio wakes a timer up to its clock resolution early
+            assert 0.49 <= parse_response_headers(a[3]).service_time_s < 0.8
         body, rep = load_report(port)
         assert 0.14 <= body["occupancy"] < 0.3 and body["capacity"] == 1, body
         assert rep["report"].application_utilization == pytest.approx(body["occupancy"], rel=0.05)
