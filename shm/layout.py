@@ -20,8 +20,8 @@ control segments, the data segment's number otherwise). All fields are naturally
 aligned load or store of a field is indivisible on every 64-bit CPU CPython supports.
 
 Headers are NumPy structured dtypes; :func:`word` gives a field's index as a ``uint64``
-word, which the hot paths read through a ``memoryview`` (~20 ns) rather than NumPy
-scalars (~70 ns).
+word, which the hot paths read through a ``memoryview`` rather than as NumPy scalars
+(cheaper per load; see perf/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ __all__ = [
     "COUNTERS_DATA",
     "COUNTER_FIELDS",
     "DATA_HEADER_BYTES",
+    "DIRECTORY_OFFSET",
     "KIND_FIELDS",
     "KIND_NAMES",
     "KIND_TOTAL_FIELDS",
@@ -189,6 +190,9 @@ PAYLOAD_HEADER = np.dtype(
         ("sections", "u8"),
     ]
 )
+
+#: Byte offset of the section directory from the payload start.
+DIRECTORY_OFFSET = align(PAYLOAD_HEADER.itemsize, 8)
 
 #: One entry of the section directory: byte offset from the payload start, and length.
 SECTION = np.dtype([("offset", "u8"), ("nbytes", "u8")])

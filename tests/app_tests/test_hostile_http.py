@@ -105,8 +105,8 @@ def _corrupt_section(namespace: str, name: str) -> None:
 
     import shm
     from shm.layout import BUFFER_HEADER_BYTES, SECTION, TABLE_SECTIONS, ring_sections
+    from shm.layout import DIRECTORY_OFFSET as DIR_OFFSET
     from shm.segment import Segment
-    from shm.tables import _DIR_OFFSET
 
     reader = shm.TableReader(namespace)
     try:
@@ -120,7 +120,7 @@ def _corrupt_section(namespace: str, name: str) -> None:
     start = t.buffer_offset + BUFFER_HEADER_BYTES
     seg = Segment.attach(t.segment, writable=True)
     try:
-        entry = seg.array(SECTION, start + _DIR_OFFSET + names.index(name) * SECTION.itemsize, 1)
+        entry = seg.array(SECTION, start + DIR_OFFSET + names.index(name) * SECTION.itemsize, 1)
         off, nbytes = int(entry[0]["offset"]), int(entry[0]["nbytes"])
         seg.array(np.uint8, start + off, nbytes)[:] = 0xFF
     finally:

@@ -643,12 +643,12 @@ def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, dam
     not check the whole table again (a checksum over megabytes) or wait out the
     timeout: the verdict is kept until the buffer or current changes."""
     from shm import TableUnavailableError
-    from shm import tables as tables_mod
     from shm.segment import set_seam_hook
+    from shm.tables import protocol
 
     checksums = []
-    real = tables_mod._checksum
-    monkeypatch.setattr(tables_mod, "_checksum", lambda data: checksums.append(1) or real(data))
+    real = protocol.payload_checksum
+    monkeypatch.setattr(protocol, "payload_checksum", lambda b: checksums.append(1) or real(b))
     passes = []
     set_seam_hook(lambda point: passes.append(point) if point == "tables.read.mapped" else None)
     try:
