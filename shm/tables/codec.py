@@ -17,10 +17,7 @@ import lbcore
 from lbcore.ejection import Ejections
 from lbcore.outlier import EJECT_REASONS
 from lbcore.ring import host_key
-from shm.errors import (
-    SegmentLayoutError,
-    TableInputError,
-)
+from shm.errors import SegmentLayoutError, TableInputError
 from shm.layout import (
     BUFFER_HEADER_BYTES,
     DIRECTORY_OFFSET,
@@ -32,9 +29,7 @@ from shm.layout import (
     ring_sections,
     table_sections,
 )
-from shm.segment import (
-    Segment,
-)
+from shm.segment import Segment
 from shm.tables.model import Knobs, Table
 
 _MAX_ENDPOINTS = 1 << 20
@@ -42,9 +37,6 @@ _MAX_RINGS = 64
 _MAX_VNODES = 1 << 16
 _MIN_BUCKET_BITS = 1
 _MAX_BUCKET_BITS = 32  # lbcore builds at most MAX_BUCKET_BITS; accept any sane table
-
-# ------------------------------------------------------------------------------------
-# Encoding (writer side).
 
 
 def _blob(strings: Sequence[str], what: str) -> bytes:
@@ -193,10 +185,6 @@ def encode(
             sections.append((name, _bytes_of(np.asarray(arr, dtype=dt))))
     h["sections"] = len(sections)
     return Encoded(hdr, sections)
-
-
-# ------------------------------------------------------------------------------------
-# Decoding and validation (reader side; the writer uses it to recover).
 
 
 class Decoder:

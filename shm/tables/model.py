@@ -11,15 +11,8 @@ import numpy as np
 import lbcore
 from lbcore import knobs as lbcore_knobs
 from lbcore.ejection import Ejections
-from shm.errors import (
-    TableInputError,
-)
-from shm.segment import (
-    fence,
-)
-
-# ------------------------------------------------------------------------------------
-# Knobs.
+from shm.errors import TableInputError
+from shm.segment import fence
 from shm.tables.words import WEAK
 
 _KNOB_DEFAULTS = lbcore_knobs.defaults()
@@ -70,10 +63,6 @@ class Knobs:
     def gate(self) -> lbcore.Gate:
         """The rollout gate these knobs describe."""
         return lbcore.Gate(bool(self.enabled), self.percentage)
-
-
-# ------------------------------------------------------------------------------------
-# The reader's view of one generation.
 
 
 class Table:

@@ -25,20 +25,8 @@ from shm.layout import (
     TABLES_CONTROL,
     TABLES_DATA,
 )
-from shm.segment import (
-    Segment,
-    attach_initialized,
-    check_header,
-    fence,
-    seam,
-    segment_name,
-)
+from shm.segment import Segment, attach_initialized, check_header, fence, seam, segment_name
 from shm.tables.codec import Decoder
-
-# How long a verdict "this buffer is corrupt" stands before the buffer is checked again.
-# Any process of the user can write the segment: bytes damaged for a moment (and
-# repaired, or rewritten with the same sequence number) must not be refused forever,
-# and re-checking costs a checksum of the payload, so not on every read either.
 from shm.tables.model import Table, empty_table
 from shm.tables.words import (
     B_CHECKSUM,
@@ -49,6 +37,11 @@ from shm.tables.words import (
     WEAK,
     payload_checksum,
 )
+
+# How long a verdict "this buffer is corrupt" stands before the buffer is checked again.
+# Any process of the user can write the segment: bytes damaged for a moment (and
+# repaired, or rewritten with the same sequence number) must not be refused forever,
+# and re-checking costs a checksum of the payload, so not on every read either.
 
 _BAD_RECHECK_NS = 1_000_000_000
 

@@ -12,15 +12,8 @@ from typing import TypeVar
 import numpy as np
 
 from shm.background import BackgroundWorker, Job
-from shm.errors import (
-    SegmentError,
-    TableUnavailableError,
-)
-from shm.segment import (
-    current_inode,
-    fence,
-    process_alive,
-)
+from shm.errors import SegmentError, TableUnavailableError
+from shm.segment import current_inode, fence, process_alive
 from shm.status import PublisherStatus, read_status
 from shm.tables.model import Table
 from shm.tables.protocol import TablesView, attach_control, read_ahead
@@ -36,9 +29,6 @@ from shm.tables.words import (
 )
 
 T = TypeVar("T")
-
-# ------------------------------------------------------------------------------------
-# Reader.
 
 
 _BACKGROUND_READERS: weakref.WeakSet[TableReader] = weakref.WeakSet()

@@ -12,9 +12,6 @@ from lbcore.signals import DEFAULT_WINDOW_NS
 #: window plus margin, so the new endpoint never inherits the old one's load.
 DEFAULT_SLOT_REUSE_NS = DEFAULT_WINDOW_NS + 2_000_000_000
 
-# ------------------------------------------------------------------------------------
-# Counter slots of endpoints.
-
 
 class SlotAllocator:
     """Stable counter columns ("slots") for endpoints, across table generations.

@@ -12,14 +12,8 @@ import time
 import numpy as np
 
 from lbcore.hashing import digest
-from shm.layout import (
-    BUFFER_HEADER,
-    TABLES_CONTROL,
-    word,
-)
-from shm.segment import (
-    _TSO,
-)
+from shm.layout import BUFFER_HEADER, TABLES_CONTROL, word
+from shm.segment import _TSO
 
 WEAK = not _TSO
 
