@@ -9,14 +9,7 @@ import numpy as np
 
 from lbcore.bounded import routed_call_load
 from lbcore.outlier import FAILURE_KINDS
-from lbcore.signals import (
-    DEFAULT_LATENCY_CAP,
-    LOAD_SIGNALS,
-    effective_load,
-    load_for,
-    window_weights,
-    with_failures,
-)
+from lbcore.signals import DEFAULT_LATENCY_CAP, LOAD_SIGNALS, routing_load, window_weights
 from shm.errors import CounterInputError
 
 
@@ -161,14 +154,17 @@ class HostLoads:
             failures_total_by_kind=pick(self.failures_total_by_kind, 0),
         )
 
-    def _with_failures(self) -> tuple[np.ndarray, np.ndarray]:
-        return with_failures(
+    def _load(self, name: str, cap: float = DEFAULT_LATENCY_CAP) -> np.ndarray:
+        return routing_load(
+            name,
+            self.in_flight,
             self.occupancy,
             self.mean_latency_s,
             self.completed,
             self.failures,
             self.global_latency_s,
             self.window_ns / 1e9,
+            cap=cap,
         )
 
     def effective(self, cap: float = DEFAULT_LATENCY_CAP) -> np.ndarray:
@@ -177,8 +173,7 @@ class HostLoads:
         Failed calls count as calls of the host's mean latency
         (:func:`lbcore.signals.with_failures`), as in :meth:`signal`.
         """
-        occ, lat = self._with_failures()
-        return effective_load(self.in_flight, occ, lat, self.global_latency_s, cap=cap)
+        return self._load("effective", cap)
 
     def signal(self, name: str) -> np.ndarray:
         """The ``float64`` load vector a knob's load signal names, by lbcore's rule.
@@ -191,8 +186,7 @@ class HostLoads:
         """
         if name not in LOAD_SIGNALS:
             raise CounterInputError(f"unknown load signal {name!r}, expected one of {LOAD_SIGNALS}")
-        occ, lat = self._with_failures()
-        return load_for(name, self.in_flight, occ, lat, self.global_latency_s)
+        return self._load(name)
 
     def bar_increment(self, name: str) -> float:
         """What bounded load's bar counts for the call being routed, in ``name``'s unit.

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.signals import failure_rate, global_latency, open_busy_ns
 from lbcore.signals import mean_latency as _mean_latency
 from lbcore.signals import occupancy as _occupancy
 from shm.counters.loads import HostLoads, bucket_weights
@@ -132,10 +133,8 @@ class CounterReader:
         cells = m.fields[take, :, :n]
         periods = m.periods[take]
         weights = bucket_weights(periods, ctl.bucket_ns, now_ns, w_ns)
-        # Busy time of requests still open, each counted from its start but at most for
-        # the window: per start bucket, count x (now - bucket start) - start offsets,
-        # clipped to [0, count x window]. Exact for buckets wholly inside or outside the
-        # window; in the one straddling its start, off by at most a bucket per request.
+        # Busy time of requests still open (lbcore.signals.open_busy_ns); those older
+        # than every bucket count one full window each.
         old = np.maximum(cells[:, 0, :], 0)
         opens = cells[:, 1 : 1 + k, :]
         in_flight = np.maximum(old.sum(axis=0) + opens.sum(axis=(0, 1)), 0)
@@ -147,10 +146,9 @@ class CounterReader:
             # products far from overflowing.
             b_ns = ctl.bucket_ns
             since = np.minimum(now_ns - periods[ri, ji] * b_ns, w_ns + b_ns)[:, None]
-            c = np.maximum(opens[ri, ji], 0)
-            busy_open = c * since - cells[ri, 1 + k + ji, :]
-            np.clip(busy_open, 0, c * w_ns, out=busy_open)
-            open_ns += busy_open.sum(axis=0)
+            open_ns += open_busy_ns(opens[ri, ji], since, cells[ri, 1 + k + ji, :], w_ns).sum(
+                axis=0
+            )
         # (rows, field, bucket, slot) weighted over rows and buckets, every field at once.
         nf = len(COUNTER_FIELDS) + (len(KIND_FIELDS) if failure_kinds else 0)
         fields = cells[:, 1 + 2 * k : 1 + (2 + nf) * k, :].reshape(hi, nf, k, n)
@@ -160,12 +158,6 @@ class CounterReader:
             by_kind = np.ascontiguousarray(summed[len(COUNTER_FIELDS) :].T)
         else:
             by_kind = np.full((n, len(KIND_FIELDS)), np.nan)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            failure_rate = np.where(
-                completed > 0, failures / np.where(completed > 0, completed, 1), np.nan
-            )
-        total = float(completed.sum())
-        glob = float(latency_ns.sum()) / total / 1e9 if total > 0 else float("nan")
         return HostLoads(
             now_ns=int(now_ns),
             window_ns=w_ns,
@@ -173,8 +165,8 @@ class CounterReader:
             occupancy=_occupancy(busy + open_ns, w_ns),
             completed=completed,
             mean_latency_s=_mean_latency(latency_ns / 1e9, completed),
-            failure_rate=failure_rate,
-            global_latency_s=glob,
+            failure_rate=failure_rate(failures, completed),
+            global_latency_s=global_latency(latency_ns, completed),
             requests_total=m.totals[take, 0, :n].sum(axis=0),
             failures_total=m.totals[take, 1, :n].sum(axis=0),
             failures=failures,
