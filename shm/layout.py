@@ -80,7 +80,9 @@ __all__ = [
 #: is that array) and are checksummed with XXH3-64 instead of CRC-32.
 #: 5: counters keep failures per kind (:data:`KIND_FIELDS`, :data:`KIND_TOTAL_FIELDS`);
 #: tables carry outlier-ejection state and no longer a ``weight`` section.
-LAYOUT_VERSION = 5
+#: 6: tables no longer carry ``ring_pos`` and ``owner_table`` (nothing read them); every
+#: ring, the newest too, has its own owners section.
+LAYOUT_VERSION = 6
 
 
 def magic_word(tag: bytes) -> int:
@@ -217,27 +219,17 @@ TABLE_SECTIONS: tuple[tuple[str, str | None], ...] = (
     ("starts_ns", "i8"),  # one per fading ring
     ("slot_freed_ns", "i8"),  # per counter slot: -1 in use, else CLOCK_MONOTONIC freed time
     ("ring_nodes", "i8"),  # nodes of each ring
-    # lbcore.RingSet's routing maps, (rings, master nodes) each: where a master-ring
-    # position lands on ring k, and the endpoint there. Built once by the publisher.
-    ("ring_pos", "i4"),
-    ("owner_table", "i4"),
 )
 
 
-def ring_sections(k: int, rings: int) -> tuple[tuple[str, str], ...]:
-    """Directory entries of ring ``k`` of ``rings``: sorted hashes, owners, bucket table.
-
-    The newest ring (``k == rings - 1``) has no owners section: its owners are the last
-    row of ``owner_table`` (a master position is its own ring position).
-    """
-    if k == rings - 1:
-        return ((f"ring{k}.hashes", "u8"), (f"ring{k}.buckets", "i4"))
+def ring_sections(k: int) -> tuple[tuple[str, str], ...]:
+    """Directory entries of ring ``k``: sorted hashes, owners, bucket table."""
     return ((f"ring{k}.hashes", "u8"), (f"ring{k}.owners", "i4"), (f"ring{k}.buckets", "i4"))
 
 
 def table_sections(rings: int) -> int:
     """Number of directory entries of a table with ``rings`` rings."""
-    return len(TABLE_SECTIONS) + 3 * rings - (1 if rings else 0)
+    return len(TABLE_SECTIONS) + 3 * rings
 
 
 # ------------------------------------------------------------------------------------

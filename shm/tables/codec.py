@@ -171,16 +171,11 @@ def encode(
         ("starts_ns", _bytes_of(np.array(ring_set.starts_ns, dtype=np.int64))),
         ("slot_freed_ns", _bytes_of(freed_ns)),
         ("ring_nodes", _bytes_of(np.array([len(r) for r in rings], dtype=np.int64))),
-        ("ring_pos", _bytes_of(np.asarray(ring_set.ring_pos, dtype=np.int32))),
-        ("owner_table", _bytes_of(np.asarray(ring_set.owner_table, dtype=np.int32))),
     ]
-    if rings and not np.array_equal(ring_set.owner_table[-1], rings[-1].owners):
-        # Readers take the newest ring's owners from this row (it is not stored twice).
-        raise TableInputError("ring set's owner table does not end with its newest ring's owners")
     for k, ring in enumerate(rings):
         arrays = {"hashes": (ring.hashes, np.uint64), "owners": (ring.owners, np.int32)}
         arrays["buckets"] = (ring.buckets, np.int32)
-        for name, _ in ring_sections(k, len(rings)):
+        for name, _ in ring_sections(k):
             arr, dt = arrays[name.split(".")[1]]
             sections.append((name, _bytes_of(np.asarray(arr, dtype=dt))))
     h["sections"] = len(sections)
@@ -267,7 +262,7 @@ class Decoder:
         names = [name for name, _ in TABLE_SECTIONS]
         dtypes = [dt for _, dt in TABLE_SECTIONS]
         for k in range(n_rings):
-            for name, dt in ring_sections(k, n_rings):
+            for name, dt in ring_sections(k):
                 names.append(name)
                 dtypes.append(dt)
         views: dict[str, Any] = {}
@@ -336,13 +331,8 @@ class Decoder:
         master = int(ring_nodes[-1]) if n_rings else 0
         if n_rings and not 1 <= master <= n * vnodes:
             raise self.fail(f"newest ring has {master} nodes for {n} endpoints x {vnodes} vnodes")
-        ring_pos = count("ring_pos", n_rings * master).reshape(n_rings, master)
-        owner_table = count("owner_table", n_rings * master).reshape(n_rings, master)
-        if master and (int(owner_table.min()) < 0 or int(owner_table.max()) >= n):
-            raise self.fail(f"owner table must hold endpoint indices 0..{n - 1}")
         for k in range(n_rings):
             m = int(ring_nodes[k])
-            names = dict(ring_sections(k, n_rings))
             hn, bn = f"ring{k}.hashes", f"ring{k}.buckets"
             if not 1 <= m <= master:
                 raise self.fail(f"ring {k} has {m} nodes, its newest ring {master}")
@@ -356,19 +346,14 @@ class Decoder:
                 )
             if m > 1 and bool((hashes[1:] < hashes[:-1]).any()):
                 raise self.fail(f"ring {k} hashes are not sorted")
-            if f"ring{k}.owners" in names:
-                owners = count(f"ring{k}.owners", m)
-                if int(owners.min()) < 0 or int(owners.max()) >= n:
-                    raise self.fail(f"ring {k} owners must be endpoint indices 0..{n - 1}")
-                if int(tiers.take(owners).max()) > k:
-                    raise self.fail(f"ring {k} holds endpoints of a newer fading event")
-            else:  # the newest ring: its owners are the owner table's last row (checked)
-                owners = owner_table[k]
+            owners = count(f"ring{k}.owners", m)
+            if int(owners.min()) < 0 or int(owners.max()) >= n:
+                raise self.fail(f"ring {k} owners must be endpoint indices 0..{n - 1}")
+            if int(tiers.take(owners).max()) > k:
+                raise self.fail(f"ring {k} holds endpoints of a newer fading event")
             # Entries: e >= 0 a ring position; -1 "search"; e <= -2 the one node -e - 2.
             if int(buckets.min()) < -(m + 1) or int(buckets.max()) >= m:
                 raise self.fail(f"ring {k} bucket table points outside the ring")
-            if int(ring_pos[k].min()) < 0 or int(ring_pos[k].max()) >= m:
-                raise self.fail(f"routing map of ring {k} points outside the ring")
             rings.append(
                 lbcore.Ring.from_arrays(
                     eps, hashes, owners, vnodes=vnodes, buckets=buckets, host_ids=host_ids
@@ -399,8 +384,6 @@ class Decoder:
                 tiers,
                 tuple(starts.tolist()),
                 tuple(rings),
-                ring_pos,
-                owner_table,
                 duration_ns=duration,
                 exponent=exponent,
                 vnodes=vnodes,

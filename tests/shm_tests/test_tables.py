@@ -27,7 +27,7 @@ from shm import (
     list_segments,
     segment_name,
 )
-from shm.layout import BUFFER_HEADER_BYTES, LAYOUT_VERSION
+from shm.layout import BUFFER_HEADER_BYTES, LAYOUT_VERSION, TABLE_SECTIONS
 from shm.segment import SHM_DIR, Segment
 from tests.shm_tests.helpers import KEYS
 
@@ -683,51 +683,36 @@ def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, dam
 
 
 @pytest.mark.parametrize("fading", [False, True])
-def test_the_newest_rings_owners_are_stored_once_as_the_owner_tables_last_row(namespace, fading):
+def test_every_ring_is_stored_with_its_own_owners_and_no_routing_maps(namespace, fading):
     rs = fading_set() if fading else lbcore.RingSet(EPS)
     with TableWriter(namespace) as w:
         w.publish(rs)
         reader = TableReader(namespace)
-        t = reader.table()
-        got = t.ring_set
-        # One array in shared memory, read through both names.
-        assert np.shares_memory(got.rings[-1].owners, got.owner_table[-1])
-        np.testing.assert_array_equal(got.rings[-1].owners, rs.rings[-1].owners)
-        for k in range(len(rs.rings) - 1):  # older rings keep their own owners
-            assert not np.shares_memory(got.rings[k].owners, got.owner_table)
-            np.testing.assert_array_equal(got.rings[k].owners, rs.rings[k].owners)
+        got = reader.table().ring_set
+        for a, b in zip(got.rings, rs.rings, strict=True):
+            np.testing.assert_array_equal(a.hashes, b.hashes)
+            np.testing.assert_array_equal(a.owners, b.owners)
+            np.testing.assert_array_equal(a.buckets, b.buckets)
         np.testing.assert_array_equal(got.route(KEYS, 10**13), rs.route(KEYS, 10**13))
-        # The payload holds no section for it: its size is what the other sections need.
-        words = reader._view.data.words
-        payload = int(words[t.buffer_offset // 8 + 2])
-        arrays = [got.ring_pos, got.owner_table, *(r.hashes for r in got.rings)]
-        arrays += [r.buckets for r in got.rings] + [r.owners for r in got.rings[:-1]]
-        assert payload < sum(a.nbytes for a in arrays) + rs.master.owners.nbytes
+        assert not {"ring_pos", "owner_table"} & {name for name, _ in TABLE_SECTIONS}
         reader.close()
 
 
-def test_a_ring_set_whose_owner_table_disagrees_with_its_newest_ring_is_refused(namespace):
-    rs = fading_set()
-    table = rs.owner_table.copy()
-    table[-1, 7] = (table[-1, 7] + 1) % len(rs.endpoints)
-    bad = lbcore.RingSet.from_parts(
-        rs.endpoints,
-        rs.tiers,
-        rs.starts_ns,
-        rs.rings,
-        rs.ring_pos,
-        table,
-        duration_ns=rs.duration_ns,
-        exponent=rs.exponent,
-    )
+@pytest.mark.parametrize("which", ["control", "data"])
+def test_a_segment_of_the_layout_before_routing_maps_were_dropped_is_refused(namespace, which):
+    """Version 5 tables carried ``ring_pos`` and ``owner_table``; this build reads none."""
     with TableWriter(namespace) as w:
-        w.publish(rs)
-        with pytest.raises(TableInputError, match="owner table does not end with its newest"):
-            w.publish(bad)
-        assert w.generation == 1
-        t = TableReader(namespace).table()
-        assert t.generation == 1
-        np.testing.assert_array_equal(t.ring_set.route(KEYS, 10**13), rs.route(KEYS, 10**13))
+        t = w.publish(lbcore.RingSet(EPS[:3])) and TableReader(namespace).table()
+        name = segment_name(namespace, "tables") if which == "control" else t.segment
+        seg = Segment.attach(name, writable=True)
+        seg.words[1] = 5  # the version word, as a version 5 writer left it
+        seg.close()
+        with pytest.raises(
+            SegmentVersionError,
+            match=f"{name}: is layout version 5, this build reads version {LAYOUT_VERSION}",
+        ):
+            TableReader(namespace).table()
+
 
 
 def test_the_checksum_is_xxh3_of_the_payload(namespace):
