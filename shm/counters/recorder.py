@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import weakref
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lbcore.errors import ArgumentError
-from lbcore.kernel import calls_adder, scatter_add, scatter_adder, scatter_adder_routed
+from lbcore.kernel import calls_adder, scatter_adder, scatter_adder_routed
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from shm.counters.matrix import C_CURRENT, Matrix
 from shm.errors import CounterInputError, SlotOwnershipError
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 # ``Recorder._end`` passes; then ``requests_total``.
 _END_FIELDS = ("open", "open_start_sum", "busy_ns", "completed", "latency_ns")
 _NO_SLOTS = np.empty(0, dtype=np.int64)
+_NO_CALLS: list[int] = []  # (add_calls only reads its lists)
+_NO_STARTS: dict[tuple[int, int], int] = {}
+# Up to this many calls, add_calls's list is built in Python; beyond, through NumPy.
+_SMALL = 8
 _I64 = np.dtype(np.int64)
 _max = np.maximum.reduce
 _min = np.minimum.reduce
@@ -70,6 +75,37 @@ def _counts(values: tuple[Any, ...], what: str) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
+def _starts_at(slots: list[int], start_ns: int) -> dict[tuple[int, int], int]:
+    """:func:`lbcore.kernel.add_calls`'s ``starts`` of calls to ``slots`` that started at once."""
+    if len(slots) == 1:
+        return {(slots[0], start_ns): 1}
+    starts = dict.fromkeys(zip(slots, itertools.repeat(start_ns)), 1)
+    if len(starts) != len(slots):  # repeated slots: their calls add up
+        starts = dict.fromkeys(starts, 0)
+        for s in slots:
+            starts[(s, start_ns)] += 1
+    return starts
+
+
+def _ends(s: np.ndarray, started: Any, d: Any, kinds: Any) -> list[int]:
+    """:func:`lbcore.kernel.add_calls`'s flat ``slot, start, end, kind`` per call.
+
+    ``started``, ``d`` (durations) and ``kinds``: an ``int`` for every call or an
+    ``int64`` array each.
+    """
+    if s.size <= _SMALL and started.__class__ is int and d.__class__ is int:
+        if kinds.__class__ is int:
+            end = started + d
+            return [v for x in s.tolist() for v in (x, started, end, kinds)]
+    calls = np.empty((s.size, 4), dtype=np.int64)
+    calls[:, 0] = s
+    calls[:, 1] = started
+    calls[:, 2] = calls[:, 1]
+    calls[:, 2] += d
+    calls[:, 3] = kinds
+    return calls.reshape(-1).tolist()
+
+
 _RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
 
 
@@ -89,11 +125,15 @@ class Recorder:
     :class:`LockedRecorder` for gthread workers). Obtained from
     :meth:`CounterStore.claim`.
 
-    Every addition is one :func:`lbcore.scatter_add` over the row's ``int64`` words: a
-    fan-out's start is one (open count and start offset of every call), its end one
-    (plus one per failure kind present) whatever its size, unless its calls span
-    buckets. Slots are checked first (one pass), unless the caller says they are in
-    range (``bound``); the kernel checks every cell against the row either way.
+    The row's protocol (which bucket column a call's open entry, busy time, completion
+    and failure go to) is written once, in :func:`lbcore.kernel.add_calls`
+    (:meth:`record_calls`): :meth:`record_start`, :meth:`record_end` and their routed
+    forms build its input. Their common case, a fan-out that starts, or starts and ends
+    without failures, within the newest bucket, is one :func:`lbcore.scatter_add` of the
+    same cells instead: add_calls takes its calls as Python lists, which costs several
+    times more at a hundred calls (perf/RESULTS.md). Slots are checked first (one
+    pass), unless the caller says they are in range (``bound``); the kernel checks every
+    cell against the row either way.
 
     Attributes
     ----------
@@ -133,15 +173,9 @@ class Recorder:
         nk = len(KIND_FIELDS)
         self._kinds = f[1 + 6 * k : 1 + (6 + nk) * k].reshape(nk, k, -1)  # (kind, bucket, slot)
         self._periods = m.periods[self.row]
-        tot = m.totals[self.row]
-        self._requests_total = tot[0]
-        self._failures_total = tot[1]
-        self._kinds_total = tot[2 : 2 + nk]
         self._stats = memoryview(m.stats[self.row])  # item updates, no NumPy call
         # The whole row as one flat view; per bucket column the word offsets (in it) of
-        # what an end adds besides `open`, and per failure code (index 0 unused) the
-        # words a failed call adds one to: failures, failures_total, its kind's bucket
-        # field and total.
+        # what a start and an end in that column add (the fast paths).
         self._row_words = m.rows2d[self.row]
         self._add = scatter_adder()  # the recording hot path's one call, resolved here
         self._add_routed = scatter_adder_routed()
@@ -154,26 +188,6 @@ class Recorder:
         ]
         self._end_offsets = [
             (*(lay[name] + j * cols for name in _END_FIELDS), lay["requests_total"])
-            for j in range(k)
-        ]
-        # Per bucket column, one-field views made once (a view made per call costs a
-        # NumPy call, and the kernel's buffer request on a new array costs more).
-        self._opens = [self._open[j] for j in range(k)]
-        self._open_sums = [self._open_sum[j] for j in range(k)]
-        self._busys = [self._busy[j] for j in range(k)]
-        self._completeds = [self._completed[j] for j in range(k)]
-        self._latencies = [self._latency[j] for j in range(k)]
-        self._fail_offsets = [
-            [()]
-            + [
-                (
-                    lay["failures"] + j * cols,
-                    lay["failures_total"],
-                    lay[KIND_FIELDS[c]] + j * cols,
-                    lay[f"{KIND_FIELDS[c]}_total"],
-                )
-                for c in range(nk)
-            ]
             for j in range(k)
         ]
         # add_calls's geometry, but for the newest period (known per step).
@@ -328,10 +342,10 @@ class Recorder:
             q = now_ns // b
             if q > self._period:
                 self._rotate(q)
-            if q > self._period - self._k:  # a bucket this row holds
+            if q > self._period - self._k:  # the fast path: a bucket this row holds
                 self._add(self._row_words, s, (1, now_ns - q * b), self._start_offsets[q % self._k])
             else:  # a thread that took long to get the row's lock: older than every bucket
-                self._add(self._open_old, s, 1)
+                self._write(_NO_CALLS, _NO_CALLS, _starts_at(s.tolist(), now_ns), now_ns)
         else:
             t = np.asarray(now_ns)
             if t.dtype.kind not in "iu" or t.shape != s.shape:
@@ -340,7 +354,10 @@ class Recorder:
                     f"{t.dtype} array of shape {t.shape}"
                 )
             if s.size:
-                self._start_each(s, t.astype(np.int64))
+                starts: dict[tuple[int, int], int] = {}
+                for key in zip(s.tolist(), t.astype(np.int64).tolist(), strict=True):
+                    starts[key] = starts.get(key, 0) + 1
+                self._write(_NO_CALLS, _NO_CALLS, starts, int(_max(t)))
 
     def record_start_routed(
         self, slot_map: np.ndarray, endpoints: np.ndarray, now_ns: int, bound: int
@@ -482,22 +499,31 @@ class Recorder:
         """
         if self._moved():
             self._follow()
-        b = self._bucket_ns
         if ended or done:
-            period = int(now_ns) // b
+            self._write(ended, done, starts, int(now_ns))
         elif starts:
-            period = max(t for _, t in starts) // b
-        else:
-            return
+            self._write(ended, done, starts, max(t for _, t in starts))
+
+    def _write(
+        self, ended: list[int], done: list[int], starts: dict[tuple[int, int], int], now_ns: int
+    ) -> None:
+        """Add calls to the row with :func:`lbcore.kernel.add_calls` (see :meth:`record_calls`).
+
+        Rotates the row's buckets up to ``now_ns`` first (the newest time of the calls);
+        the caller has followed a moved matrix already.
+        """
+        period = now_ns // self._bucket_ns
         if period > self._period:
             self._rotate(period)
+        if not (ended or done or starts):
+            return
         try:
             head, tail = self._geometry
             self._add_calls(self._row_words, ended, done, starts, (*head, self._period, *tail))
         except (ArgumentError, TypeError, OverflowError) as exc:
             if self._moved():  # grown meanwhile: check again
                 self._follow()
-                return self.record_calls(ended, done, starts, now_ns)
+                return self._write(ended, done, starts, now_ns)
             raise CounterInputError(str(exc)) from None
 
     def _routed_slots(self, slot_map: np.ndarray, endpoints: np.ndarray) -> np.ndarray:
@@ -512,29 +538,6 @@ class Recorder:
                 f"endpoint {int(e.max())} is not in the slot map's 0..{m.size - 1}"
             )
         return self._slots(m[e] if e.size else _NO_SLOTS)
-
-    def _start_each(self, s: np.ndarray, t: np.ndarray) -> None:
-        """:meth:`record_start` with a start time per call (``int64``, ``s.size > 0``).
-
-        Each call's open entry goes to its own start bucket, with its own offset, so
-        :meth:`record_end` given the same start times takes them out exactly.
-        """
-        b, k, cols = self._bucket_ns, self._k, self._cols
-        q = t // b
-        lo, hi = int(_min(q)), int(_max(q))
-        if hi > self._period:
-            self._rotate(hi)
-        oldest = self._period - k  # buckets after this one are held
-        if lo == hi and lo > oldest:  # the usual case: every call in one bucket
-            scatter_add(self._opens[lo % k], s, 1)
-            scatter_add(self._open_sums[lo % k], s, t - lo * b)
-            return
-        held = q > oldest
-        scatter_add(self._open_old, s[~held], 1)  # older than every bucket kept
-        qh = q[held]
-        cells = (qh % k) * cols + s[held]
-        scatter_add(self._open.reshape(-1), cells, 1)
-        scatter_add(self._open_sum.reshape(-1), cells, t[held] - qh * b)
 
     def record_end(
         self,
@@ -650,13 +653,20 @@ class Recorder:
         if period > self._period:
             self._rotate(period)
         scalar_start = started.__class__ is int
+        if not completed:
+            failed = None
+        elif failed is not None and not failed.any():
+            failed = None
         # Threads sharing a row (LockedRecorder) may record slightly out of time order:
         # a period the row has moved past is still fine while its bucket is retained.
-        if period > self._period - self._k and (
-            started >= period * b if scalar_start else int(_min(started)) >= period * b
+        if (
+            failed is None
+            and period > self._period - self._k
+            and (started >= period * b if scalar_start else int(_min(started)) >= period * b)
         ):
-            # Every call started in this bucket (and ended by now_ns): all of it is here,
-            # and so are its open entries (record_start put them in this bucket).
+            # The fast path: every call started in this bucket (and ended by now_ns), so
+            # its busy time, its completion and its open entry are all in this column:
+            # the cells add_calls would add, as one scatter_add.
             j = period % self._k
             # The fields an end adds to: open entries (unless never opened), busy time,
             # completion and latency and the lifetime total (unless abandoned).
@@ -674,68 +684,14 @@ class Recorder:
                 vals[4] = d
                 vals[5] = 1
                 self._add(self._row_words, s, vals[lo:hi].reshape(-1), offsets)
-            if failed is not None and completed:
-                self._end_failures(s, failed, self._fail_offsets[j])
             return
-        st = np.full(s.size, started, dtype=np.int64) if scalar_start else started
-        dd = np.full(s.size, d, dtype=np.int64) if d.__class__ is int else d
-        self._end_spread(s, st, dd, failed, opened, completed)
-
-    def _end_failures(
-        self, s: np.ndarray, failed: np.ndarray, offsets: list[tuple[int, ...]]
-    ) -> None:
-        """Each failed call adds one to its four failure words (``offsets`` by code)."""
-        f = failed.nonzero()[0]
-        if not f.size:
-            return
-        codes = failed[f]
-        for c in np.unique(codes).tolist():
-            scatter_add(self._row_words, s[f[codes == c]], 1, offsets[c])
-
-    def _end_spread(
-        self,
-        s: np.ndarray,
-        st: np.ndarray,
-        d: np.ndarray,
-        failed: np.ndarray | None,
-        opened: bool = True,
-        completed: bool = True,
-    ) -> None:
-        """General case: calls spanning buckets, or ending in older retained buckets."""
-        b, kk, cols = self._bucket_ns, self._k, self._cols
-        if completed:
-            scatter_add(self._requests_total, s, 1)
-        newest = self._period
-        oldest = newest - kk + 1  # the buckets this row holds; older time is forgotten
+        # Calls spanning buckets, ending in older retained buckets, or failed.
+        kinds: Any = -1 if not completed else (0 if failed is None else failed)
+        calls = _ends(s, started, d, kinds)
         if opened:
-            # A call's open entry is in its start bucket's column while the row holds
-            # that bucket (record_start put it there, rotation has not moved it), else in
-            # open_old.
-            qs = st // b
-            held = qs >= oldest
-            h = held.nonzero()[0]
-            cells = (qs[h] % kk) * cols + s[h]
-            scatter_add(self._open.reshape(-1), cells, -1)
-            scatter_add(self._open_sum.reshape(-1), cells, qs[h] * b - st[h])
-            if h.size != s.size:
-                scatter_add(self._open_old, s[~held], -1)
-        end = st + d
-        for q in range(max(oldest, int(st.min()) // b), newest + 1):
-            part = np.minimum(end, (q + 1) * b) - np.maximum(st, q * b)
-            np.maximum(part, 0, out=part)
-            if part.any():
-                scatter_add(self._busys[q % kk], s, part)
-        if not completed:
-            return
-        qend = np.clip(end // b, oldest, newest)
-        for q in np.unique(qend).tolist():
-            sel = qend == q
-            j = q % kk
-            ss = s[sel]
-            scatter_add(self._completeds[j], ss, 1)
-            scatter_add(self._latencies[j], ss, np.ascontiguousarray(d[sel]))
-            if failed is not None:
-                self._end_failures(ss, failed[sel], self._fail_offsets[j])
+            self._write(calls, _NO_CALLS, _NO_STARTS, now_ns)
+        else:
+            self._write(_NO_CALLS, calls, _NO_STARTS, now_ns)
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """Add one routed batch to the row's lifetime decision totals.
