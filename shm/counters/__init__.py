@@ -49,7 +49,7 @@ grower copied it; rows of idle or dead workers keep the grower's copy.
 """
 
 from shm.counters.loads import HostLoads, bucket_weights
-from shm.counters.matrix import DEFAULT_ROWS, DEFAULT_WINDOW_BUCKETS
+from shm.counters.matrix import DEFAULT_ROWS, DEFAULT_WINDOW_BUCKETS, MatrixView
 from shm.counters.reader import CounterReader
 from shm.counters.recorder import Recorder
 from shm.counters.store import CounterStore, SlotInfo
@@ -62,6 +62,7 @@ __all__ = [
     "CounterStore",
     "HostLoads",
     "LockedRecorder",
+    "MatrixView",
     "Recorder",
     "SlotInfo",
     "ThreadRecorder",

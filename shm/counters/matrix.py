@@ -109,15 +109,12 @@ class Matrix:
         )
 
     def block(self, row: int, name: str) -> np.ndarray:
-        """View of one part of row ``row``.
+        """View of one part of row ``row`` (see :func:`row_block`)."""
+        return row_block(self.fields, self.buckets, row, name)
 
-        ``open_old`` (``[columns]``) or one of :data:`~shm.layout.BUCKET_FIELDS`
-        (``[buckets][columns]``).
-        """
-        if name == "open_old":
-            return self.fields[row, 0]
-        i = 1 + BUCKET_FIELDS.index(name) * self.buckets
-        return self.fields[row, i : i + self.buckets]
+    def view(self) -> MatrixView:
+        """Read-only views of this matrix."""
+        return MatrixView(self)
 
     def copy_row(self, src: Matrix, r: int) -> None:
         """Copy row ``r`` of ``src`` (fewer or equal columns) into this matrix."""
@@ -126,6 +123,84 @@ class Matrix:
         self.stats[r] = src.stats[r]
         self.fields[r, :, :c] = src.fields[r]
         self.totals[r, :, :c] = src.totals[r]
+
+
+def row_block(fields: np.ndarray, buckets: int, row: int, name: str) -> np.ndarray:
+    """View of one part of row ``row`` of a matrix's ``fields``.
+
+    ``open_old`` (``[columns]``) or one of :data:`~shm.layout.BUCKET_FIELDS`
+    (``[buckets][columns]``).
+    """
+    if name == "open_old":
+        return fields[row, 0]
+    i = 1 + BUCKET_FIELDS.index(name) * buckets
+    return fields[row, i : i + buckets]
+
+
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
+class MatrixView:
+    """Read-only views of the counter matrix a store names now: for tools and tests.
+
+    Nothing reached through it can write shared memory. The views stay on this epoch's
+    segment: after the matrix grows (:meth:`CounterStore.ensure_columns`) take a new one.
+
+    Attributes
+    ----------
+    segment : str
+        Name of the data segment.
+    epoch : int
+        Its epoch (the ``current`` word of the control segment names it).
+    columns, buckets : int
+        Endpoint slots, and time buckets per row.
+    layout : dict[str, int]
+        Word offset of each field in a row (:func:`shm.layout.row_layout`).
+    words : numpy.ndarray
+        ``int64`` ``(rows, row words)``: every row whole.
+    fields : numpy.ndarray
+        ``int64`` ``(rows, 1 + fields x buckets, columns)``: ``open_old``, then each
+        bucket field (see :meth:`block`).
+    periods : numpy.ndarray
+        ``int64`` ``(rows, buckets)``: the period each bucket column holds (-1: none).
+    stats : numpy.ndarray
+        ``int64`` ``(rows, 8)``: lifetime decision totals (:data:`shm.layout.STATS_FIELDS`).
+    totals : numpy.ndarray
+        ``int64`` ``(rows, total fields, columns)``: lifetime totals per slot
+        (:data:`shm.layout.TOTAL_FIELDS`).
+    """
+
+    __slots__ = (
+        "buckets",
+        "columns",
+        "epoch",
+        "fields",
+        "layout",
+        "periods",
+        "segment",
+        "stats",
+        "totals",
+        "words",
+    )
+
+    def __init__(self, m: Matrix) -> None:
+        self.segment = m.seg.name
+        self.epoch = m.epoch
+        self.columns = m.columns
+        self.buckets = m.buckets
+        self.layout = dict(m.layout)
+        self.words = _read_only(m.rows2d)
+        self.fields = _read_only(m.fields)
+        self.periods = _read_only(m.periods)
+        self.stats = _read_only(m.stats)
+        self.totals = _read_only(m.totals)
+
+    def block(self, row: int, name: str) -> np.ndarray:
+        """Read-only view of one part of row ``row`` (see :func:`row_block`)."""
+        return row_block(self.fields, self.buckets, row, name)
 
 
 class Control:

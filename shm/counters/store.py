@@ -32,6 +32,7 @@ from shm.counters.matrix import (
     PAGE,
     Control,
     Matrix,
+    MatrixView,
     attach_control,
     columns_for,
     create_data,
@@ -278,6 +279,10 @@ class CounterStore:
     def buckets(self) -> int:
         """Time buckets kept per row (window buckets + 2)."""
         return self._ctl.buckets
+
+    def matrix_view(self) -> MatrixView:
+        """Read-only views of the current counter matrix (for tools and tests)."""
+        return self._ctl.current().view()
 
     def memory_bytes(self) -> int:
         """Size of the current data segment, in bytes."""

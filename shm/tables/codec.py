@@ -378,6 +378,7 @@ class Decoder:
         t.segment = data.name
         t.buffer = self.buffer
         t.buffer_offset = self.start - BUFFER_HEADER_BYTES
+        t.payload_bytes = self.nbytes
         if n_rings:
             t.ring_set = lbcore.RingSet.from_parts(
                 eps,

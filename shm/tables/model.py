@@ -12,6 +12,7 @@ import lbcore
 from lbcore import knobs as lbcore_knobs
 from lbcore.ejection import Ejections
 from shm.errors import TableInputError
+from shm.layout import BUFFER_HEADER_BYTES
 from shm.segment import fence
 from shm.tables.words import WEAK
 
@@ -105,6 +106,8 @@ class Table:
     buffer_offset : int
         Byte offset in that segment of the buffer holding it (its header, then the
         payload); ``-1`` for no table.
+    payload_bytes : int
+        Length of its payload in bytes (0 for no table).
     """
 
     __slots__ = (
@@ -122,6 +125,7 @@ class Table:
         "n_slots",
         "nodes",
         "outlier_panic",
+        "payload_bytes",
         "published_ns",
         "publisher_pid",
         "ring_set",
@@ -169,6 +173,20 @@ class Table:
         """
         return self._seq_words, self._seq_index, self._seq
 
+    def payload(self) -> np.ndarray:
+        """The payload as the reader mapped it: a read-only ``uint8`` view (empty: no table).
+
+        Every array of the table is a view into it (for tools and tests that check the
+        zero-copy mapping, or locate a section in the segment).
+        """
+        seg = self._mapped
+        if seg is None or self.payload_bytes == 0:
+            return np.empty(0, np.uint8)
+        start = self.buffer_offset + BUFFER_HEADER_BYTES
+        view = np.frombuffer(seg.buf, np.uint8, self.payload_bytes, start)
+        view.flags.writeable = False
+        return view
+
     @property
     def fade_duration_ns(self) -> int:
         """Fade-in window of the ring set, in nanoseconds."""
@@ -198,6 +216,7 @@ def empty_table() -> Table:
     t.segment = ""
     t.buffer = -1
     t.buffer_offset = -1
+    t.payload_bytes = 0
     t._seq_words = memoryview(np.zeros(1, dtype=np.uint64)).cast("B").cast("Q")
     t._seq_index = 0
     t._seq = 0

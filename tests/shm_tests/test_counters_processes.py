@@ -217,7 +217,7 @@ def test_a_grower_killed_mid_growth_leaves_nothing_behind(namespace, procs, at, 
     else:  # a process that grows the matrix again
         other = CounterStore.attach(namespace)
         other.ensure_columns(1000)
-    current = other._ctl.current().seg.name
+    current = other.matrix_view().segment
     assert list_segments(namespace) == [ctl, current]
     assert other.reader().read(time.monotonic_ns(), 8).in_flight[3] == 1
     store.close()

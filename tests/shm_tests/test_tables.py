@@ -142,15 +142,16 @@ def test_rings_are_zero_copy_views_of_shared_memory(namespace):
             assert not arr.flags.owndata and not arr.flags.writeable
         # Write through another mapping of the segment: every view sees it at once.
         seg = Segment.attach(t.segment, writable=True)
-        mapped = np.frombuffer(reader._view.data.buf, np.uint8)
+        mapped = t.payload()
         base = mapped.__array_interface__["data"][0]
         for arr in arrays:
             off = arr.__array_interface__["data"][0] - base
             assert 0 <= off < mapped.nbytes
+            at = t.buffer_offset + BUFFER_HEADER_BYTES + off  # in the segment
             before = arr.copy()
-            seg.buf[off] ^= 0x01
+            seg.buf[at] ^= 0x01
             assert not np.array_equal(arr, before)
-            seg.buf[off] ^= 0x01
+            seg.buf[at] ^= 0x01
             assert np.array_equal(arr, before)
 
 
@@ -359,7 +360,7 @@ def test_capacity_grows_to_new_segments_readers_follow(namespace):
         w.publish(big)
         assert w.capacity_bytes() > cap1
         # 25 % headroom over the payload, no more (review S6: no doubling on top).
-        payload = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        payload = reader.table().payload_bytes
         assert payload <= w.capacity_bytes() <= payload * 1.25 + 4096
         t2 = reader.table()
         assert t2.generation == 2 and t2.segment != seg1 and len(t2.endpoints) == 5000
@@ -515,7 +516,8 @@ def test_bad_layout_with_a_valid_checksum_is_caught_before_use(namespace):
         # buggy writer would: the reader must refuse it, not index out of bounds.
         owners = t.ring_set.rings[0].owners
         addr = owners.__array_interface__["data"][0]
-        base = np.frombuffer(reader._view.data.buf, np.uint8).__array_interface__["data"][0]
+        payload_at = t.payload().__array_interface__["data"][0]
+        base = payload_at - t.buffer_offset - BUFFER_HEADER_BYTES  # the segment's start
         w32 = seg.array(np.int32, addr - base, 1)
         w32[0] = 999
         _rewrite_checksum(reader, t, seg)
@@ -614,11 +616,11 @@ def test_growth_adds_a_quarter_of_headroom_not_double_the_buffers(namespace):
     with TableWriter(namespace, min_capacity_bytes=4096) as w:
         w.publish(rs)
         cap = w.capacity_bytes()
-        payload = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        payload = TableReader(namespace).table().payload_bytes
         # Long node names make the next payload ~1.3x the last: just over the capacity.
         pad = "n" * (int(0.3 * payload) // 20)
         w.publish(rs, nodes=[pad] * 20)
-        grown = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        grown = TableReader(namespace).table().payload_bytes
         assert cap < grown < 1.5 * cap  # it did have to grow, a little
         assert grown <= w.capacity_bytes() <= grown * 1.25 + 4096
         assert TableReader(namespace).table().nodes == (pad,) * 20
@@ -720,9 +722,11 @@ def test_the_checksum_is_xxh3_of_the_payload(namespace):
         w.publish(fading_set())
         reader = TableReader(namespace)
         t = reader.table()
-        seg = reader._view.data
+        seg = Segment.attach(t.segment)
         off = t.buffer_offset
         n = int(seg.words[off // 8 + 2])
         start = off + BUFFER_HEADER_BYTES
         assert int(seg.words[off // 8 + 3]) == digest(seg.buf[start : start + n])
+        assert n == t.payload_bytes
+        seg.close()
         reader.close()
