@@ -500,7 +500,7 @@ def test_freed_slots_wait_for_the_counters_window(namespace):
 
 
 def test_an_old_open_request_counts_the_window_not_its_age(store):
-    """Review S4: open requests are clipped to the window one by one, not as a cell's
+    """open requests are clipped to the window one by one, not as a cell's
     sum. W = 2 s here; a request open 100 s counts 2 s, one open 1 s counts 1 s."""
     rec, other = store.claim(), store.claim()
     reader = store.reader()
@@ -557,7 +557,7 @@ def test_open_request_occupancy_is_off_by_at_most_a_bucket_per_straddling_reques
 
 
 def test_handles_tell_when_the_owner_removed_the_counters(namespace):
-    """Review S2 (counters): recorders of removed counters cannot record anywhere a
+    """recorders of removed counters cannot record anywhere a
     reader looks; replaced() says so, and a new attach sees the new counters."""
     owner = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
     worker = CounterStore.attach(namespace)
@@ -578,7 +578,7 @@ def test_handles_tell_when_the_owner_removed_the_counters(namespace):
 
 
 def test_releasing_per_thread_rows_mid_request_leaves_no_negative_counts(store):
-    """Review N2: release() frees every thread's row while one thread is mid-request;
+    """release() frees every thread's row while one thread is mid-request;
     that thread's record_end must fail, not land in a newly claimed row and drive it
     negative."""
     rec = ThreadRecorder(store)
@@ -612,7 +612,7 @@ def test_releasing_per_thread_rows_mid_request_leaves_no_negative_counts(store):
 
 
 def test_host_loads_follow_lbcores_load_rules(store):
-    """Review N3: effective load uses lbcore's rule and its latency cap (a pod far
+    """effective load uses lbcore's rule and its latency cap (a pod far
     slower than the rest is capped exactly as lbcore caps it)."""
     from lbcore.signals import load_for
 
@@ -634,7 +634,7 @@ def test_host_loads_follow_lbcores_load_rules(store):
 
 @pytest.mark.parametrize("kind", ["locked", "per-thread"])
 def test_a_thread_recording_during_another_threads_rotation_loses_nothing(store, kind):
-    """Review N5: thread A's call moves the row to a new bucket and stops just as it
+    """thread A's call moves the row to a new bucket and stops just as it
     starts recycling that bucket's column; thread B then records a call in the new
     bucket. Sharing a row, B must wait for A (LockedRecorder's lock): otherwise A goes
     on to zero the column B just recorded into, losing B's call and leaving its open

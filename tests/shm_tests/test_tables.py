@@ -359,7 +359,7 @@ def test_capacity_grows_to_new_segments_readers_follow(namespace):
         big = lbcore.RingSet(big_eps)
         w.publish(big)
         assert w.capacity_bytes() > cap1
-        # 25 % headroom over the payload, no more (review S6: no doubling on top).
+        # 25 % headroom over the payload, no more (no doubling on top).
         payload = reader.table().payload_bytes
         assert payload <= w.capacity_bytes() <= payload * 1.25 + 4096
         t2 = reader.table()
@@ -559,7 +559,7 @@ def test_random_corruption_never_crashes_or_reads_out_of_bounds(namespace):
 
 
 def test_threads_share_one_reader_while_the_tables_grow(namespace):
-    """Review S7: a gthread worker's threads share one TableReader. Thread A stops inside
+    """a gthread worker's threads share one TableReader. Thread A stops inside
     a remap (current loaded, data segment mapped); the writer grows the tables to a new
     segment; thread B then needs a remap too. B must wait for A (one remap at a time),
     not switch the reader's mappings under A's feet; both end on the new table."""
@@ -610,7 +610,7 @@ def test_threads_share_one_reader_while_the_tables_grow(namespace):
 
 
 def test_growth_adds_a_quarter_of_headroom_not_double_the_buffers(namespace):
-    """Review S6: a table that just outgrows its buffers gets new ones 1.25x its size,
+    """a table that just outgrows its buffers gets new ones 1.25x its size,
     not twice the old ones (both segments exist until the switch: /dev/shm is small)."""
     rs = lbcore.RingSet(EPS[:20], vnodes=50)
     with TableWriter(namespace, min_capacity_bytes=4096) as w:
@@ -627,7 +627,7 @@ def test_growth_adds_a_quarter_of_headroom_not_double_the_buffers(namespace):
 
 
 def test_a_closed_writer_says_so(namespace):
-    """Review N3: a closed writer raises WriterUnusableError (not a recorder's error),
+    """a closed writer raises WriterUnusableError (not a recorder's error),
     which old callers catching SlotOwnershipError still catch."""
     w = TableWriter(namespace)
     w.publish(lbcore.RingSet(EPS[:3]))
@@ -641,7 +641,7 @@ def test_a_closed_writer_says_so(namespace):
 
 @pytest.mark.parametrize("damage", ["payload", "seq"])
 def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, damage):
-    """Review N4: while the current generation stays corrupt, every table() call must
+    """while the current generation stays corrupt, every table() call must
     not check the whole table again (a checksum over megabytes) or wait out the
     timeout: the verdict is kept until the buffer or current changes."""
     from shm import TableUnavailableError
@@ -714,7 +714,6 @@ def test_a_segment_of_the_layout_before_routing_maps_were_dropped_is_refused(nam
             match=f"{name}: is layout version 5, this build reads version {LAYOUT_VERSION}",
         ):
             TableReader(namespace).table()
-
 
 
 def test_the_checksum_is_xxh3_of_the_payload(namespace):
