@@ -21,7 +21,7 @@ aligned load or store of a field is indivisible on every 64-bit CPU CPython supp
 
 Headers are NumPy structured dtypes; :func:`word` gives a field's index as a ``uint64``
 word, which the hot paths read through a ``memoryview`` rather than as NumPy scalars
-(cheaper per load; see perf/RESULTS.md).
+(cheaper per load).
 """
 
 from __future__ import annotations

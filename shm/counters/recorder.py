@@ -131,7 +131,7 @@ class Recorder:
     forms build its input. Their common case, a fan-out that starts, or starts and ends
     without failures, within the newest bucket, is one :func:`lbcore.scatter_add` of the
     same cells instead: add_calls takes its calls as Python lists, which costs several
-    times more at a hundred calls (perf/RESULTS.md). Slots are checked first (one
+    times more at a hundred calls (perf/bench_shm.py). Slots are checked first (one
     pass), unless the caller says they are in range (``bound``); the kernel checks every
     cell against the row either way.
 

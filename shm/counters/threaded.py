@@ -98,8 +98,8 @@ class LockedRecorder(_Forwarding):
 class ThreadRecorder(_Forwarding):
     """A row per thread, claimed on each thread's first call (no lock on the way).
 
-    A thread's first call claims its row (a ``flock`` and a ``/proc`` read, ~0.1 ms,
-    once); later calls take no lock. Each thread holds a row for the life of the
+    A thread's first call claims its row (a ``flock`` and a ``/proc`` read, once);
+    later calls take no lock. Each thread holds a row for the life of the
     recorder, so the counters need a row per thread of every worker (see README,
     "gthread workers"); :class:`LockedRecorder` needs one row per process.
 

@@ -199,7 +199,7 @@ class Decoder:
         self.nbytes = payload_bytes
         self.where = f"buffer {buffer}"
         # endpoint -> lbcore.host_key of the previous generation a reader decoded: a new
-        # generation mostly repeats its endpoints, and parsing 20,000 URLs costs ~0.1 s.
+        # generation mostly repeats its endpoints, and parsing every URL again is costly.
         self.host_keys = {} if host_keys is None else host_keys
         self.on_host_keys: Callable[[dict[str, str]], None] | None = None
 

@@ -79,9 +79,9 @@ class TableReader:
     foreground_bytes
         With ``background``: a new generation whose payload is at most this many
         bytes is mapped by :meth:`table` itself, as without ``background`` (mapping
-        costs about 0.35 ms per MiB on a 2-vCPU Zen3 VM, so small tables are followed
-        at once for less than a thread hand-over costs). Default 0: every new
-        generation but the first is mapped in the background.
+        cost grows with the payload, so small tables are followed at once for less
+        than a thread hand-over costs; perf/bench_shm.py measures it). Default 0:
+        every new generation but the first is mapped in the background.
     prefetch_s
         With ``background``: while nobody calls :meth:`table`, the background thread
         looks for a new generation every this many seconds and maps it ahead, so an
@@ -158,10 +158,10 @@ class TableReader:
     def table(self) -> Table:
         """The current table: cached while nothing changed, remapped after a publish.
 
-        When nothing changed this costs two shared-memory loads and a clock read
-        (~0.15 µs; the clock paces the check for a replaced control segment). After a
-        publish it maps the new generation once: verifies its checksum, validates its
-        layout and wraps its rings (milliseconds for thousands of endpoints).
+        When nothing changed this costs two shared-memory loads and a clock read (the
+        clock paces the check for a replaced control segment). After a publish it maps
+        the new generation once: verifies its checksum, validates its layout and wraps
+        its rings.
 
         Raises
         ------

@@ -36,6 +36,6 @@ NO_SEQ = memoryview(np.zeros(1, dtype=np.uint64)).cast("B").cast("Q")  # never e
 def payload_checksum(data: memoryview) -> int:
     """XXH3-64 of a table payload, as stored in its buffer header."""
     # Through lbcore (shm may not import xxhash itself). XXH3 rather than CRC-32: CRC-32
-    # was half the cost of mapping a large table (perf/RESULTS.md); it releases the GIL
+    # was half the cost of mapping a large table (perf/bench_shm.py); it releases the GIL
     # on large buffers, so a background map does not hold up routing threads.
     return digest(data)
