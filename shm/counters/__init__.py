@@ -33,12 +33,8 @@ Readers take no lock and see each cell's value indivisibly, but not a cross-cell
 snapshot: a sum read while a worker records may count a request's ``completed``
 without yet its ``latency_ns``. These are load signals; such skew lasts microseconds.
 
-Worker slots are claimed and released under a lock (``flock``, released by the kernel
-if the holder dies): rare operations, never on the recording path. An owner is a PID
-plus that process's start time, so a reused PID is not mistaken for the owner. A slot
-whose owner died (SIGKILL, OOM) is reclaimed by :meth:`CounterStore.reap` or by the
-next :meth:`CounterStore.claim` that needs it: its in-flight counts are released
-(zeroed), its busy history stays until it ages out of the window.
+Worker slots (rows) are claimed, released and reclaimed from dead owners by
+:class:`CounterStore` (:mod:`shm.counters.store`), never on the recording path.
 
 The matrix grows when the tables need more endpoint slots
 (:meth:`CounterStore.ensure_columns`): a new data segment ``/cslb.<ns>.counters.<n>``
@@ -46,6 +42,11 @@ receives a copy of every row and the control segment then names it. Each recorde
 notices the new epoch on its next call (one shared-memory load per call) and copies
 its own row over again, since it may have recorded into the old segment after the
 grower copied it; rows of idle or dead workers keep the grower's copy.
+
+Modules: :mod:`~shm.counters.matrix` (views of the segments), :mod:`~shm.counters.store`
+(the matrix and its slots), :mod:`~shm.counters.recorder` (a worker's row),
+:mod:`~shm.counters.threaded` (recorders for threaded workers),
+:mod:`~shm.counters.loads` (:class:`HostLoads`) and :mod:`~shm.counters.reader`.
 """
 
 from shm.counters.loads import HostLoads, bucket_weights
