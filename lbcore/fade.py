@@ -272,39 +272,6 @@ def _check_fade_params(duration_ns: Any, exponent: Any) -> tuple[int, float]:
     return int(duration_ns), e
 
 
-def _position_maps(
-    rings: Sequence[Ring], node_tier: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per ring, where each position of the newest (master) ring lands.
-
-    Ring ``k`` is the master ring with the nodes of tiers above ``k`` left out, in the same
-    order, so a key at master position ``p`` is at ring-``k`` position
-    ``ring_pos[k, p]``: the first ring-``k`` node at or after ``p``, wrapped. With
-    ``owner_table[k, p]`` the endpoint there, routing a key on any ring is one gather
-    from its master position. ``node_tier`` is the tier of each master node.
-    """
-    if not rings:
-        empty = np.empty((0, 0), dtype=np.int32)
-        return empty, empty
-    master = rings[-1]
-    size = len(master)
-    ring_pos = np.empty((len(rings), size), dtype=np.int32)
-    owner_table = np.empty((len(rings), size), dtype=np.int32)
-    for k, ring in enumerate(rings):
-        row = ring_pos[k]
-        if k == len(rings) - 1:
-            row[:] = np.arange(size, dtype=np.int32)
-            owner_table[k] = ring.owners
-            continue
-        assert node_tier is not None
-        marked = node_tier <= k
-        np.cumsum(marked, dtype=np.int32, out=row)
-        row -= marked  # ring-k nodes strictly before p
-        row[row == len(ring)] = 0
-        ring.owners.take(row, out=owner_table[k], mode="clip")  # in range; unbuffered
-    return ring_pos, owner_table
-
-
 class RingSet:
     """An established ring plus fading rings, one per scale-up event. Immutable.
 
@@ -332,8 +299,6 @@ class RingSet:
         "duration_ns",
         "endpoints",
         "exponent",
-        "owner_table",
-        "ring_pos",
         "rings",
         "starts_ns",
         "tiers",
@@ -397,7 +362,6 @@ class RingSet:
                     rings.append(full.keep_nodes(node_tier <= k))
             rings.append(full)
         self.rings: tuple[Ring, ...] = tuple(rings)
-        self.ring_pos, self.owner_table = _position_maps(self.rings, node_tier)
 
     @classmethod
     def from_parts(
@@ -406,8 +370,6 @@ class RingSet:
         tiers: np.ndarray,
         starts_ns: tuple[int, ...],
         rings: tuple[Ring, ...],
-        ring_pos: np.ndarray,
-        owner_table: np.ndarray,
         *,
         duration_ns: int,
         exponent: float,
@@ -415,9 +377,9 @@ class RingSet:
     ) -> RingSet:
         """Wrap a ring set that was built elsewhere (a published table) without rebuilding.
 
-        The parts are what a built set holds (:attr:`rings`, :attr:`ring_pos`,
-        :attr:`owner_table`, ...); a reader of shared memory validates them first. Only
-        shapes are checked here.
+        The parts are what a built set holds (:attr:`endpoints`, :attr:`tiers`,
+        :attr:`rings`, ...); a reader of shared memory validates them first. Only shapes
+        are checked here.
         """
         duration, exp = _check_fade_params(duration_ns, exponent)
         n_rings = len(rings)
@@ -426,13 +388,10 @@ class RingSet:
                 f"ring set parts disagree: {n_rings} rings for {len(starts_ns)} fading events, "
                 f"{tiers.size} tiers for {len(endpoints)} endpoints"
             )
-        size = len(rings[-1])
-        if ring_pos.shape != (n_rings, size) or owner_table.shape != (n_rings, size):
-            raise FadeError(f"position maps must have shape ({n_rings}, {size})")
         rs = cls.__new__(cls)
         rs.endpoints, rs.tiers, rs.starts_ns = endpoints, tiers, starts_ns
         rs.duration_ns, rs.exponent, rs.vnodes = duration, exp, vnodes
-        rs.rings, rs.ring_pos, rs.owner_table = rings, ring_pos, owner_table
+        rs.rings = rings
         return rs
 
     # ---------------------------------------------------------------------------------

@@ -453,7 +453,7 @@ class Plan:
             ``int32`` of shape ``(views, ring positions)``: the endpoint a key at that
             position of the newest ring gets in that view (``-1``: fallback). The gate
             is not applied. With N-ring fade-in and no bounded load or ejections this is
-            :attr:`lbcore.RingSet.owner_table`; in general
+            each ring's owner at that position; in general
             :meth:`lbcore.RingSet.answer_table` with the plan's arguments.
         moved : numpy.ndarray
             ``bool`` of the same shape: bounded load moved the answer off the plain one.

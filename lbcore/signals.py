@@ -27,9 +27,13 @@ __all__ = [
     "DEFAULT_WINDOW_NS",
     "LOAD_SIGNALS",
     "effective_load",
+    "failure_rate",
+    "global_latency",
     "load_for",
     "mean_latency",
     "occupancy",
+    "open_busy_ns",
+    "routing_load",
     "window_weights",
     "with_failures",
 ]
@@ -106,12 +110,62 @@ def occupancy(busy_ns: Any, window_ns: int, weights: Any = None) -> np.ndarray:
     return busy / float(window_ns)
 
 
-def mean_latency(latency_sum_s: Any, completed: Any) -> np.ndarray:
-    """Mean latency per endpoint in seconds; NaN where nothing completed."""
-    total = np.asarray(latency_sum_s, dtype=np.float64)
+def _per_completed(total: Any, completed: Any) -> np.ndarray:
+    total = np.asarray(total, dtype=np.float64)
     count = np.asarray(completed, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / np.where(count > 0, count, 1.0), np.nan)
+
+
+def mean_latency(latency_sum_s: Any, completed: Any) -> np.ndarray:
+    """Mean latency per endpoint in seconds; NaN where nothing completed."""
+    return _per_completed(latency_sum_s, completed)
+
+
+def failure_rate(failures: Any, completed: Any) -> np.ndarray:
+    """Share of the completed calls per endpoint that failed; NaN where nothing completed."""
+    return _per_completed(failures, completed)
+
+
+def global_latency(latency_sum_ns: Any, completed: Any) -> float:
+    """The host's mean call latency in seconds over every endpoint; NaN: nothing completed.
+
+    ``latency_sum_ns`` (nanoseconds) and ``completed`` are per endpoint.
+    """
+    total = float(np.sum(completed))
+    return float(np.sum(latency_sum_ns)) / total / 1e9 if total > 0 else float("nan")
+
+
+def open_busy_ns(counts: Any, since_ns: Any, start_sum_ns: Any, window_ns: int) -> np.ndarray:
+    """Busy time of calls still open, each counted from its start but at most for the window.
+
+    Per group of calls that started in one time bucket: ``count × (now - bucket start) -
+    their start offsets in the bucket``, clipped to ``[0, count × window]``. Exact for
+    buckets wholly inside or outside the window; in the one straddling its start, off by
+    at most a bucket per call.
+
+    Parameters
+    ----------
+    counts
+        Open calls per group and endpoint (``int64``; negative counts as 0).
+    since_ns
+        Time from each group's bucket start to now, in nanoseconds, shape ``(groups,
+        1)`` (capped by the caller so the products stay far from overflow).
+    start_sum_ns
+        Summed start offsets of the group's calls from the bucket start, in nanoseconds,
+        per group and endpoint.
+    window_ns
+        The occupancy window in nanoseconds.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``int64`` busy nanoseconds per group and endpoint.
+    """
+    c = np.maximum(counts, 0)
+    busy = c * since_ns - start_sum_ns
+    np.clip(busy, 0, c * window_ns, out=busy)
+    return busy
 
 
 def with_failures(
@@ -241,3 +295,48 @@ def load_for(
     if signal == "in-flight":
         return _signal("in_flight", in_flight)
     raise LoadError(f"unknown load signal {signal!r}; expected one of {', '.join(LOAD_SIGNALS)}")
+
+
+def routing_load(
+    signal: str,
+    in_flight: Any,
+    occupancy_: Any,
+    mean_latency_s: Any,
+    completed: Any,
+    failures: Any,
+    global_latency_s: float,
+    window_s: float,
+    *,
+    cap: float = DEFAULT_LATENCY_CAP,
+) -> np.ndarray:
+    """The load bounded load compares for ``signal``, failed calls counted as load.
+
+    :func:`load_for` on the occupancy and latency of :func:`with_failures`: every failed
+    call adds the host's mean call latency of busy time, so a pod that fails fast does
+    not look idle.
+
+    Parameters
+    ----------
+    signal
+        One of :data:`LOAD_SIGNALS`.
+    in_flight, occupancy_, mean_latency_s
+        Measured open calls, busy-seconds per second and mean latency (seconds, NaN:
+        nothing completed) per endpoint.
+    completed, failures
+        Calls per endpoint that ended in the window, and those of them that failed.
+    global_latency_s
+        The host's mean call latency in seconds.
+    window_s
+        The occupancy window in seconds.
+    cap
+        Upper bound of the effective load's latency factor.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64`` load per endpoint, finite and ``>= 0``.
+    """
+    occ, lat = with_failures(
+        occupancy_, mean_latency_s, completed, failures, global_latency_s, window_s
+    )
+    return load_for(signal, in_flight, occ, lat, global_latency_s, cap=cap)

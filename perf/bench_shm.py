@@ -81,8 +81,8 @@ def bench_publish(ns: str) -> None:
                     builds.append(t1 - t0)
                     publishes.append(t2 - t1)
                     maps.append(t3 - t2)
-            payload = reader._view.buffer_bytes
-            nbytes = int(w._view.data.words[w._view.offsets[t.buffer] // 8 + 2])
+            payload = w.capacity_bytes()
+            nbytes = t.payload_bytes
             # Floor: copying the same number of bytes and checksumming them once.
             src = np.frombuffer(os.urandom(nbytes), np.uint8)
             dst = np.empty_like(src)
@@ -395,8 +395,7 @@ def bench_memory(ns: str) -> None:
     rs = lbcore.RingSet(eps[:900]).scale_up(eps[900:], 10**12)
     with TableWriter(ns, counters=counters) as w:
         w.publish(rs)
-        cur = w._view
-        payload = int(cur.data.words[cur.offsets[1 - w.generation % 2] // 8 + 2])
+        payload = TableReader(ns).table().payload_bytes
         workers = 4
         go = ctx.Event()
         procs, pipes = [], []
@@ -416,7 +415,7 @@ def bench_memory(ns: str) -> None:
     counters.close()
     mib = 2**20
     print(
-        f"  table payload {payload / mib:.1f} MiB (in a buffer of {cur.buffer_bytes / mib:.1f} "
+        f"  table payload {payload / mib:.1f} MiB (in a buffer of {w.capacity_bytes() / mib:.1f} "
         f"MiB; the writer keeps two); counters {counters.memory_bytes() / mib:.1f} MiB"
     )
 

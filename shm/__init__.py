@@ -2,13 +2,17 @@
 
 * :mod:`shm.tables`: the double-buffered table store. One :class:`TableWriter` per
   namespace publishes generations; every worker's :class:`TableReader` maps them as
-  zero-copy NumPy views and never sees a torn table.
+  zero-copy NumPy views and never sees a torn table (the protocol is described in
+  ``docs/shared-memory.md``). Modules: ``model``, ``slots``, ``codec``, ``protocol``,
+  ``reader``, ``writer``.
 * :mod:`shm.counters`: the host's counter matrix. Each worker claims a row
-  (:meth:`CounterStore.claim`) and records whole fan-outs with a few NumPy calls;
-  :class:`CounterReader` sums the rows into per-endpoint in-flight, occupancy, mean
-  latency and failure rate.
+  (:meth:`CounterStore.claim`) and records whole fan-outs with a few kernel calls;
+  :class:`CounterReader` sums the rows into :class:`HostLoads` (what the sums mean for
+  routing is :mod:`lbcore.signals`). Modules: ``matrix``, ``store``, ``recorder``,
+  ``threaded``, ``loads``, ``reader``.
 * :mod:`shm.segment`, :mod:`shm.layout`, :mod:`shm.errors`: segment lifecycle, byte
-  layout and the exceptions, each naming the segment and what was wrong.
+  layout and the exceptions, each naming the segment and what was wrong;
+  :mod:`shm.background` the thread that maps tables off the routing path.
 
 Imports only NumPy, ``posix_ipc`` and :mod:`lbcore`.
 """
@@ -19,6 +23,7 @@ from shm.counters import (
     CounterStore,
     HostLoads,
     LockedRecorder,
+    MatrixView,
     Recorder,
     SlotInfo,
     ThreadRecorder,
@@ -63,6 +68,7 @@ __all__ = [
     "HostLoads",
     "Knobs",
     "LockedRecorder",
+    "MatrixView",
     "NamespaceError",
     "NoFreeSlotError",
     "ProcessLivenessError",

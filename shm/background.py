@@ -1,8 +1,9 @@
 """A long-lived worker thread for work taken off a routing thread's path.
 
-Mapping a new table generation (:class:`shm.TableReader` with ``background=True``) and
-building answer tables (:class:`workers.Router`) cost tens of milliseconds on large
-tables; a worker process hands them to a :class:`BackgroundWorker` and keeps routing.
+Mapping a new table generation of a large table (verifying its checksum, validating
+it) takes long enough to stall a routing thread; :class:`shm.TableReader` with
+``background=True`` hands it to a :class:`BackgroundWorker` and keeps routing on the
+previous table.
 
 Why one long-lived thread instead of a thread per job: ``threading.Thread.start()``
 blocks its caller until the new thread has run, and on a busy host a new thread can

@@ -20,8 +20,8 @@ control segments, the data segment's number otherwise). All fields are naturally
 aligned load or store of a field is indivisible on every 64-bit CPU CPython supports.
 
 Headers are NumPy structured dtypes; :func:`word` gives a field's index as a ``uint64``
-word, which the hot paths read through a ``memoryview`` (~20 ns) rather than NumPy
-scalars (~70 ns).
+word, which the hot paths read through a ``memoryview`` rather than as NumPy scalars
+(cheaper per load).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ __all__ = [
     "COUNTERS_DATA",
     "COUNTER_FIELDS",
     "DATA_HEADER_BYTES",
+    "DIRECTORY_OFFSET",
     "KIND_FIELDS",
     "KIND_NAMES",
     "KIND_TOTAL_FIELDS",
@@ -79,7 +80,9 @@ __all__ = [
 #: is that array) and are checksummed with XXH3-64 instead of CRC-32.
 #: 5: counters keep failures per kind (:data:`KIND_FIELDS`, :data:`KIND_TOTAL_FIELDS`);
 #: tables carry outlier-ejection state and no longer a ``weight`` section.
-LAYOUT_VERSION = 5
+#: 6: tables no longer carry ``ring_pos`` and ``owner_table`` (nothing read them); every
+#: ring, the newest too, has its own owners section.
+LAYOUT_VERSION = 6
 
 
 def magic_word(tag: bytes) -> int:
@@ -190,6 +193,9 @@ PAYLOAD_HEADER = np.dtype(
     ]
 )
 
+#: Byte offset of the section directory from the payload start.
+DIRECTORY_OFFSET = align(PAYLOAD_HEADER.itemsize, 8)
+
 #: One entry of the section directory: byte offset from the payload start, and length.
 SECTION = np.dtype([("offset", "u8"), ("nbytes", "u8")])
 
@@ -213,27 +219,17 @@ TABLE_SECTIONS: tuple[tuple[str, str | None], ...] = (
     ("starts_ns", "i8"),  # one per fading ring
     ("slot_freed_ns", "i8"),  # per counter slot: -1 in use, else CLOCK_MONOTONIC freed time
     ("ring_nodes", "i8"),  # nodes of each ring
-    # lbcore.RingSet's routing maps, (rings, master nodes) each: where a master-ring
-    # position lands on ring k, and the endpoint there. Built once by the publisher.
-    ("ring_pos", "i4"),
-    ("owner_table", "i4"),
 )
 
 
-def ring_sections(k: int, rings: int) -> tuple[tuple[str, str], ...]:
-    """Directory entries of ring ``k`` of ``rings``: sorted hashes, owners, bucket table.
-
-    The newest ring (``k == rings - 1``) has no owners section: its owners are the last
-    row of ``owner_table`` (a master position is its own ring position).
-    """
-    if k == rings - 1:
-        return ((f"ring{k}.hashes", "u8"), (f"ring{k}.buckets", "i4"))
+def ring_sections(k: int) -> tuple[tuple[str, str], ...]:
+    """Directory entries of ring ``k``: sorted hashes, owners, bucket table."""
     return ((f"ring{k}.hashes", "u8"), (f"ring{k}.owners", "i4"), (f"ring{k}.buckets", "i4"))
 
 
 def table_sections(rings: int) -> int:
     """Number of directory entries of a table with ``rings`` rings."""
-    return len(TABLE_SECTIONS) + 3 * rings - (1 if rings else 0)
+    return len(TABLE_SECTIONS) + 3 * rings
 
 
 # ------------------------------------------------------------------------------------

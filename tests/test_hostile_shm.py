@@ -243,13 +243,13 @@ def test_repair_of_a_never_mapped_emptied_data_segment_reads_as_an_idle_host() -
 def _slot_section(table: shm.Table) -> tuple[int, int]:
     """Byte offset in the data segment and byte size of ``table``'s slot section."""
     from shm.layout import BUFFER_HEADER_BYTES, SECTION, TABLE_SECTIONS
-    from shm.tables import _DIR_OFFSET
+    from shm.layout import DIRECTORY_OFFSET as DIR_OFFSET
 
     start = table.buffer_offset + BUFFER_HEADER_BYTES
     seg = Segment.attach(table.segment)
     try:
         index = [name for name, _ in TABLE_SECTIONS].index("slot")
-        entry = seg.array(SECTION, start + _DIR_OFFSET + index * SECTION.itemsize, 1)[0]
+        entry = seg.array(SECTION, start + DIR_OFFSET + index * SECTION.itemsize, 1)[0]
         return start + int(entry["offset"]), int(entry["nbytes"])
     finally:
         seg.close()

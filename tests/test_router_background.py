@@ -85,16 +85,16 @@ def test_hosts_of_a_large_table_with_ejections_are_parsed_off_the_routing_thread
     """Ejected endpoints are skipped by host (Skipper's rule), so the first plan on such
     a table needs every endpoint's host: for a large table the map thread parses them
     (~0.1 s at 20,000 endpoints), never the batch that first routes on it."""
-    import shm.tables
+    import shm.tables.codec
 
     parsed: list[str] = []
-    real = shm.tables.host_key
+    real = shm.tables.codec.host_key
 
     def host_key(ep: str) -> str:
         parsed.append(threading.current_thread().name)
         return real(ep)
 
-    monkeypatch.setattr(shm.tables, "host_key", host_key)
+    monkeypatch.setattr(shm.tables.codec, "host_key", host_key)
     rs1 = lbcore.RingSet(endpoints(6))
     host.publish(rs1, knobs=knobs(balance_factor=None))
     r = host.router(background=True)

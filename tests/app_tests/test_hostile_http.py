@@ -105,8 +105,8 @@ def _corrupt_section(namespace: str, name: str) -> None:
 
     import shm
     from shm.layout import BUFFER_HEADER_BYTES, SECTION, TABLE_SECTIONS, ring_sections
+    from shm.layout import DIRECTORY_OFFSET as DIR_OFFSET
     from shm.segment import Segment
-    from shm.tables import _DIR_OFFSET
 
     reader = shm.TableReader(namespace)
     try:
@@ -116,11 +116,11 @@ def _corrupt_section(namespace: str, name: str) -> None:
         reader.close()
     names = [n for n, _ in TABLE_SECTIONS]
     for k in range(n_rings):
-        names += [n for n, _ in ring_sections(k, n_rings)]
+        names += [n for n, _ in ring_sections(k)]
     start = t.buffer_offset + BUFFER_HEADER_BYTES
     seg = Segment.attach(t.segment, writable=True)
     try:
-        entry = seg.array(SECTION, start + _DIR_OFFSET + names.index(name) * SECTION.itemsize, 1)
+        entry = seg.array(SECTION, start + DIR_OFFSET + names.index(name) * SECTION.itemsize, 1)
         off, nbytes = int(entry[0]["offset"]), int(entry[0]["nbytes"])
         seg.array(np.uint8, start + off, nbytes)[:] = 0xFF
     finally:
@@ -133,7 +133,7 @@ def test_a_table_damaged_after_mapping_falls_back_with_one_log_line(
     body = json.dumps(["a", "b", "c"]).encode()
     r = call(app, "POST", "/route", body, content_type="application/json")
     assert r.code == 200 and None not in r.json()["endpoints"]
-    _corrupt_section(host.namespace, "owner_table")
+    _corrupt_section(host.namespace, "ring0.owners")
     with caplog.at_level("WARNING"):
         for _ in range(20):
             r = call(app, "POST", "/route", body, content_type="application/json")

@@ -38,12 +38,12 @@ def store(namespace):
 
 
 def raw(store, row):
-    return store._ctl.current().fields[row].copy()
+    return store.matrix_view().fields[row].copy()
 
 
 def block(store, row, name):
     """A copy of one part of a row: ``open_old`` or a per-bucket field."""
-    return store._ctl.current().block(row, name).copy()
+    return store.matrix_view().block(row, name).copy()
 
 
 OPEN_PARTS = ("open_old", "open", "open_start_sum")
@@ -100,7 +100,7 @@ def test_a_complete_call_is_recorded_without_its_start(store, spans):
     for name in ("busy_ns", "completed", "latency_ns", "failures", *OPEN_PARTS):
         assert (block(store, both.row, name) == block(store, alone.row, name)).all(), name
     assert not any(block(store, alone.row, name).any() for name in OPEN_PARTS)
-    totals = store._ctl.current().totals
+    totals = store.matrix_view().totals
     assert (totals[both.row] == totals[alone.row]).all()
     # Abandoned (the caller's deadline cut them): busy time only, with or without starts.
     for opened, cut in ((True, store.claim()), (False, store.claim())):
@@ -112,7 +112,7 @@ def test_a_complete_call_is_recorded_without_its_start(store, spans):
         assert (block(store, cut.row, "busy_ns") == block(store, both.row, "busy_ns")).all()
         for name in ("completed", "latency_ns", "failures", *OPEN_PARTS):
             assert not block(store, cut.row, name).any(), (opened, name)
-        assert not store._ctl.current().totals[cut.row].any()
+        assert not store.matrix_view().totals[cut.row].any()
 
 
 def test_batch_equals_one_call_at_a_time(store):
@@ -390,7 +390,7 @@ def test_gthread_style_threads_lose_no_update(store, kind):
     rows = [rec.recorder.row] if kind == "locked" else rec.rows
     if kind == "per-thread":
         assert sorted(rows) == [0, 1, 2, 3]
-    m = store._ctl.current()
+    m = store.matrix_view()
     completed = np.zeros((store.buckets, 16), np.int64)
     latency = np.zeros((store.buckets, 16), np.int64)
     newest = max(int(p) for r in rows for p in m.periods[r])
@@ -500,7 +500,7 @@ def test_freed_slots_wait_for_the_counters_window(namespace):
 
 
 def test_an_old_open_request_counts_the_window_not_its_age(store):
-    """Review S4: open requests are clipped to the window one by one, not as a cell's
+    """open requests are clipped to the window one by one, not as a cell's
     sum. W = 2 s here; a request open 100 s counts 2 s, one open 1 s counts 1 s."""
     rec, other = store.claim(), store.claim()
     reader = store.reader()
@@ -557,7 +557,7 @@ def test_open_request_occupancy_is_off_by_at_most_a_bucket_per_straddling_reques
 
 
 def test_handles_tell_when_the_owner_removed_the_counters(namespace):
-    """Review S2 (counters): recorders of removed counters cannot record anywhere a
+    """recorders of removed counters cannot record anywhere a
     reader looks; replaced() says so, and a new attach sees the new counters."""
     owner = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
     worker = CounterStore.attach(namespace)
@@ -578,7 +578,7 @@ def test_handles_tell_when_the_owner_removed_the_counters(namespace):
 
 
 def test_releasing_per_thread_rows_mid_request_leaves_no_negative_counts(store):
-    """Review N2: release() frees every thread's row while one thread is mid-request;
+    """release() frees every thread's row while one thread is mid-request;
     that thread's record_end must fail, not land in a newly claimed row and drive it
     negative."""
     rec = ThreadRecorder(store)
@@ -612,7 +612,7 @@ def test_releasing_per_thread_rows_mid_request_leaves_no_negative_counts(store):
 
 
 def test_host_loads_follow_lbcores_load_rules(store):
-    """Review N3: effective load uses lbcore's rule and its latency cap (a pod far
+    """effective load uses lbcore's rule and its latency cap (a pod far
     slower than the rest is capped exactly as lbcore caps it)."""
     from lbcore.signals import load_for
 
@@ -634,7 +634,7 @@ def test_host_loads_follow_lbcores_load_rules(store):
 
 @pytest.mark.parametrize("kind", ["locked", "per-thread"])
 def test_a_thread_recording_during_another_threads_rotation_loses_nothing(store, kind):
-    """Review N5: thread A's call moves the row to a new bucket and stops just as it
+    """thread A's call moves the row to a new bucket and stops just as it
     starts recycling that bucket's column; thread B then records a call in the new
     bucket. Sharing a row, B must wait for A (LockedRecorder's lock): otherwise A goes
     on to zero the column B just recorded into, losing B's call and leaving its open
@@ -748,7 +748,7 @@ def test_a_whole_fan_out_records_what_one_call_at_a_time_records(store, seed, ke
             np.add.at(fails, slots, failed)
         now = end + int(rng.integers(0, 300 * MS))
     assert np.array_equal(raw(store, fast.row), raw(store, single.row))
-    totals = store._ctl.current().totals
+    totals = store.matrix_view().totals
     assert totals[fast.row, 0, :16].tolist() == calls.tolist()
     assert totals[fast.row, 1, :16].tolist() == fails.tolist()
     assert np.array_equal(totals[fast.row], totals[single.row])
@@ -761,12 +761,12 @@ def test_the_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store, kernel):
     slots = np.array([3, 3, 7, 3], dtype=np.int64)
     start = T0 + 20 * MS
     rec.record_start(slots, start, bound=16)
-    k = (start // store.bucket_ns) % (store._ctl.buckets)
+    k = (start // store.bucket_ns) % (store.buckets)
     assert block(store, rec.row, "open")[k, [3, 7]].tolist() == [3, 1]
     assert block(store, rec.row, "open_start_sum")[k, [3, 7]].tolist() == [60 * MS, 20 * MS]
     failed = np.array([1, 0, 1, 1], bool)
     rec.record_end(slots, start, 5 * MS, start + 5 * MS, failed)
-    totals = store._ctl.current().totals[rec.row]
+    totals = store.matrix_view().totals[rec.row]
     assert totals[0, [3, 7]].tolist() == [3, 1] and totals[0].sum() == 4
     assert totals[1, [3, 7]].tolist() == [2, 1] and totals[1].sum() == 3
     # And the same fan-out again without failures (the end path without them).
@@ -785,7 +785,7 @@ def test_the_end_of_a_fan_out_in_one_bucket_adds_to_every_field(store, kernel):
         got = block(store, rec.row, name)
         assert got[k, [3, 7]].tolist() == [v3, v7], name
         assert got.sum() == v3 + v7, name  # nothing anywhere else
-    totals = store._ctl.current().totals[rec.row]
+    totals = store.matrix_view().totals[rec.row]
     assert totals[0, [3, 7]].tolist() == [6, 2] and totals[0].sum() == 8
     assert totals[1, [3, 7]].tolist() == [2, 1] and totals[1].sum() == 3
 
@@ -813,7 +813,7 @@ def test_a_long_fan_out_in_one_step_equals_short_ones(store, with_failures, kern
             f = None if failed is None else failed[a : a + 100]
             short_rec.record_end(slots[a : a + 100], start, d, start + d, f)
         assert np.array_equal(raw(store, long_rec.row), raw(store, short_rec.row))
-    totals = store._ctl.current().totals
+    totals = store.matrix_view().totals
     assert np.array_equal(totals[long_rec.row], totals[short_rec.row])
     assert totals[long_rec.row, 0].sum() == 3 * n
     assert (totals[long_rec.row, 1].sum() > 0) == with_failures
@@ -831,7 +831,7 @@ def test_a_fan_out_ending_after_the_counters_grew_ends_in_the_grown_row(store, k
     rec.record_end(slots, start, MS, start + MS, None)
     for part in OPEN_PARTS:
         assert not block(store, rec.row, part).any(), part
-    k = (start // store.bucket_ns) % store._ctl.buckets
+    k = (start // store.bucket_ns) % store.buckets
     completed = block(store, rec.row, "completed")[k]
     counts = np.bincount(slots, minlength=16)
     assert completed.size >= 40 and completed[:16].tolist() == counts.tolist()

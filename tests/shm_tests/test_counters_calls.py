@@ -24,7 +24,7 @@ def store(namespace):
 
 
 def row_words(store, row):
-    return store._ctl.current().rows2d[row].copy()
+    return store.matrix_view().words[row].copy()
 
 
 def by_parts(rec, ended, done, starts, now):

@@ -199,7 +199,7 @@ def seam_grower(ns, at, conn):
 @pytest.mark.parametrize("cleaner", ["create", "grow"])
 @pytest.mark.parametrize("at", ["counters.grow.switch", "counters.grow.switched"])
 def test_a_grower_killed_mid_growth_leaves_nothing_behind(namespace, procs, at, cleaner):
-    """Review S1: a process killed while growing the matrix leaves the new data segment
+    """a process killed while growing the matrix leaves the new data segment
     (before the switch) or the old one (after it); the next owner taking over, or the
     next grower, removes it. Recorded counts survive either way."""
     store = CounterStore.create(namespace, rows=2, columns=8, window_ns=W, window_buckets=10)
@@ -217,7 +217,7 @@ def test_a_grower_killed_mid_growth_leaves_nothing_behind(namespace, procs, at, 
     else:  # a process that grows the matrix again
         other = CounterStore.attach(namespace)
         other.ensure_columns(1000)
-    current = other._ctl.current().seg.name
+    current = other.matrix_view().segment
     assert list_segments(namespace) == [ctl, current]
     assert other.reader().read(time.monotonic_ns(), 8).in_flight[3] == 1
     store.close()
@@ -247,7 +247,7 @@ def only_free_fds(k):
 
 
 def test_a_reaper_that_cannot_read_proc_leaves_live_owners_alone(namespace, procs):
-    """Review S3: with /proc unreadable (here: out of file descriptors), a live worker's
+    """with /proc unreadable (here: out of file descriptors), a live worker's
     row must be neither reaped (its in-flight dropped) nor handed to a new claimant."""
     store = CounterStore.create(namespace, rows=1, columns=8, window_ns=W, window_buckets=10)
     a, b = procs.ctx.Pipe(duplex=False)

@@ -26,7 +26,7 @@ def stores(namespace):
 
 
 def row_words(store, row):
-    return store._ctl.current().rows2d[row].copy()
+    return store.matrix_view().words[row].copy()
 
 
 def test_routed_start_and_end_record_the_cells_of_their_slots(stores):

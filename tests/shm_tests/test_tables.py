@@ -27,7 +27,7 @@ from shm import (
     list_segments,
     segment_name,
 )
-from shm.layout import BUFFER_HEADER_BYTES, LAYOUT_VERSION
+from shm.layout import BUFFER_HEADER_BYTES, LAYOUT_VERSION, TABLE_SECTIONS
 from shm.segment import SHM_DIR, Segment
 from tests.shm_tests.helpers import KEYS
 
@@ -142,15 +142,16 @@ def test_rings_are_zero_copy_views_of_shared_memory(namespace):
             assert not arr.flags.owndata and not arr.flags.writeable
         # Write through another mapping of the segment: every view sees it at once.
         seg = Segment.attach(t.segment, writable=True)
-        mapped = np.frombuffer(reader._view.data.buf, np.uint8)
+        mapped = t.payload()
         base = mapped.__array_interface__["data"][0]
         for arr in arrays:
             off = arr.__array_interface__["data"][0] - base
             assert 0 <= off < mapped.nbytes
+            at = t.buffer_offset + BUFFER_HEADER_BYTES + off  # in the segment
             before = arr.copy()
-            seg.buf[off] ^= 0x01
+            seg.buf[at] ^= 0x01
             assert not np.array_equal(arr, before)
-            seg.buf[off] ^= 0x01
+            seg.buf[at] ^= 0x01
             assert np.array_equal(arr, before)
 
 
@@ -358,8 +359,8 @@ def test_capacity_grows_to_new_segments_readers_follow(namespace):
         big = lbcore.RingSet(big_eps)
         w.publish(big)
         assert w.capacity_bytes() > cap1
-        # 25 % headroom over the payload, no more (review S6: no doubling on top).
-        payload = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        # 25 % headroom over the payload, no more (no doubling on top).
+        payload = reader.table().payload_bytes
         assert payload <= w.capacity_bytes() <= payload * 1.25 + 4096
         t2 = reader.table()
         assert t2.generation == 2 and t2.segment != seg1 and len(t2.endpoints) == 5000
@@ -515,7 +516,8 @@ def test_bad_layout_with_a_valid_checksum_is_caught_before_use(namespace):
         # buggy writer would: the reader must refuse it, not index out of bounds.
         owners = t.ring_set.rings[0].owners
         addr = owners.__array_interface__["data"][0]
-        base = np.frombuffer(reader._view.data.buf, np.uint8).__array_interface__["data"][0]
+        payload_at = t.payload().__array_interface__["data"][0]
+        base = payload_at - t.buffer_offset - BUFFER_HEADER_BYTES  # the segment's start
         w32 = seg.array(np.int32, addr - base, 1)
         w32[0] = 999
         _rewrite_checksum(reader, t, seg)
@@ -557,7 +559,7 @@ def test_random_corruption_never_crashes_or_reads_out_of_bounds(namespace):
 
 
 def test_threads_share_one_reader_while_the_tables_grow(namespace):
-    """Review S7: a gthread worker's threads share one TableReader. Thread A stops inside
+    """a gthread worker's threads share one TableReader. Thread A stops inside
     a remap (current loaded, data segment mapped); the writer grows the tables to a new
     segment; thread B then needs a remap too. B must wait for A (one remap at a time),
     not switch the reader's mappings under A's feet; both end on the new table."""
@@ -608,24 +610,24 @@ def test_threads_share_one_reader_while_the_tables_grow(namespace):
 
 
 def test_growth_adds_a_quarter_of_headroom_not_double_the_buffers(namespace):
-    """Review S6: a table that just outgrows its buffers gets new ones 1.25x its size,
+    """a table that just outgrows its buffers gets new ones 1.25x its size,
     not twice the old ones (both segments exist until the switch: /dev/shm is small)."""
     rs = lbcore.RingSet(EPS[:20], vnodes=50)
     with TableWriter(namespace, min_capacity_bytes=4096) as w:
         w.publish(rs)
         cap = w.capacity_bytes()
-        payload = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        payload = TableReader(namespace).table().payload_bytes
         # Long node names make the next payload ~1.3x the last: just over the capacity.
         pad = "n" * (int(0.3 * payload) // 20)
         w.publish(rs, nodes=[pad] * 20)
-        grown = int(w._view.data.words[w._view.offsets[0] // 8 + 2])
+        grown = TableReader(namespace).table().payload_bytes
         assert cap < grown < 1.5 * cap  # it did have to grow, a little
         assert grown <= w.capacity_bytes() <= grown * 1.25 + 4096
         assert TableReader(namespace).table().nodes == (pad,) * 20
 
 
 def test_a_closed_writer_says_so(namespace):
-    """Review N3: a closed writer raises WriterUnusableError (not a recorder's error),
+    """a closed writer raises WriterUnusableError (not a recorder's error),
     which old callers catching SlotOwnershipError still catch."""
     w = TableWriter(namespace)
     w.publish(lbcore.RingSet(EPS[:3]))
@@ -639,16 +641,16 @@ def test_a_closed_writer_says_so(namespace):
 
 @pytest.mark.parametrize("damage", ["payload", "seq"])
 def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, damage):
-    """Review N4: while the current generation stays corrupt, every table() call must
+    """while the current generation stays corrupt, every table() call must
     not check the whole table again (a checksum over megabytes) or wait out the
     timeout: the verdict is kept until the buffer or current changes."""
     from shm import TableUnavailableError
-    from shm import tables as tables_mod
     from shm.segment import set_seam_hook
+    from shm.tables import protocol
 
     checksums = []
-    real = tables_mod._checksum
-    monkeypatch.setattr(tables_mod, "_checksum", lambda data: checksums.append(1) or real(data))
+    real = protocol.payload_checksum
+    monkeypatch.setattr(protocol, "payload_checksum", lambda b: checksums.append(1) or real(b))
     passes = []
     set_seam_hook(lambda point: passes.append(point) if point == "tables.read.mapped" else None)
     try:
@@ -683,51 +685,35 @@ def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, dam
 
 
 @pytest.mark.parametrize("fading", [False, True])
-def test_the_newest_rings_owners_are_stored_once_as_the_owner_tables_last_row(namespace, fading):
+def test_every_ring_is_stored_with_its_own_owners_and_no_routing_maps(namespace, fading):
     rs = fading_set() if fading else lbcore.RingSet(EPS)
     with TableWriter(namespace) as w:
         w.publish(rs)
         reader = TableReader(namespace)
-        t = reader.table()
-        got = t.ring_set
-        # One array in shared memory, read through both names.
-        assert np.shares_memory(got.rings[-1].owners, got.owner_table[-1])
-        np.testing.assert_array_equal(got.rings[-1].owners, rs.rings[-1].owners)
-        for k in range(len(rs.rings) - 1):  # older rings keep their own owners
-            assert not np.shares_memory(got.rings[k].owners, got.owner_table)
-            np.testing.assert_array_equal(got.rings[k].owners, rs.rings[k].owners)
+        got = reader.table().ring_set
+        for a, b in zip(got.rings, rs.rings, strict=True):
+            np.testing.assert_array_equal(a.hashes, b.hashes)
+            np.testing.assert_array_equal(a.owners, b.owners)
+            np.testing.assert_array_equal(a.buckets, b.buckets)
         np.testing.assert_array_equal(got.route(KEYS, 10**13), rs.route(KEYS, 10**13))
-        # The payload holds no section for it: its size is what the other sections need.
-        words = reader._view.data.words
-        payload = int(words[t.buffer_offset // 8 + 2])
-        arrays = [got.ring_pos, got.owner_table, *(r.hashes for r in got.rings)]
-        arrays += [r.buckets for r in got.rings] + [r.owners for r in got.rings[:-1]]
-        assert payload < sum(a.nbytes for a in arrays) + rs.master.owners.nbytes
+        assert not {"ring_pos", "owner_table"} & {name for name, _ in TABLE_SECTIONS}
         reader.close()
 
 
-def test_a_ring_set_whose_owner_table_disagrees_with_its_newest_ring_is_refused(namespace):
-    rs = fading_set()
-    table = rs.owner_table.copy()
-    table[-1, 7] = (table[-1, 7] + 1) % len(rs.endpoints)
-    bad = lbcore.RingSet.from_parts(
-        rs.endpoints,
-        rs.tiers,
-        rs.starts_ns,
-        rs.rings,
-        rs.ring_pos,
-        table,
-        duration_ns=rs.duration_ns,
-        exponent=rs.exponent,
-    )
+@pytest.mark.parametrize("which", ["control", "data"])
+def test_a_segment_of_the_layout_before_routing_maps_were_dropped_is_refused(namespace, which):
+    """Version 5 tables carried ``ring_pos`` and ``owner_table``; this build reads none."""
     with TableWriter(namespace) as w:
-        w.publish(rs)
-        with pytest.raises(TableInputError, match="owner table does not end with its newest"):
-            w.publish(bad)
-        assert w.generation == 1
-        t = TableReader(namespace).table()
-        assert t.generation == 1
-        np.testing.assert_array_equal(t.ring_set.route(KEYS, 10**13), rs.route(KEYS, 10**13))
+        t = w.publish(lbcore.RingSet(EPS[:3])) and TableReader(namespace).table()
+        name = segment_name(namespace, "tables") if which == "control" else t.segment
+        seg = Segment.attach(name, writable=True)
+        seg.words[1] = 5  # the version word, as a version 5 writer left it
+        seg.close()
+        with pytest.raises(
+            SegmentVersionError,
+            match=f"{name}: is layout version 5, this build reads version {LAYOUT_VERSION}",
+        ):
+            TableReader(namespace).table()
 
 
 def test_the_checksum_is_xxh3_of_the_payload(namespace):
@@ -735,9 +721,11 @@ def test_the_checksum_is_xxh3_of_the_payload(namespace):
         w.publish(fading_set())
         reader = TableReader(namespace)
         t = reader.table()
-        seg = reader._view.data
+        seg = Segment.attach(t.segment)
         off = t.buffer_offset
         n = int(seg.words[off // 8 + 2])
         start = off + BUFFER_HEADER_BYTES
         assert int(seg.words[off // 8 + 3]) == digest(seg.buf[start : start + n])
+        assert n == t.payload_bytes
+        seg.close()
         reader.close()

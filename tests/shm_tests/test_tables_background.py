@@ -11,7 +11,7 @@ import pytest
 
 import lbcore
 from shm import SegmentMissingError, TableChecksumError, TableReader, TableWriter
-from shm.layout import BUFFER_HEADER_BYTES
+from shm.layout import BUFFER_HEADER_BYTES, TABLES_DATA
 from shm.segment import Segment, set_seam_hook
 from tests.background_harness import held_background_map
 from tests.shm_tests.test_background import fork_while_locked
@@ -94,7 +94,8 @@ def test_a_corrupt_new_generation_is_reported_and_the_old_one_stays_usable(names
         # Damage generation 2 while the thread is held before reading it.
         seg = Segment.attach(t1.segment, writable=True)
         try:
-            off = r._view.offsets[1 - t1.buffer] + BUFFER_HEADER_BYTES + 1000
+            other = int(seg.header(TABLES_DATA)[f"buffer_offset{1 - t1.buffer}"][0])
+            off = other + BUFFER_HEADER_BYTES + 1000
             seg.buf[off] ^= 0x40
         finally:
             seg.close()
@@ -234,7 +235,7 @@ def test_an_idle_reader_maps_new_generations_ahead_of_its_next_call(namespace, r
         w.publish(rs2)
         w.publish(rs3)  # the writer reuses generation 1's buffer: the old table is gone
         deadline = time.monotonic() + 10
-        while not (r._bg is not None and r._bg[0].done() and r._bg[0].result[1].generation == 3):
+        while r.mapped_ahead() != 3:
             assert time.monotonic() < deadline, "generation 3 not mapped ahead"
             time.sleep(0.002)
         t = r.table()  # no map, no wait: taken from the background thread

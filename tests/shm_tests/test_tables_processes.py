@@ -274,7 +274,7 @@ def seam_writer(ns, conn, resume, at="tables.publish.switch", min_capacity=1 << 
 
 @pytest.mark.parametrize("writer_fate", ["resumed", "killed"])
 def test_a_stalled_reader_never_routes_ahead_of_current(namespace, procs, writer_fate):
-    """Regression (review B1): a reader stalls after loading ``current`` (naming buffer
+    """Regression: a reader stalls after loading ``current`` (naming buffer
     X at generation 2) while the writer publishes 3 into Y and completes 4 in X but has
     not yet switched ``current``. The reader must not take generation 4 from X: it is
     not current yet, the next call would go back to 3, and if the writer dies there a
@@ -365,7 +365,7 @@ def test_a_writer_killed_between_current_and_the_generation_word(namespace, proc
 
 @pytest.mark.parametrize("at", ["tables.publish.switch", "tables.publish.switched"])
 def test_a_writer_killed_while_growing_leaves_nothing_behind_its_successor(namespace, procs, at):
-    """Review S1: killed between creating the larger segment and switching to it, a
+    """killed between creating the larger segment and switching to it, a
     writer leaves the new segment; killed after the switch, the old one. The next
     writer removes whichever the control segment does not name."""
     resume = procs.ctx.Event()
@@ -404,7 +404,7 @@ def stoppable_writer(ns, n, conn):
 
 
 def test_readers_follow_a_writer_that_was_stopped_and_started_again(namespace, procs):
-    """Review S2: a writer that stops cleanly removes its segments; the next one creates
+    """a writer that stops cleanly removes its segments; the next one creates
     new ones under the same names, its first generation in the same buffer with the
     same seq. A reader keeps its last table meanwhile and then follows the new writer
     by itself (it must not mistake the new buffer for the one it cached)."""
@@ -466,7 +466,7 @@ def creator_stopped_at(ns, at, kind, conn):
     ],
 )
 def test_a_creator_killed_mid_creation_does_not_block_the_next(namespace, procs, kind, at):
-    """Review N1: killed after creating the control segment but before sizing it, or
+    """killed after creating the control segment but before sizing it, or
     before writing its magic (written last), a creator leaves an unfinished segment; the
     next one, holding the lock, finishes the job instead of calling it foreign."""
     from shm import CounterStore
