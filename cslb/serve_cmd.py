@@ -1,4 +1,4 @@
-"""``cslb serve``: the command line of :func:`workers.serve.plan` and :func:`workers.serve.run`.
+"""``cslb serve``: the command line of :func:`workers.master.serve.plan` and ``run``.
 
 Arguments after ``--`` go to gunicorn unchanged.
 """
@@ -20,11 +20,11 @@ from lbcore.knobs import (
     from_mapping,
 )
 from shm.settings import SHM_NAMESPACE
-from workers.app import APP_KNOBS
-from workers.fanout_settings import FANOUT_KNOBS
-from workers.router import ROUTER_KNOBS
-from workers.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
-from workers.supervisor import DISCOVERY_MODES, SUPERVISOR_KNOBS
+from workers.fanout.settings import FANOUT_KNOBS
+from workers.master.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
+from workers.master.supervisor import DISCOVERY_MODES, SUPERVISOR_KNOBS
+from workers.routing.router import ROUTER_KNOBS
+from workers.web.app import APP_KNOBS
 
 __all__ = ["build_parser", "command", "main"]
 
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE:APP",
         help=f"your WSGI or ASGI app to serve instead of the routing service ({DEFAULT_APP}); "
         "cslb's /metrics, /healthz, /readyz and /status are mounted into it "
-        "(workers.mount); for an ASGI app add '-- -k uvicorn_worker.UvicornWorker'",
+        "(workers.web.mount); for an ASGI app add '-- -k uvicorn_worker.UvicornWorker'",
     )
     srv.add_argument(
         SHM_NAMESPACE.flag,

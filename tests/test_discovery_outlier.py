@@ -251,7 +251,7 @@ def test_below_the_panic_threshold_ejections_are_ignored_and_panic_is_logged_onc
 
 
 def test_with_panic_off_a_table_of_ejected_pods_routes_every_key_to_fallback(fleet):
-    from workers.router import Router
+    from workers.routing.router import Router
 
     f = fleet(
         addresses=EPS[:3],

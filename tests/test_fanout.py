@@ -22,10 +22,10 @@ import pytest
 import lbcore
 import shm
 from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
-from workers.fanout import DeadlineError, RejectedError, Result
-from workers.fanout_settings import FanoutSettings
-from workers.router import Router, RouterStateError
-from workers.senders import CallAnswerError, CallStatusError
+from workers.fanout.senders import CallAnswerError, CallStatusError
+from workers.fanout.settings import FanoutSettings
+from workers.fanout.threads import DeadlineError, RejectedError, Result
+from workers.routing.router import Router, RouterStateError
 
 EPS = [f"http://10.9.0.{i}:8080" for i in range(1, 6)]
 KEYS = [f"SKU-{i:05d}" for i in range(100)]

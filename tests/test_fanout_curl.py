@@ -4,7 +4,7 @@ Python pods (tests/pods.py: one process each, counting the requests they serve a
 for the behaviour, the C pods of the benchmarks (perf/podserver.c: answers exactly S ms
 after the request) where a pod's true service time matters, and a hostile pod in this
 process (garbage, resets, endless bodies). The drivers' shared description of a batch
-(:class:`workers.fanout_curl.Batch`) is also driven without sockets, on a fake reactor.
+(:class:`workers.fanout.curl_driver.Batch`) is also driven without sockets, on a fake reactor.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import lbcore
 import shm
 from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER
 from tests.pods import PodFleet
-from workers.admission import Admission, AdmissionError
-from workers.fanout_curl import Batch
-from workers.fanout_plan import RejectedError
-from workers.fanout_settings import FanoutSettings
-from workers.router import Router
-from workers.senders import CallConnectError, CallError, CurlSender
+from workers.fanout.admission import Admission, AdmissionError
+from workers.fanout.curl_driver import Batch
+from workers.fanout.jobs import RejectedError
+from workers.fanout.senders import CallConnectError, CallError, CurlSender
+from workers.fanout.settings import FanoutSettings
+from workers.routing.router import Router
 
 KEYS = [f"SKU-{i:05d}" for i in range(100)]
 
@@ -458,7 +458,7 @@ def test_a_batch_is_driven_by_its_reactor_alone(paper_host):
     plan.refuse_stuck = True
     reactor = FakeReactor()
     batch = Batch(plan, reactor, s)
-    from workers.fanout_curl import _jobs
+    from workers.fanout.curl_driver import _jobs
 
     for j in _jobs(r.fan_out, plan, r.fan_out.settings.cap_for(curl=True))[0]:
         batch.add(j)
@@ -500,7 +500,7 @@ def test_a_batch_is_driven_by_its_reactor_alone(paper_host):
 
 def test_when_every_pod_looks_stuck_a_call_still_goes_to_its_own_pod(paper_host):
     """The stuck rule steers calls away from a pod only to one that can take them."""
-    from workers.fanout_curl import _jobs
+    from workers.fanout.curl_driver import _jobs
 
     r = paper_host.router(timeout_s=0.02)  # (a pod looks stuck after 10 ms)
     keys = [f"K{i}" for i in range(40)]
@@ -602,7 +602,7 @@ def test_the_readme_shows_curlsender_first():
 def test_jobs_a_failing_batch_never_started_leave_nothing_in_flight(paper_host, monkeypatch):
     """Every job's first call is begun before the batch starts them: if starting one
     fails (a bug), the calls of the jobs never started still end, cut."""
-    import workers.fanout_curl as fc
+    import workers.fanout.curl_driver as fc
 
     r = paper_host.router(timeout_s=1.0)
     real = fc.Batch.add

@@ -13,7 +13,7 @@ import pytest
 
 from lbcore.knobs import KnobError
 from tests.gunicorn_harness import alive, unique_namespace, wait_for
-from workers.supervisor import (
+from workers.master.supervisor import (
     DiscoverySupervisor,
     check_settings,
     discovery_command,
@@ -166,7 +166,7 @@ def test_child_dies_with_a_sigkilled_master(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import pathlib,sys,time\n"
-            "from workers.supervisor import DiscoverySupervisor\n"
+            "from workers.master.supervisor import DiscoverySupervisor\n"
             "child = [sys.executable, '-c', "
             "'import pathlib,sys,time; pathlib.Path(sys.argv[1]).touch(); time.sleep(60)', "
             "sys.argv[2]]\n"

@@ -26,7 +26,7 @@ import pytest
 from lbcore.knobs import LOG_FORMAT, LOG_LEVEL, KnobError
 from lbcore.logformat import Event, Formatter, iso_utc, render
 from tests.gunicorn_harness import REPO, serving, unique_namespace
-from workers import logs
+from workers.master import logs
 
 TS = 1_746_091_800.1234  # 2025-05-01T09:30:00.123Z
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -188,7 +188,7 @@ def test_install_leaves_a_cslb_logger_configured_by_the_user(cslb_logger):
 
 LIBRARY = r"""
 import json, logging, sys
-import lbcore, shm, discovery, discovery.events, workers, workers.gunicorn_conf, workers.app
+import lbcore, shm, discovery, discovery.events, workers, workers.gunicorn_conf, workers.web.app
 from workers import Router
 
 ns = sys.argv[1]

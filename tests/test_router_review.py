@@ -10,8 +10,8 @@ import shm
 from lbcore.fade import fadein_scores
 from lbcore.hashing import unit_interval
 from tests.test_router import Clock, Host, _no_leftovers, endpoints, namespace  # noqa: F401
-from workers import router as workers_router
-from workers.router import SKIPPER_SALT
+from workers.routing import router as workers_router
+from workers.routing.router import SKIPPER_SALT
 
 D_NS = 30_000_000_000
 FAR = (1 << 62) - 1

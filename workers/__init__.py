@@ -1,6 +1,6 @@
 """Life inside a prefork server (DESIGN.md, "The rooms": ``workers``).
 
-* :class:`workers.Router` (:mod:`workers.router`): the library API user code calls in a
+* :class:`workers.Router` (:mod:`workers.routing.router`): the library API user code calls in a
   worker: ``Router.attach()``, ``route(keys)``, ``endpoints_of(idx)``, ``track(idx)``.
 
 Names are imported lazily, so ``import workers`` in a gunicorn master loads neither
@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["Router", "RouterError", "RouterInputError", "RouterStateError"]
 
-_LAZY = {name: "workers.router" for name in __all__}
+_LAZY = {name: "workers.routing.router" for name in __all__}
 
 
 def __getattr__(name: str) -> Any:

@@ -22,7 +22,7 @@ import lbcore
 import shm
 from lbcore.knobs import KnobError
 from tests.app_tests.conftest import ENDPOINTS, Host
-from workers.app import (
+from workers.web.app import (
     MAX_ATTEMPT,
     MAX_KEY_BYTES,
     CslbApp,
@@ -240,7 +240,7 @@ def test_no_tables_answers_fallback(namespace: str) -> None:
 
 
 def test_router_attached_lazily_and_counts_decisions(app: CslbApp) -> None:
-    from workers.router import Router
+    from workers.routing.router import Router
 
     assert Router.current() is None
     call(app, "GET", "/healthz")
@@ -602,7 +602,7 @@ def test_fuzz_raw_bodies(app: CslbApp, body: bytes, content_type: str, chunked: 
 
 
 def test_worker_whose_router_belongs_elsewhere_answers_503(app: CslbApp, namespace: str) -> None:
-    from workers.router import Router
+    from workers.routing.router import Router
 
     other = Router.attach(f"{namespace}o")  # user code attached another namespace first
     try:
@@ -617,7 +617,7 @@ def test_worker_whose_router_belongs_elsewhere_answers_503(app: CslbApp, namespa
 def test_module_level_app_reads_the_environment_on_first_request(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from workers import app as module
+    from workers.web import app as module
 
     host.publish()
     monkeypatch.setenv("CSLB_SHM_NAMESPACE", host.namespace)
@@ -780,7 +780,7 @@ def post_binary(app: CslbApp, body: bytes, **kw) -> Response:
 
 
 def test_binary_body_carries_any_byte_string(app: CslbApp) -> None:
-    from workers.app import pack_keys
+    from workers.web.app import pack_keys
 
     keys = [b"SKU-1", b"", b"line\nbreak\xff\x00", b"\x00", b"x" * MAX_KEY_BYTES, "ü".encode()]
     r = post_binary(app, packed(keys))

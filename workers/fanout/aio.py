@@ -1,11 +1,11 @@
 """The fan-out helper for asyncio workers: ``await router.afanout(keys, asend)``.
 
-The same plan and jobs as ``router.fanout`` (:mod:`workers.fanout_plan`), driven on the
+The same plan and jobs as ``router.fanout`` (:mod:`workers.fanout.jobs`), driven on the
 running event loop instead of a thread pool: a fan-out runs as many runner tasks as
 the worker's loop has free slots (:class:`Limiter`, ``CSLB_FANOUT_THREADS`` calls in
 flight per worker, at least one runner per fan-out), each taking the next job when its
 last one ends; the runners' first calls start together and are recorded in one step
-(:meth:`workers.ledger.CallLedger.begin_many`). Each call
+(:meth:`workers.fanout.ledger.CallLedger.begin_many`). Each call
 is bounded by its timeout through cancellation, so a sender that ignores its timeout
 still cannot hold the fan-out past it: one lazily moved timer per task (:class:`_Watch`)
 instead of ``asyncio.timeout``'s timer per call, which cost a third of the helper's CPU
@@ -23,9 +23,9 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.fanout import FanOut, Result
-from workers.fanout_curl import curl_sender_of, run_async
-from workers.fanout_plan import Job, Plan, group_job, key_job
+from workers.fanout.curl_driver import curl_sender_of, run_async
+from workers.fanout.jobs import Job, Plan, group_job, key_job
+from workers.fanout.threads import FanOut, Result
 
 __all__ = ["run"]
 

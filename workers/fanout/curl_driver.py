@@ -1,17 +1,17 @@
 """The fan-out on libcurl's multi interface: every call of a batch in flight at once.
 
 ``router.fanout(keys, CurlSender(...))`` and ``await router.afanout(keys, sender)`` run
-the plan's jobs (:mod:`workers.fanout_plan`: the same retry, bulkhead, recording and
+the plan's jobs (:mod:`workers.fanout.jobs`: the same retry, bulkhead, recording and
 failure log as the other forms) as a :class:`Batch` on a reactor of
-:mod:`workers.curl`: each job's calls become transfers on the worker thread's (or the
-event loop's) multi handle, all started together; its backoff sleeps and its waits for a
-bulkhead slot become reactor timers. One description drives both forms; only who waits
+:mod:`workers.fanout.curl_transport`: each job's calls become transfers on the worker
+thread's (or the event loop's) multi handle, all started together; its backoff sleeps
+and its waits for a bulkhead slot become reactor timers. One description drives both forms; only who waits
 differs (:func:`run_sync` runs the thread's ``epoll`` loop until the batch ends,
 :func:`run_async` awaits a future the loop's callbacks resolve).
 
 Nothing here throttles a healthy batch: there is no pool and no cap below the batch
 size. A worker's calls in flight are bounded by FIFO admission
-(:class:`workers.admission.Admission`); the bulkhead (the plan's) refuses calls only to a
+(:class:`workers.fanout.admission.Admission`); the bulkhead (the plan's) refuses calls only to a
 pod whose oldest call from this worker has been out a quarter of the call timeout (a
 frozen pod), or that holds ``CSLB_FANOUT_ENDPOINT_CAP`` calls when that is set.
 """
@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.admission import AdmissionError
-from workers.curl import Outcome, Reactor, loop_reactor, thread_reactor
-from workers.fanout_plan import Job, Plan, RejectedError, Result, group_job, key_job
-from workers.ledger import CUT
+from workers.fanout.admission import AdmissionError
+from workers.fanout.curl_transport import Outcome, Reactor, loop_reactor, thread_reactor
+from workers.fanout.jobs import Job, Plan, RejectedError, Result, group_job, key_job
+from workers.fanout.ledger import CUT
 
 __all__ = ["Batch", "run_async", "run_sync"]
 
@@ -47,7 +47,7 @@ class Batch:
     reactor
         The worker thread's or the event loop's reactor.
     request
-        The sender (:class:`workers.senders.CurlSender`): builds requests, reads answers.
+        The sender (:class:`workers.fanout.senders.CurlSender`): builds requests, reads answers.
     """
 
     def __init__(self, plan: Plan, reactor: Reactor, request: Any) -> None:
@@ -117,7 +117,7 @@ class Batch:
                 self.plan.grouped,
             )
         except Exception as exc:  # a key or header libcurl cannot send: that key's error
-            from workers.senders import CallError
+            from workers.fanout.senders import CallError
 
             self._failed = CallError(f"{url}: the request could not be made: {exc!r}", url)
             return False
@@ -248,7 +248,7 @@ def run_sync(
     deadline_s: float | None,
     grouped: bool,
 ) -> list[Result]:
-    """:meth:`workers.Router.fanout` with a :class:`workers.senders.CurlSender`."""
+    """:meth:`workers.Router.fanout` with a :class:`workers.fanout.senders.CurlSender`."""
     plan, calls = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
     if calls:
         try:
@@ -278,7 +278,7 @@ async def run_async(
     deadline_s: float | None,
     grouped: bool,
 ) -> list[Result]:
-    """:meth:`workers.Router.afanout` with a :class:`workers.senders.CurlSender`."""
+    """:meth:`workers.Router.afanout` with a :class:`workers.fanout.senders.CurlSender`."""
     plan, calls = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
     if calls:
         try:
@@ -313,14 +313,14 @@ async def run_async(
 
 
 def curl_sender_of(send: Callable[..., Any], grouped: bool) -> Any:
-    """The :class:`workers.senders.CurlSender` behind ``send``, or ``None`` (another sender).
+    """The :class:`workers.fanout.senders.CurlSender` behind ``send``, or ``None`` (another sender).
 
     Raises
     ------
     ValueError
         ``send`` is a CurlSender's ``group`` without ``grouped=True``.
     """
-    from workers.senders import CurlGroup, CurlSender
+    from workers.fanout.senders import CurlGroup, CurlSender
 
     if isinstance(send, CurlSender):
         return send

@@ -7,8 +7,8 @@ slot, cap)`` (start a call once the endpoint is under the bulkhead's cap, for a 
 with nowhere else to go: its start time; ``-1`` at the deadline; :data:`STUCK` when the
 endpoint's oldest call has been out a quarter of the timeout) — and get each call's
 outcome back as ``(value, exception)``: the thread-pool form
-(:mod:`workers.fanout`) performs them blocking on a pool thread, the asyncio form
-(:mod:`workers.afanout`) awaits them. So the retry rule, the bulkhead, the recording
+(:mod:`workers.fanout.threads`) performs them blocking on a pool thread, the asyncio form
+(:mod:`workers.fanout.aio`) awaits them. So the retry rule, the bulkhead, the recording
 and the failure log exist once.
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from lbcore.outlier import FAIL_CONNECT, FAIL_STATUS, FAIL_TIMEOUT, FAILURE_KINDS
-from workers.failurelog import key_text, pod_ip
-from workers.ledger import CUT
-from workers.senders import failure_kind
+from workers.fanout.failurelog import key_text, pod_ip
+from workers.fanout.ledger import CUT
+from workers.fanout.senders import failure_kind
 
 __all__ = [
     "RETRYABLE",
@@ -82,7 +82,7 @@ class Result:
     kind : int
         How the last call failed (``lbcore.outlier.FAIL_*``; 0 on success, when no call
         failed, or when the pod answered with a status that is not a failure status:
-        :class:`workers.senders.CallAnswerError`).
+        :class:`workers.fanout.senders.CallAnswerError`).
     """
 
     __slots__ = ("attempts", "endpoint", "error", "fallback", "kind", "value")

@@ -7,7 +7,7 @@ the ready-made senders keep keep-alive connections per worker process:
 
 * :class:`CurlSender` — the fast path, for both ``fanout`` and ``afanout``: the fan-out
   puts every call of the batch in flight at once on libcurl's multi interface
-  (:mod:`workers.fanout_curl`), timed by libcurl;
+  (:mod:`workers.fanout.curl_driver`), timed by libcurl;
 * :class:`Urllib3Sender` (urllib3 comes with the Kubernetes client) for ``fanout``;
 * :class:`HttpxSender` (``pip install cslb[httpx]``) for ``afanout`` under an asyncio
   worker (uvicorn's).
@@ -421,7 +421,8 @@ class CurlSender(_Template):
     ``grouped=True``: the fan-out then runs every call of the batch at once on the
     worker thread's (or event loop's) libcurl multi handle, with HTTP/1.1 keep-alive
     connections per pod (``CSLB_FANOUT_CONNECTIONS``), and records each call's busy time
-    as libcurl measured it on the wire (:mod:`workers.fanout_curl`, :mod:`workers.curl`).
+    as libcurl measured it on the wire (:mod:`workers.fanout.curl_driver`,
+    :mod:`workers.fanout.curl_transport`).
 
     Calling the sender itself (``sender(url, key)``) makes one blocking call on this
     thread's transport: for code of your own, not for an event loop.
@@ -493,7 +494,7 @@ class CurlSender(_Template):
         return self.decoded(body, url)
 
     def _one(self, url: str, what: Any, grouped: bool, timeout: float | None) -> Any:
-        from workers.curl import thread_reactor
+        from workers.fanout.curl_transport import thread_reactor
 
         reactor = thread_reactor()
         got: list[Any] = []

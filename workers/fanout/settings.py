@@ -1,7 +1,7 @@
 """Settings of the fan-out helper (``router.fanout`` / ``router.afanout``), declared once.
 
 Worker process settings, read from the environment when the router's fan-out is first
-used, like :data:`workers.router.LOAD_REFRESH` (they are not published with the tables:
+used, like :data:`workers.routing.router.LOAD_REFRESH` (they are not published with the tables:
 each service sets its own timeouts and its own ingress). The README's table is
 generated from :data:`FANOUT_KNOBS` (:func:`lbcore.knobs.docs_table`).
 """

@@ -1,19 +1,19 @@
 """The fan-out helper: route a batch, make its calls, retry once, record each call.
 
 ``router.fanout(keys, send)`` (sync and gthread workers) and ``await
-router.afanout(keys, asend)`` (asyncio workers, :mod:`workers.afanout`) route the keys
+router.afanout(keys, asend)`` (asyncio workers, :mod:`workers.fanout.aio`) route the keys
 once, then for each key:
 
-1. **call** it: with a :class:`workers.senders.CurlSender` every call of the batch at
-   once on libcurl's multi interface (:mod:`workers.fanout_curl`: no pool, FIFO
+1. **call** it: with a :class:`workers.fanout.senders.CurlSender` every call of the batch at
+   once on libcurl's multi interface (:mod:`workers.fanout.curl_driver`: no pool, FIFO
    admission, each call timed by libcurl); with another ``send(url, key)`` on the
    worker's pool (:class:`Pool`, ``CSLB_FANOUT_THREADS`` threads, at most
    ``CSLB_FANOUT_QUEUE`` calls held). Each call is recorded from when it really starts
-   to when it ends (:class:`workers.ledger.CallLedger`) with how it failed;
-2. on a transport error, a timeout or a failure status (:func:`workers.senders.failure_kind`:
+   to when it ends (:class:`workers.fanout.ledger.CallLedger`) with how it failed;
+2. on a transport error, a timeout or a failure status (:func:`workers.fanout.senders.failure_kind`:
    connect, timeout, status; not "other"), **retry once** on ``route(keys, attempt=1)``'s
    pod (or the ingress, ``CSLB_RETRY_TO``) after a jittered backoff, while the worker's
-   :class:`workers.budget.RetryBudget` allows and the deadline is not passed; a failed
+   :class:`workers.fanout.budget.RetryBudget` allows and the deadline is not passed; a failed
    retry returns its error;
 3. keys the router answers ``-1`` go to ``CSLB_FALLBACK_URL`` when set (not recorded,
    not retried: the ingress retries itself), else come back with ``fallback=True``;
@@ -30,7 +30,7 @@ after the deadline cut it to under half of ``timeout_s`` counts as neither the p
 failure (a saturated caller must not eject healthy pods) nor its success (it would
 reset the pod's consecutive failures): only its busy time is recorded. Results come back in the
 order of ``keys`` as :class:`Result`; the failure log
-(:class:`workers.failurelog.FailureLog`) gets a line per failed call, at most a few per
+(:class:`workers.fanout.failurelog.FailureLog`) gets a line per failed call, at most a few per
 endpoint per second, saying whether its retry succeeded.
 
 The grouped form (``grouped=True``) calls ``send(url, keys)`` once per pod with that
@@ -49,11 +49,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.admission import Admission
-from workers.budget import RetryBudget
-from workers.failurelog import FailureLog
-from workers.fanout_curl import curl_sender_of, run_sync
-from workers.fanout_plan import (
+from workers.fanout.admission import Admission
+from workers.fanout.budget import RetryBudget
+from workers.fanout.curl_driver import curl_sender_of, run_sync
+from workers.fanout.failurelog import FailureLog
+from workers.fanout.jobs import (
     DeadlineError,
     FanoutError,
     Job,
@@ -64,8 +64,8 @@ from workers.fanout_plan import (
     group_job,
     key_job,
 )
-from workers.fanout_settings import FanoutSettings
-from workers.ledger import CallLedger
+from workers.fanout.ledger import CallLedger
+from workers.fanout.settings import FanoutSettings
 
 __all__ = [
     "DeadlineError",
@@ -206,7 +206,7 @@ class FanOut:
     router
         The :class:`workers.Router`.
     settings
-        Default: from the environment (:data:`workers.fanout_settings.FANOUT_KNOBS`).
+        Default: from the environment (:data:`workers.fanout.settings.FANOUT_KNOBS`).
     """
 
     def __init__(self, router: Any, settings: FanoutSettings | None = None) -> None:

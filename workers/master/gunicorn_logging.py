@@ -33,7 +33,7 @@ from gunicorn.instrument.statsd import Statsd
 
 from lbcore.knobs import LOG_FORMAT, KnobError
 from lbcore.logformat import Formatter
-from workers.logs import log_settings
+from workers.master.logs import log_settings
 
 __all__ = ["Logger", "StatsdLogger", "use_cslb_format"]
 

@@ -4,7 +4,7 @@ r"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
 
 * ``POST /route``: which endpoint serves each product ID of a batch;
 * ``GET /metrics``: the host's routing metrics for Prometheus (any worker answers for
-  the whole host, read from shared memory; see :mod:`workers.metrics`);
+  the whole host, read from shared memory; see :mod:`workers.web.collector`);
 * ``GET /healthz``: 200 while a table with endpoints is published and its publisher is
   alive, else 503 with the reason (JSON both ways): for people and alerts;
 * ``GET /readyz``: 200 whenever this worker answers (JSON: whether keys route
@@ -12,7 +12,7 @@ r"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
   serves, so this, not ``/healthz``, is what a Kubernetes readiness or liveness probe
   asks: an empty backend or a discovery outage must not take the client pods out of
   their Service;
-* ``GET /status``: an HTML page for people (:mod:`workers.status`).
+* ``GET /status``: an HTML page for people (:mod:`workers.web.status`).
 
 ``POST /route`` takes one of
 
@@ -48,7 +48,7 @@ malformed binary or chunked body), 404 unknown path, 405 wrong method (with ``Al
 415 unsupported content type, 503 this worker cannot attach its router (no counters, no
 free counter row). Bad input never costs more than its own request.
 
-The app attaches its :class:`~workers.router.Router` on the first ``/route`` request,
+The app attaches its :class:`~workers.routing.router.Router` on the first ``/route`` request,
 never at import, so a gunicorn master that preloads it forks no shared-memory state.
 """
 
@@ -74,11 +74,11 @@ import shm
 from lbcore.errors import KeyEncodingError, KeyTooLongError, KeyTypeError
 from lbcore.knobs import Knob, from_mapping, parse_int_between
 from lbcore.logformat import Event
-from workers import status
-from workers.metrics import METRICS_MAX_ENDPOINTS, STALE_AFTER, CslbCollector, HostMonitor
+from workers.web import status
+from workers.web.collector import METRICS_MAX_ENDPOINTS, STALE_AFTER, CslbCollector, HostMonitor
 
 if TYPE_CHECKING:
-    from workers.router import Router
+    from workers.routing.router import Router
 
 __all__ = [
     "APP_KNOBS",
@@ -695,7 +695,7 @@ class CslbApp:
     ----------
     registry
         The registry ``/metrics`` writes: cslb's collector; register more collectors
-        in it to serve their metrics alongside (:func:`workers.mount.mount` does).
+        in it to serve their metrics alongside (:func:`workers.web.mount.mount` does).
     """
 
     def __init__(
@@ -829,7 +829,7 @@ class CslbApp:
             return r
         with self._lock:
             if self._router is None:
-                from workers.router import Router  # here: never in the master
+                from workers.routing.router import Router  # here: never in the master
 
                 try:
                     self._router = Router.attach(self.namespace)

@@ -61,7 +61,7 @@ import shm
 from lbcore.fade import fadein_score
 from lbcore.knobs import Knob, parse_int_between, parse_seconds
 from lbcore.outlier import EJECT_REASONS, FAILURE_KINDS
-from workers.snapshot import bounded_bar, build_plan
+from workers.routing.snapshot import bounded_bar, build_plan
 
 __all__ = [
     "METRICS_MAX_ENDPOINTS",
@@ -291,7 +291,7 @@ class HostSnapshot:
     bar : float | None
         Bounded load's bar on the newest ring in the load signal's unit, from the plan
         the routers build on this table and these loads
-        (:func:`workers.snapshot.build_plan`); ``None`` without bounded load or loads.
+        (:func:`workers.routing.snapshot.build_plan`); ``None`` without bounded load or loads.
     outlier_panic : bool
         Too few endpoints are left un-ejected: routing ignores every ejection.
     """
@@ -903,7 +903,7 @@ def _per_zone(endpoints: tuple[EndpointState, ...]) -> list[EndpointState]:
 
 
 # --------------------------------------------------------------------------------------
-# The fan-out helper's counters (workers.fanout): retries and the retry budget.
+# The fan-out helper's counters (workers.fanout.threads): retries and the retry budget.
 
 #: Host-wide lifetime totals of the fan-out helper, from the counters' stats words, and
 #: the metric each one is exposed as (a counter: ``<name>_total``).

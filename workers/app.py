@@ -1,0 +1,37 @@
+"""``workers.app:app``: the bundled WSGI app's public spelling (:mod:`workers.web.app`).
+
+``cslb serve`` runs ``workers.app:app`` under gunicorn; the app lives in
+:mod:`workers.web.app`, its request bodies in :mod:`workers.web.body`.
+"""
+
+from workers.web.app import (
+    APP_KNOBS,
+    MAX_ATTEMPT,
+    MAX_BATCH,
+    MAX_BODY_BYTES,
+    MAX_KEY_BYTES,
+    TEXT_CHARSETS,
+    CslbApp,
+    HTTPError,
+    app,
+    check_keys,
+    pack_keys,
+    parse_route_request,
+    read_body,
+)
+
+__all__ = [
+    "APP_KNOBS",
+    "MAX_ATTEMPT",
+    "MAX_BATCH",
+    "MAX_BODY_BYTES",
+    "MAX_KEY_BYTES",
+    "TEXT_CHARSETS",
+    "CslbApp",
+    "HTTPError",
+    "app",
+    "check_keys",
+    "pack_keys",
+    "parse_route_request",
+    "read_body",
+]
