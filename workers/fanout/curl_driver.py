@@ -5,9 +5,9 @@ the plan's jobs (:mod:`workers.fanout.jobs`: the same retry, bulkhead, recording
 failure log as the other forms) as a :class:`Batch` on a reactor of
 :mod:`workers.fanout.curl_transport`: each job's calls become transfers on the worker
 thread's (or the event loop's) multi handle, all started together; its backoff sleeps
-and its waits for a bulkhead slot become reactor timers. One description drives both forms; only who waits
-differs (:func:`run_sync` runs the thread's ``epoll`` loop until the batch ends,
-:func:`run_async` awaits a future the loop's callbacks resolve).
+and its waits for a bulkhead slot become reactor timers. One description drives both
+forms; only who waits differs (:func:`run_sync` runs the thread's ``epoll`` loop until
+the batch ends, :func:`run_async` awaits a future the loop's callbacks resolve).
 
 Nothing here throttles a healthy batch: there is no pool and no cap below the batch
 size. A worker's calls in flight are bounded by FIFO admission
