@@ -489,7 +489,7 @@ def test_readme_logs_section_names_every_event_and_the_settings():
     doc = _logs_section()
     table = re.search(r"<!-- log-knobs -->\n(.*?)<!-- /log-knobs -->", doc, re.S)
     assert table and table.group(1).strip() == docs_table(LOG_KNOBS)
-    ours = _event_names(sorted((REPO / "workers").glob("*.py")), event_calls=True)
+    ours = _event_names(sorted((REPO / "workers").rglob("*.py")), event_calls=True)
     discovery = _event_names(
         [*sorted((REPO / "discovery").glob("*.py")), REPO / "cslb" / "discovery_cmd.py"],
         event_calls=False,
