@@ -9,6 +9,7 @@ import argparse
 import os
 from collections.abc import MutableMapping, Sequence
 
+from cslb.argtypes import integer
 from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
 from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
 from lbcore.knobs import (
@@ -38,16 +39,6 @@ def _dest(k: Knob) -> str:
 
 # Settings the discovery child and the master read from the environment.
 _CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *SUPERVISOR_KNOBS)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,14 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--workers",
         "-w",
-        type=_positive_int,
+        type=integer(1),
         default=DEFAULT_WORKERS,
         metavar="N",
         help=f"worker processes (default {DEFAULT_WORKERS})",
     )
     srv.add_argument(
         "--threads",
-        type=_positive_int,
+        type=integer(1),
         default=1,
         metavar="T",
         help="threads per worker; more than 1 runs gunicorn's gthread worker (default 1)",

@@ -59,7 +59,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 import lbcore
 import shm
 from lbcore.fade import fadein_score
-from lbcore.knobs import Knob, parse_int_between, parse_seconds
+from lbcore.knobs import Knob, parse_int_between, seconds_at_least
 from lbcore.outlier import EJECT_REASONS, FAILURE_KINDS
 from workers.routing.snapshot import bounded_bar, build_plan
 
@@ -92,13 +92,6 @@ METRICS_MAX_ENDPOINTS = Knob(
 )
 
 
-def _stale_after(text: str) -> float:
-    value = parse_seconds(text)
-    if value < 0.01:
-        raise ValueError("expected seconds >= 0.01")
-    return value
-
-
 #: ``CSLB_STALE_AFTER``: when the publisher counts as dead. The same setting and meaning
 #: as ``cslb inspect --stale-after`` (declared again here: workers do not import discovery).
 STALE_AFTER = Knob(
@@ -106,7 +99,7 @@ STALE_AFTER = Knob(
     "CSLB_STALE_AFTER",
     "--stale-after",
     5.0,
-    _stale_after,
+    seconds_at_least(0.01),
     "A publisher heartbeat older than this many seconds means the publisher is not alive: "
     "/healthz answers 503 and cslb_discovery_up is 0 (workers keep routing on the last table).",
     "SECONDS",
