@@ -1,0 +1,594 @@
+"""The host's routing state read from shared memory: :class:`HostMonitor`.
+
+One consistent snapshot of a namespace (:class:`HostSnapshot`): the current table, its
+publisher's liveness, and per endpoint (:class:`EndpointState`) what the table says and
+the load all the host's workers recorded. ``/metrics`` (:mod:`workers.web.collector`),
+``/healthz`` (:meth:`HostMonitor.health`) and ``/status`` (:mod:`workers.web.status`)
+show it; ``cslb inspect`` shows :func:`read_table`'s rows of the same table. Everything
+here reads (maps segments read-only) and writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import lbcore
+import shm
+from lbcore.fade import fadein_score
+from lbcore.knobs import Knob, seconds_at_least
+from lbcore.outlier import EJECT_REASONS
+from workers.routing.snapshot import bounded_bar, build_plan
+
+__all__ = [
+    "STALE_AFTER",
+    "EndpointState",
+    "FadingRing",
+    "Health",
+    "HostMonitor",
+    "HostSnapshot",
+    "TableRows",
+    "read_table",
+]
+
+
+#: ``CSLB_STALE_AFTER``: when the publisher counts as dead. The same setting and meaning
+#: as ``cslb inspect --stale-after`` (declared again here: workers do not import discovery).
+STALE_AFTER = Knob(
+    "stale_after_s",
+    "CSLB_STALE_AFTER",
+    "--stale-after",
+    5.0,
+    seconds_at_least(0.01),
+    "A publisher heartbeat older than this many seconds means the publisher is not alive: "
+    "/healthz answers 503 and cslb_discovery_up is 0 (workers keep routing on the last table).",
+    "SECONDS",
+)
+
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointState:
+    """One endpoint of the current table with its host-wide load.
+
+    Load fields are ``None`` when the host has no counters (nothing recorded yet).
+
+    Attributes
+    ----------
+    address, zone, node : str
+        As published (zone and node ``""`` when unknown).
+    slot : int
+        Counter slot (column of the counter matrix).
+    tier : int
+        Ring tier: 0 established, ``k`` joined with the ``k``-th fading ring.
+    ejected : bool
+        Routing skips it (ejected by outlier detection and not in outlier panic).
+    eject_reason : str
+        Why outlier detection ejected it (:data:`lbcore.outlier.EJECT_REASONS`; also in
+        outlier panic, when routing ignores it), ``""`` when not ejected.
+    ejected_for_s : float | None
+        Seconds until the ejection ends (``None``: not ejected).
+    ejections : tuple[int, ...]
+        Ejections so far per reason, in :data:`lbcore.outlier.EJECT_REASONS` order.
+    in_flight : int | None
+        Open requests, all workers summed.
+    occupancy : float | None
+        Busy-seconds per second over the window.
+    latency_s : float | None
+        Mean latency over the window in seconds (``None``: nothing ended in it).
+    requests_total, failures_total : int | None
+        Lifetime totals of ended and failed requests.
+    failures_by_kind : tuple[int, ...] | None
+        ``failures_total`` by kind, in :data:`lbcore.outlier.FAILURE_KINDS` order.
+    load : float | None
+        The load bounded load compares: the table's ``load_signal`` (occupancy,
+        in-flight or effective load) computed by the router's rule.
+    """
+
+    address: str
+    zone: str
+    node: str
+    slot: int
+    tier: int
+    ejected: bool
+    eject_reason: str = ""
+    ejected_for_s: float | None = None
+    ejections: tuple[int, ...] = (0,) * len(EJECT_REASONS)
+    in_flight: int | None = None
+    occupancy: float | None = None
+    latency_s: float | None = None
+    requests_total: int | None = None
+    failures_total: int | None = None
+    failures_by_kind: tuple[int, ...] | None = None
+    load: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FadingRing:
+    """One fading ring of the current table.
+
+    Attributes
+    ----------
+    ring : int
+        1 = the oldest fading ring (renumbered when an older one finishes).
+    started_ns : int
+        CLOCK_MONOTONIC time the ring's fade started, in nanoseconds: the same in every
+        worker of the host and for the ring's whole fade (its stable name).
+    added : tuple[str, ...]
+        Endpoints that joined with it.
+    age_s : float
+        Seconds since its fade started.
+    progress : float
+        Elapsed share of the fade window, in ``[0, 1]``.
+    share : float
+        Share of keys it carries now under the table's fade mode (N-ring share; Skipper's
+        fade-in score under ``fade_mode=skipper``; 1 under ``off``).
+    """
+
+    ring: int
+    started_ns: int
+    added: tuple[str, ...]
+    age_s: float
+    progress: float
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Verdict for ``/healthz``.
+
+    Attributes
+    ----------
+    ok : bool
+        True while a table with endpoints is published and its publisher runs and
+        heartbeats.
+    reason : str
+        Why not (or ``"ok"``).
+    generation : int
+        Latest published generation (0: none).
+    heartbeat_age_s : float | None
+        Seconds since the publisher's last heartbeat (``None``: no tables).
+    writer_pid : int
+        PID of the publisher (0: unknown).
+    endpoints : int | None
+        Endpoints of the current table (``None``: no table).
+    problem : str
+        What the publisher reports is wrong with its sources (``""``: nothing), e.g. an
+        API request its service account is forbidden to make.
+    """
+
+    ok: bool
+    reason: str
+    generation: int = 0
+    heartbeat_age_s: float | None = None
+    writer_pid: int = 0
+    endpoints: int | None = None
+    problem: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HostSnapshot:
+    """The host's routing state at one instant (CLOCK_MONOTONIC ``now_ns``).
+
+    Attributes
+    ----------
+    namespace : str
+        Shared-memory namespace.
+    now_ns : int
+        When it was taken, in nanoseconds.
+    health : Health
+        Table published and publisher alive?
+    tables_present : bool
+        The namespace has a tables segment.
+    generation : int
+        Publish count of the current table (0: nothing published).
+    table_age_s : float | None
+        Seconds since that table was published.
+    heartbeat_age_s : float | None
+        Seconds since the publisher's last heartbeat or publish.
+    writer_pid : int
+        PID of the publisher (0: unknown).
+    publisher_alive : bool
+        Publisher process running and its heartbeat younger than ``stale_after_s``.
+    stale_after_s : float
+        The threshold used, in seconds.
+    knobs : dict[str, Any]
+        Routing knobs of the table (plus fade duration, exponent and vnodes).
+    fading : tuple[FadingRing, ...]
+        Fading rings, oldest first.
+    endpoints : tuple[EndpointState, ...]
+        Endpoints in table order.
+    counters_present : bool
+        The namespace has counters (per-endpoint loads and decision totals are known).
+    decisions, fallbacks, moves : int | None
+        Host lifetime totals of routed keys, fallback answers and bounded-load moves.
+    window_s : float | None
+        The occupancy window, in seconds.
+    bar_increment : float | None
+        What bounded load's bar counts for the call being routed, in the load signal's
+        unit (:meth:`shm.HostLoads.bar_increment`, as the routers do): 1.0 for in-flight
+        and effective load, the host's mean latency over the window for occupancy.
+    bar : float | None
+        Bounded load's bar on the newest ring in the load signal's unit, from the plan
+        the routers build on this table and these loads
+        (:func:`workers.routing.snapshot.build_plan`); ``None`` without bounded load or loads.
+    outlier_panic : bool
+        Too few endpoints are left un-ejected: routing ignores every ejection.
+    """
+
+    namespace: str
+    now_ns: int
+    health: Health
+    tables_present: bool = False
+    generation: int = 0
+    table_age_s: float | None = None
+    heartbeat_age_s: float | None = None
+    writer_pid: int = 0
+    publisher_alive: bool = False
+    stale_after_s: float = STALE_AFTER.default
+    knobs: dict[str, Any] = field(default_factory=dict)
+    fading: tuple[FadingRing, ...] = ()
+    endpoints: tuple[EndpointState, ...] = ()
+    counters_present: bool = False
+    decisions: int | None = None
+    fallbacks: int | None = None
+    moves: int | None = None
+    window_s: float | None = None
+    bar_increment: float | None = None
+    bar: float | None = None
+    outlier_panic: bool = False
+    fanout: dict[str, int] = field(default_factory=dict)  # FANOUT_STATS totals, host-wide
+
+
+class HostMonitor:
+    """Read-only view of a namespace's tables and counters, attached lazily.
+
+    Safe to create before anything exists (in a gunicorn master, or before discovery has
+    started): each call attaches what is there now and reports the rest as absent. Thread
+    safe. Maps segments read-only and writes nothing.
+
+    Parameters
+    ----------
+    namespace
+        Shared-memory namespace.
+    stale_after_s
+        Heartbeat age in seconds beyond which the publisher counts as dead.
+    clock
+        CLOCK_MONOTONIC nanoseconds (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        stale_after_s: float = STALE_AFTER.default,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        shm.check_namespace(namespace)
+        self.namespace = namespace
+        self.stale_after_s = float(stale_after_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tables: shm.TableReader | None = None
+        self._counters: shm.CounterReader | None = None
+
+    # -- attaching ---------------------------------------------------------------------
+
+    def _table_reader(self) -> shm.TableReader:
+        with self._lock:
+            if self._tables is None:
+                self._tables = shm.TableReader(self.namespace)
+            return self._tables
+
+    def _counter_reader(self) -> shm.CounterReader | None:
+        with self._lock:
+            c = self._counters
+            if c is not None and c.replaced():
+                c.close()  # the owner recreated the counters: read the new ones
+                self._counters = c = None
+            if c is None:
+                try:
+                    self._counters = c = shm.CounterReader(self.namespace)
+                except shm.ShmError:
+                    return None
+            return c
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _publisher(self, reader: shm.TableReader, now: int) -> tuple[int, float | None, str | None]:
+        """Publisher PID, heartbeat age (s) and why it is not alive (``None``: alive).
+
+        PID 0 and age ``None`` when the tables were removed (nothing known of a new one).
+
+        Alive: the tables the reader maps are still the namespace's (a discovery that
+        stops cleanly removes them), their writer process runs and its heartbeat is
+        younger than ``stale_after_s``.
+        """
+        if reader.replaced():
+            # Checked first: the mapped control segment is the removed one, so its PID and
+            # heartbeat are the old publisher's, not those of a restarted one.
+            return (
+                0,
+                None,
+                (
+                    f"the routing tables of namespace {self.namespace!r} were removed "
+                    "(discovery stopped or is restarting); workers route on the last table"
+                ),
+            )
+        beat_age = (now - reader.heartbeat_ns()) / 1e9
+        pid = reader.writer_pid()
+        if not reader.writer_alive():
+            return pid, beat_age, f"publisher process {pid} is not running"
+        if beat_age > self.stale_after_s:
+            return (
+                pid,
+                beat_age,
+                (
+                    f"publisher heartbeat is {beat_age:.1f} s old (stale after "
+                    f"{self.stale_after_s:g} s)"
+                ),
+            )
+        return pid, beat_age, None
+
+    def health(self) -> Health:
+        """Table published, with endpoints, and publisher alive? Reads no counters.
+
+        Maps the current table (once per generation) to count its endpoints.
+        """
+        now = self._clock()
+        try:
+            reader = self._table_reader()
+            generation = reader.generation()
+            pid, beat_age, dead = self._publisher(reader, now)
+            endpoints = len(reader.table().endpoints) if generation else None
+            problem = self._problem(reader, now)
+        except shm.ShmError as exc:
+            return Health(False, self._unavailable(exc))
+        return self._verdict(generation, pid, beat_age, dead, endpoints, problem)
+
+    @staticmethod
+    def _problem(reader: shm.TableReader, now: int) -> str:
+        """The publisher's report on its sources, with how long it has lasted."""
+        status = reader.status()
+        if status is None:
+            return ""
+        if not status.problem:
+            return ""
+        age = max(now - status.since_ns, 0) / 1e9 if status.since_ns else None
+        return status.problem + ("" if age is None else f" (for {age:.0f} s)")
+
+    def _unavailable(self, exc: shm.ShmError) -> str:
+        if isinstance(exc, shm.SegmentMissingError):
+            return (
+                f"no routing tables in shared-memory namespace {self.namespace!r} "
+                "(discovery has not started)"
+            )
+        return f"routing tables of namespace {self.namespace!r} unreadable: {exc}"
+
+    @staticmethod
+    def _verdict(
+        generation: int,
+        pid: int,
+        beat_age: float | None,
+        dead: str | None,
+        endpoints: int | None,
+        problem: str = "",
+    ) -> Health:
+        facts = {
+            "generation": generation,
+            "heartbeat_age_s": beat_age,
+            "writer_pid": pid,
+            "endpoints": endpoints,
+            "problem": problem if dead is None else "",
+        }
+        if dead is not None:
+            return Health(False, dead, **facts)
+        if generation == 0:
+            why = f": {problem}" if problem else ""
+            return Health(False, f"discovery has not published a routing table yet{why}", **facts)
+        if endpoints == 0:
+            return Health(
+                False,
+                f"the routing table (generation {generation}) has no endpoints: discovery "
+                "found no ready endpoint, so every key falls back to the ingress",
+                **facts,
+            )
+        if problem:
+            return Health(
+                False,
+                f"discovery cannot follow its sources: {problem}; workers route on the last "
+                f"good table (generation {generation})",
+                **facts,
+            )
+        return Health(True, "ok", **facts)
+
+    def snapshot(self) -> HostSnapshot:
+        """Everything ``/metrics`` and ``/status`` show, read at one instant.
+
+        Never raises for missing or unreadable segments: they show as absent, with the
+        reason in :attr:`HostSnapshot.health`.
+        """
+        now = self._clock()
+        base: dict[str, Any] = {
+            "namespace": self.namespace,
+            "now_ns": now,
+            "stale_after_s": self.stale_after_s,
+        }
+        try:
+            reader = self._table_reader()
+            pid, beat_age, dead = self._publisher(reader, now)
+            table, (generation, published_ns, knobs, fading, endpoints, n_slots, panic) = (
+                reader.consistent(lambda t: (t, _read_table(t, now)))
+            )
+        except shm.ShmError as exc:
+            return HostSnapshot(**base, health=Health(False, self._unavailable(exc)))
+        base.update(
+            tables_present=True,
+            generation=generation,
+            table_age_s=(now - published_ns) / 1e9 if generation else None,
+            heartbeat_age_s=beat_age,
+            writer_pid=pid,
+            publisher_alive=dead is None,
+            knobs=knobs,
+            fading=fading,
+            outlier_panic=panic,
+            health=self._verdict(
+                generation, pid, beat_age, dead, len(endpoints), self._problem(reader, now)
+            ),
+        )
+        counters = self._counter_reader()
+        if counters is None:
+            return HostSnapshot(**base, endpoints=tuple(endpoints))
+        try:
+            stats = counters.stats()
+            # (window failures per kind are not shown: skip their sums)
+            loads = counters.read(now, n_slots, failure_kinds=False).take(
+                [e.slot for e in endpoints]
+            )
+        except shm.ShmError:
+            return HostSnapshot(**base, endpoints=tuple(endpoints))
+        in_flight = loads.in_flight.tolist()
+        occupancy = loads.occupancy.tolist()
+        latency = loads.mean_latency_s.tolist()
+        requests = loads.requests_total.tolist()
+        failures = loads.failures_total.tolist()
+        by_kind = loads.failures_total_by_kind.tolist()
+        try:
+            signal = loads.signal(knobs["load_signal"]).tolist()
+            increment: float | None = loads.bar_increment(knobs["load_signal"])
+        except (KeyError, shm.ShmError, ValueError):
+            signal = [None] * len(endpoints)
+            increment = None
+        # The constructor, not dataclasses.replace: a snapshot of a large table makes one
+        # of these per endpoint, and replace costs several times more per call.
+        loaded = tuple(
+            EndpointState(
+                e.address,
+                e.zone,
+                e.node,
+                e.slot,
+                e.tier,
+                e.ejected,
+                e.eject_reason,
+                e.ejected_for_s,
+                e.ejections,
+                int(in_flight[i]),
+                float(occupancy[i]),
+                None if math.isnan(latency[i]) else float(latency[i]),
+                int(requests[i]),
+                int(failures[i]),
+                tuple(by_kind[i]),
+                None if signal[i] is None else float(signal[i]),
+            )
+            for i, e in enumerate(endpoints)
+        )
+        return HostSnapshot(
+            **base,
+            endpoints=loaded,
+            counters_present=True,
+            decisions=int(stats["decisions"]),
+            fallbacks=int(stats["fallbacks"]),
+            moves=int(stats["moves"]),
+            window_s=loads.window_ns / 1e9,
+            bar_increment=increment,
+            bar=_bar(table, loads, now, increment),
+            fanout={k: int(stats.get(k, 0)) for k in FANOUT_STATS},
+        )
+
+    def close(self) -> None:
+        """Drop the mappings (the next call attaches again)."""
+        with self._lock:
+            if self._tables is not None:
+                self._tables.close()
+            if self._counters is not None:
+                self._counters.close()
+            self._tables = self._counters = None
+
+
+def _bar(table: shm.Table, loads: shm.HostLoads, now: int, increment: float | None) -> float | None:
+    """The routers' bounded-load bar on ``table`` with ``loads``, in the signal's unit.
+
+    From the plan a router builds on them (its loads are in routed-call units: the
+    bar times the increment is the bar in the signal's); ``None`` if ``table`` was
+    rewritten meanwhile or has no bar.
+    """
+    if increment is None:
+        return None
+    try:
+        bar = bounded_bar(build_plan(table, loads, now))
+    except lbcore.LBCoreError:
+        return None  # garbage from a rewritten table (or a damaged one: health says so)
+    return None if bar is None or not table.valid() else bar * increment
+
+
+def _read_table(
+    t: shm.Table, now: int
+) -> tuple[int, int, dict[str, Any], tuple[FadingRing, ...], list[EndpointState], int, bool]:
+    """Copy out of a table everything a snapshot needs (run under ``consistent``)."""
+    rs = t.ring_set
+    k = t.knobs
+    knobs: dict[str, Any] = {
+        "enabled": bool(k.enabled),
+        "percentage": k.percentage,
+        "balance_factor": k.balance_factor,
+        "max_hops": k.max_hops,
+        "load_signal": k.load_signal,
+        "fade_mode": k.fade_mode,
+        "fade_duration_s": rs.duration_ns / 1e9,
+        "fade_exponent": rs.exponent,
+        "vnodes": rs.vnodes,
+    }
+    tiers = [int(x) for x in rs.tiers] if rs.endpoints else []
+    fading = []
+    if rs.endpoints:
+        for ring, (start, share) in enumerate(
+            zip(rs.starts_ns, rs.share_list(now), strict=True), start=1
+        ):
+            age = now - start
+            if k.fade_mode == "skipper":
+                share = fadein_score(age, rs.duration_ns, rs.exponent)
+            elif k.fade_mode == "off":
+                share = 1.0
+            progress = min(max(age / rs.duration_ns, 0.0), 1.0) if rs.duration_ns > 0 else 1.0
+            added = tuple(ep for ep, tier in zip(rs.endpoints, tiers, strict=True) if tier == ring)
+            fading.append(FadingRing(ring, int(start), added, age / 1e9, progress, float(share)))
+    ej = t.ejections
+    endpoints = [
+        EndpointState(
+            address,
+            zone,
+            node,
+            slot,
+            tier,
+            ejected,
+            EJECT_REASONS[reason - 1] if reason else "",
+            max(until - now, 0) / 1e9 if reason else None,
+            tuple(counts),
+        )
+        for address, zone, node, slot, tier, ejected, reason, until, counts in zip(
+            t.endpoints,
+            t.zones,
+            t.nodes,
+            t.slots.tolist(),
+            tiers,
+            t.ejected.tolist(),
+            ej.reason.tolist(),
+            ej.until_ns.tolist(),
+            ej.counts.tolist(),
+            strict=True,
+        )
+    ]
+    return (
+        int(t.generation),
+        int(t.published_ns),
+        knobs,
+        tuple(fading),
+        endpoints,
+        int(t.n_slots),
+        bool(t.outlier_panic),
+    )
