@@ -3,7 +3,7 @@
 Without ``--live`` it prints Skipper's consistent-hash ring answer for the endpoints given
 (every endpoint healthy, no load bound). With ``--live`` it answers from the host's live
 table and counters, as a worker would right now, and says why
-(:func:`workers.web.explain.live`).
+(:func:`workers.surfaces.explain.live`).
 
 Exit status: 0 answered; with ``--live``, 3 when answered from a table whose publisher is
 not alive (workers route on it, but nobody updates it) and 1 when the host has no table
@@ -28,7 +28,7 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``cslb route``."""
     from shm.settings import SHM_NAMESPACE
-    from workers.web.collector import STALE_AFTER
+    from workers.surfaces.hosts import STALE_AFTER
 
     p = argparse.ArgumentParser(
         prog="cslb route",
@@ -190,8 +190,8 @@ def _live(args: argparse.Namespace, keys: list[bytes]) -> int:
 
     import shm
     from lbcore.knobs import KnobError
-    from workers.web.collector import STALE_AFTER
-    from workers.web.explain import live
+    from workers.surfaces.explain import live
+    from workers.surfaces.hosts import STALE_AFTER
 
     try:
         ns = shm.check_namespace(args.shm_namespace or shm.shm_namespace(os.environ))

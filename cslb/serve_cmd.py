@@ -25,7 +25,7 @@ from workers.fanout.settings import FANOUT_KNOBS
 from workers.master.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
 from workers.master.supervisor import DISCOVERY_MODES, SUPERVISOR_KNOBS
 from workers.routing.router import ROUTER_KNOBS
-from workers.web.app import APP_KNOBS
+from workers.surfaces.app import APP_KNOBS
 
 __all__ = ["build_parser", "command", "main"]
 
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE:APP",
         help=f"your WSGI or ASGI app to serve instead of the routing service ({DEFAULT_APP}); "
         "cslb's /metrics, /healthz, /readyz and /status are mounted into it "
-        "(workers.web.mount); for an ASGI app add '-- -k uvicorn_worker.UvicornWorker'",
+        "(workers.surfaces.mount); for an ASGI app add '-- -k uvicorn_worker.UvicornWorker'",
     )
     srv.add_argument(
         SHM_NAMESPACE.flag,

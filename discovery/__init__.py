@@ -9,8 +9,9 @@
 * :mod:`discovery.settings` — process settings and the layered routing knobs;
 * :mod:`discovery.service` — the loop; :mod:`discovery.publisher` — the only module
   that talks to :mod:`shm`'s writer;
-* :mod:`discovery.cli` (``cslb discovery``), :mod:`discovery.inspect_cmd`
-  (``cslb inspect``), :mod:`discovery.events` (JSON-lines logs).
+* :mod:`discovery.cli` (``cslb discovery``), :mod:`discovery.events` (JSON-lines logs).
+  ``cslb inspect`` reads what was published on the workers' side
+  (:mod:`workers.surfaces.inspect_report`).
 
 Importing this package imports nothing; only :mod:`discovery.kube` (and the CLI that
 uses it) loads the Kubernetes client, so worker-side code never does.

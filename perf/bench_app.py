@@ -31,7 +31,7 @@ import lbcore
 import shm
 from shm.segment import list_segments, unlink_name
 from workers.app import CslbApp, pack_keys
-from workers.web.body import parse_binary, parse_json, parse_text
+from workers.surfaces.body import parse_binary, parse_json, parse_text
 
 
 def _eps(n: int) -> list[str]:

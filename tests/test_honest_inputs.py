@@ -11,7 +11,7 @@ from discovery.address import check_address
 from discovery.static import EndpointsFileError, load_endpoints_file, parse_endpoints
 from tests.app_tests.test_app import call
 from tests.discovery_harness import Loop, shm_namespace, wait_until
-from workers.web.app import CslbApp
+from workers.surfaces.app import CslbApp
 
 GOOD = [
     "http://10.0.0.1:8080",

@@ -188,7 +188,7 @@ def test_install_leaves_a_cslb_logger_configured_by_the_user(cslb_logger):
 
 LIBRARY = r"""
 import json, logging, sys
-import lbcore, shm, discovery, discovery.events, workers, workers.gunicorn_conf, workers.web.app
+import lbcore, shm, discovery, discovery.events, workers, workers.gunicorn_conf, workers.app
 from workers import Router
 
 ns = sys.argv[1]

@@ -1,10 +1,10 @@
-"""``workers.app:app``: the bundled WSGI app's public spelling (:mod:`workers.web.app`).
+"""``workers.app:app``: the bundled WSGI app's public spelling (:mod:`workers.surfaces.app`).
 
 ``cslb serve`` runs ``workers.app:app`` under gunicorn; the app lives in
-:mod:`workers.web.app`, its request bodies in :mod:`workers.web.body`.
+:mod:`workers.surfaces.app`, its request bodies in :mod:`workers.surfaces.body`.
 """
 
-from workers.web.app import (
+from workers.surfaces.app import (
     APP_KNOBS,
     MAX_ATTEMPT,
     MAX_BATCH,

@@ -1,9 +1,9 @@
-"""``mount()`` and ``workers.mount:app``: public spellings of :mod:`workers.web.mount`."""
+"""``mount()`` and ``workers.mount:app``: public spellings of :mod:`workers.surfaces.mount`."""
 
 from typing import Any
 
-from workers.web import mount as _impl
-from workers.web.mount import APP, PATHS, load_app, mount, mount_asgi, user_registry
+from workers.surfaces import mount as _impl
+from workers.surfaces.mount import APP, PATHS, load_app, mount, mount_asgi, user_registry
 
 __all__ = ["APP", "PATHS", "load_app", "mount", "mount_asgi", "user_registry"]
 

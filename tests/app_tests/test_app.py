@@ -22,7 +22,7 @@ import lbcore
 import shm
 from lbcore.knobs import KnobError
 from tests.app_tests.conftest import ENDPOINTS, Host
-from workers.web.app import (
+from workers.surfaces.app import (
     MAX_ATTEMPT,
     MAX_KEY_BYTES,
     CslbApp,
@@ -617,7 +617,7 @@ def test_worker_whose_router_belongs_elsewhere_answers_503(app: CslbApp, namespa
 def test_module_level_app_reads_the_environment_on_first_request(
     host: Host, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from workers.web import app as module
+    from workers.surfaces import app as module
 
     host.publish()
     monkeypatch.setenv("CSLB_SHM_NAMESPACE", host.namespace)
@@ -780,7 +780,7 @@ def post_binary(app: CslbApp, body: bytes, **kw) -> Response:
 
 
 def test_binary_body_carries_any_byte_string(app: CslbApp) -> None:
-    from workers.web.app import pack_keys
+    from workers.surfaces.app import pack_keys
 
     keys = [b"SKU-1", b"", b"line\nbreak\xff\x00", b"\x00", b"x" * MAX_KEY_BYTES, "ü".encode()]
     r = post_binary(app, packed(keys))

@@ -13,7 +13,7 @@ import pytest
 from tests.app_tests.conftest import Host
 from tests.app_tests.test_app import call, expected, post_json
 from tests.gunicorn_harness import serving, wait_for
-from workers.web.app import TEXT_CHARSETS, CslbApp
+from workers.surfaces.app import TEXT_CHARSETS, CslbApp
 
 # Python codecs a client could name: slow (punycode, idna), not text (base64, zlib,
 # hex, rot13 is text but not a charset), or merely exotic.

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from workers.routing.router import Router
-from workers.web.app import app as cslb_app
+from workers.surfaces.app import app as cslb_app
 
 
 def app(environ, start_response):

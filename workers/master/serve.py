@@ -26,8 +26,8 @@ from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, Knob, KnobError, from_mapping
 from shm.settings import SHM_NAMESPACE
 from workers.fanout.settings import FANOUT_KNOBS
 from workers.routing.router import ROUTER_KNOBS
-from workers.web.app import APP_KNOBS
-from workers.web.mount import APP as MOUNT_APP
+from workers.surfaces.app import APP_KNOBS
+from workers.surfaces.mount import APP as MOUNT_APP
 
 __all__ = [
     "DEFAULT_APP",

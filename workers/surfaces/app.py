@@ -4,7 +4,7 @@ r"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
 
 * ``POST /route``: which endpoint serves each product ID of a batch;
 * ``GET /metrics``: the host's routing metrics for Prometheus (any worker answers for
-  the whole host, read from shared memory; see :mod:`workers.web.collector`);
+  the whole host, read from shared memory; see :mod:`workers.surfaces.collector`);
 * ``GET /healthz``: 200 while a table with endpoints is published and its publisher is
   alive, else 503 with the reason (JSON both ways): for people and alerts;
 * ``GET /readyz``: 200 whenever this worker answers (JSON: whether keys route
@@ -12,7 +12,7 @@ r"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
   serves, so this, not ``/healthz``, is what a Kubernetes readiness or liveness probe
   asks: an empty backend or a discovery outage must not take the client pods out of
   their Service;
-* ``GET /status``: an HTML page for people (:mod:`workers.web.status`).
+* ``GET /status``: an HTML page for people (:mod:`workers.surfaces.status`).
 
 ``POST /route`` takes one of
 
@@ -73,8 +73,8 @@ import shm
 from lbcore import KeyEncodingError, KeyTooLongError, KeyTypeError
 from lbcore.knobs import Knob, from_mapping
 from lbcore.logformat import Event
-from workers.web import status
-from workers.web.body import (
+from workers.surfaces import status
+from workers.surfaces.body import (
     JSON_MEDIA_TYPE,
     MAX_ATTEMPT,
     MAX_BATCH,
@@ -87,7 +87,8 @@ from workers.web.body import (
     parse_route_request,
     read_body,
 )
-from workers.web.collector import METRICS_MAX_ENDPOINTS, STALE_AFTER, CslbCollector, HostMonitor
+from workers.surfaces.collector import METRICS_MAX_ENDPOINTS, CslbCollector
+from workers.surfaces.hosts import STALE_AFTER, HostMonitor
 
 if TYPE_CHECKING:
     from workers.routing.router import Router
@@ -198,7 +199,7 @@ class CslbApp:
     ----------
     registry
         The registry ``/metrics`` writes: cslb's collector; register more collectors
-        in it to serve their metrics alongside (:func:`workers.web.mount.mount` does).
+        in it to serve their metrics alongside (:func:`workers.surfaces.mount.mount` does).
     """
 
     def __init__(

@@ -2,13 +2,13 @@
 
 One line, at the end of your app module::
 
-    from workers.web.mount import mount
+    from workers.surfaces.mount import mount
     app = mount(app)            # WSGI: gunicorn sync or gthread workers
 
-    from workers.web.mount import mount_asgi
+    from workers.surfaces.mount import mount_asgi
     app = mount_asgi(app)       # ASGI: uvicorn's gunicorn worker
 
-Requests for those four paths are answered by cslb's :class:`~workers.web.app.CslbApp`
+Requests for those four paths are answered by cslb's :class:`~workers.surfaces.app.CslbApp`
 (the host's routing state, read from shared memory); every other request, and every
 non-HTTP ASGI scope (lifespan, websocket), goes to your app unchanged. ``/route`` is not
 mounted: your app routes through :class:`workers.Router` itself.
@@ -120,7 +120,7 @@ class _Cslb:
         if a is None:
             with self._lock:
                 if self._app is None:
-                    from workers.web.app import CslbApp  # here: nothing maps at import
+                    from workers.surfaces.app import CslbApp  # here: nothing maps at import
 
                     reg = user_registry() if self._registry is _DEFAULT else self._registry
                     a = CslbApp.from_environ()
@@ -237,4 +237,4 @@ def __getattr__(name: str) -> Any:
         value = load_app(os.environ.get(APP.env, ""))
         globals()["app"] = value
         return value
-    raise AttributeError(f"module 'workers.web.mount' has no attribute {name!r}")
+    raise AttributeError(f"module 'workers.surfaces.mount' has no attribute {name!r}")

@@ -2,15 +2,14 @@
 
 One consistent snapshot of a namespace (:class:`HostSnapshot`): the current table, its
 publisher's liveness, and per endpoint (:class:`EndpointState`) what the table says and
-the load all the host's workers recorded. ``/metrics`` (:mod:`workers.web.collector`),
-``/healthz`` (:meth:`HostMonitor.health`) and ``/status`` (:mod:`workers.web.status`)
+the load all the host's workers recorded. ``/metrics`` (:mod:`workers.surfaces.collector`),
+``/healthz`` (:meth:`HostMonitor.health`) and ``/status`` (:mod:`workers.surfaces.status`)
 show it; ``cslb inspect`` shows :func:`read_table`'s rows of the same table. Everything
 here reads (maps segments read-only) and writes nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import time
@@ -37,8 +36,10 @@ __all__ = [
 ]
 
 
-#: ``CSLB_STALE_AFTER``: when the publisher counts as dead. The same setting and meaning
-#: as ``cslb inspect --stale-after`` (declared again here: workers do not import discovery).
+#: The counters' stats words of routing decisions (the others are the fan-out helper's).
+_DECISION_STATS = ("decisions", "fallbacks", "moves")
+
+#: ``CSLB_STALE_AFTER`` (``cslb inspect --stale-after``): when the publisher counts as dead.
 STALE_AFTER = Knob(
     "stale_after_s",
     "CSLB_STALE_AFTER",
@@ -46,10 +47,10 @@ STALE_AFTER = Knob(
     5.0,
     seconds_at_least(0.01),
     "A publisher heartbeat older than this many seconds means the publisher is not alive: "
-    "/healthz answers 503 and cslb_discovery_up is 0 (workers keep routing on the last table).",
+    "/healthz answers 503, cslb_discovery_up is 0 and cslb inspect exits with status 3 "
+    "(workers keep routing on the last table).",
     "SECONDS",
 )
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,10 @@ class EndpointState:
     load : float | None
         The load bounded load compares: the table's ``load_signal`` (occupancy,
         in-flight or effective load) computed by the router's rule.
+    eject_until_ns : int | None
+        CLOCK_MONOTONIC time the ejection ends, in nanoseconds (``None``: not ejected).
+    eject_multiplier : int
+        The ejection time's multiplier (it grows with each ejection in a row).
     """
 
     address: str
@@ -106,6 +111,8 @@ class EndpointState:
     failures_total: int | None = None
     failures_by_kind: tuple[int, ...] | None = None
     load: float | None = None
+    eject_until_ns: int | None = None
+    eject_multiplier: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +135,8 @@ class FadingRing:
     share : float
         Share of keys it carries now under the table's fade mode (N-ring share; Skipper's
         fade-in score under ``fade_mode=skipper``; 1 under ``off``).
+    n_ring_share : float
+        Its N-ring share now, whatever the fade mode.
     """
 
     ring: int
@@ -136,6 +145,7 @@ class FadingRing:
     age_s: float
     progress: float
     share: float
+    n_ring_share: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,32 +432,37 @@ class HostMonitor:
         try:
             reader = self._table_reader()
             pid, beat_age, dead = self._publisher(reader, now)
-            table, (generation, published_ns, knobs, fading, endpoints, n_slots, panic) = (
-                reader.consistent(lambda t: (t, _read_table(t, now)))
-            )
+            table, rows = reader.consistent(lambda t: (t, read_table(t, now)))
         except shm.ShmError as exc:
             return HostSnapshot(**base, health=Health(False, self._unavailable(exc)))
         base.update(
             tables_present=True,
-            generation=generation,
-            table_age_s=(now - published_ns) / 1e9 if generation else None,
+            generation=rows.generation,
+            table_age_s=(now - rows.published_ns) / 1e9 if rows.generation else None,
             heartbeat_age_s=beat_age,
             writer_pid=pid,
             publisher_alive=dead is None,
-            knobs=knobs,
-            fading=fading,
-            outlier_panic=panic,
+            knobs=rows.shown_knobs(),
+            fading=rows.fading,
+            outlier_panic=rows.outlier_panic,
             health=self._verdict(
-                generation, pid, beat_age, dead, len(endpoints), self._problem(reader, now)
+                rows.generation,
+                pid,
+                beat_age,
+                dead,
+                len(rows.endpoints),
+                self._problem(reader, now),
             ),
         )
+        endpoints = rows.endpoints
+        knobs = base["knobs"]
         counters = self._counter_reader()
         if counters is None:
             return HostSnapshot(**base, endpoints=tuple(endpoints))
         try:
             stats = counters.stats()
             # (window failures per kind are not shown: skip their sums)
-            loads = counters.read(now, n_slots, failure_kinds=False).take(
+            loads = counters.read(now, rows.n_slots, failure_kinds=False).take(
                 [e.slot for e in endpoints]
             )
         except shm.ShmError:
@@ -484,6 +499,8 @@ class HostMonitor:
                 int(failures[i]),
                 tuple(by_kind[i]),
                 None if signal[i] is None else float(signal[i]),
+                e.eject_until_ns,
+                e.eject_multiplier,
             )
             for i, e in enumerate(endpoints)
         )
@@ -497,7 +514,7 @@ class HostMonitor:
             window_s=loads.window_ns / 1e9,
             bar_increment=increment,
             bar=_bar(table, loads, now, increment),
-            fanout={k: int(stats.get(k, 0)) for k in FANOUT_STATS},
+            fanout={k: int(v) for k, v in stats.items() if k not in _DECISION_STATS},
         )
 
     def close(self) -> None:
@@ -526,39 +543,98 @@ def _bar(table: shm.Table, loads: shm.HostLoads, now: int, increment: float | No
     return None if bar is None or not table.valid() else bar * increment
 
 
-def _read_table(
-    t: shm.Table, now: int
-) -> tuple[int, int, dict[str, Any], tuple[FadingRing, ...], list[EndpointState], int, bool]:
-    """Copy out of a table everything a snapshot needs (run under ``consistent``)."""
+@dataclass(frozen=True, slots=True)
+class TableRows:
+    """One table copied out of shared memory, as ``/metrics``, ``/status`` and inspect show it.
+
+    Built by :func:`read_table`, the one place that copies a table's rows out.
+
+    Attributes
+    ----------
+    generation : int
+        Publish count (0: nothing published).
+    published_ns : int
+        CLOCK_MONOTONIC time of the publish, in nanoseconds.
+    publisher_pid : int
+        PID of the process that published it.
+    knobs : shm.Knobs
+        The routing knobs published with it.
+    fade_duration_s, fade_exponent : float
+        The fade-in window (seconds) and curve exponent of its ring set.
+    vnodes : int
+        Virtual nodes per endpoint.
+    fading : tuple[FadingRing, ...]
+        Fading rings, oldest first.
+    endpoints : tuple[EndpointState, ...]
+        Endpoints in table order, without loads.
+    n_slots : int
+        Counter slots the table addresses.
+    outlier_panic : bool
+        Too few endpoints are left un-ejected: routing ignores every ejection.
+    """
+
+    generation: int
+    published_ns: int
+    publisher_pid: int
+    knobs: shm.Knobs
+    fade_duration_s: float
+    fade_exponent: float
+    vnodes: int
+    fading: tuple[FadingRing, ...]
+    endpoints: tuple[EndpointState, ...]
+    n_slots: int
+    outlier_panic: bool
+
+    def shown_knobs(self) -> dict[str, Any]:
+        """The knobs the status page and ``/metrics`` show, with the fade's parameters."""
+        k = self.knobs
+        return {
+            "enabled": bool(k.enabled),
+            "percentage": k.percentage,
+            "balance_factor": k.balance_factor,
+            "max_hops": k.max_hops,
+            "load_signal": k.load_signal,
+            "fade_mode": k.fade_mode,
+            "fade_duration_s": self.fade_duration_s,
+            "fade_exponent": self.fade_exponent,
+            "vnodes": self.vnodes,
+        }
+
+
+def read_table(t: shm.Table, now: int) -> TableRows:
+    """Copy out of table ``t`` its rows at CLOCK_MONOTONIC ``now`` (ns).
+
+    Run it under :meth:`shm.TableReader.consistent`: the copy is of one generation.
+    """
     rs = t.ring_set
     k = t.knobs
-    knobs: dict[str, Any] = {
-        "enabled": bool(k.enabled),
-        "percentage": k.percentage,
-        "balance_factor": k.balance_factor,
-        "max_hops": k.max_hops,
-        "load_signal": k.load_signal,
-        "fade_mode": k.fade_mode,
-        "fade_duration_s": rs.duration_ns / 1e9,
-        "fade_exponent": rs.exponent,
-        "vnodes": rs.vnodes,
-    }
     tiers = [int(x) for x in rs.tiers] if rs.endpoints else []
     fading = []
     if rs.endpoints:
-        for ring, (start, share) in enumerate(
+        for ring, (start, n_ring_share) in enumerate(
             zip(rs.starts_ns, rs.share_list(now), strict=True), start=1
         ):
             age = now - start
+            share = n_ring_share
             if k.fade_mode == "skipper":
                 share = fadein_score(age, rs.duration_ns, rs.exponent)
             elif k.fade_mode == "off":
                 share = 1.0
             progress = min(max(age / rs.duration_ns, 0.0), 1.0) if rs.duration_ns > 0 else 1.0
             added = tuple(ep for ep, tier in zip(rs.endpoints, tiers, strict=True) if tier == ring)
-            fading.append(FadingRing(ring, int(start), added, age / 1e9, progress, float(share)))
+            fading.append(
+                FadingRing(
+                    ring,
+                    int(start),
+                    added,
+                    age / 1e9,
+                    progress,
+                    float(share),
+                    float(n_ring_share),
+                )
+            )
     ej = t.ejections
-    endpoints = [
+    endpoints = tuple(
         EndpointState(
             address,
             zone,
@@ -569,8 +645,10 @@ def _read_table(
             EJECT_REASONS[reason - 1] if reason else "",
             max(until - now, 0) / 1e9 if reason else None,
             tuple(counts),
+            eject_until_ns=int(until) if reason else None,
+            eject_multiplier=int(multiplier),
         )
-        for address, zone, node, slot, tier, ejected, reason, until, counts in zip(
+        for address, zone, node, slot, tier, ejected, reason, until, multiplier, counts in zip(
             t.endpoints,
             t.zones,
             t.nodes,
@@ -579,16 +657,21 @@ def _read_table(
             t.ejected.tolist(),
             ej.reason.tolist(),
             ej.until_ns.tolist(),
+            ej.multiplier.tolist(),
             ej.counts.tolist(),
             strict=True,
         )
-    ]
-    return (
-        int(t.generation),
-        int(t.published_ns),
-        knobs,
-        tuple(fading),
-        endpoints,
-        int(t.n_slots),
-        bool(t.outlier_panic),
+    )
+    return TableRows(
+        generation=int(t.generation),
+        published_ns=int(t.published_ns),
+        publisher_pid=int(t.publisher_pid),
+        knobs=k,
+        fade_duration_s=rs.duration_ns / 1e9,
+        fade_exponent=rs.exponent,
+        vnodes=rs.vnodes,
+        fading=tuple(fading),
+        endpoints=endpoints,
+        n_slots=int(t.n_slots),
+        outlier_panic=bool(t.outlier_panic),
     )

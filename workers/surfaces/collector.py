@@ -7,9 +7,8 @@ collector merges per-process files, but without files and without
 ``PROMETHEUS_MULTIPROC_DIR``. Per-decision counting stays in cslb's own shared counters
 (one batched store per routed batch); nothing here runs on the routing path.
 
-:class:`HostMonitor` takes one consistent snapshot of the host (:class:`HostSnapshot`);
-the collector turns it into metric families, ``/healthz`` asks it for
-:meth:`HostMonitor.health` and the status page renders it.
+:class:`~workers.surfaces.hosts.HostMonitor` takes one consistent snapshot of the host
+(:mod:`workers.surfaces.hosts`); the collector turns it into metric families.
 
 Metrics (labels ``endpoint``, ``zone`` per endpoint of the current table; ``started_ns``
 per fading ring: the host's CLOCK_MONOTONIC time its fade started, in nanoseconds, a name
@@ -47,33 +46,17 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import math
-import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 import lbcore
-import shm
-from lbcore.fade import fadein_score
-from lbcore.knobs import Knob, parse_int_between, seconds_at_least
+from lbcore.knobs import Knob, parse_int_between
 from lbcore.outlier import EJECT_REASONS, FAILURE_KINDS
-from workers.routing.snapshot import bounded_bar, build_plan
+from workers.surfaces.hosts import STALE_AFTER, EndpointState, HostMonitor, HostSnapshot
 
-__all__ = [
-    "METRICS_MAX_ENDPOINTS",
-    "STALE_AFTER",
-    "CslbCollector",
-    "EndpointState",
-    "FadingRing",
-    "Health",
-    "HostMonitor",
-    "HostSnapshot",
-    "build_info",
-]
+__all__ = ["FANOUT_STATS", "METRICS_MAX_ENDPOINTS", "CslbCollector", "build_info"]
 
 
 #: ``CSLB_METRICS_MAX_ENDPOINTS``: above this many endpoints, per-endpoint series are
