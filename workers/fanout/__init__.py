@@ -1,4 +1,4 @@
-"""Calling the pods a batch routes to: ``Router.fan_out`` and its parts.
+"""Calling the pods a batch routes to: ``Router.fanout`` and its parts.
 
 * :mod:`workers.fanout.jobs`: one job per key or per pod group, as a generator (call,
   retry once, bulkhead, fallback): the description every driver runs.

@@ -56,8 +56,8 @@ from workers.fanout.failurelog import FailureLog
 from workers.fanout.jobs import (
     DeadlineError,
     FanoutError,
+    FanOutState,
     Job,
-    Plan,
     RejectedError,
     Result,
     fallback_job,
@@ -66,6 +66,7 @@ from workers.fanout.jobs import (
 )
 from workers.fanout.ledger import CallLedger
 from workers.fanout.settings import FanoutSettings
+from workers.routing.tracker import RouterInputError
 
 __all__ = [
     "DeadlineError",
@@ -227,14 +228,14 @@ class FanOut:
         """Stop the pool's threads (after their current calls)."""
         self.pool.close()
 
-    def plan(
+    def prepare(
         self,
         keys: Sequence[Any],
         send: Callable[..., Any],
         timeout_s: float | None,
         deadline_s: float | None,
         grouped: bool,
-    ) -> Plan:
+    ) -> FanOutState:
         """Route ``keys`` and lay out their jobs (both forms)."""
         s = self.settings
         timeout = s.timeout_s if timeout_s is None else _seconds("timeout_s", timeout_s)
@@ -242,28 +243,28 @@ class FanOut:
             s.deadline_for(timeout) if deadline_s is None else _seconds("deadline_s", deadline_s)
         )
         if not isinstance(grouped, bool):
-            raise ValueError(f"grouped must be True or False, got {grouped!r}")
-        return Plan(self, keys, send, takes_timeout(send), timeout, deadline, grouped)
+            raise RouterInputError(f"grouped must be True or False, got {grouped!r}")
+        return FanOutState(self, keys, send, takes_timeout(send), timeout, deadline, grouped)
 
-    def fallback_jobs(self, plan: Plan) -> list[tuple[Job, list[int]]]:
+    def fallback_jobs(self, state: FanOutState) -> list[tuple[Job, list[int]]]:
         """Jobs for the keys routed to fallback, with their positions.
 
         Without a fallback URL there are none: those keys get their results at once.
         """
-        fb = plan.fallback_positions
+        fb = state.fallback_positions
         if not fb:
             return []
         if not self.settings.fallback_url:
             for p in fb:
-                plan.finish(p, Result(fallback=True))
+                state.finish(p, Result(fallback=True))
             return []
-        if plan.grouped:
-            return [(fallback_job(plan, fb), fb)]
-        return [(fallback_job(plan, [p]), [p]) for p in fb]
+        if state.grouped:
+            return [(fallback_job(state, fb), fb)]
+        return [(fallback_job(state, [p]), [p]) for p in fb]
 
-    def finish(self, plan: Plan) -> list[Result]:
-        """Close ``plan`` and write what its calls left pending; the results."""
-        results = plan.close()
+    def finish(self, state: FanOutState) -> list[Result]:
+        """Close ``state`` and write what its calls left pending; the results."""
+        results = state.close()
         self.ledger.flush()
         self.failure_log.tick()
         return results
@@ -282,67 +283,67 @@ class FanOut:
         curl = curl_sender_of(send, grouped)
         if curl is not None:
             return run_sync(self, curl, keys, timeout_s, deadline_s, grouped)
-        plan = self.plan(keys, send, timeout_s, deadline_s, grouped)
+        state = self.prepare(keys, send, timeout_s, deadline_s, grouped)
         cap = self.settings.cap_for(asyncio=False)
         job = group_job if grouped else key_job
         # (make a job, the positions it answers)
         units: list[tuple[Callable[[], Job], list[int]]] = [
-            ((lambda j=j: job(plan, j, cap)), j if grouped else [j])  # type: ignore[misc]
-            for j in plan.jobs
+            ((lambda j=j: job(state, j, cap)), j if grouped else [j])  # type: ignore[misc]
+            for j in state.jobs
         ]
-        for g, ps in self.fallback_jobs(plan):
+        for g, ps in self.fallback_jobs(state):
             units.append(((lambda g=g: g), ps))
         if units:
             admitted = self.pool.admit(len(units))
             if admitted < len(units):
-                self._reject(plan, [ps for _, ps in units[admitted:]])
+                self._reject(state, [ps for _, ps in units[admitted:]])
                 units = units[:admitted]
             if units:
                 it = iter(units)  # (next() on a list iterator is atomic: one job per take)
 
                 def work() -> None:
                     for make, _ in it:
-                        if plan.closed:
+                        if state.closed:
                             return
-                        _drive(plan, make())
+                        _drive(state, make())
 
                 self.pool.submit(work, len(units))
-                self._wait(plan)
+                self._wait(state)
                 self.pool.release(len(units))
-        return self.finish(plan)
+        return self.finish(state)
 
-    def _wait(self, plan: Plan) -> None:
+    def _wait(self, state: FanOutState) -> None:
         """Wait for every result or the deadline, writing pending calls meanwhile."""
         ledger = self.ledger
-        clock = plan.clock
-        while not plan.done.is_set():
-            left = (plan.deadline_ns - clock()) / 1e9
+        clock = state.clock
+        while not state.done.is_set():
+            left = (state.deadline_ns - clock()) / 1e9
             if left <= 0:
                 return
             if ledger.pending:
                 # Events left pending by calls that hang (no more appends to write
                 # them): at most this much later than their own flush rule.
-                if plan.done.wait(min(left, 0.02)):
+                if state.done.wait(min(left, 0.02)):
                     return
                 ledger.flush()
-            elif plan.done.wait(left):
+            elif state.done.wait(left):
                 return
 
-    def _reject(self, plan: Plan, rejected: list[list[int]]) -> None:
+    def _reject(self, state: FanOutState, rejected: list[list[int]]) -> None:
         """Keys the pool had no room for fail at once, as rejected (not the pods' failure)."""
         err = RejectedError("the worker's fan-out pool is full")
         n = 0
         for ps in rejected:
             for p in ps:
-                plan.finish(p, Result(error=err, fallback=int(plan.idx[p]) < 0))
+                state.finish(p, Result(error=err, fallback=int(state.idx[p]) < 0))
                 n += 1
         self.ledger.tally("bulkhead_rejections", n)
 
 
-def _drive(plan: Plan, job: Job) -> None:
+def _drive(state: FanOutState, job: Job) -> None:
     """Run a job blocking on this thread: its calls, its backoff sleep."""
-    send = plan.send
-    with_timeout = plan.with_timeout
+    send = state.send
+    with_timeout = state.with_timeout
     try:
         op = next(job)
         while True:
@@ -357,7 +358,7 @@ def _drive(plan: Plan, job: Job) -> None:
                     got = (None, exc)
                 op = job.send(got)
             elif op[0] == "slot":
-                op = job.send(_wait_slot(plan, op[1], op[2]))
+                op = job.send(_wait_slot(state, op[1], op[2]))
             else:
                 time.sleep(op[1])
                 op = job.send(None)
@@ -365,16 +366,16 @@ def _drive(plan: Plan, job: Job) -> None:
         pass
 
 
-def _wait_slot(plan: Plan, slot: int, cap: int) -> int:
-    """A ``("slot", slot, cap)`` operation on this thread (see :meth:`Plan.slot`)."""
+def _wait_slot(state: FanOutState, slot: int, cap: int) -> int:
+    """A ``("slot", slot, cap)`` operation on this thread (see :meth:`FanOutState.slot`)."""
     while True:
-        t0 = plan.slot(slot, cap)
-        if t0 != -1 or plan.clock() >= plan.deadline_ns:
+        t0 = state.slot(slot, cap)
+        if t0 != -1 or state.clock() >= state.deadline_ns:
             return t0
-        plan.ledger.wait_freed(slot, cap, plan.wait_until(slot))
+        state.ledger.wait_freed(slot, cap, state.wait_until(slot))
 
 
 def _seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be seconds > 0, got {value!r}")
+        raise RouterInputError(f"{name} must be seconds > 0, got {value!r}")
     return float(value)

@@ -648,7 +648,7 @@ class Router:
                 "router.fanout runs calls on a thread pool: attach the router with "
                 "threads=True (the default)"
             )
-        return self.fan_out.run(keys, send, timeout_s, deadline_s, grouped)
+        return self.fanout_machinery.run(keys, send, timeout_s, deadline_s, grouped)
 
     async def afanout(
         self,
@@ -669,10 +669,10 @@ class Router:
         self._check_usable()
         from workers.fanout.aio import run
 
-        return await run(self.fan_out, keys, asend, timeout_s, deadline_s, grouped)
+        return await run(self.fanout_machinery, keys, asend, timeout_s, deadline_s, grouped)
 
     @property
-    def fan_out(self) -> Any:
+    def fanout_machinery(self) -> Any:
         """The :class:`workers.fanout.threads.FanOut` helper of :meth:`fanout`, made on first use.
 
         Its ``settings``, thread ``pool``, call ``ledger`` and retry ``budget``.
