@@ -471,6 +471,15 @@ class ListWatch(Generic[T]):
         """True once :meth:`stop` was called."""
         return self._stop.is_set()
 
+    def is_running(self) -> bool:
+        """True while the loop's thread (started by :meth:`start`) is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def expired_in_a_row(self) -> int:
+        """Relists in a row for a resource version gone or unusable (0 after a working watch)."""
+        return self._expired_in_a_row
+
     def run(self) -> None:
         """The loop (blocking): list, watch, resume, relist, back off; until stopped."""
         self._thread_ident = threading.get_ident()

@@ -65,7 +65,7 @@ def _master(ns: str, mode: str = "external", rows: int = 4) -> tuple[conf.Master
     m.namespace = ns
     m.rows = rows
     m.pid = os.getpid()
-    m._attach_counters()
+    m.attach_counters()
     m.owns_namespace = mode == "embedded"
     return m, server
 
@@ -319,12 +319,12 @@ def test_start_log_says_created_taken_over_or_attached(namespaces) -> None:
     ns = namespaces()
     m, server = _master(ns, "embedded")
     m.store.close(unlink=False)  # a previous master's, same geometry
-    assert m._attach_counters() == "taken over"
+    assert m.attach_counters() == "taken over"
     m.stop(server)
     assert shm.list_segments(ns) == []
-    assert m._attach_counters() == "created"
+    assert m.attach_counters() == "created"
     ext, _ = _master(ns, "external")
-    assert ext._attach_counters() == "attached"
+    assert ext.attach_counters() == "attached"
     ext.store.close(unlink=False)
     m.pid = os.getpid()
     m.stop(server)

@@ -152,7 +152,7 @@ def test_unexecutable_command_is_retried_with_backoff(sup_factory, tmp_path: Pat
     with pytest.raises(OSError):
         sup.start()
     # As a restart (tick), a failed exec is logged and retried later, never raised.
-    sup._restart_at = clock.now
+    sup.schedule_restart()
     assert sup.tick() is False
     assert sup.restart_at == clock.now + 1.0
 

@@ -622,9 +622,9 @@ def test_module_level_app_reads_the_environment_on_first_request(
     host.publish()
     monkeypatch.setenv("CSLB_SHM_NAMESPACE", host.namespace)
     monkeypatch.setenv("CSLB_MAX_BATCH", "2")
-    lazy = module._LazyApp()
+    lazy = module.LazyApp()
     try:
-        assert lazy._app is None  # nothing built, nothing mapped at import
+        assert not lazy.built  # nothing built, nothing mapped at import
         assert post_json(lazy, ["a", "b"]).json()["generation"] == 1
         assert post_json(lazy, ["a", "b", "c"]).code == 413
         assert lazy.get().namespace == host.namespace
@@ -632,7 +632,7 @@ def test_module_level_app_reads_the_environment_on_first_request(
         lazy.get().close()
     monkeypatch.setenv("CSLB_MAX_BATCH", "none")
     with pytest.raises(KnobError, match="CSLB_MAX_BATCH"):
-        module._LazyApp()  # a bad setting stops the server at start-up
+        module.LazyApp()  # a bad setting stops the server at start-up
     assert callable(module.app)
 
 

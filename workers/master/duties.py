@@ -135,7 +135,7 @@ class Master:
         workers = max(int(server.cfg.workers), 1)
         self.rows = self.settings["counter_rows"] or min(2 * workers * threads + 4, 4096)
         try:
-            how = self._attach_counters()
+            how = self.attach_counters()
             if self.settings["discovery"] == "embedded":
                 self.owns_namespace = True
                 self._start_discovery(server)
@@ -155,7 +155,7 @@ class Master:
         )
         hook_arbiter_loop(server, self)
 
-    def _attach_counters(self) -> str:
+    def attach_counters(self) -> str:
         """Create, take over or attach the namespace's counters; returns which it was."""
         existed = shm.segment_name(self.namespace, "counters") in shm.list_segments(self.namespace)
         if self.settings["discovery"] == "embedded":
@@ -288,7 +288,7 @@ class Master:
                         action="attaching again",
                     )
                 )
-            how = self._attach_counters()
+            how = self.attach_counters()
         except Exception as exc:  # never into the arbiter (see run_guarded)
             self._warn_once(
                 f"counters:{type(exc).__name__}:{exc}",

@@ -299,6 +299,10 @@ class DiscoverySupervisor:
         """Clock time (s) of the scheduled restart, ``None`` if none is pending."""
         return self._restart_at
 
+    def schedule_restart(self, delay_s: float = 0.0) -> None:
+        """Start the child on the first :meth:`tick` ``delay_s`` seconds from now."""
+        self._restart_at = self.clock() + delay_s
+
     @property
     def stopped(self) -> bool:
         """True once :meth:`stop` ran: the child is never restarted again."""

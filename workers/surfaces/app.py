@@ -102,6 +102,7 @@ __all__ = [
     "TEXT_CHARSETS",
     "CslbApp",
     "HTTPError",
+    "LazyApp",
     "app",
     "check_keys",
     "pack_keys",
@@ -482,7 +483,7 @@ class CslbApp:
         self.monitor.close()
 
 
-class _LazyApp:
+class LazyApp:
     """``workers.app:app``: the :class:`CslbApp` configured from the environment.
 
     Built on the first request (in the worker), so importing this module in a gunicorn
@@ -494,6 +495,11 @@ class _LazyApp:
         self._app: CslbApp | None = None
         self._lock = threading.Lock()
         CslbApp.from_environ()  # validate now; cheap, attaches nothing
+
+    @property
+    def built(self) -> bool:
+        """True once the app was built (by a request or :meth:`get`)."""
+        return self._app is not None
 
     def get(self) -> CslbApp:
         """The app, built on first use."""
@@ -513,4 +519,4 @@ class _LazyApp:
         return (a if a is not None else self.get())(environ, start_response)
 
 
-app = _LazyApp()
+app = LazyApp()
