@@ -1,7 +1,8 @@
 """The host's discovery process (DESIGN.md, "The rooms"): sources in, ring sets out.
 
-* :mod:`discovery.kube` — list+watch informers on the ``kubernetes`` client
-  (EndpointSlices of one Service, one ConfigMap of knobs);
+* :mod:`discovery.kube` — the list+watch loop on the ``kubernetes`` client
+  (:mod:`discovery.kube_client`), and :mod:`discovery.informers` on it (EndpointSlices of
+  one Service, one ConfigMap of knobs);
 * :mod:`discovery.endpoints` — EndpointSlices to addresses by Skipper's rules;
 * :mod:`discovery.static` — endpoints files and lists, and the file watcher;
 * :mod:`discovery.debounce`, :mod:`discovery.ringstate` — bursts to one update, and
@@ -13,6 +14,6 @@
   ``cslb inspect`` reads what was published on the workers' side
   (:mod:`workers.surfaces.inspect_report`).
 
-Importing this package imports nothing; only :mod:`discovery.kube` (and the CLI that
-uses it) loads the Kubernetes client, so worker-side code never does.
+Importing this package imports nothing; only :mod:`discovery.kube` and the modules and
+CLI that use it load the Kubernetes client, so worker-side code never does.
 """

@@ -8,14 +8,9 @@ import time
 import pytest
 
 from discovery.events import EventLog
-from discovery.kube import (
-    ConfigMapInformer,
-    EndpointSliceInformer,
-    KubeConfigError,
-    ListWatch,
-    WatchTiming,
-    load_client,
-)
+from discovery.informers import ConfigMapInformer, EndpointSliceInformer
+from discovery.kube import ListWatch, WatchTiming
+from discovery.kube_client import KubeConfigError, load_client
 from tests.kubeapi import (
     CONFIGMAPS,
     SLICES,
