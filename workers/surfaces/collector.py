@@ -113,10 +113,8 @@ class CslbCollector:
         registry = CollectorRegistry()
         registry.register(CslbCollector("prapi"))
 
-    Every scrape reads the shared memory afresh (about 0.5 ms for a hundred endpoints
-    and 8 worker rows; the app's ``/metrics``, written by prometheus_client, takes
-    4-7 ms). With no tables or counters yet it still answers, with
-    ``cslb_discovery_up 0`` and ``cslb_table_generation 0``.
+    Every scrape reads the shared memory afresh. With no tables or counters yet it still
+    answers, with ``cslb_discovery_up 0`` and ``cslb_table_generation 0``.
 
     Parameters
     ----------
