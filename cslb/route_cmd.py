@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import lbcore
+from cslb.argtypes import integer
 from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
 
 __all__ = ["build_parser", "main"]
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--attempt",
-        type=int,
+        type=integer(0),
         default=0,
         help="0 for the primary pod, 1 for the retry pod (next distinct pod on the ring)",
     )
@@ -124,8 +125,6 @@ def main(argv: list[str]) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     apply_kernel_flag(args, os.environ, p)
-    if args.attempt < 0:
-        p.error(f"argument --attempt: expected an integer >= 0, got {args.attempt}")
     if args.live and (args.endpoint or args.endpoints_file):
         p.error("--live answers from this host's table: it takes no --endpoint/--endpoints-file")
     if not args.live and (args.shm_namespace or args.stale_after_s):
