@@ -72,14 +72,6 @@ import sys
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-# NumPy's bundled OpenBLAS starts a thread pool when NumPy is imported; the master
-# imports NumPy (through shm) and must have no thread when it forks. One BLAS thread
-# per process is also what a prefork server wants. An explicit setting wins.
-if "numpy" not in sys.modules:
-    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(_var, "1")
-    del _var
-
 from lbcore.knobs import KnobError
 from lbcore.logformat import Event
 from workers.master.duties import (
