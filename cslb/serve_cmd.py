@@ -27,7 +27,7 @@ from workers.master.supervisor import DISCOVERY_MODES, SUPERVISOR_KNOBS
 from workers.routing.router import ROUTER_KNOBS
 from workers.surfaces.app import APP_KNOBS
 
-__all__ = ["build_parser", "command", "main"]
+__all__ = ["CHILD_KNOBS", "build_parser", "command", "main"]
 
 # Knobs cslb serve takes as flags and hands to the processes through the environment.
 _WORKER_KNOBS = (*ROUTER_KNOBS, *FANOUT_KNOBS)
@@ -37,8 +37,9 @@ _PASSED_KNOBS = (*ROUTING_KNOBS, *LOG_KNOBS, *APP_KNOBS, *_WORKER_KNOBS)
 def _dest(k: Knob) -> str:
     return f"worker_{k.name}" if k in _WORKER_KNOBS else k.name
 
-# Settings the discovery child and the master read from the environment.
-_CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *SUPERVISOR_KNOBS)
+#: Settings the discovery child and the master read from the environment (checked here
+#: before gunicorn starts).
+CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *SUPERVISOR_KNOBS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -165,7 +166,7 @@ def _parse(
     try:
         # The embedded discovery child reads its settings from this environment: a bad
         # one must stop the server here, not crash the child into restarts forever.
-        from_mapping(environ, _CHILD_KNOBS, source="environment")
+        from_mapping(environ, CHILD_KNOBS, source="environment")
     except KnobError as exc:
         p.error(str(exc))
     try:

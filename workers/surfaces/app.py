@@ -293,6 +293,11 @@ class CslbApp:
         )
         return [b""] if method == "HEAD" else [body]
 
+    def failures_not_logged(self, path: str, error: str) -> int:
+        """Unexpected errors of type ``error`` on ``path`` not logged since the last traceback."""
+        entry = self._failures.get((path[:200], error))
+        return 0 if entry is None else entry[1]
+
     def _log_failure(self, method: str, path: str, exc: Exception) -> None:
         """Log an unexpected error with its traceback, once a minute per path and type.
 
