@@ -10,8 +10,8 @@ from typing import Any
 
 from cslb.argtypes import integer, number
 from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
+from lbcore import BalanceFactorError
 from lbcore.bounded import check_balance_factor
-from lbcore.errors import BalanceFactorError
 
 __all__ = ["build_parser", "main", "options"]
 

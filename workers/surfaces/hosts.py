@@ -19,7 +19,7 @@ from typing import Any
 
 import lbcore
 import shm
-from lbcore.fade import fadein_score
+from lbcore import fadein_score
 from lbcore.knobs import Knob, seconds_at_least
 from lbcore.outlier import EJECT_REASONS
 from workers.routing.snapshot import bounded_bar, build_plan
