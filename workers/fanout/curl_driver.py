@@ -27,7 +27,7 @@ from workers.fanout.admission import AdmissionError
 from workers.fanout.curl_transport import Outcome, Reactor, loop_reactor, thread_reactor
 from workers.fanout.jobs import FanOutState, Job, RejectedError, Result, group_job, key_job
 from workers.fanout.ledger import CUT
-from workers.routing.tracker import RouterInputError
+from workers.routing.errors import RouterInputError
 
 __all__ = ["Batch", "run_async", "run_sync"]
 

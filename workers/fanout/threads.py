@@ -66,7 +66,7 @@ from workers.fanout.jobs import (
 )
 from workers.fanout.ledger import CallLedger
 from workers.fanout.settings import FanoutSettings
-from workers.routing.tracker import RouterInputError
+from workers.routing.errors import RouterInputError
 
 __all__ = [
     "DeadlineError",

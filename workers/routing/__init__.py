@@ -6,4 +6,5 @@
 * :mod:`workers.routing.tracker`: one start and one end per fan-out on the counter row.
 * :mod:`workers.routing.rows`: the worker's counter row, claimed or handed over.
 * :mod:`workers.routing.recording`: the narrow handle everything writes the row through.
+* :mod:`workers.routing.errors`: the router's error types (the fan-out raises them too).
 """

@@ -62,17 +62,11 @@ from lbcore.knobs import Knob, parse_seconds
 from workers.fanout.failurelog import FailureLog
 from workers.fanout.ledger import CallLedger
 from workers.fanout.settings import FAILURE_LOG_RATE
+from workers.routing.errors import RouterError, RouterInputError, RouterStateError
 from workers.routing.recording import Recording
 from workers.routing.rows import COUNTER_ROW_ENV, CounterRow, WarnOnce, row_from_env
 from workers.routing.snapshot import RETRY_S, Follower, Snapshot, empty_table
-from workers.routing.tracker import (
-    RouterError,
-    RouterInputError,
-    RouterStateError,
-    Tracker,
-    check_indices,
-    table_slots,
-)
+from workers.routing.tracker import Tracker, check_indices, table_slots
 
 __all__ = [
     "COUNTER_ROW_ENV",

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import shm
+from workers.routing.errors import RouterInputError
 from workers.routing.recording import Recording
 from workers.routing.snapshot import Follower
-from workers.routing.tracker import RouterInputError
 
 __all__ = ["COUNTER_ROW_ENV", "CounterRow", "WarnOnce", "row_from_env"]
 

@@ -27,6 +27,7 @@ import numpy as np
 
 import shm
 from workers.fanout.failurelog import key_text, pod_ip
+from workers.routing.errors import RouterInputError, RouterStateError
 from workers.routing.recording import Recording, WarningThrottle
 
 log = logging.getLogger("cslb.router")
@@ -34,26 +35,7 @@ log = logging.getLogger("cslb.router")
 _START_WARN = WarningThrottle("fan-out not recorded")
 _END_WARN = WarningThrottle("fan-out end not recorded")
 
-__all__ = [
-    "RouterError",
-    "RouterInputError",
-    "RouterStateError",
-    "Tracker",
-    "check_indices",
-    "table_slots",
-]
-
-
-class RouterError(Exception):
-    """Base class of the router's own errors."""
-
-
-class RouterInputError(RouterError, ValueError):
-    """An argument of a router call is malformed (indices, call numbers, settings)."""
-
-
-class RouterStateError(RouterError):
-    """The router cannot be used here: closed, or inherited by a forked child."""
+__all__ = ["Tracker", "check_indices", "table_slots"]
 
 
 class Tracker:
