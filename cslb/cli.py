@@ -2,10 +2,10 @@
 
 Every subcommand's argument parsing lives in this package (``cslb.<name>_cmd``, each a
 thin wrapper over its room's function: :func:`discovery.cli.run`,
-:func:`discovery.inspect_cmd.run`, :func:`workers.serve.plan`, :func:`perf.suite.run`,
-:func:`perf.sim.options.run_scenario`...). Subcommands are imported only when used,
-so ``cslb route`` never loads the Kubernetes client and ``cslb discovery`` never loads
-gunicorn.
+:func:`workers.surfaces.inspect_report.run`, :func:`workers.master.serve.plan`,
+:func:`perf.suite.run`, :func:`perf.sim.options.run_scenario`...). Subcommands are
+imported only when used, so ``cslb route`` never loads the Kubernetes client and ``cslb
+discovery`` never loads gunicorn.
 """
 
 from __future__ import annotations

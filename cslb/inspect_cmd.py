@@ -1,4 +1,4 @@
-"""``cslb inspect``: the command line of :func:`discovery.inspect_cmd.run`."""
+"""``cslb inspect``: the command line of :func:`workers.surfaces.inspect_report.run`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``cslb inspect``."""
-    from discovery.inspect_cmd import INSPECT_KNOBS
+    from workers.surfaces.inspect_report import INSPECT_KNOBS
 
     p = argparse.ArgumentParser(
         prog="cslb inspect",
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
     """Run ``cslb inspect``; returns the exit status (2 for bad arguments)."""
-    from discovery.inspect_cmd import INSPECT_KNOBS, run
+    from workers.surfaces.inspect_report import INSPECT_KNOBS, run
 
     args = build_parser().parse_args(argv)
     try:

@@ -13,7 +13,7 @@ import argparse
 import warnings
 from collections.abc import MutableMapping
 
-from lbcore.errors import ArgumentError
+from lbcore import ArgumentError
 from lbcore.kernel import select_kernel, use_kernel
 from lbcore.knobs import KERNEL, KnobError, add_arguments
 

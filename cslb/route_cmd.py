@@ -3,7 +3,7 @@
 Without ``--live`` it prints Skipper's consistent-hash ring answer for the endpoints given
 (every endpoint healthy, no load bound). With ``--live`` it answers from the host's live
 table and counters, as a worker would right now, and says why
-(:func:`workers.explain.live`).
+(:func:`workers.surfaces.explain.live`).
 
 Exit status: 0 answered; with ``--live``, 3 when answered from a table whose publisher is
 not alive (workers route on it, but nobody updates it) and 1 when the host has no table
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import lbcore
+from cslb.argtypes import integer
 from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
 
 __all__ = ["build_parser", "main"]
@@ -28,7 +29,7 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``cslb route``."""
     from shm.settings import SHM_NAMESPACE
-    from workers.metrics import STALE_AFTER
+    from workers.surfaces.hosts import STALE_AFTER
 
     p = argparse.ArgumentParser(
         prog="cslb route",
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--attempt",
-        type=int,
+        type=integer(0),
         default=0,
         help="0 for the primary pod, 1 for the retry pod (next distinct pod on the ring)",
     )
@@ -124,8 +125,6 @@ def main(argv: list[str]) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     apply_kernel_flag(args, os.environ, p)
-    if args.attempt < 0:
-        p.error(f"argument --attempt: expected an integer >= 0, got {args.attempt}")
     if args.live and (args.endpoint or args.endpoints_file):
         p.error("--live answers from this host's table: it takes no --endpoint/--endpoints-file")
     if not args.live and (args.shm_namespace or args.stale_after_s):
@@ -190,8 +189,8 @@ def _live(args: argparse.Namespace, keys: list[bytes]) -> int:
 
     import shm
     from lbcore.knobs import KnobError
-    from workers.explain import live
-    from workers.metrics import STALE_AFTER
+    from workers.surfaces.explain import live
+    from workers.surfaces.hosts import STALE_AFTER
 
     try:
         ns = shm.check_namespace(args.shm_namespace or shm.shm_namespace(os.environ))

@@ -1,4 +1,4 @@
-"""``cslb serve``: the command line of :func:`workers.serve.plan` and :func:`workers.serve.run`.
+"""``cslb serve``: the command line of :func:`workers.master.serve.plan` and ``run``.
 
 Arguments after ``--`` go to gunicorn unchanged.
 """
@@ -9,6 +9,7 @@ import argparse
 import os
 from collections.abc import MutableMapping, Sequence
 
+from cslb.argtypes import integer
 from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
 from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
 from lbcore.knobs import (
@@ -20,13 +21,13 @@ from lbcore.knobs import (
     from_mapping,
 )
 from shm.settings import SHM_NAMESPACE
-from workers.app import APP_KNOBS
-from workers.fanout_settings import FANOUT_KNOBS
-from workers.router import ROUTER_KNOBS
-from workers.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
-from workers.supervisor import DISCOVERY_MODES, SUPERVISOR_KNOBS
+from workers.fanout.settings import FANOUT_KNOBS
+from workers.master.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
+from workers.master.supervisor import DISCOVERY_MODES, SUPERVISOR_KNOBS
+from workers.routing.router import ROUTER_KNOBS
+from workers.surfaces.app import APP_KNOBS
 
-__all__ = ["build_parser", "command", "main"]
+__all__ = ["CHILD_KNOBS", "build_parser", "command", "main"]
 
 # Knobs cslb serve takes as flags and hands to the processes through the environment.
 _WORKER_KNOBS = (*ROUTER_KNOBS, *FANOUT_KNOBS)
@@ -36,18 +37,9 @@ _PASSED_KNOBS = (*ROUTING_KNOBS, *LOG_KNOBS, *APP_KNOBS, *_WORKER_KNOBS)
 def _dest(k: Knob) -> str:
     return f"worker_{k.name}" if k in _WORKER_KNOBS else k.name
 
-# Settings the discovery child and the master read from the environment.
-_CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *SUPERVISOR_KNOBS)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+#: Settings the discovery child and the master read from the environment (checked here
+#: before gunicorn starts).
+CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *SUPERVISOR_KNOBS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,14 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--workers",
         "-w",
-        type=_positive_int,
+        type=integer(1),
         default=DEFAULT_WORKERS,
         metavar="N",
         help=f"worker processes (default {DEFAULT_WORKERS})",
     )
     srv.add_argument(
         "--threads",
-        type=_positive_int,
+        type=integer(1),
         default=1,
         metavar="T",
         help="threads per worker; more than 1 runs gunicorn's gthread worker (default 1)",
@@ -109,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE:APP",
         help=f"your WSGI or ASGI app to serve instead of the routing service ({DEFAULT_APP}); "
         "cslb's /metrics, /healthz, /readyz and /status are mounted into it "
-        "(workers.mount); for an ASGI app add '-- -k uvicorn_worker.UvicornWorker'",
+        "(workers.surfaces.mount); for an ASGI app add '-- -k uvicorn_worker.UvicornWorker'",
     )
     srv.add_argument(
         SHM_NAMESPACE.flag,
@@ -174,7 +166,7 @@ def _parse(
     try:
         # The embedded discovery child reads its settings from this environment: a bad
         # one must stop the server here, not crash the child into restarts forever.
-        from_mapping(environ, _CHILD_KNOBS, source="environment")
+        from_mapping(environ, CHILD_KNOBS, source="environment")
     except KnobError as exc:
         p.error(str(exc))
     try:

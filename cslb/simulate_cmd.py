@@ -3,51 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import pathlib
 import sys
-from collections.abc import Callable
 from typing import Any
 
+from cslb.argtypes import integer, number
 from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
+from lbcore import BalanceFactorError
 from lbcore.bounded import check_balance_factor
-from lbcore.errors import BalanceFactorError
 
 __all__ = ["build_parser", "main", "options"]
 
 
 # Option types: each says what it expected; argparse names the flag.
-
-
-def _integer(low: int, high: int | None = None, why: str = "") -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            want = f"from {low} to {high}" if high is not None else f">= {low}"
-            raise argparse.ArgumentTypeError(f"expected an integer {want}{why}, got {value}")
-        return value
-
-    return parse
-
-
-def _number(low: float, *, strict: bool, unit: str = "") -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        ok = math.isfinite(value) and (value > low if strict else value >= low)
-        if not ok:
-            raise argparse.ArgumentTypeError(
-                f"expected a finite number {'>' if strict else '>='} {low:g}{unit}, got {text}"
-            )
-        return value
-
-    return parse
 
 
 def _balance_factor(text: str) -> float:
@@ -75,21 +44,21 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
-    p.add_argument("--pods", type=_integer(1), help="pods at the start (50 / 100 / 20 by scenario)")
+    p.add_argument("--pods", type=integer(1), help="pods at the start (50 / 100 / 20 by scenario)")
     p.add_argument(
-        "--add", type=_integer(1), help="scale-up: pods added (default: as many as --pods)"
+        "--add", type=integer(1), help="scale-up: pods added (default: as many as --pods)"
     )
     p.add_argument(
         "--fade-s",
-        type=_number(0, strict=False, unit=" seconds"),
+        type=number(0, detail=" seconds"),
         help="scale-up: fade-in duration, seconds (30)",
     )
     p.add_argument(
-        "--exponent", type=_number(0, strict=True), help="scale-up: fade-in curve exponent (2.5)"
+        "--exponent", type=number(0, above=True), help="scale-up: fade-in curve exponent (2.5)"
     )
     p.add_argument(
         "--ready-spread-s",
-        type=_number(0, strict=False, unit=" seconds"),
+        type=number(0, detail=" seconds"),
         help="scale-up: new pods become ready evenly over this many seconds (20)",
     )
     p.add_argument(
@@ -111,37 +80,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--seconds",
-        type=_number(1, strict=False, unit=" (one 1-s report interval)"),
+        type=number(1, detail=" (one 1-s report interval)"),
         help="simulated seconds after warm-up (120 / 30 / 80 by scenario)",
     )
-    p.add_argument("--seed", type=_integer(0), default=1, help="random seed, >= 0 (default 1)")
+    p.add_argument("--seed", type=integer(0), default=1, help="random seed, >= 0 (default 1)")
     p.add_argument(
         "--rate",
-        type=_number(0, strict=True, unit=" calls/s"),
+        type=number(0, above=True, detail=" calls/s"),
         help="calls per second over all clients (default 700 / 350 / 350 per starting pod)",
     )
     p.add_argument(
         "--zipf",
-        type=_number(0, strict=False),
+        type=number(0),
         help="Zipf exponent of product popularity (1.0)",
     )
     p.add_argument(
         "--catalogue",
-        type=_integer(MAX_BATCH, why=f" (batches carry up to {MAX_BATCH} distinct IDs)"),
+        type=integer(MAX_BATCH, detail=f" (batches carry up to {MAX_BATCH} distinct IDs)"),
         help="number of product IDs (1,000,000)",
     )
-    p.add_argument("--cache-size", type=_integer(1), help="products per pod cache (2,000)")
-    p.add_argument("--concurrency", type=_integer(1), help="calls a pod serves at once (8)")
+    p.add_argument("--cache-size", type=integer(1), help="products per pod cache (2,000)")
+    p.add_argument("--concurrency", type=integer(1), help="calls a pod serves at once (8)")
     p.add_argument(
         "--pod-speed-sigma",
-        type=_number(0, strict=False),
+        type=number(0),
         help="pods on unequal nodes: each pod's service times x a fixed lognormal factor "
         "(mean 1) of this shape; 0.2 spreads pod speeds by about +-20 %% (default 0: equal; "
         "load-signal 0.2)",
     )
     p.add_argument(
         "--clients",
-        type=_integer(1, 64),
+        type=integer(1, 64),
         help="client hosts, each with its own counters (8; load-signal 32)",
     )
     p.add_argument(
@@ -154,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--slo-ms",
-        type=_number(0, strict=True, unit=" ms"),
+        type=number(0, above=True, detail=" ms"),
         default=25.0,
         help="load-signal: p99 bound for pods needed, ms (25)",
     )

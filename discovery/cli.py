@@ -117,7 +117,8 @@ def run(
     api = None
     namespace = settings["namespace"]
     if settings["service"] or settings["configmap"]:
-        from discovery.kube import KubeConfigError, WatchTiming, load_client
+        from discovery.kube import WatchTiming
+        from discovery.kube_client import KubeConfigError, load_client
 
         try:
             api, default_ns = load_client(
@@ -155,7 +156,7 @@ def run(
     if settings["endpoints_file"]:
         disc.add_file(settings["endpoints_file"], settings["endpoints_file_max_bytes"])
     if api is not None:
-        from discovery.kube import ConfigMapInformer, EndpointSliceInformer
+        from discovery.informers import ConfigMapInformer, EndpointSliceInformer
 
         if settings["service"]:
             disc.add_informer(

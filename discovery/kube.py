@@ -31,7 +31,6 @@ The loop follows client-go's reflector:
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
 import threading
@@ -40,49 +39,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config.incluster_config import InClusterConfigLoader
 from kubernetes.watch.watch import iter_resp_lines
 from urllib3.exceptions import ReadTimeoutError
 
-from discovery.endpoints import ParsedSlice, merge_slices, parse_slice
 from discovery.events import EventLog
-from discovery.static import EndpointSpec
+from discovery.kube_client import RequestTracker
 from discovery.watchdog import StallCheck
 
-__all__ = [
-    "SERVICE_NAME_LABEL",
-    "Backoff",
-    "ConfigMapError",
-    "ConfigMapInformer",
-    "EndpointSliceInformer",
-    "KubeConfigError",
-    "ListWatch",
-    "RequestTracker",
-    "WatchTiming",
-    "load_client",
-    "track_requests",
-]
-
-#: The label EndpointSlice controllers put on every slice of a Service.
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+__all__ = ["Backoff", "ListWatch", "WatchTiming", "name_of"]
 
 #: The repository's Role and RoleBinding for discovery, named in a 403's hint.
 RBAC_MANIFEST = "deploy/kubernetes/base/rbac.yaml"
 
-_SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-
 T = TypeVar("T")
-
-
-class KubeConfigError(RuntimeError):
-    """No usable Kubernetes client configuration (no kubeconfig, not in a cluster)."""
-
-
-class ConfigMapError(ValueError):
-    """A ConfigMap does not have the shape the Kubernetes API defines."""
 
 
 class _StreamError(Exception):
@@ -99,61 +69,6 @@ class _UndecodableError(Exception):
     An unknown type, a line that is not JSON, a resource version that is not a number:
     resuming from the version before it would replay it forever.
     """
-
-
-def load_client(
-    kubeconfig: str = "",
-    *,
-    service_account_dir: str = _SA_DIR,
-    environ: Mapping[str, str] | None = None,
-) -> tuple[k8s_client.ApiClient, str]:
-    """An API client and the default namespace.
-
-    ``kubeconfig`` given: that file (its current context's namespace). Otherwise, in a
-    cluster (``KUBERNETES_SERVICE_HOST`` set), the pod's service account: the API at
-    ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``, verified against
-    ``ca.crt`` and authenticated with ``token`` (re-read every minute, so a rotated
-    token is picked up) from ``service_account_dir``, whose ``namespace`` file is the
-    default namespace. Else ``$KUBECONFIG`` / ``~/.kube/config``.
-
-    Raises
-    ------
-    KubeConfigError
-        Naming what was tried.
-    """
-    env = os.environ if environ is None else environ
-    cfg = k8s_client.Configuration()
-    namespace = ""
-    in_cluster = not kubeconfig and bool(env.get("KUBERNETES_SERVICE_HOST"))
-    try:
-        if in_cluster:
-            InClusterConfigLoader(
-                token_filename=os.path.join(service_account_dir, "token"),
-                cert_filename=os.path.join(service_account_dir, "ca.crt"),
-                environ=env,
-            ).load_and_set(cfg)
-            try:
-                with open(os.path.join(service_account_dir, "namespace"), encoding="utf-8") as fh:
-                    namespace = fh.read().strip()
-            except OSError:
-                namespace = ""
-        else:
-            path = kubeconfig or None
-            k8s_config.load_kube_config(
-                config_file=path, client_configuration=cfg, persist_config=False
-            )
-            _, current = k8s_config.list_kube_config_contexts(path)
-            namespace = (current or {}).get("context", {}).get("namespace", "") or ""
-    except (k8s_config.ConfigException, OSError, TypeError, ValueError) as exc:
-        where = kubeconfig or (
-            f"in-cluster service account in {service_account_dir}"
-            if in_cluster
-            else "default kubeconfig"
-        )
-        raise KubeConfigError(f"cannot load Kubernetes configuration ({where}): {exc}") from None
-    # Retries are ours (jittered backoff, logged); urllib3 must not retry silently.
-    cfg.retries = False
-    return k8s_client.ApiClient(cfg), namespace or "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,85 +130,8 @@ class Backoff:
         self.failures = 0
 
 
-class RequestTracker:
-    """The connection each thread has checked out of one API client's pools.
-
-    The ``kubernetes`` client blocks in urllib3 while a request waits for an answer; the
-    only way to end that wait early is to shut the socket down. urllib3 does not say
-    which connection a request uses, so :func:`track_requests` makes the client's pools
-    report every connection they hand out and take back, by thread.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_thread: dict[int, Any] = {}
-
-    def checked_out(self, conn: Any) -> None:
-        """A pool handed ``conn`` to the calling thread."""
-        with self._lock:
-            self._by_thread[threading.get_ident()] = conn
-
-    def returned(self, conn: Any) -> None:
-        """The calling thread gave ``conn`` back (``None``: it was closed instead)."""
-        with self._lock:
-            ident = threading.get_ident()
-            if conn is None or self._by_thread.get(ident) is conn:
-                self._by_thread.pop(ident, None)
-
-    def interrupt(self, thread_ident: int) -> bool:
-        """Shut down the socket the thread ``thread_ident`` is using; True if it had one."""
-        with self._lock:
-            conn = self._by_thread.get(thread_ident)
-        sock = getattr(conn, "sock", None) if conn is not None else None
-        if sock is None:
-            return False
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        return True
-
-
-def track_requests(api: k8s_client.ApiClient) -> RequestTracker:
-    """The :class:`RequestTracker` of ``api`` (installed on first use).
-
-    Replaces the pool classes of the client's urllib3 pool manager by subclasses that
-    report :meth:`~urllib3.HTTPConnectionPool._get_conn` and ``_put_conn`` (urllib3 1.26
-    and 2.x have both). A urllib3 without them gets a tracker that knows nothing: a stop
-    then waits for the request's read timeout, as before.
-    """
-    pm = api.rest_client.pool_manager
-    tracker = getattr(pm, "_cslb_requests", None)
-    if isinstance(tracker, RequestTracker):
-        return tracker
-    tracker = RequestTracker()
-    classes = getattr(pm, "pool_classes_by_scheme", None)
-    if not isinstance(classes, dict) or not all(
-        hasattr(c, "_get_conn") and hasattr(c, "_put_conn") for c in classes.values()
-    ):
-        return tracker
-
-    def tracked(base: type) -> type:
-        class TrackedPool(base):  # type: ignore[misc, valid-type]
-            def _get_conn(self, timeout: float | None = None) -> Any:
-                conn = super()._get_conn(timeout)
-                tracker.checked_out(conn)
-                return conn
-
-            def _put_conn(self, conn: Any) -> None:
-                tracker.returned(conn)
-                super()._put_conn(conn)
-
-        TrackedPool.__name__ = f"Tracked{base.__name__}"
-        return TrackedPool
-
-    pm.pool_classes_by_scheme = {k: tracked(v) for k, v in classes.items()}
-    pm.clear()  # pools made before this point use the old classes
-    pm._cslb_requests = tracker
-    return tracker
-
-
-def _name_of(obj: Any) -> str:
+def name_of(obj: Any) -> str:
+    """``metadata.name`` of an API object (``""`` when it has none)."""
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     name = meta.get("name") if isinstance(meta, dict) else None
     return name if isinstance(name, str) else ""
@@ -471,6 +309,15 @@ class ListWatch(Generic[T]):
         """True once :meth:`stop` was called."""
         return self._stop.is_set()
 
+    def is_running(self) -> bool:
+        """True while the loop's thread (started by :meth:`start`) is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def expired_in_a_row(self) -> int:
+        """Relists in a row for a resource version gone or unusable (0 after a working watch)."""
+        return self._expired_in_a_row
+
     def run(self) -> None:
         """The loop (blocking): list, watch, resume, relist, back off; until stopped."""
         self._thread_ident = threading.get_ident()
@@ -612,10 +459,10 @@ class ListWatch(Generic[T]):
             # A watch from it would be refused (400) and relist into the same answer.
             raise _StreamError(f"list resourceVersion {rv[:40]!r} is not a number")
         store: dict[str, T] = {}
-        self._rvs = {_name_of(o): _rv_of(o) for o in items if _name_of(o)}
+        self._rvs = {name_of(o): _rv_of(o) for o in items if name_of(o)}
         self._problem = None
         for obj in items:
-            name = _name_of(obj)
+            name = name_of(obj)
             try:
                 store[name] = self._parse(obj)
             except ValueError as exc:
@@ -642,7 +489,7 @@ class ListWatch(Generic[T]):
     def _parse(self, obj: Any) -> T:
         if not isinstance(obj, dict):
             raise ValueError(f"{self.kind} must be a JSON object, got {type(obj).__name__}")
-        if not _name_of(obj):
+        if not name_of(obj):
             raise ValueError(f"{self.kind} has no metadata.name")
         return self.parse(obj)
 
@@ -750,7 +597,7 @@ class ListWatch(Generic[T]):
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             raise _UndecodableError(f"unknown watch event type {kind[:40]!r}")
         self.stats["events"] += 1
-        name = _name_of(obj)
+        name = name_of(obj)
         if name:
             if kind == "DELETED":
                 self._rvs.pop(name, None)
@@ -804,7 +651,7 @@ class ListWatch(Generic[T]):
             if self._stop.is_set():
                 return None
             return f"the check list failed: {_describe(exc)[0]}"
-        now = {_name_of(o): _rv_of(o) for o in items if _name_of(o)}
+        now = {name_of(o): _rv_of(o) for o in items if name_of(o)}
         if now == seen:
             self.log.debug("watch_quiet", kind=self.kind, objects=len(now))
             return None
@@ -850,149 +697,3 @@ def _shutdown(resp: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-
-
-# ------------------------------------------------------------------------------------------
-# The two informers discovery runs.
-
-
-class _Informer:
-    """Thread control shared by the informers: each wraps one :class:`ListWatch`."""
-
-    watch: ListWatch[Any]
-
-    def start(self) -> None:
-        """Start the informer thread."""
-        self.watch.start()
-
-    def stop(self, timeout_s: float = 5.0) -> bool:
-        """Stop the informer thread; True once it has ended (see :meth:`ListWatch.stop`)."""
-        return self.watch.stop(timeout_s)
-
-    def signal_stop(self) -> None:
-        """Ask the informer thread to stop, cutting its request; does not wait."""
-        self.watch.signal_stop()
-
-    def join(self, timeout_s: float) -> bool:
-        """Wait for the stopped informer thread; True once it has ended."""
-        return self.watch.join(timeout_s)
-
-    def problem(self) -> tuple[str, int] | None:
-        """What keeps the informer from following the API, and since when (monotonic ns)."""
-        return self.watch.problem()
-
-
-class EndpointSliceInformer(_Informer):
-    """The ready endpoints of one Service, from its EndpointSlices.
-
-    Parameters
-    ----------
-    api
-        A configured :class:`kubernetes.client.ApiClient`.
-    namespace, service
-        The Service.
-    on_update
-        Called with the Service's ready endpoints (sorted, de-duplicated) after the first
-        list and after every change of the slices (from the informer thread).
-    port_name, scheme
-        How addresses are built (see :mod:`discovery.endpoints`).
-    """
-
-    def __init__(
-        self,
-        api: k8s_client.ApiClient,
-        namespace: str,
-        service: str,
-        on_update: Callable[[tuple[EndpointSpec, ...], str], None],
-        *,
-        log: EventLog,
-        timing: WatchTiming,
-        port_name: str = "",
-        scheme: str = "http",
-        rng: random.Random | None = None,
-    ) -> None:
-        self.on_update = on_update
-        self.log = log
-        self.port_name = port_name or None
-        self.scheme = scheme
-        self.watch = ListWatch[ParsedSlice](
-            kind="EndpointSlice",
-            resource="endpointslices.discovery.k8s.io",
-            list_call=k8s_client.DiscoveryV1Api(api).list_namespaced_endpoint_slice,
-            namespace=namespace,
-            selectors={"label_selector": f"{SERVICE_NAME_LABEL}={service}"},
-            parse=self._parse,
-            on_change=self._changed,
-            log=log,
-            timing=timing,
-            rng=rng,
-            requests=track_requests(api),
-        )
-
-    def _parse(self, obj: dict[str, Any]) -> ParsedSlice:
-        s = parse_slice(obj, port_name=self.port_name, scheme=self.scheme)
-        if s.problems:
-            self.log.warning(
-                "slice_problems",
-                slice=s.name,
-                resource_version=s.resource_version,
-                problems=list(s.problems[:20]),
-                skipped=len(s.problems),
-            )
-        return s
-
-    def _changed(self, store: dict[str, ParsedSlice], reason: str) -> None:
-        slices = [store[name] for name in sorted(store)]
-        self.on_update(merge_slices(slices), reason)
-
-
-def parse_configmap(obj: dict[str, Any]) -> dict[str, str]:
-    """A ConfigMap's ``data`` (``{}`` if it has none).
-
-    Raises
-    ------
-    ConfigMapError
-        If ``data`` is not an object of strings.
-    """
-    data = obj.get("data")
-    if data is None:
-        return {}
-    if not isinstance(data, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
-    ):
-        raise ConfigMapError(f"ConfigMap {_name_of(obj)}: 'data' must map strings to strings")
-    return dict(data)
-
-
-class ConfigMapInformer(_Informer):
-    """One ConfigMap's data: a dictionary when it exists, ``None`` when it does not."""
-
-    def __init__(
-        self,
-        api: k8s_client.ApiClient,
-        namespace: str,
-        name: str,
-        on_update: Callable[[dict[str, str] | None, str], None],
-        *,
-        log: EventLog,
-        timing: WatchTiming,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.name = name
-        self.on_update = on_update
-        self.watch = ListWatch[dict[str, str]](
-            kind="ConfigMap",
-            resource="configmaps",
-            list_call=k8s_client.CoreV1Api(api).list_namespaced_config_map,
-            namespace=namespace,
-            selectors={"field_selector": f"metadata.name={name}"},
-            parse=parse_configmap,
-            on_change=self._changed,
-            log=log,
-            timing=timing,
-            rng=rng,
-            requests=track_requests(api),
-        )
-
-    def _changed(self, store: dict[str, dict[str, str]], reason: str) -> None:
-        self.on_update(store.get(self.name), reason)

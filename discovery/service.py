@@ -81,7 +81,7 @@ _PUBLISHED = PUBLISHED_KNOBS
 
 
 class InformerLike(Protocol):
-    """What the loop needs from an informer (:mod:`discovery.kube`)."""
+    """What the loop needs from an informer (:mod:`discovery.informers`)."""
 
     def start(self) -> None:
         """Start its thread."""

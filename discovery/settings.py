@@ -34,6 +34,7 @@ from lbcore.knobs import (
     parse_bool,
     parse_choice,
     parse_int_between,
+    parse_number_between,
     seconds_at_least,
 )
 from lbcore.knobs import docs_table as _docs_table
@@ -64,14 +65,7 @@ def _text(text: str) -> str:
     return text.strip()
 
 
-def _share(text: str) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise ValueError("expected a share from 0 to 1") from None
-    if not 0.0 <= value <= 1.0:
-        raise ValueError("expected a share from 0 to 1")
-    return value
+_share = parse_number_between(0.0, 1.0, what="a share")
 
 
 #: Settings of the discovery process (not published; each host's own).
@@ -318,24 +312,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
 _count = parse_int_between(0, 1_000_000_000)
 
 
-def _number_at_least(minimum: float, maximum: float) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise ValueError("expected a number") from None
-        if not (minimum <= value <= maximum):
-            raise ValueError(f"expected a number from {minimum:g} to {maximum:g}")
-        return value
-
-    return parse
-
-
-def _percent(text: str) -> float:
-    value = _number_at_least(0.0, 100.0)(text.strip().rstrip("%"))
-    if value > 100.0:
-        raise ValueError("expected a percentage from 0 to 100")
-    return value
+_percent = parse_number_between(0.0, 100.0, what="a percentage", suffix="%")
 
 
 _S = 1e9
@@ -437,7 +414,7 @@ OUTLIER_KNOBS: tuple[Knob, ...] = (
         "CSLB_OUTLIER_SUCCESS_RATE_STDEV",
         "--outlier-success-rate-stdev",
         _OD.success_rate_stdev,
-        _number_at_least(0.0, 1000.0),
+        parse_number_between(0.0, 1000.0),
         "Success-rate rule: eject an endpoint whose success rate is below mean - this x "
         "stdev of the endpoints with enough calls, and at least 5 points below the mean "
         "(0: rule off).",

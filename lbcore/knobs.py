@@ -51,6 +51,7 @@ __all__ = [
     "parse_bool",
     "parse_choice",
     "parse_int_between",
+    "parse_number_between",
     "parse_seconds",
     "seconds_at_least",
 ]
@@ -167,20 +168,69 @@ def _number(text: str) -> float:
     return value
 
 
-def parse_int_between(low: int, high: int) -> Callable[[str], int]:
-    """A parser of an integer from ``low`` to ``high`` (``_`` separators allowed)."""
+def parse_int_between(low: int, high: int | None = None) -> Callable[[str], int]:
+    """A parser of an integer from ``low`` to ``high`` (``None``: no upper bound).
+
+    ``_`` separators are allowed.
+    """
+    if high is None:
+        expected = f"expected an integer >= {low}"
+    else:
+        expected = f"expected an integer from {low} to {high}"
 
     def parse(text: str) -> int:
         t = text.strip().replace("_", "")
         # int() of a huge digit string is slow and may raise past Python's digit limit.
         if len(t) > 24:
-            raise ValueError(f"expected an integer from {low} to {high}")
+            raise ValueError(expected)
         try:
             value = int(t)
         except ValueError:
-            raise ValueError(f"expected an integer from {low} to {high}") from None
-        if not low <= value <= high:
-            raise ValueError(f"expected an integer from {low} to {high}")
+            raise ValueError(expected) from None
+        if value < low or (high is not None and value > high):
+            raise ValueError(expected)
+        return value
+
+    return parse
+
+
+def parse_number_between(
+    low: float,
+    high: float | None = None,
+    *,
+    above: bool = False,
+    what: str = "a finite number",
+    suffix: str = "",
+) -> Callable[[str], float]:
+    """A parser of a finite number from ``low`` to ``high`` (``None``: no upper bound).
+
+    Parameters
+    ----------
+    low, high
+        The range, both ends included (``low`` excluded with ``above``).
+    above
+        The number must be greater than ``low``.
+    what
+        What the message says was expected (``"a percentage"``).
+    suffix
+        A unit the text may end with, dropped before parsing (``"%"``).
+    """
+    if high is not None:
+        expected = f"expected {what} from {low:g} to {high:g}"
+    else:
+        expected = f"expected {what} {'>' if above else '>='} {low:g}"
+
+    def parse(text: str) -> float:
+        t = text.strip()
+        if suffix:
+            t = t.removesuffix(suffix).strip()
+        try:
+            value = float(t)
+        except ValueError:
+            raise ValueError(expected) from None
+        in_range = value > low if above else value >= low
+        if not (math.isfinite(value) and in_range and (high is None or value <= high)):
+            raise ValueError(expected)
         return value
 
     return parse
@@ -254,15 +304,25 @@ def _fade_exponent(text: str) -> float:
     return value
 
 
-def seconds_at_least(minimum: float) -> Callable[[str], float]:
-    """A parser of a finite number of seconds (``"2"``, ``"2.5s"``) that is ``>= minimum``."""
+def seconds_at_least(minimum: float, maximum: float | None = None) -> Callable[[str], float]:
+    """A parser of a finite number of seconds (``"2"``, ``"2.5s"``) from ``minimum`` on.
+
+    At most ``maximum`` seconds if given, else at most :data:`MAX_SECONDS`.
+    """
+    if maximum is not None:
+        expected = f"expected seconds from {minimum:g} to {maximum:g}"
+    else:
+        expected = f"expected seconds >= {minimum:g} and at most {MAX_SECONDS:g} (seven days)"
 
     def parse(text: str) -> float:
-        value = parse_seconds(text)
-        if value < minimum:
-            raise ValueError(
-                f"expected seconds >= {minimum:g} and at most {MAX_SECONDS:g} (seven days)"
-            )
+        try:
+            value = parse_seconds(text)
+        except ValueError:
+            if maximum is None:
+                raise
+            raise ValueError(expected) from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise ValueError(expected)
         return value
 
     return parse

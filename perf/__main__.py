@@ -2,6 +2,6 @@
 
 import sys
 
-from cslb.bench_cmd import main
+from perf.command import main
 
 sys.exit(main())

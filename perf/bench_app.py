@@ -30,7 +30,8 @@ from prometheus_client import generate_latest
 import lbcore
 import shm
 from shm.segment import list_segments, unlink_name
-from workers.app import CslbApp, _parse_binary, _parse_json, _parse_text, pack_keys
+from workers.app import CslbApp, pack_keys
+from workers.surfaces.body import parse_binary, parse_json, parse_text
 
 
 def _eps(n: int) -> list[str]:
@@ -122,17 +123,17 @@ def _parsers(seed: int) -> None:
         fig = _interleaved(
             {
                 "json.loads (baseline)": (json.loads, as_json),
-                "JSON (app)": (lambda b: _parse_json(b, 10**7), as_json),
+                "JSON (app)": (lambda b: parse_json(b, 10**7), as_json),
                 "text/plain (app)": (
-                    lambda b: _parse_text(b, None, 10**7),
+                    lambda b: parse_text(b, None, 10**7),
                     [b"\n".join(b) for b in batches],
                 ),
                 "octet-stream (app)": (
-                    lambda b: _parse_binary(b, 10**7),
+                    lambda b: parse_binary(b, 10**7),
                     [pack_keys(b) for b in batches],
                 ),
                 "octet-stream, mixed lengths (app)": (
-                    lambda b: _parse_binary(b, 10**7),
+                    lambda b: parse_binary(b, 10**7),
                     [pack_keys(b) for b in mixed],
                 ),
                 "length before each key (baseline)": (

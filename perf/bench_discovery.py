@@ -36,7 +36,9 @@ import lbcore  # noqa: E402
 import shm  # noqa: E402
 from discovery.endpoints import merge_slices, parse_slice  # noqa: E402
 from discovery.events import EventLog  # noqa: E402
-from discovery.kube import EndpointSliceInformer, WatchTiming, load_client  # noqa: E402
+from discovery.informers import EndpointSliceInformer  # noqa: E402
+from discovery.kube import WatchTiming  # noqa: E402
+from discovery.kube_client import load_client  # noqa: E402
 from discovery.ringstate import FadeParams, RingState  # noqa: E402
 from discovery.static import EndpointSpec  # noqa: E402
 from shm.segment import list_segments, unlink_name  # noqa: E402

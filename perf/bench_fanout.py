@@ -10,7 +10,7 @@ Prints, per fanned-out key, the process CPU time (every thread) of:
 
 for 100 keys per fan-out on 10 endpoints, with a send that returns at once (the
 machinery alone) and one that sleeps 1 ms (threads really wait). Then the recording
-of one call alone: :class:`workers.ledger.CallLedger` ``begin`` + ``end`` with its
+of one call alone: :class:`workers.fanout.ledger.CallLedger` ``begin`` + ``end`` with its
 batched writes, next to one ``record_start`` + ``record_end`` per call through the
 worker's :class:`shm.LockedRecorder` (what recording each call on its own would cost).
 Medians over repetitions on fresh key batches; absolute numbers drift by up to 2x on
@@ -39,9 +39,9 @@ import numpy as np
 
 import lbcore
 import shm
-from workers.fanout_settings import FanoutSettings
-from workers.ledger import CallLedger
-from workers.router import Router
+from workers.fanout.ledger import CallLedger
+from workers.fanout.settings import FanoutSettings
+from workers.routing.router import Router
 
 PARTS = ("inprocess", "wire")
 THREADS = 8

@@ -37,8 +37,8 @@ import numpy as np
 import lbcore
 from shm import CounterStore, Knobs, LockedRecorder, TableReader, TableWriter
 from shm.segment import SHM_DIR, unlink_name
-from workers.router import LOAD_REFRESH, Router
-from workers.snapshot import build_plan
+from workers.routing.router import LOAD_REFRESH, Router
+from workers.routing.snapshot import build_plan
 
 BATCH = 100
 

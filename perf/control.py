@@ -110,7 +110,7 @@ def _worker(
     ``background``: the :class:`workers.Router` argument (``False``: map new generations
     on the routing thread, the baseline).
     """
-    from workers.router import Router
+    from workers.routing.router import Router
 
     rng = np.random.default_rng(seed)
     pool = [make_skus(rng, 100) for _ in range(500)]
@@ -175,7 +175,7 @@ def _build_publish(n: int, reps: int) -> dict[str, Any]:
 def _plan_costs(n: int, reps: int) -> dict[str, Any]:
     """What a worker spends on a new generation's plan (ms), beside mapping it.
 
-    ``plan_build_ms``: :func:`workers.snapshot.build_plan` on a mapped table (median,
+    ``plan_build_ms``: :func:`workers.routing.snapshot.build_plan` on a mapped table (median,
     the endpoints' hosts parsed already); ``plan_first_ms``: the first plan of a table
     with an ejected endpoint mapped by the routing thread itself (which then parses
     every endpoint's host for the skip rule); ``plan_first_bg_ms``: the same table
@@ -183,7 +183,7 @@ def _plan_costs(n: int, reps: int) -> dict[str, Any]:
     """
     import lbcore
     import shm
-    from workers.snapshot import build_plan
+    from workers.routing.snapshot import build_plan
 
     ns = unique_namespace("cpl")
     store = shm.CounterStore.create(ns, rows=2)

@@ -4,7 +4,7 @@ Runs under ``gunicorn -c python:workers.gunicorn_conf`` (WSGI ``app``). Each req
 fans its IDs out with ``Router.attach().fanout(ids, SENDER)`` to ``GET <pod>/<id>``
 and answers ``{"failed": N, "wrong": N, "took_s": S}``: keys that came back as errors,
 keys whose value is not the pod's answer for that key, and the fan-out's wall time.
-``GET /metrics``: cslb's host-wide metrics (:class:`workers.metrics.CslbCollector`).
+``GET /metrics``: cslb's host-wide metrics (:class:`workers.surfaces.collector.CslbCollector`).
 
 ``CSLB_FLEET_SENDER`` picks the sender: ``curl`` (default) ->
 ``CurlSender("/{key}")``, ``urllib3`` -> ``Urllib3Sender(maxsize=8)`` (the transport
@@ -21,7 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from workers import Router
-from workers.metrics import CslbCollector
+from workers.surfaces.collector import CslbCollector
 
 SENDER_NAME = os.environ.get("CSLB_FLEET_SENDER", "curl")
 REGISTRY = CollectorRegistry()

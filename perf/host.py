@@ -37,7 +37,7 @@ def _worker(
     go: Any,
     conn: Any,
 ) -> None:
-    from workers.router import Router
+    from workers.routing.router import Router
 
     router = Router(namespace) if op == ROUTER else None
     try:

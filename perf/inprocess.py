@@ -110,7 +110,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     Each row: ``endpoints``, ``keys`` (``sku``/``int``), ``batch``, ``op``,
     ``ns_per_key`` (median, nanoseconds) and ``mkeys_per_s`` (millions of keys per second).
     """
-    from workers.router import Router
+    from workers.routing.router import Router
 
     batches = (1, 100, 10_000) if quick else FULL_BATCHES
     rng = np.random.default_rng(20261129)

@@ -20,7 +20,9 @@ from typing import Any
 
 import shm
 from discovery.events import EventLog
-from discovery.kube import ConfigMapInformer, EndpointSliceInformer, WatchTiming, load_client
+from discovery.informers import ConfigMapInformer, EndpointSliceInformer
+from discovery.kube import WatchTiming
+from discovery.kube_client import load_client
 from discovery.publisher import Publisher
 from discovery.service import Discovery
 from discovery.settings import KnobState

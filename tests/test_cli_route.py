@@ -111,7 +111,11 @@ def test_version_prints_the_installed_distributions_version():
 
 
 def test_subcommand_argument_parsing_lives_in_the_cslb_package():
-    """The rooms expose functions; only cslb/ parses argv, one module per subcommand."""
+    """The rooms expose functions; only cslb/ parses argv, one module per subcommand.
+
+    The one exception is the benchmark suite's own command, ``python -m perf``
+    (perf/command.py), which ``cslb bench`` is: perf never imports cslb.
+    """
     import re
 
     paths = [
@@ -128,3 +132,23 @@ def test_subcommand_argument_parsing_lives_in_the_cslb_package():
     assert {"bench", "simulate"} <= set(COMMANDS)
     for name, (module, _) in COMMANDS.items():
         assert module == f"cslb.{name}_cmd", name
+
+
+def test_perf_never_imports_the_command_line():
+    """Arrows point one way: cslb may use perf (``cslb bench``, ``cslb simulate``), perf
+    never cslb; and no package room imports perf or cslb."""
+    import ast
+
+    def imported(path):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                yield from (a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                yield node.module.split(".")[0]
+
+    for path in (ROOT / "perf").rglob("*.py"):
+        assert "cslb" not in set(imported(path)), path
+    for room in ("lbcore", "shm", "discovery", "workers"):
+        for path in (ROOT / room).rglob("*.py"):
+            assert not {"perf", "cslb"} & set(imported(path)), path

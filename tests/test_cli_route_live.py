@@ -27,8 +27,8 @@ from lbcore.ejection import Ejections
 from lbcore.outlier import REASON_CONSECUTIVE
 from shm.segment import SHM_DIR, unlink_name
 from tests.app_tests.conftest import ENDPOINTS, Host, new_namespace
-from workers.explain import FALLBACK_REASONS, KINDS, live
-from workers.router import Router
+from workers.routing.router import Router
+from workers.surfaces.explain import FALLBACK_REASONS, KINDS, live
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = [f"SKU-{i:05d}" for i in range(3000)]

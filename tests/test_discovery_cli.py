@@ -14,13 +14,13 @@ import pytest
 import lbcore
 import shm
 from cslb import inspect_cmd as inspect_cli
-from discovery import inspect_cmd
 from discovery.publisher import Publisher
 from discovery.ringstate import FadeParams, RingState
 from discovery.static import EndpointSpec
 from lbcore.knobs import defaults
 from tests.discovery_harness import ROOT, Proc, segments, shm_namespace, wait_until
 from tests.kubeapi import CONFIGMAPS, SLICES, FakeKubeAPI, configmap, endpoint, endpoint_slice
+from workers.surfaces import inspect_report as inspect_cmd
 
 NS = "shop"
 S = 1_000_000_000
@@ -303,7 +303,7 @@ def test_help_lists_every_setting_and_knob():
 
 def test_worker_side_modules_do_not_import_the_kubernetes_client():
     code = (
-        "import sys, discovery.inspect_cmd, discovery.publisher, discovery.service, "
+        "import sys, workers.surfaces.inspect_report, discovery.publisher, discovery.service, "
         "discovery.static, discovery.ringstate, cslb.route_cmd, cslb.inspect_cmd; "
         "bad = [m for m in sys.modules if m == 'kubernetes' or m.startswith('kubernetes.')]; "
         "print(bad); sys.exit(1 if bad else 0)"
@@ -345,7 +345,7 @@ def test_inspect_shows_the_fade_mode_and_which_shares_apply(published):
     (ring,) = s["fading_rings"]
     assert ring["added"] == ["http://10.5.0.1:8080", "http://10.5.0.2:8080"]
     assert 0.1 < ring["skipper_score"] < 0.25  # (15 s / 30 s) ** 2.5 = 0.177
-    text = inspect_cmd._text(s)
+    text = inspect_cmd.render_text(s)
     assert "fade_mode=skipper" in text and "fade: mode skipper" in text
     assert "N-ring shares are not used" in text and "Skipper fade-in score now" in text
     assert "share now" not in text
@@ -354,7 +354,7 @@ def test_inspect_shows_the_fade_mode_and_which_shares_apply(published):
     assert (
         s2["fade"]["n_ring_shares_apply"] is True and "skipper_score" not in s2["fading_rings"][0]
     )
-    assert "share now 17." in inspect_cmd._text(s2)
+    assert "share now 17." in inspect_cmd.render_text(s2)
 
 
 def test_inspect_into_a_closed_pipe_ends_quietly(published):

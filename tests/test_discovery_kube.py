@@ -8,14 +8,9 @@ import time
 import pytest
 
 from discovery.events import EventLog
-from discovery.kube import (
-    ConfigMapInformer,
-    EndpointSliceInformer,
-    KubeConfigError,
-    ListWatch,
-    WatchTiming,
-    load_client,
-)
+from discovery.informers import ConfigMapInformer, EndpointSliceInformer
+from discovery.kube import ListWatch, WatchTiming
+from discovery.kube_client import KubeConfigError, load_client
 from tests.kubeapi import (
     CONFIGMAPS,
     SLICES,
@@ -122,7 +117,7 @@ def informer(client):
     finally:
         for inf in made:
             inf.stop()
-            assert not inf.watch._thread.is_alive()
+            assert not inf.watch.is_running()
 
 
 def urls(addrs, port=8080):
@@ -322,7 +317,7 @@ def test_malformed_slices_are_skipped_with_a_log_line(kube, informer):
     assert "'endpoints' must be a list" in invalid[4]["error"]
     (problems,) = rec.named("slice_problems")
     assert problems["slice"] == "catalog-c" and problems["skipped"] == 2
-    assert inf.watch._thread.is_alive()
+    assert inf.watch.is_running()
     kube.delete(SLICES, NS, "catalog-a")
     rec.wait_addresses(urls(["10.5.0.1"]))
 
@@ -415,7 +410,7 @@ def test_stop_interrupts_a_blocked_watch(kube, informer):
     t0 = time.monotonic()
     inf.stop()
     assert time.monotonic() - t0 < 1.0
-    assert not inf.watch._thread.is_alive()
+    assert not inf.watch.is_running()
 
 
 def test_load_client_errors_name_the_file(tmp_path):
@@ -487,7 +482,7 @@ def test_repeated_expirations_back_off_before_relisting(kube, informer, action):
     assert rec.addresses() == urls(ips(2))  # every relist reported the same good set
     # A watch that works ends the run: the next expiration relists at once again.
     kube.clear_faults()
-    rec.wait(lambda: inf.watch._expired_in_a_row == 0, what="a working watch")
+    rec.wait(lambda: inf.watch.expired_in_a_row == 0, what="a working watch")
     kube.fail("watch", SLICES, action)
     fault.times = 0
     kube.pause()  # ends the working watch; the next one expires

@@ -167,7 +167,7 @@ def test_a_refusing_pod_is_ejected_skipped_then_readmitted_through_a_fading_ring
 
 
 def test_inspect_shows_why_and_until_when(fleet):
-    from discovery import inspect_cmd
+    from workers.surfaces import inspect_report as inspect_cmd
 
     f = fleet(knobs={"outlier_ejection_time_s": 20.0})
     bad = EPS[8]
@@ -181,7 +181,7 @@ def test_inspect_shows_why_and_until_when(fleet):
     others = [e for e in snap["endpoints"] if e["address"] != bad]
     assert all(e["ejection"]["reason"] is None and not e["ejected"] for e in others)
     assert snap["outlier_panic"] is False
-    text = inspect_cmd._text(snap)
+    text = inspect_cmd.render_text(snap)
     (line,) = [ln for ln in text.splitlines() if bad in ln]
     assert "ejected: consecutive_failures, " in line and "s left, ejection 1" in line
 
@@ -251,7 +251,7 @@ def test_below_the_panic_threshold_ejections_are_ignored_and_panic_is_logged_onc
 
 
 def test_with_panic_off_a_table_of_ejected_pods_routes_every_key_to_fallback(fleet):
-    from workers.router import Router
+    from workers.routing.router import Router
 
     f = fleet(
         addresses=EPS[:3],

@@ -67,7 +67,7 @@ def test_every_settings_table_flag_is_an_option_of_some_command(doc, variable, f
 
 
 def test_the_http_settings_are_flags_of_cslb_serve_and_reach_the_workers() -> None:
-    from workers.app import APP_KNOBS
+    from workers.surfaces.app import APP_KNOBS
 
     env: dict[str, str] = {}
     argv = []

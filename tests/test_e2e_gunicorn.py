@@ -436,7 +436,7 @@ def test_serve_print_command_and_errors(tmp_path: Path) -> None:
         (["--namespace", "shop"], "give --service too"),
         (["--endpoints-file", "x.json", "--namespace", "shop"], "nothing with --endpoints-file"),
         (["--endpoints-file", "x", "--service", "s"], "not allowed with argument"),
-        (["--workers", "0"], "expected a positive integer"),
+        (["--workers", "0"], "expected an integer >= 1"),
         (["--balance-factor", "0.5"], "CSLB_BALANCE_FACTOR"),
         (["--shm-namespace", "a/b"], "is invalid"),
     ],

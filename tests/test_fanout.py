@@ -22,10 +22,10 @@ import pytest
 import lbcore
 import shm
 from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
-from workers.fanout import DeadlineError, RejectedError, Result
-from workers.fanout_settings import FanoutSettings
-from workers.router import Router, RouterStateError
-from workers.senders import CallAnswerError, CallStatusError
+from workers.fanout.senders import CallAnswerError, CallStatusError
+from workers.fanout.settings import FanoutSettings
+from workers.fanout.threads import DeadlineError, RejectedError, Result
+from workers.routing.router import Router, RouterInputError, RouterStateError
 
 EPS = [f"http://10.9.0.{i}:8080" for i in range(1, 6)]
 KEYS = [f"SKU-{i:05d}" for i in range(100)]
@@ -313,8 +313,8 @@ def test_the_retry_waits_a_jittered_backoff_and_never_starts_past_the_deadline(h
     gaps = [(stamps[k][1] - stamps[k][0]) / 1e9 for k in hit]
     assert min(gaps) >= 0.1  # at least the lower half of the 0.2-s backoff
     # Jittered over the upper half of the setting, never beyond it.
-    plan = r.fan_out.plan(KEYS[:1], send, None, None, False)
-    waits = [plan.backoff_ns() for _ in range(200)]
+    state = r.fanout_machinery.prepare(KEYS[:1], send, None, None, False)
+    waits = [state.backoff_ns() for _ in range(200)]
     assert 0.1e9 <= min(waits) and max(waits) <= 0.2e9 and len(set(waits)) > 100
     # A retry that would start past the deadline is not sent (nor charged to the budget):
     # backoffs of 0.5-1 s, a deadline of 0.45 s.
@@ -344,7 +344,7 @@ def test_a_timeout_the_deadline_cut_short_is_the_callers_a_longer_one_the_pods(h
 
     def ended(n):
         for _ in range(200):  # (the calls end on the pool after the fan-out returned)
-            r.fan_out.ledger.flush()
+            r.fanout_machinery.ledger.flush()
             loads = host.loads()
             if int(loads.requests_total[slot]) >= n:
                 return int(loads.failures_total_by_kind[slot, FAIL_TIMEOUT - 1])
@@ -360,7 +360,7 @@ def test_a_timeout_the_deadline_cut_short_is_the_callers_a_longer_one_the_pods(h
     # they are no success either (a success resets the pod's consecutive failures):
     # only their busy time counts.
     r.fanout(keys, send, timeout_s=0.2, deadline_s=0.04)
-    ledger = r.fan_out.ledger
+    ledger = r.fanout_machinery.ledger
     for _ in range(200):  # (the calls end on the pool after the fan-out returned)
         if ledger.in_flight(slot) == 0:
             break
@@ -763,7 +763,7 @@ def test_a_cancelled_afanout_cancels_its_calls_and_records_their_end(host):
 
     out: list[int] = []
     assert asyncio.run(main()) == []
-    r.fan_out.ledger.flush()
+    r.fanout_machinery.ledger.flush()
     loads = host.loads()
     assert int(loads.in_flight.sum()) == 0 and int(loads.failures_total.sum()) == 0
     # The 4 calls out when it was cancelled count as neither success nor failure; the
@@ -795,7 +795,10 @@ def test_fanout_needs_a_threaded_router_and_checks_its_arguments(host):
         r.close()
     r = host.router()
     for bad in (0, -1, "1", True):
-        with pytest.raises(ValueError, match="timeout_s"):
+        # The router's input error, as route() raises for bad arguments (a ValueError).
+        with pytest.raises(RouterInputError, match="timeout_s"):
             r.fanout(KEYS, lambda u, k: k, timeout_s=bad)
+    with pytest.raises(RouterInputError, match="grouped"):
+        r.fanout(KEYS, lambda u, k: k, grouped=1)
     with pytest.raises(lbcore.KeyTypeError):
         r.fanout([1.5], lambda u, k: k)

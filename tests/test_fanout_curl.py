@@ -4,7 +4,7 @@ Python pods (tests/pods.py: one process each, counting the requests they serve a
 for the behaviour, the C pods of the benchmarks (perf/podserver.c: answers exactly S ms
 after the request) where a pod's true service time matters, and a hostile pod in this
 process (garbage, resets, endless bodies). The drivers' shared description of a batch
-(:class:`workers.fanout_curl.Batch`) is also driven without sockets, on a fake reactor.
+(:class:`workers.fanout.curl_driver.Batch`) is also driven without sockets, on a fake reactor.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import lbcore
 import shm
 from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER
 from tests.pods import PodFleet
-from workers.admission import Admission, AdmissionError
-from workers.fanout_curl import Batch
-from workers.fanout_plan import RejectedError
-from workers.fanout_settings import FanoutSettings
-from workers.router import Router
-from workers.senders import CallConnectError, CallError, CurlSender
+from workers.fanout.admission import Admission, AdmissionError
+from workers.fanout.curl_driver import Batch
+from workers.fanout.jobs import RejectedError
+from workers.fanout.senders import CallConnectError, CallError, CurlSender
+from workers.fanout.settings import FanoutSettings
+from workers.routing.router import Router, RouterInputError
 
 KEYS = [f"SKU-{i:05d}" for i in range(100)]
 
@@ -326,7 +326,7 @@ def test_bad_settings_and_arguments_are_clear_errors(host):
         CurlSender(headers={"X-A": "1\r\nInjected: yes"})
     r = host.router()
     s = CurlSender()
-    with pytest.raises(ValueError, match="grouped=True"):
+    with pytest.raises(RouterInputError, match="grouped=True"):
         r.fanout(KEYS, s.group)
     # A pod answering something the decoder cannot read: that key's error, named.
     bad = CurlSender(decode=lambda b: int(b))
@@ -383,11 +383,11 @@ def test_a_fanout_beyond_the_line_is_rejected_with_a_clear_error(tmp_path):
             first = threading.Thread(target=run, args=("a", 10))
             first.start()
             deadline = time.monotonic() + 5
-            while r.fan_out.admission.in_flight == 0 and time.monotonic() < deadline:
+            while r.fanout_machinery.admission.in_flight == 0 and time.monotonic() < deadline:
                 time.sleep(0.001)
             second = threading.Thread(target=run, args=("b", 5))
             second.start()
-            while r.fan_out.admission.waiting == 0 and time.monotonic() < deadline:
+            while r.fanout_machinery.admission.waiting == 0 and time.monotonic() < deadline:
                 time.sleep(0.001)
             run("c", 5)  # the line holds one fan-out already: refused at once
             first.join(10)
@@ -397,7 +397,7 @@ def test_a_fanout_beyond_the_line_is_rejected_with_a_clear_error(tmp_path):
             assert "CSLB_FANOUT_FIFO_SIZE=1" in str(got["c"][0].error)
             loads = h.loads()
             assert int(loads.requests_total.sum()) == 15  # the refused were never sent
-            assert int(loads.in_flight.sum()) == 0 and r.fan_out.admission.in_flight == 0
+            assert int(loads.in_flight.sum()) == 0 and r.fanout_machinery.admission.in_flight == 0
         finally:
             h.close()
 
@@ -454,13 +454,14 @@ def test_a_batch_is_driven_by_its_reactor_alone(paper_host):
     r = host.router(retry_backoff_s=0.004)
     s = CurlSender()
     keys = KEYS[:3]
-    plan = r.fan_out.plan(keys, s, 1.0, 5.0, False)
-    plan.refuse_stuck = True
+    state = r.fanout_machinery.prepare(keys, s, 1.0, 5.0, False)
+    state.refuse_stuck = True
     reactor = FakeReactor()
-    batch = Batch(plan, reactor, s)
-    from workers.fanout_curl import _jobs
+    batch = Batch(state, reactor, s)
+    from workers.fanout.curl_driver import start_jobs
 
-    for j in _jobs(r.fan_out, plan, r.fan_out.settings.cap_for(curl=True))[0]:
+    fan = r.fanout_machinery
+    for j in start_jobs(fan, state, fan.settings.cap_for(curl=True))[0]:
         batch.add(j)
     started = reactor.transport.started
     assert len(started) == 3 and not batch.done()  # every first call out at once
@@ -485,7 +486,7 @@ def test_a_batch_is_driven_by_its_reactor_alone(paper_host):
     assert not batch.done()
     batch.stop()  # the deadline: the third key's call is stopped, cut, not failed
     assert reactor.transport.cancelled == [third[0]] and batch.done()
-    res = r.fan_out.finish(plan)
+    res = r.fanout_machinery.finish(state)
     assert res[0].ok and res[0].attempts == 1
     assert res[1].ok and res[1].attempts == 2
     assert not res[2].ok and "deadline" in str(res[2].error)
@@ -500,30 +501,31 @@ def test_a_batch_is_driven_by_its_reactor_alone(paper_host):
 
 def test_when_every_pod_looks_stuck_a_call_still_goes_to_its_own_pod(paper_host):
     """The stuck rule steers calls away from a pod only to one that can take them."""
-    from workers.fanout_curl import _jobs
+    from workers.fanout.curl_driver import start_jobs
 
     r = paper_host.router(timeout_s=0.02)  # (a pod looks stuck after 10 ms)
     keys = [f"K{i}" for i in range(40)]
 
     def start() -> tuple:
-        plan = r.fan_out.plan(keys, CurlSender(), None, 5.0, False)
-        plan.refuse_stuck = True
+        state = r.fanout_machinery.prepare(keys, CurlSender(), None, 5.0, False)
+        state.refuse_stuck = True
         reactor = FakeReactor()
-        batch = Batch(plan, reactor, plan.send)
-        for j in _jobs(r.fan_out, plan, r.fan_out.settings.cap_for(curl=True))[0]:
+        batch = Batch(state, reactor, state.send)
+        fan = r.fanout_machinery
+        for j in start_jobs(fan, state, fan.settings.cap_for(curl=True))[0]:
             batch.add(j)
-        return plan, batch, reactor.transport.started
+        return state, batch, reactor.transport.started
 
     first = start()
     time.sleep(0.05)  # every pod's oldest call is now out well past 10 ms
-    plan, batch, started = start()
+    state, batch, started = start()
     urls = r.endpoints_of(r.route(keys))
     assert sorted(x[1] for x in started) == sorted(
         f"{u}/{k}" for u, k in zip(urls, keys, strict=True)
     )  # each key on its own pod: no retry pod could take it either
-    for p, b, _ in (first, (plan, batch, None)):
+    for p, b, _ in (first, (state, batch, None)):
         b.stop()
-        res = r.fan_out.finish(p)
+        res = r.fanout_machinery.finish(p)
         assert not any(isinstance(x.error, RejectedError) for x in res)
     assert paper_host.stats()["bulkhead_rejections"] == 0
 
@@ -588,7 +590,7 @@ def test_an_asyncio_fanout_cancelled_by_its_caller_cuts_its_calls(tmp_path):
             loads = h.loads()
             assert int(loads.in_flight.sum()) == 0
             assert int(loads.failures_total.sum()) == 0  # the caller gave up, not the pods
-            assert r.fan_out.admission.in_flight == 0
+            assert r.fanout_machinery.admission.in_flight == 0
         finally:
             h.close()
 
@@ -602,7 +604,7 @@ def test_the_readme_shows_curlsender_first():
 def test_jobs_a_failing_batch_never_started_leave_nothing_in_flight(paper_host, monkeypatch):
     """Every job's first call is begun before the batch starts them: if starting one
     fails (a bug), the calls of the jobs never started still end, cut."""
-    import workers.fanout_curl as fc
+    import workers.fanout.curl_driver as fc
 
     r = paper_host.router(timeout_s=1.0)
     real = fc.Batch.add

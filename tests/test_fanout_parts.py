@@ -20,13 +20,10 @@ from lbcore.knobs import KnobError, docs_table
 from lbcore.outlier import FAIL_CONNECT, FAIL_NONE, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
 from tests.gunicorn_harness import free_port
 from tests.pods import PodFleet
-from workers.budget import RetryBudget
-from workers.failurelog import FailureLog
-from workers.fanout_settings import FANOUT_KNOBS, FanoutSettings
-from workers.ledger import CallLedger
-from workers.recording import Recording
-from workers.router import Router
-from workers.senders import (
+from workers.fanout.budget import RetryBudget
+from workers.fanout.failurelog import FailureLog
+from workers.fanout.ledger import CallLedger
+from workers.fanout.senders import (
     CallAnswerError,
     CallConnectError,
     CallStatusError,
@@ -35,6 +32,9 @@ from workers.senders import (
     Urllib3Sender,
     failure_kind,
 )
+from workers.fanout.settings import FANOUT_KNOBS, FanoutSettings
+from workers.routing.recording import Recording
+from workers.routing.router import Router
 
 S = 1_000_000_000
 SETTINGS = Path(__file__).resolve().parent.parent / "docs" / "settings.md"

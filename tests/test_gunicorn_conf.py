@@ -87,7 +87,7 @@ def test_compose_rejects_unknown_hooks() -> None:
 def test_docs_name_every_master_setting_and_hook() -> None:
     from pathlib import Path
 
-    from workers.supervisor import SUPERVISOR_KNOBS
+    from workers.master.supervisor import SUPERVISOR_KNOBS
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "gunicorn.md").read_text()
     for k in SUPERVISOR_KNOBS:

@@ -19,7 +19,7 @@ import pytest
 import shm
 import workers.gunicorn_conf as conf
 from tests.gunicorn_harness import REPO, unique_namespace
-from workers.supervisor import settings_from_env
+from workers.master.supervisor import settings_from_env
 
 
 class ListLog:
@@ -57,15 +57,15 @@ def namespaces():
         assert shm.list_segments(ns) == []
 
 
-def _master(ns: str, mode: str = "external", rows: int = 4) -> tuple[conf._Master, SimpleNamespace]:
+def _master(ns: str, mode: str = "external", rows: int = 4) -> tuple[conf.Master, SimpleNamespace]:
     server = _server()
-    m = conf._Master()
+    m = conf.Master()
     m.log = server.log
     m.settings = settings_from_env({"CSLB_DISCOVERY": mode})
     m.namespace = ns
     m.rows = rows
     m.pid = os.getpid()
-    m._attach_counters()
+    m.attach_counters()
     m.owns_namespace = mode == "embedded"
     return m, server
 
@@ -234,7 +234,7 @@ def test_arbiter_wrappers_log_instead_of_raising() -> None:
         def tick(self) -> None:
             raise shm.SegmentMissingError("/cslb.x.counters", "gone")
 
-    conf._hook_arbiter_loop(server, Broken())
+    conf.hook_arbiter_loop(server, Broken())
     server.reap_workers()
     server.manage_workers()
     assert calls == ["reap", "manage"]  # gunicorn's own part still ran
@@ -243,7 +243,7 @@ def test_arbiter_wrappers_log_instead_of_raising() -> None:
 
 
 def test_before_fork_warns_of_threads_and_an_inherited_router(namespaces) -> None:
-    from workers.router import Router
+    from workers.routing.router import Router
 
     m, server = _master(namespaces())
     stop = threading.Event()
@@ -267,7 +267,7 @@ def test_before_fork_warns_of_threads_and_an_inherited_router(namespaces) -> Non
 
 
 def test_worker_exit_closes_the_router(namespaces) -> None:
-    from workers.router import Router
+    from workers.routing.router import Router
 
     router = Router.attach(namespaces())
     assert Router.current() is router
@@ -287,7 +287,7 @@ def test_worker_exit_closes_the_router(namespaces) -> None:
     ],
 )
 def test_control_socket_off_unless_asked(argv, env, disabled) -> None:
-    assert (not conf._control_socket_asked(argv, env)) is disabled
+    assert (not conf.control_socket_asked(argv, env)) is disabled
 
 
 def test_control_socket_setting_reaches_gunicorn(tmp_path: Path) -> None:
@@ -319,12 +319,12 @@ def test_start_log_says_created_taken_over_or_attached(namespaces) -> None:
     ns = namespaces()
     m, server = _master(ns, "embedded")
     m.store.close(unlink=False)  # a previous master's, same geometry
-    assert m._attach_counters() == "taken over"
+    assert m.attach_counters() == "taken over"
     m.stop(server)
     assert shm.list_segments(ns) == []
-    assert m._attach_counters() == "created"
+    assert m.attach_counters() == "created"
     ext, _ = _master(ns, "external")
-    assert ext._attach_counters() == "attached"
+    assert ext.attach_counters() == "attached"
     ext.store.close(unlink=False)
     m.pid = os.getpid()
     m.stop(server)

@@ -13,7 +13,7 @@ import pytest
 
 from lbcore.knobs import KnobError
 from tests.gunicorn_harness import alive, unique_namespace, wait_for
-from workers.supervisor import (
+from workers.master.supervisor import (
     DiscoverySupervisor,
     check_settings,
     discovery_command,
@@ -152,7 +152,7 @@ def test_unexecutable_command_is_retried_with_backoff(sup_factory, tmp_path: Pat
     with pytest.raises(OSError):
         sup.start()
     # As a restart (tick), a failed exec is logged and retried later, never raised.
-    sup._restart_at = clock.now
+    sup.schedule_restart()
     assert sup.tick() is False
     assert sup.restart_at == clock.now + 1.0
 
@@ -166,7 +166,7 @@ def test_child_dies_with_a_sigkilled_master(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import pathlib,sys,time\n"
-            "from workers.supervisor import DiscoverySupervisor\n"
+            "from workers.master.supervisor import DiscoverySupervisor\n"
             "child = [sys.executable, '-c', "
             "'import pathlib,sys,time; pathlib.Path(sys.argv[1]).touch(); time.sleep(60)', "
             "sys.argv[2]]\n"

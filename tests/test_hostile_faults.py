@@ -201,8 +201,8 @@ def test_a_warning_a_request_can_raise_is_logged_once_an_interval_with_a_count(
     track(): one line per interval, the next saying how many were not logged."""
     import logging
 
-    import workers.recording as recording
-    from workers import tracker
+    import workers.routing.recording as recording
+    from workers.routing import tracker
 
     log = logging.getLogger("cslb.router")
     for throttle in (recording.WarningThrottle("x not recorded"), tracker._START_WARN):

@@ -301,7 +301,7 @@ def test_a_router_routes_as_idle_while_its_counters_are_shrunk(caplog, monkeypat
     import uuid
 
     from tests.test_router import KEYS, Clock, Host, endpoints
-    from workers import snapshot
+    from workers.routing import snapshot
 
     monkeypatch.setattr(snapshot, "_unreadable_next_log", [0])  # (other tests' clocks)
     host = Host(f"rs{os.getpid()}x{uuid.uuid4().hex[:8]}", Clock())

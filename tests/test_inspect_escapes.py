@@ -8,8 +8,8 @@ import sys
 
 import lbcore
 import shm
-from discovery.inspect_cmd import shown
 from tests.discovery_harness import ROOT, shm_namespace
+from workers.surfaces.inspect_report import shown
 
 
 def test_shown_escapes_control_format_and_surrogate_characters() -> None:

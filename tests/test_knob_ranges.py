@@ -157,10 +157,10 @@ def test_cslb_discovery_stops_at_start_naming_the_knob(k: Knob, capsys) -> None:
 
 
 def test_cslb_serve_refuses_every_knob_it_passes_on_out_of_range(capsys) -> None:
-    from cslb.serve_cmd import _CHILD_KNOBS, main
-    from workers.serve import KNOBS_BY_ENV
+    from cslb.serve_cmd import CHILD_KNOBS, main
+    from workers.master.serve import KNOBS_BY_ENV
 
-    passed = set(KNOBS_BY_ENV) | {k.env for k in _CHILD_KNOBS}
+    passed = set(KNOBS_BY_ENV) | {k.env for k in CHILD_KNOBS}
     checked = [k for k in NUMERIC if k.env in passed]
     assert len(checked) >= 40
     for k in checked:

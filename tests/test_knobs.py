@@ -82,7 +82,7 @@ def test_docs_tables_show_empty_defaults_as_dash_and_run_time_ones_as_auto():
     assert "default auto]" in parser.format_help()
     # Every table in the README and docs: no empty backticks, the run-time defaults auto.
     from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
-    from workers.fanout_settings import FANOUT_KNOBS
+    from workers.fanout.settings import FANOUT_KNOBS
 
     for group in (knobs.ROUTING_KNOBS, DISCOVERY_KNOBS, OUTLIER_KNOBS, FANOUT_KNOBS):
         assert "| `` |" not in knobs.docs_table(group)

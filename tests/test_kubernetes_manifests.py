@@ -45,7 +45,7 @@ from tests.kubeapi import (
     endpoint_slice,
     make_test_ca,
 )
-from workers.app import CslbApp
+from workers.surfaces.app import CslbApp
 
 REPO = Path(__file__).resolve().parent.parent
 NS = "shop"

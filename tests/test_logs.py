@@ -26,7 +26,7 @@ import pytest
 from lbcore.knobs import LOG_FORMAT, LOG_LEVEL, KnobError
 from lbcore.logformat import Event, Formatter, iso_utc, render
 from tests.gunicorn_harness import REPO, serving, unique_namespace
-from workers import logs
+from workers.master import logs
 
 TS = 1_746_091_800.1234  # 2025-05-01T09:30:00.123Z
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -491,7 +491,7 @@ def test_readme_logs_section_names_every_event_and_the_settings():
     settings = (REPO / "docs" / "settings.md").read_text(encoding="utf-8")
     table = re.search(r"<!-- log-knobs -->\n(.*?)<!-- /log-knobs -->", settings, re.S)
     assert table and table.group(1).strip() == docs_table(LOG_KNOBS)
-    ours = _event_names(sorted((REPO / "workers").glob("*.py")), event_calls=True)
+    ours = _event_names(sorted((REPO / "workers").rglob("*.py")), event_calls=True)
     discovery = _event_names(
         [*sorted((REPO / "discovery").glob("*.py")), REPO / "cslb" / "discovery_cmd.py"],
         event_calls=False,

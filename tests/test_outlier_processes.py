@@ -44,7 +44,7 @@ def caller(ns, behaviour, stop, seconds):
     ``behaviour[i]``: how calls to ``EPS[i]`` end (0 success, a FAIL_* kind, or
     SATURATED: every other one times out).
     """
-    from workers.router import Router
+    from workers.routing.router import Router
 
     router = Router(ns, background=False, refresh_s=0.05)
     rec = shm.CounterStore.attach(ns).claim()

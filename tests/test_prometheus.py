@@ -99,7 +99,7 @@ def _load(port: int, ns: str, stop: threading.Event) -> None:
     """A little load: batches through /route, and tracked calls as a user's worker makes."""
     import http.client
 
-    from workers.router import Router
+    from workers.routing.router import Router
 
     router = Router.attach(ns)
     keys = [f"sku-{i}" for i in range(50)]

@@ -21,9 +21,9 @@ import shm
 from lbcore.fade import skipper_fadein_route
 from lbcore.hashing import unit_interval
 from shm.segment import SHM_DIR, unlink_name
-from workers import router as router_mod
-from workers.failurelog import LINES_PER_S
-from workers.router import SKIPPER_SALT, Router, RouterInputError, RouterStateError
+from workers.fanout.failurelog import LINES_PER_S
+from workers.routing import router as router_mod
+from workers.routing.router import SKIPPER_SALT, Router, RouterInputError, RouterStateError
 
 D_NS = 30_000_000_000
 KEYS = [f"SKU-{i:06d}" for i in range(4000)]

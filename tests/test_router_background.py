@@ -16,7 +16,7 @@ from shm.segment import set_seam_hook
 from tests import test_router as base
 from tests.background_harness import held_background_map, run_forked
 from tests.test_router import KEYS, _followed, endpoints, knobs
-from workers.router import Router
+from workers.routing.router import Router
 
 # The router tests' fixtures: a namespace cleaned up afterwards, its counters and writer.
 namespace = base.namespace

@@ -154,7 +154,7 @@ def _close_router() -> Iterator[None]:
     """A router a test attached (through the app) is closed, whatever happened."""
     yield
     try:
-        from workers.router import Router
+        from workers.routing.router import Router
     except ImportError:
         return
     r = Router.current()

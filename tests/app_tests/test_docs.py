@@ -9,8 +9,8 @@ from pathlib import Path
 from lbcore.knobs import docs_table
 from tests.app_tests.conftest import Host
 from tests.app_tests.test_app import call
-from workers.app import APP_KNOBS, MAX_ATTEMPT, MAX_KEY_BYTES, CslbApp
-from workers.metrics import CslbCollector
+from workers.surfaces.app import APP_KNOBS, MAX_ATTEMPT, MAX_KEY_BYTES, CslbApp
+from workers.surfaces.collector import CslbCollector
 
 DOC = (Path(__file__).parents[2] / "docs" / "http.md").read_text(encoding="utf-8")
 
@@ -77,9 +77,10 @@ def test_app_modules_import_only_what_the_workers_room_may() -> None:
     import sys
 
     allowed = {"lbcore", "shm", "prometheus_client", "numpy", "workers"}
-    root = Path(__file__).parents[2] / "workers"
-    for name in ("app.py", "metrics.py", "status.py"):
-        tree = ast.parse((root / name).read_text(encoding="utf-8"))
+    root = Path(__file__).parents[2] / "workers" / "surfaces"
+    for path in sorted(root.glob("*.py")):
+        name = path.name
+        tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
@@ -93,7 +94,7 @@ def test_app_modules_import_only_what_the_workers_room_may() -> None:
 
 
 def test_binary_body_snippet_writes_what_pack_keys_writes(host: Host) -> None:
-    from workers.app import pack_keys
+    from workers.surfaces.app import pack_keys
 
     (snippet,) = re.findall(r"```python\n(.*?)```", DOC, re.S)
     keys = [b"SKU-1", b"", b"a\nb\xff", b"x" * MAX_KEY_BYTES]
@@ -126,7 +127,7 @@ def section_table(heading: str) -> list[list[str]]:
 
 def test_review_findings_are_documented() -> None:
     """What the app review asked docs/http.md and the app's docstring to say."""
-    import workers.app
+    import workers.surfaces.app
 
     flat = " ".join(DOC.split())
     # S2: lifetime totals start when the endpoint gets its slot, never inherited.
@@ -145,6 +146,6 @@ def test_review_findings_are_documented() -> None:
     # nit 13: slow clients and sync workers.
     assert "holds that worker until gunicorn's `--timeout`" in flat and "--threads N" in flat
     # nit 4: no table is 200 with generation 0, not 503.
-    doc = " ".join(workers.app.__doc__.split())
+    doc = " ".join(workers.surfaces.app.__doc__.split())
     assert "503 no routing table" not in doc
     assert "the answer is 200 with generation 0 and every key ``null``" in doc

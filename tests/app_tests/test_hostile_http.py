@@ -13,7 +13,7 @@ import pytest
 from tests.app_tests.conftest import Host
 from tests.app_tests.test_app import call, expected, post_json
 from tests.gunicorn_harness import serving, wait_for
-from workers.app import TEXT_CHARSETS, CslbApp
+from workers.surfaces.app import TEXT_CHARSETS, CslbApp
 
 # Python codecs a client could name: slow (punycode, idna), not text (base64, zlib,
 # hex, rot13 is text but not a charset), or merely exotic.
@@ -150,14 +150,14 @@ def test_a_table_damaged_after_mapping_falls_back_with_one_log_line(
 
 
 def test_an_unexpected_error_logs_one_traceback_a_minute(app: CslbApp, caplog, monkeypatch) -> None:
-    def boom(environ):
+    def boom():
         raise RuntimeError("a bug, not the client's fault")
 
-    monkeypatch.setitem(app._routes["/metrics"], "GET", boom)
+    monkeypatch.setattr(app.monitor, "snapshot", boom)  # /metrics reads the host through it
     with caplog.at_level("ERROR"):
         for _ in range(25):
             r = call(app, "GET", "/metrics")
             assert r.code == 500 and "internal error" in r.error
     tracebacks = [rec for rec in caplog.records if rec.exc_info]
     assert len(tracebacks) == 1
-    assert app._failures[("/metrics", "RuntimeError")][1] == 24
+    assert app.failures_not_logged("/metrics", "RuntimeError") == 24

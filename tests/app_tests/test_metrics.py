@@ -18,7 +18,8 @@ import shm
 from lbcore.ejection import Ejections
 from lbcore.outlier import FAIL_CONNECT, FAIL_STATUS, REASON_CONSECUTIVE
 from tests.app_tests.conftest import ENDPOINTS, ZONES, Host
-from workers.metrics import STALE_AFTER, CslbCollector, HostMonitor
+from workers.surfaces.collector import CslbCollector
+from workers.surfaces.hosts import STALE_AFTER, HostMonitor
 
 NEW = ["http://10.9.1.1:8080", "http://10.9.1.2:8080"]
 
@@ -445,7 +446,7 @@ def _library(families: list, openmetrics: bool) -> bytes:
 
 def test_metrics_path_serves_the_librarys_exposition_for_both_formats(host: Host) -> None:
     from tests.app_tests.test_app import call
-    from workers.app import CslbApp
+    from workers.surfaces.app import CslbApp
 
     host.publish()
     host.busy(ENDPOINTS[0], 1.0)

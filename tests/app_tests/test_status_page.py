@@ -21,9 +21,9 @@ import shm
 from lbcore.ejection import Ejections
 from lbcore.outlier import REASON_FAILURE_PERCENTAGE
 from tests.app_tests.conftest import ENDPOINTS, Host, new_namespace
-from workers.app import CslbApp
-from workers.metrics import EndpointState, Health, HostMonitor, HostSnapshot
-from workers.status import render
+from workers.surfaces.app import CslbApp
+from workers.surfaces.hosts import EndpointState, Health, HostMonitor, HostSnapshot
+from workers.surfaces.status import render
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NEW = "http://10.9.1.1:8080"

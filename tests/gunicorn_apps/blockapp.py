@@ -11,8 +11,8 @@ import os
 import time
 from pathlib import Path
 
-from workers.app import app as cslb_app
-from workers.router import Router
+from workers.routing.router import Router
+from workers.surfaces.app import app as cslb_app
 
 
 def app(environ, start_response):

@@ -17,8 +17,8 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 
 from workers import Router
-from workers.metrics import CslbCollector
-from workers.senders import CurlSender, HttpxSender, Urllib3Sender
+from workers.fanout.senders import CurlSender, HttpxSender, Urllib3Sender
+from workers.surfaces.collector import CslbCollector
 
 # FANOUT_SENDER: curl (default: CurlSender for both forms) or pool (urllib3 on the
 # thread pool, httpx on the loop: the senders of a user's own client).

@@ -4,7 +4,7 @@ import json
 import os
 
 import lbcore
-from workers.app import app as cslb_app
+from workers.surfaces.app import app as cslb_app
 
 
 def app(environ, start_response):

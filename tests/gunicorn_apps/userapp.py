@@ -7,7 +7,7 @@ import time
 
 from prometheus_client import Counter
 
-from workers.mount import mount
+from workers.surfaces.mount import mount
 
 HELLOS = Counter("shop_hellos", "Hello requests this service answered.")
 

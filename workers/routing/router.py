@@ -10,7 +10,7 @@ product IDs, which endpoint serves each of them::
     with router.track(idx) as t:
         ...                      # the fan-out; t.fail(i) marks call i failed
 
-A batch is one kernel call on the current plan (:mod:`workers.snapshot`: one immutable
+A batch is one kernel call on the current plan (:mod:`workers.routing.snapshot`: one immutable
 :class:`lbcore.Plan` per table generation and load snapshot, built off the hot path's
 way): hashing, ring positions, the fade ring, the rollout gate, bounded load on the
 host-wide loads, ejected endpoints and ``attempt`` for the single fast retry, with the
@@ -31,7 +31,7 @@ Pass ``table`` (from :meth:`Router.route_table`) and ``keys`` explicitly when th
 indices went through another array (a copy, a fancy-indexed subset) or another thread.
 
 :meth:`Router.track` records a whole fan-out with one start and one end on the
-worker's row (:mod:`workers.tracker`); fallback entries (``-1``) are not recorded.
+worker's row (:mod:`workers.routing.tracker`); fallback entries (``-1``) are not recorded.
 
 Lifecycle: :meth:`Router.attach` adopts the counter row the gunicorn master reserved
 for this worker (``CSLB_COUNTER_ROW``), else claims any free row. About once a second
@@ -59,20 +59,14 @@ import lbcore
 import shm
 from lbcore.fade import SKIPPER_SALT
 from lbcore.knobs import Knob, parse_seconds
-from workers.failurelog import FailureLog
-from workers.fanout_settings import FAILURE_LOG_RATE
-from workers.ledger import CallLedger
-from workers.recording import Recording
-from workers.rows import COUNTER_ROW_ENV, CounterRow, WarnOnce, row_from_env
-from workers.snapshot import RETRY_S, Follower, Snapshot, empty_table
-from workers.tracker import (
-    RouterError,
-    RouterInputError,
-    RouterStateError,
-    Tracker,
-    check_indices,
-    table_slots,
-)
+from workers.fanout.failurelog import FailureLog
+from workers.fanout.ledger import CallLedger
+from workers.fanout.settings import FAILURE_LOG_RATE
+from workers.routing.errors import RouterError, RouterInputError, RouterStateError
+from workers.routing.recording import Recording
+from workers.routing.rows import COUNTER_ROW_ENV, CounterRow, WarnOnce, row_from_env
+from workers.routing.snapshot import RETRY_S, Follower, Snapshot, empty_table
+from workers.routing.tracker import Tracker, check_indices, table_slots
 
 __all__ = [
     "COUNTER_ROW_ENV",
@@ -148,7 +142,7 @@ class Router:
         thread unless it is small (up to 2 MiB), ``True`` always there, ``False`` by
         the batch that first sees it (which then waits for it).
     fanout_settings
-        The fan-out helper's settings (:class:`workers.fanout_settings.FanoutSettings`);
+        The fan-out helper's settings (:class:`workers.fanout.settings.FanoutSettings`);
         default: from the ``CSLB_FANOUT_*`` environment, when :meth:`fanout` is first
         used.
 
@@ -156,7 +150,7 @@ class Router:
     ----------
     namespace : str
         The namespace.
-    recording : workers.recording.Recording
+    recording : workers.routing.recording.Recording
         The handle through which this router's fan-outs and decisions are recorded.
     """
 
@@ -203,7 +197,7 @@ class Router:
         )
         self.recording = Recording(clock, failure_log=self._failure_log, check=self._check_usable)
         self._ledger: CallLedger | None = None
-        self._fanout: Any = None  # workers.fanout.FanOut, made on first use
+        self._fanout: Any = None  # workers.fanout.threads.FanOut, made on first use
         self._fanout_settings = fanout_settings
         self._fanout_lock = threading.RLock()  # (FanOut() asks for the ledger under it)
         self._warn_once = WarnOnce()
@@ -619,7 +613,7 @@ class Router:
             raise RouterInputError(f"track got {len(keys)} keys for {n} calls")
         return keys
 
-    # -- the fan-out helper (workers.fanout, workers.afanout) ----------------------------
+    # -- the fan-out helper (workers.fanout.threads, workers.fanout.aio) ----------------
 
     def fanout(
         self,
@@ -632,15 +626,15 @@ class Router:
     ) -> list[Any]:
         """Route ``keys`` and make their calls (sync and gthread workers).
 
-        With a :class:`workers.senders.CurlSender` (or its ``group``) every call of the
+        With a :class:`workers.fanout.senders.CurlSender` (or its ``group``) every call of the
         batch is in flight at once on this thread's libcurl multi handle
-        (:mod:`workers.fanout_curl`); any other ``send(url, key) -> value`` runs on the
+        (:mod:`workers.fanout.curl_driver`); any other ``send(url, key) -> value`` runs on the
         worker's pool. ``send`` raises on failure (``grouped``: ``send(url, keys) ->
         values``, once per pod) and gets ``timeout=`` if it takes it
-        (:mod:`workers.senders`); ``timeout_s`` bounds one call, ``deadline_s`` the
+        (:mod:`workers.fanout.senders`); ``timeout_s`` bounds one call, ``deadline_s`` the
         fan-out (defaults ``CSLB_FANOUT_TIMEOUT``, ``CSLB_FANOUT_DEADLINE``). Returns one
-        :class:`workers.fanout.Result` per key, in order; retry, budget, bulkhead,
-        fallback and recording: :mod:`workers.fanout`.
+        :class:`workers.fanout.threads.Result` per key, in order; retry, budget, bulkhead,
+        fallback and recording: :mod:`workers.fanout.threads`.
         """
         self._check_usable()
         if not self.threads and not _is_curl(send):
@@ -648,7 +642,7 @@ class Router:
                 "router.fanout runs calls on a thread pool: attach the router with "
                 "threads=True (the default)"
             )
-        return self.fan_out.run(keys, send, timeout_s, deadline_s, grouped)
+        return self.fanout_machinery.run(keys, send, timeout_s, deadline_s, grouped)
 
     async def afanout(
         self,
@@ -659,27 +653,27 @@ class Router:
         deadline_s: float | None = None,
         grouped: bool = False,
     ) -> list[Any]:
-        """:meth:`fanout` for asyncio workers, on the running loop (:mod:`workers.afanout`).
+        """:meth:`fanout` for asyncio workers, on the running loop (:mod:`workers.fanout.aio`).
 
-        A :class:`workers.senders.CurlSender` puts every call in flight at once on the
+        A :class:`workers.fanout.senders.CurlSender` puts every call in flight at once on the
         loop's libcurl multi handle; another ``asend`` is awaited, at most
         ``CSLB_FANOUT_THREADS`` calls at once. Tasks may interleave on one thread:
         nothing here uses the per-thread last batch.
         """
         self._check_usable()
-        from workers.afanout import run
+        from workers.fanout.aio import run
 
-        return await run(self.fan_out, keys, asend, timeout_s, deadline_s, grouped)
+        return await run(self.fanout_machinery, keys, asend, timeout_s, deadline_s, grouped)
 
     @property
-    def fan_out(self) -> Any:
-        """The :class:`workers.fanout.FanOut` helper of :meth:`fanout`, made on first use.
+    def fanout_machinery(self) -> Any:
+        """The :class:`workers.fanout.threads.FanOut` helper of :meth:`fanout`, made on first use.
 
         Its ``settings``, thread ``pool``, call ``ledger`` and retry ``budget``.
         """
         fan = self._fanout
         if fan is None:
-            from workers.fanout import FanOut
+            from workers.fanout.threads import FanOut
 
             with self._fanout_lock:
                 if self._fanout is None:
@@ -730,7 +724,7 @@ class Router:
 
 def _is_curl(send: Any) -> bool:
     """``send`` is a CurlSender (or its group): its calls need no thread pool."""
-    from workers.senders import CurlGroup, CurlSender
+    from workers.fanout.senders import CurlGroup, CurlSender
 
     return isinstance(send, (CurlSender, CurlGroup))
 

@@ -1,14 +1,14 @@
-"""One fan-out's plan and its jobs, written once for both forms of the helper.
+"""One fan-out's state and its jobs, written once for both forms of the helper.
 
-A :class:`Plan` holds what one fan-out routed where and collects the results. Its
+A :class:`FanOutState` holds what one fan-out routed where and collects the results. Its
 jobs (:func:`key_job`, :func:`group_job`, :func:`fallback_job`) are generators that say
 *what* to do — ``("call", url, what, timeout)``, ``("sleep", seconds)``, ``("slot",
 slot, cap)`` (start a call once the endpoint is under the bulkhead's cap, for a call
 with nowhere else to go: its start time; ``-1`` at the deadline; :data:`STUCK` when the
 endpoint's oldest call has been out a quarter of the timeout) — and get each call's
 outcome back as ``(value, exception)``: the thread-pool form
-(:mod:`workers.fanout`) performs them blocking on a pool thread, the asyncio form
-(:mod:`workers.afanout`) awaits them. So the retry rule, the bulkhead, the recording
+(:mod:`workers.fanout.threads`) performs them blocking on a pool thread, the asyncio form
+(:mod:`workers.fanout.aio`) awaits them. So the retry rule, the bulkhead, the recording
 and the failure log exist once.
 """
 
@@ -23,16 +23,16 @@ from typing import Any
 import numpy as np
 
 from lbcore.outlier import FAIL_CONNECT, FAIL_STATUS, FAIL_TIMEOUT, FAILURE_KINDS
-from workers.failurelog import key_text, pod_ip
-from workers.ledger import CUT
-from workers.senders import failure_kind
+from workers.fanout.failurelog import key_text, pod_ip
+from workers.fanout.ledger import CUT
+from workers.fanout.senders import failure_kind
 
 __all__ = [
     "RETRYABLE",
     "DeadlineError",
+    "FanOutState",
     "FanoutError",
     "Job",
-    "Plan",
     "RejectedError",
     "Result",
     "fallback_job",
@@ -82,7 +82,7 @@ class Result:
     kind : int
         How the last call failed (``lbcore.outlier.FAIL_*``; 0 on success, when no call
         failed, or when the pod answered with a status that is not a failure status:
-        :class:`workers.senders.CallAnswerError`).
+        :class:`workers.fanout.senders.CallAnswerError`).
     """
 
     __slots__ = ("attempts", "endpoint", "error", "fallback", "kind", "value")
@@ -116,7 +116,7 @@ class Result:
         )
 
 
-class Plan:
+class FanOutState:
     """The routed keys of one fan-out and their results.
 
     ``jobs`` are the units of work in the order they should start: positions (one
@@ -191,7 +191,7 @@ class Plan:
     # -- results ------------------------------------------------------------------------
 
     def finish(self, pos: int, result: Result) -> None:
-        """Set the result of ``pos`` (once; a closed plan takes no more results)."""
+        """Set the result of ``pos`` (once; a closed state takes no more results)."""
         with self.lock:
             if self.closed or self.results[pos] is not None:
                 return
@@ -291,7 +291,7 @@ class Plan:
         Routed with ``attempt=1`` once per first endpoint, for all keys of the fan-out
         that went there (they are the ones likely to need it). Never the first endpoint
         itself: attempt 1 is the next pod after the key's attempt-0 pod *now*, and that
-        can differ from the one this plan routed to (loads refreshed, a new table); then
+        can differ from the one this state routed to (loads refreshed, a new table); then
         attempt 1 may be the very pod that failed, and the key's current attempt-0 pod
         (or attempt 2's) takes the retry instead.
         """
@@ -377,7 +377,7 @@ class Plan:
 
 
 def _attempt(
-    plan: Plan, slot: int, t0: int, url: str, what: Any
+    state: FanOutState, slot: int, t0: int, url: str, what: Any
 ) -> Generator[tuple[Any, ...], Any, tuple[Any, BaseException | None, int]]:
     """One recorded call: ``(value, exception, failure kind)``.
 
@@ -385,22 +385,22 @@ def _attempt(
     still records the call's end, as neither success nor failure: the caller gave up,
     not the pod.
     """
-    timeout, cut = plan.call_timeout(t0)
+    timeout, cut = state.call_timeout(t0)
     try:
         got = yield ("call", url, what, timeout)
     except GeneratorExit:
-        plan.end(slot, t0, CUT, True)
+        state.end(slot, t0, CUT, True)
         raise
     value, exc = got[0], got[1]
     kind = 0 if exc is None else failure_kind(exc)
     # A call that timed out waiting for a connection inside the transport never reached
     # the pod: cut, like one the deadline cut short (busy time only: the transport's 0).
     cut = cut or getattr(exc, "local", False)
-    plan.end(slot, t0, kind, cut, got[2] if len(got) > 2 else None)
+    state.end(slot, t0, kind, cut, got[2] if len(got) > 2 else None)
     return value, exc, kind
 
 
-def key_job(plan: Plan, pos: int, cap: int, t0: int | None = None) -> Job:
+def key_job(state: FanOutState, pos: int, cap: int, t0: int | None = None) -> Job:
     """One key: its call (already begun at ``t0`` if given; ``-1``: refused), one retry.
 
     The bulkhead: a call over its pod's cap goes to the retry pod at once (no budget, no
@@ -410,54 +410,54 @@ def key_job(plan: Plan, pos: int, cap: int, t0: int | None = None) -> Job:
     a slot on its own pod.
     """
     if t0 is None:
-        if plan.closed or plan.clock() >= plan.deadline_ns:
+        if state.closed or state.clock() >= state.deadline_ns:
             return  # no time left: a deadline error, not a call
-        t0 = plan.begin(plan.slots[pos], cap)
-    own_slot = plan.slots[pos]
-    url = plan.urls[int(plan.idx[pos])]
-    key = plan.keys[pos]
+        t0 = state.begin(state.slots[pos], cap)
+    own_slot = state.slots[pos]
+    url = state.urls[int(state.idx[pos])]
+    key = state.keys[pos]
     if t0 < 0:
-        slot2, url2 = plan.retry_route(pos)
-        t2 = -1 if url2 is None else plan.begin(slot2, cap)
+        slot2, url2 = state.retry_route(pos)
+        t2 = -1 if url2 is None else state.begin(slot2, cap)
         if t2 < 0:
             t0 = yield ("slot", own_slot, cap)
             if t0 == STUCK and url2 is not None:
-                t2 = plan.begin(slot2, cap)  # (the retry pod may have a slot by now)
+                t2 = state.begin(slot2, cap)  # (the retry pod may have a slot by now)
             if t2 < 0 and t0 == STUCK:
-                plan.ledger.tally("bulkhead_rejections")
+                state.ledger.tally("bulkhead_rejections")
                 err = RejectedError(f"not sent: {url} at the bulkhead's cap and stuck")
-                plan.finish(pos, Result(error=err, endpoint=url))
+                state.finish(pos, Result(error=err, endpoint=url))
                 return
         if t2 >= 0:
-            plan.ledger.tally("bulkhead_rejections")
-            value, exc, kind = yield from _attempt(plan, slot2, t2, url2, key)
+            state.ledger.tally("bulkhead_rejections")
+            value, exc, kind = yield from _attempt(state, slot2, t2, url2, key)
             if exc is None:
-                plan.finish(pos, Result(value, None, url2, 1))
-            elif kind in RETRYABLE and not plan.closed:
-                yield from _retry(plan, pos, cap, own_slot, url, url2, kind, exc)
+                state.finish(pos, Result(value, None, url2, 1))
+            elif kind in RETRYABLE and not state.closed:
+                yield from _retry(state, pos, cap, own_slot, url, url2, kind, exc)
             else:
-                plan.log_failure(pos, url2, 0, kind, exc, "not retried")
-                plan.finish(pos, Result(error=exc, endpoint=url2, attempts=1, kind=kind))
+                state.log_failure(pos, url2, 0, kind, exc, "not retried")
+                state.finish(pos, Result(error=exc, endpoint=url2, attempts=1, kind=kind))
             return
         if t0 < 0:
             return  # the deadline passed meanwhile: a deadline error, not a call
-    value, exc, kind = yield from _attempt(plan, own_slot, t0, url, key)
+    value, exc, kind = yield from _attempt(state, own_slot, t0, url, key)
     if exc is None:
-        plan.finish(pos, Result(value, None, url, 1))
-    elif kind in RETRYABLE and not plan.closed:
-        slot2, url2 = plan.retry_route(pos)
+        state.finish(pos, Result(value, None, url, 1))
+    elif kind in RETRYABLE and not state.closed:
+        slot2, url2 = state.retry_route(pos)
         if url2 is None:
-            plan.log_failure(pos, url, 0, kind, exc, "no other pod")
-            plan.finish(pos, Result(error=exc, endpoint=url, attempts=1, kind=kind))
+            state.log_failure(pos, url, 0, kind, exc, "no other pod")
+            state.finish(pos, Result(error=exc, endpoint=url, attempts=1, kind=kind))
         else:
-            yield from _retry(plan, pos, cap, slot2, url2, url, kind, exc)
+            yield from _retry(state, pos, cap, slot2, url2, url, kind, exc)
     else:
-        plan.log_failure(pos, url, 0, kind, exc, "not retried")
-        plan.finish(pos, Result(error=exc, endpoint=url, attempts=1, kind=kind))
+        state.log_failure(pos, url, 0, kind, exc, "not retried")
+        state.finish(pos, Result(error=exc, endpoint=url, attempts=1, kind=kind))
 
 
 def _retry(
-    plan: Plan,
+    state: FanOutState,
     pos: int,
     cap: int,
     slot: int,
@@ -469,16 +469,16 @@ def _retry(
     """The single retry of ``pos`` on ``url``, after its first call to ``first_url`` failed."""
 
     def give_up(retry: str) -> None:
-        plan.log_failure(pos, first_url, 0, first_kind, first_exc, retry)
-        plan.finish(pos, Result(error=first_exc, endpoint=first_url, attempts=1, kind=first_kind))
+        state.log_failure(pos, first_url, 0, first_kind, first_exc, retry)
+        state.finish(pos, Result(error=first_exc, endpoint=first_url, attempts=1, kind=first_kind))
 
-    wait = plan.backoff_ns()
-    why = plan.retry_refusal(plan.clock(), wait)
+    wait = state.backoff_ns()
+    why = state.retry_refusal(state.clock(), wait)
     if why is not None:
         give_up(why)
         return
     yield ("sleep", wait / 1e9)
-    t0 = plan.begin(slot, cap)
+    t0 = state.begin(slot, cap)
     if t0 < 0:
         t0 = yield ("slot", slot, cap)  # the retry's pod at its cap: wait for a slot
         if t0 < 0:
@@ -486,35 +486,35 @@ def _retry(
                 f"not sent: {url} at the bulkhead's cap" + (" and stuck" if t0 == STUCK else "")
             )
             return
-    plan.ledger.tally("retries")
-    value, exc, kind = yield from _attempt(plan, slot, t0, url, plan.keys[pos])
+    state.ledger.tally("retries")
+    value, exc, kind = yield from _attempt(state, slot, t0, url, state.keys[pos])
     if exc is None:
-        plan.log_failure(pos, first_url, 0, first_kind, first_exc, f"succeeded on {url}")
-        plan.finish(pos, Result(value, None, url, 2))
+        state.log_failure(pos, first_url, 0, first_kind, first_exc, f"succeeded on {url}")
+        state.finish(pos, Result(value, None, url, 2))
         return
-    plan.ledger.tally("retries_failed")
-    plan.log_failure(pos, first_url, 0, first_kind, first_exc, f"failed on {url}")
-    plan.log_failure(pos, url, 1, kind, exc, "none (the single retry)")
-    plan.finish(pos, Result(error=exc, endpoint=url, attempts=2, kind=kind))
+    state.ledger.tally("retries_failed")
+    state.log_failure(pos, first_url, 0, first_kind, first_exc, f"failed on {url}")
+    state.log_failure(pos, url, 1, kind, exc, "none (the single retry)")
+    state.finish(pos, Result(error=exc, endpoint=url, attempts=2, kind=kind))
 
 
-def fallback_job(plan: Plan, positions: list[int]) -> Job:
+def fallback_job(state: FanOutState, positions: list[int]) -> Job:
     """Keys the router answered -1: to the ingress, one call each (grouped: one for all)."""
-    url = plan.fan.settings.fallback_url
-    what = plan.keys_at(positions) if plan.grouped else plan.keys[positions[0]]
-    timeout, _ = plan.call_timeout(plan.clock())
+    url = state.fan.settings.fallback_url
+    what = state.keys_at(positions) if state.grouped else state.keys[positions[0]]
+    timeout, _ = state.call_timeout(state.clock())
     got = yield ("call", url, what, timeout)
     value, exc = got[0], got[1]
-    if exc is None and plan.grouped:
+    if exc is None and state.grouped:
         value, exc = group_values(value, len(positions))
     if exc is not None:
         kind = failure_kind(exc)
         for p in positions:
-            plan.finish(p, Result(error=exc, attempts=1, fallback=True, kind=kind))
+            state.finish(p, Result(error=exc, attempts=1, fallback=True, kind=kind))
         return
-    values = value if plan.grouped else [value]
+    values = value if state.grouped else [value]
     for p, v in zip(positions, values, strict=True):
-        plan.finish(p, Result(v, None, None, 1, True))
+        state.finish(p, Result(v, None, None, 1, True))
 
 
 def group_values(got: Any, n: int) -> tuple[Any, BaseException | None]:
@@ -528,29 +528,29 @@ def group_values(got: Any, n: int) -> tuple[Any, BaseException | None]:
     return values, None
 
 
-def group_job(plan: Plan, positions: list[int], cap: int, t0: int | None = None) -> Job:
+def group_job(state: FanOutState, positions: list[int], cap: int, t0: int | None = None) -> Job:
     """One pod's keys in one call; if it fails, the keys' retries grouped per retry pod.
 
     Over its pod's cap the group goes to the keys' retry pods at once (one call each,
     as in :func:`key_job`); keys whose retry pod is at its cap too, or fails, come back
     to their own pod in one call (a retry, for those that failed).
     """
-    slot = plan.slots[positions[0]]
-    url = plan.urls[int(plan.idx[positions[0]])]
+    slot = state.slots[positions[0]]
+    url = state.urls[int(state.idx[positions[0]])]
     if t0 is None:
-        if plan.closed or plan.clock() >= plan.deadline_ns:
+        if state.closed or state.clock() >= state.deadline_ns:
             return
-        t0 = plan.begin(slot, cap)
+        t0 = state.begin(slot, cap)
     if t0 < 0:
-        plan.ledger.tally("bulkhead_rejections", len(positions))
+        state.ledger.tally("bulkhead_rejections", len(positions))
         err = RejectedError(f"{url} at the bulkhead's cap")
-        yield from _group_second(plan, positions, cap, None, 0, err, (slot, url))
+        yield from _group_second(state, positions, cap, None, 0, err, (slot, url))
         return
-    yield from _group_call(plan, positions, cap, slot, t0, url)
+    yield from _group_call(state, positions, cap, slot, t0, url)
 
 
 def _group_call(
-    plan: Plan,
+    state: FanOutState,
     positions: list[int],
     cap: int,
     slot: int,
@@ -559,33 +559,33 @@ def _group_call(
     first: tuple[str, int, BaseException] | None = None,
 ) -> Job:
     """The group's call to its own pod, begun at ``t0`` (``first``: it is a retry)."""
-    value, exc, kind = yield from _attempt(plan, slot, t0, url, plan.keys_at(positions))
+    value, exc, kind = yield from _attempt(state, slot, t0, url, state.keys_at(positions))
     if exc is None:
         value, exc = group_values(value, len(positions))
         kind = 0 if exc is None else failure_kind(exc)
     if first is not None:
         f_url, f_kind, f_exc = first
-        plan.ledger.tally("retries")
+        state.ledger.tally("retries")
         if exc is not None:
-            plan.ledger.tally("retries_failed")
+            state.ledger.tally("retries_failed")
         outcome = f"succeeded on {url}" if exc is None else f"failed on {url}"
-        plan.log_failure(positions[0], f_url, 0, f_kind, f_exc, outcome)
+        state.log_failure(positions[0], f_url, 0, f_kind, f_exc, outcome)
     attempts = 1 if first is None else 2
     if exc is None:
         for p, v in zip(positions, value, strict=True):
-            plan.finish(p, Result(v, None, url, attempts))
+            state.finish(p, Result(v, None, url, attempts))
         return
-    if first is None and kind in RETRYABLE and not plan.closed:
-        yield from _group_second(plan, positions, cap, url, kind, exc)
+    if first is None and kind in RETRYABLE and not state.closed:
+        yield from _group_second(state, positions, cap, url, kind, exc)
         return
     retry = "not retried" if first is None else "none (the single retry)"
-    plan.log_failure(positions[0], url, attempts - 1, kind, exc, retry)
+    state.log_failure(positions[0], url, attempts - 1, kind, exc, retry)
     for p in positions:
-        plan.finish(p, Result(error=exc, endpoint=url, attempts=attempts, kind=kind))
+        state.finish(p, Result(error=exc, endpoint=url, attempts=attempts, kind=kind))
 
 
 def _group_second(
-    plan: Plan,
+    state: FanOutState,
     positions: list[int],
     cap: int,
     first_url: str | None,
@@ -603,7 +603,7 @@ def _group_second(
     by_pod: dict[str | None, list[int]] = {}
     slot_of: dict[str | None, int] = {}
     for p in positions:
-        slot, url = plan.retry_route(p)
+        slot, url = state.retry_route(p)
         by_pod.setdefault(url, []).append(p)
         slot_of[url] = slot
     unsent: list[int] = []  # moved keys with nowhere else to go: their own pod, first call
@@ -611,15 +611,15 @@ def _group_second(
 
     def give_up(ps: list[int], retry: str) -> None:
         if first_url is not None:
-            plan.log_failure(ps[0], first_url, 0, first_kind, first_exc, retry)
+            state.log_failure(ps[0], first_url, 0, first_kind, first_exc, retry)
         for p in ps:
-            plan.finish(
+            state.finish(
                 p, Result(error=first_exc, endpoint=first_url, attempts=attempts, kind=first_kind)
             )
 
     if first_url is not None:
-        wait = plan.backoff_ns()
-        if plan.clock() + wait >= plan.deadline_ns:
+        wait = state.backoff_ns()
+        if state.clock() + wait >= state.deadline_ns:
             give_up(positions, "no time before the deadline")
             return
         yield ("sleep", wait / 1e9)
@@ -631,12 +631,12 @@ def _group_second(
                 give_up(ps, "no other pod")
             continue
         if first_url is not None:
-            why = plan.retry_refusal(plan.clock(), 0)
+            why = state.retry_refusal(state.clock(), 0)
             if why is not None:
                 give_up(ps, why)
                 continue
         slot = slot_of[url]
-        t0 = plan.begin(slot, cap)
+        t0 = state.begin(slot, cap)
         if t0 < 0 and own is not None:
             unsent += ps
             continue
@@ -647,49 +647,49 @@ def _group_second(
                 give_up(ps, f"not sent: {url} at the bulkhead's cap{stuck}")
                 continue
         if first_url is not None:
-            plan.ledger.tally("retries")
-        value, exc, kind = yield from _attempt(plan, slot, t0, url, plan.keys_at(ps))
+            state.ledger.tally("retries")
+        value, exc, kind = yield from _attempt(state, slot, t0, url, state.keys_at(ps))
         if exc is None:
             value, exc = group_values(value, len(ps))
             kind = 0 if exc is None else failure_kind(exc)
         if exc is None:
             if first_url is not None:
-                plan.log_failure(ps[0], first_url, 0, first_kind, first_exc, f"succeeded on {url}")
+                state.log_failure(ps[0], first_url, 0, first_kind, first_exc, f"succeeded on {url}")
             for p, v in zip(ps, value, strict=True):
-                plan.finish(p, Result(v, None, url, attempts + 1))
+                state.finish(p, Result(v, None, url, attempts + 1))
             continue
-        if own is not None and kind in RETRYABLE and not plan.closed:
+        if own is not None and kind in RETRYABLE and not state.closed:
             failed.append((ps, url, kind, exc))
             continue
         if first_url is not None:
-            plan.ledger.tally("retries_failed")
-            plan.log_failure(ps[0], first_url, 0, first_kind, first_exc, f"failed on {url}")
-        plan.log_failure(ps[0], url, 1, kind, exc, "none (the single retry)")
+            state.ledger.tally("retries_failed")
+            state.log_failure(ps[0], first_url, 0, first_kind, first_exc, f"failed on {url}")
+        state.log_failure(ps[0], url, 1, kind, exc, "none (the single retry)")
         for p in ps:
-            plan.finish(p, Result(error=exc, endpoint=url, attempts=attempts + 1, kind=kind))
+            state.finish(p, Result(error=exc, endpoint=url, attempts=attempts + 1, kind=kind))
     if own is None:
         return
     own_slot, own_url = own
     if unsent:
         t0 = yield ("slot", own_slot, cap)
         if t0 >= 0:
-            yield from _group_call(plan, unsent, cap, own_slot, t0, own_url)
+            yield from _group_call(state, unsent, cap, own_slot, t0, own_url)
         elif t0 == STUCK:
             err = RejectedError(f"not sent: {own_url} at the bulkhead's cap and stuck")
             for p in unsent:
-                plan.finish(p, Result(error=err, endpoint=own_url))
+                state.finish(p, Result(error=err, endpoint=own_url))
     for ps, url, kind, exc in failed:
-        wait = plan.backoff_ns()
-        why = plan.retry_refusal(plan.clock(), wait)
+        wait = state.backoff_ns()
+        why = state.retry_refusal(state.clock(), wait)
         if why is None:
             yield ("sleep", wait / 1e9)
             t0 = yield ("slot", own_slot, cap)
             if t0 >= 0:
-                yield from _group_call(plan, ps, cap, own_slot, t0, own_url, (url, kind, exc))
+                yield from _group_call(state, ps, cap, own_slot, t0, own_url, (url, kind, exc))
                 continue
             why = f"not sent: {own_url} at the bulkhead's cap"
             if t0 == STUCK:
                 why += " and stuck"
-        plan.log_failure(ps[0], url, 0, kind, exc, why)
+        state.log_failure(ps[0], url, 0, kind, exc, why)
         for p in ps:
-            plan.finish(p, Result(error=exc, endpoint=url, attempts=1, kind=kind))
+            state.finish(p, Result(error=exc, endpoint=url, attempts=1, kind=kind))

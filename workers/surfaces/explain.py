@@ -1,7 +1,7 @@
 """Where a key goes on this host right now, and why: ``cslb route --live``.
 
 Answers from the live table (the shared memory the workers route on) and the host's
-counters, with the rules a worker routes by: :func:`workers.snapshot.build_plan` builds
+counters, with the rules a worker routes by: :func:`workers.routing.snapshot.build_plan` builds
 the :class:`lbcore.Plan` a worker builds from that table and load snapshot (the rollout
 gate and fade mode of the table's knobs, its ejected endpoints, bounded load on the
 knobs' load signal in routed-call units), and :func:`explain` asks it, then asks two
@@ -36,7 +36,7 @@ import lbcore
 import shm
 from lbcore.bounded import target_load
 from lbcore.outlier import EJECT_REASONS
-from workers.snapshot import build_plan, read_loads
+from workers.routing.snapshot import build_plan, read_loads
 
 __all__ = [
     "FALLBACK_REASONS",

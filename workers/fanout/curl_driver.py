@@ -1,17 +1,17 @@
 """The fan-out on libcurl's multi interface: every call of a batch in flight at once.
 
 ``router.fanout(keys, CurlSender(...))`` and ``await router.afanout(keys, sender)`` run
-the plan's jobs (:mod:`workers.fanout_plan`: the same retry, bulkhead, recording and
+the state's jobs (:mod:`workers.fanout.jobs`: the same retry, bulkhead, recording and
 failure log as the other forms) as a :class:`Batch` on a reactor of
-:mod:`workers.curl`: each job's calls become transfers on the worker thread's (or the
-event loop's) multi handle, all started together; its backoff sleeps and its waits for a
-bulkhead slot become reactor timers. One description drives both forms; only who waits
-differs (:func:`run_sync` runs the thread's ``epoll`` loop until the batch ends,
-:func:`run_async` awaits a future the loop's callbacks resolve).
+:mod:`workers.fanout.curl_transport`: each job's calls become transfers on the worker
+thread's (or the event loop's) multi handle, all started together; its backoff sleeps
+and its waits for a bulkhead slot become reactor timers. One description drives both
+forms; only who waits differs (:func:`run_sync` runs the thread's ``epoll`` loop until
+the batch ends, :func:`run_async` awaits a future the loop's callbacks resolve).
 
 Nothing here throttles a healthy batch: there is no pool and no cap below the batch
 size. A worker's calls in flight are bounded by FIFO admission
-(:class:`workers.admission.Admission`); the bulkhead (the plan's) refuses calls only to a
+(:class:`workers.fanout.admission.Admission`); the bulkhead (the state's) refuses calls only to a
 pod whose oldest call from this worker has been out a quarter of the call timeout (a
 frozen pod), or that holds ``CSLB_FANOUT_ENDPOINT_CAP`` calls when that is set.
 """
@@ -23,10 +23,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.admission import AdmissionError
-from workers.curl import Outcome, Reactor, loop_reactor, thread_reactor
-from workers.fanout_plan import Job, Plan, RejectedError, Result, group_job, key_job
-from workers.ledger import CUT
+from workers.fanout.admission import AdmissionError
+from workers.fanout.curl_transport import Outcome, Reactor, loop_reactor, thread_reactor
+from workers.fanout.jobs import FanOutState, Job, RejectedError, Result, group_job, key_job
+from workers.fanout.ledger import CUT
+from workers.routing.errors import RouterInputError
 
 __all__ = ["Batch", "run_async", "run_sync"]
 
@@ -38,23 +39,23 @@ _SLOT_POLL_S = 0.001
 
 
 class Batch:
-    """The jobs of one plan, moved by a reactor's calls and timers.
+    """The jobs of one state, moved by a reactor's calls and timers.
 
     Parameters
     ----------
-    plan
-        The fan-out's plan.
+    state
+        The fan-out's state.
     reactor
         The worker thread's or the event loop's reactor.
     request
-        The sender (:class:`workers.senders.CurlSender`): builds requests, reads answers.
+        The sender (:class:`workers.fanout.senders.CurlSender`): builds requests, reads answers.
     """
 
-    def __init__(self, plan: Plan, reactor: Reactor, request: Any) -> None:
-        self.plan = plan
+    def __init__(self, state: FanOutState, reactor: Reactor, request: Any) -> None:
+        self.state = state
         self.reactor = reactor
         self.transport = reactor.transport
-        self.transport.expect_pods(len(plan.urls))
+        self.transport.expect_pods(len(state.urls))
         self.request = request
         self.active = 0
         self.on_idle: Callable[[], None] | None = None
@@ -73,7 +74,7 @@ class Batch:
 
     def _advance(self, job: Job, value: Any) -> None:
         """Give ``job`` what it waited for; start what it asks for next."""
-        plan = self.plan
+        state = self.state
         try:
             op = next(job) if value is _START else job.send(value)
             while True:
@@ -88,8 +89,8 @@ class Batch:
                         op[1], lambda: self._woke(job, None)
                     )
                     return
-                t0 = plan.slot(op[1], op[2])  # ("slot", slot, cap)
-                if t0 != -1 or plan.clock() >= plan.deadline_ns:
+                t0 = state.slot(op[1], op[2])  # ("slot", slot, cap)
+                if t0 != -1 or state.clock() >= state.deadline_ns:
                     op = job.send(t0)
                     continue
                 self._timers[job] = self.reactor.call_later(
@@ -103,7 +104,7 @@ class Batch:
         """Start the call; ``False`` if it could not even be asked (the key's error)."""
         r = self.request
         try:
-            if self.plan.grouped:
+            if self.state.grouped:
                 full, body = r.batch_url(url), r.batch_body(what)
             else:
                 full, body = r.url_of(url, what), None
@@ -114,10 +115,10 @@ class Batch:
                 body,
                 timeout,
                 lambda out: self._answered(job, out),
-                self.plan.grouped,
+                self.state.grouped,
             )
         except Exception as exc:  # a key or header libcurl cannot send: that key's error
-            from workers.senders import CallError
+            from workers.fanout.senders import CallError
 
             self._failed = CallError(f"{url}: the request could not be made: {exc!r}", url)
             return False
@@ -133,9 +134,9 @@ class Batch:
 
     def _slot_again(self, job: Job, op: tuple[Any, ...]) -> None:
         del self._timers[job]
-        plan = self.plan
-        t0 = plan.slot(op[1], op[2])
-        if t0 != -1 or plan.clock() >= plan.deadline_ns:
+        state = self.state
+        t0 = state.slot(op[1], op[2])
+        if t0 != -1 or state.clock() >= state.deadline_ns:
             self._advance(job, t0)
         else:
             self._timers[job] = self.reactor.call_later(
@@ -168,24 +169,24 @@ class Batch:
         self.active = 0
 
 
-def _jobs(fan: Any, plan: Plan, cap: int) -> tuple[list[Job], list[tuple[int, int]]]:
-    """The plan's jobs, their first calls begun together (one ledger step for all).
+def start_jobs(fan: Any, state: FanOutState, cap: int) -> tuple[list[Job], list[tuple[int, int]]]:
+    """The state's jobs, their first calls begun together (one ledger step for all).
 
     Also the ``(slot, start)`` of each job's begun call (slot ``-1``: none), for a job
     never started: a generator closed before its first step runs no code, so its begun
     call is ended by :func:`_wind_up` instead.
     """
-    grouped = plan.grouped
+    grouped = state.grouped
     make = group_job if grouped else key_job
-    slots = plan.slots
-    firsts = [slots[j[0] if grouped else j] for j in plan.jobs]  # type: ignore[index]
-    t0, admitted = fan.ledger.begin_many(firsts, cap, plan.stuck_ns) if firsts else (0, [])
+    slots = state.slots
+    firsts = [slots[j[0] if grouped else j] for j in state.jobs]  # type: ignore[index]
+    t0, admitted = fan.ledger.begin_many(firsts, cap, state.stuck_ns) if firsts else (0, [])
     jobs: list[Job] = [
-        make(plan, j, cap, t0 if ok else -1)  # type: ignore[arg-type]
-        for j, ok in zip(plan.jobs, admitted, strict=True)
+        make(state, j, cap, t0 if ok else -1)  # type: ignore[arg-type]
+        for j, ok in zip(state.jobs, admitted, strict=True)
     ]
     begun = [(s, t0) if ok else (-1, 0) for s, ok in zip(firsts, admitted, strict=True)]
-    fallback = [g for g, _ in fan.fallback_jobs(plan)]
+    fallback = [g for g, _ in fan.fallback_jobs(state)]
     return jobs + fallback, begun + [(-1, 0)] * len(fallback)
 
 
@@ -205,24 +206,24 @@ def _wind_up(
     if started < len(jobs) and batch.holds(jobs[started]):
         started += 1  # (the job that failed to start had its call out: stop() ends it)
     batch.stop()
-    plan = batch.plan
+    state = batch.state
     for slot, t0 in begun[started:]:
         if slot >= 0:
-            plan.end(slot, t0, CUT, True)
+            state.end(slot, t0, CUT, True)
     if calls:
         fan.admission.leave(calls)
 
 
-def _refuse(fan: Any, plan: Plan, exc: AdmissionError) -> list[Result]:
+def _refuse(fan: Any, state: FanOutState, exc: AdmissionError) -> list[Result]:
     """Every key of a fan-out the worker could not admit: rejected, not sent."""
     err = RejectedError(str(exc))
-    for p in range(len(plan.results)):
-        plan.finish(p, Result(error=err, fallback=int(plan.idx[p]) < 0))
+    for p in range(len(state.results)):
+        state.finish(p, Result(error=err, fallback=int(state.idx[p]) < 0))
     now = time.monotonic()
     if now >= fan.admission_logged + 1.0:  # (at most a line a second: no log flood)
         fan.admission_logged = now
         log.warning("fan-out not admitted: %s", exc)
-    return fan.finish(plan)
+    return fan.finish(state)
 
 
 def _prepare(
@@ -232,12 +233,12 @@ def _prepare(
     timeout_s: float | None,
     deadline_s: float | None,
     grouped: bool,
-) -> tuple[Plan, int]:
-    """The fan-out's plan, and how many calls it asks the worker to admit (at most)."""
-    plan = fan.plan(keys, sender, timeout_s, deadline_s, grouped)
-    plan.refuse_stuck = True
-    fallback = len(plan.fallback_positions) if fan.settings.fallback_url else 0
-    return plan, len(plan.jobs) + fallback
+) -> tuple[FanOutState, int]:
+    """The fan-out's state, and how many calls it asks the worker to admit (at most)."""
+    state = fan.prepare(keys, sender, timeout_s, deadline_s, grouped)
+    state.refuse_stuck = True
+    fallback = len(state.fallback_positions) if fan.settings.fallback_url else 0
+    return state, len(state.jobs) + fallback
 
 
 def run_sync(
@@ -248,26 +249,26 @@ def run_sync(
     deadline_s: float | None,
     grouped: bool,
 ) -> list[Result]:
-    """:meth:`workers.Router.fanout` with a :class:`workers.senders.CurlSender`."""
-    plan, calls = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
+    """:meth:`workers.Router.fanout` with a :class:`workers.fanout.senders.CurlSender`."""
+    state, calls = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
     if calls:
         try:
-            fan.admission.enter(calls, (plan.deadline_ns - plan.clock()) / 1e9)
+            fan.admission.enter(calls, (state.deadline_ns - state.clock()) / 1e9)
         except AdmissionError as exc:
-            return _refuse(fan, plan, exc)
+            return _refuse(fan, state, exc)
     reactor = thread_reactor(fan.settings.connections)
-    batch = Batch(plan, reactor, sender)
-    jobs, begun = _jobs(fan, plan, fan.settings.cap_for(curl=True))  # (begun once admitted)
+    batch = Batch(state, reactor, sender)
+    jobs, begun = start_jobs(fan, state, fan.settings.cap_for(curl=True))  # (begun once admitted)
     started = 0
     try:
         for j in jobs:
             batch.add(j)
             started += 1
-        left_ns = max(plan.deadline_ns - plan.clock(), 0)
+        left_ns = max(state.deadline_ns - state.clock(), 0)
         reactor.run(batch.done, time.monotonic_ns() + left_ns)
     finally:
         _wind_up(fan, batch, jobs, begun, started, calls)
-    return fan.finish(plan)
+    return fan.finish(state)
 
 
 async def run_async(
@@ -278,15 +279,15 @@ async def run_async(
     deadline_s: float | None,
     grouped: bool,
 ) -> list[Result]:
-    """:meth:`workers.Router.afanout` with a :class:`workers.senders.CurlSender`."""
-    plan, calls = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
+    """:meth:`workers.Router.afanout` with a :class:`workers.fanout.senders.CurlSender`."""
+    state, calls = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
     if calls:
         try:
-            await fan.admission.aenter(calls, (plan.deadline_ns - plan.clock()) / 1e9)
+            await fan.admission.aenter(calls, (state.deadline_ns - state.clock()) / 1e9)
         except AdmissionError as exc:
-            return _refuse(fan, plan, exc)
+            return _refuse(fan, state, exc)
     reactor = loop_reactor(fan.settings.connections)
-    batch = Batch(plan, reactor, sender)
+    batch = Batch(state, reactor, sender)
     idle = reactor.loop.create_future()
 
     def wake() -> None:
@@ -295,38 +296,38 @@ async def run_async(
 
     batch.on_idle = wake
     timer = None
-    jobs, begun = _jobs(fan, plan, fan.settings.cap_for(curl=True))
+    jobs, begun = start_jobs(fan, state, fan.settings.cap_for(curl=True))
     started = 0
     try:
         for j in jobs:
             batch.add(j)
             started += 1
         if not batch.done():
-            left = max((plan.deadline_ns - plan.clock()) / 1e9, 0.0)
+            left = max((state.deadline_ns - state.clock()) / 1e9, 0.0)
             timer = reactor.loop.call_later(left, wake)
             await idle
     finally:
         if timer is not None:
             timer.cancel()
         _wind_up(fan, batch, jobs, begun, started, calls)
-    return fan.finish(plan)
+    return fan.finish(state)
 
 
 def curl_sender_of(send: Callable[..., Any], grouped: bool) -> Any:
-    """The :class:`workers.senders.CurlSender` behind ``send``, or ``None`` (another sender).
+    """The :class:`workers.fanout.senders.CurlSender` behind ``send``, or ``None`` (another sender).
 
     Raises
     ------
-    ValueError
-        ``send`` is a CurlSender's ``group`` without ``grouped=True``.
+    RouterInputError
+        ``send`` is a CurlSender's ``group`` without ``grouped=True`` (a ``ValueError``).
     """
-    from workers.senders import CurlGroup, CurlSender
+    from workers.fanout.senders import CurlGroup, CurlSender
 
     if isinstance(send, CurlSender):
         return send
     if isinstance(send, CurlGroup):
         if not grouped:
-            raise ValueError(
+            raise RouterInputError(
                 "CurlSender.group sends a pod's keys in one call: pass grouped=True "
                 "(or pass the CurlSender itself for one call per key)"
             )

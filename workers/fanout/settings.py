@@ -1,20 +1,27 @@
 """Settings of the fan-out helper (``router.fanout`` / ``router.afanout``), declared once.
 
 Worker process settings, read from the environment when the router's fan-out is first
-used, like :data:`workers.router.LOAD_REFRESH` (they are not published with the tables:
+used, like :data:`workers.routing.router.LOAD_REFRESH` (they are not published with the tables:
 each service sets its own timeouts and its own ingress). The README's table is
 generated from :data:`FANOUT_KNOBS` (:func:`lbcore.knobs.docs_table`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from lbcore.knobs import Knob, from_mapping, parse_choice, parse_int_between, parse_seconds
+from lbcore.knobs import (
+    Knob,
+    from_mapping,
+    parse_choice,
+    parse_int_between,
+    parse_number_between,
+    parse_seconds,
+    seconds_at_least,
+)
 
 __all__ = ["FANOUT_KNOBS", "FanoutSettings"]
 
@@ -35,11 +42,7 @@ def _cap(text: str) -> int:
     return parse_int_between(1, 100_000)(text)
 
 
-def _positive_seconds(text: str) -> float:
-    value = parse_seconds(text)
-    if not 0.001 <= value <= 3600:
-        raise ValueError("expected seconds from 0.001 to 3600")
-    return value
+_positive_seconds = seconds_at_least(0.001, 3600)
 
 
 def _deadline(text: str) -> float:
@@ -48,24 +51,8 @@ def _deadline(text: str) -> float:
     return _positive_seconds(text)
 
 
-def _percent(text: str) -> float:
-    try:
-        value = float(text.strip().rstrip("%"))
-    except ValueError:
-        raise ValueError("expected a percentage from 0 to 1000") from None
-    if not (math.isfinite(value) and 0.0 <= value <= 1000.0):
-        raise ValueError("expected a percentage from 0 to 1000")
-    return value
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise ValueError("expected a number >= 0") from None
-    if not (math.isfinite(value) and value >= 0.0):
-        raise ValueError("expected a number >= 0")
-    return value
+_percent = parse_number_between(0.0, 1000.0, what="a percentage", suffix="%")
+_rate = parse_number_between(0.0, what="a number")
 
 
 FALLBACK_URL = Knob(

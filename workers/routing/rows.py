@@ -3,7 +3,7 @@
 A :class:`CounterRow` attaches the host's counters when they exist, claims a row of the
 counter matrix for this process (the row the gunicorn master reserved for this worker
 if it names one, ``CSLB_COUNTER_ROW``, else any free row) and hands its recorder to the
-worker's :class:`workers.recording.Recording` and its reader to the snapshot follower.
+worker's :class:`workers.routing.recording.Recording` and its reader to the snapshot follower.
 The router calls :meth:`CounterRow.connect` about once a second: counters that appeared
 meanwhile are attached, counters the master replaced (it restarted them) are dropped and
 a new row is claimed in the new ones.
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import shm
-from workers.recording import Recording
-from workers.snapshot import Follower
-from workers.tracker import RouterInputError
+from workers.routing.errors import RouterInputError
+from workers.routing.recording import Recording
+from workers.routing.snapshot import Follower
 
 __all__ = ["COUNTER_ROW_ENV", "CounterRow", "WarnOnce", "row_from_env"]
 

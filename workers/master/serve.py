@@ -24,10 +24,10 @@ from collections.abc import Mapping, MutableMapping, Sequence
 
 from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, Knob, KnobError, from_mapping
 from shm.settings import SHM_NAMESPACE
-from workers.app import APP_KNOBS
-from workers.fanout_settings import FANOUT_KNOBS
-from workers.mount import APP as MOUNT_APP
-from workers.router import ROUTER_KNOBS
+from workers.fanout.settings import FANOUT_KNOBS
+from workers.routing.router import ROUTER_KNOBS
+from workers.surfaces.app import APP_KNOBS
+from workers.surfaces.mount import APP as MOUNT_APP
 
 __all__ = [
     "DEFAULT_APP",

@@ -1,7 +1,7 @@
 """Per-call load accounting: each call counted from when it starts on the wire to its end.
 
 :class:`CallLedger` is the one handle through which the fan-out helper
-(:mod:`workers.fanout`) records its calls into the worker's counter row. A call
+(:mod:`workers.fanout.threads`) records its calls into the worker's counter row. A call
 :meth:`~CallLedger.begin` s right before its request is written and
 :meth:`~CallLedger.end` s when its answer (or failure) is in, so time a call spends
 queued in the worker's own pool is never counted as the pod's busy time, and in-flight
@@ -28,7 +28,7 @@ call to an endpoint that already has ``cap`` calls in flight from this worker (n
 is recorded for it: a local rejection is not the pod's failure), and
 :meth:`~CallLedger.oldest` tells a busy pod from a stuck one.
 
-It writes through the worker's :class:`workers.recording.Recording`, the same narrow
+It writes through the worker's :class:`workers.routing.recording.Recording`, the same narrow
 handle ``Router.track`` records through; each write is one step under the row's lock
 (:meth:`shm.Recorder.record_calls`): the pending ends and starts, each with its own
 times, worked out on the ledger's own lists and written with two
@@ -42,7 +42,7 @@ import threading
 
 import shm
 from shm.layout import STATS_FIELDS
-from workers.recording import Recording, WarningThrottle
+from workers.routing.recording import Recording, WarningThrottle
 
 __all__ = ["CUT", "FLUSH_NS", "MAX_PENDING", "CallLedger"]
 

@@ -44,6 +44,7 @@ from lbcore.knobs import (
     from_mapping,
     parse_bool,
     parse_choice,
+    parse_int_between,
     seconds_at_least,
 )
 from lbcore.logformat import Event
@@ -60,14 +61,7 @@ __all__ = [
 DISCOVERY_MODES = ("embedded", "external")
 
 
-def _rows(text: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError("expected an integer number of rows (0: automatic)") from None
-    if not 0 <= value <= 4096:
-        raise ValueError("expected 0 (automatic) or 1 to 4096 rows")
-    return value
+_rows = parse_int_between(0, 4096)  # 0: automatic
 
 
 #: Settings of the gunicorn master's cslb part (environment only; ``cslb serve`` sets
@@ -304,6 +298,10 @@ class DiscoverySupervisor:
     def restart_at(self) -> float | None:
         """Clock time (s) of the scheduled restart, ``None`` if none is pending."""
         return self._restart_at
+
+    def schedule_restart(self, delay_s: float = 0.0) -> None:
+        """Start the child on the first :meth:`tick` ``delay_s`` seconds from now."""
+        self._restart_at = self.clock() + delay_s
 
     @property
     def stopped(self) -> bool:

@@ -13,7 +13,7 @@ logger one handler writing cslb's line format (:mod:`lbcore.logformat`,
 master's, the workers' (they inherit it through the fork) and discovery's lines are one
 format. A ``cslb`` logger that already has a handler (say, from gunicorn's
 ``--log-config-dict``) is left as it is: the user's configuration wins.
-gunicorn's own error and access lines: :mod:`workers.gunicorn_logging`.
+gunicorn's own error and access lines: :mod:`workers.master.gunicorn_logging`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The fan-out helper for asyncio workers: ``await router.afanout(keys, asend)``.
 
-The same plan and jobs as ``router.fanout`` (:mod:`workers.fanout_plan`), driven on the
+The same state and jobs as ``router.fanout`` (:mod:`workers.fanout.jobs`), driven on the
 running event loop instead of a thread pool: a fan-out runs as many runner tasks as
 the worker's loop has free slots (:class:`Limiter`, ``CSLB_FANOUT_THREADS`` calls in
 flight per worker, at least one runner per fan-out), each taking the next job when its
 last one ends; the runners' first calls start together and are recorded in one step
-(:meth:`workers.ledger.CallLedger.begin_many`). Each call
+(:meth:`workers.fanout.ledger.CallLedger.begin_many`). Each call
 is bounded by its timeout through cancellation, so a sender that ignores its timeout
 still cannot hold the fan-out past it: one lazily moved timer per task (:class:`_Watch`)
 instead of ``asyncio.timeout``'s timer per call, which cost a third of the helper's CPU
@@ -13,7 +13,7 @@ per key. Retries sleep with ``asyncio.sleep``. A fan-out whose caller is cancell
 cancels its calls (each still recorded as ended, not as the pod's failure).
 
 Tasks of many requests interleave on the loop's one thread, so nothing here uses the
-router's per-thread "last batch": the plan keeps the table each route was computed on.
+router's per-thread "last batch": the state keeps the table each route was computed on.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.fanout import FanOut, Result
-from workers.fanout_curl import curl_sender_of, run_async
-from workers.fanout_plan import Job, Plan, group_job, key_job
+from workers.fanout.curl_driver import curl_sender_of, run_async
+from workers.fanout.jobs import FanOutState, Job, group_job, key_job
+from workers.fanout.threads import FanOut, Result
 
 __all__ = ["run"]
 
@@ -156,15 +156,15 @@ async def run(
     curl = curl_sender_of(asend, grouped)
     if curl is not None:
         return await run_async(fan, curl, keys, timeout_s, deadline_s, grouped)
-    plan = fan.plan(keys, asend, timeout_s, deadline_s, grouped)
+    state = fan.prepare(keys, asend, timeout_s, deadline_s, grouped)
     cap = fan.settings.cap_for(asyncio=True)
-    jobs = plan.jobs
+    jobs = state.jobs
     make = group_job if grouped else key_job
     lim = _limiter(fan)
     held = lim.take(len(jobs))
     n = max(held, 1) if jobs else 0
     # The runners' first calls start together: one recording step for all of them.
-    firsts = [plan.slots[j[0] if grouped else j] for j in jobs[:n]]
+    firsts = [state.slots[j[0] if grouped else j] for j in jobs[:n]]
     t0, admitted = fan.ledger.begin_many(firsts, cap) if n else (0, [])
     rest = iter(jobs[n:])  # (the runners take the next job from here, one at a time)
     unstarted = len(jobs) - n  # jobs no runner took yet
@@ -175,21 +175,21 @@ async def run(
         watch = _Watch()
         try:
             if first is not None:
-                await _drive(plan, make(plan, first, cap, started), watch)  # type: ignore[arg-type]
+                await _drive(state, make(state, first, cap, started), watch)  # type: ignore[arg-type]
             else:
                 coming -= 1
             for j in rest:
                 unstarted -= 1
-                if plan.closed:
+                if state.closed:
                     return
-                await _drive(plan, make(plan, j, cap), watch)  # type: ignore[arg-type]
+                await _drive(state, make(state, j, cap), watch)  # type: ignore[arg-type]
         finally:
             watch.close()
 
     async def alone(job: Job) -> None:
         watch = _Watch()
         try:
-            await _drive(plan, job, watch)
+            await _drive(state, job, watch)
         finally:
             watch.close()
 
@@ -197,12 +197,12 @@ async def run(
         asyncio.ensure_future(runner(j, t0 if ok else -1))
         for j, ok in zip(jobs[:n], admitted, strict=True)
     ]
-    tasks += [asyncio.ensure_future(alone(g)) for g, _ in fan.fallback_jobs(plan)]
+    tasks += [asyncio.ensure_future(alone(g)) for g, _ in fan.fallback_jobs(state)]
 
     def grant(k: int) -> int:
         """Slots given back by other fan-outs: more runners, up to the jobs not started."""
         nonlocal held, coming
-        got = 0 if plan.closed else min(k, unstarted - coming)
+        got = 0 if state.closed else min(k, unstarted - coming)
         if got <= 0:
             return 0
         held += got
@@ -217,7 +217,7 @@ async def run(
             loop = asyncio.get_running_loop()
             # Each call is bounded by its own timeout (at most the deadline); the margin
             # covers a task the loop could not run in time.
-            end = loop.time() + max((plan.deadline_ns - plan.clock()) / 1e9, 0.0) + 0.05
+            end = loop.time() + max((state.deadline_ns - state.clock()) / 1e9, 0.0) + 0.05
             while late := [t for t in tasks if not t.done()]:  # (grant() may add runners)
                 left = end - loop.time()
                 if left > 0:
@@ -234,13 +234,13 @@ async def run(
     finally:
         lim.leave(grant)
         lim.give(held)
-    return fan.finish(plan)
+    return fan.finish(state)
 
 
-async def _drive(plan: Plan, job: Job, watch: _Watch) -> None:
+async def _drive(state: FanOutState, job: Job, watch: _Watch) -> None:
     """Run a job on the loop: its calls awaited under their timeouts, its backoff slept."""
-    send = plan.send
-    with_timeout = plan.with_timeout
+    send = state.send
+    with_timeout = state.with_timeout
     try:
         op = next(job)
         while True:
@@ -263,7 +263,7 @@ async def _drive(plan: Plan, job: Job, watch: _Watch) -> None:
                     got = (None, exc)
                 op = job.send(got)
             elif op[0] == "slot":
-                op = job.send(await _slot(plan, op[1], op[2]))
+                op = job.send(await _slot(state, op[1], op[2]))
             else:
                 await asyncio.sleep(op[1])
                 op = job.send(None)
@@ -273,10 +273,10 @@ async def _drive(plan: Plan, job: Job, watch: _Watch) -> None:
         job.close()  # cancelled mid-call: the job records the call's end
 
 
-async def _slot(plan: Plan, slot: int, cap: int) -> int:
-    """A ``("slot", slot, cap)`` operation on the loop (see :meth:`Plan.slot`)."""
+async def _slot(state: FanOutState, slot: int, cap: int) -> int:
+    """A ``("slot", slot, cap)`` operation on the loop (see :meth:`FanOutState.slot`)."""
     while True:
-        t0 = plan.slot(slot, cap)
-        if t0 != -1 or plan.clock() >= plan.deadline_ns:
+        t0 = state.slot(slot, cap)
+        if t0 != -1 or state.clock() >= state.deadline_ns:
             return t0
         await asyncio.sleep(0.001)  # (calls end on this loop: a millisecond is plenty)

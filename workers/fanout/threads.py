@@ -1,19 +1,19 @@
 """The fan-out helper: route a batch, make its calls, retry once, record each call.
 
 ``router.fanout(keys, send)`` (sync and gthread workers) and ``await
-router.afanout(keys, asend)`` (asyncio workers, :mod:`workers.afanout`) route the keys
+router.afanout(keys, asend)`` (asyncio workers, :mod:`workers.fanout.aio`) route the keys
 once, then for each key:
 
-1. **call** it: with a :class:`workers.senders.CurlSender` every call of the batch at
-   once on libcurl's multi interface (:mod:`workers.fanout_curl`: no pool, FIFO
+1. **call** it: with a :class:`workers.fanout.senders.CurlSender` every call of the batch at
+   once on libcurl's multi interface (:mod:`workers.fanout.curl_driver`: no pool, FIFO
    admission, each call timed by libcurl); with another ``send(url, key)`` on the
    worker's pool (:class:`Pool`, ``CSLB_FANOUT_THREADS`` threads, at most
    ``CSLB_FANOUT_QUEUE`` calls held). Each call is recorded from when it really starts
-   to when it ends (:class:`workers.ledger.CallLedger`) with how it failed;
-2. on a transport error, a timeout or a failure status (:func:`workers.senders.failure_kind`:
+   to when it ends (:class:`workers.fanout.ledger.CallLedger`) with how it failed;
+2. on a transport error, a timeout or a failure status (:func:`workers.fanout.senders.failure_kind`:
    connect, timeout, status; not "other"), **retry once** on ``route(keys, attempt=1)``'s
    pod (or the ingress, ``CSLB_RETRY_TO``) after a jittered backoff, while the worker's
-   :class:`workers.budget.RetryBudget` allows and the deadline is not passed; a failed
+   :class:`workers.fanout.budget.RetryBudget` allows and the deadline is not passed; a failed
    retry returns its error;
 3. keys the router answers ``-1`` go to ``CSLB_FALLBACK_URL`` when set (not recorded,
    not retried: the ingress retries itself), else come back with ``fallback=True``;
@@ -30,7 +30,7 @@ after the deadline cut it to under half of ``timeout_s`` counts as neither the p
 failure (a saturated caller must not eject healthy pods) nor its success (it would
 reset the pod's consecutive failures): only its busy time is recorded. Results come back in the
 order of ``keys`` as :class:`Result`; the failure log
-(:class:`workers.failurelog.FailureLog`) gets a line per failed call, at most a few per
+(:class:`workers.fanout.failurelog.FailureLog`) gets a line per failed call, at most a few per
 endpoint per second, saying whether its retry succeeded.
 
 The grouped form (``grouped=True``) calls ``send(url, keys)`` once per pod with that
@@ -49,23 +49,24 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.admission import Admission
-from workers.budget import RetryBudget
-from workers.failurelog import FailureLog
-from workers.fanout_curl import curl_sender_of, run_sync
-from workers.fanout_plan import (
+from workers.fanout.admission import Admission
+from workers.fanout.budget import RetryBudget
+from workers.fanout.curl_driver import curl_sender_of, run_sync
+from workers.fanout.failurelog import FailureLog
+from workers.fanout.jobs import (
     DeadlineError,
     FanoutError,
+    FanOutState,
     Job,
-    Plan,
     RejectedError,
     Result,
     fallback_job,
     group_job,
     key_job,
 )
-from workers.fanout_settings import FanoutSettings
-from workers.ledger import CallLedger
+from workers.fanout.ledger import CallLedger
+from workers.fanout.settings import FanoutSettings
+from workers.routing.errors import RouterInputError
 
 __all__ = [
     "DeadlineError",
@@ -206,7 +207,7 @@ class FanOut:
     router
         The :class:`workers.Router`.
     settings
-        Default: from the environment (:data:`workers.fanout_settings.FANOUT_KNOBS`).
+        Default: from the environment (:data:`workers.fanout.settings.FANOUT_KNOBS`).
     """
 
     def __init__(self, router: Any, settings: FanoutSettings | None = None) -> None:
@@ -227,14 +228,14 @@ class FanOut:
         """Stop the pool's threads (after their current calls)."""
         self.pool.close()
 
-    def plan(
+    def prepare(
         self,
         keys: Sequence[Any],
         send: Callable[..., Any],
         timeout_s: float | None,
         deadline_s: float | None,
         grouped: bool,
-    ) -> Plan:
+    ) -> FanOutState:
         """Route ``keys`` and lay out their jobs (both forms)."""
         s = self.settings
         timeout = s.timeout_s if timeout_s is None else _seconds("timeout_s", timeout_s)
@@ -242,28 +243,28 @@ class FanOut:
             s.deadline_for(timeout) if deadline_s is None else _seconds("deadline_s", deadline_s)
         )
         if not isinstance(grouped, bool):
-            raise ValueError(f"grouped must be True or False, got {grouped!r}")
-        return Plan(self, keys, send, takes_timeout(send), timeout, deadline, grouped)
+            raise RouterInputError(f"grouped must be True or False, got {grouped!r}")
+        return FanOutState(self, keys, send, takes_timeout(send), timeout, deadline, grouped)
 
-    def fallback_jobs(self, plan: Plan) -> list[tuple[Job, list[int]]]:
+    def fallback_jobs(self, state: FanOutState) -> list[tuple[Job, list[int]]]:
         """Jobs for the keys routed to fallback, with their positions.
 
         Without a fallback URL there are none: those keys get their results at once.
         """
-        fb = plan.fallback_positions
+        fb = state.fallback_positions
         if not fb:
             return []
         if not self.settings.fallback_url:
             for p in fb:
-                plan.finish(p, Result(fallback=True))
+                state.finish(p, Result(fallback=True))
             return []
-        if plan.grouped:
-            return [(fallback_job(plan, fb), fb)]
-        return [(fallback_job(plan, [p]), [p]) for p in fb]
+        if state.grouped:
+            return [(fallback_job(state, fb), fb)]
+        return [(fallback_job(state, [p]), [p]) for p in fb]
 
-    def finish(self, plan: Plan) -> list[Result]:
-        """Close ``plan`` and write what its calls left pending; the results."""
-        results = plan.close()
+    def finish(self, state: FanOutState) -> list[Result]:
+        """Close ``state`` and write what its calls left pending; the results."""
+        results = state.close()
         self.ledger.flush()
         self.failure_log.tick()
         return results
@@ -282,67 +283,67 @@ class FanOut:
         curl = curl_sender_of(send, grouped)
         if curl is not None:
             return run_sync(self, curl, keys, timeout_s, deadline_s, grouped)
-        plan = self.plan(keys, send, timeout_s, deadline_s, grouped)
+        state = self.prepare(keys, send, timeout_s, deadline_s, grouped)
         cap = self.settings.cap_for(asyncio=False)
         job = group_job if grouped else key_job
         # (make a job, the positions it answers)
         units: list[tuple[Callable[[], Job], list[int]]] = [
-            ((lambda j=j: job(plan, j, cap)), j if grouped else [j])  # type: ignore[misc]
-            for j in plan.jobs
+            ((lambda j=j: job(state, j, cap)), j if grouped else [j])  # type: ignore[misc]
+            for j in state.jobs
         ]
-        for g, ps in self.fallback_jobs(plan):
+        for g, ps in self.fallback_jobs(state):
             units.append(((lambda g=g: g), ps))
         if units:
             admitted = self.pool.admit(len(units))
             if admitted < len(units):
-                self._reject(plan, [ps for _, ps in units[admitted:]])
+                self._reject(state, [ps for _, ps in units[admitted:]])
                 units = units[:admitted]
             if units:
                 it = iter(units)  # (next() on a list iterator is atomic: one job per take)
 
                 def work() -> None:
                     for make, _ in it:
-                        if plan.closed:
+                        if state.closed:
                             return
-                        _drive(plan, make())
+                        _drive(state, make())
 
                 self.pool.submit(work, len(units))
-                self._wait(plan)
+                self._wait(state)
                 self.pool.release(len(units))
-        return self.finish(plan)
+        return self.finish(state)
 
-    def _wait(self, plan: Plan) -> None:
+    def _wait(self, state: FanOutState) -> None:
         """Wait for every result or the deadline, writing pending calls meanwhile."""
         ledger = self.ledger
-        clock = plan.clock
-        while not plan.done.is_set():
-            left = (plan.deadline_ns - clock()) / 1e9
+        clock = state.clock
+        while not state.done.is_set():
+            left = (state.deadline_ns - clock()) / 1e9
             if left <= 0:
                 return
             if ledger.pending:
                 # Events left pending by calls that hang (no more appends to write
                 # them): at most this much later than their own flush rule.
-                if plan.done.wait(min(left, 0.02)):
+                if state.done.wait(min(left, 0.02)):
                     return
                 ledger.flush()
-            elif plan.done.wait(left):
+            elif state.done.wait(left):
                 return
 
-    def _reject(self, plan: Plan, rejected: list[list[int]]) -> None:
+    def _reject(self, state: FanOutState, rejected: list[list[int]]) -> None:
         """Keys the pool had no room for fail at once, as rejected (not the pods' failure)."""
         err = RejectedError("the worker's fan-out pool is full")
         n = 0
         for ps in rejected:
             for p in ps:
-                plan.finish(p, Result(error=err, fallback=int(plan.idx[p]) < 0))
+                state.finish(p, Result(error=err, fallback=int(state.idx[p]) < 0))
                 n += 1
         self.ledger.tally("bulkhead_rejections", n)
 
 
-def _drive(plan: Plan, job: Job) -> None:
+def _drive(state: FanOutState, job: Job) -> None:
     """Run a job blocking on this thread: its calls, its backoff sleep."""
-    send = plan.send
-    with_timeout = plan.with_timeout
+    send = state.send
+    with_timeout = state.with_timeout
     try:
         op = next(job)
         while True:
@@ -357,7 +358,7 @@ def _drive(plan: Plan, job: Job) -> None:
                     got = (None, exc)
                 op = job.send(got)
             elif op[0] == "slot":
-                op = job.send(_wait_slot(plan, op[1], op[2]))
+                op = job.send(_wait_slot(state, op[1], op[2]))
             else:
                 time.sleep(op[1])
                 op = job.send(None)
@@ -365,16 +366,16 @@ def _drive(plan: Plan, job: Job) -> None:
         pass
 
 
-def _wait_slot(plan: Plan, slot: int, cap: int) -> int:
-    """A ``("slot", slot, cap)`` operation on this thread (see :meth:`Plan.slot`)."""
+def _wait_slot(state: FanOutState, slot: int, cap: int) -> int:
+    """A ``("slot", slot, cap)`` operation on this thread (see :meth:`FanOutState.slot`)."""
     while True:
-        t0 = plan.slot(slot, cap)
-        if t0 != -1 or plan.clock() >= plan.deadline_ns:
+        t0 = state.slot(slot, cap)
+        if t0 != -1 or state.clock() >= state.deadline_ns:
             return t0
-        plan.ledger.wait_freed(slot, cap, plan.wait_until(slot))
+        state.ledger.wait_freed(slot, cap, state.wait_until(slot))
 
 
 def _seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be seconds > 0, got {value!r}")
+        raise RouterInputError(f"{name} must be seconds > 0, got {value!r}")
     return float(value)

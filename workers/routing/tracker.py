@@ -4,11 +4,11 @@ On enter every routed call counts as in flight at its endpoint; on exit each cal
 with its busy time from enter to its :meth:`Tracker.done` time (default: the exit),
 and failed if :meth:`Tracker.fail` was called for it. Fallback calls (``-1``) went
 through the ingress and are not recorded. The tracker writes through the worker's
-:class:`workers.recording.Recording` (its row's lock and recorder): one start and one
+:class:`workers.routing.recording.Recording` (its row's lock and recorder): one start and one
 end for the whole fan-out.
 
 :meth:`Tracker.fail` logs one line (rate-limited per endpoint,
-:mod:`workers.failurelog`; the exit writes the summary lines of windows that ended
+:mod:`workers.fanout.failurelog`; the exit writes the summary lines of windows that ended
 with lines left out) on the ``cslb.router`` logger at WARNING: a JSON object
 with ``event`` = ``"cslb_call_failed"``, ``product_id``, ``endpoint``, ``pod_ip`` (the
 endpoint's host), ``node``, ``zone``, ``attempt``, ``generation``, ``call`` (position
@@ -26,34 +26,16 @@ from typing import Any
 import numpy as np
 
 import shm
-from workers.failurelog import key_text, pod_ip
-from workers.recording import Recording, WarningThrottle
+from workers.fanout.failurelog import key_text, pod_ip
+from workers.routing.errors import RouterInputError, RouterStateError
+from workers.routing.recording import Recording, WarningThrottle
 
 log = logging.getLogger("cslb.router")
 # (a row shrunk or replaced under the worker fails every fan-out until repaired)
 _START_WARN = WarningThrottle("fan-out not recorded")
 _END_WARN = WarningThrottle("fan-out end not recorded")
 
-__all__ = [
-    "RouterError",
-    "RouterInputError",
-    "RouterStateError",
-    "Tracker",
-    "check_indices",
-    "table_slots",
-]
-
-
-class RouterError(Exception):
-    """Base class of the router's own errors."""
-
-
-class RouterInputError(RouterError, ValueError):
-    """An argument of a router call is malformed (indices, call numbers, settings)."""
-
-
-class RouterStateError(RouterError):
-    """The router cannot be used here: closed, or inherited by a forked child."""
+__all__ = ["Tracker", "check_indices", "table_slots"]
 
 
 class Tracker:

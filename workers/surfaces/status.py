@@ -19,7 +19,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from workers.metrics import EndpointState, HostSnapshot
+from workers.surfaces.hosts import EndpointState, HostSnapshot
 
 __all__ = ["MAX_ROWS", "bar_scale", "render"]
 
@@ -266,7 +266,7 @@ def render(snapshot: HostSnapshot, *, refresh_s: float | None = 5.0) -> str:
     Parameters
     ----------
     snapshot
-        What to show (:meth:`workers.metrics.HostMonitor.snapshot`).
+        What to show (:meth:`workers.surfaces.collector.HostMonitor.snapshot`).
     refresh_s
         Reload the page every this many seconds (``None`` or ``<= 0``: never).
     """

@@ -1,8 +1,8 @@
 """The worker's counter row, as the router's parts record into it: one narrow handle.
 
 A :class:`Recording` is made by the :class:`workers.Router` and handed to what records:
-the :class:`workers.tracker.Tracker` of :meth:`~workers.Router.track`, the
-:class:`workers.ledger.CallLedger` of :meth:`~workers.Router.fanout` and the router's
+the :class:`workers.routing.tracker.Tracker` of :meth:`~workers.Router.track`, the
+:class:`workers.fanout.ledger.CallLedger` of :meth:`~workers.Router.fanout` and the router's
 own decision counts. They see the row through it only: the router gives it the row's
 recorder when it claims one (a :class:`shm.LockedRecorder` under gthread, so the
 process's threads share the row under the row's lock) and takes it away when the
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import shm
-from workers.failurelog import FailureLog
+from workers.fanout.failurelog import FailureLog
 
 __all__ = ["Recording", "WarningThrottle"]
 
@@ -81,7 +81,7 @@ class Recording:
     recorder
         The row to record into at first (see :meth:`attach`).
     failure_log
-        Where a failed call's line goes (:class:`workers.failurelog.FailureLog`;
+        Where a failed call's line goes (:class:`workers.fanout.failurelog.FailureLog`;
         default: the ``cslb.router`` logger at the default rate).
     check
         Raises when the router may not be used here (closed, or a forked child's);

@@ -14,7 +14,7 @@ fan-out) says how many were left out::
 
 Lines go to the ``cslb.router`` logger at WARNING, as ASCII JSON (always one line), with
 the same fields attached to the record as ``record.cslb`` for structured handlers; cslb's
-own handler (under :mod:`workers.gunicorn_conf`, :mod:`workers.logs`) writes them in
+own handler (under :mod:`workers.gunicorn_conf`, :mod:`workers.master.logs`) writes them in
 cslb's line format, the event and these fields after ``timestamp``, ``level``,
 ``logger`` and ``pid``.
 """

@@ -72,7 +72,7 @@ _CACHE_SLACK = 64
 
 
 class Request(Protocol):
-    """What a sender builds for the transport (see :class:`workers.senders.CurlSender`)."""
+    """What a sender builds for the transport (see :class:`workers.fanout.senders.CurlSender`)."""
 
     headers_list: list[str]
     post_headers: list[str]
@@ -280,7 +280,7 @@ class Transport:
 
 
 def _failure(code: int, message: str, url: str, took_s: float, limit: int) -> BaseException:
-    from workers.senders import CallConnectError, CallError, CallTimeoutError
+    from workers.fanout.senders import CallConnectError, CallError, CallTimeoutError
 
     if code == pycurl.E_OPERATION_TIMEDOUT:
         return CallTimeoutError(f"{url}: no answer within {took_s:.3g} s ({message})", url)
@@ -554,12 +554,12 @@ def thread_reactor(connections_per_pod: int | None = None) -> SyncReactor:
     """The calling thread's reactor (made on first use; a forked child makes its own).
 
     ``connections_per_pod``: the per-pod cap to apply (``None``: keep the reactor's, or
-    :data:`workers.fanout_settings.FANOUT_CONNECTIONS`' default for a new one).
+    :data:`workers.fanout.settings.FANOUT_CONNECTIONS`' default for a new one).
     """
     r: SyncReactor | None = getattr(_local, "reactor", None)
     if r is None or _local.pid != os.getpid():
         if connections_per_pod is None:
-            from workers.fanout_settings import FANOUT_CONNECTIONS
+            from workers.fanout.settings import FANOUT_CONNECTIONS
 
             connections_per_pod = int(FANOUT_CONNECTIONS.default)
         r = SyncReactor(Transport(connections_per_pod))

@@ -18,6 +18,7 @@ arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -27,30 +28,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import shm
-from discovery.settings import PUBLISHED_KNOBS, SHM_NAMESPACE, seconds_at_least
-from lbcore.fade import fadein_score
 from lbcore.knobs import Knob
 from lbcore.outlier import EJECT_REASONS
+from workers.surfaces.hosts import STALE_AFTER, EndpointState, TableRows, read_table
 
-__all__ = ["INSPECT_KNOBS", "run", "shown", "snapshot"]
+__all__ = ["INSPECT_KNOBS", "render_text", "run", "shown", "snapshot"]
 
-#: ``--stale-after``: when a publisher counts as dead.
-STALE_AFTER = Knob(
-    "stale_after_s",
-    "CSLB_STALE_AFTER",
-    "--stale-after",
-    5.0,
-    seconds_at_least(0.01),
-    "A publisher heartbeat older than this many seconds means the publisher is not alive "
-    "(exit status 3).",
-    "SECONDS",
-)
-
-#: Settings of ``cslb inspect`` (the namespace is discovery's own declaration).
-INSPECT_KNOBS: tuple[Knob, ...] = (SHM_NAMESPACE, STALE_AFTER)
+#: Settings of ``cslb inspect``: the namespace, and when a publisher counts as dead (the
+#: workers' own ``CSLB_STALE_AFTER``).
+INSPECT_KNOBS: tuple[Knob, ...] = (shm.SHM_NAMESPACE, STALE_AFTER)
 
 
-def snapshot(namespace: str, *, stale_after_s: float = 5.0) -> dict[str, Any]:
+def snapshot(namespace: str, *, stale_after_s: float = STALE_AFTER.default) -> dict[str, Any]:
     """The current table of ``namespace`` as a JSON-ready dictionary.
 
     Raises
@@ -62,94 +51,75 @@ def snapshot(namespace: str, *, stale_after_s: float = 5.0) -> dict[str, Any]:
     """
     with shm.TableReader(namespace) as reader:
         now = time.monotonic_ns()
-
-        def read(t: shm.Table) -> dict[str, Any]:
-            rs = t.ring_set
-            knobs = {name: getattr(t.knobs, name) for name in PUBLISHED_KNOBS}
-            knobs["enabled"] = bool(knobs["enabled"])
-            mode = knobs["fade_mode"]
-            shares = rs.share_list(now) if rs.endpoints else []
-            tiers = [int(x) for x in rs.tiers]
-            fading = []
-            for k, (start, share) in enumerate(zip(rs.starts_ns, shares, strict=True), start=1):
-                added = [ep for ep, tier in zip(rs.endpoints, tiers, strict=True) if tier == k]
-                ring: dict[str, Any] = {
-                    "ring": k,
-                    "added": added,
-                    "age_s": round((now - start) / 1e9, 3),
-                    "share": round(share, 6),  # N-ring share
-                }
-                if mode == "skipper":
-                    score = fadein_score(now - start, rs.duration_ns, rs.exponent)
-                    ring["skipper_score"] = round(score, 6)
-                fading.append(ring)
-            e = t.ejections
-            eps = [
-                {
-                    "address": ep,
-                    "zone": zone,
-                    "node": node,
-                    "slot": int(slot),
-                    "tier": tier,
-                    "ejected": bool(ej),
-                    "ejection": _ejection(reason, until, mult, counts, now),
-                }
-                for ep, zone, node, slot, tier, ej, reason, until, mult, counts in zip(
-                    t.endpoints,
-                    t.zones,
-                    t.nodes,
-                    t.slots.tolist(),
-                    tiers,
-                    t.ejected.tolist(),
-                    e.reason.tolist(),
-                    e.until_ns.tolist(),
-                    e.multiplier.tolist(),
-                    e.counts.tolist(),
-                    strict=True,
-                )
-            ]
-            return {
-                "generation": int(t.generation),
-                "published_age_s": round((now - t.published_ns) / 1e9, 3) if t.generation else None,
-                "publisher_pid": int(t.publisher_pid),
-                "knobs": knobs,
-                "fade": {
-                    "mode": mode,
-                    "n_ring_shares_apply": mode == "n-ring",
-                    "duration_s": rs.duration_ns / 1e9,
-                    "exponent": rs.exponent,
-                    "vnodes": rs.vnodes,
-                },
-                "fading_rings": fading,
-                "outlier_panic": bool(t.outlier_panic),
-                "endpoints": sorted(eps, key=lambda e: e["address"]),
-                "counter_slots": int(t.n_slots),
-            }
-
-        out = reader.consistent(read)
+        rows = reader.consistent(lambda t: read_table(t, now))
         beat_age = (now - reader.heartbeat_ns()) / 1e9
         pid_alive = reader.writer_alive()
-        out = {
+        return {
             "namespace": namespace,
             "writer_pid": reader.writer_pid(),
             "writer_running": pid_alive,
             "heartbeat_age_s": round(beat_age, 3),
             "publisher_alive": bool(pid_alive and beat_age <= stale_after_s),
-            **out,
+            **_shown_table(rows, now),
         }
-    return out
 
 
-def _ejection(
-    reason: int, until_ns: int, multiplier: int, counts: list[int], now: int
-) -> dict[str, Any]:
-    """An endpoint's outlier-ejection state for the JSON output."""
+def _shown_table(rows: TableRows, now: int) -> dict[str, Any]:
+    """``rows`` in the JSON output's words."""
+    knobs = {f.name: getattr(rows.knobs, f.name) for f in dataclasses.fields(rows.knobs)}
+    knobs["enabled"] = bool(knobs["enabled"])
+    mode = knobs["fade_mode"]
+    fading = []
+    for r in rows.fading:
+        ring: dict[str, Any] = {
+            "ring": r.ring,
+            "added": list(r.added),
+            "age_s": round(r.age_s, 3),
+            "share": round(r.n_ring_share, 6),  # N-ring share
+        }
+        if mode == "skipper":
+            ring["skipper_score"] = round(r.share, 6)
+        fading.append(ring)
+    eps = [
+        {
+            "address": e.address,
+            "zone": e.zone,
+            "node": e.node,
+            "slot": e.slot,
+            "tier": e.tier,
+            "ejected": bool(e.ejected),
+            "ejection": _ejection(e, now),
+        }
+        for e in rows.endpoints
+    ]
     return {
-        "reason": EJECT_REASONS[reason - 1] if reason else None,
-        "until_ns": int(until_ns) if reason else None,
-        "remaining_s": round(max(until_ns - now, 0) / 1e9, 3) if reason else None,
-        "multiplier": int(multiplier),
-        "ejections": dict(zip(EJECT_REASONS, (int(c) for c in counts), strict=True)),
+        "generation": rows.generation,
+        "published_age_s": round((now - rows.published_ns) / 1e9, 3) if rows.generation else None,
+        "publisher_pid": rows.publisher_pid,
+        "knobs": knobs,
+        "fade": {
+            "mode": mode,
+            "n_ring_shares_apply": mode == "n-ring",
+            "duration_s": rows.fade_duration_s,
+            "exponent": rows.fade_exponent,
+            "vnodes": rows.vnodes,
+        },
+        "fading_rings": fading,
+        "outlier_panic": rows.outlier_panic,
+        "endpoints": sorted(eps, key=lambda e: e["address"]),
+        "counter_slots": rows.n_slots,
+    }
+
+
+def _ejection(e: EndpointState, now: int) -> dict[str, Any]:
+    """An endpoint's outlier-ejection state for the JSON output."""
+    until = e.eject_until_ns
+    return {
+        "reason": e.eject_reason or None,
+        "until_ns": until,
+        "remaining_s": round(max(until - now, 0) / 1e9, 3) if until is not None else None,
+        "multiplier": e.eject_multiplier,
+        "ejections": dict(zip(EJECT_REASONS, e.ejections, strict=True)),
     }
 
 
@@ -180,7 +150,8 @@ def shown(text: str) -> str:
     return "".join(out)
 
 
-def _text(s: dict[str, Any]) -> str:
+def render_text(s: dict[str, Any]) -> str:
+    """The text ``cslb inspect`` prints for snapshot ``s`` (:func:`snapshot`)."""
     live = (
         "alive"
         if s["publisher_alive"]
@@ -273,7 +244,7 @@ def run(settings: Mapping[str, Any], *, as_json: bool = False) -> int:
         print(f"cslb inspect: cannot read the tables of {ns!r}: {exc}", file=sys.stderr)
         return 1
     status = 0 if s["publisher_alive"] else 3
-    out = json.dumps(s, indent=2) if as_json else _text(s)
+    out = json.dumps(s, indent=2) if as_json else render_text(s)
     try:
         sys.stdout.write(out + "\n")
         sys.stdout.flush()
