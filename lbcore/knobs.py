@@ -564,15 +564,20 @@ def from_args(
     return values
 
 
-def docs_table(knobs: Iterable[Knob] = ROUTING_KNOBS) -> str:
-    """A Markdown table of the knobs (variable, flag, default, meaning) for the README.
+def docs_table(knobs: Iterable[Knob] = ROUTING_KNOBS, *, flags: bool = True) -> str:
+    """A Markdown table of the knobs (variable, flag, default, meaning) for the docs.
 
     A default worked out at run time reads ``auto``, an empty one ``-``
-    (:attr:`Knob.shown_default`).
+    (:attr:`Knob.shown_default`). ``flags=False`` leaves the flag column out, for
+    settings no cslb command takes (the product pods' middleware reads its environment).
     """
-    rows = ["| variable | flag | default | meaning |", "|---|---|---|---|"]
+    if flags:
+        rows = ["| variable | flag | default | meaning |", "|---|---|---|---|"]
+    else:
+        rows = ["| variable | default | meaning |", "|---|---|---|"]
     for k in knobs:
         shown = k.shown_default
         default = shown if shown == "-" else f"`{shown}`"
-        rows.append(f"| `{k.env}` | `{k.flag}` | {default} | {k.doc} |")
+        flag = f" `{k.flag}` |" if flags else ""
+        rows.append(f"| `{k.env}` |{flag} {default} | {k.doc} |")
     return "\n".join(rows)

@@ -19,7 +19,7 @@ workers' cslb lines, the bundled app) has the same parts, rendered one of two wa
 
 This module only renders (no I/O, time comes in as an argument); the rooms write the
 lines: :class:`discovery.events.EventLog` and, through the standard :mod:`logging`
-module, :mod:`workers.logs`. :class:`Formatter` renders a :class:`logging.LogRecord`: a
+module, :mod:`workers.master.logs`. :class:`Formatter` renders a :class:`logging.LogRecord`: a
 record whose message is an :class:`Event` (``log.info(Event("publish", generation=7))``)
 or that carries ``record.cslb`` (a mapping with ``event`` and the fields) is that event;
 any other record is event ``log`` with its ``message``. Handlers other than cslb's see

@@ -16,12 +16,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ROOT / "docs" / "settings.md"
+SERVING = ROOT / "docs" / "serving.md"
 
 
 def _tables() -> dict[str, Callable[[], str]]:
     from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
     from lbcore.knobs import KERNEL, LOG_KNOBS, ROUTING_KNOBS, docs_table
-    from workers.fanout_settings import FANOUT_KNOBS
+    from workers.fanout.settings import FANOUT_KNOBS
 
     return {
         "routing-knobs": lambda: docs_table(ROUTING_KNOBS),
@@ -36,7 +37,7 @@ def _tables() -> dict[str, Callable[[], str]]:
 def section(text: str, name: str) -> str:
     """The text between ``<!-- name -->`` and ``<!-- /name -->``, stripped."""
     m = re.search(rf"<!-- {name} -->\n(.*?)<!-- /{name} -->", text, re.S)
-    assert m, f"docs/settings.md has no <!-- {name} --> section"
+    assert m, f"no <!-- {name} --> section"
     return m.group(1).strip()
 
 
@@ -61,7 +62,7 @@ def test_each_settings_table_is_generated_from_its_declarations(name: str) -> No
 def test_every_declared_variable_is_documented_once_on_the_page() -> None:
     from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
     from lbcore.knobs import KERNEL, LOG_KNOBS, ROUTING_KNOBS
-    from workers.fanout_settings import FANOUT_KNOBS
+    from workers.fanout.settings import FANOUT_KNOBS
 
     text = SETTINGS.read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(CSLB_[A-Z0-9_]+)` \|", text, re.M)
@@ -73,7 +74,28 @@ def test_every_declared_variable_is_documented_once_on_the_page() -> None:
     assert twice == ["CSLB_LOG_FORMAT", "CSLB_LOG_LEVEL"]
 
 
+def _pod_table() -> str:
+    from lbcore.knobs import docs_table
+    from workers.serving.settings import POD_KNOBS
+
+    return docs_table(POD_KNOBS, flags=False)
+
+
+def test_the_pod_settings_table_is_generated_from_its_declarations() -> None:
+    text = SERVING.read_text(encoding="utf-8")
+    assert section(text, "pod-knobs") == _pod_table(), (
+        "docs/serving.md's pod-knobs table differs from its declarations: "
+        "run python -m tests.test_docs_settings --write"
+    )
+
+
+def _render_serving(text: str) -> str:
+    start = text.index("<!-- pod-knobs -->\n") + len("<!-- pod-knobs -->\n")
+    return text[:start] + _pod_table() + "\n" + text[text.index("<!-- /pod-knobs -->") :]
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python -m tests.test_docs_settings --write")
     SETTINGS.write_text(render(SETTINGS.read_text(encoding="utf-8")), encoding="utf-8")
+    SERVING.write_text(_render_serving(SERVING.read_text(encoding="utf-8")), encoding="utf-8")
