@@ -32,14 +32,23 @@ endpoints); the rule's arithmetic — the bar, the increment, the checks — is 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from lbcore.errors import ArgumentError, BalanceFactorError, LoadError
 
-if TYPE_CHECKING:
-    from lbcore.ring import Ring
+
+class Ring(Protocol):
+    """What the walks read of a ring (:class:`lbcore.Ring` is one)."""
+
+    hashes: np.ndarray
+    owners: np.ndarray
+    present: np.ndarray
+    all_present: bool
+
+    def __len__(self) -> int: ...
+
 
 __all__ = [
     "advance_distinct",
@@ -50,6 +59,8 @@ __all__ = [
     "routed_call_load",
     "skip_to_eligible",
     "target_load",
+    "walk_distinct",
+    "walk_to_good",
 ]
 
 # Masked single steps before a key is finished with a search over acceptable positions.
@@ -244,7 +255,7 @@ def advance_distinct(ring: Ring, pos: np.ndarray, eligible: np.ndarray, attempt:
     return cur
 
 
-def _walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
+def walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
     """Skipper's walk: the first ``good`` endpoint at or after each position, one lap at most."""
     owners = ring.owners
     size = owners.size
@@ -270,7 +281,7 @@ def _walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
     return result
 
 
-def _walk_distinct(
+def walk_distinct(
     ring: Ring,
     pos: np.ndarray,
     eligible: np.ndarray,

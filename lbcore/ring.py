@@ -10,9 +10,10 @@ Positions are not binary-searched. A *bucket table* indexed by the top bits of t
 holds, for every bucket without a ring node, the ring position every hash of that
 bucket maps to; only hashes that fall into one of the few buckets holding a node need a
 comparison or a search. It is built once per ring, so a publisher builds it once per
-generation and every worker shares it. Routing is :class:`lbcore.Plan`'s (both kernels
-read these arrays); :meth:`Ring.lookup` and :meth:`Ring.lookup_bounded` build a plan of
-one ring per call, for callers that route one batch per ring.
+generation and every worker shares it. Both kernels read these arrays:
+:meth:`Ring.lookup` and :meth:`Ring.lookup_bounded` route one batch on them directly
+(the rule of a :class:`lbcore.Plan` of this ring alone, built per call from the
+endpoints' masks only), for callers that route one batch per ring.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from lbcore.bounded import check_balance_factor, check_loads, check_max_hops
+from lbcore.core import make_core
 from lbcore.errors import ArgumentError, CandidatesError, EndpointError
 from lbcore.hashing import hash_node_names
+from lbcore.kernel import check_attempt, hash_keys
+from lbcore.views import CHOICE_FIXED, GATE_ALL, view_arrays
 
 __all__ = [
     "DEFAULT_VNODES",
@@ -46,6 +51,8 @@ _I64 = np.dtype(np.int64)
 # two buffers of such tables would not fit a container's default 64 MiB /dev/shm.
 MAX_BUCKET_BITS = 21
 MIN_BUCKET_BITS = 8
+_NO_U64 = np.empty(0, dtype=np.uint64)
+_NO_U8 = np.empty(0, dtype=np.uint8)
 _DEFAULT_PORTS = {"http": 80, "https": 443}  # what Skipper's net.SchemeHost fills in
 
 
@@ -548,27 +555,57 @@ class Ring:
         return pos
 
     # ---------------------------------------------------------------------------------
-    # Routing one batch on this ring (a plan per call).
+    # Routing one batch on this ring (the kernel's routing object of one view per call).
 
-    def _plan(
+    def _core(
         self,
         candidates: Any,
         loads: Any = None,
         balance_factor: float | None = None,
         max_hops: int | None = None,
     ) -> Any:
-        """The :class:`lbcore.Plan` of this ring alone: candidates, optional bounded load."""
-        from lbcore.fade import RingSet
-        from lbcore.plan import Plan
+        """The routing object of this ring (:func:`lbcore.core.make_core`) of one view.
 
-        listed = self.listed_mask(candidates)
-        return Plan(
-            RingSet(self.endpoints, vnodes=self.vnodes, master=self),
-            0,
-            ejected=None if listed is None else ~listed,
-            loads=loads,
-            balance_factor=balance_factor,
-            max_hops=max_hops,
+        The view is the one :class:`lbcore.Plan` builds for a ring set of this ring alone
+        with the unlisted endpoints ejected; nothing of it is per ring position, so a
+        call costs the batch plus a few passes over the endpoints.
+        """
+        n = len(self.endpoints)
+        chosen = self.listed_mask(candidates)
+        if chosen is not None and chosen.all():
+            chosen = None  # every endpoint listed: as a plan without ejections
+        listed = self.present if chosen is None else chosen & self.present
+        eligible = listed if chosen is None or not self.has_aliases else self._widen(listed)
+        bf = None if balance_factor is None else check_balance_factor(balance_factor)
+        hops = check_max_hops(max_hops)
+        if bf is not None and loads is None:
+            raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
+        load = None if bf is None else check_loads(loads, n)
+        listed_count, eligible_count, single, good = view_arrays(
+            listed[None, :], eligible[None, :], load, bf
+        )
+        return make_core(
+            master=self,
+            n=n,
+            views=1,
+            eligible=eligible[None, :],
+            good=good,
+            listed_count=listed_count,
+            eligible_count=eligible_count,
+            single=single,
+            loads=load,
+            max_hops=hops,
+            choice=CHOICE_FIXED,
+            fixed_view=0,
+            choice_salt=0,
+            fade_thresholds=_NO_U64,
+            fade_saturated=_NO_U8,
+            gate_mode=GATE_ALL,
+            gate_threshold=None,
+            slots=np.arange(n, dtype=np.int64),
+            n_slots=n,
+            guard=None,
+            closed=False,
             max_key_bytes=None,
         )
 
@@ -603,10 +640,7 @@ class Ring:
         numpy.ndarray
             ``int32`` endpoint indices, ``-1`` for fallback.
         """
-        plan = self._plan(candidates)
-        if hashes is None:
-            return plan.route(keys, attempt)[0]
-        return plan.route_hashes(hashes, attempt)[0]
+        return _route(self._core(candidates), keys, hashes, attempt)
 
     def lookup_bounded(
         self,
@@ -657,23 +691,26 @@ class Ring:
         if balance_factor is None:
             return self.lookup(keys, candidates=candidates, attempt=attempt, hashes=hashes)
         if not sequential:
-            plan = self._plan(candidates, loads, balance_factor, max_hops)
-            if hashes is None:
-                return plan.route(keys, attempt)[0]
-            return plan.route_hashes(hashes, attempt)[0]
-        from lbcore.bounded import check_loads
-        from lbcore.kernel import hash_keys
-
+            return _route(
+                self._core(candidates, loads, balance_factor, max_hops), keys, hashes, attempt
+            )
         h = hash_keys(keys) if hashes is None else check_hashes(hashes)
         load = check_loads(loads, len(self.endpoints)).copy()
         out = np.empty(h.size, dtype=np.int32)
         for i in range(h.size):
-            plan = self._plan(candidates, load, balance_factor, max_hops)
-            chosen = int(plan.route_hashes(h[i : i + 1], attempt)[0][0])
+            core = self._core(candidates, load, balance_factor, max_hops)
+            chosen = int(_route(core, None, h[i : i + 1], attempt)[0])
             out[i] = chosen
             if chosen >= 0:
                 load[chosen] += 1.0
         return out
+
+
+def _route(core: Any, keys: Any, hashes: np.ndarray | None, attempt: int) -> np.ndarray:
+    """``core``'s answer for ``keys``, or for precomputed ``hashes`` when given."""
+    if hashes is None:
+        return core.route(keys, attempt)[0]
+    return core.route_hashes(np.ascontiguousarray(check_hashes(hashes)), check_attempt(attempt))[0]
 
 
 def check_hashes(hashes: Any) -> np.ndarray:

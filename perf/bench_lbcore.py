@@ -30,6 +30,7 @@ import numpy as np
 import xxhash
 
 import lbcore
+from lbcore.route import route_ring_set
 from perf.common import PythonLoopRing, S, as_python, make_ids, make_skus, measure
 
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     k, loads, 1.25, max_hops=10
                 ),
                 "bounded_cold": cold,
-                "fade_route": lambda k, fading=fading, now=now: fading.route(k, now),
+                "fade_route": lambda k, fading=fading, now=now: route_ring_set(fading, k, now),
             }
             for kind, maker in (("sku", make_skus), ("int", make_ids)):
                 for n in sizes:

@@ -1,0 +1,92 @@
+"""What a plan hands its kernel about views: the codes, the draw thresholds, each view's counts.
+
+A *view* is the set of endpoints a key may be routed to (one per ring in N-ring fade-in,
+one per candidate level in Skipper's fade-in, one otherwise). Both kernels read the codes
+below (how a key picks its view, how the gate applies) and the arrays :func:`view_arrays`
+derives from a plan's masks; :class:`lbcore.Plan` and :meth:`lbcore.Ring.lookup` build
+them through these functions, so the rule is written once, below both kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lbcore.bounded import target_load
+from lbcore.hashing import unit_threshold
+
+__all__ = [
+    "CHOICE_FIXED",
+    "CHOICE_NRING",
+    "CHOICE_SKIPPER",
+    "GATE_ALL",
+    "GATE_NONE",
+    "GATE_PARTIAL",
+    "draw_thresholds",
+    "view_arrays",
+]
+
+#: How a key picks its view: a fixed one, the newest N-ring ring whose share is above its
+#: draw, or the number of Skipper fade-in levels at or below its draw.
+CHOICE_FIXED, CHOICE_NRING, CHOICE_SKIPPER = 0, 1, 2
+#: The rollout gate: every key passes, none does, or those whose draw is under a threshold.
+GATE_ALL, GATE_NONE, GATE_PARTIAL = 0, 1, 2
+
+_M64 = (1 << 64) - 1
+
+
+def draw_thresholds(shares: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Integer forms of ``u < share`` (:func:`lbcore.hashing.unit_threshold`) and "is 2**64".
+
+    Returns
+    -------
+    (thresholds, saturated)
+        ``uint64`` threshold per share and ``uint8`` 1 where it is ``2**64`` (every key).
+    """
+    ts = [unit_threshold(s) for s in shares]
+    return (
+        np.array([min(t, _M64) for t in ts], dtype=np.uint64),
+        np.array([t > _M64 for t in ts], dtype=np.uint8),
+    )
+
+
+def view_arrays(
+    listed: np.ndarray,
+    eligible: np.ndarray,
+    loads: np.ndarray | None,
+    balance_factor: float | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Per view, what the kernels count and compare, from its ``(views, endpoints)`` masks.
+
+    Parameters
+    ----------
+    listed
+        ``bool`` candidates of each view (Skipper counts and averages over them).
+    eligible
+        ``bool`` endpoints the walk may stop at in each view (candidates widened to
+        their hosts, on that view's ring).
+    loads
+        Per-endpoint loads (checked), needed with ``balance_factor``.
+    balance_factor
+        Bounded load's factor, or ``None`` for plain consistent hashing.
+
+    Returns
+    -------
+    (listed_count, eligible_count, single, good)
+        ``int64`` counts per view, ``int32`` the one candidate of a view that has one
+        (else ``-1``), and ``bool`` eligible-and-under-the-bar per (view, endpoint)
+        (``None`` without bounded load; all false in a view of fewer than two
+        candidates, whose rule is not the walk).
+    """
+    listed_count = listed.sum(axis=1, dtype=np.int64)
+    eligible_count = eligible.sum(axis=1, dtype=np.int64)
+    single = np.full(listed.shape[0], -1, dtype=np.int32)
+    for v in np.flatnonzero(listed_count == 1).tolist():
+        single[v] = int(np.flatnonzero(listed[v])[0])
+    good = None
+    if balance_factor is not None:
+        assert loads is not None
+        good = np.zeros_like(eligible)
+        for v in np.flatnonzero(listed_count > 1).tolist():
+            bar = target_load(loads, listed[v], balance_factor)
+            good[v] = eligible[v] & (loads <= bar)
+    return listed_count, eligible_count, single, good
