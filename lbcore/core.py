@@ -83,8 +83,8 @@ def make_core(
         buckets=None if master is None else master.buckets,
         n=n,
         views=views,
-        eligible=eligible.view(np.uint8).reshape(-1),
-        good=good.view(np.uint8).reshape(-1) if bounded else None,
+        eligible=eligible,  # (C-contiguous bool: the kernel reads them as bytes, flat)
+        good=good,
         listed_count=listed_count,
         eligible_count=eligible_count,
         single=single,

@@ -77,16 +77,24 @@ def view_arrays(
         (``None`` without bounded load; all false in a view of fewer than two
         candidates, whose rule is not the walk).
     """
-    listed_count = listed.sum(axis=1, dtype=np.int64)
-    eligible_count = eligible.sum(axis=1, dtype=np.int64)
-    single = np.full(listed.shape[0], -1, dtype=np.int32)
-    for v in np.flatnonzero(listed_count == 1).tolist():
-        single[v] = int(np.flatnonzero(listed[v])[0])
+    # Row by row: a batch routed on a one-off plan pays for these calls, and 1-D counts
+    # cost less than axis reductions on the few views a plan has.
+    listed_count = [int(np.count_nonzero(row)) for row in listed]
+    eligible_count = [int(np.count_nonzero(row)) for row in eligible]
+    single = [
+        int(row.argmax()) if c == 1 else -1 for row, c in zip(listed, listed_count, strict=True)
+    ]
     good = None
     if balance_factor is not None:
         assert loads is not None
         good = np.zeros_like(eligible)
-        for v in np.flatnonzero(listed_count > 1).tolist():
-            bar = target_load(loads, listed[v], balance_factor)
-            good[v] = eligible[v] & (loads <= bar)
-    return listed_count, eligible_count, single, good
+        for v, count in enumerate(listed_count):
+            if count > 1:
+                bar = target_load(loads, listed[v], balance_factor)
+                np.logical_and(eligible[v], loads <= bar, out=good[v])
+    return (
+        np.array(listed_count, dtype=np.int64),
+        np.array(eligible_count, dtype=np.int64),
+        np.array(single, dtype=np.int32),
+        good,
+    )
