@@ -3,10 +3,10 @@
 Skipper hashes keys and ring nodes with ``xxhash.Sum64String`` (XXH64, seed 0, over the
 UTF-8 bytes), so cslb must produce exactly the same 64-bit values.
 
-Two strategies, picked per batch (see ``../shared/PERF-NOTES.md``):
+Two strategies, picked per batch:
 
 * small batches: one C call of the ``xxhash`` package per key. Vectorized hashing pays
-  ~30 µs of NumPy call overhead per batch, which only amortises above a few hundred keys;
+  a fixed NumPy call overhead per batch, which only amortises above a few hundred keys;
 * large batches: the XXH64 algorithm written as NumPy array arithmetic over a matrix of
   8-byte lanes, one row per key, keys grouped by length so every row of a group runs the
   same sequence of rounds. The algorithm's constants and rounds are those of the XXH64
@@ -629,7 +629,7 @@ def _lanes_of_decimal(values: np.ndarray, length: int) -> list[np.ndarray]:
     full, tail = divmod(length, 4)
     nchunks = full + (1 if tail else 0)
     # np.empty, not np.zeros: calloc'ed pages fault on first write, which costs more here
-    # than the arithmetic (see PERF-NOTES); every lane is fully written below.
+    # than the arithmetic; every lane is fully written below.
     lanes = [np.empty(m, dtype=np.uint64) for _ in range((nchunks + 1) // 2)]
     prev: np.ndarray | None = None
     quo = np.empty(m, dtype=np.uint64)
@@ -1111,9 +1111,9 @@ def unit_interval(hashes: np.ndarray, salt: int) -> np.ndarray:
 def digest(data: Any) -> int:
     """XXH3-64 (seed 0) of the bytes of a buffer: a checksum for large blobs.
 
-    For shared-memory tables (``shm`` may not import xxhash itself): ~20 GB/s on a
-    2-vCPU Zen3 VM, six times CRC-32's speed, with a 64-bit result; xxhash releases
-    the GIL while it hashes a large buffer, so other threads keep running.
+    For shared-memory tables (``shm`` may not import xxhash itself): faster than CRC-32
+    (``perf/RESULTS.md``), with a 64-bit result; xxhash releases the GIL while it
+    hashes a large buffer, so other threads keep running.
 
     Parameters
     ----------

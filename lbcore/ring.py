@@ -47,8 +47,8 @@ __all__ = [
 DEFAULT_VNODES = 100
 
 _I64 = np.dtype(np.int64)
-# 2^21 int32 entries = 8 MiB per ring; 2^22 measured no faster on a 100,000-node ring and
-# two buffers of such tables would not fit a container's default 64 MiB /dev/shm.
+# 2^21 int32 entries = 8 MiB per ring: two buffers of 2^22-entry tables would not fit a
+# container's default 64 MiB /dev/shm, and more entries stop paying off (perf/RESULTS.md).
 MAX_BUCKET_BITS = 21
 MIN_BUCKET_BITS = 8
 _NO_U64 = np.empty(0, dtype=np.uint64)
@@ -59,9 +59,9 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}  # what Skipper's net.SchemeHost fil
 def bucket_bits_for(ring_size: int) -> int:
     """Number of top hash bits that index the bucket table of a ring of ``ring_size`` nodes.
 
-    About 32 buckets per node: ~97 % of keys land in a bucket without a node and cost one
-    table load, and the table (4 bytes per bucket) still fits the CPU caches; more bits
-    measured slower on this machine kind because the table spills out of them.
+    About 32 buckets per node: with hashes spread evenly, about 97 % of keys land in a
+    bucket without a node and cost one table load, and the table (4 bytes per bucket)
+    still fits the CPU caches; more bits make the table spill out of them.
     """
     if ring_size <= 1:
         return MIN_BUCKET_BITS
@@ -89,7 +89,7 @@ def build_bucket_table(hashes: np.ndarray, bits: int) -> np.ndarray:
         ``e == -1``: several nodes; the hash needs a search.
     """
     # Few and small temporaries: fresh pages fault on first write, and on a
-    # 2-million-node ring the faults cost more than the arithmetic (PERF-NOTES).
+    # 2-million-node ring the faults cost more than the arithmetic.
     n_buckets = 1 << bits
     first = np.zeros(n_buckets, dtype=np.int32)
     if not hashes.size:
@@ -140,7 +140,7 @@ def sorted_nodes(hashes: np.ndarray, vnodes: int, first: int) -> tuple[np.ndarra
 
 
 # scheme://host[:port] with nothing urlsplit would strip, unquote or reject: the common
-# endpoint, whose parse is this match (5x faster than urlsplit; a ring parses them all).
+# endpoint, whose parse is this match (much cheaper than urlsplit; a ring parses them all).
 _PLAIN_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://([A-Za-z0-9_\-.]+)(?::([0-9]{1,5}))?")
 
 
