@@ -30,8 +30,8 @@ from lbcore.errors import (
 )
 from lbcore.fade import RingSet, fade_share, fadein_filter, fadein_score
 from lbcore.gate import FALLBACK, Gate
-from lbcore.hashing import MAX_KEY_BYTES
 from lbcore.kernel import hash_keys, kernel_name, scatter_add, scatter_add_routed, use_kernel
+from lbcore.keys import MAX_KEY_BYTES
 from lbcore.plan import Plan
 from lbcore.ring import DEFAULT_VNODES, Ring
 from lbcore.route import route_ring_set

@@ -48,7 +48,7 @@ __all__ = [
 DEFAULT_FADE_DURATION_NS = 30_000_000_000
 #: Default fade exponent E: 0.3 % of keys at 10 % of the window, 17.7 % at 50 %, 76.8 % at 90 %.
 DEFAULT_FADE_EXPONENT = 2.5
-#: Salt of the per-key draw ``u`` that chooses a ring (see :func:`lbcore.hashing.unit_interval`).
+#: Salt of the per-key draw ``u`` that chooses a ring (see :func:`lbcore.draws.unit_interval`).
 FADE_SALT = 0x6661646520696E21
 #: Salt of the per-key draw that stands in for Skipper's per-request random threshold in
 #: Skipper fade-in mode (independent of the N-ring and gate draws).

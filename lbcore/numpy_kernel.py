@@ -1,7 +1,7 @@
 """The NumPy reference kernel: routing a batch on a :class:`lbcore.plan.Plan` with arrays.
 
 The definition the native kernel (``lbcore/csrc/route.c``) is tested against, key for
-key. Per batch: the XXH64 hashes (:func:`lbcore.hashing.hash_keys`), each key's
+key. Per batch: the XXH64 hashes (:func:`lbcore.keys.hash_each`), each key's
 position on the newest ring (:meth:`lbcore.Ring.positions`), its view (the ring or
 Skipper level its second draw picks), then per view the answer:
 
@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 
 from lbcore import bounded
+from lbcore.draws import mix64
 from lbcore.errors import ArgumentError
 from lbcore.fence import fence
 from lbcore.gate import GATE_SALT
-from lbcore.hashing import hash_keys, mix64
 from lbcore.kernel import check_attempt
+from lbcore.keys import hash_each
 from lbcore.views import CHOICE_FIXED, CHOICE_NRING, GATE_PARTIAL
 
 __all__ = ["Core", "answers", "counter_slots", "route", "route_hashes", "view_choice"]
@@ -99,7 +100,7 @@ class Core:
 
 def route(plan: Core, keys: Any, attempt: int) -> tuple[np.ndarray, int, int, bool]:
     """:attr:`lbcore.plan.Plan.route` on arrays (``attempt`` checked)."""
-    return route_hashes(plan, hash_keys(keys, max_key_bytes=plan.max_key_bytes), attempt)
+    return route_hashes(plan, hash_each(keys, plan.max_key_bytes), attempt)
 
 
 def view_choice(

@@ -30,10 +30,11 @@ import numpy as np
 from lbcore import kernel as _kernel
 from lbcore.bounded import check_balance_factor, check_loads, check_max_hops
 from lbcore.core import make_core
+from lbcore.draws import unit_threshold
 from lbcore.errors import ArgumentError
 from lbcore.fade import FADE_SALT, SKIPPER_SALT, RingSet, fadein_scores
 from lbcore.gate import Gate
-from lbcore.hashing import MAX_KEY_BYTES, unit_threshold
+from lbcore.keys import MAX_KEY_BYTES, check_max_key_bytes
 from lbcore.knobs import FADE_MODES
 from lbcore.ring import check_hashes
 from lbcore.views import (
@@ -267,7 +268,7 @@ class Plan:
             fade_mode,
             gate,
         )
-        self.max_key_bytes = _kernel.check_max_key_bytes(max_key_bytes)
+        self.max_key_bytes = check_max_key_bytes(max_key_bytes)
         self.balance_factor = (
             None if balance_factor is None else check_balance_factor(balance_factor)
         )

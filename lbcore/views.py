@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from lbcore.bounded import target_load
-from lbcore.hashing import unit_threshold
+from lbcore.draws import unit_threshold
 
 __all__ = [
     "CHOICE_FIXED",
@@ -35,7 +35,7 @@ _M64 = (1 << 64) - 1
 
 
 def draw_thresholds(shares: list[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Integer forms of ``u < share`` (:func:`lbcore.hashing.unit_threshold`) and "is 2**64".
+    """Integer forms of ``u < share`` (:func:`lbcore.draws.unit_threshold`) and "is 2**64".
 
     Returns
     -------
