@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 import lbcore
+from lbcore.draws import unit_interval
 from lbcore.fade import (
     FADE_SALT,
     RingSet,
@@ -9,7 +10,6 @@ from lbcore.fade import (
     skipper_fadein_candidates,
     skipper_fadein_route,
 )
-from lbcore.hashing import unit_interval
 from lbcore.route import route_ring_set
 from tests import reference as ref
 
@@ -564,7 +564,7 @@ def _fmix64(h: int, salt: int) -> int:
 def test_the_fade_draw_is_fmix64_and_the_plan_picks_the_newest_ring_below_it(kernel):
     """The vectorized draw against fmix64 per key, and the plan's integer thresholds
     against the rule in floats: the newest ring k with u < s_k(t)."""
-    from lbcore.hashing import mix64
+    from lbcore.draws import mix64
 
     rng = np.random.default_rng(5)
     d_ns = 30_000_000_000

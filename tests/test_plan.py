@@ -7,8 +7,8 @@ import pytest
 
 import lbcore
 from lbcore import Gate, Plan, RingSet
+from lbcore.draws import unit_interval
 from lbcore.fade import SKIPPER_SALT, fadein_scores, skipper_fadein_route
-from lbcore.hashing import unit_interval
 from lbcore.route import route_ring_set
 
 D = 30_000_000_000

@@ -18,8 +18,8 @@ import pytest
 
 import lbcore
 import shm
+from lbcore.draws import unit_interval
 from lbcore.fade import skipper_fadein_route
-from lbcore.hashing import unit_interval
 from lbcore.route import route_ring_set
 from shm.segment import SHM_DIR, unlink_name
 from workers import router as router_mod

@@ -7,8 +7,8 @@ import pytest
 
 import lbcore
 import shm
+from lbcore.draws import unit_interval
 from lbcore.fade import fadein_scores
-from lbcore.hashing import unit_interval
 from lbcore.route import route_ring_set
 from tests.test_router import Clock, Host, _no_leftovers, endpoints, namespace  # noqa: F401
 from workers import router as workers_router
