@@ -1,6 +1,7 @@
 """cslb's routing core: pure routing math over NumPy arrays.
 
-Skipper-exact consistent hashing (:class:`Ring`), bounded load (:mod:`lbcore.bounded`),
+Keys and their XXH64 (:mod:`lbcore.keys`, :func:`hash_keys`), Skipper-exact consistent
+hashing (:class:`Ring`), bounded load (:mod:`lbcore.bounded`),
 N-ring and Skipper fade-in (:mod:`lbcore.fade`), the rollout gate (:mod:`lbcore.gate`),
 load signals (:mod:`lbcore.signals`), passive outlier ejection (:mod:`lbcore.outlier`
 judges endpoints, :mod:`lbcore.ejection` keeps ejections over time), and the routing plan

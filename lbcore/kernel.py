@@ -178,15 +178,29 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
     Parameters
     ----------
     keys
-        A batch of ``str`` (UTF-8), ``bytes``-like or integer keys (decimal string), a
-        list, tuple or 1-D array; a single key is a batch of one.
+        A batch of ``str`` (UTF-8), ``bytes``-like or integer keys (decimal string, so
+        ``123`` and ``"123"`` hash alike), a list, tuple or 1-D array; a single key is a
+        batch of one. An integer is its stored value, of any size (see
+        :func:`lbcore.keys.encode_key`).
     max_key_bytes
         If given, a key longer than this many bytes raises :class:`lbcore.KeyTooLongError`.
 
     Returns
     -------
     numpy.ndarray
-        ``uint64`` hash per key.
+        ``uint64`` hash per key, in order.
+
+    Raises
+    ------
+    KeyTypeError
+        Not a batch, an array of an unsupported dtype or shape, or a key of another type
+        (``bool``, ``float``, ``None``, ...).
+    KeyEncodingError
+        A ``str`` key is not valid Unicode.
+    KeyTooLongError
+        A key is longer than ``max_key_bytes``.
+    ArgumentError
+        ``max_key_bytes`` is not ``None`` or an integer ``>= 0``.
     """
     limit = check_max_key_bytes(max_key_bytes)
     k = _native if _active == "native" else None
