@@ -212,6 +212,7 @@ def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 # Recording.
 
+
 def scatter_add(target: np.ndarray, index: np.ndarray, values: Any, offsets: Any = None) -> None:
     """``target[offsets[r] + index[j]] += value(r, j)`` for every offset and index.
 
@@ -254,6 +255,7 @@ def scatter_add(target: np.ndarray, index: np.ndarray, values: Any, offsets: Any
         k.scatter_add(target, index, values, offsets)
         return
     numpy_recording.scatter_add(target, index, values, offsets)
+
 
 def scatter_add_routed(
     target: np.ndarray,
@@ -301,6 +303,7 @@ def scatter_add_routed(
     if k is not None:
         return k.scatter_add_routed(target, slot_map, endpoints, values, offsets)
     return numpy_recording.scatter_add_routed(target, slot_map, endpoints, values, offsets)
+
 
 def scatter_adder_routed() -> Any:
     """The active kernel's :func:`scatter_add_routed` itself (as :func:`scatter_adder`)."""
@@ -352,6 +355,7 @@ def add_calls(
         k.add_calls(target, ended, done, starts, geometry)
         return
     numpy_recording.add_calls(target, ended, done, starts, geometry)
+
 
 def calls_adder() -> Any:
     """The active kernel's :func:`add_calls` itself (as :func:`scatter_adder`)."""

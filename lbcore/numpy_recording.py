@@ -79,7 +79,6 @@ def scatter_add(target: np.ndarray, index: np.ndarray, values: Any, offsets: Any
     np.add.at(t, cells.ravel(), vals.ravel())
 
 
-
 def _endpoints(a: Any) -> np.ndarray:
     if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or a.dtype not in (_I32, _I64):
         raise TypeError("scatter_add_routed: endpoints must be a contiguous int32 or int64 array")
@@ -126,8 +125,6 @@ def scatter_add_routed(
         for off, val in zip(offs.tolist(), vals.tolist(), strict=True):
             np.add.at(t, off + s, val)
     return int(s.size)
-
-
 
 
 _TIME_LIMIT = 1 << 62  # call times in 0 .. 2**62 ns (TIME_LIMIT in calls.c)

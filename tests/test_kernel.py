@@ -218,10 +218,7 @@ def test_integers_and_their_decimal_strings_hash_alike(kernel):
         info = np.iinfo(dtype)
         arr = rng.integers(info.min, info.max, 500, dtype=dtype, endpoint=True)
         arr[:2] = (info.min, info.max)
-        assert (
-            lbcore.hash_keys(arr).tolist()
-            == hash_each([str(v) for v in arr.tolist()]).tolist()
-        )
+        assert lbcore.hash_keys(arr).tolist() == hash_each([str(v) for v in arr.tolist()]).tolist()
 
 
 BAD_BATCHES = [
