@@ -30,8 +30,8 @@ from lbcore.bounded import check_balance_factor, check_loads, check_max_hops
 from lbcore.core import make_core
 from lbcore.errors import ArgumentError, CandidatesError, EndpointError
 from lbcore.hashing import hash_node_names
-from lbcore.kernel import check_attempt, hash_keys
-from lbcore.views import CHOICE_FIXED, GATE_ALL, view_arrays
+from lbcore.kernel import check_attempt, hash_keys, native
+from lbcore.views import CHOICE_FIXED, GATE_ALL, view_counts, view_good
 
 __all__ = [
     "DEFAULT_VNODES",
@@ -278,12 +278,13 @@ class Ring:
     host_ids : numpy.ndarray
         Per endpoint, an id shared by endpoints with the same :func:`host_key`, numbered
         from 0 in order of first appearance (:func:`host_ids_of`); read-only. Computed
-        when the ring is built (rings derived from it share it): a ring holds no caches.
+        when the ring is built (rings derived from it share it).
     has_aliases : bool
         Whether two endpoints share a host (Skipper's skip rule then widens candidates).
     """
 
     __slots__ = (
+        "_memo",
         "_shift0",
         "all_present",
         "bucket_bits",
@@ -386,6 +387,10 @@ class Ring:
         self.has_aliases = bool(host_ids.size) and int(host_ids.max()) + 1 != host_ids.size
         self.present = np.bincount(owners, minlength=len(eps)) > 0
         self.all_present = bool(self.present.all())
+        # What one-off routing on every endpoint computes again and again, kept (a ring
+        # never changes): the view's arrays, and on the native kernel the last routing
+        # objects (see _core).
+        self._memo: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return int(self.hashes.size)
@@ -557,6 +562,31 @@ class Ring:
     # ---------------------------------------------------------------------------------
     # Routing one batch on this ring (the kernel's routing object of one view per call).
 
+    def _view(self, candidates: Any) -> tuple[np.ndarray, ...]:
+        """The one view of one-off routing: ``(listed, eligible)`` masks, counts, slots.
+
+        The view is the one :class:`lbcore.Plan` builds for a ring set of this ring alone
+        with the unlisted endpoints ejected; nothing of it is per ring position or per
+        load. Kept for ``candidates=None`` (every endpoint).
+        """
+        if candidates is None:
+            view = self._memo.get("view")
+            if view is not None:
+                return view
+        n = len(self.endpoints)
+        chosen = self.listed_mask(candidates)
+        if chosen is not None and chosen.all():
+            chosen = None  # every endpoint listed: as a plan without ejections
+        listed = self.present if chosen is None else chosen & self.present
+        eligible = listed if chosen is None or not self.has_aliases else self._widen(listed)
+        masks = (listed[None, :], eligible[None, :])
+        view = (*masks, *view_counts(*masks), np.arange(n, dtype=np.int64))
+        if candidates is None:
+            for a in view:
+                a.flags.writeable = False
+            self._memo["view"] = view
+        return view
+
     def _core(
         self,
         candidates: Any,
@@ -566,29 +596,44 @@ class Ring:
     ) -> Any:
         """The routing object of this ring (:func:`lbcore.core.make_core`) of one view.
 
-        The view is the one :class:`lbcore.Plan` builds for a ring set of this ring alone
-        with the unlisted endpoints ejected; nothing of it is per ring position, so a
-        call costs the batch plus a few passes over the endpoints.
+        A call costs the batch plus a few passes over the endpoints. On the native
+        kernel, for every endpoint as candidates, the last plain object and the last
+        bounded one are kept: a bounded one with the load snapshot it was built on (a
+        copy), reused while the loads, factor and hop cap are the same again (a worker
+        routes many batches on one snapshot). The NumPy kernel's object refers to the
+        ring, so it is not kept.
         """
         n = len(self.endpoints)
-        chosen = self.listed_mask(candidates)
-        if chosen is not None and chosen.all():
-            chosen = None  # every endpoint listed: as a plan without ejections
-        listed = self.present if chosen is None else chosen & self.present
-        eligible = listed if chosen is None or not self.has_aliases else self._widen(listed)
         bf = None if balance_factor is None else check_balance_factor(balance_factor)
         hops = check_max_hops(max_hops)
         if bf is not None and loads is None:
             raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
-        load = None if bf is None else check_loads(loads, n)
-        listed_count, eligible_count, single, good = view_arrays(
-            listed[None, :], eligible[None, :], load, bf
-        )
-        return make_core(
+        memo = self._memo if candidates is None and native() is not None else None
+        snapshot = None
+        if memo is not None:
+            if bf is None:
+                core = memo.get("plain")
+                if core is not None:
+                    return core
+            elif type(loads) is np.ndarray and loads.dtype == np.float64 and loads.shape == (n,):
+                # The bytes of a snapshot that was checked when it was first seen.
+                snapshot = loads.tobytes()
+                last = memo.get("bounded")
+                if last is not None and last[0] == (bf, hops, snapshot):
+                    return last[1]
+        listed, eligible, listed_count, eligible_count, single, slots = self._view(candidates)
+        load = good = None
+        if bf is not None:
+            load = check_loads(loads, n)
+            if memo is not None:
+                snapshot = load.tobytes() if snapshot is None else snapshot
+                load = np.frombuffer(snapshot, dtype=np.float64)  # the core's own copy
+            good = view_good(listed, eligible, listed_count, load, bf)
+        core = make_core(
             master=self,
             n=n,
             views=1,
-            eligible=eligible[None, :],
+            eligible=eligible,
             good=good,
             listed_count=listed_count,
             eligible_count=eligible_count,
@@ -602,12 +647,18 @@ class Ring:
             fade_saturated=_NO_U8,
             gate_mode=GATE_ALL,
             gate_threshold=None,
-            slots=np.arange(n, dtype=np.int64),
+            slots=slots,
             n_slots=n,
             guard=None,
             closed=False,
             max_key_bytes=None,
         )
+        if memo is not None:
+            if bf is None:
+                memo["plain"] = core
+            else:
+                memo["bounded"] = ((bf, hops, snapshot), core)
+        return core
 
     def lookup(
         self,

@@ -23,6 +23,8 @@ __all__ = [
     "GATE_PARTIAL",
     "draw_thresholds",
     "view_arrays",
+    "view_counts",
+    "view_good",
 ]
 
 #: How a key picks its view: a fixed one, the newest N-ring ring whose share is above its
@@ -49,13 +51,10 @@ def draw_thresholds(shares: list[float]) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def view_arrays(
-    listed: np.ndarray,
-    eligible: np.ndarray,
-    loads: np.ndarray | None,
-    balance_factor: float | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    """Per view, what the kernels count and compare, from its ``(views, endpoints)`` masks.
+def view_counts(
+    listed: np.ndarray, eligible: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per view, the counts the kernels read, from its ``(views, endpoints)`` masks.
 
     Parameters
     ----------
@@ -64,18 +63,12 @@ def view_arrays(
     eligible
         ``bool`` endpoints the walk may stop at in each view (candidates widened to
         their hosts, on that view's ring).
-    loads
-        Per-endpoint loads (checked), needed with ``balance_factor``.
-    balance_factor
-        Bounded load's factor, or ``None`` for plain consistent hashing.
 
     Returns
     -------
-    (listed_count, eligible_count, single, good)
-        ``int64`` counts per view, ``int32`` the one candidate of a view that has one
-        (else ``-1``), and ``bool`` eligible-and-under-the-bar per (view, endpoint)
-        (``None`` without bounded load; all false in a view of fewer than two
-        candidates, whose rule is not the walk).
+    (listed_count, eligible_count, single)
+        ``int64`` counts per view, and ``int32`` the one candidate of a view that has one
+        (else ``-1``).
     """
     # Row by row: a batch routed on a one-off plan pays for these calls, and 1-D counts
     # cost less than axis reductions on the few views a plan has.
@@ -84,17 +77,59 @@ def view_arrays(
     single = [
         int(row.argmax()) if c == 1 else -1 for row, c in zip(listed, listed_count, strict=True)
     ]
-    good = None
-    if balance_factor is not None:
-        assert loads is not None
-        good = np.zeros_like(eligible)
-        for v, count in enumerate(listed_count):
-            if count > 1:
-                bar = target_load(loads, listed[v], balance_factor)
-                np.logical_and(eligible[v], loads <= bar, out=good[v])
     return (
         np.array(listed_count, dtype=np.int64),
         np.array(eligible_count, dtype=np.int64),
         np.array(single, dtype=np.int32),
-        good,
     )
+
+
+def view_good(
+    listed: np.ndarray,
+    eligible: np.ndarray,
+    listed_count: np.ndarray,
+    loads: np.ndarray,
+    balance_factor: float,
+) -> np.ndarray:
+    """Per (view, endpoint), eligible and under the view's bar (bounded load).
+
+    ``listed_count`` is :func:`view_counts`' for the same masks and ``loads`` checked
+    per-endpoint loads. All false in a view of fewer than two candidates, whose rule is
+    not the walk.
+    """
+    good = np.zeros_like(eligible)
+    for v, count in enumerate(listed_count.tolist()):
+        if count > 1:
+            bar = target_load(loads, listed[v], balance_factor)
+            np.logical_and(eligible[v], loads <= bar, out=good[v])
+    return good
+
+
+def view_arrays(
+    listed: np.ndarray,
+    eligible: np.ndarray,
+    loads: np.ndarray | None,
+    balance_factor: float | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """:func:`view_counts` and, with bounded load, :func:`view_good` of a plan's masks.
+
+    Parameters
+    ----------
+    listed, eligible
+        As for :func:`view_counts`.
+    loads
+        Per-endpoint loads (checked), needed with ``balance_factor``.
+    balance_factor
+        Bounded load's factor, or ``None`` for plain consistent hashing.
+
+    Returns
+    -------
+    (listed_count, eligible_count, single, good)
+        :func:`view_counts`' arrays, and ``good`` (``None`` without bounded load).
+    """
+    listed_count, eligible_count, single = view_counts(listed, eligible)
+    good = None
+    if balance_factor is not None:
+        assert loads is not None
+        good = view_good(listed, eligible, listed_count, loads, balance_factor)
+    return listed_count, eligible_count, single, good
