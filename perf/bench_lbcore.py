@@ -1,7 +1,7 @@
 """Benchmark lbcore's batch routing against the pure-Python loop a user would write.
 
 Prints ns per key for ``Ring.lookup``, ``Ring.lookup_bounded`` (10 % of endpoints over
-the bar) and N-ring fade-in routing (``RingSet.route`` mid-fade), on rings of 100 and
+the bar) and N-ring fade-in routing (``route_ring_set`` mid-fade), on rings of 100 and
 1,000 endpoints × 100 virtual nodes, with 13-character SKU strings (a Python list of
 ``str``, as decoded from JSON) and int64 IDs (a NumPy array), at batch sizes 1, 100,
 10,000 and 1,000,000 — and in the same run the baseline loop
