@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.endpoints import endpoint_tuple, renumbered
 from lbcore.errors import EndpointError, FadeError
 from lbcore.kernel import hash_keys
 from lbcore.numpy_kernel import view_choice
-from lbcore.ring import DEFAULT_VNODES, Ring, check_hashes, endpoint_tuple, renumbered
+from lbcore.ring import DEFAULT_VNODES, Ring, check_hashes
 from lbcore.views import CHOICE_NRING, draw_thresholds
 
 __all__ = [

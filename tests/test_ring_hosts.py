@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lbcore
-from lbcore.ring import _parsed_host_key, host_ids_of, host_key
+from lbcore.endpoints import _parsed_host_key, host_ids_of, host_key
 from lbcore.route import route_ring_set
 
 TRICKY = [
