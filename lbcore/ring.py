@@ -277,6 +277,15 @@ class Ring:
     def __len__(self) -> int:
         return int(self.hashes.size)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Without what one-off routing kept: kernel objects do not pickle.
+        return {name: getattr(self, name) for name in self.__slots__ if name != "_memo"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._memo = {}
+
     def __repr__(self) -> str:
         return f"Ring({len(self.endpoints)} endpoints, {self.hashes.size} nodes)"
 

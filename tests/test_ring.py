@@ -329,3 +329,16 @@ def test_one_off_routing_answers_for_the_loads_of_each_call(kernel):
             ring.lookup_bounded(keys, wrong, 1.25)
     some = ring.lookup_bounded(keys, loads, 1.25, candidates=list(range(10)))
     assert set(some.tolist()) <= set(range(10))
+
+
+def test_a_ring_that_routed_pickles_and_routes_alike(kernel):
+    import pickle
+
+    ring = lbcore.Ring([f"http://10.0.0.{i}:80" for i in range(8)])
+    keys = [f"SKU-{i}" for i in range(100)]
+    loads = np.arange(8, dtype=float)
+    want = ring.lookup_bounded(keys, loads, 1.25), ring.lookup(keys)
+    copy = pickle.loads(pickle.dumps(ring))
+    got = copy.lookup_bounded(keys, loads, 1.25), copy.lookup(keys)
+    assert [a.tolist() for a in got] == [a.tolist() for a in want]
+    assert copy.endpoints == ring.endpoints and np.array_equal(copy.hashes, ring.hashes)
