@@ -97,7 +97,7 @@ def view_good(
     per-endpoint loads. All false in a view of fewer than two candidates, whose rule is
     not the walk.
     """
-    good = np.zeros_like(eligible)
+    good = np.zeros(eligible.shape, dtype=np.bool_)
     for v, count in enumerate(listed_count.tolist()):
         if count > 1:
             bar = target_load(loads, listed[v], balance_factor)
