@@ -7,8 +7,9 @@ import pytest
 
 import lbcore
 import shm
+from lbcore import route_ring_set
+from lbcore.draws import unit_interval
 from lbcore.fade import fadein_scores
-from lbcore.hashing import unit_interval
 from tests.test_router import Clock, Host, _no_leftovers, endpoints, namespace  # noqa: F401
 from workers.routing.router import SKIPPER_SALT
 
@@ -44,10 +45,10 @@ def _expected(rs, h, now, mode, load, bf, hops, cand, attempt):
         return out, plain
     when = FAR if mode == "off" else now
     kw = {"candidates": cand, "max_hops": hops, "attempt": attempt, "hashes": h}
-    plain = rs.route(None, when, **kw)
+    plain = route_ring_set(rs, None, when, **kw)
     if bf is None:
         return plain, plain
-    return rs.route(None, when, loads=load, balance_factor=bf, **kw), plain
+    return route_ring_set(rs, None, when, loads=load, balance_factor=bf, **kw), plain
 
 
 def _routing_load(loads: shm.HostLoads, sig: str) -> np.ndarray:
@@ -162,14 +163,14 @@ def test_a_load_change_on_the_same_table_is_routed_on(namespace):  # noqa: F811
         r = host.router(refresh_s=1.0)
         keys = [f"SKU-{i}" for i in range(3000)]
         idle = r.route(keys)
-        np.testing.assert_array_equal(idle, rs.route(keys, host.clock()))
+        np.testing.assert_array_equal(idle, route_ring_set(rs, keys, host.clock()))
         rec = host.store.claim()
         rec.record_start([int(r.table().slots[0])] * 20, host.clock())
         host.clock.advance(1.5)  # due: same table, new loads
         got = r.route(keys)
         load = r.loads().signal("in-flight")
         np.testing.assert_array_equal(
-            got, rs.route(keys, host.clock(), loads=load, balance_factor=1.25)
+            got, route_ring_set(rs, keys, host.clock(), loads=load, balance_factor=1.25)
         )
         assert not (got == 0).any()
         rec.release()
@@ -214,7 +215,8 @@ def test_answers_change_only_when_a_bar_decision_does(namespace):  # noqa: F811
         np.testing.assert_array_equal(got, first)
         load = r.loads().signal("in-flight")
         np.testing.assert_array_equal(
-            got, rs.route(keys, host.clock(), loads=load, balance_factor=1.25, max_hops=10)
+            got,
+            route_ring_set(rs, keys, host.clock(), loads=load, balance_factor=1.25, max_hops=10),
         )
         rec.record_start([slots[1]] * 40, host.clock())  # now 1 is over the bar too
         host.clock.advance(0.2)
