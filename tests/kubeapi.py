@@ -210,6 +210,7 @@ class FakeKubeAPI:
         token: str = "test-token",
         tls: tuple[str, str] | None = None,
         rbac: Rbac | None = None,
+        bookmark_every_s: float | None = None,
     ) -> None:
         self.token = token
         self.port = port
@@ -226,7 +227,7 @@ class FakeKubeAPI:
         self.expired_as_http = False  # 410 as an ERROR event (default) or an HTTP status
         self.faults: list[Fault] = []
         self.requests: list[Request] = []
-        self.bookmark_every_s: float | None = None
+        self.bookmark_every_s = bookmark_every_s  # None: bookmarks only when asked
         self.cond = threading.Condition()
         self._bookmarks = 0
         self._closing = threading.Event()
