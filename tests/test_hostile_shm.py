@@ -8,7 +8,6 @@ then a real ``cslb serve`` whose segments are truncated and unlinked one by one.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import time
@@ -23,6 +22,7 @@ from discovery.ringstate import FadeParams, RingState
 from shm.segment import SHM_DIR, SIZE_CHECK_NS, Segment
 from tests.discovery_harness import shm_namespace
 from tests.gunicorn_harness import serving, wait_for
+from tests.serve_probes import route, slot_section
 
 ENDPOINTS = [f"http://10.8.0.{i}:8080" for i in range(1, 5)]
 
@@ -192,7 +192,7 @@ def test_serve_survives_every_segment_shrunk_or_removed(tmp_path: Path) -> None:
             streak = [0]
 
             def routed(streak: list[int] = streak) -> bool:
-                _, doc = _route(server, keys)
+                _, doc = route(server, keys)
                 good = doc is not None and all(e in ENDPOINTS for e in doc["endpoints"])
                 streak[0] = streak[0] + 1 if good else 0
                 return streak[0] >= 10
@@ -212,17 +212,6 @@ def test_serve_survives_every_segment_shrunk_or_removed(tmp_path: Path) -> None:
     assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
 
 
-def _route(server, keys: list[str]) -> tuple[int, dict | None]:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    try:
-        conn.request("POST", "/route", json.dumps(keys), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        body = resp.read()
-        return resp.status, json.loads(body) if resp.status == 200 else None
-    finally:
-        conn.close()
-
-
 def _data(ns: str, kind: str) -> str:
     epochs = shm.segment.epoch_segments(ns, kind)
     return epochs[max(epochs)]
@@ -238,21 +227,6 @@ def test_repair_of_a_never_mapped_emptied_data_segment_reads_as_an_idle_host() -
             assert np.all(loads.in_flight == 0) and np.all(loads.requests_total == 0)
         finally:
             store.close()
-
-
-def _slot_section(table: shm.Table) -> tuple[int, int]:
-    """Byte offset in the data segment and byte size of ``table``'s slot section."""
-    from shm.layout import BUFFER_HEADER_BYTES, SECTION, TABLE_SECTIONS
-    from shm.layout import DIRECTORY_OFFSET as DIR_OFFSET
-
-    start = table.buffer_offset + BUFFER_HEADER_BYTES
-    seg = Segment.attach(table.segment)
-    try:
-        index = [name for name, _ in TABLE_SECTIONS].index("slot")
-        entry = seg.array(SECTION, start + DIR_OFFSET + index * SECTION.itemsize, 1)[0]
-        return start + int(entry["offset"]), int(entry["nbytes"])
-    finally:
-        seg.close()
 
 
 def test_host_loads_take_costs_what_the_slot_count_costs_not_the_largest_slot() -> None:
@@ -272,20 +246,15 @@ def test_slot_section_corrupted_after_mapping_sizes_nothing(tmp_path: Path) -> N
     with serving(["--endpoints-file", str(eps), "--workers", "1"], tmp_path, env=env) as server:
         server.wait_ready(workers=1, path="/healthz")
         (worker,) = server.worker_pids()
-        wait_for("routing", lambda: _route(server, keys)[1] is not None, 20.0)
-        reader = shm.TableReader(server.namespace)
-        try:
-            table = reader.table()
-            off, nbytes = _slot_section(table)
-        finally:
-            reader.close()
+        wait_for("routing", lambda: route(server, keys)[1] is not None, 20.0)
+        table, off, nbytes = slot_section(server.namespace)
         seg = Segment.attach(table.segment, writable=True)
         try:
             seg.array(np.int32, off, nbytes // 4)[:] = 0x7FFFFFF0
         finally:
             seg.close()
         for _ in range(20):
-            status, doc = _route(server, keys)
+            status, doc = route(server, keys)
             assert status == 200 and all(e in ENDPOINTS for e in doc["endpoints"])
         with open(f"/proc/{worker}/status") as f:
             vm = {k: v for k, _, v in (line.partition(":") for line in f)}

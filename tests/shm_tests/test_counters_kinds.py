@@ -15,16 +15,12 @@ from lbcore.outlier import (
 )
 from shm import CounterInputError, CounterStore, LockedRecorder, ThreadRecorder
 from shm.layout import KIND_FIELDS, KIND_TOTAL_FIELDS, LAYOUT_VERSION, TOTAL_FIELDS
-
-S = 1_000_000_000
-MS = 1_000_000
-W = 2 * S  # 10 buckets of 200 ms
-T0 = 1_000 * S
+from tests.shm_tests.window import MS, T0, S, W, window_store
 
 
 @pytest.fixture
 def store(namespace):
-    st = CounterStore.create(namespace, rows=6, columns=16, window_ns=W, window_buckets=10)
+    st = window_store(namespace, rows=6)
     yield st
     st.close()
 

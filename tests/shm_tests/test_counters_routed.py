@@ -7,19 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shm import CounterStore
-
-S = 1_000_000_000
-W = 2 * S  # 10 buckets of 200 ms
-B = W // 10
-T0 = 1_000 * S
-COLS = 16
+from tests.shm_tests.window import COLS, T0, B, W, window_store
 
 
 @pytest.fixture
 def stores(namespace):
-    a = CounterStore.create(namespace + "a", rows=2, columns=COLS, window_ns=W, window_buckets=10)
-    b = CounterStore.create(namespace + "b", rows=2, columns=COLS, window_ns=W, window_buckets=10)
+    a = window_store(namespace + "a", rows=2)
+    b = window_store(namespace + "b", rows=2)
     yield a, b
     a.close()
     b.close()
