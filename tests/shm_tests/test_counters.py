@@ -29,9 +29,8 @@ from tests.shm_tests.window import MS, T0, S, W, window_store
 
 @pytest.fixture
 def store(namespace):
-    st = window_store(namespace, rows=4)
-    yield st
-    st.close()
+    with window_store(namespace, rows=4) as st:
+        yield st
 
 
 def raw(store, row):

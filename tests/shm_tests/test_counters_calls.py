@@ -8,18 +8,13 @@ import pytest
 
 from lbcore.outlier import FAILURE_KINDS
 from shm import CounterInputError
-from tests.shm_tests.window import COLS, T0, B, W, window_store
+from tests.shm_tests.window import COLS, T0, B, W, row_words, window_store
 
 
 @pytest.fixture
 def store(namespace):
-    st = window_store(namespace, rows=4)
-    yield st
-    st.close()
-
-
-def row_words(store, row):
-    return store.matrix_view().words[row].copy()
+    with window_store(namespace, rows=4) as st:
+        yield st
 
 
 def by_parts(rec, ended, done, starts, now):

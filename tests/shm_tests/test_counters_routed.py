@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.shm_tests.window import COLS, T0, B, W, window_store
+from tests.shm_tests.window import COLS, T0, B, W, row_words, window_store
 
 
 @pytest.fixture
@@ -17,10 +17,6 @@ def stores(namespace):
     yield a, b
     a.close()
     b.close()
-
-
-def row_words(store, row):
-    return store.matrix_view().words[row].copy()
 
 
 def test_routed_start_and_end_record_the_cells_of_their_slots(stores):

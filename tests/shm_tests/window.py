@@ -18,3 +18,8 @@ def window_store(namespace: str, rows: int, columns: int = COLS) -> CounterStore
     return CounterStore.create(
         namespace, rows=rows, columns=columns, window_ns=W, window_buckets=BUCKETS
     )
+
+
+def row_words(store: CounterStore, row: int):
+    """A copy of one counter row's words, as the matrix holds them."""
+    return store.matrix_view().words[row].copy()
