@@ -17,6 +17,7 @@ import shm
 from shm.segment import Segment
 from tests.gunicorn_harness import serving, wait_for
 from tests.serve_probes import metrics, route, slot_section
+from tests.shm_damage import newest_data
 
 ENDPOINTS = [f"http://10.5.0.{i}:8080" for i in range(1, 5)]
 KEYS = [f"sku-{i}" for i in range(40)]
@@ -77,8 +78,7 @@ def test_garbage_in_the_counter_matrix_is_left_out_and_routing_goes_on(tmp_path:
         store = shm.CounterStore.attach(server.namespace, writable=False)
         try:
             rows = [s.row for s in store.slots() if s.claimed]
-            epochs = shm.segment.epoch_segments(server.namespace, "counters")
-            data = epochs[max(epochs)]
+            data = newest_data(server.namespace, "counters")
         finally:
             store.close(unlink=False)
         assert rows
