@@ -42,6 +42,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.json_http import send_json
+
 SLICES = "endpointslices"
 CONFIGMAPS = "configmaps"
 _PATHS = {
@@ -521,12 +523,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- helpers -------------------------------------------------------------------------
 
     def _json(self, code: int, doc: Any) -> None:
-        body = json.dumps(doc).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, code, doc)
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
