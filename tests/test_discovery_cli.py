@@ -63,13 +63,8 @@ def catalog_slice(name, addrs):
 
 @pytest.fixture
 def kube():
-    api = FakeKubeAPI()
-    api.bookmark_every_s = 0.5
-    api.start()
-    try:
+    with FakeKubeAPI(bookmark_every_s=0.5) as api:
         yield api
-    finally:
-        api.stop()
 
 
 @pytest.fixture

@@ -45,13 +45,8 @@ def slices_for(addrs, per=10, prefix="catalog"):
 
 @pytest.fixture
 def kube():
-    api = FakeKubeAPI()
-    api.bookmark_every_s = 0.3
-    api.start()
-    try:
+    with FakeKubeAPI(bookmark_every_s=0.3) as api:
         yield api
-    finally:
-        api.stop()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ process (the discovery process and the gunicorn master's part), routers reading 
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import multiprocessing
@@ -11,46 +10,37 @@ import os
 import signal
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
 
 import lbcore
 import shm
+from lbcore import route_ring_set
 from lbcore.draws import unit_interval
 from lbcore.fade import skipper_fadein_route
-from lbcore.route import route_ring_set
-from shm.segment import SHM_DIR, unlink_name
+from tests.shm_names import Namespaces
 from workers.fanout.failurelog import LINES_PER_S
 from workers.routing import router as router_mod
 from workers.routing.router import SKIPPER_SALT, Router, RouterInputError, RouterStateError
 
 D_NS = 30_000_000_000
 KEYS = [f"SKU-{i:06d}" for i in range(4000)]
-_counter = itertools.count()
-_PREFIX = f"r{os.getpid()}x"
+_NAMES = Namespaces("r")
 
 ZERO_STATS = dict.fromkeys(shm.layout.STATS_FIELDS, 0)
 
 
-def _ours() -> list[str]:
-    return sorted("/" + e for e in os.listdir(SHM_DIR) if e.startswith(f"cslb.{_PREFIX}"))
-
-
 @pytest.fixture
 def namespace():
-    ns = f"{_PREFIX}{next(_counter)}{uuid.uuid4().hex[:6]}"
-    yield ns
-    for name in [s for s in _ours() if s.startswith(f"/cslb.{ns}.")]:
-        unlink_name(name)
+    with _NAMES.one() as ns:
+        yield ns
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_leftovers():
     yield
-    for name in _ours():
-        unlink_name(name)
+    _NAMES.sweep()
 
 
 class Clock:

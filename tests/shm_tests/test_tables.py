@@ -2,7 +2,6 @@ import math
 import os
 import random
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -31,6 +30,7 @@ from shm import (
 from shm.layout import BUFFER_HEADER_BYTES, LAYOUT_VERSION, TABLE_SECTIONS
 from shm.segment import SHM_DIR, Segment
 from tests.shm_tests.helpers import KEYS
+from tests.shm_tests.seams import second_waits_for_first
 
 EPS = [f"http://10.2.0.{i}:8080" for i in range(1, 21)]
 
@@ -570,22 +570,12 @@ def test_threads_share_one_reader_while_the_tables_grow(namespace):
     a remap (current loaded, data segment mapped); the writer grows the tables to a new
     segment; thread B then needs a remap too. B must wait for A (one remap at a time),
     not switch the reader's mappings under A's feet; both end on the new table."""
-    from shm.segment import set_seam_hook
-
     small = lbcore.RingSet(EPS[:3], vnodes=5)
     big = lbcore.RingSet([f"http://10.8.{i // 200}.{i % 200}:80" for i in range(400)])
     with TableWriter(namespace, min_capacity_bytes=4096) as w:
         w.publish(small)
         reader = TableReader(namespace)
-        paused, go = threading.Event(), threading.Event()
         results, errors = {}, []
-        a_thread = None
-
-        def hook(point):
-            if point == "tables.read.mapped" and threading.current_thread() is a_thread:
-                if not paused.is_set():
-                    paused.set()
-                    go.wait(10)
 
         def run(name):
             try:
@@ -594,21 +584,13 @@ def test_threads_share_one_reader_while_the_tables_grow(namespace):
             except Exception as exc:
                 errors.append((name, exc))
 
-        set_seam_hook(hook)
-        try:
-            a_thread = threading.Thread(target=run, args=("a",))
-            a_thread.start()
-            assert paused.wait(10)
-            w.publish(big)  # grows: a new data segment, the old one unlinked
-            b_thread = threading.Thread(target=run, args=("b",))
-            b_thread.start()
-            b_thread.join(0.3)
-            b_waited = b_thread.is_alive()
-            go.set()
-            a_thread.join(10)
-            b_thread.join(10)
-        finally:
-            set_seam_hook(None)
+        b_waited = second_waits_for_first(
+            "tables.read.mapped",
+            lambda: run("a"),
+            lambda: run("b"),
+            # grows: a new data segment, the old one unlinked
+            while_held=lambda: w.publish(big),
+        )
         assert errors == []
         assert b_waited, "thread B remapped while thread A was inside a remap"
         assert results == {"a": (2, 400, True), "b": (2, 400, True)}
