@@ -61,8 +61,9 @@ from lbcore.fade import SKIPPER_SALT
 from lbcore.knobs import Knob, parse_seconds
 from workers.fanout.failurelog import FailureLog
 from workers.fanout.ledger import CallLedger
-from workers.fanout.settings import FAILURE_LOG_RATE
+from workers.fanout.settings import FAILURE_LOG_RATE, FALLBACK_URL
 from workers.routing.errors import RouterError, RouterInputError, RouterStateError
+from workers.routing.notice import NoTableNotice
 from workers.routing.recording import Recording
 from workers.routing.rows import COUNTER_ROW_ENV, CounterRow, WarnOnce, row_from_env
 from workers.routing.snapshot import RETRY_S, Follower, Snapshot, empty_table
@@ -201,6 +202,7 @@ class Router:
         self._fanout_settings = fanout_settings
         self._fanout_lock = threading.RLock()  # (FanOut() asks for the ledger under it)
         self._warn_once = WarnOnce()
+        self._no_table = NoTableNotice(self.namespace, clock, self._fallback_to)
         self._follow = Follower(
             self.namespace, self.refresh_ns, clock, background, self._warn_once, self._tick
         )
@@ -268,6 +270,17 @@ class Router:
             router = cls(ns, threads=threads, row=row, refresh_s=refresh_s, clock=clock)
             cls._current = router
             return router
+
+    def _fallback_to(self) -> str:
+        """Where :meth:`fanout` sends fallback keys (``""``: back to the caller)."""
+        fan = self._fanout
+        settings = fan.settings if fan is not None else self._fanout_settings
+        if settings is not None:
+            return str(settings.fallback_url)
+        try:
+            return str(FALLBACK_URL.convert(os.environ.get(FALLBACK_URL.env, ""), "environment"))
+        except ValueError:
+            return ""
 
     @classmethod
     def current(cls) -> Router | None:
@@ -403,8 +416,11 @@ class Router:
         if self._forked or self._closed:  # (the at-fork hook sets _forked in a child)
             self._check_usable()
         s = self._follow.current()
+        missing = s is None
         if s is None:
             s = _no_table()
+        elif self._no_table.active:
+            self._no_table.table()
         try:
             idx, fallbacks, moves, valid = s.route(keys, attempt)
         except lbcore.TableDataError as exc:
@@ -427,6 +443,8 @@ class Router:
         n = idx.size
         if n:
             self.recording.count(n, fallbacks, moves)
+            if missing:
+                self._no_table.no_table(n, self._follow.problem)
         t = s.table
         self._last.routed = (idx, t, keys)
         return idx, t
