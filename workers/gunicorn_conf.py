@@ -11,6 +11,7 @@ file takes the hooks and settings (``__all__``).
 # master's handle for tests and tools), re-exported as they are.
 from workers.master.duties import MASTER as MASTER
 from workers.master.duties import MIN_GUNICORN as MIN_GUNICORN
+from workers.master.duties import CslbSettingsError as CslbSettingsError
 from workers.master.duties import CslbStartupError as CslbStartupError
 from workers.master.duties import Master as Master
 from workers.master.duties import check_gunicorn as check_gunicorn

@@ -253,11 +253,20 @@ class Router:
         RouterInputError
             ``CSLB_COUNTER_ROW`` is malformed.
         lbcore.knobs.KnobError
-            ``CSLB_LOAD_REFRESH`` is malformed (``refresh_s`` not given).
+            A setting the router or its fan-out reads (``CSLB_LOAD_REFRESH``,
+            ``CSLB_FANOUT_*``, ``CSLB_SHM_NAMESPACE``...) is unusable: the message names
+            the variable and what it accepts. Raised here, on the first attach, rather
+            than on the first fan-out; a library does not end its host process, so the
+            caller decides (under cslb's gunicorn config module the master has checked
+            them already and exited with status 2).
         """
-        ns = shm.shm_namespace(os.environ) if namespace is None else namespace
         with cls._attach_lock:
             cur = cls.current()
+            if cur is None:
+                from workers.settings_check import ROUTER_GROUPS, check_environment
+
+                check_environment(os.environ, ROUTER_GROUPS)
+            ns = shm.shm_namespace(os.environ) if namespace is None else namespace
             if cur is not None:
                 if cur.namespace != ns:
                     raise RouterStateError(
