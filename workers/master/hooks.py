@@ -83,6 +83,7 @@ from workers.master.duties import (
     run_guarded,
 )
 from workers.master.logs import install as install_logs
+from workers.master.quickstop import quick_stop_uvicorn
 
 __all__ = [
     "child_exit",
@@ -92,6 +93,7 @@ __all__ = [
     "on_exit",
     "on_starting",
     "post_fork",
+    "post_worker_init",
     "pre_fork",
     "when_ready",
     "worker_exit",
@@ -177,6 +179,15 @@ def post_fork(server: Any, worker: Any) -> None:
     MASTER.in_child(worker)
 
 
+def post_worker_init(worker: Any) -> None:
+    """Worker, before it serves: under uvicorn's worker, SIGQUIT stops it promptly.
+
+    See :mod:`workers.master.quickstop` (gunicorn's Ctrl-C otherwise waits the whole
+    graceful timeout for each uvicorn worker).
+    """
+    quick_stop_uvicorn(worker)
+
+
 def child_exit(server: Any, worker: Any) -> None:
     """Master, after a worker exited: free its counter row(s), check discovery."""
     m = MASTER
@@ -232,6 +243,7 @@ HOOKS: dict[str, tuple[Callable[..., Any], int, bool]] = {
     "when_ready": (when_ready, 1, True),
     "pre_fork": (pre_fork, 2, True),
     "post_fork": (post_fork, 2, True),
+    "post_worker_init": (post_worker_init, 1, True),
     "child_exit": (child_exit, 2, False),
     "worker_exit": (worker_exit, 2, False),
     "nworkers_changed": (nworkers_changed, 3, True),
