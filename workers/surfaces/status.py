@@ -77,6 +77,7 @@ table.cards thead{display:none}
 table.cards tr{display:flex;flex-wrap:wrap;gap:.1em .9em;padding:.5em 0}
 table.cards tr+tr td{border-top:0}table.cards tr+tr{border-top:1px solid #eaecf0}
 table.cards td{padding:0;white-space:normal;overflow-wrap:anywhere}
+table.cards tr.zone th{flex:1 0 100%}
 table.cards td[data-label]::before{content:attr(data-label) " ";color:#667085}
 table.cards td.pod,table.cards td.wide,table.cards td.outlier,table.cards td.added{
 flex:1 0 100%;max-width:none}
@@ -340,7 +341,9 @@ def _fading(s: HostSnapshot) -> str:
             f'<td class=num data-label="ring">{r.ring}</td><td class="added">{added}</td>'
             f'<td class="wide"><div class="bar"><span class="fill ring" '
             f'style="width:{_pct(r.progress)}"></span></div></td>'
-            f"<td class=num>{r.age_s:.1f} s of {window:g} s</td>"
+            # A fade past its window is complete: discovery publishes its promotion then,
+            # so this shows only for the moment between (never "39.4 s of 30 s").
+            f"<td class=num>{min(r.age_s, window):.1f} s of {window:g} s</td>"
             f'<td class=num data-label="share">{_pct(r.share)}</td></tr>'
         )
     return f'<table id="fading" class="cards">{head}<tbody>{"".join(rows)}</tbody></table>'
