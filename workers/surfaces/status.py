@@ -77,7 +77,7 @@ table.cards thead{display:none}
 table.cards tr{display:flex;flex-wrap:wrap;gap:.1em .9em;padding:.5em 0}
 table.cards tr+tr td{border-top:0}table.cards tr+tr{border-top:1px solid #eaecf0}
 table.cards td{padding:0;white-space:normal;overflow-wrap:anywhere}
-table.cards tr.zone th{flex:1 0 100%}
+table.cards tr.zone th{flex:1 0 100%;box-sizing:border-box;padding:.6em 0 .2em}
 table.cards td[data-label]::before{content:attr(data-label) " ";color:#667085}
 table.cards td.pod,table.cards td.wide,table.cards td.outlier,table.cards td.added{
 flex:1 0 100%;max-width:none}
