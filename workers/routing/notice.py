@@ -85,7 +85,7 @@ class NoTableNotice:
                 shm_namespace=self.namespace,
                 lasted_s=lasted_s,
                 fallback_keys=keys_since,
-                reason=why or "nothing published in this namespace (no discovery process?)",
+                reason=why or "no table in this namespace",
                 fallback=(
                     f"router.fanout sends every key to CSLB_FALLBACK_URL {to}"
                     if to

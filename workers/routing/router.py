@@ -291,6 +291,15 @@ class Router:
         except ValueError:
             return ""
 
+    def _why_no_table(self) -> str:
+        """Why there is no table to route on, for the no-table warning."""
+        f = self._follow
+        if f.problem:
+            return f.problem
+        if f.reader is None:
+            return "no tables segment in this namespace: no discovery process has started here"
+        return "nothing published yet (a discovery process is starting, or stopped early)"
+
     @classmethod
     def current(cls) -> Router | None:
         """The router :meth:`attach` returned in this process, or ``None``."""
@@ -453,7 +462,7 @@ class Router:
         if n:
             self.recording.count(n, fallbacks, moves)
             if missing:
-                self._no_table.no_table(n, self._follow.problem)
+                self._no_table.no_table(n, self._why_no_table())
         t = s.table
         self._last.routed = (idx, t, keys)
         return idx, t
