@@ -3,8 +3,9 @@
 Each publish applies one endpoint list to the current :class:`lbcore.RingSet`:
 
 1. fades that have completed (share 1) collapse into the established ring
-   (:meth:`lbcore.RingSet.advance`) — this changes no key's route, so it rides along
-   with the next publish instead of causing one;
+   (:meth:`lbcore.RingSet.advance`) — this changes no key's route, but the discovery
+   process publishes it when the fade completes (:meth:`discovery.service.Discovery.fade_due`),
+   so the tables never show a finished fade as running;
 2. a change of the fade curve or of the virtual-node count rebuilds the set with the
    same endpoints, tiers and start times;
 3. endpoints whose outlier ejection ended (*readmitted*) are removed from every ring

@@ -436,7 +436,10 @@ class Discovery:
         _, panic = routing_mask(ejections.ejected, threshold)
         outlier_changed = self.published_outlier.differs(eps, ejections, panic)
         folded = self.debouncer.changes if membership else 0
-        if self.published and not (force or t.routing_changed or knobs_changed or outlier_changed):
+        # A completed fade changes no key's route, but is published at once (not with the
+        # next change): /status, /metrics and the fade alert read the published rings.
+        changed = t.routing_changed or knobs_changed or outlier_changed or t.collapsed
+        if self.published and not (force or changed):
             if membership:
                 self.debouncer.reset()
                 self.log.info(
@@ -450,7 +453,6 @@ class Discovery:
             # state is moot, so neither its retry nor its problem stays.
             self._retry_at = None
             self._problems.pop("publish", None)
-            # Collapse completed fades in private state; they route as before.
             self.state.commit(t)
             return False
         try:
@@ -651,6 +653,9 @@ class Discovery:
                     wake.append(d)
                 if self._retry_at is not None:
                     wake.append(self._retry_at)
+                fade = self.fade_due()
+                if fade is not None and fade > now:
+                    wake.append(fade)
                 if self._configmap and not self._configmap_synced and not self.published:
                     wake.append(started + self.configmap_wait_ns)
                 timeout = min(max(min(wake) - self.clock(), 0) / 1e9, _MAX_WAIT_S)
@@ -801,6 +806,21 @@ class Discovery:
             self._publish("endpoints changed", now, membership=True)
         elif self._knobs_dirty or (retrying and not self.debouncer.pending):
             self._publish("knobs changed", now, membership=False)
+        else:
+            due = self.fade_due()
+            if due is not None and now >= due:
+                self._publish("fade completed", now, membership=False)
+
+    def fade_due(self) -> int | None:
+        """When the oldest fading ring completes (CLOCK_MONOTONIC ns; ``None``: none fades).
+
+        The loop wakes then and publishes the promotion (the ring joins the established
+        one), so no reader shows a finished fade as still running.
+        """
+        rs = self.state.ring_set
+        if not self.published or not rs.starts_ns:
+            return None
+        return min(rs.starts_ns) + rs.duration_ns
 
     def _all_synced(self) -> bool:
         return all(s.synced for s in self.sources.values())

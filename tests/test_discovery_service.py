@@ -290,19 +290,22 @@ def test_a_restarted_publisher_resumes_without_republishing(kube, loop, ns):
     assert t.ring_set.starts_ns[0] == starts[0] and len(t.ring_set.starts_ns) == 2
 
 
-def test_a_completed_fade_collapses_in_the_next_publish(kube, loop):
+def test_a_completed_fade_is_published_when_it_completes(kube, loop):
     kube.put_many(SLICES, NS, slices_for(ips(5)))
     lp = loop(knobs={"fade_duration_s": 0.3}, debounce_s=0.1)
     lp.wait_generation(1)
     kube.put_many(SLICES, NS, slices_for(ips(8)))
     assert len(lp.wait_generation(2).ring_set.starts_ns) == 1
-    time.sleep(0.5)
-    assert lp.generation() == 2  # a completed fade alone publishes nothing
-    kube.put_many(SLICES, NS, slices_for(ips(9)))
+    # The fade's end is a publish of its own (readers must not show it running).
     t = lp.wait_generation(3)
-    assert len(t.ring_set.starts_ns) == 1 and int((t.ring_set.tiers == 1).sum()) == 1
+    assert t.ring_set.starts_ns == () and int((t.ring_set.tiers == 0).sum()) == 8
     (pub,) = [p for p in lp.named("publish") if p["generation"] == 3]
-    assert pub["collapsed"] == 1
+    assert (pub["reason"], pub["collapsed"], pub["added"]) == ("fade completed", 1, 0)
+    time.sleep(0.3)
+    assert lp.generation() == 3  # and nothing more while nothing changes
+    kube.put_many(SLICES, NS, slices_for(ips(9)))
+    t = lp.wait_generation(4)
+    assert len(t.ring_set.starts_ns) == 1 and int((t.ring_set.tiers == 1).sum()) == 1
 
 
 def test_static_list_and_kubernetes_sources_merge(kube, loop):

@@ -204,14 +204,14 @@ def test_a_bad_discovery_setting_stops_cslb_serve_before_gunicorn(tmp_path: Path
 
 
 def test_discovery_failing_at_startup_stops_the_server(tmp_path: Path) -> None:
-    # Plain gunicorn with cslb's config: nothing checks the settings before discovery.
+    # Plain gunicorn with cslb's config: discovery's settings are checked by discovery.
     args = ["-c", "python:workers.gunicorn_conf", "pingapp:app"]
     with serving(args, tmp_path, gunicorn=True, env={"CSLB_DEBOUNCE": "soon"}) as server:
         code = server.proc.wait(timeout=60)
         log = server.log()
-        assert code == 1  # gunicorn's status for a failing hook (docs/gunicorn.md says so)
+        assert code == 2  # a refused setting: status 2, as cslb discovery's own (docs/gunicorn.md)
         assert "invalid CSLB_DEBOUNCE='soon'" in log  # discovery's own message
-        assert "exited with status 2 before publishing a table" in log
+        assert "discovery process refused its settings (exit status 2" in log
         assert "restarting" not in log  # a startup failure is final, not retried
         assert shm.list_segments(server.namespace) == []
         assert [p for p in server.seen if server.ours(p)] == []

@@ -30,6 +30,7 @@ from workers.master.supervisor import (
     discovery_command,
     settings_from_env,
 )
+from workers.settings_check import check_environment
 
 #: How often the arbiter loop reaps counter rows of dead processes (seconds).
 REAP_INTERVAL_S = 1.0
@@ -68,6 +69,17 @@ log = logging.getLogger("cslb.master")
 
 class CslbStartupError(RuntimeError):
     """The master cannot start cslb's part (gunicorn prints it and exits with status 1)."""
+
+
+class CslbSettingsError(CslbStartupError):
+    """A setting is unusable: the master exits with status 2 (:data:`SETTINGS_EXIT`).
+
+    The message names the variable and what it accepts (the knob's own parser's words).
+    """
+
+
+#: The master's exit status for an unusable setting, as ``cslb serve``/``cslb discovery``.
+SETTINGS_EXIT = 2
 
 
 #: Oldest gunicorn this module supports: 25.1 added ``--no-control-socket``, and before
@@ -117,11 +129,12 @@ class Master:
 
         check_gunicorn(tuple(getattr(gunicorn, "version_info", (0, 0))))
         try:
+            check_environment(os.environ)
             self.settings = settings_from_env()
             check_settings(self.settings)
             self.namespace = shm.shm_namespace(os.environ)
         except KnobError as exc:
-            raise CslbStartupError(f"cslb: {exc}") from None
+            raise CslbSettingsError(f"cslb: {exc}") from None
         self.pid = os.getpid()
         if not self.exit_registered:
             # gunicorn skips on_exit when it fails after on_starting (the port is taken,
@@ -188,6 +201,11 @@ class Master:
             while True:
                 sup = self.supervisor
                 if sup is not None and not sup.poll(restart=False):
+                    if sup.last_code == SETTINGS_EXIT:
+                        raise CslbSettingsError(
+                            "cslb: the discovery process refused its settings (exit status "
+                            f"{SETTINGS_EXIT}; its start_failed line above names the variable)"
+                        )
                     raise CslbStartupError(
                         f"cslb: the discovery process {sup.last_exit} before publishing a "
                         "table (its log lines above say why)"

@@ -15,10 +15,12 @@ In the master (the arbiter), before any worker forks:
    discovery settings (``CSLB_ENDPOINTS_FILE``, ``CSLB_SERVICE``, ``CSLB_DEBOUNCE``...)
    reach it through the inherited environment. No Kubernetes client and no thread is
    created in the master.
+   A setting that does not parse (every part's: :mod:`workers.settings_check`) stops
+   the master here with exit status 2, its message naming the variable and range.
 2. ``when_ready`` waits (bounded, ``CSLB_DISCOVERY_START_WAIT``) for the first published
    table, so the first workers route from their first request; a discovery process that
-   exits during that wait stops the server (exit status 1; discovery's own log lines
-   say why).
+   exits during that wait stops the server (exit status 1, or 2 when discovery refused
+   its settings; discovery's own log lines say why).
 3. ``pre_fork`` reserves a counter row for the worker about to fork (``worker.cslb_row``);
    ``post_fork`` (in the worker) hands it over as ``CSLB_COUNTER_ROW``, which
    :meth:`workers.Router.attach` adopts; ``child_exit`` releases it and reaps rows of
@@ -76,10 +78,12 @@ from lbcore.knobs import KnobError
 from lbcore.logformat import Event
 from workers.master.duties import (
     MASTER,
-    CslbStartupError,
+    SETTINGS_EXIT,
+    CslbSettingsError,
     run_guarded,
 )
 from workers.master.logs import install as install_logs
+from workers.master.quickstop import quick_stop_uvicorn
 
 __all__ = [
     "child_exit",
@@ -89,6 +93,7 @@ __all__ = [
     "on_exit",
     "on_starting",
     "post_fork",
+    "post_worker_init",
     "pre_fork",
     "when_ready",
     "worker_exit",
@@ -118,13 +123,32 @@ logger_class = "workers.gunicorn_logging.Logger"
 # The hooks (gunicorn checks their arity: keep the signatures).
 
 
+def _settings_exit(exc: CslbSettingsError) -> SystemExit:
+    """Print ``exc`` as gunicorn prints start-up errors; the exit status is 2, not 1.
+
+    gunicorn turns a RuntimeError from a hook into status 1; a bad setting exits 2,
+    as ``cslb serve`` and ``cslb discovery`` do, so a process manager can tell the two.
+    """
+    print(f"\nError: {exc}\n", file=sys.stderr, flush=True)
+    return SystemExit(SETTINGS_EXIT)
+
+
 def on_starting(server: Any) -> None:
-    """Master, before binding: cslb's log lines, the counters, discovery."""
+    """Master, before binding: cslb's log lines, every setting, the counters, discovery.
+
+    Raises
+    ------
+    SystemExit
+        Status 2: a setting is unusable (stderr names the variable and its range).
+    """
     try:
         install_logs()
     except KnobError as exc:
-        raise CslbStartupError(f"cslb: {exc}") from None
-    MASTER.start(server)
+        raise _settings_exit(CslbSettingsError(f"cslb: {exc}")) from None
+    try:
+        MASTER.start(server)
+    except CslbSettingsError as exc:
+        raise _settings_exit(exc) from None
 
 
 def when_ready(server: Any) -> None:
@@ -133,8 +157,11 @@ def when_ready(server: Any) -> None:
         return
     try:
         MASTER.wait_for_table(server)
-    except BaseException:
+    except CslbSettingsError as exc:
         MASTER.stop(server)  # on_exit does not run when when_ready raises
+        raise _settings_exit(exc) from None
+    except BaseException:
+        MASTER.stop(server)
         raise
 
 
@@ -150,6 +177,15 @@ def pre_fork(server: Any, worker: Any) -> None:
 def post_fork(server: Any, worker: Any) -> None:
     """Worker, right after fork: ``CSLB_COUNTER_ROW`` = the reserved row."""
     MASTER.in_child(worker)
+
+
+def post_worker_init(worker: Any) -> None:
+    """Worker, before it serves: under uvicorn's worker, SIGQUIT stops it promptly.
+
+    See :mod:`workers.master.quickstop` (gunicorn's Ctrl-C otherwise waits the whole
+    graceful timeout for each uvicorn worker).
+    """
+    quick_stop_uvicorn(worker)
 
 
 def child_exit(server: Any, worker: Any) -> None:
@@ -207,6 +243,7 @@ HOOKS: dict[str, tuple[Callable[..., Any], int, bool]] = {
     "when_ready": (when_ready, 1, True),
     "pre_fork": (pre_fork, 2, True),
     "post_fork": (post_fork, 2, True),
+    "post_worker_init": (post_worker_init, 1, True),
     "child_exit": (child_exit, 2, False),
     "worker_exit": (worker_exit, 2, False),
     "nworkers_changed": (nworkers_changed, 3, True),

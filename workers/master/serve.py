@@ -22,10 +22,11 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 
-from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, Knob, KnobError, from_mapping
+from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, Knob, KnobError
 from shm.settings import SHM_NAMESPACE
 from workers.fanout.settings import FANOUT_KNOBS
 from workers.routing.router import ROUTER_KNOBS
+from workers.settings_check import check_environment
 from workers.surfaces.app import APP_KNOBS
 from workers.surfaces.mount import APP as MOUNT_APP
 
@@ -101,7 +102,9 @@ def plan(
     """
     given = {_knob(key): raw for key, raw in (knobs or {}).items() if raw is not None}
     try:
-        from_mapping(environ, KNOBS_BY_ENV.values(), source="environment")
+        # The master's own check (every part's settings, and the rules between them),
+        # so cslb serve stops on what the master would stop on, before exec.
+        check_environment(environ)
         for k, raw in given.items():
             k.convert(raw, f"flag {k.flag}")
         if shm_namespace is not None:

@@ -242,6 +242,8 @@ class DiscoverySupervisor:
         Processes started so far (1 after the first start).
     last_exit : str | None
         How the last child ended, in words.
+    last_code : int | None
+        Its exit status (negative: the signal that ended it; ``None``: not known).
     """
 
     def __init__(
@@ -278,6 +280,7 @@ class DiscoverySupervisor:
         self.clock = clock
         self.starts = 0
         self.last_exit: str | None = None
+        self.last_code: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._pidfd: int | None = None
         self._started_at = 0.0
@@ -424,8 +427,9 @@ class DiscoverySupervisor:
         assert self._proc is not None
         self._last_pid = self._proc.pid
         self.last_exit = _describe(status)
+        self.last_code = None
         if status is not None:
-            self._proc.returncode = os.waitstatus_to_exitcode(status)
+            self._proc.returncode = self.last_code = os.waitstatus_to_exitcode(status)
         else:
             self._proc.returncode = 0  # nothing left to wait for
         if self._pidfd is not None:

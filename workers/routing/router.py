@@ -61,8 +61,9 @@ from lbcore.fade import SKIPPER_SALT
 from lbcore.knobs import Knob, parse_seconds
 from workers.fanout.failurelog import FailureLog
 from workers.fanout.ledger import CallLedger
-from workers.fanout.settings import FAILURE_LOG_RATE
+from workers.fanout.settings import FAILURE_LOG_RATE, FALLBACK_URL
 from workers.routing.errors import RouterError, RouterInputError, RouterStateError
+from workers.routing.notice import NoTableNotice
 from workers.routing.recording import Recording
 from workers.routing.rows import COUNTER_ROW_ENV, CounterRow, WarnOnce, row_from_env
 from workers.routing.snapshot import RETRY_S, Follower, Snapshot, empty_table
@@ -201,6 +202,7 @@ class Router:
         self._fanout_settings = fanout_settings
         self._fanout_lock = threading.RLock()  # (FanOut() asks for the ledger under it)
         self._warn_once = WarnOnce()
+        self._no_table = NoTableNotice(self.namespace, clock, self._fallback_to)
         self._follow = Follower(
             self.namespace, self.refresh_ns, clock, background, self._warn_once, self._tick
         )
@@ -251,11 +253,20 @@ class Router:
         RouterInputError
             ``CSLB_COUNTER_ROW`` is malformed.
         lbcore.knobs.KnobError
-            ``CSLB_LOAD_REFRESH`` is malformed (``refresh_s`` not given).
+            A setting the router or its fan-out reads (``CSLB_LOAD_REFRESH``,
+            ``CSLB_FANOUT_*``, ``CSLB_SHM_NAMESPACE``...) is unusable: the message names
+            the variable and what it accepts. Raised here, on the first attach, rather
+            than on the first fan-out; a library does not end its host process, so the
+            caller decides (under cslb's gunicorn config module the master has checked
+            them already and exited with status 2).
         """
-        ns = shm.shm_namespace(os.environ) if namespace is None else namespace
         with cls._attach_lock:
             cur = cls.current()
+            if cur is None:
+                from workers.settings_check import ROUTER_GROUPS, check_environment
+
+                check_environment(os.environ, ROUTER_GROUPS)
+            ns = shm.shm_namespace(os.environ) if namespace is None else namespace
             if cur is not None:
                 if cur.namespace != ns:
                     raise RouterStateError(
@@ -268,6 +279,26 @@ class Router:
             router = cls(ns, threads=threads, row=row, refresh_s=refresh_s, clock=clock)
             cls._current = router
             return router
+
+    def _fallback_to(self) -> str:
+        """Where :meth:`fanout` sends fallback keys (``""``: back to the caller)."""
+        fan = self._fanout
+        settings = fan.settings if fan is not None else self._fanout_settings
+        if settings is not None:
+            return str(settings.fallback_url)
+        try:
+            return str(FALLBACK_URL.convert(os.environ.get(FALLBACK_URL.env, ""), "environment"))
+        except ValueError:
+            return ""
+
+    def _why_no_table(self) -> str:
+        """Why there is no table to route on, for the no-table warning."""
+        f = self._follow
+        if f.problem:
+            return f.problem
+        if f.reader is None:
+            return "no tables segment in this namespace: no discovery process has started here"
+        return "nothing published yet (a discovery process is starting, or stopped early)"
 
     @classmethod
     def current(cls) -> Router | None:
@@ -403,8 +434,11 @@ class Router:
         if self._forked or self._closed:  # (the at-fork hook sets _forked in a child)
             self._check_usable()
         s = self._follow.current()
+        missing = s is None
         if s is None:
             s = _no_table()
+        elif self._no_table.active:
+            self._no_table.table()
         try:
             idx, fallbacks, moves, valid = s.route(keys, attempt)
         except lbcore.TableDataError as exc:
@@ -427,6 +461,8 @@ class Router:
         n = idx.size
         if n:
             self.recording.count(n, fallbacks, moves)
+            if missing:
+                self._no_table.no_table(n, self._why_no_table())
         t = s.table
         self._last.routed = (idx, t, keys)
         return idx, t
