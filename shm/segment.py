@@ -46,6 +46,9 @@ from shm.errors import (
 )
 from shm.layout import KIND_NAMES, LAYOUT_VERSION, word
 
+_lseek = os.lseek
+_SEEK_END = os.SEEK_END
+
 __all__ = [
     "SHM_DIR",
     "Segment",
@@ -56,6 +59,7 @@ __all__ = [
     "current_inode",
     "epoch_segments",
     "fence",
+    "intact",
     "list_segments",
     "own_start_ticks",
     "process_alive",
@@ -321,12 +325,28 @@ def _allocate(fd: int, name: str, size: int) -> None:
             raise
 
 
-#: The routing path checks a segment's size at most this often (nanoseconds): see
-#: :meth:`Segment.shrunk_to_paced`. 0: once per batch per segment. A longer interval
-#: saves an ``lseek`` per segment per batch but leaves that long a window in which a
-#: segment shrunk by another process faults (SIGBUS) the worker's next batch: under
-#: steady traffic it nearly always does, and workers must survive a shrink.
+#: How long the routing path may go without checking a segment's size (nanoseconds):
+#: 0, every batch checks each segment it touches (:func:`intact`, one ``lseek`` each).
+#: Any longer interval leaves that long a window in which a segment shrunk by another
+#: process faults (SIGBUS) the worker's next batch: under steady traffic it nearly
+#: always does, and workers must survive a shrink.
 SIZE_CHECK_NS = 0
+
+
+def intact(a: Segment, b: Segment | None = None) -> bool:
+    """Whether ``a`` and ``b`` surely still back their whole mappings: one ``lseek`` each.
+
+    The routing path's size check, once per batch per segment it touches, in one Python
+    frame for two segments (a frame per segment cost as much as the system call).
+    ``False`` also when unsure (a closed descriptor, an error): the caller then asks
+    :meth:`Segment.shrunk_to` of each, which gives the verdict.
+    """
+    try:
+        return _lseek(a._fd, 0, _SEEK_END) >= a.size and (
+            b is None or _lseek(b._fd, 0, _SEEK_END) >= b.size
+        )
+    except OSError:
+        return False
 
 
 class Segment:
@@ -353,7 +373,6 @@ class Segment:
     __slots__ = (
         "_fd",
         "_mm",
-        "_size_due",
         "buf",
         "created",
         "inode",
@@ -376,7 +395,6 @@ class Segment:
         # The object's own descriptor, kept to read its size: another process of the user can
         # shrink the object under the mapping, and a touch past its end is SIGBUS.
         self._fd = fd
-        self._size_due = 0  # CLOCK_MONOTONIC ns: the next paced size check (see shrunk_to_paced)
         self.name = name
         self.inode = inode
         self._mm = mm
@@ -536,37 +554,6 @@ class Segment:
         except OSError:
             return None
         return size if size < self.size else None
-
-    def shrunk_to_paced(self, now_ns: int) -> int | None:
-        """:meth:`shrunk_to`, but at most once per :data:`SIZE_CHECK_NS` (for every batch).
-
-        For the routing path only (:meth:`shm.TableReader.is_current`,
-        :meth:`shm.Recorder.count`), where an ``lseek`` per segment per batch doubled the
-        cost of a batch. ``now_ns`` is CLOCK_MONOTONIC. Between two checks the size is
-        assumed unchanged: a segment shrunk by another process up to
-        :data:`SIZE_CHECK_NS` after the last check can still fault (SIGBUS) on a touch
-        within that interval. A shrink seen is seen again on every call; a ``now_ns``
-        outside the interval (another clock, gone backwards) checks. Paths that map,
-        re-map or grow segments, or size anything from shared memory, call
-        :meth:`check_size` instead, unpaced.
-        """
-        due = self._size_due
-        if due - SIZE_CHECK_NS <= now_ns < due:
-            return None
-        size = self.shrunk_to()
-        self._size_due = 0 if size is not None else now_ns + SIZE_CHECK_NS
-        return size
-
-    def check_size_paced(self, now_ns: int) -> None:
-        """:meth:`check_size` at most once per :data:`SIZE_CHECK_NS` (see :meth:`shrunk_to_paced`).
-
-        Raises
-        ------
-        SegmentSizeError
-            The object was found shrunk under the mapping.
-        """
-        if self.shrunk_to_paced(now_ns) is not None:
-            self.check_size()
 
     def check_size(self) -> None:
         """Raise unless the object still backs the whole mapping (call before touching it).
