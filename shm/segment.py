@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import importlib.util
 import mmap
 import os
 import platform
@@ -337,16 +338,36 @@ def intact(a: Segment, b: Segment | None = None) -> bool:
     """Whether ``a`` and ``b`` surely still back their whole mappings: one ``lseek`` each.
 
     The routing path's size check, once per batch per segment it touches, in one Python
-    frame for two segments (a frame per segment cost as much as the system call).
-    ``False`` also when unsure (a closed descriptor, an error): the caller then asks
-    :meth:`Segment.shrunk_to` of each, which gives the verdict.
+    frame for two segments (a frame per segment cost as much as the system call), and
+    through the native kernel's ``mapped_intact`` where it is built (without releasing
+    the GIL around the system call: it does not block). ``False`` also when unsure (a
+    closed descriptor, an error): the caller then asks :meth:`Segment.shrunk_to` of
+    each, which gives the verdict.
     """
+    if _mapped_intact is not None:
+        if b is None:
+            return _mapped_intact(a._fd, a.size)
+        return _mapped_intact(a._fd, a.size, b._fd, b.size)
     try:
         return _lseek(a._fd, 0, _SEEK_END) >= a.size and (
             b is None or _lseek(b._fd, 0, _SEEK_END) >= b.size
         )
     except OSError:
         return False
+
+
+def _native_size_check() -> Callable[..., bool] | None:
+    """The native kernel's ``mapped_intact`` if the extension is built with it, else ``None``."""
+    if importlib.util.find_spec("lbcore._kernel") is None:
+        return None
+    try:
+        from lbcore import _kernel
+    except ImportError:
+        return None
+    return getattr(_kernel, "mapped_intact", None)
+
+
+_mapped_intact = _native_size_check()
 
 
 class Segment:

@@ -1,6 +1,10 @@
 /* lbcore._kernel: the module. Loaded by lbcore.kernel (CSLB_KERNEL=auto|native). */
 #include "plan.h"
 
+#include <limits.h>
+#include <sys/types.h>
+#include <unistd.h>
+
 lb_state LB;
 
 /* xxh64(data) -> int: XXH64 (seed 0) of a bytes-like object (for tests and tools). */
@@ -83,6 +87,43 @@ static PyObject *k_floor(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLongLong(sum);
 }
 
+/* mapped_intact(fd, size, ...) -> bool: whether each (descriptor, mapped bytes) pair's
+ * object is still at least that long, one lseek each: shm's per-batch check that no
+ * segment a batch touches was shrunk under its mapping (a touch past the object's end
+ * is SIGBUS). False as soon as one is shorter, or unsure (a negative descriptor, an
+ * lseek error): the caller then asks each segment for the verdict. The GIL stays held:
+ * lseek on a shared-memory object does not block, and releasing the GIL around it
+ * cost as much as the system call. */
+static PyObject *k_mapped_intact(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)mod;
+    if (nargs < 2 || nargs > 8 || nargs % 2) {
+        PyErr_SetString(PyExc_TypeError, "mapped_intact(fd, size, ...): one to four pairs of ints");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i += 2) {
+        if (!PyLong_Check(args[i]) || !PyLong_Check(args[i + 1])) {
+            PyErr_SetString(PyExc_TypeError, "mapped_intact: descriptors and sizes must be ints");
+            return NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < nargs; i += 2) {
+        int overflow = 0;
+        long fd = PyLong_AsLongAndOverflow(args[i], &overflow);
+        if (fd == -1 && PyErr_Occurred())
+            return NULL;
+        long long size = PyLong_AsLongLongAndOverflow(args[i + 1], &overflow);
+        if (size == -1 && PyErr_Occurred())
+            return NULL;
+        if (overflow || fd < 0 || fd > INT_MAX || size < 0)
+            Py_RETURN_FALSE;
+        off_t end = lseek((int)fd, 0, SEEK_END);
+        if (end < 0 || (long long)end < size)
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 /* configure(batch_of): lbcore.kernel hands over its batch normalizer once it loaded us. */
 static PyObject *k_configure(PyObject *mod, PyObject *batch_of)
 {
@@ -107,6 +148,8 @@ static PyMethodDef methods[] = {
      "scatter_add_routed(target, slot_map, endpoints, values, offsets=None) -> routed calls"},
     {"add_calls", (PyCFunction)(void (*)(void))lb_add_calls, METH_FASTCALL,
      "add_calls(target, ended, done, starts, geometry): a batching recorder's step"},
+    {"mapped_intact", (PyCFunction)(void (*)(void))k_mapped_intact, METH_FASTCALL,
+     "mapped_intact(fd, size, ...) -> bool: each object still backs its mapped size (shm)"},
     {"floor", k_floor, METH_VARARGS, "floor(keys, width, buckets, shift) -> int (benchmarks)"},
     {NULL, NULL, 0, NULL},
 };

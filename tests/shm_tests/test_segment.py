@@ -197,3 +197,48 @@ def test_weak_memory_fence_works_from_many_threads():
     for t in threads:
         t.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_intact_is_false_once_either_segment_shrank_and_when_unsure(
+    namespace, native, monkeypatch
+):
+    """The routing path's size check (one lseek per segment): shrunk or closed is not intact."""
+    import shm.segment as segment
+
+    if native and segment._mapped_intact is None:
+        pytest.skip("the native kernel is not built here")
+    if not native:
+        monkeypatch.setattr(segment, "_mapped_intact", None)
+    a = Segment.create(segment_name(namespace, "probe"), 8192)
+    b = Segment.create(segment_name(namespace, "probe", 1), 8192)
+    try:
+        assert segment.intact(a) and segment.intact(a, b) and segment.intact(b, None)
+        os.truncate(SHM_DIR + b.name, 4096)
+        assert segment.intact(a) and not segment.intact(a, b) and not segment.intact(b)
+        assert b.shrunk_to() == 4096  # the verdict the caller then asks for
+        os.truncate(SHM_DIR + b.name, 16384)  # longer than the mapping is fine
+        assert segment.intact(a, b)
+    finally:
+        for s in (a, b):
+            s.unlink()
+            s.close()
+    # Closed descriptors: unsure, so not intact (shrunk_to then says not shrunk).
+    assert not segment.intact(a, b) and a.shrunk_to() is None
+
+
+def test_native_size_check_rejects_what_is_not_a_descriptor_and_size():
+    import shm.segment as segment
+
+    check = segment._mapped_intact
+    if check is None:
+        pytest.skip("the native kernel is not built here")
+    with pytest.raises(TypeError):
+        check(0)
+    with pytest.raises(TypeError):
+        check("0", 1)
+    with pytest.raises(TypeError):
+        check(*([0, 1] * 5))
+    # Out of range: unsure, never a crash.
+    assert check(-5, 1) is False and check(1 << 40, 1) is False and check(0, -1) is False
+    assert check(1 << 80, 1 << 80) is False
