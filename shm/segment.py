@@ -334,23 +334,18 @@ def _allocate(fd: int, name: str, size: int) -> None:
 SIZE_CHECK_NS = 0
 
 
-def intact(a: Segment, b: Segment | None = None) -> bool:
+def _intact(a: Segment, b: Segment | None = None) -> bool:
     """Whether ``a`` and ``b`` surely still back their whole mappings: one ``lseek`` each.
 
-    The routing path's size check, once per batch per segment it touches, in one Python
-    frame for two segments (a frame per segment cost as much as the system call), and
-    through the native kernel's ``mapped_intact`` where it is built (without releasing
-    the GIL around the system call: it does not block). ``False`` also when unsure (a
-    closed descriptor, an error): the caller then asks :meth:`Segment.shrunk_to` of
-    each, which gives the verdict.
+    The routing path's size check, once per batch per segment it touches. ``False``
+    also when unsure (a closed descriptor, an error): the caller then asks
+    :meth:`Segment.shrunk_to` of each, which gives the verdict. Where the native kernel
+    is built this is its ``mapped_intact`` (no Python frame, and the GIL held around
+    the system call, which does not block); this is the same without it.
     """
-    if _mapped_intact is not None:
-        if b is None:
-            return _mapped_intact(a._fd, a.size)
-        return _mapped_intact(a._fd, a.size, b._fd, b.size)
     try:
-        return _lseek(a._fd, 0, _SEEK_END) >= a.size and (
-            b is None or _lseek(b._fd, 0, _SEEK_END) >= b.size
+        return _lseek(a.fd, 0, _SEEK_END) >= a.size and (
+            b is None or _lseek(b.fd, 0, _SEEK_END) >= b.size
         )
     except OSError:
         return False
@@ -367,7 +362,8 @@ def _native_size_check() -> Callable[..., bool] | None:
     return getattr(_kernel, "mapped_intact", None)
 
 
-_mapped_intact = _native_size_check()
+#: :func:`_intact`, native where the kernel is built.
+intact: Callable[..., bool] = _native_size_check() or _intact
 
 
 class Segment:
@@ -389,13 +385,16 @@ class Segment:
     inode : int
         Inode of the segment in ``/dev/shm``: a segment removed and created anew under
         the same name has another one.
+    fd : int
+        The object's own descriptor, kept to read its size (-1 once closed); read it,
+        never close it.
     """
 
     __slots__ = (
-        "_fd",
         "_mm",
         "buf",
         "created",
+        "fd",
         "inode",
         "name",
         "size",
@@ -415,7 +414,7 @@ class Segment:
     ):
         # The object's own descriptor, kept to read its size: another process of the user can
         # shrink the object under the mapping, and a touch past its end is SIGBUS.
-        self._fd = fd
+        self.fd = fd
         self.name = name
         self.inode = inode
         self._mm = mm
@@ -565,13 +564,13 @@ class Segment:
         may name another object by now). Unlinking or replacing the name leaves the
         mapping valid; only a shrunk object makes touching the mapping fault (SIGBUS).
         """
-        if self._fd < 0:
+        if self.fd < 0:
             return None
         try:
             # The object's size, as fstat's st_size, without building a stat result: this
             # runs before every access point, batches included. (The descriptor's offset
             # moves; nothing reads through it.)
-            size = os.lseek(self._fd, 0, os.SEEK_END)
+            size = os.lseek(self.fd, 0, os.SEEK_END)
         except OSError:
             return None
         return size if size < self.size else None
@@ -621,7 +620,7 @@ class Segment:
         self._close_fd()
 
     def _close_fd(self) -> None:
-        fd, self._fd = self._fd, -1
+        fd, self.fd = self.fd, -1
         if fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -87,38 +87,56 @@ static PyObject *k_floor(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLongLong(sum);
 }
 
-/* mapped_intact(fd, size, ...) -> bool: whether each (descriptor, mapped bytes) pair's
- * object is still at least that long, one lseek each: shm's per-batch check that no
- * segment a batch touches was shrunk under its mapping (a touch past the object's end
- * is SIGBUS). False as soon as one is shorter, or unsure (a negative descriptor, an
- * lseek error): the caller then asks each segment for the verdict. The GIL stays held:
- * lseek on a shared-memory object does not block, and releasing the GIL around it
- * cost as much as the system call. */
+/* mapped_intact(a, b=None) -> bool: whether the objects behind one or two mappings are
+ * still at least as long as mapped, one lseek each. a and b (None: only a) are any
+ * objects with int attributes fd (the object's descriptor) and size (bytes mapped):
+ * shm's segments, whose per-batch check this is (a touch past a shrunk object's end is
+ * SIGBUS); taking the objects spares the caller a Python frame per batch. False as soon
+ * as one is shorter, or unsure (a negative descriptor, an lseek error, attributes that
+ * are not ints in range): the caller then asks each segment for the verdict. The GIL
+ * stays held: lseek on a shared-memory object does not block, and releasing the GIL
+ * around it cost as much as the system call. */
+static PyObject *str_fd, *str_size; /* interned attribute names, set at import */
+
+static int mapping_intact(PyObject *m)
+{
+    PyObject *fo = PyObject_GetAttr(m, str_fd);
+    if (fo == NULL)
+        return -1;
+    PyObject *so = PyObject_GetAttr(m, str_size);
+    if (so == NULL) {
+        Py_DECREF(fo);
+        return -1;
+    }
+    int ok = 0;
+    if (PyLong_CheckExact(fo) && PyLong_CheckExact(so)) {
+        int o1 = 0, o2 = 0;
+        long fd = PyLong_AsLongAndOverflow(fo, &o1);
+        long long size = PyLong_AsLongLongAndOverflow(so, &o2);
+        if (!o1 && !o2 && fd >= 0 && fd <= INT_MAX && size >= 0) {
+            off_t end = lseek((int)fd, 0, SEEK_END);
+            ok = end >= 0 && (long long)end >= size;
+        }
+    }
+    Py_DECREF(fo);
+    Py_DECREF(so);
+    return ok;
+}
+
 static PyObject *k_mapped_intact(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)mod;
-    if (nargs < 2 || nargs > 8 || nargs % 2) {
-        PyErr_SetString(PyExc_TypeError, "mapped_intact(fd, size, ...): one to four pairs of ints");
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "mapped_intact(a, b=None): one or two mappings");
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < nargs; i += 2) {
-        if (!PyLong_Check(args[i]) || !PyLong_Check(args[i + 1])) {
-            PyErr_SetString(PyExc_TypeError, "mapped_intact: descriptors and sizes must be ints");
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        if (args[i] == Py_None)
+            continue;
+        int ok = mapping_intact(args[i]);
+        if (ok < 0)
             return NULL;
-        }
-    }
-    for (Py_ssize_t i = 0; i < nargs; i += 2) {
-        int overflow = 0;
-        long fd = PyLong_AsLongAndOverflow(args[i], &overflow);
-        if (fd == -1 && PyErr_Occurred())
-            return NULL;
-        long long size = PyLong_AsLongLongAndOverflow(args[i + 1], &overflow);
-        if (size == -1 && PyErr_Occurred())
-            return NULL;
-        if (overflow || fd < 0 || fd > INT_MAX || size < 0)
-            Py_RETURN_FALSE;
-        off_t end = lseek((int)fd, 0, SEEK_END);
-        if (end < 0 || (long long)end < size)
+        if (!ok)
             Py_RETURN_FALSE;
     }
     Py_RETURN_TRUE;
@@ -149,7 +167,7 @@ static PyMethodDef methods[] = {
     {"add_calls", (PyCFunction)(void (*)(void))lb_add_calls, METH_FASTCALL,
      "add_calls(target, ended, done, starts, geometry): a batching recorder's step"},
     {"mapped_intact", (PyCFunction)(void (*)(void))k_mapped_intact, METH_FASTCALL,
-     "mapped_intact(fd, size, ...) -> bool: each object still backs its mapped size (shm)"},
+     "mapped_intact(a, b=None) -> bool: the objects behind mappings .fd still back .size bytes"},
     {"floor", k_floor, METH_VARARGS, "floor(keys, width, buckets, shift) -> int (benchmarks)"},
     {NULL, NULL, 0, NULL},
 };
@@ -195,7 +213,9 @@ PyMODINIT_FUNC PyInit__kernel(void)
         !(LB.np_ndarray = attr("numpy", "ndarray")) ||
         !(LB.argument_error = attr("lbcore.errors", "ArgumentError")) ||
         !(LB.dtype_i32 = dtype("int32")) || !(LB.dtype_u64 = dtype("uint64")) ||
-        !(LB.dtype_u8 = dtype("uint8")) || !(LB.dtype_intp = dtype("int64")))
+        !(LB.dtype_u8 = dtype("uint8")) || !(LB.dtype_intp = dtype("int64")) ||
+        !(str_fd = PyUnicode_InternFromString("fd")) ||
+        !(str_size = PyUnicode_InternFromString("size")))
         return NULL;
     if (PyType_Ready(&LB_PlanType) < 0)
         return NULL;

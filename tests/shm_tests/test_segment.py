@@ -206,10 +206,10 @@ def test_intact_is_false_once_either_segment_shrank_and_when_unsure(
     """The routing path's size check (one lseek per segment): shrunk or closed is not intact."""
     import shm.segment as segment
 
-    if native and segment._mapped_intact is None:
+    if native and segment.intact is segment._intact:
         pytest.skip("the native kernel is not built here")
     if not native:
-        monkeypatch.setattr(segment, "_mapped_intact", None)
+        monkeypatch.setattr(segment, "intact", segment._intact)
     a = Segment.create(segment_name(namespace, "probe"), 8192)
     b = Segment.create(segment_name(namespace, "probe", 1), 8192)
     try:
@@ -227,18 +227,25 @@ def test_intact_is_false_once_either_segment_shrank_and_when_unsure(
     assert not segment.intact(a, b) and a.shrunk_to() is None
 
 
-def test_native_size_check_rejects_what_is_not_a_descriptor_and_size():
+def test_native_size_check_rejects_what_is_not_two_mappings():
+    import types
+
     import shm.segment as segment
 
-    check = segment._mapped_intact
-    if check is None:
+    check = segment.intact
+    if check is segment._intact:
         pytest.skip("the native kernel is not built here")
     with pytest.raises(TypeError):
-        check(0)
+        check()
     with pytest.raises(TypeError):
-        check("0", 1)
-    with pytest.raises(TypeError):
-        check(*([0, 1] * 5))
-    # Out of range: unsure, never a crash.
-    assert check(-5, 1) is False and check(1 << 40, 1) is False and check(0, -1) is False
-    assert check(1 << 80, 1 << 80) is False
+        check(None, None, None)
+    with pytest.raises(AttributeError):
+        check(object())
+
+    def m(fd, size):
+        return types.SimpleNamespace(fd=fd, size=size)
+
+    # Not ints, or out of range: unsure, never a crash.
+    assert check(m(0, 0), None) is True
+    for bad in (m(-5, 1), m(1 << 40, 1), m(0, -1), m(1 << 80, 1 << 80), m("0", 1), m(0, 1.0)):
+        assert check(bad) is False and check(m(0, 0), bad) is False
