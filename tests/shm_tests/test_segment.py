@@ -200,9 +200,7 @@ def test_weak_memory_fence_works_from_many_threads():
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
-def test_intact_is_false_once_either_segment_shrank_and_when_unsure(
-    namespace, native, monkeypatch
-):
+def test_intact_is_false_once_either_segment_shrank_and_when_unsure(namespace, native, monkeypatch):
     """The routing path's size check (one lseek per segment): shrunk or closed is not intact."""
     import shm.segment as segment
 
