@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import importlib.util
 import mmap
 import os
 import platform
@@ -326,11 +325,9 @@ def _allocate(fd: int, name: str, size: int) -> None:
             raise
 
 
-#: How long the routing path may go without checking a segment's size (nanoseconds):
-#: 0, every batch checks each segment it touches (:func:`intact`, one ``lseek`` each).
-#: Any longer interval leaves that long a window in which a segment shrunk by another
-#: process faults (SIGBUS) the worker's next batch: under steady traffic it nearly
-#: always does, and workers must survive a shrink.
+#: How long the routing path may go without checking a segment's size (ns): 0, every
+#: batch checks each segment it touches (:func:`intact`). A longer interval is a window
+#: in which a shrink by another process kills (SIGBUS) a busy worker's next batch.
 SIZE_CHECK_NS = 0
 
 
@@ -351,19 +348,12 @@ def _intact(a: Segment, b: Segment | None = None) -> bool:
         return False
 
 
-def _native_size_check() -> Callable[..., bool] | None:
-    """The native kernel's ``mapped_intact`` if the extension is built with it, else ``None``."""
-    if importlib.util.find_spec("lbcore._kernel") is None:
-        return None
-    try:
-        from lbcore import _kernel
-    except ImportError:
-        return None
-    return getattr(_kernel, "mapped_intact", None)
+try:  # (a build from older sources lacks it)
+    from lbcore._kernel import mapped_intact as _native_intact
+except ImportError:
+    _native_intact = None
 
-
-#: :func:`_intact`, native where the kernel is built.
-intact: Callable[..., bool] = _native_size_check() or _intact
+intact: Callable[..., bool] = _native_intact or _intact
 
 
 class Segment:
