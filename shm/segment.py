@@ -46,6 +46,9 @@ from shm.errors import (
 )
 from shm.layout import KIND_NAMES, LAYOUT_VERSION, word
 
+_lseek = os.lseek
+_SEEK_END = os.SEEK_END
+
 __all__ = [
     "SHM_DIR",
     "Segment",
@@ -56,6 +59,7 @@ __all__ = [
     "current_inode",
     "epoch_segments",
     "fence",
+    "intact",
     "list_segments",
     "own_start_ticks",
     "process_alive",
@@ -286,12 +290,35 @@ def _allocate(fd: int, name: str, size: int) -> None:
             raise
 
 
-#: The routing path checks a segment's size at most this often (nanoseconds): see
-#: :meth:`Segment.shrunk_to_paced`. 0: once per batch per segment. A longer interval
-#: saves an ``lseek`` per segment per batch but leaves that long a window in which a
-#: segment shrunk by another process faults (SIGBUS) the worker's next batch: under
-#: steady traffic it nearly always does, and workers must survive a shrink.
+#: How long the routing path may go without checking a segment's size (ns): 0, every
+#: batch checks each segment it touches (:func:`intact`). A longer interval is a window
+#: in which a shrink by another process kills (SIGBUS) a busy worker's next batch.
 SIZE_CHECK_NS = 0
+
+
+def _intact(a: Segment, b: Segment | None = None) -> bool:
+    """Whether ``a`` and ``b`` surely still back their whole mappings: one ``lseek`` each.
+
+    The routing path's size check, once per batch per segment it touches. ``False``
+    also when unsure (a closed descriptor, an error): the caller then asks
+    :meth:`Segment.shrunk_to` of each, which gives the verdict. Where the native kernel
+    is built this is its ``mapped_intact`` (no Python frame, and the GIL held around
+    the system call, which does not block); this is the same without it.
+    """
+    try:
+        return _lseek(a.fd, 0, _SEEK_END) >= a.size and (
+            b is None or _lseek(b.fd, 0, _SEEK_END) >= b.size
+        )
+    except OSError:
+        return False
+
+
+try:  # (a build from older sources lacks it)
+    from lbcore._kernel import mapped_intact as _native_intact
+except ImportError:
+    _native_intact = None
+
+intact: Callable[..., bool] = _native_intact or _intact
 
 
 class Segment:
@@ -313,14 +340,16 @@ class Segment:
     inode : int
         Inode of the segment in ``/dev/shm``: a segment removed and created anew under
         the same name has another one.
+    fd : int
+        The object's own descriptor, kept to read its size (-1 once closed); read it,
+        never close it.
     """
 
     __slots__ = (
-        "_fd",
         "_mm",
-        "_size_due",
         "buf",
         "created",
+        "fd",
         "inode",
         "name",
         "size",
@@ -340,8 +369,7 @@ class Segment:
     ):
         # The object's own descriptor, kept to read its size: another process of the user can
         # shrink the object under the mapping, and a touch past its end is SIGBUS.
-        self._fd = fd
-        self._size_due = 0  # CLOCK_MONOTONIC ns: the next paced size check (see shrunk_to_paced)
+        self.fd = fd
         self.name = name
         self.inode = inode
         self._mm = mm
@@ -491,47 +519,16 @@ class Segment:
         may name another object by now). Unlinking or replacing the name leaves the
         mapping valid; only a shrunk object makes touching the mapping fault (SIGBUS).
         """
-        if self._fd < 0:
+        if self.fd < 0:
             return None
         try:
             # The object's size, as fstat's st_size, without building a stat result: this
             # runs before every access point, batches included. (The descriptor's offset
             # moves; nothing reads through it.)
-            size = os.lseek(self._fd, 0, os.SEEK_END)
+            size = os.lseek(self.fd, 0, os.SEEK_END)
         except OSError:
             return None
         return size if size < self.size else None
-
-    def shrunk_to_paced(self, now_ns: int) -> int | None:
-        """:meth:`shrunk_to`, but at most once per :data:`SIZE_CHECK_NS` (for every batch).
-
-        For the routing path only (:meth:`shm.TableReader.is_current`,
-        :meth:`shm.Recorder.count`), where an ``lseek`` per segment per batch doubled the
-        cost of a batch. ``now_ns`` is CLOCK_MONOTONIC. Between two checks the size is
-        assumed unchanged: a segment shrunk by another process up to
-        :data:`SIZE_CHECK_NS` after the last check can still fault (SIGBUS) on a touch
-        within that interval. A shrink seen is seen again on every call; a ``now_ns``
-        outside the interval (another clock, gone backwards) checks. Paths that map,
-        re-map or grow segments, or size anything from shared memory, call
-        :meth:`check_size` instead, unpaced.
-        """
-        due = self._size_due
-        if due - SIZE_CHECK_NS <= now_ns < due:
-            return None
-        size = self.shrunk_to()
-        self._size_due = 0 if size is not None else now_ns + SIZE_CHECK_NS
-        return size
-
-    def check_size_paced(self, now_ns: int) -> None:
-        """:meth:`check_size` at most once per :data:`SIZE_CHECK_NS` (see :meth:`shrunk_to_paced`).
-
-        Raises
-        ------
-        SegmentSizeError
-            The object was found shrunk under the mapping.
-        """
-        if self.shrunk_to_paced(now_ns) is not None:
-            self.check_size()
 
     def check_size(self) -> None:
         """Raise unless the object still backs the whole mapping (call before touching it).
@@ -578,7 +575,7 @@ class Segment:
         self._close_fd()
 
     def _close_fd(self) -> None:
-        fd, self._fd = self._fd, -1
+        fd, self.fd = self.fd, -1
         if fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -1,6 +1,10 @@
 /* lbcore._kernel: the module. Loaded by lbcore.kernel (CSLB_KERNEL=auto|native). */
 #include "plan.h"
 
+#include <limits.h>
+#include <sys/types.h>
+#include <unistd.h>
+
 lb_state LB;
 
 /* xxh64(data) -> int: XXH64 (seed 0) of a bytes-like object (for tests and tools). */
@@ -83,6 +87,61 @@ static PyObject *k_floor(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLongLong(sum);
 }
 
+/* mapped_intact(a, b=None) -> bool: whether the objects behind one or two mappings are
+ * still at least as long as mapped, one lseek each. a and b (None: only a) are any
+ * objects with int attributes fd (the object's descriptor) and size (bytes mapped):
+ * shm's segments, whose per-batch check this is (a touch past a shrunk object's end is
+ * SIGBUS); taking the objects spares the caller a Python frame per batch. False as soon
+ * as one is shorter, or unsure (a negative descriptor, an lseek error, attributes that
+ * are not ints in range): the caller then asks each segment for the verdict. The GIL
+ * stays held: lseek on a shared-memory object does not block, and releasing the GIL
+ * around it cost as much as the system call. */
+static PyObject *str_fd, *str_size; /* interned attribute names, set at import */
+
+static int mapping_intact(PyObject *m)
+{
+    PyObject *fo = PyObject_GetAttr(m, str_fd);
+    if (fo == NULL)
+        return -1;
+    PyObject *so = PyObject_GetAttr(m, str_size);
+    if (so == NULL) {
+        Py_DECREF(fo);
+        return -1;
+    }
+    int ok = 0;
+    if (PyLong_CheckExact(fo) && PyLong_CheckExact(so)) {
+        int o1 = 0, o2 = 0;
+        long fd = PyLong_AsLongAndOverflow(fo, &o1);
+        long long size = PyLong_AsLongLongAndOverflow(so, &o2);
+        if (!o1 && !o2 && fd >= 0 && fd <= INT_MAX && size >= 0) {
+            off_t end = lseek((int)fd, 0, SEEK_END);
+            ok = end >= 0 && (long long)end >= size;
+        }
+    }
+    Py_DECREF(fo);
+    Py_DECREF(so);
+    return ok;
+}
+
+static PyObject *k_mapped_intact(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)mod;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "mapped_intact(a, b=None): one or two mappings");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        if (args[i] == Py_None)
+            continue;
+        int ok = mapping_intact(args[i]);
+        if (ok < 0)
+            return NULL;
+        if (!ok)
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 /* configure(batch_of): lbcore.kernel hands over lbcore.keys.batch_of once it loaded us. */
 static PyObject *k_configure(PyObject *mod, PyObject *batch_of)
 {
@@ -107,6 +166,8 @@ static PyMethodDef methods[] = {
      "scatter_add_routed(target, slot_map, endpoints, values, offsets=None) -> routed calls"},
     {"add_calls", (PyCFunction)(void (*)(void))lb_add_calls, METH_FASTCALL,
      "add_calls(target, ended, done, starts, geometry): a batching recorder's step"},
+    {"mapped_intact", (PyCFunction)(void (*)(void))k_mapped_intact, METH_FASTCALL,
+     "mapped_intact(a, b=None) -> bool: the objects behind mappings .fd still back .size bytes"},
     {"floor", k_floor, METH_VARARGS, "floor(keys, width, buckets, shift) -> int (benchmarks)"},
     {NULL, NULL, 0, NULL},
 };
@@ -152,7 +213,9 @@ PyMODINIT_FUNC PyInit__kernel(void)
         !(LB.np_ndarray = attr("numpy", "ndarray")) ||
         !(LB.argument_error = attr("lbcore.errors", "ArgumentError")) ||
         !(LB.dtype_i32 = dtype("int32")) || !(LB.dtype_u64 = dtype("uint64")) ||
-        !(LB.dtype_u8 = dtype("uint8")) || !(LB.dtype_intp = dtype("int64")))
+        !(LB.dtype_u8 = dtype("uint8")) || !(LB.dtype_intp = dtype("int64")) ||
+        !(str_fd = PyUnicode_InternFromString("fd")) ||
+        !(str_size = PyUnicode_InternFromString("size")))
         return NULL;
     if (PyType_Ready(&LB_PlanType) < 0)
         return NULL;

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from shm.counters.matrix import C_CURRENT, Matrix
 from shm.errors import CounterInputError, SlotOwnershipError
 from shm.layout import KIND_FIELDS, STATS_FIELDS
-from shm.segment import fence, seam
+from shm.segment import fence, intact, seam
 
 if TYPE_CHECKING:
     from shm.counters.store import CounterStore
@@ -217,23 +216,12 @@ class Recorder:
         Checks first that neither segment was shrunk under its mapping, so a recording
         is refused (:class:`SegmentSizeError`) instead of faulting.
         """
+        if intact(self._ctl_seg, self._data_seg):  # (the common case: two lseeks, no frame)
+            return self._cw[C_CURRENT] != self._epoch
         self._ctl_seg.check_size()
         if self._cw[C_CURRENT] != self._epoch:
             return True  # a shrunk old matrix is left behind, not copied
         self._data_seg.check_size()
-        return False
-
-    def _moved_paced(self) -> bool:
-        """:meth:`_moved`, paced by :data:`shm.segment.SIZE_CHECK_NS` (for :meth:`count`).
-
-        :meth:`count` runs once per routed batch: see :meth:`Segment.shrunk_to_paced`
-        (:data:`shm.segment.SIZE_CHECK_NS`) for the window that leaves.
-        """
-        now = time.monotonic_ns()
-        self._ctl_seg.check_size_paced(now)
-        if self._cw[C_CURRENT] != self._epoch:
-            return True
-        self._data_seg.check_size_paced(now)
         return False
 
     def _follow(self) -> None:
@@ -388,8 +376,10 @@ class Recorder:
         CounterInputError
             Endpoints outside the map or slots outside the row; nothing is recorded then.
         """
-        if self._moved():
-            self._follow()
+        # (_moved inlined: this runs once per batch or fan-out)
+        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
+            if self._moved():
+                self._follow()
         if bound > self._cols or now_ns.__class__ is not int:
             slots = self._routed_slots(slot_map, endpoints)
             self.record_start(slots, now_ns)
@@ -431,8 +421,10 @@ class Recorder:
         CounterInputError
             As :meth:`record_start_routed`, or a negative duration.
         """
-        if self._moved():
-            self._follow()
+        # (_moved inlined: this runs once per batch or fan-out)
+        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
+            if self._moved():
+                self._follow()
         d = duration_ns
         if d.__class__ is not int or started_ns.__class__ is not int or d < 0:
             if d.__class__ is int and d < 0:
@@ -717,8 +709,10 @@ class Recorder:
             or (decisions | fallbacks | moves) < 0
         ):
             decisions, fallbacks, moves = _counts((decisions, fallbacks, moves), "decision counts")
-        if self._moved_paced():  # (once per batch)
-            self._follow()
+        # (_moved inlined: this runs once per batch or fan-out)
+        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
+            if self._moved():
+                self._follow()
         st = self._stats
         st[0] += decisions
         st[1] += fallbacks

@@ -13,7 +13,7 @@ import numpy as np
 
 from shm.background import BackgroundWorker, Job
 from shm.errors import SegmentError, TableUnavailableError
-from shm.segment import current_inode, fence, process_alive
+from shm.segment import current_inode, fence, intact, process_alive
 from shm.status import PublisherStatus, read_status
 from shm.tables.model import Table
 from shm.tables.protocol import TablesView, attach_control, read_ahead
@@ -180,7 +180,7 @@ class TableReader:
                 return t  # never None here: cur is -1 while there is no table
         return self._refresh()
 
-    def _check_mapped(self, now_ns: int | None = None) -> None:
+    def _check_mapped(self) -> None:
         """Refuse to touch segments shrunk under their mappings (a touch would be SIGBUS).
 
         A shrunk control segment is dropped for the namespace's new one if its writer
@@ -188,9 +188,6 @@ class TableReader:
         the next read maps whatever the control segment names then (the writer
         publishes into a new data segment when it notices).
 
-        ``now_ns`` (CLOCK_MONOTONIC): on the routing path, check each segment at most
-        once per :data:`shm.segment.SIZE_CHECK_NS` (see :meth:`Segment.shrunk_to_paced`);
-        ``None``: check now.
 
         Raises
         ------
@@ -198,13 +195,8 @@ class TableReader:
             The control segment shrank and has no replacement yet.
         """
         view = self._view
-        if now_ns is None:
-            if view.control.shrunk_to() is None and (
-                view.data is None or view.data.shrunk_to() is None
-            ):
-                return
-        elif view.control.shrunk_to_paced(now_ns) is None and (
-            view.data is None or view.data.shrunk_to_paced(now_ns) is None
+        if view.control.shrunk_to() is None and (
+            view.data is None or view.data.shrunk_to() is None
         ):
             return
         with self._lock:
@@ -227,12 +219,12 @@ class TableReader:
         generation was published (the word ``current`` changed, or names the same
         buffer rewritten since), or when ``table`` is not this reader's current one. A
         replaced control segment is noticed by :meth:`table` (its clock paces the
-        check), which callers still call now and then. Each segment's size is checked
-        at most every :data:`shm.segment.SIZE_CHECK_NS` here (a clock read instead of two
-        ``lseek`` calls per batch; see :meth:`Segment.shrunk_to_paced` for the window
-        that leaves).
+        check), which callers still call now and then. Both segments' sizes are checked
+        on every call (:func:`shm.segment.intact`): the batch that follows touches both.
         """
-        self._check_mapped(now_ns())
+        view = self._view
+        if not intact(view.control, view.data):
+            self._check_mapped()
         ctl, cur, t, seq_words, seq_index, seq = self._state
         if t is not table or ctl[C_CURRENT] != cur:
             return False

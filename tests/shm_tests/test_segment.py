@@ -178,3 +178,53 @@ def test_zombie_counts_as_dead():
         assert process_start_ticks(pid) is None  # exited, not yet waited for
     finally:
         os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_intact_is_false_once_either_segment_shrank_and_when_unsure(namespace, native, monkeypatch):
+    """The routing path's size check (one lseek per segment): shrunk or closed is not intact."""
+    import shm.segment as segment
+
+    if native and segment.intact is segment._intact:
+        pytest.skip("the native kernel is not built here")
+    if not native:
+        monkeypatch.setattr(segment, "intact", segment._intact)
+    a = Segment.create(segment_name(namespace, "probe"), 8192)
+    b = Segment.create(segment_name(namespace, "probe", 1), 8192)
+    try:
+        assert segment.intact(a) and segment.intact(a, b) and segment.intact(b, None)
+        os.truncate(SHM_DIR + b.name, 4096)
+        assert segment.intact(a) and not segment.intact(a, b) and not segment.intact(b)
+        assert b.shrunk_to() == 4096  # the verdict the caller then asks for
+        os.truncate(SHM_DIR + b.name, 16384)  # longer than the mapping is fine
+        assert segment.intact(a, b)
+    finally:
+        for s in (a, b):
+            s.unlink()
+            s.close()
+    # Closed descriptors: unsure, so not intact (shrunk_to then says not shrunk).
+    assert not segment.intact(a, b) and a.shrunk_to() is None
+
+
+def test_native_size_check_rejects_what_is_not_two_mappings():
+    import types
+
+    import shm.segment as segment
+
+    check = segment.intact
+    if check is segment._intact:
+        pytest.skip("the native kernel is not built here")
+    with pytest.raises(TypeError):
+        check()
+    with pytest.raises(TypeError):
+        check(None, None, None)
+    with pytest.raises(AttributeError):
+        check(object())
+
+    def m(fd, size):
+        return types.SimpleNamespace(fd=fd, size=size)
+
+    # Not ints, or out of range: unsure, never a crash.
+    assert check(m(0, 0), None) is True
+    for bad in (m(-5, 1), m(1 << 40, 1), m(0, -1), m(1 << 80, 1 << 80), m("0", 1), m(0, 1.0)):
+        assert check(bad) is False and check(m(0, 0), bad) is False
