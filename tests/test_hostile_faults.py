@@ -115,46 +115,42 @@ def test_shrunk_counters_log_a_couple_of_lines_per_worker_not_one_per_request(
     assert result["exit"] == 0 and result["segments"] == []
 
 
-def test_routing_checks_each_segment_size_at_most_once_per_interval(monkeypatch) -> None:
-    """Each mapped segment's size is checked at most once per batch (per SIZE_CHECK_NS
-    when it paces), and a shrink is seen by the next batch that may check."""
-    import time
+def test_routing_checks_each_segment_it_touches_once_per_batch(monkeypatch) -> None:
+    """Every batch probes the size of each segment it touches (so a shrink is seen before
+    a touch can fault), and only once: the probes the hot path really calls are counted."""
     import uuid
 
     import lbcore
-    from shm.segment import Segment
+    import shm.counters.recorder as recorder_mod
+    import shm.tables.reader as reader_mod
     from tests.test_router import Clock, Host, endpoints
 
-    SIZE_CHECK_NS = getattr(shm.segment, "SIZE_CHECK_NS", 50_000_000)  # noqa: N806
     host = Host(f"hp{os.getpid()}x{uuid.uuid4().hex[:8]}", Clock())
     try:
         host.publish(lbcore.RingSet(endpoints(100)))
         r = host.router()
         r.route(["warm"])
         checked: list[str] = []
-        real = Segment.shrunk_to
 
-        def counting(self):
-            checked.append(self.name)
-            return real(self)
+        def counting(real):
+            def probe(a, b=None):
+                checked.extend(s.name for s in (a, b) if s is not None)
+                return real(a, b)
 
-        monkeypatch.setattr(Segment, "shrunk_to", counting)
-        start = time.monotonic_ns()
-        batches = 0
-        while time.monotonic_ns() - start < max(SIZE_CHECK_NS // 2, 20_000_000) and batches < 200:
-            r.route([f"k{batches}"])
-            batches += 1
-        assert batches >= 20
-        if SIZE_CHECK_NS:  # at most one interval boundary crossed: each at most twice
-            assert all(checked.count(n) <= 2 for n in set(checked)), checked
-            assert len(checked) <= 8, (len(checked), batches)
-        else:  # every batch checks each segment it touches, once
-            assert all(checked.count(n) <= batches for n in set(checked)), checked
-            assert len(set(checked)) <= 4 and len(checked) <= 4 * batches
-        monkeypatch.setattr(Segment, "shrunk_to", real)
-        # Past the interval a shrunk counters segment is seen (no fault): idle loads.
+            return probe
+
+        monkeypatch.setattr(reader_mod, "intact", counting(reader_mod.intact))
+        monkeypatch.setattr(recorder_mod, "intact", counting(recorder_mod.intact))
+        batches = 50
+        for b in range(batches):
+            r.route([f"k{b}"])
+        monkeypatch.undo()
+        names = set(checked)
+        assert len(names) == 4, names  # tables control and data, counters control and data
+        # at least once a batch each; a refresh inside the loop may probe once more
+        assert all(batches <= checked.count(n) <= batches + 2 for n in names), checked
+        # A shrunk counters segment is seen by the next batch (no fault): idle loads.
         shrink(newest_data(host.ns, "counters"), 0)
-        time.sleep(SIZE_CHECK_NS / 1e9 * 1.5)
         host.clock.advance(0.5)
         assert r.route(["k1"]).shape == (1,)
     finally:
