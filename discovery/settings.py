@@ -40,6 +40,7 @@ from lbcore.knobs import (
 from lbcore.knobs import docs_table as _docs_table
 from lbcore.outlier import DEFAULT_OUTLIER_PARAMS as _OD
 from lbcore.outlier import OutlierParams
+from shm.settings import UNLINK_ON_EXIT
 
 __all__ = [
     "DISCOVERY_KNOBS",
@@ -293,16 +294,7 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "How often in seconds the endpoints file is checked for changes.",
         "SECONDS",
     ),
-    Knob(
-        "unlink_on_exit",
-        "CSLB_UNLINK_ON_EXIT",
-        "--unlink-on-exit",
-        True,
-        parse_bool,
-        "Remove the tables segments on a clean stop (SIGTERM/SIGINT). 'false' leaves the "
-        "last table for the next discovery process to take over.",
-        "BOOL",
-    ),
+    UNLINK_ON_EXIT,
     LOG_LEVEL,
     LOG_FORMAT,
 )

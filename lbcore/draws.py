@@ -38,8 +38,8 @@ def mix64(hashes: np.ndarray, salt: int) -> np.ndarray:
     if salt_arr is None:
         salt_arr = _SALTS[key] = np.array(key, dtype=_U64)
     # Three buffers in turn: an output that is also an input costs NumPy an overlap
-    # check, 2.5x the call on small batches. Module-level ufuncs with a positional
-    # output: ~50 ns less per call than a keyword ``out=`` (a sixth of a call at 100).
+    # check on every call. Module-level ufuncs with a positional output: a keyword
+    # ``out=`` costs more per call (perf/bench_kernel.py measures the mix).
     xor, shr, mul, k = _xor, _shr, _mul, _MIX_SHIFT
     a = xor(hashes, salt_arr)
     b = shr(a, k)

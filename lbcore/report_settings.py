@@ -35,11 +35,18 @@ Pure: values come in as mappings; :class:`ReportSettings` holds them as nanoseco
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lbcore.knobs import Knob, KnobError, defaults, from_mapping, parse_bool, parse_seconds
+from lbcore.knobs import (
+    Knob,
+    KnobError,
+    defaults,
+    from_mapping,
+    parse_bool,
+    seconds_at_least,
+)
 
 __all__ = [
     "LOAD_REPORTS",
@@ -53,16 +60,6 @@ __all__ = [
 #: Longest blackout, expiry or refresh interval accepted, in seconds (one hour): past
 #: it a report says nothing about the pod's present load.
 MAX_REPORT_SECONDS = 3600.0
-
-
-def _seconds_between(low: float, high: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        value = parse_seconds(text)
-        if not low <= value <= high:
-            raise ValueError(f"expected seconds from {low:g} to {high:g}")
-        return value
-
-    return parse
 
 
 LOAD_REPORTS = Knob(
@@ -81,7 +78,7 @@ LOAD_REPORT_BLACKOUT = Knob(
     "CSLB_LOAD_REPORT_BLACKOUT",
     "--load-report-blackout",
     10.0,
-    _seconds_between(0.0, MAX_REPORT_SECONDS),
+    seconds_at_least(0.0, MAX_REPORT_SECONDS),
     "Seconds after a pod's first report (and after its address or UID changes, or its "
     "reports lapsed) during which a report may only raise the pod's load above this "
     "host's view, never lower it: a pod that just started reports idle before it is warm.",
@@ -92,7 +89,7 @@ LOAD_REPORT_EXPIRY = Knob(
     "CSLB_LOAD_REPORT_EXPIRY",
     "--load-report-expiry",
     30.0,
-    _seconds_between(1.0, MAX_REPORT_SECONDS),
+    seconds_at_least(1.0, MAX_REPORT_SECONDS),
     "Seconds after which a pod's latest report is no longer used (the pod is balanced on "
     "this host's view until it reports again, after a new blackout). Must exceed twice "
     "the refresh interval.",
@@ -103,7 +100,7 @@ LOAD_REPORT_REFRESH = Knob(
     "CSLB_LOAD_REPORT_REFRESH",
     "--load-report-refresh",
     5.0,
-    _seconds_between(0.5, MAX_REPORT_SECONDS),
+    seconds_at_least(0.5, MAX_REPORT_SECONDS),
     "Seconds after which the discovery process asks a pod's load-only path for a new "
     "report (a pod whose keys all moved away gets no calls, so no reports: this is how "
     "it gets its keys back when it cools down).",

@@ -54,8 +54,9 @@ from typing import Any
 
 import numpy as np
 
-from lbcore import LoadError, hash_keys
 from lbcore.bounded import check_loads
+from lbcore.errors import LoadError
+from lbcore.kernel import hash_keys
 from lbcore.report_settings import ReportSettings
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The one process setting every room shares: the shared-memory namespace.
+"""The process settings every room shares: the shared-memory namespace and its cleanup.
 
 Discovery publishes into it, the gunicorn master creates its counters in it, and every
 worker's :class:`workers.Router` maps it, so it is declared once, here, and read the same
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lbcore.knobs import Knob
+from lbcore.knobs import Knob, parse_bool
 from shm.segment import check_namespace
 
-__all__ = ["SHM_NAMESPACE", "shm_namespace"]
+__all__ = ["SHM_NAMESPACE", "UNLINK_ON_EXIT", "shm_namespace"]
 
 
 def _shm_namespace(text: str) -> str:
@@ -28,6 +28,20 @@ SHM_NAMESPACE = Knob(
     _shm_namespace,
     "Namespace of the shared-memory segments (/dev/shm/cslb.<ns>.*) the host's workers read.",
     "NS",
+)
+
+
+#: ``--unlink-on-exit`` / ``CSLB_UNLINK_ON_EXIT``: read by whoever owns segments at exit.
+UNLINK_ON_EXIT = Knob(
+    "unlink_on_exit",
+    "CSLB_UNLINK_ON_EXIT",
+    "--unlink-on-exit",
+    True,
+    parse_bool,
+    "Remove the namespace's shared-memory segments on a clean stop (SIGTERM/SIGINT): "
+    "a discovery process its tables, the gunicorn master every segment of the "
+    "namespace. 'false' keeps them for the next process to take over.",
+    "BOOL",
 )
 
 

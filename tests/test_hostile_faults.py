@@ -1,6 +1,6 @@
-"""Faults a reviewer found after the hostile-inputs work (issue 19): an impossible epoch
-word in the counters control segment, a flood of warnings while the counters are
-shrunk, and the cost of the size checks on the routing path."""
+"""Faults under hostile shared memory: an impossible epoch word in the counters control
+segment, a flood of warnings while the counters are shrunk, and the size checks on the
+routing path."""
 
 from __future__ import annotations
 

@@ -125,27 +125,29 @@ def section_table(heading: str) -> list[list[str]]:
     return rows
 
 
-def test_review_findings_are_documented() -> None:
-    """What the app review asked docs/http.md and the app's docstring to say."""
+def test_http_docs_state_the_counters_labels_bodies_and_limits() -> None:
+    """docs/http.md and the app's docstring say what the service does at its edges."""
     import workers.surfaces.app
 
     flat = " ".join(DOC.split())
-    # S2: lifetime totals start when the endpoint gets its slot, never inherited.
+    # lifetime totals start when the endpoint gets its slot, never inherited.
     assert "count from when discovery assigned it its counter slot" in flat
     assert "never with the totals of the pod that had the slot before" in flat
-    # S3: the fade share's stable label.
+    # the fade share's stable label.
     assert "`started_ns` names the ring by when its fade started" in flat
-    # S4: which body carries which key.
+    # which body carries which key.
     assert "The binary body carries every key." in flat
-    # nit 2: the group answer's own cost is quoted, not only the array's.
+    # the group answer's own cost is quoted, not only the array's.
     assert "the `group` answer costs about" in flat
-    # nit 5: attempts beyond the endpoints.
+    # attempts beyond the endpoints.
     assert "answers `null` (fallback) for every key" in flat
-    # nit 6: the byte order mark.
+    # the byte order mark.
     assert "A UTF-8 byte order mark at the very start of the body is dropped" in flat
-    # nit 13: slow clients and sync workers.
+    # slow clients and sync workers.
     assert "holds that worker until gunicorn's `--timeout`" in flat and "--threads N" in flat
-    # nit 4: no table is 200 with generation 0, not 503.
-    doc = " ".join(workers.surfaces.app.__doc__.split())
+    # no table is 200 with generation 0, not 503.
+    import workers.surfaces.body
+
+    doc = " ".join(workers.surfaces.app.__doc__.split() + workers.surfaces.body.__doc__.split())
     assert "503 no routing table" not in doc
     assert "the answer is 200 with generation 0 and every key ``null``" in doc

@@ -42,12 +42,12 @@ from lbcore.knobs import (
     Knob,
     KnobError,
     from_mapping,
-    parse_bool,
     parse_choice,
     parse_int_between,
     seconds_at_least,
 )
 from lbcore.logformat import Event
+from shm.settings import UNLINK_ON_EXIT
 
 __all__ = [
     "DISCOVERY_MODES",
@@ -138,16 +138,7 @@ SUPERVISOR_KNOBS: tuple[Knob, ...] = (
         "many seconds is hung: the master SIGKILLs it and starts a new one. 0: never.",
         "SECONDS",
     ),
-    Knob(
-        "unlink_on_exit",
-        "CSLB_UNLINK_ON_EXIT",
-        "--unlink-on-exit",
-        True,
-        parse_bool,
-        "Remove the namespace's shared-memory segments when the server stops (shared with "
-        "'cslb discovery'). 'false' keeps tables and counters for the next server.",
-        "BOOL",
-    ),
+    UNLINK_ON_EXIT,
 )
 
 

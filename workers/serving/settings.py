@@ -12,19 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lbcore.knobs import Knob, from_mapping, parse_choice, parse_int_between, parse_seconds
+from lbcore.knobs import (
+    Knob,
+    from_mapping,
+    parse_choice,
+    parse_int_between,
+    seconds_at_least,
+)
 
 __all__ = ["POD_KNOBS", "PodSettings"]
-
-
-def _seconds_between(low: float, high: float):  # returns a Knob parser
-    def parse(text: str) -> float:
-        value = parse_seconds(text)
-        if not low <= value <= high:
-            raise ValueError(f"expected seconds from {low:g} to {high:g}")
-        return value
-
-    return parse
 
 
 def _path(text: str) -> str:
@@ -52,7 +48,7 @@ POD_WINDOW = Knob(
     "CSLB_POD_WINDOW",
     "--pod-window",
     10.0,
-    _seconds_between(1.0, 300.0),
+    seconds_at_least(1.0, 300.0),
     "Window of the reported occupancy and rates, in seconds, kept in ten buckets: busy "
     "seconds per second over the last window, open requests counted from their start.",
     "SECONDS",
@@ -62,7 +58,7 @@ POD_REFRESH = Knob(
     "CSLB_POD_REPORT_REFRESH",
     "--pod-report-refresh",
     0.1,
-    _seconds_between(0.0, 10.0),
+    seconds_at_least(0.0, 10.0),
     "Each worker process recomputes the report it sends at most this often, in seconds "
     "(0: for every response); responses in between carry the last one.",
     "SECONDS",

@@ -14,32 +14,8 @@ r"""The bundled WSGI app that ``cslb serve`` runs: routing as an HTTP service.
   their Service;
 * ``GET /status``: an HTML page for people (:mod:`workers.surfaces.status`).
 
-``POST /route`` takes one of
-
-* ``application/json``: an array of product IDs (strings or integers), or an object
-  ``{"keys": [...], "attempt": 0, "group": false}`` (``attempt`` and ``group`` optional,
-  each field at most once);
-* ``text/plain``: one product ID per line. Lines end with ``\n`` (a ``\r`` before it is
-  dropped too); the last line's ending is optional, so an empty body is an empty batch
-  and ``"\n"`` is one empty key. A leading UTF-8 byte order mark is dropped. Lines are
-  routed as the bytes sent (UTF-8 unless the ``charset`` parameter names another of
-  :data:`TEXT_CHARSETS`; any other charset is 415);
-* ``application/octet-stream``: any byte strings, length-prefixed (``uint32`` count,
-  then a ``uint16`` length per key, then the keys' bytes; all little-endian). The only
-  form that carries every key: JSON cannot hold bytes that are not UTF-8, and text
-  cannot hold a newline.
-
-``attempt`` and ``group`` may also be given in the query string (``/route?attempt=1``).
-A request without ``Content-Type`` is read as JSON.
-
-The answer is ``{"generation": G, "endpoints": [url or null, ...]}``, one entry per key
-in order (``null``: fallback, send that key through the ingress), all computed on the
-table of generation ``G``. With ``group`` it is ``{"generation": G, "groups": {url:
-[positions...]}, "fallback": [positions...]}``: 0-based positions of the keys each
-endpoint serves, endpoints in table order, and the fallback keys' positions in their own
-list (always present, possibly empty), so no endpoint string can collide with them.
-Before discovery has published a table the answer is 200 with generation 0 and every key
-``null``.
+The bodies ``POST /route`` takes (JSON, text, binary) and the answer it gives are
+described once, in :mod:`workers.surfaces.body`.
 
 Errors are JSON ``{"error": message, "status": code}``: 400 bad input (invalid JSON,
 keys that are not strings or integers, keys over 4096 bytes, bad ``attempt``, a
