@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 import shm
+from lbcore import route_ring_set
 from tests.discovery_harness import Proc, shm_namespace, wait_until
 
 FADE_S = 1.0
@@ -60,8 +61,8 @@ def test_a_completed_fade_is_published_at_once(tmp_path: Path) -> None:
             assert 0 <= late_s < 1.0, late_s  # at the fade's end, not at a later change
             # Every key routes on the established ring as the completed fade left it.
             now = time.monotonic_ns()
-            before = scale_up.ring_set.route(keys, now)
-            after = table.ring_set.route(keys, now)
+            before = route_ring_set(scale_up.ring_set, keys, now)
+            after = route_ring_set(table.ring_set, keys, now)
             assert np.array_equal(
                 np.asarray(scale_up.endpoints)[before], np.asarray(table.endpoints)[after]
             )
