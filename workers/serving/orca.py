@@ -20,7 +20,8 @@ report was refused, short enough for a log line. Keys a newer pod may add (``rps
 numbers. ``TEXT`` accepts ``key=value`` (the spec) and ``key:value`` (what Envoy's
 parser splits on).
 
-Callers holding libcurl's raw header block use :func:`parse_header_block`: when neither
+Callers holding libcurl's raw header block use :func:`parse_header_block` (or
+:func:`split_header_block` to memoize the report's parse): when neither
 header is present it costs one lower-cased copy and two ``bytes.find`` calls, and no
 Python work per header line.
 """
@@ -53,6 +54,7 @@ __all__ = [
     "parse_load_report",
     "parse_response_headers",
     "parse_server_timing",
+    "split_header_block",
 ]
 
 LOAD_HEADER = "endpoint-load-metrics"
@@ -447,6 +449,37 @@ def parse_response_headers(headers: Iterable[tuple[str | bytes, str | bytes]]) -
 _LINE = re.compile(rb"\n(endpoint-load-metrics(?:-bin)?|server-timing)[ \t]*:[ \t]*([^\r\n]*)")
 
 
+def split_header_block(block: bytes) -> tuple[list[str], list[str], list[str]] | None:
+    """The raw values of both headers in a raw header block (libcurl's, all lines).
+
+    Returns ``(endpoint-load-metrics, endpoint-load-metrics-bin, server-timing)``
+    lines of the block's last response, or ``None`` when neither header is present
+    (one lower-cased copy and two ``bytes.find`` calls). For a caller that memoizes
+    :func:`parse_load_report` by the raw report (a pod's report changes far less often
+    than it answers) and reads ``Server-Timing`` per call.
+
+    Raises
+    ------
+    Exception
+        Only on a ``block`` that is not bytes-like (:func:`parse_header_block` catches).
+    """
+    low = bytes(block).lower()
+    if low.find(b"\nendpoint-load-metrics") < 0 and low.find(b"\nserver-timing") < 0:
+        return None
+    start = max(low.rfind(b"\nhttp/"), 0)
+    lists: dict[bytes, list[str]] = {
+        b"endpoint-load-metrics": [],
+        b"endpoint-load-metrics-bin": [],
+        b"server-timing": [],
+    }
+    for m in _LINE.finditer(low, start):
+        a, b = m.span(2)
+        lists[m.group(1)].append(bytes(block[a:b]).rstrip(b" \t").decode("latin-1"))
+    return lists[b"endpoint-load-metrics"], lists[b"endpoint-load-metrics-bin"], lists[
+        b"server-timing"
+    ]
+
+
 def parse_header_block(block: bytes) -> ResponseLoad:
     """Both headers from a raw header block, as libcurl hands it (all lines, one string).
 
@@ -455,18 +488,7 @@ def parse_header_block(block: bytes) -> ResponseLoad:
     lower-cased copy and two ``bytes.find`` calls, and returns a shared empty result.
     """
     try:
-        low = bytes(block).lower()
-        if low.find(b"\nendpoint-load-metrics") < 0 and low.find(b"\nserver-timing") < 0:
-            return _NOTHING
-        start = max(low.rfind(b"\nhttp/"), 0)
-        lists: dict[bytes, list[str]] = {
-            b"endpoint-load-metrics": [],
-            b"endpoint-load-metrics-bin": [],
-            b"server-timing": [],
-        }
-        for m in _LINE.finditer(low, start):
-            a, b = m.span(2)
-            lists[m.group(1)].append(bytes(block[a:b]).rstrip(b" \t").decode("latin-1"))
-        return _combine(*lists.values())
+        parts = split_header_block(block)
+        return _NOTHING if parts is None else _combine(*parts)
     except Exception as exc:  # a hostile block never raises into a call
         return ResponseLoad(malformed=f"header block unreadable ({type(exc).__name__})")
