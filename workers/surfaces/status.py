@@ -144,8 +144,8 @@ def _endpoints(s: HostSnapshot) -> str:
     head = (
         "<tr><th>endpoint</th><th>zone</th><th>node</th><th>ring</th>"
         f"<th>occupancy{window}</th><th></th><th>load ({escape(str(signal))})</th>"
-        "<th>in flight</th><th>latency</th><th>requests</th><th>failures</th>"
-        "<th>outlier</th></tr>"
+        "<th>in flight</th><th>latency</th><th>reported</th><th>requests</th>"
+        "<th>failures</th><th>outlier</th></tr>"
     )
     rows = []
     shown = s.endpoints
@@ -175,6 +175,7 @@ def _endpoints(s: HostSnapshot) -> str:
             )
             value = f"{occ:.2f}"
         latency = "–" if e.latency_s is None else f"{e.latency_s * 1e3:.1f} ms"
+        reported = _reported(e)
         cls = ' class="ejected" title="ejected"' if e.ejected else ""
         outlier = _outlier(e)
         ring = f"fading {e.tier}" if e.tier else "established"
@@ -184,6 +185,7 @@ def _endpoints(s: HostSnapshot) -> str:
             f"<td>{cell}</td><td class=num>{value}</td>"
             f'<td class=num data-load="{e.load!r}">{_num(e.load)}</td>'
             f"<td class=num>{_num(e.in_flight, 'd')}</td><td class=num>{latency}</td>"
+            f'<td class="reported" data-source="{escape(e.load_source)}">{reported}</td>'
             f"<td class=num>{_num(e.requests_total, 'd')}</td>"
             f"<td class=num>{_num(e.failures_total, 'd')}</td>"
             f'<td class="outlier" data-reason="{escape(e.eject_reason)}">{outlier}</td></tr>'
@@ -288,3 +290,12 @@ def render(snapshot: HostSnapshot, *, refresh_s: float | None = 5.0) -> str:
         f"<h2>Knobs</h2>{_knobs(s)}"
         "</body></html>\n"
     )
+
+
+def _reported(e: EndpointState) -> str:
+    """The pod's own load report: utilization, age, and whether bounded load uses it."""
+    if e.reported_age_s is None:
+        return '<span class="muted">–</span>'
+    util = "–" if e.reported_utilization is None else f"{e.reported_utilization:.2f}"
+    used = " (balanced on it)" if e.load_source == "reported" else ""
+    return f"{util} · {e.reported_age_s:.1f} s ago{used}"
