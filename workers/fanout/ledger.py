@@ -42,9 +42,9 @@ import threading
 
 import shm
 from shm.layout import STATS_FIELDS
+from wire.orca import ResponseLoad
 from workers.fanout.reports import ReportBook
 from workers.routing.recording import Recording, WarningThrottle
-from workers.serving.orca import ResponseLoad
 
 __all__ = ["CUT", "FLUSH_NS", "MAX_PENDING", "CallLedger"]
 

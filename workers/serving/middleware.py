@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
-from workers.serving.orca import LOAD_HEADER
+from wire.orca import LOAD_HEADER
 from workers.serving.podload import PodLoad
 from workers.serving.settings import PodSettings
 

@@ -34,8 +34,8 @@ import numpy as np
 
 from lbcore.signals import window_weights
 from shm.segment import process_alive
+from wire.orca import MAX_VALUE, format_report
 from workers.serving.capacity import gunicorn_capacity
-from workers.serving.orca import MAX_VALUE, format_report
 from workers.serving.pool import (
     BUCKET,
     FIRST_BUCKET,
