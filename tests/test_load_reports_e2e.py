@@ -31,7 +31,7 @@ import pytest
 from tests.gunicorn_harness import REPO, Server, free_port, unique_namespace, wait_for
 
 # The pods' occupancy window (their report) and the callers' report knobs, short.
-POD_ENV = {"CSLB_POD_WINDOW": "1", "CSLB_POD_REPORT_REFRESH": "0.05"}
+POD_ENV = {"CSLB_POD_REPORT_REFRESH": "0.05"}
 BLACKOUT_S, REFRESH_S, EXPIRY_S = 1.0, 0.5, 5.0
 SERVICE_ENV = {
     "CSLB_LOAD_REPORT_BLACKOUT": str(BLACKOUT_S),

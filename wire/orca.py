@@ -43,6 +43,7 @@ from wire.protowire import ProtoError, decode_report
 __all__ = [
     "LOAD_HEADER",
     "LOAD_HEADER_BIN",
+    "LOAD_PATH",
     "MAX_HEADER_BYTES",
     "MAX_VALUE",
     "TIMING_HEADER",
@@ -58,6 +59,10 @@ __all__ = [
 ]
 
 LOAD_HEADER = "endpoint-load-metrics"
+#: The pods' load-only path (the middleware's default ``CSLB_POD_LOAD_PATH``): a ``GET``
+#: answered with the pod's load report and no body of the app's, so a caller (the
+#: discovery process) can refresh the report of a pod it no longer calls.
+LOAD_PATH = "/.well-known/cslb/load"
 LOAD_HEADER_BIN = "endpoint-load-metrics-bin"
 TIMING_HEADER = "server-timing"
 #: Longest header value read, in bytes (all lines of one header together); longer is malformed.
