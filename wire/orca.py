@@ -378,6 +378,7 @@ _QUOTED = r'"(?:[^"\\]|\\.)*"'
 _PARAM = re.compile(rf"[ \t]*;[ \t]*({_TOKEN})(?:[ \t]*=[ \t]*({_TOKEN}|{_QUOTED}))?")
 _PARAMS = rf"(?:[ \t]*;[ \t]*{_TOKEN}(?:[ \t]*=[ \t]*(?:{_TOKEN}|{_QUOTED}))?)*"
 _METRIC = re.compile(rf"[ \t]*({_TOKEN})({_PARAMS})[ \t]*(?:,|$)")
+_APP_DUR = re.compile(r"app;dur=([0-9]{1,15}(?:\.[0-9]{1,9})?)")
 
 
 def parse_server_timing(
@@ -400,6 +401,15 @@ def parse_server_timing(
     lines = _as_list(values)
     if not lines:
         return None, ""
+    if len(lines) == 1:
+        # The form the middleware writes (format_server_timing), one regex match; any
+        # other text takes the general path below (same result for this form).
+        m = _APP_DUR.fullmatch(lines[0])
+        if m is not None:
+            try:
+                return _value("Server-Timing app;dur", m.group(1)) / 1e3, ""
+            except _MalformedError as exc:
+                return None, str(exc)
     text = ", ".join(lines)
     if len(text) > MAX_HEADER_BYTES:
         return None, f"Server-Timing over {MAX_HEADER_BYTES} bytes"
@@ -452,6 +462,20 @@ def parse_response_headers(headers: Iterable[tuple[str | bytes, str | bytes]]) -
 
 
 _LINE = re.compile(rb"\n(endpoint-load-metrics(?:-bin)?|server-timing)[ \t]*:[ \t]*([^\r\n]*)")
+_COLON = re.compile(rb"[ \t]*:[ \t]*")
+
+
+def _one_line(raw: bytes, low: bytes, at: int, name: bytes) -> list[str] | None:
+    """The value of header ``name`` starting at ``at`` (``[]``: absent; ``None``: not plain)."""
+    if at < 0:
+        return []
+    i = at + 1 + len(name)
+    m = _COLON.match(low, i)
+    if m is None:
+        return None  # (a longer name, such as -bin, or no colon: the scan decides)
+    j = m.end()
+    ends = [p for p in (low.find(b"\r", j), low.find(b"\n", j)) if p >= 0]
+    return [raw[j : min(ends) if ends else len(low)].rstrip(b" \t").decode("latin-1")]
 
 
 def split_header_block(block: bytes) -> tuple[list[str], list[str], list[str]] | None:
@@ -468,10 +492,24 @@ def split_header_block(block: bytes) -> tuple[list[str], list[str], list[str]] |
     Exception
         Only on a ``block`` that is not bytes-like (:func:`parse_header_block` catches).
     """
-    low = bytes(block).lower()
-    if low.find(b"\nendpoint-load-metrics") < 0 and low.find(b"\nserver-timing") < 0:
+    raw = bytes(block)
+    low = raw.lower()
+    lm = low.find(b"\nendpoint-load-metrics")
+    st = low.find(b"\nserver-timing")
+    if lm < 0 and st < 0:
         return None
     start = max(low.rfind(b"\nhttp/"), 0)
+    if (
+        start < min(p for p in (lm, st) if p >= 0)
+        and (lm < 0 or low.find(b"\nendpoint-load-metrics", lm + 1) < 0)
+        and (st < 0 or low.find(b"\nserver-timing", st + 1) < 0)
+    ):
+        # One response, each header at most once (the common case): two slices instead
+        # of a scan. Anything else (a repeated header, the -bin form) takes the scan.
+        metrics = _one_line(raw, low, lm, b"endpoint-load-metrics")
+        timing = _one_line(raw, low, st, b"server-timing")
+        if metrics is not None and timing is not None:
+            return metrics, [], timing
     lists: dict[bytes, list[str]] = {
         b"endpoint-load-metrics": [],
         b"endpoint-load-metrics-bin": [],
