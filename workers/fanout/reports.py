@@ -65,23 +65,31 @@ RESTAMP_NS = 250_000_000
 MALFORMED_LOG_NS = 60_000_000_000
 # Distinct raw reports remembered per reader (cleared when full: a pod sends a few).
 _MEMO_SIZE = 512
+# Distinct (report, Server-Timing) answers remembered (cleared when full).
+_ANSWERS_SIZE = 8192
 _PODS_LOGGED_MAX = 4096
 
 _NOTHING = ResponseLoad()
 
 
 class BlockReader:
-    """Both headers of a raw libcurl header block, the report's parse memoized.
+    """Both headers of a raw libcurl header block, their parse memoized.
 
-    Callable with the block; returns a :class:`~wire.orca.ResponseLoad`.
-    Never raises on what a pod sent. Thread-safe (a dict's item operations).
+    Callable with the block; returns a :class:`~wire.orca.ResponseLoad`. Never raises on
+    what a pod sent. Thread-safe (a dict's item operations).
+
+    Two memos: the answer per distinct pair of raw header values (a pod's report and
+    ``Server-Timing`` repeat: the middleware rounds the duration to microseconds), and
+    the report's parse per distinct raw report (it changes at most once per refresh of
+    the pod's middleware, while ``Server-Timing`` changes with every call).
     """
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[tuple[str, ...], tuple[str, ...]], ResponseLoad] = {}
+        self._reports: dict[tuple[str, ...], ResponseLoad] = {}
+        self._answers: dict[tuple[str, ...], ResponseLoad] = {}
 
     def __call__(self, block: bytes) -> ResponseLoad:
-        """What the block's headers say (the report from the memo when seen before)."""
+        """What the block's headers say."""
         try:
             parts = split_header_block(block)
         except Exception as exc:  # a hostile block never raises into a call
@@ -89,19 +97,29 @@ class BlockReader:
         if parts is None:
             return _NOTHING
         metrics, metrics_bin, timing = parts
+        # (the -bin lines marked, so a value in one header never passes for the other's)
+        key = (*metrics, "\0", *metrics_bin, "\0", *timing)
+        answers = self._answers
+        got = answers.get(key)
+        if got is not None:
+            return got
         report, why = None, ""
         if metrics or metrics_bin:
-            key = (tuple(metrics), tuple(metrics_bin))
-            memo = self._memo
-            hit = memo.get(key)
+            rkey = (*metrics, "\0", *metrics_bin)
+            memo = self._reports
+            hit = memo.get(rkey)
             if hit is None:
                 hit = parse_load_report(metrics, metrics_bin)
                 if len(memo) >= _MEMO_SIZE:
                     memo.clear()
-                memo[key] = hit
+                memo[rkey] = hit
             report, why = hit.report, hit.malformed
         dur, twhy = parse_server_timing(timing) if timing else (None, "")
-        return ResponseLoad(report, dur, why, twhy)
+        got = ResponseLoad(report, dur, why, twhy)
+        if len(answers) >= _ANSWERS_SIZE:
+            answers.clear()
+        answers[key] = got
+        return got
 
 
 def read_headers(headers: Iterable[tuple[Any, Any]]) -> ResponseLoad:
