@@ -133,13 +133,14 @@ def read_headers(headers: Iterable[tuple[Any, Any]]) -> ResponseLoad:
 _answer = threading.local()
 
 
-def hand_over(load: ResponseLoad) -> None:
+def hand_over(load: ResponseLoad | None) -> None:
     """A sender's last answer's load headers, for the fan-out that awaits its return.
 
     Senders whose value is all they return (urllib3's, httpx's) call this just before
     returning or raising; the fan-out's driver takes it with :func:`take_over` right
     after, on the same thread (an asyncio sender returns to its awaiting driver
-    without the loop running anything in between).
+    without the loop running anything in between). ``None`` at the start of a call:
+    a call that fails before its answer leaves nothing of an earlier one behind.
     """
     _answer.load = load
 

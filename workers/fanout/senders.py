@@ -291,6 +291,8 @@ class Urllib3Sender(_Template):
         return pool
 
     def _request(self, method: str, url: str, body: bytes | None, timeout: float | None) -> bytes:
+        if self.reads_reports:
+            hand_over(None)
         t = self._timeout_of(timeout)
         headers = self.headers
         if body is not None:
@@ -384,6 +386,8 @@ class HttpxSender(_Template):
     ) -> bytes:
         import httpx
 
+        if self.reads_reports:
+            hand_over(None)
         t = self._timeout_of(timeout)
         try:
             r = await self._client().request(
