@@ -5,7 +5,7 @@ their counter rows (:mod:`shm.counters.reports`). A pod whose keys all moved awa
 no calls and so no reports: its last one, high, would keep its keys away until it
 expires. The discovery process, the host's one writer, therefore asks every pod whose
 latest report is older than ``CSLB_LOAD_REPORT_REFRESH`` (or that has none) for a new
-one on the pods' load-only path (:data:`wire.orca.LOAD_PATH`, answered by the serving
+one on the pods' load-only path (:data:`lbwire.orca.LOAD_PATH`, answered by the serving
 middleware without calling the app), and stores the answers in a counter row of its
 own, where the workers read them like their own. A pod that cooled down so gets its
 keys back within a refresh, not at expiry.
@@ -36,7 +36,7 @@ import numpy as np
 import shm
 from lbcore.report_settings import ReportSettings
 from lbcore.reported import KIND_NONE, pod_identity, refresh_due, report_value
-from wire.orca import LOAD_PATH, ResponseLoad, parse_response_headers
+from lbwire.orca import LOAD_PATH, ResponseLoad, parse_response_headers
 
 __all__ = ["CONCURRENCY", "MAX_PER_ROUND", "TIMEOUT_S", "LoadRefresher", "fetch_report"]
 

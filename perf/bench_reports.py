@@ -5,7 +5,7 @@ Two measurements, each next to its baseline in the same run:
 1. In-process, per answer: what :class:`workers.fanout.reports.BlockReader` costs on a
    raw libcurl header block without the two headers, with them (the report's parse
    memoized: the steady state, a pod's report changing every 100 ms or so), and
-   :func:`wire.orca.parse_header_block` on the same block unmemoized; and
+   :func:`lbwire.orca.parse_header_block` on the same block unmemoized; and
    :meth:`workers.fanout.reports.ReportBook.take` (the per-pod bookkeeping).
 2. On the wire: ``router.fanout`` of 100 keys with :class:`CurlSender` to five C pods
    (``perf/podserver.c``), process CPU per call, three ways: pods without report headers
@@ -27,8 +27,8 @@ from typing import Any
 import lbcore
 import shm
 from lbcore.report_settings import ReportSettings
+from lbwire.orca import parse_header_block
 from perf.bench_serving import BLOCK_PLAIN, BLOCK_REPORT
-from wire.orca import parse_header_block
 from workers.fanout import curl_transport
 from workers.fanout.reports import BlockReader, ReportBook
 from workers.fanout.senders import CurlSender

@@ -9,7 +9,7 @@ Prints, each next to its baseline measured in the same run:
 2. the same for :class:`workers.serving.ASGILoadReportMiddleware` (one event loop turn per
    request in both columns);
 3. the caller's cost of reading a response's headers from a raw header block
-   (:func:`wire.orca.parse_header_block`) without and with the two headers.
+   (:func:`lbwire.orca.parse_header_block`) without and with the two headers.
 
 ``python -m perf --only serving`` writes them to ``perf/RESULTS.md``.
 

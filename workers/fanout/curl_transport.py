@@ -15,7 +15,7 @@ answer (``TOTAL_TIME_T - PRETRANSFER_TIME_T``; the whole call when it never got 
 connection), taken inside libcurl as it moves the bytes, so the time an answer then waits
 for Python (the GIL, a busy loop, the other answers of the batch) is not counted as the
 pod's busy time. ``load`` is what the answer's ``endpoint-load-metrics`` and
-``Server-Timing`` headers said (:class:`wire.orca.ResponseLoad`) when load
+``Server-Timing`` headers said (:class:`lbwire.orca.ResponseLoad`) when load
 reports are on (``CSLB_LOAD_REPORTS``): libcurl then hands each header line to a list's
 ``append`` (C, no Python frame per line), and the block is read once per call
 (:class:`workers.fanout.reports.BlockReader`); with reports off no header is collected.

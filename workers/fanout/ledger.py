@@ -41,8 +41,8 @@ import logging
 import threading
 
 import shm
+from lbwire.orca import ResponseLoad
 from shm.layout import STATS_FIELDS
-from wire.orca import ResponseLoad
 from workers.fanout.reports import ReportBook
 from workers.routing.recording import Recording, WarningThrottle
 

@@ -2,7 +2,7 @@
 
 A pod under cslb's middleware (:mod:`workers.serving`) answers every call with its own
 load (``endpoint-load-metrics``) and the call's service time (``Server-Timing``;
-:mod:`wire.orca` is the wire format). Per call, the fan-out then records
+:mod:`lbwire.orca` is the wire format). Per call, the fan-out then records
 the pod's ``Server-Timing`` duration as the call's busy time and latency (the caller's
 on-the-wire time when absent: what the pod spent on the call, not the time the answer
 waited in the caller's own queues); per pod, the latest valid report goes into this
@@ -36,7 +36,7 @@ from typing import Any
 
 from lbcore.report_settings import ReportSettings
 from lbcore.reported import KIND_NONE, pod_identity, report_value
-from wire.orca import (
+from lbwire.orca import (
     LoadReport,
     ResponseLoad,
     parse_load_report,
@@ -75,7 +75,7 @@ _NOTHING = ResponseLoad()
 class BlockReader:
     """Both headers of a raw libcurl header block, their parse memoized.
 
-    Callable with the block; returns a :class:`~wire.orca.ResponseLoad`. Never raises on
+    Callable with the block; returns a :class:`~lbwire.orca.ResponseLoad`. Never raises on
     what a pod sent. Thread-safe (a dict's item operations).
 
     Two memos: the answer per distinct pair of raw header values (a pod's report and

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
-from wire.orca import LOAD_HEADER, LOAD_PATH
+from lbwire.orca import LOAD_HEADER, LOAD_PATH
 from workers.serving.podload import PodLoad
 from workers.serving.settings import PodSettings
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from lbcore.signals import window_weights
+from lbwire.orca import MAX_VALUE, format_report
 from shm.segment import process_alive
-from wire.orca import MAX_VALUE, format_report
 from workers.serving.capacity import gunicorn_capacity
 from workers.serving.pool import (
     BUCKET,

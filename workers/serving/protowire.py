@@ -1,4 +1,4 @@
-"""The ``BIN`` form's protobuf decoder; the one copy lives in :mod:`wire.protowire`."""
+"""The ``BIN`` form's protobuf decoder; the one copy lives in :mod:`lbwire.protowire`."""
 
-from wire.protowire import *  # noqa: F403
-from wire.protowire import __all__  # noqa: F401
+from lbwire.protowire import *  # noqa: F403
+from lbwire.protowire import __all__  # noqa: F401

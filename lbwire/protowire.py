@@ -8,7 +8,7 @@ newer proto adds) are skipped by their wire type. No protobuf dependency: a pod'
 a few dozen bytes, and a hand decoder can refuse what a lenient library would accept (a
 field repeated, a map key given twice, a truncated message) with a reason to log.
 
-Values are not range-checked here: :mod:`wire.orca` checks every value of every
+Values are not range-checked here: :mod:`lbwire.orca` checks every value of every
 form alike.
 """
 

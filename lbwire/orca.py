@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from wire.protowire import ProtoError, decode_report
+from lbwire.protowire import ProtoError, decode_report
 
 __all__ = [
     "LOAD_HEADER",
