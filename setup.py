@@ -15,7 +15,12 @@ setup(
         Extension(
             "lbcore._kernel",
             sources=[f"lbcore/csrc/{s}" for s in SOURCES],
-            depends=["lbcore/csrc/kernel.h", "lbcore/csrc/plan.h", "lbcore/csrc/xxh64.h"],
+            depends=[
+                "lbcore/csrc/decimal.h",
+                "lbcore/csrc/kernel.h",
+                "lbcore/csrc/plan.h",
+                "lbcore/csrc/xxh64.h",
+            ],
             # Portable code generation (no -march=native: wheels and copies run elsewhere).
             extra_compile_args=["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror"],
             optional=True,

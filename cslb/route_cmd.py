@@ -22,6 +22,7 @@ from typing import Any
 import lbcore
 from cslb.argtypes import integer
 from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
+from lbcore.knobs import add_arguments
 
 __all__ = ["build_parser", "main"]
 
@@ -87,12 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="answer from the shared memory this host's workers route on, with why",
     )
-    live.add_argument(
-        SHM_NAMESPACE.flag,
-        dest="shm_namespace",
-        metavar=SHM_NAMESPACE.metavar,
-        help=f"{SHM_NAMESPACE.doc} [env {SHM_NAMESPACE.env}, default {SHM_NAMESPACE.default}]",
-    )
+    add_arguments(live, [SHM_NAMESPACE])
     live.add_argument(
         STALE_AFTER.flag,
         dest="stale_after_s",

@@ -40,10 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
             "to pods with LRU caches, and report cache hit rate, database reads, per-pod "
             "occupancy, traffic to new pods, keys remapped and latency. Scenarios: "
             "scale-up (no fade-in vs Skipper's vs N-ring fade-in), load-signal (bounded "
-            "load on in-flight vs occupancy), slow-pod (latency weighting)."
+            "load on in-flight vs occupancy), slow-pod (latency weighting), reports (bounded "
+            "load on each host's own view vs pod-reported load, with other callers)."
         ),
     )
-    p.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
+    p.add_argument("--scenario", required=True, choices=sorted([*SCENARIOS, "reports"]))
     p.add_argument("--pods", type=integer(1), help="pods at the start (50 / 100 / 20 by scenario)")
     p.add_argument(
         "--add", type=integer(1), help="scale-up: pods added (default: as many as --pods)"
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--clients",
         type=integer(1, 64),
-        help="client hosts, each with its own counters (8; load-signal 32)",
+        help="client hosts, each with its own counters (8; load-signal 32; reports 4)",
     )
     p.add_argument(
         "--bar-increment",
@@ -188,6 +189,33 @@ def _plot_dir(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         parser.error(f"--plot {args.plot}: the directory is not writable")
 
 
+#: What --scenario reports reads; the other options belong to the cache scenarios.
+_REPORTS_OPTIONS = {"scenario", "seconds", "seed", "clients", "progress", "kernel"}
+
+
+def _reports(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``--scenario reports``: host-only vs pod-reported load, and the settings sweep."""
+    from perf.sim.reports import ReportsConfig, sweep, to_text
+
+    defaults = vars(parser.parse_args(["--scenario", "reports"]))
+    for name, value in vars(args).items():
+        if name not in _REPORTS_OPTIONS and value != defaults[name]:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} has no effect on --scenario reports")
+    seconds = 80.0 if args.seconds is None else args.seconds
+    if seconds < 10:
+        parser.error("--seconds: --scenario reports needs at least 10 simulated seconds")
+    cfg = ReportsConfig(
+        seconds=seconds,
+        hosts=4 if args.clients is None else args.clients,
+        seed=args.seed,
+        external_on_s=0.25 * seconds,
+        external_off_s=0.6 * seconds,
+    )
+    print(to_text(sweep(cfg), cfg))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     """Run ``cslb simulate``; returns the exit status (argparse exits 2 on bad options)."""
     from perf.sim.model import SimConfigError
@@ -199,6 +227,8 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     apply_kernel_flag(args, os.environ, parser)
+    if args.scenario == "reports":
+        return _reports(args, parser)
     _check(args, parser)
     opts = options(args)
     try:

@@ -37,28 +37,31 @@ def format_address(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://{host}:{port}"
 
 
+def _ip_problem(
+    text: str, family: type[ipaddress.IPv4Address | ipaddress.IPv6Address], not_ip: str
+) -> str | None:
+    """``not_ip`` if ``text`` is no address of ``family``; else why it is not canonical."""
+    try:
+        ip = family(text)
+    except ValueError:
+        return not_ip
+    if str(ip) != text:
+        return f"IPv{ip.version} address {text!r} is not in canonical form ({ip})"
+    return None
+
+
 def _host_problem(host: str) -> str | None:
     if host.startswith("["):
         if not host.endswith("]"):
             return f"IPv6 host {host!r} lacks its closing bracket"
         inner = host[1:-1]
-        try:
-            ip = ipaddress.IPv6Address(inner)
-        except ValueError:
-            return f"{inner!r} in brackets is not an IPv6 address"
-        if str(ip) != inner:
-            return f"IPv6 address {inner!r} is not in canonical form ({ip})"
-        return None
+        return _ip_problem(
+            inner, ipaddress.IPv6Address, f"{inner!r} in brackets is not an IPv6 address"
+        )
     if ":" in host:
         return f"IPv6 host {host!r} must be in brackets"
     if host and host.replace(".", "").isdigit():
-        try:
-            ip4 = ipaddress.IPv4Address(host)
-        except ValueError:
-            return f"{host!r} is not an IPv4 address"
-        if str(ip4) != host:
-            return f"IPv4 address {host!r} is not in canonical form ({ip4})"
-        return None
+        return _ip_problem(host, ipaddress.IPv4Address, f"{host!r} is not an IPv4 address")
     if len(host) > 253 or not _DNS_NAME.fullmatch(host):
         return f"host {host!r} is not an IP address or a lowercase DNS name"
     return None

@@ -1,10 +1,12 @@
 """cslb's routing core: pure routing math over NumPy arrays.
 
-Skipper-exact consistent hashing (:class:`Ring`), bounded load (:mod:`lbcore.bounded`),
+Keys and their XXH64 (:mod:`lbcore.keys`, :func:`hash_keys`), Skipper-exact consistent
+hashing (:class:`Ring`), bounded load (:mod:`lbcore.bounded`),
 N-ring and Skipper fade-in (:mod:`lbcore.fade`), the rollout gate (:mod:`lbcore.gate`),
 load signals (:mod:`lbcore.signals`), passive outlier ejection (:mod:`lbcore.outlier`
 judges endpoints, :mod:`lbcore.ejection` keeps ejections over time), and the routing plan
-a worker asks per batch (:class:`lbcore.plan.Plan`), answered by one of two kernels
+a worker asks per batch (:class:`lbcore.plan.Plan`; :func:`route_ring_set` for a
+one-off batch), answered by one of two kernels
 (:mod:`lbcore.kernel`: the compiled C kernel or the NumPy reference, :func:`kernel_name`).
 No I/O, no processes, no implicit clocks: time and loads are arguments. The one setting
 read from the environment is ``CSLB_KERNEL``, once, at import.
@@ -29,10 +31,11 @@ from lbcore.errors import (
 )
 from lbcore.fade import RingSet, fade_share, fadein_filter, fadein_score
 from lbcore.gate import FALLBACK, Gate
-from lbcore.hashing import MAX_KEY_BYTES
 from lbcore.kernel import hash_keys, kernel_name, scatter_add, scatter_add_routed, use_kernel
+from lbcore.keys import MAX_KEY_BYTES
 from lbcore.plan import Plan
 from lbcore.ring import DEFAULT_VNODES, Ring
+from lbcore.route import route_ring_set
 from lbcore.signals import effective_load, occupancy
 
 __all__ = [
@@ -69,6 +72,7 @@ __all__ = [
     "kernel_name",
     "occupancy",
     "outlier",
+    "route_ring_set",
     "scatter_add",
     "scatter_add_routed",
     "signals",

@@ -32,14 +32,23 @@ endpoints); the rule's arithmetic — the bar, the increment, the checks — is 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from lbcore.errors import ArgumentError, BalanceFactorError, LoadError
 
-if TYPE_CHECKING:
-    from lbcore.ring import Ring
+
+class Ring(Protocol):
+    """What the walks read of a ring (:class:`lbcore.Ring` is one)."""
+
+    hashes: np.ndarray
+    owners: np.ndarray
+    present: np.ndarray
+    all_present: bool
+
+    def __len__(self) -> int: ...
+
 
 __all__ = [
     "advance_distinct",
@@ -50,6 +59,8 @@ __all__ = [
     "routed_call_load",
     "skip_to_eligible",
     "target_load",
+    "walk_distinct",
+    "walk_to_good",
 ]
 
 # Masked single steps before a key is finished with a search over acceptable positions.
@@ -111,16 +122,19 @@ def target_load(
 ) -> float:
     """Skipper's bar: ``(1.0 + Σ loads of candidates in list order) / n × balance_factor``.
 
-    The sum is a left-to-right float64 accumulation starting at 1.0 (``np.cumsum`` adds in
-    that order; ``np.sum`` would add pairwise and round differently). ``increment``
+    The sum is a left-to-right float64 accumulation starting at 1.0 (``np.add.accumulate``,
+    as ``np.cumsum``, adds in that order; ``np.sum`` would add pairwise and round
+    differently). ``increment``
     replaces the 1.0 (the routed call's load, :func:`routed_call_load`); the default is
     Skipper's.
     """
-    cand = loads if listed.all() else loads[listed]
+    # count_nonzero and add.accumulate: what all() and cumsum() do, at a fraction of
+    # their fixed cost per call (a one-off batch pays it).
+    cand = loads if np.count_nonzero(listed) == listed.size else loads[listed]
     acc = np.empty(cand.size + 1)
     acc[0] = increment
     acc[1:] = cand
-    return _bar(float(np.cumsum(acc, out=acc)[-1]), cand.size, balance_factor)
+    return _bar(float(np.add.accumulate(acc)[-1]), cand.size, balance_factor)
 
 
 def routed_call_load(
@@ -244,7 +258,7 @@ def advance_distinct(ring: Ring, pos: np.ndarray, eligible: np.ndarray, attempt:
     return cur
 
 
-def _walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
+def walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
     """Skipper's walk: the first ``good`` endpoint at or after each position, one lap at most."""
     owners = ring.owners
     size = owners.size
@@ -270,7 +284,7 @@ def _walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
     return result
 
 
-def _walk_distinct(
+def walk_distinct(
     ring: Ring,
     pos: np.ndarray,
     eligible: np.ndarray,

@@ -24,9 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.endpoints import endpoint_tuple, renumbered
 from lbcore.errors import EndpointError, FadeError
 from lbcore.kernel import hash_keys
-from lbcore.ring import DEFAULT_VNODES, Ring, check_hashes, endpoint_tuple, renumbered
+from lbcore.numpy_kernel import view_choice
+from lbcore.ring import DEFAULT_VNODES, Ring, check_hashes
+from lbcore.views import CHOICE_NRING, draw_thresholds
 
 __all__ = [
     "DEFAULT_FADE_DURATION_NS",
@@ -46,7 +49,7 @@ __all__ = [
 DEFAULT_FADE_DURATION_NS = 30_000_000_000
 #: Default fade exponent E: 0.3 % of keys at 10 % of the window, 17.7 % at 50 %, 76.8 % at 90 %.
 DEFAULT_FADE_EXPONENT = 2.5
-#: Salt of the per-key draw ``u`` that chooses a ring (see :func:`lbcore.hashing.unit_interval`).
+#: Salt of the per-key draw ``u`` that chooses a ring (see :func:`lbcore.draws.unit_interval`).
 FADE_SALT = 0x6661646520696E21
 #: Salt of the per-key draw that stands in for Skipper's per-request random threshold in
 #: Skipper fade-in mode (independent of the N-ring and gate draws).
@@ -195,8 +198,6 @@ def skipper_fadein_route(
     numpy.ndarray
         ``int32`` endpoint indices (``-1`` when nothing is listed).
     """
-    from lbcore.plan import Plan
-
     h = hash_keys(keys) if hashes is None else hashes
     thr = np.asarray(thresholds, dtype=np.float64)
     if thr.shape != h.shape:
@@ -210,20 +211,19 @@ def skipper_fadein_route(
         # Unlisted endpoints score below every threshold (thresholds are >= 0), so the
         # groups are Skipper's filter over the listed ones; the masks then drop them.
         scores = np.where(listed, scores, -1.0)
-    one = RingSet(ring.endpoints, vnodes=ring.vnodes, master=ring)
     out = np.empty(h.size, dtype=np.int32)
     for rows, mask in skipper_fadein_candidates(scores, thr):
         if listed is not None:
             mask &= listed
-        plan = Plan(
-            one,
-            0,
-            ejected=~mask,
-            loads=None if balance_factor is None else loads,
-            balance_factor=balance_factor,
+        out[rows] = ring.lookup_bounded(
+            None,
+            loads,
+            balance_factor,
+            candidates=mask,
             max_hops=max_hops,
+            attempt=attempt,
+            hashes=np.ascontiguousarray(h[rows]),
         )
-        out[rows] = plan.route_hashes(np.ascontiguousarray(h[rows]), attempt)[0]
     return out
 
 
@@ -422,12 +422,11 @@ class RingSet:
         ``intp`` per key: the newest ring whose share is above the key's draw, else 0
         (the NumPy kernel's choice, which both kernels are tested to make alike).
         """
-        from lbcore import numpy_kernel
-        from lbcore.plan import Plan
-
         h = check_hashes(hashes)
-        views = numpy_kernel._views(Plan(self, now_ns), h)
-        return np.zeros(h.size, dtype=np.intp) if views is None else views
+        if len(self.rings) < 2:
+            return np.zeros(h.size, dtype=np.intp)
+        thresholds, saturated = draw_thresholds(self.share_list(now_ns))
+        return view_choice(CHOICE_NRING, FADE_SALT, thresholds, saturated, h)
 
     # ---------------------------------------------------------------------------------
     # Events.
@@ -518,61 +517,3 @@ class RingSet:
         added = [ep for ep in wanted if ep not in current]
         out = self.remove(gone) if gone else self
         return out.scale_up(added, now_ns) if added else out
-
-    # ---------------------------------------------------------------------------------
-    # Routing one batch (a plan per call).
-
-    def route(
-        self,
-        keys: Any,
-        now_ns: int,
-        *,
-        loads: Any = None,
-        balance_factor: float | None = None,
-        candidates: Any = None,
-        max_hops: int | None = None,
-        attempt: int = 0,
-        hashes: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Route a batch through the ring set at time ``now_ns`` (N-ring fade-in).
-
-        Each key is routed on the newest ring whose share is above its draw, with
-        bounded load when ``balance_factor`` is set (the bar is computed over that
-        ring's endpoints). One :class:`lbcore.Plan` per call: a caller routing many
-        batches on one snapshot builds the plan once.
-
-        Parameters
-        ----------
-        keys
-            A batch of keys (see :func:`lbcore.hash_keys`); ignored when ``hashes`` is given.
-        now_ns
-            The present on the fade clock (CLOCK_MONOTONIC), in nanoseconds.
-        loads
-            Per-endpoint load indexed like :attr:`endpoints`; needed with ``balance_factor``.
-        balance_factor, max_hops, candidates, attempt
-            As in :meth:`lbcore.Ring.lookup_bounded` / :meth:`lbcore.Ring.lookup`.
-        hashes
-            Precomputed ``uint64`` key hashes.
-
-        Returns
-        -------
-        numpy.ndarray
-            ``int32`` indices into :attr:`endpoints`; ``-1`` (fallback) when the set is
-            empty or nothing is eligible.
-        """
-        from lbcore.plan import Plan
-
-        master = self.master
-        listed = None if master is None else master.listed_mask(candidates)
-        plan = Plan(
-            self,
-            now_ns,
-            ejected=None if listed is None else ~listed,
-            loads=loads,
-            balance_factor=balance_factor,
-            max_hops=max_hops,
-            max_key_bytes=None,
-        )
-        if hashes is None:
-            return plan.route(keys, attempt)[0]
-        return plan.route_hashes(hashes, attempt)[0]

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.draws import below
 from lbcore.errors import GateError
-from lbcore.hashing import below
 
 __all__ = ["FALLBACK", "GATE_SALT", "Gate", "apply_gate", "gate_mask"]
 

@@ -3,8 +3,10 @@
 Both kernels answer the same questions bit for bit — hash a batch of keys, route it on
 a :class:`lbcore.plan.Plan`, add a fan-out to a counter row — and are tested against
 each other. The native one (``lbcore._kernel``, C99 built by ``pip install`` where a C
-compiler works) is what a worker runs; the NumPy one (:mod:`lbcore.numpy_kernel` and
-:mod:`lbcore.hashing`) is the reference and the fallback where nothing was compiled.
+compiler works) is what a worker runs; the NumPy one (:func:`lbcore.keys.hash_each`,
+:mod:`lbcore.numpy_kernel`, :mod:`lbcore.numpy_recording`) is the reference and the
+fallback where nothing was compiled. This module picks one and forwards each question
+to it.
 
 Which one runs is the :data:`lbcore.knobs.KERNEL` setting ``CSLB_KERNEL``, read here
 once when lbcore is imported (the one exception to "lbcore reads no environment"):
@@ -25,24 +27,28 @@ from typing import Any
 
 import numpy as np
 
-from lbcore import hashing
-from lbcore.errors import ArgumentError, KeyTypeError
+from lbcore import numpy_recording
+from lbcore.errors import ArgumentError
+from lbcore.keys import batch_of, check_max_key_bytes, hash_each
 from lbcore.knobs import KERNEL
 
 __all__ = [
     "add_calls",
-    "batch_of",
+    "calls_adder",
+    "check_attempt",
     "hash_keys",
     "kernel_name",
     "native",
     "scatter_add",
     "scatter_add_routed",
+    "scatter_adder",
+    "scatter_adder_routed",
     "select_kernel",
     "use_kernel",
 ]
 
 #: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
-ABI = 3
+ABI = 4
 
 #: Why the native kernel is not used where no extension module was built.
 NOT_BUILT = "lbcore._kernel was not built (no working C compiler when installing?)"
@@ -151,69 +157,7 @@ def _select_at_import() -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Batches.
-
-_ARRAY_KINDS = {"i": "i", "u": "u", "S": "S", "U": "U"}
-_SINGLE = (str, bytes, bytearray, memoryview, int, np.integer)
-
-
-def batch_of(keys: Any) -> tuple[Any, tuple[str, int] | None]:
-    """A batch as the kernels take it: ``(list_or_tuple, None)`` or ``(array, (kind, itemsize))``.
-
-    Arrays come back 1-D, C-contiguous and in native byte order; object and StringDType
-    arrays as lists. The same checks and errors as :func:`lbcore.hashing.hash_keys`.
-
-    Raises
-    ------
-    KeyTypeError
-        Not a key or an ordered sequence of keys, a multi-dimensional array, or an array
-        of an unsupported dtype.
-    """
-    tk = type(keys)
-    if tk is list or tk is tuple:
-        return keys, None
-    if isinstance(keys, _SINGLE):
-        return [keys], None
-    if isinstance(keys, np.ndarray):
-        keys = hashing.plain_array(keys)
-        if keys.ndim != 1:
-            keys = keys.reshape(-1) if keys.ndim == 0 else keys
-            if keys.ndim != 1:
-                raise KeyTypeError(f"keys must be a 1-D array, got shape {keys.shape}")
-        kind = keys.dtype.kind
-        code = _ARRAY_KINDS.get(kind)
-        if code is not None and keys.dtype.itemsize and keys.size:
-            if not keys.dtype.isnative:
-                keys = keys.astype(keys.dtype.newbyteorder("="))
-            return np.ascontiguousarray(keys), (code, keys.dtype.itemsize)
-        if code is not None or kind in "OT":
-            return keys.tolist(), None
-        raise KeyTypeError(
-            f"keys array has dtype {keys.dtype}; expected str (U/T), bytes (S), integer or object"
-        )
-    if isinstance(keys, (set, frozenset, dict)) or not hasattr(keys, "__iter__"):
-        raise KeyTypeError(
-            f"keys must be a key or an ordered sequence of keys, got {type(keys).__name__}"
-            + (
-                " (unordered: results could not be matched to keys)"
-                if hasattr(keys, "__iter__")
-                else ""
-            )
-        )
-    return list(keys), None
-
-
-def check_max_key_bytes(max_key_bytes: Any) -> int | None:
-    """Validate a key length limit: ``None`` (no limit) or an integer ``>= 0``."""
-    if max_key_bytes is None:
-        return None
-    if (
-        isinstance(max_key_bytes, bool)
-        or not isinstance(max_key_bytes, (int, np.integer))
-        or max_key_bytes < 0
-    ):
-        raise ArgumentError(f"max_key_bytes must be None or an integer >= 0, got {max_key_bytes!r}")
-    return int(max_key_bytes)
+# Keys.
 
 
 def check_attempt(attempt: Any) -> int:
@@ -226,63 +170,47 @@ def check_attempt(attempt: Any) -> int:
 def hash_keys(keys: Any, *, max_key_bytes: int | None = None) -> np.ndarray:
     """XXH64 (seed 0) of every key of a batch, on the active kernel.
 
-    Exactly :func:`lbcore.hashing.hash_keys` (the NumPy reference): same keys accepted,
-    same hashes, same exceptions and messages.
+    The one entry point of key hashing: the native kernel's, or the NumPy kernel's
+    :func:`lbcore.keys.hash_each` (the reference); same keys accepted, same hashes, same
+    exceptions and messages. The batch is judged first, then its keys in order: the
+    first bad key is the one reported.
 
     Parameters
     ----------
     keys
-        A batch of ``str`` (UTF-8), ``bytes``-like or integer keys (decimal string), a
-        list, tuple or 1-D array; a single key is a batch of one.
+        A batch of ``str`` (UTF-8), ``bytes``-like or integer keys (decimal string, so
+        ``123`` and ``"123"`` hash alike), a list, tuple or 1-D array; a single key is a
+        batch of one. An integer is its stored value, of any size (see
+        :func:`lbcore.keys.encode_key`).
     max_key_bytes
         If given, a key longer than this many bytes raises :class:`lbcore.KeyTooLongError`.
 
     Returns
     -------
     numpy.ndarray
-        ``uint64`` hash per key.
+        ``uint64`` hash per key, in order.
+
+    Raises
+    ------
+    KeyTypeError
+        Not a batch, an array of an unsupported dtype or shape, or a key of another type
+        (``bool``, ``float``, ``None``, ...).
+    KeyEncodingError
+        A ``str`` key is not valid Unicode.
+    KeyTooLongError
+        A key is longer than ``max_key_bytes``.
+    ArgumentError
+        ``max_key_bytes`` is not ``None`` or an integer ``>= 0``.
     """
     limit = check_max_key_bytes(max_key_bytes)
     k = _native if _active == "native" else None
     if k is None:
-        return hashing.hash_keys(keys, max_key_bytes=limit)
+        return hash_each(keys, limit)
     return k.hash_keys(keys, None, -1 if limit is None else limit)
 
 
 # --------------------------------------------------------------------------------------
 # Recording.
-
-_I64 = np.dtype(np.int64)
-_I32 = np.dtype(np.int32)
-
-
-def _i64(a: Any, name: str, *, writable: bool = False) -> np.ndarray:
-    # (The native kernel's checks, in its order: array, layout and writability, dtype.)
-    if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
-        raise TypeError(f"scatter_add: {name} must be a contiguous int64 array")
-    if writable and not a.flags.writeable:
-        raise TypeError(f"scatter_add: {name} must be writable")
-    if a.dtype != _I64:
-        raise TypeError(f"scatter_add: {name} must be a contiguous int64 array")
-    return a.reshape(-1)
-
-
-_MAX_TUPLE = 16  # offsets or values given as a tuple: at most this many (MAX_TUPLE in C)
-_I64_RANGE = (-(1 << 63), (1 << 63) - 1)
-
-
-def _i64s(a: Any, name: str) -> np.ndarray:
-    """An ``int64`` array or a tuple of ints, checked as the native kernel checks them."""
-    if type(a) is not tuple:
-        return _i64(a, name)
-    if len(a) > _MAX_TUPLE:
-        raise ValueError(f"scatter_add: {name} as a tuple holds at most {_MAX_TUPLE} ints")
-    for x in a:
-        if not isinstance(x, int) or isinstance(x, bool):
-            raise TypeError(f"scatter_add: {name} must be a contiguous int64 array")
-        if not _I64_RANGE[0] <= x <= _I64_RANGE[1]:
-            raise OverflowError("int too big to convert")
-    return np.array(a, dtype=np.int64)
 
 
 def scatter_add(target: np.ndarray, index: np.ndarray, values: Any, offsets: Any = None) -> None:
@@ -326,38 +254,7 @@ def scatter_add(target: np.ndarray, index: np.ndarray, values: Any, offsets: Any
     if k is not None:
         k.scatter_add(target, index, values, offsets)
         return
-    t = _i64(target, "target", writable=True)
-    idx = _i64(index, "index")
-    scalar = isinstance(values, int) and not isinstance(values, bool)
-    v = np.array([int(values)], dtype=np.int64) if scalar else _i64s(values, "values")
-    offs = np.zeros(1, dtype=np.int64) if offsets is None else _i64s(offsets, "offsets")
-    n, rows = idx.size, offs.size
-    if scalar:
-        vals = np.full((rows, n), v[0], dtype=np.int64)
-    elif offsets is not None and v.size == rows:
-        vals = np.repeat(v[:, None], n, axis=1)
-    elif v.size == rows * n:
-        vals = v.reshape(rows, n)
-    else:
-        raise ValueError(
-            f"scatter_add: {v.size} values for {n} indices and {rows} offset(s); expected "
-            "one, one per offset or one per (offset, index)"
-        )
-    cells = (offs[:, None] + idx[None, :]).reshape(rows, n)
-    bad = (offs[:, None] < 0) | (idx[None, :] < 0) | (cells < 0) | (cells >= t.size)
-    if bad.any():
-        r, j = (int(x[0]) for x in np.nonzero(bad))
-        raise IndexError(
-            f"scatter_add: index {int(cells[r, j])} (offset {int(offs[r])} + {int(idx[j])} at "
-            f"position {j}) is outside the target's {t.size} cells; nothing was added"
-        )
-    np.add.at(t, cells.ravel(), vals.ravel())
-
-
-def _endpoints(a: Any) -> np.ndarray:
-    if not isinstance(a, np.ndarray) or not a.flags.c_contiguous or a.dtype not in (_I32, _I64):
-        raise TypeError("scatter_add_routed: endpoints must be a contiguous int32 or int64 array")
-    return a.reshape(-1)
+    numpy_recording.scatter_add(target, index, values, offsets)
 
 
 def scatter_add_routed(
@@ -405,56 +302,13 @@ def scatter_add_routed(
     k = _native if _active == "native" else None
     if k is not None:
         return k.scatter_add_routed(target, slot_map, endpoints, values, offsets)
-    t = _i64(target, "target", writable=True)
-    m = _i64(slot_map, "slot_map")
-    e = _endpoints(endpoints)
-    scalar = isinstance(values, int) and not isinstance(values, bool)
-    v = np.array([int(values)], dtype=np.int64) if scalar else _i64s(values, "values")
-    offs = np.zeros(1, dtype=np.int64) if offsets is None else _i64s(offsets, "offsets")
-    if not scalar and v.size != offs.size:
-        raise ValueError(
-            f"scatter_add_routed: {v.size} values for {offs.size} offset(s); expected one, "
-            "or one per offset"
-        )
-    bad = np.flatnonzero((e < -1) | (e >= m.size))
-    if bad.size:
-        j = int(bad[0])
-        raise IndexError(
-            f"scatter_add_routed: endpoint {int(e[j])} at position {j} is not in "
-            f"-1..{m.size - 1}; nothing was added"
-        )
-    s = m[e[e >= 0]]
-    if s.size:
-        lo, hi = min(int(s.min()), 0), int(s.max())
-        for off in offs.tolist():
-            if not (lo >= 0 and off >= 0 and hi < t.size and off < t.size - hi):
-                bad_slot = lo if lo < 0 else hi
-                raise IndexError(
-                    f"scatter_add_routed: cell {off + bad_slot} (offset {off} + slot "
-                    f"{bad_slot}) is outside the target's {t.size} cells; nothing was added"
-                )
-        vals = np.broadcast_to(v if not scalar else v[:1], offs.shape)
-        for off, val in zip(offs.tolist(), vals.tolist(), strict=True):
-            np.add.at(t, off + s, val)
-    return int(s.size)
+    return numpy_recording.scatter_add_routed(target, slot_map, endpoints, values, offsets)
 
 
 def scatter_adder_routed() -> Any:
     """The active kernel's :func:`scatter_add_routed` itself (as :func:`scatter_adder`)."""
     k = _native if _active == "native" else None
     return scatter_add_routed if k is None else k.scatter_add_routed
-
-
-_TIME_LIMIT = 1 << 62  # call times in 0 .. 2**62 ns (TIME_LIMIT in calls.c)
-_GEOMETRY = 16
-
-
-def _int(x: Any, what: str) -> int:
-    if not isinstance(x, int):
-        raise TypeError(f"add_calls: {what} must be ints")
-    if not _I64_RANGE[0] <= x <= _I64_RANGE[1]:
-        raise OverflowError("int too big to convert")
-    return int(x)
 
 
 def add_calls(
@@ -500,107 +354,7 @@ def add_calls(
     if k is not None:
         k.add_calls(target, ended, done, starts, geometry)
         return
-    if type(geometry) is not tuple or len(geometry) != _GEOMETRY:
-        raise TypeError(f"add_calls: geometry must be a tuple of {_GEOMETRY} ints")
-    g = [_int(x, "geometry entries") for x in geometry]
-    if (
-        not isinstance(target, np.ndarray)
-        or not target.flags.c_contiguous
-        or not target.flags.writeable
-        or target.dtype != _I64
-    ):
-        raise TypeError("add_calls: target must be a writable contiguous int64 array")
-    t = target.reshape(-1)
-    b, nb, cols, newest, nk = g[:5]
-    o_open, o_sum, o_old, o_busy, o_done, o_lat, o_req, o_fail, o_ftot, o_kind, o_ktot = g[5:]
-    spans = [
-        (o_open, nb * cols), (o_sum, nb * cols), (o_old, cols), (o_busy, nb * cols),
-        (o_done, nb * cols), (o_lat, nb * cols), (o_req, cols), (o_fail, nb * cols),
-        (o_ftot, cols), (o_kind, nk * nb * cols), (o_ktot, nk * cols),
-    ]  # fmt: skip
-    if (
-        b <= 0 or nb <= 0 or nb > 1 << 16 or cols <= 0 or cols > 1 << 24 or nk < 0 or nk > 64
-        or newest < 0 or newest >= _TIME_LIMIT
-        or any(o < 0 or o > t.size or n > t.size - o for o, n in spans)
-    ):  # fmt: skip
-        raise ArgumentError(f"add_calls: the row's geometry does not fit its {t.size} words")
-    oldest = newest - nb + 1
-    cells: list[int] = []
-    vals: list[int] = []
-    for flat, opened in ((ended, True), (done, False)):
-        if type(flat) is not list or len(flat) % 4:
-            raise TypeError(
-                "add_calls: ends must be a list of 4 ints per call (slot, start, end, kind)"
-            )
-        for i in range(0, len(flat), 4):
-            s = _int(flat[i], "slots")
-            st, end = _int(flat[i + 1], "times"), _int(flat[i + 2], "times")
-            kind = _int(flat[i + 3], "kinds")
-            if not 0 <= s < cols:
-                raise ArgumentError(f"add_calls: endpoint slots must be in 0..{cols - 1}, got {s}")
-            if not -1 <= kind <= nk:
-                raise ArgumentError(
-                    f"add_calls: failure kinds must be -1 (cut), 0 or 1..{nk}, got {kind}"
-                )
-            if not (0 <= st < _TIME_LIMIT and 0 <= end < _TIME_LIMIT):
-                raise ArgumentError(
-                    f"add_calls: call times must be in 0..2**62 ns, got {st}..{end}"
-                )
-            d = end - st if end > st else 0
-            end = st + d
-            qs = st // b
-            if kind >= 0:
-                cells.append(o_req + s)
-                vals.append(1)
-            if opened:
-                if qs >= oldest:
-                    j = (qs % nb) * cols + s
-                    cells += (o_open + j, o_sum + j)
-                    vals += (-1, qs * b - st)
-                else:
-                    cells.append(o_old + s)
-                    vals.append(-1)
-            for q in range(max(qs, oldest), min(newest, (end - 1) // b) + 1):
-                part = min(end, (q + 1) * b) - max(st, q * b)
-                if part > 0:
-                    cells.append(o_busy + (q % nb) * cols + s)
-                    vals.append(part)
-            if kind < 0:
-                continue
-            jb = min(max(end // b, oldest), newest) % nb
-            j = jb * cols + s
-            cells += (o_done + j, o_lat + j)
-            vals += (1, d)
-            if kind:
-                cells += (o_fail + j, o_ftot + s, o_kind + ((kind - 1) * nb + jb) * cols + s,
-                          o_ktot + (kind - 1) * cols + s)  # fmt: skip
-                vals += (1, 1, 1, 1)
-    n_ends = len(cells)
-    if type(starts) is not dict:
-        raise TypeError("add_calls: starts must be a dict {(slot, start): calls}")
-    for key, n in starts.items():
-        if type(key) is not tuple or len(key) != 2:
-            raise TypeError("add_calls: starts must be a dict {(slot, start): calls}")
-        s, st, n = _int(key[0], "slots"), _int(key[1], "times"), _int(n, "call counts")
-        if not 0 <= s < cols:
-            raise ArgumentError(f"add_calls: endpoint slots must be in 0..{cols - 1}, got {s}")
-        if not (0 <= st < _TIME_LIMIT and 0 <= n <= 1 << 30):
-            raise ArgumentError(
-                "add_calls: start times must be in 0..2**62 ns and call counts in 0..2**30, "
-                f"got {st} and {n}"
-            )
-        q = st // b
-        if q >= oldest:
-            j = (q % nb) * cols + s
-            cells += (o_open + j, o_sum + j)
-            vals += (n, n * (st - q * b))
-        else:
-            cells.append(o_old + s)
-            vals.append(n)
-    c = np.array(cells, np.int64)
-    v = np.array(vals, np.int64)
-    np.add.at(t, c[:n_ends], v[:n_ends])  # the ends, then the starts
-    np.add.at(t, c[n_ends:], v[n_ends:])
+    numpy_recording.add_calls(target, ended, done, starts, geometry)
 
 
 def calls_adder() -> Any:

@@ -1,7 +1,7 @@
 """The NumPy reference kernel: routing a batch on a :class:`lbcore.plan.Plan` with arrays.
 
 The definition the native kernel (``lbcore/csrc/route.c``) is tested against, key for
-key. Per batch: the XXH64 hashes (:func:`lbcore.hashing.hash_keys`), each key's
+key. Per batch: the XXH64 hashes (:func:`lbcore.keys.hash_each`), each key's
 position on the newest ring (:meth:`lbcore.Ring.positions`), its view (the ring or
 Skipper level its second draw picks), then per view the answer:
 
@@ -21,48 +21,27 @@ The gate then sends the keys it excludes to fallback. The walks are
 
 from __future__ import annotations
 
-import platform
-import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from lbcore import bounded
+from lbcore.draws import mix64
 from lbcore.errors import ArgumentError
+from lbcore.fence import fence
 from lbcore.gate import GATE_SALT
-from lbcore.hashing import hash_keys, mix64
 from lbcore.kernel import check_attempt
+from lbcore.keys import hash_each
+from lbcore.views import CHOICE_FIXED, CHOICE_NRING, GATE_PARTIAL
 
-if TYPE_CHECKING:
-    from lbcore.plan import Plan
-
-__all__ = ["Core", "answers", "counter_slots", "route", "route_hashes"]
-
-_CHOICE_FIXED, _CHOICE_NRING = 0, 1
-_GATE_PARTIAL = 2
-
-# Reading the guard after the ring arrays needs load->load order: free on x86-64 (TSO),
-# a release/acquire pair of an uncontended lock elsewhere (as shm's fence does).
-_TSO = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686", "x86"}
-_fence_local = threading.local()
+__all__ = ["Core", "answers", "counter_slots", "route", "route_hashes", "view_choice"]
 
 
-def _fence() -> None:
-    if _TSO:
-        return
-    lock = getattr(_fence_local, "lock", None)
-    if lock is None:
-        lock = _fence_local.lock = threading.Lock()
-        lock.acquire()
-    lock.release()
-    lock.acquire()
-
-
-def _valid(plan: Plan) -> bool:
+def _valid(plan: Core) -> bool:
     if plan.guard is None:
         return True
     words, index, expected = plan.guard
-    _fence()
+    fence()  # the guard is read after the ring arrays
     return int(words[index]) == expected
 
 
@@ -98,9 +77,9 @@ class Core:
     )
     __slots__ = _FIELDS
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, **fields: Any) -> None:
         for name in self._FIELDS:
-            setattr(self, name, getattr(plan, name))
+            setattr(self, name, fields[name])
 
     def route(self, keys: Any, attempt: int = 0) -> tuple[np.ndarray, int, int, bool]:
         """:attr:`lbcore.plan.Plan.route`."""
@@ -121,26 +100,35 @@ class Core:
 
 def route(plan: Core, keys: Any, attempt: int) -> tuple[np.ndarray, int, int, bool]:
     """:attr:`lbcore.plan.Plan.route` on arrays (``attempt`` checked)."""
-    return route_hashes(plan, hash_keys(keys, max_key_bytes=plan.max_key_bytes), attempt)
+    return route_hashes(plan, hash_each(keys, plan.max_key_bytes), attempt)
 
 
-def _views(plan: Core, h: np.ndarray) -> np.ndarray | None:
-    """Each key's view; ``None`` when every key uses ``plan.fixed_view``."""
-    if plan.choice == _CHOICE_FIXED:
-        return None
-    m = mix64(h, plan.choice_salt)
+def view_choice(
+    choice: int, salt: int, thresholds: np.ndarray, saturated: np.ndarray, h: np.ndarray
+) -> np.ndarray:
+    """Each key's view (``intp``) by its draw ``mix64(h, salt)``, for a choice other than fixed.
+
+    N-ring: the newest ring whose share is above the draw (``u < s``, in integers);
+    Skipper: the number of candidate levels at or below the draw.
+    """
+    m = mix64(h, salt)
     v = np.zeros(h.size, dtype=np.intp)
-    thresholds = zip(plan.fade_thresholds.tolist(), plan.fade_saturated.tolist(), strict=True)
-    for j, (t, sat) in enumerate(thresholds):
-        if plan.choice == _CHOICE_NRING:
-            # The newest ring whose share is above the draw wins (u < s, in integers).
+    for j, (t, sat) in enumerate(zip(thresholds.tolist(), saturated.tolist(), strict=True)):
+        if choice == CHOICE_NRING:
             if sat:
                 v[:] = j + 1
             else:
                 v[m < np.uint64(t)] = j + 1
         elif not sat:
-            v += m >= np.uint64(t)  # Skipper: the levels at or below the draw
+            v += m >= np.uint64(t)
     return v
+
+
+def _views(plan: Core, h: np.ndarray) -> np.ndarray | None:
+    """Each key's view; ``None`` when every key uses ``plan.fixed_view``."""
+    if plan.choice == CHOICE_FIXED:
+        return None
+    return view_choice(plan.choice, plan.choice_salt, plan.fade_thresholds, plan.fade_saturated, h)
 
 
 def route_hashes(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, int, int, bool]:
@@ -166,7 +154,7 @@ def route_hashes(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, i
         else:
             out[rows] = res
             moved[rows] = (res != plain) & (res >= 0)
-    if plan.gate_mode == _GATE_PARTIAL:
+    if plan.gate_mode == GATE_PARTIAL:
         keep = mix64(h, GATE_SALT) < np.uint64(plan.gate_threshold)
         out[~keep] = -1
         moved &= keep
@@ -201,21 +189,21 @@ def _answer(plan: Core, v: int, pos: np.ndarray, attempt: int) -> tuple[np.ndarr
     rest = np.flatnonzero(~good.take(res))
     if rest.size:
         if plan.max_hops is None:
-            res[rest] = bounded._walk_to_good(ring, start[rest], good)
+            res[rest] = bounded.walk_to_good(ring, start[rest], good)
         else:
-            res[rest] = bounded._walk_distinct(
+            res[rest] = bounded.walk_distinct(
                 ring, start[rest], eligible, good, loads, plan.max_hops, None
             )
     if attempt:
         chosen = res[:, None].astype(np.int64)
         for _ in range(attempt):
-            nxt = bounded._walk_distinct(ring, start, eligible, good, loads, plan.max_hops, chosen)
+            nxt = bounded.walk_distinct(ring, start, eligible, good, loads, plan.max_hops, chosen)
             chosen = np.concatenate((chosen, nxt[:, None].astype(np.int64)), axis=1)
         res = chosen[:, -1].astype(np.int32)
     return res, plain
 
 
-def answers(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+def answers(plan: Core) -> tuple[np.ndarray, np.ndarray]:
     """:meth:`lbcore.plan.Plan.answers` on arrays: flat ``(answer, plain)``."""
     if plan.closed:
         empty = np.empty(0, dtype=np.int32)

@@ -28,20 +28,28 @@ from typing import Any
 import numpy as np
 
 from lbcore import kernel as _kernel
-from lbcore import numpy_kernel
-from lbcore.bounded import check_balance_factor, check_loads, check_max_hops, target_load
+from lbcore.bounded import check_balance_factor, check_loads, check_max_hops
+from lbcore.core import make_core
+from lbcore.draws import unit_threshold
 from lbcore.errors import ArgumentError
 from lbcore.fade import FADE_SALT, SKIPPER_SALT, RingSet, fadein_scores
-from lbcore.gate import GATE_SALT, Gate
-from lbcore.hashing import MAX_KEY_BYTES, unit_threshold
+from lbcore.gate import Gate
+from lbcore.keys import MAX_KEY_BYTES, check_max_key_bytes
 from lbcore.knobs import FADE_MODES
 from lbcore.ring import check_hashes
+from lbcore.views import (
+    CHOICE_FIXED,
+    CHOICE_NRING,
+    CHOICE_SKIPPER,
+    GATE_ALL,
+    GATE_NONE,
+    GATE_PARTIAL,
+    draw_thresholds,
+    view_arrays,
+)
 
 __all__ = ["CHOICE_FIXED", "CHOICE_NRING", "CHOICE_SKIPPER", "Plan"]
 
-CHOICE_FIXED, CHOICE_NRING, CHOICE_SKIPPER = 0, 1, 2
-GATE_ALL, GATE_NONE, GATE_PARTIAL = 0, 1, 2
-_M64 = (1 << 64) - 1
 _EMPTY_U64 = np.empty(0, dtype=np.uint64)
 _EMPTY_U8 = np.empty(0, dtype=np.uint8)
 # The arrays a plan keeps: its own (copied from a caller's where they came from one) and
@@ -60,21 +68,36 @@ _FROZEN = (
     "fade_saturated",
 )
 
+# The plan's attributes its kernel side is built from (lbcore.core.make_core).
+_CORE_FIELDS = (
+    "views",
+    "eligible",
+    "good",
+    "listed_count",
+    "eligible_count",
+    "single",
+    "loads",
+    "max_hops",
+    "choice",
+    "fixed_view",
+    "choice_salt",
+    "fade_thresholds",
+    "fade_saturated",
+    "gate_mode",
+    "gate_threshold",
+    "slots",
+    "n_slots",
+    "guard",
+    "closed",
+    "max_key_bytes",
+)
+
 
 def _owned(arr: np.ndarray, given: Any) -> np.ndarray:
     """``arr`` (checked from ``given``) as a C-contiguous array no caller can reach."""
     if arr is given or arr.base is not None or not arr.flags.c_contiguous:
         return np.array(arr, order="C")
     return arr
-
-
-def _thresholds(shares: list[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Integer forms of ``u < share`` (:func:`lbcore.hashing.unit_threshold`) and "is 2**64"."""
-    ts = [unit_threshold(s) for s in shares]
-    return (
-        np.array([min(t, _M64) for t in ts], dtype=np.uint64),
-        np.array([t > _M64 for t in ts], dtype=np.uint8),
-    )
 
 
 _ROUTE_DOC = """``route(keys, attempt=0)``: route a batch: ``(indices, fallbacks, moves, valid)``.
@@ -245,7 +268,7 @@ class Plan:
             fade_mode,
             gate,
         )
-        self.max_key_bytes = _kernel.check_max_key_bytes(max_key_bytes)
+        self.max_key_bytes = check_max_key_bytes(max_key_bytes)
         self.balance_factor = (
             None if balance_factor is None else check_balance_factor(balance_factor)
         )
@@ -270,8 +293,11 @@ class Plan:
             if a is not None:
                 a.setflags(write=False)
         self.kernel = _kernel.kernel_name()
-        native = _kernel.native()
-        self._core = numpy_kernel.Core(self) if native is None else self._native_core(native, n)
+        self._core = make_core(
+            master=self.master,
+            n=n,
+            **{name: getattr(self, name) for name in _CORE_FIELDS},
+        )
         # The kernel's method itself is the attribute: no Python frame per batch.
         self.route = self._core.route
 
@@ -341,7 +367,9 @@ class Plan:
                 listed_rows = [m & cand for m in members]
             if self.fade_mode == "n-ring" and rings > 1:
                 self.choice, self.choice_salt = CHOICE_NRING, FADE_SALT
-                self.fade_thresholds, self.fade_saturated = _thresholds(rs.share_list(self.now_ns))
+                self.fade_thresholds, self.fade_saturated = draw_thresholds(
+                    rs.share_list(self.now_ns)
+                )
         listed = np.array(listed_rows, dtype=np.bool_).reshape(len(listed_rows), n)
         eligible = listed.copy()
         if (cand is not None or self.fade_mode == "skipper") and self.master.has_aliases:
@@ -354,23 +382,9 @@ class Plan:
                 eligible[v] = widened & ring_members
         self.views = listed.shape[0]
         self.listed, self.eligible = listed, eligible
-        self.listed_count = listed.sum(axis=1).astype(np.int64)
-        self.eligible_count = eligible.sum(axis=1).astype(np.int64)
-        self.single = np.array(
-            [
-                int(np.flatnonzero(row)[0]) if c == 1 else -1
-                for row, c in zip(listed, self.listed_count, strict=True)
-            ],
-            dtype=np.int32,
+        self.listed_count, self.eligible_count, self.single, self.good = view_arrays(
+            listed, eligible, self.loads, self.balance_factor
         )
-        self.good = None
-        if self.balance_factor is not None:
-            good = np.zeros_like(eligible)
-            for v in range(self.views):
-                if self.listed_count[v] > 1:
-                    bar = target_load(self.loads, listed[v], self.balance_factor)
-                    good[v] = eligible[v] & (self.loads <= bar)
-            self.good = good
 
     def _ring_of(self, view: int) -> int:
         """The ring a view walks on (its tier bound); Skipper's levels all use the newest."""
@@ -399,40 +413,8 @@ class Plan:
         self.choice, self.choice_salt = CHOICE_SKIPPER, SKIPPER_SALT
         # A key's level is the number of scores at or below its draw u: levels[j] <= u
         # iff not u < levels[j], i.e. mix64(h) >= unit_threshold(levels[j]).
-        self.fade_thresholds, self.fade_saturated = _thresholds(levels.tolist())
+        self.fade_thresholds, self.fade_saturated = draw_thresholds(levels.tolist())
         return rows
-
-    def _native_core(self, native: Any, n: int) -> Any:
-        m = self.master
-        bounded = self.balance_factor is not None
-        return native.Plan(
-            hashes=None if m is None else m.hashes,
-            owners=None if m is None else m.owners,
-            buckets=None if m is None else m.buckets,
-            n=n,
-            views=self.views,
-            eligible=self.eligible.view(np.uint8).reshape(-1),
-            good=self.good.view(np.uint8).reshape(-1) if bounded else None,
-            listed_count=self.listed_count,
-            eligible_count=self.eligible_count,
-            single=self.single,
-            loads=self.loads if bounded else None,
-            bounded=bounded,
-            max_hops=self.max_hops or 0,
-            choice=self.choice,
-            fixed_view=self.fixed_view,
-            choice_salt=self.choice_salt,
-            thresholds=self.fade_thresholds,
-            saturated=self.fade_saturated,
-            gate=self.gate_mode,
-            gate_salt=GATE_SALT,
-            gate_threshold=self.gate_threshold or 0,
-            slots=self.slots,
-            n_slots=self.n_slots,
-            guard=self.guard,
-            closed=self.closed,
-            max_key_bytes=-1 if self.max_key_bytes is None else self.max_key_bytes,
-        )
 
     # ---------------------------------------------------------------------------------
     # Asking.

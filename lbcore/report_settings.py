@@ -14,7 +14,7 @@
 * ``CSLB_LOAD_REPORT_REFRESH``: the discovery process asks a pod's load-only path for
   a new report when its latest one is older than this.
 
-The defaults were chosen with the simulator (``python -m perf.sim.reports``: several
+The defaults were chosen with the simulator (``cslb simulate --scenario reports``: several
 client hosts, one pod made hot by other callers; its sweep varies each setting):
 
 * the refresh interval bounds how long a pod that cooled down waits for its keys (about

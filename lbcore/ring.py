@@ -10,23 +10,28 @@ Positions are not binary-searched. A *bucket table* indexed by the top bits of t
 holds, for every bucket without a ring node, the ring position every hash of that
 bucket maps to; only hashes that fall into one of the few buckets holding a node need a
 comparison or a search. It is built once per ring, so a publisher builds it once per
-generation and every worker shares it. Routing is :class:`lbcore.Plan`'s (both kernels
-read these arrays); :meth:`Ring.lookup` and :meth:`Ring.lookup_bounded` build a plan of
-one ring per call, for callers that route one batch per ring.
+generation and every worker shares it. Both kernels read these arrays:
+:meth:`Ring.lookup` and :meth:`Ring.lookup_bounded` route one batch on them directly
+(the rule of a :class:`lbcore.Plan` of this ring alone, built from the endpoints' masks
+only and kept for the next call where nothing changed), for callers that route one
+batch per ring. The endpoint addresses and their hosts are :mod:`lbcore.endpoints`'.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
+from lbcore.bounded import check_balance_factor, check_loads, check_max_hops
+from lbcore.core import make_core
+from lbcore.endpoints import endpoint_tuple, host_ids_of, host_key, renumbered
 from lbcore.errors import ArgumentError, CandidatesError, EndpointError
 from lbcore.hashing import hash_node_names
+from lbcore.kernel import check_attempt, hash_keys, native
+from lbcore.views import CHOICE_FIXED, GATE_ALL, view_counts, view_good
 
 __all__ = [
     "DEFAULT_VNODES",
@@ -42,19 +47,20 @@ __all__ = [
 DEFAULT_VNODES = 100
 
 _I64 = np.dtype(np.int64)
-# 2^21 int32 entries = 8 MiB per ring; 2^22 measured no faster on a 100,000-node ring and
-# two buffers of such tables would not fit a container's default 64 MiB /dev/shm.
+# 2^21 int32 entries = 8 MiB per ring: two buffers of 2^22-entry tables would not fit a
+# container's default 64 MiB /dev/shm, and more entries stop paying off (perf/RESULTS.md).
 MAX_BUCKET_BITS = 21
 MIN_BUCKET_BITS = 8
-_DEFAULT_PORTS = {"http": 80, "https": 443}  # what Skipper's net.SchemeHost fills in
+_NO_U64 = np.empty(0, dtype=np.uint64)
+_NO_U8 = np.empty(0, dtype=np.uint8)
 
 
 def bucket_bits_for(ring_size: int) -> int:
     """Number of top hash bits that index the bucket table of a ring of ``ring_size`` nodes.
 
-    About 32 buckets per node: ~97 % of keys land in a bucket without a node and cost one
-    table load, and the table (4 bytes per bucket) still fits the CPU caches; more bits
-    measured slower on this machine kind because the table spills out of them.
+    About 32 buckets per node: with hashes spread evenly, about 97 % of keys land in a
+    bucket without a node and cost one table load, and the table (4 bytes per bucket)
+    still fits the CPU caches; more bits make the table spill out of them.
     """
     if ring_size <= 1:
         return MIN_BUCKET_BITS
@@ -82,7 +88,7 @@ def build_bucket_table(hashes: np.ndarray, bits: int) -> np.ndarray:
         ``e == -1``: several nodes; the hash needs a search.
     """
     # Few and small temporaries: fresh pages fault on first write, and on a
-    # 2-million-node ring the faults cost more than the arithmetic (PERF-NOTES).
+    # 2-million-node ring the faults cost more than the arithmetic.
     n_buckets = 1 << bits
     first = np.zeros(n_buckets, dtype=np.int32)
     if not hashes.size:
@@ -132,123 +138,6 @@ def sorted_nodes(hashes: np.ndarray, vnodes: int, first: int) -> tuple[np.ndarra
     return out, owners
 
 
-# scheme://host[:port] with nothing urlsplit would strip, unquote or reject: the common
-# endpoint, whose parse is this match (5x faster than urlsplit; a ring parses them all).
-_PLAIN_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://([A-Za-z0-9_\-.]+)(?::([0-9]{1,5}))?")
-
-
-def host_key(endpoint: str) -> str:
-    """Skipper's identity of an endpoint for the skip rule: lower-cased ``host:port``.
-
-    Skipper compares candidates by the parsed ``Host`` of the LB endpoint (with the
-    scheme's default port filled in), so ``http://A:80`` and ``http://a`` are one host.
-    An address without a scheme (only valid for the ring function) is its own identity.
-    """
-    m = _PLAIN_URL.fullmatch(endpoint)
-    if m is not None:
-        scheme, host, digits = m.groups()
-        port = _DEFAULT_PORTS.get(scheme.lower()) if digits is None else int(digits)
-        if port is None:
-            return host.lower()
-        if port <= 65535:
-            return f"{host.lower()}:{port}"
-    return _parsed_host_key(endpoint)
-
-
-def renumbered(host_ids: np.ndarray) -> np.ndarray:
-    """Ids renumbered from 0 in order of first appearance (of a subset of endpoints)."""
-    _, first, inverse = np.unique(host_ids, return_index=True, return_inverse=True)
-    rank = np.empty(first.size, dtype=np.intp)
-    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
-    out = rank[inverse.reshape(-1)]
-    out.flags.writeable = False
-    return out
-
-
-# Lines of "scheme://host:port" with a port from 0 to 65535 without leading zeros: their
-# host_key is the line lower-cased without its scheme (no default port to fill in).
-_PORT = (
-    r"(?:0|[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-)
-_CANONICAL = re.compile(rf"(?:[A-Za-z][A-Za-z0-9+.\-]*://[A-Za-z0-9_\-.]+:{_PORT}(?:\n|\Z))*")
-_SCHEME = re.compile(r"^[a-z][a-z0-9+.\-]*://", re.MULTILINE)
-
-
-def host_ids_of(endpoints: Sequence[str]) -> np.ndarray:
-    """Per endpoint, an id shared by endpoints with the same :func:`host_key` (read-only).
-
-    Ids are numbered from 0 in order of first appearance. A list of only canonical
-    ``scheme://host:port`` addresses (the usual one) is parsed by two regular-expression
-    passes over the joined list instead of one :func:`host_key` call per address.
-    """
-    n = len(endpoints)
-    text = "\n".join(endpoints)
-    keys: Any = None
-    if _CANONICAL.fullmatch(text):
-        keys = _SCHEME.sub("", text.lower()).split("\n")
-        if len(keys) != n:  # (an address holding a newline cannot match; be sure)
-            keys = None
-    if keys is None:
-        keys = map(host_key, endpoints)
-    ids: dict[str, int] = {}
-    out = np.fromiter((ids.setdefault(k, len(ids)) for k in keys), np.intp, n)
-    out.flags.writeable = False
-    return out
-
-
-def _parsed_host_key(endpoint: str) -> str:
-    """:func:`host_key` by ``urllib.parse.urlsplit``, for every address."""
-    if "://" not in endpoint:
-        return endpoint.lower()
-    try:
-        parts = urlsplit(endpoint)
-        host = parts.hostname
-        port = parts.port
-    except ValueError:
-        return endpoint.lower()
-    if not host:
-        return endpoint.lower()
-    scheme = parts.scheme.lower()
-    if port is None:
-        port = _DEFAULT_PORTS.get(scheme)
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{port}" if port is not None else host
-
-
-def endpoint_tuple(
-    endpoints: Any, *, allow_empty: bool = False, allow_duplicates: bool = False
-) -> tuple[str, ...]:
-    """Validate a list of endpoint address strings and return it as a tuple.
-
-    Raises
-    ------
-    EndpointError
-        For a single string (a common slip: it would be read as its characters), an
-        empty list (unless allowed), a non-string or empty address, or a duplicate.
-    """
-    if isinstance(endpoints, (str, bytes)):
-        raise EndpointError(
-            f"endpoints must be a list of address strings, got one string {endpoints!r:.60}"
-        )
-    eps = tuple(endpoints)
-    if not eps and not allow_empty:
-        raise EndpointError("endpoint list is empty; a ring needs at least one endpoint")
-    seen: dict[str, int] = {}
-    for i, ep in enumerate(eps):
-        if not isinstance(ep, str):
-            raise EndpointError(f"endpoint {i} is {type(ep).__name__}, expected an address string")
-        if not ep:
-            raise EndpointError(f"endpoint {i} is an empty string")
-        if ep in seen and not allow_duplicates:
-            raise EndpointError(
-                f"endpoint {ep!r} appears twice (positions {seen[ep]} and {i}); "
-                "endpoint addresses must be unique"
-            )
-        seen[ep] = i
-    return eps
-
-
 class Ring:
     """Skipper's consistent-hash ring over a list of endpoint addresses.
 
@@ -271,12 +160,13 @@ class Ring:
     host_ids : numpy.ndarray
         Per endpoint, an id shared by endpoints with the same :func:`host_key`, numbered
         from 0 in order of first appearance (:func:`host_ids_of`); read-only. Computed
-        when the ring is built (rings derived from it share it): a ring holds no caches.
+        when the ring is built (rings derived from it share it).
     has_aliases : bool
         Whether two endpoints share a host (Skipper's skip rule then widens candidates).
     """
 
     __slots__ = (
+        "_memo",
         "_shift0",
         "all_present",
         "bucket_bits",
@@ -379,9 +269,22 @@ class Ring:
         self.has_aliases = bool(host_ids.size) and int(host_ids.max()) + 1 != host_ids.size
         self.present = np.bincount(owners, minlength=len(eps)) > 0
         self.all_present = bool(self.present.all())
+        # What one-off routing on every endpoint computes again and again, kept (a ring
+        # never changes): the view's arrays, and on the native kernel the last routing
+        # objects (see _core).
+        self._memo: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return int(self.hashes.size)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Without what one-off routing kept: kernel objects do not pickle.
+        return {name: getattr(self, name) for name in self.__slots__ if name != "_memo"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._memo = {}
 
     def __repr__(self) -> str:
         return f"Ring({len(self.endpoints)} endpoints, {self.hashes.size} nodes)"
@@ -548,29 +451,105 @@ class Ring:
         return pos
 
     # ---------------------------------------------------------------------------------
-    # Routing one batch on this ring (a plan per call).
+    # Routing one batch on this ring (the kernel's routing object of one view per call).
 
-    def _plan(
+    def _view(self, candidates: Any) -> tuple[np.ndarray, ...]:
+        """The one view of one-off routing: ``(listed, eligible)`` masks, counts, slots.
+
+        The view is the one :class:`lbcore.Plan` builds for a ring set of this ring alone
+        with the unlisted endpoints ejected; nothing of it is per ring position or per
+        load. Kept for ``candidates=None`` (every endpoint).
+        """
+        if candidates is None:
+            view = self._memo.get("view")
+            if view is not None:
+                return view
+        n = len(self.endpoints)
+        chosen = self.listed_mask(candidates)
+        if chosen is not None and chosen.all():
+            chosen = None  # every endpoint listed: as a plan without ejections
+        listed = self.present if chosen is None else chosen & self.present
+        eligible = listed if chosen is None or not self.has_aliases else self._widen(listed)
+        masks = (listed[None, :], eligible[None, :])
+        view = (*masks, *view_counts(*masks), np.arange(n, dtype=np.int64))
+        if candidates is None:
+            for a in view:
+                a.flags.writeable = False
+            self._memo["view"] = view
+        return view
+
+    def _core(
         self,
         candidates: Any,
         loads: Any = None,
         balance_factor: float | None = None,
         max_hops: int | None = None,
     ) -> Any:
-        """The :class:`lbcore.Plan` of this ring alone: candidates, optional bounded load."""
-        from lbcore.fade import RingSet
-        from lbcore.plan import Plan
+        """The routing object of this ring (:func:`lbcore.core.make_core`) of one view.
 
-        listed = self.listed_mask(candidates)
-        return Plan(
-            RingSet(self.endpoints, vnodes=self.vnodes, master=self),
-            0,
-            ejected=None if listed is None else ~listed,
-            loads=loads,
-            balance_factor=balance_factor,
-            max_hops=max_hops,
+        A call costs the batch plus a few passes over the endpoints. On the native
+        kernel, for every endpoint as candidates, the last plain object and the last
+        bounded one are kept: a bounded one with the load snapshot it was built on (a
+        copy), reused while the loads, factor and hop cap are the same again (a worker
+        routes many batches on one snapshot). The NumPy kernel's object refers to the
+        ring, so it is not kept.
+        """
+        n = len(self.endpoints)
+        bf = None if balance_factor is None else check_balance_factor(balance_factor)
+        hops = check_max_hops(max_hops)
+        if bf is not None and loads is None:
+            raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
+        memo = self._memo if candidates is None and native() is not None else None
+        snapshot = None
+        if memo is not None:
+            if bf is None:
+                core = memo.get("plain")
+                if core is not None:
+                    return core
+            elif type(loads) is np.ndarray and loads.dtype == np.float64 and loads.shape == (n,):
+                # The bytes of a snapshot that was checked when it was first seen.
+                snapshot = loads.tobytes()
+                last = memo.get("bounded")
+                if last is not None and last[0] == (bf, hops, snapshot):
+                    return last[1]
+        listed, eligible, listed_count, eligible_count, single, slots = self._view(candidates)
+        load = good = None
+        if bf is not None:
+            load = check_loads(loads, n)
+            if memo is not None:
+                snapshot = load.tobytes() if snapshot is None else snapshot
+                load = np.frombuffer(snapshot, dtype=np.float64)  # the core's own copy
+            good = view_good(listed, eligible, listed_count, load, bf)
+        core = make_core(
+            master=self,
+            n=n,
+            views=1,
+            eligible=eligible,
+            good=good,
+            listed_count=listed_count,
+            eligible_count=eligible_count,
+            single=single,
+            loads=load,
+            max_hops=hops,
+            choice=CHOICE_FIXED,
+            fixed_view=0,
+            choice_salt=0,
+            fade_thresholds=_NO_U64,
+            fade_saturated=_NO_U8,
+            gate_mode=GATE_ALL,
+            gate_threshold=None,
+            slots=slots,
+            n_slots=n,
+            guard=None,
+            closed=False,
             max_key_bytes=None,
         )
+        if memo is not None:
+            if bf is None:
+                memo["plain"] = core
+            else:
+                memo["bounded"] = ((bf, hops, snapshot), core)
+        return core
 
     def lookup(
         self,
@@ -603,10 +582,7 @@ class Ring:
         numpy.ndarray
             ``int32`` endpoint indices, ``-1`` for fallback.
         """
-        plan = self._plan(candidates)
-        if hashes is None:
-            return plan.route(keys, attempt)[0]
-        return plan.route_hashes(hashes, attempt)[0]
+        return _route(self._core(candidates), keys, hashes, attempt)
 
     def lookup_bounded(
         self,
@@ -657,23 +633,26 @@ class Ring:
         if balance_factor is None:
             return self.lookup(keys, candidates=candidates, attempt=attempt, hashes=hashes)
         if not sequential:
-            plan = self._plan(candidates, loads, balance_factor, max_hops)
-            if hashes is None:
-                return plan.route(keys, attempt)[0]
-            return plan.route_hashes(hashes, attempt)[0]
-        from lbcore.bounded import check_loads
-        from lbcore.kernel import hash_keys
-
+            return _route(
+                self._core(candidates, loads, balance_factor, max_hops), keys, hashes, attempt
+            )
         h = hash_keys(keys) if hashes is None else check_hashes(hashes)
         load = check_loads(loads, len(self.endpoints)).copy()
         out = np.empty(h.size, dtype=np.int32)
         for i in range(h.size):
-            plan = self._plan(candidates, load, balance_factor, max_hops)
-            chosen = int(plan.route_hashes(h[i : i + 1], attempt)[0][0])
+            core = self._core(candidates, load, balance_factor, max_hops)
+            chosen = int(_route(core, None, h[i : i + 1], attempt)[0])
             out[i] = chosen
             if chosen >= 0:
                 load[chosen] += 1.0
         return out
+
+
+def _route(core: Any, keys: Any, hashes: np.ndarray | None, attempt: int) -> np.ndarray:
+    """``core``'s answer for ``keys``, or for precomputed ``hashes`` when given."""
+    if hashes is None:
+        return core.route(keys, attempt)[0]
+    return core.route_hashes(np.ascontiguousarray(check_hashes(hashes)), check_attempt(attempt))[0]
 
 
 def check_hashes(hashes: Any) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Benchmark lbcore's batch routing against the pure-Python loop a user would write.
 
 Prints ns per key for ``Ring.lookup``, ``Ring.lookup_bounded`` (10 % of endpoints over
-the bar) and N-ring fade-in routing (``RingSet.route`` mid-fade), on rings of 100 and
+the bar) and N-ring fade-in routing (``route_ring_set`` mid-fade), on rings of 100 and
 1,000 endpoints × 100 virtual nodes, with 13-character SKU strings (a Python list of
 ``str``, as decoded from JSON) and int64 IDs (a NumPy array), at batch sizes 1, 100,
 10,000 and 1,000,000 — and in the same run the baseline loop
@@ -30,6 +30,7 @@ import numpy as np
 import xxhash
 
 import lbcore
+from lbcore.route import route_ring_set
 from perf.common import PythonLoopRing, S, as_python, make_ids, make_skus, measure
 
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     k, loads, 1.25, max_hops=10
                 ),
                 "bounded_cold": cold,
-                "fade_route": lambda k, fading=fading, now=now: fading.route(k, now),
+                "fade_route": lambda k, fading=fading, now=now: route_ring_set(fading, k, now),
             }
             for kind, maker in (("sku", make_skus), ("int", make_ids)):
                 for n in sizes:

@@ -31,6 +31,7 @@ import numpy as np
 
 import lbcore
 from lbcore.hashing import digest
+from lbcore.route import route_ring_set
 from shm import CounterStore, LockedRecorder, TableReader, TableWriter, ThreadRecorder
 from shm.segment import list_segments, unlink_name
 
@@ -126,7 +127,7 @@ def _poller(ns: str, final: int, conn) -> None:
         t0 = time.perf_counter()
         t = reader.table()
         if t.generation != last:
-            t.ring_set.route(keys, 0)
+            route_ring_set(t.ring_set, keys, 0)
             if t.valid():
                 seen.append((t.generation, time.monotonic_ns()))
                 last = t.generation
@@ -188,8 +189,8 @@ def bench_validation(ns: str) -> None:
         check = _best(lambda: reader.table().valid(), 20000)
         table_only = _best(reader.table, 20000)
         valid_only = _best(t.valid, 20000)
-        route = _best(lambda: t.ring_set.route(None, 0, hashes=hashes), 2000)
-        full = _best(lambda: t.ring_set.route(keys, 0), 2000)
+        route = _best(lambda: route_ring_set(t.ring_set, None, 0, hashes=hashes), 2000)
+        full = _best(lambda: route_ring_set(t.ring_set, keys, 0), 2000)
         reader.close()
     print(f"  reader.table() + table.valid(): {check * 1e9:7.0f} ns per batch (best of 7)")
     print(f"    of which table() {table_only * 1e9:.0f} ns, valid() {valid_only * 1e9:.0f} ns")
@@ -374,7 +375,7 @@ def _worker_memory(ns: str, ready, go, conn) -> None:
     before = _memory()
     reader = TableReader(ns)
     t = reader.table()
-    t.ring_set.route(_keys(1000, 5), 0)
+    route_ring_set(t.ring_set, _keys(1000, 5), 0)
     rec = CounterStore.attach(ns).claim()
     rec.record_start(t.slots[:100], time.monotonic_ns())
     gc.collect()

@@ -42,6 +42,7 @@ from perf.common import (
     unique_namespace,
     unlink_namespace,
 )
+from perf.forked import Forked
 
 SIZES = (100, 1_000, 5_000, 20_000)
 PAUSE_S = 0.0005  # between a worker's batches: a worker also serves its requests
@@ -238,49 +239,30 @@ def _remapped_in_background(reader: Any, writer: Any, rs: Any, ejected: Any) -> 
 def _propagation(
     n: int, changes: int, workers: int, background: bool | None = None
 ) -> dict[str, Any]:
-    ctx = multiprocessing.get_context("fork")  # before any publisher exists in this process
+    forked = Forked()  # forks before any publisher exists in this process
     d = _Discovery(unique_namespace("cq"), n)
-    go, stop = ctx.Event(), ctx.Event()
-    procs, pipes = [], []
+    go, stop = forked.ctx.Event(), forked.ctx.Event()
     try:
         for k in range(workers):
-            a, b = ctx.Pipe(duplex=False)
-            p = ctx.Process(
-                target=_worker, args=(d.namespace, k, go, stop, b, background), daemon=True
-            )
-            p.start()
-            procs.append(p)
-            pipes.append(a)
-        for a in pipes:
-            if not a.poll(120) or a.recv() != "forked":
-                raise RuntimeError("a routing process did not start")
+            forked.start(_worker, lambda send, k=k: (d.namespace, k, go, stop, send, background))
+        forked.expect("forked", 120, "start")
         d.start()
         go.set()
-        for a in pipes:
-            if not a.poll(120) or a.recv() != "ready":
-                raise RuntimeError("a routing process did not get ready")
+        forked.expect("ready", 120, "get ready")
         time.sleep(0.3)
         published: list[tuple[int, int]] = []  # (generation, monotonic ns publish returned)
         for _ in range(changes):
             _, _, gen = d.change()
             published.append((gen, time.monotonic_ns()))
             time.sleep(0.4)
-        pss = [pss_bytes(p.pid) for p in procs]
-        pss_anon = [_rollup(p.pid, "Pss_Anon") for p in procs]
+        pss = [pss_bytes(p.pid) for p in forked.procs]
+        pss_anon = [_rollup(p.pid, "Pss_Anon") for p in forked.procs]
         stop.set()
-        runs = []
-        for a in pipes:
-            if not a.poll(120):
-                raise RuntimeError("a routing process did not report")
-            runs.append(a.recv())
+        runs = forked.receive(120, "report")
     finally:
         stop.set()
         go.set()
-        for p in procs:
-            p.join(10)
-            if p.exitcode is None:
-                p.kill()
-                p.join(10)
+        forked.close()
         d.close()
     t_first = published[0][1] - 1  # the window in which publishes happened
     reach, firsts, gaps, steady = [], [], [], []

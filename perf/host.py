@@ -21,6 +21,7 @@ import numpy as np
 
 import lbcore
 from perf.common import LoadedHost, PythonLoopRing, full_route, make_skus, unique_namespace
+from perf.forked import Forked
 
 PUBLISH_EVERY_S = 1.0
 ROUTER = "cslb Router"
@@ -94,43 +95,29 @@ def run_once(
     host: LoadedHost, op: str, procs: int, batch: int, seconds: float, seed: int = 0
 ) -> dict[str, Any]:
     """``procs`` routing processes for ``seconds``; returns the host's totals."""
-    ctx = multiprocessing.get_context("fork")  # no thread runs in this process yet
-    go = ctx.Event()
-    workers, pipes = [], []
+    forked = Forked()  # forks while no thread runs in this process yet
+    go = forked.ctx.Event()
     stop = threading.Event()
     published: list[float] = []
     pub = None
     try:
         for k in range(procs):
-            a, b = ctx.Pipe(duplex=False)
-            p = ctx.Process(
-                target=_worker,
-                args=(host.namespace, host.endpoints, op, batch, seconds, seed * 100 + k, go, b),
-                daemon=True,
+            forked.start(
+                _worker,
+                lambda send, k=k: (
+                    host.namespace, host.endpoints, op, batch, seconds, seed * 100 + k, go, send
+                ),
             )
-            p.start()
-            workers.append(p)
-            pipes.append(a)
-        for a in pipes:
-            if not a.poll(120) or a.recv() != "ready":
-                raise RuntimeError("a routing process did not get ready within 120 s")
+        forked.expect("ready", 120, "get ready")
         pub = threading.Thread(target=_publisher, args=(host, stop, published), daemon=True)
         pub.start()
         go.set()
-        results = []
-        for a in pipes:
-            if not a.poll(seconds + 120):
-                raise RuntimeError("a routing process did not report within its time")
-            results.append(a.recv())
+        results = forked.receive(seconds + 120, "report")
     finally:
         stop.set()
         if pub is not None:
             pub.join(30)
-        for p in workers:
-            p.join(10)
-            if p.exitcode is None:
-                p.kill()
-                p.join(10)
+        forked.close()
     total = sum(r["decisions"] / r["seconds"] for r in results)
     return {
         "processes": procs,

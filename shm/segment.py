@@ -22,15 +22,15 @@ import errno
 import fcntl
 import mmap
 import os
-import platform
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import posix_ipc
 
+from lbcore.fence import IS_TSO as _TSO  # noqa: F401 (shm.tables reads it from here)
+from lbcore.fence import fence
 from shm.errors import (
     NamespaceError,
     ProcessLivenessError,
@@ -245,41 +245,6 @@ def process_alive(pid: int, start_ticks: int) -> bool:
     except ProcessLivenessError:
         return True
     return ticks is not None and ticks == start_ticks
-
-
-# ------------------------------------------------------------------------------------
-# Memory ordering.
-
-_TSO = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686", "x86"}
-_fence_local = threading.local()
-
-
-def _fence_weak() -> None:
-    # A release followed by an acquire of the same (per-thread, otherwise uncontended)
-    # lock: CPython's locks are sem_post / sem_trywait, i.e. an atomic with release
-    # semantics followed by an atomic with acquire semantics. Accesses before the
-    # release cannot move after it and accesses after the acquire cannot move before
-    # it, and on arm64 (RCsc) and POWER a release is not reordered with a later
-    # acquire, so this orders load->load and store->store across the call: exactly the
-    # smp_rmb/smp_wmb a seqlock needs. ~100 ns.
-    lock = getattr(_fence_local, "lock", None)
-    if lock is None:
-        lock = _fence_local.lock = threading.Lock()
-        lock.acquire()
-    lock.release()
-    lock.acquire()
-
-
-def _fence_tso() -> None:
-    # x86-64 is TSO: loads are not reordered with older loads, stores not with older
-    # stores, which is all a seqlock needs; the C compiler cannot move accesses across
-    # the interpreter's calls either. Nothing to do.
-    return None
-
-
-#: Orders this thread's earlier memory accesses before its later ones (loads before
-#: loads, stores before stores) as seen by other CPUs. A no-op on x86-64.
-fence = _fence_tso if _TSO else _fence_weak
 
 
 # ------------------------------------------------------------------------------------

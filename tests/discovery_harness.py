@@ -4,8 +4,6 @@ cleaned up, the discovery loop run in a thread against the fake Kubernetes API, 
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import os
 import signal
@@ -13,8 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +24,10 @@ from discovery.publisher import Publisher
 from discovery.service import Discovery
 from discovery.settings import KnobState
 from lbcore.knobs import ROUTING_KNOBS, defaults
-from shm.segment import SHM_DIR, unlink_name
+from tests.shm_names import Namespaces
+from tests.shm_names import segments as shm_segments
 
 ROOT = Path(__file__).resolve().parent.parent
-_counter = itertools.count()
-PREFIX = f"td{os.getpid()}x"
 
 FAST = WatchTiming(
     connect_timeout_s=1.0,
@@ -43,21 +39,13 @@ FAST = WatchTiming(
 
 
 def segments(ns: str) -> list[str]:
-    try:
-        return sorted("/" + e for e in os.listdir(SHM_DIR) if e.startswith(f"cslb.{ns}."))
-    except OSError:
-        return []
+    """The segments of namespace ``ns``."""
+    return shm_segments(f"{ns}.")
 
 
-@contextlib.contextmanager
-def shm_namespace() -> Iterator[str]:
-    """A namespace of this test alone; every segment under it is unlinked afterwards."""
-    ns = f"{PREFIX}{next(_counter)}{uuid.uuid4().hex[:6]}"
-    try:
-        yield ns
-    finally:
-        for name in segments(ns):
-            unlink_name(name)
+#: ``with shm_namespace() as ns``: a namespace of this test alone; every segment under
+#: it is unlinked afterwards.
+shm_namespace = Namespaces("td").one
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

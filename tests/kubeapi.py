@@ -42,6 +42,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.json_http import send_json
+
 SLICES = "endpointslices"
 CONFIGMAPS = "configmaps"
 _PATHS = {
@@ -210,6 +212,7 @@ class FakeKubeAPI:
         token: str = "test-token",
         tls: tuple[str, str] | None = None,
         rbac: Rbac | None = None,
+        bookmark_every_s: float | None = None,
     ) -> None:
         self.token = token
         self.port = port
@@ -226,7 +229,7 @@ class FakeKubeAPI:
         self.expired_as_http = False  # 410 as an ERROR event (default) or an HTTP status
         self.faults: list[Fault] = []
         self.requests: list[Request] = []
-        self.bookmark_every_s: float | None = None
+        self.bookmark_every_s = bookmark_every_s  # None: bookmarks only when asked
         self.cond = threading.Condition()
         self._bookmarks = 0
         self._closing = threading.Event()
@@ -520,12 +523,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- helpers -------------------------------------------------------------------------
 
     def _json(self, code: int, doc: Any) -> None:
-        body = json.dumps(doc).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, code, doc)
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))

@@ -31,6 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote
 
+from tests.json_http import send_json
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -51,12 +53,7 @@ def serve(port: int, service_ms: float) -> None:
                 state["connections"] += 1
 
         def _answer(self, status: int, doc: object) -> None:
-            body = json.dumps(doc).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_json(self, status, doc)
 
         def _product(self, key: str) -> dict:
             return {"key": key, "pod": port}

@@ -18,6 +18,7 @@ from discovery.publisher import Publisher
 from discovery.ringstate import FadeParams, RingState
 from discovery.static import EndpointSpec
 from lbcore.knobs import defaults
+from lbcore.route import route_ring_set
 from tests.discovery_harness import ROOT, Proc, segments, shm_namespace, wait_until
 from tests.kubeapi import CONFIGMAPS, SLICES, FakeKubeAPI, configmap, endpoint, endpoint_slice
 from workers.surfaces import inspect_report as inspect_cmd
@@ -62,13 +63,8 @@ def catalog_slice(name, addrs):
 
 @pytest.fixture
 def kube():
-    api = FakeKubeAPI()
-    api.bookmark_every_s = 0.5
-    api.start()
-    try:
+    with FakeKubeAPI(bookmark_every_s=0.5) as api:
         yield api
-    finally:
-        api.stop()
 
 
 @pytest.fixture
@@ -126,9 +122,9 @@ def test_discovery_process_publishes_what_a_reader_sees_and_cleans_up(kube, proc
             assert r.writer_pid() == p.pid and r.writer_alive()
             keys = [f"sku-{i}" for i in range(200)]
             ring = lbcore.Ring(want)
-            assert [t.endpoints[i] for i in t.ring_set.route(keys, time.monotonic_ns())] == [
-                want[i] for i in ring.lookup(keys)
-            ]
+            assert [
+                t.endpoints[i] for i in route_ring_set(t.ring_set, keys, time.monotonic_ns())
+            ] == [want[i] for i in ring.lookup(keys)]
             kube.put(SLICES, NS, catalog_slice("catalog-b", ["10.3.0.4"]))
             wait_until(lambda: r.generation() == 2, 10, "generation 2")
             t = r.table()

@@ -11,6 +11,7 @@ from discovery.events import EventLog
 from discovery.informers import ConfigMapInformer, EndpointSliceInformer
 from discovery.kube import ListWatch, WatchTiming
 from discovery.kube_client import KubeConfigError, load_client
+from tests.discovery_harness import FAST
 from tests.kubeapi import (
     CONFIGMAPS,
     SLICES,
@@ -21,13 +22,6 @@ from tests.kubeapi import (
 )
 
 NS = "shop"
-FAST = WatchTiming(
-    connect_timeout_s=1.0,
-    request_timeout_s=1.0,
-    watch_timeout_s=2.0,
-    backoff_s=0.05,
-    backoff_max_s=0.2,
-)
 
 
 def ips(n, start=1, prefix="10.1.0"):
@@ -83,13 +77,9 @@ class Recorder:
 
 @pytest.fixture
 def kube():
-    api = FakeKubeAPI()
-    api.bookmark_every_s = 0.3  # keeps quiet watches inside the 1 s read timeout
-    api.start()
-    try:
+    # Bookmarks keep quiet watches inside the 1 s read timeout.
+    with FakeKubeAPI(bookmark_every_s=0.3) as api:
         yield api
-    finally:
-        api.stop()
 
 
 @pytest.fixture
@@ -124,6 +114,15 @@ def urls(addrs, port=8080):
     return [f"http://{a}:{port}" for a in addrs]
 
 
+def listed_two_pods(kube, informer, timing=FAST):
+    """An informer started on one slice of two pods, once it has listed them."""
+    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
+    rec = Recorder()
+    inf = informer(rec, timing)
+    rec.wait_addresses(urls(ips(2)))
+    return rec, inf
+
+
 def test_list_seeds_then_watch_follows(kube, informer):
     kube.put(SLICES, NS, slice_of("catalog-a", ips(3)))
     kube.put(SLICES, NS, slice_of("other-a", ["10.9.9.9"], service="other"))
@@ -151,10 +150,7 @@ def test_list_seeds_then_watch_follows(kube, informer):
 
 def test_bookmarks_advance_the_resource_version(kube, informer):
     kube.bookmark_every_s = None
-    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
-    rec = Recorder()
-    inf = informer(rec, WatchTiming(1.0, 5.0, 30.0, 0.05, 0.2))
-    rec.wait_addresses(urls(ips(2)))
+    rec, inf = listed_two_pods(kube, informer, WatchTiming(1.0, 5.0, 30.0, 0.05, 0.2))
     kube.wait_for_requests("watch", SLICES, 1)
     # Changes to another Service move the resource version without events for us.
     for i in range(5):
@@ -247,10 +243,7 @@ def test_a_list_without_items_is_an_error_not_an_empty_service(kube, informer, m
 
 
 def test_a_silent_watch_is_dropped_at_the_read_timeout(kube, informer):
-    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
-    rec = Recorder()
-    inf = informer(rec)
-    rec.wait_addresses(urls(ips(2)))
+    rec, inf = listed_two_pods(kube, informer)
     kube.fail("watch", SLICES, "silent", events=0)
     kube.pause()  # end the current watch; the next one is silent: no data, no FIN
     kube.resume()
@@ -270,10 +263,7 @@ def test_a_silent_watch_is_dropped_at_the_read_timeout(kube, informer):
 
 
 def test_a_watch_dropped_mid_stream_resumes_where_it_was(kube, informer):
-    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
-    rec = Recorder()
-    inf = informer(rec)
-    rec.wait_addresses(urls(ips(2)))
+    rec, inf = listed_two_pods(kube, informer)
     kube.fail("watch", SLICES, "drop", events=1)
     kube.pause()
     kube.put(SLICES, NS, slice_of("catalog-b", ["10.2.0.1"]))
@@ -542,10 +532,7 @@ def _stall_timing(idle_s: float) -> WatchTiming:
 
 
 def _stalled_watch(kube, informer, timing):
-    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
-    rec = Recorder()
-    inf = informer(rec, timing=timing)
-    rec.wait_addresses(urls(ips(2)))
+    rec, inf = listed_two_pods(kube, informer, timing)
     fault = kube.fail("watch", SLICES, "silent", events=0)
     kube.pause()  # end the current watch; the next one is silent: no data, no FIN
     kube.resume()
@@ -584,10 +571,7 @@ def test_a_stalled_watch_is_cut_and_relisted_when_a_list_shows_what_it_missed(ku
 
 def test_a_quiet_watch_with_bookmarks_is_never_cut(kube, informer):
     kube.bookmark_every_s = 2.5  # rarer than the idle time, as kube-apiserver's (~1 min)
-    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
-    rec = Recorder()
-    inf = informer(rec, timing=_stall_timing(idle_s=1.0))
-    rec.wait_addresses(urls(ips(2)))
+    rec, inf = listed_two_pods(kube, informer, _stall_timing(idle_s=1.0))
     deadline = time.monotonic() + 20
     while inf.watch.stats["bookmarks"] < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -634,10 +618,7 @@ def test_a_stalled_watch_resumes_within_30_s_with_the_default_settings(kube, inf
 )
 def test_an_undecodable_watch_event_relists_and_the_informer_catches_up(kube, informer, bad):
     how, kind, _ = bad
-    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
-    rec = Recorder()
-    inf = informer(rec)
-    rec.wait_addresses(urls(ips(2)))
+    rec, inf = listed_two_pods(kube, informer)
     if how == "raw_line":
         kube.raw_line(SLICES, NS, b"{{{ not json")
     else:
@@ -658,10 +639,7 @@ def test_an_undecodable_watch_event_relists_and_the_informer_catches_up(kube, in
 
 
 def test_a_400_on_resume_relists(kube, informer):
-    kube.put(SLICES, NS, slice_of("catalog-a", ips(2)))
-    rec = Recorder()
-    inf = informer(rec)
-    rec.wait_addresses(urls(ips(2)))
+    rec, inf = listed_two_pods(kube, informer)
     kube.fail("watch", SLICES, "status", code=400, times=-1)
     kube.pause()  # end the open watch: the next ones are refused
     kube.resume()

@@ -27,6 +27,7 @@ from discovery.settings import (
 )
 from discovery.static import EndpointsFileError, EndpointsFileWatcher, EndpointSpec
 from lbcore.knobs import ROUTING_KNOBS, KnobError, defaults
+from lbcore.route import route_ring_set
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,7 +118,7 @@ def test_deletion_leaves_every_ring_at_once_mid_fade():
         assert not gone & {rs.endpoints[o] for o in np.unique(ring.owners)}
     assert len(rs.starts_ns) == 2  # fades go on
     keys = [f"k{i}" for i in range(2000)]
-    idx = rs.route(keys, 3 * S)
+    idx = route_ring_set(rs, keys, 3 * S)
     assert not gone & {rs.endpoints[i] for i in idx}
 
 
@@ -129,7 +130,7 @@ def test_completed_fade_collapses_in_the_next_transition_only():
     assert t.collapsed == 1 and t.ring_set.starts_ns == () and not t.routing_changed
     keys = [f"k{i}" for i in range(3000)]
     assert np.array_equal(
-        st.ring_set.route(keys, 40 * S), t.ring_set.route(keys, 40 * S)
+        route_ring_set(st.ring_set, keys, 40 * S), route_ring_set(t.ring_set, keys, 40 * S)
     )  # collapsing changes no route
 
 

@@ -20,11 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 import lbcore
 import shm
 from tests.gunicorn_harness import Server, alive, cmdline, serving, wait_for
+from tests.serve_probes import metrics
 
 DEBOUNCE_S = 0.3
 FILE_POLL_S = 0.1  # the harness's CSLB_FILE_POLL
@@ -50,16 +50,6 @@ def _route(server: Server, keys: list) -> tuple[int, dict]:
         return int(resp.getheader("X-Worker-Pid")), body
     finally:
         conn.close()
-
-
-def _metrics(server: Server) -> dict[str, list]:
-    status, body = server.request("GET", "/metrics")
-    assert status == 200
-    out: dict[str, list] = {}
-    for fam in text_string_to_metric_families(body.decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append(s)
-    return out
 
 
 def _per_worker(server: Server, workers: set[int], check, what: str, timeout_s: float) -> float:
@@ -102,7 +92,7 @@ def test_serve_end_to_end(threads: int, tmp_path: Path) -> None:
         # The startup log and cslb_build_info say which routing kernel runs.
         (started,) = server.events("master_started")
         assert started["kernel"] == lbcore.kernel_name()
-        (info,) = _metrics(server)["cslb_build_info"]
+        (info,) = metrics(server)["cslb_build_info"]
         assert info.labels["kernel"] == lbcore.kernel_name()
 
         # 1. Every worker routes exactly as lbcore's ring over the same endpoints.
@@ -129,9 +119,9 @@ def test_serve_end_to_end(threads: int, tmp_path: Path) -> None:
             server, workers, lambda b: b["generation"] > gen0, "the new generation", 10.0
         )
         assert took <= DEBOUNCE_S + FILE_POLL_S + 1.0, f"took {took:.2f} s"
-        shares = _metrics(server).get("cslb_fade_share", [])
+        shares = metrics(server).get("cslb_fade_share", [])
         assert len(shares) == 1 and 0.0 < shares[0].value < 1.0, shares
-        gens = _metrics(server)["cslb_table_generation"]
+        gens = metrics(server)["cslb_table_generation"]
         assert gens[0].value > gen0
 
         # 3. SIGKILL a worker in the middle of a tracked request.
@@ -154,7 +144,7 @@ def test_serve_end_to_end(threads: int, tmp_path: Path) -> None:
 
         def in_flight() -> dict[str, float]:
             return {
-                s.labels["endpoint"]: s.value for s in _metrics(server)["cslb_endpoint_in_flight"]
+                s.labels["endpoint"]: s.value for s in metrics(server)["cslb_endpoint_in_flight"]
             }
 
         wait_for("in-flight 1 host-wide", lambda: in_flight().get(endpoint) == 1.0, 5.0)

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 import lbcore
+from lbcore.draws import unit_interval
 from lbcore.fade import (
     FADE_SALT,
     RingSet,
@@ -9,7 +10,7 @@ from lbcore.fade import (
     skipper_fadein_candidates,
     skipper_fadein_route,
 )
-from lbcore.hashing import unit_interval
+from lbcore.route import route_ring_set
 from tests import reference as ref
 
 S = 1_000_000_000
@@ -72,17 +73,19 @@ def test_share_of_keys_on_the_new_ring_follows_the_curve():
         now = T0 + int(frac * D)
         on_new = (ring_of(rs, h, now) == 1).mean()
         assert abs(on_new - frac**2.5) < 0.01
-        np.testing.assert_array_equal(rs.route(None, now, hashes=h), on_own_ring(rs, h, now))
+        np.testing.assert_array_equal(
+            route_ring_set(rs, None, now, hashes=h), on_own_ring(rs, h, now)
+        )
 
 
 def test_each_key_moves_at_most_once_and_only_to_new_pods():
     rs = RingSet(BASE).scale_up(NEW1, T0)
     steady = lbcore.Ring(BASE + NEW1).lookup(KEYS)
-    before = RingSet(BASE).route(KEYS, T0)
+    before = route_ring_set(RingSet(BASE), KEYS, T0)
     prev = names(rs, before)
     changes = np.zeros(KEYS.size, dtype=int)
     for t in range(T0, T0 + D + S, S):
-        cur = names(rs, rs.route(KEYS, t))
+        cur = names(rs, route_ring_set(rs, KEYS, t))
         moved = cur != prev
         assert set(cur[moved].tolist()) <= set(NEW1)
         changes += moved
@@ -98,7 +101,7 @@ def test_overlapping_events_each_follow_their_own_curve():
     rs = RingSet(BASE).scale_up(NEW1, T0).scale_up(NEW2, t2)
     assert rs.starts_ns == (T0, t2)
     h = lbcore.hash_keys(KEYS)
-    prev = names(rs, rs.route(KEYS, T0))
+    prev = names(rs, route_ring_set(rs, KEYS, T0))
     first_moves = np.zeros(KEYS.size, dtype=int)
     second_moves = np.zeros(KEYS.size, dtype=int)
     for t in range(T0, t2 + D + S, S):
@@ -107,7 +110,7 @@ def test_overlapping_events_each_follow_their_own_curve():
         choice = ring_of(rs, h, t)
         assert abs((choice >= 1).mean() - shares[0]) < 0.01
         assert abs((choice == 2).mean() - shares[1]) < 0.01
-        routed = rs.route(KEYS, t)
+        routed = route_ring_set(rs, KEYS, t)
         if t % (5 * S) == 0:
             np.testing.assert_array_equal(routed, on_own_ring(rs, h, t))
         cur = names(rs, routed)
@@ -125,11 +128,11 @@ def test_deleted_pod_receives_nothing_from_the_moment_it_is_deleted():
     t = T0 + 15 * S
     for gone in (BASE[3], NEW1[2]):
         after = rs.remove([gone])
-        got = names(after, after.route(KEYS, t))
+        got = names(after, route_ring_set(after, KEYS, t))
         assert gone not in set(got.tolist())
         assert gone not in after.endpoints
         # Keys of other pods stay where they were.
-        was = names(rs, rs.route(KEYS, t))
+        was = names(rs, route_ring_set(rs, KEYS, t))
         assert np.array_equal(got[was != gone], was[was != gone])
 
 
@@ -141,7 +144,7 @@ def test_deleting_every_new_pod_drops_the_fading_ring():
 def test_deleting_every_established_pod_promotes_the_oldest_fading_ring():
     rs = RingSet(BASE).scale_up(NEW1, T0).remove(BASE)
     assert rs.starts_ns == () and set(rs.endpoints) == set(NEW1)
-    assert (rs.route(KEYS[:100], T0 + S) >= 0).all()
+    assert (route_ring_set(rs, KEYS[:100], T0 + S) >= 0).all()
 
 
 def test_advance_collapses_completed_fades():
@@ -152,7 +155,9 @@ def test_advance_collapses_completed_fades():
     assert mid.starts_ns == (t2,)
     assert sorted(mid.tiers.tolist()) == [0] * 30 + [1] * 5
     t = T0 + D + 3 * S
-    assert np.array_equal(names(mid, mid.route(KEYS, t)), names(rs, rs.route(KEYS, t)))
+    assert np.array_equal(
+        names(mid, route_ring_set(mid, KEYS, t)), names(rs, route_ring_set(rs, KEYS, t))
+    )
     done = rs.advance(t2 + D)
     assert done.starts_ns == ()
 
@@ -168,14 +173,14 @@ def test_bounded_routing_through_the_ring_set():
     rs = RingSet(BASE).scale_up(NEW1, T0)
     loads = np.zeros(len(rs.endpoints))
     loads[0] = 1000.0
-    got = rs.route(KEYS[:5000], T0 + 20 * S, loads=loads, balance_factor=1.25)
+    got = route_ring_set(rs, KEYS[:5000], T0 + 20 * S, loads=loads, balance_factor=1.25)
     assert 0 not in set(got.tolist())
-    plain = rs.route(KEYS[:5000], T0 + 20 * S)
+    plain = route_ring_set(rs, KEYS[:5000], T0 + 20 * S)
     assert np.array_equal(got[plain != 0], plain[plain != 0])
 
 
 def test_empty_ring_set_is_fallback():
-    assert RingSet([]).route(["a", "b"], T0).tolist() == [-1, -1]
+    assert route_ring_set(RingSet([]), ["a", "b"], T0).tolist() == [-1, -1]
     assert RingSet([]).scale_up(NEW1, T0).starts_ns == ()
 
 
@@ -223,17 +228,19 @@ def test_listing_every_endpoint_answers_as_listing_none():
     keys = KEYS[:4000]
     rng = np.random.default_rng(2)
     for t in (T0, T0 + 7 * S, t2 + 5 * S, t2 + D):
-        grouped = rs.route(keys, t, candidates=everyone)
-        assert np.array_equal(rs.route(keys, t), grouped)
-        assert [int(rs.route(keys[i : i + 1], t)[0]) for i in range(0, 400, 7)] == grouped[
-            :400:7
-        ].tolist()
+        grouped = route_ring_set(rs, keys, t, candidates=everyone)
+        assert np.array_equal(route_ring_set(rs, keys, t), grouped)
+        assert [
+            int(route_ring_set(rs, keys[i : i + 1], t)[0]) for i in range(0, 400, 7)
+        ] == grouped[:400:7].tolist()
         loads = rng.exponential(1.0, len(rs.endpoints))
-        want = rs.route(keys, t, loads=loads, balance_factor=1.25, max_hops=5, candidates=everyone)
-        got = rs.route(keys, t, loads=loads, balance_factor=1.25, max_hops=5)
+        want = route_ring_set(
+            rs, keys, t, loads=loads, balance_factor=1.25, max_hops=5, candidates=everyone
+        )
+        got = route_ring_set(rs, keys, t, loads=loads, balance_factor=1.25, max_hops=5)
         assert np.array_equal(got, want)
         assert (
-            rs.route(keys[:3], t, loads=loads, balance_factor=1.25, max_hops=5).tolist()
+            route_ring_set(rs, keys[:3], t, loads=loads, balance_factor=1.25, max_hops=5).tolist()
             == want[:3].tolist()
         )
 
@@ -257,7 +264,7 @@ def test_deletion_through_with_endpoints_and_bounded_routing():
     after = rs.with_endpoints([e for e in rs.endpoints if e not in gone], t)
     assert after.starts_ns == rs.starts_ns
     loads = np.zeros(len(after.endpoints))
-    got = names(after, after.route(KEYS[:20000], t, loads=loads, balance_factor=1.25))
+    got = names(after, route_ring_set(after, KEYS[:20000], t, loads=loads, balance_factor=1.25))
     assert not set(got.tolist()) & set(gone)
 
 
@@ -271,13 +278,15 @@ def test_ring_set_routing_takes_every_parameter():
     keys = KEYS[:20000]
     h = lbcore.hash_keys(keys)
     for bf, hops in ((1.25, 1), (1.25, 4), (1.6, 1), (1.0, None)):
-        want = rs.route(keys, t, loads=loads, balance_factor=bf, max_hops=hops, candidates=everyone)
-        got = rs.route(keys, t, loads=loads, balance_factor=bf, max_hops=hops)
+        want = route_ring_set(
+            rs, keys, t, loads=loads, balance_factor=bf, max_hops=hops, candidates=everyone
+        )
+        got = route_ring_set(rs, keys, t, loads=loads, balance_factor=bf, max_hops=hops)
         assert np.array_equal(got, want), (bf, hops)
         own = on_own_ring(rs, h, t, loads=loads, bf=bf, hops=hops)
         assert np.array_equal(got, own), (bf, hops)
     with pytest.raises(lbcore.ArgumentError, match="needs loads"):
-        rs.route(keys, t, balance_factor=1.25)
+        route_ring_set(rs, keys, t, balance_factor=1.25)
 
 
 def test_from_parts_wraps_a_built_set():
@@ -291,7 +300,7 @@ def test_from_parts_wraps_a_built_set():
         exponent=rs.exponent,
     )
     t = T0 + 9 * S
-    assert np.array_equal(parts.route(KEYS[:5000], t), rs.route(KEYS[:5000], t))
+    assert np.array_equal(route_ring_set(parts, KEYS[:5000], t), route_ring_set(rs, KEYS[:5000], t))
     with pytest.raises(lbcore.FadeError, match="disagree"):
         RingSet.from_parts(
             rs.endpoints,
@@ -328,30 +337,32 @@ def test_each_key_is_routed_as_its_own_ring_alone_would(seed, kernel):
     now = t + int(rng.integers(0, D))
     kw = {} if bf is None else {"loads": loads, "balance_factor": bf}
     h = lbcore.hash_keys(KEYS[:5000])
-    got = rs.route(None, now, **kw, candidates=cand, max_hops=hops, attempt=attempt, hashes=h)
+    got = route_ring_set(
+        rs, None, now, **kw, candidates=cand, max_hops=hops, attempt=attempt, hashes=h
+    )
     want = on_own_ring(rs, h, now, cand, loads if bf else None, bf, hops, attempt)
     np.testing.assert_array_equal(got, want)
     if cand is not None and cand.any():
         assert not np.isin(got, np.flatnonzero(~cand)).any()
     plan = lbcore.Plan(rs, now, ejected=None if cand is None else ~cand, max_hops=hops, **kw)
     answer, _ = plan.answers()
-    first = rs.route(None, now, **kw, candidates=cand, max_hops=hops, hashes=h)
+    first = route_ring_set(rs, None, now, **kw, candidates=cand, max_hops=hops, hashes=h)
     np.testing.assert_array_equal(answer[ring_of(rs, h, now), rs.master.positions(h)], first)
 
 
 def test_routing_checks_its_inputs_and_lists_candidates():
     rs = RingSet(BASE[:5]).scale_up(NEW1[:2], T0)
     keys = KEYS[:300]
-    assert (rs.route(keys, T0, candidates=np.zeros(7, bool)) == -1).all()
-    assert (rs.route(keys, T0, candidates=[3]) == 3).all()
+    assert (route_ring_set(rs, keys, T0, candidates=np.zeros(7, bool)) == -1).all()
+    assert (route_ring_set(rs, keys, T0, candidates=[3]) == 3).all()
     with pytest.raises(lbcore.ArgumentError, match="needs loads"):
-        rs.route(keys, T0, balance_factor=1.25)
+        route_ring_set(rs, keys, T0, balance_factor=1.25)
     with pytest.raises(lbcore.LoadError):
-        rs.route(keys, T0, loads=np.ones(3), balance_factor=1.25)
+        route_ring_set(rs, keys, T0, loads=np.ones(3), balance_factor=1.25)
     with pytest.raises(lbcore.BalanceFactorError):
-        rs.route(keys, T0, loads=np.ones(7), balance_factor=0.5)
+        route_ring_set(rs, keys, T0, loads=np.ones(7), balance_factor=0.5)
     with pytest.raises(lbcore.CandidatesError):
-        rs.route(keys, T0, candidates=[9])
+        route_ring_set(rs, keys, T0, candidates=[9])
 
 
 def _skipper_per_key(ring, h, scores, thr, listed, attempt, loads=None, bf=None, hops=None):
@@ -438,7 +449,7 @@ def test_removing_an_alias_drops_its_nodes_while_its_host_stays():
     assert [len(r) for r in out.rings] == [800, 1000]
     _assert_same_set(out, RingSet([*_HOSTS, *_LATER], [0] * 8 + [1, 1], (10,)))
     h = lbcore.hash_keys(KEYS[:5000])
-    assert set(out.route(None, 15, hashes=h).tolist()) <= set(range(len(out.endpoints)))
+    assert set(route_ring_set(out, None, 15, hashes=h).tolist()) <= set(range(len(out.endpoints)))
 
 
 def test_aliases_in_different_tiers_stay_in_their_own_rings():
@@ -540,7 +551,7 @@ def _fmix64(h: int, salt: int) -> int:
 def test_the_fade_draw_is_fmix64_and_the_plan_picks_the_newest_ring_below_it(kernel):
     """The vectorized draw against fmix64 per key, and the plan's integer thresholds
     against the rule in floats: the newest ring k with u < s_k(t)."""
-    from lbcore.hashing import mix64
+    from lbcore.draws import mix64
 
     rng = np.random.default_rng(5)
     d_ns = 30_000_000_000
@@ -554,6 +565,8 @@ def test_the_fade_draw_is_fmix64_and_the_plan_picks_the_newest_ring_below_it(ker
     assert mix64(h, 12345).tolist() == [_fmix64(x, 12345) for x in h.tolist()]  # any salt
     seen = set()
     for now in [t0 - 1, t0, t0 + 1, *rng.integers(t0, t0 + 2 * d_ns, 10).tolist(), t0 + 5 * d_ns]:
-        np.testing.assert_array_equal(rs.route(None, now, hashes=h), on_own_ring(rs, h, now))
+        np.testing.assert_array_equal(
+            route_ring_set(rs, None, now, hashes=h), on_own_ring(rs, h, now)
+        )
         seen.update(ring_of(rs, h, now).tolist())
     assert seen == {0, 1, 2}

@@ -5,7 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lbcore
-from lbcore.hashing import VECTOR_MIN_BATCH, unit_interval
+from lbcore.draws import unit_interval
+
+# A batch of a few hundred keys: hypothesis' short examples repeated.
+LONG = 529
 
 
 def ref(k):
@@ -39,13 +42,11 @@ def test_int_keys_hash_as_decimal_strings(keys):
     assert lbcore.hash_keys(keys).tolist() == [ref(str(k)) for k in keys]
 
 
-# The vectorized strategy only runs from VECTOR_MIN_BATCH keys on: pad hypothesis' examples
-# up to that size so both strategies see arbitrary keys.
 @settings(max_examples=60, deadline=None)
 @given(st.lists(text, min_size=1, max_size=30), st.integers(0, 3))
-def test_vectorized_str_path_matches(keys, seed):
+def test_long_str_batches_and_object_arrays_match(keys, seed):
     rng = np.random.default_rng(seed)
-    batch = [keys[i] for i in rng.integers(0, len(keys), VECTOR_MIN_BATCH + 17)]
+    batch = [keys[i] for i in rng.integers(0, len(keys), LONG)]
     assert lbcore.hash_keys(batch).tolist() == [ref(k) for k in batch]
     as_array = np.array(batch, dtype=object)
     assert lbcore.hash_keys(as_array).tolist() == [ref(k) for k in batch]
@@ -53,31 +54,31 @@ def test_vectorized_str_path_matches(keys, seed):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(blobs, min_size=1, max_size=30), st.integers(0, 3))
-def test_vectorized_bytes_path_matches(keys, seed):
+def test_long_bytes_batches_match(keys, seed):
     rng = np.random.default_rng(seed)
-    batch = [keys[i] for i in rng.integers(0, len(keys), VECTOR_MIN_BATCH + 5)]
+    batch = [keys[i] for i in rng.integers(0, len(keys), LONG)]
     assert lbcore.hash_keys(batch).tolist() == [ref(k) for k in batch]
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=30), st.integers(0, 3))
-def test_vectorized_int_paths_match(keys, seed):
+def test_long_int_batches_and_int64_arrays_match(keys, seed):
     rng = np.random.default_rng(seed)
-    batch = [keys[i] for i in rng.integers(0, len(keys), VECTOR_MIN_BATCH + 3)]
+    batch = [keys[i] for i in rng.integers(0, len(keys), LONG)]
     want = [ref(str(k)) for k in batch]
     assert lbcore.hash_keys(batch).tolist() == want
     assert lbcore.hash_keys(np.array(batch, dtype=np.int64)).tolist() == want
 
 
-def test_uint64_extremes_and_mixed_int_lengths():
+def test_uint64_extremes_and_mixed_int_lengths(kernel):
     vals = np.array([0, 1, 9, 10, 99, 100, 2**63, 2**64 - 1] * 100, dtype=np.uint64)
     assert lbcore.hash_keys(vals).tolist() == [ref(str(int(v))) for v in vals]
     neg = np.array([-(2**63), -1, -10, 0, 7] * 120, dtype=np.int64)
     assert lbcore.hash_keys(neg).tolist() == [ref(str(int(v))) for v in neg]
 
 
-@pytest.mark.parametrize("n", [1, 3, VECTOR_MIN_BATCH - 1, VECTOR_MIN_BATCH, 3000])
-def test_numpy_string_arrays(n):
+@pytest.mark.parametrize("n", [1, 3, LONG, 3000])
+def test_numpy_string_arrays(kernel, n):
     rng = np.random.default_rng(n)
     keys = [
         "".join(rng.choice(list("ABCDEF0123-"), size=int(rng.integers(0, 40)))) for _ in range(n)
@@ -88,29 +89,29 @@ def test_numpy_string_arrays(n):
     assert lbcore.hash_keys(np.array(keys, dtype=np.dtypes.StringDType())).tolist() == want
 
 
-def test_non_ascii_unicode_array_vectorized():
+def test_non_ascii_unicode_array(kernel):
     keys = ["ürün-42", "商品", "é", "e\u0301", "\u200b", "🙂"] * 100
     assert lbcore.hash_keys(np.array(keys)).tolist() == [ref(k) for k in keys]
 
 
-def test_keys_with_newlines_and_long_keys_take_the_general_path():
+def test_keys_with_newlines_and_long_keys(kernel):
     keys = ["a\nb", "line\n", "", "x" * 4096] * 200
     assert lbcore.hash_keys(keys).tolist() == [ref(k) for k in keys]
 
 
-def test_123_and_str_123_route_alike():
+def test_123_and_str_123_route_alike(kernel):
     assert lbcore.hash_keys([123]).tolist() == lbcore.hash_keys(["123"]).tolist()
     assert lbcore.hash_keys(np.array([123])).tolist() == lbcore.hash_keys([b"123"]).tolist()
 
 
-def test_scalar_key_is_a_batch_of_one():
+def test_scalar_key_is_a_batch_of_one(kernel):
     assert lbcore.hash_keys("abc").tolist() == [ref("abc")]
     assert lbcore.hash_keys(5).tolist() == [ref("5")]
 
 
 @pytest.mark.parametrize("bad", [1.5, None, True, object(), [1], {"a": 1}])
-@pytest.mark.parametrize("n", [3, VECTOR_MIN_BATCH + 1])
-def test_unsupported_key_types_name_the_key(bad, n):
+@pytest.mark.parametrize("n", [3, LONG])
+def test_unsupported_key_types_name_the_key(kernel, bad, n):
     for base in ("abc", 7, b"abc"):
         keys = [base] * n
         keys[1] = bad
@@ -118,23 +119,23 @@ def test_unsupported_key_types_name_the_key(bad, n):
             lbcore.hash_keys(keys)
 
 
-def test_bool_array_and_float_array_rejected():
+def test_bool_array_and_float_array_rejected(kernel):
     with pytest.raises(lbcore.KeyTypeError, match="dtype"):
         lbcore.hash_keys(np.array([1.0, 2.0]))
     with pytest.raises(lbcore.KeyTypeError, match="dtype"):
         lbcore.hash_keys(np.array([True]))
 
 
-@pytest.mark.parametrize("n", [2, VECTOR_MIN_BATCH + 2])
-def test_lone_surrogate_is_a_clear_error(n):
+@pytest.mark.parametrize("n", [2, LONG])
+def test_lone_surrogate_is_a_clear_error(kernel, n):
     keys = ["ok"] * n
     keys[-1] = "bad\ud800"
     with pytest.raises(lbcore.KeyEncodingError, match=f"key {n - 1} is not valid Unicode"):
         lbcore.hash_keys(keys)
 
 
-@pytest.mark.parametrize("n", [2, VECTOR_MIN_BATCH + 2])
-def test_max_key_bytes(n):
+@pytest.mark.parametrize("n", [2, LONG])
+def test_max_key_bytes(kernel, n):
     keys = ["k"] * n
     keys[1] = "é" * 2049  # 4098 UTF-8 bytes
     with pytest.raises(lbcore.KeyTooLongError, match="key 1 is 4098 bytes long"):
@@ -143,7 +144,7 @@ def test_max_key_bytes(n):
     assert lbcore.hash_keys(keys, max_key_bytes=lbcore.MAX_KEY_BYTES).size == n
 
 
-def test_empty_batch():
+def test_empty_batch(kernel):
     assert lbcore.hash_keys([]).dtype == np.uint64 and lbcore.hash_keys([]).size == 0
     assert lbcore.hash_keys(np.array([], dtype="U1")).size == 0
 
@@ -161,7 +162,7 @@ def test_unit_interval_is_uniform_and_salted():
 
 
 def test_below_equals_the_float_comparison_exactly():
-    from lbcore.hashing import below, unit_threshold
+    from lbcore.draws import below, unit_threshold
 
     h = lbcore.hash_keys(np.arange(200_000))
     u = unit_interval(h, 77)
@@ -173,22 +174,19 @@ def test_below_equals_the_float_comparison_exactly():
     assert unit_threshold(0.0) == 0 and unit_threshold(1.0) == 1 << 64
 
 
-def test_long_batches_are_hashed_in_blocks_with_batch_wide_error_positions():
-    from lbcore.hashing import BLOCK
-
-    n = 2 * BLOCK + 123
+def test_a_long_batch_names_a_bad_key_by_its_index_in_the_batch(kernel):
+    n = 70_000
     keys = [f"B{i}" for i in range(n)]
     assert lbcore.hash_keys(keys).tolist() == [ref(k) for k in keys]
     ids = np.arange(n, dtype=np.int64) * 7
     assert lbcore.hash_keys(ids)[-5:].tolist() == [ref(str(int(v))) for v in ids[-5:]]
-    keys[BLOCK + 7] = None
-    with pytest.raises(lbcore.KeyTypeError, match=f"key {BLOCK + 7} has type NoneType"):
+    keys[n - 7] = None
+    with pytest.raises(lbcore.KeyTypeError, match=f"key {n - 7} has type NoneType"):
         lbcore.hash_keys(keys)
 
 
-def test_max_key_bytes_counts_utf8_bytes_on_the_short_str_path():
-    # Up to a quarter of the limit in code points needs no encoded length; beyond,
-    # the encoded length decides (4-byte, 2-byte and 1-byte code points).
+def test_max_key_bytes_counts_utf8_bytes(kernel):
+    # The encoded length decides (4-byte, 2-byte and 1-byte code points).
     lim = 4096
     ok = ["\U0001f600" * 1024, "ü" * 2048, "a" * 4096, "k"]
     np.testing.assert_array_equal(lbcore.hash_keys(ok, max_key_bytes=lim), lbcore.hash_keys(ok))
@@ -196,7 +194,7 @@ def test_max_key_bytes_counts_utf8_bytes_on_the_short_str_path():
         with pytest.raises(lbcore.KeyTooLongError, match="key 1 is"):
             lbcore.hash_keys(bad, max_key_bytes=lim)
     with pytest.raises(lbcore.KeyTooLongError):
-        lbcore.hash_keys(["k", b"x" * 5000], max_key_bytes=lim)  # mixed types: checked path
+        lbcore.hash_keys(["k", b"x" * 5000], max_key_bytes=lim)
     with pytest.raises(lbcore.KeyTypeError):
         lbcore.hash_keys(["k", 1.5], max_key_bytes=lim)
     # A batch whose UTF-8 fits the limit altogether, and one key that cannot encode.
@@ -209,7 +207,7 @@ def test_max_key_bytes_counts_utf8_bytes_on_the_short_str_path():
 
 
 @pytest.mark.parametrize("n", [600, 3000])
-def test_long_bytes_batches_take_the_joined_path_and_match_xxhash(n):
+def test_long_bytes_batches_match_xxhash(kernel, n):
     import xxhash
 
     rng = np.random.default_rng(n)
@@ -224,38 +222,7 @@ def test_long_bytes_batches_take_the_joined_path_and_match_xxhash(n):
         lbcore.hash_keys([*same[:-1], b"x" * 5000], max_key_bytes=4096)
 
 
-def test_long_str_batches_are_joined_once_and_hash_like_short_ones():
-    from lbcore import hashing
-    from lbcore.hashing import BLOCK
-
-    rng = np.random.default_rng(9)
-    n = 2 * BLOCK + 51
-    skus = [f"K{int(v):012d}" for v in rng.integers(0, 10**12, n)]
-    accented = list(skus)
-    accented[BLOCK + 3] = "é" + skus[BLOCK + 3][1:]  # same code points, one more byte
-    shifted = list(skus)
-    shifted[BLOCK + 5] += "x"  # one key longer, the next shorter: blocks still line up
-    shifted[BLOCK + 6] = shifted[BLOCK + 6][:-1]
-    for keys in (skus, tuple(skus), accented, shifted):
-        got = hashing._hash_long_str(keys, None)
-        assert got is not None  # the joined path
-        assert got.tolist() == [ref(k) for k in keys]
-        assert lbcore.hash_keys(keys).tolist() == got.tolist()
-    with pytest.raises(lbcore.KeyTooLongError, match=f"key {BLOCK + 5} is 14 bytes"):
-        lbcore.hash_keys(shifted, max_key_bytes=13)
-    # Not for it: lengths that do not add up, a newline inside a key, other types.
-    newline = list(skus)
-    newline[7] = skus[7][:5] + "\n" + skus[7][6:]
-    uneven = [*skus[:-1], "x"]
-    for keys in (newline, uneven, [*skus[:-1], b"K1"], [*skus[:-1], 7]):
-        assert hashing._hash_long_str(keys, None) is None
-        assert lbcore.hash_keys(keys)[-2:].tolist() == [ref(k) for k in keys[-2:]]
-    assert lbcore.hash_keys(newline)[7] == ref(newline[7])
-    with pytest.raises(lbcore.KeyEncodingError):
-        lbcore.hash_keys([*skus[:-1], "a\udc80"])
-
-
-@pytest.mark.parametrize("n", [1, VECTOR_MIN_BATCH + 3])
+@pytest.mark.parametrize("n", [1, LONG])
 @pytest.mark.parametrize("limit", [None, lbcore.MAX_KEY_BYTES])
 def test_numpy_integer_scalars_after_bytes_hash_as_decimal_strings(kernel, n, limit):
     # NumPy integer scalars export a buffer: a list starting with bytes once hashed their

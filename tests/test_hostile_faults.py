@@ -11,15 +11,11 @@ from pathlib import Path
 
 import shm
 from shm.layout import COUNTERS_CONTROL, word
-from shm.segment import SHM_DIR
 from tests.gunicorn_harness import serving, wait_for
+from tests.shm_damage import counters_in_use, newest_data, segment_path, shrink
 
 ENDPOINTS = [f"http://10.8.0.{i}:8080" for i in range(1, 5)]
 KEYS = [f"sku-{i}" for i in range(40)]
-
-
-def _path(name: str) -> str:
-    return os.path.join(SHM_DIR, name.lstrip("/"))
 
 
 def _routes(server) -> bool:
@@ -28,7 +24,7 @@ def _routes(server) -> bool:
 
 
 def _write_epoch_word(ns: str, value: int) -> None:
-    with open(_path(shm.segment_name(ns, "counters")), "r+b") as f:
+    with open(segment_path(shm.segment_name(ns, "counters")), "r+b") as f:
         f.seek(word(COUNTERS_CONTROL, "current") * 8)
         f.write(value.to_bytes(8, "little"))
 
@@ -99,8 +95,7 @@ def test_shrunk_counters_log_a_couple_of_lines_per_worker_not_one_per_request(
         while time.monotonic() < end:
             # Shrink whatever data segment is current (the master repairs each within
             # about a second) and keep routing meanwhile.
-            epochs = shm.segment.epoch_segments(ns, "counters")
-            path = _path(epochs[max(epochs)])
+            path = segment_path(newest_data(ns, "counters"))
             if os.path.getsize(path) > 4096:
                 os.truncate(path, 4096)
                 # Past the routing path's size-check interval (a shrink within it of a
@@ -158,8 +153,7 @@ def test_routing_checks_each_segment_size_at_most_once_per_interval(monkeypatch)
             assert len(set(checked)) <= 4 and len(checked) <= 4 * batches
         monkeypatch.setattr(Segment, "shrunk_to", real)
         # Past the interval a shrunk counters segment is seen (no fault): idle loads.
-        data = shm.segment.epoch_segments(host.ns, "counters")
-        os.truncate(_path(data[max(data)]), 0)
+        shrink(newest_data(host.ns, "counters"), 0)
         time.sleep(SIZE_CHECK_NS / 1e9 * 1.5)
         host.clock.advance(0.5)
         assert r.route(["k1"]).shape == (1,)
@@ -170,28 +164,19 @@ def test_routing_checks_each_segment_size_at_most_once_per_interval(monkeypatch)
 def test_an_impossible_epoch_word_is_corruption_the_owner_repairs() -> None:
     import pytest
 
-    from tests.discovery_harness import shm_namespace
-
-    with shm_namespace() as ns:
-        store = shm.CounterStore.create(ns, rows=4, columns=8)
-        try:
-            rec = store.claim()
-            rec.record_start([1, 2], 10**9)
-            reader = store.reader()
-            for value in (2**64 - 1, 0, 2**62):
-                _write_epoch_word(ns, value)
-                with pytest.raises(shm.SegmentCorruptError, match="out of range"):
-                    shm.CounterStore.attach(ns)
-                with pytest.raises(shm.SegmentCorruptError):
-                    reader.read(10**9)
-                assert store.repair() is True
-                assert store.repair() is False
-                rec.record_start([3], 10**9)
-                loads = reader.read(10**9)
-                assert loads.in_flight[1] == 1  # the owner's whole matrix was copied
-            assert sorted(shm.segment.epoch_segments(ns, "counters")) == [4]
-        finally:
-            store.close()
+    with counters_in_use() as (ns, store, rec, reader):
+        for value in (2**64 - 1, 0, 2**62):
+            _write_epoch_word(ns, value)
+            with pytest.raises(shm.SegmentCorruptError, match="out of range"):
+                shm.CounterStore.attach(ns)
+            with pytest.raises(shm.SegmentCorruptError):
+                reader.read(10**9)
+            assert store.repair() is True
+            assert store.repair() is False
+            rec.record_start([3], 10**9)
+            loads = reader.read(10**9)
+            assert loads.in_flight[1] == 1  # the owner's whole matrix was copied
+        assert sorted(shm.segment.epoch_segments(ns, "counters")) == [4]
 
 
 def test_a_warning_a_request_can_raise_is_logged_once_an_interval_with_a_count(

@@ -8,7 +8,6 @@ then a real ``cslb serve`` whose segments are truncated and unlinked one by one.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import time
@@ -20,15 +19,13 @@ import pytest
 import shm
 from discovery.publisher import Publisher
 from discovery.ringstate import FadeParams, RingState
-from shm.segment import SHM_DIR, SIZE_CHECK_NS, Segment
+from shm.segment import SIZE_CHECK_NS, Segment
 from tests.discovery_harness import shm_namespace
 from tests.gunicorn_harness import serving, wait_for
+from tests.serve_probes import route, slot_section
+from tests.shm_damage import counters_in_use, newest_data, shrink
 
 ENDPOINTS = [f"http://10.8.0.{i}:8080" for i in range(1, 5)]
-
-
-def _path(name: str) -> str:
-    return os.path.join(SHM_DIR, name.lstrip("/"))
 
 
 def test_segment_reports_a_shrink_of_its_own_object_not_of_the_name() -> None:
@@ -38,12 +35,12 @@ def test_segment_reports_a_shrink_of_its_own_object_not_of_the_name() -> None:
         try:
             assert seg.shrunk_to() is None
             seg.check_size()
-            os.truncate(_path(name), 100)
+            shrink(name, 100)
             assert seg.shrunk_to() == 100
             with pytest.raises(shm.SegmentSizeError, match="shrank to 100 bytes"):
                 seg.check_size()
             # Unlinked and created anew under the name: this mapping is still whole.
-            os.truncate(_path(name), 8192)
+            shrink(name, 8192)
             seg.unlink()
             other = Segment.create(name, 64)
             other.close()
@@ -53,42 +50,35 @@ def test_segment_reports_a_shrink_of_its_own_object_not_of_the_name() -> None:
 
 
 def test_counters_refuse_shrunk_segments_and_the_owner_repairs_the_data() -> None:
-    with shm_namespace() as ns:
-        store = shm.CounterStore.create(ns, rows=4, columns=8)
-        try:
-            rec = store.claim()
-            rec.record_start([1, 2], 10**9)
-            reader = store.reader()
-            data = f"{store.name}.1"
-            os.truncate(_path(data), 4096)
-            with pytest.raises(shm.SegmentSizeError, match="shrank to 4096 bytes"):
-                rec.record_start([1], 10**9)
-            with pytest.raises(shm.SegmentSizeError):
-                reader.read(10**9)
-            with pytest.raises(shm.SegmentSizeError):
-                store.reap()
-            assert not store.replaced()
-            assert store.repair() is True
-            assert store.repair() is False
-            rec.record_start([3], 10**9)  # follows the new epoch, copies nothing shrunk
-            loads = reader.read(10**9)
-            assert loads.in_flight[3] == 1 and loads.in_flight[1] == 0
-            # Removed, or truncated with its header intact: replaced as well.
-            shm.segment.unlink_name(f"{store.name}.2")
-            assert store.repair() is True
-            os.truncate(_path(f"{store.name}.3"), 4096)
-            assert store.repair() is True
-            rec.record_start([3], 10**9)
-            # The recorder's own row (still mapped whole) is its authoritative copy.
-            assert reader.read(10**9).in_flight[3] == 2
-            os.truncate(_path(store.name), 64)
-            assert store.replaced()
-            with pytest.raises(shm.SegmentSizeError):
-                store.reap()
-            with pytest.raises(shm.SegmentSizeError):
-                rec.record_start([1], 10**9)
-        finally:
-            store.close()
+    with counters_in_use() as (_, store, rec, reader):
+        data = f"{store.name}.1"
+        shrink(data, 4096)
+        with pytest.raises(shm.SegmentSizeError, match="shrank to 4096 bytes"):
+            rec.record_start([1], 10**9)
+        with pytest.raises(shm.SegmentSizeError):
+            reader.read(10**9)
+        with pytest.raises(shm.SegmentSizeError):
+            store.reap()
+        assert not store.replaced()
+        assert store.repair() is True
+        assert store.repair() is False
+        rec.record_start([3], 10**9)  # follows the new epoch, copies nothing shrunk
+        loads = reader.read(10**9)
+        assert loads.in_flight[3] == 1 and loads.in_flight[1] == 0
+        # Removed, or truncated with its header intact: replaced as well.
+        shm.segment.unlink_name(f"{store.name}.2")
+        assert store.repair() is True
+        shrink(f"{store.name}.3", 4096)
+        assert store.repair() is True
+        rec.record_start([3], 10**9)
+        # The recorder's own row (still mapped whole) is its authoritative copy.
+        assert reader.read(10**9).in_flight[3] == 2
+        shrink(store.name, 64)
+        assert store.replaced()
+        with pytest.raises(shm.SegmentSizeError):
+            store.reap()
+        with pytest.raises(shm.SegmentSizeError):
+            rec.record_start([1], 10**9)
 
 
 def _transition(endpoints: list[str], now: int):
@@ -114,14 +104,14 @@ def test_table_reader_and_writer_survive_shrunk_and_removed_segments() -> None:
             assert pub.check_tables() is None
             # Data segment shrunk: the reader refuses it, the writer publishes anew.
             data = shm.segment_name(ns, "tables", 1)
-            os.truncate(_path(data), 128)
+            shrink(data, 128)
             with pytest.raises(shm.SegmentCorruptError):
                 reader.table()
             assert "shrank to 128 bytes" in pub.check_tables()
             pub.publish(_transition(ENDPOINTS, 2), knobs, 2)
             assert reader.table().generation == 2
             # Control segment shrunk: a new writer continues the generation count.
-            os.truncate(_path(shm.segment_name(ns, "tables")), 16)
+            shrink(shm.segment_name(ns, "tables"), 16)
             with pytest.raises(shm.SegmentSizeError):
                 reader.generation()
             with pytest.raises(shm.SegmentSizeError):
@@ -168,16 +158,16 @@ def test_serve_survives_every_segment_shrunk_or_removed(tmp_path: Path) -> None:
             assert server.discovery_pids() == [disc], f"discovery died after {what}"
 
         steps = [
-            ("counters data shrunk", lambda: os.truncate(_path(_data(ns, "counters")), 4096),
+            ("counters data shrunk", lambda: shrink(newest_data(ns, "counters"), 4096),
              "counters_repaired"),
-            ("counters data emptied", lambda: os.truncate(_path(_data(ns, "counters")), 0),
+            ("counters data emptied", lambda: shrink(newest_data(ns, "counters"), 0),
              "counters_repaired"),
-            ("counters control shrunk", lambda: os.truncate(
-                _path(shm.segment_name(ns, "counters")), 64), "counters_replaced"),
-            ("tables data shrunk", lambda: os.truncate(_path(_data(ns, "tables")), 64),
+            ("counters control shrunk", lambda: shrink(shm.segment_name(ns, "counters"), 64),
+             "counters_replaced"),
+            ("tables data shrunk", lambda: shrink(newest_data(ns, "tables"), 64),
              "tables_lost"),
-            ("tables control shrunk", lambda: os.truncate(
-                _path(shm.segment_name(ns, "tables")), 8), "tables_lost"),
+            ("tables control shrunk", lambda: shrink(shm.segment_name(ns, "tables"), 8),
+             "tables_lost"),
             ("tables unlinked", lambda: [
                 shm.segment.unlink_name(n) for n in shm.list_segments(ns) if ".tables" in n
             ], "tables_lost"),
@@ -192,7 +182,7 @@ def test_serve_survives_every_segment_shrunk_or_removed(tmp_path: Path) -> None:
             streak = [0]
 
             def routed(streak: list[int] = streak) -> bool:
-                _, doc = _route(server, keys)
+                _, doc = route(server, keys)
                 good = doc is not None and all(e in ENDPOINTS for e in doc["endpoints"])
                 streak[0] = streak[0] + 1 if good else 0
                 return streak[0] >= 10
@@ -212,47 +202,16 @@ def test_serve_survives_every_segment_shrunk_or_removed(tmp_path: Path) -> None:
     assert result["exit"] == 0 and result["left"] == [] and result["segments"] == []
 
 
-def _route(server, keys: list[str]) -> tuple[int, dict | None]:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    try:
-        conn.request("POST", "/route", json.dumps(keys), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        body = resp.read()
-        return resp.status, json.loads(body) if resp.status == 200 else None
-    finally:
-        conn.close()
-
-
-def _data(ns: str, kind: str) -> str:
-    epochs = shm.segment.epoch_segments(ns, kind)
-    return epochs[max(epochs)]
-
-
 def test_repair_of_a_never_mapped_emptied_data_segment_reads_as_an_idle_host() -> None:
     with shm_namespace() as ns:
         store = shm.CounterStore.create(ns, rows=2, columns=8)
         try:
-            os.truncate(_path(f"{store.name}.1"), 0)
+            shrink(f"{store.name}.1", 0)
             assert store.repair()
             loads = store.reader().read(10**9)
             assert np.all(loads.in_flight == 0) and np.all(loads.requests_total == 0)
         finally:
             store.close()
-
-
-def _slot_section(table: shm.Table) -> tuple[int, int]:
-    """Byte offset in the data segment and byte size of ``table``'s slot section."""
-    from shm.layout import BUFFER_HEADER_BYTES, SECTION, TABLE_SECTIONS
-    from shm.layout import DIRECTORY_OFFSET as DIR_OFFSET
-
-    start = table.buffer_offset + BUFFER_HEADER_BYTES
-    seg = Segment.attach(table.segment)
-    try:
-        index = [name for name, _ in TABLE_SECTIONS].index("slot")
-        entry = seg.array(SECTION, start + DIR_OFFSET + index * SECTION.itemsize, 1)[0]
-        return start + int(entry["offset"]), int(entry["nbytes"])
-    finally:
-        seg.close()
 
 
 def test_host_loads_take_costs_what_the_slot_count_costs_not_the_largest_slot() -> None:
@@ -272,20 +231,15 @@ def test_slot_section_corrupted_after_mapping_sizes_nothing(tmp_path: Path) -> N
     with serving(["--endpoints-file", str(eps), "--workers", "1"], tmp_path, env=env) as server:
         server.wait_ready(workers=1, path="/healthz")
         (worker,) = server.worker_pids()
-        wait_for("routing", lambda: _route(server, keys)[1] is not None, 20.0)
-        reader = shm.TableReader(server.namespace)
-        try:
-            table = reader.table()
-            off, nbytes = _slot_section(table)
-        finally:
-            reader.close()
+        wait_for("routing", lambda: route(server, keys)[1] is not None, 20.0)
+        table, off, nbytes = slot_section(server.namespace)
         seg = Segment.attach(table.segment, writable=True)
         try:
             seg.array(np.int32, off, nbytes // 4)[:] = 0x7FFFFFF0
         finally:
             seg.close()
         for _ in range(20):
-            status, doc = _route(server, keys)
+            status, doc = route(server, keys)
             assert status == 200 and all(e in ENDPOINTS for e in doc["endpoints"])
         with open(f"/proc/{worker}/status") as f:
             vm = {k: v for k, _, v in (line.partition(":") for line in f)}
@@ -309,8 +263,7 @@ def test_a_router_routes_as_idle_while_its_counters_are_shrunk(caplog, monkeypat
         host.publish(lbcore_ring_set(endpoints(5)))
         r = host.router(refresh_s=0)
         before = r.route(KEYS)
-        data = shm.segment.epoch_segments(host.ns, "counters")
-        os.truncate(_path(data[max(data)]), 0)
+        shrink(newest_data(host.ns, "counters"), 0)
         # The routing path checks sizes at most every SIZE_CHECK_NS: a shrink within that
         # interval of the last check may still fault (documented); past it, it is seen.
         time.sleep(SIZE_CHECK_NS / 1e9 * 1.5)

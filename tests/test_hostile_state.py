@@ -12,12 +12,12 @@ import signal
 from pathlib import Path
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 import shm
 from shm.segment import Segment
 from tests.gunicorn_harness import serving, wait_for
-from tests.test_hostile_shm import _route, _slot_section
+from tests.serve_probes import metrics, route, slot_section
+from tests.shm_damage import newest_data
 
 ENDPOINTS = [f"http://10.5.0.{i}:8080" for i in range(1, 5)]
 KEYS = [f"sku-{i}" for i in range(40)]
@@ -33,13 +33,8 @@ def _serve(tmp_path: Path, workers: int, **env: str):
 def test_a_worker_that_mapped_a_briefly_corrupt_table_routes_again(tmp_path: Path) -> None:
     with _serve(tmp_path, 1) as server:
         server.wait_ready(workers=1, path="/healthz")
-        wait_for("routing", lambda: _route(server, KEYS)[1] is not None, 20.0)
-        reader = shm.TableReader(server.namespace)
-        try:
-            table = reader.table()
-            off, _ = _slot_section(table)
-        finally:
-            reader.close()
+        wait_for("routing", lambda: route(server, KEYS)[1] is not None, 20.0)
+        table, off, _ = slot_section(server.namespace)
         seg = Segment.attach(table.segment, writable=True)
         try:
             byte = seg.buf[off]
@@ -49,7 +44,7 @@ def test_a_worker_that_mapped_a_briefly_corrupt_table_routes_again(tmp_path: Pat
             wait_for("a new worker", lambda: [p for p in server.worker_pids() if p != old], 30)
 
             def all_fallback() -> bool:
-                status, doc = _route(server, KEYS)
+                status, doc = route(server, KEYS)
                 return status == 200 and doc["endpoints"] == [None] * len(KEYS)
 
             wait_for("fallback on the corrupt table", all_fallback, 30.0)
@@ -63,7 +58,7 @@ def test_a_worker_that_mapped_a_briefly_corrupt_table_routes_again(tmp_path: Pat
             seg.close()
 
         def routes() -> bool:
-            status, doc = _route(server, KEYS)
+            status, doc = route(server, KEYS)
             return status == 200 and all(e in ENDPOINTS for e in doc["endpoints"])
 
         wait_for("routing again on the repaired table", routes, 30.0)
@@ -74,27 +69,16 @@ def test_a_worker_that_mapped_a_briefly_corrupt_table_routes_again(tmp_path: Pat
     assert result["exit"] == 0 and result["segments"] == []
 
 
-def _metrics(server) -> dict[str, list]:
-    status, body = server.request("GET", "/metrics")
-    assert status == 200
-    out: dict[str, list] = {}
-    for fam in text_string_to_metric_families(body.decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append(s)
-    return out
-
-
 def test_garbage_in_the_counter_matrix_is_left_out_and_routing_goes_on(tmp_path: Path) -> None:
     with _serve(tmp_path, 2) as server:
         server.wait_ready(workers=2, path="/healthz")
         for _ in range(20):
-            assert _route(server, KEYS)[0] == 200
-        before = _metrics(server)["cslb_decisions_total"][0].value
+            assert route(server, KEYS)[0] == 200
+        before = metrics(server)["cslb_decisions_total"][0].value
         store = shm.CounterStore.attach(server.namespace, writable=False)
         try:
             rows = [s.row for s in store.slots() if s.claimed]
-            epochs = shm.segment.epoch_segments(server.namespace, "counters")
-            data = epochs[max(epochs)]
+            data = newest_data(server.namespace, "counters")
         finally:
             store.close(unlink=False)
         assert rows
@@ -113,10 +97,10 @@ def test_garbage_in_the_counter_matrix_is_left_out_and_routing_goes_on(tmp_path:
         finally:
             seg.close()
         for _ in range(30):
-            status, doc = _route(server, KEYS)
+            status, doc = route(server, KEYS)
             assert status == 200, doc
             assert all(e in ENDPOINTS for e in doc["endpoints"])
-        m = _metrics(server)
+        m = metrics(server)
         decisions = m["cslb_decisions_total"][0].value
         # The damaged row's own count is left out; the rest stays a sane total.
         assert 0 <= decisions <= before + 30 * len(KEYS), decisions

@@ -14,8 +14,8 @@ import pytest
 import xxhash
 
 import lbcore
-from lbcore import hashing
 from lbcore import kernel as lbkernel
+from lbcore.keys import encode_key, hash_each
 from lbcore.knobs import KERNEL, docs_table
 
 ROOT = Path(__file__).parents[1]
@@ -202,11 +202,11 @@ KEY_BATCHES = [
 def test_hash_keys_equals_the_numpy_reference(kernel, keys):
     if type(keys).__name__ == "generator":
         keys = list(keys)
-    want = hashing.hash_keys(keys)
+    want = hash_each(keys)
     got = lbcore.hash_keys(keys)
     assert got.dtype == np.uint64 and got.tolist() == want.tolist()
     if isinstance(keys, (list, tuple)):
-        assert got.tolist() == [xxhash.xxh64_intdigest(hashing.encode_key(k)) for k in keys]
+        assert got.tolist() == [xxhash.xxh64_intdigest(encode_key(k)) for k in keys]
 
 
 def test_integers_and_their_decimal_strings_hash_alike(kernel):
@@ -218,10 +218,7 @@ def test_integers_and_their_decimal_strings_hash_alike(kernel):
         info = np.iinfo(dtype)
         arr = rng.integers(info.min, info.max, 500, dtype=dtype, endpoint=True)
         arr[:2] = (info.min, info.max)
-        assert (
-            lbcore.hash_keys(arr).tolist()
-            == hashing.hash_keys([str(v) for v in arr.tolist()]).tolist()
-        )
+        assert lbcore.hash_keys(arr).tolist() == hash_each([str(v) for v in arr.tolist()]).tolist()
 
 
 BAD_BATCHES = [
@@ -251,41 +248,53 @@ BAD_BATCHES = [
 @pytest.mark.parametrize(("keys", "limit"), BAD_BATCHES, ids=lambda x: repr(x)[:30])
 def test_bad_keys_raise_the_same_error_as_the_reference(kernel, keys, limit):
     with pytest.raises(Exception) as want:
-        hashing.hash_keys(keys, max_key_bytes=limit)
+        hash_each(keys, limit)
     with pytest.raises(type(want.value)) as got:
         lbcore.hash_keys(keys, max_key_bytes=limit)
     assert str(got.value) == str(want.value)
     assert isinstance(got.value, lbcore.LBCoreError)
 
 
-def test_long_batches_are_judged_a_reference_block_at_a_time(kernel):
-    # More than two reference blocks: the first block with a bad key decides, as the
-    # reference hashes it (a too-long key in block 0 wins over a bad type in block 1).
-    n = 2 * hashing.BLOCK + 10
+@pytest.mark.parametrize("n", [3, 70_000])
+def test_the_first_bad_key_in_key_order_is_reported(kernel, n):
+    # Whatever its kind: a key too long before a key of a bad type is the one named, and
+    # the other way round; in a list, a tuple and an array alike.
     keys = [f"k{i:06d}" for i in range(n)]
-    keys[5] = "y" * 50
-    keys[hashing.BLOCK + 3] = 1.5
-    for batch in (keys, tuple(keys)):
-        with pytest.raises(lbcore.KeyTooLongError) as want:
-            hashing.hash_keys(batch, max_key_bytes=20)
-        with pytest.raises(lbcore.KeyTooLongError) as got:
-            lbcore.hash_keys(batch, max_key_bytes=20)
-        assert str(got.value) == str(want.value)
+    too_long, bad_type = ("y" * 50, 1.5)
+    for first, second, error in (
+        (too_long, bad_type, lbcore.KeyTooLongError),
+        (bad_type, too_long, lbcore.KeyTypeError),
+        ("a\ud800", too_long, lbcore.KeyEncodingError),
+        (too_long, "a\ud800", lbcore.KeyTooLongError),
+    ):
+        batch = list(keys)
+        batch[n // 2], batch[-1] = first, second
+        for b in (batch, tuple(batch)):
+            with pytest.raises(error, match=f"^key {n // 2} "):
+                lbcore.hash_keys(b, max_key_bytes=20)
+    ids = np.arange(n, dtype=np.int64)
+    ids[n // 2], ids[-1] = 10**15, -(10**16)
+    with pytest.raises(lbcore.KeyTooLongError, match=f"^key {n // 2} is 16 bytes long"):
+        lbcore.hash_keys(ids, max_key_bytes=10)
+    text = np.array(keys, dtype="U60")
+    text[n // 2], text[-1] = "z" * 30, "\ud800"
+    with pytest.raises(lbcore.KeyTooLongError, match=f"^key {n // 2} is 30 bytes long"):
+        lbcore.hash_keys(text, max_key_bytes=20)
     ok = [f"k{i:06d}" for i in range(n)]
-    assert lbcore.hash_keys(ok).tolist() == hashing.hash_keys(ok).tolist()
+    assert lbcore.hash_keys(ok).tolist() == hash_each(ok).tolist()
 
 
 def test_a_list_changed_while_it_is_hashed_is_an_error_not_a_crash(monkeypatch):
     if lbcore.kernel_name() != "native":
         pytest.skip("native kernel only")
     keys: list = []
-    decimal_key = lbcore.hashing.decimal_key
+    decimal_key = lbcore.keys.decimal_key
 
     def sneaky(value, limit):  # Python code the kernel runs for a huge int empties the batch
         keys.clear()
         return decimal_key(value, limit)
 
-    monkeypatch.setattr(lbcore.hashing, "decimal_key", sneaky)
+    monkeypatch.setattr(lbcore.keys, "decimal_key", sneaky)
     huge = 10**700
     keys.extend([huge, "a", "b", "c"])
     with pytest.raises(RuntimeError, match="changed size"):

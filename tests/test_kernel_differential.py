@@ -52,7 +52,7 @@ class LyingByteArray(bytearray):
         return b"not the key"
 
 
-LIMIT = 4096  # lbcore.hashing.MAX_KEY_BYTES; plans draw it as their max_key_bytes
+LIMIT = 4096  # lbcore.MAX_KEY_BYTES; plans draw it as their max_key_bytes
 
 text = st.text(st.characters(codec="utf-8"), max_size=20) | st.sampled_from(
     ["", "\0", "a\0b", "\0\0", "ürün-42", "😀", "\U0010ffff\0", "x" * 4096, "y" * 4097]

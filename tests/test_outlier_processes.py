@@ -20,6 +20,7 @@ import pytest
 import shm
 from lbcore.fade import fade_share
 from lbcore.outlier import FAIL_CONNECT, FAIL_STATUS, FAIL_TIMEOUT
+from lbcore.route import route_ring_set
 from tests.discovery_harness import ROOT, Proc, shm_namespace, wait_until
 
 S = 1_000_000_000
@@ -157,7 +158,7 @@ def host():
 
 def share_on(table, i, now):
     """Share of KEYS the table routes to endpoint ``i`` at ``now``."""
-    return float((table.ring_set.route(KEYS, now) == i).mean())
+    return float((route_ring_set(table.ring_set, KEYS, now) == i).mean())
 
 
 def test_a_dead_pod_is_ejected_host_wide_then_fades_back_in(host):

@@ -7,8 +7,9 @@ import pytest
 
 import lbcore
 from lbcore import Gate, Plan, RingSet
+from lbcore.draws import unit_interval
 from lbcore.fade import SKIPPER_SALT, fadein_scores, skipper_fadein_route
-from lbcore.hashing import unit_interval
+from lbcore.route import route_ring_set
 
 D = 30_000_000_000
 FAR = (1 << 62) - 1
@@ -46,8 +47,12 @@ def old_route(rs, now, mode, *, loads, bf, hops, ejected, attempt, gate, h):
     else:
         when = now if mode != "off" else FAR
         kw = {"candidates": cand, "max_hops": hops, "attempt": attempt, "hashes": h}
-        plain = rs.route(None, when, **kw)
-        idx = plain if bf is None else rs.route(None, when, loads=loads, balance_factor=bf, **kw)
+        plain = route_ring_set(rs, None, when, **kw)
+        idx = (
+            plain
+            if bf is None
+            else route_ring_set(rs, None, when, loads=loads, balance_factor=bf, **kw)
+        )
     moved = (idx != plain) & (idx >= 0)
     keep = gate.mask(h)
     idx = idx.copy()

@@ -9,7 +9,6 @@ set) a missing tool fails these tests instead of skipping them."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import threading
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from tests.gunicorn_harness import free_port, serving, wait_for
+from tests.stopping import terminate
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "cslb-rules.yaml"
@@ -204,11 +204,6 @@ def test_every_dashboard_expression_returns_data_from_a_real_prometheus(tmp_path
         finally:
             stop.set()
             loader.join(10)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            terminate(proc, 20)
             log.close()
         assert server.stop()["exit"] == 0

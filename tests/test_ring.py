@@ -292,3 +292,53 @@ def test_keep_nodes_holds_exactly_the_kept_endpoints_while_subset_widens_to_alia
     assert grown.buckets is fresh.buckets and grown.present.tolist() == [True] * 3 + [False]
     with pytest.raises(lbcore.EndpointError, match="only grow at its end"):
         fresh.with_more_endpoints(("http://b", *kept))
+
+
+def test_one_off_routing_answers_for_the_loads_of_each_call(kernel):
+    # A ring keeps what one-off routing built for every endpoint; an answer must still
+    # be the one for this call's loads, factor and hop cap, whatever the earlier calls.
+    eps = [f"http://10.0.0.{i}:80" for i in range(20)]
+    ring = lbcore.Ring(eps)
+    keys = [f"SKU-{i}" for i in range(500)]
+
+    def fresh(loads, bf, hops=None):
+        return lbcore.Ring(eps).lookup_bounded(
+            keys, np.array(loads, dtype=float), bf, max_hops=hops
+        )
+
+    loads = np.ones(20)
+    first = ring.lookup_bounded(keys, loads, 1.25)
+    assert first.tolist() == ring.lookup(keys).tolist()
+    loads[first[0]] = 100.0  # the same array, changed in place: another snapshot
+    again = ring.lookup_bounded(keys, loads, 1.25)
+    assert again.tolist() == fresh(loads, 1.25).tolist() and again[0] != first[0]
+    for call_loads, bf, hops in (
+        (loads.copy(), 1.25, None),
+        (loads.tolist(), 1.25, None),
+        (loads, 1.5, None),
+        (loads, 1.25, 3),
+        (np.ones(20), 1.25, 3),
+    ):
+        got = ring.lookup_bounded(keys, call_loads, bf, max_hops=hops)
+        assert got.tolist() == fresh(call_loads, bf, hops).tolist()
+    assert ring.lookup(keys).tolist() == first.tolist()
+    for bad in (np.nan, -1.0, np.inf):
+        wrong = loads.copy()
+        wrong[3] = bad
+        with pytest.raises(lbcore.LoadError):
+            ring.lookup_bounded(keys, wrong, 1.25)
+    some = ring.lookup_bounded(keys, loads, 1.25, candidates=list(range(10)))
+    assert set(some.tolist()) <= set(range(10))
+
+
+def test_a_ring_that_routed_pickles_and_routes_alike(kernel):
+    import pickle
+
+    ring = lbcore.Ring([f"http://10.0.0.{i}:80" for i in range(8)])
+    keys = [f"SKU-{i}" for i in range(100)]
+    loads = np.arange(8, dtype=float)
+    want = ring.lookup_bounded(keys, loads, 1.25), ring.lookup(keys)
+    copy = pickle.loads(pickle.dumps(ring))
+    got = copy.lookup_bounded(keys, loads, 1.25), copy.lookup(keys)
+    assert [a.tolist() for a in got] == [a.tolist() for a in want]
+    assert copy.endpoints == ring.endpoints and np.array_equal(copy.hashes, ring.hashes)

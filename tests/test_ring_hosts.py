@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lbcore
-from lbcore.ring import _parsed_host_key, host_ids_of, host_key
+from lbcore.endpoints import _parsed_host_key, host_ids_of, host_key
+from lbcore.route import route_ring_set
 
 TRICKY = [
     "http://10.0.0.1:8080",
@@ -74,7 +75,7 @@ def test_a_ring_holds_its_host_ids_from_the_start_and_routing_changes_nothing_it
     held = [slots(r) for r in rs.rings]
     cand = np.array([True, True, False, False])
     ring.lookup([f"k{i}" for i in range(50)], candidates=cand, attempt=1)
-    rs.route([f"k{i}" for i in range(50)], 0, candidates=cand, attempt=1)
+    route_ring_set(rs, [f"k{i}" for i in range(50)], 0, candidates=cand, attempt=1)
     assert slots(ring) == before
     assert [slots(r) for r in rs.rings] == held
     sub = ring.subset([0, 1])

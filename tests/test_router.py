@@ -3,7 +3,6 @@ process (the discovery process and the gunicorn master's part), routers reading 
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import multiprocessing
@@ -11,45 +10,37 @@ import os
 import signal
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
 
 import lbcore
 import shm
+from lbcore import route_ring_set
+from lbcore.draws import unit_interval
 from lbcore.fade import skipper_fadein_route
-from lbcore.hashing import unit_interval
-from shm.segment import SHM_DIR, unlink_name
+from tests.shm_names import Namespaces
 from workers.fanout.failurelog import LINES_PER_S
 from workers.routing import router as router_mod
 from workers.routing.router import SKIPPER_SALT, Router, RouterInputError, RouterStateError
 
 D_NS = 30_000_000_000
 KEYS = [f"SKU-{i:06d}" for i in range(4000)]
-_counter = itertools.count()
-_PREFIX = f"r{os.getpid()}x"
+_NAMES = Namespaces("r")
 
 ZERO_STATS = dict.fromkeys(shm.layout.STATS_FIELDS, 0)
 
 
-def _ours() -> list[str]:
-    return sorted("/" + e for e in os.listdir(SHM_DIR) if e.startswith(f"cslb.{_PREFIX}"))
-
-
 @pytest.fixture
 def namespace():
-    ns = f"{_PREFIX}{next(_counter)}{uuid.uuid4().hex[:6]}"
-    yield ns
-    for name in [s for s in _ours() if s.startswith(f"/cslb.{ns}.")]:
-        unlink_name(name)
+    with _NAMES.one() as ns:
+        yield ns
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_leftovers():
     yield
-    for name in _ours():
-        unlink_name(name)
+    _NAMES.sweep()
 
 
 class Clock:
@@ -177,9 +168,9 @@ def test_bounded_load_parity_with_lbcore_and_moves(host, signal_name, kernel):
     snap_loads = r.loads()
     assert snap_loads.in_flight.tolist()[:2] == [9, 5]
     load = snap_loads.signal(signal_name)
-    expect = rs.route(KEYS, host.clock(), loads=load, balance_factor=1.25, max_hops=3)
+    expect = route_ring_set(rs, KEYS, host.clock(), loads=load, balance_factor=1.25, max_hops=3)
     np.testing.assert_array_equal(idx, expect)
-    plain = rs.route(KEYS, host.clock())
+    plain = route_ring_set(rs, KEYS, host.clock())
     moved = int((idx != plain).sum())
     assert moved > 100  # endpoint 0 is far over the bar
     assert not (idx == 0).any()
@@ -227,15 +218,15 @@ def test_occupancy_bar_binds_at_balance_factor_times_the_mean(host):
     assert occ[1] < bar < occ[0]
     assert lbcore.bounded.target_load(occ, everyone, 1.25) > 2.4 * occ.mean()  # Skipper's
     # Every key of the hot pod moved; the 1.16x pod keeps all of its own keys.
-    plain = rs.route(KEYS, host.clock())
+    plain = route_ring_set(rs, KEYS, host.clock())
     assert not (idx == 0).any()
     assert (idx[plain == 1] == 1).all()
     moved = int((idx != plain).sum())
     assert moved == int((plain == 0).sum()) > 200
     assert r.stats()["moves"] == moved
     # The same walk by lbcore on the occupancy in routed-call units.
-    expect = rs.route(
-        KEYS, host.clock(), loads=lbcore.bounded.in_call_units(occ, inc), balance_factor=1.25
+    expect = route_ring_set(
+        rs, KEYS, host.clock(), loads=lbcore.bounded.in_call_units(occ, inc), balance_factor=1.25
     )
     np.testing.assert_array_equal(idx, expect)
     rec.release()
@@ -259,7 +250,7 @@ def test_occupancy_bar_follows_a_latency_change_at_equal_occupancy(host):
         rec.record_start(c, start)
         rec.record_end(c, start, np.full(c.size, d, np.int64), start + d)
 
-    plain = rs.route(KEYS, host.clock())
+    plain = route_ring_set(rs, KEYS, host.clock())
     busy([3, 2, 2, 2], 1.0)  # occupancy 0.3, 0.2, 0.2, 0.2 from 1-s calls
     host.clock.advance(1.0)
     first = r.route(KEYS)
@@ -275,7 +266,8 @@ def test_occupancy_bar_follows_a_latency_change_at_equal_occupancy(host):
     # bar 1.25 x (0.01 + 0.9) / 4 = 0.284: endpoint 0 (0.3) is over it now
     assert loads.bar_increment("occupancy") == pytest.approx(0.01)
     assert not (second == 0).any()
-    expect = rs.route(
+    expect = route_ring_set(
+        rs,
         KEYS,
         host.clock(),
         loads=lbcore.bounded.in_call_units(loads.occupancy, 0.01),
@@ -320,7 +312,7 @@ def test_moves_count_only_keys_the_gate_lets_through(host, kernel):
     host.clock.advance(1.0)
     idx = r.route(KEYS)
     gate = lbcore.Gate(True, 50.0).mask(lbcore.hash_keys(KEYS))
-    plain = rs.route(KEYS, 0)
+    plain = route_ring_set(rs, KEYS, 0)
     assert (idx[~gate] == -1).all()
     moved = int(((idx != plain) & gate).sum())
     assert (
@@ -328,7 +320,10 @@ def test_moves_count_only_keys_the_gate_lets_through(host, kernel):
         < moved
         < int(
             (
-                rs.route(KEYS, 0, loads=r.loads().signal("in-flight"), balance_factor=1.25) != plain
+                route_ring_set(
+                    rs, KEYS, 0, loads=r.loads().signal("in-flight"), balance_factor=1.25
+                )
+                != plain
             ).sum()
         )
     )
@@ -352,7 +347,7 @@ def test_nring_fade_in_shares_over_time_follow_lbcore(host, clock, kernel):
     for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
         clock.now = t0 + int(frac * D_NS)
         idx = r.route(KEYS)
-        np.testing.assert_array_equal(idx, rs.route(KEYS, clock.now))
+        np.testing.assert_array_equal(idx, route_ring_set(rs, KEYS, clock.now))
         shares.append(float(np.isin(idx, list(new_idx)).mean()))
     assert shares[0] == 0.0
     assert shares == sorted(shares) and shares[2] > 0.0
@@ -404,7 +399,7 @@ def test_gate_kill_switch_and_percentage(host, background, kernel):
     host.publish(rs, knobs=knobs(percentage=30.0, balance_factor=None))
     r = host.router(background=background)
     idx = r.route(KEYS)
-    expect = lbcore.Gate(True, 30.0).apply(rs.route(KEYS, 0), lbcore.hash_keys(KEYS))
+    expect = lbcore.Gate(True, 30.0).apply(route_ring_set(rs, KEYS, 0), lbcore.hash_keys(KEYS))
     np.testing.assert_array_equal(idx, expect)
     assert 0.25 < float((idx >= 0).mean()) < 0.35
     assert r.stats()["fallbacks"] == int((idx < 0).sum())
@@ -435,7 +430,7 @@ def test_ejected_endpoints_are_never_chosen(host, bf, kernel):
         assert (idx >= 0).all()
         assert not np.isin(idx, [1, 4, 7]).any()
         kw = {} if bf is None else {"loads": r.loads().signal("in-flight"), "balance_factor": bf}
-        expect = rs.route(KEYS, host.clock(), candidates=~ejected, attempt=attempt, **kw)
+        expect = route_ring_set(rs, KEYS, host.clock(), candidates=~ejected, attempt=attempt, **kw)
         np.testing.assert_array_equal(idx, expect)
     rec.release()
 
@@ -535,7 +530,7 @@ def test_new_generation_is_followed_and_refreshes_loads_at_once(host, background
         assert r.table().generation == 2
     idx2, t2 = _followed(r, 2)
     assert t2.generation == 2 and t2.endpoints == tuple(eps2)
-    np.testing.assert_array_equal(idx2, rs2.route(KEYS, 0))
+    np.testing.assert_array_equal(idx2, route_ring_set(rs2, KEYS, 0))
     assert r.endpoints_of(idx1[:2], t1) != r.endpoints_of(idx2[:2], t2)
     # The new generation's endpoints got new counter slots: still idle.
     assert r.loads().in_flight.sum() == 0
@@ -881,7 +876,7 @@ def _churn(ns: str, publishes: int) -> None:
 
 def test_routes_are_consistent_while_a_writer_process_republishes(host, namespace):
     keys = KEYS[:64]
-    expected = {v: _variant(v).route(keys, 0) for v in range(3)}
+    expected = {v: route_ring_set(_variant(v), keys, 0) for v in range(3)}
     host.writer.publish(_variant(1), knobs=shm.Knobs(balance_factor=None))
     host.writer.close(unlink=False)
     r = host.router()
@@ -929,9 +924,11 @@ def test_small_batches_agree_with_lbcore_on_the_whole_batch(host, clock, ejected
     got = np.concatenate([r.route(keys[i : i + 10]) for i in range(0, len(keys), 10)])
     load = r.loads().signal("in-flight")
     cand = ~ej if ejected else None
-    expect = rs.route(keys, clock(), loads=load, balance_factor=1.25, max_hops=4, candidates=cand)
+    expect = route_ring_set(
+        rs, keys, clock(), loads=load, balance_factor=1.25, max_hops=4, candidates=cand
+    )
     np.testing.assert_array_equal(got, expect)
-    plain = rs.route(keys, clock(), candidates=cand)
+    plain = route_ring_set(rs, keys, clock(), candidates=cand)
     assert r.stats()["moves"] == int((got != plain).sum()) > 0
     rec.release()
 
@@ -946,7 +943,7 @@ def test_tables_and_counters_created_after_attach_are_picked_up(namespace, clock
             h.publish(rs, knobs=knobs(balance_factor=None))
             assert (r.route(KEYS[:4]) == -1).all()  # checked about once a second
             clock.advance(1.01)
-            np.testing.assert_array_equal(r.route(KEYS), rs.route(KEYS, 0))
+            np.testing.assert_array_equal(r.route(KEYS), route_ring_set(rs, KEYS, 0))
             assert r.row is not None
             idx, t = r.route_table(KEYS[:6])
             with r.track(idx, t):

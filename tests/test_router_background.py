@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import lbcore
+from lbcore.route import route_ring_set
 from shm.segment import set_seam_hook
 from tests import test_router as base
 from tests.background_harness import held_background_map, run_forked
@@ -50,12 +51,12 @@ def test_batches_route_on_the_previous_generation_while_the_new_one_is_mapped(ho
     for _ in range(20):  # the map is held: every batch is generation 1, and right for it
         idx, t = r.route_table(KEYS)
         assert t.generation == 1 and t.valid()
-        np.testing.assert_array_equal(idx, rs1.route(KEYS, 0))
+        np.testing.assert_array_equal(idx, route_ring_set(rs1, KEYS, 0))
         assert r.endpoints_of(idx[:3]) == [rs1.endpoints[i] for i in idx[:3]]
     held_map.set()
     idx, t = _followed(r, 2)
     assert t.endpoints == rs2.endpoints
-    np.testing.assert_array_equal(idx, rs2.route(KEYS, 0))
+    np.testing.assert_array_equal(idx, route_ring_set(rs2, KEYS, 0))
     assert r.tables.mapped_in_background == 1
 
 
@@ -68,20 +69,18 @@ def test_small_tables_are_followed_at_once_larger_ones_in_the_background(host, h
             r = host.router()  # background=None: by the size of the work
         idx, t = r.route_table(KEYS)  # the very next batch is on the new generation
         assert t.generation == g
-        np.testing.assert_array_equal(idx, rs.route(KEYS, 0))
+        np.testing.assert_array_equal(idx, route_ring_set(rs, KEYS, 0))
     assert r.tables.mapped_in_background == 0
     big = lbcore.RingSet(endpoints(120, net=9))  # 12,000 nodes, bucket tables: > 2 MiB
     host.publish(big, knobs=knobs(balance_factor=None))
     assert r.route_table(KEYS)[1].generation == 4  # held in the background map
     held_map.set()
     idx, t = _followed(r, 5)
-    np.testing.assert_array_equal(idx, big.route(KEYS, 0))
+    np.testing.assert_array_equal(idx, route_ring_set(big, KEYS, 0))
     assert r.tables.mapped_in_background == 1
 
 
-def test_hosts_of_a_large_table_with_ejections_are_parsed_off_the_routing_thread(
-    host, monkeypatch
-):
+def test_hosts_of_a_large_table_with_ejections_are_parsed_off_the_routing_thread(host, monkeypatch):
     """Ejected endpoints are skipped by host (Skipper's rule), so the first plan on such
     a table needs every endpoint's host: for a large table the map thread parses them
     (~0.1 s at 20,000 endpoints), never the batch that first routes on it."""
@@ -106,7 +105,7 @@ def test_hosts_of_a_large_table_with_ejections_are_parsed_off_the_routing_thread
     host.publish(big, ejected=ejected, knobs=knobs(balance_factor=None))
     idx, _ = _followed(r, 2)
     assert not np.isin(idx, [3, 77]).any()
-    np.testing.assert_array_equal(idx, big.route(KEYS, 0, candidates=~ejected))
+    np.testing.assert_array_equal(idx, route_ring_set(big, KEYS, 0, candidates=~ejected))
     assert len(parsed) == 150 and set(parsed) == {"cslb-table-map"}
 
 
@@ -139,7 +138,7 @@ def test_a_child_forked_during_a_background_map_attaches_and_follows_on_its_own(
         held_map.set()
 
     got, _ = run_forked(_child, namespace, while_running=release)
-    assert got == (2, rs2.route(KEYS[:200], 0).tolist())
+    assert got == (2, route_ring_set(rs2, KEYS[:200], 0).tolist())
     assert _followed(r, 2)[1].generation == 2
 
 
@@ -178,7 +177,7 @@ def test_an_idle_worker_finds_new_generations_mapped_when_a_request_comes(host):
         _wait(lambda: "cslb-table-map" in reads and r.tables.mapped_ahead() == 3)
         idx, t = r.route_table(KEYS)  # the first request after idling: no map, no wait
         assert t.generation == 3
-        np.testing.assert_array_equal(idx, rs3.route(KEYS, 0))
+        np.testing.assert_array_equal(idx, route_ring_set(rs3, KEYS, 0))
         assert "MainThread" not in reads
     finally:
         set_seam_hook(None)

@@ -11,6 +11,7 @@ import pytest
 
 import lbcore
 from lbcore.outlier import FAIL_CONNECT
+from lbcore.route import route_ring_set
 from lbcore.signals import with_failures
 from tests.test_router import KEYS, Clock, Host, endpoints, knobs
 
@@ -58,7 +59,7 @@ def test_a_pod_refusing_connections_draws_no_spill(host):
     assert loads.occupancy[3] < 0.001  # as measured: almost idle
     sig = loads.signal(signal)
     assert sig[3] > sig[[1, 2, 4, 5]].max()  # as bounded load sees it: busier than healthy
-    plain = rs.route(KEYS, host.clock())
+    plain = route_ring_set(rs, KEYS, host.clock())
     spilled = (idx != plain) & (plain == 0)
     assert spilled.sum() > 200  # the hot pod sheds keys...
     assert not (idx[plain != 3] == 3).any()  # ...and none of anyone's lands on pod 3
@@ -66,7 +67,8 @@ def test_a_pod_refusing_connections_draws_no_spill(host):
     occ, lat = loads.occupancy, loads.mean_latency_s
     raw = lbcore.signals.load_for(signal, loads.in_flight, occ, lat, loads.global_latency_s)
     inc = loads.bar_increment(signal)
-    naive = rs.route(
+    naive = route_ring_set(
+        rs,
         KEYS,
         host.clock(),
         loads=lbcore.bounded.in_call_units(raw, inc),

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import lbcore
+from lbcore.route import route_ring_set
 from perf.sim import model as sim_model
 from perf.sim.cache import TickLRU
 from perf.sim.model import ScaleDown, ScaleUp, SimConfig, SimConfigError, SlowPod, run
@@ -213,8 +214,8 @@ def test_nring_router_is_lbcore_ringset_with_pods_renumbered(hashes, loads):
     rs = lbcore.RingSet(_names(PODS), duration_ns=30 * NS).scale_up(_names(NEW), 1 * NS)
     order = [PODS[i] for i in range(len(PODS))] + NEW
     assert r.members.tolist() == order
-    want = rs.route(
-        None, 16 * NS, loads=loads[order], balance_factor=1.1, max_hops=10, hashes=hashes
+    want = route_ring_set(
+        rs, None, 16 * NS, loads=loads[order], balance_factor=1.1, max_hops=10, hashes=hashes
     )
     got = r.route(hashes, 16.0, loads)
     np.testing.assert_array_equal(got, np.array(order)[want])
@@ -224,8 +225,8 @@ def test_nring_router_is_lbcore_ringset_with_pods_renumbered(hashes, loads):
     rs = rs.remove([endpoint_name(1)])
     order = [p for p in order if p != 1]
     assert r.members.tolist() == order
-    want = rs.route(
-        None, 20 * NS, loads=loads[order], balance_factor=1.1, max_hops=10, hashes=hashes
+    want = route_ring_set(
+        rs, None, 20 * NS, loads=loads[order], balance_factor=1.1, max_hops=10, hashes=hashes
     )
     np.testing.assert_array_equal(r.route(hashes, 20.0, loads), np.array(order)[want])
 
@@ -301,27 +302,30 @@ def test_unknown_fade_mode_is_named():
 # Load snapshot: lbcore's signals from the simulated counters.
 
 
+# 2 client hosts x 3 pods over a 10 s window; pod 2 is five times slower per call for
+# host 0. Per host and pod: calls completed, seconds per call, busy ns, calls in flight.
+WINDOW = 10 * NS
+COMPLETED = np.array([[100.0, 100.0, 20.0], [50.0, 50.0, 50.0]])
+PER_CALL_S = np.array([[0.002, 0.002, 0.010], [0.004, 0.004, 0.004]])
+BUSY_NS = COMPLETED * PER_CALL_S * 1e9
+IN_FLIGHT = np.array([[0, 1, 0], [2, 0, 0]])
+
+
 def test_client_loads_weigh_occupancy_by_latency_for_the_effective_signal():
-    window = 10 * NS
-    # 2 client hosts x 3 pods; pod 2 is five times slower per call for host 0.
-    completed = np.array([[100.0, 100.0, 20.0], [50.0, 50.0, 50.0]])
-    per_call_s = np.array([[0.002, 0.002, 0.010], [0.004, 0.004, 0.004]])
-    busy_ns = completed * per_call_s * 1e9
-    in_flight = np.array([[0, 1, 0], [2, 0, 0]])
     occ = sim_model.client_loads(
-        "occupancy", in_flight, busy_ns, completed, window, bar_increment="skipper"
+        "occupancy", IN_FLIGHT, BUSY_NS, COMPLETED, WINDOW, bar_increment="skipper"
     )
-    np.testing.assert_allclose(occ, busy_ns / window)
-    eff = sim_model.client_loads("effective", in_flight, busy_ns, completed, window)
-    host0_mean = busy_ns[0].sum() * 1e-9 / completed[0].sum()
+    np.testing.assert_allclose(occ, BUSY_NS / WINDOW)
+    eff = sim_model.client_loads("effective", IN_FLIGHT, BUSY_NS, COMPLETED, WINDOW)
+    host0_mean = BUSY_NS[0].sum() * 1e-9 / COMPLETED[0].sum()
     np.testing.assert_allclose(
-        eff[0], np.maximum(in_flight[0], occ[0]) * per_call_s[0] / host0_mean
+        eff[0], np.maximum(IN_FLIGHT[0], occ[0]) * PER_CALL_S[0] / host0_mean
     )
     assert eff[0, 2] > 2.5 * occ[0, 2]  # the slow pod weighs more ...
     assert eff[0, 0] < occ[0, 0]  # ... and fast ones less
-    np.testing.assert_allclose(eff[1], np.maximum(in_flight[1], occ[1]))  # all alike: factor 1
-    fl = sim_model.client_loads("in-flight", in_flight, busy_ns, completed, window)
-    np.testing.assert_array_equal(fl, in_flight)
+    np.testing.assert_allclose(eff[1], np.maximum(IN_FLIGHT[1], occ[1]))  # all alike: factor 1
+    fl = sim_model.client_loads("in-flight", IN_FLIGHT, BUSY_NS, COMPLETED, WINDOW)
+    np.testing.assert_array_equal(fl, IN_FLIGHT)
 
 
 def test_client_loads_in_routed_call_units():
@@ -329,22 +333,17 @@ def test_client_loads_in_routed_call_units():
     # is divided by what one call of the host's mean latency adds to it (latency /
     # window), so lbcore's 1.0 for the routed call is that call; counts are left alone.
     # "skipper" leaves the signal as it reads.
-    window = 10 * NS
-    completed = np.array([[100.0, 100.0, 20.0], [50.0, 50.0, 50.0]])
-    per_call_s = np.array([[0.002, 0.002, 0.010], [0.004, 0.004, 0.004]])
-    busy_ns = completed * per_call_s * 1e9
-    in_flight = np.array([[0, 1, 0], [2, 0, 0]])
-    args = (in_flight, busy_ns, completed, window)
+    args = (IN_FLIGHT, BUSY_NS, COMPLETED, WINDOW)
     occ = sim_model.client_loads("occupancy", *args, bar_increment="skipper")
-    np.testing.assert_allclose(occ, busy_ns / window)
+    np.testing.assert_allclose(occ, BUSY_NS / WINDOW)
     units = sim_model.client_loads("occupancy", *args)
     for c in range(2):
-        inc = (busy_ns[c].sum() * 1e-9 / completed[c].sum()) / 10.0
+        inc = (BUSY_NS[c].sum() * 1e-9 / COMPLETED[c].sum()) / 10.0
         assert 0 < inc < 0.001
         np.testing.assert_allclose(units[c], occ[c] / inc)
     # in routed-call units a pod's occupancy is the number of mean-latency calls of work
     # it did in the window
-    np.testing.assert_allclose(units[1], completed[1])
+    np.testing.assert_allclose(units[1], COMPLETED[1])
     for signal in ("in-flight", "effective"):
         np.testing.assert_array_equal(
             sim_model.client_loads(signal, *args),

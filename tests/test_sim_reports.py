@@ -3,7 +3,10 @@ callers where the host's own view does not, and keep a healthy fleet's moves sma
 
 from dataclasses import replace
 
-from perf.sim.reports import ReportsConfig, main, run
+import pytest
+
+from cslb.simulate_cmd import main
+from perf.sim.reports import ReportsConfig, run
 
 BRIEF = ReportsConfig(
     pods=10, seconds=30.0, window_s=5.0, external=1.5, external_on_s=8.0, external_off_s=24.0
@@ -27,6 +30,13 @@ def test_a_healthy_fleet_moves_few_keys_with_reports_on():
 
 
 def test_command_prints_the_table(capsys):
-    assert main(["--seconds", "10", "--hosts", "2"]) == 0
+    assert main(["--scenario", "reports", "--seconds", "10", "--clients", "2"]) == 0
     out = capsys.readouterr().out
     assert "host-only" in out and "b10/e30/r5" in out and "keys moved, healthy" in out
+
+
+def test_command_refuses_options_of_the_cache_scenarios(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--scenario", "reports", "--zipf", "1.2"])
+    assert exc.value.code == 2
+    assert "--zipf has no effect on --scenario reports" in capsys.readouterr().err

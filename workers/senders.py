@@ -1,30 +1,4 @@
-"""The senders' public spelling (``from workers.senders import CurlSender``).
+"""``from workers.senders import CurlSender``: re-exports :mod:`workers.fanout.senders`."""
 
-They live in :mod:`workers.fanout.senders`.
-"""
-
-from workers.fanout.senders import (
-    CallAnswerError,
-    CallConnectError,
-    CallError,
-    CallStatusError,
-    CallTimeoutError,
-    CurlGroup,
-    CurlSender,
-    HttpxSender,
-    Urllib3Sender,
-    failure_kind,
-)
-
-__all__ = [
-    "CallAnswerError",
-    "CallConnectError",
-    "CallError",
-    "CallStatusError",
-    "CallTimeoutError",
-    "CurlGroup",
-    "CurlSender",
-    "HttpxSender",
-    "Urllib3Sender",
-    "failure_kind",
-]
+from workers.fanout.senders import *  # noqa: F403
+from workers.fanout.senders import __all__ as __all__

@@ -20,7 +20,7 @@
 #endif
 
 /* The interface version lbcore.kernel expects (bump on any change of the Python API). */
-#define LB_ABI 3
+#define LB_ABI 4
 
 /* C11 memory-model operations through the compiler's __atomic builtins (the same
  * semantics as <stdatomic.h>, available in C99 mode). */
@@ -52,7 +52,7 @@ enum lb_array_kind { LB_INT = 'i', LB_UINT = 'u', LB_BYTES = 'S', LB_UCS4 = 'U' 
 
 typedef struct {
     PyObject *seq;      /* a list or tuple (borrowed from the caller), or NULL */
-    PyObject *owned;    /* a batch converted by lbcore.kernel.batch_of (owned), or NULL */
+    PyObject *owned;    /* a batch converted by lbcore.keys.batch_of (owned), or NULL */
     Py_buffer view;     /* an array's buffer when seq is NULL */
     int kind;           /* enum lb_array_kind for arrays */
     Py_ssize_t itemsize;
@@ -60,7 +60,7 @@ typedef struct {
     Py_ssize_t max_key_bytes; /* -1: no limit */
     /* The error lb_hash_keys found, for lb_keys_raise. */
     int err;
-    Py_ssize_t err_index, err_detail, err_count;
+    Py_ssize_t err_index, err_detail, err_code;
 } lb_keys;
 
 /* Opens a batch: a list/tuple, or (array, kind, itemsize). Returns 0 or -1 with an
@@ -87,7 +87,7 @@ typedef struct {
     PyObject *np_empty;     /* numpy.empty */
     PyObject *np_ndarray;   /* numpy.ndarray */
     PyObject *argument_error;
-    PyObject *batch_of;     /* lbcore.kernel.batch_of: any other batch to a list or array */
+    PyObject *batch_of;     /* lbcore.keys.batch_of: any other batch to a list or array */
     PyObject *dtype_i32, *dtype_u64, *dtype_u8, *dtype_intp;
 } lb_state;
 extern lb_state LB;

@@ -1,21 +1,19 @@
 /* Keys: from a list, tuple or array of product IDs to their XXH64 hashes.
  *
- * The rules are lbcore.hashing's (the NumPy reference): a str is hashed as its UTF-8
- * bytes, bytes-like as is, an integer as its decimal string (so 123 and "123" route
- * alike; an int subclass or NumPy integer scalar by its stored value, not its __index__), a NumPy S array without trailing NUL padding, a U array as UTF-8 of its code
- * points without trailing NULs. Errors are the reference's too: the first key of the
- * wrong type or not encodable wins over any key that is too long, and a batch longer
- * than two reference blocks is judged a block at a time, as the reference hashes it.
+ * The rules are lbcore.keys' (the reference, lbcore.keys.hash_each): a str is hashed as
+ * its UTF-8 bytes, bytes-like as is, an integer as its decimal string (so 123 and "123"
+ * route alike; an int subclass or NumPy integer scalar by its stored value, not its
+ * __index__), a NumPy S array without trailing NUL padding, a U array as UTF-8 of its
+ * code points without trailing NULs. Errors are the reference's too: keys are judged in
+ * order and the first bad one (wrong type, not Unicode, too long) is reported.
  */
 #include "kernel.h"
+#include "decimal.h"
 
 #include <stdio.h>
 #include <string.h>
 
-/* lbcore.hashing.BLOCK: long batches are hashed (and judged) in blocks of this many. */
-#define REF_BLOCK 32768
-
-/* lbcore.hashing._REPR_SAFE_BITS: ints of at most this many bits have at most 600 digits. */
+/* lbcore.keys._REPR_SAFE_BITS: ints of at most this many bits have at most 600 digits. */
 #define LB_REPR_SAFE_BITS 1993
 
 enum { ERR_NONE, ERR_SET, ERR_TYPE, ERR_ENCODING, ERR_TOO_LONG };
@@ -24,10 +22,8 @@ typedef struct {
     int err;
     Py_ssize_t index;     /* the key the error names */
     Py_ssize_t detail;    /* ERR_ENCODING: character; ERR_TOO_LONG: its length */
-    Py_ssize_t count;     /* ERR_TOO_LONG: keys too long in its block; ERR_ENCODING: the code point */
+    Py_ssize_t code;      /* ERR_ENCODING: the code point */
     PyObject *bad;        /* ERR_TYPE: the key (borrowed) */
-    /* Too-long keys of the current block. */
-    Py_ssize_t block_first, block_first_len, block_count;
     /* Scratch for UTF-8 of non-ASCII strings and decimal strings of huge ints. */
     uint8_t *scratch;
     size_t scratch_size;
@@ -48,14 +44,14 @@ static int raise_pending(const hash_state *st, const lb_keys *k)
         return -1;
     }
     case ERR_ENCODING:
-        if (st->count >= 0xD800 && st->count <= 0xDFFF) /* str.encode's own words */
+        if (st->code >= 0xD800 && st->code <= 0xDFFF) /* str.encode's own words */
             PyErr_Format(LB.key_encoding_error,
                          "key %zd is not valid Unicode and cannot be encoded as UTF-8: surrogates "
                          "not allowed at character %zd",
                          st->index, st->detail);
         else {
             char hex[24]; /* PyErr_Format has no upper-case hex */
-            snprintf(hex, sizeof hex, "0x%llX", (unsigned long long)(size_t)st->count);
+            snprintf(hex, sizeof hex, "0x%llX", (unsigned long long)(size_t)st->code);
             PyErr_Format(LB.key_encoding_error,
                          "key %zd is not valid Unicode and cannot be encoded as UTF-8: code point "
                          "%s beyond U+10FFFF at character %zd",
@@ -64,9 +60,8 @@ static int raise_pending(const hash_state *st, const lb_keys *k)
         return -1;
     case ERR_TOO_LONG:
         PyErr_Format(LB.key_too_long_error,
-                     "key %zd is %zd bytes long; keys may be at most %zd bytes (%zd key(s) too "
-                     "long in this batch)",
-                     st->index, st->detail, k->max_key_bytes, st->count);
+                     "key %zd is %zd bytes long; keys may be at most %zd bytes", st->index,
+                     st->detail, k->max_key_bytes);
         return -1;
     default:
         return -1; /* ERR_SET: the exception is set already */
@@ -86,87 +81,44 @@ static uint8_t *scratch(hash_state *st, size_t need)
     return st->scratch;
 }
 
-/* A key of len bytes: counted if too long. Returns 1 if it is to be hashed. */
+/* Key i of len bytes: 1 if it is within the limit, else 0 with the error set. */
 static inline int length_ok(hash_state *st, const lb_keys *k, Py_ssize_t i, Py_ssize_t len)
 {
     if (k->max_key_bytes < 0 || len <= k->max_key_bytes)
         return 1;
-    if (st->block_count++ == 0) {
-        st->block_first = i;
-        st->block_first_len = len;
-    }
+    st->err = ERR_TOO_LONG;
+    st->index = i;
+    st->detail = len;
     return 0;
 }
 
-/* At the end of a reference block: its too-long keys become the error. */
-static inline int block_end(hash_state *st)
+/* A Python exception is set: returns -1 with the state saying so. */
+static int python_error(hash_state *st)
 {
-    if (st->block_count == 0)
-        return 0;
-    st->err = ERR_TOO_LONG;
-    st->index = st->block_first;
-    st->detail = st->block_first_len;
-    st->count = st->block_count;
+    st->err = ERR_SET;
     return -1;
 }
 
-/* ---- decimal strings --------------------------------------------------------------- */
-
-static const char DIGITS2[201] = "00010203040506070809101112131415161718192021222324"
-                                 "25262728293031323334353637383940414243444546474849"
-                                 "50515253545556575859606162636465666768697071727374"
-                                 "75767778798081828384858687888990919293949596979899";
-
-/* Writes the decimal string of m ending at end; returns its start. Eight digits at a
- * time in 32-bit arithmetic, two at a time from a table. */
-static inline char *format_u64(char *end, uint64_t m)
-{
-    char *p = end;
-    while (m >= 100000000u) {
-        uint32_t low = (uint32_t)(m % 100000000u);
-        m /= 100000000u;
-        for (int j = 0; j < 4; j++) {
-            uint32_t r = low % 100;
-            low /= 100;
-            p -= 2;
-            memcpy(p, DIGITS2 + 2 * r, 2);
-        }
-    }
-    uint32_t v = (uint32_t)m;
-    while (v >= 100) {
-        uint32_t r = v % 100;
-        v /= 100;
-        p -= 2;
-        memcpy(p, DIGITS2 + 2 * r, 2);
-    }
-    if (v >= 10) {
-        p -= 2;
-        memcpy(p, DIGITS2 + 2 * v, 2);
-    } else {
-        *--p = (char)('0' + v);
-    }
-    return p;
-}
-
-static inline uint64_t xxh64_decimal(uint64_t m, int neg, Py_ssize_t *length);
 
 static inline int hash_decimal(hash_state *st, const lb_keys *k, Py_ssize_t i, uint64_t m,
                                int negative, uint64_t *out)
 {
-    Py_ssize_t len;
+    int len;
     uint64_t h = xxh64_decimal(m, negative, &len);
-    if (length_ok(st, k, i, len))
-        *out = h;
+    if (!length_ok(st, k, i, len))
+        return -1;
+    *out = h;
     return 0;
 }
 
-/* A Python int (any size; exact int or subclass, by value). */
+/* A Python int (any size; exact int or subclass, by value). Returns 0, or -1 with
+ * st->err set. */
 static int hash_pylong(hash_state *st, const lb_keys *k, Py_ssize_t i, PyObject *o, uint64_t *out)
 {
     int overflow;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (v == -1 && PyErr_Occurred())
-        return -1;
+        return python_error(st);
     if (!overflow) {
         uint64_t m = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
         return hash_decimal(st, k, i, m, v < 0, out);
@@ -176,54 +128,58 @@ static int hash_pylong(hash_state *st, const lb_keys *k, Py_ssize_t i, PyObject 
         if (!(u == (unsigned long long)-1 && PyErr_Occurred()))
             return hash_decimal(st, k, i, (uint64_t)u, 0, out);
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return -1;
+            return python_error(st);
         PyErr_Clear();
     }
     /* Beyond 64 bits: int.__repr__, as the reference formats it, while it is short enough
      * for every setting of Python's limit on digits (640 at the least). Longer ones go to
-     * lbcore.hashing.decimal_key, which measures them before it formats them and formats
+     * lbcore.keys.decimal_key, which measures them before it formats them and formats
      * them past that limit: the key's length, or its bytes. */
     size_t bits = _PyLong_NumBits(o);
     if (bits == (size_t)-1 && PyErr_Occurred())
-        return -1;
+        return python_error(st);
     PyObject *text;
+    int rc = 0;
     if (bits <= LB_REPR_SAFE_BITS) {
         text = PyLong_Type.tp_repr(o);
         if (text == NULL)
-            return -1;
+            return python_error(st);
         Py_ssize_t len = PyUnicode_GET_LENGTH(text);
         if (length_ok(st, k, i, len))
             *out = lb_xxh64(PyUnicode_1BYTE_DATA(text), (size_t)len);
+        else
+            rc = -1;
         Py_DECREF(text);
-        return 0;
+        return rc;
     }
-    PyObject *hashing = PyImport_ImportModule("lbcore.hashing");
-    if (hashing == NULL)
-        return -1;
+    PyObject *keys = PyImport_ImportModule("lbcore.keys");
+    if (keys == NULL)
+        return python_error(st);
     PyObject *limit = k->max_key_bytes < 0 ? Py_NewRef(Py_None) : PyLong_FromSsize_t(k->max_key_bytes);
-    text = limit == NULL ? NULL : PyObject_CallMethod(hashing, "decimal_key", "OO", o, limit);
+    text = limit == NULL ? NULL : PyObject_CallMethod(keys, "decimal_key", "OO", o, limit);
     Py_XDECREF(limit);
-    Py_DECREF(hashing);
+    Py_DECREF(keys);
     if (text == NULL)
-        return -1;
+        return python_error(st);
     if (PyBytes_Check(text)) {
         Py_ssize_t len = PyBytes_GET_SIZE(text);
         if (length_ok(st, k, i, len))
             *out = lb_xxh64(PyBytes_AS_STRING(text), (size_t)len);
+        else
+            rc = -1;
     } else { /* too long: its length */
         Py_ssize_t len = PyLong_AsSsize_t(text);
         if (len == -1 && PyErr_Occurred()) {
-            Py_DECREF(text);
-            return -1;
-        }
-        if (length_ok(st, k, i, len)) {
-            Py_DECREF(text);
+            rc = python_error(st);
+        } else if (length_ok(st, k, i, len)) {
             PyErr_SetString(PyExc_SystemError, "decimal_key gave the length of a key that fits");
-            return -1;
+            rc = python_error(st);
+        } else {
+            rc = -1; /* too long: length_ok set the error */
         }
     }
     Py_DECREF(text);
-    return 0;
+    return rc;
 }
 
 /* A NumPy integer scalar's own value: its NumPy type's int(), not a subclass's
@@ -297,11 +253,12 @@ static int hash_ucs(hash_state *st, const lb_keys *k, Py_ssize_t i, int kind, co
         st->err = ERR_ENCODING;
         st->index = i;
         st->detail = bad;
-        st->count = (Py_ssize_t)PyUnicode_READ(kind, data, bad);
+        st->code = (Py_ssize_t)PyUnicode_READ(kind, data, bad);
         return -1;
     }
-    if (length_ok(st, k, i, len))
-        *out = lb_xxh64(dst, (size_t)len);
+    if (!length_ok(st, k, i, len))
+        return -1;
+    *out = lb_xxh64(dst, (size_t)len);
     return 0;
 }
 
@@ -317,64 +274,60 @@ static int hash_object(hash_state *st, const lb_keys *k, Py_ssize_t i, PyObject 
 #endif
         Py_ssize_t n = PyUnicode_GET_LENGTH(o);
         if (PyUnicode_IS_ASCII(o)) { /* UTF-8 is the string's own storage: no copy */
-            if (length_ok(st, k, i, n))
-                *out = lb_xxh64(PyUnicode_1BYTE_DATA(o), (size_t)n);
+            if (!length_ok(st, k, i, n))
+                return -1;
+            *out = lb_xxh64(PyUnicode_1BYTE_DATA(o), (size_t)n);
             return 0;
         }
         return hash_ucs(st, k, i, PyUnicode_KIND(o), PyUnicode_DATA(o), n, out);
     }
     if (PyBytes_Check(o)) {
         Py_ssize_t n = PyBytes_GET_SIZE(o);
-        if (length_ok(st, k, i, n))
-            *out = lb_xxh64(PyBytes_AS_STRING(o), (size_t)n);
+        if (!length_ok(st, k, i, n))
+            return -1;
+        *out = lb_xxh64(PyBytes_AS_STRING(o), (size_t)n);
         return 0;
     }
     if (PyLong_Check(o)) {
         if (PyBool_Check(o))
             goto wrong_type;
-        if (hash_pylong(st, k, i, o, out) < 0) {
-            st->err = ERR_SET;
-            return -1;
-        }
-        return 0;
+        return hash_pylong(st, k, i, o, out);
     }
     if (PyByteArray_Check(o)) {
         Py_ssize_t n = PyByteArray_GET_SIZE(o);
-        if (length_ok(st, k, i, n))
-            *out = lb_xxh64(PyByteArray_AS_STRING(o), (size_t)n);
+        if (!length_ok(st, k, i, n))
+            return -1;
+        *out = lb_xxh64(PyByteArray_AS_STRING(o), (size_t)n);
         return 0;
     }
     if (PyMemoryView_Check(o)) {
         /* bytes(view): its bytes in C order. A contiguous view is read in place. */
         Py_buffer v;
+        int ok;
         if (PyObject_GetBuffer(o, &v, PyBUF_SIMPLE) == 0) {
-            if (length_ok(st, k, i, v.len))
+            ok = length_ok(st, k, i, v.len);
+            if (ok)
                 *out = lb_xxh64(v.buf, (size_t)v.len);
             PyBuffer_Release(&v);
-            return 0;
+            return ok ? 0 : -1;
         }
         PyErr_Clear();
         PyObject *b = PyBytes_FromObject(o);
-        if (b == NULL) {
-            st->err = ERR_SET;
-            return -1;
-        }
+        if (b == NULL)
+            return python_error(st);
         Py_ssize_t n = PyBytes_GET_SIZE(b);
-        if (length_ok(st, k, i, n))
+        ok = length_ok(st, k, i, n);
+        if (ok)
             *out = lb_xxh64(PyBytes_AS_STRING(b), (size_t)n);
         Py_DECREF(b);
-        return 0;
+        return ok ? 0 : -1;
     }
     if (LB.np_integer != NULL && PyObject_TypeCheck(o, (PyTypeObject *)LB.np_integer)) {
         PyObject *v = numpy_scalar_value(o);
-        if (v == NULL) {
-            st->err = ERR_SET;
-            return -1;
-        }
+        if (v == NULL)
+            return python_error(st);
         int rc = hash_pylong(st, k, i, v, out);
         Py_DECREF(v);
-        if (rc < 0)
-            st->err = ERR_SET;
         return rc;
     }
 wrong_type:
@@ -415,8 +368,9 @@ static int hash_array_key(hash_state *st, const lb_keys *k, Py_ssize_t i, uint64
         Py_ssize_t len = w;
         while (len > 0 && item[len - 1] == 0)
             len--;
-        if (length_ok(st, k, i, len))
-            *out = lb_xxh64(item, (size_t)len);
+        if (!length_ok(st, k, i, len))
+            return -1;
+        *out = lb_xxh64(item, (size_t)len);
         return 0;
     }
     default: { /* LB_UCS4 */
@@ -439,8 +393,9 @@ static int hash_array_key(hash_state *st, const lb_keys *k, Py_ssize_t i, uint64
                 memcpy(&c, item + 4 * j, 4);
                 dst[j] = (uint8_t)c;
             }
-            if (length_ok(st, k, i, n))
-                *out = lb_xxh64(dst, (size_t)n);
+            if (!length_ok(st, k, i, n))
+                return -1;
+            *out = lb_xxh64(dst, (size_t)n);
             return 0;
         }
         /* UCS4 items may be unaligned in a buffer: copy them to aligned scratch. */
@@ -458,11 +413,12 @@ static int hash_array_key(hash_state *st, const lb_keys *k, Py_ssize_t i, uint64
             st->err = ERR_ENCODING;
             st->index = i;
             st->detail = bad;
-            st->count = (Py_ssize_t)cps[bad];
+            st->code = (Py_ssize_t)cps[bad];
             return -1;
         }
-        if (length_ok(st, k, i, len))
-            *out = lb_xxh64(tmp, (size_t)len);
+        if (!length_ok(st, k, i, len))
+            return -1;
+        *out = lb_xxh64(tmp, (size_t)len);
         return 0;
     }
     }
@@ -482,8 +438,9 @@ static int hash_seq_range(hash_state *st, lb_keys *k, Py_ssize_t a, Py_ssize_t b
          * Python code, so the list cannot change under us. */
         if (LIKELY(PyUnicode_CheckExact(o) && PyUnicode_IS_COMPACT_ASCII(o))) {
             Py_ssize_t len = PyUnicode_GET_LENGTH(o);
-            if (LIKELY(length_ok(st, k, i, len)))
-                out[i] = lb_xxh64(PyUnicode_1BYTE_DATA(o), (size_t)len);
+            if (UNLIKELY(!length_ok(st, k, i, len)))
+                return -1;
+            out[i] = lb_xxh64(PyUnicode_1BYTE_DATA(o), (size_t)len);
             continue;
         }
         /* Any other key may run Python code (an integer's __index__, a buffer export):
@@ -508,86 +465,9 @@ static int hash_seq_range(hash_state *st, lb_keys *k, Py_ssize_t a, Py_ssize_t b
     return 0;
 }
 
-/* Integer arrays: one loop per item type. The decimal string is built in registers and
- * hashed from them: written to memory two digits at a time and read back as 8-byte
- * lanes, it costs a store-forwarding stall per lane, twice the arithmetic's time. */
-
-/* Eight ASCII digits of v < 10**8, zero-padded, first digit in the lowest byte. */
-static inline uint64_t digits8(uint32_t v)
-{
-    uint32_t hi = v / 10000, lo = v % 10000;
-    uint16_t a, b, c, d;
-    memcpy(&a, DIGITS2 + 2 * (hi / 100), 2);
-    memcpy(&b, DIGITS2 + 2 * (hi % 100), 2);
-    memcpy(&c, DIGITS2 + 2 * (lo / 100), 2);
-    memcpy(&d, DIGITS2 + 2 * (lo % 100), 2);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    a = __builtin_bswap16(a), b = __builtin_bswap16(b), c = __builtin_bswap16(c), d = __builtin_bswap16(d);
-#endif
-    return (uint64_t)a | (uint64_t)b << 16 | (uint64_t)c << 32 | (uint64_t)d << 48;
-}
-
-/* The 8 bytes at byte offset o of the little-endian words w[0..3]. */
-static inline uint64_t lane_at(const uint64_t *w, int o)
-{
-    int q = o >> 3, r = (o & 7) * 8;
-    return r ? (w[q] >> r) | (w[q + 1] << (64 - r)) : w[q];
-}
-
-static const uint64_t POW10[20] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL,
-    10000000ULL, 100000000ULL, 1000000000ULL, 10000000000ULL, 100000000000ULL,
-    1000000000000ULL, 10000000000000ULL, 100000000000000ULL, 1000000000000000ULL,
-    10000000000000000ULL, 100000000000000000ULL, 1000000000000000000ULL,
-    10000000000000000000ULL};
-
-/* XXH64 of the decimal string of (neg ? -m : m); *length gets its length. */
-static inline uint64_t xxh64_decimal(uint64_t m, int neg, Py_ssize_t *length)
-{
-    /* Digits: from the bit length (1233 / 4096 ~ log10(2)), corrected by one compare. */
-    int t10 = (64 - __builtin_clzll(m | 1)) * 1233 >> 12;
-    int digits = t10 + 1 - (m < POW10[t10]);
-    if (digits < 1)
-        digits = 1;
-    uint64_t w[4] = {0x3030303030303030ULL, 0x3030303030303030ULL, 0, 0};
-    if (m >= 100000000u) {
-        uint64_t t = m / 100000000u;
-        if (t >= 100000000u)
-            w[0] = digits8((uint32_t)(t / 100000000u));
-        w[1] = digits8((uint32_t)(t % 100000000u));
-    }
-    w[2] = digits8((uint32_t)(m % 100000000u));
-    int len = digits + neg, o = 24 - len;
-    if (neg) { /* the padding zero before the first digit becomes the sign */
-        int q = o >> 3, r = (o & 7) * 8;
-        w[q] = (w[q] & ~((uint64_t)0xFF << r)) | ((uint64_t)'-' << r);
-    }
-    *length = len;
-    uint64_t h = XXH_P5 + (uint64_t)len;
-    int rem = len;
-    for (; rem >= 8; rem -= 8, o += 8) {
-        h ^= xxh_round(0, lane_at(w, o));
-        h = xxh_rotl(h, 27) * XXH_P1 + XXH_P4;
-    }
-    uint64_t tail = lane_at(w, o);
-    if (rem >= 4) {
-        h ^= (tail & 0xFFFFFFFFu) * XXH_P1;
-        h = xxh_rotl(h, 23) * XXH_P2 + XXH_P3;
-        tail >>= 32;
-        rem -= 4;
-    }
-    for (; rem > 0; rem--, tail >>= 8) {
-        h ^= (tail & 0xFF) * XXH_P5;
-        h = xxh_rotl(h, 11) * XXH_P1;
-    }
-    h ^= h >> 33;
-    h *= XXH_P2;
-    h ^= h >> 29;
-    h *= XXH_P3;
-    return h ^ (h >> 32);
-}
-
-/* Arrays are formatted a group of keys at a time and then hashed: the hash's 8-byte
- * loads of digits stored a moment before would each wait for the stores to drain. */
+/* Integer arrays: one loop per item type (decimal strings: decimal.h). Keys are formatted
+ * a group at a time and then hashed: the hash's 8-byte loads of digits stored a moment
+ * before would each wait for the stores to drain. */
 #define GROUP 64
 
 #define INT_RANGE(T, SIGNED)                                                                    \
@@ -611,8 +491,9 @@ static inline uint64_t xxh64_decimal(uint64_t m, int neg, Py_ssize_t *length)
         }                                                                                       \
         for (Py_ssize_t i = g; i < e; i++) {                                                    \
             Py_ssize_t len = 24 - start[i - g];                                                 \
-            if (unchecked || length_ok(st, k, i, len))                                          \
-                out[i] = lb_xxh64(text[i - g] + start[i - g], (size_t)len);                     \
+            if (!unchecked && !length_ok(st, k, i, len))                                        \
+                return -1;                                                                      \
+            out[i] = lb_xxh64(text[i - g] + start[i - g], (size_t)len);                         \
         }                                                                                       \
     }
 
@@ -643,21 +524,14 @@ int lb_hash_keys(lb_keys *k, uint64_t *out)
     hash_state st;
     memset(&st, 0, sizeof st);
     Py_ssize_t n = k->n;
-    /* The reference judges a long batch a block at a time (see the top of this file). */
-    Py_ssize_t block = n > 2 * REF_BLOCK ? REF_BLOCK : n;
     int rc = 0;
-    for (Py_ssize_t a = 0; a < n && rc == 0; a += block) {
-        Py_ssize_t b = a + block < n ? a + block : n;
-        if (k->seq != NULL) {
-            rc = hash_seq_range(&st, k, a, b, out);
-        } else if (k->kind == LB_INT || k->kind == LB_UINT) {
-            rc = hash_int_range(&st, k, a, b, out);
-        } else {
-            for (Py_ssize_t i = a; i < b && rc == 0; i++)
-                rc = hash_array_key(&st, k, i, out + i);
-        }
-        if (rc == 0)
-            rc = block_end(&st);
+    if (k->seq != NULL) {
+        rc = hash_seq_range(&st, k, 0, n, out);
+    } else if (k->kind == LB_INT || k->kind == LB_UINT) {
+        rc = hash_int_range(&st, k, 0, n, out);
+    } else {
+        for (Py_ssize_t i = 0; i < n && rc == 0; i++)
+            rc = hash_array_key(&st, k, i, out + i);
     }
     PyMem_RawFree(st.scratch);
     if (rc == 0)
@@ -667,7 +541,7 @@ int lb_hash_keys(lb_keys *k, uint64_t *out)
     k->err = st.err;
     k->err_index = st.index;
     k->err_detail = st.detail;
-    k->err_count = st.count;
+    k->err_code = st.code;
     return -1;
 }
 
@@ -683,14 +557,14 @@ int lb_keys_raise(lb_keys *k)
     st.err = k->err;
     st.index = k->err_index;
     st.detail = k->err_detail;
-    st.count = k->err_count;
+    st.code = k->err_code;
     return raise_pending(&st, k);
 }
 
 /* ---- opening a batch ----------------------------------------------------------------- */
 
 /* A 1-D C-contiguous native-order NumPy array of integers, S or U: its kind, read off
- * the buffer's format (0: anything else, for lbcore.kernel.batch_of to sort out). */
+ * the buffer's format (0: anything else, for lbcore.keys.batch_of to sort out). */
 static int array_kind(const Py_buffer *v)
 {
     if (v->ndim != 1 || v->format == NULL || v->itemsize < 1)
@@ -743,7 +617,7 @@ int lb_keys_open(lb_keys *k, PyObject *keys, PyObject *kind, Py_ssize_t max_key_
                 PyErr_Clear();
             }
         }
-        /* Anything else: lbcore.kernel.batch_of gives a list or a plain array (or the
+        /* Anything else: lbcore.keys.batch_of gives a list or a plain array (or the
          * reference's error). */
         PyObject *pair = PyObject_CallOneArg(LB.batch_of, keys);
         if (pair == NULL)

@@ -83,7 +83,7 @@ static PyObject *k_floor(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLongLong(sum);
 }
 
-/* configure(batch_of): lbcore.kernel hands over its batch normalizer once it loaded us. */
+/* configure(batch_of): lbcore.kernel hands over lbcore.keys.batch_of once it loaded us. */
 static PyObject *k_configure(PyObject *mod, PyObject *batch_of)
 {
     (void)mod;

@@ -12,16 +12,13 @@ not call for ``refresh_s`` (the discovery process's load-only request), and boun
 compares :func:`lbcore.reported.effective_loads`.
 
 Fluid per tick: every call of a tick ends within it; pods serve what they are sent.
-Run it: ``python -m perf.sim.reports --seconds 80`` (the comparison and the settings
-sweep); :func:`run` is one run, :func:`sweep` the table.
+Run it: ``cslb simulate --scenario reports --seconds 80`` (the comparison and the
+settings sweep); :func:`run` is one run, :func:`sweep` the table.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,7 +37,7 @@ from lbcore.reported import (
 from perf.sim.routing import PlainRouter
 from perf.sim.workload import catalogue_hashes
 
-__all__ = ["ReportsConfig", "main", "run", "sweep", "to_text"]
+__all__ = ["ReportsConfig", "run", "sweep", "to_text"]
 
 S = 1_000_000_000
 
@@ -261,33 +258,3 @@ def to_text(rows: list[dict[str, Any]], cfg: ReportsConfig) -> str:
         f"{cfg.seed}"
     )
     return "\n".join(out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m perf.sim.reports``: the comparison and sweep as a text table."""
-    p = argparse.ArgumentParser(prog="python -m perf.sim.reports", description=__doc__)
-    p.add_argument("--seconds", type=float, default=80.0, help="simulated seconds (80)")
-    p.add_argument("--hosts", type=int, default=4, help="client hosts (4)")
-    p.add_argument("--external", type=float, default=1.0, help="busy-s/s on pod 0 (1.0)")
-    p.add_argument("--seed", type=int, default=1)
-    a = p.parse_args(argv)
-    if not (10.0 <= a.seconds <= 3600.0 and 1 <= a.hosts <= 64 and 0.0 <= a.external <= 100.0):
-        p.error("expected --seconds 10..3600, --hosts 1..64, --external 0..100")
-    s = a.seconds
-    base = ReportsConfig(
-        seconds=s,
-        hosts=a.hosts,
-        external=a.external,
-        seed=a.seed,
-        external_on_s=0.25 * s,
-        external_off_s=0.6 * s,
-    )
-    t0 = time.perf_counter()
-    rows = sweep(base)
-    print(to_text(rows, base))
-    print(f"* wall time {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

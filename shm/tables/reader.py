@@ -387,7 +387,8 @@ class TableReader:
         A failure of ``fn`` while the table was being rewritten is retried too; a
         failure on a valid table propagates. To use the table after ``fn`` (say its
         ``slots`` for the routed endpoints), return it from ``fn``:
-        ``t, idx = reader.consistent(lambda t: (t, t.ring_set.route(keys, now)))``.
+        ``t, idx = reader.consistent(lambda t: (t, route_ring_set(t.ring_set, keys, now)))``
+        (:func:`lbcore.route_ring_set`).
         """
         deadline = time.monotonic() + self.timeout_s
         while True:

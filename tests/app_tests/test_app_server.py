@@ -20,23 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import lbcore
 from tests.app_tests.conftest import ENDPOINTS, Host
+from tests.gunicorn_harness import alive, children_of
+from tests.stopping import terminate
 
 KEYS = [f"SKU-{i:05d}" for i in range(100)]
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        out += [int(x) for x in task.read_text().split()]
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -89,19 +76,13 @@ def server(host: Host, tmp_path: Path) -> Iterator[tuple[str, int]]:
                 if m:
                     port = int(m.group(1))
         assert port and b"Booting worker" in log, log.decode(errors="replace")
-        workers = _children(proc.pid)
+        workers = children_of(proc.pid)
         yield "127.0.0.1", port
     finally:
-        workers = sorted(set(workers) | set(_children(proc.pid) if proc.poll() is None else []))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        workers = sorted(set(workers) | set(children_of(proc.pid) if proc.poll() is None else []))
+        terminate(proc, 15)
         for pid in workers:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         if proc.stderr is not None:
             proc.stderr.close()

@@ -3,41 +3,28 @@ child processes that are always killed, even when a test fails."""
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import os
 import signal
-import uuid
 
 import pytest
 
-from shm.segment import SHM_DIR, unlink_name
+from tests.shm_names import Namespaces
 
-_counter = itertools.count()
-_PREFIX = f"t{os.getpid()}x"
-
-
-def _ours() -> list[str]:
-    try:
-        return sorted("/" + e for e in os.listdir(SHM_DIR) if e.startswith(f"cslb.{_PREFIX}"))
-    except OSError:
-        return []
+_NAMES = Namespaces("t")
 
 
 @pytest.fixture
 def namespace() -> str:
     """A namespace no other test uses; every segment under it is unlinked afterwards."""
-    ns = f"{_PREFIX}{next(_counter)}{uuid.uuid4().hex[:6]}"
-    yield ns
-    for name in [s for s in _ours() if s.startswith(f"/cslb.{ns}.")]:
-        unlink_name(name)
+    with _NAMES.one() as ns:
+        yield ns
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_leftover_segments():
     yield
-    for name in _ours():  # a crashed test's leftovers: remove them too
-        unlink_name(name)
+    _NAMES.sweep()  # a crashed test's leftovers: remove them too
 
 
 class Processes:

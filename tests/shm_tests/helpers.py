@@ -13,6 +13,7 @@ import numpy as np
 
 import lbcore
 from lbcore.ejection import Ejections
+from lbcore.route import route_ring_set
 from shm import Knobs, Table, TableWriter
 
 VNODES = 5
@@ -38,7 +39,7 @@ def variant(v: int) -> lbcore.RingSet:
 
 def expected_routes() -> list[np.ndarray]:
     """Route of :data:`KEYS` at :data:`NOW_NS` for every variant, computed from scratch."""
-    return [variant(v).route(KEYS, NOW_NS) for v in range(VARIANTS)]
+    return [route_ring_set(variant(v), KEYS, NOW_NS) for v in range(VARIANTS)]
 
 
 def ejections_of(g: int, n: int) -> Ejections:
@@ -75,7 +76,7 @@ def check(table: Table, routes: list[np.ndarray], ring_sets: list[lbcore.RingSet
         return f"gen {g}: endpoints of another variant ({len(table.endpoints)})"
     if len(table.ring_set.rings) != len(rs.rings):
         return f"gen {g}: {len(table.ring_set.rings)} rings, expected {len(rs.rings)}"
-    got = table.ring_set.route(KEYS, NOW_NS)
+    got = route_ring_set(table.ring_set, KEYS, NOW_NS)
     if not np.array_equal(got, routes[v]):
         return f"gen {g}: routes differ from the variant's"
     want = ejections_of(g, len(rs.endpoints))

@@ -23,18 +23,14 @@ from shm import (
 )
 from shm.counters import bucket_weights
 from shm.segment import SHM_DIR, Segment
-
-S = 1_000_000_000
-MS = 1_000_000
-W = 2 * S  # window of the tests: 2 s in 10 buckets of 200 ms
-T0 = 1_000 * S  # a time aligned with the buckets
+from tests.shm_tests.seams import second_waits_for_first
+from tests.shm_tests.window import MS, T0, S, W, window_store
 
 
 @pytest.fixture
 def store(namespace):
-    st = CounterStore.create(namespace, rows=4, columns=16, window_ns=W, window_buckets=10)
-    yield st
-    st.close()
+    with window_store(namespace, rows=4) as st:
+        yield st
 
 
 def raw(store, row):
@@ -639,22 +635,13 @@ def test_a_thread_recording_during_another_threads_rotation_loses_nothing(store,
     bucket. Sharing a row, B must wait for A (LockedRecorder's lock): otherwise A goes
     on to zero the column B just recorded into, losing B's call and leaving its open
     entry negative. With a row per thread there is nothing to share."""
-    from shm.segment import set_seam_hook
-
     rec = LockedRecorder(store.claim()) if kind == "locked" else ThreadRecorder(store)
     b = store.bucket_ns
-    paused, go = threading.Event(), threading.Event()
     errors = []
-    a_thread = None
-
-    def hook(point):
-        if point == "counters.rotate" and threading.current_thread() is a_thread:
-            if not paused.is_set():
-                paused.set()
-                go.wait(10)
 
     def a():
         try:
+            rec.record_start([1], T0)
             rec.record_end([1], T0, [b], T0 + b)  # ends in the next bucket: rotates
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
@@ -666,20 +653,7 @@ def test_a_thread_recording_during_another_threads_rotation_loses_nothing(store,
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    a_thread = threading.Thread(target=lambda: (rec.record_start([1], T0), a()))
-    set_seam_hook(hook)
-    try:
-        a_thread.start()
-        assert paused.wait(10)
-        b_thread = threading.Thread(target=b_call)
-        b_thread.start()
-        b_thread.join(0.3)
-        b_waited = b_thread.is_alive()
-        go.set()
-        a_thread.join(10)
-        b_thread.join(10)
-    finally:
-        set_seam_hook(None)
+    b_waited = second_waits_for_first("counters.rotate", a, b_call)
     assert errors == []
     rows = [rec.recorder.row] if kind == "locked" else rec.rows
     for r in rows:

@@ -7,24 +7,14 @@ import numpy as np
 import pytest
 
 from lbcore.outlier import FAILURE_KINDS
-from shm import CounterInputError, CounterStore
-
-S = 1_000_000_000
-W = 2 * S  # 10 buckets of 200 ms
-B = W // 10
-T0 = 1_000 * S
-COLS = 16
+from shm import CounterInputError
+from tests.shm_tests.window import COLS, T0, B, W, row_words, window_store
 
 
 @pytest.fixture
 def store(namespace):
-    st = CounterStore.create(namespace, rows=4, columns=COLS, window_ns=W, window_buckets=10)
-    yield st
-    st.close()
-
-
-def row_words(store, row):
-    return store.matrix_view().words[row].copy()
+    with window_store(namespace, rows=4) as st:
+        yield st
 
 
 def by_parts(rec, ended, done, starts, now):

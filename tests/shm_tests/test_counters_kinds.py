@@ -15,23 +15,13 @@ from lbcore.outlier import (
 )
 from shm import CounterInputError, CounterStore, LockedRecorder, ThreadRecorder
 from shm.layout import KIND_FIELDS, KIND_TOTAL_FIELDS, LAYOUT_VERSION, TOTAL_FIELDS
-
-S = 1_000_000_000
-MS = 1_000_000
-W = 2 * S  # 10 buckets of 200 ms
-T0 = 1_000 * S
+from tests.shm_tests.window import MS, T0, S, W, row_words, window_store
 
 
 @pytest.fixture
 def store(namespace):
-    st = CounterStore.create(namespace, rows=6, columns=16, window_ns=W, window_buckets=10)
-    yield st
-    st.close()
-
-
-def raw(store, row):
-    m = store.matrix_view()
-    return m.words[row].copy()
+    with window_store(namespace, rows=6) as st:
+        yield st
 
 
 def kinds_of(store, row):
@@ -92,8 +82,8 @@ def test_kinds_and_booleans_record_the_same_load_and_the_kinds_split_the_failure
             single.record_end(slots[one], start, durs[one], end, failed=codes[one])
         np.add.at(want_bucket_total, (codes[codes > 0] - 1, slots[codes > 0]), 1)
         # Batch == one call at a time, kinds included (checked every round: buckets recycle).
-        assert np.array_equal(raw(store, by_kind.row), raw(store, single.row))
-    a, b = raw(store, by_kind.row), raw(store, by_bool.row)
+        assert np.array_equal(row_words(store, by_kind.row), row_words(store, single.row))
+    a, b = row_words(store, by_kind.row), row_words(store, by_bool.row)
     _, kind_totals = kinds_of(store, by_kind.row)
     _, bool_totals = kinds_of(store, by_bool.row)
     assert kind_totals.tolist() == want_bucket_total.tolist()
@@ -182,13 +172,13 @@ def test_bad_failure_kinds_record_nothing(store, failed, match, path):
     }[path]
     rec.record_start([1, 2], T0)
     rows = [base.row] if path != "thread" else rec.rows
-    before = [raw(store, r) for r in rows]
+    before = [row_words(store, r) for r in rows]
     with pytest.raises(CounterInputError, match=match):
         if path == "arrays":
             rec.record_end(np.array([1, 2], np.int64), T0, MS, T0 + MS, failed)
         else:
             rec.record_end([1, 2], T0, [MS, MS], T0 + MS, failed=failed)
-    assert all(np.array_equal(raw(store, r), b) for r, b in zip(rows, before, strict=True))
+    assert all(np.array_equal(row_words(store, r), b) for r, b in zip(rows, before, strict=True))
     rec.record_end([1, 2], T0, [MS, MS], T0 + MS, failed=[FAIL_STATUS, 0])  # still usable
     assert store.reader().read(T0 + 2 * MS, 4).failures_by_kind[1].tolist() == [0, 0, 1, 0]
 

@@ -7,26 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shm import CounterStore
-
-S = 1_000_000_000
-W = 2 * S  # 10 buckets of 200 ms
-B = W // 10
-T0 = 1_000 * S
-COLS = 16
+from tests.shm_tests.window import COLS, T0, B, W, row_words, window_store
 
 
 @pytest.fixture
 def stores(namespace):
-    a = CounterStore.create(namespace + "a", rows=2, columns=COLS, window_ns=W, window_buckets=10)
-    b = CounterStore.create(namespace + "b", rows=2, columns=COLS, window_ns=W, window_buckets=10)
+    a = window_store(namespace + "a", rows=2)
+    b = window_store(namespace + "b", rows=2)
     yield a, b
     a.close()
     b.close()
-
-
-def row_words(store, row):
-    return store.matrix_view().words[row].copy()
 
 
 def test_routed_start_and_end_record_the_cells_of_their_slots(stores):

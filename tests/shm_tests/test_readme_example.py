@@ -6,6 +6,7 @@ import re
 import numpy as np
 
 import lbcore
+from lbcore.route import route_ring_set
 from shm import list_segments
 
 README = pathlib.Path(__file__).resolve().parents[2] / "docs" / "shared-memory.md"
@@ -27,7 +28,7 @@ def test_the_readme_example_routes_records_and_cleans_up(namespace):
     keys, idx, slots, targets = (scope[k] for k in ("keys", "idx", "slots", "targets"))
     eps = ("http://10.2.0.1:8080", "http://10.2.0.2:8080")
     hashes = lbcore.hash_keys(keys)
-    want = lbcore.Gate(True, 50).apply(lbcore.RingSet(eps).route(keys, 0), hashes)
+    want = lbcore.Gate(True, 50).apply(route_ring_set(lbcore.RingSet(eps), keys, 0), hashes)
     assert np.array_equal(idx, want)
     assert 0 < (idx >= 0).sum() < len(keys)  # the gate sent some keys to the ingress
     assert targets == [eps[i] for i in idx[idx >= 0]]

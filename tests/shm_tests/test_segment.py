@@ -27,7 +27,6 @@ from shm.layout import (
 from shm.segment import (
     SHM_DIR,
     Segment,
-    _fence_weak,
     check_header,
     process_alive,
     process_start_ticks,
@@ -179,21 +178,3 @@ def test_zombie_counts_as_dead():
         assert process_start_ticks(pid) is None  # exited, not yet waited for
     finally:
         os.waitpid(pid, 0)
-
-
-def test_weak_memory_fence_works_from_many_threads():
-    errors = []
-
-    def run():
-        try:
-            for _ in range(2000):
-                _fence_weak()
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []

@@ -2,7 +2,6 @@ import math
 import os
 import random
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ import pytest
 import lbcore
 from lbcore.ejection import Ejections
 from lbcore.hashing import digest
+from lbcore.route import route_ring_set
 from shm import (
     Knobs,
     SegmentLayoutError,
@@ -30,6 +30,7 @@ from shm import (
 from shm.layout import BUFFER_HEADER_BYTES, LAYOUT_VERSION, TABLE_SECTIONS
 from shm.segment import SHM_DIR, Segment
 from tests.shm_tests.helpers import KEYS
+from tests.shm_tests.seams import second_waits_for_first
 
 EPS = [f"http://10.2.0.{i}:8080" for i in range(1, 21)]
 
@@ -50,7 +51,7 @@ def test_nothing_published_yet_routes_to_fallback(namespace):
         reader = TableReader(namespace)
         t = reader.table()
         assert t.generation == 0 and t.endpoints == ()
-        assert (t.ring_set.route(KEYS, 0) == lbcore.FALLBACK).all()
+        assert (route_ring_set(t.ring_set, KEYS, 0) == lbcore.FALLBACK).all()
         assert t.valid()
 
 
@@ -95,10 +96,14 @@ def test_roundtrip_everything_a_worker_needs(namespace):
             assert np.array_equal(mine, theirs), name
     keys = [f"SKU-{i}" for i in range(3000)]
     for now in (10**12 - 1, 10**12 + 3 * 10**9, 10**12 + 9 * 10**9, 10**12 + 40 * 10**9):
-        assert np.array_equal(t.ring_set.route(keys, now), rs.route(keys, now))
+        assert np.array_equal(route_ring_set(t.ring_set, keys, now), route_ring_set(rs, keys, now))
     loads = np.linspace(0, 3, n)
-    got = t.ring_set.route(keys, 10**12 + 9 * 10**9, loads=loads, balance_factor=1.25, max_hops=3)
-    want = rs.route(keys, 10**12 + 9 * 10**9, loads=loads, balance_factor=1.25, max_hops=3)
+    got = route_ring_set(
+        t.ring_set, keys, 10**12 + 9 * 10**9, loads=loads, balance_factor=1.25, max_hops=3
+    )
+    want = route_ring_set(
+        rs, keys, 10**12 + 9 * 10**9, loads=loads, balance_factor=1.25, max_hops=3
+    )
     assert np.array_equal(got, want)
 
 
@@ -161,7 +166,7 @@ def test_empty_ring_set_is_publishable_and_routes_to_fallback(namespace):
         w.publish(lbcore.RingSet(()))
         t = TableReader(namespace).table()
     assert t.generation == 2 and t.endpoints == ()
-    assert (t.ring_set.route(KEYS, 0) == -1).all()
+    assert (route_ring_set(t.ring_set, KEYS, 0) == -1).all()
     assert t.n_slots == 3 and t.slot_freed_ns.tolist() != [-1, -1, -1]
 
 
@@ -342,7 +347,9 @@ def test_close_unlinks_everything_and_mapped_tables_keep_working(namespace):
     assert list_segments(namespace) == []
     assert reader.replaced()
     assert t.valid()
-    assert np.array_equal(t.ring_set.route(KEYS, 0), lbcore.RingSet(EPS).route(KEYS, 0))
+    assert np.array_equal(
+        route_ring_set(t.ring_set, KEYS, 0), route_ring_set(lbcore.RingSet(EPS), KEYS, 0)
+    )
     with pytest.raises(SegmentMissingError):
         TableReader(namespace)
 
@@ -366,10 +373,10 @@ def test_capacity_grows_to_new_segments_readers_follow(namespace):
         assert t2.generation == 2 and t2.segment != seg1 and len(t2.endpoints) == 5000
         assert list_segments(namespace) == sorted([segment_name(namespace, "tables"), t2.segment])
         keys = [f"K{i}" for i in range(2000)]
-        assert np.array_equal(t2.ring_set.route(keys, 0), big.route(keys, 0))
+        assert np.array_equal(route_ring_set(t2.ring_set, keys, 0), route_ring_set(big, keys, 0))
         # The old table lives on in its (now unlinked) segment, intact.
         assert t1.valid()
-        assert np.array_equal(t1.ring_set.route(keys, 0), small.route(keys, 0))
+        assert np.array_equal(route_ring_set(t1.ring_set, keys, 0), route_ring_set(small, keys, 0))
         assert w.publish(small) == 3 and reader.table().segment == t2.segment
 
 
@@ -401,11 +408,11 @@ def test_consistent_retries_a_pass_that_overlapped_a_rewrite(namespace):
                 w.publish(b)
                 w.publish(b)
                 return "torn"
-            return t.ring_set.route(KEYS, 0)
+            return route_ring_set(t.ring_set, KEYS, 0)
 
         out = reader.consistent(route)
         assert calls == [1, 3]
-        assert np.array_equal(out, b.route(KEYS, 0))
+        assert np.array_equal(out, route_ring_set(b, KEYS, 0))
 
         def explode(t):
             if t.generation == 3:
@@ -551,7 +558,7 @@ def test_random_corruption_never_crashes_or_reads_out_of_bounds(namespace):
             fresh = TableReader(namespace)
             try:
                 table = fresh.table()
-                table.ring_set.route(KEYS, 10**12 + i * 10**8)
+                route_ring_set(table.ring_set, KEYS, 10**12 + i * 10**8)
                 outcomes["ok"] += 1
             except SegmentCorruptError:
                 outcomes["refused"] += 1
@@ -564,22 +571,12 @@ def test_threads_share_one_reader_while_the_tables_grow(namespace):
     a remap (current loaded, data segment mapped); the writer grows the tables to a new
     segment; thread B then needs a remap too. B must wait for A (one remap at a time),
     not switch the reader's mappings under A's feet; both end on the new table."""
-    from shm.segment import set_seam_hook
-
     small = lbcore.RingSet(EPS[:3], vnodes=5)
     big = lbcore.RingSet([f"http://10.8.{i // 200}.{i % 200}:80" for i in range(400)])
     with TableWriter(namespace, min_capacity_bytes=4096) as w:
         w.publish(small)
         reader = TableReader(namespace)
-        paused, go = threading.Event(), threading.Event()
         results, errors = {}, []
-        a_thread = None
-
-        def hook(point):
-            if point == "tables.read.mapped" and threading.current_thread() is a_thread:
-                if not paused.is_set():
-                    paused.set()
-                    go.wait(10)
 
         def run(name):
             try:
@@ -588,26 +585,20 @@ def test_threads_share_one_reader_while_the_tables_grow(namespace):
             except Exception as exc:
                 errors.append((name, exc))
 
-        set_seam_hook(hook)
-        try:
-            a_thread = threading.Thread(target=run, args=("a",))
-            a_thread.start()
-            assert paused.wait(10)
-            w.publish(big)  # grows: a new data segment, the old one unlinked
-            b_thread = threading.Thread(target=run, args=("b",))
-            b_thread.start()
-            b_thread.join(0.3)
-            b_waited = b_thread.is_alive()
-            go.set()
-            a_thread.join(10)
-            b_thread.join(10)
-        finally:
-            set_seam_hook(None)
+        b_waited = second_waits_for_first(
+            "tables.read.mapped",
+            lambda: run("a"),
+            lambda: run("b"),
+            # grows: a new data segment, the old one unlinked
+            while_held=lambda: w.publish(big),
+        )
         assert errors == []
         assert b_waited, "thread B remapped while thread A was inside a remap"
         assert results == {"a": (2, 400, True), "b": (2, 400, True)}
         keys = [f"K{i}" for i in range(100)]
-        assert np.array_equal(reader.table().ring_set.route(keys, 0), big.route(keys, 0))
+        assert np.array_equal(
+            route_ring_set(reader.table().ring_set, keys, 0), route_ring_set(big, keys, 0)
+        )
 
 
 def test_growth_adds_a_quarter_of_headroom_not_double_the_buffers(namespace):
@@ -696,7 +687,9 @@ def test_every_ring_is_stored_with_its_own_owners_and_no_routing_maps(namespace,
             np.testing.assert_array_equal(a.hashes, b.hashes)
             np.testing.assert_array_equal(a.owners, b.owners)
             np.testing.assert_array_equal(a.buckets, b.buckets)
-        np.testing.assert_array_equal(got.route(KEYS, 10**13), rs.route(KEYS, 10**13))
+        np.testing.assert_array_equal(
+            route_ring_set(got, KEYS, 10**13), route_ring_set(rs, KEYS, 10**13)
+        )
         assert not {"ring_pos", "owner_table"} & {name for name, _ in TABLE_SECTIONS}
         reader.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import lbcore
+from lbcore.route import route_ring_set
 from shm import TableReader, TableWriter
 
 
@@ -42,8 +43,8 @@ def test_host_ids_of_every_ring_equal_lbcores_across_generations(namespace: str)
             cand = np.ones(len(eps), dtype=bool)
             cand[0] = False
             np.testing.assert_array_equal(
-                t.ring_set.route(keys, 15, candidates=cand, attempt=1),
-                rs.route(keys, 15, candidates=cand, attempt=1),
+                route_ring_set(t.ring_set, keys, 15, candidates=cand, attempt=1),
+                route_ring_set(rs, keys, 15, candidates=cand, attempt=1),
             )
     ids1 = _fresh_ids(gen1.endpoints)
     pos = {ep: i for i, ep in enumerate(gen1.endpoints)}

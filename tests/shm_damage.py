@@ -1,0 +1,42 @@
+"""What the hostile tests damage: the file behind a segment name, and a counter matrix
+in use."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import shm
+from shm.segment import SHM_DIR
+from tests.discovery_harness import shm_namespace
+
+
+def segment_path(name: str) -> str:
+    """The file behind the POSIX shared-memory name ``name`` (``/cslb...``)."""
+    return os.path.join(SHM_DIR, name.lstrip("/"))
+
+
+@contextlib.contextmanager
+def counters_in_use() -> Iterator[tuple[str, shm.CounterStore, shm.Recorder, shm.CounterReader]]:
+    """A 4 x 8 counter matrix in a namespace of its own, one row claimed with a call open
+    on slots 1 and 2 (at 1 s), and a reader: ``(namespace, store, recorder, reader)``."""
+    with shm_namespace() as ns:
+        store = shm.CounterStore.create(ns, rows=4, columns=8)
+        try:
+            rec = store.claim()
+            rec.record_start([1, 2], 10**9)
+            yield ns, store, rec, store.reader()
+        finally:
+            store.close()
+
+
+def newest_data(namespace: str, kind: str) -> str:
+    """The name of the newest data segment of ``kind`` (``"tables"``, ``"counters"``)."""
+    epochs = shm.segment.epoch_segments(namespace, kind)
+    return epochs[max(epochs)]
+
+
+def shrink(name: str, nbytes: int) -> None:
+    """Truncate the segment named ``name`` to ``nbytes`` bytes, under its users' feet."""
+    os.truncate(segment_path(name), nbytes)
