@@ -191,9 +191,21 @@ def run(
 
     stopping: list[str] = []
 
+    from discovery.loadrefresh import LoadRefresher
+    from lbcore.knobs import KnobError
+    from lbcore.report_settings import ReportSettings
+
+    try:
+        report_settings = ReportSettings.from_mapping(os.environ)
+    except KnobError as exc:
+        publisher.close(unlink=False)
+        return fail(str(exc), log=log)
+    # The pods' load reports, refreshed for pods no worker calls (CSLB_LOAD_REPORTS=on).
+    refresher = LoadRefresher(settings["shm_namespace"], report_settings)
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     clean = False
     try:
+        refresher.start()
         disc.run()
         clean = True
         log.info("stopping", signal=stopping[0] if stopping else None)
@@ -207,6 +219,7 @@ def run(
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        refresher.stop()
         unlink = clean and bool(settings["unlink_on_exit"])
         publisher.close(unlink=unlink)
         if api is not None:

@@ -9,7 +9,9 @@ Prints, each next to its baseline measured in the same run:
 2. the same for :class:`workers.serving.ASGILoadReportMiddleware` (one event loop turn per
    request in both columns);
 3. the caller's cost of reading a response's headers from a raw header block
-   (:func:`workers.serving.orca.parse_header_block`) without and with the two headers.
+   (:func:`lbwire.orca.parse_header_block`) without and with the two headers.
+
+``python -m perf --only serving`` writes them to ``perf/RESULTS.md``.
 
 Times are the best of several medians of repeated loops; absolute numbers drift on
 shared machines, ratios less. Runs in well under a minute.
@@ -87,7 +89,9 @@ BLOCK_REPORT = BLOCK_PLAIN[:-2] + (
 )
 
 
-def main() -> None:
+def measure(quick: bool = False) -> list[dict]:
+    """The figures: ``{"what", "us", "baseline_us"}`` per row (µs per request or response)."""
+    n = 2_000 if quick else 20_000
     cached = LoadReportMiddleware(wsgi_app, settings=PodSettings(pool="process"))
     fresh = LoadReportMiddleware(wsgi_app, settings=PodSettings(pool="process", refresh_s=0.0))
     load = PodLoad(PodSettings(pool="process"))
@@ -95,38 +99,61 @@ def main() -> None:
     def begin_end() -> None:
         load.end(load.begin())
 
-    bare_us = per_call_us(lambda: serve_wsgi(wsgi_app))
-    rows = [
-        ("WSGI bare app", bare_us),
-        ("WSGI middleware (report cached)", per_call_us(lambda: serve_wsgi(cached))),
-        ("WSGI middleware (report every response)", per_call_us(lambda: serve_wsgi(fresh), 2000)),
-        ("PodLoad.begin + end alone", per_call_us(begin_end)),
-    ]
-    print("1. WSGI, per request (us; ratio to the bare app)")
-    for name, us in rows:
-        print(f"   {name:42s} {us:8.2f} us  x{us / bare_us:6.2f}  (+{us - bare_us:.2f} us)")
+    try:
+        bare_us = per_call_us(lambda: serve_wsgi(wsgi_app), n)
+        rows = [
+            ("WSGI bare app", bare_us, bare_us),
+            (
+                "WSGI middleware (report cached)",
+                per_call_us(lambda: serve_wsgi(cached), n),
+                bare_us,
+            ),
+            (
+                "WSGI middleware (report every response)",
+                per_call_us(lambda: serve_wsgi(fresh), max(n // 10, 200)),
+                bare_us,
+            ),
+            ("PodLoad.begin + end alone", per_call_us(begin_end, n), 0.0),
+        ]
+        a_bare = asgi_per_call_us(asgi_app, n)
+        a_mw = asgi_per_call_us(
+            ASGILoadReportMiddleware(asgi_app, settings=PodSettings(pool="process")), n
+        )
+        rows += [
+            ("ASGI bare app", a_bare, a_bare),
+            ("ASGI middleware (report cached)", a_mw, a_bare),
+        ]
+        for name, block in (
+            ("caller: parse_header_block, no report headers", BLOCK_PLAIN),
+            ("caller: parse_header_block, TEXT report + Server-Timing", BLOCK_REPORT),
+        ):
+            rows.append((name, per_call_us(lambda b=block: parse_header_block(b), n * 2), 0.0))
+    finally:
+        for m in (cached, fresh):
+            m.load.close()
+        load.close()
+    return [{"serving": True, "what": w, "us": us, "baseline_us": b} for w, us, b in rows]
 
-    a_bare = asgi_per_call_us(asgi_app)
-    a_mw = asgi_per_call_us(
-        ASGILoadReportMiddleware(asgi_app, settings=PodSettings(pool="process"))
-    )
-    print("2. ASGI, per request (us)")
-    print(f"   {'ASGI bare app':42s} {a_bare:8.2f} us")
-    print(
-        f"   {'ASGI middleware (report cached)':42s} {a_mw:8.2f} us  x{a_mw / a_bare:6.2f}  "
-        f"(+{a_mw - a_bare:.2f} us)"
-    )
 
-    print("3. Caller: parse_header_block per response (us)")
-    for name, block in (
-        ("no report headers", BLOCK_PLAIN),
-        ("TEXT report + Server-Timing", BLOCK_REPORT),
-    ):
-        us = per_call_us(lambda b=block: parse_header_block(b), 50_000)
-        print(f"   {name:42s} {us:8.2f} us")
-    for m in (cached, fresh):
-        m.load.close()
-    load.close()
+def run(quick: bool = False, log=print) -> dict:
+    """The ``serving`` part of ``python -m perf``: the middleware's cost per request."""
+    rows = measure(quick)
+    for r in rows:
+        extra = f"  (+{r['us'] - r['baseline_us']:.2f} us)" if r["baseline_us"] else ""
+        log(f"  {r['what']:55s} {r['us']:8.2f} us{extra}")
+    return {
+        "rows": rows,
+        "notes": [
+            "In-process, per request: the middleware around a trivial app against the bare "
+            "app (the same loop, the same run); the pool is the process's own "
+            "(pool=process).",
+        ],
+    }
+
+
+def main() -> None:
+    """Print the figures."""
+    run()
 
 
 if __name__ == "__main__":

@@ -92,6 +92,8 @@ static int64_t in_flight_all, max_conc_all;
 
 static int epfd, tfd;
 static uint64_t delay_ns = 2000000;
+/* -r: every answer carries a load report and Server-Timing, as the serving middleware's. */
+static int with_reports = 0;
 static conn **conns;
 static int conns_cap;
 static uint32_t next_gen = 1;
@@ -286,11 +288,17 @@ static void sb_fmt_u(sbuf *b, uint64_t v) {
 /* A whole response (status line, headers, body); takes ownership of body->p. */
 static char *response(int status, const char *reason, sbuf *body, int closing, size_t *len) {
     sbuf r = {0};
-    char head[256];
+    char head[512];
+    char extra[256] = "";
+    if (with_reports)
+        snprintf(extra, sizeof extra,
+                 "endpoint-load-metrics: TEXT application_utilization=0.41, rps_fractional=120, "
+                 "eps=0, named_metrics.occupancy=0.82\r\nServer-Timing: app;dur=%.3f\r\n",
+                 (double)delay_ns / 1e6);
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\n%s\r\n",
-                     status, reason, body->len, closing ? "Connection: close\r\n" : "");
+                     "Content-Length: %zu\r\n%s%s\r\n",
+                     status, reason, body->len, closing ? "Connection: close\r\n" : "", extra);
     sb_put(&r, head, (size_t)n);
     if (body->len) sb_put(&r, body->p, body->len);
     free(body->p);
@@ -711,12 +719,16 @@ static void fire_timers(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: podserver [-s MS] PORT...   (PORT 0: any free port)\n");
+    fprintf(stderr, "usage: podserver [-r] [-s MS] PORT...   (PORT 0: any free port)\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
     int i = 1;
+    if (i < argc && !strcmp(argv[i], "-r")) {
+        with_reports = 1;
+        i++;
+    }
     if (i + 1 < argc && !strcmp(argv[i], "-s")) {
         char *e;
         double ms = strtod(argv[i + 1], &e);

@@ -16,7 +16,7 @@ from typing import Any
 
 from perf.control import STALL_LIMIT_S
 
-PARTS = ("inprocess", "host", "http", "control", "fanout", "fleet")
+PARTS = ("inprocess", "host", "http", "control", "fanout", "fleet", "serving", "reports")
 #: Version of the figures' layout in RESULTS.json; parts kept from a run with another
 #: version are dropped (rerun them) rather than misread.
 FORMAT = 2
@@ -27,6 +27,8 @@ TITLES = {
     "control": "Control plane",
     "fanout": "The fan-out helper",
     "fleet": "A healthy, equal fleet under load",
+    "serving": "The pods' load-report middleware",
+    "reports": "Reading the pods' load reports (callers)",
 }
 INPROCESS_CHART = "inprocess.png"
 HOST_CHART = "host.png"
@@ -490,6 +492,45 @@ def _fleet(part: dict[str, Any]) -> list[str]:
     ]
 
 
+def _serving(part: dict[str, Any]) -> list[str]:
+    rows = [r for r in part["rows"] if r.get("serving")]
+    if not rows:
+        return ["Not run."]
+    body = [
+        [
+            r["what"],
+            _fmt(r["us"], 2),
+            f"+{_fmt(r['us'] - r['baseline_us'], 2)}" if r["baseline_us"] else "–",
+        ]
+        for r in rows
+    ]
+    return _table(["what", "µs per request", "over the bare app"], body, left=1)
+
+
+def _reports(part: dict[str, Any]) -> list[str]:
+    inproc = [r for r in part["rows"] if r.get("reports") == "inprocess"]
+    wire = [r for r in part["rows"] if r.get("reports") == "wire"]
+    out = _table(
+        ["in-process, per answer", "µs"], [[r["what"], _fmt(r["us"], 2)] for r in inproc], left=1
+    )
+    if wire:
+        out += [""]
+        out += _table(
+            ["on the wire (CurlSender)", "CPU µs per call", "extra", "ms per fan-out"],
+            [
+                [
+                    r["what"],
+                    _fmt(r["cpu_us_per_call"], 2),
+                    f"{r['extra_us_per_call']:+.2f}",
+                    _fmt(r["wall_ms_per_fanout"], 2),
+                ]
+                for r in wire
+            ],
+            left=1,
+        )
+    return out
+
+
 SECTIONS = {
     "inprocess": _inprocess,
     "host": _host,
@@ -497,6 +538,8 @@ SECTIONS = {
     "control": _control,
     "fanout": _fanout,
     "fleet": _fleet,
+    "serving": _serving,
+    "reports": _reports,
 }
 
 

@@ -16,7 +16,12 @@ Parts (all by default; ``--only`` picks some, comma-separated):
   libcurl-multi floor, with issue 17's ratios;
 * ``fleet`` — :mod:`perf.bench_fleet`: a healthy, equal fleet under load behind real
   gunicorn (gthread 2 × 4): keys moved by bounded load, bulkhead rejections, failed
-  keys, recorded latency, ``CurlSender`` next to ``Urllib3Sender``.
+  keys, recorded latency, ``CurlSender`` next to ``Urllib3Sender``;
+* ``serving`` — :mod:`perf.bench_serving`: the pods' load-report middleware per request
+  (WSGI, ASGI) next to the bare app;
+* ``reports`` — :mod:`perf.bench_reports`: the callers' cost of reading the pods' load
+  reports per answer, in-process and on the wire (CurlSender, with and without report
+  headers, ``CSLB_LOAD_REPORTS`` off and on).
 
 The page, its charts (PNG) and ``RESULTS.json`` go to ``out_dir`` (``--out``) (default: the ``perf``
 directory of this checkout). A run of some parts keeps the other parts' figures from
@@ -43,6 +48,8 @@ MODULES = {
     "control": "perf.control",
     "fanout": "perf.bench_fanout",
     "fleet": "perf.bench_fleet",
+    "serving": "perf.bench_serving",
+    "reports": "perf.bench_reports",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent
 

@@ -101,6 +101,9 @@ class WirePods:
         Pin the pod process to this core (``os.sched_setaffinity``); ``None``: not pinned.
     start_timeout_s
         How long to wait for every port to answer.
+    reports
+        Every answer carries a load report (``endpoint-load-metrics``) and
+        ``Server-Timing: app;dur=<service_ms>``, as the serving middleware's.
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class WirePods:
         service_ms: float = 2.0,
         cpu: int | None = None,
         start_timeout_s: float = 10.0,
+        reports: bool = False,
     ) -> None:
         if not 1 <= n <= 64:
             raise ValueError("n must be from 1 to 64")
@@ -116,6 +120,7 @@ class WirePods:
         self.service_ms = float(service_ms)
         self.cpu = cpu
         self.start_timeout_s = start_timeout_s
+        self.reports = reports
         self.proc: subprocess.Popen[bytes] | None = None
         self.ports: list[int] = []
         self.urls: list[str] = []
@@ -127,7 +132,8 @@ class WirePods:
     def start(self) -> WirePods:
         """Build, start and wait until every port answers; returns ``self``."""
         exe = build()
-        argv = [str(exe), "-s", repr(self.service_ms), *["0"] * self.n]
+        argv = [str(exe), *(["-r"] if self.reports else []), "-s", repr(self.service_ms)]
+        argv += ["0"] * self.n
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

@@ -51,6 +51,7 @@ __all__ = [
     "MAGIC_TABLES_DATA",
     "OPEN_FIELDS",
     "PAYLOAD_HEADER",
+    "REPORT_FIELDS",
     "SECTION",
     "SLOT",
     "SLOT_CLAIMED",
@@ -82,7 +83,8 @@ __all__ = [
 #: tables carry outlier-ejection state and no longer a ``weight`` section.
 #: 6: tables no longer carry ``ring_pos`` and ``owner_table`` (nothing read them); every
 #: ring, the newest too, has its own owners section.
-LAYOUT_VERSION = 6
+#: 7: counter rows end with the pods' latest load reports (:data:`REPORT_FIELDS`).
+LAYOUT_VERSION = 7
 
 
 def magic_word(tag: bytes) -> int:
@@ -301,9 +303,26 @@ KIND_TOTAL_FIELDS = tuple(f"{name}_total" for name in KIND_FIELDS)
 #: given to a new endpoint).
 TOTAL_FIELDS = ("requests_total", "failures_total", *KIND_TOTAL_FIELDS)
 
+#: Per-cell latest load report a pod sent this row's writer (:mod:`lbcore.reported`'s
+#: report state, plus the ``application_utilization`` shown on ``/metrics``): value and
+#: utilization are ``float64`` bit patterns in the ``int64`` words (NaN: none), kind a
+#: :data:`lbcore.reported.KIND_*`, times CLOCK_MONOTONIC ns, identity a ``uint64``
+#: bit pattern. Written only by the row's owner; zeroed with the totals when a freed
+#: endpoint slot is given to a new endpoint. Readers take each slot's newest report
+#: across rows (:mod:`shm.counters.reports`).
+REPORT_FIELDS = (
+    "report_value",
+    "report_util",
+    "report_kind",
+    "report_at_ns",
+    "report_since_ns",
+    "report_identity",
+)
+
 #: Per-row lifetime totals of routing decisions (8 words are reserved for them), then
 #: of the fan-out helper (``workers.fanout``): retry calls sent, those that failed too,
-#: retries the retry budget refused, calls the bulkhead kept from an endpoint or queue.
+#: retries the retry budget refused, calls the bulkhead kept from an endpoint or queue,
+#: and answers whose load report or ``Server-Timing`` was malformed (ignored).
 STATS_FIELDS = (
     "decisions",
     "fallbacks",
@@ -312,6 +331,7 @@ STATS_FIELDS = (
     "retries_failed",
     "retries_refused",
     "bulkhead_rejections",
+    "reports_malformed",
 )
 
 
@@ -323,9 +343,9 @@ def row_layout(columns: int, buckets: int) -> dict[str, int]:
     totals of :data:`STATS_FIELDS`, the rest reserved), ``open_old[columns]`` (requests
     still open that started before every bucket the row holds: older than the window),
     then for each of :data:`BUCKET_FIELDS` a ``[buckets][columns]`` block, then for each
-    of :data:`TOTAL_FIELDS` a ``[columns]`` block. ``columns`` is a multiple of 8, so
-    every part and every row starts on a 64-byte boundary (no false sharing between
-    workers' rows).
+    of :data:`TOTAL_FIELDS` and of :data:`REPORT_FIELDS` a ``[columns]`` block.
+    ``columns`` is a multiple of 8, so every part and every row starts on a 64-byte
+    boundary (no false sharing between workers' rows).
     """
     periods_words = align(buckets, 8)
     out = {"periods": 0, "stats": periods_words, "open_old": periods_words + 8}
@@ -333,7 +353,7 @@ def row_layout(columns: int, buckets: int) -> dict[str, int]:
     for name in BUCKET_FIELDS:
         out[name] = off
         off += buckets * columns
-    for name in TOTAL_FIELDS:
+    for name in TOTAL_FIELDS + REPORT_FIELDS:
         out[name] = off
         off += columns
     out["row_words"] = off

@@ -22,12 +22,15 @@ SERVING = ROOT / "docs" / "serving.md"
 def _tables() -> dict[str, Callable[[], str]]:
     from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
     from lbcore.knobs import KERNEL, LOG_KNOBS, ROUTING_KNOBS, docs_table
+    from lbcore.report_settings import REPORT_KNOBS
     from workers.fanout.settings import FANOUT_KNOBS
 
     return {
         "routing-knobs": lambda: docs_table(ROUTING_KNOBS),
         "kernel-knob": lambda: docs_table((KERNEL,)),
         "fanout-knobs": lambda: docs_table(FANOUT_KNOBS),
+        # (environment only: no command takes them as flags)
+        "report-knobs": lambda: docs_table(REPORT_KNOBS, flags=False),
         "discovery-knobs": lambda: docs_table(DISCOVERY_KNOBS),
         "outlier-knobs": lambda: docs_table(OUTLIER_KNOBS),
         "log-knobs": lambda: docs_table(LOG_KNOBS),
@@ -62,11 +65,13 @@ def test_each_settings_table_is_generated_from_its_declarations(name: str) -> No
 def test_every_declared_variable_is_documented_once_on_the_page() -> None:
     from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
     from lbcore.knobs import KERNEL, LOG_KNOBS, ROUTING_KNOBS
+    from lbcore.report_settings import REPORT_KNOBS
     from workers.fanout.settings import FANOUT_KNOBS
 
     text = SETTINGS.read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(CSLB_[A-Z0-9_]+)` \|", text, re.M)
-    declared = {k.env for g in (ROUTING_KNOBS, FANOUT_KNOBS, OUTLIER_KNOBS, LOG_KNOBS) for k in g}
+    groups = (ROUTING_KNOBS, FANOUT_KNOBS, REPORT_KNOBS, OUTLIER_KNOBS, LOG_KNOBS)
+    declared = {k.env for g in groups for k in g}
     declared |= {k.env for k in DISCOVERY_KNOBS} | {KERNEL.env}
     assert set(rows) == declared
     # the discovery table repeats the two log settings (they are discovery flags too)

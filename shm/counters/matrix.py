@@ -12,6 +12,7 @@ from shm.layout import (
     LAYOUT_VERSION,
     MAGIC_COUNTERS_CONTROL,
     MAGIC_COUNTERS_DATA,
+    REPORT_FIELDS,
     SLOT,
     TOTAL_FIELDS,
     align,
@@ -107,6 +108,11 @@ class Matrix:
         self.totals = self.rows2d[:, t : t + len(TOTAL_FIELDS) * cols].reshape(
             rows, len(TOTAL_FIELDS), cols
         )
+        r = layout[REPORT_FIELDS[0]]
+        # (rows, len(REPORT_FIELDS), columns): the latest load report per slot.
+        self.reports = self.rows2d[:, r : r + len(REPORT_FIELDS) * cols].reshape(
+            rows, len(REPORT_FIELDS), cols
+        )
 
     def block(self, row: int, name: str) -> np.ndarray:
         """View of one part of row ``row`` (see :func:`row_block`)."""
@@ -123,6 +129,7 @@ class Matrix:
         self.stats[r] = src.stats[r]
         self.fields[r, :, :c] = src.fields[r]
         self.totals[r, :, :c] = src.totals[r]
+        self.reports[r, :, :c] = src.reports[r]
 
 
 def row_block(fields: np.ndarray, buckets: int, row: int, name: str) -> np.ndarray:
@@ -171,6 +178,9 @@ class MatrixView:
     totals : numpy.ndarray
         ``int64`` ``(rows, total fields, columns)``: lifetime totals per slot
         (:data:`shm.layout.TOTAL_FIELDS`).
+    reports : numpy.ndarray
+        ``int64`` ``(rows, report fields, columns)``: the latest load report per slot
+        (:data:`shm.layout.REPORT_FIELDS`; :mod:`shm.counters.reports` reads them).
     """
 
     __slots__ = (
@@ -180,6 +190,7 @@ class MatrixView:
         "fields",
         "layout",
         "periods",
+        "reports",
         "segment",
         "stats",
         "totals",
@@ -197,6 +208,7 @@ class MatrixView:
         self.periods = _read_only(m.periods)
         self.stats = _read_only(m.stats)
         self.totals = _read_only(m.totals)
+        self.reports = _read_only(m.reports)
 
     def block(self, row: int, name: str) -> np.ndarray:
         """Read-only view of one part of row ``row`` (see :func:`row_block`)."""

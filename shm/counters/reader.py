@@ -6,11 +6,13 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.reported import ReportState
 from lbcore.signals import failure_rate, global_latency, open_busy_ns
 from lbcore.signals import mean_latency as _mean_latency
 from lbcore.signals import occupancy as _occupancy
 from shm.counters.loads import HostLoads, bucket_weights
 from shm.counters.matrix import Control, Matrix, attach_control
+from shm.counters.reports import merge_reports
 from shm.layout import COUNTER_FIELDS, KIND_FIELDS, STATS_FIELDS
 from shm.segment import current_inode
 
@@ -201,6 +203,36 @@ class CounterReader:
         requests = m.totals[rows, 0, :n].sum(axis=0)
         kinds = np.ascontiguousarray(m.totals[rows, 2 : 2 + nk, :n].sum(axis=0).T)
         return requests, kinds
+
+    def reports(
+        self, now_ns: int, expiry_ns: int, columns: int | None = None
+    ) -> tuple[ReportState, np.ndarray]:
+        """The pods' latest load reports per endpoint slot, newest across every row.
+
+        Parameters
+        ----------
+        now_ns
+            CLOCK_MONOTONIC time now (ns): reports stamped later are garbage.
+        expiry_ns
+            The report expiry (see :func:`shm.counters.reports.merge_reports`).
+        columns
+            Number of endpoint slots to read; default all.
+
+        Returns
+        -------
+        tuple of (lbcore.reported.ReportState, numpy.ndarray)
+            Report state per slot, and each slot's ``application_utilization`` (NaN:
+            none). Cells no recorder writes count as no report; nothing raises on them.
+        """
+        ctl = self._ctl
+        ctl.seg.check_size()
+        m = ctl.current()
+        n = m.columns if columns is None else min(int(columns), m.columns)
+        used = np.flatnonzero(ctl.slots["used"] != 0)
+        if used.size == 0 or n == 0:
+            return ReportState.empty(n), np.full(n, np.nan)
+        hi = int(used[-1]) + 1  # (rows never used hold zeros: no report)
+        return merge_reports(m.reports[:hi, :, :n], int(now_ns), int(expiry_ns))
 
     def stats(self) -> dict[str, int]:
         """Lifetime routing-decision totals of every worker of the host.

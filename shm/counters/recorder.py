@@ -13,6 +13,7 @@ from lbcore.errors import ArgumentError
 from lbcore.kernel import calls_adder, scatter_adder, scatter_adder_routed
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from shm.counters.matrix import C_CURRENT, Matrix
+from shm.counters.reports import write_reports
 from shm.errors import CounterInputError, SlotOwnershipError
 from shm.layout import KIND_FIELDS, STATS_FIELDS
 from shm.segment import fence, intact, seam
@@ -736,6 +737,49 @@ class Recorder:
         if self._moved():
             self._follow()
         self._stats[i] += n
+
+    def record_reports(
+        self,
+        slots: Any,
+        values: Any,
+        utils: Any,
+        kinds: Any,
+        identities: Any,
+        now_ns: int,
+        expiry_ns: int,
+    ) -> None:
+        """Store the pods' latest load reports in this row (:mod:`shm.counters.reports`).
+
+        Parameters
+        ----------
+        slots
+            Endpoint slot of each report, each at most once.
+        values, kinds
+            :func:`lbcore.reported.report_value` of each report.
+        utils
+            Each report's ``application_utilization`` (NaN: not sent).
+        identities
+            Each pod's :func:`lbcore.reported.pod_identity`.
+        now_ns
+            When they arrived (CLOCK_MONOTONIC ns).
+        expiry_ns
+            The report expiry (:class:`lbcore.report_settings.ReportSettings`).
+
+        Raises
+        ------
+        CounterInputError
+            A slot out of range or given twice; nothing is stored then.
+        """
+        if self._moved():
+            self._follow()
+        s = self._slots(slots)
+        if np.unique(s).size != s.size:
+            raise CounterInputError("a slot may be given one report per call")
+        m = self._matrix
+        assert m is not None
+        write_reports(
+            m.reports[self.row], s, values, utils, kinds, identities, now_ns, expiry_ns
+        )
 
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back (its in-flight counts are zeroed, history stays)."""

@@ -550,13 +550,14 @@ class CounterStore:
             return cols
 
     def reset_totals(self, slots: Any) -> None:
-        """Zero the lifetime request and failure totals of endpoint ``slots`` in every row.
+        """Zero the lifetime totals and load reports of endpoint ``slots`` in every row.
 
         For a table writer handing a freed slot to a new endpoint: its Prometheus
         counters must start at zero, not at the previous endpoint's totals. Only freed
         slots (no worker routes to them any more, and the occupancy window has passed
         since) may be reset; a call still open on the old endpoint that ends after
-        this is counted for the new one.
+        this is counted for the new one. The old pod's load reports are forgotten with
+        them (a report of the old pod stored after this is refused by its identity).
 
         Raises
         ------
@@ -574,6 +575,7 @@ class CounterStore:
                     f"endpoint slots must be in 0..{m.columns - 1}, got {idx.tolist()[:10]}"
                 )
             m.totals[:, :, idx] = 0
+            m.reports[:, :, idx] = 0
 
     # -- lifecycle ----------------------------------------------------------------------
 

@@ -57,6 +57,10 @@ class _Forwarding:
         """See :meth:`Recorder.tally`."""
         self._run(Recorder.tally, field, n)
 
+    def record_reports(self, *args: Any) -> None:
+        """See :meth:`Recorder.record_reports`."""
+        self._run(Recorder.record_reports, *args)
+
 
 class LockedRecorder(_Forwarding):
     """One row shared by all threads of a process, calls serialized by a lock.

@@ -58,6 +58,10 @@ EXPECTED_FAMILIES = {
     "cslb_endpoint_failures_by_kind": "counter",
     "cslb_endpoint_ejected": "gauge",
     "cslb_endpoint_ejections": "counter",
+    # the pods' own load reports (CSLB_LOAD_REPORTS)
+    "cslb_endpoint_reported_utilization": "gauge",
+    "cslb_endpoint_reported_age_seconds": "gauge",
+    "cslb_endpoint_load_source": "gauge",
     "cslb_outlier_panic": "gauge",
     "cslb_decisions": "counter",
     "cslb_fallback": "counter",
@@ -73,6 +77,7 @@ EXPECTED_FAMILIES = {
     "cslb_retries_failed": "counter",
     "cslb_retry_budget_exhausted": "counter",
     "cslb_bulkhead_rejections": "counter",
+    "cslb_load_reports_malformed": "counter",
 }
 
 
@@ -286,6 +291,7 @@ def test_seconds_gauges_declare_their_unit(host: Host) -> None:
     units = {line.split()[2]: line.split()[3] for line in text.splitlines() if "# UNIT" in line}
     assert units == {
         "cslb_endpoint_latency_seconds": "seconds",
+        "cslb_endpoint_reported_age_seconds": "seconds",
         "cslb_table_age_seconds": "seconds",
         "cslb_discovery_heartbeat_age_seconds": "seconds",
     }

@@ -488,10 +488,11 @@ def test_other_layout_version(namespace):
     with TableWriter(namespace) as w:
         w.publish(lbcore.RingSet(EPS[:3]))
         ctl = Segment.attach(segment_name(namespace, "tables"), writable=True)
-        ctl.words[1] = 7
+        other = LAYOUT_VERSION + 1
+        ctl.words[1] = other
         with pytest.raises(
             SegmentVersionError,
-            match=f"is layout version 7, this build reads version {LAYOUT_VERSION}",
+            match=f"is layout version {other}, this build reads version {LAYOUT_VERSION}",
         ):
             TableReader(namespace)
 

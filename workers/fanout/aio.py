@@ -25,6 +25,7 @@ from typing import Any
 
 from workers.fanout.curl_driver import curl_sender_of, run_async
 from workers.fanout.jobs import FanOutState, Job, group_job, key_job
+from workers.fanout.reports import take_over
 from workers.fanout.threads import FanOut, Result
 
 __all__ = ["run"]
@@ -252,15 +253,17 @@ async def _drive(state: FanOutState, job: Job, watch: _Watch) -> None:
                         value = await send(url, what, timeout=timeout)
                     else:
                         value = await send(url, what)
-                    got: tuple[Any, BaseException | None] = (value, None)
+                    # (the answer's load headers, reports on: left by our senders)
+                    got: tuple[Any, ...] = (value, None, None, take_over())
                     watch.expired()  # (a sender that swallowed the cancellation)
                 except asyncio.CancelledError:
+                    take_over()
                     if not watch.expired():
                         raise
                     got = (None, TimeoutError(f"{url}: no answer within {timeout:g} s"))
                 except Exception as exc:
                     watch.expired()
-                    got = (None, exc)
+                    got = (None, exc, None, take_over())
                 op = job.send(got)
             elif op[0] == "slot":
                 op = job.send(await _slot(state, op[1], op[2]))

@@ -9,12 +9,16 @@ the fan-out: one transport per worker thread, no thread pool) and :class:`LoopRe
 libcurl's; one transport per loop, no thread). Both give the same two things to the
 fan-out: start a call, and call a function later.
 
-A call's outcome comes back as ``(value, exception, busy_ns)``; ``busy_ns`` is libcurl's
+A call's outcome comes back as ``(value, exception, busy_ns, load)``; ``busy_ns`` is libcurl's
 own measure of the call, from just before the request was sent to the last byte of the
 answer (``TOTAL_TIME_T - PRETRANSFER_TIME_T``; the whole call when it never got a
 connection), taken inside libcurl as it moves the bytes, so the time an answer then waits
 for Python (the GIL, a busy loop, the other answers of the batch) is not counted as the
-pod's busy time.
+pod's busy time. ``load`` is what the answer's ``endpoint-load-metrics`` and
+``Server-Timing`` headers said (:class:`lbwire.orca.ResponseLoad`) when load
+reports are on (``CSLB_LOAD_REPORTS``): libcurl then hands each header line to a list's
+``append`` (C, no Python frame per line), and the block is read once per call
+(:class:`workers.fanout.reports.BlockReader`); with reports off no header is collected.
 
 Connections are HTTP/1.1 keep-alive, at most ``connections_per_pod`` per pod (libcurl's
 ``CURLMOPT_MAX_HOST_CONNECTIONS``: calls beyond it wait inside libcurl for a free
@@ -46,9 +50,10 @@ __all__ = [
     "thread_reactor",
 ]
 
-#: What a finished call gives back: the value, the exception (``None``: success), and
-#: libcurl's busy time of the call (ns).
-Outcome = tuple[Any, BaseException | None, int]
+#: What a finished call gives back: the value, the exception (``None``: success),
+#: libcurl's busy time of the call (ns), and the answer's load headers (``None``: load
+#: reports off, or no answer).
+Outcome = tuple[Any, BaseException | None, int, Any]
 
 log = logging.getLogger("cslb.router")
 
@@ -93,10 +98,18 @@ class Transport:
     ----------
     connections_per_pod
         Most connections to one pod (``host:port``); more calls wait for one.
+    reports
+        Collect and read the answers' load headers (``None``: as
+        :func:`workers.fanout.reports.report_settings` says).
     """
 
-    def __init__(self, connections_per_pod: int) -> None:
+    def __init__(self, connections_per_pod: int, reports: bool | None = None) -> None:
+        from workers.fanout.reports import BlockReader, report_settings
+
         self.connections_per_pod = int(connections_per_pod)
+        if reports is None:
+            reports = report_settings().enabled
+        self._read_block = BlockReader() if reports else None
         m = self.multi = pycurl.CurlMulti()
         m.setopt(pycurl.M_MAX_HOST_CONNECTIONS, self.connections_per_pod)
         m.setopt(pycurl.M_MAXCONNECTS, self.connections_per_pod * 16 + _CACHE_SLACK)
@@ -150,6 +163,8 @@ class Transport:
             return
         self.multi.remove_handle(handle)  # (libcurl closes its connection)
         handle.cslb_chunks.clear()
+        if handle.cslb_hdrs is not None:
+            handle.cslb_hdrs.clear()
         self._release(handle)
 
     def _release(self, e: Any) -> None:
@@ -169,6 +184,11 @@ class Transport:
         e.cslb_timeout = None
         e.cslb_post = post
         e.setopt(pycurl.WRITEFUNCTION, chunks.append)
+        e.cslb_hdrs = None
+        if self._read_block is not None:
+            hdrs: list[bytes] = []
+            e.cslb_hdrs = hdrs
+            e.setopt(pycurl.HEADERFUNCTION, hdrs.append)
         e.setopt(pycurl.NOSIGNAL, 1)
         e.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
         e.setopt(pycurl.PROXY, "")  # pods are called directly, whatever the environment says
@@ -238,8 +258,11 @@ class Transport:
         call = self._calls.pop(e, None)
         self.multi.remove_handle(e)
         chunks = e.cslb_chunks
+        hdrs = e.cslb_hdrs
         if call is None:  # (not ours: cancelled meanwhile)
             chunks.clear()
+            if hdrs is not None:
+                hdrs.clear()
             return
         on_done, request, url, what, grouped = call
         total = e.getinfo(pycurl.TOTAL_TIME_T)
@@ -247,6 +270,11 @@ class Transport:
         busy_ns = (total - sent if sent else total) * 1000
         value: Any = None
         exc: BaseException | None = None
+        load: Any = None
+        if hdrs is not None:
+            if hdrs and not code:
+                load = self._read_block(b"".join(hdrs))  # type: ignore[misc]
+            hdrs.clear()
         if code:
             exc = _failure(code, e.errstr(), url, total / 1e6, request.max_body_bytes)
             if code == pycurl.E_OPERATION_TIMEDOUT and not e.getinfo(pycurl.PRIMARY_IP):
@@ -266,7 +294,7 @@ class Transport:
                 value = request.finish(status, body, url, what, grouped)
             except Exception as err:
                 exc = err
-        on_done((value, exc, busy_ns))
+        on_done((value, exc, busy_ns, load))
 
     def close(self) -> None:
         """Stop every call (none gets an outcome) and close the connections."""

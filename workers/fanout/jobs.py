@@ -396,7 +396,12 @@ def _attempt(
     # A call that timed out waiting for a connection inside the transport never reached
     # the pod: cut, like one the deadline cut short (busy time only: the transport's 0).
     cut = cut or getattr(exc, "local", False)
-    state.end(slot, t0, kind, cut, got[2] if len(got) > 2 else None)
+    busy = got[2] if len(got) > 2 else None
+    if len(got) > 3 and got[3] is not None:
+        # The answer's load headers (reports on): the pod's own service time, if sent,
+        # is the call's busy time; its report waits for the ledger's next write.
+        busy = state.ledger.answered(slot, url, got[3], busy)
+    state.end(slot, t0, kind, cut, busy)
     return value, exc, kind
 
 

@@ -41,7 +41,9 @@ import logging
 import threading
 
 import shm
+from lbwire.orca import ResponseLoad
 from shm.layout import STATS_FIELDS
+from workers.fanout.reports import ReportBook
 from workers.routing.recording import Recording, WarningThrottle
 
 __all__ = ["CUT", "FLUSH_NS", "MAX_PENDING", "CallLedger"]
@@ -70,9 +72,13 @@ class CallLedger:
         The worker's recording handle (its clock is the ledger's). Without a row
         (no counters) calls are counted for the bulkhead only; a router that attached
         new counters meanwhile has the handle write into those.
+    book
+        Where the pods' load reports wait for the next write (``None``: reports off;
+        :meth:`end` then never looks at an answer's headers).
     """
 
     __slots__ = (
+        "_book",
         "_clock",
         "_done",
         "_due",
@@ -87,8 +93,9 @@ class CallLedger:
         "_write_lock",
     )
 
-    def __init__(self, recording: Recording) -> None:
+    def __init__(self, recording: Recording, book: ReportBook | None = None) -> None:
         self._rec = recording
+        self._book = book
         self._clock = recording.clock
         self._lock = threading.Lock()  # the pending events and the calls in flight
         self._write_lock = threading.Lock()  # one write at a time, in order
@@ -180,6 +187,18 @@ class CallLedger:
         self.flush()
         return now, admitted
 
+    def answered(self, slot: int, url: str, load: ResponseLoad, busy_ns: int | None) -> int | None:
+        """Note the load headers of an answer from ``slot``; the busy time to :meth:`end` with.
+
+        The pod's ``Server-Timing`` duration when present, else ``busy_ns``. Its report
+        is written to the row with the next step (:class:`workers.fanout.reports.ReportBook`).
+        """
+        book = self._book
+        if book is None:
+            return busy_ns
+        with self._lock:
+            return book.take(slot, url, load, busy_ns, self._clock())
+
     def end(self, slot: int, started_ns: int, kind: int = 0, busy_ns: int | None = None) -> int:
         """The call to ``slot`` that :meth:`begin` started at ``started_ns`` ended now.
 
@@ -256,17 +275,28 @@ class CallLedger:
 
     def flush(self) -> None:
         """Write every pending event into the counter row now (one step)."""
+        book = self._book
         with self._write_lock:
             with self._lock:
-                if not (self._starts or self._ends or self._done or self._stats):
+                reported = book is not None and book.pending
+                if not (self._starts or self._ends or self._done or self._stats or reported):
                     return
                 starts, ends, done, stats = self._starts, self._ends, self._done, self._stats
                 self._starts, self._ends, self._done = {}, [], []
                 self._stats = {}
+                reports: dict[int, tuple[float, float, int, int]] = {}
+                if reported:
+                    assert book is not None
+                    reports, malformed = book.drain()
+                    if malformed:
+                        stats["reports_malformed"] = stats.get("reports_malformed", 0) + malformed
                 now = self._clock()
                 self._due = now + FLUSH_NS
             try:
                 self._rec.record_calls(ends, done, starts, now, stats)
+                if reports:
+                    assert book is not None
+                    self._rec.record_reports(reports, now, book.settings.expiry_ns)
             except shm.ShmError as exc:  # released meanwhile, or the counters shrunk or damaged
                 _calls_lost.warn(log, exc)
 

@@ -20,6 +20,10 @@ or any status in ``fail_statuses``) so the helper knows what to retry and the co
 record how each pod fails (:func:`failure_kind`); another non-2xx status raises
 :class:`CallAnswerError`, the key's error but not the pod's failure. A sender that
 takes a ``timeout`` keyword gets the fan-out's per-call timeout (seconds).
+
+With ``CSLB_LOAD_REPORTS=on`` the ready-made senders also read each answer's
+``endpoint-load-metrics`` and ``Server-Timing`` (:mod:`workers.fanout.reports`): the
+pod's service time becomes the call's busy time, its report goes into shared memory.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 from urllib.parse import quote
 
 from lbcore.outlier import FAIL_CONNECT, FAIL_NONE, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
+from workers.fanout.reports import hand_over, read_headers, report_settings
 
 __all__ = [
     "CallAnswerError",
@@ -189,6 +194,8 @@ class _Template:
         self.fail_statuses = SERVER_ERRORS if fail_statuses is None else frozenset(fail_statuses)
         self.headers = dict(headers or {})
         self.timeout_s = float(timeout_s)
+        # Read the answers' load headers (CSLB_LOAD_REPORTS): off, not even looked at.
+        self.reads_reports = report_settings().enabled
 
     def _timeout_of(self, timeout: float | None) -> float:
         """The call's timeout (seconds): the fan-out's, at least 1 ms, else ``timeout_s``."""
@@ -284,6 +291,8 @@ class Urllib3Sender(_Template):
         return pool
 
     def _request(self, method: str, url: str, body: bytes | None, timeout: float | None) -> bytes:
+        if self.reads_reports:
+            hand_over(None)
         t = self._timeout_of(timeout)
         headers = self.headers
         if body is not None:
@@ -302,6 +311,8 @@ class Urllib3Sender(_Template):
             self._raise_failure(_urllib3_kind(exc), url, t, exc, str(exc))
             raise
         data = r.data
+        if self.reads_reports:
+            hand_over(read_headers(r.headers.iteritems()))
         _check_status(r.status, self.fail_statuses, url, data)
         return data
 
@@ -375,6 +386,8 @@ class HttpxSender(_Template):
     ) -> bytes:
         import httpx
 
+        if self.reads_reports:
+            hand_over(None)
         t = self._timeout_of(timeout)
         try:
             r = await self._client().request(
@@ -388,6 +401,8 @@ class HttpxSender(_Template):
             self._raise_failure(_httpx_kind(exc), url, t, exc, repr(exc))
             raise
         data = r.content
+        if self.reads_reports:
+            hand_over(read_headers(r.headers.multi_items()))
         _check_status(r.status_code, self.fail_statuses, url, data)
         return data
 
@@ -511,7 +526,7 @@ class CurlSender(_Template):
                 reactor.transport.cancel(h)
         if not got:
             raise CallTimeoutError(f"{full}: no answer within {t:g} s", full)
-        value, exc, _ = got[0]
+        value, exc = got[0][0], got[0][1]
         if exc is not None:
             raise exc
         return value

@@ -65,6 +65,7 @@ from workers.fanout.jobs import (
     key_job,
 )
 from workers.fanout.ledger import CallLedger
+from workers.fanout.reports import take_over
 from workers.fanout.settings import FanoutSettings
 from workers.routing.errors import RouterInputError
 
@@ -353,9 +354,11 @@ def _drive(state: FanOutState, job: Job) -> None:
                     got = (
                         send(url, what, timeout=timeout) if with_timeout else send(url, what),
                         None,
+                        None,
+                        take_over(),  # (the answer's load headers: reports on, our senders)
                     )
                 except Exception as exc:
-                    got = (None, exc)
+                    got = (None, exc, None, take_over())
                 op = job.send(got)
             elif op[0] == "slot":
                 op = job.send(_wait_slot(state, op[1], op[2]))

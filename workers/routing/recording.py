@@ -202,6 +202,24 @@ class Recording:
             for field, n in tallies.items():
                 row.tally(field, n)
 
+    def record_reports(
+        self, reports: dict[int, tuple[float, float, int, int]], now_ns: int, expiry_ns: int
+    ) -> None:
+        """Store the pods' latest load reports in the row (:meth:`shm.Recorder.record_reports`).
+
+        ``reports``: ``slot -> (value, utilization, kind, identity)``. Raises
+        :class:`shm.ShmError` when the row was released meanwhile.
+        """
+        if not reports:
+            return
+        slots = list(reports)
+        cols = list(zip(*reports.values(), strict=True))
+        with self._lock:
+            row = self._row
+            if row is None:
+                return
+            row.record_reports(slots, cols[0], cols[1], cols[2], cols[3], now_ns, expiry_ns)
+
     def failed(self, fields: dict[str, Any]) -> None:
         """A call failed: its line to the failure log (rate-limited), one more failure."""
         self.failure_log.failed(fields)

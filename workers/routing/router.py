@@ -61,6 +61,7 @@ from lbcore.fade import SKIPPER_SALT
 from lbcore.knobs import Knob, parse_seconds
 from workers.fanout.failurelog import FailureLog
 from workers.fanout.ledger import CallLedger
+from workers.fanout.reports import ReportBook, report_settings
 from workers.fanout.settings import FAILURE_LOG_RATE, FALLBACK_URL
 from workers.routing.errors import RouterError, RouterInputError, RouterStateError
 from workers.routing.notice import NoTableNotice
@@ -724,7 +725,9 @@ class Router:
         if led is None:
             with self._fanout_lock:
                 if self._ledger is None:
-                    self._ledger = CallLedger(self.recording)
+                    rs = report_settings()
+                    book = ReportBook(rs) if rs.enabled else None
+                    self._ledger = CallLedger(self.recording, book)
                 led = self._ledger
         return led
 

@@ -31,8 +31,18 @@ import numpy as np
 import lbcore
 import shm
 from lbcore.bounded import in_call_units, target_load
+from lbcore.reported import effective_loads
+from workers.routing.reported import TableReports, read_reports
 
-__all__ = ["Follower", "Snapshot", "bounded_bar", "build_plan", "empty_table", "read_loads"]
+__all__ = [
+    "Follower",
+    "Snapshot",
+    "bounded_bar",
+    "build_plan",
+    "empty_table",
+    "read_loads",
+    "read_reports",
+]
 
 log = logging.getLogger("cslb.router")
 
@@ -112,6 +122,7 @@ def build_plan(
     *,
     balance_factor: Any = "knobs",
     ejected: bool = True,
+    reports: TableReports | None = None,
 ) -> lbcore.Plan:
     """The plan a worker routes ``table``'s batches on at ``now_ns``.
 
@@ -130,6 +141,10 @@ def build_plan(
         rings, for an explanation of a bounded-load move).
     ejected
         ``False``: as if no endpoint were ejected (for an explanation of a skip).
+    reports
+        The pods' load reports of ``table``'s endpoints (:func:`read_reports`;
+        ``None``: reports off): bounded load compares the loads
+        :func:`lbcore.reported.effective_loads` folds from them and the host's.
 
     Raises
     ------
@@ -150,7 +165,10 @@ def build_plan(
         # In routed-call units: bounded load's 1.0 becomes what a call adds to the
         # signal (for occupancy its latency's share of the window, not one busy second
         # per second); in-flight and effective loads pass through unchanged.
-        load = in_call_units(loads.signal(sig), loads.bar_increment(sig))
+        raw, inc = loads.signal(sig), loads.bar_increment(sig)
+        if reports is not None:
+            raw = effective_loads(raw, reports.state, now_ns, reports.settings, inc).loads
+        load = in_call_units(raw, inc)
     ej = table.ejected
     return lbcore.Plan(
         table.ring_set,
@@ -418,8 +436,9 @@ class Follower:
                 return s
             try:
                 loads = read_loads(self.counters, t, now)
+                reports = read_reports(self.counters, t, now)
                 try:
-                    plan = build_plan(t, loads, now)
+                    plan = build_plan(t, loads, now, reports=reports)
                 except lbcore.LBCoreError as exc:
                     if not t.valid():
                         raise

@@ -1,8 +1,9 @@
 """The serving side: what product pods run so their callers can balance on the pod's own clock.
 
-* :mod:`workers.serving.orca`: the wire format both sides share (``endpoint-load-metrics``
-  in ORCA's forms, ``Server-Timing``): :func:`~workers.serving.orca.format_report` for pods,
-  :func:`~workers.serving.orca.parse_header_block` and friends for callers.
+* :mod:`workers.serving.orca` (re-exporting :mod:`lbwire.orca`, the one copy): the wire
+  format both sides share (``endpoint-load-metrics`` in ORCA's forms, ``Server-Timing``):
+  :func:`~lbwire.orca.format_report` for pods, :func:`~lbwire.orca.parse_header_block` and
+  friends for callers.
 * :class:`LoadReportMiddleware` (WSGI) and :class:`ASGILoadReportMiddleware` (ASGI): measure
   the pod's occupancy across all its worker processes and report it on every response,
   and answer the load-only path :data:`LOAD_PATH` without calling the app.

@@ -27,14 +27,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
-from workers.serving.orca import LOAD_HEADER
+from lbwire.orca import LOAD_HEADER, LOAD_PATH
 from workers.serving.podload import PodLoad
 from workers.serving.settings import PodSettings
 
 __all__ = ["LOAD_PATH", "ASGILoadReportMiddleware", "LoadReportMiddleware"]
 
 #: Default path of the load-only request.
-LOAD_PATH = "/.well-known/cslb/load"
 
 _monotonic_ns = time.monotonic_ns
 _LOAD_HEADER_B = LOAD_HEADER.encode()

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lbcore.signals import window_weights
+from lbwire.orca import MAX_VALUE, format_report
 from shm.segment import process_alive
 from workers.serving.capacity import gunicorn_capacity
-from workers.serving.orca import MAX_VALUE, format_report
 from workers.serving.pool import (
     BUCKET,
     FIRST_BUCKET,

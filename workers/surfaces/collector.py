@@ -25,6 +25,10 @@ name                                      type     meaning
 ``cslb_endpoint_failures_by_kind_total``  counter  the same by ``kind`` (connect, timeout, ...)
 ``cslb_endpoint_ejected``                 gauge    1 while routing skips the endpoint (ejected)
 ``cslb_endpoint_ejections_total``         counter  outlier ejections so far, by ``reason``
+``cslb_endpoint_reported_utilization``    gauge    the pod's last valid reported utilization
+``cslb_endpoint_reported_age_seconds``    gauge    time since the pod's last valid load report
+``cslb_endpoint_load_source``             gauge    1 for the ``source`` bounded load uses
+``cslb_load_reports_malformed_total``     counter  answers whose load report was malformed
 ``cslb_outlier_panic``                    gauge    1 while too few endpoints are left to eject
 ``cslb_decisions_total``                  counter  keys routed by the host's workers
 ``cslb_fallback_total``                   counter  keys answered with fallback (ingress)
@@ -54,6 +58,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 import lbcore
 from lbcore.knobs import Knob, parse_int_between
 from lbcore.outlier import EJECT_REASONS, FAILURE_KINDS
+from lbcore.reported import SOURCES
 from workers.surfaces.hosts import STALE_AFTER, EndpointState, HostMonitor, HostSnapshot
 
 __all__ = ["FANOUT_STATS", "METRICS_MAX_ENDPOINTS", "CslbCollector", "build_info"]
@@ -187,6 +192,23 @@ class CslbCollector:
             "failure_percentage, success_rate), as the discovery process publishes them.",
             [*ep, "reason"],
         )
+        reported = _gauge(
+            "cslb_endpoint_reported_utilization",
+            "The pod's last valid application_utilization from its endpoint-load-metrics "
+            "header (no sample without one, or with CSLB_LOAD_REPORTS off).",
+            ep,
+        )
+        reported_age = _gauge(
+            "cslb_endpoint_reported_age_seconds",
+            "Time since the pod's last valid load report arrived (no sample without one).",
+            ep,
+        )
+        load_source = _gauge(
+            "cslb_endpoint_load_source",
+            "1 for the signal bounded load balances the endpoint on: source=reported (the "
+            "pod's own load report) or source=host (this host's own view), else 0.",
+            [*ep, "source"],
+        )
         panic = _gauge(
             "cslb_outlier_panic",
             "1 while too few endpoints are left un-ejected (below the panic threshold): "
@@ -240,6 +262,9 @@ class CslbCollector:
             by_kind,
             ejected,
             ejections,
+            reported,
+            reported_age,
+            load_source,
             panic,
             decisions,
             fallback,
@@ -274,6 +299,12 @@ class CslbCollector:
                 ejections.add_metric([*labels, reason], float(n))
             if e.occupancy is None:
                 continue
+            if e.reported_utilization is not None:
+                reported.add_metric(labels, e.reported_utilization)
+            if e.reported_age_s is not None:
+                reported_age.add_metric(labels, e.reported_age_s)
+            for src in SOURCES:
+                load_source.add_metric([*labels, src], float(e.load_source == src))
             occupancy.add_metric(labels, e.occupancy)
             in_flight.add_metric(labels, float(e.in_flight or 0))
             if e.latency_s is not None:
@@ -293,7 +324,9 @@ def _per_zone(endpoints: tuple[EndpointState, ...]) -> list[EndpointState]:
     """One row per zone summing its endpoints' series (``endpoint="*"``, no latency).
 
     Occupancy, in-flight calls and the totals add up across endpoints; ``ejected`` is
-    how many are ejected. Loads are absent when no endpoint has counters.
+    how many are ejected; the load source is ``reported`` when every endpoint's is (no
+    reported utilization or age: they do not add up). Loads are absent when no endpoint
+    has counters.
     """
     zones: dict[str, list[EndpointState]] = {}
     for e in endpoints:
@@ -316,6 +349,11 @@ def _per_zone(endpoints: tuple[EndpointState, ...]) -> list[EndpointState]:
                 requests_total=sum(e.requests_total or 0 for e in loaded),
                 failures_total=sum(e.failures_total or 0 for e in loaded),
                 failures_by_kind=tuple(kinds) if kinds else None,
+                reported_utilization=None,
+                reported_age_s=None,
+                load_source=(
+                    "reported" if all(e.load_source == "reported" for e in group) else "host"
+                ),
             )
         )
     return out
@@ -343,6 +381,11 @@ FANOUT_STATS = {
         "cslb_bulkhead_rejections",
         "Calls the bulkhead kept from a pod with its cap of calls in flight (sent to the "
         "retry pod instead, or failed) or from a full fan-out pool; never a pod's failure.",
+    ),
+    "reports_malformed": (
+        "cslb_load_reports_malformed",
+        "Answers whose endpoint-load-metrics or Server-Timing header was malformed "
+        "(ignored; each pod logged at most once a minute), with CSLB_LOAD_REPORTS on.",
     ),
 }
 

@@ -17,11 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 import lbcore
 import shm
 from lbcore import fadein_score
 from lbcore.knobs import Knob, seconds_at_least
 from lbcore.outlier import EJECT_REASONS
+from lbcore.reported import KIND_NONE, SOURCES, effective_loads
+from workers.routing.reported import TableReports, read_reports
 from workers.routing.snapshot import bounded_bar, build_plan
 
 __all__ = [
@@ -93,6 +97,14 @@ class EndpointState:
         CLOCK_MONOTONIC time the ejection ends, in nanoseconds (``None``: not ejected).
     eject_multiplier : int
         The ejection time's multiplier (it grows with each ejection in a row).
+    reported_utilization : float | None
+        The pod's last valid ``application_utilization`` (``None``: no valid report, or
+        load reports off).
+    reported_age_s : float | None
+        Seconds since the pod's last valid load report arrived (``None``: none).
+    load_source : str
+        What bounded load balances the pod on: ``"reported"`` (its own report) or
+        ``"host"`` (this host's view), :data:`lbcore.reported.SOURCES`.
     """
 
     address: str
@@ -113,6 +125,9 @@ class EndpointState:
     load: float | None = None
     eject_until_ns: int | None = None
     eject_multiplier: int = 0
+    reported_utilization: float | None = None
+    reported_age_s: float | None = None
+    load_source: str = "host"
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,6 +494,26 @@ class HostMonitor:
         except (KeyError, shm.ShmError, ValueError):
             signal = [None] * len(endpoints)
             increment = None
+        reports = read_reports(counters, table, now) if increment is not None else None
+        util: list[Any] = [None] * len(endpoints)
+        age: list[Any] = [None] * len(endpoints)
+        source = ["host"] * len(endpoints)
+        if reports is not None and len(reports.state.value) == len(endpoints):
+            try:
+                folded = effective_loads(
+                    signal, reports.state, now, reports.settings, float(increment or 1.0)
+                )
+            except lbcore.LBCoreError:
+                reports = None  # (garbage from a rewritten table: shown without reports)
+            else:
+                signal = folded.loads.tolist()
+                source = [SOURCES[int(v)] for v in folded.source]
+                valid = reports.state.kind != KIND_NONE
+                ages = ((now - reports.state.at_ns) / 1e9).tolist()
+                u = reports.utilization.tolist()
+                for i in np.flatnonzero(valid).tolist():
+                    age[i] = ages[i]
+                    util[i] = None if math.isnan(u[i]) else u[i]
         # The constructor, not dataclasses.replace: a snapshot of a large table makes one
         # of these per endpoint, and replace costs several times more per call.
         loaded = tuple(
@@ -501,6 +536,9 @@ class HostMonitor:
                 None if signal[i] is None else float(signal[i]),
                 e.eject_until_ns,
                 e.eject_multiplier,
+                util[i],
+                age[i],
+                source[i],
             )
             for i, e in enumerate(endpoints)
         )
@@ -513,7 +551,7 @@ class HostMonitor:
             moves=int(stats["moves"]),
             window_s=loads.window_ns / 1e9,
             bar_increment=increment,
-            bar=_bar(table, loads, now, increment),
+            bar=_bar(table, loads, now, increment, reports),
             fanout={k: int(v) for k, v in stats.items() if k not in _DECISION_STATS},
         )
 
@@ -527,7 +565,13 @@ class HostMonitor:
             self._tables = self._counters = None
 
 
-def _bar(table: shm.Table, loads: shm.HostLoads, now: int, increment: float | None) -> float | None:
+def _bar(
+    table: shm.Table,
+    loads: shm.HostLoads,
+    now: int,
+    increment: float | None,
+    reports: TableReports | None = None,
+) -> float | None:
     """The routers' bounded-load bar on ``table`` with ``loads``, in the signal's unit.
 
     From the plan a router builds on them (its loads are in routed-call units: the
@@ -537,7 +581,7 @@ def _bar(table: shm.Table, loads: shm.HostLoads, now: int, increment: float | No
     if increment is None:
         return None
     try:
-        bar = bounded_bar(build_plan(table, loads, now))
+        bar = bounded_bar(build_plan(table, loads, now, reports=reports))
     except lbcore.LBCoreError:
         return None  # garbage from a rewritten table (or a damaged one: health says so)
     return None if bar is None or not table.valid() else bar * increment

@@ -3,7 +3,8 @@
 Reads the current table of a shared-memory namespace (read-only; never blocks the
 publisher) and prints its generation, the publisher's liveness (PID still running and
 heartbeat age), table age, the routing knobs, the fade curve, each fading ring with its
-share now, and every endpoint with zone, node, counter slot and ring tier, and for
+share now, and every endpoint with zone, node, counter slot and ring tier, its pod's
+latest load report as the workers stored it (``CSLB_LOAD_REPORTS``), and for
 ejected endpoints why, until when and how often outlier detection ejected them (and
 whether routing ignores the ejections: outlier panic).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -28,8 +30,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import shm
-from lbcore.knobs import Knob
+from lbcore.knobs import Knob, KnobError
 from lbcore.outlier import EJECT_REASONS
+from lbcore.reported import KIND_NONE, KIND_OCCUPANCY, STATUS_BLACKOUT, report_status
+from workers.routing.reported import read_reports, report_settings
 from workers.surfaces.hosts import STALE_AFTER, EndpointState, TableRows, read_table
 
 __all__ = ["INSPECT_KNOBS", "render_text", "run", "shown", "snapshot"]
@@ -51,7 +55,8 @@ def snapshot(namespace: str, *, stale_after_s: float = STALE_AFTER.default) -> d
     """
     with shm.TableReader(namespace) as reader:
         now = time.monotonic_ns()
-        rows = reader.consistent(lambda t: read_table(t, now))
+        table, rows = reader.consistent(lambda t: (t, read_table(t, now)))
+        reports = _reports(namespace, table, now)
         beat_age = (now - reader.heartbeat_ns()) / 1e9
         pid_alive = reader.writer_alive()
         return {
@@ -60,11 +65,48 @@ def snapshot(namespace: str, *, stale_after_s: float = STALE_AFTER.default) -> d
             "writer_running": pid_alive,
             "heartbeat_age_s": round(beat_age, 3),
             "publisher_alive": bool(pid_alive and beat_age <= stale_after_s),
-            **_shown_table(rows, now),
+            **_shown_table(rows, now, reports),
         }
 
 
-def _shown_table(rows: TableRows, now: int) -> dict[str, Any]:
+def _reports(namespace: str, table: shm.Table, now: int) -> dict[str, dict[str, Any]]:
+    """The pods' stored load reports by address (empty: no counters, or none stored).
+
+    Shown whatever ``CSLB_LOAD_REPORTS`` says in this shell: what the workers stored.
+    """
+    try:
+        counters = shm.CounterReader(namespace)
+    except shm.ShmError:
+        return {}
+    try:
+        settings = dataclasses.replace(report_settings(), enabled=True)
+        got = read_reports(counters, table, now, settings)
+    except (shm.ShmError, KnobError):
+        return {}
+    finally:
+        counters.close()
+    if got is None or not table.valid():
+        return {}
+    st = got.state
+    status = report_status(st, now, settings)
+    out = {}
+    for i, address in enumerate(table.endpoints):
+        if st.kind[i] == KIND_NONE:
+            continue
+        u = float(got.utilization[i])
+        out[address] = {
+            "kind": "occupancy" if st.kind[i] == KIND_OCCUPANCY else "utilization",
+            "value": round(float(st.value[i]), 6),
+            "utilization": None if math.isnan(u) else round(u, 6),
+            "age_s": round((now - int(st.at_ns[i])) / 1e9, 3),
+            "in_blackout": bool(status[i] == STATUS_BLACKOUT),
+        }
+    return out
+
+
+def _shown_table(
+    rows: TableRows, now: int, reports: Mapping[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """``rows`` in the JSON output's words."""
     knobs = {f.name: getattr(rows.knobs, f.name) for f in dataclasses.fields(rows.knobs)}
     knobs["enabled"] = bool(knobs["enabled"])
@@ -89,6 +131,7 @@ def _shown_table(rows: TableRows, now: int) -> dict[str, Any]:
             "tier": e.tier,
             "ejected": bool(e.ejected),
             "ejection": _ejection(e, now),
+            "load_report": (reports or {}).get(e.address),
         }
         for e in rows.endpoints
     ]
@@ -121,6 +164,17 @@ def _ejection(e: EndpointState, now: int) -> dict[str, Any]:
         "multiplier": e.eject_multiplier,
         "ejections": dict(zip(EJECT_REASONS, e.ejections, strict=True)),
     }
+
+
+def _report_text(e: dict[str, Any]) -> str:
+    """The pod's stored load report, short: ``occ 3.30 util 0.41 2.1s``, or ``-``."""
+    r = e.get("load_report")
+    if not r:
+        return "-"
+    kind = "occ" if r["kind"] == "occupancy" else "util"
+    util = "" if r["utilization"] is None or kind == "util" else f" util {r['utilization']:.2f}"
+    blackout = " blackout" if r["in_blackout"] else ""
+    return f"{kind} {r['value']:.2f}{util} {r['age_s']:.1f}s{blackout}"
 
 
 def _outlier_text(e: dict[str, Any]) -> str:
@@ -196,11 +250,13 @@ def render_text(s: dict[str, Any]) -> str:
         w = max(len(a) for a, _, _, _ in rows)
         zw = max([len(z) for _, z, _, _ in rows] + [4])
         nw = max([len(n) for _, _, n, _ in rows] + [4])
-        lines.append(f"  {'address':<{w}}  {'zone':<{zw}}  {'node':<{nw}}  slot  ring")
+        lines.append(
+            f"  {'address':<{w}}  {'zone':<{zw}}  {'node':<{nw}}  slot  ring  {'report':<24}"
+        )
         for address, zone, node, e in rows:
             lines.append(
                 f"  {address:<{w}}  {zone or '-':<{zw}}  {node or '-':<{nw}}  "
-                f"{e['slot']:>4}  {e['tier']:>4}" + _outlier_text(e)
+                f"{e['slot']:>4}  {e['tier']:>4}  {_report_text(e):<24}" + _outlier_text(e)
             )
     else:
         lines.append("  (none: every key falls back to the ingress)")

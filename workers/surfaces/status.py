@@ -57,10 +57,10 @@ table{border-collapse:collapse}
 td,th{padding:.25em .6em;text-align:left;vertical-align:middle;white-space:nowrap}
 th{font-weight:600;border-bottom:1px solid #d0d5dd}tr+tr td{border-top:1px solid #eaecf0}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
-td.pod b{font-weight:600}td.pod small{display:block;color:#667085}
+td.pod b{font-weight:600}td.pod small,td.reported small{display:block;color:#667085}
 td.outlier,td.added{white-space:normal;min-width:6em;max-width:16em}
 tr.zone th{padding-top:.9em;border-bottom:1px solid #d0d5dd;font-weight:400}
-.bar{position:relative;width:240px;height:14px;background:#eaecf0;border-radius:3px}
+.bar{position:relative;width:200px;height:14px;background:#eaecf0;border-radius:3px}
 .fill{position:absolute;left:0;top:0;bottom:0;background:#2e6fd8;border-radius:3px}
 .fill.hot{background:#d9480f}.fill.ring{background:#7a5af8}
 .limit{position:absolute;top:-3px;bottom:-3px;width:2px;background:#1d232b}
@@ -186,11 +186,11 @@ def address_order(address: str) -> tuple[Any, ...]:
 
 _HEAD = (
     "<thead><tr><th>pod</th><th>occupancy{window}</th><th></th><th>load ({signal})</th>"
-    "<th>in flight</th><th>latency</th><th>requests</th><th>failures</th>"
+    "<th>in flight</th><th>latency</th><th>reported</th><th>requests</th><th>failures</th>"
     '<th title="occupancy (blue) and requests per second (grey), as this page saw them">'
     "last {spark_min:g} min</th><th>outlier</th></tr></thead>"
 )
-_COLUMNS = 10
+_COLUMNS = 11
 
 
 def _endpoint_row(e: EndpointState, bar: float | None, limit: float | None, scale: float) -> str:
@@ -227,6 +227,8 @@ def _endpoint_row(e: EndpointState, bar: float | None, limit: float | None, scal
         f'<td class=num data-label="load" data-load="{e.load!r}">{_num(e.load)}</td>',
         f'<td class=num data-label="in flight">{_num(e.in_flight, "d")}</td>',
         f'<td class=num data-label="latency">{latency}</td>',
+        f'<td class="reported" data-label="reported" data-source="{escape(e.load_source)}">'
+        f"{_reported(e)}</td>",
         f'<td class=num data-label="requests">{_num(e.requests_total, "d")}</td>',
         f'<td class=num data-label="failures">{_num(e.failures_total, "d")}</td>',
         '<td class="spark wide"></td>',
@@ -264,9 +266,7 @@ def _endpoints(s: HostSnapshot) -> str:
     limit = bar if signal == "occupancy" else None  # drawn on the occupancy bars only then
     scale = bar_scale(s.endpoints, limit)
     window = f" over {s.window_s:g} s" if s.window_s else ""
-    head = _HEAD.format(
-        window=window, signal=escape(str(signal)), spark_min=SPARK_WINDOW_S / 60
-    )
+    head = _HEAD.format(window=window, signal=escape(str(signal)), spark_min=SPARK_WINDOW_S / 60)
     shown = s.endpoints
     if len(shown) > MAX_ROWS:
         # The most loaded: the page stays small at any table size and still shows the
@@ -467,3 +467,13 @@ def render(snapshot: HostSnapshot, *, refresh_s: float | None = 5.0) -> str:
         f"<h2>Knobs</h2>{_knobs(s)}"
         f"</main>{script}</body></html>\n"
     )
+
+
+def _reported(e: EndpointState) -> str:
+    """The pod's own load report: utilization, age, and whether bounded load uses it."""
+    if e.reported_age_s is None:
+        return '<span class="muted">–</span>'
+    util = "–" if e.reported_utilization is None else f"{e.reported_utilization:.2f}"
+    used = " · used" if e.load_source == "reported" else ""
+    title = "balanced on it" if used else "this host's view is used"
+    return f'<span title="{title}">{util}</span><small>{e.reported_age_s:.0f} s ago{used}</small>'
