@@ -37,6 +37,7 @@ _PASSED_KNOBS = (*ROUTING_KNOBS, *LOG_KNOBS, *APP_KNOBS, *_WORKER_KNOBS)
 def _dest(k: Knob) -> str:
     return f"worker_{k.name}" if k in _WORKER_KNOBS else k.name
 
+
 #: Settings the discovery child and the master read from the environment (checked here
 #: before gunicorn starts).
 CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *SUPERVISOR_KNOBS)
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     one.add_argument(
         "--endpoints-file",
         metavar="FILE",
-        help="JSON or YAML file of endpoints, re-read when it changes [env CSLB_ENDPOINTS_FILE]",
+        help="JSON or YAML file of endpoints, re-read when it changes (format: "
+        "docs/endpoints-file.md) [env CSLB_ENDPOINTS_FILE]",
     )
     one.add_argument(
         "--service",
