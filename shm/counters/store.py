@@ -362,7 +362,8 @@ class CounterStore:
             "create the counters with more rows",
         )
 
-    def _check_reserved(self, row: Any, holders: tuple[int, ...]) -> None:
+    def _check_row(self, row: Any) -> None:
+        """Refuse a row that is not an integer of this store's range (after a size check)."""
         ctl = self._ctl
         ctl.seg.check_size()
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
@@ -371,6 +372,10 @@ class CounterStore:
             raise SlotOwnershipError(
                 f"row {row} is out of range: {self.name} has rows 0..{ctl.rows - 1}"
             )
+
+    def _check_reserved(self, row: Any, holders: tuple[int, ...]) -> None:
+        ctl = self._ctl
+        self._check_row(row)
         s = ctl.slots[int(row)]
         state, holder = int(s["state"]), int(s["pid"])
         if state != SLOT_RESERVED or holder not in holders:
@@ -432,13 +437,7 @@ class CounterStore:
         self._check_writable()
         now = time.monotonic_ns() if now_ns is None else int(now_ns)
         ctl = self._ctl
-        ctl.seg.check_size()
-        if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
-            raise SlotOwnershipError(f"row must be an integer, got {row!r}")
-        if not 0 <= int(row) < ctl.rows:
-            raise SlotOwnershipError(
-                f"row {row} is out of range: {self.name} has rows 0..{ctl.rows - 1}"
-            )
+        self._check_row(row)
         with ctl.seg.lock():
             s = ctl.slots[int(row) : int(row) + 1]
             state, holder = int(s["state"][0]), int(s["pid"][0])

@@ -81,7 +81,24 @@ class _Body:
                 self._load.end(start, self._error)
 
 
-class LoadReportMiddleware:
+class _Reporting:
+    """What both middlewares hold: the app, the settings and the pod's recorder."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        settings: PodSettings | None = None,
+        load: PodLoad | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.app = app
+        self.settings = settings if settings is not None else PodSettings.from_env(**overrides)
+        self.load = load if load is not None else PodLoad(self.settings)
+        self.load_path = self.settings.load_path
+
+
+class LoadReportMiddleware(_Reporting):
     """WSGI middleware: report the pod's load on every response.
 
     Parameters
@@ -95,19 +112,6 @@ class LoadReportMiddleware:
     load
         The recorder to use (default: a new :class:`~workers.serving.podload.PodLoad`).
     """
-
-    def __init__(
-        self,
-        app: Callable[..., Iterable[bytes]],
-        *,
-        settings: PodSettings | None = None,
-        load: PodLoad | None = None,
-        **overrides: Any,
-    ) -> None:
-        self.app = app
-        self.settings = settings if settings is not None else PodSettings.from_env(**overrides)
-        self.load = load if load is not None else PodLoad(self.settings)
-        self.load_path = self.settings.load_path
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
@@ -160,26 +164,13 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-class ASGILoadReportMiddleware:
+class ASGILoadReportMiddleware(_Reporting):
     """ASGI middleware: report the pod's load on every HTTP response.
 
     Parameters as :class:`LoadReportMiddleware`; ``app`` is an ASGI 3 application.
     Non-HTTP scopes pass through; on ``lifespan.shutdown`` this process's row is released
     (a server that skips lifespan leaves the pool to the next pool's sweep).
     """
-
-    def __init__(
-        self,
-        app: Callable[[dict[str, Any], Receive, Send], Awaitable[None]],
-        *,
-        settings: PodSettings | None = None,
-        load: PodLoad | None = None,
-        **overrides: Any,
-    ) -> None:
-        self.app = app
-        self.settings = settings if settings is not None else PodSettings.from_env(**overrides)
-        self.load = load if load is not None else PodLoad(self.settings)
-        self.load_path = self.settings.load_path
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         """Serve one connection scope."""
