@@ -47,6 +47,7 @@ GROUPS = [(g.name, _one_bad(g.knobs)) for g in ALL_GROUPS]
 GROUPS += [("discovery", _one_bad(DISCOVERY_KNOBS)), ("outlier", _one_bad(OUTLIER_KNOBS))]
 # The case that started 500s on every request instead of stopping the master.
 GROUPS += [("fanout-threads-0", ("CSLB_FANOUT_THREADS", "0", "expected an integer from 1 to 1024"))]
+GROUPS += [("kernel", ("CSLB_KERNEL", "bogus", "expected one of auto, native, numpy"))]
 
 
 def test_every_group_is_covered() -> None:
