@@ -13,8 +13,10 @@ keys back within a refresh, not at expiry.
 Bounded: at most :data:`CONCURRENCY` requests at once, each with a short timeout
 (:data:`TIMEOUT_S`), at most :data:`MAX_PER_ROUND` pods per round, one round every
 quarter of the refresh interval. A pod that does not answer, answers an error status or
-sends a malformed report is skipped until the next round (malformed ones are counted as
-the workers count theirs). The settings are read from the environment, which the
+sends no usable report (malformed ones are counted as the workers count theirs) is not
+asked again for :data:`BACKOFF_REFRESHES` refresh intervals: a fleet whose pods do not
+run the middleware costs each host one request per pod per that many intervals, not
+one per round. The settings are read from the environment, which the
 discovery process shares with the workers of its host (the gunicorn master starts
 both); a discovery sidecar needs the same ``CSLB_LOAD_REPORT*`` values as the workers.
 """
@@ -50,6 +52,10 @@ TIMEOUT_S = 0.5
 MAX_PER_ROUND = 256
 # Largest load-only answer body read (bytes): the report is in the headers.
 _MAX_BODY = 65536
+
+
+#: Refresh intervals a pod that gave no usable answer is left alone.
+BACKOFF_REFRESHES = 4
 
 
 def fetch_report(url: str, path: str = LOAD_PATH, timeout_s: float = TIMEOUT_S) -> ResponseLoad:
@@ -115,6 +121,7 @@ class LoadRefresher:
         self._pool: ThreadPoolExecutor | None = None
         self.rounds = 0
         self.refreshed = 0
+        self._unanswered: dict[str, int] = {}  # endpoint -> when it last gave nothing usable
 
     def start(self) -> None:
         """Run rounds in a daemon thread until :meth:`stop` (nothing with reports off)."""
@@ -195,6 +202,11 @@ class LoadRefresher:
         ids = np.fromiter((pod_identity(e) for e in eps), np.uint64, len(eps))
         st.kind[st.identity != ids] = KIND_NONE  # another pod's report: none of this one's
         due = np.flatnonzero(refresh_due(st, now, s.refresh_ns))
+        backoff = BACKOFF_REFRESHES * s.refresh_ns
+        quiet = self._unanswered = {
+            e: t for e, t in self._unanswered.items() if e in eps and now - t < backoff
+        }
+        due = np.array([i for i in due.tolist() if eps[i] not in quiet], np.intp)
         if due.size == 0:
             return 0
         due = due[np.argsort(st.at_ns[due], kind="stable")][:MAX_PER_ROUND]
@@ -202,6 +214,7 @@ class LoadRefresher:
         out: dict[int, tuple[float, float, int, int]] = {}
         malformed = 0
         for i, load in zip(due.tolist(), got, strict=True):
+            quiet[eps[i]] = now  # until a usable report says otherwise
             if load is None:
                 continue
             if load.malformed:
@@ -213,6 +226,7 @@ class LoadRefresher:
             value, kind = report_value(r.occupancy, r.application_utilization)
             if kind == KIND_NONE:
                 continue
+            del quiet[eps[i]]
             u = r.application_utilization
             out[int(slots[i])] = (value, math.nan if u is None else u, kind, int(ids[i]))
         if malformed:

@@ -79,7 +79,7 @@ LOAD_REPORT_BLACKOUT = Knob(
     "--load-report-blackout",
     10.0,
     seconds_at_least(0.0, MAX_REPORT_SECONDS),
-    "Seconds after a pod's first report (and after its address or UID changes, or its "
+    "Seconds after a pod's first report (and after its slot's address changes, or its "
     "reports lapsed) during which a report may only raise the pod's load above this "
     "host's view, never lower it: a pod that just started reports idle before it is warm.",
     "SECONDS",

@@ -19,7 +19,8 @@ the pod's address and UID, the caller's choice).
   load is to move keys *away* from the pod that said it is hot; a low report from a pod
   that just started (idle because nobody has called it yet, its cache cold) is the one
   A58 guards against, and it is still held back until the blackout ends;
-* a new identity (address or UID) or a change of kind starts a new run.
+* a new identity (the address; a UID where the caller passes one: the tables carry
+  none yet) or a change of kind starts a new run.
 
 **Like with like** (:func:`effective_loads`): occupancy (busy-s/s) is comparable only
 between pods that each report it; utilization is a fraction of a capacity each pod

@@ -23,7 +23,7 @@ import pytest
 
 import lbcore
 import shm
-from discovery.loadrefresh import LoadRefresher
+from discovery.loadrefresh import BACKOFF_REFRESHES, LoadRefresher
 from lbcore.report_settings import ReportSettings
 from lbcore.reported import KIND_NONE, KIND_OCCUPANCY, KIND_UTILIZATION, pod_identity
 from shm.segment import unlink_name
@@ -227,7 +227,7 @@ def test_hostile_header_blocks_never_raise():
         b"HTTP/1.1 200 OK\r\nendpoint-load-metrics: " + b"x" * 70_000 + b"\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nendpoint-load-metrics: TEXT a=1\r\nendpoint-load-metrics: "
         b"TEXT a=2\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nendpoint-load-metrics: JSON {\"named_metrics\": {\"occupancy\": "
+        b'HTTP/1.1 200 OK\r\nendpoint-load-metrics: JSON {"named_metrics": {"occupancy": '
         b"1e999}}\r\nServer-Timing: app;dur=inf\r\n\r\n",
         "HTTP/1.1 200 OK\r\nServer-Timing: app;dur=\u00e91\r\n\r\n".encode("utf-8"),
     ):
@@ -252,6 +252,15 @@ def test_the_refresher_asks_the_load_only_path_of_pods_whose_reports_are_due(pod
         now[0] += 1_000_000_000
         pods.headers[2] = [("Content-Language", "en")]  # pod 2 stopped reporting
         assert r.round() == 2
+        # Pod 2 gave nothing usable: left alone for BACKOFF_REFRESHES intervals, while
+        # the others are asked every interval.
+        asked = sum(p.startswith("/.well-known/cslb/load") for p in pods.paths)
+        now[0] += 1_000_000_000
+        assert r.round() == 2
+        assert sum(p.startswith("/.well-known/cslb/load") for p in pods.paths) == asked + 2
+        now[0] += BACKOFF_REFRESHES * 1_000_000_000
+        assert r.round() == 2
+        assert sum(p.startswith("/.well-known/cslb/load") for p in pods.paths) == asked + 5
     finally:
         r.stop()
     # The refresher's row was given back: only the router's is still claimed.

@@ -140,7 +140,6 @@ def test_gthread_workers_count_threads(tmp_path: Path) -> None:
         t = threading.Thread(target=lambda: results.extend(concurrent(port, ["/sleep?s=1.5"] * 2)))
         t.start()
         try:
-
             # Two requests leave every worker a free thread for the load-only request.
             def two_open() -> dict:
                 body = load_report(port)[0]
@@ -226,3 +225,17 @@ def test_asgi_under_uvicorn(tmp_path: Path) -> None:
         pid = proc.pid
         assert len(pool_files(pid)) == 1
     assert pool_files(pid) == []
+
+
+def test_a_worker_of_a_master_that_is_pid_1_pools_under_the_master(monkeypatch):
+    """In a container gunicorn is often PID 1: its workers still share one pool."""
+    import types
+
+    import gunicorn.arbiter  # noqa: F401  (what "auto" looks for)
+
+    from workers.serving import pool
+
+    monkeypatch.setattr(pool, "gunicorn_worker", lambda: types.SimpleNamespace(ppid=1))
+    assert pool.auto_namespace("auto").startswith(f"{pool._PREFIX}1-")
+    monkeypatch.setattr(pool, "gunicorn_worker", lambda: None)
+    assert pool.auto_namespace("process").startswith(f"{pool._PREFIX}{os.getpid()}-")

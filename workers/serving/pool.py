@@ -43,6 +43,7 @@ from shm.segment import (
     segment_name,
     unlink_name,
 )
+from workers.serving.capacity import gunicorn_worker
 
 __all__ = [
     "BUCKET",
@@ -79,7 +80,16 @@ def auto_namespace(pool: str) -> str:
     else this process.
     """
     under_prefork = pool == "parent" or (pool == "auto" and "gunicorn.arbiter" in sys.modules)
-    pid = os.getppid() if under_prefork and os.getppid() > 1 else os.getpid()
+    pid = os.getpid()
+    if under_prefork:
+        # The master gunicorn recorded at the fork: PID 1 when it is a container's first
+        # process, which getppid() alone cannot tell from an orphan's adoptive init.
+        worker = gunicorn_worker()
+        master = getattr(worker, "ppid", None)
+        if isinstance(master, int) and master > 0:
+            pid = master
+        elif os.getppid() > 1:
+            pid = os.getppid()
     ticks = process_start_ticks(pid) or 0
     return f"{_PREFIX}{pid}-{ticks}"
 
