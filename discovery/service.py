@@ -35,15 +35,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import shm
 from discovery.debounce import Debouncer
 from discovery.ejection_log import log_changes
 from discovery.events import EventLog
-from discovery.outlier import OutlierMonitor, Published, Totals
-from discovery.ringstate import FadeParams, RingState, Transition
+from discovery.outlier import OutlierMonitor, Published
+from discovery.ports import InformerLike, PublisherLike
+from discovery.ringstate import FadeParams, RingState
 from discovery.settings import (
     PUBLISHED_KNOBS,
     KnobState,
@@ -78,57 +79,6 @@ _LONG_WORK_MAX_S = 300.0
 _ENDPOINT_LINES_PER_PUBLISH = 100
 
 _PUBLISHED = PUBLISHED_KNOBS
-
-
-class InformerLike(Protocol):
-    """What the loop needs from an informer (:mod:`discovery.informers`)."""
-
-    def start(self) -> None:
-        """Start its thread."""
-        ...
-
-    def signal_stop(self) -> None:
-        """Ask its thread to stop (cutting a blocked request); must not wait."""
-        ...
-
-    def join(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds for its thread; True once it has ended."""
-        ...
-
-
-class PublisherLike(Protocol):
-    """What the loop needs from :class:`discovery.publisher.Publisher`."""
-
-    recovered: Any
-    generation: int
-
-    def publish(
-        self,
-        t: Transition,
-        knobs: Mapping[str, Any],
-        now_ns: int,
-        *,
-        ejections: Ejections | None = None,
-        outlier_panic: bool = False,
-    ) -> int:
-        """Publish; returns the generation."""
-        ...
-
-    def counter_totals(self, endpoints: tuple[str, ...]) -> Totals | None:
-        """Lifetime counter totals of ``endpoints`` (``None``: no counters)."""
-        ...
-
-    def heartbeat(self, now_ns: int) -> None:
-        """Mark the publisher alive."""
-        ...
-
-    def set_status(self, problem: str, since_ns: int) -> None:
-        """Report what is wrong with the sources (``""``: nothing)."""
-        ...
-
-    def close(self, *, unlink: bool = True) -> None:
-        """Stop publishing."""
-        ...
 
 
 @dataclass
