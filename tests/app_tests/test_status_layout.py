@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -28,6 +27,7 @@ from lbcore.ejection import Ejections
 from lbcore.outlier import REASON_FAILURE_PERCENTAGE
 from tests.app_tests.conftest import ENDPOINTS, ZONES, Host, new_namespace
 from tests.app_tests.test_status_page import Tree, serve
+from tests.chromium import run_chromium
 from workers.surfaces.app import CslbApp
 from workers.surfaces.hosts import HostMonitor
 from workers.surfaces.status import address_order, render
@@ -144,9 +144,7 @@ setTimeout(() => {
 CSP = re.compile(rb'<meta http-equiv="Content-Security-Policy"[^>]*>')
 
 
-def framed(
-    app: Callable[..., Iterable[bytes]], measure: bool
-) -> Callable[..., Iterable[bytes]]:
+def framed(app: Callable[..., Iterable[bytes]], measure: bool) -> Callable[..., Iterable[bytes]]:
     """``app``, plus ``/frame?w=W&h=H``: /status in a W × H iframe (a phone's viewport:
     headless Chromium's window is at least 500 px wide); with ``measure``, the measuring
     script added to /status (and its CSP removed so that it may run)."""
@@ -178,31 +176,13 @@ def framed(
 
 
 def chromium(url: str, size: tuple[int, int], tmp_path: Path, *extra: str) -> str:
-    from tests.tools import need
-
-    exe = need("chromium", "chromium-browser")
-    cmd = [
-        exe,
-        "--headless",
-        "--no-sandbox",  # CI runs as root
-        "--disable-gpu",
-        "--no-first-run",
-        "--hide-scrollbars",
-        f"--user-data-dir={tmp_path / f'profile-{size[0]}'}",
-        f"--window-size={size[0]},{size[1]}",
-        "--virtual-time-budget=6000",  # the page's refreshes run in virtual time
-        *extra,
-        url,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    assert proc.returncode == 0, out[-2000:]
-    return out.decode()
+    return run_chromium(
+        # the page's refreshes run in virtual time
+        ["--hide-scrollbars", "--virtual-time-budget=6000", *extra, url],
+        tmp_path / f"profile-{size[0]}",
+        size=size,
+        timeout_s=120,
+    )
 
 
 def artefacts(tmp_path: Path) -> Path:

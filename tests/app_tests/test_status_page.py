@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import shutil
-import subprocess
 import threading
 import time
 import urllib.request
@@ -21,11 +19,11 @@ import shm
 from lbcore.ejection import Ejections
 from lbcore.outlier import REASON_FAILURE_PERCENTAGE
 from tests.app_tests.conftest import ENDPOINTS, Host, new_namespace
+from tests.chromium import run_chromium
 from workers.surfaces.app import CslbApp
 from workers.surfaces.hosts import EndpointState, Health, HostMonitor, HostSnapshot
 from workers.surfaces.status import render
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NEW = "http://10.9.1.1:8080"
 
 
@@ -316,25 +314,7 @@ def serve(app) -> Iterator[str]:
 
 
 def chromium(args: list[str], tmp_path: Path) -> str:
-    cmd = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",  # CI runs as root
-        "--disable-gpu",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--window-size=1200,900",
-        *args,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    assert proc.returncode == 0, out[-2000:]
-    return out.decode()
+    return run_chromium(args, tmp_path / "profile")
 
 
 # Appended by the test (the page itself has no script): measures the laid-out bars.
