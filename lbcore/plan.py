@@ -49,7 +49,7 @@ from lbcore.views import (
     view_counts,
     zone_good,
 )
-from lbcore.zones import ZONE_SALT, ZoneSplit, expected_shares
+from lbcore.zones import ZONE_SALT, ZoneSplit, expected_shares, view_arcs
 
 __all__ = ["CHOICE_FIXED", "CHOICE_NRING", "CHOICE_SKIPPER", "Plan"]
 
@@ -189,6 +189,11 @@ class Plan:
         the local share of keys, the zone's minimum size; rules in
         :mod:`lbcore.zones`). ``None``, a share of 0 or a zone whose views all hold
         fewer than ``min_pods`` local candidates: exactly the plan without a zone.
+    reuse
+        An earlier plan (say the previous load snapshot's): where its views are this
+        plan's (the same newest ring object, the same endpoints per view), its
+        :attr:`view_arcs` are reused, so a zone plan with bounded load does not pass
+        over the ring again for its bars. Only that array is kept, not the plan.
 
     Attributes
     ----------
@@ -257,6 +262,7 @@ class Plan:
         "single": None,
         "slots": None,
         "views": None,
+        "_arcs": None,
         "_expected": None,
         "under": None,
         "zone": None,
@@ -281,6 +287,7 @@ class Plan:
         guard: tuple[Any, int, int] | None = None,
         max_key_bytes: int | None = MAX_KEY_BYTES,
         zone: ZoneSplit | None = None,
+        reuse: Plan | None = None,
     ) -> None:
         if not isinstance(ring_set, RingSet):
             raise ArgumentError(f"a plan routes on a RingSet, got {type(ring_set).__name__}")
@@ -296,7 +303,9 @@ class Plan:
             raise ArgumentError(
                 f"zone.local has {zone.local.size} entries for {len(ring_set.endpoints)} endpoints"
             )
-        self.zone, self._expected = zone, None
+        if reuse is not None and not isinstance(reuse, Plan):
+            raise ArgumentError(f"reuse must be an lbcore.Plan, got {type(reuse).__name__}")
+        self.zone, self._expected, self._arcs = zone, None, None
         gate = Gate() if gate is None else gate
         if not isinstance(gate, Gate):
             raise ArgumentError(f"gate must be an lbcore.Gate, got {type(gate).__name__}")
@@ -326,7 +335,7 @@ class Plan:
         self.gate_threshold = (
             unit_threshold(gate.percentage / 100.0) if self.gate_mode == GATE_PARTIAL else None
         )
-        self._build_views(n)
+        self._build_views(n, reuse)
         for name in _FROZEN:
             a = getattr(self, name)
             if a is not None:
@@ -382,7 +391,7 @@ class Plan:
         w.setflags(write=False)
         return w, int(index), int(expected)
 
-    def _build_views(self, n: int) -> None:
+    def _build_views(self, n: int, reuse: Plan | None) -> None:
         rs, ej = self.ring_set, self.ejected
         self.zone_views, self.zone_share, self.zone_threshold, self.under = 0, 0.0, 0, None
         self.choice, self.fixed_view, self.choice_salt = CHOICE_FIXED, 0, 0
@@ -434,6 +443,15 @@ class Plan:
         self.good = None
         if self.balance_factor is not None:
             assert self.loads is not None
+            if (
+                reuse is not None
+                and reuse.master is self.master
+                and reuse.views == self.views
+                and reuse.zone_views == self.zone_views
+                and np.array_equal(reuse.eligible, eligible)
+                and np.array_equal(reuse.listed_count, self.listed_count)
+            ):
+                self._arcs = reuse.view_arcs  # the same views of the same ring
             # B1: each endpoint's bar from its expected share under this plan.
             bars = share_bars(
                 self.loads,
@@ -476,6 +494,19 @@ class Plan:
         return rows if rows.any() else None
 
     @property
+    def view_arcs(self) -> np.ndarray:
+        """Each view's share of the hash space per endpoint, ``(views, endpoints)``.
+
+        :func:`lbcore.zones.view_arcs`: computed once per plan (a pass over the ring per
+        view), or taken from ``reuse`` when its views are this plan's.
+        """
+        if self._arcs is None:
+            arcs = view_arcs(self)
+            arcs.setflags(write=False)
+            self._arcs = arcs
+        return self._arcs
+
+    @property
     def expected_shares(self) -> np.ndarray:
         """Each endpoint's expected share of this host's routed keys under this plan.
 
@@ -488,7 +519,7 @@ class Plan:
             if self.master is None:
                 shares = np.zeros(len(self.ring_set.endpoints))
             else:
-                shares = expected_shares(self)
+                shares = expected_shares(self, self.view_arcs)
             shares.setflags(write=False)
             self._expected = shares
         return self._expected

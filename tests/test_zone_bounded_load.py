@@ -103,3 +103,30 @@ def test_a_local_key_whose_zone_walk_finds_no_pod_under_its_bar_spills(kernel):
     assert plan.route_hashes(KEYS)[2] == (got != addresses(calm)).sum()
     local = local_mask(KEYS, 0.5)
     assert {zone_of(a) for a in addresses(plan, 1)[local]} == {"z-a"}  # retries stay
+
+
+def test_a_plan_reuses_an_earlier_plans_arcs_only_where_its_views_are_the_same(kernel):
+    grown = FLEET.scale_up([pod(12)], 0)
+    zone = split(grown, 0.5)
+    loads = np.arange(13, dtype=np.float64)
+    first = Plan(grown, 5_000_000_000, zone=zone, loads=loads, balance_factor=BF)
+    later = Plan(grown, 9_000_000_000, zone=zone, loads=loads * 2, balance_factor=BF, reuse=first)
+    assert later.view_arcs is first.view_arcs  # the fade moved on; the views did not
+    fresh = Plan(grown, 9_000_000_000, zone=zone, loads=loads * 2, balance_factor=BF)
+    assert later.expected_shares.tolist() == fresh.expected_shares.tolist()
+    assert later.route_hashes(KEYS)[0].tolist() == fresh.route_hashes(KEYS)[0].tolist()
+    ejected = np.zeros(13, dtype=np.bool_)
+    ejected[3] = True  # other views: the earlier arcs are not used
+    other = Plan(
+        grown,
+        9_000_000_000,
+        ejected=ejected,
+        zone=zone,
+        loads=loads,
+        balance_factor=BF,
+        reuse=first,
+    )
+    alone = Plan(grown, 9_000_000_000, ejected=ejected, zone=zone, loads=loads, balance_factor=BF)
+    assert other.view_arcs is not first.view_arcs
+    assert other.view_arcs.tolist() == alone.view_arcs.tolist()
+    assert other.expected_shares[3] == 0.0
