@@ -130,3 +130,15 @@ def test_a_plan_reuses_an_earlier_plans_arcs_only_where_its_views_are_the_same(k
     assert other.view_arcs is not first.view_arcs
     assert other.view_arcs.tolist() == alone.view_arcs.tolist()
     assert other.expected_shares[3] == 0.0
+
+
+@pytest.mark.parametrize("fade_mode", ["n-ring", "skipper", "off"])
+def test_expected_shares_match_the_routed_keys_in_every_fade_mode(fade_mode, kernel):
+    grown = FLEET.scale_up([pod(12), pod(13)], 0).scale_up([pod(14)], 5_000_000_000)
+    ejected = np.zeros(15, dtype=np.bool_)
+    ejected[6] = True  # a local pod out: its arcs go to the next local pod
+    plan = Plan(grown, 15_000_000_000, ejected=ejected, zone=split(grown, 0.7), fade_mode=fade_mode)
+    counts = np.bincount(plan.route_hashes(KEYS)[0], minlength=15) / KEYS.size
+    # four standard errors of a share near 0.1 over the sampled keys
+    assert np.abs(counts - plan.expected_shares).max() < 4 * np.sqrt(0.1 / KEYS.size)
+    assert plan.expected_shares[6] == 0.0
