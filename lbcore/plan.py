@@ -576,7 +576,8 @@ class Plan:
             position of the newest ring gets in that view (``-1``: fallback). The gate
             is not applied. With N-ring fade-in and no bounded load or ejections this is
             each ring's owner at that position; in general
-            :meth:`lbcore.RingSet.answer_table` with the plan's arguments.
+            :meth:`lbcore.RingSet.answer_table` with the plan's arguments. With a zone,
+            rows ``zone_views`` on are the zone parts' answers, before any spill.
         moved : numpy.ndarray
             ``bool`` of the same shape: bounded load moved the answer off the plain one.
         """
@@ -621,5 +622,6 @@ class Plan:
     def __repr__(self) -> str:
         return (
             f"Plan({len(self.slots)} endpoints, {self.views} view(s), {self.fade_mode}, "
-            f"balance_factor={self.balance_factor}, max_hops={self.max_hops}, kernel={self.kernel})"
+            f"balance_factor={self.balance_factor}, max_hops={self.max_hops}, "
+            f"zone_share={self.zone_share:g}, kernel={self.kernel})"
         )

@@ -1,6 +1,6 @@
 """Zone-aware consistent hashing: which keys stay in the caller's zone, and on which pods.
 
-The rules (issue 21), written once here and applied by both kernels through
+The rules, written once here and applied by both kernels through
 :class:`lbcore.Plan` (``zone=ZoneSplit(...)``):
 
 * **Z1, a zone's ring is the global ring restricted to its pods.** The same
