@@ -171,7 +171,7 @@ class NoZones(Strategy):
 
     name = "no zones"
 
-    def route(self, zone, hashes, now_s, loads, rng):  # noqa: D102 (the base's)
+    def route(self, zone, hashes, now_s, loads, rng):
         return self.everyone.route(hashes, now_s, loads)
 
 
@@ -195,7 +195,7 @@ class HardFilter(Strategy):
             for z in range(layout.zones)
         ]
 
-    def route(self, zone, hashes, now_s, loads, rng):  # noqa: D102
+    def route(self, zone, hashes, now_s, loads, rng):
         return self.rings[zone].route(hashes, now_s, loads)
 
 
@@ -222,10 +222,10 @@ class RequestSplit(Strategy):
         ]
 
     @property
-    def label(self) -> str:  # noqa: D102
+    def label(self) -> str:
         return f"{self.name} x={self.share:g}"
 
-    def route(self, zone, hashes, now_s, loads, rng):  # noqa: D102
+    def route(self, zone, hashes, now_s, loads, rng):
         out = np.empty(hashes.size, dtype=np.int64)
         ring = self.local[zone]
         here = rng.random(hashes.size) < self.shares[zone]
@@ -262,7 +262,7 @@ class KeySplit(Strategy):
         self.set_share(share)
 
     @property
-    def label(self) -> str:  # noqa: D102
+    def label(self) -> str:
         return f"{self.name} x={self.share:g}"
 
     def set_share(self, share: float) -> None:
@@ -274,7 +274,7 @@ class KeySplit(Strategy):
             for z, s in enumerate(self.shares)
         ]
 
-    def route(self, zone, hashes, now_s, loads, rng):  # noqa: D102
+    def route(self, zone, hashes, now_s, loads, rng):
         plan = Plan(
             self.rings,
             round(now_s * 1e9),
@@ -312,4 +312,3 @@ def make_strategy(
     if name == "cslb":
         return KeySplit(*common, share=share, min_pods=min_pods)
     raise ValueError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}")
-

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from lbcore.bounded import in_call_units, routed_call_load
+from lbcore.fade import fade_share
 from perf.sim.cache import TickLRU
 from perf.sim.workload import Catalogue
 from perf.sim.zone_routing import (
@@ -262,14 +263,13 @@ def _view_loads(busy: np.ndarray, done: np.ndarray, cfg: ZonesConfig) -> np.ndar
 
 
 def _ramp(strategy: Strategy, cfg: ZonesConfig, t_s: float) -> None:
-    """cslb's ``x`` at ``t_s`` seconds after warm-up along the ramp (0 before it)."""
-    from lbcore.fade import fade_share
-
+    """Set cslb's ``x`` to its value ``t_s`` seconds after warm-up on the ramp (0 before)."""
     assert cfg.ramp is not None
     at_s, ramp_s, exponent = cfg.ramp
     share = 0.0
     if t_s >= at_s:
-        share = cfg.share * float(fade_share(round((t_s - at_s) * 1e9), round(ramp_s * 1e9), exponent))
+        elapsed_ns, ramp_ns = round((t_s - at_s) * 1e9), round(ramp_s * 1e9)
+        share = cfg.share * float(fade_share(elapsed_ns, ramp_ns, exponent))
     if getattr(strategy, "share", None) != share:
         strategy.share = share  # type: ignore[attr-defined]
         strategy.set_share(share)  # type: ignore[attr-defined]
