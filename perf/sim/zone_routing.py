@@ -21,6 +21,7 @@ restricted to the local pods, as Skipper builds it from a filtered endpoint list
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from types import ModuleType
@@ -32,6 +33,7 @@ from perf.sim.routing import PlainRouter
 
 __all__ = [
     "CSLB_PENDING",
+    "SPLIT_PENDING",
     "STRATEGIES",
     "HardFilter",
     "KeySplit",
@@ -46,7 +48,7 @@ __all__ = [
 
 
 def _zones_api() -> ModuleType | None:
-    """:mod:`lbcore.zones` once its zone plan is there, else ``None`` (cslb's row pending)."""
+    """:mod:`lbcore.zones` when this build has it, else ``None``."""
     try:
         from lbcore import zones
     except ImportError:
@@ -55,11 +57,18 @@ def _zones_api() -> ModuleType | None:
 
 
 _ZONES = _zones_api()
-#: Why cslb's row is missing, or ``None`` when lbcore's zone rules are there to route it.
+#: Why the split strategies' rows are missing (no :func:`lbcore.zones.zone_cap` to cap
+#: ``x``), or ``None``.
+SPLIT_PENDING = (
+    None if hasattr(_ZONES, "zone_cap") else "pending: lbcore.zones.zone_cap is not in this build"
+)
+#: Why cslb's rows are missing, or ``None`` when lbcore's zone plan is there to route them.
 CSLB_PENDING = (
     None
-    if _ZONES is not None
-    else "pending: lbcore.zones (ZoneSplit, zone_cap, Plan(zone=...)) is not in this build"
+    if SPLIT_PENDING is None
+    and hasattr(_ZONES, "ZoneSplit")
+    and "zone" in inspect.signature(Plan).parameters
+    else "pending: lbcore's zone plan (lbcore.zones.ZoneSplit, Plan(zone=...)) is not in this build"
 )
 
 #: Strategy names, in table order.
@@ -113,10 +122,10 @@ def zone_shares(layout: Layout, x: float) -> np.ndarray:
     Raises
     ------
     RuntimeError
-        Without :mod:`lbcore.zones` (:data:`CSLB_PENDING`).
+        Without :func:`lbcore.zones.zone_cap` (:data:`SPLIT_PENDING`).
     """
-    if _ZONES is None:
-        raise RuntimeError(CSLB_PENDING)
+    if _ZONES is None or SPLIT_PENDING is not None:
+        raise RuntimeError(SPLIT_PENDING)
     pods = dict(zip(layout.names, layout.pods, strict=True))
     callers = dict(zip(layout.names, layout.callers, strict=True))
     return np.array([min(x, _ZONES.zone_cap(pods, callers, z)) for z in layout.names])
@@ -253,7 +262,7 @@ class KeySplit(Strategy):
         share: float,
         min_pods: int,
     ) -> None:
-        if _ZONES is None:
+        if CSLB_PENDING is not None:
             raise RuntimeError(CSLB_PENDING)
         super().__init__(layout, balance_factor, max_hops, vnodes)
         self.share = share

@@ -36,6 +36,7 @@ from perf.sim.cache import TickLRU
 from perf.sim.workload import Catalogue
 from perf.sim.zone_routing import (
     CSLB_PENDING,
+    SPLIT_PENDING,
     STRATEGIES,
     Layout,
     Strategy,
@@ -285,7 +286,8 @@ def sweep(
     """Every strategy on every fleet, the split ones at every ``x``; same traffic in each.
 
     A cslb row is a placeholder (``pending`` holds why, no figures) while lbcore's zone
-    rules are not in the build (:data:`perf.sim.zone_routing.CSLB_PENDING`).
+    plan is not in the build (:data:`perf.sim.zone_routing.CSLB_PENDING`); so is a
+    request-split row without lbcore's cap (``SPLIT_PENDING``).
     """
     rows = []
     for pods in spreads:
@@ -296,15 +298,12 @@ def sweep(
                 cfg = replace(fleet, strategy=name, share=1.0 if math.isnan(x) else x)
                 if progress is not None:
                     progress(f"{cfg.spread} {name}" + ("" if math.isnan(x) else f" x={x:g}"))
-                if name == "cslb" and CSLB_PENDING is not None:
+                pending = {"cslb": CSLB_PENDING, "request split": SPLIT_PENDING}.get(name)
+                if pending is not None:
+                    label = f"{name} x={x:g}"
                     rows.append(
-                        {
-                            "label": f"cslb x={x:g}",
-                            "strategy": name,
-                            "share": x,
-                            "spread": cfg.spread,
-                            "pending": CSLB_PENDING,
-                        }
+                        {"label": label, "strategy": name, "share": x, "spread": cfg.spread}
+                        | {"pending": pending}
                     )
                     continue
                 rows.append(run(cfg))
