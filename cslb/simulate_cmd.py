@@ -260,7 +260,9 @@ def _zones(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     }
     if ramp:
         changes["pods"] = (4, 4, 4)
-    base = replace(base, hot_window_s=min(base.hot_window_s, seconds), **changes)
+    # a run simulates at most twice --seconds: a warm-up as long (20 s at most), then them
+    warmup = min(base.warmup_s, seconds)
+    base = replace(base, warmup_s=warmup, hot_window_s=min(base.hot_window_s, seconds), **changes)
     try:
         base.validate()
     except ValueError as exc:

@@ -163,8 +163,8 @@ def run(cfg: ZonesConfig) -> dict[str, Any]:
     latencies: list[np.ndarray] = []
     for k in range(ticks):
         now_s = (k + 1) * cfg.tick_s
-        if cfg.ramp is not None:
-            _ramp(strategy, cfg, now_s - cfg.warmup_s)
+        if cfg.ramp is not None:  # the share of this tick's start, after warm-up
+            _ramp(strategy, cfg, (k - warm) * cfg.tick_s)
         occ = pod_busy.sum(axis=0)
         queue = 1.0 / (1.0 - np.minimum(occ / cfg.concurrency, 0.95))
         slot = k % w

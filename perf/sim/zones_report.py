@@ -88,25 +88,20 @@ def ramp_text(study: dict[str, Any]) -> str:
     """The ramp study's table: one row per ramp length and curve."""
     if study["pending"] is not None:
         return f"ramp: {study['pending']}"
-    heads = (
-        "ramp s",
-        "curve E",
-        "reads/s before",
-        "peak",
-        "after",
-        "peak/after",
-        "reads above after",
-        "lowest hit 1 s",
+    cols = (
+        ("ramp s", "ramp_s", "{:g}"),
+        ("curve E", "exponent", "{:g}"),
+        ("reads/s before", "reads_before", "{:,.0f}"),
+        ("peak", "reads_peak", "{:,.0f}"),
+        ("after", "reads_after", "{:,.0f}"),
+        ("peak/after", "peak_over_after", "{:.2f}"),
+        ("5-s peak/after", "peak_5s_over_after", "{:.2f}"),
+        ("reads above after", "excess_reads", "{:,.0f}"),
+        ("lowest hit 1 s", "hit_rate_min", "{:.1%}"),
     )
-    out = ["  ".join(heads)]
+    out = ["  ".join(h for h, _, _ in cols)]
     for r in study["rows"]:
-        cells = (
-            f"{r['ramp_s']:g}", f"{r['exponent']:g}", f"{r['reads_before']:,.0f}",
-            f"{r['reads_peak']:,.0f}", f"{r['reads_after']:,.0f}",
-            f"{r['peak_over_after']:.2f}", f"{r['excess_reads']:,.0f}",
-            f"{r['hit_rate_min']:.1%}",
-        )  # fmt: skip
-        out.append("  ".join(c.rjust(len(h)) for c, h in zip(cells, heads, strict=True)))
+        out.append("  ".join(f.format(r[k]).rjust(len(h)) for h, k, f in cols))
     if study["skipped"]:
         out.append(
             "* left out (the run ends before they settle): "
