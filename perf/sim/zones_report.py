@@ -119,39 +119,52 @@ _STYLE = {
 
 
 def plot(rows: list[dict[str, Any]], directory: str | pathlib.Path) -> pathlib.Path:
-    """``sim-zones.png``: cross-zone share, hit rate and zones per cached key against x."""
+    """``sim-zones.png``: the trade-off (hit rate against cross-zone share) and copies.
+
+    Left: each strategy's (cross-zone share, hit rate), the split strategies as a line
+    through their ``x`` values (``x`` written beside cslb's points); right: zones
+    caching a product against ``x``. Solid: the first fleet, dashed: the second.
+    """
     plt = pyplot()
     out = pathlib.Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, 3, figsize=(12.5, 4.2))
-    panels = (
-        ("cross_share", "cross-zone calls %", 100.0),
-        ("hit_rate", "cache hit rate %", 100.0),
-        ("zones_per_cached_key", "zones caching a product", 1.0),
-    )
+    fig, (trade, copies) = plt.subplots(1, 2, figsize=(12, 4.6))
     spreads = list(dict.fromkeys(r["spread"] for r in rows))
-    dashes = {s: ls for s, ls in zip(spreads, ("-", "--", ":", "-."), strict=False)}
-    for ax, (key, title, scale) in zip(axes, panels, strict=True):
-        for spread in spreads:
-            mine = [r for r in rows if r["spread"] == spread and "pending" not in r]
-            for name, style in _STYLE.items():
-                pts = [r for r in mine if r["strategy"] == name]
-                if not pts:
-                    continue
-                label = f"{name}, {spread}"
-                if pts[0]["share"] is None:  # no x: a level across the chart
-                    ax.axhline(scale * pts[0][key], ls=dashes[spread], lw=1.3, label=label,
-                               **{k: v for k, v in style.items() if k != "marker"})  # fmt: skip
-                    continue
-                xs = [r["share"] for r in pts]
-                ys = [scale * r[key] for r in pts]
-                ax.plot(xs, ys, ls=dashes[spread], lw=1.6, ms=4, label=label, **style)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("x (wanted local share of keys / requests)")
+    dashes = dict(zip(spreads, ("-", "--", ":", "-."), strict=False))
+    for spread in spreads:
+        mine = [r for r in rows if r["spread"] == spread and "pending" not in r]
+        for name, style in _STYLE.items():
+            pts = [r for r in mine if r["strategy"] == name]
+            if not pts:
+                continue
+            label = f"{name}, {spread}"
+            xs = [100 * r["cross_share"] for r in pts]
+            ys = [100 * r["hit_rate"] for r in pts]
+            if pts[0]["share"] is None:  # no x: one point, and a level on the right
+                trade.plot(xs, ys, ls="none", marker="D", ms=7, mfc="none" if
+                           dashes[spread] != "-" else style["color"], label=label,
+                           color=style["color"])  # fmt: skip
+                copies.axhline(pts[0]["zones_per_cached_key"], ls=dashes[spread], lw=1.2,
+                               color=style["color"], label=label)  # fmt: skip
+                continue
+            trade.plot(xs, ys, ls=dashes[spread], lw=1.6, ms=4, label=label, **style)
+            if name == "cslb":
+                for r, x, y in zip(pts, xs, ys, strict=True):
+                    trade.annotate(f"{r['share']:g}", (x, y), textcoords="offset points",
+                                   xytext=(4, 4), fontsize=7, color=style["color"])  # fmt: skip
+            copies.plot([r["share"] for r in pts], [r["zones_per_cached_key"] for r in pts],
+                        ls=dashes[spread], lw=1.6, ms=4, label=label, **style)  # fmt: skip
+    trade.set_xlabel("cross-zone calls %")
+    trade.set_ylabel("cache hit rate %")
+    trade.set_title("the trade-off (up and left is better; x beside cslb's points)", fontsize=10)
+    copies.set_xlabel("x (wanted local share: of keys for cslb, of requests for the split)")
+    copies.set_ylabel("zones whose caches hold a cached product")
+    copies.set_title("cache footprint", fontsize=10)
+    for ax in (trade, copies):
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="upper right")
+    trade.legend(fontsize=7, loc="upper left")
     fig.suptitle(
-        "Zones: 3 zones, even callers; solid " + " / dashed ".join(spreads) + " pods per zone",
+        "3 zones, even callers; pods per zone " + " (solid), ".join(spreads) + " (dashed)",
         fontsize=10,
     )
     fig.tight_layout()
