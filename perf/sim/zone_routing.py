@@ -145,6 +145,8 @@ class Strategy:
     """
 
     name = ""
+    #: Each zone's ``x_z`` (split strategies), else ``None``.
+    shares: np.ndarray | None = None
 
     def __init__(
         self, layout: Layout, balance_factor: float | None, max_hops: int | None, vnodes: int
@@ -180,7 +182,14 @@ class NoZones(Strategy):
 
     name = "no zones"
 
-    def route(self, zone, hashes, now_s, loads, rng):
+    def route(
+        self,
+        zone: int,
+        hashes: np.ndarray,
+        now_s: float,
+        loads: np.ndarray | None,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
         return self.everyone.route(hashes, now_s, loads)
 
 
@@ -204,7 +213,14 @@ class HardFilter(Strategy):
             for z in range(layout.zones)
         ]
 
-    def route(self, zone, hashes, now_s, loads, rng):
+    def route(
+        self,
+        zone: int,
+        hashes: np.ndarray,
+        now_s: float,
+        loads: np.ndarray | None,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
         return self.rings[zone].route(hashes, now_s, loads)
 
 
@@ -234,7 +250,14 @@ class RequestSplit(Strategy):
     def label(self) -> str:
         return f"{self.name} x={self.share:g}"
 
-    def route(self, zone, hashes, now_s, loads, rng):
+    def route(
+        self,
+        zone: int,
+        hashes: np.ndarray,
+        now_s: float,
+        loads: np.ndarray | None,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
         out = np.empty(hashes.size, dtype=np.int64)
         ring = self.local[zone]
         here = rng.random(hashes.size) < self.shares[zone]
@@ -265,7 +288,6 @@ class KeySplit(Strategy):
         if CSLB_PENDING is not None:
             raise RuntimeError(CSLB_PENDING)
         super().__init__(layout, balance_factor, max_hops, vnodes)
-        self.share = share
         self.min_pods = min_pods
         self.rings = self.everyone.rings
         self.set_share(share)
@@ -277,13 +299,21 @@ class KeySplit(Strategy):
     def set_share(self, share: float) -> None:
         """Move every zone's ``x`` to ``min(share, cap)`` (the ramp's step)."""
         assert _ZONES is not None
+        self.share = share
         self.shares = zone_shares(self.layout, share)
         self.splits = [
             _ZONES.ZoneSplit(self.layout.zone_of == z, float(s), min_pods=self.min_pods)
             for z, s in enumerate(self.shares)
         ]
 
-    def route(self, zone, hashes, now_s, loads, rng):
+    def route(
+        self,
+        zone: int,
+        hashes: np.ndarray,
+        now_s: float,
+        loads: np.ndarray | None,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
         plan = Plan(
             self.rings,
             round(now_s * 1e9),

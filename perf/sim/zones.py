@@ -38,6 +38,7 @@ from perf.sim.zone_routing import (
     CSLB_PENDING,
     SPLIT_PENDING,
     STRATEGIES,
+    KeySplit,
     Layout,
     Strategy,
     make_strategy,
@@ -105,6 +106,8 @@ class ZonesConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {v}")
+        if self.ramp is not None and self.strategy != "cslb":
+            raise ValueError(f"a ramp moves cslb's x; strategy {self.strategy!r} has none")
         if self.seconds < self.hot_window_s:
             raise ValueError(f"seconds ({self.seconds}) must be >= hot_window_s")
         return self
@@ -200,8 +203,8 @@ def run(cfg: ZonesConfig) -> dict[str, Any]:
         s_hits[sec] += hit.sum()
         s_reads[sec] += pods.size - hit.sum()
         s_cross[sec] += cross.sum()
-        if isinstance(getattr(strategy, "shares", None), np.ndarray):
-            s_x[sec] = float(strategy.shares[0])  # type: ignore[attr-defined]
+        if strategy.shares is not None:
+            s_x[sec] = float(strategy.shares[0])
         zone_calls += np.bincount(caller, minlength=zones)
         zone_cross += np.bincount(caller[cross], minlength=zones)
         latencies.append(latency)
@@ -237,7 +240,7 @@ def run(cfg: ZonesConfig) -> dict[str, Any]:
         "zones_per_hot_key": float(hot_by_zone.sum() / union) if union else math.nan,
         "cached_distinct": distinct,
         "zones_per_cached_key": float(cached_zone.sum() / distinct) if distinct else math.nan,
-        "shares": getattr(strategy, "shares", None),
+        "shares": strategy.shares,
         "series": {
             "t": np.arange(used, dtype=np.float64),
             "db_reads": s_reads[:used],
@@ -271,9 +274,9 @@ def _ramp(strategy: Strategy, cfg: ZonesConfig, t_s: float) -> None:
     if t_s >= at_s:
         elapsed_ns, ramp_ns = round((t_s - at_s) * 1e9), round(ramp_s * 1e9)
         share = cfg.share * float(fade_share(elapsed_ns, ramp_ns, exponent))
-    if getattr(strategy, "share", None) != share:
-        strategy.share = share  # type: ignore[attr-defined]
-        strategy.set_share(share)  # type: ignore[attr-defined]
+    assert isinstance(strategy, KeySplit)  # checked by ZonesConfig.validate
+    if strategy.share != share:
+        strategy.set_share(share)
 
 
 def sweep(
