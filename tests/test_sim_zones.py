@@ -8,10 +8,12 @@ from dataclasses import replace
 
 import pytest
 
+import lbcore
 from perf.sim import zones as zones_mod
 from perf.sim.zone_ramp import ramp_study
 from perf.sim.zone_routing import CSLB_PENDING
 from perf.sim.zones import ZonesConfig, run, sweep
+from tests.conftest import KERNELS
 
 SMALL = ZonesConfig(
     pods=(4, 4, 4),
@@ -98,3 +100,17 @@ def test_a_ramp_lowers_the_burst_of_database_reads():
     assert jump["reads_after"] > jump["reads_before"]  # each zone now caches its own copy
     assert ramp["peak_over_after"] < jump["peak_over_after"]
     assert ramp["hit_rate_min"] > jump["hit_rate_min"]
+
+
+@needs_cslb
+def test_cslb_figures_are_the_same_on_both_kernels():
+    figures = []
+    old = lbcore.use_kernel("native")
+    try:
+        for name in KERNELS:
+            lbcore.use_kernel(name)
+            r = _run("cslb", 0.5, pods=(2, 5, 5))
+            figures.append([r[k] for k in ("cross_share", "hit_rate", "lat_p99_ms", "hot_set")])
+    finally:
+        lbcore.use_kernel(old)
+    assert figures[0] == figures[1]
