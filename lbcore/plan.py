@@ -129,7 +129,8 @@ fallbacks : int
     Keys answered ``-1``.
 moves : int
     Keys bounded load sent elsewhere than the plain ring (with ejected endpoints
-    left out) would have.
+    left out) would have; with a zone, the plain ring of a local key is its zone's,
+    so a spill to the global ring counts.
 valid : bool
     Whether the guard still held after routing (always ``True`` without one):
     if not, the ring arrays were rewritten meanwhile and the answer is void.
@@ -183,6 +184,11 @@ class Plan:
     max_key_bytes
         Longest key accepted, in bytes (default 4,096, every cslb surface's limit);
         ``None``: no limit.
+    zone
+        Optional zone affinity (:class:`lbcore.ZoneSplit`: which endpoints are local,
+        the local share of keys, the zone's minimum size; rules in
+        :mod:`lbcore.zones`). ``None``, a share of 0 or a zone whose views all hold
+        fewer than ``min_pods`` local candidates: exactly the plan without a zone.
 
     Attributes
     ----------
@@ -205,6 +211,18 @@ class Plan:
         every key passes, or none when :attr:`closed`).
     closed : bool
         Every key is fallback (no endpoints, or the gate is shut).
+    zone_views : int
+        ``0`` without zone mode; else the number of global views, views
+        ``zone_views + v`` being view ``v`` restricted to local endpoints (empty where
+        fewer than ``min_pods``).
+    zone_share : float
+        The share of keys that are local (``0.0`` without zone mode); a key is local iff
+        ``mix64(h, ZONE_SALT) < zone_threshold``.
+    under : numpy.ndarray or None
+        With zone mode and bounded load, ``bool`` per endpoint: its load is at or under
+        its own bar, ``balance_factor × expected share × (1.0 + Σ load)``.
+    expected_shares : numpy.ndarray
+        Each endpoint's expected share of the routed keys (see the property).
     """
 
     __slots__ = {  # noqa: RUF023 (route first: it is the one documented)
