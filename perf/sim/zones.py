@@ -11,10 +11,12 @@ fluid queue, as :mod:`perf.sim.reports`). Bounded load compares each zone's own 
 (its callers' busy time per pod over ``window_s``, as a host's counters), in the
 units of :func:`lbcore.bounded.in_call_units`.
 
-The hot set of a zone is the distinct products its pods were asked for in the last
-``hot_window_s`` of the run; ``zones per hot key`` is the summed hot sets over their
-union, the number of zones' caches an average hot product occupies (1 without zones,
-up to the number of zones when every zone serves every product).
+The cache footprint, two ways: the hot set of a zone is the distinct products its pods
+were asked for in the last ``hot_window_s`` of the run (``zones_per_hot_key``: the summed
+hot sets over their union); at the end, ``cached_distinct`` counts the distinct products
+in any pod's cache and ``zones_per_cached_key`` how many zones' caches hold one on
+average (1 without zones, up to the number of zones when every zone caches every
+product it serves).
 
 :func:`run` is one run, :func:`sweep` every strategy over ``x``, both fleets;
 ``cslb simulate --scenario zones`` prints the table (:mod:`perf.sim.zones_report`).
