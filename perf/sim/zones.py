@@ -134,13 +134,15 @@ def run(cfg: ZonesConfig) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``label``, ``config``; ``cross_share`` (cross-zone calls / calls) and
-        ``by_zone`` (per caller zone: ``cross_share``, ``calls``); ``hit_rate``,
+        ``label``, ``strategy``, ``share``, ``spread``, ``config``; ``cross_share``
+        (cross-zone calls / calls) and ``by_zone`` (per zone: its callers'
+        ``cross_share`` and ``calls``, its pods' ``hot_set``); ``hit_rate``,
         ``db_reads_per_s``, ``lat_mean_ms``, ``lat_p99_ms``; ``hot_set`` (mean distinct
-        products per zone's pods over the last ``hot_window_s``) with ``hot_by_zone``
-        and ``zones_per_hot_key``; ``shares`` (each zone's ``x_z`` at the end, split
-        strategies); ``series`` (per second: ``t``, ``db_reads``, ``hit_rate``,
-        ``cross_share``, ``x`` of zone 0 where cslb ramps); ``wall_s``.
+        products per zone's pods over the last ``hot_window_s``),
+        ``zones_per_hot_key``, ``cached_distinct``, ``zones_per_cached_key``;
+        ``shares`` (each zone's ``x_z`` at the end, split strategies); ``series`` (per
+        second: ``t``, ``db_reads``, ``hit_rate``, ``cross_share``, ``x`` of zone 0
+        where cslb ramps); ``wall_s``.
     """
     cfg.validate()
     t0 = time.perf_counter()
