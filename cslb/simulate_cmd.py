@@ -41,10 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
             "occupancy, traffic to new pods, keys remapped and latency. Scenarios: "
             "scale-up (no fade-in vs Skipper's vs N-ring fade-in), load-signal (bounded "
             "load on in-flight vs occupancy), slow-pod (latency weighting), reports (bounded "
-            "load on each host's own view vs pod-reported load, with other callers)."
+            "load on each host's own view vs pod-reported load, with other callers), zones "
+            "(cross-zone calls vs cache hit rate: no zones, Skipper's zone filter, a "
+            "per-request split and cslb's key split), zone-ramp (how long the local share "
+            "should take to rise)."
         ),
     )
-    p.add_argument("--scenario", required=True, choices=sorted([*SCENARIOS, "reports"]))
+    p.add_argument("--scenario", required=True, choices=sorted([*SCENARIOS, *_OWN]))
     p.add_argument("--pods", type=integer(1), help="pods at the start (50 / 100 / 20 by scenario)")
     p.add_argument(
         "--add", type=integer(1), help="scale-up: pods added (default: as many as --pods)"
@@ -216,6 +219,81 @@ def _reports(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+#: What --scenario zones and zone-ramp read; the other options belong to the cache scenarios.
+_ZONES_OPTIONS = {
+    "scenario",
+    "seconds",
+    "seed",
+    "balance_factor",
+    "zipf",
+    "catalogue",
+    "cache_size",
+    "json",
+    "plot",
+    "progress",
+    "kernel",
+}
+
+
+def _zones(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``--scenario zones`` (the strategies' table) and ``zone-ramp`` (the ramp study)."""
+    import json
+    from dataclasses import replace
+
+    from perf.sim.config import to_jsonable
+    from perf.sim.zone_ramp import ramp_study
+    from perf.sim.zones import ZonesConfig, sweep
+    from perf.sim.zones_report import plot, plot_ramp, ramp_text, to_text
+
+    defaults = vars(parser.parse_args(["--scenario", args.scenario]))
+    for name, value in vars(args).items():
+        if name not in _ZONES_OPTIONS and value != defaults[name]:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} has no effect on --scenario {args.scenario}")
+    ramp = args.scenario == "zone-ramp"
+    seconds = (180.0 if ramp else 60.0) if args.seconds is None else args.seconds
+    base = ZonesConfig(seconds=seconds, seed=args.seed)
+    changes = {
+        k: getattr(args, k)
+        for k in ("balance_factor", "zipf", "catalogue", "cache_size")
+        if getattr(args, k) is not None
+    }
+    if ramp:
+        changes["pods"] = (4, 4, 4)
+    # a run simulates at most twice --seconds: a warm-up as long (20 s at most), then them
+    warmup = min(base.warmup_s, seconds)
+    base = replace(base, warmup_s=warmup, hot_window_s=min(base.hot_window_s, seconds), **changes)
+    try:
+        base.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.plot:
+        _plot_dir(args, parser)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    say = (lambda text: print(f"  {text}", file=sys.stderr)) if show else None
+    if ramp:
+        study = ramp_study(base, progress=say)
+        if args.json:
+            print(json.dumps(to_jsonable(study), indent=1))
+        else:
+            print(ramp_text(study))
+        if args.plot and (path := plot_ramp(study, args.plot)) is not None:
+            print(f"wrote {path}", file=sys.stderr)
+        return 0
+    rows = sweep(base, progress=say)
+    if args.json:
+        print(json.dumps(to_jsonable(rows), indent=1))
+    else:
+        print(to_text(rows, base))
+    if args.plot:
+        print(f"wrote {plot(rows, args.plot)}", file=sys.stderr)
+    return 0
+
+
+#: Scenarios with a command of their own here (the others run through perf.sim.options).
+_OWN = {"reports": _reports, "zones": _zones, "zone-ramp": _zones}
+
+
 def main(argv: list[str]) -> int:
     """Run ``cslb simulate``; returns the exit status (argparse exits 2 on bad options)."""
     from perf.sim.model import SimConfigError
@@ -227,8 +305,8 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     apply_kernel_flag(args, os.environ, parser)
-    if args.scenario == "reports":
-        return _reports(args, parser)
+    if args.scenario in _OWN:
+        return _OWN[args.scenario](args, parser)
     _check(args, parser)
     opts = options(args)
     try:

@@ -1,0 +1,353 @@
+"""Four ways a caller in one availability zone picks a pod, each over lbcore's routing.
+
+* :class:`NoZones`: Skipper's ring over every pod, zones ignored;
+* :class:`HardFilter`: Skipper's zone routing (``-kubernetes-topology-zone``): only the
+  caller's zone's endpoints when it has at least ``min_pods`` of them, else all;
+* :class:`RequestSplit`: Envoy's way: each *request* goes local with probability
+  ``x_z = min(x, cap_z)`` whatever its key (a ring over the local pods), else to the
+  ring of every pod, so a key is on a local pod for some requests and a remote one for
+  others;
+* :class:`KeySplit`: cslb's zone rules (:mod:`lbcore.zones`): a *key* is local when its
+  independent draw is below ``x_z``; the zone's ring is the global ring restricted to
+  its pods, and the bounded-load bars come from the plan.
+
+Every strategy routes a caller zone's calls of one tick on one plan per ring, with the
+zone's own load view (bounded load on, unless the balance factor is ``None``). The
+split strategies share ``x_z`` (:func:`zone_shares`): the cap is lbcore's
+(:func:`lbcore.zones.zone_cap`, Envoy's residual-capacity arithmetic). Rings over a
+subset of pods hash the same endpoint names, so a local ring is the global ring
+restricted to the local pods, as Skipper builds it from a filtered endpoint list.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+from types import ModuleType
+
+import numpy as np
+
+from lbcore.plan import Plan
+from perf.sim.routing import PlainRouter
+
+__all__ = [
+    "CSLB_PENDING",
+    "SPLIT_PENDING",
+    "STRATEGIES",
+    "HardFilter",
+    "KeySplit",
+    "Layout",
+    "NoZones",
+    "RequestSplit",
+    "Strategy",
+    "make_strategy",
+    "zone_names",
+    "zone_shares",
+]
+
+
+def _zones_api() -> ModuleType | None:
+    """:mod:`lbcore.zones` when this build has it, else ``None``."""
+    try:
+        from lbcore import zones
+    except ImportError:
+        return None
+    return zones
+
+
+_ZONES = _zones_api()
+#: Why the split strategies' rows are missing (no :func:`lbcore.zones.zone_cap` to cap
+#: ``x``), or ``None``.
+SPLIT_PENDING = (
+    None if hasattr(_ZONES, "zone_cap") else "pending: lbcore.zones.zone_cap is not in this build"
+)
+#: Why cslb's rows are missing, or ``None`` when lbcore's zone plan is there to route them.
+CSLB_PENDING = (
+    None
+    if SPLIT_PENDING is None
+    and hasattr(_ZONES, "ZoneSplit")
+    and "zone" in inspect.signature(Plan).parameters
+    else "pending: lbcore's zone plan (lbcore.zones.ZoneSplit, Plan(zone=...)) is not in this build"
+)
+
+#: Strategy names, in table order.
+STRATEGIES = ("no zones", "hard filter", "request split", "cslb")
+
+
+def zone_names(count: int) -> tuple[str, ...]:
+    """``z-a``, ``z-b``, ... for ``count`` zones."""
+    return tuple(f"z-{chr(ord('a') + i)}" for i in range(count))
+
+
+class Layout:
+    """Pods and callers per zone.
+
+    Parameters
+    ----------
+    pods
+        Pods per zone; pods are numbered zone by zone.
+    callers
+        Caller hosts per zone (traffic from a zone is in proportion to them).
+
+    Attributes
+    ----------
+    zone_of : numpy.ndarray
+        Zone of every pod.
+    names : tuple[str, ...]
+        Zone names (:func:`zone_names`).
+    """
+
+    def __init__(self, pods: Sequence[int], callers: Sequence[float]) -> None:
+        if len(pods) != len(callers) or not pods:
+            raise ValueError(f"pods {pods} and callers {callers} must name the same zones")
+        self.pods = tuple(int(p) for p in pods)
+        self.callers = tuple(float(c) for c in callers)
+        self.zone_of = np.repeat(np.arange(len(pods)), self.pods)
+        self.names = zone_names(len(pods))
+
+    @property
+    def zones(self) -> int:
+        """Number of zones."""
+        return len(self.pods)
+
+    def local(self, zone: int) -> np.ndarray:
+        """Global numbers of ``zone``'s pods."""
+        return np.flatnonzero(self.zone_of == zone)
+
+
+def zone_shares(layout: Layout, x: float) -> np.ndarray:
+    """``x_z = min(x, cap_z)`` per zone, the cap from :func:`lbcore.zones.zone_cap`.
+
+    Raises
+    ------
+    RuntimeError
+        Without :func:`lbcore.zones.zone_cap` (:data:`SPLIT_PENDING`).
+    """
+    if _ZONES is None or SPLIT_PENDING is not None:
+        raise RuntimeError(SPLIT_PENDING)
+    pods = dict(zip(layout.names, layout.pods, strict=True))
+    callers = dict(zip(layout.names, layout.callers, strict=True))
+    return np.array([min(x, _ZONES.zone_cap(pods, callers, z)) for z in layout.names])
+
+
+class Strategy:
+    """Routes one caller zone's calls to global pod numbers.
+
+    Parameters
+    ----------
+    layout
+        Pods and callers per zone.
+    balance_factor
+        Bounded load's factor, or ``None`` for plain consistent hashing.
+    max_hops, vnodes
+        As for :class:`perf.sim.routing.PlainRouter`.
+    """
+
+    name = ""
+    #: Each zone's ``x_z`` (split strategies), else ``None``.
+    shares: np.ndarray | None = None
+
+    def __init__(
+        self, layout: Layout, balance_factor: float | None, max_hops: int | None, vnodes: int
+    ) -> None:
+        self.layout = layout
+        self.balance_factor = balance_factor
+        self.max_hops = max_hops
+        self.vnodes = vnodes
+        self.everyone = self._ring(range(len(layout.zone_of)))
+
+    @property
+    def label(self) -> str:
+        """The table's row name."""
+        return self.name
+
+    def _ring(self, pods: Sequence[int]) -> PlainRouter:
+        return PlainRouter(list(pods), self.balance_factor, self.max_hops, self.vnodes)
+
+    def route(
+        self,
+        zone: int,
+        hashes: np.ndarray,
+        now_s: float,
+        loads: np.ndarray | None,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
+        """Global pod of every call from ``zone`` (``loads`` per global pod, in call units)."""
+        raise NotImplementedError
+
+
+class NoZones(Strategy):
+    """Skipper's ring over every pod."""
+
+    name = "no zones"
+
+    def route(
+        self,
+        zone: int,
+        hashes: np.ndarray,
+        now_s: float,
+        loads: np.ndarray | None,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
+        return self.everyone.route(hashes, now_s, loads)
+
+
+class HardFilter(Strategy):
+    """Skipper's filter: the zone's pods when it has ``min_pods`` of them, else every pod."""
+
+    name = "hard filter"
+
+    def __init__(
+        self,
+        layout: Layout,
+        balance_factor: float | None,
+        max_hops: int | None,
+        vnodes: int,
+        *,
+        min_pods: int,
+    ) -> None:
+        super().__init__(layout, balance_factor, max_hops, vnodes)
+        self.rings = [
+            self._ring(layout.local(z).tolist()) if layout.pods[z] >= min_pods else self.everyone
+            for z in range(layout.zones)
+        ]
+
+    def route(
+        self,
+        zone: int,
+        hashes: np.ndarray,
+        now_s: float,
+        loads: np.ndarray | None,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
+        return self.rings[zone].route(hashes, now_s, loads)
+
+
+class RequestSplit(Strategy):
+    """Each request local with probability ``x_z`` (Envoy's zone-aware split), any key."""
+
+    name = "request split"
+
+    def __init__(
+        self,
+        layout: Layout,
+        balance_factor: float | None,
+        max_hops: int | None,
+        vnodes: int,
+        *,
+        share: float,
+    ) -> None:
+        super().__init__(layout, balance_factor, max_hops, vnodes)
+        self.share = share
+        self.shares = zone_shares(layout, share)
+        self.local = [
+            self._ring(layout.local(z).tolist()) if layout.pods[z] else None
+            for z in range(layout.zones)
+        ]
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} x={self.share:g}"
+
+    def route(
+        self,
+        zone: int,
+        hashes: np.ndarray,
+        now_s: float,
+        loads: np.ndarray | None,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
+        out = np.empty(hashes.size, dtype=np.int64)
+        ring = self.local[zone]
+        here = rng.random(hashes.size) < self.shares[zone]
+        if ring is None:
+            here[:] = False
+        if here.any():
+            out[here] = ring.route(hashes[here], now_s, loads)
+        if not here.all():
+            out[~here] = self.everyone.route(hashes[~here], now_s, loads)
+        return out
+
+
+class KeySplit(Strategy):
+    """cslb: lbcore's zone plan (key split, zone ring, bars from the plan)."""
+
+    name = "cslb"
+
+    def __init__(
+        self,
+        layout: Layout,
+        balance_factor: float | None,
+        max_hops: int | None,
+        vnodes: int,
+        *,
+        share: float,
+        min_pods: int,
+    ) -> None:
+        if CSLB_PENDING is not None:
+            raise RuntimeError(CSLB_PENDING)
+        super().__init__(layout, balance_factor, max_hops, vnodes)
+        self.min_pods = min_pods
+        self.rings = self.everyone.rings
+        self.set_share(share)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} x={self.share:g}"
+
+    def set_share(self, share: float) -> None:
+        """Move every zone's ``x`` to ``min(share, cap)`` (the ramp's step)."""
+        assert _ZONES is not None
+        self.share = share
+        self.shares = zone_shares(self.layout, share)
+        self.splits = [
+            _ZONES.ZoneSplit(self.layout.zone_of == z, float(s), min_pods=self.min_pods)
+            for z, s in enumerate(self.shares)
+        ]
+
+    def route(
+        self,
+        zone: int,
+        hashes: np.ndarray,
+        now_s: float,
+        loads: np.ndarray | None,
+        rng: np.random.Generator,
+    ) -> np.ndarray:
+        plan = Plan(
+            self.rings,
+            round(now_s * 1e9),
+            loads=None if self.balance_factor is None else loads,
+            balance_factor=self.balance_factor,
+            max_hops=self.max_hops,
+            fade_mode="off",
+            max_key_bytes=None,
+            zone=self.splits[zone],
+        )
+        idx = plan.route_hashes(hashes)[0]
+        if idx.size and int(idx.min()) < 0:
+            raise RuntimeError(f"lbcore's zone plan fell back for {int((idx < 0).sum())} calls")
+        return idx.astype(np.int64)
+
+
+def make_strategy(
+    name: str,
+    layout: Layout,
+    *,
+    share: float = math.nan,
+    balance_factor: float | None,
+    max_hops: int | None,
+    vnodes: int,
+    min_pods: int,
+) -> Strategy:
+    """The strategy called ``name`` (one of :data:`STRATEGIES`), at ``share`` = x if split."""
+    common = (layout, balance_factor, max_hops, vnodes)
+    if name == "no zones":
+        return NoZones(*common)
+    if name == "hard filter":
+        return HardFilter(*common, min_pods=min_pods)
+    if name == "request split":
+        return RequestSplit(*common, share=share)
+    if name == "cslb":
+        return KeySplit(*common, share=share, min_pods=min_pods)
+    raise ValueError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}")
