@@ -1,4 +1,4 @@
-"""record_start_routed / record_end_routed (track()'s one kernel call each) record the
+"""record_start / record_end with a slot map (track()'s one kernel call each) record the
 cells record_start / record_end record for the same calls' slots, whichever bucket the
 start and the end fall in (the newest one: the fast path; older or newer: the general one)."""
 
@@ -31,12 +31,12 @@ def test_routed_start_and_end_record_the_cells_of_their_slots(stores):
         # Mostly within one bucket (the fast path), sometimes across one or many.
         now += int(rng.choice([rng.integers(0, B // 50), rng.integers(0, 2 * B), 3 * W]))
         start = now
-        n = ra.record_start_routed(slot_map, idx, start, COLS)
+        n = ra.record_start(idx, start, bound=COLS, slot_map=slot_map)
         assert n == slots.size
         rb.record_start(slots, start)
         now += int(rng.choice([0, rng.integers(0, B // 20), rng.integers(0, 3 * B)]))
         d = now - start
         if n:
-            ra.record_end_routed(slot_map, idx, start, d, now, COLS)
+            ra.record_end(idx, start, d, now, bound=COLS, slot_map=slot_map)
             rb.record_end(slots, start, d, now)
         assert np.array_equal(row_words(a, ra.row), row_words(b, rb.row)), step
