@@ -48,40 +48,23 @@ import numpy as np
 
 import lbcore
 from lbcore import bounded, signals
+from perf.sim import config
 from perf.sim.cache import TickLRU
+from perf.sim.config import *  # noqa: F403  (the settings and results: names of this module too)
 from perf.sim.config import (
     BACKLOG_WARN_S,
-    BAR_INCREMENTS,
     HORIZON_S,
     PREFILL_COHORTS,
-    SIGNALS,
     ScaleDown,
     ScaleUp,
     SimConfig,
-    SimConfigError,
     SimResult,
-    SlowPod,
-    to_jsonable,
 )
 from perf.sim.pods import PodQueues
-from perf.sim.routing import Router, endpoint_name, make_router
+from perf.sim.routing import FadeIn, RingOptions, Router, endpoint_name, make_router
 from perf.sim.workload import Batches, Catalogue
 
-__all__ = [
-    "BAR_INCREMENTS",
-    "SIGNALS",
-    "ScaleDown",
-    "ScaleUp",
-    "SimConfig",
-    "SimConfigError",
-    "SimResult",
-    "Simulation",
-    "SlowPod",
-    "client_loads",
-    "pod_speed_factors",
-    "run",
-    "to_jsonable",
-]
+__all__ = ["Simulation", "client_loads", "pod_speed_factors", "run", *config.__all__]
 
 
 @dataclass
@@ -203,12 +186,9 @@ class Simulation:
         router = make_router(
             cfg.fade,
             sched.initial,
-            balance_factor=cfg.balance_factor,
-            max_hops=cfg.max_hops,
-            vnodes=cfg.vnodes,
-            fade_s=cfg.fade_s,
-            fade_exponent=cfg.fade_exponent,
-            rng=route_rng,
+            RingOptions(cfg.balance_factor, cfg.max_hops, cfg.vnodes),
+            FadeIn(cfg.fade_s, cfg.fade_exponent),
+            route_rng,
         )
         cache = TickLRU(n_pods, cat.size, cfg.cache_size, PREFILL_COHORTS + total_ticks + 1)
         self._prefill(cache, cat, sched.initial, work_rng)
