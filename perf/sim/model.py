@@ -61,7 +61,7 @@ from perf.sim.config import (
     SimResult,
 )
 from perf.sim.pods import PodQueues
-from perf.sim.routing import FadeIn, RingOptions, Router, endpoint_name, make_router
+from perf.sim.routing import Router, endpoint_name, make_router
 from perf.sim.workload import Batches, Catalogue
 
 __all__ = ["Simulation", "client_loads", "pod_speed_factors", "run", *config.__all__]
@@ -186,9 +186,12 @@ class Simulation:
         router = make_router(
             cfg.fade,
             sched.initial,
-            RingOptions(cfg.balance_factor, cfg.max_hops, cfg.vnodes),
-            FadeIn(cfg.fade_s, cfg.fade_exponent),
-            route_rng,
+            balance_factor=cfg.balance_factor,
+            max_hops=cfg.max_hops,
+            vnodes=cfg.vnodes,
+            fade_s=cfg.fade_s,
+            fade_exponent=cfg.fade_exponent,
+            rng=route_rng,
         )
         cache = TickLRU(n_pods, cat.size, cfg.cache_size, PREFILL_COHORTS + total_ticks + 1)
         self._prefill(cache, cat, sched.initial, work_rng)

@@ -320,7 +320,15 @@ class NRingRouter(Router):
 
 
 def make_router(
-    mode: str, pods: Sequence[int], ring: RingOptions, fade: FadeIn, rng: np.random.Generator
+    mode: str,
+    pods: Sequence[int],
+    *,
+    balance_factor: float | None,
+    max_hops: int | None,
+    vnodes: int,
+    fade_s: float,
+    fade_exponent: float,
+    rng: np.random.Generator,
 ) -> Router:
     """Build the router of a fade-in ``mode`` (one of :data:`FADE_MODES`).
 
@@ -330,13 +338,17 @@ def make_router(
         ``"n-ring"``, ``"skipper"`` or ``"off"``.
     pods
         Global numbers of the established pods.
-    ring
-        As for :class:`Router`.
-    fade
-        The fade-in curve (not used by ``"off"``).
+    balance_factor, max_hops, vnodes
+        As in :class:`RingOptions`.
+    fade_s
+        Fade-in window, in seconds.
+    fade_exponent
+        Fade-in curve exponent.
     rng
         Skipper's per-call thresholds come from it.
     """
+    ring = RingOptions(balance_factor, max_hops, vnodes)
+    fade = FadeIn(fade_s, fade_exponent)
     if mode == "off":
         return PlainRouter(pods, ring)
     if mode == "skipper":
