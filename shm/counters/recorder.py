@@ -303,7 +303,7 @@ class Recorder:
         return s
 
     def record_start(
-        self, slots: Any, now_ns: int, *, bound: int | None = None, slot_map: Any = None
+        self, slots: Any, now_ns: int, bound: int | None = None, slot_map: Any = None
     ) -> int:
         """Record the start of one call per entry of ``slots`` (a whole fan-out).
 
@@ -327,7 +327,8 @@ class Recorder:
         slot_map
             Counter slot per endpoint (``int64``; a plan's :attr:`~lbcore.Plan.slots`,
             with ``bound`` its :attr:`~lbcore.Plan.n_slots`): ``slots`` are endpoint
-            indices mapped through it, in one kernel call.
+            indices mapped through it, in one kernel call. (``bound`` and ``slot_map``
+            may be passed by position: a fan-out's hot path saves the keywords' cost.)
 
         Returns
         -------
@@ -341,7 +342,28 @@ class Recorder:
             are not one integer per call; nothing is recorded then.
         """
         if slot_map is not None:
-            return self._start_routed(slot_map, slots, now_ns, bound)
+            # (_moved inlined, and no frame of its own: this runs once per fan-out)
+            if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
+                if self._moved():
+                    self._follow()
+            if bound is not None and bound <= self._cols and now_ns.__class__ is int:
+                b = self._bucket_ns
+                q = now_ns // b
+                if q > self._period:
+                    self._rotate(q)
+                try:  # one kernel call maps and adds
+                    if q > self._period - self._k:  # a bucket this row holds
+                        return self._add_routed(
+                            self._row_words,
+                            slot_map,
+                            slots,
+                            (1, now_ns - q * b),
+                            self._start_offsets[q % self._k],
+                        )
+                    return self._add_routed(self._open_old, slot_map, slots, 1)
+                except (IndexError, TypeError) as exc:
+                    raise CounterInputError(str(exc)) from None
+            slots, bound = self._routed_slots(slot_map, slots), None
         if self._moved():
             self._follow()
         s = slots if bound is not None and bound <= self._cols else self._slots(slots)
@@ -369,79 +391,6 @@ class Recorder:
                     starts[key] = starts.get(key, 0) + 1
                 self._write(_NO_CALLS, _NO_CALLS, starts, int(_max(t)))
         return int(s.size)
-
-    def _start_routed(
-        self, slot_map: np.ndarray, endpoints: np.ndarray, now_ns: int, bound: int | None
-    ) -> int:
-        """:meth:`record_start` with a slot map: one kernel call at one start time."""
-        # (_moved inlined: this runs once per batch or fan-out)
-        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
-            if self._moved():
-                self._follow()
-        if bound is None or bound > self._cols or now_ns.__class__ is not int:
-            return self.record_start(self._routed_slots(slot_map, endpoints), now_ns)
-        b = self._bucket_ns
-        q = now_ns // b
-        if q > self._period:
-            self._rotate(q)
-        try:
-            if q > self._period - self._k:  # a bucket this row holds
-                return self._add_routed(
-                    self._row_words,
-                    slot_map,
-                    endpoints,
-                    (1, now_ns - q * b),
-                    self._start_offsets[q % self._k],
-                )
-            return self._add_routed(self._open_old, slot_map, endpoints, 1)
-        except (IndexError, TypeError) as exc:
-            raise CounterInputError(str(exc)) from None
-
-    def _end_routed(
-        self,
-        slot_map: np.ndarray,
-        endpoints: np.ndarray,
-        started_ns: int,
-        duration_ns: int,
-        now_ns: int,
-        bound: int | None,
-    ) -> None:
-        """:meth:`record_end` with a slot map, none failed: one kernel call if it can."""
-        # (_moved inlined: this runs once per batch or fan-out)
-        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
-            if self._moved():
-                self._follow()
-        d = duration_ns
-        if d.__class__ is not int or started_ns.__class__ is not int or d < 0:
-            if d.__class__ is int and d < 0:
-                raise CounterInputError(f"durations must be >= 0 ns, got {d}")
-            return self.record_end(self._routed_slots(slot_map, endpoints), started_ns, d, now_ns)
-        b = self._bucket_ns
-        period = now_ns // b
-        if period > self._period:
-            self._rotate(period)
-        if (
-            period > self._period - self._k
-            and started_ns >= period * b
-            and bound is not None
-            and bound <= self._cols
-        ):
-            # The fast path of _end: every call started in this bucket.
-            j = period % self._k
-            try:
-                self._add_routed(
-                    self._row_words,
-                    slot_map,
-                    endpoints,
-                    (-1, period * b - started_ns, d, 1, d, 1),
-                    self._end_offsets[j],
-                )
-            except (IndexError, TypeError) as exc:
-                raise CounterInputError(str(exc)) from None
-            return
-        s = self._routed_slots(slot_map, endpoints)
-        if s.size:
-            self._end(s, started_ns, d, int(now_ns), None)
 
     def add_calls(self, ended: list[int], done: list[int], starts: Starts, now_ns: int) -> None:
         """Add calls to the row: their ends, then their starts (the row's one write).
@@ -501,7 +450,7 @@ class Recorder:
             raise CounterInputError(str(exc)) from None
 
     def _routed_slots(self, slot_map: np.ndarray, endpoints: np.ndarray) -> np.ndarray:
-        """The checked slots of the routed calls (the general paths of the two above)."""
+        """The checked slots of routed calls (the general paths of a slot map's records)."""
         e = np.asarray(endpoints)
         m = np.asarray(slot_map)
         if e.ndim != 1 or (e.size and e.dtype.kind not in "iu"):
@@ -520,9 +469,9 @@ class Recorder:
         durations_ns: Any,
         now_ns: int,
         failed: Any = None,
-        *,
         bound: int | None = None,
         slot_map: Any = None,
+        *,
         opened: bool = True,
         completed: bool = True,
     ) -> None:
@@ -573,8 +522,39 @@ class Recorder:
             failure kinds; nothing is recorded then.
         """
         if slot_map is not None:
-            if failed is None and opened and completed:
-                return self._end_routed(slot_map, slots, started_ns, durations_ns, now_ns, bound)
+            # (_moved inlined, and no frame of its own: this runs once per fan-out)
+            if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
+                if self._moved():
+                    self._follow()
+            d = durations_ns
+            if (
+                failed is None
+                and opened
+                and completed
+                and d.__class__ is int
+                and started_ns.__class__ is int
+                and d >= 0
+                and bound is not None
+                and bound <= self._cols
+            ):
+                b = self._bucket_ns
+                period = now_ns // b
+                if period > self._period:
+                    self._rotate(period)
+                if period > self._period - self._k and started_ns >= period * b:
+                    # The fast path of _end as one kernel call: every call started in this
+                    # bucket.
+                    try:
+                        self._add_routed(
+                            self._row_words,
+                            slot_map,
+                            slots,
+                            (-1, period * b - started_ns, d, 1, d, 1),
+                            self._end_offsets[period % self._k],
+                        )
+                    except (IndexError, TypeError) as exc:
+                        raise CounterInputError(str(exc)) from None
+                    return
             slots, bound = self._routed_slots(slot_map, slots), None
         if self._moved():
             self._follow()
