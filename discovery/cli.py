@@ -25,6 +25,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -127,14 +128,8 @@ def run(
         except KubeConfigError as exc:
             return fail(str(exc), log=log)
         namespace = namespace or default_ns
-        timing = WatchTiming(
-            connect_timeout_s=settings["connect_timeout_s"],
-            request_timeout_s=settings["request_timeout_s"],
-            watch_timeout_s=settings["watch_timeout_s"],
-            watch_idle_s=settings["watch_idle_s"],
-            backoff_s=settings["backoff_s"],
-            backoff_max_s=settings["backoff_max_s"],
-        )
+        # (each of its fields is a setting of the same name)
+        timing = WatchTiming(**{f.name: settings[f.name] for f in fields(WatchTiming)})
     try:
         publisher = Publisher(settings["shm_namespace"])
     except (shm.ShmError, OSError) as exc:

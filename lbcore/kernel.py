@@ -320,7 +320,7 @@ def add_calls(
 ) -> None:
     """A batching recorder's step: many calls' ends, then their starts, added to a row.
 
-    shm's :meth:`shm.Recorder.record_calls` hands over its row, the calls as its own
+    shm's :meth:`shm.Recorder.add_calls` hands over its row, the calls as its own
     lists and the row's geometry after rotating its buckets (the protocol stays in
     shm); this adds the cells :meth:`shm.Recorder.record_end` and
     :meth:`~shm.Recorder.record_start` would for the same calls. Everything is checked

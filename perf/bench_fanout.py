@@ -39,6 +39,7 @@ import numpy as np
 
 import lbcore
 import shm
+from perf.common import write_json
 from workers.fanout.ledger import CallLedger
 from workers.fanout.settings import FanoutSettings
 from workers.routing.router import Router
@@ -787,9 +788,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only: expected a comma-separated list of {', '.join(PARTS)}")
     os.environ["CSLB_PERF_LOOP"] = args.loop
     got = run(quick=args.quick, parts=parts)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(got, f, indent=1)
+    write_json(args.json, got)
     return 0
 
 

@@ -36,7 +36,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from perf.common import cpu_seconds, process_tree, stop_tree, unique_namespace, unlink_namespace
+from perf.common import (
+    cpu_seconds,
+    process_tree,
+    stop_tree,
+    unique_namespace,
+    unlink_namespace,
+    write_json,
+)
 from perf.wirepods import CompilerMissingError, WirePods, build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -439,9 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     got = run(quick=args.quick, clients=args.clients, seconds=args.seconds, senders=senders)
     for n in got["notes"]:
         print(f"* {n}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(got, f, indent=1)
+    write_json(args.json, got)
     return 0
 
 

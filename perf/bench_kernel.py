@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -31,7 +30,15 @@ import numpy as np
 
 import lbcore
 from lbcore import Gate, Plan, RingSet
-from perf.common import PythonLoopRing, as_python, endpoint_urls, make_ids, make_skus, measure
+from perf.common import (
+    PythonLoopRing,
+    as_python,
+    endpoint_urls,
+    make_ids,
+    make_skus,
+    measure,
+    write_json,
+)
 
 BARS = {  # kernel time against the loop, per (ring, batch, keys)
     # Batch 1: the worker's whole path may take 3x the loop; the router and track()
@@ -201,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     builds = build_times(5 if args.quick else 21)
     missed += sum(b["native_ms"] > STALL_MS for b in builds)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"routing": rows, "plan_build": builds}, f, indent=1)
+    write_json(args.json, {"routing": rows, "plan_build": builds})
     return 1 if missed else 0
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import sys
@@ -31,7 +30,7 @@ import xxhash
 
 import lbcore
 from lbcore.route import route_ring_set
-from perf.common import PythonLoopRing, S, as_python, make_ids, make_skus, measure
+from perf.common import PythonLoopRing, S, as_python, make_ids, make_skus, measure, write_json
 
 
 def reps_for(n: int, quick: bool) -> int:
@@ -185,11 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "info  batch 100, lookup_bounded with a new load snapshot every batch (no redirect "
         "table): " + ", ".join(f"{r['endpoints']}/{r['keys']}: {r['ratio']:.1f}×" for r in cold)
     )
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(
-                {"python": sys.version, "numpy": np.__version__, "results": results}, fh, indent=1
-            )
+    write_json(args.json, {"python": sys.version, "numpy": np.__version__, "results": results})
     return 1 if missed else 0
 
 

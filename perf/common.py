@@ -7,6 +7,7 @@ Nothing here measures anything by itself; the ``bench_*`` scripts and the suite 
 from __future__ import annotations
 
 import bisect
+import json
 import os
 import platform
 import signal
@@ -341,3 +342,10 @@ def machine_info() -> dict[str, Any]:
         "versions": versions,
         "loadavg": os.getloadavg(),
     }
+
+
+def write_json(path: str | None, results: Any) -> None:
+    """Write a benchmark's ``results`` to ``path`` (its ``--json``; ``None``: not asked)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)

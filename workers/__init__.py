@@ -25,22 +25,11 @@ NumPy tables nor shared memory until something asks for them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from workers.lazy import lazy_names
 
 __all__ = ["Router", "RouterError", "RouterInputError", "RouterStateError"]
 
 _LAZY = {name: "workers.routing.router" for name in __all__}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'workers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_names(globals(), _LAZY)

@@ -48,40 +48,23 @@ import numpy as np
 
 import lbcore
 from lbcore import bounded, signals
+from perf.sim import config
 from perf.sim.cache import TickLRU
+from perf.sim.config import *  # noqa: F403  (the settings and results: names of this module too)
 from perf.sim.config import (
     BACKLOG_WARN_S,
-    BAR_INCREMENTS,
     HORIZON_S,
     PREFILL_COHORTS,
-    SIGNALS,
     ScaleDown,
     ScaleUp,
     SimConfig,
-    SimConfigError,
     SimResult,
-    SlowPod,
-    to_jsonable,
 )
 from perf.sim.pods import PodQueues
 from perf.sim.routing import Router, endpoint_name, make_router
 from perf.sim.workload import Batches, Catalogue
 
-__all__ = [
-    "BAR_INCREMENTS",
-    "SIGNALS",
-    "ScaleDown",
-    "ScaleUp",
-    "SimConfig",
-    "SimConfigError",
-    "SimResult",
-    "Simulation",
-    "SlowPod",
-    "client_loads",
-    "pod_speed_factors",
-    "run",
-    "to_jsonable",
-]
+__all__ = ["Simulation", "client_loads", "pod_speed_factors", "run", *config.__all__]
 
 
 @dataclass

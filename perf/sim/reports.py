@@ -34,7 +34,7 @@ from lbcore.reported import (
     record_reports,
     refresh_due,
 )
-from perf.sim.routing import PlainRouter
+from perf.sim.routing import PlainRouter, RingOptions
 from perf.sim.workload import catalogue_hashes
 
 __all__ = ["ReportsConfig", "run", "sweep", "to_text"]
@@ -94,8 +94,8 @@ def run(cfg: ReportsConfig) -> dict[str, Any]:
     rng = np.random.default_rng(cfg.seed)
     p, h = cfg.pods, cfg.hosts
     keys = catalogue_hashes(cfg.catalogue)
-    router = PlainRouter(range(p), cfg.balance_factor, cfg.max_hops, 100)
-    owner = PlainRouter(range(p), None, None, 100).route(keys, 0.0, None)
+    router = PlainRouter(range(p), RingOptions(cfg.balance_factor, cfg.max_hops, 100))
+    owner = PlainRouter(range(p), RingOptions(None, None, 100)).route(keys, 0.0, None)
     ticks = round(cfg.seconds / cfg.tick_s)
     w, pw = round(cfg.window_s / cfg.tick_s), max(1, round(cfg.pod_window_s / cfg.tick_s))
     host_busy = np.zeros((w, h, p))

@@ -22,6 +22,7 @@ translates between its global pod numbers and each ring's endpoint indices.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,8 +33,10 @@ from lbcore.plan import Plan
 
 __all__ = [
     "FADE_MODES",
+    "FadeIn",
     "NRingRouter",
     "PlainRouter",
+    "RingOptions",
     "Router",
     "SimRoutingError",
     "SkipperRouter",
@@ -55,10 +58,11 @@ def _ns(t_s: float) -> int:
     return round(t_s * 1e9)
 
 
-class Router:
-    """Routes calls to global pod numbers; subclasses hold the lbcore structures.
+@dataclass(frozen=True, slots=True)
+class RingOptions:
+    """How every router's rings are built and walked.
 
-    Parameters
+    Attributes
     ----------
     balance_factor
         Bounded load's factor, or ``None`` for plain consistent hashing.
@@ -68,12 +72,42 @@ class Router:
         Virtual nodes per pod.
     """
 
+    balance_factor: float | None
+    max_hops: int | None
+    vnodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FadeIn:
+    """A fade-in curve: Skipper's ``fadeIn`` or cslb's N-ring window.
+
+    Attributes
+    ----------
+    duration_s
+        The fade window, in seconds.
+    exponent
+        The curve's exponent.
+    """
+
+    duration_s: float
+    exponent: float
+
+
+class Router:
+    """Routes calls to global pod numbers; subclasses hold the lbcore structures.
+
+    Parameters
+    ----------
+    ring
+        How the rings are built and walked.
+    """
+
     mode = ""
 
-    def __init__(self, balance_factor: float | None, max_hops: int | None, vnodes: int) -> None:
-        self.balance_factor = balance_factor
-        self.max_hops = max_hops
-        self.vnodes = vnodes
+    def __init__(self, ring: RingOptions) -> None:
+        self.balance_factor = ring.balance_factor
+        self.max_hops = ring.max_hops
+        self.vnodes = ring.vnodes
         self.pod_of = np.empty(0, dtype=np.int64)  # ring endpoint index -> global pod
 
     @property
@@ -143,10 +177,8 @@ class PlainRouter(Router):
 
     mode = "off"
 
-    def __init__(
-        self, pods: Sequence[int], balance_factor: float | None, max_hops: int | None, vnodes: int
-    ) -> None:
-        super().__init__(balance_factor, max_hops, vnodes)
+    def __init__(self, pods: Sequence[int], ring: RingOptions) -> None:
+        super().__init__(ring)
         self._rebuild(list(pods))
 
     def _rebuild(self, pods: list[int]) -> None:
@@ -179,12 +211,12 @@ class SkipperRouter(PlainRouter):
 
     Parameters
     ----------
-    pods, balance_factor, max_hops, vnodes
-        As for :class:`Router`; ``pods`` are established (fully faded in).
-    duration_s
-        Skipper's ``fadeIn`` duration, in seconds.
-    exponent
-        Skipper's ``fadeIn`` exponent.
+    pods
+        The established pods (fully faded in).
+    ring
+        As for :class:`Router`.
+    fade
+        Skipper's ``fadeIn`` duration and exponent.
     rng
         Draws the per-call thresholds.
     """
@@ -192,21 +224,13 @@ class SkipperRouter(PlainRouter):
     mode = "skipper"
 
     def __init__(
-        self,
-        pods: Sequence[int],
-        balance_factor: float | None,
-        max_hops: int | None,
-        vnodes: int,
-        *,
-        duration_s: float,
-        exponent: float,
-        rng: np.random.Generator,
+        self, pods: Sequence[int], ring: RingOptions, fade: FadeIn, rng: np.random.Generator
     ) -> None:
         self.detected: dict[int, int | None] = dict.fromkeys(pods)  # None: long ago
-        self.duration_ns = _ns(duration_s)
-        self.exponent = exponent
+        self.duration_ns = _ns(fade.duration_s)
+        self.exponent = fade.exponent
         self.rng = rng
-        super().__init__(pods, balance_factor, max_hops, vnodes)
+        super().__init__(pods, ring)
 
     def publish(self, pods: Sequence[int], now_s: float) -> None:
         """Detect ``pods`` at ``now_s``: their fade-in clocks start.
@@ -253,32 +277,23 @@ class NRingRouter(Router):
 
     Parameters
     ----------
-    pods, balance_factor, max_hops, vnodes
-        As for :class:`Router`; ``pods`` form the established ring.
-    duration_s
-        Fade window ``D``, in seconds.
-    exponent
-        Fade curve exponent ``E``.
+    pods
+        The pods of the established ring.
+    ring
+        As for :class:`Router`.
+    fade
+        The fade window ``D`` and curve exponent ``E``.
     """
 
     mode = "n-ring"
 
-    def __init__(
-        self,
-        pods: Sequence[int],
-        balance_factor: float | None,
-        max_hops: int | None,
-        vnodes: int,
-        *,
-        duration_s: float,
-        exponent: float,
-    ) -> None:
-        super().__init__(balance_factor, max_hops, vnodes)
+    def __init__(self, pods: Sequence[int], ring: RingOptions, fade: FadeIn) -> None:
+        super().__init__(ring)
         self.rings = lbcore.RingSet(
             [endpoint_name(p) for p in pods],
-            duration_ns=_ns(duration_s),
-            exponent=exponent,
-            vnodes=vnodes,
+            duration_ns=_ns(fade.duration_s),
+            exponent=fade.exponent,
+            vnodes=ring.vnodes,
         )
         self._pod_by_name = {endpoint_name(p): p for p in pods}
         self._sync()
@@ -324,7 +339,7 @@ def make_router(
     pods
         Global numbers of the established pods.
     balance_factor, max_hops, vnodes
-        As for :class:`Router`.
+        As in :class:`RingOptions`.
     fade_s
         Fade-in window, in seconds.
     fade_exponent
@@ -332,20 +347,12 @@ def make_router(
     rng
         Skipper's per-call thresholds come from it.
     """
+    ring = RingOptions(balance_factor, max_hops, vnodes)
+    fade = FadeIn(fade_s, fade_exponent)
     if mode == "off":
-        return PlainRouter(pods, balance_factor, max_hops, vnodes)
+        return PlainRouter(pods, ring)
     if mode == "skipper":
-        return SkipperRouter(
-            pods,
-            balance_factor,
-            max_hops,
-            vnodes,
-            duration_s=fade_s,
-            exponent=fade_exponent,
-            rng=rng,
-        )
+        return SkipperRouter(pods, ring, fade, rng)
     if mode == "n-ring":
-        return NRingRouter(
-            pods, balance_factor, max_hops, vnodes, duration_s=fade_s, exponent=fade_exponent
-        )
+        return NRingRouter(pods, ring, fade)
     raise ValueError(f"unknown fade-in mode {mode!r}; expected one of {', '.join(FADE_MODES)}")

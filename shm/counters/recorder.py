@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 _END_FIELDS = ("open", "open_start_sum", "busy_ns", "completed", "latency_ns")
 _NO_SLOTS = np.empty(0, dtype=np.int64)
 _NO_CALLS: list[int] = []  # (add_calls only reads its lists)
-_NO_STARTS: dict[tuple[int, int], int] = {}
+#: :meth:`Recorder.add_calls`'s ``starts``: ``{(slot, start_ns): calls}`` still out.
+Starts = dict[tuple[int, int], int]
+_NO_STARTS: Starts = {}
 # Up to this many calls, add_calls's list is built in Python; beyond, through NumPy.
 _SMALL = 8
 _I64 = np.dtype(np.int64)
@@ -75,7 +77,7 @@ def _counts(values: tuple[Any, ...], what: str) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
-def _starts_at(slots: list[int], start_ns: int) -> dict[tuple[int, int], int]:
+def _starts_at(slots: list[int], start_ns: int) -> Starts:
     """:func:`lbcore.kernel.add_calls`'s ``starts`` of calls to ``slots`` that started at once."""
     if len(slots) == 1:
         return {(slots[0], start_ns): 1}
@@ -126,14 +128,16 @@ class Recorder:
     :meth:`CounterStore.claim`.
 
     The row's protocol (which bucket column a call's open entry, busy time, completion
-    and failure go to) is written once, in :func:`lbcore.kernel.add_calls`
-    (:meth:`record_calls`): :meth:`record_start`, :meth:`record_end` and their routed
-    forms build its input. Their common case, a fan-out that starts, or starts and ends
+    and failure go to) is written once, in :func:`lbcore.kernel.add_calls`, and
+    :meth:`add_calls` is the one way into it: :meth:`record_start` and
+    :meth:`record_end` (a whole fan-out, by slots or by endpoints through a plan's slot
+    map) build its input. Their common case, a fan-out that starts, or starts and ends
     without failures, within the newest bucket, is one :func:`lbcore.scatter_add` of the
     same cells instead: add_calls takes its calls as Python lists, which costs several
     times more at a hundred calls (perf/bench_shm.py). Slots are checked first (one
     pass), unless the caller says they are in range (``bound``); the kernel checks every
-    cell against the row either way.
+    cell against the row either way. :meth:`count`, :meth:`tally` (lifetime totals) and
+    :meth:`record_reports` (the pods' reports) write the row's other cells.
 
     Attributes
     ----------
@@ -298,13 +302,19 @@ class Recorder:
             )
         return s
 
-    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
+    def record_start(
+        self, slots: Any, now_ns: int, bound: int | None = None, slot_map: Any = None
+    ) -> int:
         """Record the start of one call per entry of ``slots`` (a whole fan-out).
+
+        Builds :meth:`add_calls`'s ``starts``; a fan-out that starts at one time within
+        a bucket the row holds is one scatter-add of the same cells instead.
 
         Parameters
         ----------
         slots
-            Endpoint slot of each call (repeats allowed).
+            Endpoint slot of each call (repeats allowed); with ``slot_map``, the
+            endpoint index of each call (``-1``: a fallback, not recorded).
         now_ns
             CLOCK_MONOTONIC start time in nanoseconds, of every call (an ``int``) or of
             each call (an integer array, one per slot: calls that started apart and are
@@ -314,13 +324,46 @@ class Recorder:
             slots in ``0 .. bound - 1`` (say, a plan's counter slots and its
             ``n_slots``): then the slots are not checked here, only ``bound`` against
             the row's columns. Default: every slot is checked.
+        slot_map
+            Counter slot per endpoint (``int64``; a plan's :attr:`~lbcore.Plan.slots`,
+            with ``bound`` its :attr:`~lbcore.Plan.n_slots`): ``slots`` are endpoint
+            indices mapped through it, in one kernel call. (``bound`` and ``slot_map``
+            may be passed by position: a fan-out's hot path saves the keywords' cost.)
+
+        Returns
+        -------
+        int
+            The calls recorded: pass the fan-out to :meth:`record_end` if not zero.
 
         Raises
         ------
         CounterInputError
-            Slots that are not integers in range, or start times that are not one
-            integer per call; nothing is recorded then.
+            Slots (or endpoints) that are not integers in range, or start times that
+            are not one integer per call; nothing is recorded then.
         """
+        if slot_map is not None:
+            # (_moved inlined, and no frame of its own: this runs once per fan-out)
+            if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
+                if self._moved():
+                    self._follow()
+            if bound is not None and bound <= self._cols and now_ns.__class__ is int:
+                b = self._bucket_ns
+                q = now_ns // b
+                if q > self._period:
+                    self._rotate(q)
+                try:  # one kernel call maps and adds
+                    if q > self._period - self._k:  # a bucket this row holds
+                        return self._add_routed(
+                            self._row_words,
+                            slot_map,
+                            slots,
+                            (1, now_ns - q * b),
+                            self._start_offsets[q % self._k],
+                        )
+                    return self._add_routed(self._open_old, slot_map, slots, 1)
+                except (IndexError, TypeError) as exc:
+                    raise CounterInputError(str(exc)) from None
+            slots, bound = self._routed_slots(slot_map, slots), None
         if self._moved():
             self._follow()
         s = slots if bound is not None and bound <= self._cols else self._slots(slots)
@@ -343,125 +386,14 @@ class Recorder:
                     f"{t.dtype} array of shape {t.shape}"
                 )
             if s.size:
-                starts: dict[tuple[int, int], int] = {}
+                starts: Starts = {}
                 for key in zip(s.tolist(), t.astype(np.int64).tolist(), strict=True):
                     starts[key] = starts.get(key, 0) + 1
                 self._write(_NO_CALLS, _NO_CALLS, starts, int(_max(t)))
+        return int(s.size)
 
-    def record_start_routed(
-        self, slot_map: np.ndarray, endpoints: np.ndarray, now_ns: int, bound: int
-    ) -> int:
-        """:meth:`record_start` of a routed fan-out at one time: one kernel call.
-
-        Parameters
-        ----------
-        slot_map
-            Counter slot per endpoint (``int64``, each in ``0 .. bound - 1``: a plan's
-            :attr:`~lbcore.Plan.slots` and :attr:`~lbcore.Plan.n_slots`).
-        endpoints
-            Endpoint index per call (``int32`` or ``int64``; ``-1``: fallback, not
-            recorded).
-        now_ns
-            CLOCK_MONOTONIC start time of every call (an ``int``), in nanoseconds.
-        bound
-            Every slot of ``slot_map`` is below it.
-
-        Returns
-        -------
-        int
-            The calls recorded (the routed ones): pass the fan-out to
-            :meth:`record_end_routed` if not zero.
-
-        Raises
-        ------
-        CounterInputError
-            Endpoints outside the map or slots outside the row; nothing is recorded then.
-        """
-        # (_moved inlined: this runs once per batch or fan-out)
-        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
-            if self._moved():
-                self._follow()
-        if bound > self._cols or now_ns.__class__ is not int:
-            slots = self._routed_slots(slot_map, endpoints)
-            self.record_start(slots, now_ns)
-            return int(slots.size)
-        b = self._bucket_ns
-        q = now_ns // b
-        if q > self._period:
-            self._rotate(q)
-        try:
-            if q > self._period - self._k:  # a bucket this row holds
-                return self._add_routed(
-                    self._row_words,
-                    slot_map,
-                    endpoints,
-                    (1, now_ns - q * b),
-                    self._start_offsets[q % self._k],
-                )
-            return self._add_routed(self._open_old, slot_map, endpoints, 1)
-        except (IndexError, TypeError) as exc:
-            raise CounterInputError(str(exc)) from None
-
-    def record_end_routed(
-        self,
-        slot_map: np.ndarray,
-        endpoints: np.ndarray,
-        started_ns: int,
-        duration_ns: int,
-        now_ns: int,
-        bound: int,
-    ) -> None:
-        """:meth:`record_end` of a fan-out :meth:`record_start_routed` recorded: one call.
-
-        Every call started at ``started_ns`` and was busy ``duration_ns >= 0`` (ints,
-        nanoseconds); none failed (a fan-out with failures or its own end times goes
-        through :meth:`record_end`).
-
-        Raises
-        ------
-        CounterInputError
-            As :meth:`record_start_routed`, or a negative duration.
-        """
-        # (_moved inlined: this runs once per batch or fan-out)
-        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
-            if self._moved():
-                self._follow()
-        d = duration_ns
-        if d.__class__ is not int or started_ns.__class__ is not int or d < 0:
-            if d.__class__ is int and d < 0:
-                raise CounterInputError(f"durations must be >= 0 ns, got {d}")
-            self.record_end(self._routed_slots(slot_map, endpoints), started_ns, d, now_ns)
-            return
-        b = self._bucket_ns
-        period = now_ns // b
-        if period > self._period:
-            self._rotate(period)
-        if period > self._period - self._k and started_ns >= period * b and bound <= self._cols:
-            # The fast path of _end: every call started in this bucket.
-            j = period % self._k
-            try:
-                self._add_routed(
-                    self._row_words,
-                    slot_map,
-                    endpoints,
-                    (-1, period * b - started_ns, d, 1, d, 1),
-                    self._end_offsets[j],
-                )
-            except (IndexError, TypeError) as exc:
-                raise CounterInputError(str(exc)) from None
-            return
-        s = self._routed_slots(slot_map, endpoints)
-        if s.size:
-            self._end(s, started_ns, d, int(now_ns), None)
-
-    def record_calls(
-        self,
-        ended: list[int],
-        done: list[int],
-        starts: dict[tuple[int, int], int],
-        now_ns: int,
-    ) -> None:
-        """One step of a batching caller's calls: their ends, then their starts.
+    def add_calls(self, ended: list[int], done: list[int], starts: Starts, now_ns: int) -> None:
+        """Add calls to the row: their ends, then their starts (the row's one write).
 
         The cells :meth:`record_end` of each part and :meth:`record_start` with a time
         per call record, in one :func:`lbcore.kernel.add_calls` call on the caller's
@@ -497,10 +429,8 @@ class Recorder:
         elif starts:
             self._write(ended, done, starts, max(t for _, t in starts))
 
-    def _write(
-        self, ended: list[int], done: list[int], starts: dict[tuple[int, int], int], now_ns: int
-    ) -> None:
-        """Add calls to the row with :func:`lbcore.kernel.add_calls` (see :meth:`record_calls`).
+    def _write(self, ended: list[int], done: list[int], starts: Starts, now_ns: int) -> None:
+        """Add calls to the row with :func:`lbcore.kernel.add_calls` (see :meth:`add_calls`).
 
         Rotates the row's buckets up to ``now_ns`` first (the newest time of the calls);
         the caller has followed a moved matrix already.
@@ -520,7 +450,7 @@ class Recorder:
             raise CounterInputError(str(exc)) from None
 
     def _routed_slots(self, slot_map: np.ndarray, endpoints: np.ndarray) -> np.ndarray:
-        """The checked slots of the routed calls (the general paths of the two above)."""
+        """The checked slots of routed calls (the general paths of a slot map's records)."""
         e = np.asarray(endpoints)
         m = np.asarray(slot_map)
         if e.ndim != 1 or (e.size and e.dtype.kind not in "iu"):
@@ -539,12 +469,17 @@ class Recorder:
         durations_ns: Any,
         now_ns: int,
         failed: Any = None,
-        *,
         bound: int | None = None,
+        slot_map: Any = None,
+        *,
         opened: bool = True,
         completed: bool = True,
     ) -> None:
         """Record the end of calls started by :meth:`record_start` (a whole fan-out).
+
+        Builds :meth:`add_calls`'s ``ended`` (or ``done``); calls that all started and
+        ended within the newest bucket, none failed, are one scatter-add of the same
+        cells instead.
 
         Call ``i`` was busy from ``started_ns[i]`` to ``started_ns[i] + durations_ns[i]``;
         that busy time is spread over the time buckets it overlaps, and the call counts
@@ -569,6 +504,8 @@ class Recorder:
             :data:`~lbcore.outlier.FAIL_CONNECT` … :data:`~lbcore.outlier.FAIL_OTHER`).
         bound
             As in :meth:`record_start`: ``slots`` are known to be in ``0 .. bound - 1``.
+        slot_map
+            As in :meth:`record_start`: ``slots`` are endpoint indices mapped through it.
         opened
             ``False``: these calls' starts were never recorded (they started and ended
             between two writes of a batching caller): they are recorded as complete
@@ -584,6 +521,41 @@ class Recorder:
             Mismatched lengths, slots out of range, negative durations or unknown
             failure kinds; nothing is recorded then.
         """
+        if slot_map is not None:
+            # (_moved inlined, and no frame of its own: this runs once per fan-out)
+            if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
+                if self._moved():
+                    self._follow()
+            d = durations_ns
+            if (
+                failed is None
+                and opened
+                and completed
+                and d.__class__ is int
+                and started_ns.__class__ is int
+                and d >= 0
+                and bound is not None
+                and bound <= self._cols
+            ):
+                b = self._bucket_ns
+                period = now_ns // b
+                if period > self._period:
+                    self._rotate(period)
+                if period > self._period - self._k and started_ns >= period * b:
+                    # The fast path of _end as one kernel call: every call started in this
+                    # bucket.
+                    try:
+                        self._add_routed(
+                            self._row_words,
+                            slot_map,
+                            slots,
+                            (-1, period * b - started_ns, d, 1, d, 1),
+                            self._end_offsets[period % self._k],
+                        )
+                    except (IndexError, TypeError) as exc:
+                        raise CounterInputError(str(exc)) from None
+                    return
+            slots, bound = self._routed_slots(slot_map, slots), None
         if self._moved():
             self._follow()
         s = slots if bound is not None and bound <= self._cols else self._slots(slots)
@@ -777,9 +749,7 @@ class Recorder:
             raise CounterInputError("a slot may be given one report per call")
         m = self._matrix
         assert m is not None
-        write_reports(
-            m.reports[self.row], s, values, utils, kinds, identities, now_ns, expiry_ns
-        )
+        write_reports(m.reports[self.row], s, (values, utils, kinds, identities), now_ns, expiry_ns)
 
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back (its in-flight counts are zeroed, history stays)."""

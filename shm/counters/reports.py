@@ -52,14 +52,7 @@ _NO_TIME = np.iinfo(np.int64).max
 
 
 def write_reports(
-    cells: np.ndarray,
-    slots: Any,
-    values: Any,
-    utils: Any,
-    kinds: Any,
-    identities: Any,
-    now_ns: int,
-    expiry_ns: int,
+    cells: np.ndarray, slots: Any, columns: tuple[Any, Any, Any, Any], now_ns: int, expiry_ns: int
 ) -> None:
     """Store one report per slot in one row's report cells (the row's one writer).
 
@@ -69,12 +62,9 @@ def write_reports(
         The row's ``int64`` report cells, ``(len(REPORT_FIELDS), columns)``, writable.
     slots
         Endpoint slots (checked by the caller: in range, each once).
-    values, kinds
-        What :func:`lbcore.reported.report_value` gives for each report.
-    utils
-        Each report's ``application_utilization`` (NaN: not sent).
-    identities
-        Each pod's identity (:func:`lbcore.reported.pod_identity`).
+    columns
+        ``values, utils, kinds, identities``, one entry per slot each, as
+        :meth:`shm.Recorder.record_reports` takes them.
     now_ns
         When the reports arrived (CLOCK_MONOTONIC ns).
     expiry_ns
@@ -83,6 +73,7 @@ def write_reports(
     idx = np.asarray(slots, np.intp).reshape(-1)
     if idx.size == 0:
         return
+    values, utils, kinds, identities = columns
     ids = np.asarray(identities, np.uint64).reshape(-1).view(np.int64)
     since = run_start(
         cells[F_KIND, idx],

@@ -14,40 +14,24 @@ from shm.errors import SlotOwnershipError
 class _Forwarding:
     """The recording calls of :class:`Recorder`, forwarded through one method.
 
-    ``_run`` picks the row's recorder and guards the call (a lock, or a row per thread).
+    ``_run`` picks the row's recorder and guards the call (a lock, or a row per thread);
+    each method takes and returns what :class:`Recorder`'s of the same name does.
     """
 
-    def _run(self, method: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    def _run(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
-    def record_start(self, slots: Any, now_ns: int, *, bound: int | None = None) -> None:
-        """See :meth:`Recorder.record_start`."""
-        self._run(Recorder.record_start, slots, now_ns, bound=bound)
+    def add_calls(self, *args: Any) -> None:
+        """See :meth:`Recorder.add_calls`."""
+        self._run(Recorder.add_calls, *args)
 
-    def record_end(
-        self,
-        slots: Any,
-        started_ns: Any,
-        durations_ns: Any,
-        now_ns: int,
-        failed: Any = None,
-        *,
-        bound: int | None = None,
-        opened: bool = True,
-        completed: bool = True,
-    ) -> None:
+    def record_start(self, *args: Any, **kwargs: Any) -> int:
+        """See :meth:`Recorder.record_start`."""
+        return self._run(Recorder.record_start, *args, **kwargs)
+
+    def record_end(self, *args: Any, **kwargs: Any) -> None:
         """See :meth:`Recorder.record_end`."""
-        self._run(
-            Recorder.record_end,
-            slots,
-            started_ns,
-            durations_ns,
-            now_ns,
-            failed,
-            bound=bound,
-            opened=opened,
-            completed=completed,
-        )
+        self._run(Recorder.record_end, *args, **kwargs)
 
     def count(self, decisions: int, fallbacks: int = 0, moves: int = 0) -> None:
         """See :meth:`Recorder.count`."""
@@ -89,9 +73,9 @@ class LockedRecorder(_Forwarding):
         """The worker slot (row) recorded into."""
         return self.recorder.row
 
-    def _run(self, method: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    def _run(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         with self.lock:
-            method(self.recorder, *args, **kwargs)
+            return method(self.recorder, *args, **kwargs)
 
     def release(self, now_ns: int | None = None) -> None:
         """Give the slot back."""
@@ -133,8 +117,8 @@ class ThreadRecorder(_Forwarding):
             self._local.rec = rec
         return rec
 
-    def _run(self, method: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-        method(self._mine(), *args, **kwargs)
+    def _run(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return method(self._mine(), *args, **kwargs)
 
     @property
     def rows(self) -> list[int]:

@@ -1,4 +1,4 @@
-"""Recorder.record_calls (a batching caller's step) records the cells record_end and
+"""Recorder.add_calls (a batching caller's step) records the cells record_end and
 record_start record for the same calls, on both kernels, and refuses bad input whole."""
 
 from __future__ import annotations
@@ -62,14 +62,14 @@ def test_a_step_records_what_its_parts_record(store, kernel):
         now += int(rng.choice([1, B // 3, B, 4 * B, 3 * W]))
         ended, done, starts = random_step(rng, now)
         by_parts(old, ended, done, starts, now)
-        new.record_calls(ended, done, starts, now)
+        new.add_calls(ended, done, starts, now)
         assert row_words(store, new.row).tolist() == row_words(store, old.row).tolist()
     assert row_words(store, new.row).any()
 
 
 def test_a_step_with_a_bad_slot_or_kind_records_nothing(store, kernel):
     rec = store.claim()
-    rec.record_calls([1, T0, T0 + 5, 0], [], {(2, T0): 1}, T0 + 10)
+    rec.add_calls([1, T0, T0 + 5, 0], [], {(2, T0): 1}, T0 + 10)
     before = row_words(store, rec.row)
     bad_steps = [
         ([1, T0, T0 + 5, 0, COLS, T0, T0 + 5, 0], [], {}, "slots must be in 0..15"),
@@ -84,14 +84,14 @@ def test_a_step_with_a_bad_slot_or_kind_records_nothing(store, kernel):
     ]
     for ended, done, starts, match in bad_steps:
         with pytest.raises(CounterInputError, match=match):
-            rec.record_calls(ended, done, starts, T0 + 20)
+            rec.add_calls(ended, done, starts, T0 + 20)
         assert row_words(store, rec.row).tolist() == before.tolist()
 
 
 def test_a_step_follows_counters_that_grew(store, kernel):
     rec = store.claim()
     store.ensure_columns(40)  # another process grew the counters meanwhile
-    rec.record_calls([], [], {(30, T0): 2}, T0)
-    rec.record_calls([30, T0, T0 + 7, 0], [], {}, T0 + 9)
+    rec.add_calls([], [], {(30, T0): 2}, T0)
+    rec.add_calls([30, T0, T0 + 7, 0], [], {}, T0 + 9)
     loads = store.reader().read(T0 + 10)
     assert loads.requests_total[30] == 1 and loads.in_flight[30] == 1

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from workers.fanout.curl_driver import curl_sender_of, run_async
+from workers.fanout.curl_driver import by_curl, run_async
 from workers.fanout.jobs import FanOutState, Job, group_job, key_job
 from workers.fanout.reports import take_over
 from workers.fanout.threads import FanOut, Result
@@ -145,21 +145,13 @@ class _Watch:
             self._handle = None
 
 
-async def run(
-    fan: FanOut,
-    keys: Sequence[Any],
-    asend: Callable[..., Any],
-    timeout_s: float | None,
-    deadline_s: float | None,
-    grouped: bool = False,
-) -> list[Result]:
-    """:meth:`workers.Router.afanout`."""
-    curl = curl_sender_of(asend, grouped)
-    if curl is not None:
-        return await run_async(fan, curl, keys, timeout_s, deadline_s, grouped)
-    state = fan.prepare(keys, asend, timeout_s, deadline_s, grouped)
+async def run(fan: FanOut, state: FanOutState) -> list[Result]:
+    """:meth:`workers.Router.afanout` of a prepared fan-out (:meth:`FanOut.prepare`)."""
+    if by_curl(state):
+        return await run_async(fan, state)
     cap = fan.settings.cap_for(asyncio=True)
     jobs = state.jobs
+    grouped = state.grouped
     make = group_job if grouped else key_job
     lim = _limiter(fan)
     held = lim.take(len(jobs))

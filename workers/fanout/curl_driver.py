@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from workers.fanout.admission import AdmissionError
@@ -29,7 +29,7 @@ from workers.fanout.jobs import FanOutState, Job, RejectedError, Result, group_j
 from workers.fanout.ledger import CUT
 from workers.routing.errors import RouterInputError
 
-__all__ = ["Batch", "run_async", "run_sync"]
+__all__ = ["Batch", "by_curl", "run_async", "run_sync"]
 
 log = logging.getLogger("cslb.router")
 
@@ -226,38 +226,23 @@ def _refuse(fan: Any, state: FanOutState, exc: AdmissionError) -> list[Result]:
     return fan.finish(state)
 
 
-def _prepare(
-    fan: Any,
-    sender: Any,
-    keys: Sequence[Any],
-    timeout_s: float | None,
-    deadline_s: float | None,
-    grouped: bool,
-) -> tuple[FanOutState, int]:
-    """The fan-out's state, and how many calls it asks the worker to admit (at most)."""
-    state = fan.prepare(keys, sender, timeout_s, deadline_s, grouped)
+def _calls_to_admit(fan: Any, state: FanOutState) -> int:
+    """How many calls the fan-out asks the worker to admit (at most)."""
     state.refuse_stuck = True
     fallback = len(state.fallback_positions) if fan.settings.fallback_url else 0
-    return state, len(state.jobs) + fallback
+    return len(state.jobs) + fallback
 
 
-def run_sync(
-    fan: Any,
-    sender: Any,
-    keys: Sequence[Any],
-    timeout_s: float | None,
-    deadline_s: float | None,
-    grouped: bool,
-) -> list[Result]:
-    """:meth:`workers.Router.fanout` with a :class:`workers.fanout.senders.CurlSender`."""
-    state, calls = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
+def run_sync(fan: Any, state: FanOutState) -> list[Result]:
+    """:meth:`workers.Router.fanout` of a fan-out prepared for a CurlSender (:func:`by_curl`)."""
+    calls = _calls_to_admit(fan, state)
     if calls:
         try:
             fan.admission.enter(calls, (state.deadline_ns - state.clock()) / 1e9)
         except AdmissionError as exc:
             return _refuse(fan, state, exc)
     reactor = thread_reactor(fan.settings.connections)
-    batch = Batch(state, reactor, sender)
+    batch = Batch(state, reactor, state.send)
     jobs, begun = start_jobs(fan, state, fan.settings.cap_for(curl=True))  # (begun once admitted)
     started = 0
     try:
@@ -271,23 +256,16 @@ def run_sync(
     return fan.finish(state)
 
 
-async def run_async(
-    fan: Any,
-    sender: Any,
-    keys: Sequence[Any],
-    timeout_s: float | None,
-    deadline_s: float | None,
-    grouped: bool,
-) -> list[Result]:
-    """:meth:`workers.Router.afanout` with a :class:`workers.fanout.senders.CurlSender`."""
-    state, calls = _prepare(fan, sender, keys, timeout_s, deadline_s, grouped)
+async def run_async(fan: Any, state: FanOutState) -> list[Result]:
+    """:meth:`workers.Router.afanout` of a fan-out prepared for a CurlSender (:func:`by_curl`)."""
+    calls = _calls_to_admit(fan, state)
     if calls:
         try:
             await fan.admission.aenter(calls, (state.deadline_ns - state.clock()) / 1e9)
         except AdmissionError as exc:
             return _refuse(fan, state, exc)
     reactor = loop_reactor(fan.settings.connections)
-    batch = Batch(state, reactor, sender)
+    batch = Batch(state, reactor, state.send)
     idle = reactor.loop.create_future()
 
     def wake() -> None:
@@ -311,6 +289,13 @@ async def run_async(
             timer.cancel()
         _wind_up(fan, batch, jobs, begun, started, calls)
     return fan.finish(state)
+
+
+def by_curl(state: FanOutState) -> bool:
+    """Whether libcurl drives a prepared fan-out (its sender is a CurlSender)."""
+    from workers.fanout.senders import CurlSender
+
+    return isinstance(state.send, CurlSender)
 
 
 def curl_sender_of(send: Callable[..., Any], grouped: bool) -> Any:

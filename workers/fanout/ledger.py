@@ -30,7 +30,7 @@ is recorded for it: a local rejection is not the pod's failure), and
 
 It writes through the worker's :class:`workers.routing.recording.Recording`, the same narrow
 handle ``Router.track`` records through; each write is one step under the row's lock
-(:meth:`shm.Recorder.record_calls`): the pending ends and starts, each with its own
+(:meth:`shm.Recorder.add_calls`): the pending ends and starts, each with its own
 times, worked out on the ledger's own lists and written with two
 :func:`lbcore.scatter_add` calls whatever their number, and the stats deltas.
 """
@@ -293,7 +293,7 @@ class CallLedger:
                 now = self._clock()
                 self._due = now + FLUSH_NS
             try:
-                self._rec.record_calls(ends, done, starts, now, stats)
+                self._rec.add_calls(ends, done, starts, now, stats)
                 if reports:
                     assert book is not None
                     self._rec.record_reports(reports, now, book.settings.expiry_ns)

@@ -34,7 +34,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import quote
 
 from lbcore.outlier import FAIL_CONNECT, FAIL_NONE, FAIL_OTHER, FAIL_STATUS, FAIL_TIMEOUT
@@ -49,6 +49,7 @@ __all__ = [
     "CurlGroup",
     "CurlSender",
     "HttpxSender",
+    "SenderOptions",
     "Urllib3Sender",
     "failure_kind",
 ]
@@ -166,17 +167,47 @@ def _check_status(status: int, fail: Collection[int], url: str, body: bytes) -> 
         raise CallAnswerError(status, url, body)  # the caller's problem, not the pod's
 
 
+class SenderOptions(TypedDict, total=False):
+    """The keywords every ready-made sender takes (besides ``path``).
+
+    Attributes
+    ----------
+    batch_path
+        Path of the grouped form: ``POST`` of a JSON array of keys, answered by a JSON
+        array of values in the same order (default ``"/batch"``).
+    decode
+        Body -> value (default: ``json.loads``); an exception it raises becomes the
+        call's :class:`CallError`.
+    fail_statuses
+        Statuses raised as :class:`CallStatusError` (the pod's failure; default: 5xx).
+        Other non-2xx statuses raise :class:`CallAnswerError` (not retried, not the
+        pod's failure).
+    timeout_s
+        Per-call timeout (connect and answer, seconds) when the fan-out passes none
+        (default 1).
+    headers
+        Extra request headers.
+    """
+
+    batch_path: str
+    decode: Callable[[bytes], Any] | None
+    fail_statuses: Collection[int] | None
+    timeout_s: float
+    headers: dict[str, str] | None
+
+
 class _Template:
-    """What both senders share: building the request, decoding the answer."""
+    """What the senders share: building the request, decoding the answer."""
 
     def __init__(
         self,
         path: str,
-        batch_path: str,
-        decode: Callable[[bytes], Any] | None,
-        fail_statuses: Collection[int] | None,
-        headers: dict[str, str] | None,
-        timeout_s: float,
+        *,
+        batch_path: str = "/batch",
+        decode: Callable[[bytes], Any] | None = None,
+        fail_statuses: Collection[int] | None = None,
+        timeout_s: float = 1.0,
+        headers: dict[str, str] | None = None,
     ) -> None:
         if "{key}" not in path:
             raise ValueError(f"path must contain '{{key}}', got {path!r}")
@@ -200,6 +231,23 @@ class _Template:
     def _timeout_of(self, timeout: float | None) -> float:
         """The call's timeout (seconds): the fan-out's, at least 1 ms, else ``timeout_s``."""
         return self.timeout_s if timeout is None else max(float(timeout), 0.001)
+
+    def _begin(self, timeout: float | None) -> float:
+        """Before a call: no report handed over yet; the call's timeout (seconds)."""
+        if self.reads_reports:
+            hand_over(None)
+        return self._timeout_of(timeout)
+
+    def _answered(self, status: int, headers: Any, data: bytes, url: str) -> bytes:
+        """After a call: its load headers (name, value pairs) handed over; the body.
+
+        Raises :class:`CallStatusError` or :class:`CallAnswerError` for a status that is
+        not a success.
+        """
+        if self.reads_reports:
+            hand_over(read_headers(headers))
+        _check_status(status, self.fail_statuses, url, data)
+        return data
 
     @staticmethod
     def _raise_failure(
@@ -243,34 +291,17 @@ class Urllib3Sender(_Template):
     ----------
     path
         Appended to the endpoint URL, ``{key}`` replaced by the URL-quoted key.
-    batch_path
-        Path of the grouped form (:meth:`group`): ``POST`` of a JSON array of keys.
-    decode
-        Body -> value (default: ``json.loads``).
-    fail_statuses
-        Statuses raised as :class:`CallStatusError` (the pod's failure; default: 5xx). Other
-        non-2xx statuses raise :class:`CallAnswerError` (not retried, not the pod's
-        failure).
-    timeout_s
-        Per-call timeout (connect and read, seconds) when the fan-out passes none.
     maxsize
         Keep-alive connections kept per endpoint (the fan-out's threads, say).
-    headers
-        Extra request headers.
+    **options
+        :class:`SenderOptions`: ``batch_path`` (of :meth:`group`), ``decode``,
+        ``fail_statuses``, ``timeout_s``, ``headers``.
     """
 
     def __init__(
-        self,
-        path: str = "/{key}",
-        *,
-        batch_path: str = "/batch",
-        decode: Callable[[bytes], Any] | None = None,
-        fail_statuses: Collection[int] | None = None,
-        timeout_s: float = 1.0,
-        maxsize: int = 8,
-        headers: dict[str, str] | None = None,
+        self, path: str = "/{key}", *, maxsize: int = 8, **options: Unpack[SenderOptions]
     ) -> None:
-        super().__init__(path, batch_path, decode, fail_statuses, headers, timeout_s)
+        super().__init__(path, **options)
         # Imported now, not in the first call (its ~0.1 s would count as the pod's).
         self._urllib3: Any = importlib.import_module("urllib3")
         self.maxsize = int(maxsize)
@@ -291,9 +322,7 @@ class Urllib3Sender(_Template):
         return pool
 
     def _request(self, method: str, url: str, body: bytes | None, timeout: float | None) -> bytes:
-        if self.reads_reports:
-            hand_over(None)
-        t = self._timeout_of(timeout)
+        t = self._begin(timeout)
         headers = self.headers
         if body is not None:
             headers = {**headers, "Content-Type": "application/json"}
@@ -310,11 +339,7 @@ class Urllib3Sender(_Template):
         except Exception as exc:
             self._raise_failure(_urllib3_kind(exc), url, t, exc, str(exc))
             raise
-        data = r.data
-        if self.reads_reports:
-            hand_over(read_headers(r.headers.iteritems()))
-        _check_status(r.status, self.fail_statuses, url, data)
-        return data
+        return self._answered(r.status, r.headers.iteritems(), r.data, url)
 
     def __call__(self, url: str, key: Any, timeout: float | None = None) -> Any:
         """One call: ``GET <url><path>``; the decoded body."""
@@ -345,17 +370,9 @@ class HttpxSender(_Template):
     """
 
     def __init__(
-        self,
-        path: str = "/{key}",
-        *,
-        batch_path: str = "/batch",
-        decode: Callable[[bytes], Any] | None = None,
-        fail_statuses: Collection[int] | None = None,
-        timeout_s: float = 1.0,
-        max_connections: int = 100,
-        headers: dict[str, str] | None = None,
+        self, path: str = "/{key}", *, max_connections: int = 100, **options: Unpack[SenderOptions]
     ) -> None:
-        super().__init__(path, batch_path, decode, fail_statuses, headers, timeout_s)
+        super().__init__(path, **options)
         try:  # now, not in the first call (its ~0.1 s would count as the pod's)
             self._httpx: Any = importlib.import_module("httpx")
         except ImportError as exc:
@@ -386,9 +403,7 @@ class HttpxSender(_Template):
     ) -> bytes:
         import httpx
 
-        if self.reads_reports:
-            hand_over(None)
-        t = self._timeout_of(timeout)
+        t = self._begin(timeout)
         try:
             r = await self._client().request(
                 method,
@@ -400,11 +415,7 @@ class HttpxSender(_Template):
         except httpx.HTTPError as exc:
             self._raise_failure(_httpx_kind(exc), url, t, exc, repr(exc))
             raise
-        data = r.content
-        if self.reads_reports:
-            hand_over(read_headers(r.headers.multi_items()))
-        _check_status(r.status_code, self.fail_statuses, url, data)
-        return data
+        return self._answered(r.status_code, r.headers.multi_items(), r.content, url)
 
     async def __call__(self, url: str, key: Any, timeout: float | None = None) -> Any:
         """One call: ``GET <url><path>``; the decoded body."""
@@ -446,36 +457,22 @@ class CurlSender(_Template):
     ----------
     path
         Appended to the endpoint URL, ``{key}`` replaced by the URL-quoted key.
-    batch_path
-        Path of the grouped form (:attr:`group`): ``POST`` of a JSON array of keys,
-        answered by a JSON array of values in the same order.
-    decode
-        Body -> value (default: ``json.loads``); an exception it raises becomes the
-        call's :class:`CallError`.
-    fail_statuses
-        Statuses raised as :class:`CallStatusError` (the pod's failure; default: 5xx).
-        Other non-2xx statuses raise :class:`CallAnswerError`.
-    timeout_s
-        Per-call timeout (connect and answer, seconds) when the fan-out passes none.
-    headers
-        Extra request headers.
     max_body_bytes
         Largest answer body taken (bytes); a larger one stops the call as a
         :class:`CallError`, so a pod cannot make a worker buffer gigabytes.
+    **options
+        :class:`SenderOptions`: ``batch_path`` (of :attr:`group`), ``decode``,
+        ``fail_statuses``, ``timeout_s``, ``headers``.
     """
 
     def __init__(
         self,
         path: str = "/{key}",
         *,
-        batch_path: str = "/batch",
-        decode: Callable[[bytes], Any] | None = None,
-        fail_statuses: Collection[int] | None = None,
-        timeout_s: float = 1.0,
-        headers: dict[str, str] | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        **options: Unpack[SenderOptions],
     ) -> None:
-        super().__init__(path, batch_path, decode, fail_statuses, headers, timeout_s)
+        super().__init__(path, **options)
         if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
             raise TypeError(f"max_body_bytes must be an int, got {max_body_bytes!r}")
         if not 1 <= max_body_bytes <= 1 << 40:

@@ -51,7 +51,7 @@ from typing import Any
 
 from workers.fanout.admission import Admission
 from workers.fanout.budget import RetryBudget
-from workers.fanout.curl_driver import curl_sender_of, run_sync
+from workers.fanout.curl_driver import by_curl, curl_sender_of, run_sync
 from workers.fanout.failurelog import FailureLog
 from workers.fanout.jobs import (
     DeadlineError,
@@ -237,7 +237,14 @@ class FanOut:
         deadline_s: float | None,
         grouped: bool,
     ) -> FanOutState:
-        """Route ``keys`` and lay out their jobs (both forms)."""
+        """Route ``keys`` and lay out their jobs (both forms).
+
+        A :class:`~workers.fanout.senders.CurlSender`'s ``group`` becomes the sender
+        itself: the state's ``send`` then says libcurl drives the calls (:func:`by_curl`).
+        """
+        curl = curl_sender_of(send, grouped)
+        if curl is not None:
+            send = curl
         s = self.settings
         timeout = s.timeout_s if timeout_s is None else _seconds("timeout_s", timeout_s)
         deadline = (
@@ -272,20 +279,12 @@ class FanOut:
 
     # -- the thread-pool form -------------------------------------------------------------
 
-    def run(
-        self,
-        keys: Sequence[Any],
-        send: Callable[..., Any],
-        timeout_s: float | None,
-        deadline_s: float | None,
-        grouped: bool = False,
-    ) -> list[Result]:
-        """:meth:`workers.Router.fanout`."""
-        curl = curl_sender_of(send, grouped)
-        if curl is not None:
-            return run_sync(self, curl, keys, timeout_s, deadline_s, grouped)
-        state = self.prepare(keys, send, timeout_s, deadline_s, grouped)
+    def run(self, state: FanOutState) -> list[Result]:
+        """:meth:`workers.Router.fanout` of a fan-out :meth:`prepare` laid out."""
+        if by_curl(state):
+            return run_sync(self, state)
         cap = self.settings.cap_for(asyncio=False)
+        grouped = state.grouped
         job = group_job if grouped else key_job
         # (make a job, the positions it answers)
         units: list[tuple[Callable[[], Job], list[int]]] = [

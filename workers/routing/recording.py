@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import shm
+from shm.counters.recorder import Starts
 from workers.fanout.failurelog import FailureLog
 
 __all__ = ["Recording", "WarningThrottle"]
@@ -179,15 +180,15 @@ class Recording:
 
     # -- calls ----------------------------------------------------------------------
 
-    def record_calls(
+    def add_calls(
         self,
         ended: list[int],
         done: list[int],
-        starts: dict[tuple[int, int], int],
+        starts: Starts,
         now_ns: int,
         tallies: dict[str, int],
     ) -> None:
-        """One step of a batching caller's calls (:meth:`shm.Recorder.record_calls`).
+        """One step of a batching caller's calls (:meth:`shm.Recorder.add_calls`).
 
         ``ended``/``done``: flat ``slot, start, end, kind`` per call (starts written /
         not written); ``starts``: ``(slot, start) -> calls`` still out. Ends before
@@ -198,7 +199,7 @@ class Recording:
             row = self._row
             if row is None:
                 return
-            row.record_calls(ended, done, starts, now_ns)
+            row.add_calls(ended, done, starts, now_ns)
             for field, n in tallies.items():
                 row.tally(field, n)
 

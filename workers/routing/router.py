@@ -679,7 +679,8 @@ class Router:
                 "router.fanout runs calls on a thread pool: attach the router with "
                 "threads=True (the default)"
             )
-        return self.fanout_machinery.run(keys, send, timeout_s, deadline_s, grouped)
+        fan = self.fanout_machinery
+        return fan.run(fan.prepare(keys, send, timeout_s, deadline_s, grouped))
 
     async def afanout(
         self,
@@ -700,7 +701,8 @@ class Router:
         self._check_usable()
         from workers.fanout.aio import run
 
-        return await run(self.fanout_machinery, keys, asend, timeout_s, deadline_s, grouped)
+        fan = self.fanout_machinery
+        return await run(fan, fan.prepare(keys, asend, timeout_s, deadline_s, grouped))
 
     @property
     def fanout_machinery(self) -> Any:

@@ -119,7 +119,7 @@ class Tracker:
             lock = row[0]
             lock.acquire()  # (acquire/release: cheaper than a with block, per fan-out)
             try:
-                n = row[1].record_start_routed(self._map, self.idx, start, self._bound)
+                n = row[1].record_start(self.idx, start, self._bound, self._map)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if isinstance(exc, shm.CounterInputError):
                     self._routed()  # the indices, changed since routed: say so (raises)
@@ -254,9 +254,8 @@ class Tracker:
             lock = row[0]
             lock.acquire()
             try:
-                row[1].record_end_routed(
-                    self._map, self.idx, start, end - start if end > start else 0, end, self._bound
-                )
+                took = end - start if end > start else 0
+                row[1].record_end(self.idx, start, took, end, None, self._bound, self._map)
             except shm.ShmError as exc:  # released meanwhile: nothing to add to
                 _END_WARN.warn(log, exc)
             finally:

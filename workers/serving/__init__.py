@@ -14,8 +14,7 @@ NumPy nor shared memory.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from workers.lazy import lazy_names
 
 __all__ = ["LOAD_PATH", "ASGILoadReportMiddleware", "LoadReportMiddleware", "PodLoad"]
 
@@ -27,14 +26,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'workers.serving' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_names(globals(), _LAZY)
