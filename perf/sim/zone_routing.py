@@ -29,7 +29,7 @@ from types import ModuleType
 import numpy as np
 
 from lbcore.plan import Plan
-from perf.sim.routing import PlainRouter
+from perf.sim.routing import PlainRouter, RingOptions
 
 __all__ = [
     "CSLB_PENDING",
@@ -163,7 +163,7 @@ class Strategy:
         return self.name
 
     def _ring(self, pods: Sequence[int]) -> PlainRouter:
-        return PlainRouter(list(pods), self.balance_factor, self.max_hops, self.vnodes)
+        return PlainRouter(list(pods), RingOptions(self.balance_factor, self.max_hops, self.vnodes))
 
     def route(
         self,
