@@ -57,6 +57,7 @@ __all__ = [
     "check_max_hops",
     "in_call_units",
     "routed_call_load",
+    "share_bars",
     "skip_to_eligible",
     "target_load",
     "walk_distinct",
@@ -135,6 +136,34 @@ def target_load(
     acc[0] = increment
     acc[1:] = cand
     return _bar(float(np.add.accumulate(acc)[-1]), cand.size, balance_factor)
+
+
+def share_bars(
+    loads: np.ndarray,
+    listed: np.ndarray,
+    shares: np.ndarray,
+    balance_factor: float,
+    increment: float = 1.0,
+) -> np.ndarray:
+    """Each endpoint's own bar: ``balance_factor × share × (1.0 + Σ loads of candidates)``.
+
+    The bar of a plan whose endpoints are not meant to carry equal parts (zone affinity:
+    local pods carry the zone's local keys on top of their global part). ``shares`` are
+    the endpoints' expected shares of the routed keys (:func:`lbcore.zones.expected_shares`,
+    summing to 1); with equal shares ``1 / n`` this is :func:`target_load`'s bar. The total
+    is summed as :func:`target_load` sums it, ``increment`` replacing the 1.0 alike.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64`` bar per endpoint, in the unit of ``loads``.
+    """
+    cand = loads if np.count_nonzero(listed) == listed.size else loads[listed]
+    acc = np.empty(cand.size + 1)
+    acc[0] = increment
+    acc[1:] = cand
+    total = float(np.add.accumulate(acc)[-1])
+    return np.asarray(shares, dtype=np.float64) * total * balance_factor
 
 
 def routed_call_load(

@@ -18,6 +18,8 @@ from lbcore.gate import GATE_SALT
 
 __all__ = ["make_core"]
 
+_M64 = (1 << 64) - 1
+
 
 def make_core(
     *,
@@ -43,14 +45,21 @@ def make_core(
     guard: tuple[np.ndarray, int, int] | None,
     closed: bool,
     max_key_bytes: int | None,
+    zone_views: int = 0,
+    zone_threshold: int = 0,
+    zone_salt: int = 0,
+    under: np.ndarray | None = None,
 ) -> Any:
     """The routing object of one plan's arrays, on the kernel active now.
 
     ``master`` is the newest ring (:class:`lbcore.Ring`, or ``None`` when empty), whose
     ``hashes``, ``owners`` and ``buckets`` both kernels read; the other arguments are
     the :class:`lbcore.Plan` attributes of the same names (``good`` and ``loads`` only
-    with bounded load). Arrays are used as given, not copied: the caller keeps them
-    unchanged for the object's life.
+    with bounded load). With a zone (``zone_views``: the number of global views, the
+    zone parts following them), ``zone_threshold`` is the local draw's threshold
+    (``2**64``: every key), ``zone_salt`` its salt and ``under`` (with bounded load) the
+    endpoints at or under their bars. Arrays are used as given, not copied: the caller
+    keeps them unchanged for the object's life.
     """
     native = kernel.native()
     if native is None:
@@ -75,6 +84,10 @@ def make_core(
             guard=guard,
             closed=closed,
             max_key_bytes=max_key_bytes,
+            zone_views=zone_views,
+            zone_threshold=zone_threshold,
+            zone_salt=zone_salt,
+            under=under,
         )
     bounded = good is not None
     return native.Plan(
@@ -104,4 +117,9 @@ def make_core(
         guard=guard,
         closed=closed,
         max_key_bytes=-1 if max_key_bytes is None else max_key_bytes,
+        zone_views=zone_views,
+        zone_salt=zone_salt,
+        zone_threshold=min(zone_threshold, _M64),
+        zone_saturated=zone_threshold > _M64,
+        under=under if bounded and zone_views else None,
     )

@@ -32,7 +32,9 @@ from lbcore.fence import fence
 from lbcore.gate import GATE_SALT
 from lbcore.kernel import check_attempt
 from lbcore.keys import hash_each
-from lbcore.views import CHOICE_FIXED, CHOICE_NRING, GATE_PARTIAL
+from lbcore.views import CHOICE_FIXED, GATE_PARTIAL, view_of_draws
+
+_M64 = (1 << 64) - 1
 
 __all__ = ["Core", "answers", "counter_slots", "route", "route_hashes", "view_choice"]
 
@@ -54,6 +56,10 @@ class Core:
     """
 
     _FIELDS = (
+        "under",
+        "zone_salt",
+        "zone_threshold",
+        "zone_views",
         "choice",
         "choice_salt",
         "closed",
@@ -109,26 +115,33 @@ def view_choice(
     """Each key's view (``intp``) by its draw ``mix64(h, salt)``, for a choice other than fixed.
 
     N-ring: the newest ring whose share is above the draw (``u < s``, in integers);
-    Skipper: the number of candidate levels at or below the draw.
+    Skipper: the number of candidate levels at or below the draw
+    (:func:`lbcore.views.view_of_draws`).
     """
-    m = mix64(h, salt)
-    v = np.zeros(h.size, dtype=np.intp)
-    for j, (t, sat) in enumerate(zip(thresholds.tolist(), saturated.tolist(), strict=True)):
-        if choice == CHOICE_NRING:
-            if sat:
-                v[:] = j + 1
-            else:
-                v[m < np.uint64(t)] = j + 1
-        elif not sat:
-            v += m >= np.uint64(t)
-    return v
+    return view_of_draws(choice, thresholds, saturated, mix64(h, salt))
 
 
-def _views(plan: Core, h: np.ndarray) -> np.ndarray | None:
-    """Each key's view; ``None`` when every key uses ``plan.fixed_view``."""
-    if plan.choice == CHOICE_FIXED:
-        return None
-    return view_choice(plan.choice, plan.choice_salt, plan.fade_thresholds, plan.fade_saturated, h)
+def _views(plan: Core, h: np.ndarray, attempt: int) -> np.ndarray | None:
+    """Each key's view; ``None`` when every key uses ``plan.fixed_view``.
+
+    With a zone, a local key uses its global view's zone part (``zone_views`` on) when
+    that holds more candidates than ``attempt`` (a closed zone part holds none).
+    """
+    views = None
+    if plan.choice != CHOICE_FIXED:
+        views = view_choice(
+            plan.choice, plan.choice_salt, plan.fade_thresholds, plan.fade_saturated, h
+        )
+    if not plan.zone_views:
+        return views
+    base = np.full(h.size, plan.fixed_view, dtype=np.intp) if views is None else views
+    if plan.zone_threshold > _M64:
+        local = np.ones(h.size, dtype=np.bool_)
+    else:
+        local = mix64(h, plan.zone_salt) < np.uint64(plan.zone_threshold)
+    zone = base + plan.zone_views
+    use = local & (plan.listed_count.take(zone) > attempt)
+    return np.where(use, zone, base)
 
 
 def route_hashes(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, int, int, bool]:
@@ -139,7 +152,7 @@ def route_hashes(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, i
     pos = plan.master.positions(h).astype(np.intp)
     out = np.empty(n, dtype=np.int32)
     moved = np.zeros(n, dtype=np.bool_)
-    views = _views(plan, h)
+    views = _views(plan, h, attempt)
     groups = (
         [(plan.fixed_view, None)]
         if views is None
@@ -148,6 +161,12 @@ def route_hashes(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, i
     for v, rows in groups:
         p = pos if rows is None else pos[rows]
         res, plain = _answer(plan, v, p, attempt)
+        if plan.zone_views and v >= plan.zone_views and attempt == 0 and plan.good is not None:
+            # B1: a local key whose zone walk ended over its pod's bar spills to the
+            # global ring (its global view); its plain answer stays the zone's.
+            spill = np.flatnonzero((res >= 0) & ~plan.under.take(np.maximum(res, 0)))
+            if spill.size:
+                res[spill] = _answer(plan, v - plan.zone_views, p[spill], 0)[0]
         if rows is None:
             out[:] = res
             moved[:] = (res != plain) & (res >= 0)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from lbcore import kernel as _kernel
-from lbcore.bounded import check_balance_factor, check_loads, check_max_hops
+from lbcore.bounded import check_balance_factor, check_loads, check_max_hops, share_bars
 from lbcore.core import make_core
 from lbcore.draws import unit_threshold
 from lbcore.errors import ArgumentError
@@ -46,7 +46,10 @@ from lbcore.views import (
     GATE_PARTIAL,
     draw_thresholds,
     view_arrays,
+    view_counts,
+    zone_good,
 )
+from lbcore.zones import ZONE_SALT, ZoneSplit, expected_shares
 
 __all__ = ["CHOICE_FIXED", "CHOICE_NRING", "CHOICE_SKIPPER", "Plan"]
 
@@ -66,6 +69,7 @@ _FROZEN = (
     "single",
     "fade_thresholds",
     "fade_saturated",
+    "under",
 )
 
 # The plan's attributes its kernel side is built from (lbcore.core.make_core).
@@ -90,6 +94,9 @@ _CORE_FIELDS = (
     "guard",
     "closed",
     "max_key_bytes",
+    "zone_views",
+    "zone_threshold",
+    "under",
 )
 
 
@@ -232,6 +239,12 @@ class Plan:
         "single": None,
         "slots": None,
         "views": None,
+        "_expected": None,
+        "under": None,
+        "zone": None,
+        "zone_share": None,
+        "zone_threshold": None,
+        "zone_views": None,
     }
 
     def __init__(
@@ -249,6 +262,7 @@ class Plan:
         n_slots: int | None = None,
         guard: tuple[Any, int, int] | None = None,
         max_key_bytes: int | None = MAX_KEY_BYTES,
+        zone: ZoneSplit | None = None,
     ) -> None:
         if not isinstance(ring_set, RingSet):
             raise ArgumentError(f"a plan routes on a RingSet, got {type(ring_set).__name__}")
@@ -258,6 +272,13 @@ class Plan:
             )
         if isinstance(now_ns, bool) or not isinstance(now_ns, (int, np.integer)):
             raise ArgumentError(f"now_ns must be an integer number of nanoseconds, got {now_ns!r}")
+        if zone is not None and not isinstance(zone, ZoneSplit):
+            raise ArgumentError(f"zone must be an lbcore.ZoneSplit, got {type(zone).__name__}")
+        if zone is not None and zone.local.size != len(ring_set.endpoints):
+            raise ArgumentError(
+                f"zone.local has {zone.local.size} entries for {len(ring_set.endpoints)} endpoints"
+            )
+        self.zone, self._expected = zone, None
         gate = Gate() if gate is None else gate
         if not isinstance(gate, Gate):
             raise ArgumentError(f"gate must be an lbcore.Gate, got {type(gate).__name__}")
@@ -296,6 +317,7 @@ class Plan:
         self._core = make_core(
             master=self.master,
             n=n,
+            zone_salt=ZONE_SALT,
             **{name: getattr(self, name) for name in _CORE_FIELDS},
         )
         # The kernel's method itself is the attribute: no Python frame per batch.
@@ -344,6 +366,7 @@ class Plan:
 
     def _build_views(self, n: int) -> None:
         rs, ej = self.ring_set, self.ejected
+        self.zone_views, self.zone_share, self.zone_threshold, self.under = 0, 0.0, 0, None
         self.choice, self.fixed_view, self.choice_salt = CHOICE_FIXED, 0, 0
         self.fade_thresholds, self.fade_saturated = _EMPTY_U64, _EMPTY_U8
         if self.master is None:
@@ -371,24 +394,92 @@ class Plan:
                     rs.share_list(self.now_ns)
                 )
         listed = np.array(listed_rows, dtype=np.bool_).reshape(len(listed_rows), n)
+        eligible = self._widened(listed, cand is not None or self.fade_mode == "skipper")
+        zone_listed = self._zone_rows(listed)
+        if zone_listed is not None:
+            # Z1: each view's zone part is the view restricted to local endpoints (the
+            # same ring positions, remote ones stepped over); views 0..V-1 stay global.
+            self.zone_views = listed.shape[0]
+            self.zone_share = self.zone.share if self.zone is not None else 0.0
+            self.zone_threshold = unit_threshold(self.zone_share)
+            zone_eligible = self._widened(zone_listed, True)
+            listed = np.concatenate((listed, zone_listed))
+            eligible = np.concatenate((eligible, zone_eligible))
+        self.views = listed.shape[0]
+        self.listed, self.eligible = listed, eligible
+        if not self.zone_views:
+            self.listed_count, self.eligible_count, self.single, self.good = view_arrays(
+                listed, eligible, self.loads, self.balance_factor
+            )
+            return
+        self.listed_count, self.eligible_count, self.single = view_counts(listed, eligible)
+        self.good = None
+        if self.balance_factor is not None:
+            assert self.loads is not None
+            # B1: each endpoint's bar from its expected share under this plan.
+            bars = share_bars(
+                self.loads,
+                listed[self.zone_views - 1],
+                self.expected_shares,
+                self.balance_factor,
+            )
+            self.good, self.under = zone_good(eligible, self.listed_count, self.loads, bars)
+
+    def _widened(self, listed: np.ndarray, filtered: bool) -> np.ndarray:
+        """Views' endpoints the walk may stop at: ``listed`` widened to hosts on its ring.
+
+        Skipper's skip rule compares hosts: an endpoint sharing a host with a candidate
+        is not stepped over (lbcore.Ring.candidate_mask), on its ring. ``filtered``:
+        the rows leave out some of their ring's endpoints (else they are the rings).
+        """
         eligible = listed.copy()
-        if (cand is not None or self.fade_mode == "skipper") and self.master.has_aliases:
-            # Skipper's skip rule compares hosts: an endpoint sharing a host with a
-            # candidate is not stepped over (lbcore.Ring.candidate_mask), on its ring.
-            host = self.master.host_ids
+        assert self.master is not None
+        if filtered and self.master.has_aliases:
+            rs, n = self.ring_set, listed.shape[1]
+            host, present = self.master.host_ids, self.master.present
             for v in range(listed.shape[0]):
                 ring_members = (rs.tiers <= self._ring_of(v)) & present
                 widened = np.bincount(host, weights=listed[v], minlength=n)[host] > 0
                 eligible[v] = widened & ring_members
-        self.views = listed.shape[0]
-        self.listed, self.eligible = listed, eligible
-        self.listed_count, self.eligible_count, self.single, self.good = view_arrays(
-            listed, eligible, self.loads, self.balance_factor
-        )
+        return eligible
+
+    def _zone_rows(self, listed: np.ndarray) -> np.ndarray | None:
+        """Each view's zone part (closed ones empty), or ``None`` when no key is local.
+
+        A view's zone part is open while it holds ``min_pods`` candidates; with no open
+        part or a share of 0 the plan is exactly the plan without a zone (Skipper's
+        answers and bar).
+        """
+        z = self.zone
+        if z is None or z.share <= 0.0:
+            return None
+        rows = listed & z.local
+        rows[rows.sum(axis=1) < z.min_pods] = False
+        return rows if rows.any() else None
+
+    @property
+    def expected_shares(self) -> np.ndarray:
+        """Each endpoint's expected share of this host's routed keys under this plan.
+
+        Arc lengths × zone split × fade-in share, without bounded load
+        (:func:`lbcore.zones.expected_shares`): ``float64`` per endpoint, summing to 1
+        (0 everywhere when every key is fallback). With a zone and bounded load, the
+        bars are ``balance_factor × share × (1.0 + Σ load)``.
+        """
+        if self._expected is None:
+            if self.master is None:
+                shares = np.zeros(len(self.ring_set.endpoints))
+            else:
+                shares = expected_shares(self)
+            shares.setflags(write=False)
+            self._expected = shares
+        return self._expected
 
     def _ring_of(self, view: int) -> int:
         """The ring a view walks on (its tier bound); Skipper's levels all use the newest."""
         rings = len(self.ring_set.rings)
+        if self.zone_views:
+            view %= self.zone_views
         if self.fade_mode == "skipper":
             return rings - 1
         return rings - 1 if self.fade_mode == "off" else view

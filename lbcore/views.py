@@ -25,6 +25,8 @@ __all__ = [
     "view_arrays",
     "view_counts",
     "view_good",
+    "view_of_draws",
+    "zone_good",
 ]
 
 #: How a key picks its view: a fixed one, the newest N-ring ring whose share is above its
@@ -49,6 +51,26 @@ def draw_thresholds(shares: list[float]) -> tuple[np.ndarray, np.ndarray]:
         np.array([min(t, _M64) for t in ts], dtype=np.uint64),
         np.array([t > _M64 for t in ts], dtype=np.uint8),
     )
+
+
+def view_of_draws(
+    choice: int, thresholds: np.ndarray, saturated: np.ndarray, m: np.ndarray
+) -> np.ndarray:
+    """Each key's view (``intp``) from its draw ``m = mix64(h, salt)`` (a choice not fixed).
+
+    N-ring: the newest ring whose share is above the draw (``u < s``, in integers);
+    Skipper: the number of candidate levels at or below the draw.
+    """
+    v = np.zeros(m.size, dtype=np.intp)
+    for j, (t, sat) in enumerate(zip(thresholds.tolist(), saturated.tolist(), strict=True)):
+        if choice == CHOICE_NRING:
+            if sat:
+                v[:] = j + 1
+            else:
+                v[m < np.uint64(t)] = j + 1
+        elif not sat:
+            v += m >= np.uint64(t)
+    return v
 
 
 def view_counts(
@@ -103,6 +125,28 @@ def view_good(
             bar = target_load(loads, listed[v], balance_factor)
             np.logical_and(eligible[v], loads <= bar, out=good[v])
     return good
+
+
+def zone_good(
+    eligible: np.ndarray,
+    listed_count: np.ndarray,
+    loads: np.ndarray,
+    bars: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """With a zone: per (view, endpoint), eligible and under the endpoint's own bar.
+
+    ``bars`` are :func:`lbcore.bounded.share_bars`' (the same bar in every view, from
+    the plan's expected shares). Returns ``(good, under)``: ``good`` as
+    :func:`view_good`'s (all false in a view of fewer than two candidates) and
+    ``under``, ``bool`` per endpoint, whether its load is at or under its bar (a local
+    key whose zone answer is not spills to the global view).
+    """
+    under = loads <= bars
+    good = np.zeros(eligible.shape, dtype=np.bool_)
+    for v, count in enumerate(listed_count.tolist()):
+        if count > 1:
+            np.logical_and(eligible[v], under, out=good[v])
+    return good, under
 
 
 def view_arrays(

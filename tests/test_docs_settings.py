@@ -23,6 +23,7 @@ def _tables() -> dict[str, Callable[[], str]]:
     from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
     from lbcore.knobs import KERNEL, LOG_KNOBS, ROUTING_KNOBS, docs_table
     from lbcore.report_settings import REPORT_KNOBS
+    from lbcore.zone_settings import ZONE_KNOBS
     from workers.fanout.settings import FANOUT_KNOBS
 
     return {
@@ -31,6 +32,8 @@ def _tables() -> dict[str, Callable[[], str]]:
         "fanout-knobs": lambda: docs_table(FANOUT_KNOBS),
         # (environment only: no command takes them as flags)
         "report-knobs": lambda: docs_table(REPORT_KNOBS, flags=False),
+        # (no command takes them yet: discovery will, with its zone controller)
+        "zone-knobs": lambda: docs_table(ZONE_KNOBS, flags=False),
         "discovery-knobs": lambda: docs_table(DISCOVERY_KNOBS),
         "outlier-knobs": lambda: docs_table(OUTLIER_KNOBS),
         "log-knobs": lambda: docs_table(LOG_KNOBS),
@@ -66,11 +69,12 @@ def test_every_declared_variable_is_documented_once_on_the_page() -> None:
     from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
     from lbcore.knobs import KERNEL, LOG_KNOBS, ROUTING_KNOBS
     from lbcore.report_settings import REPORT_KNOBS
+    from lbcore.zone_settings import ZONE_KNOBS
     from workers.fanout.settings import FANOUT_KNOBS
 
     text = SETTINGS.read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(CSLB_[A-Z0-9_]+)` \|", text, re.M)
-    groups = (ROUTING_KNOBS, FANOUT_KNOBS, REPORT_KNOBS, OUTLIER_KNOBS, LOG_KNOBS)
+    groups = (ROUTING_KNOBS, FANOUT_KNOBS, REPORT_KNOBS, ZONE_KNOBS, OUTLIER_KNOBS, LOG_KNOBS)
     declared = {k.env for g in groups for k in g}
     declared |= {k.env for k in DISCOVERY_KNOBS} | {KERNEL.env}
     assert set(rows) == declared

@@ -20,7 +20,7 @@
 #endif
 
 /* The interface version lbcore.kernel expects (bump on any change of the Python API). */
-#define LB_ABI 4
+#define LB_ABI 5
 
 /* C11 memory-model operations through the compiler's __atomic builtins (the same
  * semantics as <stdatomic.h>, available in C99 mode). */

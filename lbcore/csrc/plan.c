@@ -80,7 +80,7 @@ static void plan_clear(LBPlan *self)
     Py_buffer *all[] = {&self->hashes_v, &self->owners_v, &self->buckets_v, &self->eligible_v,
                         &self->good_v, &self->listed_count_v, &self->eligible_count_v,
                         &self->single_v, &self->loads_v, &self->thresholds_v,
-                        &self->saturated_v, &self->slots_v, &self->guard_v};
+                        &self->saturated_v, &self->slots_v, &self->guard_v, &self->under_v};
     self->ready = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         release(all[i]);
@@ -129,22 +129,25 @@ static int plan_build(LBPlan *self, PyObject *args, PyObject *kw)
                             "listed_count", "eligible_count", "single", "loads", "bounded",
                             "max_hops", "choice", "fixed_view", "choice_salt", "thresholds",
                             "saturated", "gate", "gate_salt", "gate_threshold", "slots",
-                            "n_slots", "guard", "closed", "max_key_bytes", NULL};
+                            "n_slots", "guard", "closed", "max_key_bytes", "zone_views",
+                            "zone_salt", "zone_threshold", "zone_saturated", "under", NULL};
     PyObject *hashes, *owners, *buckets, *eligible, *good, *listed, *elig_count, *single;
-    PyObject *loads, *thresholds, *saturated, *slots, *guard;
-    Py_ssize_t n, views, max_hops, fixed_view, max_key_bytes;
-    int bounded, choice, gate, closed;
-    unsigned long long choice_salt, gate_salt, gate_threshold;
+    PyObject *loads, *thresholds, *saturated, *slots, *guard, *under;
+    Py_ssize_t n, views, max_hops, fixed_view, max_key_bytes, zone_views;
+    int bounded, choice, gate, closed, zone_saturated;
+    unsigned long long choice_salt, gate_salt, gate_threshold, zone_salt, zone_threshold;
     long long n_slots;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "$OOOnnOOOOOOpninKOOiKKOLOpn", names, &hashes, &owners, &buckets, &n,
-            &views, &eligible, &good, &listed, &elig_count, &single, &loads, &bounded,
+            args, kw, "$OOOnnOOOOOOpninKOOiKKOLOpnnKKpO", names, &hashes, &owners, &buckets,
+            &n, &views, &eligible, &good, &listed, &elig_count, &single, &loads, &bounded,
             &max_hops, &choice, &fixed_view, &choice_salt, &thresholds, &saturated, &gate,
-            &gate_salt, &gate_threshold, &slots, &n_slots, &guard, &closed, &max_key_bytes))
+            &gate_salt, &gate_threshold, &slots, &n_slots, &guard, &closed, &max_key_bytes,
+            &zone_views, &zone_salt, &zone_threshold, &zone_saturated, &under))
         return -1;
     if (n < 0 || views < 1 || max_hops < 0 || n_slots < 0 || fixed_view < 0 ||
         fixed_view >= views || choice < CHOICE_FIXED || choice > CHOICE_SKIPPER ||
-        gate < GATE_ALL || gate > GATE_PARTIAL) {
+        gate < GATE_ALL || gate > GATE_PARTIAL || zone_views < 0 ||
+        (zone_views > 0 && (views != 2 * zone_views || fixed_view >= zone_views))) {
         PyErr_SetString(PyExc_ValueError, "plan: a count or mode is out of range");
         return -1;
     }
@@ -161,6 +164,10 @@ static int plan_build(LBPlan *self, PyObject *args, PyObject *kw)
     self->n_slots = n_slots;
     self->closed = closed || gate == GATE_NONE || n == 0;
     self->max_key_bytes = max_key_bytes;
+    self->zone_views = zone_views;
+    self->zone_salt = zone_salt;
+    self->zone_threshold = zone_threshold;
+    self->zone_saturated = zone_saturated;
     if (take(slots, &self->slots_v, 'i', 8, n, "slots") < 0)
         return -1;
     self->slots = (const int64_t *)self->slots_v.buf;
@@ -228,6 +235,11 @@ static int plan_build(LBPlan *self, PyObject *args, PyObject *kw)
             return -1;
         self->good = (const uint8_t *)self->good_v.buf;
         self->loads = (const double *)self->loads_v.buf;
+        if (zone_views > 0) {
+            if (take(under, &self->under_v, 'u', 1, n, "under") < 0)
+                return -1;
+            self->under = (const uint8_t *)self->under_v.buf;
+        }
     }
     if (take(thresholds, &self->thresholds_v, 'u', 8, -1, "thresholds") < 0)
         return -1;
@@ -237,8 +249,8 @@ static int plan_build(LBPlan *self, PyObject *args, PyObject *kw)
     self->thresholds = (const uint64_t *)self->thresholds_v.buf;
     self->saturated = (const uint8_t *)self->saturated_v.buf;
     /* Every view a key can choose must exist: N-ring picks 0..nthresholds, Skipper's
-     * levels 0..nthresholds as well. */
-    if (choice != CHOICE_FIXED && self->nthresholds >= views) {
+     * levels 0..nthresholds as well (global views; a zone part is that plus zone_views). */
+    if (choice != CHOICE_FIXED && self->nthresholds >= (zone_views ? zone_views : views)) {
         PyErr_SetString(PyExc_ValueError, "plan: more fade thresholds than views");
         return -1;
     }

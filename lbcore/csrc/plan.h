@@ -47,6 +47,17 @@ typedef struct {
     const uint64_t *thresholds;
     const uint8_t *saturated;       /* the threshold is 2**64 */
     Py_ssize_t nthresholds;
+    /* Zone affinity: views zone_views.. are the zone parts of views 0..zone_views-1
+     * (0: no zone). A key is local iff zone_saturated or mix64(h, zone_salt) <
+     * zone_threshold; a local key uses its view's zone part while that holds more
+     * candidates than the attempt. under (n, with bounded load): the endpoint is at or
+     * under its own bar; a local key's attempt-0 zone answer that is not spills to its
+     * global view. */
+    Py_ssize_t zone_views;
+    uint64_t zone_salt, zone_threshold;
+    int zone_saturated;
+    Py_buffer under_v;
+    const uint8_t *under;
     /* The rollout gate. */
     int gate;
     uint64_t gate_salt, gate_threshold;

@@ -8,6 +8,9 @@
  * * view: the ring (N-ring fade-in) or candidate level (Skipper's fade-in) the key's
  *   second draw picks; the walk runs on the newest ring, stepping over endpoints the
  *   view does not hold (ring k is the newest ring without the nodes of later tiers);
+ *   with a zone, a local key (a third draw) takes that view's zone part, the view
+ *   restricted to local endpoints, and spills back to the view when bounded load finds
+ *   its zone answer over its bar;
  * * answer: Skipper's skip rule, then bounded load (the first endpoint under the bar;
  *   with a hop cap, the least loaded of the distinct endpoints visited), and for a
  *   retry (attempt a) the next distinct endpoint, never one of earlier attempts.
@@ -119,6 +122,12 @@ static inline Py_ssize_t view_of(const LBPlan *p, uint64_t h)
             v += !p->saturated[j] && m >= p->thresholds[j];
     }
     return v;
+}
+
+/* Whether key h is local (zone affinity): its zone draw is under the plan's share. */
+static inline int zone_local(const LBPlan *p, uint64_t h)
+{
+    return p->zone_saturated || lb_mix64(h, p->zone_salt) < p->zone_threshold;
 }
 
 /* The walk over distinct endpoints from position s: the first under the bar, else the
@@ -321,9 +330,20 @@ static void route_block(const LBPlan *p, const uint64_t *h, Py_ssize_t m, int32_
             fallbacks++;
             continue;
         }
-        int32_t plain;
+        int32_t plain, r;
         Py_ssize_t q = position(p, entry[i], k, &bad);
-        int32_t r = answer(p, view_of(p, k), q, attempt, ws, &plain, &bad);
+        Py_ssize_t v = view_of(p, k);
+        if (p->zone_views && zone_local(p, k) && p->listed_count[v + p->zone_views] > attempt) {
+            r = answer(p, v + p->zone_views, q, attempt, ws, &plain, &bad);
+            /* B1: an attempt-0 zone answer over its pod's bar spills to the global view
+             * (plain stays the zone's: the spill counts as a move). */
+            if (attempt == 0 && p->bounded && r >= 0 && !p->under[r]) {
+                int32_t global_plain;
+                r = answer(p, v, q, 0, ws, &global_plain, &bad);
+            }
+        } else {
+            r = answer(p, v, q, attempt, ws, &plain, &bad);
+        }
         out[i] = r;
         fallbacks += r < 0;
         moves += r >= 0 && r != plain;

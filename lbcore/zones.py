@@ -1,0 +1,315 @@
+"""Zone-aware consistent hashing: which keys stay in the caller's zone, and on which pods.
+
+The rules (issue 21), written once here and applied by both kernels through
+:class:`lbcore.Plan` (``zone=ZoneSplit(...)``):
+
+* **Z1, a zone's ring is the global ring restricted to its pods.** The same
+  ``"<endpoint>-<j>"`` positions, walked stepping over remote endpoints (a restricted
+  view, as fading rings are): a key whose global owner is local keeps it, and a key's
+  local pod changes only when local membership changes.
+* **Z2, split by key, not by request.** A key is local iff ``mix64(h, ZONE_SALT)`` is
+  below the integer threshold of ``share`` (:func:`lbcore.draws.unit_threshold`), a
+  draw independent of the fade-in ring choice and of the rollout gate. Raising the
+  share only adds keys to the local set, so each key moves at most once per change.
+* **Z3, capacity cap and the zone's size.** The share a controller may give a zone is
+  capped by :func:`zone_cap`. A view of the ring set whose zone part holds fewer than
+  ``min_pods`` non-ejected local pods is global for every key (the share is not
+  floored there, it is 0). A retry (``attempt`` ``a >= 1``) of a local key stays in the
+  zone while the zone part holds more than ``a`` such pods (two for the fan-out's one
+  retry).
+* **B1, bounded load from the plan.** With a zone, each endpoint's bar is
+  ``balance_factor × its expected share × (1.0 + Σ load)`` where the expected share is
+  the part of this host's keys the plan sends it without bounded load (arc lengths ×
+  zone split × fade-in share, :func:`expected_shares`). For a local pod of an even
+  fleet that is ``(load per local pod + load per global pod) × balance_factor``; a
+  plain average would call every local pod overloaded as soon as the share is
+  noticeably above 0. A local key whose zone walk ends on a pod over its bar is routed
+  on the global ring instead (a *spill*, counted in ``route``'s ``moves``). Without a
+  zone, or when no view's zone is open, the bar and every answer are Skipper's.
+
+The controller that moves ``share`` over time (ramp, probe floor, latency hysteresis)
+belongs to the host's table writer; its settings are :mod:`lbcore.zone_settings`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from lbcore.draws import below
+from lbcore.errors import ArgumentError
+from lbcore.kernel import hash_keys
+from lbcore.views import view_of_draws
+
+__all__ = [
+    "ZONE_SALT",
+    "ZoneSplit",
+    "arc_shares",
+    "expected_shares",
+    "local_keys",
+    "local_mask",
+    "view_weights",
+    "zone_cap",
+]
+
+#: Salt of the per-key draw that decides whether a key is local (Z2): independent of
+#: the fade-in draw (``FADE_SALT``), Skipper's (``SKIPPER_SALT``) and the gate's.
+ZONE_SALT = 0x7A6F6E652D616666
+
+#: Most local pods a zone may be required to hold (``CSLB_ZONE_MIN_PODS``'s range).
+MAX_MIN_PODS = 1000
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ZoneSplit:
+    """The zone part of a plan: which endpoints are local and which keys stay local.
+
+    Parameters
+    ----------
+    local
+        One ``bool`` per endpoint of the ring set (its index order): the endpoints in
+        the caller's zone.
+    share
+        ``x`` of Z2, in ``[0, 1]``: the fraction of keys routed on the zone's ring.
+    min_pods
+        A view's zone part routes keys only while it holds at least this many
+        non-ejected local endpoints (``CSLB_ZONE_MIN_PODS``).
+
+    Raises
+    ------
+    lbcore.ArgumentError
+        ``local`` is not a 1-D sequence of bools, ``share`` is not a number in
+        ``[0, 1]``, or ``min_pods`` is not an integer from 1 to 1,000.
+    """
+
+    local: np.ndarray
+    share: float
+    min_pods: int = field(default=3, kw_only=True)
+
+    def __post_init__(self) -> None:
+        arr = np.asarray(self.local)
+        if arr.ndim != 1 or (arr.size and arr.dtype != np.bool_):
+            raise ArgumentError(
+                f"ZoneSplit.local must be one bool per endpoint, got {arr.dtype} {arr.shape}"
+            )
+        arr = np.array(arr, dtype=np.bool_)
+        arr.setflags(write=False)
+        s = self.share
+        if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)):
+            raise ArgumentError(f"ZoneSplit.share must be a number in [0, 1], got {s!r}")
+        if not (math.isfinite(float(s)) and 0.0 <= float(s) <= 1.0):
+            raise ArgumentError(f"ZoneSplit.share must be in [0, 1], got {s!r}")
+        m = self.min_pods
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)):
+            raise ArgumentError(f"ZoneSplit.min_pods must be an integer, got {m!r}")
+        if not 1 <= int(m) <= MAX_MIN_PODS:
+            raise ArgumentError(f"ZoneSplit.min_pods must be from 1 to {MAX_MIN_PODS}, got {m}")
+        object.__setattr__(self, "local", arr)
+        object.__setattr__(self, "share", float(s))
+        object.__setattr__(self, "min_pods", int(m))
+
+    @classmethod
+    def for_zone(
+        cls, zones: Sequence[str | None], zone: str, share: float, *, min_pods: int = 3
+    ) -> ZoneSplit:
+        """The split of a caller in ``zone``, from each endpoint's zone (``None``: unknown).
+
+        An empty ``zone`` (the caller's zone unknown) makes no endpoint local.
+        """
+        return cls(
+            np.array([bool(zone) and z == zone for z in zones], dtype=np.bool_),
+            share,
+            min_pods=min_pods,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ZoneSplit({int(self.local.sum())}/{self.local.size} local, "
+            f"share={self.share:g}, min_pods={self.min_pods})"
+        )
+
+
+def _per_zone(values: Mapping[str, float] | None, what: str) -> dict[str, float]:
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise ArgumentError(f"{what} must be a mapping of zone to a number, got {values!r}")
+    out: dict[str, float] = {}
+    for z, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ArgumentError(f"{what}[{z!r}] must be a number >= 0, got {v!r}")
+        if not (math.isfinite(float(v)) and float(v) >= 0.0):
+            raise ArgumentError(f"{what}[{z!r}] must be a finite number >= 0, got {v!r}")
+        out[str(z)] = float(v)
+    return out
+
+
+def zone_cap(pods: Mapping[str, float], callers: Mapping[str, float] | None, zone: str) -> float:
+    """Z3's cap on a zone's share: ``min(1, pod share of zone / caller share of zone)``.
+
+    The zone's callers may keep at most the part of their keys that the zone's pods
+    can serve if every zone's callers did the same (Envoy's residual-capacity
+    arithmetic, applied per key rather than per request).
+
+    Parameters
+    ----------
+    pods
+        Pods (or their capacity) per zone; a zone not listed has none.
+    callers
+        Callers (or their traffic) per zone; ``None``: callers in proportion to pods
+        (the cap is 1 wherever there are pods).
+    zone
+        The callers' zone.
+
+    Returns
+    -------
+    float
+        The cap in ``[0, 1]``: 0 when the zone has no pods, 1 when it has no callers.
+    """
+    p = _per_zone(pods, "pods")
+    c = _per_zone(callers, "callers")
+    pod_total = sum(p.values())
+    if pod_total <= 0.0 or p.get(zone, 0.0) <= 0.0:
+        return 0.0
+    if callers is None:
+        return 1.0
+    caller_total = sum(c.values())
+    if caller_total <= 0.0 or c.get(zone, 0.0) <= 0.0:
+        return 1.0
+    return min(1.0, (p[zone] / pod_total) / (c[zone] / caller_total))
+
+
+def local_mask(hashes: np.ndarray, share: float) -> np.ndarray:
+    """Per key hash (``uint64``, :func:`lbcore.hash_keys`), whether it is local at ``share``."""
+    return below(np.asarray(hashes, dtype=np.uint64), ZONE_SALT, float(share))
+
+
+def local_keys(keys: Any, share: float) -> np.ndarray:
+    """Which keys are local (Z2) at ``x = share``: ``bool`` per key.
+
+    ``keys`` is a batch as :func:`lbcore.hash_keys` takes it. Nested in ``share``: a key
+    local at one share is local at every larger one. Whether a local key is routed in
+    its zone also depends on the zone's size (see :class:`ZoneSplit`).
+    """
+    if isinstance(share, bool) or not isinstance(share, (int, float, np.integer, np.floating)):
+        raise ArgumentError(f"share must be a number in [0, 1], got {share!r}")
+    if not (math.isfinite(float(share)) and 0.0 <= float(share) <= 1.0):
+        raise ArgumentError(f"share must be in [0, 1], got {share!r}")
+    return local_mask(hash_keys(keys), share)
+
+
+# ---------------------------------------------------------------------------------------
+# Expected shares (B1).
+
+
+class ViewedRing(Protocol):
+    """What :func:`arc_shares` reads of the newest ring (:class:`lbcore.Ring` is one)."""
+
+    hashes: np.ndarray
+    owners: np.ndarray
+
+
+class PlanLike(Protocol):
+    """What :func:`expected_shares` reads of a plan (:class:`lbcore.Plan` is one)."""
+
+    master: Any
+    views: int
+    zone_views: int
+    zone_share: float
+    eligible: np.ndarray
+    listed_count: np.ndarray
+    single: np.ndarray
+    choice: int
+    fixed_view: int
+    fade_thresholds: np.ndarray
+    fade_saturated: np.ndarray
+
+
+def arc_shares(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
+    """Each endpoint's share of the hash space when keys walk to ``eligible`` endpoints.
+
+    A key belongs to the first ring node at or after its hash (wrapping), and the skip
+    rule carries it on to the first node whose endpoint is eligible: each eligible
+    node answers the arc from the previous eligible node to itself.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64`` per endpoint (``eligible``'s length), summing to 1 (all 0 when no
+        node is eligible).
+    """
+    n = eligible.size
+    owners = np.asarray(ring.owners)
+    marked = np.flatnonzero(eligible[owners])
+    if not marked.size:
+        return np.zeros(n)
+    h = np.asarray(ring.hashes)
+    # Arc of eligible node i: from the previous eligible node (exclusive) to it, in
+    # uint64 arithmetic that wraps exactly once around the ring.
+    ends = h[marked]
+    arcs = (ends - np.roll(ends, 1)).astype(np.float64)
+    if marked.size == 1:
+        arcs[:] = 2.0**64
+    out = np.bincount(owners[marked], weights=arcs, minlength=n)[:n]
+    return out / out.sum()
+
+
+def view_weights(plan: PlanLike) -> np.ndarray:
+    """The fraction of keys each global view gets from its draw (fade-in or Skipper level).
+
+    The draw is uniform over 64-bit integers and the choice is a step function of it
+    with steps at the plan's thresholds, so each step's width is its weight exactly.
+    """
+    global_views = plan.views - plan.zone_views if plan.zone_views else plan.views
+    w = np.zeros(global_views)
+    if plan.choice == 0:  # CHOICE_FIXED
+        w[plan.fixed_view] = 1.0
+        return w
+    ts = plan.fade_thresholds[plan.fade_saturated == 0]
+    edges = np.unique(np.concatenate((np.zeros(1, np.uint64), ts)))
+    views = view_of_draws(plan.choice, plan.fade_thresholds, plan.fade_saturated, edges)
+    widths = np.diff(np.append(edges.astype(np.float64), 2.0**64))
+    np.add.at(w, views, widths)
+    return w / w.sum()
+
+
+def _answered(plan: PlanLike, v: int) -> np.ndarray:
+    """A view's share of the hash space per endpoint (its own rule for 0 or 1 candidates)."""
+    n = plan.eligible.shape[1]
+    count = int(plan.listed_count[v])
+    if count == 0:
+        return np.zeros(n)
+    if count == 1:
+        one = np.zeros(n)
+        one[int(plan.single[v])] = 1.0
+        return one
+    return arc_shares(plan.master, plan.eligible[v])
+
+
+def expected_shares(plan: PlanLike) -> np.ndarray:
+    """Each endpoint's expected share of this host's routed keys under ``plan``.
+
+    The sum over views of the view's weight (:func:`view_weights`) × its arcs
+    (:func:`arc_shares`), local keys (``plan.zone_share``) on the view's zone part
+    where it is open, without bounded load. Keys a view sends to fallback carry no
+    share; the result sums to 1 over endpoints (0 everywhere when every key is
+    fallback). ``float64`` per endpoint.
+    """
+    n = plan.eligible.shape[1]
+    if plan.master is None or not n:
+        return np.zeros(n)
+    x = plan.zone_share if plan.zone_views else 0.0
+    total = np.zeros(n)
+    for v, weight in enumerate(view_weights(plan).tolist()):
+        if weight <= 0.0:
+            continue
+        here = _answered(plan, v)
+        if x > 0.0 and int(plan.listed_count[plan.zone_views + v]) > 0:
+            here = (1.0 - x) * here + x * _answered(plan, plan.zone_views + v)
+        total += weight * here
+    s = total.sum()
+    return total / s if s > 0 else total
