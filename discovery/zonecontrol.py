@@ -13,8 +13,8 @@ States (:data:`shm.tables.zone.ZONE_STATES`):
 * ``short`` (x = 0): fewer healthy local pods than the minimum; the zone routes
   globally (not the probe floor: a short zone cannot carry even that share safely).
 * ``ramping``: x grows linearly from where it stands to the cap at ``cap / ramp``
-  per second, so a zone's caches warm before it takes its whole share; each key moves
-  once (the local set only grows).
+  per second (``CSLB_ZONE_RAMP``; 0 jumps), so a zone's caches warm before it takes
+  its whole share; each key moves once (the local set only grows).
 * ``full``: x at the cap. A cap that shrinks below x takes x down with it at once (the
   cap is a capacity bound); a cap that grows starts a ramp from x.
 * ``floor`` (x = the probe floor): local latency exceeded remote latency by more than
@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from lbcore.zone_settings import ZoneSettings
 from shm.tables.zone import ZoneCurve
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
     "MIN_CALLS",
     "RECOVER_MARGIN_SHARE",
     "ZoneController",
-    "ZoneParams",
     "ZoneSignals",
 ]
 
@@ -55,42 +55,6 @@ HEALTHY_RECOVER = 0.75
 RECOVER_MARGIN_SHARE = 0.5
 #: Completed calls (in the counters' window) each side needs for a latency reading.
 MIN_CALLS = 20.0
-
-
-@dataclass(frozen=True, slots=True)
-class ZoneParams:
-    """The controller's settings (the ``CSLB_ZONE_*`` knobs, in base units).
-
-    Parameters
-    ----------
-    affinity
-        Zone affinity on.
-    ramp_s
-        Seconds from 0 to the cap (``> 0``).
-    probe_floor
-        Local share while suppressed (0-1).
-    min_pods
-        Healthy local pods the zone needs to keep keys local.
-    latency_margin
-        Local latency above remote by more than this share drops x to the floor.
-    hold_s
-        Seconds the signal must stay good before x ramps again.
-    """
-
-    affinity: bool = False
-    ramp_s: float = 60.0
-    probe_floor: float = 0.01
-    min_pods: int = 3
-    latency_margin: float = 0.35
-    hold_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if not (self.ramp_s > 0 and math.isfinite(self.ramp_s)):
-            raise ValueError(f"zone ramp must be > 0 seconds, got {self.ramp_s}")
-        if not 0.0 <= self.probe_floor <= 1.0:
-            raise ValueError(f"zone probe floor must be a share 0-1, got {self.probe_floor}")
-        if self.min_pods < 0 or self.latency_margin < 0 or self.hold_s < 0:
-            raise ValueError("zone min pods, latency margin and hold must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +107,12 @@ class ZoneController:
     Parameters
     ----------
     params
-        Its settings.
+        Its settings (``CSLB_ZONE_*``; the zone itself comes with the signals).
     curve
         A curve to continue from (a restarted publisher's, from the tables).
     """
 
-    def __init__(self, params: ZoneParams, curve: ZoneCurve | None = None) -> None:
+    def __init__(self, params: ZoneSettings, curve: ZoneCurve | None = None) -> None:
         self.params = params
         self.curve = curve if curve is not None else ZoneCurve(min_pods=params.min_pods)
         # Since when the signal has been good without a break (CLOCK_MONOTONIC ns).
@@ -162,7 +126,7 @@ class ZoneController:
         """When the curve next changes by itself (a ramp reaching its cap), if ever."""
         return self.curve.reaches_cap_ns()
 
-    def step(self, now_ns: int, s: ZoneSignals, params: ZoneParams | None = None) -> ZoneCurve:
+    def step(self, now_ns: int, s: ZoneSignals, params: ZoneSettings | None = None) -> ZoneCurve:
         """Move to the state the signals call for at ``now_ns``; returns the curve in force.
 
         The returned curve is the same object as before when nothing changed, so the
@@ -207,7 +171,7 @@ class ZoneController:
                 return c
             if self.good_since is None:
                 self.good_since = now_ns
-            if now_ns - self.good_since < round(p.hold_s * 1e9):
+            if now_ns - self.good_since < p.hold_ns:
                 return c
             return self._ramp(now_ns, c.share_at(now_ns), cap, "recovered", s)
         # ramping or full
@@ -254,7 +218,7 @@ class ZoneController:
         return new
 
     def _ramp(self, now_ns: int, x: float, cap: float, reason: str, s: ZoneSignals) -> ZoneCurve:
-        if x >= cap:
+        if x >= cap or self.params.ramp_ns <= 0:  # a ramp of 0 s jumps
             return self._go(now_ns, "full", reason, cap, s, cap)
         self.good_since = None
         self.curve = ZoneCurve(
@@ -265,7 +229,7 @@ class ZoneController:
             reason=reason,
             start_ns=int(now_ns),
             x0=float(x),
-            rate=cap / self.params.ramp_s,
+            rate=cap / (self.params.ramp_ns / 1e9),
             cap=float(cap),
         )
         return self.curve

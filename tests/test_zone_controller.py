@@ -9,11 +9,12 @@ import math
 
 import pytest
 
-from discovery.zonecontrol import MIN_CALLS, ZoneController, ZoneParams, ZoneSignals
+from discovery.zonecontrol import MIN_CALLS, ZoneController, ZoneSignals
+from lbcore.zone_settings import ZoneSettings
 
 S = 1_000_000_000
-P = ZoneParams(
-    affinity=True, ramp_s=60.0, probe_floor=0.01, min_pods=3, latency_margin=0.35, hold_s=30.0
+P = ZoneSettings(
+    affinity=True, ramp_ns=60 * S, probe_floor=0.01, min_pods=3, latency_margin=0.35, hold_ns=30 * S
 )
 
 
@@ -33,7 +34,7 @@ def sig(
 
 
 def test_off_without_affinity_or_zone():
-    c = ZoneController(ZoneParams(affinity=False))
+    c = ZoneController(ZoneSettings(affinity=False))
     assert c.step(0, sig()).state == "off" and c.share_at(10 * S) == 0.0
     c = ZoneController(P)
     cur = c.step(0, sig(zone=""))
@@ -154,7 +155,13 @@ def test_a_short_zone_routes_globally_at_zero_then_recovers_after_the_hold():
 def test_affinity_switched_off_goes_to_zero_and_on_again_ramps_from_zero():
     c = ZoneController(P)
     c.step(0, sig())
-    off = c.step(10 * S, sig(), ZoneParams(affinity=False))
+    off = c.step(10 * S, sig(), ZoneSettings(affinity=False))
     assert (off.state, off.reason, c.share_at(11 * S)) == ("off", "affinity_off", 0.0)
     on = c.step(20 * S, sig(), P)
     assert (on.state, on.reason, on.x0) == ("ramping", "started", 0.0)
+
+
+def test_a_ramp_of_zero_seconds_jumps_to_the_cap():
+    c = ZoneController(ZoneSettings(affinity=True, ramp_ns=0))
+    cur = c.step(5 * S, sig(cap=0.7))
+    assert (cur.state, cur.reason, c.share_at(5 * S)) == ("full", "started", 0.7)
