@@ -3,7 +3,8 @@
 The definition the native kernel (``lbcore/csrc/route.c``) is tested against, key for
 key. Per batch: the XXH64 hashes (:func:`lbcore.keys.hash_each`), each key's
 position on the newest ring (:meth:`lbcore.Ring.positions`), its view (the ring or
-Skipper level its second draw picks), then per view the answer:
+Skipper level its second draw picks; with a zone, a local key takes that view's zone
+part while it holds more candidates than the attempt), then per view the answer:
 
 * fewer candidates than ``attempt + 1`` eligible endpoints: fallback (``-1``); one
   candidate at attempt 0: that one (Skipper's ``Apply`` shortcut);
@@ -15,7 +16,9 @@ Skipper level its second draw picks), then per view the answer:
   ``max_hops``, else the least loaded of them, the first seen among equals); a retry
   walks again from the start with the earlier attempts' endpoints left out.
 
-The gate then sends the keys it excludes to fallback. The walks are
+A local key whose attempt-0 zone answer is over that endpoint's bar is answered in its
+global view instead (the spill of :mod:`lbcore.zones`' B1). The gate then sends the
+keys it excludes to fallback. The walks are
 :mod:`lbcore.bounded`'s vectorized ones.
 """
 

@@ -49,7 +49,7 @@ from lbcore.views import (
     view_counts,
     zone_good,
 )
-from lbcore.zones import ZONE_SALT, ZoneSplit, expected_shares
+from lbcore.zones import ZONE_SALT, ZoneSplit, expected_shares, view_arcs
 
 __all__ = ["CHOICE_FIXED", "CHOICE_NRING", "CHOICE_SKIPPER", "Plan"]
 
@@ -129,7 +129,8 @@ fallbacks : int
     Keys answered ``-1``.
 moves : int
     Keys bounded load sent elsewhere than the plain ring (with ejected endpoints
-    left out) would have.
+    left out) would have; with a zone, the plain ring of a local key is its zone's,
+    so a spill to the global ring counts.
 valid : bool
     Whether the guard still held after routing (always ``True`` without one):
     if not, the ring arrays were rewritten meanwhile and the answer is void.
@@ -183,6 +184,16 @@ class Plan:
     max_key_bytes
         Longest key accepted, in bytes (default 4,096, every cslb surface's limit);
         ``None``: no limit.
+    zone
+        Optional zone affinity (:class:`lbcore.ZoneSplit`: which endpoints are local,
+        the local share of keys, the zone's minimum size; rules in
+        :mod:`lbcore.zones`). ``None``, a share of 0 or a zone whose views all hold
+        fewer than ``min_pods`` local candidates: exactly the plan without a zone.
+    reuse
+        An earlier plan (say the previous load snapshot's): where its views are this
+        plan's (the same newest ring object, the same endpoints per view), its
+        :attr:`view_arcs` are reused, so a zone plan with bounded load does not pass
+        over the ring again for its bars. Only that array is kept, not the plan.
 
     Attributes
     ----------
@@ -205,6 +216,18 @@ class Plan:
         every key passes, or none when :attr:`closed`).
     closed : bool
         Every key is fallback (no endpoints, or the gate is shut).
+    zone_views : int
+        ``0`` without zone mode; else the number of global views, views
+        ``zone_views + v`` being view ``v`` restricted to local endpoints (empty where
+        fewer than ``min_pods``).
+    zone_share : float
+        The share of keys that are local (``0.0`` without zone mode); a key is local iff
+        ``mix64(h, ZONE_SALT) < zone_threshold``.
+    under : numpy.ndarray or None
+        With zone mode and bounded load, ``bool`` per endpoint: its load is at or under
+        its own bar, ``balance_factor × expected share × (1.0 + Σ load)``.
+    expected_shares : numpy.ndarray
+        Each endpoint's expected share of the routed keys (see the property).
     """
 
     __slots__ = {  # noqa: RUF023 (route first: it is the one documented)
@@ -239,6 +262,7 @@ class Plan:
         "single": None,
         "slots": None,
         "views": None,
+        "_arcs": None,
         "_expected": None,
         "under": None,
         "zone": None,
@@ -263,6 +287,7 @@ class Plan:
         guard: tuple[Any, int, int] | None = None,
         max_key_bytes: int | None = MAX_KEY_BYTES,
         zone: ZoneSplit | None = None,
+        reuse: Plan | None = None,
     ) -> None:
         if not isinstance(ring_set, RingSet):
             raise ArgumentError(f"a plan routes on a RingSet, got {type(ring_set).__name__}")
@@ -278,7 +303,9 @@ class Plan:
             raise ArgumentError(
                 f"zone.local has {zone.local.size} entries for {len(ring_set.endpoints)} endpoints"
             )
-        self.zone, self._expected = zone, None
+        if reuse is not None and not isinstance(reuse, Plan):
+            raise ArgumentError(f"reuse must be an lbcore.Plan, got {type(reuse).__name__}")
+        self.zone, self._expected, self._arcs = zone, None, None
         gate = Gate() if gate is None else gate
         if not isinstance(gate, Gate):
             raise ArgumentError(f"gate must be an lbcore.Gate, got {type(gate).__name__}")
@@ -308,7 +335,7 @@ class Plan:
         self.gate_threshold = (
             unit_threshold(gate.percentage / 100.0) if self.gate_mode == GATE_PARTIAL else None
         )
-        self._build_views(n)
+        self._build_views(n, reuse)
         for name in _FROZEN:
             a = getattr(self, name)
             if a is not None:
@@ -364,7 +391,7 @@ class Plan:
         w.setflags(write=False)
         return w, int(index), int(expected)
 
-    def _build_views(self, n: int) -> None:
+    def _build_views(self, n: int, reuse: Plan | None) -> None:
         rs, ej = self.ring_set, self.ejected
         self.zone_views, self.zone_share, self.zone_threshold, self.under = 0, 0.0, 0, None
         self.choice, self.fixed_view, self.choice_salt = CHOICE_FIXED, 0, 0
@@ -416,6 +443,15 @@ class Plan:
         self.good = None
         if self.balance_factor is not None:
             assert self.loads is not None
+            if (
+                reuse is not None
+                and reuse.master is self.master
+                and reuse.views == self.views
+                and reuse.zone_views == self.zone_views
+                and np.array_equal(reuse.eligible, eligible)
+                and np.array_equal(reuse.listed_count, self.listed_count)
+            ):
+                self._arcs = reuse.view_arcs  # the same views of the same ring
             # B1: each endpoint's bar from its expected share under this plan.
             bars = share_bars(
                 self.loads,
@@ -458,6 +494,19 @@ class Plan:
         return rows if rows.any() else None
 
     @property
+    def view_arcs(self) -> np.ndarray:
+        """Each view's share of the hash space per endpoint, ``(views, endpoints)``.
+
+        :func:`lbcore.zones.view_arcs`: computed once per plan (a pass over the ring per
+        view), or taken from ``reuse`` when its views are this plan's.
+        """
+        if self._arcs is None:
+            arcs = view_arcs(self)
+            arcs.setflags(write=False)
+            self._arcs = arcs
+        return self._arcs
+
+    @property
     def expected_shares(self) -> np.ndarray:
         """Each endpoint's expected share of this host's routed keys under this plan.
 
@@ -470,7 +519,7 @@ class Plan:
             if self.master is None:
                 shares = np.zeros(len(self.ring_set.endpoints))
             else:
-                shares = expected_shares(self)
+                shares = expected_shares(self, self.view_arcs)
             shares.setflags(write=False)
             self._expected = shares
         return self._expected
@@ -527,7 +576,8 @@ class Plan:
             position of the newest ring gets in that view (``-1``: fallback). The gate
             is not applied. With N-ring fade-in and no bounded load or ejections this is
             each ring's owner at that position; in general
-            :meth:`lbcore.RingSet.answer_table` with the plan's arguments.
+            :meth:`lbcore.RingSet.answer_table` with the plan's arguments. With a zone,
+            rows ``zone_views`` on are the zone parts' answers, before any spill.
         moved : numpy.ndarray
             ``bool`` of the same shape: bounded load moved the answer off the plain one.
         """
@@ -572,5 +622,6 @@ class Plan:
     def __repr__(self) -> str:
         return (
             f"Plan({len(self.slots)} endpoints, {self.views} view(s), {self.fade_mode}, "
-            f"balance_factor={self.balance_factor}, max_hops={self.max_hops}, kernel={self.kernel})"
+            f"balance_factor={self.balance_factor}, max_hops={self.max_hops}, "
+            f"zone_share={self.zone_share:g}, kernel={self.kernel})"
         )

@@ -1,6 +1,6 @@
 """Zone-aware consistent hashing: which keys stay in the caller's zone, and on which pods.
 
-The rules (issue 21), written once here and applied by both kernels through
+The rules, written once here and applied by both kernels through
 :class:`lbcore.Plan` (``zone=ZoneSplit(...)``):
 
 * **Z1, a zone's ring is the global ring restricted to its pods.** The same
@@ -52,6 +52,7 @@ __all__ = [
     "expected_shares",
     "local_keys",
     "local_mask",
+    "view_arcs",
     "view_weights",
     "zone_cap",
 ]
@@ -290,26 +291,41 @@ def _answered(plan: PlanLike, v: int) -> np.ndarray:
     return arc_shares(plan.master, plan.eligible[v])
 
 
-def expected_shares(plan: PlanLike) -> np.ndarray:
+def view_arcs(plan: PlanLike) -> np.ndarray:
+    """Each view's share of the hash space per endpoint: ``float64`` ``(views, endpoints)``.
+
+    What :func:`expected_shares` weighs; it depends on the ring and the views' endpoints
+    only, not on time or loads (:class:`lbcore.Plan`'s ``reuse`` keeps it across plans).
+    """
+    n = plan.eligible.shape[1]
+    if plan.master is None or not n:
+        return np.zeros((plan.views, n))
+    return np.array([_answered(plan, v) for v in range(plan.views)]).reshape(plan.views, n)
+
+
+def expected_shares(plan: PlanLike, arcs: np.ndarray | None = None) -> np.ndarray:
     """Each endpoint's expected share of this host's routed keys under ``plan``.
 
     The sum over views of the view's weight (:func:`view_weights`) × its arcs
     (:func:`arc_shares`), local keys (``plan.zone_share``) on the view's zone part
     where it is open, without bounded load. Keys a view sends to fallback carry no
     share; the result sums to 1 over endpoints (0 everywhere when every key is
-    fallback). ``float64`` per endpoint.
+    fallback). ``arcs``: :func:`view_arcs` of the plan, when known. ``float64`` per
+    endpoint.
     """
     n = plan.eligible.shape[1]
     if plan.master is None or not n:
         return np.zeros(n)
+    if arcs is None:
+        arcs = view_arcs(plan)
     x = plan.zone_share if plan.zone_views else 0.0
     total = np.zeros(n)
     for v, weight in enumerate(view_weights(plan).tolist()):
         if weight <= 0.0:
             continue
-        here = _answered(plan, v)
+        here = arcs[v]
         if x > 0.0 and int(plan.listed_count[plan.zone_views + v]) > 0:
-            here = (1.0 - x) * here + x * _answered(plan, plan.zone_views + v)
+            here = (1.0 - x) * here + x * arcs[plan.zone_views + v]
         total += weight * here
     s = total.sum()
     return total / s if s > 0 else total
