@@ -58,10 +58,18 @@ class Host:
         self.file = tmp_path / "pods.json"
         _write(self.file, _doc())
         self.ns = ns
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CSLB_")}
-        env.update(ENV, **(env or {}), CSLB_SHM_NAMESPACE=ns, CSLB_LOG_FORMAT="json")
-        self.proc = Proc("discovery", "--endpoints-file", str(self.file), env=env, replace_env=True)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CSLB_")}
+        self.env.update(ENV, **(env or {}), CSLB_SHM_NAMESPACE=ns, CSLB_LOG_FORMAT="json")
+        self.proc = self.start()
         self.reader = wait_until(self._reader, 20, "the tables")
+
+    def start(self) -> Proc:
+        return Proc("discovery", "--endpoints-file", str(self.file), env=self.env, replace_env=True)
+
+    def restart(self) -> None:
+        """Kill discovery (its tables stay) and start another on the same namespace."""
+        self.proc.kill()
+        self.proc = self.start()
 
     def _reader(self):
         try:
@@ -199,3 +207,15 @@ def test_a_latency_fault_drops_to_the_floor_holds_and_recovers_by_ramping(tmp_pa
             rec.join(10)
             h.close()
             store.close(unlink=True)
+
+
+def test_a_restarted_discovery_continues_the_curve_and_publishes_nothing_new(host):
+    t = host.zone_when(lambda z: z.state == "full", "the cap")
+    gen, curve = t.generation, t.zone
+    host.restart()
+    (resumed,) = wait_until(lambda: host.proc.events("resumed"), 20, "the takeover")
+    beat = host.reader.heartbeat_ns() + 2 * S  # two seconds of its decisions
+    wait_until(lambda: host.reader.heartbeat_ns() >= beat, 20, "2 s of the new loop")
+    t = host.table()
+    assert (t.generation, t.zone) == (gen, curve)
+    assert resumed["generation"] == gen and not host.proc.events("zone_transition")
