@@ -210,6 +210,7 @@ class ZoneController:
             x0=float(x),
             rate=0.0,
             cap=float(x if cap is None else cap),
+            transitions=c.transitions + 1,
         )
         if _same(c, new):
             return c
@@ -231,6 +232,7 @@ class ZoneController:
             x0=float(x),
             rate=cap / (self.params.ramp_ns / 1e9),
             cap=float(cap),
+            transitions=self.curve.transitions + 1,
         )
         return self.curve
 

@@ -141,6 +141,10 @@ class ZoneLoop:
 
         ``skipped``: per endpoint, routing skips it (ejected; ``None``: none is).
         """
+        if settings is not None:
+            self.settings = settings
+        if not self.settings.affinity:
+            window = None  # nothing to decide on latency: no counters read
         self.read_latency(endpoints, zones, lambda e: window(e, now_ns) if window else None)
         routable = np.ones(len(endpoints), np.bool_)
         if skipped is not None:

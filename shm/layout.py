@@ -202,6 +202,7 @@ PAYLOAD_HEADER = np.dtype(
         ("zone_x0", "f8"),  # local share at zone_start_ns
         ("zone_rate", "f8"),  # share per second
         ("zone_cap", "f8"),
+        ("zone_transitions", "u8"),  # controller transitions so far (a counter)
         ("sections", "u8"),
     ]
 )

@@ -165,3 +165,13 @@ def test_a_ramp_of_zero_seconds_jumps_to_the_cap():
     c = ZoneController(ZoneSettings(affinity=True, ramp_ns=0))
     cur = c.step(5 * S, sig(cap=0.7))
     assert (cur.state, cur.reason, c.share_at(5 * S)) == ("full", "started", 0.7)
+
+
+def test_every_transition_counts_once_and_a_kept_state_does_not():
+    c = ZoneController(P)
+    c.step(0, sig())  # started
+    c.step(30 * S, sig())  # mid-ramp: no transition
+    c.step(60 * S, sig())  # ramp_done
+    c.step(61 * S, sig(0.5))  # floor
+    c.step(62 * S, sig(0.5))  # still the floor
+    assert c.curve.transitions == 3

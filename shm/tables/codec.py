@@ -198,6 +198,7 @@ def _encode_zone(h: np.void, zone: ZoneCurve) -> None:
     h["zone_x0"] = float(zone.x0)
     h["zone_rate"] = float(zone.rate)
     h["zone_cap"] = float(zone.cap)
+    h["zone_transitions"] = int(zone.transitions)
 
 
 class Decoder:
@@ -461,6 +462,7 @@ class Decoder:
                 x0=float(h["zone_x0"]),
                 rate=float(h["zone_rate"]),
                 cap=float(h["zone_cap"]),
+                transitions=int(h["zone_transitions"]),
             )
         except TableInputError as exc:
             raise self.fail(str(exc)) from exc

@@ -69,6 +69,9 @@ class ZoneCurve:
         Growth of the local share, in share per second (``>= 0``).
     cap
         Largest local share of the curve (0-1): the zone's capacity cap.
+    transitions
+        Transitions of the controller so far in this namespace (a counter for metrics:
+        a zone that flaps shows here even between two scrapes).
     """
 
     zone: str = ""
@@ -80,6 +83,7 @@ class ZoneCurve:
     x0: float = 0.0
     rate: float = 0.0
     cap: float = 0.0
+    transitions: int = 0
 
     def __post_init__(self) -> None:
         name = self.zone
@@ -99,6 +103,8 @@ class ZoneCurve:
                 raise TableInputError(f"zone {name} must be a share in 0..1, got {v}")
         if not (math.isfinite(float(self.rate)) and 0.0 <= float(self.rate) <= 1e9):
             raise TableInputError(f"zone rate must be >= 0 share per second, got {self.rate}")
+        if not 0 <= int(self.transitions) < 1 << 62:
+            raise TableInputError(f"zone transitions must be >= 0, got {self.transitions}")
         if int(self.start_ns) < 0:
             raise TableInputError(f"zone start must be >= 0 ns, got {self.start_ns}")
 

@@ -26,6 +26,7 @@ def test_the_zone_record_round_trips_and_its_curve_is_evaluated_at_any_instant(n
         min_pods=2,
         state="ramping",
         reason="recovered",
+        transitions=7,
         start_ns=50 * S,
         x0=0.01,
         rate=0.02,
@@ -61,6 +62,7 @@ def test_no_zone_or_affinity_off_means_no_local_share():
         ({"cap": float("nan")}, "zone cap must be a share in 0..1"),
         ({"rate": -0.1}, "zone rate must be >= 0"),
         ({"start_ns": -1}, "zone start must be >= 0 ns"),
+        ({"transitions": -1}, "zone transitions must be >= 0"),
         ({"zone": "z" * 300}, "at most 253 bytes"),
     ],
 )
