@@ -71,3 +71,14 @@ def test_no_counters_are_read_while_affinity_is_off():
         0, EPS, ZONES, None, lambda e, now: asked.append(e), ZoneSettings(zone="z-a", affinity=True)
     )
     assert asked == [EPS]
+
+
+def test_the_callers_zone_is_a_process_setting_and_the_rest_a_configmap_may_set():
+    from discovery.settings import DISCOVERY_KNOBS, LAYERED_KNOBS, unknown_configmap_keys
+
+    assert "CSLB_ZONE" in {k.env for k in DISCOVERY_KNOBS}
+    assert "CSLB_ZONE" not in {k.env for k in LAYERED_KNOBS}
+    # one ConfigMap serves hosts in every zone: a zone in it is an unknown key
+    assert unknown_configmap_keys({"CSLB_ZONE": "z-a", "CSLB_ZONE_AFFINITY": "on"}) == [
+        "CSLB_ZONE"
+    ]
