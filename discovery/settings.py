@@ -40,6 +40,7 @@ from lbcore.knobs import (
 from lbcore.knobs import docs_table as _docs_table
 from lbcore.outlier import DEFAULT_OUTLIER_PARAMS as _OD
 from lbcore.outlier import OutlierParams
+from lbcore.zone_settings import ZONE, ZONE_KNOBS
 from shm.settings import UNLINK_ON_EXIT
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "OUTLIER_KNOBS",
     "PUBLISHED_KNOBS",
     "SHM_NAMESPACE",
+    "ZONE_CONTROL_KNOBS",
     "KnobState",
     "docs_table",
     "knob",
@@ -90,6 +92,30 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "Service whose EndpointSlices (label kubernetes.io/service-name) are watched. "
         "Empty: no Kubernetes source (static endpoints only).",
         "SVC",
+    ),
+    # The caller's zone is each host's own: a process setting, never a ConfigMap key
+    # (one ConfigMap serves hosts in every zone).
+    ZONE,
+    Knob(
+        "caller_service",
+        "CSLB_CALLER_SERVICE",
+        "--caller-service",
+        "",
+        _text,
+        "Zone affinity: this caller's own Service (same namespace). Its EndpointSlices "
+        "give this pod's zone (found by --pod-ip) and the ready callers per zone, for the "
+        "capacity cap; CSLB_ZONE, when set, names the zone instead. Empty: not watched.",
+        "SVC",
+    ),
+    Knob(
+        "pod_ip",
+        "CSLB_POD_IP",
+        "--pod-ip",
+        "",
+        _text,
+        "This pod's IP, as its Service's EndpointSlices list it (set it from the downward "
+        "API, status.podIP); used with --caller-service.",
+        "IP",
     ),
     Knob(
         "port_name",
@@ -443,8 +469,14 @@ OUTLIER_KNOBS: tuple[Knob, ...] = (
     ),
 )
 
-#: Every knob the ConfigMap may set (layered by :class:`KnobState`).
-LAYERED_KNOBS: tuple[Knob, ...] = ROUTING_KNOBS + OUTLIER_KNOBS
+#: The zone controller's settings (:data:`lbcore.zone_settings.ZONE_KNOBS` but the
+#: caller's zone, a process setting in :data:`DISCOVERY_KNOBS`).
+ZONE_CONTROL_KNOBS: tuple[Knob, ...] = tuple(k for k in ZONE_KNOBS if k is not ZONE)
+
+#: Every knob the ConfigMap may set (layered by :class:`KnobState`): routing, outlier
+#: detection and the zone controller's settings (its curve is decided and published
+#: here).
+LAYERED_KNOBS: tuple[Knob, ...] = ROUTING_KNOBS + OUTLIER_KNOBS + ZONE_CONTROL_KNOBS
 
 
 def outlier_params(values: Mapping[str, Any]) -> OutlierParams:
@@ -515,14 +547,16 @@ class KnobState:
     ----------
     base
         Every knob resolved from defaults, environment and flags
-        (:func:`lbcore.knobs.from_args`); outlier knobs it lacks take their defaults.
+        (:func:`lbcore.knobs.from_args`); outlier and zone knobs it lacks take their
+        defaults.
     knobs
         The knob declarations.
     """
 
     def __init__(self, base: Mapping[str, Any], knobs: Iterable[Knob] = LAYERED_KNOBS) -> None:
         self.knobs = tuple(knobs)
-        base = {**{k.name: k.default for k in OUTLIER_KNOBS if k in self.knobs}, **base}
+        optional = OUTLIER_KNOBS + ZONE_CONTROL_KNOBS
+        base = {**{k.name: k.default for k in optional if k in self.knobs}, **base}
         missing = [k.name for k in self.knobs if k.name not in base]
         if missing:
             raise KnobError(f"base knob values lack {missing}")
