@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import shm
 from discovery.callers import CallerView
@@ -47,6 +46,7 @@ from discovery.ejection_log import log_changes
 from discovery.events import EventLog
 from discovery.outlier import OutlierMonitor, Published
 from discovery.ports import InformerLike, PublisherLike
+from discovery.publish_log import log_endpoint_lines, log_publish, pod_fields
 from discovery.ringstate import FadeParams, RingState
 from discovery.settings import (
     PUBLISHED_KNOBS,
@@ -79,9 +79,6 @@ _INFORMER_STOP_WAIT_S = 5.0
 # enough for any table within the documented scale limits on a loaded host; short
 # enough that a parse that never ends is still seen as a hang by the master.
 _LONG_WORK_MAX_S = 300.0
-# Per-endpoint log lines of one publish (added, removed, updated); the rest is counted
-# in one summary line, so a publish of 100,000 new pods writes 100 lines, not 100,000.
-_ENDPOINT_LINES_PER_PUBLISH = 100
 # How often the zone controller reads the counters and decides (ns): well inside the
 # counters' window, so a latency fault is seen within about one window.
 _ZONE_TICK_NS = 1_000_000_000
@@ -95,19 +92,6 @@ class _Source:
     endpoints: tuple[EndpointSpec, ...] = ()
     synced: bool = False
 
-
-def _host(address: str) -> str:
-    try:
-        return urlsplit(address).hostname or address
-    except ValueError:
-        return address
-
-
-def _pod_fields(s: EndpointSpec) -> dict[str, str]:
-    out = {"address": s.address, "ip": _host(s.address), "node": s.node, "zone": s.zone}
-    if s.pod:
-        out["pod"] = s.pod
-    return out
 
 
 class Discovery:
@@ -451,25 +435,7 @@ class Discovery:
         if membership:
             self.debouncer.reset()
         self._knobs_dirty = False
-        budget = _ENDPOINT_LINES_PER_PUBLISH
-        unlogged: dict[str, int] = {}
-        for event, specs in (
-            ("endpoint_added", t.added),
-            ("endpoint_removed", t.removed),
-            ("endpoint_updated", t.updated),
-        ):
-            for s in specs[:budget]:
-                self.log.info(event, generation=gen, **_pod_fields(s))
-            if len(specs) > budget:
-                unlogged[event] = len(specs) - budget
-            budget = max(budget - len(specs), 0)
-        if unlogged:
-            self.log.info(
-                "endpoint_lines_capped",
-                generation=gen,
-                not_logged=unlogged,
-                why=f"at most {_ENDPOINT_LINES_PER_PUBLISH} endpoint lines per publish",
-            )
+        log_endpoint_lines(self.log, gen, t)
         after = Published(eps, ejections, panic)
         m = self.monitor
         log_changes(
@@ -478,7 +444,7 @@ class Discovery:
             self.published_outlier,
             after,
             now_ns=now_ns,
-            pod=lambda a: _pod_fields(t.meta[a]),
+            pod=lambda a: pod_fields(t.meta[a]),
             counts=lambda a: m.window_counts(a) if a in m.addresses else {},
             faded={s.address for s in t.readmitted},
             fade="off" if t.params.duration_ns == 0 else knobs["fade_mode"],
@@ -500,49 +466,18 @@ class Discovery:
             else {}
         )
         self.published_knobs = published
-        rs = t.ring_set
-        self.log.info(
-            "publish",
-            generation=gen,
+        log_publish(
+            self.log,
+            gen,
+            t,
             reason=reason,
-            endpoints=len(rs.endpoints),
-            added=len(t.added),
-            removed=len(t.removed),
-            updated=len(t.updated),
-            readmitted=len(t.readmitted),
             ejected=int(ejections.ejected.sum()),
-            fading_rings=len(rs.starts_ns),
-            shares=[round(s, 4) for s in rs.share_list(now_ns)],
-            collapsed=t.collapsed,
-            folded_changes=folded,
+            now_ns=now_ns,
+            folded=folded,
             knob_changes=changes,
-            fade_params={
-                "duration_s": t.params.duration_ns / 1e9,
-                "exponent": t.params.exponent,
-                "vnodes": t.params.vnodes,
-            },
             build_ms=round((time.perf_counter() - t0) * 1e3, 2),
+            drop_warn_share=self.drop_warn_share,
         )
-        before = len(rs.endpoints) - len(t.added) + len(t.removed)
-        if before and len(t.removed) > self.drop_warn_share * before:
-            self.log.warning(
-                "publish_drop",
-                generation=gen,
-                endpoints_before=before,
-                endpoints=len(rs.endpoints),
-                removed=len(t.removed),
-                share_removed=round(len(t.removed) / before, 4),
-                warn_above=self.drop_warn_share,
-                removed_endpoints=[s.address for s in t.removed[:20]],
-                why="more endpoints left in one publish than --drop-warn-share allows; "
-                "published all the same (check the Service, the file or the selector)",
-            )
-        if not rs.endpoints:
-            self.log.warning(
-                "publish_empty",
-                generation=gen,
-                why="the sources report no ready endpoints: every key falls back",
-            )
         return True
 
     def _current_outlier_params(self) -> OutlierParams:
@@ -564,7 +499,7 @@ class Discovery:
         for a in sorted(held - self._held_back):
             self.log.warning(
                 "ejection_held_back",
-                **_pod_fields(self.state.meta[a]),
+                **pod_fields(self.state.meta[a]),
                 why=f"at most {params.max_ejection_percent:g} % of the endpoints are ejected "
                 "at once (at least one)",
                 counts=self.monitor.window_counts(a),
