@@ -123,7 +123,7 @@ def test_routing_checks_each_segment_it_touches_once_per_batch(monkeypatch) -> N
     import lbcore
     import shm.counters.recorder as recorder_mod
     import shm.tables.reader as reader_mod
-    from tests.test_router import Clock, Host, endpoints
+    from tests.router_harness import Clock, Host, endpoints
 
     host = Host(f"hp{os.getpid()}x{uuid.uuid4().hex[:8]}", Clock())
     try:

@@ -254,7 +254,7 @@ def test_a_router_routes_as_idle_while_its_counters_are_shrunk(caplog, monkeypat
     warning), records nothing there, and reads loads again once they are repaired."""
     import uuid
 
-    from tests.test_router import KEYS, Clock, Host, endpoints
+    from tests.router_harness import KEYS, Clock, Host, endpoints
     from workers.routing import snapshot
 
     monkeypatch.setattr(snapshot, "_unreadable_next_log", [0])  # (other tests' clocks)

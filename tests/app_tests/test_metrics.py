@@ -451,7 +451,7 @@ def _library(families: list, openmetrics: bool) -> bytes:
 
 
 def test_metrics_path_serves_the_librarys_exposition_for_both_formats(host: Host) -> None:
-    from tests.app_tests.test_app import call
+    from tests.app_tests.wsgi_calls import call
     from workers.surfaces.app import CslbApp
 
     host.publish()
