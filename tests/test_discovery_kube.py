@@ -1,5 +1,5 @@
 """The list+watch informers, driving the real ``kubernetes`` client against a small
-Kubernetes API server on 127.0.0.1 (tests/kubeapi.py)."""
+Kubernetes API server on 127.0.0.1 (tests/kubeapi/)."""
 
 import random
 import threading
