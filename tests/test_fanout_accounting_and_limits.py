@@ -16,7 +16,6 @@ from workers.fanout.threads import DeadlineError, RejectedError
 host = fanout_harness.host
 
 
-
 def test_in_flight_counts_only_the_calls_really_out(host):
     """30 calls of 40 ms on 2 threads: the host sees at most 2 in flight, never the 28
     waiting in the pool."""

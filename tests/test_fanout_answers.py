@@ -23,7 +23,6 @@ from workers.routing.router import Router, RouterInputError, RouterStateError
 host = fanout_harness.host
 
 
-
 def test_results_come_in_key_order_from_the_routed_pods(host):
     r = host.router()
     send, seen = pods()

@@ -16,7 +16,6 @@ from tests.fanout_harness import EPS, KEYS
 host = fanout_harness.host
 
 
-
 def test_afanout_tasks_interleave_on_one_thread(host):
     r = host.router(endpoint_cap=100)  # (no bulkhead moves: every key on its own pod)
 

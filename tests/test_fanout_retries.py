@@ -22,7 +22,6 @@ from workers.fanout.senders import CallAnswerError, CallStatusError
 host = fanout_harness.host
 
 
-
 @pytest.mark.parametrize("form", ["threads", "asyncio"])
 def test_a_dead_pod_is_retried_once_on_attempt_ones_pod(host, form):
     r = host.router()

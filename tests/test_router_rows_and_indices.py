@@ -17,12 +17,7 @@ import pytest
 import lbcore
 import shm
 from tests import router_harness as harness
-from tests.router_harness import (
-    KEYS,
-    Host,
-    endpoints,
-    knobs,
-)
+from tests.router_harness import KEYS, Host, endpoints, knobs
 from workers.routing import router as router_mod
 from workers.routing import router as workers_router
 from workers.routing.router import Router, RouterInputError, RouterStateError

@@ -12,20 +12,11 @@ from lbcore import route_ring_set
 from lbcore.draws import unit_interval
 from lbcore.fade import skipper_fadein_route
 from tests import router_harness as harness
-from tests.router_harness import (
-    D_NS,
-    KEYS,
-    ZERO_STATS,
-    endpoints,
-    followed,
-    knobs,
-    load_up,
-)
+from tests.router_harness import D_NS, KEYS, ZERO_STATS, endpoints, followed, knobs, load_up
 from workers.routing.router import SKIPPER_SALT, Router, RouterInputError
 
 # The router tests' fixtures: a namespace swept afterwards, an injected clock, the host.
 namespace, clock, host, swept = harness.namespace, harness.clock, harness.host, harness.swept
-
 
 
 # ------------------------------------------------------------------------------------

@@ -19,14 +19,7 @@ import lbcore
 import shm
 from lbcore import route_ring_set
 from tests import router_harness as harness
-from tests.router_harness import (
-    KEYS,
-    Host,
-    endpoints,
-    followed,
-    knobs,
-    load_up,
-)
+from tests.router_harness import KEYS, Host, endpoints, followed, knobs, load_up
 from workers.routing import router as workers_router
 from workers.routing.router import Router
 

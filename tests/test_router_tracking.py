@@ -13,16 +13,12 @@ import pytest
 
 import lbcore
 from tests import router_harness as harness
-from tests.router_harness import (
-    KEYS,
-    endpoints,
-)
+from tests.router_harness import KEYS, endpoints
 from workers.fanout.failurelog import LINES_PER_S
 from workers.routing.router import RouterInputError, RouterStateError
 
 # The router tests' fixtures: a namespace swept afterwards, an injected clock, the host.
 namespace, clock, host, swept = harness.namespace, harness.clock, harness.host, harness.swept
-
 
 
 # ------------------------------------------------------------------------------------

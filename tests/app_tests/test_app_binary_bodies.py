@@ -10,22 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.app_tests import wsgi_calls
-from tests.app_tests.wsgi_calls import (
-    expected,
-    packed,
-    post_binary,
-    post_json,
-)
-from workers.surfaces.app import (
-    MAX_KEY_BYTES,
-    CslbApp,
-    parse_route_request,
-)
+from tests.app_tests.wsgi_calls import expected, packed, post_binary, post_json
+from workers.surfaces.app import MAX_KEY_BYTES, CslbApp, parse_route_request
 
 # The app under test: a published table, a 64 KiB body and a 1,000-key batch limit.
 app = wsgi_calls.app
-
-
 
 
 def test_binary_body_carries_any_byte_string(app: CslbApp) -> None:

@@ -10,19 +10,11 @@ from hypothesis import strategies as st
 
 from tests.app_tests import wsgi_calls
 from tests.app_tests.conftest import ENDPOINTS
-from tests.app_tests.wsgi_calls import (
-    Response,
-    call,
-)
-from workers.surfaces.app import (
-    CslbApp,
-    parse_route_request,
-)
+from tests.app_tests.wsgi_calls import Response, call
+from workers.surfaces.app import CslbApp, parse_route_request
 
 # The app under test: a published table, a 64 KiB body and a 1,000-key batch limit.
 app = wsgi_calls.app
-
-
 
 
 # --------------------------------------------------------------------------------------

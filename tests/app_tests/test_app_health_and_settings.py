@@ -16,20 +16,11 @@ import shm
 from lbcore.knobs import KnobError
 from tests.app_tests import wsgi_calls
 from tests.app_tests.conftest import ENDPOINTS, Host
-from tests.app_tests.wsgi_calls import (
-    KEYS,
-    call,
-    expected,
-    post_json,
-)
-from workers.surfaces.app import (
-    CslbApp,
-)
+from tests.app_tests.wsgi_calls import KEYS, call, expected, post_json
+from workers.surfaces.app import CslbApp
 
 # The app under test: a published table, a 64 KiB body and a 1,000-key batch limit.
 app = wsgi_calls.app
-
-
 
 
 # --------------------------------------------------------------------------------------

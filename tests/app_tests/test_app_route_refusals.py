@@ -9,12 +9,7 @@ import json
 import pytest
 
 from tests.app_tests import wsgi_calls
-from tests.app_tests.wsgi_calls import (
-    KEYS,
-    call,
-    expected,
-    post_json,
-)
+from tests.app_tests.wsgi_calls import KEYS, call, expected, post_json
 from workers.surfaces.app import (
     MAX_ATTEMPT,
     MAX_KEY_BYTES,
@@ -26,8 +21,6 @@ from workers.surfaces.app import (
 
 # The app under test: a published table, a 64 KiB body and a 1,000-key batch limit.
 app = wsgi_calls.app
-
-
 
 
 # --------------------------------------------------------------------------------------

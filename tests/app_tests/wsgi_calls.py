@@ -13,9 +13,7 @@ import pytest
 
 import lbcore
 from tests.app_tests.conftest import ENDPOINTS, Host
-from workers.surfaces.app import (
-    CslbApp,
-)
+from workers.surfaces.app import CslbApp
 
 KEYS = [f"SKU-{i:06d}" for i in range(300)]
 

@@ -1,6 +1,5 @@
 """Faults injected per request, and the requests the server saw."""
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,5 +38,3 @@ class Request:
     query: dict[str, str]
     headers: dict[str, str] = field(default_factory=dict)
     t: float = 0.0
-
-

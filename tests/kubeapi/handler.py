@@ -1,6 +1,5 @@
 """The HTTP side of the fake API server: authentication, RBAC, faults, lists and watches."""
 
-
 from __future__ import annotations
 
 import json
@@ -308,5 +307,3 @@ class Handler(BaseHTTPRequestHandler):
 
 
 # -- object builders ------------------------------------------------------------------------
-
-

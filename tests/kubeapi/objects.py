@@ -1,7 +1,6 @@
 """The API's resources and objects: which paths serve which kind, selectors, Status bodies,
 and builders for the EndpointSlices and ConfigMaps the tests publish."""
 
-
 from __future__ import annotations
 
 from typing import Any

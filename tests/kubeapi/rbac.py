@@ -1,6 +1,5 @@
 """RBAC as kube-apiserver applies it to the tests: Roles bound to service accounts, by token."""
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -85,5 +84,3 @@ class Rbac:
         self, user: str, verb: str, group: str, resource: str, ns: str, name: str | None
     ) -> bool:
         return any(r.allows(verb, group, resource, name) for r in self.rules.get((user, ns), ()))
-
-

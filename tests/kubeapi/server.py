@@ -1,7 +1,6 @@
 """The fake API server: listening on 127.0.0.1 (optionally TLS), stopping and resuming on the
 same port, a kubeconfig for clients, and the faults queued for the next requests."""
 
-
 from __future__ import annotations
 
 import json
@@ -173,4 +172,3 @@ class FakeKubeAPI(Store):
                     f"{len(self.requests_of(op, resource))}"
                 )
             time.sleep(0.01)
-

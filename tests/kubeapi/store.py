@@ -1,7 +1,6 @@
 """The API server's state: objects by (resource, namespace, name), the history of events
 watches replay from a resource version, compaction and bookmarks."""
 
-
 from __future__ import annotations
 
 import copy
@@ -107,4 +106,3 @@ class Store:
                 "metadata": {"resourceVersion": str(self.rv)},
                 "items": items,
             }
-

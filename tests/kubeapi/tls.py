@@ -1,6 +1,5 @@
 """A test certificate authority for the API server's TLS, made with the ``openssl`` CLI."""
 
-
 from __future__ import annotations
 
 import os
@@ -24,8 +23,19 @@ def make_test_ca(directory: str) -> tuple[str, str, str]:
     key, csr = os.path.join(directory, "server.key"), os.path.join(directory, "server.csr")
     crt, ext = os.path.join(directory, "server.crt"), os.path.join(directory, "server.ext")
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    run("req", "-x509", *ec, "-keyout", ca_key, "-out", ca_crt, "-days", "2",
-        "-subj", "/CN=cslb test CA")
+    run(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        ca_key,
+        "-out",
+        ca_crt,
+        "-days",
+        "2",
+        "-subj",
+        "/CN=cslb test CA",
+    )
     run("req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=kube-apiserver")
     with open(ext, "w", encoding="utf-8") as fh:
         fh.write(
@@ -36,8 +46,21 @@ def make_test_ca(directory: str) -> tuple[str, str, str]:
             "subjectKeyIdentifier=hash\n"
             "authorityKeyIdentifier=keyid,issuer\n"
         )
-    run("x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial",
-        "-out", crt, "-days", "2", "-extfile", ext)
+    run(
+        "x509",
+        "-req",
+        "-in",
+        csr,
+        "-CA",
+        ca_crt,
+        "-CAkey",
+        ca_key,
+        "-CAcreateserial",
+        "-out",
+        crt,
+        "-days",
+        "2",
+        "-extfile",
+        ext,
+    )
     return ca_crt, crt, key
-
-

@@ -1,14 +1,10 @@
 """The host's loads read from the counters: per endpoint, open requests' occupancy within the
 window, slots newer than a snapshot, and lbcore's load rules on top."""
 
-
 import numpy as np
 import pytest
 
-from shm import (
-    CounterInputError,
-    CounterStore,
-)
+from shm import CounterInputError, CounterStore
 from tests.shm_tests.window import MS, OPEN_PARTS, T0, S, W, block
 
 

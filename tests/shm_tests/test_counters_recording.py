@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 
 from lbcore.outlier import FAIL_TIMEOUT
-from shm import (
-    CounterInputError,
-)
+from shm import CounterInputError
 from shm.counters import bucket_weights
 from tests.shm_tests.window import MS, OPEN_PARTS, T0, S, W, block, raw
 

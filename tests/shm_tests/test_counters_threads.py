@@ -6,11 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from shm import (
-    LockedRecorder,
-    SlotOwnershipError,
-    ThreadRecorder,
-)
+from shm import LockedRecorder, SlotOwnershipError, ThreadRecorder
 from tests.shm_tests.seams import second_waits_for_first
 from tests.shm_tests.window import MS, OPEN_PARTS, T0, block
 
