@@ -17,7 +17,7 @@ import numpy as np
 
 from lbcore.errors import EndpointError
 
-__all__ = ["endpoint_tuple", "host_ids_of", "host_key", "renumbered"]
+__all__ = ["endpoint_tuple", "host_ids_of", "host_key", "parsed_host_key", "renumbered"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}  # what Skipper's net.SchemeHost fills in
 
@@ -41,7 +41,7 @@ def host_key(endpoint: str) -> str:
             return host.lower()
         if port <= 65535:
             return f"{host.lower()}:{port}"
-    return _parsed_host_key(endpoint)
+    return parsed_host_key(endpoint)
 
 
 def renumbered(host_ids: np.ndarray) -> np.ndarray:
@@ -85,8 +85,12 @@ def host_ids_of(endpoints: Sequence[str]) -> np.ndarray:
     return out
 
 
-def _parsed_host_key(endpoint: str) -> str:
-    """:func:`host_key` by ``urllib.parse.urlsplit``, for every address."""
+def parsed_host_key(endpoint: str) -> str:
+    """:func:`host_key` by ``urllib.parse.urlsplit``, for every address.
+
+    The general parse :func:`host_key` falls back on for addresses its pattern does not
+    take, and the reference its fast path is checked against.
+    """
     if "://" not in endpoint:
         return endpoint.lower()
     try:

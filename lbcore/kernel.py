@@ -38,7 +38,9 @@ __all__ = [
     "check_attempt",
     "hash_keys",
     "kernel_name",
+    "load_native",
     "native",
+    "native_unavailable",
     "scatter_add",
     "scatter_add_routed",
     "scatter_adder",
@@ -82,6 +84,17 @@ def _load_native() -> ModuleType | None:
                 _kernel.configure(batch_of)
                 _native = _kernel
     return _native
+
+
+def load_native() -> ModuleType | None:
+    """The native extension module, active or not (loaded once); ``None`` if it cannot load."""
+    return _load_native()
+
+
+def native_unavailable() -> str | None:
+    """Why the native extension module cannot load; ``None`` when it loads."""
+    _load_native()
+    return _native_error
 
 
 def kernel_name() -> str:

@@ -8,7 +8,7 @@ Prints, each next to a baseline measured in the same run:
 2. one scale-up publish (+10 % pods: ring-set transition + shared-memory publish) for
    100 / 1,000 / 5,000 endpoints, against building the plain ``lbcore.Ring`` of the same
    endpoints (what any ring rebuild costs);
-3. end to end on 127.0.0.1: a slice change on the Kubernetes API (tests/kubeapi.py) until
+3. end to end on 127.0.0.1: a slice change on the Kubernetes API (tests/kubeapi/) until
    a reader in this process routes on the new generation, published by a ``cslb
    discovery`` process (debounce 0), against the time until an informer's callback in
    this process sees the change.

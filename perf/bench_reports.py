@@ -74,7 +74,7 @@ def _configure(reports: bool) -> None:
     """Set the process's report setting from now on (new transports, new routers)."""
     os.environ["CSLB_LOAD_REPORTS"] = "on" if reports else "off"
     reported.report_settings.cache_clear()
-    curl_transport._after_fork_in_child()  # (the thread's transport is made anew)
+    curl_transport.forget_reactors()  # (the thread's transport is made anew)
 
 
 def _wire(quick: bool, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -132,7 +132,7 @@ def _wire(quick: bool, log: Callable[[str], None]) -> list[dict[str, Any]]:
         else:
             os.environ["CSLB_LOAD_REPORTS"] = saved
         reported.report_settings.cache_clear()
-        curl_transport._after_fork_in_child()
+        curl_transport.forget_reactors()
     base = statistics.median(cpu[configs[0][0]])
     rows = []
     for name, _, _ in configs:

@@ -1,10 +1,11 @@
 """Product pods on the wire for the fan-out benchmarks: ``perf/podserver.c`` in one process.
 
-``WirePods(n, service_ms)`` compiles ``podserver.c`` with the machine's C compiler (once,
-into a cache directory keyed by the source's hash), starts it on ``n`` free ports of
-127.0.0.1 and waits until every port answers. Every pod answers ``GET /<key>`` with
-``{"key": ..., "pod": <port>}`` and ``POST /batch`` (a JSON array of keys) with an array
-of those, exactly ``service_ms`` after the request was parsed, over HTTP/1.1 keep-alive;
+``WirePods(n, service_ms)`` compiles ``podserver.c`` and ``podserver_http.c`` with the
+machine's C compiler (once, into a cache directory keyed by the sources' hash), starts
+it on ``n`` free ports of 127.0.0.1 and waits until every port answers. Every pod answers
+``GET /<key>`` with ``{"key": ..., "pod": <port>}`` and ``POST /batch`` (a JSON array of
+keys) with an array of those, exactly ``service_ms`` after the request was parsed, over
+HTTP/1.1 keep-alive;
 ``GET /_stats`` counts TCP connections accepted and open, requests served and the most
 requests served at once, per port (:meth:`WirePods.stats`); ``POST /_reset`` zeroes them. One C
 process with one epoll loop and a timer answers faster than any Python client can ask,
@@ -29,9 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SOURCE", "CompilerMissingError", "WirePods", "build"]
+__all__ = ["PARTS", "SOURCE", "CompilerMissingError", "WirePods", "build"]
 
 SOURCE = Path(__file__).resolve().parent / "podserver.c"
+# The pod server's other files, next to its main file: compiled with it (.c), or only
+# hashed with it (.h), so an edit to any of them builds a new binary.
+PARTS = ("podserver_http.c", "podserver.h")
 CFLAGS = ["-std=c99", "-O2", "-Wall", "-Wextra", "-Werror"]
 
 
@@ -47,9 +51,11 @@ def _cache_dir() -> Path:
 
 
 def build(source: Path = SOURCE, cache: Path | None = None) -> Path:
-    """Compile ``source`` (if not already built from these bytes); the executable's path.
+    """Compile ``source`` with its :data:`PARTS` beside it, unless built from these bytes.
 
-    The binary is named after the SHA-256 of the source and the flags, so an edited
+    Returns the executable's path.
+
+    The binary is named after the SHA-256 of the sources and the flags, so an edited
     source is rebuilt and concurrent builds never see a half-written file (each writes
     its own temporary file and renames it into place).
 
@@ -66,7 +72,8 @@ def build(source: Path = SOURCE, cache: Path | None = None) -> Path:
             "the wire benchmarks build their pods (perf/podserver.c) with a C compiler and "
             "none was found: install one (apt-get install gcc) or set CC"
         )
-    data = source.read_bytes()
+    files = [source, *(source.with_name(part) for part in PARTS)]
+    data = b"".join(f.read_bytes() for f in files)
     digest = hashlib.sha256(data + " ".join([cc, *CFLAGS]).encode()).hexdigest()[:16]
     cache = cache or _cache_dir()
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -75,7 +82,7 @@ def build(source: Path = SOURCE, cache: Path | None = None) -> Path:
         return exe
     tmp = cache / f".podserver-{digest}-{os.getpid()}"
     got = subprocess.run(
-        [*cc.split(), *CFLAGS, "-o", str(tmp), str(source)],
+        [*cc.split(), *CFLAGS, "-o", str(tmp), *(str(f) for f in files if f.suffix == ".c")],
         capture_output=True,
         text=True,
         timeout=120,

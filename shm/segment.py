@@ -60,6 +60,7 @@ __all__ = [
     "epoch_segments",
     "fence",
     "intact",
+    "intact_by_lseek",
     "list_segments",
     "own_start_ticks",
     "process_alive",
@@ -296,14 +297,14 @@ def _allocate(fd: int, name: str, size: int) -> None:
 SIZE_CHECK_NS = 0
 
 
-def _intact(a: Segment, b: Segment | None = None) -> bool:
+def intact_by_lseek(a: Segment, b: Segment | None = None) -> bool:
     """Whether ``a`` and ``b`` surely still back their whole mappings: one ``lseek`` each.
 
     The routing path's size check, once per batch per segment it touches. ``False``
     also when unsure (a closed descriptor, an error): the caller then asks
-    :meth:`Segment.shrunk_to` of each, which gives the verdict. Where the native kernel
-    is built this is its ``mapped_intact`` (no Python frame, and the GIL held around
-    the system call, which does not block); this is the same without it.
+    :meth:`Segment.shrunk_to` of each, which gives the verdict. The routing path calls
+    :data:`intact`: the native kernel's ``mapped_intact`` where it is built (no Python
+    frame, and the GIL held around the system call, which does not block), else this.
     """
     try:
         return _lseek(a.fd, 0, _SEEK_END) >= a.size and (
@@ -318,7 +319,7 @@ try:  # (a build from older sources lacks it)
 except ImportError:
     _native_intact = None
 
-intact: Callable[..., bool] = _native_intact or _intact
+intact: Callable[..., bool] = _native_intact or intact_by_lseek
 
 
 class Segment:

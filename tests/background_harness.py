@@ -1,5 +1,5 @@
 """Helpers for tests of work taken off the routing thread: holding shm's background
-mapping thread at a seam, and running a function in a forked child."""
+mapping thread at a seam, and running a function in a forked child, forking while a lock is held."""
 
 from __future__ import annotations
 
@@ -54,3 +54,31 @@ def run_forked(
         if p.exitcode is None:
             p.kill()
             p.join(5)
+
+
+def _checked_in_child(obj: Any, check: Callable[[Any], Any], conn) -> None:
+    conn.send(bool(check(obj)))  # (blocks for good on a lock left held)
+
+
+def fork_while_locked(obj: Any, check: Callable[[Any], Any]) -> bool:
+    """Fork while another thread holds ``obj``'s lock; does ``check(obj)`` pass in the child?
+
+    ``check`` uses ``obj`` as a caller would (a job submitted, a table read): with the lock
+    left held in the child it would block, and the child never reports. Nothing public
+    holds the lock for long, so the holding thread takes ``obj._lock`` itself.
+    """
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with obj._lock:
+            held.set()
+            release.wait(20)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(10)
+        return run_forked(_checked_in_child, obj, check)[0]
+    finally:
+        release.set()
+        t.join(10)

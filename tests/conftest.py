@@ -37,3 +37,20 @@ def kernel(request):
         yield request.param
     finally:
         lbcore.use_kernel(old)
+
+
+@pytest.fixture
+def kube_bookmark_s() -> float | None:
+    """Seconds between the bookmarks the ``kube`` fixture's server sends on open watches
+    (``None``: only when a test asks); a module may override it. Bookmarks keep quiet
+    watches inside the informers' read timeout."""
+    return 0.3
+
+
+@pytest.fixture
+def kube(kube_bookmark_s):
+    """The test Kubernetes API server (:mod:`tests.kubeapi`) on 127.0.0.1, stopped after."""
+    from tests.kubeapi import FakeKubeAPI
+
+    with FakeKubeAPI(bookmark_every_s=kube_bookmark_s) as api:
+        yield api

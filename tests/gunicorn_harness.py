@@ -156,13 +156,13 @@ class Server:
                 f"127.0.0.1:{self.port}",
                 *args,
             ]
-        self._log = open(self.log_path, "wb")
+        self.log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             argv,
             cwd=tmp_path,
             env=environ,
             stdin=subprocess.DEVNULL,
-            stdout=self._log,
+            stdout=self.log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -305,7 +305,7 @@ class Server:
         if self.unlink:
             for name in shm.list_segments(self.namespace):
                 unlink_name(name)
-        self._log.close()
+        self.log_file.close()
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""What the hostile tests damage: the file behind a segment name, and a counter matrix
-in use."""
+"""What the hostile tests damage: the file behind a segment name, a counter matrix in use,
+and the counters as any other process of the user can write them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 
 import shm
+from shm.counters.matrix import Control, attach_control
 from shm.segment import SHM_DIR
 from tests.discovery_harness import shm_namespace
 
@@ -40,3 +41,10 @@ def newest_data(namespace: str, kind: str) -> str:
 def shrink(name: str, nbytes: int) -> None:
     """Truncate the segment named ``name`` to ``nbytes`` bytes, under its users' feet."""
     os.truncate(segment_path(name), nbytes)
+
+
+def writable_counters(namespace: str) -> Control:
+    """The counters of ``namespace`` mapped writable a second time, as any process of the
+    user can map them: the slot table (``.slots``) and, by ``.current()``, the matrix. What
+    a test writes through it reaches the store's rows without going through the store."""
+    return attach_control(namespace, writable=True)

@@ -1,23 +1,14 @@
 import json
-import pathlib
 import subprocess
 import sys
 
 import lbcore
+from tests.cslb_runs import ROOT, run_cslb
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "endpoints.json"
 
 
-def cslb(*args, stdin=None):
-    return subprocess.run(
-        [sys.executable, "-m", "cslb", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+cslb = run_cslb
 
 
 def test_route_prints_lbcores_answer():

@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,10 +25,10 @@ from lbcore.ejection import Ejections
 from lbcore.outlier import REASON_CONSECUTIVE
 from shm.segment import SHM_DIR, unlink_name
 from tests.app_tests.conftest import ENDPOINTS, Host, new_namespace
+from tests.cslb_runs import run_cslb
 from workers.routing.router import Router
 from workers.surfaces.explain import FALLBACK_REASONS, KINDS, live
 
-REPO = Path(__file__).resolve().parent.parent
 KEYS = [f"SKU-{i:05d}" for i in range(3000)]
 NEW = ["http://10.9.1.1:8080", "http://10.9.1.2:8080", "http://10.9.1.3:8080"]
 
@@ -209,15 +207,7 @@ def test_bad_keys_are_refused_before_anything_is_read() -> None:
 
 
 def cslb(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CSLB_")}
-    return subprocess.run(
-        [sys.executable, "-m", "cslb", "route", *args],
-        input=stdin,
-        capture_output=True,
-        timeout=60,
-        cwd=REPO,
-        env=env,
-    )
+    return run_cslb("route", *args, stdin=stdin, without_cslb_env=True, text=False)
 
 
 def test_command_text_json_and_exit_statuses(host: Host) -> None:

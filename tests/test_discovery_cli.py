@@ -19,8 +19,9 @@ from discovery.ringstate import FadeParams, RingState
 from discovery.static import EndpointSpec
 from lbcore.knobs import defaults
 from lbcore.route import route_ring_set
+from tests.cslb_runs import run_cslb
 from tests.discovery_harness import ROOT, Proc, segments, shm_namespace, wait_until
-from tests.kubeapi import CONFIGMAPS, SLICES, FakeKubeAPI, configmap, endpoint, endpoint_slice
+from tests.kubeapi import CONFIGMAPS, SLICES, configmap, endpoint, endpoint_slice
 from workers.surfaces import inspect_report as inspect_cmd
 
 NS = "shop"
@@ -44,15 +45,7 @@ FAST_FLAGS = [
 ]
 
 
-def cslb(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "cslb", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env=env,
-    )
+cslb = run_cslb
 
 
 def catalog_slice(name, addrs):
@@ -62,9 +55,8 @@ def catalog_slice(name, addrs):
 
 
 @pytest.fixture
-def kube():
-    with FakeKubeAPI(bookmark_every_s=0.5) as api:
-        yield api
+def kube_bookmark_s() -> float:
+    return 0.5
 
 
 @pytest.fixture

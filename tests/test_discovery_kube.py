@@ -1,5 +1,5 @@
 """The list+watch informers, driving the real ``kubernetes`` client against a small
-Kubernetes API server on 127.0.0.1 (tests/kubeapi.py)."""
+Kubernetes API server on 127.0.0.1 (tests/kubeapi/)."""
 
 import random
 import threading
@@ -15,7 +15,6 @@ from tests.discovery_harness import FAST
 from tests.kubeapi import (
     CONFIGMAPS,
     SLICES,
-    FakeKubeAPI,
     configmap,
     endpoint,
     endpoint_slice,
@@ -73,13 +72,6 @@ class Recorder:
 
     def named(self, event):
         return [e for e in self.events if e["event"] == event]
-
-
-@pytest.fixture
-def kube():
-    # Bookmarks keep quiet watches inside the 1 s read timeout.
-    with FakeKubeAPI(bookmark_every_s=0.3) as api:
-        yield api
 
 
 @pytest.fixture

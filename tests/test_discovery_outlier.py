@@ -20,7 +20,7 @@ from lbcore.outlier import (
     OutlierParams,
 )
 from tests.discovery_harness import Loop, shm_namespace, wait_until
-from tests.kubeapi import CONFIGMAPS, FakeKubeAPI, configmap
+from tests.kubeapi import CONFIGMAPS, configmap
 
 S = 1_000_000_000
 EPS = [f"http://10.7.0.{i}:8080" for i in range(1, 11)]
@@ -324,13 +324,8 @@ def test_a_restarted_discovery_keeps_ejections_and_their_until_times(fleet):
 
 
 @pytest.fixture
-def kube():
-    api = FakeKubeAPI()
-    api.start()
-    try:
-        yield api
-    finally:
-        api.stop()
+def kube_bookmark_s() -> None:
+    return None  # (bookmarks only when asked)
 
 
 def test_the_configmap_sets_outlier_knobs_and_turning_detection_off_readmits_at_once(

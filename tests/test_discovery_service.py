@@ -12,7 +12,7 @@ import shm
 from discovery.static import EndpointSpec
 from lbcore.route import route_ring_set
 from tests.discovery_harness import Loop, shm_namespace, wait_until
-from tests.kubeapi import CONFIGMAPS, SLICES, FakeKubeAPI, configmap, endpoint, endpoint_slice
+from tests.kubeapi import CONFIGMAPS, SLICES, configmap, endpoint, endpoint_slice
 
 NS = "shop"
 
@@ -41,12 +41,6 @@ def slices_for(addrs, per=10, prefix="catalog"):
             )
         )
     return out
-
-
-@pytest.fixture
-def kube():
-    with FakeKubeAPI(bookmark_every_s=0.3) as api:
-        yield api
 
 
 @pytest.fixture

@@ -371,7 +371,7 @@ def test_external_discovery(tmp_path: Path, sidecar) -> None:
 
 
 def test_two_servers_share_a_sidecar(tmp_path: Path, sidecar) -> None:
-    """B1: the first server to stop leaves the counters the other one uses."""
+    """The first server to stop leaves the counters the other one uses."""
     ns = sidecar.namespace
     args = [*PING, "--discovery", "external", "--workers", "1"]
     with serving(args, tmp_path, namespace=ns, unlink=False) as a:

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import shm
-from tests.app_tests.test_app import call
+from tests.app_tests.wsgi_calls import call
 from tests.discovery_harness import Loop, shm_namespace, wait_until
 from workers.surfaces.app import CslbApp
 

@@ -175,6 +175,11 @@ class Load:
         with self._lock:
             return [r for _, done, _, r in self.seen if a <= done < b]
 
+    def took_between(self, a: float, b: float) -> list[tuple[float, list[dict]]]:
+        """(took_s, results) of the requests that ended in ``[a, b)``."""
+        with self._lock:
+            return [(took, r) for _, done, took, r in self.seen if a <= done < b]
+
     def requests(self) -> int:
         with self._lock:
             return len(self.seen)
@@ -287,8 +292,7 @@ def test_a_frozen_pod_times_out_is_retried_and_ejected(tmp_path, worker):
         finally:
             frozen.signal(signal.SIGCONT)
             load.stop()
-        with load._lock:  # the requests that were out while it was frozen
-            during = [(took, r) for _, done, took, r in load.seen if t_stop <= done < t_end]
+        during = load.took_between(t_stop, t_end)  # out while it was frozen
         assert during
         # Calls to it time out and their retries succeed: no request waits much beyond
         # twice the call timeout, hardly a key fails.

@@ -186,25 +186,31 @@ def test_ledger_writes_in_batched_steps_what_calls_did(store):
     assert reader.read(now[0], 16).in_flight[[5, 6]].tolist() == [1, 1]
 
 
-class _Watched:
-    """A recorder that, after each write into its row (each kernel call: a step is
-    several), reads what other workers see in flight."""
+def watched_claim(store, reader, clock):
+    """A row claimed with kernel adders that, after each write into it (each kernel call:
+    a step is several), read what other workers see in flight; returns the recorder and
+    what they saw."""
+    import shm.counters.recorder as recorder_mod
 
-    def __init__(self, rec, reader, clock):
-        self.rec, self.reader, self.clock = rec, reader, clock
-        self.seen: list[list[int]] = []
-        for name in ("_add", "_add_calls"):  # the recorder's kernel entry points
-            setattr(rec, name, self._watched(getattr(rec, name)))
+    seen: list[list[int]] = []
 
-    def _watched(self, add):
-        def watched_add(*a):
-            add(*a)
-            self.seen.append(self.reader.read(self.clock(), 16).in_flight[:4].tolist())
+    def watching(make_adder):
+        def make():
+            add = make_adder()
 
-        return watched_add
+            def watched_add(*a):
+                add(*a)
+                seen.append(reader.read(clock(), 16).in_flight[:4].tolist())
 
-    def __getattr__(self, name):
-        return getattr(self.rec, name)
+            return watched_add
+
+        return make
+
+    # (the recorder resolves its kernel entry points once, when it is made)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(recorder_mod, "scatter_adder", watching(recorder_mod.scatter_adder))
+        mp.setattr(recorder_mod, "calls_adder", watching(recorder_mod.calls_adder))
+        return store.claim(), seen
 
 
 def test_ledger_never_shows_a_call_in_flight_that_is_not(store):
@@ -212,8 +218,8 @@ def test_ledger_never_shows_a_call_in_flight_that_is_not(store):
     counts at most the calls really out (ends first, starts last); the end state counts
     exactly them."""
     now = [1_000 * S]
-    watched = _Watched(store.claim(), store.reader(), lambda: now[0])
-    led = CallLedger(Recording(lambda: now[0], watched))
+    rec, seen = watched_claim(store, store.reader(), lambda: now[0])
+    led = CallLedger(Recording(lambda: now[0], rec))
     a = led.begin(1, cap=10)  # written at once (first after a quiet spell)
     now[0] += 1_000
     b = led.begin(1, cap=10)  # pending ...
@@ -224,14 +230,14 @@ def test_ledger_never_shows_a_call_in_flight_that_is_not(store):
     led.begin(2, cap=10)  # still out
     led.begin(3, cap=10)
     out = {1: 0, 2: 1, 3: 1}
-    watched.seen.clear()
+    seen.clear()
     led.flush()
     # One write (lbcore.kernel.add_calls: ends, a release fence, then starts); a reader
     # between writes sees the end state at most.
-    assert len(watched.seen) >= 1
-    for cells in watched.seen:
-        assert all(cells[s] <= n for s, n in out.items()), watched.seen
-    assert watched.seen[-1][1:4] == [0, 1, 1]
+    assert len(seen) >= 1
+    for cells in seen:
+        assert all(cells[s] <= n for s, n in out.items()), seen
+    assert seen[-1][1:4] == [0, 1, 1]
     loads = store.reader().read(now[0], 16)
     assert loads.completed[1] == 2 and loads.in_flight[1] == 0
     assert loads.mean_latency_s[1] == pytest.approx((2_000 + 1_000) / 2 / 1e9)

@@ -94,7 +94,7 @@ def report(occupancy: float, util: float) -> list[tuple[str, str]]:
 
 def _reset_settings() -> None:
     reported.report_settings.cache_clear()
-    curl_transport._after_fork_in_child()  # (this thread's transport is made anew)
+    curl_transport.forget_reactors()  # (this thread's transport is made anew)
 
 
 @pytest.fixture(params=[True, False], ids=["reports-on", "reports-off"])

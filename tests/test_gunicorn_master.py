@@ -140,7 +140,7 @@ def test_child_exit_leaves_a_row_reserved_for_a_newer_worker(namespaces) -> None
 
 
 def test_counters_removed_under_the_master(namespaces) -> None:
-    """B1: a peer removed the shared counters; the master re-attaches and forks on."""
+    """A peer removed the shared counters; the master re-attaches and forks on."""
     m, server = _master(namespaces())
     before = SimpleNamespace(pid=0)
     m.reserve(before)

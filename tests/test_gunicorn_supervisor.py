@@ -279,7 +279,7 @@ def test_harness_never_kills_a_reused_pid(tmp_path: Path) -> None:
         server = Server.__new__(Server)
         server.pid, server.proc, server.namespace = done.pid, done, unique_namespace("h")
         server.unlink = True
-        server._log = open(tmp_path / "log", "wb")
+        server.log_file = open(tmp_path / "log", "wb")
         ticks = process_start_ticks(stranger.pid)
         assert ticks is not None
         server.seen = {stranger.pid: ticks - 1}  # same PID, another start time

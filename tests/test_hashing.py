@@ -42,11 +42,16 @@ def test_int_keys_hash_as_decimal_strings(keys):
     assert lbcore.hash_keys(keys).tolist() == [ref(str(k)) for k in keys]
 
 
+def resampled(keys, seed):
+    """A batch of LONG keys drawn from ``keys`` with repeats (seeded)."""
+    rng = np.random.default_rng(seed)
+    return [keys[i] for i in rng.integers(0, len(keys), LONG)]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(text, min_size=1, max_size=30), st.integers(0, 3))
 def test_long_str_batches_and_object_arrays_match(keys, seed):
-    rng = np.random.default_rng(seed)
-    batch = [keys[i] for i in rng.integers(0, len(keys), LONG)]
+    batch = resampled(keys, seed)
     assert lbcore.hash_keys(batch).tolist() == [ref(k) for k in batch]
     as_array = np.array(batch, dtype=object)
     assert lbcore.hash_keys(as_array).tolist() == [ref(k) for k in batch]
@@ -55,8 +60,7 @@ def test_long_str_batches_and_object_arrays_match(keys, seed):
 @settings(max_examples=60, deadline=None)
 @given(st.lists(blobs, min_size=1, max_size=30), st.integers(0, 3))
 def test_long_bytes_batches_match(keys, seed):
-    rng = np.random.default_rng(seed)
-    batch = [keys[i] for i in rng.integers(0, len(keys), LONG)]
+    batch = resampled(keys, seed)
     assert lbcore.hash_keys(batch).tolist() == [ref(k) for k in batch]
 
 

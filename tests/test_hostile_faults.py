@@ -123,7 +123,7 @@ def test_routing_checks_each_segment_it_touches_once_per_batch(monkeypatch) -> N
     import lbcore
     import shm.counters.recorder as recorder_mod
     import shm.tables.reader as reader_mod
-    from tests.test_router import Clock, Host, endpoints
+    from tests.router_harness import Clock, Host, endpoints
 
     host = Host(f"hp{os.getpid()}x{uuid.uuid4().hex[:8]}", Clock())
     try:
@@ -186,15 +186,17 @@ def test_a_warning_a_request_can_raise_is_logged_once_an_interval_with_a_count(
     from workers.routing import tracker
 
     log = logging.getLogger("cslb.router")
-    for throttle in (recording.WarningThrottle("x not recorded"), tracker._START_WARN):
+    now = [10**12]
+    for throttle in (recording.WarningThrottle("x not recorded"), tracker.START_WARN):
         caplog.clear()
+        monkeypatch.setattr(throttle, "clock", lambda: now[0])
         with caplog.at_level(logging.WARNING, logger="cslb.router"):
             monkeypatch.setattr(recording, "WARN_INTERVAL_NS", 60_000_000_000)
             for _ in range(100):
                 throttle.warn(log, RuntimeError("segment shrunk"))
+                now[0] += 500_000_000  # 50 s in all: within the interval
             assert len(caplog.records) == 1
-            monkeypatch.setattr(recording, "WARN_INTERVAL_NS", 0)
-            throttle._next_ns = 0  # (the interval is over)
+            now[0] += 10_000_000_000  # the interval is over
             throttle.warn(log, RuntimeError("segment shrunk"))
         assert len(caplog.records) == 2
         assert "99 not logged" in caplog.records[1].getMessage()

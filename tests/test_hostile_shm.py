@@ -254,10 +254,10 @@ def test_a_router_routes_as_idle_while_its_counters_are_shrunk(caplog, monkeypat
     warning), records nothing there, and reads loads again once they are repaired."""
     import uuid
 
-    from tests.test_router import KEYS, Clock, Host, endpoints
+    from tests.router_harness import KEYS, Clock, Host, endpoints
     from workers.routing import snapshot
 
-    monkeypatch.setattr(snapshot, "_unreadable_next_log", [0])  # (other tests' clocks)
+    snapshot.reset_counter_warnings()  # (other tests' clocks)
     host = Host(f"rs{os.getpid()}x{uuid.uuid4().hex[:8]}", Clock())
     try:
         host.publish(lbcore_ring_set(endpoints(5)))

@@ -19,7 +19,7 @@ from lbcore import Gate, Plan, RingSet
 from tests.kernel_harness import on
 
 pytestmark = pytest.mark.skipif(
-    lbcore.kernel.native() is None and lbcore.kernel._load_native() is None,
+    lbcore.kernel.load_native() is None,
     reason="needs the native kernel",
 )
 

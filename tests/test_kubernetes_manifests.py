@@ -21,7 +21,7 @@ import yaml
 
 import shm
 from discovery.settings import knob
-from tests.app_tests.test_app import call
+from tests.app_tests.wsgi_calls import call
 from tests.discovery_harness import Proc, shm_namespace, wait_until
 from tests.k8s_manifests import (
     POD_IP,

@@ -20,7 +20,7 @@ import lbcore
 ROOT = Path(__file__).parents[1]
 
 pytestmark = pytest.mark.skipif(
-    lbcore.kernel.native() is None and lbcore.kernel._load_native() is None,
+    lbcore.kernel.load_native() is None,
     reason="the native kernel is not built",
 )
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 PRELUDE = """
     import numpy as np
     import lbcore
-    import lbcore._kernel as k
+    k = lbcore.kernel.load_native()
 
     lbcore.use_kernel("native")
     Native = k.Plan

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+import lbcore
 from tests.gunicorn_harness import serving, unique_namespace, wait_for
+from tests.router_harness import Host
 from workers import Router
 from workers.routing import notice
 
@@ -55,12 +57,34 @@ def test_once_then_every_minute_then_the_end(
         (again,) = _lines(caplog, "still_no_routing_table")
         assert again.msg.fields["fallback_keys"] == 50 * 3 - 3 + 1 + 2
         assert again.msg.fields["lasted_s"] == pytest.approx(notice.REPEAT_S, abs=0.1)
-        # The notice's end is tested on its own (a table here would need a discovery).
-        router._no_table.table()
-        (end,) = _lines(caplog, "routing_table_found")
-        assert end.msg.fields["fallback_keys"] == 50 * 3 + 1 + 2
-        router.route(["a"])
-        assert len(_lines(caplog, "no_routing_table")) == 2  # a new stretch
+        # A table arrives (published as discovery would) and is found within a second.
+        host = Host(ns, clock)
+        try:
+            host.publish(lbcore.RingSet(["http://10.0.0.1:8080"]))
+            clock.now += 1_010_000_000
+            assert (router.route(["a"]) == 0).all()
+            (end,) = _lines(caplog, "routing_table_found")
+            assert end.msg.fields["fallback_keys"] == 50 * 3 + 1 + 2
+        finally:
+            host.close()
+
+
+def test_a_stretch_after_the_end_is_new(caplog: pytest.LogCaptureFixture) -> None:
+    # (A router keeps routing on its last table once one was found, so the notice alone.)
+    clock = Clock()
+    caplog.set_level(logging.INFO, logger="cslb.router")
+    n = notice.NoTableNotice("ns", clock, lambda: "")
+    n.no_table(3, None)
+    clock.now += 2_000_000_000
+    n.table()
+    (end,) = _lines(caplog, "routing_table_found")
+    assert (end.msg.fields["without_table_s"], end.msg.fields["fallback_keys"]) == (2.0, 3)
+    assert not n.active
+    n.table()  # no stretch: nothing to end
+    assert len(_lines(caplog, "routing_table_found")) == 1
+    n.no_table(1, None)
+    (_, again) = _lines(caplog, "no_routing_table")  # a new stretch, its first line
+    assert again.msg.fields["fallback_keys"] == 1 and n.active
 
 
 def test_the_line_names_the_fallback_url_when_set(

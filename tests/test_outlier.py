@@ -52,7 +52,7 @@ def test_a_frozen_pods_timeouts_count_and_a_saturated_callers_do_not():
 
 
 def test_a_saturated_caller_at_small_counts_per_interval_ejects_nobody():
-    # The reviewer's case: a 0.25-s interval, an asyncio worker saturated, a few calls per
+    # A 0.25-s interval, an asyncio worker saturated, a few calls per
     # pod, each pod's calls timing out together. Judged by the median of the others'
     # shares, pod 1 (2 of 2) stood out by more than the margin in the first interval and
     # counted 2 failures with no success; a few such intervals made 5 in a row.

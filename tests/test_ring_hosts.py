@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lbcore
-from lbcore.endpoints import _parsed_host_key, host_ids_of, host_key
+from lbcore.endpoints import host_ids_of, host_key, parsed_host_key
 from lbcore.route import route_ring_set
 
 TRICKY = [
@@ -43,7 +43,7 @@ TRICKY = [
 
 def test_the_fast_parse_equals_urlsplits_on_tricky_addresses():
     for ep in TRICKY:
-        assert host_key(ep) == _parsed_host_key(ep), ep
+        assert host_key(ep) == parsed_host_key(ep), ep
 
 
 @settings(max_examples=400, deadline=None)
@@ -57,7 +57,7 @@ def test_the_fast_parse_equals_urlsplits_on_tricky_addresses():
     )
 )
 def test_the_fast_parse_equals_urlsplits_on_any_address(ep):
-    assert host_key(ep) == _parsed_host_key(ep)
+    assert host_key(ep) == parsed_host_key(ep)
 
 
 def slots(ring: lbcore.Ring) -> dict[str, int]:
@@ -91,7 +91,7 @@ def test_has_aliases_is_public_and_exact():
 
 def reference_ids(eps):
     ids: dict[str, int] = {}
-    return [ids.setdefault(_parsed_host_key(e), len(ids)) for e in eps]
+    return [ids.setdefault(parsed_host_key(e), len(ids)) for e in eps]
 
 
 @settings(max_examples=200, deadline=None)

@@ -14,16 +14,13 @@ import pytest
 import lbcore
 from lbcore.route import route_ring_set
 from shm.segment import set_seam_hook
-from tests import test_router as base
+from tests import router_harness as harness
 from tests.background_harness import held_background_map, run_forked
-from tests.test_router import KEYS, _followed, endpoints, knobs
+from tests.router_harness import KEYS, endpoints, followed, knobs
 from workers.routing.router import Router
 
-# The router tests' fixtures: a namespace cleaned up afterwards, its counters and writer.
-namespace = base.namespace
-clock = base.clock
-host = base.host
-_no_leftovers = base._no_leftovers
+# The router tests' fixtures: a namespace swept afterwards, an injected clock, the host.
+namespace, clock, host, swept = harness.namespace, harness.clock, harness.host, harness.swept
 
 
 @pytest.fixture
@@ -54,7 +51,7 @@ def test_batches_route_on_the_previous_generation_while_the_new_one_is_mapped(ho
         np.testing.assert_array_equal(idx, route_ring_set(rs1, KEYS, 0))
         assert r.endpoints_of(idx[:3]) == [rs1.endpoints[i] for i in idx[:3]]
     held_map.set()
-    idx, t = _followed(r, 2)
+    idx, t = followed(r, 2)
     assert t.endpoints == rs2.endpoints
     np.testing.assert_array_equal(idx, route_ring_set(rs2, KEYS, 0))
     assert r.tables.mapped_in_background == 1
@@ -75,7 +72,7 @@ def test_small_tables_are_followed_at_once_larger_ones_in_the_background(host, h
     host.publish(big, knobs=knobs(balance_factor=None))
     assert r.route_table(KEYS)[1].generation == 4  # held in the background map
     held_map.set()
-    idx, t = _followed(r, 5)
+    idx, t = followed(r, 5)
     np.testing.assert_array_equal(idx, route_ring_set(big, KEYS, 0))
     assert r.tables.mapped_in_background == 1
 
@@ -103,7 +100,7 @@ def test_hosts_of_a_large_table_with_ejections_are_parsed_off_the_routing_thread
     ejected = np.zeros(150, dtype=bool)
     ejected[[3, 77]] = True
     host.publish(big, ejected=ejected, knobs=knobs(balance_factor=None))
-    idx, _ = _followed(r, 2)
+    idx, _ = followed(r, 2)
     assert not np.isin(idx, [3, 77]).any()
     np.testing.assert_array_equal(idx, route_ring_set(big, KEYS, 0, candidates=~ejected))
     assert len(parsed) == 150 and set(parsed) == {"cslb-table-map"}
@@ -113,7 +110,7 @@ def _child(ns: str, conn) -> None:
     try:
         set_seam_hook(None)  # the parent's hook came along; its gate is the parent's
         r = Router(ns, background=True)  # the child's own router, after the fork
-        idx, t = _followed(r, 2, KEYS[:200])
+        idx, t = followed(r, 2, KEYS[:200])
         conn.send((t.generation, idx.tolist()))
         r.close()
     except BaseException as exc:  # reported to the parent
@@ -139,7 +136,7 @@ def test_a_child_forked_during_a_background_map_attaches_and_follows_on_its_own(
 
     got, _ = run_forked(_child, namespace, while_running=release)
     assert got == (2, route_ring_set(rs2, KEYS[:200], 0).tolist())
-    assert _followed(r, 2)[1].generation == 2
+    assert followed(r, 2)[1].generation == 2
 
 
 def test_routers_dropped_without_close_leave_no_threads(host):

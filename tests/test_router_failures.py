@@ -13,7 +13,7 @@ import lbcore
 from lbcore.outlier import FAIL_CONNECT
 from lbcore.route import route_ring_set
 from lbcore.signals import with_failures
-from tests.test_router import KEYS, Clock, Host, endpoints, knobs
+from tests.router_harness import KEYS, Clock, Host, endpoints, knobs
 
 MS = 1_000_000
 

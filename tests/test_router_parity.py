@@ -10,16 +10,13 @@ import shm
 from lbcore import route_ring_set
 from lbcore.draws import unit_interval
 from lbcore.fade import fadein_scores
-from tests.test_router import (  # noqa: F401
-    _no_leftovers,
-    clock,
-    endpoints,
-    host,
-    namespace,
-)
+from tests import router_harness as harness
+from tests.router_harness import D_NS, endpoints
 from workers.routing.router import SKIPPER_SALT
 
-D_NS = 30_000_000_000
+# The router tests' fixtures: a namespace swept afterwards, an injected clock, the host.
+namespace, clock, host, swept = harness.namespace, harness.clock, harness.host, harness.swept
+
 FAR = (1 << 62) - 1
 
 
@@ -78,7 +75,7 @@ def _routing_load(loads: shm.HostLoads, sig: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("seed", range(120))
-def test_random_parity_with_lbcore(seed, kernel, clock, host):  # noqa: F811
+def test_random_parity_with_lbcore(seed, kernel, clock, host):
     rng = np.random.default_rng(seed)
     n0 = int(rng.integers(1, 25))
     vn = int(rng.choice([5, 20, 100]))
@@ -152,7 +149,7 @@ def test_random_parity_with_lbcore(seed, kernel, clock, host):  # noqa: F811
     other.release()
 
 
-def test_a_load_change_on_the_same_table_is_routed_on(host):  # noqa: F811
+def test_a_load_change_on_the_same_table_is_routed_on(host):
     rs = lbcore.RingSet(endpoints(10))
     host.publish(rs, knobs=shm.Knobs(load_signal="in-flight", max_hops=None))
     r = host.router(refresh_s=1.0)
@@ -171,7 +168,7 @@ def test_a_load_change_on_the_same_table_is_routed_on(host):  # noqa: F811
     rec.release()
 
 
-def test_skipper_mode_with_every_established_pod_ejected_routes_to_the_new_ones(host, kernel):  # noqa: F811
+def test_skipper_mode_with_every_established_pod_ejected_routes_to_the_new_ones(host, kernel):
     t0 = host.clock()
     rs = lbcore.RingSet(endpoints(4), duration_ns=D_NS).scale_up(endpoints(3, net=1), t0)
     ej = np.array([True] * 4 + [False] * 3)
@@ -182,7 +179,7 @@ def test_skipper_mode_with_every_established_pod_ejected_routes_to_the_new_ones(
     assert (idx >= 4).all(), np.unique(idx)
 
 
-def test_answers_change_only_when_a_bar_decision_does(host):  # noqa: F811
+def test_answers_change_only_when_a_bar_decision_does(host):
     """Load moving on the same table while every endpoint stays on its side of the bar
     changes no answer; an endpoint going over it does (each refresh is a new plan)."""
     rs = lbcore.RingSet(endpoints(10))

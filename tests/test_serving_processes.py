@@ -236,6 +236,6 @@ def test_a_worker_of_a_master_that_is_pid_1_pools_under_the_master(monkeypatch):
     from workers.serving import pool
 
     monkeypatch.setattr(pool, "gunicorn_worker", lambda: types.SimpleNamespace(ppid=1))
-    assert pool.auto_namespace("auto").startswith(f"{pool._PREFIX}1-")
+    assert pool.auto_namespace("auto").startswith("pod-1-")  # (pod-<master pid>-<start ticks>)
     monkeypatch.setattr(pool, "gunicorn_worker", lambda: None)
-    assert pool.auto_namespace("process").startswith(f"{pool._PREFIX}{os.getpid()}-")
+    assert pool.auto_namespace("process").startswith(f"pod-{os.getpid()}-")

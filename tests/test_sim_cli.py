@@ -2,15 +2,14 @@
 
 import json
 import pathlib
-import subprocess
 import sys
 
 import pytest
 
 from cslb import simulate_cmd as cli
 from perf.sim.options import config
+from tests.cslb_runs import run_cslb
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 FAST = ["--pods", "6", "--seconds", "4", "--catalogue", "20000", "--cache-size", "300"]
 
 
@@ -19,13 +18,7 @@ def _config(args):
 
 
 def cslb(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "cslb", "simulate", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+    return run_cslb("simulate", *args, timeout=120)
 
 
 def test_simulate_is_registered_and_prints_a_table():

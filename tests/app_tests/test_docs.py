@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lbcore.knobs import docs_table
 from tests.app_tests.conftest import Host
-from tests.app_tests.test_app import call
+from tests.app_tests.wsgi_calls import call
 from workers.surfaces.app import APP_KNOBS, MAX_ATTEMPT, MAX_KEY_BYTES, CslbApp
 from workers.surfaces.collector import CslbCollector
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.app_tests.conftest import Host
-from tests.app_tests.test_app import call, expected, post_json
+from tests.app_tests.wsgi_calls import call, expected, post_json
 from tests.gunicorn_harness import serving, wait_for
 from workers.surfaces.app import TEXT_CHARSETS, CslbApp
 

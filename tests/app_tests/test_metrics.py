@@ -245,7 +245,7 @@ def test_generation_age_and_fade_shares(host: Host) -> None:
 
 
 def test_fade_share_series_keep_their_name_when_an_older_ring_finishes(host: Host) -> None:
-    """Review S3: a ring's series is named by its start, not its position among the
+    """A ring's series is named by its start, not its position among the
     fading rings, so it does not jump when the oldest ring finishes."""
     t = time.monotonic_ns()
     host.publish(fading=[(NEW[:1], 29.0), (NEW[1:], 3.0)], now_ns=t)
@@ -261,7 +261,7 @@ def test_fade_share_series_keep_their_name_when_an_older_ring_finishes(host: Hos
 
 
 def test_skipper_score_at_the_start_of_a_fade(host: Host) -> None:
-    """Review nit 11: where Skipper's score and the N-ring share differ (age 0: Skipper
+    """Where Skipper's score and the N-ring share differ (age 0: Skipper
     counts the pod as fully in, the N-ring share is 0), each mode reports its own."""
     t = time.monotonic_ns()
     for mode, want in (("skipper", 1.0), ("n-ring", 0.0)):
@@ -280,7 +280,7 @@ def test_skipper_score_at_the_start_of_a_fade(host: Host) -> None:
 
 
 def test_seconds_gauges_declare_their_unit(host: Host) -> None:
-    """Review nit 3: OpenMetrics gets a # UNIT line for every *_seconds family."""
+    """OpenMetrics gets a # UNIT line for every *_seconds family."""
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
     host.publish()
@@ -346,7 +346,7 @@ def test_stale_after_knob() -> None:
 
 
 # --------------------------------------------------------------------------------------
-# From the review (S5): totals across a SIGKILLed worker, lifetime vs window, ages.
+# Totals across a SIGKILLed worker, lifetime vs window, ages.
 
 
 def _totals(namespace: str) -> dict[str, float]:
@@ -451,7 +451,7 @@ def _library(families: list, openmetrics: bool) -> bytes:
 
 
 def test_metrics_path_serves_the_librarys_exposition_for_both_formats(host: Host) -> None:
-    from tests.app_tests.test_app import call
+    from tests.app_tests.wsgi_calls import call
     from workers.surfaces.app import CslbApp
 
     host.publish()
@@ -469,7 +469,8 @@ def test_metrics_path_serves_the_librarys_exposition_for_both_formats(host: Host
 
 
 def test_a_new_pod_on_a_reused_slot_starts_its_totals_at_zero(namespace: str) -> None:
-    """Review S2 as /metrics shows it (the fix is the table writer's, on main)."""
+    """/metrics: a slot the table writer reuses for a new pod does not carry the old pod's
+    totals over."""
     import lbcore
 
     store = shm.CounterStore.create(namespace, rows=2, columns=8)

@@ -173,7 +173,7 @@ def test_bars_widths_rings_knobs_and_age(host: Host) -> None:
 
 
 def test_load_bar_follows_the_tables_load_signal() -> None:
-    """Review nit 10: red marks the endpoints over bounded load's bar in the unit of the
+    """Red marks the endpoints over bounded load's bar in the unit of the
     table's load signal; the mark on the occupancy bars appears only for occupancy."""
     for signal in ("effective", "in-flight", "occupancy"):
         host = Host(new_namespace())  # a fresh host per signal: no load left over
@@ -365,7 +365,7 @@ def test_renders_in_headless_chromium(host: Host, tmp_path: Path) -> None:
     for e, (o, width) in got.items():
         assert width == pytest.approx(100 * o, abs=0.06), e
     assert tree.by_id("health").all_text() == "healthy"
-    # Review nit 14: the fading ring's progress, the knobs and the table age, as rendered.
+    # The fading ring's progress, the knobs and the table age, as rendered.
     (ring,) = tree.by_class("fading")
     age = ring_age(ring)  # 15 s and what the page took (seconds, on a busy machine)
     assert NEW in ring.all_text() and 15.0 <= age < 45.0

@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from tests.shm_names import Namespaces
+from tests.shm_tests.window import window_store
 
 _NAMES = Namespaces("t")
 
@@ -56,3 +57,16 @@ def procs():
     ps = Processes()
     yield ps
     ps.stop_all()
+
+
+@pytest.fixture
+def store_rows() -> int:
+    """How many rows the ``store`` fixture's counter matrix has (a module may override it)."""
+    return 4
+
+
+@pytest.fixture
+def store(namespace, store_rows):
+    """A new counter matrix with the counter tests' window (``tests.shm_tests.window``)."""
+    with window_store(namespace, rows=store_rows) as st:
+        yield st

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from shm import BackgroundWorker
-from tests.background_harness import run_forked
+from tests.background_harness import fork_while_locked, run_forked
 
 
 def test_jobs_run_in_order_on_one_named_thread_and_submit_does_not_wait():
@@ -125,32 +125,9 @@ def test_idle_is_called_on_the_thread_between_jobs_and_its_errors_are_dropped():
         w.close()
 
 
-def _lock_free_in_child(obj, conn) -> None:
-    conn.send(obj._lock.acquire(timeout=2))
-
-
-def fork_while_locked(obj) -> bool:
-    """Fork while another thread holds ``obj._lock``; can the child take it?"""
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with obj._lock:
-            held.set()
-            release.wait(20)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    try:
-        assert held.wait(10)
-        return run_forked(_lock_free_in_child, obj)[0]
-    finally:
-        release.set()
-        t.join(10)
-
-
 def test_a_child_forked_while_another_thread_holds_the_lock_can_submit():
     w = BackgroundWorker("cslb-test-bg-forklock")
     try:
-        assert fork_while_locked(w)
+        assert fork_while_locked(w, lambda w: w.submit(lambda: 5).wait(5))
     finally:
         w.close()

@@ -8,13 +8,7 @@ import pytest
 
 from lbcore.outlier import FAILURE_KINDS
 from shm import CounterInputError
-from tests.shm_tests.window import COLS, T0, B, W, row_words, window_store
-
-
-@pytest.fixture
-def store(namespace):
-    with window_store(namespace, rows=4) as st:
-        yield st
+from tests.shm_tests.window import COLS, T0, B, W, row_words
 
 
 def by_parts(rec, ended, done, starts, now):

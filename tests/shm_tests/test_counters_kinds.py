@@ -15,13 +15,12 @@ from lbcore.outlier import (
 )
 from shm import CounterInputError, CounterStore, LockedRecorder, ThreadRecorder
 from shm.layout import KIND_FIELDS, KIND_TOTAL_FIELDS, LAYOUT_VERSION, TOTAL_FIELDS
-from tests.shm_tests.window import MS, T0, S, W, row_words, window_store
+from tests.shm_tests.window import MS, T0, S, W, row_words
 
 
 @pytest.fixture
-def store(namespace):
-    with window_store(namespace, rows=6) as st:
-        yield st
+def store_rows() -> int:
+    return 6
 
 
 def kinds_of(store, row):

@@ -18,6 +18,7 @@ from shm import (
     segment_name,
 )
 from shm.segment import process_alive, process_start_ticks, set_seam_hook
+from tests.shm_damage import writable_counters
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -151,7 +152,7 @@ def test_a_reused_pid_is_not_mistaken_for_the_owner(namespace):
     rec.record_start([2, 2], time.monotonic_ns())
     # Pretend the owner died and the kernel gave its PID to this (live) process: same
     # PID, different start time.
-    store._ctl.slots["start_ticks"][0] += 1
+    writable_counters(namespace).slots["start_ticks"][0] += 1
     assert store.reap() == [0]
     assert store.reader().read(time.monotonic_ns(), 8).in_flight.sum() == 0
     store.close()

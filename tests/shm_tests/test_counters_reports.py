@@ -26,6 +26,7 @@ from shm.counters.reports import F_AT, F_KIND, F_SINCE, F_VALUE, merge_reports
 from shm.errors import CounterInputError, SegmentVersionError
 from shm.layout import LAYOUT_VERSION, REPORT_FIELDS
 from shm.segment import Segment, segment_name
+from tests.shm_damage import writable_counters
 
 S = 1_000_000_000
 EXPIRY = 30 * S
@@ -133,7 +134,7 @@ def test_garbage_cells_count_as_no_report_and_never_raise(namespace):
         rec = store.claim()
         other = store.claim()
         _put(rec, 0, 1.0, 5 * S)
-        m = store._ctl.current()
+        m = writable_counters(namespace).current()  # (as another process would)
         # Random words in every report cell of another row, many times over.
         for _ in range(200):
             m.reports[other.row] = rng.integers(-(1 << 63), 1 << 63, m.reports[other.row].shape)

@@ -185,10 +185,10 @@ def test_intact_is_false_once_either_segment_shrank_and_when_unsure(namespace, n
     """The routing path's size check (one lseek per segment): shrunk or closed is not intact."""
     import shm.segment as segment
 
-    if native and segment.intact is segment._intact:
+    if native and segment.intact is segment.intact_by_lseek:
         pytest.skip("the native kernel is not built here")
     if not native:
-        monkeypatch.setattr(segment, "intact", segment._intact)
+        monkeypatch.setattr(segment, "intact", segment.intact_by_lseek)
     a = Segment.create(segment_name(namespace, "probe"), 8192)
     b = Segment.create(segment_name(namespace, "probe", 1), 8192)
     try:
@@ -212,7 +212,7 @@ def test_native_size_check_rejects_what_is_not_two_mappings():
     import shm.segment as segment
 
     check = segment.intact
-    if check is segment._intact:
+    if check is segment.intact_by_lseek:
         pytest.skip("the native kernel is not built here")
     with pytest.raises(TypeError):
         check()

@@ -18,6 +18,7 @@ from shm import (
     SegmentSizeError,
     SegmentVersionError,
     SlotOwnershipError,
+    Table,
     TableChecksumError,
     TableInputError,
     TableReader,
@@ -44,6 +45,13 @@ def fading_set(t0=10**12):
 def data_words(namespace, table):
     """Writable access to the data segment holding ``table`` (to corrupt it on purpose)."""
     return Segment.attach(table.segment, writable=True)
+
+
+def published(w: TableWriter, namespace: str, **reader_kw) -> tuple[TableReader, Table]:
+    """Publish :func:`fading_set` with ``w``; a new reader and the table it maps."""
+    w.publish(fading_set())
+    reader = TableReader(namespace, **reader_kw)
+    return reader, reader.table()
 
 
 def test_nothing_published_yet_routes_to_fallback(namespace):
@@ -131,9 +139,7 @@ def test_ejection_state_roundtrips_and_panic_lifts_the_routing_flags(namespace):
 
 def test_rings_are_zero_copy_views_of_shared_memory(namespace):
     with TableWriter(namespace) as w:
-        w.publish(fading_set())
-        reader = TableReader(namespace)
-        t = reader.table()
+        _reader, t = published(w, namespace)
         # Per-endpoint arrays (slots, ejections) are checked private copies: a process
         # writing the segment after the check must not reach what sizes arrays.
         private = [t.slots, t.ejected, t.ejections.until_ns, t.ejections.counts]
@@ -455,9 +461,7 @@ def test_writer_in_a_forked_child_is_refused(namespace, procs):
 
 def test_flipped_payload_byte_is_a_checksum_error(namespace):
     with TableWriter(namespace) as w:
-        w.publish(fading_set())
-        reader = TableReader(namespace)
-        t = reader.table()
+        _reader, t = published(w, namespace)
         seg = data_words(namespace, t)
         off = t.buffer_offset + BUFFER_HEADER_BYTES + 1000
         seg.buf[off] ^= 0x40
@@ -516,9 +520,7 @@ def _rewrite_checksum(reader, t, seg):
 
 def test_bad_layout_with_a_valid_checksum_is_caught_before_use(namespace):
     with TableWriter(namespace) as w:
-        w.publish(fading_set())
-        reader = TableReader(namespace)
-        t = reader.table()
+        reader, t = published(w, namespace)
         seg = data_words(namespace, t)
         # Make an owner point past the endpoint list, and re-sign the payload as a
         # buggy writer would: the reader must refuse it, not index out of bounds.
@@ -647,9 +649,7 @@ def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, dam
     set_seam_hook(lambda point: passes.append(point) if point == "tables.read.mapped" else None)
     try:
         with TableWriter(namespace) as w:
-            w.publish(fading_set())
-            reader = TableReader(namespace, timeout_s=0.2)
-            t = reader.table()
+            _reader, t = published(w, namespace, timeout_s=0.2)
             seg = data_words(namespace, t)
             off = t.buffer_offset
             if damage == "payload":
@@ -712,9 +712,7 @@ def test_a_segment_of_the_layout_before_routing_maps_were_dropped_is_refused(nam
 
 def test_the_checksum_is_xxh3_of_the_payload(namespace):
     with TableWriter(namespace) as w:
-        w.publish(fading_set())
-        reader = TableReader(namespace)
-        t = reader.table()
+        reader, t = published(w, namespace)
         seg = Segment.attach(t.segment)
         off = t.buffer_offset
         n = int(seg.words[off // 8 + 2])

@@ -14,8 +14,7 @@ from lbcore.route import route_ring_set
 from shm import SegmentMissingError, TableChecksumError, TableReader, TableWriter
 from shm.layout import BUFFER_HEADER_BYTES, TABLES_DATA
 from shm.segment import Segment, set_seam_hook
-from tests.background_harness import held_background_map
-from tests.shm_tests.test_background import fork_while_locked
+from tests.background_harness import fork_while_locked, held_background_map
 
 EPS = [f"http://10.7.0.{i}:8080" for i in range(1, 41)]
 KEYS = [f"sku-{i}" for i in range(500)]
@@ -51,15 +50,23 @@ def _until(reader: TableReader, generation: int, timeout_s: float = 10.0):
         time.sleep(0.002)
 
 
+def first_while_second_maps(w: TableWriter, r: TableReader, rs1, rs2, checks: int = 1):
+    """Publish ``rs1`` (mapped at once: nothing to fall back on), then ``rs2``; the reader
+    answers the first ``checks`` times while the held thread has the second to map.
+    Returns the first."""
+    w.publish(rs1)
+    t1 = r.table()
+    w.publish(rs2)
+    for _ in range(checks):
+        assert r.table() is t1 and t1.valid()
+    return t1
+
+
 def test_previous_table_serves_while_the_new_one_is_mapped(namespace, held):
     rs1, rs2, _ = _sets()
     with _writer(namespace) as w, TableReader(namespace, background=True) as r:
-        w.publish(rs1)
-        t1 = r.table()  # nothing to fall back on: mapped at once
+        t1 = first_while_second_maps(w, r, rs1, rs2, checks=5)
         assert t1.generation == 1 and r.mapped_in_background == 0
-        w.publish(rs2)
-        for _ in range(5):
-            assert r.table() is t1 and t1.valid()
         held.set()
         t2 = _until(r, 2)
         assert r.mapped_in_background == 1
@@ -73,10 +80,7 @@ def test_previous_table_serves_while_the_new_one_is_mapped(namespace, held):
 def test_a_rewritten_previous_buffer_waits_for_the_new_generation(namespace, held):
     rs1, rs2, rs3 = _sets()
     with _writer(namespace) as w, TableReader(namespace, background=True) as r:
-        w.publish(rs1)
-        t1 = r.table()
-        w.publish(rs2)
-        assert r.table() is t1  # mapping generation 2 in the background
+        t1 = first_while_second_maps(w, r, rs1, rs2)  # mapping generation 2 in the background
         w.publish(rs3)  # rewrites t1's buffer
         assert not t1.valid()
         threading.Timer(0.2, held.set).start()
@@ -90,10 +94,7 @@ def test_a_rewritten_previous_buffer_waits_for_the_new_generation(namespace, hel
 def test_a_corrupt_new_generation_is_reported_and_the_old_one_stays_usable(namespace, held):
     rs1, rs2, _ = _sets()
     with _writer(namespace) as w, TableReader(namespace, background=True) as r:
-        w.publish(rs1)
-        t1 = r.table()
-        w.publish(rs2)
-        assert r.table() is t1
+        t1 = first_while_second_maps(w, r, rs1, rs2)
         # Damage generation 2 while the thread is held before reading it.
         seg = Segment.attach(t1.segment, writable=True)
         try:
@@ -187,11 +188,8 @@ def test_generations_up_to_foreground_bytes_are_mapped_at_once(namespace, held):
 def test_a_due_segment_recheck_does_not_pull_the_map_into_the_foreground(namespace, held):
     rs1, rs2, _ = _sets()
     with _writer(namespace) as w, TableReader(namespace, background=True, recheck_s=0.0) as r:
-        w.publish(rs1)
-        t1 = r.table()
-        w.publish(rs2)
-        for _ in range(5):  # the recheck is due on every call: a stat, then the thread
-            assert r.table() is t1
+        # The recheck is due on every call: a stat, then the thread.
+        first_while_second_maps(w, r, rs1, rs2, checks=5)
         held.set()
         assert _until(r, 2).endpoints == rs2.endpoints
         assert r.mapped_in_background == 1
@@ -266,4 +264,4 @@ def test_a_child_forked_while_the_map_thread_holds_the_reader_lock_can_read(name
     with _writer(namespace) as w, TableReader(namespace, background=True) as r:
         w.publish(_sets()[0])
         assert r.table().generation == 1
-        assert fork_while_locked(r)
+        assert fork_while_locked(r, lambda r: r.table().generation == 1)

@@ -23,3 +23,17 @@ def window_store(namespace: str, rows: int, columns: int = COLS) -> CounterStore
 def row_words(store: CounterStore, row: int):
     """A copy of one counter row's words, as the matrix holds them."""
     return store.matrix_view().words[row].copy()
+
+
+def raw(store: CounterStore, row: int):
+    """A copy of one counter row's fields, by name."""
+    return store.matrix_view().fields[row].copy()
+
+
+def block(store: CounterStore, row: int, name: str):
+    """A copy of one part of a row: ``open_old`` or a per-bucket field."""
+    return store.matrix_view().block(row, name).copy()
+
+
+# The parts of a row that follow the open requests.
+OPEN_PARTS = ("open_old", "open", "open_start_sum")

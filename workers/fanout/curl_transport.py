@@ -46,6 +46,7 @@ __all__ = [
     "Reactor",
     "SyncReactor",
     "Transport",
+    "forget_reactors",
     "loop_reactor",
     "thread_reactor",
 ]
@@ -612,11 +613,15 @@ def loop_reactor(connections_per_pod: int) -> LoopReactor:
     return r
 
 
-def _after_fork_in_child() -> None:
-    # The parent's transports are not the child's: the child makes its own on first use
-    # (the inherited ones are dropped; their descriptors close with them).
+def forget_reactors() -> None:
+    """Drop this thread's reactor and the loops' ones: the next use makes new ones.
+
+    New transports read the settings they depend on (load reports) anew. Dropped ones
+    are not closed: their descriptors close when they are collected.
+    """
     _local.reactor = None
     _loops.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# The parent's transports are not a forked child's: it makes its own on first use.
+os.register_at_fork(after_in_child=forget_reactors)

@@ -37,19 +37,28 @@ class WarningThrottle:
     under the worker until the master repairs them): the first is logged, the next ones
     within the interval are counted, and the next line logged says how many were not.
     Reads the clock only when there is something to warn about. Thread-safe.
+
+    Parameters
+    ----------
+    what
+        The warning's text before the exception's.
+    clock
+        CLOCK_MONOTONIC nanoseconds; the attribute of that name may be replaced (tests
+        move time on with it).
     """
 
-    __slots__ = ("_lock", "_next_ns", "_suppressed", "what")
+    __slots__ = ("_lock", "_next_ns", "_suppressed", "clock", "what")
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.what = what
+        self.clock = clock
         self._lock = threading.Lock()
         self._next_ns = 0
         self._suppressed = 0
 
     def warn(self, logger: logging.Logger, exc: BaseException) -> None:
         """Log ``"<what>: <exc>"`` unless one was logged within the interval."""
-        now = time.monotonic_ns()
+        now = self.clock()
         with self._lock:
             if now < self._next_ns:
                 self._suppressed += 1

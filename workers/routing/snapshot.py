@@ -42,6 +42,7 @@ __all__ = [
     "empty_table",
     "read_loads",
     "read_reports",
+    "reset_counter_warnings",
 ]
 
 log = logging.getLogger("cslb.router")
@@ -86,6 +87,16 @@ _ignored_next_log = [0]
 
 
 _unreadable_next_log = [0]
+
+
+def reset_counter_warnings() -> None:
+    """Forget when this process last warned about unreadable or ignored counter rows.
+
+    Those warnings are logged at most once a minute per process, timed by the clock of
+    the router that hit them; a caller with a clock of its own (a test) starts afresh.
+    """
+    _ignored_next_log[0] = 0
+    _unreadable_next_log[0] = 0
 
 
 def _report_unreadable(counters: shm.CounterReader, exc: Exception, now_ns: int) -> None:

@@ -31,9 +31,10 @@ from workers.routing.errors import RouterInputError, RouterStateError
 from workers.routing.recording import Recording, WarningThrottle
 
 log = logging.getLogger("cslb.router")
-# (a row shrunk or replaced under the worker fails every fan-out until repaired)
-_START_WARN = WarningThrottle("fan-out not recorded")
-_END_WARN = WarningThrottle("fan-out end not recorded")
+#: The throttles of track()'s warnings, one per process: a row shrunk or replaced under
+#: the worker fails every fan-out until repaired.
+START_WARN = WarningThrottle("fan-out not recorded")
+END_WARN = WarningThrottle("fan-out end not recorded")
 
 __all__ = ["Tracker", "check_indices", "table_slots"]
 
@@ -123,7 +124,7 @@ class Tracker:
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if isinstance(exc, shm.CounterInputError):
                     self._routed()  # the indices, changed since routed: say so (raises)
-                _START_WARN.warn(log, exc)
+                START_WARN.warn(log, exc)
                 return self
             finally:
                 lock.release()
@@ -136,7 +137,7 @@ class Tracker:
             try:
                 row[1].record_start(self._slots, start, bound=self._bound)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
-                _START_WARN.warn(log, exc)
+                START_WARN.warn(log, exc)
                 return self
             finally:
                 lock.release()
@@ -257,7 +258,7 @@ class Tracker:
                 took = end - start if end > start else 0
                 row[1].record_end(self.idx, start, took, end, None, self._bound, self._map)
             except shm.ShmError as exc:  # released meanwhile: nothing to add to
-                _END_WARN.warn(log, exc)
+                END_WARN.warn(log, exc)
             finally:
                 lock.release()
             return
@@ -275,7 +276,7 @@ class Tracker:
             slots = self._routed()[0]
             row[1].record_end(slots, start, durations, end, failed, bound=self._bound)
         except shm.ShmError as exc:  # released meanwhile: nothing to add to
-            _END_WARN.warn(log, exc)
+            END_WARN.warn(log, exc)
         finally:
             lock.release()
 
