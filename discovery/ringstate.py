@@ -178,8 +178,9 @@ class RingState:
         """
         params = params or self.params
         wanted = list(endpoints)
-        addresses = [s.address for s in wanted]
-        if len(set(addresses)) != len(addresses):
+        new_meta = {s.address: s for s in wanted}
+        if len(new_meta) != len(wanted):
+            addresses = [s.address for s in wanted]
             dup = sorted({a for a in addresses if addresses.count(a) > 1})
             raise lbcore.EndpointError(f"endpoint list names addresses twice: {dup[:5]}")
         rs = self.ring_set
@@ -197,21 +198,31 @@ class RingState:
                 vnodes=params.vnodes,
                 master=rs.master if params.vnodes == rs.vnodes else None,
             )
-        wanted_set = set(addresses)
-        back = sorted({a for a in readmit if a in wanted_set and a in self.meta})
+        meta = self.meta
+        back = sorted({a for a in readmit if a in new_meta and a in meta})
         if back:
             rs = rs.remove(back)
-        rs = rs.with_endpoints(addresses, now_ns)
+        # The steps of RingSet.with_endpoints (deletions at once, then the new endpoints
+        # in the list's order as one scale-up), from the diff against the meta this state
+        # keeps for the ring set's endpoints: with_endpoints would check and diff every
+        # address of a large list again.
+        gone = sorted(a for a in meta if a not in new_meta)
+        if gone:
+            rs = rs.remove(gone)
+        back_set = set(back)
+        joining = [s.address for s in wanted if s.address not in meta or s.address in back_set]
+        if joining:
+            rs = rs.scale_up(joining, now_ns)
         if params.duration_ns == 0 and rs.starts_ns:
             rs = rs.advance(now_ns)
-        new_meta = {s.address: s for s in wanted}
-        added = tuple(s for s in wanted if s.address not in self.meta)
-        removed = tuple(s for a, s in sorted(self.meta.items()) if a not in new_meta)
+        added = tuple(s for s in wanted if s.address not in meta)
+        removed = tuple(meta[a] for a in gone)
         updated = tuple(
             s
             for s in wanted
-            if s.address in self.meta
-            and (self.meta[s.address].zone, self.meta[s.address].node) != (s.zone, s.node)
+            if (old := meta.get(s.address)) is not None
+            and old is not s
+            and (old.zone, old.node) != (s.zone, s.node)
         )
         readmitted = tuple(new_meta[a] for a in back)
         return Transition(
