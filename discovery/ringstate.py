@@ -209,24 +209,34 @@ class RingState:
         gone = sorted(a for a in meta if a not in new_meta)
         if gone:
             rs = rs.remove(gone)
-        back_set = set(back)
-        joining = [s.address for s in wanted if s.address not in meta or s.address in back_set]
+        added: list[EndpointSpec] = []
+        updated: list[EndpointSpec] = []
+        for s in wanted:  # one pass over a list that may hold tens of thousands
+            old = meta.get(s.address)
+            if old is None:
+                added.append(s)
+            elif old is not s and (old.zone, old.node) != (s.zone, s.node):
+                updated.append(s)
+        joining = [s.address for s in added]
+        if back:  # the readmitted ones join too, each at its place in the list
+            back_set = set(back)
+            joining = [s.address for s in wanted if s.address not in meta or s.address in back_set]
         if joining:
             rs = rs.scale_up(joining, now_ns)
         if params.duration_ns == 0 and rs.starts_ns:
             rs = rs.advance(now_ns)
-        added = tuple(s for s in wanted if s.address not in meta)
         removed = tuple(meta[a] for a in gone)
-        updated = tuple(
-            s
-            for s in wanted
-            if (old := meta.get(s.address)) is not None
-            and old is not s
-            and (old.zone, old.node) != (s.zone, s.node)
-        )
         readmitted = tuple(new_meta[a] for a in back)
         return Transition(
-            rs, params, new_meta, added, removed, updated, collapsed, params_changed, readmitted
+            rs,
+            params,
+            new_meta,
+            tuple(added),
+            removed,
+            tuple(updated),
+            collapsed,
+            params_changed,
+            readmitted,
         )
 
     def commit(self, t: Transition) -> None:
