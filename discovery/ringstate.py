@@ -178,8 +178,9 @@ class RingState:
         """
         params = params or self.params
         wanted = list(endpoints)
-        addresses = [s.address for s in wanted]
-        if len(set(addresses)) != len(addresses):
+        new_meta = {s.address: s for s in wanted}
+        if len(new_meta) != len(wanted):
+            addresses = [s.address for s in wanted]
             dup = sorted({a for a in addresses if addresses.count(a) > 1})
             raise lbcore.EndpointError(f"endpoint list names addresses twice: {dup[:5]}")
         rs = self.ring_set
@@ -197,25 +198,45 @@ class RingState:
                 vnodes=params.vnodes,
                 master=rs.master if params.vnodes == rs.vnodes else None,
             )
-        wanted_set = set(addresses)
-        back = sorted({a for a in readmit if a in wanted_set and a in self.meta})
+        meta = self.meta
+        back = sorted({a for a in readmit if a in new_meta and a in meta})
         if back:
             rs = rs.remove(back)
-        rs = rs.with_endpoints(addresses, now_ns)
+        # The steps of RingSet.with_endpoints (deletions at once, then the new endpoints
+        # in the list's order as one scale-up), from the diff against the meta this state
+        # keeps for the ring set's endpoints: with_endpoints would check and diff every
+        # address of a large list again.
+        gone = sorted(a for a in meta if a not in new_meta)
+        if gone:
+            rs = rs.remove(gone)
+        added: list[EndpointSpec] = []
+        updated: list[EndpointSpec] = []
+        for s in wanted:  # one pass over a list that may hold tens of thousands
+            old = meta.get(s.address)
+            if old is None:
+                added.append(s)
+            elif old is not s and (old.zone, old.node) != (s.zone, s.node):
+                updated.append(s)
+        joining = [s.address for s in added]
+        if back:  # the readmitted ones join too, each at its place in the list
+            back_set = set(back)
+            joining = [s.address for s in wanted if s.address not in meta or s.address in back_set]
+        if joining:
+            rs = rs.scale_up(joining, now_ns)
         if params.duration_ns == 0 and rs.starts_ns:
             rs = rs.advance(now_ns)
-        new_meta = {s.address: s for s in wanted}
-        added = tuple(s for s in wanted if s.address not in self.meta)
-        removed = tuple(s for a, s in sorted(self.meta.items()) if a not in new_meta)
-        updated = tuple(
-            s
-            for s in wanted
-            if s.address in self.meta
-            and (self.meta[s.address].zone, self.meta[s.address].node) != (s.zone, s.node)
-        )
+        removed = tuple(meta[a] for a in gone)
         readmitted = tuple(new_meta[a] for a in back)
         return Transition(
-            rs, params, new_meta, added, removed, updated, collapsed, params_changed, readmitted
+            rs,
+            params,
+            new_meta,
+            tuple(added),
+            removed,
+            tuple(updated),
+            collapsed,
+            params_changed,
+            readmitted,
         )
 
     def commit(self, t: Transition) -> None:

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,6 +72,7 @@ class _Discovery:
         self.state = RingState()
         self.publisher: Publisher | None = None
         self.changes = 0
+        self.cpu_s = 0.0
 
     def start(self) -> int:
         from discovery.publisher import Publisher
@@ -78,16 +81,21 @@ class _Discovery:
         return self.change()[2]
 
     def change(self) -> tuple[float, float, int]:
-        """The next membership change: (build seconds, publish seconds, generation)."""
+        """The next membership change: (build seconds, publish seconds, generation).
+
+        :attr:`cpu_s` is the process's CPU time of it (build + publish), in seconds.
+        """
         assert self.publisher is not None
         specs = self.sets[self.changes % 2]
         self.changes += 1
         now = time.monotonic_ns()
+        c0 = time.process_time()
         t0 = time.perf_counter()
         t = self.state.transition(specs, now)
         t1 = time.perf_counter()
         gen = self.publisher.publish(t, self.knobs, now)
         t2 = time.perf_counter()
+        self.cpu_s = time.process_time() - c0
         self.state.commit(t)
         return t1 - t0, t2 - t1, int(gen)
 
@@ -154,6 +162,7 @@ def _build_publish(n: int, reps: int) -> dict[str, Any]:
     """Medians of ``reps`` scale-ups (+10 %) and ``reps`` scale-downs, alternating."""
     d = _Discovery(unique_namespace("cp"), n)
     times: dict[str, list[tuple[float, float]]] = {"up": [], "down": []}
+    cpu: dict[str, list[float]] = {"up": [], "down": []}
     try:
         first = time.perf_counter()
         d.start()
@@ -161,10 +170,12 @@ def _build_publish(n: int, reps: int) -> dict[str, Any]:
         for k in range(2 * reps):
             b, p, _ = d.change()
             times["up" if k % 2 == 0 else "down"].append((b, p))
+            cpu["up" if k % 2 == 0 else "down"].append(d.cpu_s)
     finally:
         d.close()
     out: dict[str, Any] = {"first_publish_ms": first * 1e3}
     for kind, got in times.items():
+        out[f"{kind}_cpu_ms"] = statistics.median(cpu[kind]) * 1e3
         out[f"{kind}_build_ms"] = statistics.median(b for b, _ in got) * 1e3
         out[f"{kind}_publish_ms"] = statistics.median(p for _, p in got) * 1e3
         out[f"{kind}_total_ms"] = statistics.median(b + p for b, p in got) * 1e3
@@ -322,6 +333,57 @@ def _rollup(pid: int, field: str) -> float:
     return float("nan")
 
 
+def _profile(n: int, changes: int = 3) -> str:
+    """Where a scale-up of ``n`` endpoints (+10 %) spends its time: cProfile's top frames.
+
+    Own time per change (ms) of the ten costliest functions, after the first publish
+    and one scale-up and scale-down of the size (as the medians above).
+    """
+    import cProfile
+    import pstats
+
+    d = _Discovery(unique_namespace("cpp"), n)
+    prof = cProfile.Profile()
+    try:
+        d.start()
+        d.change()
+        d.change()
+        for _ in range(changes):
+            prof.enable()
+            d.change()  # scale-up
+            prof.disable()
+            d.change()
+    finally:
+        d.close()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = sorted(
+        ((tt, _where(file, name)) for (file, _, name), (_, _, tt, _, _) in stats.items()),
+        reverse=True,
+    )
+    total = sum(tt for tt, _ in rows) / changes * 1e3
+    top = "; ".join(f"{where} {tt / changes * 1e3:.1f}" for tt, where in rows[:10])
+    return f"{total:.0f} ms per change under the profiler; own time, ms: {top}"
+
+
+def _where(path: str, name: str) -> str:
+    """A profiled function, short: its file from the package folder on, and its name."""
+    if path == "~":  # a C function: "<method 'sort' of 'numpy.ndarray' objects>" and alike
+        m = re.fullmatch(r"<method '(\w+)' of '([\w.]+)' objects>", name)
+        if m:
+            return f"{m[2]}.{m[1]}"
+        return name.removeprefix("<built-in method ").removeprefix("<").removesuffix(">")
+    return f"{_frame(path)}:{name}"
+
+
+def _frame(path: str) -> str:
+    """A profiled function's file, short: from the package folder on."""
+    parts = Path(path).parts
+    for root in ("lbcore", "shm", "discovery", "numpy", "perf"):
+        if root in parts:
+            return "/".join(parts[len(parts) - 1 - parts[::-1].index(root) :])
+    return Path(path).name
+
+
 def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     """Run the control-plane benchmark; returns ``{"rows": [...], "notes": [...]}``.
 
@@ -373,6 +435,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
                 else ""
             )
         )
+    biggest = rows[-1]
     notes = [
         "Build = RingState.transition (scale-up: +10 % endpoints fading in; scale-down: "
         "the same 10 % removed), publish = Publisher.publish into shared memory; medians "
@@ -382,5 +445,10 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
         f"{PAUSE_S * 1e3:g} ms pause between batches) while the same changes are published; "
         f"a gap over {STALL_LIMIT_S * 1e3:g} ms between two batches of a worker counts as "
         "a stall.",
+        f"CPU time of build + publish at {biggest['endpoints']:,} endpoints (the process's "
+        "user + system time, medians; the times above are wall-clock, so they also hold "
+        f"waits for a core): scale-up {biggest['up_cpu_ms']:.0f} ms, scale-down "
+        f"{biggest['down_cpu_ms']:.0f} ms. Profile of its scale-up (cProfile, which slows "
+        f"Python frames more than NumPy's): {_profile(biggest['endpoints'])}.",
     ]
     return {"rows": rows, "notes": notes}

@@ -319,6 +319,80 @@ def _write_bodies(path: Path, bodies: list[bytes]) -> None:
             f.write(b)
 
 
+STAGES_APP = "perf.stages_app:app"
+
+
+def _stage_files(folder: Path) -> dict[int, dict[str, Any]]:
+    out = {}
+    for path in folder.glob("*.json"):
+        try:
+            out[int(path.stem)] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass  # (being replaced: read it at the next look)
+    return out
+
+
+def _stages(
+    wrk: str, server: Server, folder: Path, bodies: Path, ctype: str, seconds: float
+) -> dict[str, Any] | None:
+    """One wrk run against the step-timing app: per step, median and mean µs per request."""
+    before = _stage_files(folder)
+    run_wrk(wrk, server.port, bodies, ctype, seconds, CONNECTIONS)
+    after = _stage_files(folder)
+    from perf.stages_app import STEPS
+
+    requests = 0
+    sums = [0] * len(STEPS)
+    last: dict[str, list[int]] = {step: [] for step in STEPS}
+    for pid, doc in after.items():
+        old = before.get(pid, {"requests": 0, "sums_ns": [0] * len(STEPS)})
+        n = doc["requests"] - old["requests"]
+        requests += n
+        for i, step in enumerate(STEPS):
+            sums[i] += doc["sums_ns"][i] - old["sums_ns"][i]
+            last[step] += doc["last_ns"][step][-n:] if n > 0 else []
+    if not requests:
+        return None
+    route = np.array(last["route"], dtype=np.float64)
+    slow = route > 4 * np.median(route) if route.size else route.astype(bool)
+    return {
+        "requests": requests,
+        # The rare slow route_table calls (over 4x the median): the snapshot refreshes.
+        "route_slow_share": float(slow.mean()) if route.size else 0.0,
+        "route_slow_time_share": float(route[slow].sum() / route.sum()) if route.size else 0.0,
+        **{f"{step}_mean_us": sums[i] / requests / 1e3 for i, step in enumerate(STEPS)},
+        **{f"{step}_p50_us": statistics.median(last[step]) / 1e3 for step in STEPS if last[step]},
+    }
+
+
+def _stages_note(rows: list[dict[str, Any]], stages: list[dict[str, Any]]) -> str:
+    cpu = {(r["server"], r["app"], r["body"], r["ids"]): r["cpu_us_per_request"] for r in rows}
+    parts = []
+    for st in stages:
+        key = (st["server"], st["body"], st["ids"])
+        noop = cpu[(key[0], "noop", *key[1:])]
+        gap = cpu[(key[0], "cslb", *key[1:])] - noop
+        parts.append(
+            f"{st['server']} {st['body']}: {gap:+.0f} µs (the bar: {noop / 10:.0f}); "
+            f"Router.route_table {st['route_p50_us']:.1f} (mean {st['route_mean_us']:.1f}; "
+            f"its {st['route_slow_share']:.1%} of calls over 4× the median make "
+            f"{st['route_slow_time_share']:.0%} of its time), answer "
+            f"{st['answer_p50_us']:.1f} (mean {st['answer_mean_us']:.1f}); reading "
+            f"{st['read_p50_us']:.1f} and parsing {st['parse_p50_us']:.1f}"
+        )
+    return (
+        "Where the bundled app's extra CPU goes, 100 IDs: the server CPU the cslb app adds "
+        "per request over the no-op app (from the table), then the thread CPU time of the "
+        "app's own steps (perf/stages_app.py: the same steps, timed one by one in a third "
+        "server, one run per body; µs per request, median over requests and mean). The "
+        "no-op app reads and parses too, so the gap is the router call, the answer, and "
+        "the rest (dispatch, and gunicorn and the kernel sending an answer of ~2.6 kB "
+        "instead of 12 bytes). A mean above the median is the rare slow call: for "
+        "route_table the snapshot refresh (loads read and plan rebuilt every "
+        "CSLB_LOAD_REFRESH) that a request pays now and then. " + "; ".join(parts)
+    )
+
+
 def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     """Run the HTTP benchmark; returns ``{"rows": [...], "notes": [...]}``.
 
@@ -337,6 +411,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     sizes = (100,) if quick else SIZES
     rng = np.random.default_rng(6)
     rows: list[dict[str, Any]] = []
+    stages: list[dict[str, Any]] = []
     splits: list[str] = []
     with tempfile.TemporaryDirectory(prefix="cslb-http-") as tmpdir:
         tmp = Path(tmpdir)
@@ -439,6 +514,25 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
             finally:
                 for s in servers.values():
                     s.stop()
+            stages_dir = tmp / f"stages-{mode}"
+            stages_dir.mkdir()
+            os.environ["CSLB_BENCH_STAGES_DIR"] = str(stages_dir)
+            try:
+                timed = Server(STAGES_APP, threads, cores, endpoints, tmp)
+            finally:
+                del os.environ["CSLB_BENCH_STAGES_DIR"]
+            try:
+                timed.wait_ready()
+                run_wrk(wrk, timed.port, files["json", sizes[0]], "application/json", 1, 4)
+                for kind in kinds:
+                    args = (files[kind, 100], BODY_TYPES[kind], seconds)
+                    got = _stages(wrk, timed, stages_dir, *args)
+                    if got is not None:
+                        stages.append({"server": mode, "body": kind, "ids": 100, **got})
+            finally:
+                timed.stop()
+    if stages:
+        notes.append(_stages_note(rows, stages))
     notes.append(
         f"cslb serve with {cores} workers (sync; gthread with 4 threads each), 100 endpoints; "
         f"wrk -t1 -c{CONNECTIONS}, medians of {repeats} runs of {seconds:g} s, "
@@ -463,4 +557,4 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
             "32 landed 16/0 and 32/0 too): one worker's accept loop takes the burst. "
             + "; ".join(splits)
         )
-    return {"rows": rows, "notes": notes}
+    return {"rows": rows, "notes": notes, "stages": stages}

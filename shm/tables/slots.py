@@ -60,7 +60,7 @@ class SlotAllocator:
         return out
 
     def assign(self, endpoints: Sequence[str], now_ns: int) -> np.ndarray:
-        """Slots of ``endpoints`` at ``now_ns`` (mutates this allocator).
+        """Slots of ``endpoints`` (unique, as a ring set's) at ``now_ns`` (mutates this allocator).
 
         Returns
         -------
@@ -68,19 +68,23 @@ class SlotAllocator:
             ``int32`` slot per endpoint, unique.
         """
         slot_of = self.slot_of
-        wanted = set(endpoints)
-        for ep in [ep for ep in slot_of if ep not in wanted]:
-            s = slot_of.pop(ep)
-            self.freed_ns[s] = now_ns
-            self.freed_by[ep] = s
         got: list[int | None] = list(map(slot_of.get, endpoints))
+        new = got.count(None)
+        if len(got) - new < len(slot_of):  # (endpoints are unique) some left: free theirs
+            wanted = set(endpoints)
+            for ep in [ep for ep in slot_of if ep not in wanted]:
+                s = slot_of.pop(ep)
+                self.freed_ns[s] = now_ns
+                self.freed_by[ep] = s
         self.reused = []
-        if None in got:  # new endpoints (a lookup per endpoint above covers the rest)
+        if new:  # new endpoints (a lookup per endpoint above covers the rest)
             reusable = sorted(
                 s for s, t in self.freed_ns.items() if now_ns - t >= self.reuse_after_ns
             )
             reusable.reverse()  # pop() takes the lowest
-            for i, s in enumerate(got):
+            # A scale-up appends its endpoints: start at the first one without a slot.
+            for i in range(got.index(None), len(got)):
+                s = got[i]
                 if s is not None:
                     continue
                 ep = endpoints[i]

@@ -41,7 +41,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
@@ -50,6 +49,7 @@ from lbcore import KeyEncodingError, KeyTooLongError, KeyTypeError
 from lbcore.knobs import Knob, from_mapping
 from lbcore.logformat import Event
 from workers.surfaces import status
+from workers.surfaces.answers import RouteAnswers
 from workers.surfaces.body import (
     JSON_MEDIA_TYPE,
     MAX_ATTEMPT,
@@ -107,57 +107,6 @@ _FAILURE_LOG_NS = 60_000_000_000
 _DECIMAL = re.compile(r"[0-9]{1,5}(?:\.[0-9]{1,3})?")
 
 
-
-# --------------------------------------------------------------------------------------
-# The app.
-
-
-#: Most padding the fixed-width answer pieces may add, as a share of the bytes the
-#: endpoints' JSON strings need without it; beyond that the answer is joined per key.
-_MAX_PADDING = 0.25
-
-
-class _Answers:
-    """The pieces of the ``/route`` answers on one table, built once per generation.
-
-    ``enc``: the JSON text of each endpoint and ``"null"`` last (so that index -1, the
-    fallback, takes it), for the group form. ``pieces``: the same as one fixed-width
-    ``bytes`` array, each entry ``,"endpoint"`` padded with spaces (JSON whitespace) to
-    the longest, so that an answer of ``n`` keys is one ``take`` and one ``tobytes``
-    (no Python step per key); ``None`` when the endpoints' lengths differ so much that
-    the padding would add over :data:`_MAX_PADDING` to the answer's size (then the
-    strings are joined per key).
-    """
-
-    __slots__ = ("enc", "generation", "head", "pieces", "table")
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-        self.generation = int(table.generation) if table is not None else 0
-        endpoints = () if table is None else table.endpoints
-        # json.dumps escapes every non-ASCII character: the text is ASCII.
-        self.enc = [*map(json.dumps, endpoints), "null"]
-        self.head = b'{"generation": %d, "endpoints": [' % self.generation
-        raw = [b"," + e.encode("ascii") for e in self.enc]
-        width = max(map(len, raw))
-        need = sum(map(len, raw[:-1])) or 1
-        self.pieces: np.ndarray | None = None
-        if len(raw) == 1 or width * (len(raw) - 1) <= need * (1.0 + _MAX_PADDING):
-            self.pieces = np.array([r.ljust(width) for r in raw], dtype=f"S{width}")
-
-    def plain(self, idx: np.ndarray) -> bytes:
-        """The answer ``{"generation": G, "endpoints": [...]}`` for indices ``idx``."""
-        if not idx.size:
-            return self.head + b"]}"
-        pieces = self.pieces
-        if pieces is not None:
-            body = pieces.take(idx).tobytes()
-            # Drop the comma of the first entry, in the same copy as the head and tail.
-            return b"".join((self.head, memoryview(body)[1:], b"]}"))
-        enc = self.enc
-        return b"%b%b]}" % (self.head, ", ".join([enc[i] for i in idx.tolist()]).encode())
-
-
 class CslbApp:
     """The WSGI app: ``/route``, ``/metrics``, ``/healthz``, ``/status``.
 
@@ -202,7 +151,7 @@ class CslbApp:
         # (path, exception type) -> [monotonic ns of the next traceback, lines not logged]
         self._failures: dict[tuple[str, str], list[int]] = {}
         # The pieces of the answers on the table routed last (rebuilt per generation).
-        self._answers = _Answers(None)
+        self._answers = RouteAnswers(None)
         self._routes: dict[str, dict[str, Callable[[dict[str, Any]], tuple]]] = {
             "/route": {"POST": self._route},
             "/metrics": {"GET": self._metrics},
@@ -239,23 +188,14 @@ class CslbApp:
         self, environ: dict[str, Any], start_response: Callable[..., Any]
     ) -> Iterable[bytes]:
         """Serve one request."""
-        method = environ.get("REQUEST_METHOD", "GET").upper()
+        method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "") or "/"
         try:
-            handlers = self._routes.get(path)
-            if handlers is None:
-                raise HTTPError(
-                    404,
-                    f"no such path {path[:200]!r}; try /route, /metrics, /healthz, /readyz or "
-                    "/status",
-                )
-            handler = handlers.get("GET" if method == "HEAD" else method)
-            if handler is None:
-                allowed = ", ".join(sorted({*handlers, *(["HEAD"] if "GET" in handlers else [])}))
-                raise HTTPError(
-                    405, f"{path} does not take {method[:20]}; use {allowed}", [("Allow", allowed)]
-                )
-            status, ctype, body, headers = handler(environ)
+            if method == "POST" and path == "/route":  # the busy path, without the tables
+                status, ctype, body, headers = self._route(environ)
+            else:
+                method = method.upper()
+                status, ctype, body, headers = self._dispatch(method, path, environ)
         except HTTPError as exc:
             status, ctype, headers = exc.status, JSON_MEDIA_TYPE, exc.headers
             body = json.dumps({"error": exc.message, "status": exc.status}).encode()
@@ -268,6 +208,22 @@ class CslbApp:
             [("Content-Type", ctype), ("Content-Length", str(len(body))), *headers],
         )
         return [b""] if method == "HEAD" else [body]
+
+    def _dispatch(self, method: str, path: str, environ: dict[str, Any]) -> tuple:
+        """The handler of ``method`` on ``path``, called (404 and 405 otherwise)."""
+        handlers = self._routes.get(path)
+        if handlers is None:
+            raise HTTPError(
+                404,
+                f"no such path {path[:200]!r}; try /route, /metrics, /healthz, /readyz or /status",
+            )
+        handler = handlers.get("GET" if method == "HEAD" else method)
+        if handler is None:
+            allowed = ", ".join(sorted({*handlers, *(["HEAD"] if "GET" in handlers else [])}))
+            raise HTTPError(
+                405, f"{path} does not take {method[:20]}; use {allowed}", [("Allow", allowed)]
+            )
+        return handler(environ)
 
     def failures_not_logged(self, path: str, error: str) -> int:
         """Unexpected errors of type ``error`` on ``path`` not logged since the last traceback."""
@@ -347,33 +303,8 @@ class CslbApp:
             raise HTTPError(503, f"cannot route: {exc}") from None
         answers = self._answers
         if answers.table is not table:
-            answers = self._answers = _Answers(table)
-        if group:
-            out = self._grouped(idx, answers.generation, answers.enc).encode()
-        else:
-            out = answers.plain(idx)
-        return 200, JSON_MEDIA_TYPE, out, []
-
-    @staticmethod
-    def _grouped(idx: np.ndarray, generation: int, enc: list[str]) -> str:
-        """The group form: positions per endpoint (table order), fallback positions apart."""
-        if not idx.size:
-            return f'{{"generation": {generation}, "groups": {{}}, "fallback": []}}'
-        order = np.argsort(idx, kind="stable")
-        ranked = idx[order]
-        cuts = [0, *(np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist(), idx.size]
-        pos = list(map(str, order.tolist()))
-        heads = ranked[cuts[:-1]].tolist()
-        groups = [
-            f"{enc[e]}: [{', '.join(pos[lo:hi])}]"
-            for e, lo, hi in zip(heads, cuts, cuts[1:], strict=False)
-            if e >= 0
-        ]
-        fallback = ", ".join(pos[: cuts[1]]) if heads[0] < 0 else ""  # -1 sorts first
-        return (
-            f'{{"generation": {generation}, "groups": {{{", ".join(groups)}}}, '
-            f'"fallback": [{fallback}]}}'
-        )
+            answers = self._answers = RouteAnswers(table)
+        return 200, JSON_MEDIA_TYPE, answers.grouped(idx) if group else answers.plain(idx), ()
 
     # -- the rest ----------------------------------------------------------------------
 
