@@ -26,6 +26,7 @@ from lbcore.errors import (
     KeyTypeError,
     LBCoreError,
     LoadError,
+    MappingFaultError,
     OutlierError,
     TableDataError,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "KeyTypeError",
     "LBCoreError",
     "LoadError",
+    "MappingFaultError",
     "OutlierError",
     "Plan",
     "Ring",
