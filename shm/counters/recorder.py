@@ -5,18 +5,18 @@ from __future__ import annotations
 import itertools
 import os
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from lbcore.errors import ArgumentError
+from lbcore.errors import ArgumentError, MappingFaultError
 from lbcore.kernel import calls_adder, scatter_adder, scatter_adder_routed
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from shm.counters.matrix import C_CURRENT, Matrix
 from shm.counters.reports import write_reports
-from shm.errors import CounterInputError, SlotOwnershipError
+from shm.errors import CounterInputError, SegmentSizeError, SlotOwnershipError
 from shm.layout import KIND_FIELDS, STATS_FIELDS
-from shm.segment import fence, intact, seam
+from shm.segment import fence, intact, kernel_guarded, seam, words_are
 
 if TYPE_CHECKING:
     from shm.counters.store import CounterStore
@@ -209,7 +209,18 @@ class Recorder:
                 total0,
             ),
         )
+        # The kernel's touches of the row run under its SIGBUS guard: the per-batch paths
+        # probe no segment size (a fault raises MappingFaultError: _faulted asks them).
+        self._guarded = kernel_guarded()
+        # count()'s cells: decisions, fallbacks, moves (the first three stats words).
+        self._count_cells = np.arange(3, dtype=np.int64) + lay["stats"]
         self._epoch = m.epoch
+
+    def _faulted(self, exc: MappingFaultError) -> NoReturn:
+        """A guarded write faulted: raise the verdict of the segments' sizes."""
+        self._ctl_seg.check_size()
+        self._data_seg.check_size()
+        raise SegmentSizeError(self._data_seg.name, f"not written: {exc}")
 
     def _moved(self) -> bool:
         """Whether the matrix moved to another epoch (then :meth:`_follow` it).
@@ -245,6 +256,10 @@ class Recorder:
         Requests still open that started in a recycled column's period are older than
         every bucket kept now, hence than the window: they move to ``open_old``.
         """
+        if self._guarded and not intact(self._ctl_seg, self._data_seg):
+            # (NumPy writes: unguarded. Rare, once per bucket: probed here, not per call.)
+            self._ctl_seg.check_size()
+            self._data_seg.check_size()
         k = self._k
         periods = self._periods
         # Columns of periods up to self._period are stamped already (one writer per row).
@@ -377,10 +392,13 @@ class Recorder:
         CounterInputError
             Endpoints outside the map or slots outside the row; nothing is recorded then.
         """
-        # (_moved inlined: this runs once per batch or fan-out)
-        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
-            if self._moved():
-                self._follow()
+        # (_moved inlined: this runs once per batch or fan-out; guarded, no size probe)
+        if (
+            words_are(self._cw, C_CURRENT, self._epoch) != 1
+            if self._guarded
+            else not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch
+        ) and self._moved():
+            self._follow()
         if bound > self._cols or now_ns.__class__ is not int:
             slots = self._routed_slots(slot_map, endpoints)
             self.record_start(slots, now_ns)
@@ -401,6 +419,8 @@ class Recorder:
             return self._add_routed(self._open_old, slot_map, endpoints, 1)
         except (IndexError, TypeError) as exc:
             raise CounterInputError(str(exc)) from None
+        except MappingFaultError as exc:
+            self._faulted(exc)
 
     def record_end_routed(
         self,
@@ -422,10 +442,13 @@ class Recorder:
         CounterInputError
             As :meth:`record_start_routed`, or a negative duration.
         """
-        # (_moved inlined: this runs once per batch or fan-out)
-        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
-            if self._moved():
-                self._follow()
+        # (_moved inlined: this runs once per batch or fan-out; guarded, no size probe)
+        if (
+            words_are(self._cw, C_CURRENT, self._epoch) != 1
+            if self._guarded
+            else not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch
+        ) and self._moved():
+            self._follow()
         d = duration_ns
         if d.__class__ is not int or started_ns.__class__ is not int or d < 0:
             if d.__class__ is int and d < 0:
@@ -449,6 +472,8 @@ class Recorder:
                 )
             except (IndexError, TypeError) as exc:
                 raise CounterInputError(str(exc)) from None
+            except MappingFaultError as exc:
+                self._faulted(exc)
             return
         s = self._routed_slots(slot_map, endpoints)
         if s.size:
@@ -710,14 +735,17 @@ class Recorder:
             or (decisions | fallbacks | moves) < 0
         ):
             decisions, fallbacks, moves = _counts((decisions, fallbacks, moves), "decision counts")
-        # (_moved inlined: this runs once per batch or fan-out)
-        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
-            if self._moved():
-                self._follow()
-        st = self._stats
-        st[0] += decisions
-        st[1] += fallbacks
-        st[2] += moves
+        # (_moved inlined: this runs once per batch or fan-out; guarded, no size probe)
+        if (
+            words_are(self._cw, C_CURRENT, self._epoch) != 1
+            if self._guarded
+            else not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch
+        ) and self._moved():
+            self._follow()
+        try:
+            self._add(self._row_words, self._count_cells, (decisions, fallbacks, moves))
+        except MappingFaultError as exc:
+            self._faulted(exc)
 
     def tally(self, field: str, n: int) -> None:
         """Add ``n`` to the row's lifetime total ``field`` (one of :data:`STATS_FIELDS`).
