@@ -438,7 +438,7 @@ class Router:
         missing = s is None
         if s is None:
             s = _no_table()
-        elif self._no_table.active:
+        elif self._no_table.since:  # (the active property without its frame, per batch)
             self._no_table.table()
         try:
             idx, fallbacks, moves, valid = s.route(keys, attempt)
