@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import weakref
+from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
@@ -112,6 +113,7 @@ _RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for rec in list(_RECORDERS):
         rec._epoch = -1  # the next call fails: a forked child must claim its own slot
+        rec._current = int  # (int() is 0: never current)
         rec._forked = True
 
 
@@ -209,12 +211,17 @@ class Recorder:
                 total0,
             ),
         )
-        # The kernel's touches of the row run under its SIGBUS guard: the per-batch paths
-        # probe no segment size (a fault raises MappingFaultError: _faulted asks them).
-        self._guarded = kernel_guarded()
-        # count()'s cells: decisions, fallbacks, moves (the first three stats words).
-        self._count_cells = np.arange(3, dtype=np.int64) + lay["stats"]
+        self._count_cells = np.arange(3, dtype=np.int64) + lay["stats"]  # decisions..moves
         self._epoch = m.epoch
+        # Per batch, "still this epoch's matrix" (1): under the kernel's SIGBUS guard where
+        # its writes are too (no frame, no size probe; a fault: _faulted), else probed.
+        self._guarded = kernel_guarded()
+        self._current = partial(words_are, self._cw, C_CURRENT, m.epoch)
+        if not self._guarded:
+            self._current = self._probed
+
+    def _probed(self) -> int:
+        return int(intact(self._ctl_seg, self._data_seg) and self._cw[C_CURRENT] == self._epoch)
 
     def _faulted(self, exc: MappingFaultError) -> NoReturn:
         """A guarded write faulted: raise the verdict of the segments' sizes."""
@@ -392,12 +399,7 @@ class Recorder:
         CounterInputError
             Endpoints outside the map or slots outside the row; nothing is recorded then.
         """
-        # (_moved inlined: this runs once per batch or fan-out; guarded, no size probe)
-        if (
-            words_are(self._cw, C_CURRENT, self._epoch) != 1
-            if self._guarded
-            else not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch
-        ) and self._moved():
+        if self._current() != 1 and self._moved():  # (once per batch or fan-out)
             self._follow()
         if bound > self._cols or now_ns.__class__ is not int:
             slots = self._routed_slots(slot_map, endpoints)
@@ -442,12 +444,7 @@ class Recorder:
         CounterInputError
             As :meth:`record_start_routed`, or a negative duration.
         """
-        # (_moved inlined: this runs once per batch or fan-out; guarded, no size probe)
-        if (
-            words_are(self._cw, C_CURRENT, self._epoch) != 1
-            if self._guarded
-            else not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch
-        ) and self._moved():
+        if self._current() != 1 and self._moved():  # (once per batch or fan-out)
             self._follow()
         d = duration_ns
         if d.__class__ is not int or started_ns.__class__ is not int or d < 0:
@@ -735,12 +732,7 @@ class Recorder:
             or (decisions | fallbacks | moves) < 0
         ):
             decisions, fallbacks, moves = _counts((decisions, fallbacks, moves), "decision counts")
-        # (_moved inlined: this runs once per batch or fan-out; guarded, no size probe)
-        if (
-            words_are(self._cw, C_CURRENT, self._epoch) != 1
-            if self._guarded
-            else not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch
-        ) and self._moved():
+        if self._current() != 1 and self._moved():  # (once per batch or fan-out)
             self._follow()
         try:
             self._add(self._row_words, self._count_cells, (decisions, fallbacks, moves))
