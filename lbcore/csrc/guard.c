@@ -24,6 +24,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct lb_guard {
     sigjmp_buf env;
@@ -37,10 +38,18 @@ static struct sigaction prev_bus;
 static pthread_once_t install_once = PTHREAD_ONCE_INIT;
 static volatile int installed;
 
+/* A fault of this thread's own access, or the signal handed back by a faulthandler
+ * that saw it first (raise: tkill from this process); never one another process sent,
+ * which could arrive inside an allocation a jump must not leave. */
+static int own_fault(const siginfo_t *info)
+{
+    return info != NULL && (info->si_code > 0 || (info->si_code == SI_TKILL && info->si_pid == getpid()));
+}
+
 static void on_sigbus(int sig, siginfo_t *info, void *uctx)
 {
     lb_guard *g = guard_cur;
-    if (g != NULL) {
+    if (g != NULL && own_fault(info)) {
         guard_cur = g->prev;
         siglongjmp(g->env, 1);
     }
