@@ -96,7 +96,10 @@ int lb_guarded(lb_guarded_fn fn, void *ctx)
     if (sigsetjmp(g.env, 0) != 0)
         return LB_FAULTED; /* (the handler restored guard_cur) */
     guard_cur = &g;
+    /* Compiler barriers: no access of fn may move out of the guarded stretch. */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
     fn(ctx);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
     guard_cur = g.prev;
     return 0;
 }
