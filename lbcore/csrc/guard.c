@@ -43,7 +43,9 @@ static volatile int installed;
  * which could arrive inside an allocation a jump must not leave. */
 static int own_fault(const siginfo_t *info)
 {
-    return info != NULL && (info->si_code > 0 || (info->si_code == SI_TKILL && info->si_pid == getpid()));
+    if (info == NULL)
+        return 0;
+    return info->si_code > 0 || (info->si_code == SI_TKILL && info->si_pid == getpid());
 }
 
 static void on_sigbus(int sig, siginfo_t *info, void *uctx)
