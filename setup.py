@@ -8,7 +8,16 @@ builds a sanitizer copy with ``-fsanitize=address,undefined`` in both).
 
 from setuptools import Extension, setup
 
-SOURCES = ["keys.c", "plan.c", "route.c", "methods.c", "scatter.c", "calls.c", "module.c"]
+SOURCES = [
+    "keys.c",
+    "plan.c",
+    "route.c",
+    "methods.c",
+    "scatter.c",
+    "calls.c",
+    "guard.c",
+    "module.c",
+]
 
 setup(
     ext_modules=[

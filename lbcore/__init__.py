@@ -27,6 +27,7 @@ from lbcore.errors import (
     KeyTypeError,
     LBCoreError,
     LoadError,
+    MappingFaultError,
     OutlierError,
     TableDataError,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "KeyTypeError",
     "LBCoreError",
     "LoadError",
+    "MappingFaultError",
     "OutlierError",
     "Plan",
     "Ring",

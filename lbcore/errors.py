@@ -57,3 +57,12 @@ class OutlierError(LBCoreError, ValueError):
 
 class TableDataError(LBCoreError, ValueError):
     """A ring table holds an entry out of range: damaged, or rewritten while it was read."""
+
+
+class MappingFaultError(LBCoreError, OSError):
+    """Shared memory faulted under a native kernel access (SIGBUS, caught).
+
+    The object behind a mapping was shrunk by another process while the kernel read or
+    wrote it: the step was cut short (a write may be partly done); nothing else is
+    wrong with the process. The caller asks its segments which one shrank.
+    """

@@ -25,6 +25,7 @@ that sees the same batch again learns it), in nanoseconds per key.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -105,7 +106,9 @@ def _on_kernel(name: str, router: Any, fn: Any) -> Any:
 
 
 def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
-    """Run the in-process benchmark; returns ``{"rows": [...], "notes": [...]}``.
+    """Run the in-process benchmark; returns ``{"rows": [...], "notes": [...], ...}``.
+
+    With the native kernel also ``breakdown`` and ``profile`` (:func:`_where_the_time_goes`).
 
     Each row: ``endpoints``, ``keys`` (``sku``/``int``), ``batch``, ``op``,
     ``ns_per_key`` (median, nanoseconds) and ``mkeys_per_s`` (millions of keys per second).
@@ -116,6 +119,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     rng = np.random.default_rng(20261129)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
+    where: dict[str, Any] = {}
     native = lbcore.kernel._load_native() is not None
     if not native:
         notes.append("the native kernel is not built here: the native columns are missing")
@@ -182,6 +186,11 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
                                     f"  inprocess {n_eps:>5} eps {kind:>3} batch {n:>7,} "
                                     f"{op:<26} {ns:>10.1f} ns/key"
                                 )
+                if native and n_eps == 100:
+                    lbcore.use_kernel("native")
+                    router.refresh()
+                    with no_gc():
+                        where = _where_the_time_goes(router, rng, quick)
             finally:
                 router.close()
     notes.append(
@@ -191,4 +200,82 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
         "the rollout gate at 100 %; on the native kernel unless named. The C floor is "
         "XXH64 of each key's bytes plus one bucket-table load (no Python object touched)."
     )
-    return {"rows": rows, "notes": notes}
+    return {"rows": rows, "notes": notes, **where}
+
+
+def _where_the_time_goes(router: Any, rng: np.random.Generator, quick: bool) -> dict[str, Any]:
+    """The Router's per-batch path in parts (100×100, SKU keys), and a cProfile of it.
+
+    ``breakdown``: median nanoseconds per batch of the whole path and of each part
+    measured alone (``depth`` 1: a part of the row above); ``profile``: the functions
+    with the most own time over batch-1 ``route_table`` + ``track`` calls (cProfile's
+    own overhead inflates short functions: read it for shares, not for times).
+    """
+    import cProfile
+    import pstats
+
+    follow, rec = router._follow, router.recording
+    snap = router.snapshot()
+    plan, row = snap.plan, rec.row[1] if rec.row is not None else None
+    slots, bound = plan.slots, plan.n_slots
+
+    def routed(keys: Any) -> Any:
+        return plan.route(keys)[0].copy()
+
+    def start_end(idx: Any) -> None:
+        now = time.monotonic_ns()
+        row.record_start_routed(slots, idx, now, bound)  # type: ignore[union-attr]
+        row.record_end_routed(slots, idx, now, 1000, now, bound)  # type: ignore[union-attr]
+
+    parts: list[tuple[str, int, Any, Any]] = [
+        ("Router: route_table + track (enter, exit)", 0, full_route(router), None),
+        ("route_table", 1, router.route_table, None),
+        ("snapshot still current (Follower.current)", 2, lambda _k: follow.current(), None),
+        ("the kernel (Plan.route)", 2, plan.route, None),
+        ("decision count (Recording.count)", 2, lambda k: rec.count(len(k), 0, 0), None),
+    ]
+    if row is not None:
+        parts.append(("the row's start + end (record_*_routed, bare)", 1, start_end, routed))
+    reps = 30 if quick else 600
+    rows = []
+    for n in (1, 100):
+        for label, depth, fn, convert in parts:
+            data = [KEY_MAKERS["sku"](rng, n) for _ in range(reps + 1)]
+            ns = measure(fn, data, n, convert) * n
+            rows.append({"batch": n, "part": label, "depth": depth, "ns_per_batch": ns})
+    # Own time per function over batch-1 calls of the whole path.
+    calls = 2_000 if quick else 20_000
+    data = [KEY_MAKERS["sku"](rng, 1) for _ in range(calls)]
+    run = full_route(router)
+    prof = cProfile.Profile()
+    prof.enable()
+    for keys in data:
+        run(keys)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:14]
+    total = sum(v[2] for v in stats.values())
+    profile = [
+        {
+            "function": _frame_name(key),
+            "calls_per_batch": v[1] / calls,
+            "own_share": v[2] / total if total else 0.0,
+        }
+        for key, v in top
+    ]
+    return {"breakdown": rows, "profile": profile}
+
+
+def _frame_name(key: tuple[str, int, str]) -> str:
+    """``module.py:line(function)`` with the path from the checkout (or a builtin's name)."""
+    path, line, name = key
+    if path == "~":
+        return name
+    for root in ("/workers/", "/shm/", "/lbcore/", "/perf/"):
+        i = path.rfind(root)
+        if i >= 0:
+            path = path[i + 1 :]
+            break
+    else:
+        path = path.rsplit("/", 1)[-1]
+    return f"{path}:{line}({name})"

@@ -267,6 +267,46 @@ def _inprocess(part: dict[str, Any]) -> list[str]:
         body.append(line)
     out += _table(header, body, left=3)
     out += ["", f"![ns per key vs batch size]({INPROCESS_CHART})"]
+    return out + _where_the_time_goes(part)
+
+
+def _where_the_time_goes(part: dict[str, Any]) -> list[str]:
+    """The Router's path in parts and its profile (100×100, SKU keys), if measured."""
+    parts = part.get("breakdown") or []
+    if not parts:
+        return []
+    labels = list(dict.fromkeys((r["part"], r["depth"]) for r in parts))
+    batches = sorted({r["batch"] for r in parts})
+    out = [
+        "",
+        "### Where the Router's time goes (100×100, SKU keys)",
+        "",
+        "Each part measured alone, median nanoseconds per batch (a part marked — is "
+        "inside the row above it; what the parts leave of their row is Python around them: "
+        "frames, locks, clock reads, the index copy).",
+        "",
+    ]
+    body = []
+    for label, depth in labels:
+        line = ["— " * depth + label]
+        for b in batches:
+            got = _one(parts, part=label, batch=b)
+            line.append(_fmt(got["ns_per_batch"], 0) if got else "–")
+        body.append(line)
+    out += _table(["part", *[f"batch {b:,} ns" for b in batches]], body)
+    prof = part.get("profile") or []
+    if prof:
+        out += [
+            "",
+            "Profile of batch-1 `route_table` + `track` (cProfile, own time; its overhead "
+            "inflates short functions, so read shares, not times):",
+            "",
+        ]
+        rows = [
+            [f"`{p['function']}`", f"{p['calls_per_batch']:.1f}", f"{p['own_share'] * 100:.1f} %"]
+            for p in prof
+        ]
+        out += _table(["function", "calls per batch", "own time"], rows)
     return out
 
 

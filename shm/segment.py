@@ -25,11 +25,13 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import posix_ipc
 
-from lbcore.fence import IS_TSO as _TSO  # noqa: F401 (shm.tables reads it from here)
+from lbcore import kernel as lbcore_kernel
+from lbcore.fence import IS_TSO as _TSO
 from lbcore.fence import fence
 from shm.errors import (
     NamespaceError,
@@ -320,6 +322,38 @@ except ImportError:
     _native_intact = None
 
 intact: Callable[..., bool] = _native_intact or intact_by_lseek
+
+
+def _words_are(a: Any, i: int, x: int, b: Any = None, j: int = 0, y: int = 0) -> int:
+    """``words_are`` without the native kernel: plain reads (probe sizes first)."""
+    if a[i] != x:
+        return 0
+    if b is None:
+        return 1
+    if not _TSO:
+        fence()  # (b is read after a, as the native acquire loads order them)
+    return int(b[j] == y)
+
+
+try:
+    from lbcore._kernel import words_are as _native_words_are
+except ImportError:
+    _native_words_are = None
+
+#: ``words_are(a, i, x[, b, j, y])``: ``1`` if word ``a[i] == x`` (and ``b[j] == y``),
+#: ``0`` if not, ``-1`` if the read faulted (an object shrunk under its mapping: ask the
+#: segments, :meth:`Segment.check_size`). With the native kernel the reads run under
+#: its SIGBUS guard, so the routing path needs no size probe before them
+#: (:data:`GUARDED`); without it they are plain reads and the caller probes first.
+words_are: Callable[..., int] = _native_words_are or _words_are
+
+#: Whether :data:`words_are` and the native kernel's shared-memory touches are guarded.
+GUARDED = _native_words_are is not None
+
+
+def kernel_guarded() -> bool:
+    """Whether lbcore's active kernel touches shared memory under the guard (native)."""
+    return GUARDED and lbcore_kernel.native() is not None
 
 
 class Segment:

@@ -69,6 +69,11 @@ static int push(adds *a, int64_t cell, int64_t v)
     return 0;
 }
 
+typedef struct {
+    uint64_t *t;
+    const adds *ends, *starts;
+} adds_call;
+
 static void write_adds(uint64_t *t, const adds *a)
 {
     FENCE_RELEASE();
@@ -77,6 +82,14 @@ static void write_adds(uint64_t *t, const adds *a)
         STORE_RELAXED(c, LOAD_RELAXED(c) + (uint64_t)a->val[i]);
     }
     FENCE_RELEASE();
+}
+
+/* Ends before starts, under lb_guarded (the row is shared memory). */
+static void adds_run(void *x)
+{
+    const adds_call *c = (const adds_call *)x;
+    write_adds(c->t, c->ends);
+    write_adds(c->t, c->starts);
 }
 
 /* A slot of the row's columns, or ArgumentError. */
@@ -266,8 +279,11 @@ PyObject *lb_add_calls(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if (check_geometry(g, tv.len / 8) < 0 || ends_of(args[1], 1, g, &ends) < 0 ||
         ends_of(args[2], 0, g, &ends) < 0 || starts_of(args[3], g, &starts) < 0)
         goto done;
-    write_adds((uint64_t *)tv.buf, &ends);
-    write_adds((uint64_t *)tv.buf, &starts);
+    adds_call call = {(uint64_t *)tv.buf, &ends, &starts};
+    if (lb_guarded(adds_run, &call) == LB_FAULTED) {
+        lb_raise_fault("add_calls");
+        goto done;
+    }
     result = Py_None;
     Py_INCREF(result);
 done:

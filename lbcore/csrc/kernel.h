@@ -20,7 +20,7 @@
 #endif
 
 /* The interface version lbcore.kernel expects (bump on any change of the Python API). */
-#define LB_ABI 5
+#define LB_ABI 6
 
 /* C11 memory-model operations through the compiler's __atomic builtins (the same
  * semantics as <stdatomic.h>, available in C99 mode). */
@@ -83,6 +83,7 @@ typedef struct {
     PyObject *key_encoding_error;
     PyObject *key_too_long_error;
     PyObject *table_error;
+    PyObject *fault_error;  /* lbcore.errors.MappingFaultError */
     PyObject *np_integer;   /* numpy.integer, for NumPy integer scalars in a list */
     PyObject *np_empty;     /* numpy.empty */
     PyObject *np_ndarray;   /* numpy.ndarray */
@@ -107,6 +108,17 @@ PyObject *lb_plan_counter_slots(PyObject *self, PyObject *idx);
 /* ---- scatter.c -------------------------------------------------------------------- */
 PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+
+/* ---- guard.c: touches of shared memory that a shrunk object cuts short ------------ */
+#define LB_FAULTED (-1)
+typedef void (*lb_guarded_fn)(void *ctx);
+/* Runs fn(ctx); 0, or LB_FAULTED if a SIGBUS on this thread cut it short (fn must then
+ * leave nothing to undo: no allocation, no reference, no lock taken inside). Callable
+ * with or without the GIL. */
+int lb_guarded(lb_guarded_fn fn, void *ctx);
+/* Raises lbcore.errors.MappingFaultError naming what faulted; returns -1. */
+int lb_raise_fault(const char *what);
+PyObject *lb_words_are(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 /* ---- calls.c ---------------------------------------------------------------------- */
 PyObject *lb_add_calls(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);

@@ -60,9 +60,39 @@ bad:
     return -1;
 }
 
-static PyObject *finish(const LBPlan *p, PyObject *arr, const lb_counts *c)
+/* Routing with the table's memory under lb_guarded (a table's segment shrunk under the
+ * plan cuts the batch short instead of killing the process), and the sequence check
+ * after it. A bounded walk's scratch allocated before a fault is not freed: a few bytes
+ * per endpoint, once per fault, which only a hostile shrink causes. */
+typedef struct {
+    const LBPlan *p;
+    const uint64_t *h;
+    Py_ssize_t n, attempt;
+    int32_t *out;
+    lb_counts *c;
+    int valid;
+} route_call;
+
+static void route_call_run(void *x)
 {
-    int valid = lb_still_valid(p);
+    route_call *r = (route_call *)x;
+    lb_route_hashes(r->p, r->h, r->n, r->out, r->attempt, r->c);
+    r->valid = lb_still_valid(r->p);
+}
+
+/* 0, or LB_FAULTED (nothing to report yet: the caller raises holding the GIL). */
+static int route_guarded(const LBPlan *p, const uint64_t *h, Py_ssize_t n, int32_t *out,
+                         Py_ssize_t attempt, lb_counts *c, int *valid)
+{
+    route_call r = {p, h, n, attempt, out, c, 0};
+    if (lb_guarded(route_call_run, &r) == LB_FAULTED)
+        return LB_FAULTED;
+    *valid = r.valid;
+    return 0;
+}
+
+static PyObject *finish(PyObject *arr, const lb_counts *c, int valid)
+{
     if (c->bad == 2) {
         Py_DECREF(arr);
         return PyErr_NoMemory();
@@ -163,7 +193,8 @@ PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     uint64_t stack[STACK_KEYS];
     uint64_t *h = n <= STACK_KEYS ? stack : (uint64_t *)PyMem_RawMalloc((size_t)n * sizeof(uint64_t));
     lb_counts c = {0, 0, 0};
-    int rc;
+    int rc, valid = 0, faulted = 0;
+    int32_t *out = (int32_t *)ov.buf;
     if (h == NULL) {
         PyErr_NoMemory();
         rc = -2;
@@ -171,17 +202,17 @@ PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         Py_BEGIN_ALLOW_THREADS
         rc = lb_hash_keys(&k, h);
         if (rc == 0)
-            lb_route_hashes(p, h, n, (int32_t *)ov.buf, attempt, &c);
+            faulted = route_guarded(p, h, n, out, attempt, &c, &valid);
         Py_END_ALLOW_THREADS
     } else {
         rc = lb_hash_keys(&k, h);
         if (rc == 0) {
             if (n >= LB_NOGIL_MIN) {
                 Py_BEGIN_ALLOW_THREADS
-                lb_route_hashes(p, h, n, (int32_t *)ov.buf, attempt, &c);
+                faulted = route_guarded(p, h, n, out, attempt, &c, &valid);
                 Py_END_ALLOW_THREADS
             } else {
-                lb_route_hashes(p, h, n, (int32_t *)ov.buf, attempt, &c);
+                faulted = route_guarded(p, h, n, out, attempt, &c, &valid);
             }
         }
     }
@@ -191,11 +222,13 @@ PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         PyMem_RawFree(h);
     lb_keys_close(&k);
     PyBuffer_Release(&ov);
+    if (rc == 0 && faulted)
+        rc = lb_raise_fault("Plan.route");
     if (rc < 0) {
         Py_DECREF(arr);
         return NULL;
     }
-    return finish(p, arr, &c);
+    return finish(arr, &c, valid);
 }
 
 /* Plan.route_hashes(hashes, attempt=0): precomputed uint64 key hashes (checked by
@@ -223,16 +256,23 @@ PyObject *lb_plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     lb_counts c = {0, 0, 0};
+    int valid = 0, faulted;
+    const uint64_t *h = (const uint64_t *)hv.buf;
     if (n >= LB_NOGIL_MIN) {
         Py_BEGIN_ALLOW_THREADS
-        lb_route_hashes(p, (const uint64_t *)hv.buf, n, (int32_t *)ov.buf, attempt, &c);
+        faulted = route_guarded(p, h, n, (int32_t *)ov.buf, attempt, &c, &valid);
         Py_END_ALLOW_THREADS
     } else {
-        lb_route_hashes(p, (const uint64_t *)hv.buf, n, (int32_t *)ov.buf, attempt, &c);
+        faulted = route_guarded(p, h, n, (int32_t *)ov.buf, attempt, &c, &valid);
     }
     PyBuffer_Release(&hv);
     PyBuffer_Release(&ov);
-    return finish(p, arr, &c);
+    if (faulted) {
+        Py_DECREF(arr);
+        lb_raise_fault("Plan.route_hashes");
+        return NULL;
+    }
+    return finish(arr, &c, valid);
 }
 
 /* Plan.answers(): the attempt-0 answer and the plain answer for every (view, position). */

@@ -166,6 +166,9 @@ static PyMethodDef methods[] = {
      "scatter_add_routed(target, slot_map, endpoints, values, offsets=None) -> routed calls"},
     {"add_calls", (PyCFunction)(void (*)(void))lb_add_calls, METH_FASTCALL,
      "add_calls(target, ended, done, starts, geometry): a batching recorder's step"},
+    {"words_are", (PyCFunction)(void (*)(void))lb_words_are, METH_FASTCALL,
+     "words_are(a, i, x[, b, j, y]) -> 1 if a[i] == x (and b[j] == y), 0 if not, -1 if the "
+     "read faulted (shared memory shrunk under it)"},
     {"mapped_intact", (PyCFunction)(void (*)(void))k_mapped_intact, METH_FASTCALL,
      "mapped_intact(a, b=None) -> bool: the objects behind mappings .fd still back .size bytes"},
     {"floor", k_floor, METH_VARARGS, "floor(keys, width, buckets, shift) -> int (benchmarks)"},
@@ -209,6 +212,7 @@ PyMODINIT_FUNC PyInit__kernel(void)
         !(LB.key_encoding_error = attr("lbcore.errors", "KeyEncodingError")) ||
         !(LB.key_too_long_error = attr("lbcore.errors", "KeyTooLongError")) ||
         !(LB.table_error = attr("lbcore.errors", "TableDataError")) ||
+        !(LB.fault_error = attr("lbcore.errors", "MappingFaultError")) ||
         !(LB.np_integer = attr("numpy", "integer")) || !(LB.np_empty = attr("numpy", "empty")) ||
         !(LB.np_ndarray = attr("numpy", "ndarray")) ||
         !(LB.argument_error = attr("lbcore.errors", "ArgumentError")) ||

@@ -158,6 +158,46 @@ static void add_counted(uint64_t *t, const addends *a, const uint64_t *count, in
     }
 }
 
+/* The writes of scatter_add, under lb_guarded (the target is usually shared memory). */
+typedef struct {
+    uint64_t *t;
+    const addends *a;
+    const int64_t *index;
+    Py_ssize_t n;
+    int uniform;           /* one value per offset */
+    const uint64_t *count; /* calls per slot (uniform only), or NULL */
+    int64_t hi;
+} scatter_call;
+
+static void scatter_run(void *x)
+{
+    const scatter_call *sc = (const scatter_call *)x;
+    const addends *a = sc->a;
+    FENCE_RELEASE();
+    if (sc->count != NULL) {
+        add_counted(sc->t, a, sc->count, sc->hi);
+        FENCE_RELEASE();
+        return;
+    }
+    for (Py_ssize_t r = 0; r < a->k; r++) {
+        uint64_t *row = sc->t + offset_at(a, r);
+        if (sc->uniform) {
+            uint64_t add = add_at(a, r);
+            for (Py_ssize_t j = 0; j < sc->n; j++) {
+                uint64_t *c = row + sc->index[j];
+                STORE_RELAXED(c, LOAD_RELAXED(c) + add);
+            }
+        } else {
+            const int64_t *v = a->values + r * sc->n;
+            for (Py_ssize_t j = 0; j < sc->n; j++) {
+                uint64_t *c = row + sc->index[j];
+                STORE_RELAXED(c, LOAD_RELAXED(c) + (uint64_t)v[j]);
+            }
+        }
+    }
+    FENCE_RELEASE();
+}
+
 PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)mod;
@@ -211,42 +251,23 @@ PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     {
-        uint64_t *t = (uint64_t *)tv.buf;
         /* Many calls over few slots, one value per offset (a long fan-out's start and
          * end): count the calls per slot once, then add count x value per slot and
          * offset, instead of one addition per call and offset. The same sums. */
         uint64_t *count = NULL;
         if ((a.scalar || per_row) && k > 1 && n > 2 * (hi + 1) && hi < (1 << 16))
             count = (uint64_t *)calloc((size_t)hi + 1, sizeof(uint64_t));
-        if (count != NULL) {
+        if (count != NULL)
             for (Py_ssize_t j = 0; j < n; j++)
                 count[index[j]]++;
-            FENCE_RELEASE();
-            add_counted(t, &a, count, hi);
-            FENCE_RELEASE();
-            free(count);
-            goto added;
+        scatter_call sc = {(uint64_t *)tv.buf, &a, index, n, a.scalar || per_row, count, hi};
+        int faulted = lb_guarded(scatter_run, &sc) == LB_FAULTED;
+        free(count);
+        if (faulted) {
+            lb_raise_fault("scatter_add");
+            goto done;
         }
-        FENCE_RELEASE();
-        for (Py_ssize_t r = 0; r < k; r++) {
-            uint64_t *row = t + offset_at(&a, r);
-            if (a.scalar || per_row) {
-                uint64_t add = add_at(&a, r);
-                for (Py_ssize_t j = 0; j < n; j++) {
-                    uint64_t *c = row + index[j];
-                    STORE_RELAXED(c, LOAD_RELAXED(c) + add);
-                }
-            } else {
-                const int64_t *v = a.values + r * n;
-                for (Py_ssize_t j = 0; j < n; j++) {
-                    uint64_t *c = row + index[j];
-                    STORE_RELAXED(c, LOAD_RELAXED(c) + (uint64_t)v[j]);
-                }
-            }
-        }
-        FENCE_RELEASE();
     }
-added:
     result = Py_None;
     Py_INCREF(result);
 done:
@@ -294,6 +315,41 @@ static int take_endpoints(PyObject *obj, Py_buffer *v, int *wide)
 static inline int64_t endpoint_at(const void *buf, int wide, Py_ssize_t j)
 {
     return wide ? ((const int64_t *)buf)[j] : (int64_t)((const int32_t *)buf)[j];
+}
+
+/* The writes of scatter_add_routed, under lb_guarded. */
+typedef struct {
+    uint64_t *t;
+    const addends *a;
+    const int64_t *map;
+    const void *endpoints;
+    int wide;
+    Py_ssize_t n;
+    const uint64_t *count; /* calls per slot, or NULL */
+    int64_t hi;
+} routed_call;
+
+static void routed_run(void *x)
+{
+    const routed_call *rc = (const routed_call *)x;
+    const addends *a = rc->a;
+    FENCE_RELEASE();
+    if (rc->count != NULL) {
+        add_counted(rc->t, a, rc->count, rc->hi);
+    } else {
+        for (Py_ssize_t r = 0; r < a->k; r++) {
+            uint64_t *row = rc->t + offset_at(a, r);
+            uint64_t add = add_at(a, r);
+            for (Py_ssize_t j = 0; j < rc->n; j++) {
+                int64_t e = endpoint_at(rc->endpoints, rc->wide, j);
+                if (e < 0)
+                    continue;
+                uint64_t *c = row + rc->map[e];
+                STORE_RELAXED(c, LOAD_RELAXED(c) + add);
+            }
+        }
+    }
+    FENCE_RELEASE();
 }
 
 PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -358,35 +414,24 @@ PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t
         goto done;
     }
     if (routed) {
-        uint64_t *t = (uint64_t *)tv.buf;
         /* Many calls over few slots (a long fan-out): count the calls per slot once, then
          * add count x value per slot and offset. The same sums. */
         uint64_t *count = NULL;
         if (k > 1 && routed > 2 * (hi + 1) && hi < (1 << 16))
             count = (uint64_t *)calloc((size_t)hi + 1, sizeof(uint64_t));
-        FENCE_RELEASE();
-        if (count != NULL) {
+        if (count != NULL)
             for (Py_ssize_t j = 0; j < n; j++) {
                 int64_t e = endpoint_at(ev.buf, wide, j);
                 if (e >= 0)
                     count[map[e]]++;
             }
-            add_counted(t, &a, count, hi);
-            free(count);
-        } else {
-            for (Py_ssize_t r = 0; r < k; r++) {
-                uint64_t *row = t + offset_at(&a, r);
-                uint64_t add = add_at(&a, r);
-                for (Py_ssize_t j = 0; j < n; j++) {
-                    int64_t e = endpoint_at(ev.buf, wide, j);
-                    if (e < 0)
-                        continue;
-                    uint64_t *c = row + map[e];
-                    STORE_RELAXED(c, LOAD_RELAXED(c) + add);
-                }
-            }
+        routed_call rc = {(uint64_t *)tv.buf, &a, map, ev.buf, wide, n, count, hi};
+        int faulted = lb_guarded(routed_run, &rc) == LB_FAULTED;
+        free(count);
+        if (faulted) {
+            lb_raise_fault("scatter_add_routed");
+            goto done;
         }
-        FENCE_RELEASE();
     }
     result = PyLong_FromSsize_t(routed);
 done:

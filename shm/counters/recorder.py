@@ -5,18 +5,19 @@ from __future__ import annotations
 import itertools
 import os
 import weakref
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from lbcore.errors import ArgumentError
+from lbcore.errors import ArgumentError, MappingFaultError
 from lbcore.kernel import calls_adder, scatter_adder, scatter_adder_routed
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from shm.counters.matrix import C_CURRENT, Matrix
 from shm.counters.reports import write_reports
-from shm.errors import CounterInputError, SlotOwnershipError
+from shm.errors import CounterInputError, SegmentSizeError, SlotOwnershipError
 from shm.layout import KIND_FIELDS, STATS_FIELDS
-from shm.segment import fence, intact, seam
+from shm.segment import fence, intact, kernel_guarded, seam, words_are
 
 if TYPE_CHECKING:
     from shm.counters.store import CounterStore
@@ -114,6 +115,7 @@ _RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for rec in list(_RECORDERS):
         rec._epoch = -1  # the next call fails: a forked child must claim its own slot
+        rec._current = int  # (int() is 0: never current)
         rec._forked = True
 
 
@@ -213,7 +215,23 @@ class Recorder:
                 total0,
             ),
         )
+        self._count_cells = np.arange(3, dtype=np.int64) + lay["stats"]  # decisions..moves
         self._epoch = m.epoch
+        # Per batch, "still this epoch's matrix" (1): under the kernel's SIGBUS guard where
+        # its writes are too (no frame, no size probe; a fault: _faulted), else probed.
+        self._guarded = kernel_guarded()
+        self._current = partial(words_are, self._cw, C_CURRENT, m.epoch)
+        if not self._guarded:
+            self._current = self._probed
+
+    def _probed(self) -> int:
+        return int(intact(self._ctl_seg, self._data_seg) and self._cw[C_CURRENT] == self._epoch)
+
+    def _faulted(self, exc: MappingFaultError) -> NoReturn:
+        """A guarded write faulted: raise the verdict of the segments' sizes."""
+        self._ctl_seg.check_size()
+        self._data_seg.check_size()
+        raise SegmentSizeError(self._data_seg.name, f"not written: {exc}")
 
     def _moved(self) -> bool:
         """Whether the matrix moved to another epoch (then :meth:`_follow` it).
@@ -249,6 +267,10 @@ class Recorder:
         Requests still open that started in a recycled column's period are older than
         every bucket kept now, hence than the window: they move to ``open_old``.
         """
+        if self._guarded and not intact(self._ctl_seg, self._data_seg):
+            # (NumPy writes: unguarded. Rare, once per bucket: probed here, not per call.)
+            self._ctl_seg.check_size()
+            self._data_seg.check_size()
         k = self._k
         periods = self._periods
         # Columns of periods up to self._period are stamped already (one writer per row).
@@ -342,10 +364,8 @@ class Recorder:
             are not one integer per call; nothing is recorded then.
         """
         if slot_map is not None:
-            # (_moved inlined, and no frame of its own: this runs once per fan-out)
-            if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
-                if self._moved():
-                    self._follow()
+            if self._current() != 1 and self._moved():  # (once per fan-out)
+                self._follow()
             if bound is not None and bound <= self._cols and now_ns.__class__ is int:
                 b = self._bucket_ns
                 q = now_ns // b
@@ -363,6 +383,8 @@ class Recorder:
                     return self._add_routed(self._open_old, slot_map, slots, 1)
                 except (IndexError, TypeError) as exc:
                     raise CounterInputError(str(exc)) from None
+                except MappingFaultError as exc:
+                    self._faulted(exc)
             slots, bound = self._routed_slots(slot_map, slots), None
         if self._moved():
             self._follow()
@@ -522,10 +544,8 @@ class Recorder:
             failure kinds; nothing is recorded then.
         """
         if slot_map is not None:
-            # (_moved inlined, and no frame of its own: this runs once per fan-out)
-            if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
-                if self._moved():
-                    self._follow()
+            if self._current() != 1 and self._moved():  # (once per fan-out)
+                self._follow()
             d = durations_ns
             if (
                 failed is None
@@ -554,6 +574,8 @@ class Recorder:
                         )
                     except (IndexError, TypeError) as exc:
                         raise CounterInputError(str(exc)) from None
+                    except MappingFaultError as exc:
+                        self._faulted(exc)
                     return
             slots, bound = self._routed_slots(slot_map, slots), None
         if self._moved():
@@ -682,14 +704,12 @@ class Recorder:
             or (decisions | fallbacks | moves) < 0
         ):
             decisions, fallbacks, moves = _counts((decisions, fallbacks, moves), "decision counts")
-        # (_moved inlined: this runs once per batch or fan-out)
-        if not intact(self._ctl_seg, self._data_seg) or self._cw[C_CURRENT] != self._epoch:
-            if self._moved():
-                self._follow()
-        st = self._stats
-        st[0] += decisions
-        st[1] += fallbacks
-        st[2] += moves
+        if self._current() != 1 and self._moved():  # (once per batch or fan-out)
+            self._follow()
+        try:
+            self._add(self._row_words, self._count_cells, (decisions, fallbacks, moves))
+        except MappingFaultError as exc:
+            self._faulted(exc)
 
     def tally(self, field: str, n: int) -> None:
         """Add ``n`` to the row's lifetime total ``field`` (one of :data:`STATS_FIELDS`).

@@ -13,7 +13,7 @@ import numpy as np
 
 from shm.background import BackgroundWorker, Job
 from shm.errors import SegmentError, TableUnavailableError
-from shm.segment import current_inode, fence, intact, process_alive
+from shm.segment import GUARDED, current_inode, fence, intact, process_alive, words_are
 from shm.status import PublisherStatus, read_status
 from shm.tables.model import Table
 from shm.tables.protocol import TablesView, attach_control, read_ahead
@@ -212,20 +212,40 @@ class TableReader:
                 data.close()
                 self._set_state(-1, None)
 
-    def is_current(self, table: Table) -> bool:
+    def is_current(self, table: Table, guarded: bool = False) -> bool:
         """Whether :meth:`table` returns ``table`` now (nothing published since).
 
         Two shared-memory loads and no remapping: ``False`` once a new
         generation was published (the word ``current`` changed, or names the same
         buffer rewritten since), or when ``table`` is not this reader's current one. A
         replaced control segment is noticed by :meth:`table` (its clock paces the
-        check), which callers still call now and then. Both segments' sizes are checked
-        on every call (:func:`shm.segment.intact`): the batch that follows touches both.
+        check), which callers still call now and then.
+
+        Parameters
+        ----------
+        table
+            A table this reader returned.
+        guarded
+            The caller touches the table's memory only through the native kernel's
+            SIGBUS guard (:func:`shm.segment.kernel_guarded`): the two loads run under
+            it too and no size is probed (a fault makes the answer ``False`` after the
+            segments were asked). Otherwise both segments' sizes are probed first
+            (:func:`shm.segment.intact`, an ``lseek`` each): the batch that follows
+            touches both.
         """
+        ctl, cur, t, seq_words, seq_index, seq = self._state
+        if guarded and GUARDED:
+            if t is not table:
+                return False
+            same = words_are(ctl, C_CURRENT, cur, seq_words, seq_index, seq)
+            if same < 0:  # faulted: which segment shrank (a touch now would fault again)
+                self._check_mapped()
+                return False
+            return same == 1
         view = self._view
         if not intact(view.control, view.data):
             self._check_mapped()
-        ctl, cur, t, seq_words, seq_index, seq = self._state
+            ctl, cur, t, seq_words, seq_index, seq = self._state
         if t is not table or ctl[C_CURRENT] != cur:
             return False
         if WEAK:

@@ -54,7 +54,8 @@ class NoTableNotice:
         self._clock = clock
         self._fallback_to = fallback_to
         self._lock = threading.Lock()
-        self._since = 0  # when the current stretch without a table began (0: none)
+        #: When the current stretch without a table began (CLOCK_MONOTONIC ns; 0: none).
+        self.since = 0
         self._next = 0  # when the next repeat is due
         self._keys = 0  # keys answered with the fallback since the last line
         self._total = 0  # ... since the stretch began
@@ -62,7 +63,7 @@ class NoTableNotice:
     @property
     def active(self) -> bool:
         """True while the router has found no table since it last had one."""
-        return self._since != 0
+        return self.since != 0
 
     def no_table(self, keys: int, why: str | None) -> None:
         """A batch of ``keys`` keys found no table; warn when due. ``why``: the reader's reason."""
@@ -70,14 +71,14 @@ class NoTableNotice:
             now = self._clock()
             self._keys += keys
             self._total += keys
-            first = self._since == 0
+            first = self.since == 0
             if first:
-                self._since = now
+                self.since = now
             elif now < self._next:
                 return
             self._next = now + int(REPEAT_S * 1e9)
             keys_since, self._keys = self._keys, 0
-            lasted_s = round((now - self._since) / 1e9, 1)
+            lasted_s = round((now - self.since) / 1e9, 1)
         to = self._fallback_to()
         log.warning(
             Event(
@@ -99,13 +100,13 @@ class NoTableNotice:
 
     def table(self) -> None:
         """A batch found a table: end the stretch (one line if there was one)."""
-        if self._since == 0:
+        if self.since == 0:
             return
         with self._lock:
-            if self._since == 0:
+            if self.since == 0:
                 return
-            lasted_s = round((self._clock() - self._since) / 1e9, 1)
-            total, self._since, self._keys, self._total = self._total, 0, 0, 0
+            lasted_s = round((self._clock() - self.since) / 1e9, 1)
+            total, self.since, self._keys, self._total = self._total, 0, 0, 0
         log.info(
             Event(
                 "routing_table_found",

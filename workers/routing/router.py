@@ -438,7 +438,7 @@ class Router:
         missing = s is None
         if s is None:
             s = _no_table()
-        elif self._no_table.active:
+        elif self._no_table.since:  # (the active property without its frame, per batch)
             self._no_table.table()
         try:
             idx, fallbacks, moves, valid = s.route(keys, attempt)
@@ -451,6 +451,8 @@ class Router:
                 idx, fallbacks, moves, valid = s.route(keys, attempt)
             else:
                 valid = False
+        except lbcore.MappingFaultError:
+            valid = False  # a segment shrank under the batch: the next check asks them
         except Exception:
             # Content rewritten under our feet can fail in any way; on a table that is
             # still valid the error is real.
@@ -478,6 +480,8 @@ class Router:
             s = self._follow.current() or _no_table()
             try:
                 idx, fallbacks, moves, valid = s.route(keys, attempt)
+            except lbcore.MappingFaultError:
+                continue
             except Exception:
                 if s.table.valid():
                     raise

@@ -32,6 +32,7 @@ import lbcore
 import shm
 from lbcore.bounded import in_call_units, target_load
 from lbcore.reported import effective_loads
+from shm.segment import kernel_guarded
 from workers.routing.reported import TableReports, read_reports
 
 __all__ = [
@@ -224,9 +225,13 @@ class Snapshot:
         When they are to be read again.
     route : Callable
         :attr:`lbcore.Plan.route` of :attr:`plan`.
+    guarded : bool
+        The plan routes on the native kernel, whose reads of the table run under its
+        SIGBUS guard (:func:`shm.segment.kernel_guarded`): the per-batch check probes
+        no segment size.
     """
 
-    __slots__ = ("due_ns", "loads", "plan", "read_ns", "route", "table")
+    __slots__ = ("due_ns", "guarded", "loads", "plan", "read_ns", "route", "table")
 
     def __init__(
         self, table: shm.Table, plan: lbcore.Plan, loads: shm.HostLoads, read_ns: int, due_ns: int
@@ -234,6 +239,7 @@ class Snapshot:
         self.table = table
         self.plan = plan
         self.route = plan.route
+        self.guarded = plan.kernel == "native" and kernel_guarded()
         self.loads = loads
         self.read_ns = read_ns
         self.due_ns = due_ns
@@ -334,7 +340,9 @@ class Follower:
         """
         s = self.snapshot
         if (
-            s is not None and self._clock() < self._until and self.reader.is_current(s.table)  # type: ignore[union-attr]
+            s is not None
+            and self._clock() < self._until
+            and self.reader.is_current(s.table, s.guarded)  # type: ignore[union-attr]
         ):
             return s
         return self._refresh()
