@@ -118,7 +118,7 @@ def floor_of(batch: Any, buckets: np.ndarray, shift: int) -> Any:
     texts = [k.encode() if isinstance(k, str) else str(k).encode() for k in as_python(batch)]
     width = max(len(t) for t in texts)
     buf = b"".join(t.ljust(width, b"0") for t in texts)
-    native = lbcore.kernel._load_native()
+    native = lbcore.kernel.load_native()
     return lambda _: native.floor(buf, width, buckets, shift)
 
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {args.cpu})
-    if lbcore.kernel._load_native() is None:
+    if lbcore.kernel.load_native() is None:
         print("the native kernel is not built: nothing to compare", file=sys.stderr)
         return 1
     rng = np.random.default_rng(20261201)

@@ -75,7 +75,7 @@ def _uhashring(endpoints: list[str]) -> Any:
 
 def _floor(router: Any) -> tuple[Any, Any] | None:
     """The C floor on the router's newest ring, and its batch conversion (bytes, outside)."""
-    native = lbcore.kernel._load_native()
+    native = lbcore.kernel.load_native()
     snap = router.snapshot()
     if native is None or snap is None or snap.table.ring_set.master is None:
         return None
@@ -120,7 +120,7 @@ def run(quick: bool = False, log: Any = print) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     where: dict[str, Any] = {}
-    native = lbcore.kernel._load_native() is not None
+    native = lbcore.kernel.load_native() is not None
     if not native:
         notes.append("the native kernel is not built here: the native columns are missing")
     for n_eps in FULL_RINGS:
@@ -224,8 +224,8 @@ def _where_the_time_goes(router: Any, rng: np.random.Generator, quick: bool) -> 
 
     def start_end(idx: Any) -> None:
         now = time.monotonic_ns()
-        row.record_start_routed(slots, idx, now, bound)  # type: ignore[union-attr]
-        row.record_end_routed(slots, idx, now, 1000, now, bound)  # type: ignore[union-attr]
+        row.record_start(idx, now, bound, slots)  # type: ignore[union-attr]
+        row.record_end(idx, now, 1000, now, None, bound, slots)  # type: ignore[union-attr]
 
     parts: list[tuple[str, int, Any, Any]] = [
         ("Router: route_table + track (enter, exit)", 0, full_route(router), None),

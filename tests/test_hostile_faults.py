@@ -130,7 +130,7 @@ def test_routing_probes_sizes_only_where_no_guard_catches_a_fault(monkeypatch, k
     import shm.tables.reader as reader_mod
     from tests.router_harness import Clock, Host, endpoints
 
-    if kernel == "native" and lbcore.kernel._load_native() is None:
+    if kernel == "native" and lbcore.kernel.load_native() is None:
         pytest.skip("the native kernel is not built here")
     old = lbcore.use_kernel(kernel)
     host = Host(f"hp{os.getpid()}x{uuid.uuid4().hex[:8]}", Clock())
@@ -166,7 +166,7 @@ def test_routing_probes_sizes_only_where_no_guard_catches_a_fault(monkeypatch, k
         # (fresh throttles: the warnings below must not silence another test's)
         from workers.routing import recording, tracker
 
-        for name in ("_START_WARN", "_END_WARN"):
+        for name in ("START_WARN", "END_WARN"):
             monkeypatch.setattr(tracker, name, recording.WarningThrottle(name))
         monkeypatch.setattr(recording, "_counts_lost", recording.WarningThrottle("counts"))
         shrink(newest_data(host.ns, "counters"), 0)

@@ -18,7 +18,7 @@ import pytest
 import lbcore
 
 pytestmark = pytest.mark.skipif(
-    lbcore.kernel._load_native() is None, reason="the native kernel is not built here"
+    lbcore.kernel.load_native() is None, reason="the native kernel is not built here"
 )
 
 # A mapping of a fresh POSIX shared-memory object (unlinked at once) that the script
@@ -163,8 +163,8 @@ def test_a_router_whose_tables_shrink_under_it_falls_back_and_follows_a_new_publ
     under a routing worker faults inside the guard, the batch falls back (the worker
     says why), and the next publish (a new data segment) is routed on again."""
     import shm
+    from tests.router_harness import Clock, Host, endpoints
     from tests.shm_damage import newest_data, shrink
-    from tests.test_router import Clock, Host, endpoints
 
     host = Host(f"sg{os.getpid()}x{uuid.uuid4().hex[:8]}", Clock())
     try:

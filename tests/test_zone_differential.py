@@ -20,7 +20,7 @@ from tests.kernel_harness import on
 from tests.test_kernel_differential import KEY_ERRORS, batches, plans, routed_and_recorded
 
 pytestmark = pytest.mark.skipif(
-    lbcore.kernel.native() is None and lbcore.kernel._load_native() is None,
+    lbcore.kernel.native() is None and lbcore.kernel.load_native() is None,
     reason="needs the native kernel",
 )
 
