@@ -16,6 +16,7 @@ from discovery.events import EventLog
 from discovery.settings import DISCOVERY_KNOBS, LAYERED_KNOBS, OUTLIER_KNOBS
 from discovery.static import EndpointsFileError, EndpointSpec, parse_endpoints
 from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, KnobError, add_arguments, from_args
+from lbcore.zone_settings import ZONE_KNOBS
 
 __all__ = ["build_parser", "main"]
 
@@ -52,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         "runtime)"
     )
     add_arguments(outlier, OUTLIER_KNOBS)
+    zones = p.add_argument_group(
+        "zone affinity (the zone controller's settings; a --configmap overrides them at runtime)"
+    )
+    add_arguments(zones, ZONE_KNOBS)
     return p
 
 

@@ -116,7 +116,7 @@ def run(
 
     api = None
     namespace = settings["namespace"]
-    if settings["service"] or settings["configmap"]:
+    if settings["service"] or settings["configmap"] or settings["caller_service"]:
         from discovery.kube import WatchTiming
         from discovery.kube_client import KubeConfigError, load_client
 
@@ -171,6 +171,21 @@ def run(
                     port_name=settings["port_name"],
                     scheme=settings["scheme"],
                 ),
+            )
+        if settings["caller_service"]:
+            from discovery.informers import CallerSliceInformer
+            from discovery.zoneloop import KUBERNETES_CALLERS
+
+            disc.add_caller_informer(
+                CallerSliceInformer(
+                    api,
+                    namespace,
+                    settings["caller_service"],
+                    settings["pod_ip"],
+                    lambda view, why: disc.post_callers(KUBERNETES_CALLERS, view, why),
+                    log=log,
+                    timing=timing,
+                )
             )
         if settings["configmap"]:
             disc.add_configmap_informer(

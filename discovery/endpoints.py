@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "SliceError",
     "format_address",
     "merge_slices",
+    "parse_member_slice",
     "parse_slice",
 ]
 
@@ -178,6 +179,33 @@ def _check_host(host: str, address_type: str) -> str | None:
     return None
 
 
+def _slice_head(obj: Any) -> tuple[str, str, str, list[Any], str]:
+    """A slice's name, resource version, address type, raw endpoints and its log name."""
+    if not isinstance(obj, dict):
+        raise SliceError(f"EndpointSlice must be a JSON object, got {type(obj).__name__}")
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        raise SliceError("EndpointSlice has no 'metadata' object")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise SliceError("EndpointSlice has no metadata.name")
+    where = f"EndpointSlice {name}"
+    rv = _opt_str(meta, "resourceVersion", f"{where}: metadata")
+    address_type = obj.get("addressType")
+    if address_type not in ADDRESS_TYPES:
+        raise SliceError(
+            f"{where}: addressType is {address_type!r:.40}, expected one of {ADDRESS_TYPES}"
+        )
+    raw_eps = obj.get("endpoints")
+    if raw_eps is None:
+        raw_eps = []
+    if not isinstance(raw_eps, list):
+        raise SliceError(
+            f"{where}: 'endpoints' must be a list or null, got {type(raw_eps).__name__}"
+        )
+    return name, rv, address_type, raw_eps, where
+
+
 def parse_slice(obj: Any, *, port_name: str | None = None, scheme: str = "http") -> ParsedSlice:
     """Validate one EndpointSlice (a decoded JSON object) and extract its endpoints.
 
@@ -198,29 +226,8 @@ def parse_slice(obj: Any, *, port_name: str | None = None, scheme: str = "http")
         If the slice itself is malformed (no name, unknown ``addressType``, fields of the
         wrong type). Bad single endpoints are reported in :attr:`ParsedSlice.problems`.
     """
-    if not isinstance(obj, dict):
-        raise SliceError(f"EndpointSlice must be a JSON object, got {type(obj).__name__}")
-    meta = obj.get("metadata")
-    if not isinstance(meta, dict):
-        raise SliceError("EndpointSlice has no 'metadata' object")
-    name = meta.get("name")
-    if not isinstance(name, str) or not name:
-        raise SliceError("EndpointSlice has no metadata.name")
-    where = f"EndpointSlice {name}"
-    rv = _opt_str(meta, "resourceVersion", f"{where}: metadata")
-    address_type = obj.get("addressType")
-    if address_type not in ADDRESS_TYPES:
-        raise SliceError(
-            f"{where}: addressType is {address_type!r:.40}, expected one of {ADDRESS_TYPES}"
-        )
+    name, rv, address_type, raw_eps, where = _slice_head(obj)
     raw_ports = obj.get("ports")
-    raw_eps = obj.get("endpoints")
-    if raw_eps is None:
-        raw_eps = []
-    if not isinstance(raw_eps, list):
-        raise SliceError(
-            f"{where}: 'endpoints' must be a list or null, got {type(raw_eps).__name__}"
-        )
     if raw_ports is None:
         # Skipper ignores slices without ports (zalando/skipper#3151).
         return ParsedSlice(name, rv, (), ("ports is null: slice ignored",) if raw_eps else ())
@@ -230,6 +237,20 @@ def parse_slice(obj: Any, *, port_name: str | None = None, scheme: str = "http")
         if raw_eps:
             problems.append(f"{why}: {len(raw_eps)} endpoint(s) not used")
         return ParsedSlice(name, rv, (), tuple(problems), None)
+    out = _slice_endpoints(
+        raw_eps, address_type, where, lambda host: format_address(scheme, host, port), problems
+    )
+    return ParsedSlice(name, rv, tuple(out), tuple(problems), port)
+
+
+def _slice_endpoints(
+    raw_eps: list[Any],
+    address_type: str,
+    where: str,
+    address: Callable[[str], str],
+    problems: list[str],
+) -> list[SliceEndpoint]:
+    """A slice's endpoints with their conditions; bad ones are added to ``problems``."""
     out: list[SliceEndpoint] = []
     for i, ep in enumerate(raw_eps):
         ew = f"{where}: endpoints[{i}]"
@@ -263,12 +284,28 @@ def parse_slice(obj: Any, *, port_name: str | None = None, scheme: str = "http")
         except SliceError as exc:
             problems.append(str(exc))
             continue
-        out.append(
-            SliceEndpoint(
-                format_address(scheme, host, port), host, zone, node, pod, terminating, ready
-            )
-        )
-    return ParsedSlice(name, rv, tuple(out), tuple(problems), port)
+        out.append(SliceEndpoint(address(host), host, zone, node, pod, terminating, ready))
+    return out
+
+
+def parse_member_slice(obj: Any) -> ParsedSlice:
+    """A slice's pods by IP, whatever their ports: the members of a Service.
+
+    What the caller's own Service's slices are read for (:mod:`discovery.callers`): the
+    caller's own pod by its IP, and the ready pods per zone. Each endpoint's
+    ``address`` is its IP (``addresses[0]``); readiness, terminating and zone follow
+    the same rules as :func:`parse_slice`'s. Slices with ``ports: null`` count too (a
+    Service's pods are its members whatever it exposes).
+
+    Raises
+    ------
+    SliceError
+        If the slice itself is malformed (as :func:`parse_slice`).
+    """
+    name, rv, address_type, raw_eps, where = _slice_head(obj)
+    problems: list[str] = []
+    out = _slice_endpoints(raw_eps, address_type, where, lambda host: host, problems)
+    return ParsedSlice(name, rv, tuple(out), tuple(problems), None)
 
 
 def merge_slices(slices: Iterable[ParsedSlice]) -> tuple[EndpointSpec, ...]:

@@ -1,6 +1,8 @@
-"""The two informers discovery runs: a Service's EndpointSlices and one ConfigMap of knobs.
+"""The informers discovery runs: EndpointSlices, a ConfigMap of knobs, the callers' slices.
 
-Each wraps one :class:`discovery.kube.ListWatch` on a thread of its own.
+The backend Service's EndpointSlices; one ConfigMap of knobs; and, for zone affinity,
+the caller's own Service's EndpointSlices (its zone, its callers per zone). Each
+wraps one :class:`discovery.kube.ListWatch` on a thread of its own.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from typing import Any
 
 from kubernetes import client as k8s_client
 
-from discovery.endpoints import ParsedSlice, merge_slices, parse_slice
+from discovery.callers import CallerView, callers_from_slices
+from discovery.endpoints import ParsedSlice, merge_slices, parse_member_slice, parse_slice
 from discovery.events import EventLog
 from discovery.kube import ListWatch, WatchTiming, name_of
 from discovery.kube_client import track_requests
@@ -19,6 +22,7 @@ from discovery.static import EndpointSpec
 
 __all__ = [
     "SERVICE_NAME_LABEL",
+    "CallerSliceInformer",
     "ConfigMapError",
     "ConfigMapInformer",
     "EndpointSliceInformer",
@@ -174,3 +178,51 @@ class ConfigMapInformer(_Informer):
 
     def _changed(self, store: dict[str, dict[str, str]], reason: str) -> None:
         self.on_update(store.get(self.name), reason)
+
+
+class CallerSliceInformer(_Informer):
+    """The caller's own Service's EndpointSlices, reduced to a :class:`CallerView`.
+
+    Parameters
+    ----------
+    api
+        A configured :class:`kubernetes.client.ApiClient`.
+    namespace, service
+        The caller's own Service.
+    pod_ip
+        This pod's IP (``CSLB_POD_IP``, from the downward API).
+    on_update
+        Called with the view after the first list and after every change (from the
+        informer thread).
+    """
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        namespace: str,
+        service: str,
+        pod_ip: str,
+        on_update: Callable[[CallerView, str], None],
+        *,
+        log: EventLog,
+        timing: WatchTiming,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.pod_ip = pod_ip
+        self.on_update = on_update
+        self.watch = ListWatch[ParsedSlice](
+            kind="EndpointSlice",
+            resource="endpointslices.discovery.k8s.io",
+            list_call=k8s_client.DiscoveryV1Api(api).list_namespaced_endpoint_slice,
+            namespace=namespace,
+            selectors={"label_selector": f"{SERVICE_NAME_LABEL}={service}"},
+            parse=parse_member_slice,
+            on_change=self._changed,
+            log=log,
+            timing=timing,
+            rng=rng,
+            requests=track_requests(api),
+        )
+
+    def _changed(self, store: dict[str, ParsedSlice], reason: str) -> None:
+        self.on_update(callers_from_slices([store[n] for n in sorted(store)], self.pod_ip), reason)

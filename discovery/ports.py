@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from discovery.outlier import Totals
 from discovery.ringstate import Transition
 from lbcore.ejection import Ejections
+from shm.tables.zone import ZoneCurve
 
 __all__ = ["InformerLike", "PublisherLike"]
 
@@ -46,6 +47,7 @@ class PublisherLike(Protocol):
         *,
         ejections: Ejections | None = None,
         outlier_panic: bool = False,
+        zone: ZoneCurve | None = None,
     ) -> int:
         """Publish; returns the generation."""
         ...

@@ -25,8 +25,11 @@ from discovery.outlier import Totals
 from discovery.ringstate import RingState, Transition
 from discovery.settings import PUBLISHED_KNOBS
 from lbcore.ejection import Ejections
+from shm.tables.zone import ZoneCurve
 
 __all__ = ["PUBLISHED_KNOBS", "Publisher", "Recovered", "shm_knobs"]
+
+_NO_ZONE = ZoneCurve()
 
 
 def shm_knobs(knobs: Mapping[str, Any]) -> shm.Knobs:
@@ -52,6 +55,8 @@ class Recovered:
         Its outlier-ejection state, per endpoint of ``state.ring_set`` (copied).
     outlier_panic
         Whether it was in outlier panic.
+    zone
+        Its zone record (the zone controller continues its curve).
     """
 
     generation: int
@@ -60,6 +65,7 @@ class Recovered:
     published_ns: int
     ejections: Ejections
     outlier_panic: bool = False
+    zone: ZoneCurve = _NO_ZONE
 
 
 class Publisher:
@@ -121,6 +127,7 @@ class Publisher:
             int(t.published_ns),
             ejections,
             bool(t.outlier_panic),
+            t.zone,
         )
 
     @property
@@ -147,11 +154,13 @@ class Publisher:
         *,
         ejections: Ejections | None = None,
         outlier_panic: bool = False,
+        zone: ZoneCurve | None = None,
     ) -> int:
         """Publish a transition's ring set with ``knobs``; returns the new generation.
 
         ``ejections``: the outlier-ejection state per endpoint of ``t.ring_set`` (default:
-        none ejected); ``outlier_panic``: routing ignores it.
+        none ejected); ``outlier_panic``: routing ignores it; ``zone``: the caller's zone
+        and the zone controller's curve (default: none).
 
         Raises
         ------
@@ -167,14 +176,11 @@ class Publisher:
             outlier_panic=outlier_panic,
             knobs=shm_knobs(knobs),
             now_ns=now_ns,
+            zone=zone,
         )
 
-    def counter_totals(self, endpoints: tuple[str, ...]) -> Totals | None:
-        """Lifetime request and failure totals of ``endpoints`` (``None``: no counters).
-
-        Reads the host's counters read-only; attaches again when they were replaced
-        (then :attr:`Totals.source` changes, so deltas start over).
-        """
+    def _counter_reader(self) -> shm.CounterReader | None:
+        """The host's counters, read-only; attached again when they were replaced."""
         r = self._reader
         if r is not None and r.replaced():
             r.close()
@@ -185,6 +191,41 @@ class Publisher:
             except shm.ShmError:
                 return None
             self._reader_id += 1
+        return r
+
+    def window_latency(
+        self, endpoints: tuple[str, ...], now_ns: int
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Calls completed and their mean latency (seconds) per endpoint over the window.
+
+        The host's counters at ``now_ns`` (CLOCK_MONOTONIC ns), all workers summed; an
+        endpoint without a slot or calls has 0 calls and NaN latency. ``None``: no
+        counters (yet).
+        """
+        r = self._counter_reader()
+        if r is None:
+            return None
+        slots = self.writer.slots_of(endpoints)
+        try:
+            loads = r.read(now_ns, failure_kinds=False)
+        except shm.ShmError:
+            return None
+        n = loads.completed.size
+        ok = (slots >= 0) & (slots < n)
+        idx = np.where(ok, slots, 0)
+        completed = np.where(ok, loads.completed.take(idx), 0.0)
+        mean_s = np.where(ok, loads.mean_latency_s.take(idx), np.nan)
+        return completed, mean_s
+
+    def counter_totals(self, endpoints: tuple[str, ...]) -> Totals | None:
+        """Lifetime request and failure totals of ``endpoints`` (``None``: no counters).
+
+        Reads the host's counters read-only; attaches again when they were replaced
+        (then :attr:`Totals.source` changes, so deltas start over).
+        """
+        r = self._counter_reader()
+        if r is None:
+            return None
         slots = self.writer.slots_of(endpoints)
         try:
             requests, kinds = r.totals()

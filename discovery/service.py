@@ -18,6 +18,8 @@ merges them, and decides when to publish:
   skipped on the unchanged ring, a readmitted one fades back in through a new ring;
 * a publish whose ring set, endpoint details, knobs and ejections equal the current
   table is skipped, so the generation counts real changes only;
+* **zone affinity** (:mod:`discovery.zoneloop`): every second the zone controller
+  decides on the counters' latency; a transition is published at once;
 * a **heartbeat** is written every ``heartbeat_s`` without bumping the generation.
 
 Sources that fail keep their last good view (the informer keeps its store; a bad file
@@ -39,6 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import shm
+from discovery.callers import CallerView
 from discovery.debounce import Debouncer
 from discovery.ejection_log import log_changes
 from discovery.events import EventLog
@@ -57,9 +60,11 @@ from discovery.static import (
     EndpointsFileWatcher,
     EndpointSpec,
 )
+from discovery.zoneloop import ZoneLoop
 from lbcore.ejection import Ejections, routing_mask
 from lbcore.knobs import KnobError
 from lbcore.outlier import DEFAULT_OUTLIER_PARAMS, OutlierParams
+from lbcore.zone_settings import ZoneSettings
 
 __all__ = ["Discovery", "InformerLike", "PublisherLike"]
 
@@ -77,6 +82,9 @@ _LONG_WORK_MAX_S = 300.0
 # Per-endpoint log lines of one publish (added, removed, updated); the rest is counted
 # in one summary line, so a publish of 100,000 new pods writes 100 lines, not 100,000.
 _ENDPOINT_LINES_PER_PUBLISH = 100
+# How often the zone controller reads the counters and decides (ns): well inside the
+# counters' window, so a latency fault is seen within about one window.
+_ZONE_TICK_NS = 1_000_000_000
 
 _PUBLISHED = PUBLISHED_KNOBS
 
@@ -179,6 +187,8 @@ class Discovery:
         self._outlier_params = self._current_outlier_params()
         self._held_back: set[str] = set()
         rec = publisher.recovered
+        self.published_zone = getattr(rec, "zone", None)
+        self.zones = ZoneLoop(self._zone_settings(), log, self.published_zone)
         if rec is not None:
             self.state = rec.state
             self.published_knobs = dict(rec.knobs)
@@ -224,6 +234,14 @@ class Discovery:
     def post_endpoints(self, source: str, specs: Sequence[EndpointSpec], reason: str) -> None:
         """Thread-safe: ``source`` now sees exactly ``specs``."""
         self.inbox.put(("endpoints", source, tuple(specs), reason))
+
+    def add_caller_informer(self, informer: InformerLike) -> None:
+        """The caller Service's informer that calls :meth:`post_callers` (zone affinity)."""
+        self._informers.append(informer)
+
+    def post_callers(self, source: str, view: CallerView, reason: str) -> None:
+        """Thread-safe: what ``source`` now says about the callers (their zones)."""
+        self.inbox.put(("callers", source, view, reason))
 
     def post_configmap(self, data: Mapping[str, str] | None, reason: str) -> None:
         """Thread-safe: the ConfigMap's data (``None``: it does not exist)."""
@@ -344,6 +362,8 @@ class Discovery:
             self._problems.pop("file", None)
         if specs is not None:
             self._on_endpoints("file", tuple(specs), "file changed")
+        if self._file.error is None:
+            self._on_callers("file", CallerView("", self._file.callers), "file changed")
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -383,12 +403,14 @@ class Discovery:
         eps = t.ring_set.endpoints
         ejections = self.monitor.ejections_for(eps)
         threshold = self._current_outlier_params().panic_threshold
-        _, panic = routing_mask(ejections.ejected, threshold)
+        skipped, panic = routing_mask(ejections.ejected, threshold)
         outlier_changed = self.published_outlier.differs(eps, ejections, panic)
+        zone = self.zones.curve(now_ns, t.zones(), ~skipped, self._zone_settings())
         folded = self.debouncer.changes if membership else 0
         # A completed fade changes no key's route, but is published at once (not with the
         # next change): /status, /metrics and the fade alert read the published rings.
         changed = t.routing_changed or knobs_changed or outlier_changed or t.collapsed
+        changed = changed or zone != self.published_zone
         if self.published and not (force or changed):
             if membership:
                 self.debouncer.reset()
@@ -406,7 +428,9 @@ class Discovery:
             self.state.commit(t)
             return False
         try:
-            gen = self.publisher.publish(t, knobs, now_ns, ejections=ejections, outlier_panic=panic)
+            gen = self.publisher.publish(
+                t, knobs, now_ns, ejections=ejections, outlier_panic=panic, zone=zone
+            )
         except Exception as exc:
             self._retry_at = now_ns + 1_000_000_000
             self._note_problem("publish", f"publish failed: {type(exc).__name__}: {exc}")
@@ -458,6 +482,7 @@ class Discovery:
             panic_threshold=threshold,
         )
         self.published_outlier = after
+        self.published_zone = zone
         self.monitor.pending_readmit -= {s.address for s in t.readmitted}
         self.state.commit(t)
         self.published = True
@@ -565,6 +590,7 @@ class Discovery:
         next_beat = started
         next_poll = started
         next_judge = started
+        self._next_zone = started
         if self.published:
             # Resumed: compare the sources' first full view, and the knobs, with the
             # recovered table (published only if they differ).
@@ -595,7 +621,10 @@ class Discovery:
                 if self.published and now >= next_judge:
                     self._outlier_tick(now)
                     next_judge = now + self._outlier_params.interval_ns
-                wake = [next_beat, next_judge]
+                if self.published and now >= self._next_zone:
+                    self._zone_tick(now)
+                    self._next_zone = now + _ZONE_TICK_NS
+                wake = [next_beat, next_judge, self._next_zone]
                 if self._file is not None:
                     wake.append(next_poll)
                 d = self.debouncer.deadline()
@@ -603,9 +632,9 @@ class Discovery:
                     wake.append(d)
                 if self._retry_at is not None:
                     wake.append(self._retry_at)
-                fade = self.fade_due()
-                if fade is not None and fade > now:
-                    wake.append(fade)
+                for due in (self.fade_due(), self.zones.due_ns()):
+                    if due is not None and due > now:
+                        wake.append(due)
                 if self._configmap and not self._configmap_synced and not self.published:
                     wake.append(started + self.configmap_wait_ns)
                 timeout = min(max(min(wake) - self.clock(), 0) / 1e9, _MAX_WAIT_S)
@@ -729,6 +758,8 @@ class Discovery:
             self._on_endpoints(msg[1], msg[2], msg[3])
         elif msg[0] == "configmap":
             self._on_configmap(msg[1], msg[2])
+        elif msg[0] == "callers":
+            self._on_callers(msg[1], msg[2], msg[3])
 
     def _maybe_publish(self, now: int, started: int) -> None:
         if self._retry_at is not None and now < self._retry_at:
@@ -771,6 +802,26 @@ class Discovery:
         if not self.published or not rs.starts_ns:
             return None
         return min(rs.starts_ns) + rs.duration_ns
+
+    # -- zones ----------------------------------------------------------------------------
+
+    def _zone_settings(self) -> ZoneSettings:
+        return ZoneSettings.from_values(self.knob_values())
+
+    def _on_callers(self, source: str, view: CallerView, reason: str) -> None:
+        if self.zones.set_view(source, view, reason):
+            self._next_zone = self.clock()  # decide now, not at the next tick
+
+    def _zone_tick(self, now_ns: int) -> None:
+        """Let the zone controller decide on a fresh reading; publish a transition at once."""
+        eps = self.state.ring_set.endpoints
+        p = self.published_outlier
+        skipped = p.state.ejected if not p.panic and p.addresses == eps else None
+        window = getattr(self.publisher, "window_latency", None)
+        zones = [self.state.meta[a].zone for a in eps]
+        curve = self.zones.tick(now_ns, eps, zones, skipped, window, self._zone_settings())
+        if curve != self.published_zone:
+            self._publish(f"zone {curve.state} ({curve.reason})", now_ns, membership=False)
 
     def _all_synced(self) -> bool:
         return all(s.synced for s in self.sources.values())

@@ -40,6 +40,7 @@ from lbcore.knobs import (
 from lbcore.knobs import docs_table as _docs_table
 from lbcore.outlier import DEFAULT_OUTLIER_PARAMS as _OD
 from lbcore.outlier import OutlierParams
+from lbcore.zone_settings import ZONE_KNOBS
 from shm.settings import UNLINK_ON_EXIT
 
 __all__ = [
@@ -90,6 +91,27 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "Service whose EndpointSlices (label kubernetes.io/service-name) are watched. "
         "Empty: no Kubernetes source (static endpoints only).",
         "SVC",
+    ),
+    Knob(
+        "caller_service",
+        "CSLB_CALLER_SERVICE",
+        "--caller-service",
+        "",
+        _text,
+        "Zone affinity: this caller's own Service (same namespace). Its EndpointSlices "
+        "give this pod's zone (found by --pod-ip) and the ready callers per zone, for the "
+        "capacity cap; CSLB_ZONE, when set, names the zone instead. Empty: not watched.",
+        "SVC",
+    ),
+    Knob(
+        "pod_ip",
+        "CSLB_POD_IP",
+        "--pod-ip",
+        "",
+        _text,
+        "This pod's IP, as its Service's EndpointSlices list it (set it from the downward "
+        "API, status.podIP); used with --caller-service.",
+        "IP",
     ),
     Knob(
         "port_name",
@@ -443,8 +465,10 @@ OUTLIER_KNOBS: tuple[Knob, ...] = (
     ),
 )
 
-#: Every knob the ConfigMap may set (layered by :class:`KnobState`).
-LAYERED_KNOBS: tuple[Knob, ...] = ROUTING_KNOBS + OUTLIER_KNOBS
+#: Every knob the ConfigMap may set (layered by :class:`KnobState`): routing, outlier
+#: detection and zone affinity (:data:`lbcore.zone_settings.ZONE_KNOBS`, whose curve
+#: discovery decides and publishes).
+LAYERED_KNOBS: tuple[Knob, ...] = ROUTING_KNOBS + OUTLIER_KNOBS + ZONE_KNOBS
 
 
 def outlier_params(values: Mapping[str, Any]) -> OutlierParams:
@@ -515,14 +539,16 @@ class KnobState:
     ----------
     base
         Every knob resolved from defaults, environment and flags
-        (:func:`lbcore.knobs.from_args`); outlier knobs it lacks take their defaults.
+        (:func:`lbcore.knobs.from_args`); outlier and zone knobs it lacks take their
+        defaults.
     knobs
         The knob declarations.
     """
 
     def __init__(self, base: Mapping[str, Any], knobs: Iterable[Knob] = LAYERED_KNOBS) -> None:
         self.knobs = tuple(knobs)
-        base = {**{k.name: k.default for k in OUTLIER_KNOBS if k in self.knobs}, **base}
+        optional = OUTLIER_KNOBS + ZONE_KNOBS
+        base = {**{k.name: k.default for k in optional if k in self.knobs}, **base}
         missing = [k.name for k in self.knobs if k.name not in base]
         if missing:
             raise KnobError(f"base knob values lack {missing}")

@@ -7,7 +7,10 @@ File format (JSON or YAML, by extension; JSON if unsure)::
         "http://10.2.0.2:8080"
     ]}
 
-A bare list of the same entries is accepted too. An entry's fields are ``address``
+A bare list of the same entries is accepted too. The object may also say how many
+callers (hosts running cslb) each zone holds, for zone affinity's capacity cap
+(:func:`parse_callers`): ``"callers": {"eu-central-1a": 4, "eu-central-1b": 2}``. An
+entry's fields are ``address``
 (required), ``zone``, ``node`` and ``pod`` (strings, for logs and ``cslb inspect``); any
 other field is refused by name. There are no weights: Skipper's consistentHash ignores
 endpoint weights, and so does cslb's ring. Addresses are hashed verbatim, as Skipper
@@ -34,7 +37,9 @@ __all__ = [
     "EndpointSpec",
     "EndpointsFileError",
     "check_label",
+    "load_endpoints_document",
     "load_endpoints_file",
+    "parse_callers",
     "parse_endpoints",
     "read_endpoints_text",
 ]
@@ -47,6 +52,12 @@ DEFAULT_MAX_FILE_BYTES = 32 << 20
 
 # Longest label: Kubernetes names (nodes, pods) and topology zone values fit in 253.
 _MAX_LABEL_CHARS = 253
+
+#: Top-level fields of an endpoints file written as an object.
+TOP_FIELDS = ("endpoints", "callers")
+
+# Most callers one zone may be said to hold (far beyond any fleet; keeps sums exact).
+_MAX_CALLERS = 1_000_000
 
 # Fields people write that cslb does not have, and what to do instead.
 _NOT_SUPPORTED = {
@@ -115,6 +126,40 @@ def check_label(value: str) -> str | None:
     return None
 
 
+def parse_callers(doc: Any, source: str = "endpoints") -> dict[str, int] | None:
+    """The ``callers`` object of a decoded endpoints document (``None``: not given).
+
+    Raises
+    ------
+    EndpointsFileError
+        Naming the zone: ``callers`` is not an object of zone names to whole numbers
+        from 0 to 1,000,000, or a zone name is empty or not a valid label.
+    """
+    if not isinstance(doc, dict) or doc.get("callers") is None:
+        return None
+    raw = doc["callers"]
+    if not isinstance(raw, dict):
+        raise EndpointsFileError(
+            f"{source}: 'callers' must be an object of zone to number of callers "
+            f'(e.g. {{"eu-central-1a": 4}}), got {type(raw).__name__}'
+        )
+    out: dict[str, int] = {}
+    for zone, n in raw.items():
+        where = f"{source}: callers[{str(zone)[:64]!r}]"
+        if not isinstance(zone, str) or not zone:
+            raise EndpointsFileError(f"{where}: a zone name must be a non-empty string")
+        problem = check_label(zone)
+        if problem is not None:
+            raise EndpointsFileError(f"{where}: the zone name {problem}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= _MAX_CALLERS:
+            raise EndpointsFileError(
+                f"{where}: must be a whole number of callers from 0 to {_MAX_CALLERS}, "
+                f"got {n!r:.40}"
+            )
+        out[zone] = n
+    return out
+
+
 def parse_endpoints(doc: Any, source: str = "endpoints") -> list[EndpointSpec]:
     """Validate a decoded endpoints document and return its endpoints in order.
 
@@ -127,12 +172,13 @@ def parse_endpoints(doc: Any, source: str = "endpoints") -> list[EndpointSpec]:
         form; or an address repeats.
     """
     items = doc.get("endpoints") if isinstance(doc, dict) else doc
-    if isinstance(doc, dict) and set(doc) - {"endpoints"}:
-        other = sorted(str(k) for k in doc if k != "endpoints")
+    if isinstance(doc, dict) and set(doc) - set(TOP_FIELDS):
+        other = sorted(str(k) for k in doc if k not in TOP_FIELDS)
         raise EndpointsFileError(
             f"{source}: unknown top-level field {other[0][:64]!r}; the file holds an "
-            "'endpoints' list (or is a bare list)"
+            "'endpoints' list and optionally 'callers' (or is a bare list)"
         )
+    parse_callers(doc, source)
     if not isinstance(items, list):
         raise EndpointsFileError(
             f"{source}: expected a list of endpoints or an object with an 'endpoints' list, "
@@ -266,6 +312,19 @@ def load_endpoints_file(
         For anything wrong with the file (see :func:`read_endpoints_text` and
         :func:`parse_endpoints`), never another exception for its content.
     """
+    return load_endpoints_document(path, max_bytes)[0]
+
+
+def load_endpoints_document(
+    path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> tuple[list[EndpointSpec], dict[str, int] | None]:
+    """An endpoints file's endpoints and its ``callers`` (``None``: not given).
+
+    Raises
+    ------
+    EndpointsFileError
+        As :func:`load_endpoints_file`.
+    """
     name = os.fspath(path)
     text = read_endpoints_text(name, max_bytes)
     kind = "YAML" if name.endswith((".yaml", ".yml")) else "JSON"
@@ -279,7 +338,7 @@ def load_endpoints_file(
     except Exception as exc:
         raise EndpointsFileError(f"{name}: not valid {kind}: {str(exc)[:300]}") from None
     try:
-        return parse_endpoints(doc, name)
+        return parse_endpoints(doc, name), parse_callers(doc, name)
     except EndpointsFileError:
         raise
     except Exception as exc:
@@ -315,6 +374,8 @@ class EndpointsFileWatcher:
         self._signature: tuple[int, int, int, int] | None = None
         self._error: str | None = None
         self.endpoints: list[EndpointSpec] | None = None
+        #: The last good file's ``callers`` (``None``: not given).
+        self.callers: dict[str, int] | None = None
 
     @property
     def error(self) -> str | None:
@@ -331,6 +392,8 @@ class EndpointsFileWatcher:
     def poll(self) -> list[EndpointSpec] | None:
         """The new endpoints if the file changed and is valid, else ``None``.
 
+        A valid file's ``callers`` are kept in :attr:`callers`, changed or not.
+
         Raises
         ------
         EndpointsFileError
@@ -342,7 +405,7 @@ class EndpointsFileWatcher:
             return None
         self._signature = sig
         try:
-            specs = load_endpoints_file(self.path, self.max_bytes)
+            specs, callers = load_endpoints_document(self.path, self.max_bytes)
         except EndpointsFileError as exc:
             first = str(exc) != self._error
             self._error = str(exc)
@@ -350,6 +413,7 @@ class EndpointsFileWatcher:
                 raise
             return None
         self._error = None
+        self.callers = callers
         if specs == self.endpoints:
             return None
         self.endpoints = specs

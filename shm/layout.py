@@ -84,7 +84,9 @@ __all__ = [
 #: 6: tables no longer carry ``ring_pos`` and ``owner_table`` (nothing read them); every
 #: ring, the newest too, has its own owners section.
 #: 7: counter rows end with the pods' latest load reports (:data:`REPORT_FIELDS`).
-LAYOUT_VERSION = 7
+#: 8: tables carry the zone record (the caller's zone and the zone controller's curve:
+#: the ``zone_*`` header fields and the ``caller_zone`` section).
+LAYOUT_VERSION = 8
 
 
 def magic_word(tag: bytes) -> int:
@@ -191,6 +193,16 @@ PAYLOAD_HEADER = np.dtype(
         ("load_signal", "S32"),
         ("fade_mode", "S16"),
         ("outlier_panic", "u8"),  # 1: too few endpoints left, ejections ignored (fail open)
+        # The zone record (shm.tables.zone.ZoneCurve; the zone name is its own section).
+        ("zone_affinity", "u8"),  # 0/1
+        ("zone_min_pods", "u8"),
+        ("zone_state", "u8"),  # index in shm.tables.zone.ZONE_STATES
+        ("zone_reason", "u8"),  # index in shm.tables.zone.ZONE_REASONS
+        ("zone_start_ns", "i8"),  # CLOCK_MONOTONIC
+        ("zone_x0", "f8"),  # local share at zone_start_ns
+        ("zone_rate", "f8"),  # share per second
+        ("zone_cap", "f8"),
+        ("zone_transitions", "u8"),  # controller transitions so far (a counter)
         ("sections", "u8"),
     ]
 )
@@ -221,6 +233,7 @@ TABLE_SECTIONS: tuple[tuple[str, str | None], ...] = (
     ("starts_ns", "i8"),  # one per fading ring
     ("slot_freed_ns", "i8"),  # per counter slot: -1 in use, else CLOCK_MONOTONIC freed time
     ("ring_nodes", "i8"),  # nodes of each ring
+    ("caller_zone", None),  # UTF-8: the caller's zone (the zone record's name)
 )
 
 

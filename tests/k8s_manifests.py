@@ -69,14 +69,20 @@ def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
     return c
 
 
-def env_of(c: dict[str, Any], namespace: str) -> dict[str, str]:
-    """A container's environment, fieldRef metadata.namespace resolved to ``namespace``."""
+#: The pod IP :func:`env_of` gives ``status.podIP`` (the downward API's) by default.
+POD_IP = "10.7.0.1"
+
+
+def env_of(c: dict[str, Any], namespace: str, pod_ip: str = POD_IP) -> dict[str, str]:
+    """A container's environment, fieldRefs resolved: ``metadata.namespace`` to
+    ``namespace``, ``status.podIP`` to ``pod_ip``."""
     out = {}
+    refs = {"metadata.namespace": namespace, "status.podIP": pod_ip}
     for e in c.get("env", ()):
         if "value" in e:
             out[e["name"]] = e["value"]
-        elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
-            out[e["name"]] = namespace
+        elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") in refs:
+            out[e["name"]] = refs[e["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
             raise AssertionError(f"cannot resolve env {e}")
     return out

@@ -24,6 +24,7 @@ from discovery.settings import knob
 from tests.app_tests.test_app import call
 from tests.discovery_harness import Proc, shm_namespace, wait_until
 from tests.k8s_manifests import (
+    POD_IP,
     check_any,
     check_model,
     container,
@@ -383,10 +384,14 @@ def _api(tmp_path: Path, docs, *, drop: tuple[str, str] | None = None) -> FakeKu
     return api.start()
 
 
-def _discovery(api: FakeKubeAPI, docs, ns: str) -> Proc:
+def _discovery(
+    api: FakeKubeAPI, docs, ns: str, *, pod_ip: str = POD_IP, ramp: str | None = None
+) -> Proc:
     """``cslb discovery`` with the client container's environment, in-cluster."""
-    env = env_of(container(find(docs, "Deployment", "product-sets"), "app"), NS)
+    env = env_of(container(find(docs, "Deployment", "product-sets"), "app"), NS, pod_ip)
     env.pop("CSLB_DISCOVERY", None)
+    if ramp is not None:
+        env["CSLB_ZONE_RAMP"] = ramp
     env.update(
         {
             "CSLB_SHM_NAMESPACE": ns,  # this test's own

@@ -9,16 +9,17 @@ ring); per-endpoint ejection state; the runtime :class:`Knobs`; the publisher's 
 the publish time.
 
 Modules: :mod:`~shm.tables.model` (the table and its knobs), :mod:`~shm.tables.slots`
-(counter slots of endpoints), :mod:`~shm.tables.codec` (encoding and validated
-decoding), :mod:`~shm.tables.protocol` (the seqlock read), :mod:`~shm.tables.reader`
-and :mod:`~shm.tables.writer`. The protocol, and why it is correct, is described in
-``docs/shared-memory.md``.
+(counter slots of endpoints), :mod:`~shm.tables.zone` (the zone record and its curve),
+:mod:`~shm.tables.codec` (encoding and validated decoding), :mod:`~shm.tables.protocol`
+(the seqlock read), :mod:`~shm.tables.reader` and :mod:`~shm.tables.writer`. The
+protocol, and why it is correct, is described in ``docs/shared-memory.md``.
 """
 
 from shm.tables.model import Knobs, Table
 from shm.tables.reader import TableReader
 from shm.tables.slots import DEFAULT_SLOT_REUSE_NS, SlotAllocator
 from shm.tables.writer import TableWriter
+from shm.tables.zone import ZoneCurve
 
 __all__ = [
     "DEFAULT_SLOT_REUSE_NS",
@@ -27,4 +28,5 @@ __all__ = [
     "Table",
     "TableReader",
     "TableWriter",
+    "ZoneCurve",
 ]

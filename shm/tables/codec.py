@@ -31,6 +31,7 @@ from shm.layout import (
 )
 from shm.segment import Segment
 from shm.tables.model import Knobs, Table
+from shm.tables.zone import ZONE_REASONS, ZONE_STATES, ZoneCurve
 
 _MAX_ENDPOINTS = 1 << 20
 _MAX_RINGS = 64
@@ -122,6 +123,7 @@ def encode(
     ejections: Ejections,
     outlier_panic: bool,
     knobs: Knobs,
+    zone: ZoneCurve | None = None,
 ) -> Encoded:
     """Lay out a table (the arguments are :meth:`~shm.tables.TableWriter.publish`'s, checked)."""
     eps = ring_set.endpoints
@@ -155,6 +157,8 @@ def encode(
     h["load_signal"] = knobs.load_signal.encode("ascii")
     h["fade_mode"] = knobs.fade_mode.encode("ascii")
     h["outlier_panic"] = int(bool(outlier_panic))
+    zone = ZoneCurve() if zone is None else zone
+    _encode_zone(h, zone)
     ej = ejections
     sections: list[tuple[str, memoryview]] = [
         ("addresses", memoryview(_blob(eps, "endpoint addresses"))),
@@ -171,6 +175,7 @@ def encode(
         ("starts_ns", _bytes_of(np.array(ring_set.starts_ns, dtype=np.int64))),
         ("slot_freed_ns", _bytes_of(freed_ns)),
         ("ring_nodes", _bytes_of(np.array([len(r) for r in rings], dtype=np.int64))),
+        ("caller_zone", memoryview(_blob([zone.zone], "the caller's zone"))),
     ]
     for k, ring in enumerate(rings):
         arrays = {"hashes": (ring.hashes, np.uint64), "owners": (ring.owners, np.int32)}
@@ -180,6 +185,20 @@ def encode(
             sections.append((name, _bytes_of(np.asarray(arr, dtype=dt))))
     h["sections"] = len(sections)
     return Encoded(hdr, sections)
+
+
+def _encode_zone(h: np.void, zone: ZoneCurve) -> None:
+    if not isinstance(zone, ZoneCurve):
+        raise TableInputError(f"zone must be a shm.tables.ZoneCurve, got {type(zone).__name__}")
+    h["zone_affinity"] = int(bool(zone.affinity))
+    h["zone_min_pods"] = int(zone.min_pods)
+    h["zone_state"] = zone.state_code()
+    h["zone_reason"] = zone.reason_code()
+    h["zone_start_ns"] = int(zone.start_ns)
+    h["zone_x0"] = float(zone.x0)
+    h["zone_rate"] = float(zone.rate)
+    h["zone_cap"] = float(zone.cap)
+    h["zone_transitions"] = int(zone.transitions)
 
 
 class Decoder:
@@ -360,6 +379,7 @@ class Decoder:
                 )
             )
         knobs = self._knobs(h)
+        zone = self._zone(h, views["caller_zone"])
         t = Table.__new__(Table)
         t._mapped = None  # set by the reader once its sequence word checks out
         t.generation = generation
@@ -373,6 +393,7 @@ class Decoder:
         t.ejections = ejections
         t.outlier_panic = bool(panic)
         t.knobs = knobs
+        t.zone = zone
         t.n_slots = n_slots
         t.slot_freed_ns = freed
         t.segment = data.name
@@ -416,6 +437,35 @@ class Decoder:
         if n and min(int(p.min()) for p in (*parts, counts)) < 0:
             raise self.fail("ejection times, multipliers and counts must be >= 0")
         return Ejections(reason, *parts, counts)
+
+    def _zone(self, h: np.void, blob: memoryview) -> ZoneCurve:
+        state, reason = int(h["zone_state"]), int(h["zone_reason"])
+        affinity = int(h["zone_affinity"])
+        if state >= len(ZONE_STATES) or reason >= len(ZONE_REASONS) or affinity not in (0, 1):
+            raise self.fail(
+                f"zone record out of range: state {state}, reason {reason}, affinity {affinity}"
+            )
+        try:
+            name = bytes(blob).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self.fail(f"section 'caller_zone' is not valid UTF-8: {exc}") from exc
+        if "\0" in name:
+            raise self.fail("section 'caller_zone' holds more than one name")
+        try:
+            return ZoneCurve(
+                zone=name,
+                affinity=bool(affinity),
+                min_pods=int(h["zone_min_pods"]),
+                state=ZONE_STATES[state],
+                reason=ZONE_REASONS[reason],
+                start_ns=int(h["zone_start_ns"]),
+                x0=float(h["zone_x0"]),
+                rate=float(h["zone_rate"]),
+                cap=float(h["zone_cap"]),
+                transitions=int(h["zone_transitions"]),
+            )
+        except TableInputError as exc:
+            raise self.fail(str(exc)) from exc
 
     def _knobs(self, h: np.void) -> Knobs:
         enabled = int(h["enabled"])

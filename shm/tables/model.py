@@ -15,6 +15,7 @@ from shm.errors import TableInputError
 from shm.layout import BUFFER_HEADER_BYTES
 from shm.segment import fence
 from shm.tables.words import WEAK
+from shm.tables.zone import ZoneCurve
 
 _KNOB_DEFAULTS = lbcore_knobs.defaults()
 
@@ -97,6 +98,9 @@ class Table:
         The established and fading rings (fade duration and exponent included).
     knobs : Knobs
         Runtime knobs of this generation.
+    zone : shm.tables.zone.ZoneCurve
+        The caller's zone, zone affinity and the zone controller's curve
+        (:meth:`zone_share` evaluates it).
     n_slots : int
         Counter columns in use (every slot is below it).
     slot_freed_ns : numpy.ndarray
@@ -132,6 +136,7 @@ class Table:
         "segment",
         "slot_freed_ns",
         "slots",
+        "zone",
         "zones",
     )
 
@@ -187,6 +192,14 @@ class Table:
         view.flags.writeable = False
         return view
 
+    def zone_share(self, now_ns: int) -> float:
+        """The local share ``x`` of the caller's zone at ``now_ns`` (CLOCK_MONOTONIC ns), 0-1.
+
+        The published curve evaluated at that instant (0 without affinity or a known
+        zone); see :class:`shm.tables.zone.ZoneCurve`.
+        """
+        return self.zone.share_at(now_ns)
+
     @property
     def fade_duration_ns(self) -> int:
         """Fade-in window of the ring set, in nanoseconds."""
@@ -211,6 +224,7 @@ def empty_table() -> Table:
     t.outlier_panic = False
     t.ring_set = lbcore.RingSet(())
     t.knobs = Knobs()
+    t.zone = ZoneCurve()
     t.n_slots = 0
     t.slot_freed_ns = np.empty(0, dtype=np.int64)
     t.segment = ""

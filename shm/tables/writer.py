@@ -66,6 +66,7 @@ from shm.tables.words import (
     C_WRITER_START,
     payload_checksum,
 )
+from shm.tables.zone import ZoneCurve
 
 if TYPE_CHECKING:
     from shm.counters import CounterStore
@@ -296,6 +297,7 @@ class TableWriter:
         knobs: Knobs | None = None,
         now_ns: int | None = None,
         skip_unchanged: bool = False,
+        zone: ZoneCurve | None = None,
     ) -> int:
         """Publish a new generation; returns its number (previous + 1).
 
@@ -323,6 +325,9 @@ class TableWriter:
             If the table equals the current one in everything but its publish time,
             publish nothing and return the current generation (only the heartbeat is
             written): a knob read back unchanged does not count as a change.
+        zone
+            The caller's zone and the zone controller's curve (default: no zone,
+            affinity off).
 
         Raises
         ------
@@ -376,6 +381,7 @@ class TableWriter:
             ejections=state,
             outlier_panic=outlier_panic,
             knobs=knobs,
+            zone=zone,
         )
         self._ctl_seg.check_size()
         self._drop_lost_data()
