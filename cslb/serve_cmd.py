@@ -20,6 +20,7 @@ from lbcore.knobs import (
     add_arguments,
     from_mapping,
 )
+from lbcore.zone_settings import ZONE_KNOBS
 from shm.settings import SHM_NAMESPACE
 from workers.fanout.settings import FANOUT_KNOBS
 from workers.master.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
@@ -40,7 +41,7 @@ def _dest(k: Knob) -> str:
 
 #: Settings the discovery child and the master read from the environment (checked here
 #: before gunicorn starts).
-CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *SUPERVISOR_KNOBS)
+CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *ZONE_KNOBS, *SUPERVISOR_KNOBS)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,7 +47,7 @@ HOSTILE = [
 # Candidates for "the largest value a knob accepts", largest first.
 LARGE = ["1e308", "99999999999999999999", "1e10", "4294967296", "2147483647", "1e9"]
 LARGE += ["1073741824", "1e7", str(int(MAX_SECONDS)), "1e6", "100000", "10000", "1000"]
-LARGE += ["100", "10", "1"]
+LARGE += ["100", "10", "1", "0.5"]
 
 
 def _declared_knobs() -> list[Knob]:
