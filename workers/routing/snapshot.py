@@ -194,9 +194,7 @@ def build_plan(
     )
 
 
-def zone_split(
-    table: shm.Table, now_ns: int, reuse: lbcore.Plan | None = None
-) -> ZoneSplit | None:
+def zone_split(table: shm.Table, now_ns: int, reuse: lbcore.Plan | None = None) -> ZoneSplit | None:
     """The zone part of ``table``'s plans at ``now_ns`` (``None``: no key is local then).
 
     The caller's zone and its local share ``x`` are the table's zone record
