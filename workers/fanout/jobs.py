@@ -158,6 +158,7 @@ class FanOutState:
         t = self.table
         self.urls = t.endpoints
         self.slots: list[int] = slots.tolist() if slots is not None else [-1] * n
+        self.local = fan.local_slots(t)
         routed = np.flatnonzero(self.idx >= 0)
         self.fallback_positions: list[int] = np.flatnonzero(self.idx < 0).tolist()
         self.jobs = self._jobs(routed)
@@ -344,6 +345,17 @@ class FanOutState:
         """The jittered backoff before a retry (ns), over the upper half of the setting."""
         return int(self.fan.settings.retry_backoff_s * (0.5 + 0.5 * random.random()) * 1e9)
 
+    def count_call(self, slot: int) -> None:
+        """Count a call to a pod (``slot`` >= 0) in the caller's zone or out of it.
+
+        ``slot`` is the endpoint's counter slot, which an endpoint keeps across tables;
+        a retry routed on a newer table to a pod this fan-out's table does not know
+        counts as remote (a pod that new is rarely warm in either sense).
+        """
+        local = self.local
+        here = 0 <= slot < local.size and bool(local[slot])
+        self.ledger.tally("calls_local" if here else "calls_remote")
+
     # -- the failure log ----------------------------------------------------------------
 
     def log_failure(
@@ -386,6 +398,8 @@ def _attempt(
     not the pod.
     """
     timeout, cut = state.call_timeout(t0)
+    if slot >= 0:  # (a pod's call; -1 is the ingress's, for retries sent there)
+        state.count_call(slot)
     try:
         got = yield ("call", url, what, timeout)
     except GeneratorExit:

@@ -49,6 +49,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from workers.fanout.admission import Admission
 from workers.fanout.budget import RetryBudget
 from workers.fanout.curl_driver import curl_sender_of, run_sync
@@ -224,6 +226,27 @@ class FanOut:
         self.pool = Pool(s.threads, s.queue, self.ledger.flush_due)
         self.admission = Admission(s.max_in_flight, s.fifo_size, s.fifo_timeout_s)
         self.admission_logged = float("-inf")  # (monotonic s of the last refusal line)
+        self._local: tuple[Any, np.ndarray] = (None, np.zeros(0, np.bool_))
+
+    def local_slots(self, table: Any) -> np.ndarray:
+        """``bool`` per counter slot of ``table``: the endpoint is in the caller's zone.
+
+        The caller's zone is the table's zone record's; worked out once per table (the
+        last one is kept), so a fan-out pays one lookup per call.
+        """
+        last, local = self._local
+        if last is table:
+            return local
+        local = np.zeros(int(table.n_slots), np.bool_)
+        caller = table.zone.zone
+        if caller and len(table.endpoints):
+            here = np.fromiter((z == caller for z in table.zones), np.bool_, len(table.zones))
+            slots = np.array(table.slots, dtype=np.intp)[here]
+            # (a table the writer began to rewrite may hold garbage: never index past)
+            local[slots[(slots >= 0) & (slots < local.size)]] = True
+        local.setflags(write=False)
+        self._local = (table, local)
+        return local
 
     def close(self) -> None:
         """Stop the pool's threads (after their current calls)."""

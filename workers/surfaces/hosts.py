@@ -25,6 +25,7 @@ from lbcore import fadein_score
 from lbcore.knobs import Knob, seconds_at_least
 from lbcore.outlier import EJECT_REASONS
 from lbcore.reported import KIND_NONE, SOURCES, effective_loads
+from shm.tables.zone import ZoneCurve
 from workers.routing.reported import TableReports, read_reports
 from workers.routing.snapshot import bounded_bar, build_plan
 
@@ -244,6 +245,12 @@ class HostSnapshot:
         (:func:`workers.routing.snapshot.build_plan`); ``None`` without bounded load or loads.
     outlier_panic : bool
         Too few endpoints are left un-ejected: routing ignores every ejection.
+    fanout : dict[str, int]
+        The fan-out's lifetime totals, host-wide (:data:`shm.layout.STATS_FIELDS` past
+        the decisions: retries, bulkhead rejections, calls by locality, ...).
+    zone : shm.tables.zone.ZoneCurve
+        The table's zone record: the caller's zone, affinity, the zone controller's
+        state, reason, cap and curve (:attr:`zone_share` is the curve now).
     """
 
     namespace: str
@@ -267,7 +274,20 @@ class HostSnapshot:
     bar_increment: float | None = None
     bar: float | None = None
     outlier_panic: bool = False
-    fanout: dict[str, int] = field(default_factory=dict)  # FANOUT_STATS totals, host-wide
+    fanout: dict[str, int] = field(default_factory=dict)
+    zone: ZoneCurve = field(default_factory=ZoneCurve)
+
+    @property
+    def zone_share(self) -> float:
+        """The local share ``x`` of the caller's zone at :attr:`now_ns` (0-1)."""
+        return self.zone.share_at(self.now_ns)
+
+    @property
+    def local_call_share(self) -> float | None:
+        """Share of the fan-out's calls so far made in the caller's zone (``None``: none)."""
+        local = self.fanout.get("calls_local", 0)
+        calls = local + self.fanout.get("calls_remote", 0)
+        return local / calls if calls else None
 
 
 class HostMonitor:
@@ -460,6 +480,7 @@ class HostMonitor:
             knobs=rows.shown_knobs(),
             fading=rows.fading,
             outlier_panic=rows.outlier_panic,
+            zone=rows.zone,
             health=self._verdict(
                 rows.generation,
                 pid,
@@ -615,6 +636,8 @@ class TableRows:
         Counter slots the table addresses.
     outlier_panic : bool
         Too few endpoints are left un-ejected: routing ignores every ejection.
+    zone : shm.tables.zone.ZoneCurve
+        Its zone record.
     """
 
     generation: int
@@ -628,6 +651,7 @@ class TableRows:
     endpoints: tuple[EndpointState, ...]
     n_slots: int
     outlier_panic: bool
+    zone: ZoneCurve = field(default_factory=ZoneCurve)
 
     def shown_knobs(self) -> dict[str, Any]:
         """The knobs the status page and ``/metrics`` show, with the fade's parameters."""
@@ -718,4 +742,5 @@ def read_table(t: shm.Table, now: int) -> TableRows:
         endpoints=endpoints,
         n_slots=int(t.n_slots),
         outlier_panic=bool(t.outlier_panic),
+        zone=t.zone,
     )
