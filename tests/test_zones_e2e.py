@@ -164,6 +164,7 @@ def test_full_affinity_keeps_calls_in_the_zone_on_an_even_fleet(fleet):
                 wait_for(f"{zone} {want}", lambda s=server, w=want: state_of(s)[0] == w, 30.0, 0.1)
                 drive(server, 3)  # warm: connections, loads
                 by_metric, by_pods, by_answers = cross_shares(server, pods, nine, zone, 20)
+                print(f"affinity {affinity}, {zone}: cross-zone share {by_metric:.3f}")
                 if affinity == "off":
                     # about 2/3 of the keys' ring owners are in the other two zones
                     assert 0.5 <= by_metric <= 0.8, by_metric
