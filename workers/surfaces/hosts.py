@@ -22,6 +22,7 @@ import numpy as np
 import lbcore
 import shm
 from lbcore import fadein_score
+from lbcore.bounded import share_bars
 from lbcore.knobs import Knob, seconds_at_least
 from lbcore.outlier import EJECT_REASONS
 from lbcore.reported import KIND_NONE, SOURCES, effective_loads
@@ -243,6 +244,10 @@ class HostSnapshot:
         Bounded load's bar on the newest ring in the load signal's unit, from the plan
         the routers build on this table and these loads
         (:func:`workers.routing.snapshot.build_plan`); ``None`` without bounded load or loads.
+    bars : tuple[float, ...] | None
+        With zone affinity in that plan, each endpoint's own bar (table order, the
+        signal's unit): ``balance_factor × its expected share × (increment + Σ load)``;
+        ``None`` when :attr:`bar` bounds every endpoint.
     outlier_panic : bool
         Too few endpoints are left un-ejected: routing ignores every ejection.
     fanout : dict[str, int]
@@ -273,6 +278,7 @@ class HostSnapshot:
     window_s: float | None = None
     bar_increment: float | None = None
     bar: float | None = None
+    bars: tuple[float, ...] | None = None
     outlier_panic: bool = False
     fanout: dict[str, int] = field(default_factory=dict)
     zone: ZoneCurve = field(default_factory=ZoneCurve)
@@ -535,6 +541,7 @@ class HostMonitor:
                 for i in np.flatnonzero(valid).tolist():
                     age[i] = ages[i]
                     util[i] = None if math.isnan(u[i]) else u[i]
+        bar, bars = _bar(table, loads, now, increment, reports)
         # The constructor, not dataclasses.replace: a snapshot of a large table makes one
         # of these per endpoint, and replace costs several times more per call.
         loaded = tuple(
@@ -572,7 +579,8 @@ class HostMonitor:
             moves=int(stats["moves"]),
             window_s=loads.window_ns / 1e9,
             bar_increment=increment,
-            bar=_bar(table, loads, now, increment, reports),
+            bar=bar,
+            bars=bars,
             fanout={k: int(v) for k, v in stats.items() if k not in _DECISION_STATS},
         )
 
@@ -592,20 +600,37 @@ def _bar(
     now: int,
     increment: float | None,
     reports: TableReports | None = None,
-) -> float | None:
+) -> tuple[float | None, tuple[float, ...] | None]:
     """The routers' bounded-load bar on ``table`` with ``loads``, in the signal's unit.
 
     From the plan a router builds on them (its loads are in routed-call units: the
     bar times the increment is the bar in the signal's); ``None`` if ``table`` was
-    rewritten meanwhile or has no bar.
+    rewritten meanwhile or has no bar. Second: with a zone part in the plan, each
+    endpoint's own bar (table order; ``None`` otherwise), which is what bounds it then.
     """
     if increment is None:
-        return None
+        return None, None
     try:
-        bar = bounded_bar(build_plan(table, loads, now, reports=reports))
+        plan = build_plan(table, loads, now, reports=reports)
+        bar, bars = bounded_bar(plan), _zone_bars(plan)
     except lbcore.LBCoreError:
-        return None  # garbage from a rewritten table (or a damaged one: health says so)
-    return None if bar is None or not table.valid() else bar * increment
+        return None, None  # garbage from a rewritten table (or a damaged one: health says so)
+    if bar is None or not table.valid():
+        return None, None
+    return bar * increment, None if bars is None else tuple((bars * increment).tolist())
+
+
+def _zone_bars(plan: lbcore.Plan) -> np.ndarray | None:
+    """Each endpoint's own bar in a plan with an open zone part, in routed-call units.
+
+    lbcore's bar from the plan's expected shares (:func:`lbcore.bounded.share_bars` on
+    the plan's loads, candidates and shares, as the plan bounds its keys); ``None``
+    without a zone part or bounded load.
+    """
+    if not plan.zone_views or plan.balance_factor is None or plan.loads is None:
+        return None
+    newest = plan.listed[plan.zone_views - 1]
+    return share_bars(plan.loads, newest, plan.expected_shares, plan.balance_factor)
 
 
 @dataclass(frozen=True, slots=True)
