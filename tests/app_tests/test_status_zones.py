@@ -140,3 +140,39 @@ def test_the_snapshots_bars_are_the_plans(host: Host, x: float) -> None:
         # the routers' own test: a pod is under its bar iff its load is at or below it
         assert np.array_equal(plan.under, plan.loads <= want)
     assert snap.bars == pytest.approx(want.tolist())
+
+
+def test_cslb_inspect_shows_the_zone_record(host: Host) -> None:
+    from workers.surfaces.inspect_report import render_text, snapshot
+
+    start = time.monotonic_ns() - 2_000_000_000
+    curve = ZoneCurve(
+        zone="eu-1a",
+        affinity=True,
+        min_pods=2,
+        state="ramping",
+        reason="recovered",
+        x0=0.01,
+        rate=0.05,
+        cap=0.8,
+        transitions=3,
+        start_ns=start,
+    )
+    publish(host, curve)
+    s = snapshot(host.namespace)
+    z = s["zone"]
+    assert (z["zone"], z["state"], z["reason"], z["cap"], z["transitions"]) == (
+        "eu-1a",
+        "ramping",
+        "recovered",
+        0.8,
+        3,
+    )
+    assert 0.11 <= z["share"] <= 0.2 and z["started_age_s"] >= 2.0
+    (line,) = [x for x in render_text(s).splitlines() if x.startswith("zone ")]
+    assert line.startswith("zone eu-1a: affinity on, ramping (recovered), ")
+    assert "rising 5 %/s, cap 80.00 %, min pods 2, 3 transition(s)" in line
+    host.publish()  # no zone record: no zone line
+    assert not [
+        x for x in render_text(snapshot(host.namespace)).splitlines() if x.startswith("zone ")
+    ]
