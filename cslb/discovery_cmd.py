@@ -13,10 +13,9 @@ from collections.abc import Mapping
 
 from discovery.cli import NoEndpointSourceError, default_endpoints_file, fail, run
 from discovery.events import EventLog
-from discovery.settings import DISCOVERY_KNOBS, LAYERED_KNOBS, OUTLIER_KNOBS
+from discovery.settings import DISCOVERY_KNOBS, LAYERED_KNOBS, OUTLIER_KNOBS, ZONE_CONTROL_KNOBS
 from discovery.static import EndpointsFileError, EndpointSpec, parse_endpoints
 from lbcore.knobs import LOG_KNOBS, ROUTING_KNOBS, KnobError, add_arguments, from_args
-from lbcore.zone_settings import ZONE_KNOBS
 
 __all__ = ["build_parser", "main"]
 
@@ -56,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     zones = p.add_argument_group(
         "zone affinity (the zone controller's settings; a --configmap overrides them at runtime)"
     )
-    add_arguments(zones, ZONE_KNOBS)
+    add_arguments(zones, ZONE_CONTROL_KNOBS)
     return p
 
 

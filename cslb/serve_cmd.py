@@ -11,7 +11,7 @@ from collections.abc import MutableMapping, Sequence
 
 from cslb.argtypes import integer
 from cslb.kernel_flag import add_kernel_argument, apply_kernel_flag
-from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
+from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS, ZONE_CONTROL_KNOBS
 from lbcore.knobs import (
     LOG_KNOBS,
     ROUTING_KNOBS,
@@ -20,7 +20,6 @@ from lbcore.knobs import (
     add_arguments,
     from_mapping,
 )
-from lbcore.zone_settings import ZONE_KNOBS
 from shm.settings import SHM_NAMESPACE
 from workers.fanout.settings import FANOUT_KNOBS
 from workers.master.serve import DEFAULT_APP, DEFAULT_BIND, DEFAULT_WORKERS, ServeError, plan, run
@@ -41,7 +40,7 @@ def _dest(k: Knob) -> str:
 
 #: Settings the discovery child and the master read from the environment (checked here
 #: before gunicorn starts).
-CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *ZONE_KNOBS, *SUPERVISOR_KNOBS)
+CHILD_KNOBS = (*DISCOVERY_KNOBS, *OUTLIER_KNOBS, *ZONE_CONTROL_KNOBS, *SUPERVISOR_KNOBS)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -150,6 +150,7 @@ def run(
         configmap_wait_s=settings["configmap_wait_s"],
         removals_at_once=settings["removals_at_once"],
         drop_warn_share=settings["drop_warn_share"],
+        caller_zone=settings["zone"],
     )
     if static:
         disc.add_list(static)

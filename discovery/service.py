@@ -138,6 +138,8 @@ class Discovery:
         ``publish_drop`` warning (1: never).
     clock
         CLOCK_MONOTONIC in nanoseconds.
+    caller_zone
+        This caller's zone (``CSLB_ZONE``; empty: from the caller Service's slices).
     """
 
     def __init__(
@@ -154,8 +156,10 @@ class Discovery:
         removals_at_once: bool = False,
         drop_warn_share: float = 0.5,
         clock: Callable[[], int] = time.monotonic_ns,
+        caller_zone: str = "",
     ) -> None:
         self.publisher = publisher
+        self.caller_zone = caller_zone
         self.knobs = knobs
         self.log = log
         self.clock = clock
@@ -806,7 +810,7 @@ class Discovery:
     # -- zones ----------------------------------------------------------------------------
 
     def _zone_settings(self) -> ZoneSettings:
-        return ZoneSettings.from_values(self.knob_values())
+        return ZoneSettings.from_values({**self.knob_values(), "zone": self.caller_zone})
 
     def _on_callers(self, source: str, view: CallerView, reason: str) -> None:
         if self.zones.set_view(source, view, reason):

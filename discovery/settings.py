@@ -40,7 +40,7 @@ from lbcore.knobs import (
 from lbcore.knobs import docs_table as _docs_table
 from lbcore.outlier import DEFAULT_OUTLIER_PARAMS as _OD
 from lbcore.outlier import OutlierParams
-from lbcore.zone_settings import ZONE_KNOBS
+from lbcore.zone_settings import ZONE, ZONE_KNOBS
 from shm.settings import UNLINK_ON_EXIT
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "OUTLIER_KNOBS",
     "PUBLISHED_KNOBS",
     "SHM_NAMESPACE",
+    "ZONE_CONTROL_KNOBS",
     "KnobState",
     "docs_table",
     "knob",
@@ -92,6 +93,9 @@ DISCOVERY_KNOBS: tuple[Knob, ...] = (
         "Empty: no Kubernetes source (static endpoints only).",
         "SVC",
     ),
+    # The caller's zone is each host's own: a process setting, never a ConfigMap key
+    # (one ConfigMap serves hosts in every zone).
+    ZONE,
     Knob(
         "caller_service",
         "CSLB_CALLER_SERVICE",
@@ -465,10 +469,14 @@ OUTLIER_KNOBS: tuple[Knob, ...] = (
     ),
 )
 
+#: The zone controller's settings (:data:`lbcore.zone_settings.ZONE_KNOBS` but the
+#: caller's zone, a process setting in :data:`DISCOVERY_KNOBS`).
+ZONE_CONTROL_KNOBS: tuple[Knob, ...] = tuple(k for k in ZONE_KNOBS if k is not ZONE)
+
 #: Every knob the ConfigMap may set (layered by :class:`KnobState`): routing, outlier
-#: detection and zone affinity (:data:`lbcore.zone_settings.ZONE_KNOBS`, whose curve
-#: discovery decides and publishes).
-LAYERED_KNOBS: tuple[Knob, ...] = ROUTING_KNOBS + OUTLIER_KNOBS + ZONE_KNOBS
+#: detection and the zone controller's settings (its curve is decided and published
+#: here).
+LAYERED_KNOBS: tuple[Knob, ...] = ROUTING_KNOBS + OUTLIER_KNOBS + ZONE_CONTROL_KNOBS
 
 
 def outlier_params(values: Mapping[str, Any]) -> OutlierParams:
@@ -547,7 +555,7 @@ class KnobState:
 
     def __init__(self, base: Mapping[str, Any], knobs: Iterable[Knob] = LAYERED_KNOBS) -> None:
         self.knobs = tuple(knobs)
-        optional = OUTLIER_KNOBS + ZONE_KNOBS
+        optional = OUTLIER_KNOBS + ZONE_CONTROL_KNOBS
         base = {**{k.name: k.default for k in optional if k in self.knobs}, **base}
         missing = [k.name for k in self.knobs if k.name not in base]
         if missing:

@@ -99,6 +99,11 @@ class ZoneLoop:
                 return v.counts
         return None
 
+    @property
+    def latency(self) -> tuple[float, float, float, float]:
+        """The last reading: local and remote mean latency (s; NaN: none), and their calls."""
+        return self._latency
+
     def read_latency(
         self, endpoints: Sequence[str], zones: Sequence[str], read: LatencyReader
     ) -> None:

@@ -20,10 +20,9 @@ SERVING = ROOT / "docs" / "serving.md"
 
 
 def _tables() -> dict[str, Callable[[], str]]:
-    from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
+    from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS, ZONE_CONTROL_KNOBS
     from lbcore.knobs import KERNEL, LOG_KNOBS, ROUTING_KNOBS, docs_table
     from lbcore.report_settings import REPORT_KNOBS
-    from lbcore.zone_settings import ZONE_KNOBS
     from workers.fanout.settings import FANOUT_KNOBS
 
     return {
@@ -32,8 +31,8 @@ def _tables() -> dict[str, Callable[[], str]]:
         "fanout-knobs": lambda: docs_table(FANOUT_KNOBS),
         # (environment only: no command takes them as flags)
         "report-knobs": lambda: docs_table(REPORT_KNOBS, flags=False),
-        # (no command takes them yet: discovery will, with its zone controller)
-        "zone-knobs": lambda: docs_table(ZONE_KNOBS, flags=False),
+        # (the zone controller's, in cslb discovery; CSLB_ZONE is a discovery setting)
+        "zone-knobs": lambda: docs_table(ZONE_CONTROL_KNOBS),
         "discovery-knobs": lambda: docs_table(DISCOVERY_KNOBS),
         "outlier-knobs": lambda: docs_table(OUTLIER_KNOBS),
         "log-knobs": lambda: docs_table(LOG_KNOBS),
