@@ -204,37 +204,37 @@ def test_a_zone_of_one_healthy_pod_retries_on_the_global_ring(zhost):
 
 
 def test_bulkhead_overflow_of_a_local_key_stays_in_the_zone(namespace):
-    # one call in flight per pod and worker: a batch's second call to a pod overflows
+    # one call in flight per pod and worker; one local pod holds its first call until
+    # every other key is answered: its other keys overflow to their retry pods at once
     h = ZoneHost(namespace, threads=16, endpoint_cap=1, timeout_s=5.0)
     try:
         h.publish(x=1.0)
         r = h.attach()
+        keys = KEYS[:30]
+        first = r.route(keys)
+        held = EPS[int(np.bincount(first).argmax())]
+        assert int((first == EPS.index(held)).sum()) >= 2
         gate = threading.Event()
-        started = threading.Semaphore(0)
+        lock = threading.Lock()
+        others = [0]
 
-        def slow(url: str, key: str) -> str:
-            started.release()
-            gate.wait(5.0)
+        def send(url: str, key: str) -> str:
+            if url == held and not gate.is_set():
+                gate.wait(5.0)
+            else:
+                with lock:
+                    others[0] += 1
+                    if others[0] == len(keys) - 1:
+                        gate.set()  # every key but the held one answered
             return _answer(url, key)
 
-        keys = KEYS[:12]
-        box: list = []
-        t = threading.Thread(target=lambda: box.append(r.fanout(keys, slow)))
-        t.start()
-        # three local pods, twelve keys: three calls hold them, the rest overflow
-        deadline = time.monotonic() + 10.0
-        got = 0
-        while got < 3 and time.monotonic() < deadline:
-            got += started.acquire(timeout=0.1)
-        gate.set()
-        t.join(10.0)
-        res = box[0]
-        assert all(x.ok for x in res)
+        res = r.fanout(keys, send)
+        assert gate.is_set() and all(x.ok for x in res)
         assert all(ZONE_OF[x.endpoint] == "z-a" for x in res)
-        first = r.route(keys)
         moved = [x for x, e in zip(res, first, strict=True) if x.endpoint != EPS[e]]
-        assert moved, "some calls went to their retry pod at once"
-        assert h.calls()["remote"] == 0
+        assert len(moved) == int((first == EPS.index(held)).sum()) - 1
+        assert all(x.endpoint != held and x.attempts == 1 for x in moved)
+        assert h.calls() == {"local": len(keys), "remote": 0}
     finally:
         h.close()
 

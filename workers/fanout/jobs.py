@@ -159,6 +159,8 @@ class FanOutState:
         self.urls = t.endpoints
         self.slots: list[int] = slots.tolist() if slots is not None else [-1] * n
         self.local = fan.local_slots(t)
+        self._calls: list[bool] = []  # per call made: to a pod in the caller's zone?
+        self._counted = 0
         routed = np.flatnonzero(self.idx >= 0)
         self.fallback_positions: list[int] = np.flatnonzero(self.idx < 0).tolist()
         self.jobs = self._jobs(routed)
@@ -202,7 +204,16 @@ class FanOutState:
                 self.done.set()
 
     def close(self) -> list[Result]:
-        """No more results: unanswered keys become deadline errors; the results."""
+        """No more results: unanswered keys become deadline errors; the results.
+
+        The calls made so far are added to the row's locality totals (later ones as
+        they start: :meth:`count_call` sees the state closed).
+        """
+        self._close_results()
+        self.flush_calls()
+        return self.results  # type: ignore[return-value]
+
+    def _close_results(self) -> None:
         with self.lock:
             self.closed = True
             out = self.results
@@ -214,7 +225,6 @@ class FanOutState:
                         endpoint=self.urls[e] if e >= 0 else None,
                         fallback=e < 0,
                     )
-        return out  # type: ignore[return-value]
 
     # -- calls --------------------------------------------------------------------------
 
@@ -350,11 +360,25 @@ class FanOutState:
 
         ``slot`` is the endpoint's counter slot, which an endpoint keeps across tables;
         a retry routed on a newer table to a pod this fan-out's table does not know
-        counts as remote (a pod that new is rarely warm in either sense).
+        counts as remote (a pod that new is rarely warm in either sense). The counts
+        reach the counter row when the state closes (a call that starts later, at the
+        deadline, at once): one append per call, no lock.
         """
-        local = self.local
-        here = 0 <= slot < local.size and bool(local[slot])
-        self.ledger.tally("calls_local" if here else "calls_remote")
+        self._calls.append(slot in self.local)
+        if self.closed:
+            self.flush_calls()
+
+    def flush_calls(self) -> None:
+        """Add the calls counted since the last flush to the row's locality totals."""
+        with self.lock:
+            calls = self._calls
+            new = calls[self._counted :]  # (appends may go on meanwhile: counted next time)
+            self._counted += len(new)
+        local = sum(new)
+        if local:
+            self.ledger.tally("calls_local", local)
+        if len(new) > local:
+            self.ledger.tally("calls_remote", len(new) - local)
 
     # -- the failure log ----------------------------------------------------------------
 
