@@ -176,3 +176,18 @@ def test_cslb_inspect_shows_the_zone_record(host: Host) -> None:
     assert not [
         x for x in render_text(snapshot(host.namespace)).splitlines() if x.startswith("zone ")
     ]
+
+
+def test_the_monitor_computes_a_zone_plans_bars_base_once_per_table(host: Host) -> None:
+    publish(host, FULL)
+    host.busy(ENDPOINTS[0], 0.5, calls=10)
+    monitor = HostMonitor(host.namespace)
+    first = monitor.snapshot()
+    plan = monitor.last_plan
+    second = monitor.snapshot()
+    assert plan is not None and monitor.last_plan is not plan
+    assert monitor.last_plan.view_arcs is plan.view_arcs
+    assert second.bars == pytest.approx(first.bars)
+    publish(host, FULL)  # a new table: its own pass
+    monitor.snapshot()
+    assert monitor.last_plan.view_arcs is not plan.view_arcs

@@ -327,6 +327,8 @@ class HostMonitor:
         self._lock = threading.Lock()
         self._tables: shm.TableReader | None = None
         self._counters: shm.CounterReader | None = None
+        #: The plan of the last snapshot with loads (the next one reuses its bars' base).
+        self.last_plan: lbcore.Plan | None = None
 
     # -- attaching ---------------------------------------------------------------------
 
@@ -541,7 +543,7 @@ class HostMonitor:
                 for i in np.flatnonzero(valid).tolist():
                     age[i] = ages[i]
                     util[i] = None if math.isnan(u[i]) else u[i]
-        bar, bars = _bar(table, loads, now, increment, reports)
+        bar, bars, self.last_plan = _bar(table, loads, now, increment, reports, self.last_plan)
         # The constructor, not dataclasses.replace: a snapshot of a large table makes one
         # of these per endpoint, and replace costs several times more per call.
         loaded = tuple(
@@ -600,24 +602,28 @@ def _bar(
     now: int,
     increment: float | None,
     reports: TableReports | None = None,
-) -> tuple[float | None, tuple[float, ...] | None]:
+    reuse: lbcore.Plan | None = None,
+) -> tuple[float | None, tuple[float, ...] | None, lbcore.Plan | None]:
     """The routers' bounded-load bar on ``table`` with ``loads``, in the signal's unit.
 
     From the plan a router builds on them (its loads are in routed-call units: the
     bar times the increment is the bar in the signal's); ``None`` if ``table`` was
     rewritten meanwhile or has no bar. Second: with a zone part in the plan, each
     endpoint's own bar (table order; ``None`` otherwise), which is what bounds it then.
+    Third: the plan, for the next snapshot's ``reuse`` (a zone plan's bars' base is a
+    pass over the ring per view: once per table, not per scrape).
     """
     if increment is None:
-        return None, None
+        return None, None, None
     try:
-        plan = build_plan(table, loads, now, reports=reports)
+        plan = build_plan(table, loads, now, reports=reports, reuse=reuse)
         bar, bars = bounded_bar(plan), _zone_bars(plan)
     except lbcore.LBCoreError:
-        return None, None  # garbage from a rewritten table (or a damaged one: health says so)
+        return None, None, None  # garbage from a rewritten table (or damaged: health says so)
     if bar is None or not table.valid():
-        return None, None
-    return bar * increment, None if bars is None else tuple((bars * increment).tolist())
+        return None, None, None
+    shown = None if bars is None else tuple((bars * increment).tolist())
+    return bar * increment, shown, plan
 
 
 def _zone_bars(plan: lbcore.Plan) -> np.ndarray | None:
