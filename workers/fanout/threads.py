@@ -244,16 +244,6 @@ class FanOut:
             local = frozenset(np.array(table.slots, dtype=np.int64)[here].tolist())
         self._local = (table, local)
         return local
-        local = np.zeros(int(table.n_slots), np.bool_)
-        caller = table.zone.zone
-        if caller and len(table.endpoints):
-            here = np.fromiter((z == caller for z in table.zones), np.bool_, len(table.zones))
-            slots = np.array(table.slots, dtype=np.intp)[here]
-            # (a table the writer began to rewrite may hold garbage: never index past)
-            local[slots[(slots >= 0) & (slots < local.size)]] = True
-        local.setflags(write=False)
-        self._local = (table, local)
-        return local
 
     def close(self) -> None:
         """Stop the pool's threads (after their current calls)."""

@@ -135,6 +135,7 @@ class HTTPError(Exception):
         self.headers = list(headers)
 
 
+
 def _what(value: Any) -> str:
     return _JSON_TYPES.get(type(value), type(value).__name__)
 
@@ -564,3 +565,4 @@ def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
     if "chunked" in str(environ.get("HTTP_TRANSFER_ENCODING", "")).lower():
         raise HTTPError(411, "chunked request bodies need a server that de-chunks them")
     return b""  # no Content-Length, not chunked: no body (RFC 9112 6.3)
+

@@ -87,11 +87,12 @@ METRICS_MAX_ENDPOINTS = Knob(
     1000,
     parse_int_between(0, 1_000_000),
     "Most endpoints /metrics reports one series each for. A table with more reports its "
-    'per-endpoint metrics summed per zone instead (label endpoint="*"; no latency '
+    "per-endpoint metrics summed per zone instead (label endpoint=\"*\"; no latency "
     "series), so a scrape stays a few samples per zone whatever the table's size. 0: "
     "always per zone.",
     "N",
 )
+
 
 
 def build_info() -> dict[str, str]:
