@@ -265,12 +265,16 @@ def test_a_latency_fault_drops_affinity_to_the_floor_and_it_recovers_once(fleet)
             took = time.monotonic() - faulted
             state, reason, _, x = state_of(a)
             assert (state, reason) == ("floor", "latency") and x == pytest.approx(0.01)
-            assert took <= 15.0, took
+            # within the controller's window (the counters' 10 s) and a tick (1 s), plus
+            # the metric poll's own delay
+            assert took <= 12.0, took
             print(f"latency fault: floor after {took:.1f} s")
             for i in local:
                 pods[i].set_delay(0.0)
             # the slow calls leave the window, the hold passes, the ramp runs
+            cleared = time.monotonic()
             wait_for("recovery to full", lambda: at(("full",)), 60.0, 0.1)
+            print(f"latency fault cleared: full again after {time.monotonic() - cleared:.1f} s")
             assert seen == ["full", "floor", "ramping", "full"], seen
             assert state_of(a)[2] - t_before == 3  # floor, recovered, ramp_done: no flap
         finally:
@@ -325,6 +329,8 @@ def test_a_scale_up_during_the_zone_ramp_moves_no_key_twice(fleet):
         assert ok, "the ramp and the fade did not both end"
         sample()
     moved_twice = [h for h in history.values() if len(h) > 2]
+    moved = sum(len(h) > 1 for h in history.values())
+    print(f"scale-up mid-ramp: {moved} of {len(keys)} keys moved, {len(moved_twice)} twice")
     assert all(len(h) <= 3 for h in history.values())  # at most one move per event
     assert all(len(set(h)) == len(h) for h in history.values())  # never back
     assert all(h[-1] == new for h in moved_twice)  # a second move is onto the new pod
