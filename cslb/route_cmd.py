@@ -242,6 +242,13 @@ def _header(a: Any, ns: str) -> str:
         f"generation {a.generation}{age} by pid {a.publisher_pid} ({alive}); shm namespace {ns}",
         f"gate {gate}; fade {k['fade_mode']}; bounded load {bf} on {k['load_signal']} ({loads})",
     ]
+    z = a.zone
+    if z and (z["affinity"] or z["zone"]):
+        lines.append(
+            f"zone {z['zone'] or 'unknown'}: affinity {'on' if z['affinity'] else 'off'}, "
+            f"{z['state']} ({z['reason']}), {z['share'] * 100:.1f} % of keys local now "
+            f"(cap {z['cap'] * 100:.1f} %)"
+        )
     if a.outlier_panic:
         lines.append("outlier panic: too few endpoints left un-ejected, ejections are ignored")
     return "\n".join(lines)
@@ -261,6 +268,8 @@ def _why(r: Any, a: Any) -> str:
     signal = a.knobs["load_signal"]
     if r.kind == "fallback":
         parts = [_fallback(r.fallback, a.knobs)]
+    elif r.kind == "zone_ring":
+        parts = ["zone ring: a local key, on the caller zone's pods"]
     elif r.kind == "bounded_load":
         bar = f" is over the bar {r.loads['bar']:.3g}" if "bar" in r.loads else ""
         parts = [

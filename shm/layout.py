@@ -58,6 +58,7 @@ __all__ = [
     "SLOT_FREE",
     "SLOT_RESERVED",
     "STATS_FIELDS",
+    "STATS_WORDS",
     "STATUS_HEADER",
     "STATUS_MAX_BYTES",
     "STATUS_OFFSET",
@@ -85,7 +86,9 @@ __all__ = [
 #: ring, the newest too, has its own owners section.
 #: 7: counter rows end with the pods' latest load reports (:data:`REPORT_FIELDS`).
 #: 8: tables carry the zone record (the caller's zone and the zone controller's curve:
-#: the ``zone_*`` header fields and the ``caller_zone`` section).
+#: the ``zone_*`` header fields and the ``caller_zone`` section); a counter row's
+#: lifetime totals take 16 words (:data:`STATS_WORDS`), adding the fan-out's calls by
+#: locality.
 LAYOUT_VERSION = 8
 
 
@@ -332,10 +335,12 @@ REPORT_FIELDS = (
     "report_identity",
 )
 
-#: Per-row lifetime totals of routing decisions (8 words are reserved for them), then
-#: of the fan-out helper (``workers.fanout``): retry calls sent, those that failed too,
-#: retries the retry budget refused, calls the bulkhead kept from an endpoint or queue,
-#: and answers whose load report or ``Server-Timing`` was malformed (ignored).
+#: Per-row lifetime totals of routing decisions, then of the fan-out helper
+#: (``workers.fanout``): retry calls sent, those that failed too, retries the retry
+#: budget refused, calls the bulkhead kept from an endpoint or queue, answers whose load
+#: report or ``Server-Timing`` was malformed (ignored), and the calls made to pods
+#: (retries included, the ingress's fallback calls not) in the caller's zone and out of
+#: it. Totals per row, not per endpoint, so they survive every table change.
 STATS_FIELDS = (
     "decisions",
     "fallbacks",
@@ -345,24 +350,31 @@ STATS_FIELDS = (
     "retries_refused",
     "bulkhead_rejections",
     "reports_malformed",
+    "calls_local",
+    "calls_remote",
 )
+
+#: Words a row holds for :data:`STATS_FIELDS` (the rest reserved; a multiple of 8, so
+#: what follows stays on a 64-byte boundary).
+STATS_WORDS = 16
 
 
 def row_layout(columns: int, buckets: int) -> dict[str, int]:
     """Word offsets of the parts of one counter row, and the row's length in words.
 
     A row is, in ``int64`` words: ``periods[buckets]`` (padded to 8 words: the time
-    bucket each bucket column currently holds, ``-1`` if none), ``stats[8]`` (lifetime
-    totals of :data:`STATS_FIELDS`, the rest reserved), ``open_old[columns]`` (requests
-    still open that started before every bucket the row holds: older than the window),
-    then for each of :data:`BUCKET_FIELDS` a ``[buckets][columns]`` block, then for each
-    of :data:`TOTAL_FIELDS` and of :data:`REPORT_FIELDS` a ``[columns]`` block.
-    ``columns`` is a multiple of 8, so every part and every row starts on a 64-byte
+    bucket each bucket column currently holds, ``-1`` if none), ``stats[16]``
+    (lifetime totals of :data:`STATS_FIELDS`, the rest reserved: :data:`STATS_WORDS`),
+    ``open_old[columns]`` (requests still open that started before every bucket the
+    row holds: older than the window), then for each of :data:`BUCKET_FIELDS` a
+    ``[buckets][columns]`` block, then for each of :data:`TOTAL_FIELDS` and of
+    :data:`REPORT_FIELDS` a ``[columns]`` block. ``columns`` is a multiple of 8, so
+    every part and every row starts on a 64-byte
     boundary (no false sharing between workers' rows).
     """
     periods_words = align(buckets, 8)
-    out = {"periods": 0, "stats": periods_words, "open_old": periods_words + 8}
-    off = periods_words + 8 + columns
+    out = {"periods": 0, "stats": periods_words, "open_old": periods_words + STATS_WORDS}
+    off = periods_words + STATS_WORDS + columns
     for name in BUCKET_FIELDS:
         out[name] = off
         off += buckets * columns

@@ -5,7 +5,8 @@
 * ``GET /<key>`` -> ``{"key": key, "pod": P}`` after the service time;
 * ``POST /batch`` with a JSON array of keys -> one such object per key, in order;
 * ``POST /_mode`` ``{"status": 503}`` makes every product answer that status (``200``
-  again: healthy; ``{"reset_max": true}`` zeroes ``max_active``); ``GET /_stats`` ->
+  again: healthy; ``{"reset_max": true}`` zeroes ``max_active``; ``{"delay_ms": 30}``
+  adds that much to every product's service time, ``0`` again: a latency fault); ``GET /_stats`` ->
   ``{"served": n, "status": s, "connections": c, "active": a, "max_active": m}``
   (products served, TCP connections accepted, product GETs being served now and at
   most at once).
@@ -37,7 +38,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def serve(port: int, service_ms: float) -> None:
-    state = {"served": 0, "status": 200, "connections": 0, "active": 0, "max_active": 0}
+    state = {
+        "served": 0,
+        "status": 200,
+        "connections": 0,
+        "active": 0,
+        "max_active": 0,
+        "delay_ms": 0.0,
+    }
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -66,7 +74,8 @@ def serve(port: int, service_ms: float) -> None:
             with lock:  # (requests being served at once: do a caller's calls overlap?)
                 state["active"] += 1
                 state["max_active"] = max(state["max_active"], state["active"])
-            time.sleep(service_ms / 1000.0)
+                delay_ms = state["delay_ms"]
+            time.sleep((service_ms + delay_ms) / 1000.0)
             with lock:
                 state["served"] += 1
                 status = state["status"]
@@ -85,6 +94,8 @@ def serve(port: int, service_ms: float) -> None:
                     state["status"] = int(doc.get("status", state["status"]))
                     if doc.get("reset_max"):
                         state["max_active"] = 0
+                    if "delay_ms" in doc:
+                        state["delay_ms"] = max(float(doc["delay_ms"]), 0.0)
                 self._answer(200, {"status": state["status"]})
                 return
             if self.path != "/batch":
@@ -172,6 +183,10 @@ class Pod:
 
     def set_status(self, status: int) -> None:
         self.request("POST", "/_mode", {"status": status})
+
+    def set_delay(self, ms: float) -> None:
+        """Add ``ms`` to every product's service time (0: as started)."""
+        self.request("POST", "/_mode", {"delay_ms": ms})
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

@@ -39,7 +39,7 @@ def test_promtool_checks_the_rules() -> None:
         [tool("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 6 rules found" in out.stdout
+    assert "SUCCESS: 7 rules found" in out.stdout
 
 
 def test_promtool_unit_tests_every_alert() -> None:

@@ -14,6 +14,7 @@ from shm.layout import (
     MAGIC_COUNTERS_DATA,
     REPORT_FIELDS,
     SLOT,
+    STATS_WORDS,
     TOTAL_FIELDS,
     align,
     cell_words,
@@ -102,7 +103,7 @@ class Matrix:
         )
         self.periods = self.rows2d[:, :k]
         st = layout["stats"]
-        self.stats = self.rows2d[:, st : st + 8]
+        self.stats = self.rows2d[:, st : st + STATS_WORDS]
         t = layout[TOTAL_FIELDS[0]]
         # (rows, len(TOTAL_FIELDS), columns): requests_total, failures_total, then per kind.
         self.totals = self.rows2d[:, t : t + len(TOTAL_FIELDS) * cols].reshape(
@@ -174,7 +175,8 @@ class MatrixView:
     periods : numpy.ndarray
         ``int64`` ``(rows, buckets)``: the period each bucket column holds (-1: none).
     stats : numpy.ndarray
-        ``int64`` ``(rows, 8)``: lifetime decision totals (:data:`shm.layout.STATS_FIELDS`).
+        ``int64`` ``(rows, 16)``: lifetime totals (:data:`shm.layout.STATS_FIELDS`, the
+        rest reserved).
     totals : numpy.ndarray
         ``int64`` ``(rows, total fields, columns)``: lifetime totals per slot
         (:data:`shm.layout.TOTAL_FIELDS`).

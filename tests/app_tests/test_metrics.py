@@ -78,6 +78,13 @@ EXPECTED_FAMILIES = {
     "cslb_retry_budget_exhausted": "counter",
     "cslb_bulkhead_rejections": "counter",
     "cslb_load_reports_malformed": "counter",
+    # zone affinity: calls by locality and the zone controller
+    "cslb_calls": "counter",
+    "cslb_zone_local_share": "gauge",
+    "cslb_zone_local_share_cap": "gauge",
+    "cslb_zone_affinity_state": "gauge",
+    "cslb_zone_affinity_reason": "gauge",
+    "cslb_zone_transitions": "counter",
 }
 
 

@@ -158,6 +158,9 @@ class FanOutState:
         t = self.table
         self.urls = t.endpoints
         self.slots: list[int] = slots.tolist() if slots is not None else [-1] * n
+        self.local = fan.local_slots(t)
+        self._calls: list[bool] = []  # per call made: to a pod in the caller's zone?
+        self._counted = 0
         routed = np.flatnonzero(self.idx >= 0)
         self.fallback_positions: list[int] = np.flatnonzero(self.idx < 0).tolist()
         self.jobs = self._jobs(routed)
@@ -201,7 +204,16 @@ class FanOutState:
                 self.done.set()
 
     def close(self) -> list[Result]:
-        """No more results: unanswered keys become deadline errors; the results."""
+        """No more results: unanswered keys become deadline errors; the results.
+
+        The calls made so far are added to the row's locality totals (later ones as
+        they start: :meth:`count_call` sees the state closed).
+        """
+        self._close_results()
+        self.flush_calls()
+        return self.results  # type: ignore[return-value]
+
+    def _close_results(self) -> None:
         with self.lock:
             self.closed = True
             out = self.results
@@ -213,7 +225,6 @@ class FanOutState:
                         endpoint=self.urls[e] if e >= 0 else None,
                         fallback=e < 0,
                     )
-        return out  # type: ignore[return-value]
 
     # -- calls --------------------------------------------------------------------------
 
@@ -344,6 +355,31 @@ class FanOutState:
         """The jittered backoff before a retry (ns), over the upper half of the setting."""
         return int(self.fan.settings.retry_backoff_s * (0.5 + 0.5 * random.random()) * 1e9)
 
+    def count_call(self, slot: int) -> None:
+        """Count a call to a pod (``slot`` >= 0) in the caller's zone or out of it.
+
+        ``slot`` is the endpoint's counter slot, which an endpoint keeps across tables;
+        a retry routed on a newer table to a pod this fan-out's table does not know
+        counts as remote (a pod that new is rarely warm in either sense). The counts
+        reach the counter row when the state closes (a call that starts later, at the
+        deadline, at once): one append per call, no lock.
+        """
+        self._calls.append(slot in self.local)
+        if self.closed:
+            self.flush_calls()
+
+    def flush_calls(self) -> None:
+        """Add the calls counted since the last flush to the row's locality totals."""
+        with self.lock:
+            calls = self._calls
+            new = calls[self._counted :]  # (appends may go on meanwhile: counted next time)
+            self._counted += len(new)
+        local = sum(new)
+        if local:
+            self.ledger.tally("calls_local", local)
+        if len(new) > local:
+            self.ledger.tally("calls_remote", len(new) - local)
+
     # -- the failure log ----------------------------------------------------------------
 
     def log_failure(
@@ -386,6 +422,8 @@ def _attempt(
     not the pod.
     """
     timeout, cut = state.call_timeout(t0)
+    if slot >= 0:  # (a pod's call; -1 is the ingress's, for retries sent there)
+        state.count_call(slot)
     try:
         got = yield ("call", url, what, timeout)
     except GeneratorExit:

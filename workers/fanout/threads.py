@@ -49,6 +49,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from workers.fanout.admission import Admission
 from workers.fanout.budget import RetryBudget
 from workers.fanout.curl_driver import by_curl, curl_sender_of, run_sync
@@ -224,6 +226,24 @@ class FanOut:
         self.pool = Pool(s.threads, s.queue, self.ledger.flush_due)
         self.admission = Admission(s.max_in_flight, s.fifo_size, s.fifo_timeout_s)
         self.admission_logged = float("-inf")  # (monotonic s of the last refusal line)
+        self._local: tuple[Any, frozenset[int]] = (None, frozenset())
+
+    def local_slots(self, table: Any) -> frozenset[int]:
+        """The counter slots of ``table``'s endpoints in the caller's zone.
+
+        The caller's zone is the table's zone record's; worked out once per table (the
+        last one is kept), so a fan-out pays one set lookup per call.
+        """
+        last, local = self._local
+        if last is table:
+            return local
+        caller = table.zone.zone
+        local = frozenset()
+        if caller and len(table.endpoints):
+            here = np.fromiter((z == caller for z in table.zones), np.bool_, len(table.zones))
+            local = frozenset(np.array(table.slots, dtype=np.int64)[here].tolist())
+        self._local = (table, local)
+        return local
 
     def close(self) -> None:
         """Stop the pool's threads (after their current calls)."""

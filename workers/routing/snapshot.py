@@ -32,6 +32,7 @@ import lbcore
 import shm
 from lbcore.bounded import in_call_units, target_load
 from lbcore.reported import effective_loads
+from lbcore.zones import MAX_MIN_PODS, ZoneSplit
 from shm.segment import kernel_guarded
 from workers.routing.reported import TableReports, read_reports
 
@@ -44,6 +45,7 @@ __all__ = [
     "read_loads",
     "read_reports",
     "reset_counter_warnings",
+    "zone_split",
 ]
 
 log = logging.getLogger("cslb.router")
@@ -135,6 +137,7 @@ def build_plan(
     balance_factor: Any = "knobs",
     ejected: bool = True,
     reports: TableReports | None = None,
+    reuse: lbcore.Plan | None = None,
 ) -> lbcore.Plan:
     """The plan a worker routes ``table``'s batches on at ``now_ns``.
 
@@ -157,6 +160,10 @@ def build_plan(
         The pods' load reports of ``table``'s endpoints (:func:`read_reports`;
         ``None``: reports off): bounded load compares the loads
         :func:`lbcore.reported.effective_loads` folds from them and the host's.
+    reuse
+        The previous plan (say the previous load snapshot's): a plan of the same table
+        takes its zone split's local endpoints and its bars' base
+        (:attr:`lbcore.Plan.view_arcs`) instead of computing them again.
 
     Raises
     ------
@@ -194,7 +201,30 @@ def build_plan(
         slots=table.slots,
         n_slots=table.n_slots,
         guard=table.guard,
+        zone=zone_split(table, now_ns, reuse),
+        reuse=reuse,
     )
+
+
+def zone_split(table: shm.Table, now_ns: int, reuse: lbcore.Plan | None = None) -> ZoneSplit | None:
+    """The zone part of ``table``'s plans at ``now_ns`` (``None``: no key is local then).
+
+    The caller's zone and its local share ``x`` are the table's zone record
+    (:meth:`shm.Table.zone_share`: the controller's curve at ``now_ns``), the zone's
+    minimum size its ``min_pods``. ``reuse``: a plan of the same table, whose local
+    endpoints are taken as they are (they are the table's, whatever the instant).
+    """
+    z = table.zone
+    x = table.zone_share(now_ns)
+    if x <= 0.0:
+        return None
+    # The record's range is wider than the rule's: a value no writer publishes routes
+    # as the nearest one the rule takes rather than failing every plan of the table.
+    min_pods = min(max(int(z.min_pods), 1), MAX_MIN_PODS)
+    old = reuse.zone if reuse is not None and reuse.ring_set is table.ring_set else None
+    if old is not None:
+        return ZoneSplit(old.local, x, min_pods=min_pods)
+    return ZoneSplit.for_zone(table.zones, z.zone, x, min_pods=min_pods)
 
 
 def bounded_bar(plan: lbcore.Plan, view: int = -1) -> float | None:
@@ -457,7 +487,10 @@ class Follower:
                 loads = read_loads(self.counters, t, now)
                 reports = read_reports(self.counters, t, now)
                 try:
-                    plan = build_plan(t, loads, now, reports=reports)
+                    # The previous plan: of the same table, its zone split's local
+                    # endpoints and its bars' base carry over (lbcore.Plan's reuse).
+                    prev = s.plan if s is not None else None
+                    plan = build_plan(t, loads, now, reports=reports, reuse=prev)
                 except lbcore.LBCoreError as exc:
                     if not t.valid():
                         raise

@@ -43,6 +43,13 @@ name                                      type     meaning
 ``cslb_retries_failed_total``             counter  of those, the ones that failed too
 ``cslb_retry_budget_exhausted_total``     counter  failed calls the retry budget kept from a retry
 ``cslb_bulkhead_rejections_total``        counter  calls kept from a pod at its cap or a full pool
+``cslb_calls_total``                      counter  fan-out calls to pods by ``locality`` (local,
+                                                   remote: in the caller's zone or not)
+``cslb_zone_local_share``                 gauge    share of keys local to the caller's ``zone`` now
+``cslb_zone_local_share_cap``             gauge    the zone's capacity cap on that share
+``cslb_zone_affinity_state``              gauge    1 for the zone controller's ``state``, else 0
+``cslb_zone_affinity_reason``             gauge    1 for the ``reason`` of that state, else 0
+``cslb_zone_transitions_total``           counter  the zone controller's transitions so far
 ========================================  =======  =================================================
 """
 
@@ -59,9 +66,16 @@ import lbcore
 from lbcore.knobs import Knob, parse_int_between
 from lbcore.outlier import EJECT_REASONS, FAILURE_KINDS
 from lbcore.reported import SOURCES
+from shm.tables.zone import ZONE_REASONS, ZONE_STATES
 from workers.surfaces.hosts import STALE_AFTER, EndpointState, HostMonitor, HostSnapshot
 
-__all__ = ["FANOUT_STATS", "METRICS_MAX_ENDPOINTS", "CslbCollector", "build_info"]
+__all__ = [
+    "FANOUT_STATS",
+    "LOCALITIES",
+    "METRICS_MAX_ENDPOINTS",
+    "CslbCollector",
+    "build_info",
+]
 
 
 #: ``CSLB_METRICS_MAX_ENDPOINTS``: above this many endpoints, per-endpoint series are
@@ -276,6 +290,7 @@ class CslbCollector:
             up,
         ]
         families += _fanout_families(s)
+        families += _zone_families(s)
         if s is None:
             return families
         build.add_metric(list(info.values()), 1.0)
@@ -398,4 +413,69 @@ def _fanout_families(s: HostSnapshot | None) -> list[Metric]:
         if s is not None and s.counters_present:
             c.add_metric([], float(s.fanout.get(key, 0)))
         out.append(c)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Zone affinity: the calls by locality and the zone controller's state.
+
+#: The calls counter's ``locality`` label and the stats field each value reads.
+LOCALITIES = {"local": "calls_local", "remote": "calls_remote"}
+
+
+def _zone_families(s: HostSnapshot | None) -> list[Metric]:
+    """Calls by locality and the table's zone record (``None``: the families only).
+
+    The calls are lifetime totals of the counter rows (they survive table changes);
+    the zone record's series appear once a table is published, the local share for
+    the caller's zone (``zone=""`` when it is unknown: the share is then 0).
+    """
+    calls = _counter(
+        "cslb_calls",
+        "Calls the fan-out helper made to pods, retries included, fallbacks to the ingress "
+        "not, by locality: local (the pod is in the caller's zone) or remote.",
+        ["locality"],
+    )
+    share = _gauge(
+        "cslb_zone_local_share",
+        "Share of keys routed on the caller's zone's ring now (x of zone affinity: the zone "
+        "controller's curve at this instant); 0 with affinity off.",
+        ["zone"],
+    )
+    cap = _gauge(
+        "cslb_zone_local_share_cap",
+        "The capacity cap on that share: min(1, pod share of the zone / caller share).",
+        ["zone"],
+    )
+    state = _gauge(
+        "cslb_zone_affinity_state",
+        "1 for the zone controller's state (off, short, ramping, full, floor), else 0.",
+        ["state"],
+    )
+    reason = _gauge(
+        "cslb_zone_affinity_reason",
+        "1 for why the zone controller is in its state (affinity_off, no_zone, started, "
+        "short, latency, unhealthy, recovered, ramp_done, cap_changed), else 0.",
+        ["reason"],
+    )
+    transitions = _counter(
+        "cslb_zone_transitions",
+        "Transitions of the zone controller so far (each is also a log line).",
+    )
+    out: list[Metric] = [calls, share, cap, state, reason, transitions]
+    if s is None:
+        return out
+    if s.counters_present:
+        for label, key in LOCALITIES.items():
+            calls.add_metric([label], float(s.fanout.get(key, 0)))
+    if not s.tables_present:
+        return out
+    z = s.zone
+    share.add_metric([z.zone], s.zone_share)
+    cap.add_metric([z.zone], z.cap)
+    for name in ZONE_STATES:
+        state.add_metric([name], float(name == z.state))
+    for name in ZONE_REASONS[1:]:  # ("none" is no reason)
+        reason.add_metric([name], float(name == z.reason))
+    transitions.add_metric([], float(z.transitions))
     return out

@@ -11,8 +11,11 @@ without ejections, to say why:
 * ``ring`` — the established ring's pod for the key's position;
 * ``fade_ring`` — a fading ring took the key (N-ring fade-in: the newest ring whose share
   is above the key's draw; Skipper's fade-in: the key's level kept this pod);
+* ``zone_ring`` — zone affinity: the key is local (its zone draw is under the caller
+  zone's share now) and its ring restricted to the caller zone's pods answered;
 * ``bounded_load`` — the ring's pod was over the bounded-load bar; the walk went on to
-  this one (``moved_from``, with both loads and the bar);
+  this one (``moved_from``, with both loads and the bar; under zone affinity the pod's
+  own bar, and a local key whose zone pod is over it spills to the global ring);
 * ``retry`` — ``attempt`` > 0: the next distinct pod after the earlier attempts';
 * ``fallback`` — no pod: ``kill_switch`` (``CSLB_ENABLED=false``), ``percentage`` (the
   key's gate draw is outside ``CSLB_PERCENTAGE``), ``no_table`` (nothing published, or
@@ -34,8 +37,9 @@ import numpy as np
 
 import lbcore
 import shm
-from lbcore.bounded import target_load
+from lbcore.bounded import share_bars, target_load
 from lbcore.outlier import EJECT_REASONS
+from lbcore.zones import local_mask
 from workers.routing.snapshot import build_plan, read_loads
 
 __all__ = [
@@ -48,7 +52,7 @@ __all__ = [
 ]
 
 #: What an answer can be (see the module docs).
-KINDS = ("ring", "fade_ring", "bounded_load", "retry", "fallback")
+KINDS = ("ring", "fade_ring", "zone_ring", "bounded_load", "retry", "fallback")
 _KNOBS = ("enabled", "percentage", "balance_factor", "max_hops", "load_signal", "fade_mode")
 #: Why a key can be fallback.
 FALLBACK_REASONS = ("kill_switch", "percentage", "no_table", "all_ejected", "no_other_endpoint")
@@ -142,6 +146,18 @@ def explain(
     owners = owner.route_hashes(h, 0)[0]
     first = plan.route_hashes(h, 0)[0] if attempt else idx
     mode = knobs.fade_mode
+    # Zone affinity: which keys are local now, and each pod's own bar (its expected share).
+    local = local_mask(h, plan.zone_share) if plan.zone_views else np.zeros(h.size, np.bool_)
+    zone_bars = None
+    if plan.zone_views and knobs.balance_factor is not None:
+        newest = plan.listed[plan.zone_views - 1]
+        zone_bars = share_bars(
+            loads.signal(knobs.load_signal),
+            newest,
+            plan.expected_shares,
+            knobs.balance_factor,
+            loads.bar_increment(knobs.load_signal),
+        )
     rings = rs.ring_choice(h, now_ns) if mode == "n-ring" else None
     shares = rs.share_list(now_ns)
     ejected = np.array(table.ejected, dtype=np.bool_)
@@ -173,9 +189,13 @@ def explain(
             moved_from = table.endpoints[p]
             listed = plan.listed[0 if ring is None or mode == "off" else ring]
             bar = target_load(raw, listed, knobs.balance_factor, inc) if mode != "skipper" else None
+            if zone_bars is not None:
+                bar = zone_bars[p]
             load_info = {"from": float(raw[p]), "to": float(raw[i])}
             if bar is not None:
                 load_info["bar"] = float(bar)
+        elif local[j] and plan.zone is not None and plan.zone.local[i]:
+            kind = "zone_ring"
         elif (ring or 0) > 0 and mode == "n-ring":
             kind = "fade_ring"
         elif mode == "skipper" and rs.starts_ns and int(rs.tiers[i]) > 0:
@@ -224,6 +244,9 @@ class LiveAnswer:
         Routing ignores every ejection (too few endpoints left).
     routes : list of Explanation
         Per key, in order.
+    zone : dict
+        The table's zone record: ``zone`` (the caller's, ``""``: unknown), ``affinity``,
+        ``state``, ``reason``, ``share`` (the local share of keys now) and ``cap``.
     """
 
     generation: int
@@ -235,6 +258,7 @@ class LiveAnswer:
     knobs: dict[str, Any]
     outlier_panic: bool
     routes: list[Explanation]
+    zone: dict[str, Any] = field(default_factory=dict)
 
 
 def live(
@@ -282,6 +306,14 @@ def live(
                 knobs={k: bool(v) if k == "enabled" else v for k, v in knobs.items()},
                 outlier_panic=bool(t.outlier_panic),
                 routes=routes,
+                zone={
+                    "zone": t.zone.zone,
+                    "affinity": t.zone.affinity,
+                    "state": t.zone.state,
+                    "reason": t.zone.reason,
+                    "share": round(t.zone_share(now), 6),
+                    "cap": t.zone.cap,
+                },
             )
         finally:
             if counters is not None:

@@ -22,9 +22,11 @@ import numpy as np
 import lbcore
 import shm
 from lbcore import fadein_score
+from lbcore.bounded import share_bars
 from lbcore.knobs import Knob, seconds_at_least
 from lbcore.outlier import EJECT_REASONS
 from lbcore.reported import KIND_NONE, SOURCES, effective_loads
+from shm.tables.zone import ZoneCurve
 from workers.routing.reported import TableReports, read_reports
 from workers.routing.snapshot import bounded_bar, build_plan
 
@@ -242,8 +244,18 @@ class HostSnapshot:
         Bounded load's bar on the newest ring in the load signal's unit, from the plan
         the routers build on this table and these loads
         (:func:`workers.routing.snapshot.build_plan`); ``None`` without bounded load or loads.
+    bars : tuple[float, ...] | None
+        With zone affinity in that plan, each endpoint's own bar (table order, the
+        signal's unit): ``balance_factor × its expected share × (increment + Σ load)``;
+        ``None`` when :attr:`bar` bounds every endpoint.
     outlier_panic : bool
         Too few endpoints are left un-ejected: routing ignores every ejection.
+    fanout : dict[str, int]
+        The fan-out's lifetime totals, host-wide (:data:`shm.layout.STATS_FIELDS` past
+        the decisions: retries, bulkhead rejections, calls by locality, ...).
+    zone : shm.tables.zone.ZoneCurve
+        The table's zone record: the caller's zone, affinity, the zone controller's
+        state, reason, cap and curve (:attr:`zone_share` is the curve now).
     """
 
     namespace: str
@@ -266,8 +278,22 @@ class HostSnapshot:
     window_s: float | None = None
     bar_increment: float | None = None
     bar: float | None = None
+    bars: tuple[float, ...] | None = None
     outlier_panic: bool = False
-    fanout: dict[str, int] = field(default_factory=dict)  # FANOUT_STATS totals, host-wide
+    fanout: dict[str, int] = field(default_factory=dict)
+    zone: ZoneCurve = field(default_factory=ZoneCurve)
+
+    @property
+    def zone_share(self) -> float:
+        """The local share ``x`` of the caller's zone at :attr:`now_ns` (0-1)."""
+        return self.zone.share_at(self.now_ns)
+
+    @property
+    def local_call_share(self) -> float | None:
+        """Share of the fan-out's calls so far made in the caller's zone (``None``: none)."""
+        local = self.fanout.get("calls_local", 0)
+        calls = local + self.fanout.get("calls_remote", 0)
+        return local / calls if calls else None
 
 
 class HostMonitor:
@@ -301,6 +327,8 @@ class HostMonitor:
         self._lock = threading.Lock()
         self._tables: shm.TableReader | None = None
         self._counters: shm.CounterReader | None = None
+        #: The plan of the last snapshot with loads (the next one reuses its bars' base).
+        self.last_plan: lbcore.Plan | None = None
 
     # -- attaching ---------------------------------------------------------------------
 
@@ -460,6 +488,7 @@ class HostMonitor:
             knobs=rows.shown_knobs(),
             fading=rows.fading,
             outlier_panic=rows.outlier_panic,
+            zone=rows.zone,
             health=self._verdict(
                 rows.generation,
                 pid,
@@ -514,6 +543,7 @@ class HostMonitor:
                 for i in np.flatnonzero(valid).tolist():
                     age[i] = ages[i]
                     util[i] = None if math.isnan(u[i]) else u[i]
+        bar, bars, self.last_plan = _bar(table, loads, now, increment, reports, self.last_plan)
         # The constructor, not dataclasses.replace: a snapshot of a large table makes one
         # of these per endpoint, and replace costs several times more per call.
         loaded = tuple(
@@ -551,7 +581,8 @@ class HostMonitor:
             moves=int(stats["moves"]),
             window_s=loads.window_ns / 1e9,
             bar_increment=increment,
-            bar=_bar(table, loads, now, increment, reports),
+            bar=bar,
+            bars=bars,
             fanout={k: int(v) for k, v in stats.items() if k not in _DECISION_STATS},
         )
 
@@ -571,20 +602,41 @@ def _bar(
     now: int,
     increment: float | None,
     reports: TableReports | None = None,
-) -> float | None:
+    reuse: lbcore.Plan | None = None,
+) -> tuple[float | None, tuple[float, ...] | None, lbcore.Plan | None]:
     """The routers' bounded-load bar on ``table`` with ``loads``, in the signal's unit.
 
     From the plan a router builds on them (its loads are in routed-call units: the
     bar times the increment is the bar in the signal's); ``None`` if ``table`` was
-    rewritten meanwhile or has no bar.
+    rewritten meanwhile or has no bar. Second: with a zone part in the plan, each
+    endpoint's own bar (table order; ``None`` otherwise), which is what bounds it then.
+    Third: the plan, for the next snapshot's ``reuse`` (a zone plan's bars' base is a
+    pass over the ring per view: once per table, not per scrape).
     """
     if increment is None:
-        return None
+        return None, None, None
     try:
-        bar = bounded_bar(build_plan(table, loads, now, reports=reports))
+        plan = build_plan(table, loads, now, reports=reports, reuse=reuse)
+        bar, bars = bounded_bar(plan), _zone_bars(plan)
     except lbcore.LBCoreError:
-        return None  # garbage from a rewritten table (or a damaged one: health says so)
-    return None if bar is None or not table.valid() else bar * increment
+        return None, None, None  # garbage from a rewritten table (or damaged: health says so)
+    if bar is None or not table.valid():
+        return None, None, None
+    shown = None if bars is None else tuple((bars * increment).tolist())
+    return bar * increment, shown, plan
+
+
+def _zone_bars(plan: lbcore.Plan) -> np.ndarray | None:
+    """Each endpoint's own bar in a plan with an open zone part, in routed-call units.
+
+    lbcore's bar from the plan's expected shares (:func:`lbcore.bounded.share_bars` on
+    the plan's loads, candidates and shares, as the plan bounds its keys); ``None``
+    without a zone part or bounded load.
+    """
+    if not plan.zone_views or plan.balance_factor is None or plan.loads is None:
+        return None
+    newest = plan.listed[plan.zone_views - 1]
+    return share_bars(plan.loads, newest, plan.expected_shares, plan.balance_factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -615,6 +667,8 @@ class TableRows:
         Counter slots the table addresses.
     outlier_panic : bool
         Too few endpoints are left un-ejected: routing ignores every ejection.
+    zone : shm.tables.zone.ZoneCurve
+        Its zone record.
     """
 
     generation: int
@@ -628,6 +682,7 @@ class TableRows:
     endpoints: tuple[EndpointState, ...]
     n_slots: int
     outlier_panic: bool
+    zone: ZoneCurve = field(default_factory=ZoneCurve)
 
     def shown_knobs(self) -> dict[str, Any]:
         """The knobs the status page and ``/metrics`` show, with the fade's parameters."""
@@ -718,4 +773,5 @@ def read_table(t: shm.Table, now: int) -> TableRows:
         endpoints=endpoints,
         n_slots=int(t.n_slots),
         outlier_panic=bool(t.outlier_panic),
+        zone=t.zone,
     )

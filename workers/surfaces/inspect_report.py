@@ -149,8 +149,27 @@ def _shown_table(
         },
         "fading_rings": fading,
         "outlier_panic": rows.outlier_panic,
+        "zone": _zone(rows, now),
         "endpoints": sorted(eps, key=lambda e: e["address"]),
         "counter_slots": rows.n_slots,
+    }
+
+
+def _zone(rows: TableRows, now: int) -> dict[str, Any]:
+    """The table's zone record for the JSON output: the controller's curve and x now."""
+    z = rows.zone
+    return {
+        "zone": z.zone,
+        "affinity": z.affinity,
+        "state": z.state,
+        "reason": z.reason,
+        "share": round(z.share_at(now), 6),
+        "cap": z.cap,
+        "x0": z.x0,
+        "rate_per_s": z.rate,
+        "started_age_s": round((now - z.start_ns) / 1e9, 3) if z.start_ns else None,
+        "min_pods": z.min_pods,
+        "transitions": z.transitions,
     }
 
 
@@ -243,6 +262,15 @@ def render_text(s: dict[str, Any]) -> str:
     if s["outlier_panic"]:
         lines.append(
             "outlier panic: too few endpoints left un-ejected, routing ignores every ejection"
+        )
+    z = s["zone"]
+    if z["affinity"] or z["zone"]:
+        ramp = f", rising {z['rate_per_s'] * 100:g} %/s" if z["rate_per_s"] else ""
+        lines.append(
+            f"zone {shown(z['zone']) or 'unknown'}: affinity {'on' if z['affinity'] else 'off'}, "
+            f"{z['state']} ({z['reason']}), {z['share'] * 100:.2f} % of keys local now{ramp}, "
+            f"cap {z['cap'] * 100:.2f} %, min pods {z['min_pods']}, "
+            f"{z['transitions']} transition(s)"
         )
     lines.append(f"endpoints ({len(eps)}):")
     if eps:

@@ -8,7 +8,10 @@ occupancy),
 fading rings with the progress of their fade window and the share of keys they carry,
 the routing knobs, the table's generation and age and the publisher's health. Pods are
 listed by address in numeric order (IPv4, then IPv6, then names; then the port), and
-grouped by zone when the endpoints carry zones.
+grouped by zone when the endpoints carry zones. With a caller's zone or zone affinity,
+the zone controller's state, why, the local share of keys now, its cap and the share of
+the fan-out's calls that stayed in the zone; under zone affinity each pod is red over
+its own bar (its expected share of the keys).
 
 Server-rendered HTML with inline CSS and one inline script: no build step, no external
 asset, so it works from a ``kubectl port-forward`` on an air-gapped cluster. The layout
@@ -240,13 +243,58 @@ def _endpoint_row(e: EndpointState, bar: float | None, limit: float | None, scal
     )
 
 
-def _zone_row(zone: str, pods: list[EndpointState]) -> str:
+def _zone_row(zone: str, pods: list[EndpointState], s: HostSnapshot) -> str:
     occ = sum(e.occupancy or 0.0 for e in pods)
     name = f"zone <b>{escape(zone)}</b>" if zone else "<b>no zone</b>"
+    mine = zone and zone == s.zone.zone
+    here = f" · this caller's zone, {_pct(s.zone_share)} of keys local" if mine else ""
     return (
-        f'<tr class="zone" data-zone="{escape(zone)}"><th colspan={_COLUMNS}>{name} · '
-        f"{len(pods)} pod{'s' if len(pods) != 1 else ''} · occupancy {occ:.2f}</th></tr>"
+        f'<tr class="zone{" caller" if mine else ""}" data-zone="{escape(zone)}">'
+        f"<th colspan={_COLUMNS}>{name} · "
+        f"{len(pods)} pod{'s' if len(pods) != 1 else ''} · occupancy {occ:.2f}{here}</th></tr>"
     )
+
+
+#: What each zone controller state means, for the status page.
+_ZONE_STATES = {
+    "off": "off: every key global",
+    "short": "short of healthy local pods: every key global",
+    "ramping": "ramping up",
+    "full": "full: at the cap",
+    "floor": "suppressed to the probe floor",
+}
+
+
+def _zone_affinity(s: HostSnapshot) -> str:
+    """The zone controller as the table has it: zone, state, why, x now, cap, calls."""
+    z = s.zone
+    if not s.tables_present or not (z.affinity or z.zone):
+        return ""
+    state = _ZONE_STATES.get(z.state, z.state)
+    bad = z.state in ("floor", "short")
+    local = s.local_call_share
+    calls = s.fanout.get("calls_local", 0) + s.fanout.get("calls_remote", 0)
+    rows = [
+        ("caller's zone", f'<span id="zone-name">{escape(z.zone) or "unknown"}</span>'),
+        ("affinity", "on" if z.affinity else "off (CSLB_ZONE_AFFINITY)"),
+        (
+            "state",
+            f'<span id="zone-state" data-state="{escape(z.state)}"'
+            f"{' class=bad' if bad else ''}>{escape(state)}</span>"
+            f' (<span id="zone-reason">{escape(z.reason.replace("_", " "))}</span>)',
+        ),
+        ("keys local now", f'<span id="zone-share">{_pct(s.zone_share)}</span>'),
+        ("capacity cap", f'<span id="zone-cap">{_pct(z.cap)}</span>'),
+        (
+            "calls in the zone",
+            f'<span id="zone-calls">{_pct(local)}</span> of {calls} fan-out calls'
+            if local is not None
+            else '<span id="zone-calls">no fan-out calls yet</span>',
+        ),
+        ("transitions", f'<span id="zone-transitions">{z.transitions}</span>'),
+    ]
+    items = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+    return f'<h2>Zone affinity</h2><dl id="zone-affinity">{items}</dl>'
 
 
 def _endpoints(s: HostSnapshot) -> str:
@@ -264,7 +312,7 @@ def _endpoints(s: HostSnapshot) -> str:
     inc = 1.0 if s.bar_increment is None else s.bar_increment
     bar = s.bar if bf is not None and sum(loads) > 0 else None
     limit = bar if signal == "occupancy" else None  # drawn on the occupancy bars only then
-    scale = bar_scale(s.endpoints, limit)
+    scale = bar_scale(s.endpoints, max([limit, *(s.bars or ())]) if limit is not None else None)
     window = f" over {s.window_s:g} s" if s.window_s else ""
     head = _HEAD.format(window=window, signal=escape(str(signal)), spark_min=SPARK_WINDOW_S / 60)
     shown = s.endpoints
@@ -276,17 +324,31 @@ def _endpoints(s: HostSnapshot) -> str:
         )
     ordered = sorted(shown, key=lambda e: address_order(e.address))
     rows = []
+    # With zone affinity each pod has its own bar (its expected share of the keys).
+    own = dict(zip((e.address for e in s.endpoints), s.bars or (), strict=False))
+
+    def row(e: EndpointState) -> str:
+        b = own.get(e.address, bar) if bar is not None else None
+        return _endpoint_row(e, b, b if limit is not None else None, scale)
+
     if any(e.zone for e in ordered):
         zones: dict[str, list[EndpointState]] = {}
         for e in ordered:
             zones.setdefault(e.zone, []).append(e)
         for zone in sorted(zones, key=lambda z: (z == "", z)):  # pods without a zone last
-            rows.append(_zone_row(zone, zones[zone]))
-            rows += [_endpoint_row(e, bar, limit, scale) for e in zones[zone]]
+            rows.append(_zone_row(zone, zones[zone], s))
+            rows += [row(e) for e in zones[zone]]
     else:
-        rows = [_endpoint_row(e, bar, limit, scale) for e in ordered]
+        rows = [row(e) for e in ordered]
     note = ""
-    if bar is not None:
+    if bar is not None and s.bars is not None:
+        note = (
+            f'<p class="muted" id="load-bar">Bar: full width = {scale:.3g}. Red: load over '
+            f"the pod's own bounded-load bar (zone affinity: balance factor {bf:g} × its "
+            f"expected share of the keys × ({inc:.3g} + total {escape(str(signal))} load))"
+            f"{' (the black mark)' if limit is not None else ''}.</p>"
+        )
+    elif bar is not None:
         mark = " (the black mark)" if limit is not None else ""
         why = (
             " (the call being routed: mean latency over the window / window)"
@@ -462,6 +524,7 @@ def render(snapshot: HostSnapshot, *, refresh_s: float | None = 5.0) -> str:
         f'<main id="main" data-now-s="{s.now_ns / 1e9!r}">'
         f"<h1>cslb routing · namespace {ns}</h1>"
         f"{_summary(s)}"
+        f"{_zone_affinity(s)}"
         f"<h2>Endpoints ({len(s.endpoints)})</h2>{_endpoints(s)}"
         f"<h2>Fading rings ({len(s.fading)})</h2>{_fading(s)}"
         f"<h2>Knobs</h2>{_knobs(s)}"

@@ -1,0 +1,340 @@
+"""Zone affinity end to end, with real processes on 127.0.0.1.
+
+Product pods in three "zones" (``tests.pods``: each its own process; the endpoints file
+gives each its zone) and cslb services (``gunicorn -c python:workers.gunicorn_conf``
+with its embedded discovery, each its own shared-memory namespace: a host) in a zone
+of their own (``CSLB_ZONE``), fanning keys out with CurlSender (``fanoutapp``):
+
+* full affinity on an even fleet: the cross-zone share of calls falls from about 2/3
+  to at most 10 %, counted by ``cslb_calls_total{locality}`` and by the pods' own
+  request counts (bounded load on: its spills included);
+* a short zone (2 pods against a minimum of 3) routes every key globally, each on its
+  ring owner;
+* a latency fault in the caller's zone drops affinity to the probe floor within the
+  controller's window, and it recovers once, without flapping;
+* a scale-up during the zone's ramp moves no key twice for one event.
+
+Every process is stopped by PID; every wait is for an event (a metric, a log line), in
+bounded loops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import lbcore
+from tests.gunicorn_harness import Server, unique_namespace, wait_for
+from tests.pods import Pod, PodFleet
+
+ZONES = ("z-a", "z-b", "z-c")
+POOL = [f"SKU-{i:05d}" for i in range(3000)]
+BASE_ENV = {
+    "CSLB_DEBOUNCE": "0.2",
+    "CSLB_FADE_DURATION": "0",
+    "CSLB_FANOUT_TIMEOUT": "3",
+    "CSLB_ZONE_RAMP": "0",
+}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Iterator[tuple[Path, list[Pod]]]:
+    """Ten pods: three per zone, then one more for z-a that no file lists at first."""
+    tmp = tmp_path_factory.mktemp("zones")
+    with PodFleet(10, tmp, service_ms=2.0) as f:
+        yield tmp, f.pods
+
+
+def zone_of(i: int) -> str:
+    return ZONES[i % 3] if i < 9 else "z-a"
+
+
+def write_endpoints(path: Path, pods: list[Pod], indices: list[int]) -> None:
+    doc = {"endpoints": [{"address": pods[i].url, "zone": zone_of(i)} for i in indices]}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)  # (discovery never reads half a file)
+
+
+@contextlib.contextmanager
+def service(tmp: Path, eps: Path, zone: str, **env: str) -> Iterator[Server]:
+    server = Server(
+        ["-c", "python:workers.gunicorn_conf", "--timeout", "30", "-w", "2", "fanoutapp:app"],
+        tmp_path=tmp,
+        namespace=unique_namespace("z"),
+        env={**BASE_ENV, "CSLB_ENDPOINTS_FILE": str(eps), "CSLB_ZONE": zone, **env},
+        gunicorn=True,
+    )
+    try:
+        server.wait_ready(workers=2, path="/metrics", timeout_s=60.0)
+        yield server
+    finally:
+        server.kill()
+
+
+def metrics(server: Server) -> dict[tuple[str, tuple], float]:
+    """``{(sample name, sorted labels): value}`` of one scrape."""
+    status, body = server.request("GET", "/metrics", timeout_s=10.0)
+    assert status == 200
+    out = {}
+    for fam in text_string_to_metric_families(body.decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def state_of(server: Server) -> tuple[str, str, float, float]:
+    """The zone controller's (state, reason, transitions) and x now, from ``/metrics``."""
+    m = metrics(server)
+    state = next(
+        dict(k[1])["state"] for k, v in m.items() if k[0] == "cslb_zone_affinity_state" and v == 1.0
+    )
+    reason = next(
+        (dict(k[1])["reason"] for k, v in m.items() if k[0] == "cslb_zone_affinity_reason" and v),
+        "none",
+    )
+    x = next(v for k, v in m.items() if k[0] == "cslb_zone_local_share")
+    return state, reason, m[("cslb_zone_transitions_total", ())], x
+
+
+def calls(server: Server) -> dict[str, float]:
+    m = metrics(server)
+    return {
+        loc: m.get(("cslb_calls_total", (("locality", loc),)), 0.0) for loc in ("local", "remote")
+    }
+
+
+def fanout(server: Server, keys: list[str]) -> list[dict]:
+    status, doc = server.post_json("/fanout", keys, timeout_s=20.0)
+    assert status == 200, doc
+    return doc["results"]
+
+
+def served(pods: list[Pod], indices: list[int]) -> list[int]:
+    return [pods[i].served() for i in indices]
+
+
+def drive(server: Server, requests: int, start: int = 0) -> list[dict]:
+    out = []
+    for j in range(requests):
+        off = ((start + j) * 137) % (len(POOL) - 100)
+        out += fanout(server, POOL[off : off + 100])
+    return out
+
+
+def cross_shares(
+    server: Server, pods: list[Pod], indices: list[int], zone: str, requests: int
+) -> tuple[float, float, float]:
+    """Cross-zone share of ``requests`` fan-outs: by the metric, by the pods, by the answers."""
+    c0, s0 = calls(server), served(pods, indices)
+    results = drive(server, requests)
+    c1, s1 = calls(server), served(pods, indices)
+    remote = c1["remote"] - c0["remote"]
+    local = c1["local"] - c0["local"]
+    by_pod = [b - a for a, b in zip(s0, s1, strict=True)]
+    pod_remote = sum(n for i, n in zip(indices, by_pod, strict=True) if zone_of(i) != zone)
+    answered = [r for r in results if r["ok"]]
+    url_zone = {pods[i].url: zone_of(i) for i in indices}
+    ans_remote = sum(url_zone[r["endpoint"]] != zone for r in answered)
+    assert local + remote >= len(results)  # every key called (retries counted too)
+    assert sum(by_pod) == local + remote  # the pods saw exactly the counted calls
+    return remote / (local + remote), pod_remote / sum(by_pod), ans_remote / len(answered)
+
+
+def test_full_affinity_keeps_calls_in_the_zone_on_an_even_fleet(fleet):
+    tmp, pods = fleet
+    nine = list(range(9))
+    eps = tmp / "even.json"
+    write_endpoints(eps, pods, nine)
+    for affinity in ("off", "on"):
+        with (
+            service(tmp, eps, "z-a", CSLB_ZONE_AFFINITY=affinity) as a,
+            service(tmp, eps, "z-b", CSLB_ZONE_AFFINITY=affinity) as b,
+        ):
+            for server, zone in ((a, "z-a"), (b, "z-b")):
+                want = "full" if affinity == "on" else "off"
+                wait_for(f"{zone} {want}", lambda s=server, w=want: state_of(s)[0] == w, 30.0, 0.1)
+                drive(server, 3)  # warm: connections, loads
+                by_metric, by_pods, by_answers = cross_shares(server, pods, nine, zone, 20)
+                print(f"affinity {affinity}, {zone}: cross-zone share {by_metric:.3f}")
+                if affinity == "off":
+                    # about 2/3 of the keys' ring owners are in the other two zones
+                    assert 0.5 <= by_metric <= 0.8, by_metric
+                else:
+                    assert state_of(server)[3] == 1.0  # x = the cap = 1 on an even fleet
+                    assert by_metric <= 0.10, by_metric
+                assert by_pods == pytest.approx(by_metric, abs=1e-9)
+                assert by_answers <= by_metric + 0.02
+
+
+def test_a_short_zone_routes_every_key_on_the_global_ring(fleet):
+    tmp, pods = fleet
+    eight = [0, 1, 2, 3, 4, 5, 6, 7]  # z-c keeps two pods (indices 2 and 5)
+    eps = tmp / "short.json"
+    write_endpoints(eps, pods, eight)
+    env = {"CSLB_ZONE_AFFINITY": "on", "CSLB_BALANCE_FACTOR": "off"}
+    with service(tmp, eps, "z-c", **env) as c:
+        wait_for("z-c short", lambda: state_of(c)[:2] == ("short", "short"), 30.0, 0.1)
+        assert state_of(c)[3] == 0.0  # x = 0, not the probe floor
+        ring = lbcore.RingSet([pods[i].url for i in eight])
+        keys = POOL[:600]
+        owners = ring.rings[0].lookup(keys)
+        results = []
+        for j in range(0, len(keys), 100):
+            results += fanout(c, keys[j : j + 100])
+        urls = ring.endpoints
+        assert [r["endpoint"] for r in results] == [urls[int(e)] for e in owners]
+        got = calls(c)
+        share = got["local"] / (got["local"] + got["remote"])
+        assert 0.1 < share < 0.4  # the two z-c pods' part of the global ring, about 2/8
+
+
+class Traffic:
+    """One thread posting 100-key fan-outs to ``server`` until stopped (or ``max_s``)."""
+
+    def __init__(self, server: Server, max_s: float = 150.0) -> None:
+        self.port = server.port
+        self.errors: list[str] = []
+        self.sent = 0
+        self._stop = threading.Event()
+        self._end = time.monotonic() + max_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=20)
+        for j in range(1_000_000):
+            if self._stop.is_set() or time.monotonic() > self._end:
+                break
+            off = (j * 137) % (len(POOL) - 100)
+            try:
+                conn.request(
+                    "POST",
+                    "/fanout",
+                    body=json.dumps(POOL[off : off + 100]),
+                    headers={"Content-Type": "application/json"},
+                )
+                conn.getresponse().read()
+                self.sent += 1
+            except (OSError, http.client.HTTPException) as exc:
+                self.errors.append(repr(exc))
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=20)
+                self._stop.wait(0.05)
+            self._stop.wait(0.01)
+        conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_a_latency_fault_drops_affinity_to_the_floor_and_it_recovers_once(fleet):
+    tmp, pods = fleet
+    nine = list(range(9))
+    eps = tmp / "fault.json"
+    write_endpoints(eps, pods, nine)
+    local = [i for i in nine if zone_of(i) == "z-a"]
+    env = {"CSLB_ZONE_AFFINITY": "on", "CSLB_ZONE_RAMP": "2", "CSLB_ZONE_HOLD": "3"}
+    with service(tmp, eps, "z-a", **env) as a:
+        traffic = Traffic(a)
+        try:
+            wait_for("z-a full", lambda: state_of(a)[0] == "full", 40.0, 0.1)
+            t_before = state_of(a)[2]
+            for i in local:
+                pods[i].set_delay(40.0)
+            faulted = time.monotonic()
+            seen: list[str] = []
+
+            def at(states: tuple[str, ...]) -> bool:
+                s = state_of(a)
+                if not seen or seen[-1] != s[0]:
+                    seen.append(s[0])
+                return s[0] in states
+
+            # the window (10 s of the counters) fills with slow local calls
+            wait_for("the drop to the floor", lambda: at(("floor",)), 25.0, 0.1)
+            took = time.monotonic() - faulted
+            state, reason, _, x = state_of(a)
+            assert (state, reason) == ("floor", "latency") and x == pytest.approx(0.01)
+            # within the controller's window (the counters' 10 s) and a tick (1 s), plus
+            # the metric poll's own delay
+            assert took <= 12.0, took
+            print(f"latency fault: floor after {took:.1f} s")
+            for i in local:
+                pods[i].set_delay(0.0)
+            # the slow calls leave the window, the hold passes, the ramp runs
+            cleared = time.monotonic()
+            wait_for("recovery to full", lambda: at(("full",)), 60.0, 0.1)
+            print(f"latency fault cleared: full again after {time.monotonic() - cleared:.1f} s")
+            assert seen == ["full", "floor", "ramping", "full"], seen
+            assert state_of(a)[2] - t_before == 3  # floor, recovered, ramp_done: no flap
+        finally:
+            traffic.stop()
+            for i in local:
+                pods[i].set_delay(0.0)
+        events = [(e["state"], e["reason"]) for e in a.events("zone_transition")]
+        assert events[-3:] == [
+            ("floor", "latency"),
+            ("ramping", "recovered"),
+            ("full", "ramp_done"),
+        ]
+        assert traffic.sent > 0
+
+
+def test_a_scale_up_during_the_zone_ramp_moves_no_key_twice(fleet):
+    tmp, pods = fleet
+    nine = list(range(9))
+    eps = tmp / "scale.json"
+    write_endpoints(eps, pods, nine)
+    env = {
+        "CSLB_ZONE_AFFINITY": "on",
+        "CSLB_ZONE_RAMP": "12",
+        "CSLB_FADE_DURATION": "8",
+        "CSLB_BALANCE_FACTOR": "off",  # (bounded load would move keys on noise)
+    }
+    keys = POOL[:400]
+    new = pods[9].url
+    with service(tmp, eps, "z-a", **env) as a:
+        history: dict[str, list[str]] = {k: [] for k in keys}
+
+        def sample() -> None:
+            for j in range(0, len(keys), 100):
+                for k, r in zip(keys[j : j + 100], fanout(a, keys[j : j + 100]), strict=True):
+                    if r["ok"] and r["attempts"] == 1:
+                        h = history[k]
+                        if not h or h[-1] != r["endpoint"]:
+                            h.append(r["endpoint"])
+
+        wait_for("the ramp to start", lambda: state_of(a)[0] == "ramping", 30.0, 0.1)
+        sample()
+        wait_for("x to pass 0.2", lambda: state_of(a)[3] >= 0.2, 20.0, 0.1)
+        write_endpoints(eps, pods, [*nine, 9])  # a local pod, fading in, mid-ramp
+        ok = False
+        for _ in range(400):  # until the ramp is done and the new ring faded in
+            sample()
+            m = metrics(a)
+            fading = any(k[0] == "cslb_fade_share" for k in m)
+            if state_of(a)[0] == "full" and not fading and any(new in h for h in history.values()):
+                ok = True
+                break
+        assert ok, "the ramp and the fade did not both end"
+        sample()
+    moved_twice = [h for h in history.values() if len(h) > 2]
+    moved = sum(len(h) > 1 for h in history.values())
+    print(f"scale-up mid-ramp: {moved} of {len(keys)} keys moved, {len(moved_twice)} twice")
+    assert all(len(h) <= 3 for h in history.values())  # at most one move per event
+    assert all(len(set(h)) == len(h) for h in history.values())  # never back
+    assert all(h[-1] == new for h in moved_twice)  # a second move is onto the new pod
+    local_urls = {pods[i].url for i in (0, 3, 6, 9)}
+    final = [h[-1] for h in history.values()]
+    assert sum(u in local_urls for u in final) == len(final)  # x = 1 at the end
+    assert sum(len(h) > 1 for h in history.values()) > len(keys) / 2  # the ramp moved keys
