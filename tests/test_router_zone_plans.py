@@ -11,17 +11,12 @@ import lbcore
 import shm
 from lbcore.zones import ZoneSplit, local_keys
 from shm.tables import ZoneCurve
-from tests.test_router import (  # noqa: F401
-    KEYS,
-    Clock,
-    Host,
-    _no_leftovers,
-    clock,
-    endpoints,
-    host,
-    namespace,
-)
+from tests import router_harness as harness
+from tests.router_harness import KEYS, Clock, endpoints
 from workers.routing.snapshot import build_plan, zone_split
+
+# The router tests' fixtures: a namespace swept afterwards, an injected clock, the host.
+namespace, clock, host, swept = harness.namespace, harness.clock, harness.host, harness.swept
 
 S = 1_000_000_000
 N = 9
@@ -45,7 +40,7 @@ def _expected(rs: lbcore.RingSet, now: int, share: float, attempt: int = 0, **kw
     return plan.route(KEYS, attempt)[0]
 
 
-def test_a_full_affinity_table_routes_local_keys_on_the_zone_ring(host, clock, kernel):  # noqa: F811
+def test_a_full_affinity_table_routes_local_keys_on_the_zone_ring(host, clock, kernel):
     rs = lbcore.RingSet(endpoints(N))
     host.publish(rs, zones=ZONES, zone=_curve(clock), knobs=shm.Knobs(balance_factor=None))
     r = host.router(refresh_s=0.0)
@@ -58,7 +53,7 @@ def test_a_full_affinity_table_routes_local_keys_on_the_zone_ring(host, clock, k
     assert all(ZONES[e] == "z-a" for e in retry) and not (retry == idx).any()
 
 
-def test_a_ramp_is_evaluated_when_each_plan_is_built(host, clock, kernel):  # noqa: F811
+def test_a_ramp_is_evaluated_when_each_plan_is_built(host, clock, kernel):
     rs = lbcore.RingSet(endpoints(N))
     curve = _curve(clock, state="ramping", reason="started", x0=0.0, rate=0.1, cap=0.9)
     host.publish(rs, zones=ZONES, zone=curve, knobs=shm.Knobs(balance_factor=None))
@@ -85,7 +80,7 @@ def test_a_ramp_is_evaluated_when_each_plan_is_built(host, clock, kernel):  # no
         {"state": "short", "reason": "short", "x0": 0.0, "cap": 0.0},
     ],
 )
-def test_no_share_routes_exactly_as_skipper(host, clock, curve, kernel):  # noqa: F811
+def test_no_share_routes_exactly_as_skipper(host, clock, curve, kernel):
     rs = lbcore.RingSet(endpoints(N))
     host.publish(rs, zones=ZONES, zone=_curve(clock, **curve))
     r = host.router(refresh_s=0.0)
@@ -97,7 +92,7 @@ def test_no_share_routes_exactly_as_skipper(host, clock, curve, kernel):  # noqa
     assert zone_split(table, clock()) is None
 
 
-def test_a_short_zone_is_global_for_every_key(host, clock, kernel):  # noqa: F811
+def test_a_short_zone_is_global_for_every_key(host, clock, kernel):
     # two local pods against the default minimum of three
     rs = lbcore.RingSet(endpoints(6))
     zones = ["z-a", "z-a", "z-b", "z-b", "z-c", "z-c"]
@@ -106,7 +101,7 @@ def test_a_short_zone_is_global_for_every_key(host, clock, kernel):  # noqa: F81
     assert np.array_equal(r.route(KEYS), lbcore.Plan(rs, clock()).route(KEYS)[0])
 
 
-def test_the_zone_minimum_comes_from_the_record(host, clock, kernel):  # noqa: F811
+def test_the_zone_minimum_comes_from_the_record(host, clock, kernel):
     rs = lbcore.RingSet(endpoints(6))
     zones = ["z-a", "z-a", "z-b", "z-b", "z-c", "z-c"]
     host.publish(
@@ -117,7 +112,7 @@ def test_the_zone_minimum_comes_from_the_record(host, clock, kernel):  # noqa: F
     assert all(zones[e] == "z-a" for e in idx)
 
 
-def test_a_new_load_snapshot_reuses_the_bars_base_and_the_local_endpoints(host, clock):  # noqa: F811
+def test_a_new_load_snapshot_reuses_the_bars_base_and_the_local_endpoints(host, clock):
     rs = lbcore.RingSet(endpoints(N))
     curve = _curve(clock, state="ramping", reason="started", x0=0.2, rate=0.05, cap=0.8)
     host.publish(rs, zones=ZONES, zone=curve)
@@ -138,7 +133,7 @@ def test_a_new_load_snapshot_reuses_the_bars_base_and_the_local_endpoints(host, 
     assert c.view_arcs is not b.view_arcs and int(c.zone.local.sum()) == 6
 
 
-def test_the_router_passes_its_previous_plan(host, clock, monkeypatch):  # noqa: F811
+def test_the_router_passes_its_previous_plan(host, clock, monkeypatch):
     from workers.routing import snapshot as snap
 
     rs = lbcore.RingSet(endpoints(N))
