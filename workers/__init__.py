@@ -1,6 +1,6 @@
 """Life inside a prefork server (DESIGN.md, "The rooms": ``workers``).
 
-Four parts, one subpackage each:
+Five parts, one subpackage each:
 
 * :mod:`workers.routing`: the in-worker library. :class:`workers.Router` is the API user
   code calls in a worker: ``Router.attach()``, ``route(keys)``, ``endpoints_of(idx)``,
@@ -13,6 +13,8 @@ Four parts, one subpackage each:
   page, and the reports of ``cslb route --live`` and ``cslb inspect``.
 * :mod:`workers.master`: the gunicorn master side: the config module's hooks, the
   master's duties, the discovery supervisor, logging and ``cslb serve``'s command.
+* :mod:`workers.serving`: the product pods' side: the middleware that reports a pod's
+  own load on its answers (``endpoint-load-metrics``), pooled across its workers.
 
 Public spellings kept as modules of their own: :mod:`workers.gunicorn_conf` (gunicorn's
 ``-c python:workers.gunicorn_conf``), :mod:`workers.app` (``workers.app:app``),
