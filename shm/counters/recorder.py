@@ -130,13 +130,15 @@ class Recorder:
     :meth:`CounterStore.claim`.
 
     The row's protocol (which bucket column a call's open entry, busy time, completion
-    and failure go to) is written once, in :func:`lbcore.kernel.add_calls`, and
-    :meth:`add_calls` is the one way into it: :meth:`record_start` and
+    and failure go to) is written in :func:`lbcore.kernel.add_calls`, and
+    :meth:`add_calls` is the general way into it: :meth:`record_start` and
     :meth:`record_end` (a whole fan-out, by slots or by endpoints through a plan's slot
-    map) build its input. Their common case, a fan-out that starts, or starts and ends
-    without failures, within the newest bucket, is one :func:`lbcore.scatter_add` of the
-    same cells instead: add_calls takes its calls as Python lists, which costs several
-    times more at a hundred calls (perf/bench_shm.py). Slots are checked first (one
+    map) build its input. One shortcut stands beside it, on purpose: their common case,
+    a fan-out that starts, or starts and ends without failures, within the newest bucket,
+    is one :func:`lbcore.scatter_add` of the same cells (add_calls takes its calls as
+    Python lists, which costs several times more at a hundred calls: perf/bench_shm.py);
+    its cell offsets come from the same layout, and tests/shm_tests/test_counters_calls.py
+    holds the two paths to the same row, cell for cell. Slots are checked first (one
     pass), unless the caller says they are in range (``bound``); the kernel checks every
     cell against the row either way. :meth:`count`, :meth:`tally` (lifetime totals) and
     :meth:`record_reports` (the pods' reports) write the row's other cells.
@@ -415,7 +417,7 @@ class Recorder:
         return int(s.size)
 
     def add_calls(self, ended: list[int], done: list[int], starts: Starts, now_ns: int) -> None:
-        """Add calls to the row: their ends, then their starts (the row's one write).
+        """Add calls to the row: their ends, then their starts (the general write).
 
         The cells :meth:`record_end` of each part and :meth:`record_start` with a time
         per call record, in one :func:`lbcore.kernel.add_calls` call on the caller's
