@@ -26,7 +26,7 @@ def _expected(rs, h, now, mode, load, bf, hops, cand, attempt):
         m = np.full(h.size, -1, np.int32)
         return m, m
     if mode == "skipper":
-        ring = rs.master
+        ring = rs.newest
         ages = [None if tier == 0 else now - rs.starts_ns[tier - 1] for tier in rs.tiers.tolist()]
         scores = fadein_scores(ages, rs.duration_ns, rs.exponent)
         thr = unit_interval(h, SKIPPER_SALT)

@@ -188,8 +188,8 @@ class PlainRouter(Router):
     @property
     def ring(self) -> lbcore.Ring:
         """The ring of the published pods."""
-        assert self.rings.master is not None
-        return self.rings.master
+        assert self.rings.newest is not None
+        return self.rings.newest
 
     def publish(self, pods: Sequence[int], now_s: float) -> None:
         """Add ``pods``; they take their full share at once."""
