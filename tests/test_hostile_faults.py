@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import shm
+import shm.names
 from shm.layout import COUNTERS_CONTROL, word
 from tests.gunicorn_harness import serving, wait_for
 from tests.shm_damage import counters_in_use, newest_data, segment_path, shrink
@@ -195,7 +196,7 @@ def test_an_impossible_epoch_word_is_corruption_the_owner_repairs() -> None:
             rec.record_start([3], 10**9)
             loads = reader.read(10**9)
             assert loads.in_flight[1] == 1  # the owner's whole matrix was copied
-        assert sorted(shm.segment.epoch_segments(ns, "counters")) == [4]
+        assert sorted(shm.names.epoch_segments(ns, "counters")) == [4]
 
 
 def test_a_warning_a_request_can_raise_is_logged_once_an_interval_with_a_count(
