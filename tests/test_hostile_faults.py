@@ -169,7 +169,7 @@ def test_routing_probes_sizes_only_where_no_guard_catches_a_fault(monkeypatch, k
 
         for name in ("START_WARN", "END_WARN"):
             monkeypatch.setattr(tracker, name, recording.WarningThrottle(name))
-        monkeypatch.setattr(recording, "_counts_lost", recording.WarningThrottle("counts"))
+        monkeypatch.setattr(recording, "COUNTS_WARN", recording.WarningThrottle("counts"))
         shrink(newest_data(host.ns, "counters"), 0)
         host.clock.advance(0.5)
         idx, table = r.route_table(["k1"])
