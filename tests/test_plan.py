@@ -285,6 +285,13 @@ def test_a_plan_reads_shared_arrays_without_copying_them(kernel):
     assert plan.newest is rs.newest
 
 
+def _array_attributes(plan: Plan) -> dict[str, np.ndarray]:
+    """The plan's public attributes that are arrays, by name."""
+    names = [n for n in dir(plan) if not n.startswith("_")]
+    got = {n: getattr(plan, n) for n in names}
+    return {n: a for n, a in got.items() if isinstance(a, np.ndarray)}
+
+
 @pytest.mark.parametrize("mode", ["n-ring", "skipper"])
 def test_a_plan_keeps_its_own_read_only_arrays(kernel, mode):
     rs, now, ks = ring_set(), D // 2, keys(3000, seed=4)
@@ -312,23 +319,16 @@ def test_a_plan_keeps_its_own_read_only_arrays(kernel, mode):
     again = Plan(rs, now, slots=slots, ejected=ejected, guard=(words, 1, 7), **kw)
     assert again.route(ks)[0].tolist() != routed.tolist()
 
-    for name in (
-        "loads",
-        "slots",
-        "ejected",
-        "listed",
-        "eligible",
-        "good",
-        "listed_count",
-        "eligible_count",
-        "single",
-        "fade_thresholds",
-        "fade_saturated",
-    ):
-        arr = getattr(plan, name)
-        assert not arr.flags.writeable, name
-        with pytest.raises(ValueError, match="read-only"):
-            arr[...] = 0
+    # Every array a plan exposes is read-only (a zone plan with bounded load has the most).
+    zoned = Plan(rs, now, zone=lbcore.ZoneSplit(np.arange(n) % 3 == 0, 0.5), **kw)
+    for p in (plan, zoned):
+        arrays = _array_attributes(p)
+        assert {"loads", "eligible", "good", "fade_thresholds"} <= set(arrays)
+        for name, arr in arrays.items():
+            assert not arr.flags.writeable, name
+            with pytest.raises(ValueError, match="read-only"):
+                arr[...] = 0
+    assert "under" in _array_attributes(zoned)
     assert not plan.guard[0].flags.writeable
     assert words.flags.writeable  # the caller's guard words stay the caller's
     words[1] = 8  # and stay live: the plan sees the sequence change

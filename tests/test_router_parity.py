@@ -123,7 +123,7 @@ def test_random_parity_with_lbcore(seed, kernel, clock, host):
     small = np.concatenate(
         [r.route(keys[i : i + 7], attempt=attempt) for i in range(0, len(keys), 7)]
     )
-    big = r.route(keys, attempt=attempt)  # maybe on answer tables by now
+    big = r.route(keys, attempt=attempt)  # again after the small ones: no state between calls
     load = _routing_load(r.loads(), sig)
     now = clock()
     cand = None if not ej.any() else ~ej
