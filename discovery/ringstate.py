@@ -196,7 +196,7 @@ class RingState:
                 duration_ns=params.duration_ns,
                 exponent=params.exponent,
                 vnodes=params.vnodes,
-                master=rs.master if params.vnodes == rs.vnodes else None,
+                newest=rs.newest if params.vnodes == rs.vnodes else None,
             )
         meta = self.meta
         back = sorted({a for a in readmit if a in new_meta and a in meta})

@@ -23,7 +23,7 @@ _M64 = (1 << 64) - 1
 
 def make_core(
     *,
-    master: Any,
+    newest: Any,
     n: int,
     views: int,
     eligible: np.ndarray,
@@ -52,7 +52,7 @@ def make_core(
 ) -> Any:
     """The routing object of one plan's arrays, on the kernel active now.
 
-    ``master`` is the newest ring (:class:`lbcore.Ring`, or ``None`` when empty), whose
+    ``newest`` is the newest ring (:class:`lbcore.Ring`, or ``None`` when empty), whose
     ``hashes``, ``owners`` and ``buckets`` both kernels read; the other arguments are
     the :class:`lbcore.Plan` attributes of the same names (``good`` and ``loads`` only
     with bounded load). With a zone (``zone_views``: the number of global views, the
@@ -64,7 +64,7 @@ def make_core(
     native = kernel.native()
     if native is None:
         return numpy_kernel.Core(
-            master=master,
+            newest=newest,
             views=views,
             eligible=eligible,
             good=good,
@@ -91,9 +91,9 @@ def make_core(
         )
     bounded = good is not None
     return native.Plan(
-        hashes=None if master is None else master.hashes,
-        owners=None if master is None else master.owners,
-        buckets=None if master is None else master.buckets,
+        hashes=None if newest is None else newest.hashes,
+        owners=None if newest is None else newest.owners,
+        buckets=None if newest is None else newest.buckets,
         n=n,
         views=views,
         eligible=eligible,  # (C-contiguous bool: the kernel reads them as bytes, flat)

@@ -22,8 +22,8 @@ _INV_2_53 = 1.0 / float(1 << 53)
 
 _M64 = 0xFFFFFFFFFFFFFFFF
 
-# fmix64's constants as 0-d arrays: a NumPy call with a scalar operand pays a conversion
-# each time (~0.25 us of a ~0.35 us call at batch 100).
+# fmix64's constants as 0-d arrays: a NumPy call with a scalar operand converts it on
+# every call, which is most of the cost of a call on a small batch.
 _MIX_SHIFT = np.array(33, dtype=_U64)
 _MIX_C1 = np.array(int(_FMIX_C1), dtype=_U64)
 _MIX_C2 = np.array(int(_FMIX_C2), dtype=_U64)

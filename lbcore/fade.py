@@ -291,7 +291,7 @@ class RingSet:
         The fade curve.
     vnodes
         Virtual nodes per endpoint.
-    master
+    newest
         Optionally, the ring of all ``endpoints`` (reused instead of rebuilt).
     """
 
@@ -314,7 +314,7 @@ class RingSet:
         duration_ns: int = DEFAULT_FADE_DURATION_NS,
         exponent: float = DEFAULT_FADE_EXPONENT,
         vnodes: int = DEFAULT_VNODES,
-        master: Ring | None = None,
+        newest: Ring | None = None,
         _older: Sequence[Ring] | None = None,
     ) -> None:
         self.duration_ns, self.exponent = _check_fade_params(duration_ns, exponent)
@@ -347,9 +347,9 @@ class RingSet:
         rings: list[Ring] = []
         node_tier = None
         if eps:
-            full = master if master is not None else Ring(eps, vnodes)
+            full = newest if newest is not None else Ring(eps, vnodes)
             if full.endpoints != eps:
-                raise FadeError("master ring endpoints differ from the ring set's endpoints")
+                raise FadeError("newest ring endpoints differ from the ring set's endpoints")
             if starts:
                 node_tier = tier.take(full.owners)
             if _older is not None and len(_older) == len(starts):
@@ -404,7 +404,7 @@ class RingSet:
         )
 
     @property
-    def master(self) -> Ring | None:
+    def newest(self) -> Ring | None:
         """The ring of all endpoints (the newest ring), or ``None`` when empty."""
         return self.rings[-1] if self.rings else None
 
@@ -449,7 +449,7 @@ class RingSet:
                 f"({self.starts_ns[-1]} ns); time must not run backwards"
             )
         tiers = np.concatenate((self.tiers, np.full(len(new), len(self.starts_ns) + 1, np.int32)))
-        master = self.master
+        newest = self.newest
         return RingSet(
             self.endpoints + new,
             tiers,
@@ -457,7 +457,7 @@ class RingSet:
             duration_ns=self.duration_ns,
             exponent=self.exponent,
             vnodes=self.vnodes,
-            master=None if master is None else master.with_added(new),
+            newest=None if newest is None else newest.with_added(new),
             _older=self.rings,
         )
 
@@ -468,17 +468,17 @@ class RingSet:
             return self
         keep = np.array([ep not in gone for ep in self.endpoints], dtype=np.bool_)
         eps = tuple(ep for ep in self.endpoints if ep not in gone)
-        master = None
-        if self.master is not None and keep.any():
+        newest = None
+        if self.newest is not None and keep.any():
             # Exactly the kept endpoints' nodes (an alias of a removed endpoint on the
             # same host must not keep them), re-indexed into the compacted list; the
             # bucket table is built once, here.
             new_index = (np.cumsum(keep, dtype=np.int32) - 1).astype(np.int32)
-            master = self.master.keep_nodes(
-                keep.take(self.master.owners),
+            newest = self.newest.keep_nodes(
+                keep.take(self.newest.owners),
                 endpoints=eps,
                 reindex=new_index,
-                host_ids=renumbered(self.master.host_ids[keep]),
+                host_ids=renumbered(self.newest.host_ids[keep]),
             )
         return RingSet(
             eps,
@@ -487,7 +487,7 @@ class RingSet:
             duration_ns=self.duration_ns,
             exponent=self.exponent,
             vnodes=self.vnodes,
-            master=master,
+            newest=newest,
         )
 
     def advance(self, now_ns: int) -> RingSet:
@@ -506,7 +506,7 @@ class RingSet:
             duration_ns=self.duration_ns,
             exponent=self.exponent,
             vnodes=self.vnodes,
-            master=self.master,
+            newest=self.newest,
         )
 
     def with_endpoints(self, endpoints: Sequence[str], now_ns: int) -> RingSet:

@@ -26,6 +26,7 @@ from lbcore.errors import ArgumentError, KeyEncodingError, KeyTooLongError, KeyT
 __all__ = [
     "MAX_KEY_BYTES",
     "batch_of",
+    "check_key_length",
     "check_max_key_bytes",
     "decimal_key",
     "encode_key",
@@ -132,6 +133,30 @@ def _too_long(i: int, length: int, max_key_bytes: int) -> KeyTooLongError:
     )
 
 
+def check_key_length(length: int, i: int = 0, max_key_bytes: int | None = MAX_KEY_BYTES) -> None:
+    """Raise unless a key of ``length`` bytes is within ``max_key_bytes`` (``None``: no limit).
+
+    The one key-length rule and its message, for surfaces that measure keys before they
+    hash them (request bodies, a client packing a body).
+
+    Parameters
+    ----------
+    length
+        The key's length in bytes (UTF-8 for ``str``, decimal digits for integers).
+    i
+        Position of the key in its batch, used in the message.
+    max_key_bytes
+        The limit in bytes.
+
+    Raises
+    ------
+    KeyTooLongError
+        ``length`` is over ``max_key_bytes``.
+    """
+    if max_key_bytes is not None and length > max_key_bytes:
+        raise _too_long(i, length, max_key_bytes)
+
+
 def _not_unicode(i: int, what: str, j: int) -> KeyEncodingError:
     return KeyEncodingError(
         f"key {i} is not valid Unicode and cannot be encoded as UTF-8: {what} at character {j}"
@@ -185,8 +210,7 @@ def encode_key(key: Any, i: int = 0, max_key_bytes: int | None = None) -> bytes:
             f"key {i} has type {type(key).__name__}; expected str, bytes or int "
             "(a product ID: str is hashed as UTF-8, int as its decimal string)"
         )
-    if max_key_bytes is not None and len(data) > max_key_bytes:
-        raise _too_long(i, len(data), max_key_bytes)
+    check_key_length(len(data), i, max_key_bytes)
     return data
 
 

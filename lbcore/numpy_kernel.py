@@ -77,9 +77,9 @@ class Core:
         "guard",
         "listed_count",
         "loads",
-        "master",
         "max_hops",
         "max_key_bytes",
+        "newest",
         "single",
         "slots",
         "views",
@@ -152,7 +152,7 @@ def route_hashes(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, i
     n = h.size
     if plan.closed:
         return np.full(n, -1, dtype=np.int32), n, 0, _valid(plan)
-    pos = plan.master.positions(h).astype(np.intp)
+    pos = plan.newest.positions(h).astype(np.intp)
     out = np.empty(n, dtype=np.int32)
     moved = np.zeros(n, dtype=np.bool_)
     views = _views(plan, h, attempt)
@@ -193,7 +193,7 @@ def _answer(plan: Core, v: int, pos: np.ndarray, attempt: int) -> tuple[np.ndarr
     if listed == 1 and attempt == 0:
         one = np.full(m, int(plan.single[v]), dtype=np.int32)
         return one, one
-    ring = plan.master
+    ring = plan.newest
     owners = ring.owners
     eligible = plan.eligible[v]
     start = bounded.skip_to_eligible(ring, pos.copy(), eligible)
@@ -230,7 +230,7 @@ def answers(plan: Core) -> tuple[np.ndarray, np.ndarray]:
     if plan.closed:
         empty = np.empty(0, dtype=np.int32)
         return empty, empty
-    size = len(plan.master)
+    size = len(plan.newest)
     pos = np.arange(size, dtype=np.intp)
     parts = [_answer(plan, v, pos, 0) for v in range(plan.views)]
     return (

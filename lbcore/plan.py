@@ -253,9 +253,9 @@ class Plan:
         "listed": None,
         "listed_count": None,
         "loads": None,
-        "master": None,
         "max_hops": None,
         "max_key_bytes": None,
+        "newest": None,
         "n_slots": None,
         "now_ns": None,
         "ring_set": None,
@@ -328,9 +328,9 @@ class Plan:
         self.ejected = self._ejected(ejected, n)
         self.slots, self.n_slots = self._slots(slots, n_slots, n)
         self.guard = None if guard is None else self._guard(guard)
-        self.master = ring_set.master
+        self.newest = ring_set.newest
         enabled = bool(gate.enabled) and gate.percentage > 0.0
-        self.closed = self.master is None or not enabled
+        self.closed = self.newest is None or not enabled
         self.gate_mode = GATE_NONE if not enabled else GATE_ALL if gate.passes_all else GATE_PARTIAL
         self.gate_threshold = (
             unit_threshold(gate.percentage / 100.0) if self.gate_mode == GATE_PARTIAL else None
@@ -342,7 +342,7 @@ class Plan:
                 a.setflags(write=False)
         self.kernel = _kernel.kernel_name()
         self._core = make_core(
-            master=self.master,
+            newest=self.newest,
             n=n,
             zone_salt=ZONE_SALT,
             **{name: getattr(self, name) for name in _CORE_FIELDS},
@@ -396,14 +396,14 @@ class Plan:
         self.zone_views, self.zone_share, self.zone_threshold, self.under = 0, 0.0, 0, None
         self.choice, self.fixed_view, self.choice_salt = CHOICE_FIXED, 0, 0
         self.fade_thresholds, self.fade_saturated = _EMPTY_U64, _EMPTY_U8
-        if self.master is None:
+        if self.newest is None:
             self.views = 1
             self.listed = self.eligible = np.zeros((1, 0), dtype=np.bool_)
             self.good = None
             self.listed_count = self.eligible_count = np.zeros(1, dtype=np.int64)
             self.single = np.full(1, -1, dtype=np.int32)
             return
-        present = self.master.present
+        present = self.newest.present
         cand = None if ej is None else ~ej
         if self.fade_mode == "skipper":
             listed_rows = self._skipper_levels(present, cand)
@@ -445,7 +445,7 @@ class Plan:
             assert self.loads is not None
             if (
                 reuse is not None
-                and reuse.master is self.master
+                and reuse.newest is self.newest
                 and reuse.views == self.views
                 and reuse.zone_views == self.zone_views
                 and np.array_equal(reuse.eligible, eligible)
@@ -469,10 +469,10 @@ class Plan:
         the rows leave out some of their ring's endpoints (else they are the rings).
         """
         eligible = listed.copy()
-        assert self.master is not None
-        if filtered and self.master.has_aliases:
+        assert self.newest is not None
+        if filtered and self.newest.has_aliases:
             rs, n = self.ring_set, listed.shape[1]
-            host, present = self.master.host_ids, self.master.present
+            host, present = self.newest.host_ids, self.newest.present
             for v in range(listed.shape[0]):
                 ring_members = (rs.tiers <= self._ring_of(v)) & present
                 widened = np.bincount(host, weights=listed[v], minlength=n)[host] > 0
@@ -516,7 +516,7 @@ class Plan:
         bars are ``balance_factor × share × (1.0 + Σ load)``.
         """
         if self._expected is None:
-            if self.master is None:
+            if self.newest is None:
                 shares = np.zeros(len(self.ring_set.endpoints))
             else:
                 shares = expected_shares(self, self.view_arcs)
@@ -582,7 +582,7 @@ class Plan:
             ``bool`` of the same shape: bounded load moved the answer off the plain one.
         """
         answer, plain = self._core.answers()
-        size = 0 if self.closed or self.master is None else len(self.master)
+        size = 0 if self.closed or self.newest is None else len(self.newest)
         shape = (self.views if size else 0, size)
         answer, plain = answer.reshape(shape), plain.reshape(shape)
         return answer, (answer != plain) & (answer >= 0)

@@ -521,7 +521,7 @@ class Ring:
                 load = np.frombuffer(snapshot, dtype=np.float64)  # the core's own copy
             good = view_good(listed, eligible, listed_count, load, bf)
         core = make_core(
-            master=self,
+            newest=self,
             n=n,
             views=1,
             eligible=eligible,

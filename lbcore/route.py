@@ -56,8 +56,8 @@ def route_ring_set(
         ``int32`` indices into ``ring_set.endpoints``; ``-1`` (fallback) when the set is
         empty or nothing is eligible.
     """
-    master = ring_set.master
-    listed = None if master is None else master.listed_mask(candidates)
+    newest = ring_set.newest
+    listed = None if newest is None else newest.listed_mask(candidates)
     plan = Plan(
         ring_set,
         now_ns,

@@ -217,7 +217,7 @@ class ViewedRing(Protocol):
 class PlanLike(Protocol):
     """What :func:`expected_shares` reads of a plan (:class:`lbcore.Plan` is one)."""
 
-    master: Any
+    newest: Any
     views: int
     zone_views: int
     zone_share: float
@@ -288,7 +288,7 @@ def _answered(plan: PlanLike, v: int) -> np.ndarray:
         one = np.zeros(n)
         one[int(plan.single[v])] = 1.0
         return one
-    return arc_shares(plan.master, plan.eligible[v])
+    return arc_shares(plan.newest, plan.eligible[v])
 
 
 def view_arcs(plan: PlanLike) -> np.ndarray:
@@ -298,7 +298,7 @@ def view_arcs(plan: PlanLike) -> np.ndarray:
     only, not on time or loads (:class:`lbcore.Plan`'s ``reuse`` keeps it across plans).
     """
     n = plan.eligible.shape[1]
-    if plan.master is None or not n:
+    if plan.newest is None or not n:
         return np.zeros((plan.views, n))
     return np.array([_answered(plan, v) for v in range(plan.views)]).reshape(plan.views, n)
 
@@ -314,7 +314,7 @@ def expected_shares(plan: PlanLike, arcs: np.ndarray | None = None) -> np.ndarra
     endpoint.
     """
     n = plan.eligible.shape[1]
-    if plan.master is None or not n:
+    if plan.newest is None or not n:
         return np.zeros(n)
     if arcs is None:
         arcs = view_arcs(plan)

@@ -29,7 +29,7 @@ from prometheus_client import generate_latest
 
 import lbcore
 import shm
-from shm.segment import list_segments, unlink_name
+from shm.names import list_segments, unlink_name
 from workers.app import CslbApp, pack_keys
 from workers.surfaces.body import parse_binary, parse_json, parse_text
 

@@ -41,7 +41,7 @@ from discovery.kube import WatchTiming  # noqa: E402
 from discovery.kube_client import load_client  # noqa: E402
 from discovery.ringstate import FadeParams, RingState  # noqa: E402
 from discovery.static import EndpointSpec  # noqa: E402
-from shm.segment import list_segments, unlink_name  # noqa: E402
+from shm.names import list_segments, unlink_name  # noqa: E402
 from tests.discovery_harness import Proc  # noqa: E402
 from tests.kubeapi import SLICES, FakeKubeAPI, endpoint, endpoint_slice  # noqa: E402
 

@@ -39,6 +39,7 @@ import numpy as np
 
 import lbcore
 import shm
+import shm.names
 from perf.common import write_json
 from workers.fanout.ledger import CallLedger
 from workers.fanout.settings import FanoutSettings
@@ -755,7 +756,7 @@ def _inprocess(quick: bool, log: Callable[[str], None]) -> tuple[list[dict], lis
         writer.close()
         store.close()
         for name in shm.list_segments(ns):
-            shm.segment.unlink_name(name)
+            shm.names.unlink_name(name)
     notes = [
         "Process CPU time (all threads) per key; each pair measured in the same run, the "
         "ratio is the helper's cost over the hand-written loop (which records with one "

@@ -85,7 +85,7 @@ def build_times(reps: int) -> list[dict[str, Any]]:
         rs, loads = ring_set_for(endpoints)
         ejected = np.zeros(endpoints, dtype=np.bool_)
         ejected[:: max(1, endpoints // 5)] = True
-        row: dict[str, Any] = {"endpoints": endpoints, "ring_nodes": len(rs.master)}
+        row: dict[str, Any] = {"endpoints": endpoints, "ring_nodes": len(rs.newest)}
         for name in ("native", "numpy"):
             old = lbcore.use_kernel(name)
             times = []
@@ -155,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         lbcore.use_kernel("numpy")
         numpy_plan = plan_for(endpoints)
         lbcore.use_kernel(old)
-        master = native_plan.master
-        loop = PythonLoopRing(master)
-        shift = 64 - master.bucket_bits
+        newest = native_plan.newest
+        loop = PythonLoopRing(newest)
+        shift = 64 - newest.bucket_bits
         for keys in ("sku", "int"):
             make = make_skus if keys == "sku" else make_ids
             for n in (1, 100, 100_000):
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 t_native = measure(native_plan.route, batches, n)
                 t_numpy = measure(numpy_plan.route, batches[: max(3, len(batches) // 10)], n)
                 floors = [
-                    floor_of(b, master.buckets, shift)
+                    floor_of(b, newest.buckets, shift)
                     for b in batches[: max(3, len(batches) // 10)]
                 ]
                 t0s = []

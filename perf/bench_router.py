@@ -36,7 +36,7 @@ import numpy as np
 
 import lbcore
 from shm import CounterStore, Knobs, LockedRecorder, TableReader, TableWriter
-from shm.segment import SHM_DIR, unlink_name
+from shm.names import SHM_DIR, unlink_name
 from workers.routing.router import LOAD_REFRESH, Router
 from workers.routing.snapshot import build_plan
 

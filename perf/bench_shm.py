@@ -33,7 +33,7 @@ import lbcore
 from lbcore.hashing import digest
 from lbcore.route import route_ring_set
 from shm import CounterStore, LockedRecorder, TableReader, TableWriter, ThreadRecorder
-from shm.segment import list_segments, unlink_name
+from shm.names import list_segments, unlink_name
 
 
 def _eps(n: int, salt: int = 0) -> list[str]:

@@ -120,7 +120,7 @@ def unique_namespace(tag: str) -> str:
 
 def unlink_namespace(namespace: str) -> None:
     """Remove every segment of ``namespace`` (idempotent)."""
-    from shm.segment import list_segments, unlink_name
+    from shm.names import list_segments, unlink_name
 
     for name in list_segments(namespace):
         unlink_name(name)

@@ -77,9 +77,9 @@ def _floor(router: Any) -> tuple[Any, Any] | None:
     """The C floor on the router's newest ring, and its batch conversion (bytes, outside)."""
     native = lbcore.kernel.load_native()
     snap = router.snapshot()
-    if native is None or snap is None or snap.table.ring_set.master is None:
+    if native is None or snap is None or snap.table.ring_set.newest is None:
         return None
-    ring = snap.table.ring_set.master
+    ring = snap.table.ring_set.newest
     buckets = np.ascontiguousarray(ring.buckets)
     shift = 64 - ring.bucket_bits
 

@@ -16,7 +16,9 @@ from typing import Any
 
 from perf.control import STALL_LIMIT_S
 
-PARTS = ("inprocess", "host", "http", "control", "fanout", "fleet", "serving", "reports")
+PARTS = (
+    "inprocess", "host", "http", "control", "fanout", "fleet", "serving", "reports", "lbcore",
+)  # fmt: skip
 #: Version of the figures' layout in RESULTS.json; parts kept from a run with another
 #: version are dropped (rerun them) rather than misread.
 FORMAT = 2
@@ -29,6 +31,7 @@ TITLES = {
     "fleet": "A healthy, equal fleet under load",
     "serving": "The pods' load-report middleware",
     "reports": "Reading the pods' load reports (callers)",
+    "lbcore": "lbcore's one-off calls: `Ring.lookup`, `Ring.lookup_bounded`, `route_ring_set`",
 }
 INPROCESS_CHART = "inprocess.png"
 HOST_CHART = "host.png"
@@ -196,6 +199,37 @@ def targets(parts: dict[str, Any]) -> list[tuple[Target, str]]:
         t.check("median worker", statistics.median(r["pss_mib"]), 1.1 * PSS_BEFORE_MIB, le)
     out.append((t, " MiB"))
     out += _issue17_targets(parts)
+    return out + _lbcore_targets(parts)
+
+
+def _lbcore_targets(parts: dict[str, Any]) -> list[tuple[Target, str]]:
+    """Issue 18's targets for lbcore's one-off calls against the Python loop."""
+    ge = lambda v, b: v >= b  # noqa: E731
+    lt = lambda v, b: v < b  # noqa: E731
+    rows = _rows(parts.get("lbcore"))
+    big = max((r["batch"] for r in rows), default=0)
+    out: list[tuple[Target, str]] = []
+    for label, rings, batch, ops, bar in (
+        ("Batch 100, Ring.lookup_bounded ≥ 2× the Python loop, 100×100 ring", (100,), 100,
+         ("lookup_bounded",), 2.0),
+        ("Batch 100, Ring.lookup_bounded ≥ 3.5× the Python loop, 1,000×100 ring", (1_000,),
+         100, ("lookup_bounded",), 3.5),
+        (f"Batch {big:,} (the largest run), Ring.lookup ≥ 10× the Python loop",
+         (100, 1_000), big, ("lookup",), 10.0),
+    ):  # fmt: skip
+        t = Target(label, "lbcore")
+        for eps in rings:
+            for kind in ("sku", "int"):
+                for op in ops:
+                    r = _one(rows, endpoints=eps, keys=kind, batch=batch, op=op)
+                    if r:
+                        t.check(f"{eps:,}×100 {kind}", r["ratio"], bar, ge)
+        out.append((t, "×"))
+    t = Target("Batch 1 < 5 µs per call: lookup, lookup_bounded, fade_route", "lbcore")
+    for op in ("lookup", "lookup_bounded", "fade_route"):
+        for r in _pick(rows, op=op, batch=1):
+            t.check(f"{op} {r['endpoints']:,}×100 {r['keys']}", r["ns_per_key"] / 1e3, 5.0, lt)
+    out.append((t, " µs"))
     return out
 
 
@@ -571,6 +605,27 @@ def _reports(part: dict[str, Any]) -> list[str]:
     return out
 
 
+def _lbcore(part: dict[str, Any]) -> list[str]:
+    rows = part["rows"]
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    header = ["ring", "keys", "batch", "python loop ns/key", *[f"{op} ns/key" for op in ops]]
+    header += [f"{op} × loop" for op in ops]
+    body = []
+    for eps, kind, batch in dict.fromkeys((r["endpoints"], r["keys"], r["batch"]) for r in rows):
+        cells = {r["op"]: r for r in _pick(rows, endpoints=eps, keys=kind, batch=batch)}
+        loop = next(iter(cells.values()))["loop_ns_per_key"]
+        line = [f"{eps:,}×100", kind, f"{batch:,}", _fmt(loop)]
+        line += [_fmt(cells[op]["ns_per_key"]) if op in cells else "–" for op in ops]
+        line += [_ratio(cells[op]["ratio"]) if op in cells else "–" for op in ops]
+        body.append(line)
+    return [
+        "Nanoseconds per key (median over fresh batches, pinned to one core); ratios are "
+        "the pure-Python loop's time (`xxhash` + `bisect`, same run) over lbcore's.",
+        "",
+        *_table(header, body, left=2),
+    ]
+
+
 SECTIONS = {
     "inprocess": _inprocess,
     "host": _host,
@@ -580,6 +635,7 @@ SECTIONS = {
     "fleet": _fleet,
     "serving": _serving,
     "reports": _reports,
+    "lbcore": _lbcore,
 }
 
 

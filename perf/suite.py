@@ -21,7 +21,9 @@ Parts (all by default; ``--only`` picks some, comma-separated):
   (WSGI, ASGI) next to the bare app;
 * ``reports`` — :mod:`perf.bench_reports`: the callers' cost of reading the pods' load
   reports per answer, in-process and on the wire (CurlSender, with and without report
-  headers, ``CSLB_LOAD_REPORTS`` off and on).
+  headers, ``CSLB_LOAD_REPORTS`` off and on);
+* ``lbcore`` — :mod:`perf.bench_lbcore`: lbcore's one-off calls (``Ring.lookup``,
+  ``Ring.lookup_bounded``, ``route_ring_set``) per key next to the pure-Python loop.
 
 The page, its charts (PNG) and ``RESULTS.json`` go to ``out_dir`` (``--out``) (default: the ``perf``
 directory of this checkout). A run of some parts keeps the other parts' figures from
@@ -50,6 +52,7 @@ MODULES = {
     "fleet": "perf.bench_fleet",
     "serving": "perf.bench_serving",
     "reports": "perf.bench_reports",
+    "lbcore": "perf.bench_lbcore",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent
 

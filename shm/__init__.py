@@ -12,6 +12,8 @@
   ``threaded``, ``loads``, ``reader``.
 * :mod:`shm.segment`, :mod:`shm.layout`, :mod:`shm.errors`: segment lifecycle, byte
   layout and the exceptions, each naming the segment and what was wrong;
+  :mod:`shm.names` (namespaces, segment names), :mod:`shm.owners` (process identity),
+  :mod:`shm.locks` (cross-process locks), :mod:`shm.seams` (test seams);
   :mod:`shm.background` the thread that maps tables off the routing path.
 
 Imports only NumPy, ``posix_ipc`` and :mod:`lbcore`.
@@ -31,7 +33,7 @@ from shm.counters import (
 from shm.errors import *  # noqa: F403
 from shm.errors import __all__ as _errors
 from shm.layout import LAYOUT_VERSION
-from shm.segment import check_namespace, list_segments, segment_name
+from shm.names import check_namespace, list_segments, segment_name
 from shm.settings import SHM_NAMESPACE, shm_namespace
 from shm.tables import Knobs, SlotAllocator, Table, TableReader, TableWriter
 

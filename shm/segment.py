@@ -1,4 +1,4 @@
-"""Named POSIX shared-memory segments: create, attach, validate, lock, unlink.
+"""Named POSIX shared-memory segments: create, attach, validate; probe their size.
 
 A :class:`Segment` is one mapped ``posix_ipc`` shared-memory object. Segments are
 created owner-only (mode 0600, whatever the umask) and fully allocated up front with
@@ -8,34 +8,29 @@ first time it touches an unbacked page. Attaching refuses segments owned by anot
 or writable by group or others, and :func:`check_header` validates magic, layout version
 and size before any offset read from the segment is trusted.
 
-Also here: the namespace rules and segment names, process identity (PID plus start time,
-so a reused PID is not mistaken for a live owner), the cross-process lock used by the
-rare operations that need one (claiming a worker slot, taking over as table writer), and
-:func:`fence`, the memory barrier of the table protocol on CPUs that reorder memory
-accesses.
+Another process of the user can shrink an object under its mappings; the routing path
+probes sizes (:data:`intact`) or reads words under the native kernel's SIGBUS guard
+(:data:`words_are`). Names and namespaces are :mod:`shm.names`, owners' identity
+:mod:`shm.owners`, the cross-process locks :mod:`shm.locks`, the test seams
+:mod:`shm.seams`; the memory fence is :func:`lbcore.fence.fence`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import mmap
 import os
-import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import posix_ipc
 
 from lbcore import kernel as lbcore_kernel
-from lbcore.fence import IS_TSO as _TSO
-from lbcore.fence import fence
+from lbcore.fence import IS_TSO, fence
 from shm.errors import (
-    NamespaceError,
-    ProcessLivenessError,
     SegmentExistsError,
     SegmentFullError,
     SegmentLayoutError,
@@ -44,218 +39,26 @@ from shm.errors import (
     SegmentPermissionError,
     SegmentSizeError,
     SegmentVersionError,
-    WriterBusyError,
 )
 from shm.layout import KIND_NAMES, LAYOUT_VERSION, word
+from shm.locks import segment_lock
+from shm.names import SHM_DIR, unlink_name
+from shm.seams import seam
 
 _lseek = os.lseek
 _SEEK_END = os.SEEK_END
 
 __all__ = [
-    "SHM_DIR",
+    "GUARDED",
+    "SIZE_CHECK_NS",
     "Segment",
-    "WriterLock",
     "attach_initialized",
     "check_header",
-    "check_namespace",
-    "current_inode",
-    "epoch_segments",
-    "fence",
     "intact",
     "intact_by_lseek",
-    "list_segments",
-    "own_start_ticks",
-    "process_alive",
-    "process_start_ticks",
-    "seam",
-    "segment_lock",
-    "segment_name",
-    "set_seam_hook",
-    "unlink_name",
-    "unlink_stale_epochs",
+    "kernel_guarded",
+    "words_are",
 ]
-
-#: Where Linux keeps POSIX shared memory (used for free-space checks and listings).
-SHM_DIR = "/dev/shm"
-
-_NAMESPACE_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-def check_namespace(namespace: str) -> str:
-    """Validate a namespace: 1-64 characters from ``A-Z a-z 0-9 _ -``.
-
-    Raises
-    ------
-    NamespaceError
-        Naming the offending namespace and the allowed characters.
-    """
-    if not isinstance(namespace, str):
-        raise NamespaceError(f"namespace must be a string, got {type(namespace).__name__}")
-    if not _NAMESPACE_RE.fullmatch(namespace):
-        raise NamespaceError(
-            f"namespace {namespace!r} is invalid: use 1 to 64 characters from "
-            "A-Z, a-z, 0-9, '_' and '-' (it becomes part of /dev/shm file names)"
-        )
-    return namespace
-
-
-def segment_name(namespace: str, kind: str, epoch: int | None = None) -> str:
-    """POSIX name of a segment: ``/cslb.<namespace>.<kind>`` or ``...<kind>.<epoch>``."""
-    base = f"/cslb.{check_namespace(namespace)}.{kind}"
-    return base if epoch is None else f"{base}.{int(epoch)}"
-
-
-def list_segments(namespace: str) -> list[str]:
-    """Names of all existing segments of ``namespace`` (empty where /dev/shm is absent)."""
-    prefix = f"cslb.{check_namespace(namespace)}."
-    try:
-        entries = os.listdir(SHM_DIR)
-    except OSError:
-        return []
-    return sorted("/" + e for e in entries if e.startswith(prefix))
-
-
-def epoch_segments(namespace: str, kind: str) -> dict[int, str]:
-    """Existing data segments ``/cslb.<namespace>.<kind>.<epoch>``, by epoch."""
-    base = segment_name(namespace, kind) + "."
-    out = {}
-    for name in list_segments(namespace):
-        tail = name[len(base) :]
-        if name.startswith(base) and tail.isascii() and tail.isdigit():
-            out[int(tail)] = name
-    return out
-
-
-def unlink_stale_epochs(namespace: str, kind: str, keep: int | None) -> list[str]:
-    """Unlink every data segment of ``kind`` but epoch ``keep``; returns what it removed.
-
-    Only for the holder of the kind's lock (the table writer; a counters grower under
-    the control segment's lock): then no other process is creating or switching data
-    segments, so every epoch the control segment does not name is a leftover of a
-    process killed while growing (the new segment before the switch, or the old one
-    after it). Readers that still map a removed segment keep their mapping.
-    """
-    removed = []
-    for epoch, name in sorted(epoch_segments(namespace, kind).items()):
-        if epoch != keep and unlink_name(name):
-            removed.append(name)
-    return removed
-
-
-# ------------------------------------------------------------------------------------
-# Test seam.
-
-_seam_hook: Callable[[str], None] | None = None
-
-
-def seam(point: str) -> None:
-    """Mark a point of a protocol where another process may act (a test seam).
-
-    The multi-process tests force the interleavings that matter (a reader stalled
-    between two loads, a writer killed between two stores) by installing a hook in a
-    child process that pauses there. Without a hook this is one global load; it sits
-    only on slow paths (remapping, publishing, growing, creating), never on the
-    per-batch ones.
-    """
-    hook = _seam_hook
-    if hook is not None:
-        hook(point)
-
-
-def set_seam_hook(hook: Callable[[str], None] | None) -> None:
-    """Install (or with ``None`` remove) the hook :func:`seam` calls; for tests only."""
-    global _seam_hook
-    _seam_hook = hook
-
-
-# ------------------------------------------------------------------------------------
-# Process identity.
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """Start time of a live process in clock ticks since boot, ``None`` if it is gone.
-
-    A zombie (killed but not yet waited for) counts as gone: it holds no memory and
-    will never touch a counter again. Only "no such process" (``ENOENT``, ``ESRCH``)
-    means gone.
-
-    Raises
-    ------
-    ProcessLivenessError
-        ``/proc/<pid>/stat`` could not be read for another reason (``EMFILE``,
-        ``ENFILE``, ``ENOMEM``, ``EACCES`` ...): whether the process lives is unknown.
-    """
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError as exc:
-        raise ProcessLivenessError(
-            exc.errno,
-            f"cannot tell whether process {pid} is alive: reading /proc/{pid}/stat failed "
-            f"({exc.strerror})",
-        ) from exc
-    # The command name (field 2) is parenthesised and may hold spaces or ')'.
-    rest = stat[stat.rfind(b")") + 2 :].split()
-    if not rest or rest[0] in (b"Z", b"X", b"x"):
-        return None
-    return int(rest[19])  # field 22 overall: starttime
-
-
-def unreaped_child(pid: int) -> bool:
-    """True if ``pid`` is a zombie child of the calling process (exited, not yet waited for).
-
-    A prefork master hears of such a child's exit later (gunicorn's ``child_exit`` runs
-    from its SIGCHLD handling), so whatever the child held is still the master's to
-    release. False when it cannot be told.
-    """
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    rest = stat[stat.rfind(b")") + 2 :].split()
-    return len(rest) > 1 and rest[0] == b"Z" and int(rest[1]) == os.getpid()
-
-
-def own_start_ticks() -> int:
-    """Start time of the calling process in clock ticks since boot (with its PID, its identity).
-
-    Raises
-    ------
-    ProcessLivenessError
-        ``/proc/self/stat`` cannot be read (out of file descriptors, no ``/proc``):
-        without it no slot or writer ownership can be recorded safely.
-    """
-    pid = os.getpid()
-    ticks = process_start_ticks(pid)
-    if ticks is None:
-        raise ProcessLivenessError(
-            errno.ENOENT, f"cannot read the start time of this process ({pid}): is /proc mounted?"
-        )
-    return ticks
-
-
-def process_alive(pid: int, start_ticks: int) -> bool:
-    """True if process ``pid`` exists, is not a zombie and started at ``start_ticks``.
-
-    Also True when that cannot be told (``/proc`` unreadable for a reason other than
-    the process being gone, say out of file descriptors): a live owner taken for dead
-    would have its in-flight counts dropped and its row handed to a second writer,
-    while a dead one taken for live only keeps its row until the next check.
-    """
-    if pid <= 0:
-        return False
-    try:
-        ticks = process_start_ticks(pid)
-    except ProcessLivenessError:
-        return True
-    return ticks is not None and ticks == start_ticks
-
-
-# ------------------------------------------------------------------------------------
-# Segments.
 
 
 def _shm_free_bytes() -> int | None:
@@ -330,7 +133,7 @@ def _words_are(a: Any, i: int, x: int, b: Any = None, j: int = 0, y: int = 0) ->
         return 0
     if b is None:
         return 1
-    if not _TSO:
+    if not IS_TSO:
         fence()  # (b is read after a, as the native acquire loads order them)
     return int(b[j] == y)
 
@@ -638,40 +441,6 @@ def _check_owner(name: str, st: os.stat_result) -> None:
         )
 
 
-@contextlib.contextmanager
-def segment_lock(name: str) -> Iterator[None]:
-    """Hold the cross-process lock of segment ``name`` (``flock`` on a fresh descriptor).
-
-    The kernel drops the lock when the holder dies, so a SIGKILLed process never
-    leaves it held. Used only for rare operations (creating or taking over counters,
-    claiming a worker slot, growing counters), never on a routing or recording path.
-    Works on a segment of any size, even one its creator never sized.
-    """
-    fd = _open_for_lock(name)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def current_inode(name: str) -> int | None:
-    """Inode of the segment now named ``name`` (``None`` if there is none)."""
-    try:
-        return os.stat(SHM_DIR + name).st_ino
-    except OSError:
-        return None
-
-
-def unlink_name(name: str) -> bool:
-    """Remove a segment name from ``/dev/shm``; False if it did not exist."""
-    try:
-        posix_ipc.unlink_shared_memory(name)
-    except posix_ipc.ExistentialError:
-        return False
-    return True
-
-
 def attach_initialized(
     name: str, *, writable: bool, min_size: int, wait_s: float = 2.0, initialized: bool = True
 ) -> Segment:
@@ -694,54 +463,6 @@ def attach_initialized(
             return seg
         seg.close()
         time.sleep(0.005)
-
-
-def _open_for_lock(name: str) -> int:
-    try:
-        mem = posix_ipc.SharedMemory(name, 0, read_only=True)
-    except posix_ipc.ExistentialError as exc:
-        raise SegmentMissingError(name, "does not exist (removed while in use?)") from exc
-    return mem.fd  # the caller owns and closes it
-
-
-class WriterLock:
-    """Exclusive, non-blocking, process-lifetime lock on a segment name.
-
-    Held by the one table writer of a namespace. The kernel releases it when the
-    process dies; the descriptor is closed in forked children (``os.register_at_fork``)
-    so a child never keeps a dead writer's lock alive.
-    """
-
-    _held: set[WriterLock] = set()  # noqa: RUF012 - per-process registry of held locks
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.fd = _open_for_lock(name)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            os.close(self.fd)
-            raise WriterBusyError(name, "another live process holds the writer lock") from exc
-        WriterLock._held.add(self)
-
-    def release(self) -> None:
-        """Release the lock (idempotent)."""
-        if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = -1
-        WriterLock._held.discard(self)
-
-    @classmethod
-    def _after_fork_in_child(cls) -> None:
-        for lock in list(cls._held):
-            with contextlib.suppress(OSError):
-                os.close(lock.fd)  # the parent still holds the lock through its own fd
-            lock.fd = -1
-        cls._held.clear()
-
-
-os.register_at_fork(after_in_child=WriterLock._after_fork_in_child)
 
 
 def check_header(

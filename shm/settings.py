@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from lbcore.knobs import Knob, parse_bool
-from shm.segment import check_namespace
+from shm.names import check_namespace
 
 __all__ = ["SHM_NAMESPACE", "UNLINK_ON_EXIT", "shm_namespace"]
 

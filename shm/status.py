@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lbcore.fence import fence
 from shm.layout import STATUS_HEADER, STATUS_MAX_BYTES, STATUS_OFFSET, word
-from shm.segment import Segment, fence
+from shm.segment import Segment
 
 __all__ = ["PublisherStatus", "read_status", "write_status"]
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from shm.segment import set_seam_hook
+from shm.seams import set_seam_hook
 
 
 @contextmanager

@@ -14,6 +14,7 @@ import pytest
 
 import lbcore
 import shm
+import shm.names
 from workers.fanout.senders import CallStatusError
 from workers.fanout.settings import FanoutSettings
 from workers.routing.router import Router
@@ -61,7 +62,7 @@ def host():
     writer.close()
     store.close()
     for name in shm.list_segments(ns):
-        shm.segment.unlink_name(name)
+        shm.names.unlink_name(name)
 
 
 def pods(dead=(), status=(), slow_s=0.0, other=()):

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import shm
-from shm.segment import process_start_ticks, unlink_name
+from shm.names import unlink_name
+from shm.owners import process_start_ticks
 
 REPO = Path(__file__).resolve().parent.parent
 APPS_DIR = Path(__file__).resolve().parent / "gunicorn_apps"

@@ -8,8 +8,9 @@ import os
 from collections.abc import Iterator
 
 import shm
+import shm.names
 from shm.counters.matrix import Control, attach_control
-from shm.segment import SHM_DIR
+from shm.names import SHM_DIR
 from tests.discovery_harness import shm_namespace
 
 
@@ -34,7 +35,7 @@ def counters_in_use() -> Iterator[tuple[str, shm.CounterStore, shm.Recorder, shm
 
 def newest_data(namespace: str, kind: str) -> str:
     """The name of the newest data segment of ``kind`` (``"tables"``, ``"counters"``)."""
-    epochs = shm.segment.epoch_segments(namespace, kind)
+    epochs = shm.names.epoch_segments(namespace, kind)
     return epochs[max(epochs)]
 
 

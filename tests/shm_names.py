@@ -9,7 +9,7 @@ import os
 import uuid
 from collections.abc import Iterator
 
-from shm.segment import SHM_DIR, unlink_name
+from shm.names import SHM_DIR, unlink_name
 
 
 def segments(prefix: str) -> list[str]:

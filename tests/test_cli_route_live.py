@@ -23,7 +23,7 @@ import lbcore
 import shm
 from lbcore.ejection import Ejections
 from lbcore.outlier import REASON_CONSECUTIVE
-from shm.segment import SHM_DIR, unlink_name
+from shm.names import SHM_DIR, unlink_name
 from tests.app_tests.conftest import ENDPOINTS, Host, new_namespace
 from tests.cslb_runs import run_cslb
 from workers.routing.router import Router

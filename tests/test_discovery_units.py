@@ -144,9 +144,9 @@ def test_fade_off_and_param_changes_rebuild():
     assert t.params_changed and t.routing_changed and t.ring_set.starts_ns == (S,)
     assert t.ring_set.duration_ns == 60 * S and t.ring_set.exponent == 3.0
     t = st.transition(specs(12), 2 * S, FadeParams(30 * S, 2.5, 50))
-    assert t.ring_set.vnodes == 50 and len(t.ring_set.master) == 12 * 50
+    assert t.ring_set.vnodes == 50 and len(t.ring_set.newest) == 12 * 50
     ref = lbcore.Ring(t.ring_set.endpoints, vnodes=50)
-    assert np.array_equal(t.ring_set.master.hashes, ref.hashes)
+    assert np.array_equal(t.ring_set.newest.hashes, ref.hashes)
 
 
 def test_fade_params_from_knobs():

@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 import shm
-from shm.segment import process_start_ticks
+import shm.names
+from shm.owners import process_start_ticks
 from tests.gunicorn_harness import (
     APPS_DIR,
     REPO,
@@ -350,7 +351,7 @@ def sidecar():
             proc.kill()
             proc.wait(timeout=10)
         for name in shm.list_segments(ns):
-            shm.segment.unlink_name(name)
+            shm.names.unlink_name(name)
     assert shm.list_segments(ns) == []
 
 

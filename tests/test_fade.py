@@ -347,7 +347,7 @@ def test_each_key_is_routed_as_its_own_ring_alone_would(seed, kernel):
     plan = lbcore.Plan(rs, now, ejected=None if cand is None else ~cand, max_hops=hops, **kw)
     answer, _ = plan.answers()
     first = route_ring_set(rs, None, now, **kw, candidates=cand, max_hops=hops, hashes=h)
-    np.testing.assert_array_equal(answer[ring_of(rs, h, now), rs.master.positions(h)], first)
+    np.testing.assert_array_equal(answer[ring_of(rs, h, now), rs.newest.positions(h)], first)
 
 
 def test_routing_checks_its_inputs_and_lists_candidates():
@@ -385,7 +385,7 @@ def _skipper_per_key(ring, h, scores, thr, listed, attempt, loads=None, bf=None,
 @pytest.mark.parametrize(("attempt", "bf"), [(0, None), (1, None), (0, 1.25), (1, 1.1)])
 def test_skipper_route_with_listed_endpoints_and_retries(attempt, bf, kernel):
     rs = RingSet(BASE[:8], duration_ns=D).scale_up(NEW1[:4], T0)
-    ring = rs.master
+    ring = rs.newest
     ages = [None] * 8 + [D // 2] * 4
     scores = lbcore.fade.fadein_scores(ages, D, 2.5)
     rng = np.random.default_rng(attempt)
@@ -511,7 +511,7 @@ def test_bounded_answers_per_position_equal_each_ring_alone(hops, kernel):
         np.where(np.arange(n) % 4 == 0, 50.0, 0.0),
         np.full(n, 3.0),
     ]
-    at_nodes = rs.master.hashes
+    at_nodes = rs.newest.hashes
     for load in profiles:
         for bf in (1.0, 1.1, 1.25, 2.0):
             want = np.stack(
@@ -529,7 +529,7 @@ def test_bounded_answers_per_position_equal_each_ring_alone(hops, kernel):
     load = np.arange(len(one.endpoints), dtype=float)
     want = np.stack(
         [
-            ring.lookup_bounded(None, load, 1.1, max_hops=hops, hashes=one.master.hashes)
+            ring.lookup_bounded(None, load, 1.1, max_hops=hops, hashes=one.newest.hashes)
             for ring in one.rings
         ]
     )

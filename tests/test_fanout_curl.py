@@ -27,6 +27,7 @@ import pytest
 
 import lbcore
 import shm
+import shm.names
 from lbcore.outlier import FAIL_CONNECT, FAIL_OTHER
 from tests.pods import PodFleet
 from workers.fanout.admission import Admission, AdmissionError
@@ -66,7 +67,7 @@ class Host:
         self.writer.close()
         self.store.close()
         for name in shm.list_segments(self.ns):
-            shm.segment.unlink_name(name)
+            shm.names.unlink_name(name)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import shm
 from discovery.loadrefresh import BACKOFF_REFRESHES, LoadRefresher
 from lbcore.report_settings import ReportSettings
 from lbcore.reported import KIND_NONE, KIND_OCCUPANCY, KIND_UTILIZATION, pod_identity
-from shm.segment import unlink_name
+from shm.names import unlink_name
 from workers.fanout import curl_transport
 from workers.fanout.senders import CurlSender, HttpxSender, Urllib3Sender
 from workers.fanout.settings import FanoutSettings

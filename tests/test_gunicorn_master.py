@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 import shm
+import shm.names
 import workers.gunicorn_conf as conf
 from tests.gunicorn_harness import REPO, unique_namespace
 from workers.master.supervisor import settings_from_env
@@ -53,7 +54,7 @@ def namespaces():
     yield make
     for ns in made:
         for name in shm.list_segments(ns):
-            shm.segment.unlink_name(name)
+            shm.names.unlink_name(name)
         assert shm.list_segments(ns) == []
 
 
@@ -146,7 +147,7 @@ def test_counters_removed_under_the_master(namespaces) -> None:
     m.reserve(before)
     assert before.cslb_row is not None
     for name in shm.list_segments(m.namespace):  # what the peer's exit did
-        shm.segment.unlink_name(name)
+        shm.names.unlink_name(name)
     worker = SimpleNamespace(pid=0)
     m.reserve(worker)  # must not raise into gunicorn's main loop
     assert worker.cslb_row is not None
@@ -172,7 +173,7 @@ def test_counters_removed_under_the_master(namespaces) -> None:
 def test_no_counters_at_all_forks_without_a_row(namespaces, monkeypatch) -> None:
     m, server = _master(namespaces())
     for name in shm.list_segments(m.namespace):
-        shm.segment.unlink_name(name)
+        shm.names.unlink_name(name)
 
     def refuse(*a, **kw):
         raise shm.SegmentFullError(f"/cslb.{m.namespace}.counters", "no room in /dev/shm")

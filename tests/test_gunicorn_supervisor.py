@@ -269,7 +269,7 @@ def test_discovery_command_runs_cslb_discovery() -> None:
 
 def test_harness_never_kills_a_reused_pid(tmp_path: Path) -> None:
     """Server.kill signals a PID only while it names the process the tree had."""
-    from shm.segment import process_start_ticks
+    from shm.owners import process_start_ticks
     from tests.gunicorn_harness import Server
 
     done = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import shm
+import shm.names
 from shm.layout import COUNTERS_CONTROL, word
 from tests.gunicorn_harness import serving, wait_for
 from tests.shm_damage import counters_in_use, newest_data, segment_path, shrink
@@ -168,7 +169,7 @@ def test_routing_probes_sizes_only_where_no_guard_catches_a_fault(monkeypatch, k
 
         for name in ("START_WARN", "END_WARN"):
             monkeypatch.setattr(tracker, name, recording.WarningThrottle(name))
-        monkeypatch.setattr(recording, "_counts_lost", recording.WarningThrottle("counts"))
+        monkeypatch.setattr(recording, "COUNTS_WARN", recording.WarningThrottle("counts"))
         shrink(newest_data(host.ns, "counters"), 0)
         host.clock.advance(0.5)
         idx, table = r.route_table(["k1"])
@@ -195,7 +196,7 @@ def test_an_impossible_epoch_word_is_corruption_the_owner_repairs() -> None:
             rec.record_start([3], 10**9)
             loads = reader.read(10**9)
             assert loads.in_flight[1] == 1  # the owner's whole matrix was copied
-        assert sorted(shm.segment.epoch_segments(ns, "counters")) == [4]
+        assert sorted(shm.names.epoch_segments(ns, "counters")) == [4]
 
 
 def test_a_warning_a_request_can_raise_is_logged_once_an_interval_with_a_count(

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import shm
+import shm.names
 from discovery.publisher import Publisher
 from discovery.ringstate import FadeParams, RingState
 from shm.segment import SIZE_CHECK_NS, Segment
@@ -66,7 +67,7 @@ def test_counters_refuse_shrunk_segments_and_the_owner_repairs_the_data() -> Non
         loads = reader.read(10**9)
         assert loads.in_flight[3] == 1 and loads.in_flight[1] == 0
         # Removed, or truncated with its header intact: replaced as well.
-        shm.segment.unlink_name(f"{store.name}.2")
+        shm.names.unlink_name(f"{store.name}.2")
         assert store.repair() is True
         shrink(f"{store.name}.3", 4096)
         assert store.repair() is True
@@ -121,7 +122,7 @@ def test_table_reader_and_writer_survive_shrunk_and_removed_segments() -> None:
             assert reader.table().generation == 3 and reader.generation() == 3
             # Every segment unlinked (a /dev/shm cleanup): noticed, published again.
             for name in shm.list_segments(ns):
-                shm.segment.unlink_name(name)
+                shm.names.unlink_name(name)
             assert "removed or replaced" in pub.check_tables()
             assert pub.publish(_transition(ENDPOINTS, 4), knobs, 4) == 4
             fresh = shm.TableReader(ns)
@@ -169,7 +170,7 @@ def test_serve_survives_every_segment_shrunk_or_removed(tmp_path: Path) -> None:
             ("tables control shrunk", lambda: shrink(shm.segment_name(ns, "tables"), 8),
              "tables_lost"),
             ("tables unlinked", lambda: [
-                shm.segment.unlink_name(n) for n in shm.list_segments(ns) if ".tables" in n
+                shm.names.unlink_name(n) for n in shm.list_segments(ns) if ".tables" in n
             ], "tables_lost"),
         ]
         for what, act, event in steps:

@@ -283,7 +283,7 @@ def test_native_and_numpy_agree_on_every_position(args, attempt):
         answer, moved = plan.answers()
         if plan.closed:
             return answer.tolist(), moved.tolist(), []
-        h = plan.master.hashes.copy()  # keys exactly on ring points, and just past them
+        h = plan.newest.hashes.copy()  # keys exactly on ring points, and just past them
         h2 = h + np.uint64(1)
         return (
             answer.tolist(),

@@ -37,7 +37,7 @@ def old_route(rs, now, mode, *, loads, bf, hops, ejected, attempt, gate, h):
         ages = [None, *(now - s for s in rs.starts_ns)]
         scores = fadein_scores(ages, rs.duration_ns, rs.exponent).take(rs.tiers)
         kw = {"candidates": cand, "attempt": attempt, "hashes": h, "scores": scores}
-        args = (rs.master, None, None, rs.duration_ns, rs.exponent, unit_interval(h, SKIPPER_SALT))
+        args = (rs.newest, None, None, rs.duration_ns, rs.exponent, unit_interval(h, SKIPPER_SALT))
         plain = skipper_fadein_route(*args, **kw)
         idx = (
             plain
@@ -137,7 +137,7 @@ def test_answers_are_what_each_ring_gives_a_key_at_each_position(kernel):
     assert answer.tolist() == owners and not moved.any()
     plan = Plan(rs, now, ejected=ej, loads=loads, balance_factor=1.2, max_hops=10)
     answer, moved = plan.answers()
-    at_nodes = rs.master.hashes  # a key equal to a node's hash lands on that position
+    at_nodes = rs.newest.hashes  # a key equal to a node's hash lands on that position
     want = np.stack(
         [
             r.lookup_bounded(None, loads, 1.2, candidates=~ej, max_hops=10, hashes=at_nodes)
@@ -243,7 +243,7 @@ def test_a_table_rewritten_under_a_plan_raises_or_is_voided_never_crashes(kernel
     rs = RingSet([f"http://10.1.0.{i}:80" for i in range(8)], vnodes=10)
     words = np.ones(1, dtype=np.uint64)
     plan = Plan(rs, 0, loads=np.ones(8), balance_factor=1.25, guard=(words, 0, 1))
-    _damage(rs.master, kind)
+    _damage(rs.newest, kind)
     if kernel == "native":  # every index read from the table is checked
         with pytest.raises(lbcore.TableDataError, match="out of range"):
             plan.route(keys(2000))
@@ -276,13 +276,20 @@ def test_a_plan_reads_shared_arrays_without_copying_them(kernel):
     rs = ring_set()
     plan = Plan(rs, 0)
     if kernel == "native":
-        ro = rs.master.hashes.copy()
+        ro = rs.newest.hashes.copy()
         ro.flags.writeable = False  # shared-memory views are read-only: accepted as they are
         ring = lbcore.Ring.from_arrays(
-            rs.master.endpoints, ro, rs.master.owners, buckets=rs.master.buckets
+            rs.newest.endpoints, ro, rs.newest.owners, buckets=rs.newest.buckets
         )
         assert ring.hashes is ro
-    assert plan.master is rs.master
+    assert plan.newest is rs.newest
+
+
+def _array_attributes(plan: Plan) -> dict[str, np.ndarray]:
+    """The plan's public attributes that are arrays, by name."""
+    names = [n for n in dir(plan) if not n.startswith("_")]
+    got = {n: getattr(plan, n) for n in names}
+    return {n: a for n, a in got.items() if isinstance(a, np.ndarray)}
 
 
 @pytest.mark.parametrize("mode", ["n-ring", "skipper"])
@@ -312,23 +319,16 @@ def test_a_plan_keeps_its_own_read_only_arrays(kernel, mode):
     again = Plan(rs, now, slots=slots, ejected=ejected, guard=(words, 1, 7), **kw)
     assert again.route(ks)[0].tolist() != routed.tolist()
 
-    for name in (
-        "loads",
-        "slots",
-        "ejected",
-        "listed",
-        "eligible",
-        "good",
-        "listed_count",
-        "eligible_count",
-        "single",
-        "fade_thresholds",
-        "fade_saturated",
-    ):
-        arr = getattr(plan, name)
-        assert not arr.flags.writeable, name
-        with pytest.raises(ValueError, match="read-only"):
-            arr[...] = 0
+    # Every array a plan exposes is read-only (a zone plan with bounded load has the most).
+    zoned = Plan(rs, now, zone=lbcore.ZoneSplit(np.arange(n) % 3 == 0, 0.5), **kw)
+    for p in (plan, zoned):
+        arrays = _array_attributes(p)
+        assert {"loads", "eligible", "good", "fade_thresholds"} <= set(arrays)
+        for name, arr in arrays.items():
+            assert not arr.flags.writeable, name
+            with pytest.raises(ValueError, match="read-only"):
+                arr[...] = 0
+    assert "under" in _array_attributes(zoned)
     assert not plan.guard[0].flags.writeable
     assert words.flags.writeable  # the caller's guard words stay the caller's
     words[1] = 8  # and stay live: the plan sees the sequence change

@@ -52,7 +52,7 @@ def test_a_walk_that_meets_one_hot_endpoint_twice_counts_it_once(kernel, hops):
     plan = Plan(rs, 0, loads=loads, balance_factor=1.0, max_hops=hops)
     good = plan.good[0]
     answer, _ = plan.answers()
-    at_nodes = rs.master.hashes  # a key equal to a node's hash lands on that position
+    at_nodes = rs.newest.hashes  # a key equal to a node's hash lands on that position
     want = np.stack(
         [r.lookup_bounded(None, loads, 1.0, max_hops=hops, hashes=at_nodes) for r in rs.rings]
     )
@@ -60,8 +60,8 @@ def test_a_walk_that_meets_one_hot_endpoint_twice_counts_it_once(kernel, hops):
     if hops == 1:  # a walk of one endpoint stays on a hot first endpoint
         assert not good.take(want[0]).all()
     else:
-        assert repeats_before_good(rs.master.owners, good, hops) > 10  # the case is exercised
-    h = rs.master.hashes
+        assert repeats_before_good(rs.newest.owners, good, hops) > 10  # the case is exercised
+    h = rs.newest.hashes
     assert plan.route_hashes(h)[0].tolist() == want[0].tolist()
 
 

@@ -115,7 +115,7 @@ def test_rings_of_a_set_share_their_host_ids_through_scale_up_and_remove():
     eps = [f"http://10.0.0.{i}:80" for i in range(10)] + ["http://10.0.0.3", "HTTP://X:1"]
     rs = lbcore.RingSet(eps[:6]).scale_up(eps[6:9], 10).scale_up(eps[9:], 20)
     for r in rs.rings:
-        assert r.host_ids is rs.master.host_ids
+        assert r.host_ids is rs.newest.host_ids
         assert r.host_ids.tolist() == reference_ids(rs.endpoints)
     smaller = rs.remove(["http://10.0.0.0:80", "http://10.0.0.5:80"])
     for r in smaller.rings:

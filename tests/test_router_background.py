@@ -13,7 +13,7 @@ import pytest
 
 import lbcore
 from lbcore.route import route_ring_set
-from shm.segment import set_seam_hook
+from shm.seams import set_seam_hook
 from tests import router_harness as harness
 from tests.background_harness import held_background_map, run_forked
 from tests.router_harness import KEYS, endpoints, followed, knobs

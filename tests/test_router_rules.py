@@ -263,7 +263,7 @@ def test_skipper_fade_mode_matches_lbcore_skipper_route(host, clock, bf, kernel)
     ages = [None] * 8 + [clock.now - t0] * 4
     kw = {} if bf is None else {"loads": r.loads().signal("in-flight"), "balance_factor": bf}
     expect = skipper_fadein_route(
-        rs.master, KEYS, ages, D_NS, rs.exponent, unit_interval(h, SKIPPER_SALT), max_hops=10, **kw
+        rs.newest, KEYS, ages, D_NS, rs.exponent, unit_interval(h, SKIPPER_SALT), max_hops=10, **kw
     )
     np.testing.assert_array_equal(idx, expect)
     share_new = float((idx >= 8).mean())

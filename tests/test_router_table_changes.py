@@ -169,7 +169,7 @@ def test_a_corrupt_generation_is_read_once_per_recheck_and_logged_once(
     """No 1 s stall, no WARNING per call, no re-read of a known-bad generation."""
     import logging
 
-    from shm.segment import set_seam_hook
+    from shm.seams import set_seam_hook
 
     reads: list[str] = []
     try:
@@ -228,7 +228,7 @@ def test_foreign_segments_at_attach_warn_once_missing_ones_do_not(namespace, clo
     import logging
     import os
 
-    from shm.segment import SHM_DIR
+    from shm.names import SHM_DIR
 
     path = os.path.join(SHM_DIR, f"cslb.{namespace}.{kind}")
     with open(path, "wb") as f:

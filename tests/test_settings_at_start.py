@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import shm
+import shm.names
 from discovery.settings import DISCOVERY_KNOBS, OUTLIER_KNOBS
 from lbcore.knobs import Knob, KnobError
 from tests.gunicorn_harness import APPS_DIR, REPO, free_port, unique_namespace
@@ -84,7 +85,7 @@ def test_real_gunicorn_exits_2_naming_the_variable(
     finally:
         if env_name != "CSLB_SHM_NAMESPACE":
             for name in shm.list_segments(ns):
-                shm.segment.unlink_name(name)
+                shm.names.unlink_name(name)
 
 
 def test_router_attach_raises_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

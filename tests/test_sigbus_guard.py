@@ -27,7 +27,7 @@ PRELUDE = """
 import os, mmap, sys
 import numpy as np
 import lbcore
-from lbcore import _kernel as k
+k = lbcore.kernel.load_native()
 path = "/dev/shm/cslb-test-guard-{tag}"
 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
 os.unlink(path)

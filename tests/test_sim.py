@@ -290,7 +290,7 @@ def test_skipper_pod_published_this_instant_gets_no_traffic_yet(hashes):
 def test_a_fallback_from_lbcore_is_never_taken_for_a_pod():
     r = _router("off", PODS)
     with pytest.raises(SimRoutingError, match="fallback"):
-        r._pods(np.array([0, lbcore.FALLBACK, 2], dtype=np.int32))
+        r.to_pods(np.array([0, lbcore.FALLBACK, 2], dtype=np.int32))
 
 
 def test_unknown_fade_mode_is_named():

@@ -66,7 +66,7 @@ def test_native_and_numpy_agree_on_every_position_of_zone_plans(args, attempt):
         answer, moved = plan.answers()
         if plan.closed:
             return answer.tolist(), moved.tolist(), [], plan.views
-        h = plan.master.hashes.copy()  # keys exactly on ring points, and just past them
+        h = plan.newest.hashes.copy()  # keys exactly on ring points, and just past them
         h2 = h + np.uint64(1)
         routed = plan.route_hashes(np.concatenate((h, h2)), attempt)
         return answer.tolist(), moved.tolist(), routed[0].tolist(), routed[1:], plan.views

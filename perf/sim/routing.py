@@ -159,8 +159,15 @@ class Router:
             max_key_bytes=None,
         )
 
-    def _pods(self, idx: np.ndarray) -> np.ndarray:
-        """Ring endpoint indices -> global pods; lbcore never falls back here."""
+    def to_pods(self, idx: np.ndarray) -> np.ndarray:
+        """The global pods of ring endpoint indices ``idx`` (an lbcore routing answer).
+
+        Raises
+        ------
+        SimRoutingError
+            lbcore answered its fallback for some call: the simulator has no gate and
+            never an empty table, so that is a bug, never a pod.
+        """
         if idx.size and int(idx.min()) < 0:
             raise SimRoutingError(
                 f"lbcore returned fallback ({lbcore.FALLBACK}) for "
@@ -188,8 +195,8 @@ class PlainRouter(Router):
     @property
     def ring(self) -> lbcore.Ring:
         """The ring of the published pods."""
-        assert self.rings.master is not None
-        return self.rings.master
+        assert self.rings.newest is not None
+        return self.rings.newest
 
     def publish(self, pods: Sequence[int], now_s: float) -> None:
         """Add ``pods``; they take their full share at once."""
@@ -203,7 +210,7 @@ class PlainRouter(Router):
     def route(self, hashes: np.ndarray, now_s: float, loads: np.ndarray | None) -> np.ndarray:
         """The plan of this snapshot (bounded load with a balance factor)."""
         plan = self._plan(self.rings, _ns(now_s), loads, "off")
-        return self._pods(plan.route_hashes(hashes)[0])
+        return self.to_pods(plan.route_hashes(hashes)[0])
 
 
 class SkipperRouter(PlainRouter):
@@ -269,7 +276,7 @@ class SkipperRouter(PlainRouter):
             max_hops=self.max_hops,
             hashes=hashes,
         )
-        return self._pods(idx)
+        return self.to_pods(idx)
 
 
 class NRingRouter(Router):
@@ -316,7 +323,7 @@ class NRingRouter(Router):
         """The plan of this snapshot (after ``advance``: finished fades merge into one ring)."""
         now = _ns(now_s)
         self.rings = self.rings.advance(now)
-        return self._pods(self._plan(self.rings, now, loads, "n-ring").route_hashes(hashes)[0])
+        return self.to_pods(self._plan(self.rings, now, loads, "n-ring").route_hashes(hashes)[0])
 
 
 def make_router(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lbcore.fence import fence
 from shm.errors import SegmentCorruptError, SegmentLayoutError, SegmentMissingError
 from shm.layout import (
     BUCKET_FIELDS,
@@ -21,7 +22,8 @@ from shm.layout import (
     row_layout,
     word,
 )
-from shm.segment import Segment, attach_initialized, check_header, fence, segment_name
+from shm.names import segment_name
+from shm.segment import Segment, attach_initialized, check_header
 
 #: Default number of worker slots (rows): workers x threads of one host, with room.
 DEFAULT_ROWS = 32

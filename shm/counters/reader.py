@@ -14,7 +14,7 @@ from shm.counters.loads import HostLoads, bucket_weights
 from shm.counters.matrix import Control, Matrix, attach_control
 from shm.counters.reports import merge_reports
 from shm.layout import COUNTER_FIELDS, KIND_FIELDS, STATS_FIELDS
-from shm.segment import current_inode
+from shm.names import current_inode
 
 # Bounds of sane counter cells. Any process of the user can write the matrix; a row
 # holding values no recorder writes (a count beyond 2**31 calls in one bucket, busy time

@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from lbcore.errors import ArgumentError, MappingFaultError
+from lbcore.fence import fence
 from lbcore.kernel import calls_adder, scatter_adder, scatter_adder_routed
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from shm.counters.matrix import C_CURRENT, Matrix
 from shm.counters.reports import write_reports
 from shm.errors import CounterInputError, SegmentSizeError, SlotOwnershipError
 from shm.layout import KIND_FIELDS, STATS_FIELDS
-from shm.segment import fence, intact, kernel_guarded, seam, words_are
+from shm.seams import seam
+from shm.segment import intact, kernel_guarded, words_are
 
 if TYPE_CHECKING:
     from shm.counters.store import CounterStore

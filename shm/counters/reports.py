@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.fence import fence
 from lbcore.reported import KIND_NONE, KIND_OCCUPANCY, KIND_UTILIZATION, ReportState, run_start
 from shm.layout import REPORT_FIELDS
-from shm.segment import fence
 
 __all__ = ["MAX_REPORT_VALUE", "merge_reports", "write_reports"]
 

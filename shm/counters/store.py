@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from lbcore.fence import fence
 from lbcore.signals import DEFAULT_WINDOW_NS
 from shm.counters.matrix import (
     C_CURRENT,
@@ -61,20 +62,11 @@ from shm.layout import (
     SLOT_RESERVED,
     align,
 )
-from shm.segment import (
-    Segment,
-    current_inode,
-    epoch_segments,
-    fence,
-    own_start_ticks,
-    process_alive,
-    seam,
-    segment_lock,
-    segment_name,
-    unlink_name,
-    unlink_stale_epochs,
-    unreaped_child,
-)
+from shm.locks import segment_lock
+from shm.names import current_inode, epoch_segments, segment_name, unlink_name, unlink_stale_epochs
+from shm.owners import own_start_ticks, process_alive, unreaped_child
+from shm.seams import seam
+from shm.segment import Segment
 
 
 @dataclass(frozen=True, slots=True)

@@ -347,14 +347,14 @@ class Decoder:
         rings = []
         # Host identities are per endpoint, not per ring: one parse serves every ring.
         host_ids = self.host_ids(eps) if n else None
-        master = int(ring_nodes[-1]) if n_rings else 0
-        if n_rings and not 1 <= master <= n * vnodes:
-            raise self.fail(f"newest ring has {master} nodes for {n} endpoints x {vnodes} vnodes")
+        newest = int(ring_nodes[-1]) if n_rings else 0
+        if n_rings and not 1 <= newest <= n * vnodes:
+            raise self.fail(f"newest ring has {newest} nodes for {n} endpoints x {vnodes} vnodes")
         for k in range(n_rings):
             m = int(ring_nodes[k])
             hn, bn = f"ring{k}.hashes", f"ring{k}.buckets"
-            if not 1 <= m <= master:
-                raise self.fail(f"ring {k} has {m} nodes, its newest ring {master}")
+            if not 1 <= m <= newest:
+                raise self.fail(f"ring {k} has {m} nodes, its newest ring {newest}")
             hashes = count(hn, m)
             buckets = views[bn]
             bits = buckets.size.bit_length() - 1

@@ -11,9 +11,9 @@ import numpy as np
 import lbcore
 from lbcore import knobs as lbcore_knobs
 from lbcore.ejection import Ejections
+from lbcore.fence import fence
 from shm.errors import TableInputError
 from shm.layout import BUFFER_HEADER_BYTES
-from shm.segment import fence
 from shm.tables.words import WEAK
 from shm.tables.zone import ZoneCurve
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from lbcore.fence import fence
 from shm.errors import (
     SegmentCorruptError,
     SegmentError,
@@ -25,7 +26,9 @@ from shm.layout import (
     TABLES_CONTROL,
     TABLES_DATA,
 )
-from shm.segment import Segment, attach_initialized, check_header, fence, seam, segment_name
+from shm.names import segment_name
+from shm.seams import seam
+from shm.segment import Segment, attach_initialized, check_header
 from shm.tables.codec import Decoder
 from shm.tables.model import Table, empty_table
 from shm.tables.words import (

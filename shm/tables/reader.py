@@ -11,9 +11,12 @@ from typing import TypeVar
 
 import numpy as np
 
+from lbcore.fence import fence
 from shm.background import BackgroundWorker, Job
 from shm.errors import SegmentError, TableUnavailableError
-from shm.segment import GUARDED, current_inode, fence, intact, process_alive, words_are
+from shm.names import current_inode
+from shm.owners import process_alive
+from shm.segment import GUARDED, intact, words_are
 from shm.status import PublisherStatus, read_status
 from shm.tables.model import Table
 from shm.tables.protocol import TablesView, attach_control, read_ahead

@@ -11,11 +11,11 @@ import time
 
 import numpy as np
 
+from lbcore.fence import IS_TSO
 from lbcore.hashing import digest
 from shm.layout import BUFFER_HEADER, TABLES_CONTROL, word
-from shm.segment import _TSO
 
-WEAK = not _TSO
+WEAK = not IS_TSO
 
 # Word indices used on hot paths.
 C_MAGIC = word(TABLES_CONTROL, "magic")

@@ -12,6 +12,7 @@ import numpy as np
 import lbcore
 from lbcore.ejection import Ejections
 from lbcore.errors import OutlierError
+from lbcore.fence import fence
 from shm.errors import (
     SegmentCorruptError,
     SegmentError,
@@ -35,19 +36,11 @@ from shm.layout import (
     TABLES_DATA,
     align,
 )
-from shm.segment import (
-    Segment,
-    WriterLock,
-    check_header,
-    current_inode,
-    epoch_segments,
-    fence,
-    own_start_ticks,
-    seam,
-    segment_name,
-    unlink_name,
-    unlink_stale_epochs,
-)
+from shm.locks import WriterLock
+from shm.names import current_inode, epoch_segments, segment_name, unlink_name, unlink_stale_epochs
+from shm.owners import own_start_ticks
+from shm.seams import seam
+from shm.segment import Segment, check_header
 from shm.status import write_status
 from shm.tables.codec import Encoded, encode, per_endpoint, strings
 from shm.tables.model import Knobs, Table

@@ -18,7 +18,7 @@ import pytest
 
 import lbcore
 import shm
-from shm.segment import SHM_DIR, unlink_name
+from shm.names import SHM_DIR, unlink_name
 
 _counter = itertools.count()
 _PREFIX = f"a{os.getpid()}x"

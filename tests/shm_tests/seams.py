@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from shm.segment import set_seam_hook
+from shm.seams import set_seam_hook
 
 
 def second_waits_for_first(

@@ -18,7 +18,8 @@ from shm import (
     list_segments,
     segment_name,
 )
-from shm.segment import SHM_DIR, Segment
+from shm.names import SHM_DIR
+from shm.segment import Segment
 from tests.shm_tests.window import MS, T0, W
 
 

@@ -17,7 +17,8 @@ from shm import (
     list_segments,
     segment_name,
 )
-from shm.segment import process_alive, process_start_ticks, set_seam_hook
+from shm.owners import process_alive, process_start_ticks
+from shm.seams import set_seam_hook
 from tests.shm_damage import writable_counters
 
 S = 1_000_000_000

@@ -25,7 +25,8 @@ from lbcore.reported import (
 from shm.counters.reports import F_AT, F_KIND, F_SINCE, F_VALUE, merge_reports
 from shm.errors import CounterInputError, SegmentVersionError
 from shm.layout import LAYOUT_VERSION, REPORT_FIELDS
-from shm.segment import Segment, segment_name
+from shm.names import segment_name
+from shm.segment import Segment
 from tests.shm_damage import writable_counters
 
 S = 1_000_000_000

@@ -24,13 +24,9 @@ from shm.layout import (
     MAGIC_TABLES_CONTROL,
     TABLES_CONTROL,
 )
-from shm.segment import (
-    SHM_DIR,
-    Segment,
-    check_header,
-    process_alive,
-    process_start_ticks,
-)
+from shm.names import SHM_DIR
+from shm.owners import process_alive, process_start_ticks
+from shm.segment import Segment, check_header
 
 
 @pytest.mark.parametrize("ns", ["prapi", "a", "A-b_9", "x" * 64])

@@ -29,7 +29,8 @@ from shm import (
     segment_name,
 )
 from shm.layout import BUFFER_HEADER_BYTES, LAYOUT_VERSION, TABLE_SECTIONS
-from shm.segment import SHM_DIR, Segment
+from shm.names import SHM_DIR
+from shm.segment import Segment
 from tests.shm_tests.helpers import KEYS
 from tests.shm_tests.seams import second_waits_for_first
 
@@ -639,7 +640,7 @@ def test_a_corrupt_current_generation_is_judged_once(namespace, monkeypatch, dam
     not check the whole table again (a checksum over megabytes) or wait out the
     timeout: the verdict is kept until the buffer or current changes."""
     from shm import TableUnavailableError
-    from shm.segment import set_seam_hook
+    from shm.seams import set_seam_hook
     from shm.tables import protocol
 
     checksums = []

@@ -13,7 +13,8 @@ import lbcore
 from lbcore.route import route_ring_set
 from shm import SegmentMissingError, TableChecksumError, TableReader, TableWriter
 from shm.layout import BUFFER_HEADER_BYTES, TABLES_DATA
-from shm.segment import Segment, set_seam_hook
+from shm.seams import set_seam_hook
+from shm.segment import Segment
 from tests.background_harness import fork_while_locked, held_background_map
 
 EPS = [f"http://10.7.0.{i}:8080" for i in range(1, 41)]

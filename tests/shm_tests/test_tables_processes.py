@@ -13,7 +13,8 @@ import lbcore
 from lbcore.route import route_ring_set
 from shm import TableReader, TableUnavailableError, TableWriter, list_segments, segment_name
 from shm.layout import TABLES_CONTROL, TABLES_DATA, word
-from shm.segment import Segment, set_seam_hook
+from shm.seams import set_seam_hook
+from shm.segment import Segment
 from tests.shm_tests.helpers import VARIANTS, check, expected_routes, publish_generation, variant
 
 RING_SETS = [variant(v) for v in range(VARIANTS)]
@@ -230,7 +231,7 @@ def test_killed_readers_do_not_disturb_the_writer(namespace, procs):
 
 
 # ---------------------------------------------------------------------------------------
-# Forced interleavings: child processes pause at the protocol's seams (shm.segment.seam).
+# Forced interleavings: child processes pause at the protocol's seams (shm.seams.seam).
 
 
 def _eps_n(n, salt=7):

@@ -10,7 +10,8 @@ import pytest
 import lbcore
 from shm import SegmentVersionError, TableInputError, TableReader, TableWriter
 from shm.layout import LAYOUT_VERSION, PAYLOAD_HEADER
-from shm.segment import Segment, segment_name
+from shm.names import segment_name
+from shm.segment import Segment
 from shm.tables import ZoneCurve
 from shm.tables.zone import ZONE_REASONS, ZONE_STATES
 

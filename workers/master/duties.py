@@ -22,6 +22,9 @@ from typing import Any
 
 import lbcore
 import shm
+import shm.locks
+import shm.names
+import shm.owners
 from lbcore.knobs import KnobError
 from lbcore.logformat import Event
 from workers.master.supervisor import (
@@ -483,7 +486,7 @@ class Master:
             # sharing a sidecar's namespace): checked and removed under their lock, so a
             # server reserving meanwhile either shows up here or finds them gone.
             try:
-                with shm.segment.segment_lock(self.store.name):
+                with shm.locks.segment_lock(self.store.name):
                     others = _holders(self.store) if unlink else []
                     if others:
                         keep_counters = True
@@ -506,7 +509,7 @@ class Master:
                 counters = shm.segment_name(self.namespace, "counters")
                 left = [n for n in left if not n.startswith(counters)]
             for name in left:
-                shm.segment.unlink_name(name)
+                shm.names.unlink_name(name)
             if left:
                 self.log.info(Event("segments_removed", segments=left))
         self.owns_namespace = False
@@ -556,7 +559,7 @@ def _holders(store: shm.CounterStore) -> list[int]:
     for s in store.slots():
         if s.pid == me or s.pid <= 0:
             continue
-        if s.alive or (s.reserved and shm.segment.process_start_ticks(s.pid) is not None):
+        if s.alive or (s.reserved and shm.owners.process_start_ticks(s.pid) is not None):
             pids.add(s.pid)
     return sorted(pids)
 

@@ -22,7 +22,7 @@ import shm
 from shm.counters.recorder import Starts
 from workers.fanout.failurelog import FailureLog
 
-__all__ = ["Recording", "WarningThrottle"]
+__all__ = ["COUNTS_WARN", "Recording", "WarningThrottle"]
 
 log = logging.getLogger("cslb.router")
 
@@ -73,7 +73,8 @@ class WarningThrottle:
         )
 
 
-_counts_lost = WarningThrottle("decision counts not recorded")
+#: The throttle of the "decision counts not recorded" warning (tests may swap in a fresh one).
+COUNTS_WARN = WarningThrottle("decision counts not recorded")
 
 _STATS = ("decisions", "fallbacks", "moves", "failures")
 
@@ -178,7 +179,7 @@ class Recording:
             if row is not None:
                 row.count(decisions, fallbacks, moves)
         except shm.ShmError as exc:  # released meanwhile, or the counters shrunk or damaged
-            _counts_lost.warn(log, exc)
+            COUNTS_WARN.warn(log, exc)
         finally:
             lock.release()
 

@@ -233,7 +233,7 @@ def bounded_bar(plan: lbcore.Plan, view: int = -1) -> float | None:
     lbcore's rule over the view's candidates (:func:`lbcore.bounded.target_load`);
     ``None`` without bounded load.
     """
-    if plan.balance_factor is None or plan.loads is None or plan.master is None:
+    if plan.balance_factor is None or plan.loads is None or plan.newest is None:
         return None
     return target_load(plan.loads, plan.listed[view], plan.balance_factor)
 

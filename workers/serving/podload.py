@@ -34,7 +34,7 @@ import numpy as np
 
 from lbcore.signals import window_weights
 from lbwire.orca import MAX_VALUE, format_report
-from shm.segment import process_alive
+from shm.owners import process_alive
 from workers.serving.capacity import gunicorn_capacity
 from workers.serving.pool import (
     BUCKET,

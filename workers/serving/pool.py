@@ -31,18 +31,10 @@ import time
 import numpy as np
 
 from shm import SegmentError, SegmentMagicError, SegmentSizeError
-from shm.segment import (
-    SHM_DIR,
-    Segment,
-    attach_initialized,
-    current_inode,
-    own_start_ticks,
-    process_alive,
-    process_start_ticks,
-    segment_lock,
-    segment_name,
-    unlink_name,
-)
+from shm.locks import segment_lock
+from shm.names import SHM_DIR, current_inode, segment_name, unlink_name
+from shm.owners import own_start_ticks, process_alive, process_start_ticks
+from shm.segment import Segment, attach_initialized
 from workers.serving.capacity import gunicorn_worker
 
 __all__ = [

@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import lbcore
+from lbcore.keys import check_key_length
 from lbcore.knobs import Knob, parse_int_between
 
 __all__ = [
@@ -335,12 +336,16 @@ def parse_text(body: bytes, charset: str | None, max_batch: int) -> list[bytes]:
     longest = max(map(len, lines))
     if longest > MAX_KEY_BYTES:
         i = next(i for i, ln in enumerate(lines) if len(ln) == longest)
-        raise HTTPError(
-            400,
-            f"key {i} (line {i + 1}) is {longest} bytes long; product IDs may be at most "
-            f"{MAX_KEY_BYTES} bytes",
-        )
+        _refuse_length(longest, i, f" (line {i + 1})")
     return lines
+
+
+def _refuse_length(length: int, i: int, where: str = "") -> None:
+    """400 with lbcore's message if key ``i`` of ``length`` bytes is too long."""
+    try:
+        check_key_length(length, i, MAX_KEY_BYTES)
+    except lbcore.KeyTooLongError as exc:
+        raise HTTPError(400, f"{exc}{where}") from None
 
 
 # "{L}s" for every key length L: a struct format that cuts a key of L bytes.
@@ -357,14 +362,14 @@ def pack_keys(keys: Iterable[bytes | str]) -> bytes:
 
     Raises
     ------
-    ValueError
-        A key is longer than 4,096 bytes (it names the key's position).
+    lbcore.KeyTooLongError
+        A key is longer than :data:`MAX_KEY_BYTES` (a ``ValueError``; lbcore's message,
+        naming the key's position).
     """
     raw = [k.encode("utf-8") if isinstance(k, str) else bytes(k) for k in keys]
     lengths = [len(k) for k in raw]
     for i, n in enumerate(lengths):
-        if n > MAX_KEY_BYTES:
-            raise ValueError(f"key {i} is {n} bytes long; at most {MAX_KEY_BYTES} bytes")
+        check_key_length(n, i, MAX_KEY_BYTES)
     return b"".join([struct.pack(f"<I{len(raw)}H", len(raw), *lengths), *raw])
 
 
@@ -400,11 +405,7 @@ def parse_binary(body: bytes, max_batch: int) -> list[bytes]:
     lengths = struct.unpack_from(f"<{n}H", body, 4)
     longest = max(lengths)
     if longest > MAX_KEY_BYTES:
-        i = lengths.index(longest)
-        raise HTTPError(
-            400,
-            f"key {i} is {longest} bytes long; product IDs may be at most {MAX_KEY_BYTES} bytes",
-        )
+        _refuse_length(longest, lengths.index(longest))
     total = sum(lengths)
     if head + total != size:
         raise HTTPError(
