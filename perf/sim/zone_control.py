@@ -38,7 +38,16 @@ from lbcore.zone_settings import ZoneSettings
 from perf.sim.zone_routing import CSLB_PENDING, KeySplit, Layout, Strategy, zone_shares
 from perf.sim.zones import ZonesConfig, run
 
-__all__ = ["ControllerDriver", "Transition", "controller_study"]
+__all__ = ["CASES", "ControllerDriver", "Transition", "controller_study"]
+
+#: The cases ``cslb simulate --scenario zone-controller`` runs: (name, the fault as
+#: :attr:`perf.sim.zones.ZonesConfig.slow`, remote_probe). The fault triples zone
+#: z-a's service times: first while the start's ramp has x below 1, then at full.
+CASES: tuple[tuple[str, tuple[int, float, float, float], bool], ...] = (
+    ("fault while ramping", (0, 3.0, 10.0, 40.0), False),
+    ("fault at full", (0, 3.0, 60.0, 90.0), False),
+    ("fault at full, remote probe", (0, 3.0, 60.0, 90.0), True),
+)
 
 #: Added to the simulation's clock (seconds after warm-up) to make CLOCK_MONOTONIC-like
 #: nanoseconds that stay positive through the warm-up.
