@@ -8,8 +8,8 @@ reads the database. A call's latency is the network's round trip (local or
 cross-zone) plus its service time (hit or miss) stretched by the pod's queue,
 ``service_s / (1 - occupancy / concurrency)``, occupancy over the last second (a
 fluid queue, as :mod:`perf.sim.reports`). Bounded load compares each zone's own view
-(its callers' busy time per pod over ``window_s``, as a host's counters), in the
-units of :func:`lbcore.bounded.in_call_units`.
+(its callers' busy time per pod over ``window_s``, as a host's counters; one view per
+child balancer of the strategy), in the units of :func:`lbcore.bounded.in_call_units`.
 
 The cache footprint, two ways: the hot set of a zone is the distinct products its pods
 were asked for in the last ``hot_window_s`` of the run (``zones_per_hot_key``: the summed
