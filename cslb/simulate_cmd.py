@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
             "load on each host's own view vs pod-reported load, with other callers), zones "
             "(cross-zone calls vs cache hit rate: no zones, Skipper's zone filter, a "
             "per-request split and cslb's key split), zone-ramp (how long the local share "
-            "should take to rise)."
+            "should take to rise), zone-controller (discovery's zone controller against "
+            "caches: a latency fault, the floor and the recovery's ramp)."
         ),
     )
     p.add_argument("--scenario", required=True, choices=sorted([*SCENARIOS, *_OWN]))
@@ -219,7 +220,8 @@ def _reports(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-#: What --scenario zones and zone-ramp read; the other options belong to the cache scenarios.
+#: What --scenario zones, zone-ramp and zone-controller read; the other options belong
+#: to the cache scenarios.
 _ZONES_OPTIONS = {
     "scenario",
     "seconds",
@@ -236,14 +238,15 @@ _ZONES_OPTIONS = {
 
 
 def _zones(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """``--scenario zones`` (the strategies' table) and ``zone-ramp`` (the ramp study)."""
+    """``--scenario zones`` (the strategies' table), ``zone-ramp`` and ``zone-controller``."""
     import json
     from dataclasses import replace
 
     from perf.sim.config import to_jsonable
+    from perf.sim.zone_control import CASES, controller_study
     from perf.sim.zone_ramp import ramp_study
     from perf.sim.zones import ZonesConfig, sweep
-    from perf.sim.zones_report import plot, plot_ramp, ramp_text, to_text
+    from perf.sim.zones_report import controller_text, plot, plot_ramp, ramp_text, to_text
 
     defaults = vars(parser.parse_args(["--scenario", args.scenario]))
     for name, value in vars(args).items():
@@ -251,14 +254,18 @@ def _zones(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             flag = "--" + name.replace("_", "-")
             parser.error(f"{flag} has no effect on --scenario {args.scenario}")
     ramp = args.scenario == "zone-ramp"
-    seconds = (180.0 if ramp else 60.0) if args.seconds is None else args.seconds
+    control = args.scenario == "zone-controller"
+    if control and args.plot:
+        parser.error("--scenario zone-controller has no chart (--plot)")
+    long_s = 200.0 if control else 180.0 if ramp else 60.0
+    seconds = long_s if args.seconds is None else args.seconds
     base = ZonesConfig(seconds=seconds, seed=args.seed)
     changes = {
         k: getattr(args, k)
         for k in ("balance_factor", "zipf", "catalogue", "cache_size")
         if getattr(args, k) is not None
     }
-    if ramp:
+    if ramp or control:
         changes["pods"] = (4, 4, 4)
     # a run simulates at most twice --seconds: a warm-up as long (20 s at most), then them
     warmup = min(base.warmup_s, seconds)
@@ -271,6 +278,17 @@ def _zones(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         _plot_dir(args, parser)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     say = (lambda text: print(f"  {text}", file=sys.stderr)) if show else None
+    if control:
+        studies = []
+        for name, slow, probe in CASES:
+            if say is not None:
+                say(name)
+            studies.append((name, controller_study(base, slow=slow, remote_probe=probe)))
+        if args.json:
+            print(json.dumps(to_jsonable(dict(studies)), indent=1))
+        else:
+            print(controller_text(studies))
+        return 0
     if ramp:
         study = ramp_study(base, progress=say)
         if args.json:
@@ -291,7 +309,7 @@ def _zones(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 #: Scenarios with a command of their own here (the others run through perf.sim.options).
-_OWN = {"reports": _reports, "zones": _zones, "zone-ramp": _zones}
+_OWN = {"reports": _reports, "zones": _zones, "zone-ramp": _zones, "zone-controller": _zones}
 
 
 def main(argv: list[str]) -> int:

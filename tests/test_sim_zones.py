@@ -69,9 +69,16 @@ def test_cslb_footprint_is_smaller_than_the_request_splits_at_the_same_x():
     assert key["hot_set"] < req["hot_set"]
     assert key["zones_per_cached_key"] < req["zones_per_cached_key"]
     assert key["hit_rate"] > req["hit_rate"]
-    # and it keeps more calls in the zone: the per-request split's global ring judges
-    # local pods by the flat average bar, which their local traffic pushes them over
-    assert key["cross_share"] < req["cross_share"]
+
+
+@needs_cslb
+def test_the_request_splits_rings_each_keep_their_own_bar():
+    # each child balancer counts its own calls, so local requests do not push local pods
+    # over the global ring's bar: the split sends (1 - x) x 2/3 of its calls across, as
+    # cslb does, instead of spilling global requests off local pods
+    key, req = _run("cslb", 0.5), _run("request split", 0.5)
+    assert req["cross_share"] == pytest.approx(0.5 * 2 / 3, abs=0.02)
+    assert req["cross_share"] == pytest.approx(key["cross_share"], abs=0.02)
 
 
 @needs_cslb

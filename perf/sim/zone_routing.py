@@ -6,13 +6,16 @@
 * :class:`RequestSplit`: Envoy's way: each *request* goes local with probability
   ``x_z = min(x, cap_z)`` whatever its key (a ring over the local pods), else to the
   ring of every pod, so a key is on a local pod for some requests and a remote one for
-  others;
+  others. Each ring is a child balancer with its own bounded load, as Envoy's
+  per-locality balancers are: it counts only the calls it routed and sets its bar over
+  its own pods (:attr:`Strategy.views` is 2);
 * :class:`KeySplit`: cslb's zone rules (:mod:`lbcore.zones`): a *key* is local when its
   independent draw is below ``x_z``; the zone's ring is the global ring restricted to
   its pods, and the bounded-load bars come from the plan.
 
 Every strategy routes a caller zone's calls of one tick on one plan per ring, with the
-zone's own load view (bounded load on, unless the balance factor is ``None``). The
+zone's own load views (bounded load on, unless the balance factor is ``None``): one
+view per child balancer (:attr:`Strategy.views`), each counting the calls it routed. The
 split strategies share ``x_z`` (:func:`zone_shares`): the cap is lbcore's
 (:func:`lbcore.zones.zone_cap`, Envoy's residual-capacity arithmetic). Rings over a
 subset of pods hash the same endpoint names, so a local ring is the global ring
@@ -147,6 +150,8 @@ class Strategy:
     name = ""
     #: Each zone's ``x_z`` (split strategies), else ``None``.
     shares: np.ndarray | None = None
+    #: Load views per caller zone: child balancers that each count only their own calls.
+    views = 1
 
     def __init__(
         self, layout: Layout, balance_factor: float | None, max_hops: int | None, vnodes: int
@@ -173,7 +178,21 @@ class Strategy:
         loads: np.ndarray | None,
         rng: np.random.Generator,
     ) -> np.ndarray:
-        """Global pod of every call from ``zone`` (``loads`` per global pod, in call units)."""
+        """Global pod of every call from ``zone``, and the load view that routed it.
+
+        Parameters
+        ----------
+        loads
+            Per view (:attr:`views` rows), load per global pod in call units; ``None``
+            without bounded load.
+
+        Returns
+        -------
+        pods : numpy.ndarray
+            Global pod number per call.
+        view : numpy.ndarray or None
+            The view (child balancer) of every call; ``None``: view 0 for all.
+        """
         raise NotImplementedError
 
 
@@ -189,8 +208,8 @@ class NoZones(Strategy):
         now_s: float,
         loads: np.ndarray | None,
         rng: np.random.Generator,
-    ) -> np.ndarray:
-        return self.everyone.route(hashes, now_s, loads)
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.everyone.route(hashes, now_s, _view(loads, 0)), None
 
 
 class HardFilter(Strategy):
@@ -220,14 +239,20 @@ class HardFilter(Strategy):
         now_s: float,
         loads: np.ndarray | None,
         rng: np.random.Generator,
-    ) -> np.ndarray:
-        return self.rings[zone].route(hashes, now_s, loads)
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.rings[zone].route(hashes, now_s, _view(loads, 0)), None
 
 
 class RequestSplit(Strategy):
-    """Each request local with probability ``x_z`` (Envoy's zone-aware split), any key."""
+    """Each request local with probability ``x_z`` (Envoy's zone-aware split), any key.
+
+    View 0 is the local ring's, view 1 the global ring's: each ring's bar is over its own
+    pods and the calls it routed, so local requests do not make local pods look
+    overloaded to the global ring.
+    """
 
     name = "request split"
+    views = 2
 
     def __init__(
         self,
@@ -257,17 +282,17 @@ class RequestSplit(Strategy):
         now_s: float,
         loads: np.ndarray | None,
         rng: np.random.Generator,
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         out = np.empty(hashes.size, dtype=np.int64)
         ring = self.local[zone]
         here = rng.random(hashes.size) < self.shares[zone]
         if ring is None:
             here[:] = False
         if here.any():
-            out[here] = ring.route(hashes[here], now_s, loads)
+            out[here] = ring.route(hashes[here], now_s, _view(loads, 0))
         if not here.all():
-            out[~here] = self.everyone.route(hashes[~here], now_s, loads)
-        return out
+            out[~here] = self.everyone.route(hashes[~here], now_s, _view(loads, 1))
+        return out, np.where(here, 0, 1).astype(np.int8)
 
 
 class KeySplit(Strategy):
@@ -306,6 +331,17 @@ class KeySplit(Strategy):
             for z, s in enumerate(self.shares)
         ]
 
+    def set_zone_share(self, zone: int, x: float) -> None:
+        """Set one zone's ``x`` as given (a controller's, already within the cap)."""
+        assert _ZONES is not None and self.shares is not None
+        if float(self.shares[zone]) == x:
+            return
+        self.shares = self.shares.copy()
+        self.shares[zone] = x
+        self.splits[zone] = _ZONES.ZoneSplit(
+            self.layout.zone_of == zone, float(x), min_pods=self.min_pods
+        )
+
     def route(
         self,
         zone: int,
@@ -313,11 +349,11 @@ class KeySplit(Strategy):
         now_s: float,
         loads: np.ndarray | None,
         rng: np.random.Generator,
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         plan = Plan(
             self.rings,
             round(now_s * 1e9),
-            loads=None if self.balance_factor is None else loads,
+            loads=None if self.balance_factor is None else _view(loads, 0),
             balance_factor=self.balance_factor,
             max_hops=self.max_hops,
             fade_mode="off",
@@ -327,7 +363,12 @@ class KeySplit(Strategy):
         idx = plan.route_hashes(hashes)[0]
         if idx.size and int(idx.min()) < 0:
             raise RuntimeError(f"lbcore's zone plan fell back for {int((idx < 0).sum())} calls")
-        return idx.astype(np.int64)
+        return idx.astype(np.int64), None
+
+
+def _view(loads: np.ndarray | None, view: int) -> np.ndarray | None:
+    """One view's row of ``loads`` (``None`` stays ``None``)."""
+    return None if loads is None else loads[view]
 
 
 def make_strategy(

@@ -8,8 +8,8 @@ reads the database. A call's latency is the network's round trip (local or
 cross-zone) plus its service time (hit or miss) stretched by the pod's queue,
 ``service_s / (1 - occupancy / concurrency)``, occupancy over the last second (a
 fluid queue, as :mod:`perf.sim.reports`). Bounded load compares each zone's own view
-(its callers' busy time per pod over ``window_s``, as a host's counters), in the
-units of :func:`lbcore.bounded.in_call_units`.
+(its callers' busy time per pod over ``window_s``, as a host's counters; one view per
+child balancer of the strategy), in the units of :func:`lbcore.bounded.in_call_units`.
 
 The cache footprint, two ways: the hot set of a zone is the distinct products its pods
 were asked for in the last ``hot_window_s`` of the run (``zones_per_hot_key``: the summed
@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from perf.sim.zone_routing import (
     make_strategy,
 )
 
-__all__ = ["SHARES", "SPREADS", "ZonesConfig", "run", "strategy_for", "sweep"]
+__all__ = ["SHARES", "SPREADS", "TickDriver", "ZonesConfig", "run", "strategy_for", "sweep"]
 
 #: The x values the split strategies are swept over.
 SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -61,7 +61,9 @@ class ZonesConfig:
     ``share`` is ``x`` (the wanted local share before the cap) for the split
     strategies; ``ramp`` (``(at_s, ramp_s, exponent)``) raises cslb's ``x`` from 0 to
     ``share`` along :func:`lbcore.fade.fade_share`'s curve from ``at_s`` instead of
-    starting at it (:mod:`perf.sim.zone_ramp`).
+    starting at it (:mod:`perf.sim.zone_ramp`). ``slow`` (``(zone, factor, from_s,
+    to_s)``) multiplies the service time of that zone's pods by ``factor`` from
+    ``from_s`` to ``to_s`` after warm-up: a latency fault (:mod:`perf.sim.zone_control`).
     """
 
     strategy: str = "no zones"
@@ -87,6 +89,7 @@ class ZonesConfig:
     seconds: float = 60.0
     hot_window_s: float = 10.0
     ramp: tuple[float, float, float] | None = None
+    slow: tuple[int, float, float, float] | None = None
     seed: int = 1
 
     @property
@@ -110,9 +113,31 @@ class ZonesConfig:
                 raise ValueError(f"{name} must be a finite number > 0, got {v}")
         if self.ramp is not None and self.strategy != "cslb":
             raise ValueError(f"a ramp moves cslb's x; strategy {self.strategy!r} has none")
+        if self.slow is not None and not (
+            0 <= self.slow[0] < len(self.pods) and self.slow[1] > 0 and self.slow[2] <= self.slow[3]
+        ):
+            raise ValueError(f"slow must be (zone, factor > 0, from_s, to_s), got {self.slow}")
         if self.seconds < self.hot_window_s:
             raise ValueError(f"seconds ({self.seconds}) must be >= hot_window_s")
         return self
+
+
+class TickDriver(Protocol):
+    """Moves a strategy's shares from what each tick's calls measured."""
+
+    def tick(
+        self,
+        strategy: Strategy,
+        t_s: float,
+        caller: np.ndarray,
+        cross: np.ndarray,
+        latency: np.ndarray,
+    ) -> None:
+        """Take one tick's calls; ``t_s``: its end, in seconds after warm-up.
+
+        ``caller`` (zone), ``cross`` and ``latency`` (seconds) have one entry per call;
+        ``t_s`` is negative during the warm-up.
+        """
 
 
 def strategy_for(cfg: ZonesConfig) -> Strategy:
@@ -128,8 +153,11 @@ def strategy_for(cfg: ZonesConfig) -> Strategy:
     )
 
 
-def run(cfg: ZonesConfig) -> dict[str, Any]:
+def run(cfg: ZonesConfig, driver: TickDriver | None = None) -> dict[str, Any]:
     """One run: the figures the table compares, and per-second series.
+
+    ``driver``, when given, is told every tick's calls and may move the strategy's
+    shares before the next (:class:`TickDriver`).
 
     Returns
     -------
@@ -158,8 +186,10 @@ def run(cfg: ZonesConfig) -> dict[str, Any]:
     per_s = max(1, round(1.0 / cfg.tick_s))
     cache = TickLRU(n, cfg.catalogue, cfg.cache_size, ticks + 1)
     w = max(1, round(cfg.window_s / cfg.tick_s))
-    view_busy = np.zeros((w, zones, n))  # each zone's callers' own busy time per pod
-    view_done = np.zeros((w, zones, n))
+    views = strategy.views
+    # each zone's callers' own busy time per pod, per child balancer
+    view_busy = np.zeros((w, zones, views, n))
+    view_done = np.zeros((w, zones, views, n))
     pod_busy = np.zeros((per_s, n))  # the pods' own, over the last second
     caller_rate = cfg.rate_per_pod * n * np.asarray(cfg.callers) / sum(cfg.callers)
     last_seen = np.zeros((zones, cfg.catalogue), dtype=np.int32)
@@ -177,29 +207,36 @@ def run(cfg: ZonesConfig) -> dict[str, Any]:
         slot = k % w
         view_busy[slot] = 0.0
         view_done[slot] = 0.0
-        pods_parts, keys_parts, zone_parts = [], [], []
+        pods_parts, keys_parts, zone_parts, view_parts = [], [], [], []
         for z in range(zones):
             count = traffic.poisson(caller_rate[z] * cfg.tick_s)
             keys = cat.sample(traffic, count)
             loads = _view_loads(view_busy[:, z], view_done[:, z], cfg)
-            pods = strategy.route(z, cat.hashes[keys], now_s, loads, draws)
+            pods, view = strategy.route(z, cat.hashes[keys], now_s, loads, draws)
             pods_parts.append(pods)
             keys_parts.append(keys)
             zone_parts.append(np.full(count, z))
+            view_parts.append(np.zeros(count, dtype=np.int8) if view is None else view)
         pods = np.concatenate(pods_parts)
         keys = np.concatenate(keys_parts)
         caller = np.concatenate(zone_parts)
+        via = np.concatenate(view_parts)
         hit = cache.access(pods, keys, k + 1)
         service = np.where(hit, cfg.hit_s, cfg.miss_s)
+        if cfg.slow is not None and cfg.slow[2] <= (k - warm) * cfg.tick_s < cfg.slow[3]:
+            service = np.where(zone_of[pods] == cfg.slow[0], service * cfg.slow[1], service)
         cross = zone_of[pods] != caller
         # the pod works the service time; the caller waits for the queue and the trip too
         latency = service * queue[pods] + np.where(cross, cfg.cross_rtt_s, cfg.local_rtt_s)
         pod_busy[k % per_s] = np.bincount(pods, weights=service, minlength=n)
         for z in range(zones):
-            mine = caller == z
-            view_busy[slot, z] = np.bincount(pods[mine], weights=latency[mine], minlength=n)
-            view_done[slot, z] = np.bincount(pods[mine], minlength=n)
+            for v in range(views):
+                mine = (caller == z) & (via == v)
+                view_busy[slot, z, v] = np.bincount(pods[mine], weights=latency[mine], minlength=n)
+                view_done[slot, z, v] = np.bincount(pods[mine], minlength=n)
         last_seen[zone_of[pods], keys] = k + 1
+        if driver is not None:
+            driver.tick(strategy, (k + 1 - warm) * cfg.tick_s, caller, cross, latency)
         if k < warm:
             continue
         sec = (k - warm) // per_s
@@ -261,13 +298,20 @@ def run(cfg: ZonesConfig) -> dict[str, Any]:
 
 
 def _view_loads(busy: np.ndarray, done: np.ndarray, cfg: ZonesConfig) -> np.ndarray | None:
-    """A zone's loads per pod in call units: occupancy over its window (a host's view)."""
+    """A zone's loads per view and pod in call units: occupancy over its window.
+
+    ``busy`` and ``done`` are ``(window ticks, views, pods)``; each view (child balancer)
+    is a host's counters of its own calls only.
+    """
     if cfg.balance_factor is None:
         return None
-    total_busy, total_done = busy.sum(), done.sum()
-    mean = total_busy / total_done if total_done else math.nan
-    inc = routed_call_load("occupancy", mean, cfg.window_s)
-    return in_call_units(busy.sum(axis=0) / cfg.window_s, inc)
+    out = np.empty(busy.shape[1:])
+    for v in range(busy.shape[1]):
+        total_busy, total_done = busy[:, v].sum(), done[:, v].sum()
+        mean = total_busy / total_done if total_done else math.nan
+        inc = routed_call_load("occupancy", mean, cfg.window_s)
+        out[v] = in_call_units(busy[:, v].sum(axis=0) / cfg.window_s, inc)
+    return out
 
 
 def _ramp(strategy: Strategy, cfg: ZonesConfig, t_s: float) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from perf.sim.plot import pyplot
 from perf.sim.zones import ZonesConfig
 
-__all__ = ["COLUMNS", "plot", "plot_ramp", "ramp_text", "to_text"]
+__all__ = ["COLUMNS", "controller_text", "plot", "plot_ramp", "ramp_text", "to_text"]
 
 #: (heading, key, format) of the sweep's table; ``by_zone`` is the caller zones' cross share.
 COLUMNS = (
@@ -107,6 +107,41 @@ def ramp_text(study: dict[str, Any]) -> str:
             "* left out (the run ends before they settle): "
             + ", ".join(f"{r:g} s" for r in study["skipped"])
         )
+    return "\n".join(out)
+
+
+def controller_text(studies: list[tuple[str, dict[str, Any]]]) -> str:
+    """The controller study's transitions, one block per case (:mod:`perf.sim.zone_control`)."""
+    out = ["cslb simulate --scenario zone-controller"]
+    for name, study in studies:
+        if study["pending"] is not None:
+            out += ["", f"{name}: {study['pending']}"]
+            continue
+        zone, factor, start, end = study["slow"]
+        out += ["", f"{name}: z-{chr(ord('a') + zone)}'s service times x{factor:g} "
+                f"from {start:g} s to {end:g} s"]  # fmt: skip
+        out.append("     t s  zone  state     reason        x      local ms  remote ms  calls")
+        for t in study["transitions"]:
+            out.append(
+                f"{t['t_s']:8.1f}  {t['zone']:4s}  {t['state']:8s}  {t['reason']:12s}"
+                f"{t['x']:6.3f}  {t['local_ms']:8.2f}  {t['remote_ms']:9.2f}  "
+                f"{t['local_calls']:,.0f}/{t['remote_calls']:,.0f}"
+            )
+        floors = ", ".join(f"{z} {n}" for z, n in study["floors"].items())
+        peak = ", ".join(
+            f"{z} {'n/a' if math.isnan(e) else f'{e:+.0%}'}"
+            for z, e in study["recovery_excess"].items()
+        )
+        out.append(f"* floors: {floors}; highest excess while ramping after a recovery: {peak}")
+    s = studies[0][1].get("settings") if studies else None
+    if s is not None:
+        out += [
+            "",
+            f"* defaults: ramp {s.ramp_ns / 1e9:g} s, probe floor {s.probe_floor:g}, margin "
+            f"{s.latency_margin:g}, hold {s.hold_ns / 1e9:g} s, min pods {s.min_pods}; "
+            "controllers step every second on the calls of the last 10 s; excess: local "
+            "latency over remote, minus 1; remote probe: cap held at 1 - probe floor",
+        ]
     return "\n".join(out)
 
 

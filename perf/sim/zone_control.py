@@ -1,0 +1,263 @@
+"""Discovery's zone controller against caches: does a recovery's ramp flap it back down.
+
+:class:`discovery.zonecontrol.ZoneController` decides each caller zone's local share
+``x`` from local and remote call latency. Here it runs inside the zones simulation
+(:func:`perf.sim.zones.run`) at the default settings (:mod:`lbcore.zone_settings`,
+affinity on): one controller per caller zone, as each host's discovery runs its own,
+stepped every ``step_s`` with the mean latency of its zone's calls to local and to
+remote pods over the counters' window (``window_s``), the way
+:meth:`discovery.zoneloop.ZoneLoop.read_latency` reads them. Every tick each zone
+routes with cslb's key split at the share its controller's curve gives for that
+instant, as a worker's plan does.
+
+The cache effect is what a unit test of the controller cannot show: every key that
+turns local meets a local cache that does not hold it, so while ``x`` rises the local
+calls miss more often and run slower than the remote ones, which hit warm caches.
+If that excess passed the latency margin the ramp would drop the zone back to the
+probe floor, and after the hold time ramp again: a flap. The study starts affinity
+after the warm-up, slows one zone's pods (``slow``: a latency fault) long enough to
+send it to the floor, and follows the recovery's ramp.
+
+At full affinity on an even fleet (cap 1) a zone's callers make almost no remote calls
+(bounded load's spill only), so a latency reading lacks its remote side and a fault
+that starts then goes unseen. ``remote_probe`` tries the remedy of keeping
+the probe floor's share of keys global (the cap held at ``1 - probe_floor``), the
+mirror of the floor's local trickle; the controller itself does not do this.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from discovery.zonecontrol import ZoneController, ZoneSignals
+from lbcore.zone_settings import ZoneSettings
+from perf.sim.zone_routing import CSLB_PENDING, KeySplit, Layout, Strategy, zone_shares
+from perf.sim.zones import ZonesConfig, run
+
+__all__ = ["CASES", "ControllerDriver", "Transition", "controller_study"]
+
+#: The cases ``cslb simulate --scenario zone-controller`` runs: (name, the fault as
+#: :attr:`perf.sim.zones.ZonesConfig.slow`, remote_probe). The fault triples zone
+#: z-a's service times: first while the start's ramp has x below 1, then at full.
+CASES: tuple[tuple[str, tuple[int, float, float, float], bool], ...] = (
+    ("fault while ramping", (0, 3.0, 10.0, 40.0), False),
+    ("fault at full", (0, 3.0, 60.0, 90.0), False),
+    ("fault at full, remote probe", (0, 3.0, 60.0, 90.0), True),
+)
+
+#: Added to the simulation's clock (seconds after warm-up) to make CLOCK_MONOTONIC-like
+#: nanoseconds that stay positive through the warm-up.
+_EPOCH_NS = 10**12
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One new curve of one zone's controller.
+
+    Attributes
+    ----------
+    t_s
+        Seconds after warm-up.
+    zone, state, reason
+        The caller zone and the controller's new state and why.
+    x
+        The share at that instant.
+    local_ms, remote_ms
+        The latency reading it decided on (mean per call, ms; NaN: none).
+    local_calls, remote_calls
+        Calls behind the reading (in the window).
+    """
+
+    t_s: float
+    zone: str
+    state: str
+    reason: str
+    x: float
+    local_ms: float
+    remote_ms: float
+    local_calls: float
+    remote_calls: float
+
+
+@dataclass
+class ControllerDriver:
+    """Feeds each caller zone's controller and sets its share (:class:`perf.sim.zones.TickDriver`).
+
+    Parameters
+    ----------
+    layout
+        Pods and callers per zone.
+    settings
+        The controllers' settings (the zone name is filled in per zone).
+    window_s
+        The counters' window a latency reading covers, in seconds.
+    step_s
+        How often a controller steps, in seconds (the discovery loop's tick).
+    tick_s
+        The simulation's tick, in seconds.
+    remote_probe
+        Hold each cap at ``1 - probe_floor`` so remote latency stays measured.
+    """
+
+    layout: Layout
+    settings: ZoneSettings
+    window_s: float
+    step_s: float
+    tick_s: float
+    remote_probe: bool = False
+    transitions: list[Transition] = field(default_factory=list)
+    #: Per second after warm-up: ``t`` and, per zone, ``x`` and the latency excess.
+    series: dict[str, list[Any]] = field(default_factory=dict)
+    #: Per zone, the highest latency excess read while ramping after a recovery (NaN: none).
+    recovery_excess: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        zones = self.layout.zones
+        w = max(1, round(self.window_s / self.tick_s))
+        # per tick of the window: per zone, [local calls, local latency, remote calls, remote]
+        self._sums = np.zeros((w, zones, 4))
+        self._k = 0
+        self._next_step_s = 0.0
+        self._caps = zone_shares(self.layout, 1.0)
+        if self.remote_probe:
+            self._caps = np.minimum(self._caps, 1.0 - self.settings.probe_floor)
+        self.controllers = [
+            ZoneController(replace(self.settings, zone=name)) for name in self.layout.names
+        ]
+        self.series = {"t": [], "x": [], "excess": []}
+        self.recovery_excess = [math.nan] * zones
+
+    def tick(
+        self,
+        strategy: Strategy,
+        t_s: float,
+        caller: np.ndarray,
+        cross: np.ndarray,
+        latency: np.ndarray,
+    ) -> None:
+        """Count the tick's calls; at each step, step the controllers; set every share."""
+        assert isinstance(strategy, KeySplit)
+        zones = self.layout.zones
+        row = self._sums[self._k % self._sums.shape[0]]
+        self._k += 1
+        local = ~cross
+        row[:, 0] = np.bincount(caller[local], minlength=zones)
+        row[:, 1] = np.bincount(caller[local], weights=latency[local], minlength=zones)
+        row[:, 2] = np.bincount(caller[cross], minlength=zones)
+        row[:, 3] = np.bincount(caller[cross], weights=latency[cross], minlength=zones)
+        if t_s < 0:
+            return  # warm-up: global, the controllers not started yet
+        now_ns = _EPOCH_NS + round(t_s * 1e9)
+        if t_s + 1e-9 >= self._next_step_s:
+            self._next_step_s += self.step_s
+            self._step(now_ns, t_s)
+        for z, c in enumerate(self.controllers):
+            strategy.set_zone_share(z, float(c.share_at(now_ns)))
+
+    def _step(self, now_ns: int, t_s: float) -> None:
+        total = self._sums.sum(axis=0)
+        xs, excess = [], []
+        for z, c in enumerate(self.controllers):
+            lo_n, lo_sum, re_n, re_sum = total[z]
+            s = ZoneSignals(
+                zone=self.layout.names[z],
+                local_pods=self.layout.pods[z],
+                healthy_local_pods=self.layout.pods[z],
+                cap=float(self._caps[z]),
+                local_latency_s=lo_sum / lo_n if lo_n else math.nan,
+                remote_latency_s=re_sum / re_n if re_n else math.nan,
+                local_calls=float(lo_n),
+                remote_calls=float(re_n),
+            )
+            before = c.curve
+            after = c.step(now_ns, s)
+            if after is not before:
+                self.transitions.append(
+                    Transition(
+                        t_s=round(t_s, 3),
+                        zone=s.zone,
+                        state=after.state,
+                        reason=after.reason,
+                        x=float(after.share_at(now_ns)),
+                        local_ms=s.local_latency_s * 1e3,
+                        remote_ms=s.remote_latency_s * 1e3,
+                        local_calls=s.local_calls,
+                        remote_calls=s.remote_calls,
+                    )
+                )
+            e = s.latency_excess()
+            if before.state == "ramping" and before.reason == "recovered" and math.isfinite(e):
+                self.recovery_excess[z] = float(max(e, self.recovery_excess[z], key=_finite))
+            xs.append(float(c.share_at(now_ns)))
+            excess.append(e)
+        self.series["t"].append(t_s)
+        self.series["x"].append(xs)
+        self.series["excess"].append(excess)
+
+
+def controller_study(
+    base: ZonesConfig,
+    *,
+    settings: ZoneSettings | None = None,
+    slow: tuple[int, float, float, float] | None = (0, 3.0, 60.0, 90.0),
+    step_s: float = 1.0,
+    remote_probe: bool = False,
+) -> dict[str, Any]:
+    """Run cslb's key split under one controller per zone, with a latency fault.
+
+    Parameters
+    ----------
+    base
+        The run (fleet, traffic, caches; ``seconds`` long enough for the fault, the hold
+        and the recovery's ramp).
+    settings
+        The controllers' settings; default: the defaults with affinity on.
+    slow
+        The fault, as :attr:`perf.sim.zones.ZonesConfig.slow`; ``None``: none.
+    step_s
+        Seconds between controller steps.
+    remote_probe
+        As :class:`ControllerDriver`'s.
+
+    Returns
+    -------
+    dict
+        ``transitions`` (every zone's new curves, in order, as dicts of
+        :class:`Transition`), ``floors`` (per zone, how many times it went to the
+        floor), ``recovery_excess`` (per zone, the highest latency excess read while
+        ramping after a recovery; NaN: no recovery), ``series`` (per step: ``t``, ``x``
+        and ``excess`` per zone), ``run`` (the zones run's figures), ``settings``,
+        ``slow``, ``pending``.
+    """
+    out: dict[str, Any] = {"pending": CSLB_PENDING, "transitions": [], "floors": {}}
+    if CSLB_PENDING is not None:
+        return out
+    settings = replace(settings or ZoneSettings(), affinity=True)
+    cfg = replace(base, strategy="cslb", share=0.0, ramp=None, slow=slow).validate()
+    driver = ControllerDriver(
+        Layout(cfg.pods, cfg.callers), settings, cfg.window_s, step_s, cfg.tick_s, remote_probe
+    )
+    res = run(cfg, driver)
+    trans = [{k: getattr(t, k) for k in Transition.__slots__} for t in driver.transitions]
+    out.update(
+        transitions=trans,
+        floors={
+            name: sum(1 for t in trans if t["zone"] == name and t["state"] == "floor")
+            for name in driver.layout.names
+        },
+        recovery_excess=dict(zip(driver.layout.names, driver.recovery_excess, strict=True)),
+        series={k: np.asarray(v, dtype=np.float64) for k, v in driver.series.items()},
+        run=res,
+        settings=settings,
+        slow=slow,
+    )
+    return out
+
+
+def _finite(v: float) -> float:
+    """Order NaN below every number."""
+    return v if math.isfinite(v) else -math.inf
