@@ -37,7 +37,6 @@ class ConfigMapError(ValueError):
     """A ConfigMap does not have the shape the Kubernetes API defines."""
 
 
-
 class _Informer:
     """Thread control shared by the informers: each wraps one :class:`ListWatch`."""
 
@@ -62,6 +61,32 @@ class _Informer:
     def problem(self) -> tuple[str, int] | None:
         """What keeps the informer from following the API, and since when (monotonic ns)."""
         return self.watch.problem()
+
+
+def _slice_watch(
+    api: k8s_client.ApiClient,
+    namespace: str,
+    service: str,
+    parse: Callable[[dict[str, Any]], ParsedSlice],
+    on_change: Callable[[dict[str, ParsedSlice], str], None],
+    log: EventLog,
+    timing: WatchTiming,
+    rng: random.Random | None,
+) -> ListWatch[ParsedSlice]:
+    """A list+watch of one Service's EndpointSlices (by the service-name label)."""
+    return ListWatch[ParsedSlice](
+        kind="EndpointSlice",
+        resource="endpointslices.discovery.k8s.io",
+        list_call=k8s_client.DiscoveryV1Api(api).list_namespaced_endpoint_slice,
+        namespace=namespace,
+        selectors={"label_selector": f"{SERVICE_NAME_LABEL}={service}"},
+        parse=parse,
+        on_change=on_change,
+        log=log,
+        timing=timing,
+        rng=rng,
+        requests=track_requests(api),
+    )
 
 
 class EndpointSliceInformer(_Informer):
@@ -97,18 +122,8 @@ class EndpointSliceInformer(_Informer):
         self.log = log
         self.port_name = port_name or None
         self.scheme = scheme
-        self.watch = ListWatch[ParsedSlice](
-            kind="EndpointSlice",
-            resource="endpointslices.discovery.k8s.io",
-            list_call=k8s_client.DiscoveryV1Api(api).list_namespaced_endpoint_slice,
-            namespace=namespace,
-            selectors={"label_selector": f"{SERVICE_NAME_LABEL}={service}"},
-            parse=self._parse,
-            on_change=self._changed,
-            log=log,
-            timing=timing,
-            rng=rng,
-            requests=track_requests(api),
+        self.watch = _slice_watch(
+            api, namespace, service, self._parse, self._changed, log, timing, rng
         )
 
     def _parse(self, obj: dict[str, Any]) -> ParsedSlice:
@@ -210,18 +225,8 @@ class CallerSliceInformer(_Informer):
     ) -> None:
         self.pod_ip = pod_ip
         self.on_update = on_update
-        self.watch = ListWatch[ParsedSlice](
-            kind="EndpointSlice",
-            resource="endpointslices.discovery.k8s.io",
-            list_call=k8s_client.DiscoveryV1Api(api).list_namespaced_endpoint_slice,
-            namespace=namespace,
-            selectors={"label_selector": f"{SERVICE_NAME_LABEL}={service}"},
-            parse=parse_member_slice,
-            on_change=self._changed,
-            log=log,
-            timing=timing,
-            rng=rng,
-            requests=track_requests(api),
+        self.watch = _slice_watch(
+            api, namespace, service, parse_member_slice, self._changed, log, timing, rng
         )
 
     def _changed(self, store: dict[str, ParsedSlice], reason: str) -> None:
