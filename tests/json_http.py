@@ -1,7 +1,8 @@
-"""The answer the tests' small HTTP servers (fake pods, fake Kubernetes API) send."""
+"""JSON over HTTP in the tests: the answer their small servers send, the fan-out they post."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from http.server import BaseHTTPRequestHandler
 
@@ -14,3 +15,11 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, doc: object) -> None
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler.wfile.write(body)
+
+
+def post_fanout(conn: http.client.HTTPConnection, ids: list[str]) -> bytes:
+    """``POST /fanout`` with ``ids`` as a JSON array on ``conn``; the answer's body."""
+    conn.request(
+        "POST", "/fanout", body=json.dumps(ids), headers={"Content-Type": "application/json"}
+    )
+    return conn.getresponse().read()

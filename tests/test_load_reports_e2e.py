@@ -33,6 +33,7 @@ import pytest
 import lbcore
 from discovery.loadrefresh import fetch_report
 from tests.gunicorn_harness import REPO, Server, free_port, unique_namespace, wait_for
+from tests.json_http import post_fanout
 
 # The pods' occupancy window (their report) and the callers' report knobs, short.
 POD_ENV = {"CSLB_POD_REPORT_REFRESH": "0.05"}
@@ -180,13 +181,7 @@ class Traffic:
                 break
             off = (j * 101) % (len(POOL) - 100)
             try:
-                conn.request(
-                    "POST",
-                    "/fanout",
-                    body=json.dumps(POOL[off : off + 100]),
-                    headers={"Content-Type": "application/json"},
-                )
-                doc = json.loads(conn.getresponse().read())
+                doc = json.loads(post_fanout(conn, POOL[off : off + 100]))
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 self.errors.append(repr(exc))
                 conn.close()

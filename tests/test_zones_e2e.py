@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import lbcore
 from tests.gunicorn_harness import Server, unique_namespace, wait_for
+from tests.json_http import post_fanout
 from tests.pods import Pod, PodFleet
 
 ZONES = ("z-a", "z-b", "z-c")
@@ -216,13 +217,7 @@ class Traffic:
                 break
             off = (j * 137) % (len(POOL) - 100)
             try:
-                conn.request(
-                    "POST",
-                    "/fanout",
-                    body=json.dumps(POOL[off : off + 100]),
-                    headers={"Content-Type": "application/json"},
-                )
-                conn.getresponse().read()
+                post_fanout(conn, POOL[off : off + 100])
                 self.sent += 1
             except (OSError, http.client.HTTPException) as exc:
                 self.errors.append(repr(exc))
