@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 #: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
-ABI = 6
+ABI = 7
 
 #: Why the native kernel is not used where no extension module was built.
 NOT_BUILT = "lbcore._kernel was not built (no working C compiler when installing?)"

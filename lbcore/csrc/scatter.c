@@ -198,6 +198,13 @@ static void scatter_run(void *x)
     FENCE_RELEASE();
 }
 
+int lb_add_cells(uint64_t *target, const int64_t *cells, const int64_t *values, Py_ssize_t n)
+{
+    addends a = {.k = 1, .values = values, .nv = n};
+    scatter_call sc = {target, &a, cells, n, 0, NULL, -1};
+    return lb_guarded(scatter_run, &sc);
+}
+
 PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)mod;

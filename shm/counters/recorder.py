@@ -145,6 +145,11 @@ class Recorder:
     ----------
     row : int
         The worker slot (row) this recorder writes.
+    count_sink : tuple or None
+        Where :attr:`lbcore.Plan.route_counted` adds a routed batch's decision counts
+        in its own kernel call (the cells and epoch check of :meth:`count`, for this
+        binding of the row); ``None`` where that kernel call cannot check the epoch
+        (the NumPy kernel): :meth:`count` then.
     """
 
     def __init__(self, store: CounterStore, row: int) -> None:
@@ -221,8 +226,17 @@ class Recorder:
         # its writes are too (no frame, no size probe; a fault: _faulted), else probed.
         self._guarded = kernel_guarded()
         self._current = partial(words_are, self._cw, C_CURRENT, m.epoch)
+        self.count_sink: tuple[Any, ...] | None = (
+            self._row_words,
+            int(lay["stats"]),
+            self._cw,
+            C_CURRENT,
+            m.epoch,
+        )
         if not self._guarded:
             self._current = self._probed
+            self.count_sink = None
+        self._newest()
 
     def _probed(self) -> int:
         return int(intact(self._ctl_seg, self._data_seg) and self._cw[C_CURRENT] == self._epoch)
@@ -290,6 +304,14 @@ class Recorder:
                 fence()
                 periods[j] = q
         self._period = period
+        self._newest()
+
+    def _newest(self) -> None:
+        """The newest bucket's time range (ns) and start and end offsets, for the fast paths."""
+        b, q = self._bucket_ns, self._period
+        self._newest_lo, self._newest_hi = q * b, (q + 1) * b
+        self._newest_start = self._start_offsets[q % self._k]
+        self._newest_end = self._end_offsets[q % self._k]
 
     def _slots(self, slots: Any) -> np.ndarray:
         """``slots`` as a checked, contiguous 1-D ``int64`` array (the slow way).
@@ -367,18 +389,19 @@ class Recorder:
             if self._current() != 1 and self._moved():  # (once per fan-out)
                 self._follow()
             if bound is not None and bound <= self._cols and now_ns.__class__ is int:
-                b = self._bucket_ns
-                q = now_ns // b
-                if q > self._period:
-                    self._rotate(q)
-                try:  # one kernel call maps and adds
+                lo, offsets = self._newest_lo, self._newest_start
+                if not lo <= now_ns < self._newest_hi:  # (the newest bucket: no division)
+                    b = self._bucket_ns
+                    q = now_ns // b
+                    if q > self._period:
+                        self._rotate(q)
+                    lo, offsets = q * b, None
                     if q > self._period - self._k:  # a bucket this row holds
+                        offsets = self._start_offsets[q % self._k]
+                try:  # one kernel call maps and adds
+                    if offsets is not None:
                         return self._add_routed(
-                            self._row_words,
-                            slot_map,
-                            slots,
-                            (1, now_ns - q * b),
-                            self._start_offsets[q % self._k],
+                            self._row_words, slot_map, slots, (1, now_ns - lo), offsets
                         )
                     return self._add_routed(self._open_old, slot_map, slots, 1)
                 except (IndexError, TypeError) as exc:
@@ -557,11 +580,16 @@ class Recorder:
                 and bound is not None
                 and bound <= self._cols
             ):
-                b = self._bucket_ns
-                period = now_ns // b
-                if period > self._period:
-                    self._rotate(period)
-                if period > self._period - self._k and started_ns >= period * b:
+                lo, offsets = self._newest_lo, self._newest_end
+                if not lo <= now_ns < self._newest_hi:  # (the newest bucket: no division)
+                    b = self._bucket_ns
+                    period = now_ns // b
+                    if period > self._period:
+                        self._rotate(period)
+                    lo, offsets = period * b, None
+                    if period > self._period - self._k:
+                        offsets = self._end_offsets[period % self._k]
+                if offsets is not None and started_ns >= lo:
                     # The fast path of _end as one kernel call: every call started in this
                     # bucket.
                     try:
@@ -569,8 +597,8 @@ class Recorder:
                             self._row_words,
                             slot_map,
                             slots,
-                            (-1, period * b - started_ns, d, 1, d, 1),
-                            self._end_offsets[period % self._k],
+                            (-1, lo - started_ns, d, 1, d, 1),
+                            offsets,
                         )
                     except (IndexError, TypeError) as exc:
                         raise CounterInputError(str(exc)) from None

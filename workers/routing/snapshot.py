@@ -225,13 +225,15 @@ class Snapshot:
         When they are to be read again.
     route : Callable
         :attr:`lbcore.Plan.route` of :attr:`plan`.
+    route_counted : Callable
+        :attr:`lbcore.Plan.route_counted` of :attr:`plan`.
     guarded : bool
         The plan routes on the native kernel, whose reads of the table run under its
         SIGBUS guard (:func:`shm.segment.kernel_guarded`): the per-batch check probes
         no segment size.
     """
 
-    __slots__ = ("due_ns", "guarded", "loads", "plan", "read_ns", "route", "table")
+    __slots__ = ("due_ns", "guarded", "loads", "plan", "read_ns", "route", "route_counted", "table")
 
     def __init__(
         self, table: shm.Table, plan: lbcore.Plan, loads: shm.HostLoads, read_ns: int, due_ns: int
@@ -239,6 +241,7 @@ class Snapshot:
         self.table = table
         self.plan = plan
         self.route = plan.route
+        self.route_counted = plan.route_counted
         self.guarded = plan.kernel == "native" and kernel_guarded()
         self.loads = loads
         self.read_ns = read_ns
