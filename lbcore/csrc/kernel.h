@@ -109,6 +109,7 @@ PyObject *lb_plan_counter_slots(PyObject *self, PyObject *idx);
 /* ---- scatter.c -------------------------------------------------------------------- */
 PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *lb_record_newest(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 /* target[cells[j]] += values[j] for j < n, cells checked by the caller, with scatter_add's
  * fences, under lb_guarded: 0 or LB_FAULTED. Call it holding the GIL (the row's one
  * writer is this process, its threads serialized by the GIL or the row's lock). */

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from lbcore.errors import ArgumentError, MappingFaultError
-from lbcore.kernel import calls_adder, scatter_adder, scatter_adder_routed
+from lbcore.kernel import calls_adder, newest_recorder, scatter_adder, scatter_adder_routed
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from shm.counters.matrix import C_CURRENT, Matrix
 from shm.counters.reports import write_reports
@@ -145,6 +145,15 @@ class Recorder:
     ----------
     row : int
         The worker slot (row) this recorder writes.
+    newest_sink : tuple or None
+        The newest bucket's cells for the native kernel's ``record_newest`` (a fan-out's
+        start or end through a plan's slot map in one call, the rule of
+        :meth:`record_start` and :meth:`record_end` there); ``None`` on the NumPy
+        kernel. Rebuilt on each rotation: read it under the row's lock.
+    record_newest : Callable or None
+        That kernel function (:func:`lbcore.kernel.newest_recorder`), for a caller
+        that holds the row's lock and calls it before :meth:`record_start` or
+        :meth:`record_end` (``-1``: call those).
     count_sink : tuple or None
         Where :attr:`lbcore.Plan.route_counted` adds a routed batch's decision counts
         in its own kernel call (the cells and epoch check of :meth:`count`, for this
@@ -190,6 +199,7 @@ class Recorder:
         self._row_words = m.rows2d[self.row]
         self._add = scatter_adder()  # the recording hot path's one call, resolved here
         self._add_routed = scatter_adder_routed()
+        self.record_newest = newest_recorder()
         self._add_calls = calls_adder()
         lay = m.layout
         cols = m.columns
@@ -307,11 +317,22 @@ class Recorder:
         self._newest()
 
     def _newest(self) -> None:
-        """The newest bucket's time range (ns) and start and end offsets, for the fast paths."""
-        b, q = self._bucket_ns, self._period
-        self._newest_lo, self._newest_hi = q * b, (q + 1) * b
-        self._newest_start = self._start_offsets[q % self._k]
-        self._newest_end = self._end_offsets[q % self._k]
+        """:attr:`newest_sink` for the newest bucket now (after a rotation or a binding)."""
+        if self.record_newest is None or self.count_sink is None:
+            self.newest_sink = None
+            return
+        b, q, j = self._bucket_ns, self._period, self._period % self._k
+        self.newest_sink = (
+            self._row_words,
+            self._cw,
+            C_CURRENT,
+            self._epoch,
+            self._cols,
+            q * b,
+            (q + 1) * b,
+            self._start_offsets[j],
+            self._end_offsets[j],
+        )
 
     def _slots(self, slots: Any) -> np.ndarray:
         """``slots`` as a checked, contiguous 1-D ``int64`` array (the slow way).
@@ -386,22 +407,26 @@ class Recorder:
             are not one integer per call; nothing is recorded then.
         """
         if slot_map is not None:
+            sink = self.newest_sink
+            if sink is not None:  # the newest bucket's fan-out: one kernel call
+                n = self.record_newest(sink, slot_map, slots, now_ns)
+                if n >= 0:
+                    return n
             if self._current() != 1 and self._moved():  # (once per fan-out)
                 self._follow()
             if bound is not None and bound <= self._cols and now_ns.__class__ is int:
-                lo, offsets = self._newest_lo, self._newest_start
-                if not lo <= now_ns < self._newest_hi:  # (the newest bucket: no division)
-                    b = self._bucket_ns
-                    q = now_ns // b
-                    if q > self._period:
-                        self._rotate(q)
-                    lo, offsets = q * b, None
-                    if q > self._period - self._k:  # a bucket this row holds
-                        offsets = self._start_offsets[q % self._k]
+                b = self._bucket_ns
+                q = now_ns // b
+                if q > self._period:
+                    self._rotate(q)
                 try:  # one kernel call maps and adds
-                    if offsets is not None:
+                    if q > self._period - self._k:  # a bucket this row holds
                         return self._add_routed(
-                            self._row_words, slot_map, slots, (1, now_ns - lo), offsets
+                            self._row_words,
+                            slot_map,
+                            slots,
+                            (1, now_ns - q * b),
+                            self._start_offsets[q % self._k],
                         )
                     return self._add_routed(self._open_old, slot_map, slots, 1)
                 except (IndexError, TypeError) as exc:
@@ -567,6 +592,11 @@ class Recorder:
             failure kinds; nothing is recorded then.
         """
         if slot_map is not None:
+            sink = self.newest_sink
+            if sink is not None and failed is None and opened and completed:
+                n = self.record_newest(sink, slot_map, slots, started_ns, durations_ns, now_ns)
+                if n >= 0:
+                    return  # (the newest bucket's fan-out: one kernel call)
             if self._current() != 1 and self._moved():  # (once per fan-out)
                 self._follow()
             d = durations_ns
@@ -580,16 +610,11 @@ class Recorder:
                 and bound is not None
                 and bound <= self._cols
             ):
-                lo, offsets = self._newest_lo, self._newest_end
-                if not lo <= now_ns < self._newest_hi:  # (the newest bucket: no division)
-                    b = self._bucket_ns
-                    period = now_ns // b
-                    if period > self._period:
-                        self._rotate(period)
-                    lo, offsets = period * b, None
-                    if period > self._period - self._k:
-                        offsets = self._end_offsets[period % self._k]
-                if offsets is not None and started_ns >= lo:
+                b = self._bucket_ns
+                period = now_ns // b
+                if period > self._period:
+                    self._rotate(period)
+                if period > self._period - self._k and started_ns >= period * b:
                     # The fast path of _end as one kernel call: every call started in this
                     # bucket.
                     try:
@@ -597,8 +622,8 @@ class Recorder:
                             self._row_words,
                             slot_map,
                             slots,
-                            (-1, lo - started_ns, d, 1, d, 1),
-                            offsets,
+                            (-1, period * b - started_ns, d, 1, d, 1),
+                            self._end_offsets[period % self._k],
                         )
                     except (IndexError, TypeError) as exc:
                         raise CounterInputError(str(exc)) from None

@@ -120,7 +120,11 @@ class Tracker:
             lock = row[0]
             lock.acquire()  # (acquire/release: cheaper than a with block, per fan-out)
             try:
-                n = row[1].record_start(self.idx, start, self._bound, self._map)
+                r = row[1]
+                sink = r.newest_sink  # (its newest bucket: one kernel call, no frame)
+                n = -1 if sink is None else r.record_newest(sink, self._map, self.idx, start)
+                if n < 0:
+                    n = r.record_start(self.idx, start, self._bound, self._map)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if isinstance(exc, shm.CounterInputError):
                     self._routed()  # the indices, changed since routed: say so (raises)
@@ -256,7 +260,10 @@ class Tracker:
             lock.acquire()
             try:
                 took = end - start if end > start else 0
-                row[1].record_end(self.idx, start, took, end, None, self._bound, self._map)
+                r = row[1]
+                sink = r.newest_sink
+                if sink is None or r.record_newest(sink, self._map, self.idx, start, took, end) < 0:
+                    r.record_end(self.idx, start, took, end, None, self._bound, self._map)
             except shm.ShmError as exc:  # released meanwhile: nothing to add to
                 END_WARN.warn(log, exc)
             finally:
