@@ -149,7 +149,7 @@ _ROUTE_COUNTED_DOC = """``route_counted(keys, attempt, sink, totals)``: :attr:`r
 
 The same answer as :attr:`route`, as ``(indices, fallbacks, moves, valid, counted)``;
 on the native kernel the batch's decision counts (keys, fallbacks, moves) are added in
-the same call to a counter row and to ``totals`` (an ``int64`` array of 3, the
+the same call to a counter row and to ``totals`` (3 writable ``int64`` words, the
 caller's own), unless the answer is not valid, the batch is empty or the row's matrix
 is no longer the current one. ``counted`` says whether they were: if not, the caller
 counts (on the NumPy kernel it always does). ``sink`` is ``(row, cell, control,

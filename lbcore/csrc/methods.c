@@ -293,7 +293,7 @@ PyObject *lb_plan_route_counted(PyObject *self, PyObject *const *args, Py_ssize_
     }
     Py_ssize_t cell = PyLong_AsSsize_t(PyTuple_GET_ITEM(sink, 1));
     Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(sink, 3));
-    uint64_t epoch = (uint64_t)PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(sink, 4));
+    uint64_t epoch = (uint64_t)PyLong_AsLongLong(PyTuple_GET_ITEM(sink, 4)); /* -1: none */
     if (PyErr_Occurred())
         return NULL;
     Py_buffer rv, cv, tv;

@@ -541,7 +541,11 @@ PyObject *lb_record_newest(PyObject *mod, PyObject *const *args, Py_ssize_t narg
         cv.itemsize != 8 || ((uintptr_t)cv.buf & 7) != 0 || index < 0 || index >= cv.len / 8 ||
         lb_word_is((const uint64_t *)cv.buf + index, (uint64_t)epoch) != 1)
         goto done;
-    if (take_i64(PyTuple_GET_ITEM(sink, 0), &tv, "target", 1) < 0 ||
+    /* The row: any writable buffer of 8-byte words (the recorder passes a memoryview,
+     * whose buffer costs less to take than an array's). */
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(sink, 0), &tv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) <
+            0 ||
+        tv.itemsize != 8 || ((uintptr_t)tv.buf & 7) != 0 ||
         take_i64(args[1], &mv, "slot_map", 0) < 0 || take_endpoints(args[2], &ev, &wide) < 0)
         goto done;
     Py_ssize_t added = 0;

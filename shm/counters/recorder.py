@@ -116,6 +116,7 @@ def _after_fork_in_child() -> None:
     for rec in list(_RECORDERS):
         rec._epoch = -1  # the next call fails: a forked child must claim its own slot
         rec._current = int  # (int() is 0: never current)
+        rec.count_sink = rec.newest_sink = None  # (the kernel's own epoch checks: gone too)
         rec._forked = True
 
 
@@ -236,12 +237,14 @@ class Recorder:
         # its writes are too (no frame, no size probe; a fault: _faulted), else probed.
         self._guarded = kernel_guarded()
         self._current = partial(words_are, self._cw, C_CURRENT, m.epoch)
+        # (The row as a memoryview: the kernel takes its buffer for less than an array's.)
+        self._row_view = memoryview(self._row_words)
         self.count_sink: tuple[Any, ...] | None = (
-            self._row_words,
+            self._row_view,
             int(lay["stats"]),
             self._cw,
             C_CURRENT,
-            m.epoch,
+            self._epoch,
         )
         if not self._guarded:
             self._current = self._probed
@@ -323,7 +326,7 @@ class Recorder:
             return
         b, q, j = self._bucket_ns, self._period, self._period % self._k
         self.newest_sink = (
-            self._row_words,
+            self._row_view,
             self._cw,
             C_CURRENT,
             self._epoch,
@@ -831,3 +834,4 @@ class Recorder:
         self._store._release_row(self, now_ns)
         self._released = True
         self._epoch = -1
+        self.count_sink = self.newest_sink = None

@@ -111,7 +111,7 @@ class Recording:
         The row's lock and recorder (``None``: no row), as one attribute so a fan-out
         that starts on one row ends on it even if the router attached another since:
         hold the lock around each call of the recorder.
-    kernel_totals : numpy.ndarray
+    kernel_totals : memoryview
         The decisions, fallbacks and moves :attr:`lbcore.Plan.route_counted` counted
         into the row itself (``int64``, 3; it adds them holding the GIL, so no lock):
         part of the process's totals, with those :meth:`count` adds.
@@ -147,7 +147,7 @@ class Recording:
         self._row: shm.Recorder | None = None
         self.row: tuple[threading.Lock, shm.Recorder] | None = None
         self._totals = [0, 0, 0, 0]
-        self.kernel_totals = np.zeros(3, dtype=np.int64)
+        self.kernel_totals = memoryview(np.zeros(3, dtype=np.int64))
         self.attach(recorder)
 
     # -- the row --------------------------------------------------------------------
@@ -194,7 +194,7 @@ class Recording:
         """The process's totals: ``decisions``, ``fallbacks``, ``moves``, ``failures``."""
         with self._lock:
             totals = self._totals.copy()
-        for i, n in enumerate(self.kernel_totals.tolist()):
+        for i, n in enumerate(self.kernel_totals):
             totals[i] += n
         return dict(zip(_STATS, totals, strict=True))
 
