@@ -21,13 +21,11 @@
 
 #define MAX_TUPLE 16 /* offsets or values given as a tuple: at most this many */
 
-static int take_i64(PyObject *obj, Py_buffer *v, const char *name, int writable)
+/* A C-contiguous buffer of int64 words (an array, or a memoryview of one: its buffer
+ * costs less to take); -1 with TypeError otherwise. */
+static int take_words(PyObject *obj, Py_buffer *v, const char *name, int writable)
 {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (!PyObject_TypeCheck(obj, (PyTypeObject *)LB.np_ndarray)) {
-        PyErr_Format(PyExc_TypeError, "scatter_add: %s must be a contiguous int64 array", name);
-        return -1;
-    }
     if (PyObject_GetBuffer(obj, v, flags) < 0) {
         int readonly = writable && PyObject_CheckBuffer(obj);
         PyErr_Clear();
@@ -50,6 +48,15 @@ static int take_i64(PyObject *obj, Py_buffer *v, const char *name, int writable)
         return -1;
     }
     return 0;
+}
+
+static int take_i64(PyObject *obj, Py_buffer *v, const char *name, int writable)
+{
+    if (!PyObject_TypeCheck(obj, (PyTypeObject *)LB.np_ndarray)) {
+        PyErr_Format(PyExc_TypeError, "scatter_add: %s must be a contiguous int64 array", name);
+        return -1;
+    }
+    return take_words(obj, v, name, writable);
 }
 
 /* An int64 array or a tuple of ints: into *out (pointing at the buffer, or at buf[] for
@@ -541,12 +548,10 @@ PyObject *lb_record_newest(PyObject *mod, PyObject *const *args, Py_ssize_t narg
         cv.itemsize != 8 || ((uintptr_t)cv.buf & 7) != 0 || index < 0 || index >= cv.len / 8 ||
         lb_word_is((const uint64_t *)cv.buf + index, (uint64_t)epoch) != 1)
         goto done;
-    /* The row: any writable buffer of 8-byte words (the recorder passes a memoryview,
-     * whose buffer costs less to take than an array's). */
-    if (PyObject_GetBuffer(PyTuple_GET_ITEM(sink, 0), &tv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) <
-            0 ||
-        tv.itemsize != 8 || ((uintptr_t)tv.buf & 7) != 0 ||
-        take_i64(args[1], &mv, "slot_map", 0) < 0 || take_endpoints(args[2], &ev, &wide) < 0)
+    /* The row and the slot map: memoryviews, as the recorder and a snapshot pass them. */
+    if (take_words(PyTuple_GET_ITEM(sink, 0), &tv, "target", 1) < 0 ||
+        take_words(args[1], &mv, "slot_map", 0) < 0 || take_endpoints(args[2], &ev, &wide) < 0 ||
+        (((uintptr_t)tv.buf | (uintptr_t)mv.buf) & 7) != 0)
         goto done;
     Py_ssize_t added = 0;
     if (add_routed(&tv, &mv, &ev, wide, &a, columns, &added) == 0)

@@ -639,6 +639,7 @@ class Router:
                         None,
                         plan.n_slots,
                         plan.slots,
+                        s.slot_view,
                     )
             elif table is None and last is not None and idx.__class__ is np.ndarray:
                 if idx.base is last[0]:  # a slice of it: its table
