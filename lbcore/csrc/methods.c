@@ -316,11 +316,11 @@ PyObject *lb_plan_route_counted(PyObject *self, PyObject *const *args, Py_ssize_
         lb_word_is((const uint64_t *)cv.buf + at, epoch) == 1) {
         const int64_t cells[3] = {cell, cell + 1, cell + 2};
         const int64_t values[3] = {n, c.fallbacks, c.moves};
+        const int64_t firsts[3] = {0, 1, 2};
         if (lb_add_cells((uint64_t *)rv.buf, cells, values, 3) == 0) {
-            int64_t *t = (int64_t *)tv.buf;
-            for (int i = 0; i < 3; i++)
-                t[i] += values[i];
             counted = 1;
+            /* (Guarded too: the caller's buffer is trusted no more than the row.) */
+            (void)lb_add_cells((uint64_t *)tv.buf, firsts, values, 3);
         }
     }
     PyBuffer_Release(&rv);
