@@ -146,20 +146,12 @@ class Recorder:
     ----------
     row : int
         The worker slot (row) this recorder writes.
-    newest_sink : tuple or None
-        The newest bucket's cells for the native kernel's ``record_newest`` (a fan-out's
-        start or end through a plan's slot map in one call, the rule of
-        :meth:`record_start` and :meth:`record_end` there); ``None`` on the NumPy
-        kernel. Rebuilt on each rotation: read it under the row's lock.
-    record_newest : Callable or None
-        That kernel function (:func:`lbcore.kernel.newest_recorder`), for a caller
-        that holds the row's lock and calls it before :meth:`record_start` or
-        :meth:`record_end` (``-1``: call those).
-    count_sink : tuple or None
-        Where :attr:`lbcore.Plan.route_counted` adds a routed batch's decision counts
-        in its own kernel call (the cells and epoch check of :meth:`count`, for this
-        binding of the row); ``None`` where that kernel call cannot check the epoch
-        (the NumPy kernel): :meth:`count` then.
+    count_sink, newest_sink, record_newest : tuple, tuple, Callable or None
+        The row as the native kernel's one-call writes take it (``None`` on the NumPy
+        kernel or once released): :attr:`lbcore.Plan.route_counted` adds the cells of
+        :meth:`count`; ``record_newest`` (:func:`lbcore.kernel.newest_recorder`) those of
+        :meth:`record_start` / :meth:`record_end` in the newest bucket (read
+        ``newest_sink`` under the row's lock; ``-1``: call those).
     """
 
     def __init__(self, store: CounterStore, row: int) -> None:
@@ -237,19 +229,10 @@ class Recorder:
         # its writes are too (no frame, no size probe; a fault: _faulted), else probed.
         self._guarded = kernel_guarded()
         self._current = partial(words_are, self._cw, C_CURRENT, m.epoch)
-        # (The row as a memoryview: the kernel takes its buffer for less than an array's.)
-        self._row_view = memoryview(self._row_words)
-        self.count_sink: tuple[Any, ...] | None = (
-            self._row_view,
-            int(lay["stats"]),
-            self._cw,
-            C_CURRENT,
-            self._epoch,
-        )
+        self._stats_at = int(lay["stats"])
         if not self._guarded:
             self._current = self._probed
-            self.count_sink = None
-        self._newest()
+        self._sinks()
 
     def _probed(self) -> int:
         return int(intact(self._ctl_seg, self._data_seg) and self._cw[C_CURRENT] == self._epoch)
@@ -317,25 +300,17 @@ class Recorder:
                 fence()
                 periods[j] = q
         self._period = period
-        self._newest()
+        self._sinks()
 
-    def _newest(self) -> None:
-        """:attr:`newest_sink` for the newest bucket now (after a rotation or a binding)."""
-        if self.record_newest is None or self.count_sink is None:
-            self.newest_sink = None
-            return
-        b, q, j = self._bucket_ns, self._period, self._period % self._k
-        self.newest_sink = (
-            self._row_view,
-            self._cw,
-            C_CURRENT,
-            self._epoch,
-            self._cols,
-            q * b,
-            (q + 1) * b,
-            self._start_offsets[j],
-            self._end_offsets[j],
-        )
+    def _sinks(self) -> None:
+        """The sinks for this binding and newest bucket (the row as a memoryview: cheaper)."""
+        self.count_sink = self.newest_sink = None
+        if self._guarded and self.record_newest is not None and self._epoch >= 0:
+            row, q, j = memoryview(self._row_words), self._period, self._period % self._k
+            head = (row, self._cw, C_CURRENT, self._epoch)
+            self.count_sink = (row, self._stats_at, *head[1:])
+            lo, offsets = q * self._bucket_ns, (self._start_offsets[j], self._end_offsets[j])
+            self.newest_sink = (*head, self._cols, lo, lo + self._bucket_ns, *offsets)
 
     def _slots(self, slots: Any) -> np.ndarray:
         """``slots`` as a checked, contiguous 1-D ``int64`` array (the slow way).
@@ -410,11 +385,6 @@ class Recorder:
             are not one integer per call; nothing is recorded then.
         """
         if slot_map is not None:
-            sink = self.newest_sink
-            if sink is not None:  # the newest bucket's fan-out: one kernel call
-                n = self.record_newest(sink, slot_map, slots, now_ns)
-                if n >= 0:
-                    return n
             if self._current() != 1 and self._moved():  # (once per fan-out)
                 self._follow()
             if bound is not None and bound <= self._cols and now_ns.__class__ is int:
@@ -595,11 +565,6 @@ class Recorder:
             failure kinds; nothing is recorded then.
         """
         if slot_map is not None:
-            sink = self.newest_sink
-            if sink is not None and failed is None and opened and completed:
-                n = self.record_newest(sink, slot_map, slots, started_ns, durations_ns, now_ns)
-                if n >= 0:
-                    return  # (the newest bucket's fan-out: one kernel call)
             if self._current() != 1 and self._moved():  # (once per fan-out)
                 self._follow()
             d = durations_ns
