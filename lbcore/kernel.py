@@ -41,6 +41,7 @@ __all__ = [
     "load_native",
     "native",
     "native_unavailable",
+    "newest_recorder",
     "scatter_add",
     "scatter_add_routed",
     "scatter_adder",
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 #: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
-ABI = 6
+ABI = 7
 
 #: Why the native kernel is not used where no extension module was built.
 NOT_BUILT = "lbcore._kernel was not built (no working C compiler when installing?)"
@@ -316,6 +317,18 @@ def scatter_add_routed(
     if k is not None:
         return k.scatter_add_routed(target, slot_map, endpoints, values, offsets)
     return numpy_recording.scatter_add_routed(target, slot_map, endpoints, values, offsets)
+
+
+def newest_recorder() -> Any:
+    """The native kernel's ``record_newest`` when it is active, else ``None``.
+
+    ``record_newest(sink, slot_map, endpoints, started_ns[, duration_ns, now_ns])``: a
+    fan-out's start (or end) in a counter row's newest bucket as one
+    :func:`scatter_add_routed` of the cells shm's recorder computes there, after the
+    row's epoch check; ``-1`` (nothing added) sends the recorder down its general path.
+    ``sink`` is :attr:`shm.Recorder.newest_sink`.
+    """
+    return _native.record_newest if _active == "native" and _native is not None else None
 
 
 def scatter_adder_routed() -> Any:

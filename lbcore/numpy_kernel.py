@@ -94,6 +94,12 @@ class Core:
         """:attr:`lbcore.plan.Plan.route`."""
         return route(self, keys, check_attempt(attempt))
 
+    def route_counted(
+        self, keys: Any, attempt: int, sink: Any, totals: Any
+    ) -> tuple[np.ndarray, int, int, bool, bool]:
+        """:attr:`lbcore.plan.Plan.route_counted`: the reference counts nothing itself."""
+        return (*route(self, keys, check_attempt(attempt)), False)
+
     def route_hashes(self, h: np.ndarray, attempt: int = 0) -> tuple[np.ndarray, int, int, bool]:
         """:meth:`lbcore.plan.Plan.route_hashes` (``h`` checked, ``attempt`` too)."""
         return route_hashes(self, h, attempt)

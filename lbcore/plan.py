@@ -145,6 +145,19 @@ lbcore.TableDataError
     A ring array holds an entry out of range while the guard still holds (damage).
 """
 
+_ROUTE_COUNTED_DOC = """``route_counted(keys, attempt, sink, totals)``: :attr:`route`, counted.
+
+The same answer as :attr:`route`, as ``(indices, fallbacks, moves, valid, counted)``;
+on the native kernel the batch's decision counts (keys, fallbacks, moves) are added in
+the same call to a counter row and to ``totals`` (3 writable ``int64`` words, the
+caller's own), unless the answer is not valid, the batch is empty or the row's matrix
+is no longer the current one. ``counted`` says whether they were: if not, the caller
+counts (on the NumPy kernel it always does). ``sink`` is ``(row, cell, control,
+index, epoch)``: the row's ``int64`` words, the word of its decisions count (fallbacks
+and moves follow it), and the 8-byte control words whose word ``index`` holds
+``epoch`` while the row's matrix is the current one; ``None``: no row, nothing counted.
+"""
+
 
 class Plan:
     """One snapshot's routing, ready for :attr:`route`. Immutable.
@@ -232,6 +245,7 @@ class Plan:
 
     __slots__ = {  # noqa: RUF023 (route first: it is the one documented)
         "route": _ROUTE_DOC,
+        "route_counted": _ROUTE_COUNTED_DOC,
         "_core": None,
         "balance_factor": None,
         "choice": None,
@@ -349,6 +363,7 @@ class Plan:
         )
         # The kernel's method itself is the attribute: no Python frame per batch.
         self.route = self._core.route
+        self.route_counted = self._core.route_counted
 
     # ---------------------------------------------------------------------------------
     # Building.

@@ -133,6 +133,12 @@ static void compare_words(void *p)
     c->same = same;
 }
 
+int lb_word_is(const uint64_t *a, uint64_t x)
+{
+    words_ctx c = {a, NULL, x, 0, 0};
+    return lb_guarded(compare_words, &c) == LB_FAULTED ? LB_FAULTED : c.same;
+}
+
 /* One uint64 word of a buffer (a memoryview cast to 'Q' or a uint64/int64 array),
  * its index checked. */
 static int word_at(PyObject *buf, PyObject *index, Py_buffer *v, const uint64_t **out)

@@ -20,7 +20,7 @@
 #endif
 
 /* The interface version lbcore.kernel expects (bump on any change of the Python API). */
-#define LB_ABI 6
+#define LB_ABI 7
 
 /* C11 memory-model operations through the compiler's __atomic builtins (the same
  * semantics as <stdatomic.h>, available in C99 mode). */
@@ -102,12 +102,18 @@ PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                         PyObject *kwnames);
 PyObject *lb_plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames);
+PyObject *lb_plan_route_counted(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *lb_plan_answers(PyObject *self, PyObject *unused);
 PyObject *lb_plan_counter_slots(PyObject *self, PyObject *idx);
 
 /* ---- scatter.c -------------------------------------------------------------------- */
 PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *lb_record_newest(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+/* target[cells[j]] += values[j] for j < n, cells checked by the caller, with scatter_add's
+ * fences, under lb_guarded: 0 or LB_FAULTED. Call it holding the GIL (the row's one
+ * writer is this process, its threads serialized by the GIL or the row's lock). */
+int lb_add_cells(uint64_t *target, const int64_t *cells, const int64_t *values, Py_ssize_t n);
 
 /* ---- guard.c: touches of shared memory that a shrunk object cuts short ------------ */
 #define LB_FAULTED (-1)
@@ -119,6 +125,8 @@ int lb_guarded(lb_guarded_fn fn, void *ctx);
 /* Raises lbcore.errors.MappingFaultError naming what faulted; returns -1. */
 int lb_raise_fault(const char *what);
 PyObject *lb_words_are(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+/* Whether *a == x (an acquire load under lb_guarded): 1, 0 or LB_FAULTED. */
+int lb_word_is(const uint64_t *a, uint64_t x);
 
 /* ---- calls.c ---------------------------------------------------------------------- */
 PyObject *lb_add_calls(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);

@@ -91,7 +91,8 @@ static int route_guarded(const LBPlan *p, const uint64_t *h, Py_ssize_t n, int32
     return 0;
 }
 
-static PyObject *finish(PyObject *arr, const lb_counts *c, int valid)
+/* (indices, fallbacks, moves, valid), and counted after them when it is not -1. */
+static PyObject *finish(PyObject *arr, const lb_counts *c, int valid, int counted)
 {
     if (c->bad == 2) {
         Py_DECREF(arr);
@@ -104,7 +105,7 @@ static PyObject *finish(PyObject *arr, const lb_counts *c, int valid)
                         "it was read)");
         return NULL;
     }
-    PyObject *out = PyTuple_New(4), *fallbacks = NULL, *moves = NULL;
+    PyObject *out = PyTuple_New(counted < 0 ? 4 : 5), *fallbacks = NULL, *moves = NULL;
     if (out == NULL || (fallbacks = PyLong_FromSsize_t(c->fallbacks)) == NULL ||
         (moves = PyLong_FromSsize_t(c->moves)) == NULL) {
         Py_XDECREF(out);
@@ -116,6 +117,8 @@ static PyObject *finish(PyObject *arr, const lb_counts *c, int valid)
     PyTuple_SET_ITEM(out, 1, fallbacks);
     PyTuple_SET_ITEM(out, 2, moves);
     PyTuple_SET_ITEM(out, 3, PyBool_FromLong(valid));
+    if (counted >= 0)
+        PyTuple_SET_ITEM(out, 4, PyBool_FromLong(counted));
     return out;
 }
 
@@ -173,15 +176,13 @@ static PyObject *output(LBPlan *p, Py_ssize_t n, Py_buffer *view)
     return a;
 }
 
-/* Plan.route(keys, attempt=0): lbcore.plan.Plan.route itself. */
-PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* The answer array of a batch of keys (a new reference), its counts and validity; NULL
+ * with an exception set. */
+static PyObject *route_keys(LBPlan *p, PyObject *keys, Py_ssize_t attempt, lb_counts *cp,
+                            int *validp)
 {
-    LBPlan *p = (LBPlan *)self;
-    Py_ssize_t attempt;
-    if (call_args(args, nargs, kwnames, "route", &attempt) < 0)
-        return NULL;
     lb_keys k;
-    if (lb_keys_open(&k, args[0], NULL, p->max_key_bytes) < 0)
+    if (lb_keys_open(&k, keys, NULL, p->max_key_bytes) < 0)
         return NULL;
     Py_ssize_t n = k.n;
     Py_buffer ov;
@@ -228,7 +229,104 @@ PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
         Py_DECREF(arr);
         return NULL;
     }
-    return finish(arr, &c, valid);
+    *cp = c;
+    *validp = valid;
+    return arr;
+}
+
+/* Plan.route(keys, attempt=0): lbcore.plan.Plan.route itself. */
+PyObject *lb_plan_route(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    Py_ssize_t attempt;
+    if (call_args(args, nargs, kwnames, "route", &attempt) < 0)
+        return NULL;
+    lb_counts c = {0, 0, 0};
+    int valid = 0;
+    PyObject *arr = route_keys((LBPlan *)self, args[0], attempt, &c, &valid);
+    return arr == NULL ? NULL : finish(arr, &c, valid, -1);
+}
+
+/* An 8-byte-word buffer of at least `words` words from `at` on (writable if asked). */
+static int words_from(PyObject *o, Py_buffer *v, Py_ssize_t at, Py_ssize_t words, int writable,
+                      const char *name)
+{
+    if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (v->itemsize != 8 || ((uintptr_t)v->buf & 7) != 0 || at < 0 || at > v->len / 8 - words) {
+        PyBuffer_Release(v);
+        PyErr_Format(PyExc_IndexError,
+                     "route_counted: %s must hold %zd aligned 8-byte words from word %zd", name,
+                     words, at);
+        return -1;
+    }
+    return 0;
+}
+
+/* Plan.route_counted(keys, attempt, sink, totals): Plan.route, and the batch's decision
+ * counts added in the same call to a counter row's decisions, fallbacks and moves
+ * cells and to totals[0..2], while the row's matrix is still the current one. sink is
+ * (row, cell, control, index, epoch): the row's int64 words, the word of its decisions
+ * count, and the control words whose word `index` names the current matrix (`epoch`);
+ * None: no row, nothing counted.
+ * The adds run holding the GIL, so no other thread of the process writes those cells
+ * meanwhile (the recorder's Python steps run between kernel calls, never inside one).
+ * A fifth item says whether the counts were added: not for an invalid answer, an empty
+ * batch, a matrix that moved, or a fault (the caller counts the slow way then, which
+ * follows the matrix or names the shrunk segment). */
+PyObject *lb_plan_route_counted(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || (args[2] != Py_None && (!PyTuple_CheckExact(args[2]) ||
+                                              PyTuple_GET_SIZE(args[2]) != 5))) {
+        PyErr_SetString(PyExc_TypeError, "route_counted(keys, attempt, (row, cell, control, "
+                                         "index, epoch) or None, totals)");
+        return NULL;
+    }
+    Py_ssize_t attempt;
+    if (parse_attempt(args[1], &attempt) < 0)
+        return NULL;
+    PyObject *sink = args[2];
+    if (sink == Py_None) {
+        lb_counts c = {0, 0, 0};
+        int valid = 0;
+        PyObject *arr = route_keys((LBPlan *)self, args[0], attempt, &c, &valid);
+        return arr == NULL ? NULL : finish(arr, &c, valid, 0);
+    }
+    Py_ssize_t cell = PyLong_AsSsize_t(PyTuple_GET_ITEM(sink, 1));
+    Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(sink, 3));
+    uint64_t epoch = (uint64_t)PyLong_AsLongLong(PyTuple_GET_ITEM(sink, 4)); /* -1: none */
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer rv, cv, tv;
+    if (words_from(PyTuple_GET_ITEM(sink, 0), &rv, cell, 3, 1, "the row") < 0)
+        return NULL;
+    if (words_from(PyTuple_GET_ITEM(sink, 2), &cv, at, 1, 0, "the control words") < 0) {
+        PyBuffer_Release(&rv);
+        return NULL;
+    }
+    if (words_from(args[3], &tv, 0, 3, 1, "totals") < 0) {
+        PyBuffer_Release(&rv);
+        PyBuffer_Release(&cv);
+        return NULL;
+    }
+    lb_counts c = {0, 0, 0};
+    int valid = 0, counted = 0;
+    PyObject *arr = route_keys((LBPlan *)self, args[0], attempt, &c, &valid);
+    Py_ssize_t n = arr == NULL ? 0 : PyObject_Length(arr);
+    if (arr != NULL && valid && !c.bad && n > 0 &&
+        lb_word_is((const uint64_t *)cv.buf + at, epoch) == 1) {
+        const int64_t cells[3] = {cell, cell + 1, cell + 2};
+        const int64_t values[3] = {n, c.fallbacks, c.moves};
+        const int64_t firsts[3] = {0, 1, 2};
+        if (lb_add_cells((uint64_t *)rv.buf, cells, values, 3) == 0) {
+            counted = 1;
+            /* (Guarded too: the caller's buffer is trusted no more than the row.) */
+            (void)lb_add_cells((uint64_t *)tv.buf, firsts, values, 3);
+        }
+    }
+    PyBuffer_Release(&rv);
+    PyBuffer_Release(&cv);
+    PyBuffer_Release(&tv);
+    return arr == NULL ? NULL : finish(arr, &c, valid, counted);
 }
 
 /* Plan.route_hashes(hashes, attempt=0): precomputed uint64 key hashes (checked by
@@ -272,7 +370,7 @@ PyObject *lb_plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssize_t
         lb_raise_fault("Plan.route_hashes");
         return NULL;
     }
-    return finish(arr, &c, valid);
+    return finish(arr, &c, valid, -1);
 }
 
 /* Plan.answers(): the attempt-0 answer and the plain answer for every (view, position). */

@@ -166,6 +166,9 @@ static PyMethodDef methods[] = {
      "scatter_add_routed(target, slot_map, endpoints, values, offsets=None) -> routed calls"},
     {"add_calls", (PyCFunction)(void (*)(void))lb_add_calls, METH_FASTCALL,
      "add_calls(target, ended, done, starts, geometry): a batching recorder's step"},
+    {"record_newest", (PyCFunction)(void (*)(void))lb_record_newest, METH_FASTCALL,
+     "record_newest(sink, slot_map, endpoints, started_ns[, duration_ns, now_ns]) -> routed "
+     "calls added in the row's newest bucket, or -1 (the recorder's general path then)"},
     {"words_are", (PyCFunction)(void (*)(void))lb_words_are, METH_FASTCALL,
      "words_are(a, i, x[, b, j, y]) -> 1 if a[i] == x (and b[j] == y), 0 if not, -1 if the "
      "read faulted (shared memory shrunk under it)"},

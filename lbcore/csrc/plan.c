@@ -298,6 +298,11 @@ static PyObject *plan_route_hashes(PyObject *self, PyObject *const *args, Py_ssi
     return ready(self) ? lb_plan_route_hashes(self, args, nargs, kwnames) : NULL;
 }
 
+static PyObject *plan_route_counted(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return ready(self) ? lb_plan_route_counted(self, args, nargs) : NULL;
+}
+
 static PyObject *plan_answers(PyObject *self, PyObject *unused)
 {
     return ready(self) ? lb_plan_answers(self, unused) : NULL;
@@ -316,6 +321,10 @@ static PyMethodDef plan_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "route_hashes($self, hashes, attempt=0)\n--\n\n"
      "Route precomputed uint64 key hashes: (indices, fallbacks, moves, valid)."},
+    {"route_counted", (PyCFunction)(void (*)(void))plan_route_counted, METH_FASTCALL,
+     "route_counted($self, keys, attempt, sink, totals)\n--\n\n"
+     "route, and its decision counts added to a counter row: (indices, fallbacks, moves, "
+     "valid, counted)."},
     {"answers", (PyCFunction)plan_answers, METH_NOARGS,
      "answers() -> (answer, plain): int32 arrays of views x ring positions, attempt 0"},
     {"counter_slots", (PyCFunction)plan_counter_slots, METH_O,

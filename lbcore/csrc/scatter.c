@@ -21,13 +21,11 @@
 
 #define MAX_TUPLE 16 /* offsets or values given as a tuple: at most this many */
 
-static int take_i64(PyObject *obj, Py_buffer *v, const char *name, int writable)
+/* A C-contiguous buffer of int64 words (an array, or a memoryview of one: its buffer
+ * costs less to take); -1 with TypeError otherwise. */
+static int take_words(PyObject *obj, Py_buffer *v, const char *name, int writable)
 {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (!PyObject_TypeCheck(obj, (PyTypeObject *)LB.np_ndarray)) {
-        PyErr_Format(PyExc_TypeError, "scatter_add: %s must be a contiguous int64 array", name);
-        return -1;
-    }
     if (PyObject_GetBuffer(obj, v, flags) < 0) {
         int readonly = writable && PyObject_CheckBuffer(obj);
         PyErr_Clear();
@@ -50,6 +48,15 @@ static int take_i64(PyObject *obj, Py_buffer *v, const char *name, int writable)
         return -1;
     }
     return 0;
+}
+
+static int take_i64(PyObject *obj, Py_buffer *v, const char *name, int writable)
+{
+    if (!PyObject_TypeCheck(obj, (PyTypeObject *)LB.np_ndarray)) {
+        PyErr_Format(PyExc_TypeError, "scatter_add: %s must be a contiguous int64 array", name);
+        return -1;
+    }
+    return take_words(obj, v, name, writable);
 }
 
 /* An int64 array or a tuple of ints: into *out (pointing at the buffer, or at buf[] for
@@ -196,6 +203,13 @@ static void scatter_run(void *x)
         }
     }
     FENCE_RELEASE();
+}
+
+int lb_add_cells(uint64_t *target, const int64_t *cells, const int64_t *values, Py_ssize_t n)
+{
+    addends a = {.k = 1, .values = values, .nv = n};
+    scatter_call sc = {target, &a, cells, n, 0, NULL, -1};
+    return lb_guarded(scatter_run, &sc);
 }
 
 PyObject *lb_scatter_add(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
@@ -352,6 +366,75 @@ static void routed_run(void *x)
     FENCE_RELEASE();
 }
 
+/* The checks and writes of scatter_add_routed (values checked already): 0 with the
+ * routed calls in *routedp, ROUTED_ERROR with an exception set (nothing added), or
+ * ROUTED_FAULTED (a fault cut the writes short; no exception set). columns >= 0: every
+ * mapped slot must also be below it (ROUTED_ERROR otherwise). */
+#define ROUTED_ERROR 1
+#define ROUTED_FAULTED 2
+static int add_routed(const Py_buffer *tv, const Py_buffer *mv, const Py_buffer *ev, int wide,
+                      const addends *a, int64_t columns, Py_ssize_t *routedp)
+{
+    Py_ssize_t routed = 0;
+    Py_ssize_t cells = tv->len / 8, n = ev->len / ev->itemsize, eps = mv->len / 8;
+    const int64_t *map = (const int64_t *)mv->buf;
+    /* One pass: every endpoint in -1 .. eps - 1, the routed calls' slot range. */
+    int64_t hi = -1, lo = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t e = endpoint_at(ev->buf, wide, j);
+        if (e == -1)
+            continue;
+        if (e < -1 || e >= eps) {
+            PyErr_Format(PyExc_IndexError,
+                         "scatter_add_routed: endpoint %lld at position %zd is not in -1..%zd; "
+                         "nothing was added",
+                         (long long)e, j, eps - 1);
+            return ROUTED_ERROR;
+        }
+        int64_t x = map[e];
+        hi = x > hi ? x : hi;
+        lo = x < lo ? x : lo;
+        routed++;
+    }
+    if (columns >= 0 && hi >= columns) {
+        PyErr_Format(PyExc_IndexError, "slot %lld is not below the row's %lld columns",
+                     (long long)hi, (long long)columns);
+        return ROUTED_ERROR;
+    }
+    for (Py_ssize_t r = 0; routed && r < a->k; r++) {
+        int64_t off = offset_at(a, r);
+        if (cells_fit(off, lo, hi, cells))
+            continue;
+        int64_t bad = lo < 0 ? lo : hi;
+        PyErr_Format(PyExc_IndexError,
+                     "scatter_add_routed: cell %lld (offset %lld + slot %lld) is outside the "
+                     "target's %zd cells; nothing was added",
+                     (long long)((uint64_t)off + (uint64_t)bad), (long long)off, (long long)bad,
+                     cells);
+        return ROUTED_ERROR;
+    }
+    if (routed) {
+        /* Many calls over few slots (a long fan-out): count the calls per slot once, then
+         * add count x value per slot and offset. The same sums. */
+        uint64_t *count = NULL;
+        if (a->k > 1 && routed > 2 * (hi + 1) && hi < (1 << 16))
+            count = (uint64_t *)calloc((size_t)hi + 1, sizeof(uint64_t));
+        if (count != NULL)
+            for (Py_ssize_t j = 0; j < n; j++) {
+                int64_t e = endpoint_at(ev->buf, wide, j);
+                if (e >= 0)
+                    count[map[e]]++;
+            }
+        routed_call rc = {(uint64_t *)tv->buf, a, map, ev->buf, wide, n, count, hi};
+        int faulted = lb_guarded(routed_run, &rc) == LB_FAULTED;
+        free(count);
+        if (faulted)
+            return ROUTED_FAULTED;
+    }
+    *routedp = routed;
+    return 0;
+}
+
 PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)mod;
@@ -381,58 +464,11 @@ PyObject *lb_scatter_add_routed(PyObject *mod, PyObject *const *args, Py_ssize_t
                      a.nv, k);
         goto done;
     }
-    Py_ssize_t cells = tv.len / 8, n = ev.len / ev.itemsize, eps = mv.len / 8;
-    const int64_t *map = (const int64_t *)mv.buf;
-    /* One pass: every endpoint in -1 .. eps - 1, the routed calls' slot range. */
-    int64_t hi = -1, lo = 0;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        int64_t e = endpoint_at(ev.buf, wide, j);
-        if (e == -1)
-            continue;
-        if (e < -1 || e >= eps) {
-            PyErr_Format(PyExc_IndexError,
-                         "scatter_add_routed: endpoint %lld at position %zd is not in -1..%zd; "
-                         "nothing was added",
-                         (long long)e, j, eps - 1);
-            goto done;
-        }
-        int64_t x = map[e];
-        hi = x > hi ? x : hi;
-        lo = x < lo ? x : lo;
-        routed++;
-    }
-    for (Py_ssize_t r = 0; routed && r < k; r++) {
-        int64_t off = offset_at(&a, r);
-        if (cells_fit(off, lo, hi, cells))
-            continue;
-        int64_t bad = lo < 0 ? lo : hi;
-        PyErr_Format(PyExc_IndexError,
-                     "scatter_add_routed: cell %lld (offset %lld + slot %lld) is outside the "
-                     "target's %zd cells; nothing was added",
-                     (long long)((uint64_t)off + (uint64_t)bad), (long long)off, (long long)bad,
-                     cells);
+    int rc = add_routed(&tv, &mv, &ev, wide, &a, -1, &routed);
+    if (rc == ROUTED_FAULTED)
+        lb_raise_fault("scatter_add_routed");
+    if (rc != 0)
         goto done;
-    }
-    if (routed) {
-        /* Many calls over few slots (a long fan-out): count the calls per slot once, then
-         * add count x value per slot and offset. The same sums. */
-        uint64_t *count = NULL;
-        if (k > 1 && routed > 2 * (hi + 1) && hi < (1 << 16))
-            count = (uint64_t *)calloc((size_t)hi + 1, sizeof(uint64_t));
-        if (count != NULL)
-            for (Py_ssize_t j = 0; j < n; j++) {
-                int64_t e = endpoint_at(ev.buf, wide, j);
-                if (e >= 0)
-                    count[map[e]]++;
-            }
-        routed_call rc = {(uint64_t *)tv.buf, &a, map, ev.buf, wide, n, count, hi};
-        int faulted = lb_guarded(routed_run, &rc) == LB_FAULTED;
-        free(count);
-        if (faulted) {
-            lb_raise_fault("scatter_add_routed");
-            goto done;
-        }
-    }
     result = PyLong_FromSsize_t(routed);
 done:
     if (tv.obj != NULL)
@@ -443,4 +479,93 @@ done:
         PyBuffer_Release(&ev);
     release_addends(&a);
     return result;
+}
+
+/* record_newest(sink, slot_map, endpoints, started_ns[, duration_ns, now_ns]) -> calls.
+ *
+ * A fan-out's start (four arguments) or end (six) through a plan's slot map, when it
+ * falls in the counter row's newest bucket: the cells a recorder's start or end adds
+ * there, in this one call (no Python frame, no second call for the epoch check). sink
+ * is the recorder's (row, control, index, epoch, columns, lo, hi, start offsets, end
+ * offsets) for its newest bucket [lo, hi) ns. A start adds 1 in flight and its offset
+ * into the bucket; an end that started in the bucket takes it out again and adds its
+ * busy time, one completion, its latency and one request. Returns the routed calls
+ * added, or -1 with nothing added and no error set when the recorder's general path
+ * must do it: another bucket, a matrix that moved, anything out of range (that path
+ * says what), or a fault. Holds the GIL; the caller holds the row's lock (a rotation
+ * changes the bucket). */
+static int sink_int(PyObject *sink, Py_ssize_t i, int64_t *out)
+{
+    PyObject *o = PyTuple_GET_ITEM(sink, i);
+    if (!PyLong_CheckExact(o))
+        return -1;
+    long long x = PyLong_AsLongLong(o);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+PyObject *lb_record_newest(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)mod;
+    if ((nargs != 4 && nargs != 6) || !PyTuple_CheckExact(args[0]) ||
+        PyTuple_GET_SIZE(args[0]) != 9) {
+        PyErr_SetString(PyExc_TypeError, "record_newest(sink, slot_map, endpoints, started_ns"
+                                         "[, duration_ns, now_ns])");
+        return NULL;
+    }
+    PyObject *sink = args[0];
+    int64_t index, epoch, columns, lo, hi, started, duration = 0, now = 0;
+    Py_buffer tv = {0}, cv = {0}, mv = {0}, ev = {0};
+    addends a = {.k = 1};
+    Py_ssize_t routed = -1;
+    int wide = 0, end = nargs == 6;
+    if (sink_int(sink, 2, &index) < 0 || sink_int(sink, 3, &epoch) < 0 ||
+        sink_int(sink, 4, &columns) < 0 || sink_int(sink, 5, &lo) < 0 ||
+        sink_int(sink, 6, &hi) < 0 || !PyLong_CheckExact(args[3]))
+        goto done;
+    started = PyLong_AsLongLong(args[3]);
+    if (end) {
+        if (!PyLong_CheckExact(args[4]) || !PyLong_CheckExact(args[5]))
+            goto done;
+        duration = PyLong_AsLongLong(args[4]);
+        now = PyLong_AsLongLong(args[5]);
+    }
+    if (PyErr_Occurred() || started < lo || duration < 0 ||
+        (end ? now < lo || now >= hi : started >= hi))
+        goto done;
+    if (take_i64s(PyTuple_GET_ITEM(sink, end ? 8 : 7), &a.ov, a.obuf, &a.offsets, &a.k,
+                  "offsets") < 0 ||
+        a.k != (end ? 6 : 2))
+        goto done;
+    /* The cells of a start, and of an end of a call that started in this bucket. */
+    const int64_t start_values[2] = {1, started - lo};
+    const int64_t end_values[6] = {-1, lo - started, duration, 1, duration, 1};
+    a.values = end ? end_values : start_values;
+    a.nv = a.k;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(sink, 1), &cv, PyBUF_C_CONTIGUOUS) < 0 ||
+        cv.itemsize != 8 || ((uintptr_t)cv.buf & 7) != 0 || index < 0 || index >= cv.len / 8 ||
+        lb_word_is((const uint64_t *)cv.buf + index, (uint64_t)epoch) != 1)
+        goto done;
+    /* The row and the slot map: memoryviews, as the recorder and a snapshot pass them. */
+    if (take_words(PyTuple_GET_ITEM(sink, 0), &tv, "target", 1) < 0 ||
+        take_words(args[1], &mv, "slot_map", 0) < 0 || take_endpoints(args[2], &ev, &wide) < 0 ||
+        (((uintptr_t)tv.buf | (uintptr_t)mv.buf) & 7) != 0)
+        goto done;
+    Py_ssize_t added = 0;
+    if (add_routed(&tv, &mv, &ev, wide, &a, columns, &added) == 0)
+        routed = added;
+done:
+    PyErr_Clear();
+    if (tv.obj != NULL)
+        PyBuffer_Release(&tv);
+    if (cv.obj != NULL)
+        PyBuffer_Release(&cv);
+    if (mv.obj != NULL)
+        PyBuffer_Release(&mv);
+    if (ev.obj != NULL)
+        PyBuffer_Release(&ev);
+    release_addends(&a);
+    return PyLong_FromSsize_t(routed);
 }

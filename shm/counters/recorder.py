@@ -12,7 +12,7 @@ import numpy as np
 
 from lbcore.errors import ArgumentError, MappingFaultError
 from lbcore.fence import fence
-from lbcore.kernel import calls_adder, scatter_adder, scatter_adder_routed
+from lbcore.kernel import calls_adder, newest_recorder, scatter_adder, scatter_adder_routed
 from lbcore.outlier import FAIL_OTHER, FAILURE_KINDS
 from shm.counters.matrix import C_CURRENT, Matrix
 from shm.counters.reports import write_reports
@@ -118,6 +118,7 @@ def _after_fork_in_child() -> None:
     for rec in list(_RECORDERS):
         rec._epoch = -1  # the next call fails: a forked child must claim its own slot
         rec._current = int  # (int() is 0: never current)
+        rec.count_sink = rec.newest_sink = None  # (the kernel's own epoch checks: gone too)
         rec._forked = True
 
 
@@ -149,6 +150,12 @@ class Recorder:
     ----------
     row : int
         The worker slot (row) this recorder writes.
+    count_sink, newest_sink, record_newest : tuple, tuple, Callable or None
+        The row as the native kernel's one-call writes take it (``None`` on the NumPy
+        kernel or once released): :attr:`lbcore.Plan.route_counted` adds the cells of
+        :meth:`count`; ``record_newest`` (:func:`lbcore.kernel.newest_recorder`) those of
+        :meth:`record_start` / :meth:`record_end` in the newest bucket (read
+        ``newest_sink`` under the row's lock; ``-1``: call those).
     """
 
     def __init__(self, store: CounterStore, row: int) -> None:
@@ -189,6 +196,7 @@ class Recorder:
         self._row_words = m.rows2d[self.row]
         self._add = scatter_adder()  # the recording hot path's one call, resolved here
         self._add_routed = scatter_adder_routed()
+        self.record_newest = newest_recorder()
         self._add_calls = calls_adder()
         lay = m.layout
         cols = m.columns
@@ -225,8 +233,10 @@ class Recorder:
         # its writes are too (no frame, no size probe; a fault: _faulted), else probed.
         self._guarded = kernel_guarded()
         self._current = partial(words_are, self._cw, C_CURRENT, m.epoch)
+        self._stats_at = int(lay["stats"])
         if not self._guarded:
             self._current = self._probed
+        self._sinks()
 
     def _probed(self) -> int:
         return int(intact(self._ctl_seg, self._data_seg) and self._cw[C_CURRENT] == self._epoch)
@@ -294,6 +304,17 @@ class Recorder:
                 fence()
                 periods[j] = q
         self._period = period
+        self._sinks()
+
+    def _sinks(self) -> None:
+        """The sinks for this binding and newest bucket (the row as a memoryview: cheaper)."""
+        self.count_sink = self.newest_sink = None
+        if self._guarded and self.record_newest is not None and self._epoch >= 0:
+            row, q, j = memoryview(self._row_words), self._period, self._period % self._k
+            head = (row, self._cw, C_CURRENT, self._epoch)
+            self.count_sink = (row, self._stats_at, *head[1:])
+            lo, offsets = q * self._bucket_ns, (self._start_offsets[j], self._end_offsets[j])
+            self.newest_sink = (*head, self._cols, lo, lo + self._bucket_ns, *offsets)
 
     def _slots(self, slots: Any) -> np.ndarray:
         """``slots`` as a checked, contiguous 1-D ``int64`` array (the slow way).
@@ -782,3 +803,4 @@ class Recorder:
         self._store._release_row(self, now_ns)
         self._released = True
         self._epoch = -1
+        self.count_sink = self.newest_sink = None

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 import shm
 from shm.counters.recorder import Starts
 from workers.fanout.failurelog import FailureLog
@@ -110,6 +112,10 @@ class Recording:
         The row's lock and recorder (``None``: no row), as one attribute so a fan-out
         that starts on one row ends on it even if the router attached another since:
         hold the lock around each call of the recorder.
+    kernel_totals : memoryview
+        The decisions, fallbacks and moves :attr:`lbcore.Plan.route_counted` counted
+        into the row itself (``int64``, 3; it adds them holding the GIL, so no lock):
+        part of the process's totals, with those :meth:`count` adds.
     """
 
     __slots__ = (
@@ -120,6 +126,7 @@ class Recording:
         "_totals",
         "clock",
         "failure_log",
+        "kernel_totals",
         "ok",
         "row",
     )
@@ -141,6 +148,7 @@ class Recording:
         self._row: shm.Recorder | None = None
         self.row: tuple[threading.Lock, shm.Recorder] | None = None
         self._totals = [0, 0, 0, 0]
+        self.kernel_totals = memoryview(np.zeros(3, dtype=np.int64))
         self.attach(recorder)
 
     # -- the row --------------------------------------------------------------------
@@ -186,7 +194,10 @@ class Recording:
     def stats(self) -> dict[str, int]:
         """The process's totals: ``decisions``, ``fallbacks``, ``moves``, ``failures``."""
         with self._lock:
-            return dict(zip(_STATS, self._totals, strict=True))
+            totals = self._totals.copy()
+        for i, n in enumerate(self.kernel_totals):
+            totals[i] += n
+        return dict(zip(_STATS, totals, strict=True))
 
     # -- calls ----------------------------------------------------------------------
 

@@ -198,6 +198,7 @@ class Router:
             clock,
         )
         self.recording = Recording(clock, failure_log=self._failure_log, check=self._check_usable)
+        self._kernel_totals = self.recording.kernel_totals
         self._ledger: CallLedger | None = None
         self._fanout: Any = None  # workers.fanout.threads.FanOut, made on first use
         self._fanout_settings = fanout_settings
@@ -440,8 +441,12 @@ class Router:
             s = _no_table()
         elif self._no_table.since:  # (the active property without its frame, per batch)
             self._no_table.table()
+        row = self.recording.row
         try:
-            idx, fallbacks, moves, valid = s.route(keys, attempt)
+            # The decision counts go to the row in the kernel's call (counted), else below.
+            idx, fallbacks, moves, valid, counted = s.route_counted(
+                keys, attempt, None if row is None else row[1].count_sink, self._kernel_totals
+            )
         except lbcore.TableDataError as exc:
             if s.table.valid():
                 # Damaged after it was mapped and checked (any process of the user can
@@ -449,6 +454,7 @@ class Router:
                 self._follow.damaged(s.table, exc)
                 s = _no_table()
                 idx, fallbacks, moves, valid = s.route(keys, attempt)
+                counted = False
             else:
                 valid = False
         except lbcore.MappingFaultError:
@@ -460,10 +466,12 @@ class Router:
                 raise
             valid = False
         if not valid:
+            counted = False
             idx, fallbacks, moves, s = self._reroute(keys, attempt)
         n = idx.size
         if n:
-            self.recording.count(n, fallbacks, moves)
+            if not counted:
+                self.recording.count(n, fallbacks, moves)
             if missing:
                 self._no_table.no_table(n, self._why_no_table())
         t = s.table
@@ -631,6 +639,7 @@ class Router:
                         None,
                         plan.n_slots,
                         plan.slots,
+                        s.slot_view,
                     )
             elif table is None and last is not None and idx.__class__ is np.ndarray:
                 if idx.base is last[0]:  # a slice of it: its table

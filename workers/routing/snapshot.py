@@ -255,13 +255,28 @@ class Snapshot:
         When they are to be read again.
     route : Callable
         :attr:`lbcore.Plan.route` of :attr:`plan`.
+    route_counted : Callable
+        :attr:`lbcore.Plan.route_counted` of :attr:`plan`.
+    slot_view : memoryview
+        :attr:`lbcore.Plan.slots` of :attr:`plan` (the kernel takes a memoryview's
+        buffer for less than an array's: a fan-out's start and end pass it).
     guarded : bool
         The plan routes on the native kernel, whose reads of the table run under its
         SIGBUS guard (:func:`shm.segment.kernel_guarded`): the per-batch check probes
         no segment size.
     """
 
-    __slots__ = ("due_ns", "guarded", "loads", "plan", "read_ns", "route", "table")
+    __slots__ = (
+        "due_ns",
+        "guarded",
+        "loads",
+        "plan",
+        "read_ns",
+        "route",
+        "route_counted",
+        "slot_view",
+        "table",
+    )
 
     def __init__(
         self, table: shm.Table, plan: lbcore.Plan, loads: shm.HostLoads, read_ns: int, due_ns: int
@@ -269,6 +284,8 @@ class Snapshot:
         self.table = table
         self.plan = plan
         self.route = plan.route
+        self.route_counted = plan.route_counted
+        self.slot_view = memoryview(plan.slots)
         self.guarded = plan.kernel == "native" and kernel_guarded()
         self.loads = loads
         self.read_ns = read_ns

@@ -67,6 +67,7 @@ class Tracker:
         "_slots",
         "_start",
         "_state",
+        "_view",
         "attempt",
         "idx",
         "keys",
@@ -84,6 +85,7 @@ class Tracker:
         calls: np.ndarray | None,
         bound: int,
         slot_map: np.ndarray | None = None,
+        slot_view: memoryview | None = None,
     ) -> None:
         self._rec = recording
         # A private copy: the caller may reuse its array while the calls are open, and
@@ -99,6 +101,8 @@ class Tracker:
         self._slots = slots
         self._calls = calls
         self._map = slot_map
+        # The map as the kernel's newest-bucket call takes it for less (a memoryview).
+        self._view = slot_map if slot_view is None else slot_view
         self._bound = bound  # every slot is below it
         self._state = 0  # 0: made, 1: recording, 2: ended
         self._row: Any = None  # (lock, recorder) the start went to: the end goes there too
@@ -120,7 +124,11 @@ class Tracker:
             lock = row[0]
             lock.acquire()  # (acquire/release: cheaper than a with block, per fan-out)
             try:
-                n = row[1].record_start(self.idx, start, self._bound, self._map)
+                r = row[1]
+                sink = r.newest_sink  # (its newest bucket: one kernel call, no frame)
+                n = -1 if sink is None else r.record_newest(sink, self._view, self.idx, start)
+                if n < 0:
+                    n = r.record_start(self.idx, start, self._bound, self._map)
             except shm.ShmError as exc:  # released meanwhile (closed, counters replaced)
                 if isinstance(exc, shm.CounterInputError):
                     self._routed()  # the indices, changed since routed: say so (raises)
@@ -256,7 +264,11 @@ class Tracker:
             lock.acquire()
             try:
                 took = end - start if end > start else 0
-                row[1].record_end(self.idx, start, took, end, None, self._bound, self._map)
+                r = row[1]
+                sink = r.newest_sink
+                idx = self.idx
+                if sink is None or r.record_newest(sink, self._view, idx, start, took, end) < 0:
+                    r.record_end(idx, start, took, end, None, self._bound, self._map)
             except shm.ShmError as exc:  # released meanwhile: nothing to add to
                 END_WARN.warn(log, exc)
             finally:
