@@ -636,7 +636,7 @@ def _zone_bars(plan: lbcore.Plan) -> np.ndarray | None:
     if not plan.zone_views or plan.balance_factor is None or plan.loads is None:
         return None
     newest = plan.listed[plan.zone_views - 1]
-    return share_bars(plan.loads, newest, plan.expected_shares, plan.balance_factor)
+    return share_bars(plan.loads, newest, plan.bar_shares, plan.balance_factor)
 
 
 @dataclass(frozen=True, slots=True)
