@@ -178,6 +178,16 @@ def build_plan(
     if not n:
         bf = None  # (nothing to bound on an empty table)
     load, window_ns = None, 0
+    ej = table.ejected
+    kw: dict[str, Any] = {
+        "ejected": ej if ejected and ej.size and ej.any() else None,
+        "max_hops": k.max_hops,
+        "gate": k.gate(),
+        "fade_mode": k.fade_mode,
+        "slots": table.slots,
+        "n_slots": table.n_slots,
+        "guard": table.guard,
+    }
     if bf is not None:
         if loads is None or loads.in_flight.size != n:
             loads = shm.HostLoads.idle(n, now_ns)
@@ -185,28 +195,32 @@ def build_plan(
         # B1's bars expect the local share these loads saw: occupancy (and effective
         # load's occupancy part) is averaged over the counters' window, in-flight is now.
         window_ns = 0 if sig == "in-flight" else min(max(int(loads.window_ns), 0), MAX_WINDOW)
+    zone = zone_split(table, now_ns, reuse, window_ns=window_ns)
+    if bf is not None:
+        assert loads is not None
         # In routed-call units: bounded load's 1.0 becomes what a call adds to the
         # signal (for occupancy its latency's share of the window, not one busy second
         # per second); in-flight and effective loads pass through unchanged.
-        raw, inc = loads.signal(sig), loads.bar_increment(sig)
+        raw, inc = loads.signal(k.load_signal), loads.bar_increment(k.load_signal)
         if reports is not None:
-            raw = effective_loads(raw, reports.state, now_ns, reports.settings, inc).loads
+            expected = None
+            if zone is not None:
+                # reports go onto the shares the bars are drawn from (the views alone
+                # set them: a plan without loads, whose arcs the plan below reuses)
+                reuse = lbcore.Plan(table.ring_set, now_ns, zone=zone, reuse=reuse, **kw)
+                expected = reuse.bar_shares if reuse.zone_views else None
+            raw = effective_loads(
+                raw, reports.state, now_ns, reports.settings, inc, expected=expected
+            ).loads
         load = in_call_units(raw, inc)
-    ej = table.ejected
     return lbcore.Plan(
         table.ring_set,
         now_ns,
-        ejected=ej if ejected and ej.size and ej.any() else None,
         loads=load,
         balance_factor=bf,
-        max_hops=k.max_hops,
-        gate=k.gate(),
-        fade_mode=k.fade_mode,
-        slots=table.slots,
-        n_slots=table.n_slots,
-        guard=table.guard,
-        zone=zone_split(table, now_ns, reuse, window_ns=window_ns),
+        zone=zone,
         reuse=reuse,
+        **kw,
     )
 
 
