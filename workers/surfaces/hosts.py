@@ -544,6 +544,10 @@ class HostMonitor:
                     age[i] = ages[i]
                     util[i] = None if math.isnan(u[i]) else u[i]
         bar, bars, self.last_plan = _bar(table, loads, now, increment, reports, self.last_plan)
+        plan = self.last_plan
+        if bars is not None and reports is not None and plan is not None and plan.loads is not None:
+            # with a zone, reports are folded onto the plan's shares: show what it compares
+            signal = (plan.loads * float(increment or 1.0)).tolist()
         # The constructor, not dataclasses.replace: a snapshot of a large table makes one
         # of these per endpoint, and replace costs several times more per call.
         loaded = tuple(
