@@ -145,13 +145,19 @@ def share_bars(
     balance_factor: float,
     increment: float = 1.0,
 ) -> np.ndarray:
-    """Each endpoint's own bar: ``balance_factor × share × (1.0 + Σ loads of candidates)``.
+    """Each endpoint's bar: ``balance_factor × max(share, 1 / n) × (1.0 + Σ candidates' loads)``.
 
     The bar of a plan whose endpoints are not meant to carry equal parts (zone affinity:
     local pods carry the zone's local keys on top of their global part). ``shares`` are
     the endpoints' expected shares of the routed keys (:func:`lbcore.zones.expected_shares`,
     summing to 1); with equal shares ``1 / n`` this is :func:`target_load`'s bar. The total
     is summed as :func:`target_load` sums it, ``increment`` replacing the 1.0 alike.
+
+    An endpoint expected to carry less than the average ``1 / n`` of the ``n``
+    candidates (a remote pod while most keys stay local, a pod early in its fade-in)
+    keeps :func:`target_load`'s bar, as it would without a zone: held to its own small
+    share, a handful of calls (a new pod's first ones are slow) would put it over, and
+    keys would flap on and off it.
 
     Returns
     -------
@@ -163,7 +169,8 @@ def share_bars(
     acc[0] = increment
     acc[1:] = cand
     total = float(np.add.accumulate(acc)[-1])
-    return np.asarray(shares, dtype=np.float64) * total * balance_factor
+    own = np.asarray(shares, dtype=np.float64) * total * balance_factor
+    return np.maximum(own, _bar(total, cand.size, balance_factor)) if cand.size else own
 
 
 def routed_call_load(

@@ -49,7 +49,13 @@ from lbcore.views import (
     view_counts,
     zone_good,
 )
-from lbcore.zones import ZONE_SALT, ZoneSplit, expected_shares, view_arcs
+from lbcore.zones import (
+    ZONE_SALT,
+    ZoneSplit,
+    expected_shares,
+    view_arcs,
+    window_shares,
+)
 
 __all__ = ["CHOICE_FIXED", "CHOICE_NRING", "CHOICE_SKIPPER", "Plan"]
 
@@ -238,9 +244,11 @@ class Plan:
         ``mix64(h, ZONE_SALT) < zone_threshold``.
     under : numpy.ndarray or None
         With zone mode and bounded load, ``bool`` per endpoint: its load is at or under
-        its own bar, ``balance_factor × expected share × (1.0 + Σ load)``.
+        its own bar, ``balance_factor × bar share × (1.0 + Σ load)``.
     expected_shares : numpy.ndarray
         Each endpoint's expected share of the routed keys (see the property).
+    bar_shares : numpy.ndarray
+        The expected shares the bars use (see the property).
     """
 
     __slots__ = {  # noqa: RUF023 (route first: it is the one documented)
@@ -278,6 +286,7 @@ class Plan:
         "views": None,
         "_arcs": None,
         "_expected": None,
+        "_bar_shares": None,
         "under": None,
         "zone": None,
         "zone_share": None,
@@ -319,7 +328,7 @@ class Plan:
             )
         if reuse is not None and not isinstance(reuse, Plan):
             raise ArgumentError(f"reuse must be an lbcore.Plan, got {type(reuse).__name__}")
-        self.zone, self._expected, self._arcs = zone, None, None
+        self.zone, self._expected, self._arcs, self._bar_shares = zone, None, None, None
         gate = Gate() if gate is None else gate
         if not isinstance(gate, Gate):
             raise ArgumentError(f"gate must be an lbcore.Gate, got {type(gate).__name__}")
@@ -471,7 +480,7 @@ class Plan:
             bars = share_bars(
                 self.loads,
                 listed[self.zone_views - 1],
-                self.expected_shares,
+                self.bar_shares,
                 self.balance_factor,
             )
             self.good, self.under = zone_good(eligible, self.listed_count, self.loads, bars)
@@ -538,6 +547,25 @@ class Plan:
             shares.setflags(write=False)
             self._expected = shares
         return self._expected
+
+    @property
+    def bar_shares(self) -> np.ndarray:
+        """The expected shares B1's bars use: what the loads compared with them saw.
+
+        :attr:`expected_shares` averaged over the zone split's ``bar_window_ns``
+        (:func:`lbcore.zones.window_shares`: the local shares it gives and the fade-in
+        weights there); :attr:`expected_shares` itself without a window. ``float64``
+        per endpoint, summing to 1.
+        """
+        if self._bar_shares is None:
+            z = self.zone
+            if z is None or not self.zone_views or not z.bar_window_ns:
+                shares = self.expected_shares
+            else:
+                shares = window_shares(self, z, self.view_arcs)
+                shares.setflags(write=False)
+            self._bar_shares = shares
+        return self._bar_shares
 
     def _ring_of(self, view: int) -> int:
         """The ring a view walks on (its tier bound); Skipper's levels all use the newest."""

@@ -44,6 +44,17 @@ a host that has not yet called the group from scaling every report to 0. When a 
 holds at least two pods past their blackout, only those set the scale (a pod in its
 blackout is scaled by it); otherwise the whole group does.
 
+**Zone affinity.** This host does not send every pod an equal part: each pod's bar is
+drawn from its expected share ``e_i`` of the host's keys (:mod:`lbcore.zones`, B1). A
+report is then rescaled onto that share instead of the flat mean::
+
+    load_i = (r_i / mean_G r) × e_i × max(Σ_G h, |G| × increment) / Σ_G e
+
+so a pod at its group's average sits exactly at its expected part of the host's total,
+and ``load_i / bar_i`` is again ``r_i / (balance_factor × mean_G r)`` (for a pod
+expected to carry less than the average, whose bar is the average's, lower). With
+equal shares this is the rule above.
+
 No I/O, no clocks: times are arguments (CLOCK_MONOTONIC nanoseconds, the caller's).
 """
 
@@ -327,6 +338,8 @@ def effective_loads(
     now_ns: int,
     settings: ReportSettings,
     increment: float = 1.0,
+    *,
+    expected: Any = None,
 ) -> FoldedLoads:
     """The load vector bounded load compares: reports where they count, the host's elsewhere.
 
@@ -344,6 +357,12 @@ def effective_loads(
     increment
         What one routed call adds to the host's signal (the bar's increment, in the
         host vector's unit): the scale's floor, one call per reporting pod.
+    expected
+        With zone affinity, each endpoint's expected share of this host's keys, the
+        one its bar is drawn from (:attr:`lbcore.Plan.bar_shares`): reports are
+        rescaled onto it, so a pod reporting its group's average sits at its expected
+        share and is over its bar as a pod is without a zone, at ``balance_factor``
+        times the average. ``None``: the host's flat view (every pod alike).
 
     Returns
     -------
@@ -366,6 +385,11 @@ def effective_loads(
         raise LoadError(f"report state has {state.value.size} slots, loads {n}")
     if not (math.isfinite(increment) and increment > 0.0):
         raise LoadError(f"increment must be finite and > 0, got {increment!r}")
+    shares = None
+    if expected is not None:
+        shares = np.asarray(expected, dtype=np.float64)
+        if shares.shape != (n,) or not (np.isfinite(shares).all() and (shares >= 0).all()):
+            raise LoadError(f"expected must be {n} finite shares >= 0")
     status = report_status(state, now_ns, settings)
     out = loads
     for kind in (KIND_OCCUPANCY, KIND_UTILIZATION):
@@ -378,8 +402,14 @@ def effective_loads(
         reported_total = float(state.value[base].sum())
         if not reported_total > 0.0:
             continue  # every pod of the group reports idle: the host's view says more
-        scale = max(float(loads[base].sum()), count * increment) / reported_total
-        scaled = state.value * scale
+        host_total = max(float(loads[base].sum()), count * increment)
+        share_total = 0.0 if shares is None else float(shares[base].sum())
+        if share_total > 0.0:
+            assert shares is not None
+            mean = reported_total / count
+            scaled = state.value / mean * shares * (host_total / share_total)
+        else:
+            scaled = state.value * (host_total / reported_total)
         if out is loads:
             out = loads.copy()
         hot = member & ~trusted & (scaled > loads)  # blackout: only raise

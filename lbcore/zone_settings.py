@@ -58,6 +58,12 @@ __all__ = [
 #: Longest ramp or hold accepted, in seconds (one day).
 MAX_ZONE_SECONDS = 86_400.0
 
+#: Largest probe floor accepted, a share of keys (above it affinity is not suppressed).
+MAX_PROBE_FLOOR = 0.5
+
+#: Largest latency margin accepted, a fraction (10: local latency 11 times remote).
+MAX_LATENCY_MARGIN = 10.0
+
 # A Kubernetes label value (topology.kubernetes.io/zone): at most 63 characters,
 # alphanumerics with '-', '_' or '.' inside.
 _ZONE_NAME = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?")
@@ -81,7 +87,8 @@ ZONE = Knob(
     "",
     parse_zone,
     "This caller's zone (as its endpoints' EndpointSlice 'zone'). Empty: unknown, so "
-    "no endpoint is local and routing is global.",
+    "no endpoint is local and routing is global. A Kubernetes label value: up to 63 "
+    "letters, digits, '-', '_' or '.', starting and ending with a letter or digit.",
     "ZONE",
 )
 ZONE_AFFINITY = Knob(
@@ -92,7 +99,7 @@ ZONE_AFFINITY = Knob(
     parse_choice(("off", "on")),
     "'on': a share of the keys, chosen by key, is routed on the zone's ring (the global "
     "ring restricted to local pods) so their calls stay in the zone. 'off' routes "
-    "exactly as before.",
+    "exactly as before. One of: off, on.",
     "off|on",
 )
 ZONE_RAMP = Knob(
@@ -102,7 +109,7 @@ ZONE_RAMP = Knob(
     30.0,
     seconds_at_least(0.0, MAX_ZONE_SECONDS),
     "Seconds for the local share to rise from 0 to its cap (once affinity is on, and "
-    "again after a suppression); 0 jumps at once.",
+    f"again after a suppression); 0 jumps at once. Range: 0 to {MAX_ZONE_SECONDS:,.0f} s.",
     "SECONDS",
 )
 ZONE_PROBE_FLOOR = Knob(
@@ -110,9 +117,9 @@ ZONE_PROBE_FLOOR = Knob(
     "CSLB_ZONE_PROBE_FLOOR",
     "--zone-probe-floor",
     0.01,
-    parse_number_between(0.0, 0.5, what="a share"),
+    parse_number_between(0.0, MAX_PROBE_FLOOR, what="a share"),
     "Local share kept while affinity is suppressed (local latency too high), so local "
-    "latency keeps being measured.",
+    f"latency keeps being measured. Range: 0 to {MAX_PROBE_FLOOR:g}.",
     "SHARE",
 )
 ZONE_MIN_PODS = Knob(
@@ -121,7 +128,8 @@ ZONE_MIN_PODS = Knob(
     "--zone-min-pods",
     3,
     parse_int_between(1, MAX_MIN_PODS),
-    "A zone with fewer non-ejected local pods routes every key globally (share 0).",
+    "A zone with fewer non-ejected local pods routes every key globally (share 0). "
+    f"Range: 1 to {MAX_MIN_PODS:,}.",
     "N",
 )
 ZONE_LATENCY_MARGIN = Knob(
@@ -129,9 +137,9 @@ ZONE_LATENCY_MARGIN = Knob(
     "CSLB_ZONE_LATENCY_MARGIN",
     "--zone-latency-margin",
     0.35,
-    parse_number_between(0.0, 10.0, above=True, what="a fraction"),
+    parse_number_between(0.0, MAX_LATENCY_MARGIN, above=True, what="a fraction"),
     "Affinity drops to the probe floor when local latency exceeds remote latency by more "
-    "than this fraction (0.35: 35 %).",
+    f"than this fraction (0.35: 35 %). Range: above 0, at most {MAX_LATENCY_MARGIN:g}.",
     "FRACTION",
 )
 ZONE_HOLD = Knob(
@@ -141,7 +149,8 @@ ZONE_HOLD = Knob(
     30.0,
     seconds_at_least(1.0, MAX_ZONE_SECONDS),
     "Seconds the latency signal must stay below the recovery threshold before a "
-    "suppressed zone ramps up again (three occupancy windows by default: no flapping).",
+    "suppressed zone ramps up again (three occupancy windows by default: no flapping). "
+    f"Range: 1 to {MAX_ZONE_SECONDS:,.0f} s.",
     "SECONDS",
 )
 

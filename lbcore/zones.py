@@ -25,7 +25,12 @@ The rules, written once here and applied by both kernels through
   plain average would call every local pod overloaded as soon as the share is
   noticeably above 0. A local key whose zone walk ends on a pod over its bar is routed
   on the global ring instead (a *spill*, counted in ``route``'s ``moves``). Without a
-  zone, or when no view's zone is open, the bar and every answer are Skipper's.
+  zone, or when no view's zone is open, the bar and every answer are Skipper's. The
+  expected shares are those the loads saw: loads averaged over a window reflect the
+  expected shares averaged over it, local share and N-ring fade-in weights together
+  (``ZoneSplit.bar_window_ns``, ``bar_shares``; :func:`window_instants`). Bars at the
+  instant's shares would call remote pods overloaded while the share rises (local pods
+  while it falls) and a fading ring's older pods overloaded as it grows.
 
 The controller that moves ``share`` over time (ramp, probe floor, latency hysteresis)
 belongs to the host's table writer; its settings are :mod:`lbcore.zone_settings`.
@@ -43,7 +48,7 @@ import numpy as np
 from lbcore.draws import below
 from lbcore.errors import ArgumentError
 from lbcore.kernel import hash_keys
-from lbcore.views import view_of_draws
+from lbcore.views import CHOICE_FIXED, CHOICE_NRING, draw_thresholds, view_of_draws
 
 __all__ = [
     "ZONE_SALT",
@@ -54,6 +59,8 @@ __all__ = [
     "local_mask",
     "view_arcs",
     "view_weights",
+    "window_instants",
+    "window_shares",
     "zone_cap",
 ]
 
@@ -63,6 +70,13 @@ ZONE_SALT = 0x7A6F6E652D616666
 
 #: Most local pods a zone may be required to hold (``CSLB_ZONE_MIN_PODS``'s range).
 MAX_MIN_PODS = 1000
+
+#: Longest load window the bars look back over (an hour, in ns).
+MAX_BAR_WINDOW_NS = 3600 * 1_000_000_000
+
+#: Instants at which the bars take the expected shares over a load window
+#: (:func:`window_instants`): the share and fade curves are smooth, so a few suffice.
+WINDOW_SAMPLES = 16
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -79,17 +93,30 @@ class ZoneSplit:
     min_pods
         A view's zone part routes keys only while it holds at least this many
         non-ejected local endpoints (``CSLB_ZONE_MIN_PODS``).
+    bar_window_ns
+        How far back the loads compared with the bars reach, in nanoseconds (0: loads
+        of the instant). B1's bars then expect the shares averaged over that window,
+        not the instant's: loads averaged over a window saw the local share and the
+        fade-in weights of the whole window.
+    bar_shares
+        With a window: the local share at each of its :func:`window_instants` (the
+        caller's curve evaluated there), :data:`WINDOW_SAMPLES` numbers in ``[0, 1]``;
+        ``None`` without one. Routing uses ``share`` only.
 
     Raises
     ------
     lbcore.ArgumentError
         ``local`` is not a 1-D sequence of bools, ``share`` is not a number in
-        ``[0, 1]``, or ``min_pods`` is not an integer from 1 to 1,000.
+        ``[0, 1]``, ``min_pods`` is not an integer from 1 to 1,000, ``bar_window_ns``
+        not one from 0 to an hour, or ``bar_shares`` not its samples (none without a
+        window).
     """
 
     local: np.ndarray
     share: float
     min_pods: int = field(default=3, kw_only=True)
+    bar_window_ns: int = field(default=0, kw_only=True)
+    bar_shares: tuple[float, ...] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         arr = np.asarray(self.local)
@@ -99,23 +126,44 @@ class ZoneSplit:
             )
         arr = np.array(arr, dtype=np.bool_)
         arr.setflags(write=False)
-        s = self.share
-        if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)):
-            raise ArgumentError(f"ZoneSplit.share must be a number in [0, 1], got {s!r}")
-        if not (math.isfinite(float(s)) and 0.0 <= float(s) <= 1.0):
-            raise ArgumentError(f"ZoneSplit.share must be in [0, 1], got {s!r}")
+        s = _unit_share(self.share, "ZoneSplit.share")
         m = self.min_pods
         if isinstance(m, bool) or not isinstance(m, (int, np.integer)):
             raise ArgumentError(f"ZoneSplit.min_pods must be an integer, got {m!r}")
         if not 1 <= int(m) <= MAX_MIN_PODS:
             raise ArgumentError(f"ZoneSplit.min_pods must be from 1 to {MAX_MIN_PODS}, got {m}")
         object.__setattr__(self, "local", arr)
-        object.__setattr__(self, "share", float(s))
+        object.__setattr__(self, "share", s)
         object.__setattr__(self, "min_pods", int(m))
+        w = self.bar_window_ns
+        if isinstance(w, bool) or not isinstance(w, (int, np.integer)):
+            raise ArgumentError(f"ZoneSplit.bar_window_ns must be an integer, got {w!r}")
+        if not 0 <= int(w) <= MAX_BAR_WINDOW_NS:
+            raise ArgumentError(
+                f"ZoneSplit.bar_window_ns must be from 0 to {MAX_BAR_WINDOW_NS}, got {w}"
+            )
+        b = self.bar_shares
+        if (b is None) != (int(w) == 0):
+            raise ArgumentError("ZoneSplit.bar_shares go with a bar window, and only with one")
+        if b is not None:
+            if isinstance(b, (str, bytes)) or len(b) != WINDOW_SAMPLES:
+                raise ArgumentError(
+                    f"ZoneSplit.bar_shares must be {WINDOW_SAMPLES} shares, got {b!r:.80}"
+                )
+            b = tuple(_unit_share(x, "ZoneSplit.bar_shares[]") for x in b)
+        object.__setattr__(self, "bar_window_ns", int(w))
+        object.__setattr__(self, "bar_shares", b)
 
     @classmethod
     def for_zone(
-        cls, zones: Sequence[str | None], zone: str, share: float, *, min_pods: int = 3
+        cls,
+        zones: Sequence[str | None],
+        zone: str,
+        share: float,
+        *,
+        min_pods: int = 3,
+        bar_window_ns: int = 0,
+        bar_shares: Sequence[float] | None = None,
     ) -> ZoneSplit:
         """The split of a caller in ``zone``, from each endpoint's zone (``None``: unknown).
 
@@ -125,13 +173,24 @@ class ZoneSplit:
             np.array([bool(zone) and z == zone for z in zones], dtype=np.bool_),
             share,
             min_pods=min_pods,
+            bar_window_ns=bar_window_ns,
+            bar_shares=None if bar_shares is None else tuple(bar_shares),
         )
 
     def __repr__(self) -> str:
+        bar = f", bar_window_ns={self.bar_window_ns}" if self.bar_window_ns else ""
         return (
             f"ZoneSplit({int(self.local.sum())}/{self.local.size} local, "
-            f"share={self.share:g}, min_pods={self.min_pods})"
+            f"share={self.share:g}{bar}, min_pods={self.min_pods})"
         )
+
+
+def _unit_share(s: Any, what: str) -> float:
+    if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)):
+        raise ArgumentError(f"{what} must be a number in [0, 1], got {s!r}")
+    if not (math.isfinite(float(s)) and 0.0 <= float(s) <= 1.0):
+        raise ArgumentError(f"{what} must be in [0, 1], got {s!r}")
+    return float(s)
 
 
 def _per_zone(values: Mapping[str, float] | None, what: str) -> dict[str, float]:
@@ -217,6 +276,8 @@ class ViewedRing(Protocol):
 class PlanLike(Protocol):
     """What :func:`expected_shares` reads of a plan (:class:`lbcore.Plan` is one)."""
 
+    ring_set: Any
+    now_ns: int
     newest: Any
     views: int
     zone_views: int
@@ -265,17 +326,56 @@ def view_weights(plan: PlanLike) -> np.ndarray:
     The draw is uniform over 64-bit integers and the choice is a step function of it
     with steps at the plan's thresholds, so each step's width is its weight exactly.
     """
-    global_views = plan.views - plan.zone_views if plan.zone_views else plan.views
-    w = np.zeros(global_views)
-    if plan.choice == 0:  # CHOICE_FIXED
+    w = np.zeros(plan.views - plan.zone_views if plan.zone_views else plan.views)
+    if plan.choice == CHOICE_FIXED:
         w[plan.fixed_view] = 1.0
         return w
-    ts = plan.fade_thresholds[plan.fade_saturated == 0]
+    return _step_weights(w, plan.choice, plan.fade_thresholds, plan.fade_saturated)
+
+
+def _step_weights(
+    w: np.ndarray, choice: int, thresholds: np.ndarray, saturated: np.ndarray
+) -> np.ndarray:
+    ts = thresholds[saturated == 0]
     edges = np.unique(np.concatenate((np.zeros(1, np.uint64), ts)))
-    views = view_of_draws(plan.choice, plan.fade_thresholds, plan.fade_saturated, edges)
+    views = view_of_draws(choice, thresholds, saturated, edges)
     widths = np.diff(np.append(edges.astype(np.float64), 2.0**64))
     np.add.at(w, views, widths)
     return w / w.sum()
+
+
+def window_instants(now_ns: int, window_ns: int) -> list[int]:
+    """The instants (ns) at which B1's bars take the shares over ``(now - window, now]``.
+
+    The midpoints of :data:`WINDOW_SAMPLES` equal steps: the mean over them of a smooth
+    curve is its mean over the window (exact for a straight line).
+    """
+    step = window_ns / WINDOW_SAMPLES
+    return [int(now_ns) - int(window_ns) + round((k + 0.5) * step) for k in range(WINDOW_SAMPLES)]
+
+
+def window_shares(plan: PlanLike, split: ZoneSplit, arcs: np.ndarray | None = None) -> np.ndarray:
+    """:func:`expected_shares` averaged over ``split``'s bar window: what its loads saw.
+
+    At each of :func:`window_instants`, the local share ``split.bar_shares`` gives and
+    the N-ring fade-in weights of the ring set's curves then (a ring not started then
+    carries none); Skipper's levels are other views at each instant and a fixed view
+    has no curve, so theirs are the plan's. Without a window, :func:`expected_shares`.
+    """
+    if not split.bar_window_ns or split.bar_shares is None:
+        return expected_shares(plan, arcs)
+    if arcs is None:
+        arcs = view_arcs(plan)
+    nring = plan.choice == CHOICE_NRING
+    weights = view_weights(plan)
+    total = np.zeros(plan.eligible.shape[1])
+    instants = window_instants(plan.now_ns, split.bar_window_ns)
+    for t, x in zip(instants, split.bar_shares, strict=True):
+        if nring:
+            thresholds, saturated = draw_thresholds(plan.ring_set.share_list(t))
+            weights = _step_weights(np.zeros(weights.size), CHOICE_NRING, thresholds, saturated)
+        total += expected_shares(plan, arcs, x, weights)
+    return total / WINDOW_SAMPLES
 
 
 def _answered(plan: PlanLike, v: int) -> np.ndarray:
@@ -303,14 +403,21 @@ def view_arcs(plan: PlanLike) -> np.ndarray:
     return np.array([_answered(plan, v) for v in range(plan.views)]).reshape(plan.views, n)
 
 
-def expected_shares(plan: PlanLike, arcs: np.ndarray | None = None) -> np.ndarray:
+def expected_shares(
+    plan: PlanLike,
+    arcs: np.ndarray | None = None,
+    share: float | None = None,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
     """Each endpoint's expected share of this host's routed keys under ``plan``.
 
     The sum over views of the view's weight (:func:`view_weights`) × its arcs
-    (:func:`arc_shares`), local keys (``plan.zone_share``) on the view's zone part
-    where it is open, without bounded load. Keys a view sends to fallback carry no
-    share; the result sums to 1 over endpoints (0 everywhere when every key is
-    fallback). ``arcs``: :func:`view_arcs` of the plan, when known. ``float64`` per
+    (:func:`arc_shares`), local keys (``share``, default ``plan.zone_share``) on the
+    view's zone part where it is open, without bounded load. Keys a view sends to
+    fallback carry no share; the result sums to 1 over endpoints (0 everywhere when
+    every key is fallback). ``arcs``: :func:`view_arcs` of the plan, when known.
+    ``share`` and ``weights``: another local share and other view weights on the same
+    views (B1's bars use what the loads saw: :func:`window_shares`). ``float64`` per
     endpoint.
     """
     n = plan.eligible.shape[1]
@@ -318,9 +425,11 @@ def expected_shares(plan: PlanLike, arcs: np.ndarray | None = None) -> np.ndarra
         return np.zeros(n)
     if arcs is None:
         arcs = view_arcs(plan)
-    x = plan.zone_share if plan.zone_views else 0.0
+    x = (plan.zone_share if share is None else float(share)) if plan.zone_views else 0.0
     total = np.zeros(n)
-    for v, weight in enumerate(view_weights(plan).tolist()):
+    if weights is None:
+        weights = view_weights(plan)
+    for v, weight in enumerate(weights.tolist()):
         if weight <= 0.0:
             continue
         here = arcs[v]

@@ -1,8 +1,10 @@
 """Zone mode off is Skipper's routing, bit for bit, on both kernels.
 
-Every public golden vector routed through a plan with ``zone=None``, with a zone whose
-share is 0, and with a zone too small to open (fewer local pods than ``min_pods``):
-the same answers as the vectors, the same moves as the plan without a zone.
+Every public golden vector (ring, bounded load, and the fade-in pipeline: Skipper's
+fade-in filter, then bounded load over the endpoints it keeps) routed through a plan
+with ``zone=None``, with a zone whose share is 0, and with a zone too small to open
+(fewer local pods than ``min_pods``): the same answers as the vectors, the same moves
+as the plan without a zone.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from tests.conftest import load_vectors
 
 RING = load_vectors("ring")
 BOUNDED = load_vectors("bounded_load")
+PIPELINE = load_vectors("fadein_pipeline")
 
 
 def _zones(n: int) -> dict[str, ZoneSplit | None]:
@@ -66,6 +69,37 @@ def test_bounded_vectors_with_zone_mode_off(name, v, kernel):
                 max_key_bytes=None,
                 zone=zone,
             )
+            got = plan.route(v["keys"])
+            assert got[0].tolist() == case["expected"], (case["id"], label)
+            assert got[1:] == plain[1:], (case["id"], label)
+
+
+@pytest.mark.parametrize(("name", "v"), PIPELINE, ids=[n for n, _ in PIPELINE])
+def test_fadein_pipeline_vectors_with_zone_mode_off(name, v, kernel):
+    n = len(v["endpoints"])
+    rs = RingSet(v["endpoints"], vnodes=v["hashes_per_endpoint"])
+    for case in v["cases"]:
+        kept = lbcore.fadein_filter(
+            case["ages_ns"], case["duration_ns"], case["exponent"], case["threshold"]
+        )
+        assert kept.tolist() == case["expected_filtered"], case["id"]
+        # the filter's endpoints are the candidates: the others are left out as ejected
+        ejected = np.ones(n, dtype=np.bool_)
+        ejected[np.asarray(kept, dtype=np.intp)] = False
+        loads = np.asarray(case["inflight"], dtype=np.float64)
+        bf = case["balance_factor"]
+        plain = Plan(rs, 0, ejected=ejected, loads=loads, balance_factor=bf).route(v["keys"])
+        for label, zone in _zones(n).items():
+            plan = Plan(
+                rs,
+                0,
+                ejected=ejected,
+                loads=loads,
+                balance_factor=bf,
+                max_key_bytes=None,
+                zone=zone,
+            )
+            assert plan.zone_views == 0, (case["id"], label)
             got = plan.route(v["keys"])
             assert got[0].tolist() == case["expected"], (case["id"], label)
             assert got[1:] == plain[1:], (case["id"], label)

@@ -110,7 +110,9 @@ def test_the_page_shows_the_zone_controller_beside_the_zone_grouping(host: Host)
     # under full affinity the local pods carry every key: their own bars, not the average
     assert snap.bars is not None and snap.bar is not None
     own = dict(zip(ENDPOINTS, snap.bars, strict=True))
-    assert own[ENDPOINTS[0]] > snap.bar and own[ENDPOINTS[2]] == 0.0
+    assert own[ENDPOINTS[0]] > snap.bar
+    # a remote pod keeps the average's bar (lbcore.bounded.share_bars never goes below it)
+    assert 0.0 < own[ENDPOINTS[2]] == min(snap.bars) < own[ENDPOINTS[0]]
     assert "own bounded-load bar" in tree.by_id("load-bar").all_text()
 
 

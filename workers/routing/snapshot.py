@@ -32,7 +32,8 @@ import lbcore
 import shm
 from lbcore.bounded import in_call_units, target_load
 from lbcore.reported import effective_loads
-from lbcore.zones import MAX_MIN_PODS, ZoneSplit
+from lbcore.zones import MAX_BAR_WINDOW_NS as MAX_WINDOW
+from lbcore.zones import MAX_MIN_PODS, ZoneSplit, window_instants
 from shm.segment import kernel_guarded
 from workers.routing.reported import TableReports, read_reports
 
@@ -176,55 +177,81 @@ def build_plan(
     bf = k.balance_factor if balance_factor == "knobs" else balance_factor
     if not n:
         bf = None  # (nothing to bound on an empty table)
-    load = None
+    load, window_ns = None, 0
+    ej = table.ejected
+    kw: dict[str, Any] = {
+        "ejected": ej if ejected and ej.size and ej.any() else None,
+        "max_hops": k.max_hops,
+        "gate": k.gate(),
+        "fade_mode": k.fade_mode,
+        "slots": table.slots,
+        "n_slots": table.n_slots,
+        "guard": table.guard,
+    }
     if bf is not None:
         if loads is None or loads.in_flight.size != n:
             loads = shm.HostLoads.idle(n, now_ns)
         sig = k.load_signal
+        # B1's bars expect the local share these loads saw: occupancy (and effective
+        # load's occupancy part) is averaged over the counters' window, in-flight is now.
+        window_ns = 0 if sig == "in-flight" else min(max(int(loads.window_ns), 0), MAX_WINDOW)
+    zone = zone_split(table, now_ns, reuse, window_ns=window_ns)
+    if bf is not None:
+        assert loads is not None
         # In routed-call units: bounded load's 1.0 becomes what a call adds to the
         # signal (for occupancy its latency's share of the window, not one busy second
         # per second); in-flight and effective loads pass through unchanged.
-        raw, inc = loads.signal(sig), loads.bar_increment(sig)
+        raw, inc = loads.signal(k.load_signal), loads.bar_increment(k.load_signal)
         if reports is not None:
-            raw = effective_loads(raw, reports.state, now_ns, reports.settings, inc).loads
+            expected = None
+            if zone is not None:
+                # reports go onto the shares the bars are drawn from (the views alone
+                # set them: a plan without loads, whose arcs the plan below reuses)
+                reuse = lbcore.Plan(table.ring_set, now_ns, zone=zone, reuse=reuse, **kw)
+                expected = reuse.bar_shares if reuse.zone_views else None
+            raw = effective_loads(
+                raw, reports.state, now_ns, reports.settings, inc, expected=expected
+            ).loads
         load = in_call_units(raw, inc)
-    ej = table.ejected
     return lbcore.Plan(
         table.ring_set,
         now_ns,
-        ejected=ej if ejected and ej.size and ej.any() else None,
         loads=load,
         balance_factor=bf,
-        max_hops=k.max_hops,
-        gate=k.gate(),
-        fade_mode=k.fade_mode,
-        slots=table.slots,
-        n_slots=table.n_slots,
-        guard=table.guard,
-        zone=zone_split(table, now_ns, reuse),
+        zone=zone,
         reuse=reuse,
+        **kw,
     )
 
 
-def zone_split(table: shm.Table, now_ns: int, reuse: lbcore.Plan | None = None) -> ZoneSplit | None:
+def zone_split(
+    table: shm.Table, now_ns: int, reuse: lbcore.Plan | None = None, *, window_ns: int = 0
+) -> ZoneSplit | None:
     """The zone part of ``table``'s plans at ``now_ns`` (``None``: no key is local then).
 
     The caller's zone and its local share ``x`` are the table's zone record
     (:meth:`shm.Table.zone_share`: the controller's curve at ``now_ns``), the zone's
     minimum size its ``min_pods``. ``reuse``: a plan of the same table, whose local
     endpoints are taken as they are (they are the table's, whatever the instant).
+    ``window_ns``: how far back the loads the bars are compared with reach (ns): the
+    bars take the curve at that window's :func:`lbcore.zones.window_instants`
+    (``bar_shares``), 0: the instant's share only.
     """
     z = table.zone
     x = table.zone_share(now_ns)
     if x <= 0.0:
         return None
+    # B1's bars expect what the loads saw: the curve over their window, not only now.
+    bars = tuple(z.share_at(t) for t in window_instants(now_ns, window_ns)) if window_ns else None
     # The record's range is wider than the rule's: a value no writer publishes routes
     # as the nearest one the rule takes rather than failing every plan of the table.
-    min_pods = min(max(int(z.min_pods), 1), MAX_MIN_PODS)
+    n = min(max(int(z.min_pods), 1), MAX_MIN_PODS)
     old = reuse.zone if reuse is not None and reuse.ring_set is table.ring_set else None
     if old is not None:
-        return ZoneSplit(old.local, x, min_pods=min_pods)
-    return ZoneSplit.for_zone(table.zones, z.zone, x, min_pods=min_pods)
+        return ZoneSplit(old.local, x, min_pods=n, bar_window_ns=window_ns, bar_shares=bars)
+    return ZoneSplit.for_zone(
+        table.zones, z.zone, x, min_pods=n, bar_window_ns=window_ns, bar_shares=bars
+    )
 
 
 def bounded_bar(plan: lbcore.Plan, view: int = -1) -> float | None:

@@ -154,7 +154,7 @@ def explain(
         zone_bars = share_bars(
             loads.signal(knobs.load_signal),
             newest,
-            plan.expected_shares,
+            plan.bar_shares,
             knobs.balance_factor,
             loads.bar_increment(knobs.load_signal),
         )

@@ -544,6 +544,10 @@ class HostMonitor:
                     age[i] = ages[i]
                     util[i] = None if math.isnan(u[i]) else u[i]
         bar, bars, self.last_plan = _bar(table, loads, now, increment, reports, self.last_plan)
+        plan = self.last_plan
+        if bars is not None and reports is not None and plan is not None and plan.loads is not None:
+            # with a zone, reports are folded onto the plan's shares: show what it compares
+            signal = (plan.loads * float(increment or 1.0)).tolist()
         # The constructor, not dataclasses.replace: a snapshot of a large table makes one
         # of these per endpoint, and replace costs several times more per call.
         loaded = tuple(
@@ -636,7 +640,7 @@ def _zone_bars(plan: lbcore.Plan) -> np.ndarray | None:
     if not plan.zone_views or plan.balance_factor is None or plan.loads is None:
         return None
     newest = plan.listed[plan.zone_views - 1]
-    return share_bars(plan.loads, newest, plan.expected_shares, plan.balance_factor)
+    return share_bars(plan.loads, newest, plan.bar_shares, plan.balance_factor)
 
 
 @dataclass(frozen=True, slots=True)
