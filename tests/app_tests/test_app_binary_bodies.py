@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import lbcore
 from tests.app_tests import wsgi_calls
 from tests.app_tests.wsgi_calls import expected, packed, post_binary, post_json
 from workers.surfaces.app import MAX_KEY_BYTES, CslbApp, parse_route_request
@@ -92,3 +93,12 @@ def test_fuzz_binary_bodies(app: CslbApp, keys: list[bytes], cut: int, noise: by
     assert doc["endpoints"] == expected(got)
     if kind == "packed" and all(len(k) <= MAX_KEY_BYTES for k in keys):
         assert got == keys
+
+
+def test_pack_keys_writes_each_key_as_the_router_hashes_it() -> None:
+    from workers.surfaces.app import pack_keys
+
+    # An integer is its decimal text (what lbcore hashes), never int-many zero bytes.
+    assert pack_keys([12345, -7, "a"]) == packed([b"12345", b"-7", b"a"])
+    with pytest.raises(lbcore.KeyTypeError, match="1"):
+        pack_keys(["a", 1.5])

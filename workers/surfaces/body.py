@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import lbcore
-from lbcore.keys import check_key_length
+from lbcore.keys import check_key_length, encode_key
 from lbcore.knobs import Knob, parse_int_between
 
 __all__ = [
@@ -352,24 +352,24 @@ def _refuse_length(length: int, i: int, where: str = "") -> None:
 _CUT = [f"{n}s" for n in range(MAX_KEY_BYTES + 1)]
 
 
-def pack_keys(keys: Iterable[bytes | str]) -> bytes:
+def pack_keys(keys: Iterable[bytes | str | int]) -> bytes:
     """The ``application/octet-stream`` body of a ``POST /route`` for ``keys``.
 
     Parameters
     ----------
     keys
-        Product IDs: ``bytes`` as they are, ``str`` as UTF-8; each at most 4,096 bytes.
+        Product IDs, each as the router hashes it (:func:`lbcore.keys.encode_key`):
+        ``bytes`` as they are, ``str`` as UTF-8, an integer as its decimal text; each
+        at most 4,096 bytes.
 
     Raises
     ------
-    lbcore.KeyTooLongError
-        A key is longer than :data:`MAX_KEY_BYTES` (a ``ValueError``; lbcore's message,
-        naming the key's position).
+    lbcore.KeyTooLongError, lbcore.KeyTypeError, lbcore.KeyEncodingError
+        A key too long, of another type, or a ``str`` that is not valid Unicode
+        (``ValueError``/``TypeError``; lbcore's messages, naming the key's position).
     """
-    raw = [k.encode("utf-8") if isinstance(k, str) else bytes(k) for k in keys]
+    raw = [encode_key(k, i, MAX_KEY_BYTES) for i, k in enumerate(keys)]
     lengths = [len(k) for k in raw]
-    for i, n in enumerate(lengths):
-        check_key_length(n, i, MAX_KEY_BYTES)
     return b"".join([struct.pack(f"<I{len(raw)}H", len(raw), *lengths), *raw])
 
 
