@@ -56,22 +56,18 @@ def test_at_full_affinity_on_an_even_fleet_a_fault_goes_unseen():
     assert np.isnan(s["excess"][during]).all()
 
 
-def test_a_remote_probe_lets_the_fault_at_full_be_seen_and_recovers_without_flapping():
+def test_a_remote_probe_drops_zones_with_no_fault_the_probe_keys_read_cache_hot():
+    # Why discovery does not keep a remote probe share (cap 1 - floor): Z2's draw ignores
+    # the zone, so the keys every zone keeps global are the same few, hot in their one
+    # owner's cache; remote then reads faster than local with nothing wrong, and zones
+    # drop before the fault starts (at 60 s). A per-zone probe set would make this fail.
     study = controller_study(replace(EVEN, seconds=170.0), slow=PROBED, remote_probe=True)
     cap = 1.0 - ZoneSettings().probe_floor
-    za = [t for t in study["transitions"] if t["zone"] == "z-a"]
-    assert [(t["state"], t["reason"]) for t in za] == [
-        ("ramping", "started"),
-        ("full", "ramp_done"),
-        ("floor", "latency"),
-        ("ramping", "recovered"),
-        ("full", "ramp_done"),
-    ]
-    assert 60.0 < za[2]["t_s"] < 65.0 and za[1]["x"] == pytest.approx(cap)
-    # each zone drops at most once and ends back at its cap
-    assert max(study["floors"].values()) == 1
-    assert all(e < ZoneSettings().latency_margin for e in study["recovery_excess"].values())
-    assert study["series"]["x"][-1].tolist() == pytest.approx([cap] * 3)
+    fulls = [t for t in study["transitions"] if t["state"] == "full" and t["t_s"] < 35.0]
+    assert len(fulls) == 3 and all(t["x"] == pytest.approx(cap) for t in fulls)
+    early = [t for t in study["transitions"] if t["state"] == "floor" and t["t_s"] < 60.0]
+    assert early and all(t["reason"] == "latency" for t in early)
+    assert max(study["floors"].values()) >= 2
 
 
 def test_the_cli_prints_every_case(capsys):
