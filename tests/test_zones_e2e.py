@@ -170,7 +170,8 @@ def test_full_affinity_keeps_calls_in_the_zone_on_an_even_fleet(fleet):
                     # about 2/3 of the keys' ring owners are in the other two zones
                     assert 0.5 <= by_metric <= 0.8, by_metric
                 else:
-                    assert state_of(server)[3] == 1.0  # x = the cap = 1 on an even fleet
+                    # x = the cap: 1 on an even fleet, held at 1 - the probe floor (1 %)
+                    assert state_of(server)[3] == 0.99
                     assert by_metric <= 0.10, by_metric
                 assert by_pods == pytest.approx(by_metric, abs=1e-9)
                 assert by_answers <= by_metric + 0.02
