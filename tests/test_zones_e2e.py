@@ -343,6 +343,15 @@ def test_a_scale_up_during_the_zone_ramp_moves_no_key_twice(fleet):
     assert all(len(set(h)) == len(h) for h in history.values())  # never back
     assert all(h[-1] == new for h in moved_twice)  # a second move is onto the new pod
     local_urls = {pods[i].url for i in (0, 3, 6, 9)}
-    final = [h[-1] for h in history.values()]
-    assert sum(u in local_urls for u in final) == len(final)  # x = 1 at the end
+    final = [history[k][-1] for k in keys]
+    # x = the cap at the end (1 - the probe floor): the local keys on local pods, the
+    # probe floor's share of keys on their global ring owner
+    local = lbcore.local_keys(keys, 0.99)
+    ring = lbcore.RingSet([pods[i].url for i in [*nine, 9]])
+    owners = [ring.endpoints[int(e)] for e in ring.rings[0].lookup(keys)]
+    assert all(u in local_urls for u, loc in zip(final, local, strict=True) if loc)
+    assert [u for u, loc in zip(final, local, strict=True) if not loc] == [
+        o for o, loc in zip(owners, local, strict=True) if not loc
+    ]
+    assert 0 < len(keys) - int(local.sum()) < 0.05 * len(keys)
     assert sum(len(h) > 1 for h in history.values()) > len(keys) / 2  # the ramp moved keys
