@@ -1,16 +1,21 @@
 """Discovery's zone controller inside the zones simulation (Zipf keys, LRU caches, the
 default zone settings, the cap held at 1 - probe floor): a latency fault sends a zone to
 the probe floor, whether it starts during the start's ramp or at full affinity, and the
-recovery's ramp, whose newly local keys meet cold caches, does not send it back. What
-the other zones do is asserted as the figures show it, including the drops the probe's
-cache-hot keys cause without any fault (seed 1; docs/simulator.md)."""
+recovery's ramp, whose newly local keys meet cold caches, does not send it back. With
+Z2's draw salted per caller zone the probe floor's remote keys read like local ones, so
+the zones without a fault stay at their cap. What remains (a ramp's end, seed 3) is
+pinned as the figures show it (docs/simulator.md)."""
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from cslb.simulate_cmd import main
+from lbcore.draws import unit_interval
 from lbcore.zone_settings import ZoneSettings
+from lbcore.zones import zone_salt
+from perf.sim.workload import Catalogue
 from perf.sim.zone_control import CASES, controller_study
 from perf.sim.zone_routing import CSLB_PENDING
 from perf.sim.zones import ZonesConfig
@@ -48,14 +53,10 @@ def test_a_recovery_ramp_does_not_flap_back_to_the_floor():
     # the cold keys of the ramp keep local latency below the recovery threshold (half
     # the margin), not only below the margin that would drop it
     assert study["recovery_excess"]["z-a"] < ZoneSettings().latency_margin / 2
-    # the other two reach their cap, then drop once after the fault ended (their probe
-    # calls find z-a's pods idle while z-a's keys load theirs) and recover by ramping
+    # the other two reach their cap and stay there: nothing is wrong with them
     for zone in ("z-b", "z-c"):
-        states = _states(study, zone)
-        assert states[:3] == [("ramping", "started"), ("full", "ramp_done"), ("floor", "latency")]
-        assert states[3] == ("ramping", "recovered")
-        assert _of(study, zone)[2]["t_s"] > 40.0
-    assert study["floors"] == {"z-a": 1, "z-b": 1, "z-c": 1}
+        assert _states(study, zone) == [("ramping", "started"), ("full", "ramp_done")]
+    assert study["floors"] == {"z-a": 1, "z-b": 0, "z-c": 0}
 
 
 def test_a_fault_at_full_affinity_is_seen_and_recovers_without_flapping():
@@ -72,25 +73,49 @@ def test_a_fault_at_full_affinity_is_seen_and_recovers_without_flapping():
     # seen one step after it starts, on the probe floor's remote calls
     assert 60.0 < za[2]["t_s"] < 65.0 and za[2]["remote_calls"] >= 20
     assert za[3]["t_s"] >= 90.0 + HOLD_S
-    # each other zone drops once, after the fault, and every zone ends back at its cap
-    assert study["floors"] == {"z-a": 1, "z-b": 1, "z-c": 1}
-    assert all(t["t_s"] > 90.0 for t in study["transitions"] if t["zone"] != "z-a" and
-               t["state"] == "floor")  # fmt: skip
-    assert all(e < ZoneSettings().latency_margin for e in study["recovery_excess"].values())
+    assert za[3]["t_s"] >= 90.0 + HOLD_S
+    assert study["recovery_excess"]["z-a"] < ZoneSettings().latency_margin / 2
+    # the other zones never drop, and every zone ends back at its cap
+    assert study["floors"] == {"z-a": 1, "z-b": 0, "z-c": 0}
     assert study["series"]["x"][-1].tolist() == pytest.approx([CAP] * 3)
 
 
-def test_without_a_fault_the_probe_keys_read_cache_hot_and_a_zone_can_drop():
-    # a known limit of the probe: the probe floor's keys are global for every zone, so
-    # all callers send each to one pod whose cache holds it, while local keys are cached
-    # three times over and miss more: remote reads faster than local with nothing wrong
-    study = controller_study(replace(EVEN, seconds=100.0), slow=None)
-    assert study["floors"] == {"z-a": 0, "z-b": 1, "z-c": 0}
-    drop = next(t for t in study["transitions"] if t["state"] == "floor")
-    assert drop["local_ms"] > (1 + ZoneSettings().latency_margin) * drop["remote_ms"]
-    # without the caches' effect (a miss as fast as a hit) nothing drops
-    flat = controller_study(replace(EVEN, seconds=100.0, miss_s=EVEN.hit_s), slow=None)
-    assert flat["floors"] == {"z-a": 0, "z-b": 0, "z-c": 0}
+@pytest.mark.parametrize("seed", [1, 2])
+def test_without_a_fault_no_zone_drops_the_probe_keys_read_like_local_ones(seed):
+    # Each zone's probe keys are the other zones' local keys, warm at their owner as any
+    # pod's local keys are: remote reads pay the longer trip and are not faster for it.
+    # (With one draw for every zone they were the same keys from all zones, cache-hot
+    # at their owner, and zones dropped with nothing wrong.)
+    study = controller_study(replace(EVEN, seconds=200.0, seed=seed), slow=None)
+    assert study["floors"] == {"z-a": 0, "z-b": 0, "z-c": 0}
+    s = study["series"]
+    steady = s["t"] >= 45.0  # the start's ramp and one window after it are over
+    excess = s["excess"][steady]
+    assert not np.isnan(excess).any()  # both sides measured at every step at full
+    assert (excess < ZoneSettings().latency_margin / 2).all()
+    assert (np.mean(excess, axis=0) < 0.0).all()  # local faster on average: the trip
+
+
+def test_a_ramps_end_with_hot_keys_still_remote_can_drop_a_zone_without_a_fault():
+    """A known limit, pinned: seed 3 drops z-b twice with no fault, each time just after
+    its ramp ends. z-b's draw puts five of the 25 most popular products (about 6 % of
+    calls, always cache hits) between 0.93 and 0.99: in the ramp's last seconds they are
+    most of z-b's remote calls, and a reading whose window still holds them sees remote
+    faster than local. Seeds 1 and 2 peak just under the margin on the same ramp's end.
+    A controller that discounts a ramp's remote calls, or compares like keys, would make
+    this fail: then assert no drop here too."""
+    study = controller_study(replace(EVEN, seconds=200.0, seed=3), slow=None)
+    assert study["floors"] == {"z-a": 0, "z-b": 2, "z-c": 0}
+    zb = _of(study, "z-b")
+    for i, t in enumerate(zb):
+        if t["state"] == "floor":
+            # within one reading window of reaching the cap
+            assert zb[i - 1]["state"] == "full" and t["t_s"] - zb[i - 1]["t_s"] <= 10.0
+            assert t["local_ms"] > (1 + ZoneSettings().latency_margin) * t["remote_ms"]
+    cat = Catalogue(EVEN.catalogue, EVEN.zipf)
+    u = unit_interval(cat.hashes[:25], zone_salt("z-b"))
+    late = (u > 0.93) & (u < CAP)
+    assert late.sum() >= 5 and cat.popularity[:25][late].sum() > 0.05
 
 
 def test_the_cli_prints_every_case(capsys):
