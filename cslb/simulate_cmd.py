@@ -280,10 +280,10 @@ def _zones(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     say = (lambda text: print(f"  {text}", file=sys.stderr)) if show else None
     if control:
         studies = []
-        for name, slow, probe in CASES:
+        for name, slow in CASES:
             if say is not None:
                 say(name)
-            studies.append((name, controller_study(base, slow=slow, remote_probe=probe)))
+            studies.append((name, controller_study(base, slow=slow)))
         if args.json:
             print(json.dumps(to_jsonable(dict(studies)), indent=1))
         else:

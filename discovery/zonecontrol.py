@@ -17,6 +17,13 @@ States (:data:`shm.tables.zone.ZONE_STATES`):
   its whole share; each key moves once (the local set only grows).
 * ``full``: x at the cap. A cap that shrinks below x takes x down with it at once (the
   cap is a capacity bound); a cap that grows starts a ramp from x.
+
+The cap is the zone's capacity cap (``lbcore.zones.zone_cap``) but never above
+``1 - probe floor`` (:func:`affinity_cap`): the probe floor's share of keys stays
+global even at full affinity. Without that trickle of remote calls a zone whose
+capacity cap is 1 (an even fleet) would call remote pods only when bounded load
+spills, too rarely for a latency reading, and a local fault would go unseen; it is
+the mirror of the floor's trickle of local calls.
 * ``floor`` (x = the probe floor): local latency exceeded remote latency by more than
   the margin, or too small a share of the local pods is healthy. The floor keeps a
   trickle of local calls so the signal stays measured.
@@ -45,6 +52,7 @@ __all__ = [
     "RECOVER_MARGIN_SHARE",
     "ZoneController",
     "ZoneSignals",
+    "affinity_cap",
 ]
 
 #: Below this share of healthy (not ejected) local pods, x drops to the probe floor.
@@ -55,6 +63,24 @@ HEALTHY_RECOVER = 0.75
 RECOVER_MARGIN_SHARE = 0.5
 #: Completed calls (in the counters' window) each side needs for a latency reading.
 MIN_CALLS = 20.0
+
+
+def affinity_cap(capacity_cap: float, probe_floor: float) -> float:
+    """The highest local share the controller gives a zone.
+
+    Parameters
+    ----------
+    capacity_cap
+        The zone's capacity cap (``lbcore.zones.zone_cap``), 0-1.
+    probe_floor
+        ``CSLB_ZONE_PROBE_FLOOR``, 0-0.5: this share of the keys stays global.
+
+    Returns
+    -------
+    float
+        ``min(capacity_cap, 1 - probe_floor)``, clipped to 0-1.
+    """
+    return min(max(float(capacity_cap), 0.0), 1.0 - max(float(probe_floor), 0.0), 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +170,7 @@ class ZoneController:
         if s.zone != c.zone and c.zone:
             # Another zone: its caches are cold; start over.
             self.curve = c = replace(c, state="off", reason="no_zone")
-        cap = min(max(float(s.cap), 0.0), 1.0)
+        cap = affinity_cap(s.cap, p.probe_floor)
         if s.healthy_local_pods < p.min_pods:
             if c.state != "short":
                 return self._go(now_ns, "short", "short", 0.0, s)

@@ -23,7 +23,7 @@ import numpy as np
 
 from discovery.callers import CallerView
 from discovery.events import EventLog
-from discovery.zonecontrol import ZoneController, ZoneSignals
+from discovery.zonecontrol import ZoneController, ZoneSignals, affinity_cap
 from lbcore.zone_settings import ZoneSettings
 from lbcore.zones import zone_cap
 from shm.tables.zone import ZoneCurve
@@ -192,7 +192,8 @@ class ZoneLoop:
                 reason=after.reason,
                 previous_state=before.state,
                 share=round(after.share_at(now_ns), 4),
-                cap=round(cap, 4),
+                cap=round(affinity_cap(cap, self.settings.probe_floor), 4),
+                capacity_cap=round(cap, 4),
                 rate_per_s=round(after.rate, 6),
                 local_pods=local_pods,
                 healthy_local_pods=pods.get(zone, 0),

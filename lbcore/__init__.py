@@ -5,9 +5,10 @@ hashing (:class:`Ring`), bounded load (:mod:`lbcore.bounded`),
 N-ring and Skipper fade-in (:mod:`lbcore.fade`), the rollout gate (:mod:`lbcore.gate`),
 load signals (:mod:`lbcore.signals`), passive outlier ejection (:mod:`lbcore.outlier`
 judges endpoints, :mod:`lbcore.ejection` keeps ejections over time), zone affinity
-(:mod:`lbcore.zones`: :class:`ZoneSplit`, :func:`zone_cap`, :func:`local_keys`), and the
-routing plan a worker asks per batch (:class:`lbcore.plan.Plan`; :func:`route_ring_set` for a
-one-off batch), answered by one of two kernels
+(:mod:`lbcore.zones`: :class:`ZoneSplit`, :func:`zone_cap`, :func:`local_keys`,
+:func:`zone_salt`), and the routing plan a worker asks per batch
+(:class:`lbcore.plan.Plan`; :func:`route_ring_set` for a one-off batch), answered by one
+of two kernels
 (:mod:`lbcore.kernel`: the compiled C kernel or the NumPy reference, :func:`kernel_name`).
 No I/O, no processes, no implicit clocks: time and loads are arguments. The one setting
 read from the environment is ``CSLB_KERNEL``, once, at import.
@@ -39,7 +40,7 @@ from lbcore.plan import Plan
 from lbcore.ring import DEFAULT_VNODES, Ring
 from lbcore.route import route_ring_set
 from lbcore.signals import effective_load, occupancy
-from lbcore.zones import ZONE_SALT, ZoneSplit, expected_shares, local_keys, zone_cap
+from lbcore.zones import ZONE_SALT, ZoneSplit, expected_shares, local_keys, zone_cap, zone_salt
 
 __all__ = [
     "DEFAULT_VNODES",
@@ -86,5 +87,6 @@ __all__ = [
     "signals",
     "use_kernel",
     "zone_cap",
+    "zone_salt",
     "zones",
 ]

@@ -50,7 +50,6 @@ from lbcore.views import (
     zone_good,
 )
 from lbcore.zones import (
-    ZONE_SALT,
     ZoneSplit,
     expected_shares,
     view_arcs,
@@ -241,7 +240,8 @@ class Plan:
         fewer than ``min_pods``).
     zone_share : float
         The share of keys that are local (``0.0`` without zone mode); a key is local iff
-        ``mix64(h, ZONE_SALT) < zone_threshold``.
+        ``mix64(h, zone.salt) < zone_threshold``, the draw salted with the caller's zone
+        (:attr:`lbcore.ZoneSplit.salt`, :func:`lbcore.zone_salt` of its ``name``).
     under : numpy.ndarray or None
         With zone mode and bounded load, ``bool`` per endpoint: its load is at or under
         its own bar, ``balance_factor × bar share × (1.0 + Σ load)``.
@@ -367,7 +367,7 @@ class Plan:
         self._core = make_core(
             newest=self.newest,
             n=n,
-            zone_salt=ZONE_SALT,
+            zone_salt=0 if zone is None else zone.salt,
             **{name: getattr(self, name) for name in _CORE_FIELDS},
         )
         # The kernel's method itself is the attribute: no Python frame per batch.

@@ -9,7 +9,8 @@
   same cold-cache cost per moved key as a scale-up, so the same rate is a safe start; the
   simulator (``cslb simulate --scenario zones``) is where it is tuned.
 * ``CSLB_ZONE_PROBE_FLOOR`` (1 %): the share kept while affinity is suppressed, so the
-  local latency keeps being measured.
+  local latency keeps being measured; and the share of keys kept global at full
+  affinity (the cap is at most ``1 -`` it), so the remote latency does too.
 * ``CSLB_ZONE_MIN_PODS`` (3, Skipper's rule for its zone filter): a zone with fewer
   non-ejected local pods is global (share 0, not the floor).
 * ``CSLB_ZONE_LATENCY_MARGIN`` (35 %): affinity drops to the floor when local latency
@@ -119,7 +120,9 @@ ZONE_PROBE_FLOOR = Knob(
     0.01,
     parse_number_between(0.0, MAX_PROBE_FLOOR, what="a share"),
     "Local share kept while affinity is suppressed (local latency too high), so local "
-    f"latency keeps being measured. Range: 0 to {MAX_PROBE_FLOOR:g}.",
+    "latency keeps being measured; also the share of keys kept global at full affinity "
+    "(the local share's cap is at most 1 minus it), so remote latency does too. "
+    f"Range: 0 to {MAX_PROBE_FLOOR:g}.",
     "SHARE",
 )
 ZONE_MIN_PODS = Knob(

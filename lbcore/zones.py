@@ -7,10 +7,18 @@ The rules, written once here and applied by both kernels through
   ``"<endpoint>-<j>"`` positions, walked stepping over remote endpoints (a restricted
   view, as fading rings are): a key whose global owner is local keeps it, and a key's
   local pod changes only when local membership changes.
-* **Z2, split by key, not by request.** A key is local iff ``mix64(h, ZONE_SALT)`` is
-  below the integer threshold of ``share`` (:func:`lbcore.draws.unit_threshold`), a
-  draw independent of the fade-in ring choice and of the rollout gate. Raising the
-  share only adds keys to the local set, so each key moves at most once per change.
+* **Z2, split by key, not by request.** For a caller in zone ``z``, a key is local iff
+  ``mix64(h, zone_salt(z))`` is below the integer threshold of ``share``
+  (:func:`lbcore.draws.unit_threshold`), a draw independent of the fade-in ring choice
+  and of the rollout gate. Raising the share only adds keys to the local set, so each
+  key moves at most once per change. The draw is salted per caller zone
+  (:func:`zone_salt`): the keys one zone keeps remote are not those another zone keeps
+  remote (two zones' local sets at ``x`` overlap about ``x²``). A key remote from zone
+  ``z`` is mostly local in the other zones, where by Z1 its local pod in its global
+  owner's zone is that owner: the owner's cache holds it as warm as any pod holds its
+  local keys, so remote calls read no faster for being few. One draw for every zone
+  would send the keys every zone keeps remote to their owner from all zones, cache-hot
+  there, and make remote calls look fast.
 * **Z3, capacity cap and the zone's size.** The share a controller may give a zone is
   capped by :func:`zone_cap`. A view of the ring set whose zone part holds fewer than
   ``min_pods`` non-ejected local pods is global for every key (the share is not
@@ -38,6 +46,7 @@ belongs to the host's table writer; its settings are :mod:`lbcore.zone_settings`
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +54,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lbcore.draws import below
+from lbcore.draws import below, mix64
 from lbcore.errors import ArgumentError
 from lbcore.kernel import hash_keys
 from lbcore.views import CHOICE_FIXED, CHOICE_NRING, draw_thresholds, view_of_draws
@@ -62,10 +71,12 @@ __all__ = [
     "window_instants",
     "window_shares",
     "zone_cap",
+    "zone_salt",
 ]
 
-#: Salt of the per-key draw that decides whether a key is local (Z2): independent of
-#: the fade-in draw (``FADE_SALT``), Skipper's (``SKIPPER_SALT``) and the gate's.
+#: Salt of the per-key draws that decide whether a key is local (Z2), mixed with the
+#: caller zone's name (:func:`zone_salt`): independent of the fade-in draw
+#: (``FADE_SALT``), Skipper's (``SKIPPER_SALT``) and the gate's.
 ZONE_SALT = 0x7A6F6E652D616666
 
 #: Most local pods a zone may be required to hold (``CSLB_ZONE_MIN_PODS``'s range).
@@ -77,6 +88,39 @@ MAX_BAR_WINDOW_NS = 3600 * 1_000_000_000
 #: Instants at which the bars take the expected shares over a load window
 #: (:func:`window_instants`): the share and fade curves are smooth, so a few suffice.
 WINDOW_SAMPLES = 16
+
+
+def zone_salt(zone: str) -> int:
+    """The salt of Z2's draw for callers in ``zone``: ``mix64(xxh64(zone), ZONE_SALT)``.
+
+    The zone's name is hashed as a key is (:func:`lbcore.hash_keys`: XXH64 of its
+    UTF-8 bytes), so every process on every machine draws the same local keys for a
+    zone. Changing this rule moves local keys on upgrade.
+
+    Parameters
+    ----------
+    zone
+        The caller's zone name (``""``: unknown; it has a salt like any other name).
+
+    Returns
+    -------
+    int
+        The salt, an unsigned 64-bit integer.
+
+    Raises
+    ------
+    lbcore.ArgumentError
+        ``zone`` is not a ``str``.
+    """
+    if not isinstance(zone, str):
+        raise ArgumentError(f"zone must be a zone name (str), got {zone!r:.80}")
+    return _zone_salt(zone)
+
+
+@functools.lru_cache(maxsize=64)
+def _zone_salt(zone: str) -> int:
+    # Cached: a worker rebuilds its zone split on every load refresh, for the same zone.
+    return int(mix64(hash_keys([zone]), ZONE_SALT)[0])
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -102,14 +146,22 @@ class ZoneSplit:
         With a window: the local share at each of its :func:`window_instants` (the
         caller's curve evaluated there), :data:`WINDOW_SAMPLES` numbers in ``[0, 1]``;
         ``None`` without one. Routing uses ``share`` only.
+    name
+        The caller's zone: its local keys are those of Z2's draw salted with
+        :func:`zone_salt` of this name (``""``: the zone unknown).
+
+    Attributes
+    ----------
+    salt : int
+        :func:`zone_salt` of ``name``: the salt the kernels draw local keys with.
 
     Raises
     ------
     lbcore.ArgumentError
         ``local`` is not a 1-D sequence of bools, ``share`` is not a number in
         ``[0, 1]``, ``min_pods`` is not an integer from 1 to 1,000, ``bar_window_ns``
-        not one from 0 to an hour, or ``bar_shares`` not its samples (none without a
-        window).
+        not one from 0 to an hour, ``bar_shares`` not its samples (none without a
+        window), or ``name`` not a ``str``.
     """
 
     local: np.ndarray
@@ -117,6 +169,8 @@ class ZoneSplit:
     min_pods: int = field(default=3, kw_only=True)
     bar_window_ns: int = field(default=0, kw_only=True)
     bar_shares: tuple[float, ...] | None = field(default=None, kw_only=True)
+    name: str = field(default="", kw_only=True)
+    salt: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         arr = np.asarray(self.local)
@@ -153,6 +207,9 @@ class ZoneSplit:
             b = tuple(_unit_share(x, "ZoneSplit.bar_shares[]") for x in b)
         object.__setattr__(self, "bar_window_ns", int(w))
         object.__setattr__(self, "bar_shares", b)
+        if not isinstance(self.name, str):
+            raise ArgumentError(f"ZoneSplit.name must be a zone name (str), got {self.name!r:.80}")
+        object.__setattr__(self, "salt", zone_salt(self.name))
 
     @classmethod
     def for_zone(
@@ -167,20 +224,24 @@ class ZoneSplit:
     ) -> ZoneSplit:
         """The split of a caller in ``zone``, from each endpoint's zone (``None``: unknown).
 
-        An empty ``zone`` (the caller's zone unknown) makes no endpoint local.
+        An empty ``zone`` (the caller's zone unknown) makes no endpoint local. The
+        split's ``name`` is ``zone``.
         """
+        if not isinstance(zone, str):
+            raise ArgumentError(f"zone must be a zone name (str), got {zone!r:.80}")
         return cls(
             np.array([bool(zone) and z == zone for z in zones], dtype=np.bool_),
             share,
             min_pods=min_pods,
             bar_window_ns=bar_window_ns,
             bar_shares=None if bar_shares is None else tuple(bar_shares),
+            name=zone,
         )
 
     def __repr__(self) -> str:
         bar = f", bar_window_ns={self.bar_window_ns}" if self.bar_window_ns else ""
         return (
-            f"ZoneSplit({int(self.local.sum())}/{self.local.size} local, "
+            f"ZoneSplit({self.name!r}: {int(self.local.sum())}/{self.local.size} local, "
             f"share={self.share:g}{bar}, min_pods={self.min_pods})"
         )
 
@@ -243,13 +304,16 @@ def zone_cap(pods: Mapping[str, float], callers: Mapping[str, float] | None, zon
     return min(1.0, (p[zone] / pod_total) / (c[zone] / caller_total))
 
 
-def local_mask(hashes: np.ndarray, share: float) -> np.ndarray:
-    """Per key hash (``uint64``, :func:`lbcore.hash_keys`), whether it is local at ``share``."""
-    return below(np.asarray(hashes, dtype=np.uint64), ZONE_SALT, float(share))
+def local_mask(hashes: np.ndarray, share: float, zone: str) -> np.ndarray:
+    """Per key hash (``uint64``, :func:`lbcore.hash_keys`), whether it is local at ``share``.
+
+    ``zone`` is the caller's zone: each zone draws its own local keys (:func:`zone_salt`).
+    """
+    return below(np.asarray(hashes, dtype=np.uint64), zone_salt(zone), float(share))
 
 
-def local_keys(keys: Any, share: float) -> np.ndarray:
-    """Which keys are local (Z2) at ``x = share``: ``bool`` per key.
+def local_keys(keys: Any, share: float, zone: str) -> np.ndarray:
+    """Which keys a caller in ``zone`` keeps local (Z2) at ``x = share``: ``bool`` per key.
 
     ``keys`` is a batch as :func:`lbcore.hash_keys` takes it. Nested in ``share``: a key
     local at one share is local at every larger one. Whether a local key is routed in
@@ -259,7 +323,7 @@ def local_keys(keys: Any, share: float) -> np.ndarray:
         raise ArgumentError(f"share must be a number in [0, 1], got {share!r}")
     if not (math.isfinite(float(share)) and 0.0 <= float(share) <= 1.0):
         raise ArgumentError(f"share must be in [0, 1], got {share!r}")
-    return local_mask(hash_keys(keys), share)
+    return local_mask(hash_keys(keys), share, zone)
 
 
 # ---------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def publish(host: Host, x: float, **kw) -> None:  # noqa: F811
 def test_local_keys_are_explained_as_the_zone_ring(host: Host) -> None:  # noqa: F811
     publish(host, 0.5, knobs=shm.Knobs(balance_factor=None))
     routes, _ = _compare(host)
-    is_local = local_keys(KEYS, 0.5)
+    is_local = local_keys(KEYS, 0.5, "eu-1a")
     kinds = np.array([r.kind for r in routes])
     assert (kinds[is_local] == "zone_ring").all()
     assert "zone_ring" not in set(kinds[~is_local])

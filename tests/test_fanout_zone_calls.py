@@ -244,7 +244,7 @@ def test_only_local_keys_are_kept_in_the_zone(zhost, x):
     zhost.publish(x=x)
     r = zhost.attach()
     res = r.fanout(KEYS, _answer)
-    is_local = local_keys(KEYS, x)
+    is_local = local_keys(KEYS, x, "z-a")
     zones = np.array([ZONE_OF[v.endpoint] for v in res])
     assert (zones[is_local] == "z-a").all()
     calls = zhost.calls()

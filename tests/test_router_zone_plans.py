@@ -63,7 +63,7 @@ def test_a_ramp_is_evaluated_when_each_plan_is_built(host, clock, kernel):
         x = min(0.9, 0.1 * 2 * step)
         idx = r.route(KEYS)
         assert np.array_equal(idx, _expected(rs, clock(), x)), (step, x)
-        is_local = local_keys(KEYS, x)
+        is_local = local_keys(KEYS, x, "z-a")
         assert all(ZONES[e] == "z-a" for e in idx[is_local])
         seen.append(idx)
         clock.advance(2.0)

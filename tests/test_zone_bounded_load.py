@@ -102,7 +102,7 @@ def test_a_local_key_whose_zone_walk_finds_no_pod_under_its_bar_spills(kernel):
     remote = np.array([zone_of(a) != "z-a" for a in owner])
     assert (got[remote] == owner[remote]).all()
     assert plan.route_hashes(KEYS)[2] == (got != addresses(calm)).sum()
-    local = local_mask(KEYS, 0.5)
+    local = local_mask(KEYS, 0.5, "z-a")
     assert {zone_of(a) for a in addresses(plan, 1)[local]} == {"z-a"}  # retries stay
 
 

@@ -2,9 +2,10 @@
 
 The random plans of :mod:`tests.test_kernel_differential` (ring sets with fading rings,
 ejections, gates, every fade mode, loads, balance factors, hop caps) with a random
-zone: which endpoints are local, the share (0, 1 or between) and ``min_pods``. Both
-kernels must give the same indices, counts and errors, for drawn key batches and for
-keys on and just past every ring point, at attempts 0 to 3.
+zone: which endpoints are local, the share (0, 1 or between), ``min_pods`` and the
+caller zone's name (the local draw's salt). Both kernels must give the same indices,
+counts and errors, for drawn key batches and for keys on and just past every ring
+point, at attempts 0 to 3.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def zone_plans(draw):
         if draw(st.booleans()):
             local = local[::-1]
     share = draw(st.sampled_from([0.0, 1.0]) | st.floats(0.0, 1.0))
+    # the caller's zone salts the local draw: both kernels must take it from the split
+    name = draw(st.sampled_from(["", "z-a", "z-b"]) | st.text(st.characters(codec="utf-8")))
     args["zone"] = ZoneSplit(
-        np.array(local, dtype=np.bool_), share, min_pods=draw(st.integers(1, 5))
+        np.array(local, dtype=np.bool_), share, min_pods=draw(st.integers(1, 5)), name=name
     )
     return args
 

@@ -111,18 +111,19 @@ def host(tmp_path):
 def test_a_ramp_is_published_at_its_start_and_its_end_only(host):
     t = host.zone_when(lambda z: z.state == "ramping", "the ramp")
     z = t.zone
-    assert (z.zone, z.affinity, z.reason, z.x0, z.cap) == ("z-a", True, "started", 0.0, 1.0)
-    assert z.rate == pytest.approx(1.0)  # cap 1 (even fleet, no callers given) over 1 s
+    # an even fleet, no callers given: capacity cap 1, held at 1 - the probe floor (1 %)
+    assert (z.zone, z.affinity, z.reason, z.x0) == ("z-a", True, "started", 0.0)
+    assert z.cap == pytest.approx(0.99)
+    assert z.rate == pytest.approx(0.99)  # over 1 s
     gen = t.generation
     mid = z.start_ns + S // 2
-    assert t.zone_share(mid) == pytest.approx(0.5)  # a worker's x, without a publish
+    assert t.zone_share(mid) == pytest.approx(0.495)  # a worker's x, without a publish
     t = host.zone_when(lambda z: z.state == "full", "the cap")
-    assert (t.zone.reason, t.zone_share(time.monotonic_ns()), t.generation) == (
-        "ramp_done",
-        1.0,
-        gen + 1,
-    )
+    assert (t.zone.reason, t.generation) == ("ramp_done", gen + 1)
+    assert t.zone_share(time.monotonic_ns()) == pytest.approx(0.99)
     assert host.transitions() == [("ramping", "started"), ("full", "ramp_done")]
+    line = host.proc.events("zone_transition")[-1]
+    assert (line["cap"], line["capacity_cap"]) == (0.99, 1.0)
 
 
 def test_callers_in_the_file_move_the_cap(host):

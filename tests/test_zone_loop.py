@@ -41,13 +41,15 @@ def test_the_zone_setting_wins_over_the_caller_slices_and_the_slices_counts_over
 def test_the_cap_counts_healthy_pods_and_the_callers():
     z, events = _loop(zone="z-a")
     ok = np.ones(9, np.bool_)
-    assert z.curve(0, ZONES, ok).cap == 1.0  # callers in proportion to pods
+    # callers in proportion to pods: capacity cap 1, held at 1 - the probe floor (1 %)
+    assert z.curve(0, ZONES, ok).cap == 0.99
     z.set_view("file", CallerView("", {"z-a": 2, "z-b": 1, "z-c": 1}))
     assert z.curve(S, ZONES, ok).cap == pytest.approx(2 / 3)
     ok[6:] = False  # z-c's pods ejected: z-a holds half of the healthy pods
-    assert z.curve(2 * S, ZONES, ok).cap == pytest.approx(1.0)
+    assert z.curve(2 * S, ZONES, ok).cap == pytest.approx(0.99)
     (line, *_) = [e for e in events if e["event"] == "zone_transition"]
     assert line["zone"] == "z-a" and line["state"] == "full"
+    assert (line["cap"], line["capacity_cap"]) == (0.99, 1.0)
 
 
 def test_the_latency_reading_is_the_call_weighted_mean_of_each_side():

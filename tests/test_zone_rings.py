@@ -72,13 +72,15 @@ def test_a_keys_local_pod_changes_only_when_local_membership_changes(kernel):
 
 def test_raising_the_share_only_adds_local_keys():
     shares = np.linspace(0.0, 1.0, 21)
-    masks = [local_mask(KEYS, x) for x in shares]
+    masks = [local_mask(KEYS, x, "z-a") for x in shares]
     for a, b in itertools.pairwise(masks):
         assert not (a & ~b).any()
     for x, m in zip(shares, masks, strict=True):
         assert abs(m.mean() - x) < 0.01
     keys = [f"sku-{i}" for i in range(500)]
-    assert lbcore.local_keys(keys, 0.4).tolist() == local_mask(lbcore.hash_keys(keys), 0.4).tolist()
+    assert lbcore.local_keys(keys, 0.4, "z-a").tolist() == local_mask(
+        lbcore.hash_keys(keys), 0.4, "z-a"
+    ).tolist()
 
 
 def test_each_key_moves_at_most_once_as_the_share_rises(kernel):
@@ -86,7 +88,7 @@ def test_each_key_moves_at_most_once_as_the_share_rises(kernel):
     changes = sum((a != b).astype(int) for a, b in itertools.pairwise(steps))
     assert changes.max() == 1
     # and exactly the keys that became local, whose global owner was remote
-    became_local = local_mask(KEYS, 1.0) & ~local_mask(KEYS, 0.0)
+    became_local = local_mask(KEYS, 1.0, "z-a") & ~local_mask(KEYS, 0.0, "z-a")
     assert not (changes.astype(bool) & ~became_local).any()
     moved = changes.astype(bool)
     assert all(zone_of(a) != "z-a" for a in steps[0][moved])
@@ -180,7 +182,7 @@ def test_an_ejected_local_pods_keys_go_where_retries_already_go(kernel):
 def test_fade_choice_and_zone_choice_are_independent():
     view = FLEET.scale_up([pod(12), pod(13)], 0).ring_choice(KEYS, D // 2)
     newest = view == 1
-    local = local_mask(KEYS, 0.5)
+    local = local_mask(KEYS, 0.5, "z-a")
     s = newest.mean()
     assert 0.1 < s < 0.3
     # P(local and newest ring) = P(local) P(newest ring), within four standard errors

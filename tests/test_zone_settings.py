@@ -88,12 +88,15 @@ def test_zone_split_checks_its_arguments():
         (([True], 0.5), {"min_pods": 0}),
         (([True], 0.5), {"min_pods": 1001}),
         (([True], 0.5), {"min_pods": 2.0}),
+        (([True], 0.5), {"name": None}),
+        (([True], 0.5), {"name": b"z-a"}),
     ]
     for args, kw in bad:
         with pytest.raises(lbcore.ArgumentError):
             lbcore.ZoneSplit(*args, **kw)
     split = lbcore.ZoneSplit.for_zone(["a", "b", None, "a"], "a", 0.3, min_pods=2)
     assert split.local.tolist() == [True, False, False, True]
+    assert split.name == "a" and split.salt == lbcore.zone_salt("a") != ok.salt
     assert not lbcore.ZoneSplit.for_zone(["a", ""], "", 0.3).local.any()
 
 
@@ -104,4 +107,6 @@ def test_a_plan_refuses_a_zone_that_does_not_fit(kernel):
     with pytest.raises(lbcore.ArgumentError, match="ZoneSplit"):
         lbcore.Plan(rs, 0, zone=[True, False])  # type: ignore[arg-type]
     with pytest.raises(lbcore.ArgumentError):
-        lbcore.local_keys(["a"], 2.0)
+        lbcore.local_keys(["a"], 2.0, "z-a")
+    with pytest.raises(lbcore.ArgumentError, match="zone name"):
+        lbcore.local_keys(["a"], 0.5, None)  # type: ignore[arg-type]

@@ -170,7 +170,8 @@ def test_full_affinity_keeps_calls_in_the_zone_on_an_even_fleet(fleet):
                     # about 2/3 of the keys' ring owners are in the other two zones
                     assert 0.5 <= by_metric <= 0.8, by_metric
                 else:
-                    assert state_of(server)[3] == 1.0  # x = the cap = 1 on an even fleet
+                    # x = the cap: 1 on an even fleet, held at 1 - the probe floor (1 %)
+                    assert state_of(server)[3] == 0.99
                     assert by_metric <= 0.10, by_metric
                 assert by_pods == pytest.approx(by_metric, abs=1e-9)
                 assert by_answers <= by_metric + 0.02
@@ -292,7 +293,7 @@ def test_a_scale_up_during_the_zone_ramp_moves_no_key_twice(fleet):
     write_endpoints(eps, pods, nine)
     env = {
         "CSLB_ZONE_AFFINITY": "on",
-        "CSLB_ZONE_RAMP": "12",
+        "CSLB_ZONE_RAMP": "20",  # (the pass before the first sample takes part of it)
         "CSLB_FADE_DURATION": "8",
         # Bounded load on, its bars following the ramp and the fade-in (loads averaged
         # over the window). Headroom 2, not 1.25: on a loaded 2-core machine the local
@@ -317,7 +318,21 @@ def test_a_scale_up_during_the_zone_ramp_moves_no_key_twice(fleet):
                         if not h or h[-1] != r["endpoint"]:
                             h.append(r["endpoint"])
 
-        wait_for("the ramp to start", lambda: state_of(a)[0] == "ramping", 30.0, 0.1)
+        states: list[tuple] = []
+
+        def ramping() -> bool:
+            states.append(state_of(a))
+            return states[-1][0] == "ramping"
+
+        try:
+            wait_for("the ramp to start", ramping, 30.0, 0.1)
+        except AssertionError as exc:  # say where the controller was instead
+            raise AssertionError(f"{exc}: {states[-3:]}, {a.events('zone_transition')}") from None
+        # One pass not recorded: the workers' first calls open their connections, and a
+        # pod whose first calls are slow for it is rightly over its bar for a moment on
+        # a loaded machine (its keys walk off and back: not the events followed here).
+        for j in range(0, len(keys), batch):
+            fanout(a, keys[j : j + batch])
         sample()
         wait_for("x to pass 0.2", lambda: state_of(a)[3] >= 0.2, 20.0, 0.1)
         write_endpoints(eps, pods, [*nine, 9])  # a local pod, fading in, mid-ramp
@@ -340,8 +355,18 @@ def test_a_scale_up_during_the_zone_ramp_moves_no_key_twice(fleet):
     print(f"scale-up mid-ramp: {moved} of {len(keys)} keys moved, {len(moved_twice)} twice")
     assert all(len(h) <= 3 for h in history.values())  # at most one move per event
     assert all(len(set(h)) == len(h) for h in history.values())  # never back
-    assert all(h[-1] == new for h in moved_twice)  # a second move is onto the new pod
+    odd = {k: h for k, h in history.items() if len(h) > 2 and h[-1] != new}
+    assert not odd, odd  # a second move is onto the new pod
     local_urls = {pods[i].url for i in (0, 3, 6, 9)}
-    final = [h[-1] for h in history.values()]
-    assert sum(u in local_urls for u in final) == len(final)  # x = 1 at the end
+    final = [history[k][-1] for k in keys]
+    # x = the cap at the end (1 - the probe floor): the local keys on local pods, the
+    # probe floor's share of keys on their global ring owner
+    local = lbcore.local_keys(keys, 0.99, "z-a")  # the caller's zone draws them
+    ring = lbcore.RingSet([pods[i].url for i in [*nine, 9]])
+    owners = [ring.endpoints[int(e)] for e in ring.rings[0].lookup(keys)]
+    assert all(u in local_urls for u, loc in zip(final, local, strict=True) if loc)
+    assert [u for u, loc in zip(final, local, strict=True) if not loc] == [
+        o for o, loc in zip(owners, local, strict=True) if not loc
+    ]
+    assert 0 < len(keys) - int(local.sum()) < 0.05 * len(keys)
     assert sum(len(h) > 1 for h in history.values()) > len(keys) / 2  # the ramp moved keys

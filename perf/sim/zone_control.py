@@ -18,11 +18,9 @@ probe floor, and after the hold time ramp again: a flap. The study starts affini
 after the warm-up, slows one zone's pods (``slow``: a latency fault) long enough to
 send it to the floor, and follows the recovery's ramp.
 
-At full affinity on an even fleet (cap 1) a zone's callers make almost no remote calls
-(bounded load's spill only), so a latency reading lacks its remote side and a fault
-that starts then goes unseen. ``remote_probe`` tries the remedy of keeping
-the probe floor's share of keys global (the cap held at ``1 - probe_floor``), the
-mirror of the floor's local trickle; the controller itself does not do this.
+A second fault starts at full affinity: the controller holds each cap at
+``1 - probe floor`` (:func:`discovery.zonecontrol.affinity_cap`), so even a zone whose
+capacity cap is 1 keeps a trickle of remote calls for the latency reading's remote side.
 """
 
 from __future__ import annotations
@@ -41,12 +39,11 @@ from perf.sim.zones import ZonesConfig, run
 __all__ = ["CASES", "ControllerDriver", "Transition", "controller_study"]
 
 #: The cases ``cslb simulate --scenario zone-controller`` runs: (name, the fault as
-#: :attr:`perf.sim.zones.ZonesConfig.slow`, remote_probe). The fault triples zone
-#: z-a's service times: first while the start's ramp has x below 1, then at full.
-CASES: tuple[tuple[str, tuple[int, float, float, float], bool], ...] = (
-    ("fault while ramping", (0, 3.0, 10.0, 40.0), False),
-    ("fault at full", (0, 3.0, 60.0, 90.0), False),
-    ("fault at full, remote probe", (0, 3.0, 60.0, 90.0), True),
+#: :attr:`perf.sim.zones.ZonesConfig.slow`). The fault triples zone z-a's service
+#: times: first while the start's ramp has x below its cap, then at full.
+CASES: tuple[tuple[str, tuple[int, float, float, float]], ...] = (
+    ("fault while ramping", (0, 3.0, 10.0, 40.0)),
+    ("fault at full", (0, 3.0, 60.0, 90.0)),
 )
 
 #: Added to the simulation's clock (seconds after warm-up) to make CLOCK_MONOTONIC-like
@@ -99,8 +96,6 @@ class ControllerDriver:
         How often a controller steps, in seconds (the discovery loop's tick).
     tick_s
         The simulation's tick, in seconds.
-    remote_probe
-        Hold each cap at ``1 - probe_floor`` so remote latency stays measured.
     """
 
     layout: Layout
@@ -108,7 +103,6 @@ class ControllerDriver:
     window_s: float
     step_s: float
     tick_s: float
-    remote_probe: bool = False
     transitions: list[Transition] = field(default_factory=list)
     #: Per second after warm-up: ``t`` and, per zone, ``x`` and the latency excess.
     series: dict[str, list[Any]] = field(default_factory=dict)
@@ -122,9 +116,8 @@ class ControllerDriver:
         self._sums = np.zeros((w, zones, 4))
         self._k = 0
         self._next_step_s = 0.0
+        # capacity caps; each controller holds its own below 1 - probe floor
         self._caps = zone_shares(self.layout, 1.0)
-        if self.remote_probe:
-            self._caps = np.minimum(self._caps, 1.0 - self.settings.probe_floor)
         self.controllers = [
             ZoneController(replace(self.settings, zone=name)) for name in self.layout.names
         ]
@@ -205,7 +198,6 @@ def controller_study(
     settings: ZoneSettings | None = None,
     slow: tuple[int, float, float, float] | None = (0, 3.0, 60.0, 90.0),
     step_s: float = 1.0,
-    remote_probe: bool = False,
 ) -> dict[str, Any]:
     """Run cslb's key split under one controller per zone, with a latency fault.
 
@@ -220,8 +212,6 @@ def controller_study(
         The fault, as :attr:`perf.sim.zones.ZonesConfig.slow`; ``None``: none.
     step_s
         Seconds between controller steps.
-    remote_probe
-        As :class:`ControllerDriver`'s.
 
     Returns
     -------
@@ -239,7 +229,7 @@ def controller_study(
     settings = replace(settings or ZoneSettings(), affinity=True)
     cfg = replace(base, strategy="cslb", share=0.0, ramp=None, slow=slow).validate()
     driver = ControllerDriver(
-        Layout(cfg.pods, cfg.callers), settings, cfg.window_s, step_s, cfg.tick_s, remote_probe
+        Layout(cfg.pods, cfg.callers), settings, cfg.window_s, step_s, cfg.tick_s
     )
     res = run(cfg, driver)
     trans = [{k: getattr(t, k) for k in Transition.__slots__} for t in driver.transitions]

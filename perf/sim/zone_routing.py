@@ -10,8 +10,8 @@
   per-locality balancers are: it counts only the calls it routed and sets its bar over
   its own pods (:attr:`Strategy.views` is 2);
 * :class:`KeySplit`: cslb's zone rules (:mod:`lbcore.zones`): a *key* is local when its
-  independent draw is below ``x_z``; the zone's ring is the global ring restricted to
-  its pods, and the bounded-load bars come from the plan.
+  independent draw, salted with the caller's zone, is below ``x_z``; the zone's ring is
+  the global ring restricted to its pods, and the bounded-load bars come from the plan.
 
 Every strategy routes a caller zone's calls of one tick on one plan per ring, with the
 zone's own load views (bounded load on, unless the balance factor is ``None``): one
@@ -28,6 +28,7 @@ import inspect
 import math
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -326,10 +327,7 @@ class KeySplit(Strategy):
         assert _ZONES is not None
         self.share = share
         self.shares = zone_shares(self.layout, share)
-        self.splits = [
-            _ZONES.ZoneSplit(self.layout.zone_of == z, float(s), min_pods=self.min_pods)
-            for z, s in enumerate(self.shares)
-        ]
+        self.splits = [self._split(z, float(s)) for z, s in enumerate(self.shares)]
 
     def set_zone_share(self, zone: int, x: float) -> None:
         """Set one zone's ``x`` as given (a controller's, already within the cap)."""
@@ -338,8 +336,13 @@ class KeySplit(Strategy):
             return
         self.shares = self.shares.copy()
         self.shares[zone] = x
-        self.splits[zone] = _ZONES.ZoneSplit(
-            self.layout.zone_of == zone, float(x), min_pods=self.min_pods
+        self.splits[zone] = self._split(zone, float(x))
+
+    def _split(self, zone: int, x: float) -> Any:
+        """Zone ``zone``'s split at ``x``, named: each zone draws its own local keys."""
+        assert _ZONES is not None
+        return _ZONES.ZoneSplit(
+            self.layout.zone_of == zone, x, min_pods=self.min_pods, name=self.layout.names[zone]
         )
 
     def route(

@@ -140,7 +140,7 @@ def controller_text(studies: list[tuple[str, dict[str, Any]]]) -> str:
             f"* defaults: ramp {s.ramp_ns / 1e9:g} s, probe floor {s.probe_floor:g}, margin "
             f"{s.latency_margin:g}, hold {s.hold_ns / 1e9:g} s, min pods {s.min_pods}; "
             "controllers step every second on the calls of the last 10 s; excess: local "
-            "latency over remote, minus 1; remote probe: cap held at 1 - probe floor",
+            "latency over remote, minus 1; caps held at 1 - probe floor",
         ]
     return "\n".join(out)
 

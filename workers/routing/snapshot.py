@@ -248,7 +248,9 @@ def zone_split(
     n = min(max(int(z.min_pods), 1), MAX_MIN_PODS)
     old = reuse.zone if reuse is not None and reuse.ring_set is table.ring_set else None
     if old is not None:
-        return ZoneSplit(old.local, x, min_pods=n, bar_window_ns=window_ns, bar_shares=bars)
+        return ZoneSplit(
+            old.local, x, min_pods=n, bar_window_ns=window_ns, bar_shares=bars, name=old.name
+        )
     return ZoneSplit.for_zone(
         table.zones, z.zone, x, min_pods=n, bar_window_ns=window_ns, bar_shares=bars
     )

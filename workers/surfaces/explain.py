@@ -147,7 +147,12 @@ def explain(
     first = plan.route_hashes(h, 0)[0] if attempt else idx
     mode = knobs.fade_mode
     # Zone affinity: which keys are local now, and each pod's own bar (its expected share).
-    local = local_mask(h, plan.zone_share) if plan.zone_views else np.zeros(h.size, np.bool_)
+    split = plan.zone if plan.zone_views else None
+    local = (
+        local_mask(h, plan.zone_share, split.name)
+        if split is not None
+        else np.zeros(h.size, np.bool_)
+    )
     zone_bars = None
     if plan.zone_views and knobs.balance_factor is not None:
         newest = plan.listed[plan.zone_views - 1]
