@@ -309,13 +309,13 @@ def arc_shares(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     marked = np.flatnonzero(eligible[owners])
     if not marked.size:
         return np.zeros(n)
-    h = np.asarray(ring.hashes)
+    ends = np.asarray(ring.hashes)[marked]
     # Arc of eligible node i: from the previous eligible node (exclusive) to it, in
-    # uint64 arithmetic that wraps exactly once around the ring.
-    ends = h[marked]
-    arcs = (ends - np.roll(ends, 1)).astype(np.float64)
-    if marked.size == 1:
-        arcs[:] = 2.0**64
+    # uint64 arithmetic that wraps exactly once around the ring (the first node's
+    # previous one is the last).
+    arcs = np.empty(ends.size)
+    arcs[1:] = np.diff(ends)
+    arcs[0] = float((int(ends[0]) - int(ends[-1])) % (1 << 64)) if ends.size > 1 else 2.0**64
     out = np.bincount(owners[marked], weights=arcs, minlength=n)[:n]
     return out / out.sum()
 
@@ -326,22 +326,32 @@ def view_weights(plan: PlanLike) -> np.ndarray:
     The draw is uniform over 64-bit integers and the choice is a step function of it
     with steps at the plan's thresholds, so each step's width is its weight exactly.
     """
-    w = np.zeros(plan.views - plan.zone_views if plan.zone_views else plan.views)
+    g = plan.views - plan.zone_views if plan.zone_views else plan.views
     if plan.choice == CHOICE_FIXED:
+        w = np.zeros(g)
         w[plan.fixed_view] = 1.0
         return w
-    return _step_weights(w, plan.choice, plan.fade_thresholds, plan.fade_saturated)
+    return _step_weights(g, plan.choice, plan.fade_thresholds, plan.fade_saturated)[0]
 
 
 def _step_weights(
-    w: np.ndarray, choice: int, thresholds: np.ndarray, saturated: np.ndarray
+    views: int, choice: int, thresholds: np.ndarray, saturated: np.ndarray
 ) -> np.ndarray:
-    ts = thresholds[saturated == 0]
-    edges = np.unique(np.concatenate((np.zeros(1, np.uint64), ts)))
-    views = view_of_draws(choice, thresholds, saturated, edges)
-    widths = np.diff(np.append(edges.astype(np.float64), 2.0**64))
-    np.add.at(w, views, widths)
-    return w / w.sum()
+    """Per row of ``thresholds`` (one row: 1-D), each of ``views`` views' weight.
+
+    The draws between two consecutive thresholds pick one view
+    (:func:`lbcore.views.view_of_draws` at the lower one): its weight is the width.
+    ``float64`` ``(rows, views)``.
+    """
+    ts, sat = np.atleast_2d(thresholds), np.atleast_2d(saturated)
+    rows = ts.shape[0]
+    # A saturated threshold is no step: put it at 0, where it adds a step of width 0.
+    edges = np.sort(np.concatenate((np.zeros((rows, 1), np.uint64), np.where(sat, 0, ts)), 1), 1)
+    picked = view_of_draws(choice, ts, sat, edges)
+    widths = np.diff(edges.astype(np.float64), axis=1, append=2.0**64)
+    w = np.zeros((rows, views))
+    np.add.at(w, (np.arange(rows)[:, None], picked), widths)
+    return w / w.sum(axis=1, keepdims=True)
 
 
 def window_instants(now_ns: int, window_ns: int) -> list[int]:
@@ -366,16 +376,45 @@ def window_shares(plan: PlanLike, split: ZoneSplit, arcs: np.ndarray | None = No
         return expected_shares(plan, arcs)
     if arcs is None:
         arcs = view_arcs(plan)
-    nring = plan.choice == CHOICE_NRING
-    weights = view_weights(plan)
-    total = np.zeros(plan.eligible.shape[1])
-    instants = window_instants(plan.now_ns, split.bar_window_ns)
-    for t, x in zip(instants, split.bar_shares, strict=True):
-        if nring:
-            thresholds, saturated = draw_thresholds(plan.ring_set.share_list(t))
-            weights = _step_weights(np.zeros(weights.size), CHOICE_NRING, thresholds, saturated)
-        total += expected_shares(plan, arcs, x, weights)
-    return total / WINDOW_SAMPLES
+    if plan.newest is None or not arcs.shape[1]:
+        return np.zeros(arcs.shape[1])
+    weights = view_weights(plan)[None, :]
+    if plan.choice == CHOICE_NRING:
+        rs = plan.ring_set
+        at = window_instants(plan.now_ns, split.bar_window_ns)
+        thresholds, saturated = draw_thresholds([s for t in at for s in rs.share_list(t)])
+        shape = (len(at), -1)
+        weights = _step_weights(
+            weights.shape[1], CHOICE_NRING, thresholds.reshape(shape), saturated.reshape(shape)
+        )
+    # The mean of the instants' shares is one mix of the views' arcs: its coefficients'
+    # mean over the instants.
+    mix = _view_mix(plan, weights, np.array(split.bar_shares), arcs)
+    return mix.mean(axis=0) @ arcs
+
+
+def _view_mix(
+    plan: PlanLike, weights: np.ndarray, shares: np.ndarray, arcs: np.ndarray
+) -> np.ndarray:
+    """Per instant, the coefficient of each view's arcs in the expected shares then.
+
+    ``weights``: the global views' weights per instant ``(instants, global views)``
+    (one row: every instant); ``shares``: the local share per instant. A view's zone
+    part takes the local keys where it is open; the mix is normalized to sum to 1
+    (keys a view sends to fallback carry none). ``float64`` ``(instants, views)``.
+    """
+    g = plan.views - plan.zone_views if plan.zone_views else plan.views
+    rows = max(weights.shape[0], shares.size)
+    mix = np.zeros((rows, plan.views))
+    mix[:, :g] = weights
+    if plan.zone_views:
+        x = shares.reshape(-1, 1)
+        is_open = plan.listed_count[plan.zone_views :] > 0
+        local = np.where(is_open, weights * x, 0.0)
+        mix[:, :g] -= local
+        mix[:, g:] = local
+    total = mix @ arcs.sum(axis=1)
+    return np.divide(mix, total[:, None], out=np.zeros_like(mix), where=total[:, None] > 0)
 
 
 def _answered(plan: PlanLike, v: int) -> np.ndarray:
@@ -388,14 +427,30 @@ def _answered(plan: PlanLike, v: int) -> np.ndarray:
         one = np.zeros(n)
         one[int(plan.single[v])] = 1.0
         return one
-    return arc_shares(plan.newest, plan.eligible[v])
+    # A ring never changes: the arcs of a set of its endpoints are kept with it (each
+    # new load snapshot's plan, the reports' bar shares, the status page ask again).
+    kept = plan.newest.derived("zone arcs")
+    key = plan.eligible[v].tobytes()
+    got = kept.get(key)
+    if got is None:
+        got = arc_shares(plan.newest, plan.eligible[v])
+        got.setflags(write=False)
+        while len(kept) >= _KEPT_ARCS:
+            kept.pop(next(iter(kept)))
+        kept[key] = got
+    return got
+
+
+#: Views whose arcs a ring keeps (a plan has up to twice its rings' count; the oldest go).
+_KEPT_ARCS = 16
 
 
 def view_arcs(plan: PlanLike) -> np.ndarray:
     """Each view's share of the hash space per endpoint: ``float64`` ``(views, endpoints)``.
 
     What :func:`expected_shares` weighs; it depends on the ring and the views' endpoints
-    only, not on time or loads (:class:`lbcore.Plan`'s ``reuse`` keeps it across plans).
+    only, not on time or loads (:class:`lbcore.Plan`'s ``reuse`` keeps it across plans,
+    the ring keeps each view's).
     """
     n = plan.eligible.shape[1]
     if plan.newest is None or not n:
@@ -426,15 +481,6 @@ def expected_shares(
     if arcs is None:
         arcs = view_arcs(plan)
     x = (plan.zone_share if share is None else float(share)) if plan.zone_views else 0.0
-    total = np.zeros(n)
     if weights is None:
         weights = view_weights(plan)
-    for v, weight in enumerate(weights.tolist()):
-        if weight <= 0.0:
-            continue
-        here = arcs[v]
-        if x > 0.0 and int(plan.listed_count[plan.zone_views + v]) > 0:
-            here = (1.0 - x) * here + x * arcs[plan.zone_views + v]
-        total += weight * here
-    s = total.sum()
-    return total / s if s > 0 else total
+    return _view_mix(plan, np.asarray(weights)[None, :], np.array([x]), arcs)[0] @ arcs

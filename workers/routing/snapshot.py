@@ -196,27 +196,29 @@ def build_plan(
         # load's occupancy part) is averaged over the counters' window, in-flight is now.
         window_ns = 0 if sig == "in-flight" else min(max(int(loads.window_ns), 0), MAX_WINDOW)
     zone = zone_split(table, now_ns, reuse, window_ns=window_ns)
+    folded = None
     if bf is not None:
         assert loads is not None
         # In routed-call units: bounded load's 1.0 becomes what a call adds to the
         # signal (for occupancy its latency's share of the window, not one busy second
         # per second); in-flight and effective loads pass through unchanged.
         raw, inc = loads.signal(k.load_signal), loads.bar_increment(k.load_signal)
-        if reports is not None:
-            expected = None
-            if zone is not None:
-                # reports go onto the shares the bars are drawn from (the views alone
-                # set them: a plan without loads, whose arcs the plan below reuses)
-                reuse = lbcore.Plan(table.ring_set, now_ns, zone=zone, reuse=reuse, **kw)
-                expected = reuse.bar_shares if reuse.zone_views else None
-            raw = effective_loads(
-                raw, reports.state, now_ns, reports.settings, inc, expected=expected
-            ).loads
-        load = in_call_units(raw, inc)
+        if reports is None:
+            load = in_call_units(raw, inc)
+        else:
+            state, settings = reports.state, reports.settings
+
+            def folded(expected: np.ndarray | None) -> np.ndarray:
+                # Reports go onto the shares the bars are drawn from (None: no zone
+                # part is open, the plan's bars are Skipper's).
+                got = effective_loads(raw, state, now_ns, settings, inc, expected=expected)
+                return in_call_units(got.loads, inc)
+
     return lbcore.Plan(
         table.ring_set,
         now_ns,
         loads=load,
+        loads_on_shares=folded,
         balance_factor=bf,
         zone=zone,
         reuse=reuse,
