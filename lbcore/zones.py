@@ -47,13 +47,14 @@ import numpy as np
 
 from lbcore.draws import below
 from lbcore.errors import ArgumentError
-from lbcore.kernel import hash_keys
+from lbcore.kernel import hash_keys, native
 from lbcore.views import CHOICE_FIXED, CHOICE_NRING, draw_thresholds, view_of_draws
 
 __all__ = [
     "ZONE_SALT",
     "ZoneSplit",
     "arc_shares",
+    "arc_sums",
     "expected_shares",
     "local_keys",
     "local_mask",
@@ -303,7 +304,36 @@ def arc_shares(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     numpy.ndarray
         ``float64`` per endpoint (``eligible``'s length), summing to 1 (all 0 when no
         node is eligible).
+
+    Raises
+    ------
+    lbcore.TableDataError
+        On the native kernel: a ring node's owner is not an endpoint (damaged arrays).
     """
+    return _normalized(arc_sums(ring, np.asarray(eligible, dtype=np.bool_)[None, :])[0])
+
+
+def arc_sums(ring: ViewedRing, rows: np.ndarray) -> np.ndarray:
+    """Per row of ``rows`` (``bool`` ``(views, endpoints)``), each endpoint's arcs in 2**-64 units.
+
+    What :func:`arc_shares` normalizes, for several views in one pass over the ring on
+    the native kernel (the NumPy reference, :func:`_arc_sums`, passes once per view; the
+    sums are the same to the bit). ``float64`` ``(views, endpoints)``.
+    """
+    k = native()
+    if k is not None and rows.size:
+        # Endpoint-major: a node's cells of every view are next to each other.
+        member = np.ascontiguousarray(rows.T, dtype=np.bool_)
+        sums = np.zeros(member.shape)
+        k.arc_sums(np.asarray(ring.hashes), np.asarray(ring.owners), member, sums)
+        return np.ascontiguousarray(sums.T)
+    out = np.zeros(rows.shape)
+    for v, row in enumerate(rows):
+        out[v] = _arc_sums(ring, row)
+    return out
+
+
+def _arc_sums(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     n = eligible.size
     owners = np.asarray(ring.owners)
     marked = np.flatnonzero(eligible[owners])
@@ -316,8 +346,12 @@ def arc_shares(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     arcs = np.empty(ends.size)
     arcs[1:] = np.diff(ends)
     arcs[0] = float((int(ends[0]) - int(ends[-1])) % (1 << 64)) if ends.size > 1 else 2.0**64
-    out = np.bincount(owners[marked], weights=arcs, minlength=n)[:n]
-    return out / out.sum()
+    return np.bincount(owners[marked], weights=arcs, minlength=n)[:n]
+
+
+def _normalized(sums: np.ndarray) -> np.ndarray:
+    total = sums.sum()
+    return sums / total if total > 0 else sums
 
 
 def view_weights(plan: PlanLike) -> np.ndarray:
@@ -417,30 +451,6 @@ def _view_mix(
     return np.divide(mix, total[:, None], out=np.zeros_like(mix), where=total[:, None] > 0)
 
 
-def _answered(plan: PlanLike, v: int) -> np.ndarray:
-    """A view's share of the hash space per endpoint (its own rule for 0 or 1 candidates)."""
-    n = plan.eligible.shape[1]
-    count = int(plan.listed_count[v])
-    if count == 0:
-        return np.zeros(n)
-    if count == 1:
-        one = np.zeros(n)
-        one[int(plan.single[v])] = 1.0
-        return one
-    # A ring never changes: the arcs of a set of its endpoints are kept with it (each
-    # new load snapshot's plan, the reports' bar shares, the status page ask again).
-    kept = plan.newest.derived("zone arcs")
-    key = plan.eligible[v].tobytes()
-    got = kept.get(key)
-    if got is None:
-        got = arc_shares(plan.newest, plan.eligible[v])
-        got.setflags(write=False)
-        while len(kept) >= _KEPT_ARCS:
-            kept.pop(next(iter(kept)))
-        kept[key] = got
-    return got
-
-
 #: Views whose arcs a ring keeps (a plan has up to twice its rings' count; the oldest go).
 _KEPT_ARCS = 16
 
@@ -450,12 +460,38 @@ def view_arcs(plan: PlanLike) -> np.ndarray:
 
     What :func:`expected_shares` weighs; it depends on the ring and the views' endpoints
     only, not on time or loads (:class:`lbcore.Plan`'s ``reuse`` keeps it across plans,
-    the ring keeps each view's).
+    and the ring keeps each view's). A view of one candidate sends it every key, one
+    of none no key.
     """
     n = plan.eligible.shape[1]
+    out = np.zeros((plan.views, n))
     if plan.newest is None or not n:
-        return np.zeros((plan.views, n))
-    return np.array([_answered(plan, v) for v in range(plan.views)]).reshape(plan.views, n)
+        return out
+    # A ring never changes: the arcs of a set of its endpoints are kept with it (each
+    # new load snapshot's plan, the status page, ``cslb route --live`` ask again).
+    kept = plan.newest.derived("zone arcs")
+    todo: dict[bytes, list[int]] = {}
+    for v in range(plan.views):
+        count = int(plan.listed_count[v])
+        if count == 1:
+            out[v, int(plan.single[v])] = 1.0
+        elif count > 1:
+            key = plan.eligible[v].tobytes()
+            got = kept.get(key)
+            if got is None:
+                todo.setdefault(key, []).append(v)
+            else:
+                out[v] = got
+    if todo:
+        first = [vs[0] for vs in todo.values()]
+        for key, sums in zip(todo, arc_sums(plan.newest, plan.eligible[first]), strict=True):
+            got = _normalized(sums)
+            got.setflags(write=False)
+            while len(kept) >= _KEPT_ARCS:
+                kept.pop(next(iter(kept)))
+            kept[key] = got
+            out[todo[key]] = got
+    return out
 
 
 def expected_shares(
