@@ -378,13 +378,19 @@ def _step_weights(
     ``float64`` ``(rows, views)``.
     """
     ts, sat = np.atleast_2d(thresholds), np.atleast_2d(saturated)
-    rows = ts.shape[0]
+    rows, k = ts.shape
     # A saturated threshold is no step: put it at 0, where it adds a step of width 0.
-    edges = np.sort(np.concatenate((np.zeros((rows, 1), np.uint64), np.where(sat, 0, ts)), 1), 1)
+    edges = np.zeros((rows, k + 1), np.uint64)
+    edges[:, 1:] = np.where(sat, 0, ts)
+    edges.sort(axis=1)
     picked = view_of_draws(choice, ts, sat, edges)
-    widths = np.diff(edges.astype(np.float64), axis=1, append=2.0**64)
-    w = np.zeros((rows, views))
-    np.add.at(w, (np.arange(rows)[:, None], picked), widths)
+    ends = np.empty((rows, k + 2))
+    ends[:, :-1] = edges
+    ends[:, -1] = 2.0**64
+    widths = ends[:, 1:] - ends[:, :-1]
+    # Each row's steps into its own views: one bincount over (row, view) cells.
+    cells = (picked + np.arange(rows)[:, None] * views).ravel()
+    w = np.bincount(cells, weights=widths.ravel(), minlength=rows * views).reshape(rows, views)
     return w / w.sum(axis=1, keepdims=True)
 
 
@@ -412,15 +418,15 @@ def window_shares(plan: PlanLike, split: ZoneSplit, arcs: np.ndarray | None = No
         arcs = view_arcs(plan)
     if plan.newest is None or not arcs.shape[1]:
         return np.zeros(arcs.shape[1])
-    weights = view_weights(plan)[None, :]
     if plan.choice == CHOICE_NRING:
         rs = plan.ring_set
         at = window_instants(plan.now_ns, split.bar_window_ns)
         thresholds, saturated = draw_thresholds([s for t in at for s in rs.share_list(t)])
-        shape = (len(at), -1)
-        weights = _step_weights(
-            weights.shape[1], CHOICE_NRING, thresholds.reshape(shape), saturated.reshape(shape)
-        )
+        rows = (len(at), -1)
+        g = plan.views - plan.zone_views if plan.zone_views else plan.views
+        weights = _step_weights(g, CHOICE_NRING, thresholds.reshape(rows), saturated.reshape(rows))
+    else:
+        weights = view_weights(plan)[None, :]
     # The mean of the instants' shares is one mix of the views' arcs: its coefficients'
     # mean over the instants.
     mix = _view_mix(plan, weights, np.array(split.bar_shares), arcs)
