@@ -430,7 +430,7 @@ def window_shares(plan: PlanLike, split: ZoneSplit, arcs: np.ndarray | None = No
     # The mean of the instants' shares is one mix of the views' arcs: its coefficients'
     # mean over the instants.
     mix = _view_mix(plan, weights, np.array(split.bar_shares), arcs)
-    return mix.mean(axis=0) @ arcs
+    return _mixed(mix.mean(axis=0), arcs)
 
 
 def _view_mix(
@@ -453,7 +453,7 @@ def _view_mix(
         local = np.where(is_open, weights * x, 0.0)
         mix[:, :g] -= local
         mix[:, g:] = local
-    total = mix @ arcs.sum(axis=1)
+    total = np.einsum("iv,v->i", mix, arcs.sum(axis=1))
     return np.divide(mix, total[:, None], out=np.zeros_like(mix), where=total[:, None] > 0)
 
 
@@ -525,4 +525,9 @@ def expected_shares(
     x = (plan.zone_share if share is None else float(share)) if plan.zone_views else 0.0
     if weights is None:
         weights = view_weights(plan)
-    return _view_mix(plan, np.asarray(weights)[None, :], np.array([x]), arcs)[0] @ arcs
+    return _mixed(_view_mix(plan, np.asarray(weights)[None, :], np.array([x]), arcs)[0], arcs)
+
+
+def _mixed(coefficients: np.ndarray, arcs: np.ndarray) -> np.ndarray:
+    # einsum's own loops, not BLAS: a worker's plan builds start no BLAS thread pool.
+    return np.einsum("v,vn->n", coefficients, arcs)
