@@ -391,6 +391,7 @@ class Follower:
                 timeout_s=_READ_TIMEOUT_S,
                 background=self._background is not False,
                 foreground_bytes=_INLINE_MAP_BYTES if self._background is None else 0,
+                prepare=self._prepare,
             )
         except shm.SegmentMissingError as exc:
             log.debug("tables of %s not readable yet: %s", self.namespace, exc)
@@ -402,6 +403,20 @@ class Follower:
                 _CHECK_NS / 1e9,
                 exc,
             )
+
+    def _prepare(self, table: shm.Table) -> None:
+        """In the reader's map thread: a new table's zone views' arcs, kept with its ring.
+
+        What the table's first plan would otherwise compute on the routing thread, the
+        one part of a zone plan that passes over the whole ring (the views are the
+        table's: the same in every plan of it while the zone's share is above 0).
+        """
+        try:
+            plan = build_plan(table, None, self._clock(), balance_factor=None)
+            if plan.zone_views:
+                plan.view_arcs  # noqa: B018 (kept with the ring: lbcore.zones.view_arcs)
+        except Exception as exc:  # (rewritten meanwhile, damage: the first plan says so)
+            log.debug("preparing generation %d of %s: %s", table.generation, self.namespace, exc)
 
     def use_counters(self, counters: shm.CounterReader | None) -> None:
         """Read loads from ``counters`` from now on; the next batch reads them afresh."""
