@@ -17,7 +17,11 @@ collector off and pinned to one core; each figure is the median over repetitions
 each ratio is the zone table's time over the plain table's (reports: on over off):
 
 * ``first``: the first plan of a freshly published generation (new table, new ring set
-  objects: nothing memoized on them), ``reuse=None``;
+  objects: nothing memoized on them), ``reuse=None``, on the routing thread, the table
+  read as a busy worker's reader reads it: mapped by the batch up to
+  :data:`~workers.routing.snapshot.INLINE_MAP_BYTES` of payload, above it by the map
+  thread, which also prepares it (:func:`~workers.routing.snapshot.prepare_table`, timed
+  apart: ``prepare_ms``);
 * ``refresh``: a plan 0.1 s after the previous one, ``reuse=`` the previous (occupancy,
   whose 10 s window the bars average over);
 * ``refresh, no bar window``: the same with the in-flight signal (loads of the instant,
@@ -30,6 +34,7 @@ The targets are declared with the others' in :mod:`perf.targets`.
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -45,7 +50,7 @@ from perf.bench_lbcore import pinned
 from perf.common import S, endpoint_urls, no_gc, unique_namespace, unlink_namespace
 from shm.tables import ZoneCurve
 from workers.routing.reported import TableReports
-from workers.routing.snapshot import build_plan, read_loads
+from workers.routing.snapshot import INLINE_MAP_BYTES, build_plan, prepare_table, read_loads
 
 __all__ = ["OPS", "SIZES", "run"]
 
@@ -65,7 +70,9 @@ class _Host:
         self.now_ns = now_ns
         self.store = shm.CounterStore.create(self.namespace, rows=4)
         self.writer = shm.TableWriter(self.namespace, counters=self.store)
-        self.reader = shm.TableReader(self.namespace, background=False)
+        #: How long the map thread prepared each table it mapped (ms).
+        self.prepared_ms: list[float] = []
+        self.reader: shm.TableReader | None = None
         self.counters = self.store.reader()
         eps = endpoint_urls(n)
         self.cut = n - max(n // 10, 1)
@@ -84,14 +91,42 @@ class _Host:
         )
         self.other: shm.Recorder | None = None
 
+    def _prepare(self, table: shm.Table) -> None:
+        t0 = time.perf_counter_ns()
+        prepare_table(table, self.now_ns)
+        self.prepared_ms.append((time.perf_counter_ns() - t0) / 1e6)
+
     def publish(self, load_signal: str) -> shm.Table:
-        """A new generation of the same endpoints (new ring set objects); its table."""
+        """A new generation of the same endpoints (new ring set objects), as a worker gets it.
+
+        The reader is a worker's (:class:`workers.routing.snapshot.Follower`'s): large
+        tables mapped and prepared by its map thread. Its first table is mapped by the
+        caller, so the first call publishes twice.
+        """
         rs = lbcore.RingSet(self.endpoints[: self.cut]).scale_up(
             self.endpoints[self.cut :], self.now_ns - 15 * S
         )
         knobs = shm.Knobs(load_signal=load_signal)
-        self.writer.publish(rs, zones=self.zones, zone=self.curve, knobs=knobs)
+        gen = self.writer.publish(rs, zones=self.zones, zone=self.curve, knobs=knobs)
+        if self.reader is None:
+            # No idle look-ahead: a busy worker's batch maps the small tables itself
+            # (an idle one's map thread may have mapped and prepared them first).
+            self.reader = shm.TableReader(
+                self.namespace,
+                background=True,
+                foreground_bytes=INLINE_MAP_BYTES,
+                prefetch_s=3600.0,
+                prepare=self._prepare,
+            )
+            self.reader.table()
+            return self.publish(load_signal)
+        deadline = time.monotonic() + 30.0
         table = self.reader.table()
+        while table.generation != gen:  # the map thread still maps it
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"generation {gen} not mapped after 30 s")
+            time.sleep(0.001)
+            table = self.reader.table()
         if self.other is None:
             self._load_history(table)
         return table
@@ -109,6 +144,8 @@ class _Host:
 
     def close(self) -> None:
         for obj in (self.other, self.reader, self.writer, self.store):
+            if obj is None:
+                continue
             with contextlib.suppress(Exception):
                 obj.release() if obj is self.other else obj.close()  # type: ignore[union-attr]
         unlink_namespace(self.namespace)
@@ -154,6 +191,7 @@ def _measure(n: int, quick: bool, log: Callable[[str], None]) -> list[dict[str, 
     first_reps, refresh_reps = _reps(n, quick)
     times: dict[tuple[str, str], list[float]] = {}
     zone_views = 0
+    prepared: dict[str, float] = {}
     with _hosts(n, now0) as hosts:
         # First plans: a fresh generation each time, the zone and plain tables in turn.
         for _ in range(first_reps + 1):
@@ -163,6 +201,10 @@ def _measure(n: int, quick: bool, log: Callable[[str], None]) -> list[dict[str, 
                 ms, plan = _timed(lambda t=table, lo=loads: build_plan(t, lo, now0))
                 times.setdefault((kind, "first"), []).append(ms)
                 zone_views = max(zone_views, plan.zone_views)
+        for kind, h in hosts.items():
+            # (nan: every table was mapped by the caller, nothing was prepared apart)
+            prepared[kind] = statistics.median(h.prepared_ms) if h.prepared_ms else math.nan
+            prepared[kind + " tables"] = len(h.prepared_ms)
         reports = _reports(n, now0)
         for signal, ops in (("occupancy", ("refresh", "refresh, reports")),
                             ("in-flight", ("refresh, no bar window",))):  # fmt: skip
@@ -189,7 +231,17 @@ def _measure(n: int, quick: bool, log: Callable[[str], None]) -> list[dict[str, 
         rows.append(
             {"endpoints": n, "op": op, "zone_ms": zone, "plain_ms": plain, "ratio": zone / plain}
         )
+        if op == "first":
+            rows[-1]["zone_prepare_ms"] = prepared["zone"]
+            rows[-1]["plain_prepare_ms"] = prepared["plain"]
+            # how many of the first plans' tables the map thread mapped and prepared
+            rows[-1]["prepared_tables"] = prepared["zone tables"]
+            rows[-1]["tables"] = first_reps + 1
         log(f"{n:>7,} {op:>24} {zone:>10.3f} {plain:>10.3f} {zone / plain:>7.2f}×")
+        if op == "first" and not math.isnan(prepared["zone"]):
+            log(f"{'':>7} {'(map thread: prepare)':>24} {prepared['zone']:>10.3f} "
+                f"{prepared['plain']:>10.3f}   ({prepared['zone tables']} of "
+                f"{first_reps + 1} zone tables)")  # fmt: skip
     if not zone_views:
         raise RuntimeError("the zone table's plans have no zone views: nothing measured")
     return rows

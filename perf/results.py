@@ -422,14 +422,21 @@ def _zones(part: dict[str, Any]) -> list[str]:
             _fmt(r["plain_ms"], 3),
             _ratio(r["ratio"]),
             _ratio(r["reports_ratio"]) if "reports_ratio" in r else "–",
+            f"{_fmt(r['zone_prepare_ms'], 3)} / {_fmt(r['plain_prepare_ms'], 3)} "
+            f"({r['prepared_tables']} of {r['tables']} tables)"
+            if "zone_prepare_ms" in r
+            else "–",
         ]
         for r in rows
     ]
     header = ["endpoints", "plan", "zone ms", "no zone ms", "zone × no zone",
-              "reports on × off (zone)"]  # fmt: skip
+              "reports on × off (zone)",
+              "map thread's prepare ms (zone / no zone; tables it mapped)"]  # fmt: skip
     return [
-        "`build_plan` on a table mapped from shared memory, median milliseconds (pinned to "
-        "one core); ratios are measured in the same run.",
+        "`build_plan` on a table mapped from shared memory, median milliseconds of the "
+        "routing thread (pinned to one core); ratios are measured in the same run. Tables "
+        "over the worker's inline-map size are mapped and prepared by the reader's map "
+        "thread (`prepare_table`, its own column; – : mapped by the batch).",
         "",
         *_table(header, body, left=2),
     ]

@@ -43,6 +43,7 @@ __all__ = [
     "bounded_bar",
     "build_plan",
     "empty_table",
+    "prepare_table",
     "read_loads",
     "read_reports",
     "reset_counter_warnings",
@@ -57,9 +58,10 @@ RETRY_S = 1.0
 # switches buffers (microseconds); a buffer that never settles is damage, and a worker
 # must not stall its request on it (shm remembers the verdict after the first wait).
 _READ_TIMEOUT_S = 0.05
-# Tables up to this size are mapped by the batch that first sees them (mapping costs
-# well under a millisecond there); larger ones by the reader's background thread.
-_INLINE_MAP_BYTES = 2 << 20
+#: Tables up to this payload (bytes) are mapped by the batch that first sees them
+#: (mapping costs well under a millisecond there); larger ones by the reader's
+#: background thread, which also prepares them (:func:`prepare_table`).
+INLINE_MAP_BYTES = 2 << 20
 _CHECK_NS = 1_000_000_000  # pace of rechecking a generation that could not be read
 
 
@@ -226,6 +228,25 @@ def build_plan(
     )
 
 
+def prepare_table(table: shm.Table, now_ns: int) -> None:
+    """Compute ahead what ``table``'s plans derive from it alone: its zone views' arcs.
+
+    The one part of a zone plan that passes over the whole ring (the views are the
+    table's, the same in every plan of it while the zone's share is above 0); kept
+    with the ring (:func:`lbcore.zones.view_arcs`), so the table's first plan finds
+    them. A worker's tables reader calls it in its map thread. Nothing to do for a
+    table whose zone keeps no key local at ``now_ns``.
+
+    Raises
+    ------
+    lbcore.LBCoreError
+        As :func:`build_plan` (a table rewritten meanwhile, damage).
+    """
+    plan = build_plan(table, None, now_ns, balance_factor=None)
+    if plan.zone_views:
+        plan.view_arcs  # noqa: B018 (computed and kept with the ring)
+
+
 def zone_split(
     table: shm.Table, now_ns: int, reuse: lbcore.Plan | None = None, *, window_ns: int = 0
 ) -> ZoneSplit | None:
@@ -390,7 +411,7 @@ class Follower:
                 self.namespace,
                 timeout_s=_READ_TIMEOUT_S,
                 background=self._background is not False,
-                foreground_bytes=_INLINE_MAP_BYTES if self._background is None else 0,
+                foreground_bytes=INLINE_MAP_BYTES if self._background is None else 0,
                 prepare=self._prepare,
             )
         except shm.SegmentMissingError as exc:
@@ -405,16 +426,9 @@ class Follower:
             )
 
     def _prepare(self, table: shm.Table) -> None:
-        """In the reader's map thread: a new table's zone views' arcs, kept with its ring.
-
-        What the table's first plan would otherwise compute on the routing thread, the
-        one part of a zone plan that passes over the whole ring (the views are the
-        table's: the same in every plan of it while the zone's share is above 0).
-        """
+        """In the reader's map thread: :func:`prepare_table` at this instant."""
         try:
-            plan = build_plan(table, None, self._clock(), balance_factor=None)
-            if plan.zone_views:
-                plan.view_arcs  # noqa: B018 (kept with the ring: lbcore.zones.view_arcs)
+            prepare_table(table, self._clock())
         except Exception as exc:  # (rewritten meanwhile, damage: the first plan says so)
             log.debug("preparing generation %d of %s: %s", table.generation, self.namespace, exc)
 
