@@ -17,11 +17,12 @@ collector off and pinned to one core; each figure is the median over repetitions
 each ratio is the zone table's time over the plain table's (reports: on over off):
 
 * ``first``: the first plan of a freshly published generation (new table, new ring set
-  objects: nothing memoized on them), ``reuse=None``, on the routing thread, the table
+  objects: nothing memoized on them), on the routing thread, the table
   read as a busy worker's reader reads it: mapped by the batch up to
-  :data:`~workers.routing.snapshot.INLINE_MAP_BYTES` of payload, above it by the map
-  thread, which also prepares it (:func:`~workers.routing.snapshot.prepare_table`, timed
-  apart: ``prepare_ms``);
+  :data:`~workers.routing.snapshot.INLINE_MAP_BYTES` of payload (unless its data segment
+  is new to the reader), else by the map thread, which also prepares it
+  (:func:`~workers.routing.snapshot.prepare_table`, timed apart: ``prepare_ms``; the
+  first plan then reuses the plan prepared, as the worker's does);
 * ``refresh``: a plan 0.1 s after the previous one, ``reuse=`` the previous (occupancy,
   whose 10 s window the bars average over);
 * ``refresh, no bar window``: the same with the in-flight signal (loads of the instant,
@@ -72,6 +73,8 @@ class _Host:
         self.writer = shm.TableWriter(self.namespace, counters=self.store)
         #: How long the map thread prepared each table it mapped (ms).
         self.prepared_ms: list[float] = []
+        #: The map thread's last prepared table and plan (a worker's first plan reuses it).
+        self.prepared: tuple[shm.Table, lbcore.Plan] | None = None
         self.reader: shm.TableReader | None = None
         self.counters = self.store.reader()
         eps = endpoint_urls(n)
@@ -93,8 +96,14 @@ class _Host:
 
     def _prepare(self, table: shm.Table) -> None:
         t0 = time.perf_counter_ns()
-        prepare_table(table, self.now_ns)
+        plan = prepare_table(table, self.now_ns)
         self.prepared_ms.append((time.perf_counter_ns() - t0) / 1e6)
+        self.prepared = (table, plan)
+
+    def first_reuse(self, table: shm.Table) -> lbcore.Plan | None:
+        """What a worker's first plan of ``table`` reuses: the plan the map thread prepared."""
+        ready = self.prepared
+        return ready[1] if ready is not None and ready[0] is table else None
 
     def publish(self, load_signal: str) -> shm.Table:
         """A new generation of the same endpoints (new ring set objects), as a worker gets it.
@@ -198,7 +207,10 @@ def _measure(n: int, quick: bool, log: Callable[[str], None]) -> list[dict[str, 
             for kind, h in hosts.items():
                 table = h.publish("occupancy")
                 loads = read_loads(h.counters, table, now0)
-                ms, plan = _timed(lambda t=table, lo=loads: build_plan(t, lo, now0))
+                ready = h.first_reuse(table)
+                ms, plan = _timed(
+                    lambda t=table, lo=loads, r=ready: build_plan(t, lo, now0, reuse=r)
+                )
                 times.setdefault((kind, "first"), []).append(ms)
                 zone_views = max(zone_views, plan.zone_views)
         for kind, h in hosts.items():

@@ -228,14 +228,16 @@ def build_plan(
     )
 
 
-def prepare_table(table: shm.Table, now_ns: int) -> None:
+def prepare_table(table: shm.Table, now_ns: int) -> lbcore.Plan:
     """Compute ahead what ``table``'s plans derive from it alone: its zone views' arcs.
 
     The one part of a zone plan that passes over the whole ring (the views are the
     table's, the same in every plan of it while the zone's share is above 0); kept
-    with the ring (:func:`lbcore.zones.view_arcs`), so the table's first plan finds
-    them. A worker's tables reader calls it in its map thread. Nothing to do for a
-    table whose zone keeps no key local at ``now_ns``.
+    with the ring (:func:`lbcore.zones.view_arcs`). Returns the plan they were computed
+    on (without loads): as :func:`build_plan`'s ``reuse``, the table's first plan takes
+    its zone split's local endpoints and its arcs as a refresh takes its predecessor's.
+    A worker's tables reader calls it in its map thread. Nothing to compute for a table
+    whose zone keeps no key local at ``now_ns``.
 
     Raises
     ------
@@ -245,6 +247,7 @@ def prepare_table(table: shm.Table, now_ns: int) -> None:
     plan = build_plan(table, None, now_ns, balance_factor=None)
     if plan.zone_views:
         plan.view_arcs  # noqa: B018 (computed and kept with the ring)
+    return plan
 
 
 def zone_split(
@@ -401,6 +404,9 @@ class Follower:
         self._bad: tuple[int, int] | None = None  # (generation, recheck time) of a bad read
         #: Why the current generation cannot be routed on (``None``: it can).
         self.problem: str | None = None
+        # The map thread's last prepared table and its plan (prepare_table): the reuse
+        # of that table's first plan. One attribute, replaced whole.
+        self._prepared: tuple[shm.Table, lbcore.Plan] | None = None
 
     def connect(self) -> None:
         """Open the tables reader if there is none yet (missing tables: retried later)."""
@@ -428,7 +434,7 @@ class Follower:
     def _prepare(self, table: shm.Table) -> None:
         """In the reader's map thread: :func:`prepare_table` at this instant."""
         try:
-            prepare_table(table, self._clock())
+            self._prepared = (table, prepare_table(table, self._clock()))
         except Exception as exc:  # (rewritten meanwhile, damage: the first plan says so)
             log.debug("preparing generation %d of %s: %s", table.generation, self.namespace, exc)
 
@@ -565,6 +571,13 @@ class Follower:
                     # The previous plan: of the same table, its zone split's local
                     # endpoints and its bars' base carry over (lbcore.Plan's reuse).
                     prev = s.plan if s is not None else None
+                    ready = self._prepared
+                    if ready is not None and ready[0] is t:
+                        # A new table the map thread prepared: its first plan reuses
+                        # what was prepared, as a refresh reuses its predecessor.
+                        self._prepared = None
+                        if prev is None or prev.ring_set is not t.ring_set:
+                            prev = ready[1]
                     plan = build_plan(t, loads, now, reports=reports, reuse=prev)
                 except lbcore.LBCoreError as exc:
                     if not t.valid():
@@ -599,6 +612,7 @@ class Follower:
         if self.reader is not None:
             self.reader.close()
         self.snapshot = None
+        self._prepared = None
 
 
 _EMPTY: list[shm.Table] = []
