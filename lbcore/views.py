@@ -71,7 +71,7 @@ def view_of_draws(
         rows = zip(thresholds.T[:, :, None], saturated.T[:, :, None], strict=True)
     for j, (t, sat) in enumerate(rows):
         if choice == CHOICE_NRING:
-            # The newest ring first wins: later rings overwrite earlier ones.
+            # The newest ring whose share is above the draw: newer rings overwrite older.
             np.copyto(v, j + 1, where=(m < np.uint64(t)) | (sat != 0))
         else:
             v += (m >= np.uint64(t)) & (sat == 0)
