@@ -299,5 +299,12 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, An
             "`plain`). The reports are a `TableReports` value built in the process "
             "(every pod reporting, past its blackout), handed to `build_plan` as the "
             "router hands it the reports it read from the counters.",
+            "What a zone refresh still adds: B1's bar window (the fade weights at 16 "
+            "instants and one mix of the views' arcs), the zone parts' counts, bars and "
+            "under-the-bar masks, and a kernel object of twice the views. What the "
+            "reports add is `effective_loads`' fold itself, as large on the no-zone "
+            "table (`plain_reports_ratio` in RESULTS.json). A first plan's pass over the "
+            "ring for the zone views' arcs is the map thread's `prepare_table` where "
+            "the worker maps a table in the background, else the routing thread's.",
         ],
     }
