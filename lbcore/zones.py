@@ -453,7 +453,8 @@ def _view_mix(
         local = np.where(is_open, weights * x, 0.0)
         mix[:, :g] -= local
         mix[:, g:] = local
-    total = np.einsum("iv,v->i", mix, arcs.sum(axis=1))
+    # A view's arcs sum to 1 (arc_shares), or to 0 without a candidate.
+    total = np.einsum("iv,v->i", mix, (plan.listed_count > 0).astype(np.float64))
     return np.divide(mix, total[:, None], out=np.zeros_like(mix), where=total[:, None] > 0)
 
 
