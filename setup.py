@@ -16,6 +16,7 @@ SOURCES = [
     "scatter.c",
     "calls.c",
     "guard.c",
+    "arcs.c",
     "module.c",
 ]
 

@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 #: The native module's interface version this Python code drives (``LB_ABI`` in kernel.h).
-ABI = 7
+ABI = 8
 
 #: Why the native kernel is not used where no extension module was built.
 NOT_BUILT = "lbcore._kernel was not built (no working C compiler when installing?)"

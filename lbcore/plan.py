@@ -23,6 +23,7 @@ for inspection and tests).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -212,6 +213,12 @@ class Plan:
         plan's (the same newest ring object, the same endpoints per view), its
         :attr:`view_arcs` are reused, so a zone plan with bounded load does not pass
         over the ring again for its bars. Only that array is kept, not the plan.
+    loads_on_shares
+        Instead of ``loads``: the function that gives them from the plan's
+        :attr:`bar_shares` (``None`` when no view's zone is open), called once while
+        the plan is built. For loads measured against what the plan expects of each
+        endpoint: the pods' reports folded onto those shares
+        (:func:`lbcore.reported.effective_loads`' ``expected``).
 
     Attributes
     ----------
@@ -311,6 +318,7 @@ class Plan:
         max_key_bytes: int | None = MAX_KEY_BYTES,
         zone: ZoneSplit | None = None,
         reuse: Plan | None = None,
+        loads_on_shares: Callable[[np.ndarray | None], Any] | None = None,
     ) -> None:
         if not isinstance(ring_set, RingSet):
             raise ArgumentError(f"a plan routes on a RingSet, got {type(ring_set).__name__}")
@@ -344,7 +352,9 @@ class Plan:
             None if balance_factor is None else check_balance_factor(balance_factor)
         )
         self.max_hops = check_max_hops(max_hops)
-        if self.balance_factor is not None and loads is None:
+        if loads is not None and loads_on_shares is not None:
+            raise ArgumentError("a plan takes loads or loads_on_shares, not both")
+        if self.balance_factor is not None and loads is None and loads_on_shares is None:
             raise ArgumentError("bounded-load routing needs loads (one per endpoint)")
         # The plan's own copy: the kernels' state is computed from it once, here.
         self.loads = None if loads is None else _owned(check_loads(loads, n), loads)
@@ -358,7 +368,7 @@ class Plan:
         self.gate_threshold = (
             unit_threshold(gate.percentage / 100.0) if self.gate_mode == GATE_PARTIAL else None
         )
-        self._build_views(n, reuse)
+        self._build_views(n, reuse, loads_on_shares)
         for name in _FROZEN:
             a = getattr(self, name)
             if a is not None:
@@ -415,7 +425,12 @@ class Plan:
         w.setflags(write=False)
         return w, int(index), int(expected)
 
-    def _build_views(self, n: int, reuse: Plan | None) -> None:
+    def _build_views(
+        self,
+        n: int,
+        reuse: Plan | None,
+        loads_on_shares: Callable[[np.ndarray | None], Any] | None,
+    ) -> None:
         rs, ej = self.ring_set, self.ejected
         self.zone_views, self.zone_share, self.zone_threshold, self.under = 0, 0.0, 0, None
         self.choice, self.fixed_view, self.choice_salt = CHOICE_FIXED, 0, 0
@@ -426,6 +441,8 @@ class Plan:
             self.good = None
             self.listed_count = self.eligible_count = np.zeros(1, dtype=np.int64)
             self.single = np.full(1, -1, dtype=np.int32)
+            if loads_on_shares is not None:
+                self.loads = self._given_loads(loads_on_shares(None), n)
             return
         present = self.newest.present
         cand = None if ej is None else ~ej
@@ -459,14 +476,15 @@ class Plan:
         self.views = listed.shape[0]
         self.listed, self.eligible = listed, eligible
         if not self.zone_views:
+            if loads_on_shares is not None:
+                self.loads = self._given_loads(loads_on_shares(None), n)
             self.listed_count, self.eligible_count, self.single, self.good = view_arrays(
                 listed, eligible, self.loads, self.balance_factor
             )
             return
         self.listed_count, self.eligible_count, self.single = view_counts(listed, eligible)
         self.good = None
-        if self.balance_factor is not None:
-            assert self.loads is not None
+        if self.balance_factor is not None or loads_on_shares is not None:
             if (
                 reuse is not None
                 and reuse.newest is self.newest
@@ -476,6 +494,10 @@ class Plan:
                 and np.array_equal(reuse.listed_count, self.listed_count)
             ):
                 self._arcs = reuse.view_arcs  # the same views of the same ring
+        if loads_on_shares is not None:
+            self.loads = self._given_loads(loads_on_shares(self.bar_shares), n)
+        if self.balance_factor is not None:
+            assert self.loads is not None
             # B1: each endpoint's bar from its expected share under this plan.
             bars = share_bars(
                 self.loads,
@@ -484,6 +506,11 @@ class Plan:
                 self.balance_factor,
             )
             self.good, self.under = zone_good(eligible, self.listed_count, self.loads, bars)
+
+    @staticmethod
+    def _given_loads(loads: Any, n: int) -> np.ndarray:
+        """``loads_on_shares``' answer, checked as ``loads`` are, as the plan's own."""
+        return _owned(check_loads(loads, n), loads)
 
     def _widened(self, listed: np.ndarray, filtered: bool) -> np.ndarray:
         """Views' endpoints the walk may stop at: ``listed`` widened to hosts on its ring.

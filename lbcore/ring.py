@@ -289,6 +289,18 @@ class Ring:
     def __repr__(self) -> str:
         return f"Ring({len(self.endpoints)} endpoints, {self.hashes.size} nodes)"
 
+    def derived(self, name: str) -> dict[Any, Any]:
+        """A dictionary kept with this ring for what is derived from it alone.
+
+        A ring never changes, so neither does what its arrays determine (say each
+        view's arc shares, :func:`lbcore.zones.view_arcs`): the deriving code keeps it
+        here under ``name``, keyed as it likes and bounded by it. Not pickled.
+        """
+        kept = self._memo.get("derived " + name)
+        if kept is None:
+            kept = self._memo.setdefault("derived " + name, {})
+        return kept
+
     def subset(self, members: Any) -> Ring:
         """The ring of only some endpoints, keeping the same endpoint indices.
 

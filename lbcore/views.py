@@ -59,17 +59,22 @@ def view_of_draws(
     """Each key's view (``intp``) from its draw ``m = mix64(h, salt)`` (a choice not fixed).
 
     N-ring: the newest ring whose share is above the draw (``u < s``, in integers);
-    Skipper: the number of candidate levels at or below the draw.
+    Skipper: the number of candidate levels at or below the draw. With 2-D
+    ``thresholds``/``saturated`` (one row per instant) and ``m`` (as many rows), each
+    row of draws is read against its own row of thresholds.
     """
-    v = np.zeros(m.size, dtype=np.intp)
-    for j, (t, sat) in enumerate(zip(thresholds.tolist(), saturated.tolist(), strict=True)):
+    if thresholds.ndim == 1:
+        v = np.zeros(m.size, dtype=np.intp)
+        rows = zip(thresholds.tolist(), saturated.tolist(), strict=True)
+    else:
+        v = np.zeros(m.shape, dtype=np.intp)
+        rows = zip(thresholds.T[:, :, None], saturated.T[:, :, None], strict=True)
+    for j, (t, sat) in enumerate(rows):
         if choice == CHOICE_NRING:
-            if sat:
-                v[:] = j + 1
-            else:
-                v[m < np.uint64(t)] = j + 1
-        elif not sat:
-            v += m >= np.uint64(t)
+            # The newest ring whose share is above the draw: newer rings overwrite older.
+            np.copyto(v, j + 1, where=(m < np.uint64(t)) | (sat != 0))
+        else:
+            v += (m >= np.uint64(t)) & (sat == 0)
     return v
 
 

@@ -56,13 +56,14 @@ import numpy as np
 
 from lbcore.draws import below, mix64
 from lbcore.errors import ArgumentError
-from lbcore.kernel import hash_keys
+from lbcore.kernel import hash_keys, native
 from lbcore.views import CHOICE_FIXED, CHOICE_NRING, draw_thresholds, view_of_draws
 
 __all__ = [
     "ZONE_SALT",
     "ZoneSplit",
     "arc_shares",
+    "arc_sums",
     "expected_shares",
     "local_keys",
     "local_mask",
@@ -367,21 +368,54 @@ def arc_shares(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     numpy.ndarray
         ``float64`` per endpoint (``eligible``'s length), summing to 1 (all 0 when no
         node is eligible).
+
+    Raises
+    ------
+    lbcore.TableDataError
+        On the native kernel: a ring node's owner is not an endpoint (damaged arrays).
     """
+    return _normalized(arc_sums(ring, np.asarray(eligible, dtype=np.bool_)[None, :])[0])
+
+
+def arc_sums(ring: ViewedRing, rows: np.ndarray) -> np.ndarray:
+    """Per row of ``rows`` (``bool`` ``(views, endpoints)``), each endpoint's arcs in 2**-64 units.
+
+    What :func:`arc_shares` normalizes, for several views in one pass over the ring on
+    the native kernel (the NumPy reference, :func:`_arc_sums`, passes once per view; the
+    sums are the same to the bit). ``float64`` ``(views, endpoints)``.
+    """
+    k = native()
+    if k is not None and rows.size:
+        # Endpoint-major: a node's cells of every view are next to each other.
+        member = np.ascontiguousarray(rows.T, dtype=np.bool_)
+        sums = np.zeros(member.shape)
+        k.arc_sums(np.asarray(ring.hashes), np.asarray(ring.owners), member, sums)
+        return np.ascontiguousarray(sums.T)
+    out = np.zeros(rows.shape)
+    for v, row in enumerate(rows):
+        out[v] = _arc_sums(ring, row)
+    return out
+
+
+def _arc_sums(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     n = eligible.size
     owners = np.asarray(ring.owners)
     marked = np.flatnonzero(eligible[owners])
     if not marked.size:
         return np.zeros(n)
-    h = np.asarray(ring.hashes)
+    ends = np.asarray(ring.hashes)[marked]
     # Arc of eligible node i: from the previous eligible node (exclusive) to it, in
-    # uint64 arithmetic that wraps exactly once around the ring.
-    ends = h[marked]
-    arcs = (ends - np.roll(ends, 1)).astype(np.float64)
-    if marked.size == 1:
-        arcs[:] = 2.0**64
-    out = np.bincount(owners[marked], weights=arcs, minlength=n)[:n]
-    return out / out.sum()
+    # uint64 arithmetic that wraps exactly once around the ring (the first node's
+    # previous one is the last).
+    arcs = np.empty(ends.size)
+    arcs[1:] = np.diff(ends)
+    arcs[0] = float((int(ends[0]) - int(ends[-1])) % (1 << 64)) if ends.size > 1 else 2.0**64
+    return np.bincount(owners[marked], weights=arcs, minlength=n)[:n]
+
+
+def _normalized(sums: np.ndarray) -> np.ndarray:
+    total = sums.sum()
+    return sums / total if total > 0 else sums
 
 
 def view_weights(plan: PlanLike) -> np.ndarray:
@@ -390,22 +424,38 @@ def view_weights(plan: PlanLike) -> np.ndarray:
     The draw is uniform over 64-bit integers and the choice is a step function of it
     with steps at the plan's thresholds, so each step's width is its weight exactly.
     """
-    w = np.zeros(plan.views - plan.zone_views if plan.zone_views else plan.views)
+    g = plan.views - plan.zone_views if plan.zone_views else plan.views
     if plan.choice == CHOICE_FIXED:
+        w = np.zeros(g)
         w[plan.fixed_view] = 1.0
         return w
-    return _step_weights(w, plan.choice, plan.fade_thresholds, plan.fade_saturated)
+    return _step_weights(g, plan.choice, plan.fade_thresholds, plan.fade_saturated)[0]
 
 
 def _step_weights(
-    w: np.ndarray, choice: int, thresholds: np.ndarray, saturated: np.ndarray
+    views: int, choice: int, thresholds: np.ndarray, saturated: np.ndarray
 ) -> np.ndarray:
-    ts = thresholds[saturated == 0]
-    edges = np.unique(np.concatenate((np.zeros(1, np.uint64), ts)))
-    views = view_of_draws(choice, thresholds, saturated, edges)
-    widths = np.diff(np.append(edges.astype(np.float64), 2.0**64))
-    np.add.at(w, views, widths)
-    return w / w.sum()
+    """Per row of ``thresholds`` (one row: 1-D), each of ``views`` views' weight.
+
+    The draws between two consecutive thresholds pick one view
+    (:func:`lbcore.views.view_of_draws` at the lower one): its weight is the width.
+    ``float64`` ``(rows, views)``.
+    """
+    ts, sat = np.atleast_2d(thresholds), np.atleast_2d(saturated)
+    rows, k = ts.shape
+    # A saturated threshold is no step: put it at 0, where it adds a step of width 0.
+    edges = np.zeros((rows, k + 1), np.uint64)
+    edges[:, 1:] = np.where(sat, 0, ts)
+    edges.sort(axis=1)
+    picked = view_of_draws(choice, ts, sat, edges)
+    ends = np.empty((rows, k + 2))
+    ends[:, :-1] = edges
+    ends[:, -1] = 2.0**64
+    widths = ends[:, 1:] - ends[:, :-1]
+    # Each row's steps into its own views: one bincount over (row, view) cells.
+    cells = (picked + np.arange(rows)[:, None] * views).ravel()
+    w = np.bincount(cells, weights=widths.ravel(), minlength=rows * views).reshape(rows, views)
+    return w / w.sum(axis=1, keepdims=True)
 
 
 def window_instants(now_ns: int, window_ns: int) -> list[int]:
@@ -430,41 +480,89 @@ def window_shares(plan: PlanLike, split: ZoneSplit, arcs: np.ndarray | None = No
         return expected_shares(plan, arcs)
     if arcs is None:
         arcs = view_arcs(plan)
-    nring = plan.choice == CHOICE_NRING
-    weights = view_weights(plan)
-    total = np.zeros(plan.eligible.shape[1])
-    instants = window_instants(plan.now_ns, split.bar_window_ns)
-    for t, x in zip(instants, split.bar_shares, strict=True):
-        if nring:
-            thresholds, saturated = draw_thresholds(plan.ring_set.share_list(t))
-            weights = _step_weights(np.zeros(weights.size), CHOICE_NRING, thresholds, saturated)
-        total += expected_shares(plan, arcs, x, weights)
-    return total / WINDOW_SAMPLES
+    if plan.newest is None or not arcs.shape[1]:
+        return np.zeros(arcs.shape[1])
+    if plan.choice == CHOICE_NRING:
+        rs = plan.ring_set
+        at = window_instants(plan.now_ns, split.bar_window_ns)
+        thresholds, saturated = draw_thresholds([s for t in at for s in rs.share_list(t)])
+        rows = (len(at), -1)
+        g = plan.views - plan.zone_views if plan.zone_views else plan.views
+        weights = _step_weights(g, CHOICE_NRING, thresholds.reshape(rows), saturated.reshape(rows))
+    else:
+        weights = view_weights(plan)[None, :]
+    # The mean of the instants' shares is one mix of the views' arcs: its coefficients'
+    # mean over the instants.
+    mix = _view_mix(plan, weights, np.array(split.bar_shares), arcs)
+    return _mixed(mix.mean(axis=0), arcs)
 
 
-def _answered(plan: PlanLike, v: int) -> np.ndarray:
-    """A view's share of the hash space per endpoint (its own rule for 0 or 1 candidates)."""
-    n = plan.eligible.shape[1]
-    count = int(plan.listed_count[v])
-    if count == 0:
-        return np.zeros(n)
-    if count == 1:
-        one = np.zeros(n)
-        one[int(plan.single[v])] = 1.0
-        return one
-    return arc_shares(plan.newest, plan.eligible[v])
+def _view_mix(
+    plan: PlanLike, weights: np.ndarray, shares: np.ndarray, arcs: np.ndarray
+) -> np.ndarray:
+    """Per instant, the coefficient of each view's arcs in the expected shares then.
+
+    ``weights``: the global views' weights per instant ``(instants, global views)``
+    (one row: every instant); ``shares``: the local share per instant. A view's zone
+    part takes the local keys where it is open; the mix is normalized to sum to 1
+    (keys a view sends to fallback carry none). ``float64`` ``(instants, views)``.
+    """
+    g = plan.views - plan.zone_views if plan.zone_views else plan.views
+    rows = max(weights.shape[0], shares.size)
+    mix = np.zeros((rows, plan.views))
+    mix[:, :g] = weights
+    if plan.zone_views:
+        x = shares.reshape(-1, 1)
+        is_open = plan.listed_count[plan.zone_views :] > 0
+        local = np.where(is_open, weights * x, 0.0)
+        mix[:, :g] -= local
+        mix[:, g:] = local
+    # A view's arcs sum to 1 (arc_shares), or to 0 without a candidate.
+    total = np.einsum("iv,v->i", mix, (plan.listed_count > 0).astype(np.float64))
+    return np.divide(mix, total[:, None], out=np.zeros_like(mix), where=total[:, None] > 0)
+
+
+#: Views whose arcs a ring keeps (a plan has up to twice its rings' count; the oldest go).
+_KEPT_ARCS = 16
 
 
 def view_arcs(plan: PlanLike) -> np.ndarray:
     """Each view's share of the hash space per endpoint: ``float64`` ``(views, endpoints)``.
 
     What :func:`expected_shares` weighs; it depends on the ring and the views' endpoints
-    only, not on time or loads (:class:`lbcore.Plan`'s ``reuse`` keeps it across plans).
+    only, not on time or loads (:class:`lbcore.Plan`'s ``reuse`` keeps it across plans,
+    and the ring keeps each view's). A view of one candidate sends it every key, one
+    of none no key.
     """
     n = plan.eligible.shape[1]
+    out = np.zeros((plan.views, n))
     if plan.newest is None or not n:
-        return np.zeros((plan.views, n))
-    return np.array([_answered(plan, v) for v in range(plan.views)]).reshape(plan.views, n)
+        return out
+    # A ring never changes: the arcs of a set of its endpoints are kept with it (each
+    # new load snapshot's plan, the status page, ``cslb route --live`` ask again).
+    kept = plan.newest.derived("zone arcs")
+    todo: dict[bytes, list[int]] = {}
+    for v in range(plan.views):
+        count = int(plan.listed_count[v])
+        if count == 1:
+            out[v, int(plan.single[v])] = 1.0
+        elif count > 1:
+            key = plan.eligible[v].tobytes()
+            got = kept.get(key)
+            if got is None:
+                todo.setdefault(key, []).append(v)
+            else:
+                out[v] = got
+    if todo:
+        first = [vs[0] for vs in todo.values()]
+        for key, sums in zip(todo, arc_sums(plan.newest, plan.eligible[first]), strict=True):
+            got = _normalized(sums)
+            got.setflags(write=False)
+            while len(kept) >= _KEPT_ARCS:
+                kept.pop(next(iter(kept)))
+            kept[key] = got
+            out[todo[key]] = got
+    return out
 
 
 def expected_shares(
@@ -490,15 +588,11 @@ def expected_shares(
     if arcs is None:
         arcs = view_arcs(plan)
     x = (plan.zone_share if share is None else float(share)) if plan.zone_views else 0.0
-    total = np.zeros(n)
     if weights is None:
         weights = view_weights(plan)
-    for v, weight in enumerate(weights.tolist()):
-        if weight <= 0.0:
-            continue
-        here = arcs[v]
-        if x > 0.0 and int(plan.listed_count[plan.zone_views + v]) > 0:
-            here = (1.0 - x) * here + x * arcs[plan.zone_views + v]
-        total += weight * here
-    s = total.sum()
-    return total / s if s > 0 else total
+    return _mixed(_view_mix(plan, np.asarray(weights)[None, :], np.array([x]), arcs)[0], arcs)
+
+
+def _mixed(coefficients: np.ndarray, arcs: np.ndarray) -> np.ndarray:
+    # einsum's own loops, not BLAS: a worker's plan builds start no BLAS thread pool.
+    return np.einsum("v,vn->n", coefficients, arcs)

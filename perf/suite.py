@@ -23,7 +23,10 @@ Parts (all by default; ``--only`` picks some, comma-separated):
   reports per answer, in-process and on the wire (CurlSender, with and without report
   headers, ``CSLB_LOAD_REPORTS`` off and on);
 * ``lbcore`` — :mod:`perf.bench_lbcore`: lbcore's one-off calls (``Ring.lookup``,
-  ``Ring.lookup_bounded``, ``route_ring_set``) per key next to the pure-Python loop.
+  ``Ring.lookup_bounded``, ``route_ring_set``) per key next to the pure-Python loop;
+* ``zones`` — :mod:`perf.bench_zones`: a worker's plans with zone affinity on (first
+  plan of a table, refreshes with and without B1's bar window, with the pods' reports)
+  next to the same table's plans with it off.
 
 The page, its charts (PNG) and ``RESULTS.json`` go to ``out_dir`` (``--out``) (default: the ``perf``
 directory of this checkout). A run of some parts keeps the other parts' figures from
@@ -53,6 +56,7 @@ MODULES = {
     "serving": "perf.bench_serving",
     "reports": "perf.bench_reports",
     "lbcore": "perf.bench_lbcore",
+    "zones": "perf.bench_zones",
 }
 DEFAULT_OUT = Path(__file__).resolve().parent
 

@@ -20,7 +20,7 @@
 #endif
 
 /* The interface version lbcore.kernel expects (bump on any change of the Python API). */
-#define LB_ABI 7
+#define LB_ABI 8
 
 /* C11 memory-model operations through the compiler's __atomic builtins (the same
  * semantics as <stdatomic.h>, available in C99 mode). */
@@ -127,6 +127,9 @@ int lb_raise_fault(const char *what);
 PyObject *lb_words_are(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 /* Whether *a == x (an acquire load under lb_guarded): 1, 0 or LB_FAULTED. */
 int lb_word_is(const uint64_t *a, uint64_t x);
+
+/* ---- arcs.c: each view's arcs of a ring (B1's expected shares) --------------------- */
+PyObject *lb_arc_sums(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 
 /* ---- calls.c ---------------------------------------------------------------------- */
 PyObject *lb_add_calls(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);

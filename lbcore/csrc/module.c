@@ -174,6 +174,9 @@ static PyMethodDef methods[] = {
      "read faulted (shared memory shrunk under it)"},
     {"mapped_intact", (PyCFunction)(void (*)(void))k_mapped_intact, METH_FASTCALL,
      "mapped_intact(a, b=None) -> bool: the objects behind mappings .fd still back .size bytes"},
+    {"arc_sums", (PyCFunction)(void (*)(void))lb_arc_sums, METH_FASTCALL,
+     "arc_sums(hashes, owners, member, out): out[e, v] += each arc of endpoint e in view v "
+     "(member: bool, out: float64, both (endpoints, views))"},
     {"floor", k_floor, METH_VARARGS, "floor(keys, width, buckets, shift) -> int (benchmarks)"},
     {NULL, NULL, 0, NULL},
 };

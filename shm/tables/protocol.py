@@ -6,6 +6,7 @@ The order of loads, and why it is enough, is in ``docs/shared-memory.md``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from lbcore.fence import fence
 from shm.errors import (
@@ -244,14 +245,24 @@ class TablesView:
         self.host_keys = keys  # parsed by the last decode: the next one reuses them
 
 
-def read_ahead(view: TablesView, timeout_s: float) -> tuple[int, Table]:
+def read_ahead(
+    view: TablesView, timeout_s: float, prepare: Callable[[Table], None] | None = None
+) -> tuple[int, Table]:
     """A background map: the current table, decoded off the routing thread.
 
     Decoding includes what routing on the table needs first, such as the endpoints'
     host identities (:attr:`lbcore.Ring.host_ids`, compared by routing with ejected
     endpoints or Skipper's fade-in): the first batch on the table does not pay for them.
+    ``prepare(table)`` then computes what the reader's user derives from a table before
+    its first batch (the zone views' arcs a worker's first plan weighs); an error of
+    its is dropped: the table's first use computes the same and meets it there.
     """
     cur, t = view.read(None, timeout_s)
+    if prepare is not None:
+        try:
+            prepare(t)
+        except Exception:  # an optimisation: the first use reports what went wrong
+            pass
     return cur, t
 
 

@@ -90,6 +90,11 @@ class TableReader:
         looks for a new generation every this many seconds and maps it ahead, so an
         idle worker's next call finds it mapped (it would otherwise map it then, or
         wait for it if the writer had published twice meanwhile).
+    prepare
+        With ``background``: called by the background thread with each table it maps,
+        before :meth:`table` hands it over (what the caller derives from a new table
+        before its first use, computed off the caller's path); its errors are dropped
+        (the caller's first use meets them).
 
     Raises
     ------
@@ -113,6 +118,7 @@ class TableReader:
         background: bool = False,
         foreground_bytes: int = 0,
         prefetch_s: float = 0.05,
+        prepare: Callable[[Table], None] | None = None,
     ) -> None:
         if isinstance(foreground_bytes, bool) or not isinstance(foreground_bytes, int):
             raise TypeError(f"foreground_bytes must be an int >= 0, got {foreground_bytes!r}")
@@ -123,6 +129,7 @@ class TableReader:
         self.recheck_s = recheck_s
         self.background = bool(background)
         self.foreground_bytes = foreground_bytes
+        self._prepare = prepare
         self.reattached = 0
         #: Generations mapped by the background thread (``background=True``).
         self.mapped_in_background = 0
@@ -317,9 +324,10 @@ class TableReader:
             self.foreground_bytes
         ):
             return None  # small: mapped at once by the caller
-        view, timeout_s = self._view, self.timeout_s
+        view, timeout_s, prepare = self._view, self.timeout_s, self._prepare
         assert self._worker is not None
-        self._bg = (self._worker.submit(lambda: read_ahead(view, timeout_s)), os.getpid())
+        job = self._worker.submit(lambda: read_ahead(view, timeout_s, prepare))
+        self._bg = (job, os.getpid())
         return t
 
     def _prefetch(self) -> None:
@@ -350,9 +358,10 @@ class TableReader:
                 self._follow_replacement()  # a stat; a replaced segment resets the state
                 if self._state[2] is None:
                     return  # the next table() call maps the new writer's first table
-            view, timeout_s = self._view, self.timeout_s
+            view, timeout_s, prepare = self._view, self.timeout_s, self._prepare
             assert self._worker is not None
-            self._bg = (self._worker.submit(lambda: read_ahead(view, timeout_s)), os.getpid())
+            job = self._worker.submit(lambda: read_ahead(view, timeout_s, prepare))
+            self._bg = (job, os.getpid())
         finally:
             self._lock.release()
 

@@ -43,6 +43,7 @@ __all__ = [
     "bounded_bar",
     "build_plan",
     "empty_table",
+    "prepare_table",
     "read_loads",
     "read_reports",
     "reset_counter_warnings",
@@ -57,9 +58,10 @@ RETRY_S = 1.0
 # switches buffers (microseconds); a buffer that never settles is damage, and a worker
 # must not stall its request on it (shm remembers the verdict after the first wait).
 _READ_TIMEOUT_S = 0.05
-# Tables up to this size are mapped by the batch that first sees them (mapping costs
-# well under a millisecond there); larger ones by the reader's background thread.
-_INLINE_MAP_BYTES = 2 << 20
+#: Tables up to this payload (bytes) are mapped by the batch that first sees them
+#: (mapping costs well under a millisecond there); larger ones by the reader's
+#: background thread, which also prepares them (:func:`prepare_table`).
+INLINE_MAP_BYTES = 2 << 20
 _CHECK_NS = 1_000_000_000  # pace of rechecking a generation that could not be read
 
 
@@ -196,32 +198,56 @@ def build_plan(
         # load's occupancy part) is averaged over the counters' window, in-flight is now.
         window_ns = 0 if sig == "in-flight" else min(max(int(loads.window_ns), 0), MAX_WINDOW)
     zone = zone_split(table, now_ns, reuse, window_ns=window_ns)
+    folded = None
     if bf is not None:
         assert loads is not None
         # In routed-call units: bounded load's 1.0 becomes what a call adds to the
         # signal (for occupancy its latency's share of the window, not one busy second
         # per second); in-flight and effective loads pass through unchanged.
         raw, inc = loads.signal(k.load_signal), loads.bar_increment(k.load_signal)
-        if reports is not None:
-            expected = None
-            if zone is not None:
-                # reports go onto the shares the bars are drawn from (the views alone
-                # set them: a plan without loads, whose arcs the plan below reuses)
-                reuse = lbcore.Plan(table.ring_set, now_ns, zone=zone, reuse=reuse, **kw)
-                expected = reuse.bar_shares if reuse.zone_views else None
-            raw = effective_loads(
-                raw, reports.state, now_ns, reports.settings, inc, expected=expected
-            ).loads
-        load = in_call_units(raw, inc)
+        if reports is None:
+            load = in_call_units(raw, inc)
+        else:
+            state, settings = reports.state, reports.settings
+
+            def folded(expected: np.ndarray | None) -> np.ndarray:
+                # Reports go onto the shares the bars are drawn from (None: no zone
+                # part is open, the plan's bars are Skipper's).
+                got = effective_loads(raw, state, now_ns, settings, inc, expected=expected)
+                return in_call_units(got.loads, inc)
+
     return lbcore.Plan(
         table.ring_set,
         now_ns,
         loads=load,
+        loads_on_shares=folded,
         balance_factor=bf,
         zone=zone,
         reuse=reuse,
         **kw,
     )
+
+
+def prepare_table(table: shm.Table, now_ns: int) -> lbcore.Plan:
+    """Compute ahead what ``table``'s plans derive from it alone: its zone views' arcs.
+
+    The one part of a zone plan that passes over the whole ring (the views are the
+    table's, the same in every plan of it while the zone's share is above 0); kept
+    with the ring (:func:`lbcore.zones.view_arcs`). Returns the plan they were computed
+    on (without loads): as :func:`build_plan`'s ``reuse``, the table's first plan takes
+    its zone split's local endpoints and its arcs as a refresh takes its predecessor's.
+    A worker's tables reader calls it in its map thread. Nothing to compute for a table
+    whose zone keeps no key local at ``now_ns``.
+
+    Raises
+    ------
+    lbcore.LBCoreError
+        As :func:`build_plan` (a table rewritten meanwhile, damage).
+    """
+    plan = build_plan(table, None, now_ns, balance_factor=None)
+    if plan.zone_views:
+        plan.view_arcs  # noqa: B018 (computed and kept with the ring)
+    return plan
 
 
 def zone_split(
@@ -380,6 +406,9 @@ class Follower:
         self._bad: tuple[int, int] | None = None  # (generation, recheck time) of a bad read
         #: Why the current generation cannot be routed on (``None``: it can).
         self.problem: str | None = None
+        # The map thread's last prepared table and its plan (prepare_table): the reuse
+        # of that table's first plan. One attribute, replaced whole.
+        self._prepared: tuple[shm.Table, lbcore.Plan] | None = None
 
     def connect(self) -> None:
         """Open the tables reader if there is none yet (missing tables: retried later)."""
@@ -390,7 +419,8 @@ class Follower:
                 self.namespace,
                 timeout_s=_READ_TIMEOUT_S,
                 background=self._background is not False,
-                foreground_bytes=_INLINE_MAP_BYTES if self._background is None else 0,
+                foreground_bytes=INLINE_MAP_BYTES if self._background is None else 0,
+                prepare=self._prepare,
             )
         except shm.SegmentMissingError as exc:
             log.debug("tables of %s not readable yet: %s", self.namespace, exc)
@@ -402,6 +432,13 @@ class Follower:
                 _CHECK_NS / 1e9,
                 exc,
             )
+
+    def _prepare(self, table: shm.Table) -> None:
+        """In the reader's map thread: :func:`prepare_table` at this instant."""
+        try:
+            self._prepared = (table, prepare_table(table, self._clock()))
+        except Exception as exc:  # (rewritten meanwhile, damage: the first plan says so)
+            log.debug("preparing generation %d of %s: %s", table.generation, self.namespace, exc)
 
     def use_counters(self, counters: shm.CounterReader | None) -> None:
         """Read loads from ``counters`` from now on; the next batch reads them afresh."""
@@ -536,6 +573,13 @@ class Follower:
                     # The previous plan: of the same table, its zone split's local
                     # endpoints and its bars' base carry over (lbcore.Plan's reuse).
                     prev = s.plan if s is not None else None
+                    ready = self._prepared
+                    if ready is not None and ready[0] is t:
+                        # A new table the map thread prepared: its first plan reuses
+                        # what was prepared, as a refresh reuses its predecessor.
+                        self._prepared = None
+                        if prev is None or prev.ring_set is not t.ring_set:
+                            prev = ready[1]
                     plan = build_plan(t, loads, now, reports=reports, reuse=prev)
                 except lbcore.LBCoreError as exc:
                     if not t.valid():
@@ -570,6 +614,7 @@ class Follower:
         if self.reader is not None:
             self.reader.close()
         self.snapshot = None
+        self._prepared = None
 
 
 _EMPTY: list[shm.Table] = []
