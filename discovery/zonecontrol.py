@@ -42,6 +42,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from lbcore.zone_settings import ZoneSettings
 from shm.tables.zone import ZoneCurve
 
@@ -53,6 +55,7 @@ __all__ = [
     "ZoneController",
     "ZoneSignals",
     "affinity_cap",
+    "latency_reading",
 ]
 
 #: Below this share of healthy (not ejected) local pods, x drops to the probe floor.
@@ -63,6 +66,47 @@ HEALTHY_RECOVER = 0.75
 RECOVER_MARGIN_SHARE = 0.5
 #: Completed calls (in the counters' window) each side needs for a latency reading.
 MIN_CALLS = 20.0
+
+
+def latency_reading(
+    completed: np.ndarray, mean_s: np.ndarray, local: np.ndarray
+) -> tuple[float, float, float, float]:
+    """Local and remote latency from per-pod counters, weighting each pod once.
+
+    A side's latency is the mean over its pods with a completed call of each pod's
+    mean latency, not the mean over calls: a few hot keys, always cache hits at their
+    one owner, can be most of a small side's calls (the remote side at full affinity,
+    or at a ramp's end) and would make that side look fast with nothing wrong. Weighted
+    by pod, that owner counts once. A fault in the caller's zone slows every local pod,
+    so it still shows.
+
+    Parameters
+    ----------
+    completed
+        Calls completed per pod in the counters' window.
+    mean_s
+        Mean call latency per pod over that window, in seconds (read only where
+        ``completed`` > 0).
+    local
+        Per pod, whether it is in the caller's zone.
+
+    Returns
+    -------
+    tuple of float
+        Local and remote latency in seconds (NaN: no pod with a call on that side),
+        and the calls behind each (for :data:`MIN_CALLS`).
+    """
+    n = np.asarray(completed, dtype=np.float64)
+    m = np.asarray(mean_s, dtype=np.float64)
+    is_local = np.asarray(local, dtype=np.bool_)
+    # a NaN or negative count or mean is a broken counter, not a pod with calls
+    seen = np.isfinite(n) & (n > 0) & np.isfinite(m) & (m >= 0)
+    out: list[float] = []
+    for side in (is_local, ~is_local):
+        pods = side & seen
+        out.append(float(m[pods].mean()) if pods.any() else math.nan)
+    out += [float(n[is_local & seen].sum()), float(n[~is_local & seen].sum())]
+    return out[0], out[1], out[2], out[3]
 
 
 def affinity_cap(capacity_cap: float, probe_floor: float) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 
 from discovery.callers import CallerView
 from discovery.events import EventLog
-from discovery.zonecontrol import ZoneController, ZoneSignals, affinity_cap
+from discovery.zonecontrol import ZoneController, ZoneSignals, affinity_cap, latency_reading
 from lbcore.zone_settings import ZoneSettings
 from lbcore.zones import zone_cap
 from shm.tables.zone import ZoneCurve
@@ -111,27 +111,18 @@ class ZoneLoop:
 
         ``read(endpoints)`` gives completed calls and mean latency (seconds) per
         endpoint over the counters' window, or ``None`` (no counters: no reading).
-        Local is the mean over calls to the caller zone's endpoints, remote over the
-        others'.
+        Local is the mean over the caller zone's endpoints of each one's mean latency,
+        remote over the others' (:func:`discovery.zonecontrol.latency_reading`: each
+        pod weighs once, however many calls its hot keys draw).
         """
         zone = self.zone()
         got = read(tuple(endpoints)) if endpoints and zone else None
         if got is None:
             self._latency = (math.nan, math.nan, 0.0, 0.0)
             return
-        completed, mean_s = (np.asarray(a, dtype=np.float64) for a in got)
+        completed, mean_s = got
         local = np.array([z == zone for z in zones], dtype=np.bool_)
-        ok = completed > 0
-
-        def side(mask: np.ndarray) -> tuple[float, float]:
-            m = mask & ok
-            calls = float(completed[m].sum())
-            if calls <= 0:
-                return math.nan, 0.0
-            return float((completed[m] * mean_s[m]).sum() / calls), calls
-
-        (lo, lo_n), (re, re_n) = side(local), side(~local)
-        self._latency = (lo, re, lo_n, re_n)
+        self._latency = latency_reading(completed, mean_s, local)
 
     def tick(
         self,
