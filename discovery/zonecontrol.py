@@ -35,6 +35,13 @@ rather than jumping. A signal that oscillates around the margin therefore drops 
 and keeps it at the floor; it cannot flap. A latency reading needs enough calls on both
 sides (:data:`MIN_CALLS`); without one the latency neither drops x nor counts toward a
 recovery, and a recovery run in progress is neither broken nor advanced by it.
+
+The latency signal (:func:`latency_reading`) weighs each pod once: a side's latency is
+the mean over its pods of each pod's mean call latency, not the mean over its calls. The
+two sides carry different keys, and a few hot keys, cache hits at their one owner, can be
+most of the small side's calls (the remote side at a ramp's end, when the zone's draw
+leaves some of them global): by call that side looks fast with nothing wrong and the zone
+drops. A fault in the zone slows every local pod, which the mean over pods still shows.
 """
 
 from __future__ import annotations
@@ -142,8 +149,9 @@ class ZoneSignals:
     cap
         The zone's capacity cap (``lbcore.zones.zone_cap``), 0-1.
     local_latency_s, remote_latency_s
-        Mean call latency in seconds to local and to remote pods over the counters'
-        window (NaN: unknown).
+        Local and remote latency in seconds over the counters' window: the mean over
+        each side's pods of their mean call latency (:func:`latency_reading`; NaN:
+        unknown).
     local_calls, remote_calls
         Calls completed in that window to local and to remote pods.
     """

@@ -4,8 +4,9 @@
 sources say about the callers (:class:`discovery.callers.CallerView` per source), the
 last latency reading, and the :class:`discovery.zonecontrol.ZoneController`; the loop
 asks it for the curve to publish with every table (:meth:`ZoneLoop.curve`) and, every
-tick, after a latency reading (:meth:`ZoneLoop.read_latency`), whether the curve changed,
-publishing only then.
+tick, after a latency reading (:meth:`ZoneLoop.read_latency`: per side, the mean of its
+pods' mean latencies, :func:`discovery.zonecontrol.latency_reading`), whether the curve
+changed, publishing only then.
 Every transition is one ``zone_transition`` log line; the curve, state and reason travel
 in the table (:class:`shm.tables.zone.ZoneCurve`), where the workers' metrics read them.
 
@@ -101,7 +102,7 @@ class ZoneLoop:
 
     @property
     def latency(self) -> tuple[float, float, float, float]:
-        """The last reading: local and remote mean latency (s; NaN: none), and their calls."""
+        """The last reading: local and remote latency (s, per pod; NaN: none), and their calls."""
         return self._latency
 
     def read_latency(

@@ -4,9 +4,11 @@
 ``x`` from local and remote call latency. Here it runs inside the zones simulation
 (:func:`perf.sim.zones.run`) at the default settings (:mod:`lbcore.zone_settings`,
 affinity on): one controller per caller zone, as each host's discovery runs its own,
-stepped every ``step_s`` with the mean latency of its zone's calls to local and to
-remote pods over the counters' window (``window_s``), the way
-:meth:`discovery.zoneloop.ZoneLoop.read_latency` reads them. Every tick each zone
+stepped every ``step_s`` with its zone's calls and their mean latency per pod over the
+counters' window (``window_s``), turned into a reading by discovery's own rule
+(:func:`discovery.zonecontrol.latency_reading`, as
+:meth:`discovery.zoneloop.ZoneLoop.read_latency` does: each side the mean of its pods'
+means). Every tick each zone
 routes with cslb's key split at the share its controller's curve gives for that
 instant, as a worker's plan does.
 
@@ -64,7 +66,7 @@ class Transition:
     x
         The share at that instant.
     local_ms, remote_ms
-        The latency reading it decided on (mean per call, ms; NaN: none).
+        The latency reading it decided on (mean of the pods' means, ms; NaN: none).
     local_calls, remote_calls
         Calls behind the reading (in the window).
     """
