@@ -109,6 +109,18 @@ def test_without_a_fault_no_zone_drops_not_even_at_a_ramps_end_with_hot_keys_rem
     assert np.nanmax(s["excess"][ramp_end]) < ZoneSettings().latency_margin / 2
 
 
+def test_on_an_uneven_fleet_only_the_faulty_zone_drops():
+    # 3/4/5 pods and even callers: z-a's cap is 0.75, so a quarter of its keys stay
+    # remote at full, hot ones among them. Weighted by call, every zone dropped with
+    # nothing wrong (7 floors in 200 s on seed 1, z-a already at the floor when its
+    # fault came); weighted by pod only z-a drops, once, on its fault.
+    study = controller_study(replace(EVEN, pods=(3, 4, 5), seconds=200.0), slow=AT_FULL)
+    assert study["floors"] == {"z-a": 1, "z-b": 0, "z-c": 0}
+    (drop,) = [t for t in _of(study, "z-a") if t["state"] == "floor"]
+    assert 60.0 < drop["t_s"] < 65.0 and drop["reason"] == "latency"
+    assert _states(study, "z-a")[-1] == ("full", "ramp_done")
+
+
 def test_the_cli_prints_every_case(capsys):
     assert main(["--scenario", "zone-controller", "--seconds", "20", "--no-progress"]) == 0
     out = capsys.readouterr().out
