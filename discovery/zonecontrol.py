@@ -35,12 +35,21 @@ rather than jumping. A signal that oscillates around the margin therefore drops 
 and keeps it at the floor; it cannot flap. A latency reading needs enough calls on both
 sides (:data:`MIN_CALLS`); without one the latency neither drops x nor counts toward a
 recovery, and a recovery run in progress is neither broken nor advanced by it.
+
+The latency signal (:func:`latency_reading`) weighs each pod once: a side's latency is
+the mean over its pods of each pod's mean call latency, not the mean over its calls. The
+two sides carry different keys, and a few hot keys, cache hits at their one owner, can be
+most of the small side's calls (the remote side at a ramp's end, when the zone's draw
+leaves some of them global): by call that side looks fast with nothing wrong and the zone
+drops. A fault in the zone slows every local pod, which the mean over pods still shows.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from lbcore.zone_settings import ZoneSettings
 from shm.tables.zone import ZoneCurve
@@ -53,6 +62,7 @@ __all__ = [
     "ZoneController",
     "ZoneSignals",
     "affinity_cap",
+    "latency_reading",
 ]
 
 #: Below this share of healthy (not ejected) local pods, x drops to the probe floor.
@@ -63,6 +73,47 @@ HEALTHY_RECOVER = 0.75
 RECOVER_MARGIN_SHARE = 0.5
 #: Completed calls (in the counters' window) each side needs for a latency reading.
 MIN_CALLS = 20.0
+
+
+def latency_reading(
+    completed: np.ndarray, mean_s: np.ndarray, local: np.ndarray
+) -> tuple[float, float, float, float]:
+    """Local and remote latency from per-pod counters, weighting each pod once.
+
+    A side's latency is the mean over its pods with a completed call of each pod's
+    mean latency, not the mean over calls: a few hot keys, always cache hits at their
+    one owner, can be most of a small side's calls (the remote side at full affinity,
+    or at a ramp's end) and would make that side look fast with nothing wrong. Weighted
+    by pod, that owner counts once. A fault in the caller's zone slows every local pod,
+    so it still shows.
+
+    Parameters
+    ----------
+    completed
+        Calls completed per pod in the counters' window.
+    mean_s
+        Mean call latency per pod over that window, in seconds (read only where
+        ``completed`` > 0).
+    local
+        Per pod, whether it is in the caller's zone.
+
+    Returns
+    -------
+    tuple of float
+        Local and remote latency in seconds (NaN: no pod with a call on that side),
+        and the calls behind each (for :data:`MIN_CALLS`).
+    """
+    n = np.asarray(completed, dtype=np.float64)
+    m = np.asarray(mean_s, dtype=np.float64)
+    is_local = np.asarray(local, dtype=np.bool_)
+    # a NaN or negative count or mean is a broken counter, not a pod with calls
+    seen = np.isfinite(n) & (n > 0) & np.isfinite(m) & (m >= 0)
+    out: list[float] = []
+    for side in (is_local, ~is_local):
+        pods = side & seen
+        out.append(float(m[pods].mean()) if pods.any() else math.nan)
+    out += [float(n[is_local & seen].sum()), float(n[~is_local & seen].sum())]
+    return out[0], out[1], out[2], out[3]
 
 
 def affinity_cap(capacity_cap: float, probe_floor: float) -> float:
@@ -98,8 +149,9 @@ class ZoneSignals:
     cap
         The zone's capacity cap (``lbcore.zones.zone_cap``), 0-1.
     local_latency_s, remote_latency_s
-        Mean call latency in seconds to local and to remote pods over the counters'
-        window (NaN: unknown).
+        Local and remote latency in seconds over the counters' window: the mean over
+        each side's pods of their mean call latency (:func:`latency_reading`; NaN:
+        unknown).
     local_calls, remote_calls
         Calls completed in that window to local and to remote pods.
     """

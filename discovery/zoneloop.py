@@ -4,8 +4,9 @@
 sources say about the callers (:class:`discovery.callers.CallerView` per source), the
 last latency reading, and the :class:`discovery.zonecontrol.ZoneController`; the loop
 asks it for the curve to publish with every table (:meth:`ZoneLoop.curve`) and, every
-tick, after a latency reading (:meth:`ZoneLoop.read_latency`), whether the curve changed,
-publishing only then.
+tick, after a latency reading (:meth:`ZoneLoop.read_latency`: per side, the mean of its
+pods' mean latencies, :func:`discovery.zonecontrol.latency_reading`), whether the curve
+changed, publishing only then.
 Every transition is one ``zone_transition`` log line; the curve, state and reason travel
 in the table (:class:`shm.tables.zone.ZoneCurve`), where the workers' metrics read them.
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from discovery.callers import CallerView
 from discovery.events import EventLog
-from discovery.zonecontrol import ZoneController, ZoneSignals, affinity_cap
+from discovery.zonecontrol import ZoneController, ZoneSignals, affinity_cap, latency_reading
 from lbcore.zone_settings import ZoneSettings
 from lbcore.zones import zone_cap
 from shm.tables.zone import ZoneCurve
@@ -101,7 +102,7 @@ class ZoneLoop:
 
     @property
     def latency(self) -> tuple[float, float, float, float]:
-        """The last reading: local and remote mean latency (s; NaN: none), and their calls."""
+        """The last reading: local and remote latency (s, per pod; NaN: none), and their calls."""
         return self._latency
 
     def read_latency(
@@ -111,27 +112,18 @@ class ZoneLoop:
 
         ``read(endpoints)`` gives completed calls and mean latency (seconds) per
         endpoint over the counters' window, or ``None`` (no counters: no reading).
-        Local is the mean over calls to the caller zone's endpoints, remote over the
-        others'.
+        Local is the mean over the caller zone's endpoints of each one's mean latency,
+        remote over the others' (:func:`discovery.zonecontrol.latency_reading`: each
+        pod weighs once, however many calls its hot keys draw).
         """
         zone = self.zone()
         got = read(tuple(endpoints)) if endpoints and zone else None
         if got is None:
             self._latency = (math.nan, math.nan, 0.0, 0.0)
             return
-        completed, mean_s = (np.asarray(a, dtype=np.float64) for a in got)
+        completed, mean_s = got
         local = np.array([z == zone for z in zones], dtype=np.bool_)
-        ok = completed > 0
-
-        def side(mask: np.ndarray) -> tuple[float, float]:
-            m = mask & ok
-            calls = float(completed[m].sum())
-            if calls <= 0:
-                return math.nan, 0.0
-            return float((completed[m] * mean_s[m]).sum() / calls), calls
-
-        (lo, lo_n), (re, re_n) = side(local), side(~local)
-        self._latency = (lo, re, lo_n, re_n)
+        self._latency = latency_reading(completed, mean_s, local)
 
     def tick(
         self,

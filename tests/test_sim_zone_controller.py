@@ -3,8 +3,9 @@ default zone settings, the cap held at 1 - probe floor): a latency fault sends a
 the probe floor, whether it starts during the start's ramp or at full affinity, and the
 recovery's ramp, whose newly local keys meet cold caches, does not send it back. With
 Z2's draw salted per caller zone the probe floor's remote keys read like local ones, so
-the zones without a fault stay at their cap. What remains (a ramp's end, seed 3) is
-pinned as the figures show it (docs/simulator.md)."""
+the zones without a fault stay at their cap; with each side's latency the mean of its
+pods' means, neither does a zone at its ramp's end whose hottest keys are still remote
+(seeds 1-5)."""
 
 from dataclasses import replace
 
@@ -80,8 +81,8 @@ def test_a_fault_at_full_affinity_is_seen_and_recovers_without_flapping():
     assert study["series"]["x"][-1].tolist() == pytest.approx([CAP] * 3)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_without_a_fault_no_zone_drops_the_probe_keys_read_like_local_ones(seed):
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_without_a_fault_no_zone_drops_not_even_at_a_ramps_end_with_hot_keys_remote(seed):
     # Each zone's probe keys are the other zones' local keys, warm at their owner as any
     # pod's local keys are: remote reads pay the longer trip and are not faster for it.
     # (With one draw for every zone they were the same keys from all zones, cache-hot
@@ -94,28 +95,30 @@ def test_without_a_fault_no_zone_drops_the_probe_keys_read_like_local_ones(seed)
     assert not np.isnan(excess).any()  # both sides measured at every step at full
     assert (excess < ZoneSettings().latency_margin / 2).all()
     assert (np.mean(excess, axis=0) < 0.0).all()  # local faster on average: the trip
-
-
-def test_a_ramps_end_with_hot_keys_still_remote_can_drop_a_zone_without_a_fault():
-    """A known limit, pinned: seed 3 drops z-b twice with no fault, each time just after
-    its ramp ends. z-b's draw puts five of the 25 most popular products (about 6 % of
-    calls, always cache hits) between 0.93 and 0.99: in the ramp's last seconds they are
-    most of z-b's remote calls, and a reading whose window still holds them sees remote
-    faster than local. Seeds 1 and 2 peak just under the margin on the same ramp's end.
-    A controller that discounts a ramp's remote calls, or compares like keys, would make
-    this fail: then assert no drop here too."""
-    study = controller_study(replace(EVEN, seconds=200.0, seed=3), slow=None)
-    assert study["floors"] == {"z-a": 0, "z-b": 2, "z-c": 0}
-    zb = _of(study, "z-b")
-    for i, t in enumerate(zb):
-        if t["state"] == "floor":
-            # within one reading window of reaching the cap
-            assert zb[i - 1]["state"] == "full" and t["t_s"] - zb[i - 1]["t_s"] <= 10.0
-            assert t["local_ms"] > (1 + ZoneSettings().latency_margin) * t["remote_ms"]
+    # The ramp's end, where the readings' window still holds its last remote calls:
+    # z-b's draw leaves five of the 25 most popular products (about 6 % of calls,
+    # always cache hits at their owner) between 0.93 and 0.99, so they are most of
+    # z-b's remote calls then. Weighted by call they read remote faster than local by
+    # more than the margin (seeds 3 and 5 dropped z-b with no fault); weighted by pod
+    # (discovery.zonecontrol.latency_reading) they stay under half of it.
     cat = Catalogue(EVEN.catalogue, EVEN.zipf)
     u = unit_interval(cat.hashes[:25], zone_salt("z-b"))
     late = (u > 0.93) & (u < CAP)
     assert late.sum() >= 5 and cat.popularity[:25][late].sum() > 0.05
+    ramp_end = (s["t"] >= RAMP_S - 10.0) & (s["t"] < RAMP_S + 15.0)
+    assert np.nanmax(s["excess"][ramp_end]) < ZoneSettings().latency_margin / 2
+
+
+def test_on_an_uneven_fleet_only_the_faulty_zone_drops():
+    # 3/4/5 pods and even callers: z-a's cap is 0.75, so a quarter of its keys stay
+    # remote at full, hot ones among them. Weighted by call, every zone dropped with
+    # nothing wrong (7 floors in 200 s on seed 1, z-a already at the floor when its
+    # fault came); weighted by pod only z-a drops, once, on its fault.
+    study = controller_study(replace(EVEN, pods=(3, 4, 5), seconds=200.0), slow=AT_FULL)
+    assert study["floors"] == {"z-a": 1, "z-b": 0, "z-c": 0}
+    (drop,) = [t for t in _of(study, "z-a") if t["state"] == "floor"]
+    assert 60.0 < drop["t_s"] < 65.0 and drop["reason"] == "latency"
+    assert _states(study, "z-a")[-1] == ("full", "ramp_done")
 
 
 def test_the_cli_prints_every_case(capsys):

@@ -1,6 +1,6 @@
 """The zone controller's inputs in the discovery loop (discovery.zoneloop): which source
 names the caller's zone and the callers per zone, the cap from healthy pods, and the
-latency reading (call-weighted means of local and remote pods)."""
+latency reading (each side the mean of its pods' mean latencies, each pod weighed once)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from discovery.callers import CallerView
 from discovery.events import EventLog
+from discovery.zonecontrol import latency_reading
 from discovery.zoneloop import KUBERNETES_CALLERS, ZoneLoop
 from lbcore.zone_settings import ZoneSettings
 
@@ -52,16 +53,58 @@ def test_the_cap_counts_healthy_pods_and_the_callers():
     assert (line["cap"], line["capacity_cap"]) == (0.99, 1.0)
 
 
-def test_the_latency_reading_is_the_call_weighted_mean_of_each_side():
+def test_the_latency_reading_weighs_each_pod_once():
     z, _ = _loop(zone="z-a")
     completed = np.array([10, 30, 0, 20, 20, 0, 0, 0, 0], dtype=float)
     mean_s = np.array([0.001, 0.003, np.nan, 0.002, 0.004, np.nan, np.nan, np.nan, np.nan])
     z.read_latency(EPS, ZONES, lambda e: (completed, mean_s))
     lo, re, lo_n, re_n = z.latency
-    assert (lo, lo_n) == (pytest.approx(0.0025), 40.0)
+    # the mean of the pods' means (a pod without a call is not in it); calls summed
+    assert (lo, lo_n) == (pytest.approx(0.002), 40.0)
     assert (re, re_n) == (pytest.approx(0.003), 40.0)
     z.read_latency(EPS, ZONES, lambda e: None)  # no counters: no reading
     assert math.isnan(z.latency[0])
+
+
+def test_one_hot_remote_pod_with_many_fast_calls_does_not_make_remote_look_fast():
+    # Every pod answers its ordinary calls in 4 ms, local and remote alike, but one remote
+    # pod also owns a hot key, always a cache hit: 900 calls at 1 ms. By calls, remote
+    # reads 1.8 ms and local 2.2 times that, far past the margin; by pod it reads ~3.6 ms.
+    z, _ = _loop(zone="z-a")
+    completed = np.array([40, 40, 40, 1000, 40, 40, 40, 40, 40], dtype=float)
+    mean_s = np.full(9, 0.004)
+    mean_s[3] = (100 * 0.004 + 900 * 0.001) / 1000
+    z.read_latency(EPS, ZONES, lambda e: (completed, mean_s))
+    lo, re, lo_n, re_n = z.latency
+    pooled = float((completed[3:] * mean_s[3:]).sum() / completed[3:].sum())
+    assert lo / pooled - 1 > ZoneSettings().latency_margin  # what the pooled mean said
+    assert lo == pytest.approx(0.004) and re == pytest.approx((5 * 0.004 + mean_s[3]) / 6)
+    assert (lo_n, re_n) == (120.0, 1200.0)
+    z.curve(0, ZONES, np.ones(9, np.bool_))
+    assert z.curve(S, ZONES, np.ones(9, np.bool_)).state == "full"  # no drop
+
+
+def test_a_local_fault_still_shows_when_remote_has_a_hot_pod():
+    z, _ = _loop(zone="z-a")
+    completed = np.array([40, 40, 40, 1000, 40, 40, 40, 40, 40], dtype=float)
+    mean_s = np.full(9, 0.004)
+    mean_s[3] = 0.0013
+    mean_s[:3] = 0.012  # every local pod three times slower
+    z.read_latency(EPS, ZONES, lambda e: (completed, mean_s))
+    z.curve(0, ZONES, np.ones(9, np.bool_))
+    c = z.curve(S, ZONES, np.ones(9, np.bool_))
+    assert (c.state, c.reason) == ("floor", "latency")
+
+
+def test_broken_counters_are_no_pod_with_calls():
+    completed = np.array([10, np.nan, 5, -3, 20, 10], dtype=float)
+    mean_s = np.array([0.002, 0.001, np.inf, 0.009, -1.0, 0.004])
+    local = np.array([True, True, True, False, False, False])
+    lo, re, lo_n, re_n = latency_reading(completed, mean_s, local)
+    assert (lo, lo_n) == (pytest.approx(0.002), 10.0)
+    assert (re, re_n) == (pytest.approx(0.004), 10.0)
+    lo, re, lo_n, re_n = latency_reading(np.zeros(3), np.full(3, np.nan), np.ones(3, np.bool_))
+    assert math.isnan(lo) and math.isnan(re) and lo_n == re_n == 0.0
 
 
 def test_no_counters_are_read_while_affinity_is_off():

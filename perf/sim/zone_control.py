@@ -4,9 +4,11 @@
 ``x`` from local and remote call latency. Here it runs inside the zones simulation
 (:func:`perf.sim.zones.run`) at the default settings (:mod:`lbcore.zone_settings`,
 affinity on): one controller per caller zone, as each host's discovery runs its own,
-stepped every ``step_s`` with the mean latency of its zone's calls to local and to
-remote pods over the counters' window (``window_s``), the way
-:meth:`discovery.zoneloop.ZoneLoop.read_latency` reads them. Every tick each zone
+stepped every ``step_s`` with its zone's calls and their mean latency per pod over the
+counters' window (``window_s``), turned into a reading by discovery's own rule
+(:func:`discovery.zonecontrol.latency_reading`, as
+:meth:`discovery.zoneloop.ZoneLoop.read_latency` does: each side the mean of its pods'
+means). Every tick each zone
 routes with cslb's key split at the share its controller's curve gives for that
 instant, as a worker's plan does.
 
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from discovery.zonecontrol import ZoneController, ZoneSignals
+from discovery.zonecontrol import ZoneController, ZoneSignals, latency_reading
 from lbcore.zone_settings import ZoneSettings
 from perf.sim.zone_routing import CSLB_PENDING, KeySplit, Layout, Strategy, zone_shares
 from perf.sim.zones import ZonesConfig, run
@@ -64,7 +66,7 @@ class Transition:
     x
         The share at that instant.
     local_ms, remote_ms
-        The latency reading it decided on (mean per call, ms; NaN: none).
+        The latency reading it decided on (mean of the pods' means, ms; NaN: none).
     local_calls, remote_calls
         Calls behind the reading (in the window).
     """
@@ -112,8 +114,10 @@ class ControllerDriver:
     def __post_init__(self) -> None:
         zones = self.layout.zones
         w = max(1, round(self.window_s / self.tick_s))
-        # per tick of the window: per zone, [local calls, local latency, remote calls, remote]
-        self._sums = np.zeros((w, zones, 4))
+        n = self.layout.zone_of.size
+        # per tick of the window, per caller zone and pod: calls, and their latency summed
+        self._calls = np.zeros((w, zones, n))
+        self._lat = np.zeros((w, zones, n))
         self._k = 0
         self._next_step_s = 0.0
         # capacity caps; each controller holds its own below 1 - probe floor
@@ -129,19 +133,17 @@ class ControllerDriver:
         strategy: Strategy,
         t_s: float,
         caller: np.ndarray,
-        cross: np.ndarray,
+        pods: np.ndarray,
         latency: np.ndarray,
     ) -> None:
         """Count the tick's calls; at each step, step the controllers; set every share."""
         assert isinstance(strategy, KeySplit)
-        zones = self.layout.zones
-        row = self._sums[self._k % self._sums.shape[0]]
+        zones, n = self.layout.zones, self.layout.zone_of.size
+        slot = self._k % self._calls.shape[0]
         self._k += 1
-        local = ~cross
-        row[:, 0] = np.bincount(caller[local], minlength=zones)
-        row[:, 1] = np.bincount(caller[local], weights=latency[local], minlength=zones)
-        row[:, 2] = np.bincount(caller[cross], minlength=zones)
-        row[:, 3] = np.bincount(caller[cross], weights=latency[cross], minlength=zones)
+        cell = caller * n + pods
+        self._calls[slot] = np.bincount(cell, minlength=zones * n).reshape(zones, n)
+        self._lat[slot] = np.bincount(cell, weights=latency, minlength=zones * n).reshape(zones, n)
         if t_s < 0:
             return  # warm-up: global, the controllers not started yet
         now_ns = _EPOCH_NS + round(t_s * 1e9)
@@ -152,19 +154,21 @@ class ControllerDriver:
             strategy.set_zone_share(z, float(c.share_at(now_ns)))
 
     def _step(self, now_ns: int, t_s: float) -> None:
-        total = self._sums.sum(axis=0)
+        calls, lat = self._calls.sum(axis=0), self._lat.sum(axis=0)
+        mean_s = np.divide(lat, calls, out=np.full_like(lat, math.nan), where=calls > 0)
         xs, excess = [], []
         for z, c in enumerate(self.controllers):
-            lo_n, lo_sum, re_n, re_sum = total[z]
+            # discovery's own reading, from each pod's calls and mean latency
+            lo, re, lo_n, re_n = latency_reading(calls[z], mean_s[z], self.layout.zone_of == z)
             s = ZoneSignals(
                 zone=self.layout.names[z],
                 local_pods=self.layout.pods[z],
                 healthy_local_pods=self.layout.pods[z],
                 cap=float(self._caps[z]),
-                local_latency_s=lo_sum / lo_n if lo_n else math.nan,
-                remote_latency_s=re_sum / re_n if re_n else math.nan,
-                local_calls=float(lo_n),
-                remote_calls=float(re_n),
+                local_latency_s=lo,
+                remote_latency_s=re,
+                local_calls=lo_n,
+                remote_calls=re_n,
             )
             before = c.curve
             after = c.step(now_ns, s)

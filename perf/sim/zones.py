@@ -130,13 +130,13 @@ class TickDriver(Protocol):
         strategy: Strategy,
         t_s: float,
         caller: np.ndarray,
-        cross: np.ndarray,
+        pods: np.ndarray,
         latency: np.ndarray,
     ) -> None:
         """Take one tick's calls; ``t_s``: its end, in seconds after warm-up.
 
-        ``caller`` (zone), ``cross`` and ``latency`` (seconds) have one entry per call;
-        ``t_s`` is negative during the warm-up.
+        ``caller`` (zone), ``pods`` (the pod called) and ``latency`` (seconds) have one
+        entry per call; ``t_s`` is negative during the warm-up.
         """
 
 
@@ -236,7 +236,7 @@ def run(cfg: ZonesConfig, driver: TickDriver | None = None) -> dict[str, Any]:
                 view_done[slot, z, v] = np.bincount(pods[mine], minlength=n)
         last_seen[zone_of[pods], keys] = k + 1
         if driver is not None:
-            driver.tick(strategy, (k + 1 - warm) * cfg.tick_s, caller, cross, latency)
+            driver.tick(strategy, (k + 1 - warm) * cfg.tick_s, caller, pods, latency)
         if k < warm:
             continue
         sec = (k - warm) // per_s
