@@ -45,8 +45,8 @@ from workers.routing.snapshot import (
     build_plan,
     compared_loads,
     read_loads,
-    zone_bars,
 )
+from workers.routing.snapshot import zone_bars as own_bars
 
 __all__ = [
     "FALLBACK_REASONS",
@@ -162,7 +162,9 @@ def explain(
     mode = knobs.fade_mode
     # Zone affinity: which keys are local now, and each pod's own bar (its expected share).
     local = local_mask(h, plan.zone_share) if plan.zone_views else np.zeros(h.size, np.bool_)
-    own_bars = zone_bars(plan)
+    zone_bars = None
+    if plan.zone_views and knobs.balance_factor is not None:
+        zone_bars = own_bars(plan)  # the plan's, as /status shows them
     rings = rs.ring_choice(h, now_ns) if mode == "n-ring" else None
     shares = rs.share_list(now_ns)
     ejected = np.array(table.ejected, dtype=np.bool_)
@@ -195,8 +197,8 @@ def explain(
             moved_from = table.endpoints[p]
             view = 0 if ring is None or mode == "off" else ring
             bar = bounded_bar(plan, view) if mode != "skipper" else None
-            if own_bars is not None:
-                bar = float(own_bars[p])
+            if zone_bars is not None:
+                bar = float(zone_bars[p])
             if compared is not None:
                 load_info = {"from": float(compared[p]), "to": float(compared[i])}
             if bar is not None:
