@@ -382,14 +382,12 @@ def test_per_call_accounting_measures_the_pods_not_the_callers_pool(tmp_path, wo
         # which httpx keeps busy (~2 ms of CPU per call): there the ratio is the check.
         bar = max(0.015, median / 4) if worker == "uvicorn" else 0.015
         if sender == "curl":
-            # Four calls per pod at a time, five rounds per fan-out: on the wire a call
-            # takes about a round (the pod's 2 ms and parsing four requests), far under a
-            # quarter of the fan-out. Timed from the fan-out, from the call's start (its
-            # wait for a connection), or when Python got to each answer, a call would
-            # read about half the fan-out or more; libcurl's timing reads the wire.
-            # (With all 20 at once the pod parses them one by one under its GIL: the
-            # right timing then reads half the fan-out itself, no margin on a loaded
-            # machine. Against pods whose true time is known: test_fanout_curl.py.)
+            # Four calls per pod at a time, five rounds per fan-out: on the wire a call takes
+            # about a round, far under a quarter of the fan-out; timed from the fan-out, the
+            # call's start (its wait for a connection) or when Python got to its answer, it
+            # would read half the fan-out or more. (All 20 at once, the pod parses them one
+            # by one: the right timing itself read half the fan-out, no margin under load.
+            # Against pods whose true time is known: test_fanout_curl.py.)
             bar = max(0.015, median / 4)
         for url in svc.fleet.urls:
             lat = _metric(m, "cslb_endpoint_latency_seconds", url)
