@@ -223,6 +223,24 @@ def test_from_arrays_wraps_published_arrays():
     assert idle.tolist() == copy.owners.tolist()
 
 
+def test_from_arrays_with_a_garbage_owner_allocates_by_the_endpoints_not_the_value():
+    """A reader wraps shared memory a writer may rewrite after the reader's checks (it
+    lapped the reader): an owner of 2**31 - 1 there must not cost a 2**31-entry count."""
+    import tracemalloc
+
+    r = lbcore.Ring(ENDPOINT_SETS["dns"])
+    owners = r.owners.copy()
+    owners[3] = np.iinfo(owners.dtype).max
+    tracemalloc.start()
+    try:
+        garbage = lbcore.Ring.from_arrays(r.endpoints, r.hashes, owners, buckets=r.buckets)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    assert garbage.present.shape == (len(r.endpoints),)
+
+
 @pytest.mark.parametrize("bits", [8, 10, 12, 14])
 def test_bucket_table_resolution_paths_agree_with_binary_search(bits):
     from lbcore.ring import build_bucket_table

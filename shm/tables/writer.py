@@ -397,6 +397,7 @@ class TableWriter:
         fence()
         start = off + BUFFER_HEADER_BYTES
         enc.write(data.buf, start)
+        seam("tables.publish.writing")  # the new payload in, its header and seq still odd
         words[base + B_GENERATION] = gen
         words[base + B_PAYLOAD] = enc.payload_bytes
         words[base + B_CHECKSUM] = payload_checksum(data.buf[start : start + enc.payload_bytes])

@@ -227,7 +227,10 @@ class Handler(BaseHTTPRequestHandler):
                         if bm:
                             seen_bookmarks = api.bookmarks_sent
                             if next_auto is not None:
-                                next_auto = now + (api.bookmark_every_s or 0)
+                                # bookmarks turned off meanwhile: none from now on (an
+                                # interval of 0 would send one per loop, a storm)
+                                every = api.bookmark_every_s
+                                next_auto = now + every if every else None
                             out.append(
                                 json.dumps(
                                     {

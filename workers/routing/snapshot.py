@@ -30,7 +30,7 @@ import numpy as np
 
 import lbcore
 import shm
-from lbcore.bounded import in_call_units, target_load
+from lbcore.bounded import in_call_units, share_bars, target_load
 from lbcore.reported import effective_loads
 from lbcore.zones import MAX_BAR_WINDOW_NS as MAX_WINDOW
 from lbcore.zones import MAX_MIN_PODS, ZoneSplit, window_instants
@@ -42,11 +42,13 @@ __all__ = [
     "Snapshot",
     "bounded_bar",
     "build_plan",
+    "compared_loads",
     "empty_table",
     "prepare_table",
     "read_loads",
     "read_reports",
     "reset_counter_warnings",
+    "zone_bars",
     "zone_split",
 ]
 
@@ -291,6 +293,33 @@ def bounded_bar(plan: lbcore.Plan, view: int = -1) -> float | None:
     if plan.balance_factor is None or plan.loads is None or plan.newest is None:
         return None
     return target_load(plan.loads, plan.listed[view], plan.balance_factor)
+
+
+def zone_bars(plan: lbcore.Plan) -> np.ndarray | None:
+    """Each endpoint's own bar in a plan with an open zone part, in routed-call units.
+
+    lbcore's bar from the plan's expected shares (:func:`lbcore.bounded.share_bars` on
+    the plan's loads, candidates and shares, as the plan bounds its keys), table order;
+    ``None`` without a zone part or bounded load.
+    """
+    if not plan.zone_views or plan.balance_factor is None or plan.loads is None:
+        return None
+    newest = plan.listed[plan.zone_views - 1]
+    return share_bars(plan.loads, newest, plan.bar_shares, plan.balance_factor)
+
+
+def compared_loads(plan: lbcore.Plan, increment: float) -> np.ndarray | None:
+    """The loads ``plan``'s bounded load compares, in the load signal's unit.
+
+    The plan holds them in routed-call units (:func:`lbcore.bounded.in_call_units`),
+    with the pods' load reports folded in as :func:`build_plan` folds them (onto the
+    bar shares under zone affinity); times ``increment``
+    (:meth:`shm.HostLoads.bar_increment`) they are in the signal's unit again, as are
+    :func:`bounded_bar` and :func:`zone_bars` times it. ``None`` without bounded load.
+    """
+    if plan.loads is None:
+        return None
+    return plan.loads * float(increment)
 
 
 class Snapshot:

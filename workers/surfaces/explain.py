@@ -37,10 +37,16 @@ import numpy as np
 
 import lbcore
 import shm
-from lbcore.bounded import share_bars, target_load
 from lbcore.outlier import EJECT_REASONS
 from lbcore.zones import local_mask
-from workers.routing.snapshot import build_plan, read_loads
+from workers.routing.reported import TableReports, read_reports
+from workers.routing.snapshot import (
+    bounded_bar,
+    build_plan,
+    compared_loads,
+    read_loads,
+)
+from workers.routing.snapshot import zone_bars as own_bars
 
 __all__ = [
     "FALLBACK_REASONS",
@@ -83,7 +89,8 @@ class Explanation:
     loads : dict
         ``bounded_load``: ``{"from": ..., "to": ..., "bar": ...}`` in the load signal's
         unit (requests for in-flight and effective load, busy-seconds per second for
-        occupancy).
+        occupancy): the loads and bar the worker's plan compared, pods' load reports
+        folded in when they are on (under zone affinity, onto the plan's bar shares).
     skipped : list of dict
         Ejected pod(s) the key's position belongs to: ``endpoint``, ``reason`` (an
         :data:`lbcore.outlier.EJECT_REASONS` name), ``remaining_s``.
@@ -122,8 +129,15 @@ def explain(
     now_ns: int,
     *,
     attempt: int = 0,
+    reports: TableReports | None = None,
 ) -> list[Explanation]:
     """Each key's pod on ``table`` with ``loads`` at ``now_ns``, and why.
+
+    ``reports``: the pods' load reports of ``table``'s endpoints
+    (:func:`workers.routing.reported.read_reports`; ``None``: reports off), folded in as a
+    worker's plan folds them; a bounded-load move shows the loads and bar that plan
+    compares (:func:`workers.routing.snapshot.compared_loads`, ``bounded_bar``,
+    ``zone_bars``), in the load signal's unit.
 
     Raises
     ------
@@ -134,7 +148,7 @@ def explain(
     """
     h = lbcore.hash_keys(keys, max_key_bytes=lbcore.MAX_KEY_BYTES)
     knobs, rs = table.knobs, table.ring_set
-    plan = build_plan(table, loads, now_ns)
+    plan = build_plan(table, loads, now_ns, reports=reports)
     idx = plan.route_hashes(h, attempt)[0]
     n_eps = len(table.endpoints)
     if plan.closed or not n_eps:
@@ -155,19 +169,13 @@ def explain(
     )
     zone_bars = None
     if plan.zone_views and knobs.balance_factor is not None:
-        newest = plan.listed[plan.zone_views - 1]
-        zone_bars = share_bars(
-            loads.signal(knobs.load_signal),
-            newest,
-            plan.bar_shares,
-            knobs.balance_factor,
-            loads.bar_increment(knobs.load_signal),
-        )
+        zone_bars = own_bars(plan)  # the plan's, as /status shows them
     rings = rs.ring_choice(h, now_ns) if mode == "n-ring" else None
     shares = rs.share_list(now_ns)
     ejected = np.array(table.ejected, dtype=np.bool_)
-    raw = loads.signal(knobs.load_signal)
+    # What the plan compares (reports folded in), back in the signal's unit for display.
     inc = loads.bar_increment(knobs.load_signal)
+    compared = compared_loads(plan, inc)
     out = []
     for j, i in enumerate(idx.tolist()):
         o = int(owners[j])
@@ -192,13 +200,14 @@ def explain(
         elif i != int(plain[j]) and knobs.balance_factor is not None:
             kind, p = "bounded_load", int(plain[j])
             moved_from = table.endpoints[p]
-            listed = plan.listed[0 if ring is None or mode == "off" else ring]
-            bar = target_load(raw, listed, knobs.balance_factor, inc) if mode != "skipper" else None
+            view = 0 if ring is None or mode == "off" else ring
+            bar = bounded_bar(plan, view) if mode != "skipper" else None
             if zone_bars is not None:
-                bar = zone_bars[p]
-            load_info = {"from": float(raw[p]), "to": float(raw[i])}
+                bar = float(zone_bars[p])
+            if compared is not None:
+                load_info = {"from": float(compared[p]), "to": float(compared[i])}
             if bar is not None:
-                load_info["bar"] = float(bar)
+                load_info["bar"] = bar * inc
         elif local[j] and plan.zone is not None and plan.zone.local[i]:
             kind = "zone_ring"
         elif (ring or 0) > 0 and mode == "n-ring":
@@ -295,7 +304,9 @@ def live(
 
             def answer(t: shm.Table) -> tuple[shm.Table, int, list[Explanation]]:
                 now = clock()
-                return t, now, explain(t, read_loads(counters, t, now), keys, now, attempt=attempt)
+                loads = read_loads(counters, t, now)
+                reports = read_reports(counters, t, now)
+                return t, now, explain(t, loads, keys, now, attempt=attempt, reports=reports)
 
             t, now, routes = reader.consistent(answer)
             beat_age = (now - reader.heartbeat_ns()) / 1e9

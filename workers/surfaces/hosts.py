@@ -22,13 +22,12 @@ import numpy as np
 import lbcore
 import shm
 from lbcore import fadein_score
-from lbcore.bounded import share_bars
 from lbcore.knobs import Knob, seconds_at_least
 from lbcore.outlier import EJECT_REASONS
 from lbcore.reported import KIND_NONE, SOURCES, effective_loads
 from shm.tables.zone import ZoneCurve
 from workers.routing.reported import TableReports, read_reports
-from workers.routing.snapshot import bounded_bar, build_plan
+from workers.routing.snapshot import bounded_bar, build_plan, compared_loads, zone_bars
 
 __all__ = [
     "STALE_AFTER",
@@ -545,9 +544,10 @@ class HostMonitor:
                     util[i] = None if math.isnan(u[i]) else u[i]
         bar, bars, self.last_plan = _bar(table, loads, now, increment, reports, self.last_plan)
         plan = self.last_plan
-        if bars is not None and reports is not None and plan is not None and plan.loads is not None:
+        if bars is not None and reports is not None and plan is not None:
             # with a zone, reports are folded onto the plan's shares: show what it compares
-            signal = (plan.loads * float(increment or 1.0)).tolist()
+            compared = compared_loads(plan, float(increment or 1.0))
+            signal = signal if compared is None else compared.tolist()
         # The constructor, not dataclasses.replace: a snapshot of a large table makes one
         # of these per endpoint, and replace costs several times more per call.
         loaded = tuple(
@@ -621,26 +621,13 @@ def _bar(
         return None, None, None
     try:
         plan = build_plan(table, loads, now, reports=reports, reuse=reuse)
-        bar, bars = bounded_bar(plan), _zone_bars(plan)
+        bar, bars = bounded_bar(plan), zone_bars(plan)
     except lbcore.LBCoreError:
         return None, None, None  # garbage from a rewritten table (or damaged: health says so)
     if bar is None or not table.valid():
         return None, None, None
     shown = None if bars is None else tuple((bars * increment).tolist())
     return bar * increment, shown, plan
-
-
-def _zone_bars(plan: lbcore.Plan) -> np.ndarray | None:
-    """Each endpoint's own bar in a plan with an open zone part, in routed-call units.
-
-    lbcore's bar from the plan's expected shares (:func:`lbcore.bounded.share_bars` on
-    the plan's loads, candidates and shares, as the plan bounds its keys); ``None``
-    without a zone part or bounded load.
-    """
-    if not plan.zone_views or plan.balance_factor is None or plan.loads is None:
-        return None
-    newest = plan.listed[plan.zone_views - 1]
-    return share_bars(plan.loads, newest, plan.bar_shares, plan.balance_factor)
 
 
 @dataclass(frozen=True, slots=True)
