@@ -399,8 +399,10 @@ def arc_sums(ring: ViewedRing, rows: np.ndarray) -> np.ndarray:
 
 def _arc_sums(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     n = eligible.size
-    owners = np.asarray(ring.owners)
-    marked = np.flatnonzero(eligible[owners])
+    # One private read: a ring over shared memory may be rewritten under a lapped
+    # reader, and a garbage owner must neither index out of range nor size a count.
+    owners = np.minimum(np.array(ring.owners, dtype=np.int64), n)
+    marked = np.flatnonzero(np.append(eligible, False)[owners])
     if not marked.size:
         return np.zeros(n)
     ends = np.asarray(ring.hashes)[marked]
@@ -410,7 +412,7 @@ def _arc_sums(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     arcs = np.empty(ends.size)
     arcs[1:] = np.diff(ends)
     arcs[0] = float((int(ends[0]) - int(ends[-1])) % (1 << 64)) if ends.size > 1 else 2.0**64
-    return np.bincount(owners[marked], weights=arcs, minlength=n)[:n]
+    return np.bincount(owners[marked], weights=arcs, minlength=n + 1)[:n]
 
 
 def _normalized(sums: np.ndarray) -> np.ndarray:
