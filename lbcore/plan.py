@@ -558,8 +558,9 @@ class Plan:
     def view_arcs(self) -> np.ndarray:
         """Each view's share of the hash space per endpoint, ``(views, endpoints)``.
 
-        :func:`lbcore.zones.view_arcs`: computed once per plan (a pass over the ring per
-        view), or taken from ``reuse`` when its views are this plan's.
+        :func:`lbcore.zones.view_arcs`: computed once per plan (one pass over the ring
+        for all views on the native kernel), or taken from ``reuse`` when its views are
+        this plan's.
         """
         if self._arcs is None:
             arcs = view_arcs(self)
