@@ -17,16 +17,16 @@ States (:data:`shm.tables.zone.ZONE_STATES`):
   its whole share; each key moves once (the local set only grows).
 * ``full``: x at the cap. A cap that shrinks below x takes x down with it at once (the
   cap is a capacity bound); a cap that grows starts a ramp from x.
-
-The cap is the zone's capacity cap (``lbcore.zones.zone_cap``) but never above
-``1 - probe floor`` (:func:`affinity_cap`): the probe floor's share of keys stays
-global even at full affinity. Without that trickle of remote calls a zone whose
-capacity cap is 1 (an even fleet) would call remote pods only when bounded load
-spills, too rarely for a latency reading, and a local fault would go unseen; it is
-the mirror of the floor's trickle of local calls.
 * ``floor`` (x = the probe floor): local latency exceeded remote latency by more than
   the margin, or too small a share of the local pods is healthy. The floor keeps a
   trickle of local calls so the signal stays measured.
+
+The cap is the zone's capacity cap (``lbcore.zones.zone_cap``) but never above
+``1 - probe floor`` (:func:`affinity_cap`): the probe floor's share of keys stays
+global even at full affinity (``off`` and ``short`` publish a cap of 0). Without that
+trickle of remote calls a zone whose capacity cap is 1 (an even fleet) would call
+remote pods only when bounded load spills, too rarely for a latency reading, and a
+local fault would go unseen; it is the mirror of the floor's trickle of local calls.
 
 Hysteresis: leaving ``floor`` or ``short`` needs the signal below a *lower* threshold
 (half the latency margin; three quarters of the local pods healthy; the minimum of

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-__all__ = ["below", "mix64", "unit_interval", "unit_threshold"]
+__all__ = ["below", "below_threshold", "mix64", "unit_interval", "unit_threshold"]
 
 _U64 = np.uint64
 _FMIX_C1 = _U64(0xFF51AFD7ED558CCD)
@@ -67,12 +67,20 @@ def unit_threshold(share: float) -> int:
 
 def below(hashes: np.ndarray, salt: int, share: float) -> np.ndarray:
     """Per key, ``unit_interval(hashes, salt) < share``, without the float conversion."""
-    t = unit_threshold(share)
-    if t == 0:
+    return below_threshold(hashes, salt, unit_threshold(share))
+
+
+def below_threshold(hashes: np.ndarray, salt: int, threshold: int) -> np.ndarray:
+    """Per key, ``mix64(hashes, salt) < threshold``: :func:`below` on an integer threshold.
+
+    ``threshold`` is a share already in :func:`unit_threshold`'s integer form (``0`` to
+    ``2**64``: no key to every key), as a plan keeps it.
+    """
+    if threshold <= 0:
         return np.zeros(hashes.size, dtype=np.bool_)
-    if t > _M64:
+    if threshold > _M64:
         return np.ones(hashes.size, dtype=np.bool_)
-    return mix64(hashes, salt) < _U64(t)
+    return mix64(hashes, salt) < _U64(threshold)
 
 
 def unit_interval(hashes: np.ndarray, salt: int) -> np.ndarray:

@@ -29,15 +29,13 @@ from typing import Any
 import numpy as np
 
 from lbcore import bounded
-from lbcore.draws import mix64
+from lbcore.draws import below_threshold, mix64
 from lbcore.errors import ArgumentError
 from lbcore.fence import fence
 from lbcore.gate import GATE_SALT
 from lbcore.kernel import check_attempt
 from lbcore.keys import hash_each
 from lbcore.views import CHOICE_FIXED, GATE_PARTIAL, view_of_draws
-
-_M64 = (1 << 64) - 1
 
 __all__ = ["Core", "answers", "counter_slots", "route", "route_hashes", "view_choice"]
 
@@ -144,10 +142,7 @@ def _views(plan: Core, h: np.ndarray, attempt: int) -> np.ndarray | None:
     if not plan.zone_views:
         return views
     base = np.full(h.size, plan.fixed_view, dtype=np.intp) if views is None else views
-    if plan.zone_threshold > _M64:
-        local = np.ones(h.size, dtype=np.bool_)
-    else:
-        local = mix64(h, plan.zone_salt) < np.uint64(plan.zone_threshold)
+    local = below_threshold(h, plan.zone_salt, plan.zone_threshold)
     zone = base + plan.zone_views
     use = local & (plan.listed_count.take(zone) > attempt)
     return np.where(use, zone, base)
@@ -183,7 +178,7 @@ def route_hashes(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, i
             out[rows] = res
             moved[rows] = (res != plain) & (res >= 0)
     if plan.gate_mode == GATE_PARTIAL:
-        keep = mix64(h, GATE_SALT) < np.uint64(plan.gate_threshold)
+        keep = below_threshold(h, GATE_SALT, plan.gate_threshold)
         out[~keep] = -1
         moved &= keep
     return out, int(np.count_nonzero(out < 0)), int(np.count_nonzero(moved)), _valid(plan)

@@ -76,6 +76,7 @@ _FROZEN = (
     "fade_thresholds",
     "fade_saturated",
     "under",
+    "bars",
 )
 
 # The plan's attributes its kernel side is built from (lbcore.core.make_core).
@@ -249,9 +250,16 @@ class Plan:
         The share of keys that are local (``0.0`` without zone mode); a key is local iff
         ``mix64(h, zone.salt) < zone_threshold``, the draw salted with the caller's zone
         (:attr:`lbcore.ZoneSplit.salt`, :func:`lbcore.zone_salt` of its ``name``).
+    bars : numpy.ndarray or None
+        With zone mode and bounded load, each endpoint's own bar, ``float64`` in the
+        units of ``loads`` (:func:`lbcore.bounded.share_bars`:
+        ``balance_factor × max(bar share, 1 / n) × (1.0 + Σ load)`` over the newest
+        ring's ``n`` candidates, never below the bar without a zone); ``None`` otherwise.
+        The one bar the plan compares, for surfaces that show it.
     under : numpy.ndarray or None
         With zone mode and bounded load, ``bool`` per endpoint: its load is at or under
-        its own bar, ``balance_factor × bar share × (1.0 + Σ load)``.
+        its own bar (``bars``); a local key whose zone pod is not spills to the global
+        view.
     expected_shares : numpy.ndarray
         Each endpoint's expected share of the routed keys (see the property).
     bar_shares : numpy.ndarray
@@ -294,6 +302,7 @@ class Plan:
         "_arcs": None,
         "_expected": None,
         "_bar_shares": None,
+        "bars": None,
         "under": None,
         "zone": None,
         "zone_share": None,
@@ -432,7 +441,8 @@ class Plan:
         loads_on_shares: Callable[[np.ndarray | None], Any] | None,
     ) -> None:
         rs, ej = self.ring_set, self.ejected
-        self.zone_views, self.zone_share, self.zone_threshold, self.under = 0, 0.0, 0, None
+        self.zone_views, self.zone_share, self.zone_threshold = 0, 0.0, 0
+        self.under = self.bars = None
         self.choice, self.fixed_view, self.choice_salt = CHOICE_FIXED, 0, 0
         self.fade_thresholds, self.fade_saturated = _EMPTY_U64, _EMPTY_U8
         if self.newest is None:
@@ -499,13 +509,13 @@ class Plan:
         if self.balance_factor is not None:
             assert self.loads is not None
             # B1: each endpoint's bar from its expected share under this plan.
-            bars = share_bars(
+            self.bars = share_bars(
                 self.loads,
                 listed[self.zone_views - 1],
                 self.bar_shares,
                 self.balance_factor,
             )
-            self.good, self.under = zone_good(eligible, self.listed_count, self.loads, bars)
+            self.good, self.under = zone_good(eligible, self.listed_count, self.loads, self.bars)
 
     @staticmethod
     def _given_loads(loads: Any, n: int) -> np.ndarray:
@@ -548,8 +558,9 @@ class Plan:
     def view_arcs(self) -> np.ndarray:
         """Each view's share of the hash space per endpoint, ``(views, endpoints)``.
 
-        :func:`lbcore.zones.view_arcs`: computed once per plan (a pass over the ring per
-        view), or taken from ``reuse`` when its views are this plan's.
+        :func:`lbcore.zones.view_arcs`: computed once per plan (one pass over the ring
+        for all views on the native kernel), or taken from ``reuse`` when its views are
+        this plan's.
         """
         if self._arcs is None:
             arcs = view_arcs(self)
@@ -564,7 +575,8 @@ class Plan:
         Arc lengths × zone split × fade-in share, without bounded load
         (:func:`lbcore.zones.expected_shares`): ``float64`` per endpoint, summing to 1
         (0 everywhere when every key is fallback). With a zone and bounded load, the
-        bars are ``balance_factor × share × (1.0 + Σ load)``.
+        bars (:attr:`bars`) come from :attr:`bar_shares`, these averaged over the bar
+        window, each never below the average ``1 / n``'s.
         """
         if self._expected is None:
             if self.newest is None:

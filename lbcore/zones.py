@@ -26,12 +26,16 @@ The rules, written once here and applied by both kernels through
   zone while the zone part holds more than ``a`` such pods (two for the fan-out's one
   retry).
 * **B1, bounded load from the plan.** With a zone, each endpoint's bar is
-  ``balance_factor × its expected share × (1.0 + Σ load)`` where the expected share is
-  the part of this host's keys the plan sends it without bounded load (arc lengths ×
-  zone split × fade-in share, :func:`expected_shares`). For a local pod of an even
-  fleet that is ``(load per local pod + load per global pod) × balance_factor``; a
-  plain average would call every local pod overloaded as soon as the share is
-  noticeably above 0. A local key whose zone walk ends on a pod over its bar is routed
+  ``balance_factor × max(its expected share, 1 / n) × (1.0 + Σ load)`` over the ``n``
+  candidates (:func:`lbcore.bounded.share_bars`, kept as ``Plan.bars``) where the
+  expected share is the part of this host's keys the plan sends it without bounded load
+  (arc lengths × zone split × fade-in share, :func:`expected_shares`). For a local pod
+  of an even fleet that is ``(load per local pod + load per global pod) ×
+  balance_factor``; a plain average would call every local pod overloaded as soon as
+  the share is noticeably above 0. No bar is below the average's: an endpoint expected
+  to carry little (a remote pod while most keys stay local) keeps the bar it has
+  without a zone, so a handful of calls does not put it over and keys do not flap on
+  and off it. A local key whose zone walk ends on a pod over its bar is routed
   on the global ring instead (a *spill*, counted in ``route``'s ``moves``). Without a
   zone, or when no view's zone is open, the bar and every answer are Skipper's. The
   expected shares are those the loads saw: loads averaged over a window reflect the

@@ -2,9 +2,9 @@
 
 A worker builds its plans with :func:`workers.routing.snapshot.build_plan` on a table
 mapped from shared memory: the first plan of each new generation, then a new one every
-``CSLB_LOAD_REFRESH`` (0.1 s) on a fresh load read, passing the previous plan as
-``reuse``. With zone affinity on, that plan also carries the zone's views and B1's bars
-(each endpoint's expected share, averaged over the loads' window at
+``CSLB_LOAD_REFRESH`` (:data:`REFRESH_NS`, its default) on a fresh load read, passing
+the previous plan as ``reuse``. With zone affinity on, that plan also carries the zone's
+views and B1's bars (each endpoint's expected share, averaged over the loads' window at
 :data:`lbcore.zones.WINDOW_SAMPLES` instants); with the pods' load reports on, the
 reports are folded onto those bar shares before the plan's loads are set.
 
@@ -23,8 +23,8 @@ each ratio is the zone table's time over the plain table's (reports: on over off
   is new to the reader), else by the map thread, which also prepares it
   (:func:`~workers.routing.snapshot.prepare_table`, timed apart: ``prepare_ms``; the
   first plan then reuses the plan prepared, as the worker's does);
-* ``refresh``: a plan 0.1 s after the previous one, ``reuse=`` the previous (occupancy,
-  whose 10 s window the bars average over);
+* ``refresh``: a plan :data:`REFRESH_NS` after the previous one, ``reuse=`` the previous
+  (occupancy, whose window the bars average over);
 * ``refresh, no bar window``: the same with the in-flight signal (loads of the instant,
   bars at the instant's shares);
 * ``refresh, reports``: ``refresh`` with every pod's load report past its blackout.
@@ -47,6 +47,7 @@ import lbcore
 import shm
 from lbcore.report_settings import ReportSettings
 from lbcore.reported import KIND_OCCUPANCY, ReportState, record_reports
+from lbcore.zones import WINDOW_SAMPLES
 from perf.bench_lbcore import pinned
 from perf.common import S, endpoint_urls, no_gc, unique_namespace, unlink_namespace
 from shm.tables import ZoneCurve
@@ -299,8 +300,9 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, An
             "`plain`). The reports are a `TableReports` value built in the process "
             "(every pod reporting, past its blackout), handed to `build_plan` as the "
             "router hands it the reports it read from the counters.",
-            "What a zone refresh still adds: B1's bar window (the fade weights at 16 "
-            "instants and one mix of the views' arcs), the zone parts' counts, bars and "
+            "What a zone refresh still adds: B1's bar window (the fade weights at "
+            f"{WINDOW_SAMPLES} instants and one mix of the views' arcs), the zone parts' "
+            "counts, bars and "
             "under-the-bar masks, and a kernel object of twice the views. What the "
             "reports add is `effective_loads`' fold itself, as large on the no-zone "
             "table (`plain_reports_ratio` in RESULTS.json). A first plan's pass over the "

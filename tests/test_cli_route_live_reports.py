@@ -26,7 +26,7 @@ from tests.app_tests.conftest import ENDPOINTS, ZONES, Host
 from tests.test_cli_route_live import KEYS, host  # noqa: F401
 from workers.routing import reported
 from workers.routing.router import Router
-from workers.routing.snapshot import bounded_bar, compared_loads, zone_bars
+from workers.routing.snapshot import bounded_bar, build_plan, compared_loads, zone_bars
 from workers.surfaces.explain import live
 from workers.surfaces.hosts import HostMonitor
 
@@ -106,6 +106,15 @@ def test_a_spill_shows_the_load_and_bar_the_plan_compared(
         assert r.loads["to"] <= r.loads["bar"] < r.loads["from"]
     if zone:
         assert status.bars is not None and status.bars[HOT] == bar
+        # the bars shown are the ones the plan decided with: a key spills exactly when
+        # its zone pod is over its bar, as the plan saw it (every key is local here)
+        assert plan.bars is not None and plan.under is not None
+        assert list(status.bars) == (plan.bars * inc).tolist()
+        assert (plan.under == (compared <= plan.bars * inc)).all()
+        assert not plan.under[HOT] and plan.under.sum() == len(ENDPOINTS) - 1
+        zone_pod = build_plan(table, snap.loads, now, balance_factor=None).route(KEYS)[0]
+        spills = [r.kind == "bounded_load" for r in answer.routes]
+        assert spills == [not plan.under[p] for p in zone_pod.tolist()]
         # onto the bar shares: every key is local, the remote pods are expected to carry none
         assert all(compared[i] == 0.0 for i, z in enumerate(ZONES) if z != "eu-1a")
     else:

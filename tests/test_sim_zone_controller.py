@@ -18,10 +18,7 @@ from lbcore.zone_settings import ZoneSettings
 from lbcore.zones import zone_salt
 from perf.sim.workload import Catalogue
 from perf.sim.zone_control import CASES, controller_study
-from perf.sim.zone_routing import CSLB_PENDING
 from perf.sim.zones import ZonesConfig
-
-pytestmark = pytest.mark.skipif(CSLB_PENDING is not None, reason=str(CSLB_PENDING))
 
 EVEN = ZonesConfig(pods=(4, 4, 4))
 RAMPING, AT_FULL = (slow for _, slow in CASES)

@@ -9,10 +9,8 @@ from dataclasses import replace
 import pytest
 
 import lbcore
-from perf.sim import zones as zones_mod
 from perf.sim.zone_ramp import ramp_study
-from perf.sim.zone_routing import CSLB_PENDING
-from perf.sim.zones import ZonesConfig, run, sweep
+from perf.sim.zones import ZonesConfig, run
 from tests.conftest import KERNELS
 
 SMALL = ZonesConfig(
@@ -25,14 +23,11 @@ SMALL = ZonesConfig(
     hot_window_s=5.0,
 )
 
-needs_cslb = pytest.mark.skipif(CSLB_PENDING is not None, reason=str(CSLB_PENDING))
-
 
 def _run(strategy, share=1.0, **kw):
     return run(replace(SMALL, strategy=strategy, share=share, **kw))
 
 
-@needs_cslb
 @pytest.mark.parametrize("strategy", ["cslb", "request split"])
 def test_cross_zone_share_falls_as_x_rises(strategy):
     cross = [_run(strategy, x)["cross_share"] for x in (0.0, 0.5, 1.0)]
@@ -41,7 +36,6 @@ def test_cross_zone_share_falls_as_x_rises(strategy):
     assert cross[2] < 0.02  # an even fleet's cap is 1: every call stays
 
 
-@needs_cslb
 def test_cslb_at_x_0_routes_every_call_as_no_zones_does():
     off, zero = _run("no zones"), _run("cslb", 0.0)
     for key in ("cross_share", "hit_rate", "db_reads_per_s", "hot_set", "cached_distinct"):
@@ -55,7 +49,6 @@ def test_hard_filter_sends_a_two_pod_zone_global_and_keeps_the_others_local():
     assert by["z-b"]["cross_share"] == by["z-c"]["cross_share"] == 0.0
 
 
-@needs_cslb
 def test_cslb_keeps_a_two_pod_zone_global_under_min_pods():
     r = _run("cslb", 1.0, pods=(2, 5, 5))
     assert r["by_zone"]["z-a"]["cross_share"] > 0.7
@@ -63,7 +56,6 @@ def test_cslb_keeps_a_two_pod_zone_global_under_min_pods():
     assert r["shares"].tolist()[0] == pytest.approx(0.5)  # capped (2/12 of pods, 1/3 callers)
 
 
-@needs_cslb
 def test_cslb_footprint_is_smaller_than_the_request_splits_at_the_same_x():
     key, req = _run("cslb", 0.5), _run("request split", 0.5)
     assert key["hot_set"] < req["hot_set"]
@@ -71,7 +63,6 @@ def test_cslb_footprint_is_smaller_than_the_request_splits_at_the_same_x():
     assert key["hit_rate"] > req["hit_rate"]
 
 
-@needs_cslb
 def test_the_request_splits_rings_each_keep_their_own_bar():
     # each child balancer counts its own calls, so local requests do not push local pods
     # over the global ring's bar: the split sends (1 - x) x 2/3 of its calls across, as
@@ -84,23 +75,11 @@ def test_the_request_splits_rings_each_keep_their_own_bar():
     assert req["cross_share"] == pytest.approx(key["cross_share"], abs=0.04)
 
 
-@needs_cslb
 def test_cslb_keeps_about_x_of_keys_local_on_an_even_fleet():
     r = _run("cslb", 0.5)
     assert r["cross_share"] == pytest.approx(0.5 * 2 / 3, abs=0.04)
 
 
-def test_a_pending_strategy_is_a_row_without_figures(monkeypatch):
-    monkeypatch.setattr(zones_mod, "CSLB_PENDING", "pending: not in this build")
-    rows = sweep(replace(SMALL, seconds=2.0, warmup_s=1.0, hot_window_s=1.0), shares=(0.5,))
-    pending = [r for r in rows if r["strategy"] == "cslb"]
-    assert len(pending) == 2  # one per fleet
-    assert all(r["pending"] == "pending: not in this build" for r in pending)
-    assert all("cross_share" not in r for r in pending)
-    assert {r["strategy"] for r in rows} == {"no zones", "hard filter", "request split", "cslb"}
-
-
-@needs_cslb
 def test_a_ramp_lowers_the_burst_of_database_reads():
     base = replace(SMALL, seconds=40.0)
     study = ramp_study(base, ramps=(0.0, 20.0, 60.0), exponents=(1.0,), at_s=5.0, settle_s=15.0)
@@ -112,7 +91,6 @@ def test_a_ramp_lowers_the_burst_of_database_reads():
     assert ramp["hit_rate_min"] > jump["hit_rate_min"]
 
 
-@needs_cslb
 def test_cslb_figures_are_the_same_on_both_kernels():
     figures = []
     old = lbcore.use_kernel("native")

@@ -9,7 +9,6 @@ import time
 import pytest
 
 from cslb.simulate_cmd import main
-from perf.sim.zone_routing import CSLB_PENDING
 from perf.sim.zones_report import COLUMNS
 
 FAST = ["--seconds", "3", "--catalogue", "20000", "--cache-size", "300", "--no-progress"]
@@ -38,8 +37,6 @@ def test_the_table_has_a_row_per_strategy_and_x_and_the_columns():
             f"{s} x={x:g}" for s in ("request split", "cslb") for x in (0, 0.25, 0.5, 0.75, 1)
         ]
         assert rows == expected
-    if CSLB_PENDING is None:
-        assert "pending" not in out
     assert "* 3 s after a 3-s warm-up" in out  # the warm-up is bounded by --seconds too
     assert time.monotonic() - t0 < 300
 
@@ -47,8 +44,7 @@ def test_the_table_has_a_row_per_strategy_and_x_and_the_columns():
 def test_json_has_figures_and_one_second_series_as_long_as_the_run(capsys):
     assert main(["--scenario", "zones", *FAST, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    done = [r for r in rows if "pending" not in r]
-    assert done and all(len(r["series"]["db_reads"]) == 3 for r in done)
+    assert rows and all(len(r["series"]["db_reads"]) == 3 for r in rows)
     assert {r["spread"] for r in rows} == {"2/5/5", "4/4/4"}
 
 
@@ -58,7 +54,6 @@ def test_plot_writes_the_chart(tmp_path, capsys):
     assert (tmp_path / "sim-zones.png").stat().st_size > 10_000
 
 
-@pytest.mark.skipif(CSLB_PENDING is not None, reason=str(CSLB_PENDING))
 def test_zone_ramp_leaves_out_ramps_the_run_cannot_hold(capsys):
     assert main(["--scenario", "zone-ramp", *FAST[:-1], "--seconds", "50"]) == 0
     out = capsys.readouterr().out

@@ -35,7 +35,7 @@ import numpy as np
 
 from discovery.zonecontrol import ZoneController, ZoneSignals, latency_reading
 from lbcore.zone_settings import ZoneSettings
-from perf.sim.zone_routing import CSLB_PENDING, KeySplit, Layout, Strategy, zone_shares
+from perf.sim.zone_routing import KeySplit, Layout, Strategy, zone_shares
 from perf.sim.zones import ZonesConfig, run
 
 __all__ = ["CASES", "ControllerDriver", "Transition", "controller_study"]
@@ -224,12 +224,10 @@ def controller_study(
         :class:`Transition`), ``floors`` (per zone, how many times it went to the
         floor), ``recovery_excess`` (per zone, the highest latency excess read while
         ramping after a recovery; NaN: no recovery), ``series`` (per step: ``t``, ``x``
-        and ``excess`` per zone), ``run`` (the zones run's figures), ``settings``,
-        ``slow``, ``pending``.
+        and ``excess`` per zone), ``run`` (the zones run's figures), ``settings`` and
+        ``slow``.
     """
-    out: dict[str, Any] = {"pending": CSLB_PENDING, "transitions": [], "floors": {}}
-    if CSLB_PENDING is not None:
-        return out
+    out: dict[str, Any] = {"transitions": [], "floors": {}}
     settings = replace(settings or ZoneSettings(), affinity=True)
     cfg = replace(base, strategy="cslb", share=0.0, ramp=None, slow=slow).validate()
     driver = ControllerDriver(

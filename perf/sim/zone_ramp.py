@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from lbcore.knobs import defaults
-from perf.sim.zone_routing import CSLB_PENDING
 from perf.sim.zones import ZonesConfig, run
 
 __all__ = ["RAMPS", "ramp_curves", "ramp_study"]
@@ -50,19 +49,17 @@ def ramp_study(
     """Raise cslb's share from 0 to its cap over each ramp length, on the same traffic.
 
     A ramp that would not end ``settle_s`` before the run does (``base.seconds``) is
-    left out and named in ``skipped``; so is everything while cslb's row is pending.
+    left out and named in ``skipped``.
 
     Returns
     -------
     dict
         ``rows`` (one per ramp and curve: ``ramp_s``, ``exponent``,
         ``reads_before``, ``reads_peak``, ``reads_after`` per second, ``peak_over_after``,
-        ``excess_reads``, ``hit_rate_min``, ``series``), ``skipped``, ``pending``.
+        ``excess_reads``, ``hit_rate_min``, ``series``) and ``skipped``.
     """
     exponents = ramp_curves() if exponents is None else exponents
-    out: dict[str, Any] = {"rows": [], "skipped": [], "pending": CSLB_PENDING}
-    if CSLB_PENDING is not None:
-        return out
+    out: dict[str, Any] = {"rows": [], "skipped": []}
     for e in exponents:
         for r in ramps:
             if at_s + r + settle_s > base.seconds:

@@ -24,20 +24,16 @@ restricted to the local pods, as Skipper builds it from a filtered endpoint list
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Sequence
-from types import ModuleType
-from typing import Any
 
 import numpy as np
 
 from lbcore.plan import Plan
+from lbcore.zones import ZoneSplit, zone_cap
 from perf.sim.routing import PlainRouter, RingOptions
 
 __all__ = [
-    "CSLB_PENDING",
-    "SPLIT_PENDING",
     "STRATEGIES",
     "HardFilter",
     "KeySplit",
@@ -50,30 +46,6 @@ __all__ = [
     "zone_shares",
 ]
 
-
-def _zones_api() -> ModuleType | None:
-    """:mod:`lbcore.zones` when this build has it, else ``None``."""
-    try:
-        from lbcore import zones
-    except ImportError:
-        return None
-    return zones
-
-
-_ZONES = _zones_api()
-#: Why the split strategies' rows are missing (no :func:`lbcore.zones.zone_cap` to cap
-#: ``x``), or ``None``.
-SPLIT_PENDING = (
-    None if hasattr(_ZONES, "zone_cap") else "pending: lbcore.zones.zone_cap is not in this build"
-)
-#: Why cslb's rows are missing, or ``None`` when lbcore's zone plan is there to route them.
-CSLB_PENDING = (
-    None
-    if SPLIT_PENDING is None
-    and hasattr(_ZONES, "ZoneSplit")
-    and "zone" in inspect.signature(Plan).parameters
-    else "pending: lbcore's zone plan (lbcore.zones.ZoneSplit, Plan(zone=...)) is not in this build"
-)
 
 #: Strategy names, in table order.
 STRATEGIES = ("no zones", "hard filter", "request split", "cslb")
@@ -121,18 +93,10 @@ class Layout:
 
 
 def zone_shares(layout: Layout, x: float) -> np.ndarray:
-    """``x_z = min(x, cap_z)`` per zone, the cap from :func:`lbcore.zones.zone_cap`.
-
-    Raises
-    ------
-    RuntimeError
-        Without :func:`lbcore.zones.zone_cap` (:data:`SPLIT_PENDING`).
-    """
-    if _ZONES is None or SPLIT_PENDING is not None:
-        raise RuntimeError(SPLIT_PENDING)
+    """``x_z = min(x, cap_z)`` per zone, the cap from :func:`lbcore.zones.zone_cap`."""
     pods = dict(zip(layout.names, layout.pods, strict=True))
     callers = dict(zip(layout.names, layout.callers, strict=True))
-    return np.array([min(x, _ZONES.zone_cap(pods, callers, z)) for z in layout.names])
+    return np.array([min(x, zone_cap(pods, callers, z)) for z in layout.names])
 
 
 class Strategy:
@@ -311,8 +275,6 @@ class KeySplit(Strategy):
         share: float,
         min_pods: int,
     ) -> None:
-        if CSLB_PENDING is not None:
-            raise RuntimeError(CSLB_PENDING)
         super().__init__(layout, balance_factor, max_hops, vnodes)
         self.min_pods = min_pods
         self.rings = self.everyone.rings
@@ -324,24 +286,22 @@ class KeySplit(Strategy):
 
     def set_share(self, share: float) -> None:
         """Move every zone's ``x`` to ``min(share, cap)`` (the ramp's step)."""
-        assert _ZONES is not None
         self.share = share
         self.shares = zone_shares(self.layout, share)
         self.splits = [self._split(z, float(s)) for z, s in enumerate(self.shares)]
 
     def set_zone_share(self, zone: int, x: float) -> None:
         """Set one zone's ``x`` as given (a controller's, already within the cap)."""
-        assert _ZONES is not None and self.shares is not None
+        assert self.shares is not None
         if float(self.shares[zone]) == x:
             return
         self.shares = self.shares.copy()
         self.shares[zone] = x
         self.splits[zone] = self._split(zone, float(x))
 
-    def _split(self, zone: int, x: float) -> Any:
+    def _split(self, zone: int, x: float) -> ZoneSplit:
         """Zone ``zone``'s split at ``x``, named: each zone draws its own local keys."""
-        assert _ZONES is not None
-        return _ZONES.ZoneSplit(
+        return ZoneSplit(
             self.layout.zone_of == zone, x, min_pods=self.min_pods, name=self.layout.names[zone]
         )
 

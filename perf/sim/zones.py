@@ -37,8 +37,6 @@ from lbcore.fade import fade_share
 from perf.sim.cache import TickLRU
 from perf.sim.workload import Catalogue
 from perf.sim.zone_routing import (
-    CSLB_PENDING,
-    SPLIT_PENDING,
     STRATEGIES,
     KeySplit,
     Layout,
@@ -334,12 +332,7 @@ def sweep(
     shares: tuple[float, ...] = SHARES,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every strategy on every fleet, the split ones at every ``x``; same traffic in each.
-
-    A cslb row is a placeholder (``pending`` holds why, no figures) while lbcore's zone
-    plan is not in the build (:data:`perf.sim.zone_routing.CSLB_PENDING`); so is a
-    request-split row without lbcore's cap (``SPLIT_PENDING``).
-    """
+    """Every strategy on every fleet, the split ones at every ``x``; same traffic in each."""
     rows = []
     for pods in spreads:
         callers = base.callers if len(base.callers) == len(pods) else (1.0,) * len(pods)
@@ -349,13 +342,5 @@ def sweep(
                 cfg = replace(fleet, strategy=name, share=1.0 if math.isnan(x) else x)
                 if progress is not None:
                     progress(f"{cfg.spread} {name}" + ("" if math.isnan(x) else f" x={x:g}"))
-                pending = {"cslb": CSLB_PENDING, "request split": SPLIT_PENDING}.get(name)
-                if pending is not None:
-                    label = f"{name} x={x:g}"
-                    rows.append(
-                        {"label": label, "strategy": name, "share": x, "spread": cfg.spread}
-                        | {"pending": pending}
-                    )
-                    continue
                 rows.append(run(cfg))
     return rows

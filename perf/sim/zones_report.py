@@ -38,13 +38,8 @@ def to_text(rows: list[dict[str, Any]], base: ZonesConfig) -> str:
     label_w = max(len(r["label"]) for r in rows)
     for spread in dict.fromkeys(r["spread"] for r in rows):
         mine = [r for r in rows if r["spread"] == spread]
-        cells = [
-            [_cell(r, k, f) for _, k, f in COLUMNS] if "pending" not in r else [] for r in mine
-        ]
-        widths = [
-            max(len(h), *(len(c[i]) for c in cells if c)) if any(cells) else len(h)
-            for i, (h, _, _) in enumerate(COLUMNS)
-        ]
+        cells = [[_cell(r, k, f) for _, k, f in COLUMNS] for r in mine]
+        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(COLUMNS)]
         out += ["", f"pods per zone {spread}"]
         out.append(
             "".ljust(label_w)
@@ -52,9 +47,6 @@ def to_text(rows: list[dict[str, Any]], base: ZonesConfig) -> str:
             + "  ".join(h.rjust(w) for (h, _, _), w in zip(COLUMNS, widths, strict=True))
         )
         for r, c in zip(mine, cells, strict=True):
-            if not c:
-                out.append(r["label"].ljust(label_w) + "  " + r["pending"])
-                continue
             out.append(
                 r["label"].ljust(label_w)
                 + "  "
@@ -86,8 +78,6 @@ def to_text(rows: list[dict[str, Any]], base: ZonesConfig) -> str:
 
 def ramp_text(study: dict[str, Any]) -> str:
     """The ramp study's table: one row per ramp length and curve."""
-    if study["pending"] is not None:
-        return f"ramp: {study['pending']}"
     cols = (
         ("ramp s", "ramp_s", "{:g}"),
         ("curve E", "exponent", "{:g}"),
@@ -114,9 +104,6 @@ def controller_text(studies: list[tuple[str, dict[str, Any]]]) -> str:
     """The controller study's transitions, one block per case (:mod:`perf.sim.zone_control`)."""
     out = ["cslb simulate --scenario zone-controller"]
     for name, study in studies:
-        if study["pending"] is not None:
-            out += ["", f"{name}: {study['pending']}"]
-            continue
         zone, factor, start, end = study["slow"]
         out += ["", f"{name}: z-{chr(ord('a') + zone)}'s service times x{factor:g} "
                 f"from {start:g} s to {end:g} s"]  # fmt: skip
@@ -167,7 +154,7 @@ def plot(rows: list[dict[str, Any]], directory: str | pathlib.Path) -> pathlib.P
     spreads = list(dict.fromkeys(r["spread"] for r in rows))
     dashes = dict(zip(spreads, ("-", "--", ":", "-."), strict=False))
     for spread in spreads:
-        mine = [r for r in rows if r["spread"] == spread and "pending" not in r]
+        mine = [r for r in rows if r["spread"] == spread]
         for name, style in _STYLE.items():
             pts = [r for r in mine if r["strategy"] == name]
             if not pts:
@@ -210,7 +197,7 @@ def plot(rows: list[dict[str, Any]], directory: str | pathlib.Path) -> pathlib.P
 
 
 def plot_ramp(study: dict[str, Any], directory: str | pathlib.Path) -> pathlib.Path | None:
-    """``sim-zone-ramp.png``: database reads per second through each ramp (None if pending)."""
+    """``sim-zone-ramp.png``: database reads per second through each ramp (None: no ramp)."""
     if not study["rows"]:
         return None
     plt = pyplot()

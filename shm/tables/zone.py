@@ -68,8 +68,9 @@ class ZoneCurve:
     rate
         Growth of the local share, in share per second (``>= 0``).
     cap
-        Largest local share of the curve (0-1): the zone's capacity cap, at most
-        ``1 - probe floor`` (the controller keeps that share of keys global).
+        Largest local share of the curve (0-1), the controller's cap: the zone's
+        capacity cap, at most ``1 - probe floor`` (the controller keeps that share of
+        keys global); ``0`` when ``short`` or ``off``.
     transitions
         Transitions of the controller so far in this namespace (a counter for metrics:
         a zone that flaps shows here even between two scrapes).

@@ -21,6 +21,7 @@ from workers.routing.snapshot import build_plan
 from workers.surfaces.hosts import HostMonitor
 from workers.surfaces.status import render
 
+KEYS = [f"SKU-{i:05d}" for i in range(2000)]
 FULL = ZoneCurve(
     zone="eu-1a", affinity=True, min_pods=2, state="full", reason="ramp_done", x0=1.0, cap=1.0
 )
@@ -141,6 +142,13 @@ def test_the_snapshots_bars_are_the_plans(host: Host, x: float) -> None:
         want = share_bars(plan.loads, plan.listed[plan.zone_views - 1], plan.expected_shares, 1.25)
         # the routers' own test: a pod is under its bar iff its load is at or below it
         assert np.array_equal(plan.under, plan.loads <= want)
+        assert plan.bars is not None and np.array_equal(plan.bars, want)
+        # and the plan routes by them: a key moves exactly when its pod without bounded
+        # load (a local key's zone pod) is over its bar; here only the busy local pod is
+        assert plan.under.tolist() == [False, True, True, True, True, True]
+        plain = build_plan(t, None, snap.now_ns, balance_factor=None).route(KEYS)[0]
+        moved = plan.route(KEYS)[0] != plain
+        assert moved.any() and np.array_equal(moved, ~plan.under[plain])
     assert snap.bars == pytest.approx(want.tolist())
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 import lbcore
 import shm
-from lbcore.bounded import in_call_units, share_bars, target_load
+from lbcore.bounded import in_call_units, target_load
 from lbcore.reported import effective_loads
 from lbcore.zones import MAX_BAR_WINDOW_NS as MAX_WINDOW
 from lbcore.zones import MAX_MIN_PODS, ZoneSplit, window_instants
@@ -298,14 +298,10 @@ def bounded_bar(plan: lbcore.Plan, view: int = -1) -> float | None:
 def zone_bars(plan: lbcore.Plan) -> np.ndarray | None:
     """Each endpoint's own bar in a plan with an open zone part, in routed-call units.
 
-    lbcore's bar from the plan's expected shares (:func:`lbcore.bounded.share_bars` on
-    the plan's loads, candidates and shares, as the plan bounds its keys), table order;
-    ``None`` without a zone part or bounded load.
+    The bars the plan compared its loads with (:attr:`lbcore.Plan.bars`, read-only),
+    table order; ``None`` without a zone part or bounded load.
     """
-    if not plan.zone_views or plan.balance_factor is None or plan.loads is None:
-        return None
-    newest = plan.listed[plan.zone_views - 1]
-    return share_bars(plan.loads, newest, plan.bar_shares, plan.balance_factor)
+    return plan.bars
 
 
 def compared_loads(plan: lbcore.Plan, increment: float) -> np.ndarray | None:

@@ -46,7 +46,7 @@ name                                      type     meaning
 ``cslb_calls_total``                      counter  fan-out calls to pods by ``locality`` (local,
                                                    remote: in the caller's zone or not)
 ``cslb_zone_local_share``                 gauge    share of keys local to the caller's ``zone`` now
-``cslb_zone_local_share_cap``             gauge    the zone's capacity cap on that share
+``cslb_zone_local_share_cap``             gauge    the zone controller's cap on that share
 ``cslb_zone_affinity_state``              gauge    1 for the zone controller's ``state``, else 0
 ``cslb_zone_affinity_reason``             gauge    1 for the ``reason`` of that state, else 0
 ``cslb_zone_transitions_total``           counter  the zone controller's transitions so far
@@ -444,7 +444,8 @@ def _zone_families(s: HostSnapshot | None) -> list[Metric]:
     )
     cap = _gauge(
         "cslb_zone_local_share_cap",
-        "The capacity cap on that share: min(1, pod share of the zone / caller share).",
+        "The zone controller's cap on that share: the zone's capacity cap, min(1, pod "
+        "share of the zone / caller share), at most 1 - probe floor; 0 when short or off.",
         ["zone"],
     )
     state = _gauge(

@@ -284,7 +284,7 @@ def _zone_affinity(s: HostSnapshot) -> str:
             f' (<span id="zone-reason">{escape(z.reason.replace("_", " "))}</span>)',
         ),
         ("keys local now", f'<span id="zone-share">{_pct(s.zone_share)}</span>'),
-        ("capacity cap", f'<span id="zone-cap">{_pct(z.cap)}</span>'),
+        ("local share cap", f'<span id="zone-cap">{_pct(z.cap)}</span>'),
         (
             "calls in the zone",
             f'<span id="zone-calls">{_pct(local)}</span> of {calls} fan-out calls'
