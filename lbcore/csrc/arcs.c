@@ -81,11 +81,15 @@ static void arcs_run(void *x)
             out[o * V + v] += (double)((h - prev[v]) & ~keep);
             prev[v] = (prev[v] & keep) | (h & ~keep);
             count[v] += (int64_t)in;
+            /* Taken again in this pass, from the owner just checked: a writer may have
+             * rewritten the ring since the backward pass, which then found no node of a
+             * view this pass counts once. */
+            last[v] = in ? o : last[v];
         }
     }
     /* A view of one node: that node answers the whole ring. */
     for (Py_ssize_t v = 0; v < V; v++)
-        if (count[v] == 1)
+        if (count[v] == 1 && last[v] >= 0)
             out[last[v] * V + v] = 18446744073709551616.0; /* 2**64 */
 }
 
