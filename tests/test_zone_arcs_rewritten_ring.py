@@ -67,9 +67,7 @@ def test_a_view_found_in_one_pass_only_writes_inside_the_output():
         buf, hit = _one_call(k, hashes, owners)
         assert not buf[:GUARD].any() and not buf[-GUARD:].any(), buf
         if hit:
-            raced += 1
-            # the one node the summing pass saw of view 0 answers the whole ring
-            assert buf[GUARD] == 2.0**64
+            raced += 1  # (the sums of a rewritten ring are void: only where they go counts)
         if raced >= 3:
             break
     assert raced, "the writer never came between the two passes"

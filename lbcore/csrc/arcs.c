@@ -81,13 +81,13 @@ static void arcs_run(void *x)
             out[o * V + v] += (double)((h - prev[v]) & ~keep);
             prev[v] = (prev[v] & keep) | (h & ~keep);
             count[v] += (int64_t)in;
-            /* Taken again in this pass, from the owner just checked: a writer may have
-             * rewritten the ring since the backward pass, which then found no node of a
-             * view this pass counts once. */
-            last[v] = in ? o : last[v];
         }
     }
-    /* A view of one node: that node answers the whole ring. */
+    /* A view of one node: that node answers the whole ring. A writer may have rewritten
+     * the ring between the passes, so that the backward one found no node of a view the
+     * forward one counts once: no owner then, and nothing to write (the sums of a
+     * rewritten ring are void: its reader finds the table rewritten). Not taken in the
+     * forward pass: a store per node and view there makes the pass several times slower. */
     for (Py_ssize_t v = 0; v < V; v++)
         if (count[v] == 1 && last[v] >= 0)
             out[last[v] * V + v] = 18446744073709551616.0; /* 2**64 */
