@@ -30,7 +30,7 @@ import numpy as np
 
 from lbcore import bounded
 from lbcore.draws import below_threshold, mix64
-from lbcore.errors import ArgumentError
+from lbcore.errors import ArgumentError, TableDataError
 from lbcore.fence import fence
 from lbcore.gate import GATE_SALT
 from lbcore.kernel import check_attempt
@@ -46,6 +46,25 @@ def _valid(plan: Core) -> bool:
     words, index, expected = plan.guard
     fence()  # the guard is read after the ring arrays
     return int(words[index]) == expected
+
+
+def _owners_in_range(plan: Core) -> bool:
+    """Whether the newest ring's owners all index endpoints, else raise if still valid.
+
+    The native kernel checks each owner it reads; here the whole ring is checked once
+    per call (the reference's arrays index with them, and a negative owner would index
+    from the end without an error). ``False``: out of range on a ring rewritten
+    meanwhile (the answer is void, as the guard says).
+    """
+    owners = plan.newest.owners
+    n = plan.eligible.shape[1]
+    if not owners.size or (int(owners.min()) >= 0 and int(owners.max()) < n):
+        return True
+    if _valid(plan):
+        raise TableDataError(
+            "ring table holds an entry out of range (damaged, or rewritten while it was read)"
+        )
+    return False
 
 
 class Core:
@@ -153,6 +172,8 @@ def route_hashes(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, i
     n = h.size
     if plan.closed:
         return np.full(n, -1, dtype=np.int32), n, 0, _valid(plan)
+    if not _owners_in_range(plan):
+        return np.full(n, -1, dtype=np.int32), n, 0, False
     pos = plan.newest.positions(h).astype(np.intp)
     out = np.empty(n, dtype=np.int32)
     moved = np.zeros(n, dtype=np.bool_)
@@ -232,6 +253,9 @@ def answers(plan: Core) -> tuple[np.ndarray, np.ndarray]:
         empty = np.empty(0, dtype=np.int32)
         return empty, empty
     size = len(plan.newest)
+    if not _owners_in_range(plan):
+        void = np.full(size * plan.views, -1, dtype=np.int32)
+        return void, void
     pos = np.arange(size, dtype=np.intp)
     parts = [_answer(plan, v, pos, 0) for v in range(plan.views)]
     return (

@@ -267,11 +267,14 @@ class Ring:
         self.host_ids = host_ids
         # Ids are numbered in order of first appearance: fewer ids than endpoints = aliases.
         self.has_aliases = bool(host_ids.size) and int(host_ids.max()) + 1 != host_ids.size
-        # Counted with the largest value capped at n: owners may be a view of shared
-        # memory rewritten after its reader checked it, and bincount allocates as many
-        # counts as the largest value it finds (gigabytes for garbage).
+        # Counted from one private read with every value outside 0..n-1 set to n: owners
+        # may be a view of shared memory rewritten after its reader checked it, bincount
+        # refuses negative values and allocates as many counts as the largest value it
+        # finds (gigabytes for garbage).
         n = len(eps)
-        self.present = np.bincount(np.minimum(owners, n), minlength=n + 1)[:n] > 0
+        counted = np.array(owners, dtype=np.int64)
+        counted[(counted < 0) | (counted >= n)] = n
+        self.present = np.bincount(counted, minlength=n + 1)[:n] > 0
         self.all_present = bool(self.present.all())
         # What one-off routing on every endpoint computes again and again, kept (a ring
         # never changes): the view's arrays, and on the native kernel the last routing

@@ -59,7 +59,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from lbcore.draws import below, mix64
-from lbcore.errors import ArgumentError
+from lbcore.errors import ArgumentError, TableDataError
 from lbcore.kernel import hash_keys, native
 from lbcore.views import CHOICE_FIXED, CHOICE_NRING, draw_thresholds, view_of_draws
 
@@ -376,7 +376,7 @@ def arc_shares(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     Raises
     ------
     lbcore.TableDataError
-        On the native kernel: a ring node's owner is not an endpoint (damaged arrays).
+        A ring node's owner is not an endpoint (damaged arrays).
     """
     return _normalized(arc_sums(ring, np.asarray(eligible, dtype=np.bool_)[None, :])[0])
 
@@ -387,6 +387,11 @@ def arc_sums(ring: ViewedRing, rows: np.ndarray) -> np.ndarray:
     What :func:`arc_shares` normalizes, for several views in one pass over the ring on
     the native kernel (the NumPy reference, :func:`_arc_sums`, passes once per view; the
     sums are the same to the bit). ``float64`` ``(views, endpoints)``.
+
+    Raises
+    ------
+    lbcore.TableDataError
+        On both kernels: a ring node's owner is not an endpoint (damaged arrays).
     """
     k = native()
     if k is not None and rows.size:
@@ -405,8 +410,15 @@ def _arc_sums(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     n = eligible.size
     # One private read: a ring over shared memory may be rewritten under a lapped
     # reader, and a garbage owner must neither index out of range nor size a count.
-    owners = np.minimum(np.array(ring.owners, dtype=np.int64), n)
-    marked = np.flatnonzero(np.append(eligible, False)[owners])
+    owners = np.array(ring.owners, dtype=np.int64)
+    bad = np.flatnonzero((owners < 0) | (owners >= n))
+    if bad.size:
+        i = int(bad[0])
+        raise TableDataError(
+            f"ring node {i} has owner {int(owners[i])}: not one of the {n} endpoints (the "
+            "ring arrays are damaged or were rewritten)"
+        )
+    marked = np.flatnonzero(eligible[owners])
     if not marked.size:
         return np.zeros(n)
     ends = np.asarray(ring.hashes)[marked]
@@ -416,7 +428,7 @@ def _arc_sums(ring: ViewedRing, eligible: np.ndarray) -> np.ndarray:
     arcs = np.empty(ends.size)
     arcs[1:] = np.diff(ends)
     arcs[0] = float((int(ends[0]) - int(ends[-1])) % (1 << 64)) if ends.size > 1 else 2.0**64
-    return np.bincount(owners[marked], weights=arcs, minlength=n + 1)[:n]
+    return np.bincount(owners[marked], weights=arcs, minlength=n)
 
 
 def _normalized(sums: np.ndarray) -> np.ndarray:

@@ -57,8 +57,11 @@ def test_arc_sums_are_the_references_to_the_bit_on_both_kernels():
                 assert not native[v][~rows[v]].any()
 
 
-@pytest.mark.parametrize("bad", [-1, 150])
-def test_a_ring_node_owned_by_no_endpoint_is_refused_natively(bad):
+BAD_OWNERS = [-1, -2, -100, -(2**31), 150, 151, 2**31 - 1]
+
+
+@pytest.mark.parametrize("bad", BAD_OWNERS)
+def test_a_ring_node_owned_by_no_endpoint_is_refused_by_both_kernels(bad):
     ring = lbcore.Ring(endpoints(150))
 
     class Damaged:
@@ -66,9 +69,24 @@ def test_a_ring_node_owned_by_no_endpoint_is_refused_natively(bad):
         owners = ring.owners.copy()
 
     Damaged.owners[777] = bad
-    got = on("native", lambda: zones.arc_sums(Damaged, np.ones((2, 150), dtype=np.bool_)))
-    if lbcore.kernel.load_native() is not None:
-        assert got[:2] == ("error", lbcore.TableDataError) and "ring node 777" in got[2]
+    rows = np.ones((2, 150), dtype=np.bool_)
+    kernels = ["numpy"] + (["native"] if lbcore.kernel.load_native() is not None else [])
+    for k in kernels:
+        got = on(k, lambda: zones.arc_sums(Damaged, rows))
+        assert got[:2] == ("error", lbcore.TableDataError), (k, got)
+        assert f"ring node 777 has owner {bad}:" in got[2], (k, got)
+
+
+@pytest.mark.parametrize("bad", BAD_OWNERS)
+def test_a_ring_wrapping_an_owner_out_of_range_marks_no_endpoint_for_it(bad):
+    """A lapped reader wraps owners rewritten after its checks: any value, no error."""
+    ring = lbcore.Ring(endpoints(150))
+    owners = ring.owners.copy()
+    gone = int(owners[777])
+    owners[owners == gone] = bad
+    garbage = lbcore.Ring.from_arrays(ring.endpoints, ring.hashes, owners, buckets=ring.buckets)
+    assert garbage.present.shape == (150,)
+    assert not garbage.present[gone] and garbage.present.sum() == 149
 
 
 def test_each_views_arcs_are_summed_once_per_ring(monkeypatch, kernel):

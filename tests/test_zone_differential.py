@@ -2,10 +2,11 @@
 
 The random plans of :mod:`tests.test_kernel_differential` (ring sets with fading rings,
 ejections, gates, every fade mode, loads, balance factors, hop caps) with a random
-zone: which endpoints are local, the share (0, 1 or between), ``min_pods`` and the
-caller zone's name (the local draw's salt). Both kernels must give the same indices,
-counts and errors, for drawn key batches and for keys on and just past every ring
-point, at attempts 0 to 3.
+zone: which endpoints are local, the share (0, 1 or between), ``min_pods``, the caller
+zone's name (the local draw's salt) and in some a bar window with the local share at
+its instants (B1's bars then mix each instant's views). Both kernels must give the same
+indices, counts and errors, for drawn key batches and for keys on and just past every
+ring point, at attempts 0 to 3.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from hypothesis import strategies as st
 
 import lbcore
 from lbcore import Plan, ZoneSplit
+from lbcore.zones import MAX_BAR_WINDOW_NS, WINDOW_SAMPLES
 from tests.kernel_harness import on
-from tests.test_kernel_differential import KEY_ERRORS, batches, plans, routed_and_recorded
+from tests.test_kernel_differential import KEY_ERRORS, D, batches, plans, routed_and_recorded
 
 pytestmark = pytest.mark.skipif(
     lbcore.kernel.native() is None and lbcore.kernel.load_native() is None,
@@ -41,8 +43,23 @@ def zone_plans(draw):
     share = draw(st.sampled_from([0.0, 1.0]) | st.floats(0.0, 1.0))
     # the caller's zone salts the local draw: both kernels must take it from the split
     name = draw(st.sampled_from(["", "z-a", "z-b"]) | st.text(st.characters(codec="utf-8")))
+    # B1's bars over a window: the fade-in curves at each instant (some before a ring
+    # started) and the local share there, constant, ramping or anything
+    window = draw(st.sampled_from([0, 0, D // 2, 3 * D]) | st.integers(1, MAX_BAR_WINDOW_NS))
+    bar_shares = None
+    if window:
+        a, b = draw(st.floats(0.0, 1.0)), draw(st.floats(0.0, 1.0))
+        bar_shares = draw(
+            st.just(tuple(np.linspace(a, b, WINDOW_SAMPLES).tolist()))
+            | st.lists(st.floats(0.0, 1.0), min_size=WINDOW_SAMPLES, max_size=WINDOW_SAMPLES)
+        )
     args["zone"] = ZoneSplit(
-        np.array(local, dtype=np.bool_), share, min_pods=draw(st.integers(1, 5)), name=name
+        np.array(local, dtype=np.bool_),
+        share,
+        min_pods=draw(st.integers(1, 5)),
+        name=name,
+        bar_window_ns=window,
+        bar_shares=bar_shares,
     )
     return args
 

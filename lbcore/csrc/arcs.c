@@ -83,9 +83,13 @@ static void arcs_run(void *x)
             count[v] += (int64_t)in;
         }
     }
-    /* A view of one node: that node answers the whole ring. */
+    /* A view of one node: that node answers the whole ring. A writer may have rewritten
+     * the ring between the passes, so that the backward one found no node of a view the
+     * forward one counts once: no owner then, and nothing to write (the sums of a
+     * rewritten ring are void: its reader finds the table rewritten). Not taken in the
+     * forward pass: a store per node and view there makes the pass several times slower. */
     for (Py_ssize_t v = 0; v < V; v++)
-        if (count[v] == 1)
+        if (count[v] == 1 && last[v] >= 0)
             out[last[v] * V + v] = 18446744073709551616.0; /* 2**64 */
 }
 

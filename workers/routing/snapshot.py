@@ -536,7 +536,14 @@ class Follower:
                         exc,
                     )
                 return s
-            s = self._take(t, now)
+            try:
+                s = self._take(t, now)
+            except lbcore.TableDataError as exc:
+                # Damaged after it was mapped and checked, found by its plan (a zone
+                # plan reads the whole ring for its bars) rather than by a batch: the
+                # same fallback as a batch that finds it (Router.route_table).
+                self.damaged(t, exc)
+                return None
             if s is not None:
                 self.problem = None
                 return s
@@ -607,8 +614,8 @@ class Follower:
                             prev = ready[1]
                     plan = build_plan(t, loads, now, reports=reports, reuse=prev)
                 except lbcore.LBCoreError as exc:
-                    if not t.valid():
-                        raise
+                    if not t.valid() or isinstance(exc, lbcore.TableDataError):
+                        raise  # (the ring's damage: no loads route around it)
                     # Loads the plan refuses (damage no row check caught): route as on an
                     # idle host rather than refuse every batch.
                     self._warn_once(
