@@ -34,10 +34,21 @@ typedef struct {
     int32_t bad_owner;     /* its owner */
 } arcs_call;
 
+/* Every owner read from the ring is checked before it indexes anything; the first bad
+ * one is kept for the error message. */
+static inline int owner_ok(arcs_call *a, Py_ssize_t i, int32_t o)
+{
+    if (o >= 0 && o < a->n)
+        return 1;
+    a->bad = i;
+    a->bad_owner = o;
+    return 0;
+}
+
 static void arcs_run(void *x)
 {
     arcs_call *a = (arcs_call *)x;
-    const Py_ssize_t V = a->views, n = a->n, nodes = a->nodes;
+    const Py_ssize_t V = a->views, nodes = a->nodes;
     const uint64_t *hashes = a->hashes;
     const int32_t *owners = a->owners;
     const uint8_t *member = a->member;
@@ -49,11 +60,8 @@ static void arcs_run(void *x)
     Py_ssize_t missing = V;
     for (Py_ssize_t i = nodes - 1; i >= 0 && missing > 0; i--) {
         int32_t o = owners[i];
-        if (UNLIKELY(o < 0 || o >= n)) {
-            a->bad = i;
-            a->bad_owner = o;
+        if (UNLIKELY(!owner_ok(a, i, o)))
             return;
-        }
         const uint8_t *m = member + (size_t)o * (size_t)V;
         for (Py_ssize_t v = 0; v < V; v++) {
             if (m[v] && last[v] < 0) {
@@ -67,11 +75,8 @@ static void arcs_run(void *x)
      * a node adds 0.0 to the views it is not in, which leaves a sum of arcs as it is. */
     for (Py_ssize_t i = 0; i < nodes; i++) {
         int32_t o = owners[i];
-        if (UNLIKELY(o < 0 || o >= n)) {
-            a->bad = i;
-            a->bad_owner = o;
+        if (UNLIKELY(!owner_ok(a, i, o)))
             return;
-        }
         const uint8_t *m = member + (size_t)o * (size_t)V;
         const uint64_t h = hashes[i];
         for (Py_ssize_t v = 0; v < V; v++) {
