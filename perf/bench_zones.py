@@ -52,6 +52,7 @@ from perf.bench_lbcore import pinned
 from perf.common import S, endpoint_urls, no_gc, unique_namespace, unlink_namespace
 from shm.tables import ZoneCurve
 from workers.routing.reported import TableReports
+from workers.routing.router import LOAD_REFRESH
 from workers.routing.snapshot import INLINE_MAP_BYTES, build_plan, prepare_table, read_loads
 
 __all__ = ["OPS", "SIZES", "run"]
@@ -60,7 +61,7 @@ SIZES = (100, 1_000, 20_000)
 ZONES = ("z-a", "z-b", "z-c")
 #: The operations timed, in the order of the page's table.
 OPS = ("first", "refresh", "refresh, no bar window", "refresh, reports")
-REFRESH_NS = S // 10  # CSLB_LOAD_REFRESH's default
+REFRESH_NS = round(LOAD_REFRESH.default * S)  # CSLB_LOAD_REFRESH's default
 REPORTS_ON = ReportSettings(enabled=True, blackout_ns=10 * S, expiry_ns=30 * S, refresh_ns=5 * S)
 
 

@@ -35,6 +35,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import lbcore
+from lbcore.zone_settings import ZONE_PROBE_FLOOR
 from tests.gunicorn_harness import Server, unique_namespace, wait_for
 from tests.json_http import post_fanout
 from tests.pods import Pod, PodFleet
@@ -47,6 +48,10 @@ BASE_ENV = {
     "CSLB_FANOUT_TIMEOUT": "3",
     "CSLB_ZONE_RAMP": "0",
 }
+#: The probe floor: the share kept while affinity is suppressed.
+FLOOR = float(ZONE_PROBE_FLOOR.default)
+#: x at full affinity: the capacity cap (1 on these fleets) held at 1 - the probe floor.
+FULL_X = 1.0 - FLOOR
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +179,8 @@ def test_full_affinity_keeps_calls_in_the_zone_on_an_even_fleet(fleet):
                     # about 2/3 of the keys' ring owners are in the other two zones
                     assert 0.5 <= by_metric <= 0.8, by_metric
                 else:
-                    # x = the cap: 1 on an even fleet, held at 1 - the probe floor (1 %)
-                    assert state_of(server)[3] == 0.99
+                    # x = the cap: 1 on an even fleet, held at 1 - the probe floor
+                    assert state_of(server)[3] == pytest.approx(FULL_X)
                     assert by_metric <= 0.10, by_metric
                 assert by_pods == pytest.approx(by_metric, abs=1e-9)
                 assert by_answers <= by_metric + 0.02
@@ -264,7 +269,7 @@ def test_a_latency_fault_drops_affinity_to_the_floor_and_it_recovers_once(fleet)
             wait_for("the drop to the floor", lambda: at(("floor",)), 25.0, 0.1)
             took = time.monotonic() - faulted
             state, reason, _, x = state_of(a)
-            assert (state, reason) == ("floor", "latency") and x == pytest.approx(0.01)
+            assert (state, reason) == ("floor", "latency") and x == pytest.approx(FLOOR)
             # within the controller's window (the counters' 10 s) and a tick (1 s), plus
             # the metric poll's own delay
             assert took <= 12.0, took
@@ -301,16 +306,28 @@ SCALE_ENV = {
     # lagged loads at 1.25: tests/test_zone_bars_lagged_loads.py.)
     "CSLB_BALANCE_FACTOR": "2",
 }
+RAMP_S = float(SCALE_ENV["CSLB_ZONE_RAMP"])
+FADE_NS = int(float(SCALE_ENV["CSLB_FADE_DURATION"]) * 1e9)
+#: x past which the new pod joins, mid-ramp.
+JOIN_X = 0.2
+#: The keys chosen to return are on the new ring by this part of the fade-in's duration.
+EARLY = 0.75
+#: ... and local only past this x, which the ramp (FULL_X / RAMP_S a second) reaches as
+#: long again after that if the fade-in starts at JOIN_X (a second later: a second less).
+LATE_X = JOIN_X + 2 * EARLY * FADE_NS / 1e9 * FULL_X / RAMP_S
+assert JOIN_X < LATE_X < FULL_X
+Pass = tuple[int, float]  # a pass over the keys: its start from the fade-in's (ns), x after
 
 
 def follow_a_scale_up_mid_ramp(
-    tmp: Path, pods: list[Pod], new: int, keys: list[str]
+    tmp: Path, pods: list[Pod], new: int, keys: list[str], passes: list[Pass] | None = None
 ) -> dict[str, list[str]]:
-    """Each key's pods while z-a ramps and ``pods[new]`` joins (at x >= 0.2) and fades in.
+    """Each key's pods while z-a ramps and ``pods[new]`` joins (at x >= JOIN_X) and fades in.
 
     Only answers of first attempts count (a retry's pod is not the key's owner); a
     key's list holds a pod again only when the key returns to it. Ends once the ramp is
-    done and the fade-in over.
+    done and the fade-in over. ``passes`` gets, for each pass over the keys once the
+    fade-in runs, the time from the fade-in's start to the pass's (ns) and x after it.
     """
     nine = list(range(9))
     eps = tmp / f"scale-{new}.json"
@@ -345,16 +362,26 @@ def follow_a_scale_up_mid_ramp(
         for j in range(0, len(keys), batch):
             fanout(a, keys[j : j + batch])
         sample()
-        wait_for("x to pass 0.2", lambda: state_of(a)[3] >= 0.2, 20.0, 0.1)
+        wait_for(f"x to pass {JOIN_X}", lambda: state_of(a)[3] >= JOIN_X, 20.0, 0.1)
         write_endpoints(eps, pods, [*nine, new])  # fading in, mid-ramp
-        wait_for("the fade-in", lambda: any(k[0] == "cslb_fade_share" for k in metrics(a)), 20.0)
+        started: list[int] = []  # the host's CLOCK_MONOTONIC, as time.monotonic_ns()'s
+
+        def fading() -> bool:
+            fade = [dict(k[1]) for k in metrics(a) if k[0] == "cslb_fade_share"]
+            started.extend(int(f["started_ns"]) for f in fade)
+            return bool(fade)
+
+        wait_for("the fade-in", fading, 20.0)
         # the zone still ramps once the fade-in runs (the state only goes on to full
         # here): the two fades overlap
         assert state_of(a)[0] == "ramping"
         for _ in range(400):  # until the ramp is done and the new ring faded in
+            t0 = time.monotonic_ns()
             sample()
-            fading = any(k[0] == "cslb_fade_share" for k in metrics(a))
-            if state_of(a)[0] == "full" and not fading:
+            state = state_of(a)
+            if passes is not None:
+                passes.append((t0 - started[0], state[3]))
+            if state[0] == "full" and not fading():
                 break
         else:
             raise AssertionError("the ramp and the fade did not both end")
@@ -380,7 +407,7 @@ def test_a_scale_up_during_the_zone_ramp_moves_no_key_twice(fleet):
     assert new in final
     # x = the cap at the end (1 - the probe floor): the local keys on local pods, the
     # probe floor's share of keys on their global ring owner
-    local = lbcore.local_keys(keys, 0.99, "z-a")  # the caller's zone draws them
+    local = lbcore.local_keys(keys, FULL_X, "z-a")  # the caller's zone draws them
     ring = lbcore.RingSet([pods[i].url for i in [*nine, 9]])
     owners = [ring.endpoints[int(e)] for e in ring.rings[0].lookup(keys)]
     assert all(u in local_urls for u, loc in zip(final, local, strict=True) if loc)
@@ -413,19 +440,18 @@ def keys_that_should_return(pods: list[Pod], new: int, count: int) -> list[str]:
     """``count`` keys the fade-in of ``pods[new]`` (remote) should move early and the ramp
     late, back to their global owner in z-a (A -> B -> A), whatever the pods' ports.
 
-    The fade-in gives each of them the new ring by 3/4 of its duration, 6 s after the pod
-    joins past x = 0.2 (the ramp, 0.99 in 20 s, adds about 0.05 a second: x is then near
-    0.5), and the ramp makes it local only past x = 0.8: seconds on the new pod, seen by
-    several passes.
+    The fade-in gives each of them the new ring by :data:`EARLY` of its duration after
+    the pod joins past x = :data:`JOIN_X`, and the ramp makes it local only past x =
+    :data:`LATE_X`, which the ramp reaches as long again after: seconds on the new pod,
+    seen by several passes.
     """
-    fade_ns = int(float(SCALE_ENV["CSLB_FADE_DURATION"]) * 1e9)
     nine = [pods[i].url for i in range(9)]
     cands = [f"SKU-{i:05d}" for i in range(len(POOL), 40_000)]
-    faded = lbcore.RingSet(nine, duration_ns=fade_ns).scale_up([pods[new].url], 0)
-    early = faded.ring_choice(lbcore.hash_keys(cands), 3 * fade_ns // 4) == 1
+    faded = lbcore.RingSet(nine, duration_ns=FADE_NS).scale_up([pods[new].url], 0)
+    early = faded.ring_choice(lbcore.hash_keys(cands), int(EARLY * FADE_NS)) == 1
     g0 = owners_of(lbcore.RingSet(nine), cands)
     g1 = owners_of(lbcore.RingSet([*nine, pods[new].url]), cands)
-    late = lbcore.local_keys(cands, 0.99, "z-a") & ~lbcore.local_keys(cands, 0.8, "z-a")
+    late = lbcore.local_keys(cands, FULL_X, "z-a") & ~lbcore.local_keys(cands, LATE_X, "z-a")
     a_pods = {pods[i].url for i in range(9) if zone_of(i) == "z-a"}
     out = [
         k
@@ -445,14 +471,15 @@ def test_a_remote_pod_added_during_the_zone_ramp_moves_a_key_once_per_event(flee
     returning = keys_that_should_return(pods, 10, 8)
     keys = [k for j in range(8) for k in (returning[j], *POOL[50 * j : 50 * j + 50])]
     new = pods[10].url  # z-b: a remote pod for the z-a caller
-    history = follow_a_scale_up_mid_ramp(tmp, pods, 10, keys)
+    passes: list[Pass] = []
+    history = follow_a_scale_up_mid_ramp(tmp, pods, 10, keys, passes)
     g0 = owners_of(lbcore.RingSet([pods[i].url for i in nine]), keys)
     after = lbcore.RingSet([pods[i].url for i in ten])
     g1 = owners_of(after, keys)
     split = lbcore.ZoneSplit.for_zone([zone_of(i) for i in ten], "z-a", 1.0)
     zoned = lbcore.Plan(after, 0, zone=split)  # every key local: its zone-ring owner
     zone_owner = [after.endpoints[int(e)] for e in zoned.route_hashes(lbcore.hash_keys(keys))[0]]
-    local = lbcore.local_keys(keys, 0.99, "z-a")  # x = the cap at the end
+    local = lbcore.local_keys(keys, FULL_X, "z-a")  # x = the cap at the end
     url_zone = {pods[i].url: zone_of(i) for i in ten}
     # A remote key goes to its global owner: g0 on the old ring, g1 (g0 or the new pod)
     # once the fade-in gives it the new ring. A local key goes to its zone-ring owner on
@@ -477,6 +504,15 @@ def test_a_remote_pod_added_during_the_zone_ramp_moves_a_key_once_per_event(flee
         f" {len(back)} back where they were"
     )
     print(f"{len(back & set(returning))} of the {len(returning)} keys chosen to return did")
-    assert back  # the case followed here happened
+    # The chosen keys, by the rules: each is remote and on the old ring at the first pass
+    # (before the join), so on its global owner A in z-a; it ends local, on its zone-ring
+    # owner, which is A (the zone ring is the global ring's z-a points); in between only
+    # the new pod B can be its pod. A pass that starts once the fade-in has given them all
+    # the new ring (EARLY of it) and ends before x reaches LATE_X (none of them local yet)
+    # sees every one on B, so then every one goes A -> B -> A.
+    inside = [p for p in passes if p[0] >= EARLY * FADE_NS and p[1] < LATE_X]
+    print(f"{len(inside)} of {len(passes)} passes saw the chosen keys on the new pod")
+    assert inside, passes  # the case followed here happened
+    assert {k: history[k] for k in returning} == {k: [g0[j[k]], new, g0[j[k]]] for k in returning}
     final = [history[k][-1] for k in keys]
     assert final == [z if loc else b for b, z, loc in zip(g1, zone_owner, local, strict=True)]

@@ -298,7 +298,8 @@ def bounded_bar(plan: lbcore.Plan, view: int = -1) -> float | None:
 def zone_bars(plan: lbcore.Plan) -> np.ndarray | None:
     """Each endpoint's own bar in a plan with an open zone part, in routed-call units.
 
-    The bars the plan compared its loads with (:attr:`lbcore.Plan.bars`, read-only),
+    The bars the plan compared its loads with (:attr:`lbcore.Plan.bars`, read-only, in
+    the units of the plan's loads, which :func:`build_plan` gives in routed-call units),
     table order; ``None`` without a zone part or bounded load.
     """
     return plan.bars

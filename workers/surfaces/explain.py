@@ -160,7 +160,7 @@ def explain(
     owners = owner.route_hashes(h, 0)[0]
     first = plan.route_hashes(h, 0)[0] if attempt else idx
     mode = knobs.fade_mode
-    # Zone affinity: which keys are local now, and each pod's own bar (its expected share).
+    # Zone affinity: which keys are local now, and each pod's own bar (from its bar share).
     split = plan.zone if plan.zone_views else None
     local = (
         local_mask(h, plan.zone_share, split.name)

@@ -245,8 +245,10 @@ class HostSnapshot:
         (:func:`workers.routing.snapshot.build_plan`); ``None`` without bounded load or loads.
     bars : tuple[float, ...] | None
         With zone affinity in that plan, each endpoint's own bar (table order, the
-        signal's unit): ``balance_factor × its expected share × (increment + Σ load)``;
-        ``None`` when :attr:`bar` bounds every endpoint.
+        signal's unit): ``balance_factor × its bar share × (increment + Σ load)``, the
+        bar shares being the expected shares averaged over the loads' window
+        (:attr:`lbcore.Plan.bar_shares`), never below the average's bar; ``None`` when
+        :attr:`bar` bounds every endpoint.
     outlier_panic : bool
         Too few endpoints are left un-ejected: routing ignores every ejection.
     fanout : dict[str, int]

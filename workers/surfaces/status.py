@@ -11,7 +11,8 @@ listed by address in numeric order (IPv4, then IPv6, then names; then the port),
 grouped by zone when the endpoints carry zones. With a caller's zone or zone affinity,
 the zone controller's state, why, the local share of keys now, its cap and the share of
 the fan-out's calls that stayed in the zone; under zone affinity each pod is red over
-its own bar (its expected share of the keys).
+its own bar (its bar share: its expected share of the keys averaged over the loads'
+window, never below the average's bar).
 
 Server-rendered HTML with inline CSS and one inline script: no build step, no external
 asset, so it works from a ``kubectl port-forward`` on an air-gapped cluster. The layout
@@ -324,7 +325,7 @@ def _endpoints(s: HostSnapshot) -> str:
         )
     ordered = sorted(shown, key=lambda e: address_order(e.address))
     rows = []
-    # With zone affinity each pod has its own bar (its expected share of the keys).
+    # With zone affinity each pod has its own bar (from its bar share of the keys).
     own = dict(zip((e.address for e in s.endpoints), s.bars or (), strict=False))
 
     def row(e: EndpointState) -> str:
@@ -345,7 +346,9 @@ def _endpoints(s: HostSnapshot) -> str:
         note = (
             f'<p class="muted" id="load-bar">Bar: full width = {scale:.3g}. Red: load over '
             f"the pod's own bounded-load bar (zone affinity: balance factor {bf:g} × its "
-            f"expected share of the keys × ({inc:.3g} + total {escape(str(signal))} load))"
+            f"bar share × ({inc:.3g} + total {escape(str(signal))} load), the bar shares "
+            "being the expected shares averaged over the loads' window, never below the "
+            "average's bar)"
             f"{' (the black mark)' if limit is not None else ''}.</p>"
         )
     elif bar is not None:
