@@ -35,7 +35,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import lbcore
-from lbcore.zone_settings import ZONE_PROBE_FLOOR
+from lbcore.zone_settings import MAX_LATENCY_MARGIN, ZONE_PROBE_FLOOR
 from tests.gunicorn_harness import Server, unique_namespace, wait_for
 from tests.json_http import post_fanout
 from tests.pods import Pod, PodFleet
@@ -165,10 +165,8 @@ def test_full_affinity_keeps_calls_in_the_zone_on_an_even_fleet(fleet):
     eps = tmp / "even.json"
     write_endpoints(eps, pods, nine)
     for affinity in ("off", "on"):
-        with (
-            service(tmp, eps, "z-a", CSLB_ZONE_AFFINITY=affinity) as a,
-            service(tmp, eps, "z-b", CSLB_ZONE_AFFINITY=affinity) as b,
-        ):
+        env = {"CSLB_ZONE_AFFINITY": affinity, **STEADY}
+        with service(tmp, eps, "z-a", **env) as a, service(tmp, eps, "z-b", **env) as b:
             for server, zone in ((a, "z-a"), (b, "z-b")):
                 want = "full" if affinity == "on" else "off"
                 wait_for(f"{zone} {want}", lambda s=server, w=want: state_of(s)[0] == w, 30.0, 0.1)
@@ -295,16 +293,26 @@ def test_a_latency_fault_drops_affinity_to_the_floor_and_it_recovers_once(fleet)
         assert traffic.sent > 0
 
 
+#: On one machine no call crosses a real zone, and z-c's pods have no local callers here:
+#: at full affinity the callers' own pods carry their calls and look slower than the idle
+#: z-c pods their probe keys reach, which a loaded machine can push past the latency
+#: margin, and the controller then rightly drops the zone to the floor. Tests of the
+#: share and of the moves keep the latency drop out of the way with the widest margin;
+#: the latency fault test below keeps the default.
+STEADY = {"CSLB_ZONE_LATENCY_MARGIN": str(MAX_LATENCY_MARGIN)}
+
 SCALE_ENV = {
+    **STEADY,
     "CSLB_ZONE_AFFINITY": "on",
     "CSLB_ZONE_RAMP": "20",  # (the pass before the first sample takes part of it)
     "CSLB_FADE_DURATION": "8",
-    # Bounded load on, its bars following the ramp and the fade-in (loads averaged over
-    # the window). Headroom 2, not 1.25: on a loaded 2-core machine the local pods'
-    # calls are slower than the remote ones' (more of them at once), so their occupancy
-    # sits near a 1.25 bar and keys would rightly move on it. (Both kernels' answers to
-    # lagged loads at 1.25: tests/test_zone_bars_lagged_loads.py.)
-    "CSLB_BALANCE_FACTOR": "2",
+    # Bounded load off: the events followed are the ramp and the fade-in. With it on, a
+    # pod slowed for a moment by a loaded machine is rightly over its bar and its keys
+    # walk off and back (seen at load 9 even with headroom 2): a third kind of move,
+    # load-driven. Bounded load under zone affinity end to end is the full-affinity
+    # test's (its spills included); its bars through the ramp and the fade-in, on both
+    # kernels, tests/test_zone_bars_lagged_loads.py.
+    "CSLB_BALANCE_FACTOR": "off",
 }
 RAMP_S = float(SCALE_ENV["CSLB_ZONE_RAMP"])
 FADE_NS = int(float(SCALE_ENV["CSLB_FADE_DURATION"]) * 1e9)
@@ -337,8 +345,6 @@ def follow_a_scale_up_mid_ramp(
         history: dict[str, list[str]] = {k: [] for k in keys}
 
         def sample() -> None:
-            # small fan-outs: pods that queue dozens of calls at once would be slow for
-            # real, and bounded load (on) would rightly move keys off them
             for j in range(0, len(keys), batch):
                 for k, r in zip(keys[j : j + batch], fanout(a, keys[j : j + batch]), strict=True):
                     if r["ok"] and r["attempts"] == 1:
@@ -356,9 +362,7 @@ def follow_a_scale_up_mid_ramp(
             wait_for("the ramp to start", ramping, 30.0, 0.1)
         except AssertionError as exc:  # say where the controller was instead
             raise AssertionError(f"{exc}: {states[-3:]}, {a.events('zone_transition')}") from None
-        # One pass not recorded: the workers' first calls open their connections, and a
-        # pod whose first calls are slow for it is rightly over its bar for a moment on
-        # a loaded machine (its keys walk off and back: not the events followed here).
+        # One pass not recorded: the workers' first calls open their connections.
         for j in range(0, len(keys), batch):
             fanout(a, keys[j : j + batch])
         sample()
@@ -398,7 +402,8 @@ def test_a_scale_up_during_the_zone_ramp_moves_no_key_twice(fleet):
     moved_twice = [h for h in history.values() if len(h) > 2]
     moved = sum(len(h) > 1 for h in history.values())
     print(f"scale-up mid-ramp: {moved} of {len(keys)} keys moved, {len(moved_twice)} twice")
-    assert all(len(h) <= 3 for h in history.values())  # at most one move per event
+    over = {k: h for k, h in history.items() if len(h) > 3}
+    assert not over, over  # at most one move per event
     assert all(len(set(h)) == len(h) for h in history.values())  # never back
     odd = {k: h for k, h in history.items() if len(h) > 2 and h[-1] != new}
     assert not odd, odd  # a second move is onto the new pod
