@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lbcore.errors import ArgumentError, BalanceFactorError, LoadError
+from lbcore.errors import ArgumentError, BalanceFactorError, LoadError, TableDataError
 
 
 class Ring(Protocol):
@@ -56,6 +56,7 @@ __all__ = [
     "check_loads",
     "check_max_hops",
     "in_call_units",
+    "owners_at",
     "routed_call_load",
     "share_bars",
     "skip_to_eligible",
@@ -234,6 +235,30 @@ def _bar(total: float, count: int, balance_factor: float) -> float:
     return total / float(count) * balance_factor
 
 
+def owners_at(ring: Ring, at: np.ndarray | None, n: int) -> np.ndarray:
+    """The owners of ring positions ``at`` (``None``: every node), each one of ``n`` endpoints.
+
+    One private read (``take`` copies), checked, which is then what indexes: the ring
+    may be a view of shared memory that another process writes, and a negative owner
+    would index from an array's end without an error. The native kernel checks each
+    owner it reads alike.
+
+    Raises
+    ------
+    lbcore.TableDataError
+        An owner outside ``0 .. n - 1``: the ring is damaged, or was rewritten while it
+        was read (the caller's guard tells which).
+    """
+    own = np.array(ring.owners) if at is None else ring.owners.take(at)
+    # As uint32 a negative owner is above any n: one reduction checks both ends.
+    wide = own.view(np.uint32) if own.dtype == np.int32 else own.astype(np.uint64)
+    if own.size and int(wide.max()) >= n:
+        raise TableDataError(
+            "ring table holds an entry out of range (damaged, or rewritten while it was read)"
+        )
+    return own
+
+
 def _next_marked(marked_positions: np.ndarray, cur: np.ndarray) -> np.ndarray:
     """First marked ring position at or after each of ``cur``, cyclically."""
     idx = np.searchsorted(marked_positions, cur, side="left")
@@ -248,19 +273,19 @@ def skip_to_eligible(ring: Ring, pos: np.ndarray, eligible: np.ndarray) -> np.nd
     """
     if eligible is ring.present and ring.all_present:
         return pos  # every endpoint on the ring is a candidate: nothing to skip
-    owners = ring.owners
-    size = owners.size
-    bad = np.flatnonzero(~eligible[owners.take(pos)])
+    n = eligible.size
+    size = ring.owners.size
+    bad = np.flatnonzero(~eligible[owners_at(ring, pos, n)])
     step = 0
     while bad.size:
         if step == _STEPS_BEFORE_SEARCH:
-            marked = np.flatnonzero(eligible[owners])
+            marked = np.flatnonzero(eligible[owners_at(ring, None, n)])
             pos[bad] = _next_marked(marked, pos[bad])
             break
         cur = pos[bad] + 1
         cur[cur == size] = 0
         pos[bad] = cur
-        bad = bad[~eligible[owners.take(cur)]]
+        bad = bad[~eligible[owners_at(ring, cur, n)]]
         step += 1
     return pos
 
@@ -271,11 +296,11 @@ def advance_distinct(ring: Ring, pos: np.ndarray, eligible: np.ndarray, attempt:
     Walks on along the ring over eligible endpoints, counting each endpoint once; the
     caller guarantees at least ``attempt + 1`` eligible endpoints exist.
     """
-    owners = ring.owners
-    size = owners.size
+    n_ep = eligible.size
+    size = ring.owners.size
     n = pos.size
     seen = np.full((n, attempt + 1), -1, dtype=np.int64)
-    seen[:, 0] = owners.take(pos)
+    seen[:, 0] = owners_at(ring, pos, n_ep)
     found = np.ones(n, dtype=np.intp)
     active = np.arange(n)
     cur = pos.copy()
@@ -285,7 +310,7 @@ def advance_distinct(ring: Ring, pos: np.ndarray, eligible: np.ndarray, attempt:
         c = cur[active] + 1
         c[c == size] = 0
         cur[active] = c
-        own = owners.take(c)
+        own = owners_at(ring, c, n_ep)
         new = eligible[own] & ~(seen[active] == own[:, None]).any(axis=1)
         rows = active[new]
         seen[rows, found[rows]] = own[new]
@@ -296,8 +321,8 @@ def advance_distinct(ring: Ring, pos: np.ndarray, eligible: np.ndarray, attempt:
 
 def walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
     """Skipper's walk: the first ``good`` endpoint at or after each position, one lap at most."""
-    owners = ring.owners
-    size = owners.size
+    n = good.size
+    size = ring.owners.size
     result = np.empty(pos.size, dtype=np.int32)
     active = np.arange(pos.size)
     cur = pos.copy()
@@ -305,18 +330,18 @@ def walk_to_good(ring: Ring, pos: np.ndarray, good: np.ndarray) -> np.ndarray:
         if step:
             cur += 1
             cur[cur == size] = 0
-        own = owners.take(cur)
+        own = owners_at(ring, cur, n)
         ok = good[own]
         result[active[ok]] = own[ok]
         active = active[~ok]
         cur = cur[~ok]
         if not active.size:
             return result
-    marked = np.flatnonzero(good[owners])
+    marked = np.flatnonzero(good[owners_at(ring, None, n)])
     if marked.size:
-        result[active] = owners.take(_next_marked(marked, cur))
+        result[active] = owners_at(ring, _next_marked(marked, cur), n)
     else:  # nothing under the bar (only possible with float rounding): stay at the start
-        result[active] = owners.take(pos[active])
+        result[active] = owners_at(ring, pos[active], n)
     return result
 
 
@@ -330,8 +355,8 @@ def walk_distinct(
     exclude: np.ndarray | None,
 ) -> np.ndarray:
     """The walk counting distinct endpoints: hop cap, least loaded fallback, exclusions."""
-    owners = ring.owners
-    size = owners.size
+    n_ep = eligible.size
+    size = ring.owners.size
     n = pos.size
     result = np.full(n, -1, dtype=np.int32)
     hops = size if max_hops is None else max_hops
@@ -351,7 +376,7 @@ def walk_distinct(
             cur[active] = c
         else:
             c = cur
-        own = owners.take(c)
+        own = owners_at(ring, c, n_ep)
         new = eligible[own] & ~(seen[active] == own[:, None]).any(axis=1)
         if exclude is not None:
             new &= ~(exclude[active] == own[:, None]).any(axis=1)

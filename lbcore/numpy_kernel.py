@@ -48,25 +48,6 @@ def _valid(plan: Core) -> bool:
     return int(words[index]) == expected
 
 
-def _owners_in_range(plan: Core) -> bool:
-    """Whether the newest ring's owners all index endpoints, else raise if still valid.
-
-    The native kernel checks each owner it reads; here the whole ring is checked once
-    per call (the reference's arrays index with them, and a negative owner would index
-    from the end without an error). ``False``: out of range on a ring rewritten
-    meanwhile (the answer is void, as the guard says).
-    """
-    owners = plan.newest.owners
-    n = plan.eligible.shape[1]
-    if not owners.size or (int(owners.min()) >= 0 and int(owners.max()) < n):
-        return True
-    if _valid(plan):
-        raise TableDataError(
-            "ring table holds an entry out of range (damaged, or rewritten while it was read)"
-        )
-    return False
-
-
 class Core:
     """The NumPy side of a :class:`lbcore.plan.Plan`, as ``lbcore._kernel.Plan`` is the native one.
 
@@ -172,8 +153,19 @@ def route_hashes(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, i
     n = h.size
     if plan.closed:
         return np.full(n, -1, dtype=np.int32), n, 0, _valid(plan)
-    if not _owners_in_range(plan):
+    try:
+        return _route(plan, h, attempt)
+    except TableDataError:
+        # An owner out of range where a key read it (bounded.owners_at, per key as
+        # the native kernel): damage if the table is still valid, else a rewrite
+        # meanwhile that voids the answer.
+        if _valid(plan):
+            raise
         return np.full(n, -1, dtype=np.int32), n, 0, False
+
+
+def _route(plan: Core, h: np.ndarray, attempt: int) -> tuple[np.ndarray, int, int, bool]:
+    n = h.size
     pos = plan.newest.positions(h).astype(np.intp)
     out = np.empty(n, dtype=np.int32)
     moved = np.zeros(n, dtype=np.bool_)
@@ -216,20 +208,20 @@ def _answer(plan: Core, v: int, pos: np.ndarray, attempt: int) -> tuple[np.ndarr
         one = np.full(m, int(plan.single[v]), dtype=np.int32)
         return one, one
     ring = plan.newest
-    owners = ring.owners
     eligible = plan.eligible[v]
+    n = eligible.size
     start = bounded.skip_to_eligible(ring, pos.copy(), eligible)
     if attempt == 0:
-        plain = owners.take(start).astype(np.int32)
+        plain = bounded.owners_at(ring, start, n).astype(np.int32, copy=False)
     else:
-        plain = owners.take(bounded.advance_distinct(ring, start, eligible, attempt)).astype(
-            np.int32
-        )
+        at = bounded.advance_distinct(ring, start, eligible, attempt)
+        plain = bounded.owners_at(ring, at, n).astype(np.int32, copy=False)
     if plan.good is None:
         return plain, plain
     good = plan.good[v]
     loads = plan.loads
-    res = owners.take(start).astype(np.int32)
+    # At attempt 0 the start's owners are the plain answer's: one read for both.
+    res = (plain if attempt == 0 else bounded.owners_at(ring, start, n)).astype(np.int32)
     rest = np.flatnonzero(~good.take(res))
     if rest.size:
         if plan.max_hops is None:
@@ -253,11 +245,14 @@ def answers(plan: Core) -> tuple[np.ndarray, np.ndarray]:
         empty = np.empty(0, dtype=np.int32)
         return empty, empty
     size = len(plan.newest)
-    if not _owners_in_range(plan):
+    pos = np.arange(size, dtype=np.intp)
+    try:
+        parts = [_answer(plan, v, pos, 0) for v in range(plan.views)]
+    except TableDataError:
+        if _valid(plan):
+            raise
         void = np.full(size * plan.views, -1, dtype=np.int32)
         return void, void
-    pos = np.arange(size, dtype=np.intp)
-    parts = [_answer(plan, v, pos, 0) for v in range(plan.views)]
     return (
         np.concatenate([a for a, _ in parts]).astype(np.int32),
         np.concatenate([p for _, p in parts]).astype(np.int32),

@@ -59,14 +59,16 @@ static void arcs_run(void *x)
     /* A view's first eligible node answers from its last one: found from the end. */
     Py_ssize_t missing = V;
     for (Py_ssize_t i = nodes - 1; i >= 0 && missing > 0; i--) {
-        int32_t o = owners[i];
+        /* One load of shared memory per node (LOAD_RELAXED): a plain read would let the
+         * compiler read the owner again after its check. */
+        const int32_t o = LOAD_RELAXED(&owners[i]);
         if (UNLIKELY(!owner_ok(a, i, o)))
             return;
         const uint8_t *m = member + (size_t)o * (size_t)V;
         for (Py_ssize_t v = 0; v < V; v++) {
             if (m[v] && last[v] < 0) {
                 last[v] = o;
-                prev[v] = hashes[i];
+                prev[v] = LOAD_RELAXED(&hashes[i]);
                 missing--;
             }
         }
@@ -74,11 +76,11 @@ static void arcs_run(void *x)
     /* Without branches on membership (about every other node is a view's, at random):
      * a node adds 0.0 to the views it is not in, which leaves a sum of arcs as it is. */
     for (Py_ssize_t i = 0; i < nodes; i++) {
-        int32_t o = owners[i];
+        const int32_t o = LOAD_RELAXED(&owners[i]);
         if (UNLIKELY(!owner_ok(a, i, o)))
             return;
         const uint8_t *m = member + (size_t)o * (size_t)V;
-        const uint64_t h = hashes[i];
+        const uint64_t h = LOAD_RELAXED(&hashes[i]);
         for (Py_ssize_t v = 0; v < V; v++) {
             const uint64_t in = m[v] != 0, keep = in - 1; /* all ones when not in */
             /* The arc wraps once around the ring in uint64; masked to 0 when not in, so

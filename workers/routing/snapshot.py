@@ -429,7 +429,8 @@ class Follower:
         self.reader: shm.TableReader | None = None
         self.counters: shm.CounterReader | None = None
         self.snapshot: Snapshot | None = None
-        self._bad: tuple[int, int] | None = None  # (generation, recheck time) of a bad read
+        # (generation, recheck time, what is wrong with it) of a generation not routed on.
+        self._bad: tuple[int, int, str] | None = None
         #: Why the current generation cannot be routed on (``None``: it can).
         self.problem: str | None = None
         # The map thread's last prepared table and its plan (prepare_table): the reuse
@@ -502,7 +503,10 @@ class Follower:
             # The current generation could not be read: not again until it changes or
             # the recheck interval passed (a corrupt table costs a checksum per read).
             if now < bad[1] and reader.generation() == bad[0]:
-                return self._last_good(now)
+                s = self._last_good(now)
+                if s is None:  # (its refresh may have found it damaged meanwhile)
+                    self.problem = self._problem(bad, None)
+                return s
             self._bad = None
         deadline = 0.0
         while True:
@@ -510,17 +514,9 @@ class Follower:
                 t = reader.table()
             except shm.ShmError as exc:
                 gen = reader.generation()
-                self._bad = (gen, now + _CHECK_NS)
+                self._bad = bad = (gen, now + _CHECK_NS, f"generation {gen} cannot be read ({exc})")
                 s = self._last_good(now)
-                self.problem = (
-                    f"generation {gen} cannot be read ({exc}); "
-                    + (
-                        f"routing on generation {s.table.generation} meanwhile"
-                        if s is not None
-                        else "every key falls back"
-                    )
-                    + f", checked again every {_CHECK_NS / 1e9:g} s"
-                )
+                self.problem = self._problem(bad, s)
                 if s is not None:
                     self._warn_once(
                         ("table", type(exc), str(exc)),
@@ -542,7 +538,12 @@ class Follower:
             except lbcore.TableDataError as exc:
                 # Damaged after it was mapped and checked, found by its plan (a zone
                 # plan reads the whole ring for its bars) rather than by a batch: the
-                # same fallback as a batch that finds it (Router.route_table).
+                # same as when a batch finds it (Router.route_table), whose snapshot
+                # would be of t by then. So every key falls back: the last snapshot (of
+                # an earlier generation) is not routed on meanwhile, with zone
+                # affinity (found here) as without (found by the batch).
+                with self._lock:
+                    self.snapshot = None
                 self.damaged(t, exc)
                 return None
             if s is not None:
@@ -558,7 +559,7 @@ class Follower:
             now = self._clock()
 
     def damaged(self, table: shm.Table, exc: Exception) -> None:
-        """``table`` failed a batch although valid: damaged after it was checked.
+        """``table`` failed a batch (or its plan) although valid: damaged after it was checked.
 
         Batches fall back until the recheck interval passed, then the generation is
         read and tried again; the cause is logged once and reported by
@@ -568,11 +569,25 @@ class Follower:
         with self._lock:
             if self.snapshot is not None and self.snapshot.table is table:
                 self.snapshot = None
-        self._bad = (table.generation, now + _CHECK_NS)
-        self.problem = (
-            f"generation {table.generation} is damaged ({exc}); every key falls back, "
-            f"checked again every {_CHECK_NS / 1e9:g} s"
+        gen = table.generation
+        self._bad = bad = (gen, now + _CHECK_NS, f"generation {gen} is damaged ({exc})")
+        self.problem = self._problem(bad, None)
+        self._warn_damaged(table, exc)
+
+    @staticmethod
+    def _problem(bad: tuple[int, int, str], s: Snapshot | None) -> str:
+        """:attr:`problem` while generation ``bad`` is not routed on and ``s`` is instead."""
+        return (
+            f"{bad[2]}; "
+            + (
+                f"routing on generation {s.table.generation} meanwhile"
+                if s is not None
+                else "every key falls back"
+            )
+            + f", checked again every {_CHECK_NS / 1e9:g} s"
         )
+
+    def _warn_damaged(self, table: shm.Table, exc: Exception) -> None:
         self._warn_once(
             ("damaged", table.generation, str(exc)),
             "routing table of %s damaged after it was mapped (fallback until it reads "
@@ -582,11 +597,26 @@ class Follower:
         )
 
     def _last_good(self, now: int) -> Snapshot | None:
-        """The last snapshot, refreshed when due, while its table is still valid."""
+        """The last snapshot, refreshed when due, while its table is still valid.
+
+        ``None`` also when the refresh's plan finds that table damaged (a new plan when
+        the views change, a new ejected set say, reads the ring's arcs): every key
+        falls back then, as when a batch finds it; the caller says why in
+        :attr:`problem` (the generation it cannot route on stays the one rechecked).
+        """
         s = self.snapshot
         if s is None or not s.table.valid():
             return None
-        return (self._take(s.table, now) or s) if now >= s.due_ns else s
+        if now < s.due_ns:
+            return s
+        try:
+            return self._take(s.table, now) or s
+        except lbcore.TableDataError as exc:
+            with self._lock:
+                if self.snapshot is s:
+                    self.snapshot = None
+            self._warn_damaged(s.table, exc)
+            return None
 
     def _take(self, t: shm.Table, now: int) -> Snapshot | None:
         """The snapshot of ``t`` now: the current one while fresh, else a new one.
