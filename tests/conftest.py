@@ -54,3 +54,18 @@ def kube(kube_bookmark_s):
 
     with FakeKubeAPI(bookmark_every_s=kube_bookmark_s) as api:
         yield api
+
+
+@pytest.fixture
+def reports_on(monkeypatch):
+    """Pods' load reports on, counted at once (no blackout), for this test only.
+
+    Workers read the report settings once per process: cleared before and after.
+    """
+    from workers.routing import reported
+
+    monkeypatch.setenv("CSLB_LOAD_REPORTS", "on")
+    monkeypatch.setenv("CSLB_LOAD_REPORT_BLACKOUT", "0")
+    reported.report_settings.cache_clear()
+    yield
+    reported.report_settings.cache_clear()

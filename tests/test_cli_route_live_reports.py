@@ -14,7 +14,6 @@ the same way.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -24,7 +23,6 @@ from lbcore.reported import KIND_OCCUPANCY, pod_identity
 from shm.tables import ZoneCurve
 from tests.app_tests.conftest import ENDPOINTS, ZONES, Host
 from tests.test_cli_route_live import KEYS, host  # noqa: F401
-from workers.routing import reported
 from workers.routing.router import Router
 from workers.routing.snapshot import bounded_bar, build_plan, compared_loads, zone_bars
 from workers.surfaces.explain import live
@@ -34,13 +32,7 @@ HOT = 0  # a pod of eu-1a, the caller's zone
 REPORTS = [0.9, 0.3, 0.3, 0.3, 0.3, 0.3]  # occupancy: the hot pod at three times the rest
 
 
-@pytest.fixture(autouse=True)
-def reports_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("CSLB_LOAD_REPORTS", "on")
-    monkeypatch.setenv("CSLB_LOAD_REPORT_BLACKOUT", "0")
-    reported.report_settings.cache_clear()  # (read once per process: again with these)
-    yield
-    reported.report_settings.cache_clear()
+pytestmark = pytest.mark.usefixtures("reports_on")
 
 
 def _load_host(h: Host, *, zone: bool) -> None:

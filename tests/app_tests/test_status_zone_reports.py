@@ -14,17 +14,11 @@ import shm
 from lbcore.reported import KIND_OCCUPANCY, pod_identity
 from shm.tables import ZoneCurve
 from tests.app_tests.conftest import ENDPOINTS, ZONES, Host
-from workers.routing import reported
 from workers.surfaces.hosts import HostMonitor
 
 
-def test_the_snapshot_shows_reports_folded_onto_the_plans_shares(
-    host: Host, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
-) -> None:
-    monkeypatch.setenv("CSLB_LOAD_REPORTS", "on")
-    monkeypatch.setenv("CSLB_LOAD_REPORT_BLACKOUT", "0")
-    reported.report_settings.cache_clear()  # (read once per process: again with these)
-    request.addfinalizer(reported.report_settings.cache_clear)
+@pytest.mark.usefixtures("reports_on")
+def test_the_snapshot_shows_reports_folded_onto_the_plans_shares(host: Host) -> None:
     curve = ZoneCurve(
         zone="eu-1a", affinity=True, min_pods=2, state="full", reason="ramp_done", x0=0.5, cap=0.5
     )
