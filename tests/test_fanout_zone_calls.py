@@ -232,7 +232,11 @@ def test_bulkhead_overflow_of_a_local_key_stays_in_the_zone(namespace):
         assert gate.is_set() and all(x.ok for x in res)
         assert all(ZONE_OF[x.endpoint] == "z-a" for x in res)
         moved = [x for x, e in zip(res, first, strict=True) if x.endpoint != EPS[e]]
-        assert len(moved) == int((first == EPS.index(held)).sum()) - 1
+        # every key of the held pod but the one it holds overflowed; a key of another pod
+        # may overflow too when its pod's one call is still out (a loaded machine)
+        of_held = [x for x, e in zip(res, first, strict=True) if EPS[e] == held]
+        assert sum(x.endpoint == held for x in of_held) == 1
+        assert sum(x.endpoint != held for x in of_held) == len(of_held) - 1
         assert all(x.endpoint != held and x.attempts == 1 for x in moved)
         assert h.calls() == {"local": len(keys), "remote": 0}
     finally:
